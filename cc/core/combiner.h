@@ -1,0 +1,75 @@
+// Combiner arithmetic shared by every CPU and GPU pooling path.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "cc/core/hd.h"
+
+namespace ctr {
+
+enum class Combiner : int32_t { kSum = 0, kMean = 1, kSqrtn = 2 };
+
+// Running sums a bag needs for its final scale.
+struct BagWeights {
+  float sum = 0.f;
+  float sum_sq = 0.f;
+  CTR_HD void Add(float w) {
+    sum += w;
+    sum_sq += w * w;
+  }
+};
+
+// The factor applied to the weighted sum of a bag. A zero denominator gives a
+// zero row, as tf.math.div_no_nan does inside tf.nn.embedding_lookup_sparse.
+CTR_HD float CombinerScale(Combiner c, const BagWeights& w) {
+  switch (c) {
+    case Combiner::kSum:
+      return 1.f;
+    case Combiner::kMean:
+      return w.sum == 0.f ? 0.f : 1.f / w.sum;
+    case Combiner::kSqrtn:
+      return w.sum_sq == 0.f ? 0.f : 1.f / sqrtf(w.sum_sq);
+  }
+  return 1.f;
+}
+
+// d(loss)/d(w_i) for one entry of a bag, given g.e_i (the clipped row) and
+// g.out (the pooled output). Mean: (g.e_i - g.out) / W. Sqrtn: g.e_i / S -
+// g.out * w_i / S^2. A zero denominator has a zero gradient (div_no_nan).
+CTR_HD float WeightGrad(Combiner c, const BagWeights& bw, float w, float scale,
+                        float g_dot_e, float g_dot_out) {
+  switch (c) {
+    case Combiner::kSum:
+      return g_dot_e;
+    case Combiner::kMean:
+      return bw.sum == 0.f ? 0.f : (g_dot_e - g_dot_out) * scale;
+    case Combiner::kSqrtn:
+      return bw.sum_sq == 0.f ? 0.f : g_dot_e * scale - g_dot_out * w * scale * scale;
+  }
+  return 0.f;
+}
+
+// tf.clip_by_norm(row, max_norm) as a scale on the row: max_norm / max(|row|, max_norm).
+// max_norm <= 0 means no clipping.
+CTR_HD float MaxNormScale(float squared_norm, float max_norm) {
+  if (!(max_norm > 0.f)) return 1.f;
+  float norm = sqrtf(squared_norm);
+  return norm > max_norm ? max_norm / norm : 1.f;
+}
+
+// Whether the clip changes a row with this squared norm, i.e. whether its
+// backward is something other than the identity (the test MaxNormScale makes).
+CTR_HD bool ClipIsActive(float squared_norm, float max_norm) {
+  return max_norm > 0.f && sqrtf(squared_norm) > max_norm;
+}
+
+// One element of the clip's backward for an active clip, J^T g scaled by
+// `scale`: scale * c * (g - x (x.g) / |x|^2) with c = MaxNormScale(|x|^2).
+// Shared so the CPU and GPU gradients round identically per element.
+CTR_HD float ClipBackwardElement(float x, float g, float x_dot_g,
+                                 float squared_norm, float c, float scale) {
+  return scale * c * (g - x * x_dot_g / squared_norm);
+}
+
+}  // namespace ctr

@@ -1,0 +1,234 @@
+// Framework-free fused embedding lookup: resolve each key to a table row
+// (validate, or hash), weight it, optionally clip it, and pool it into its bag,
+// in one pass with no [nnz, D] intermediate. The per-key and per-bag rules are
+// host/device functions; the CPU loops below and cuda/ both use them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "cc/core/combiner.h"
+#include "cc/core/fingerprint.h"
+#include "cc/core/float_types.h"
+#include "cc/core/hd.h"
+
+namespace ctr {
+
+enum class IdMode : int32_t { kIndex = 0, kHash = 1 };
+
+// What happens to ids that are not table rows, by API:
+//   kError        every id outside [0, V) is an error (tf.nn.embedding_lookup_sparse)
+//   kSkipNegative negative ids are dropped, ids >= V are errors (safe_embedding_lookup_sparse)
+//   kSkipPadding  -1 is padding and dropped (in hash mode too), anything else
+//                 outside [0, V) is an error
+enum class InvalidIds : int32_t { kError = 0, kSkipNegative = 1, kSkipPadding = 2 };
+
+struct LookupSpec {
+  int64_t vocab = 0;  // table rows (hash buckets in hash mode)
+  int64_t dim = 0;
+  Combiner combiner = Combiner::kMean;
+  IdMode id_mode = IdMode::kIndex;
+  InvalidIds invalid_ids = InvalidIds::kError;
+  bool prune_weights = false;  // drop entries whose weight is not > 0
+  int64_t default_id = -1;     // row used for bags left empty; -1: zeros
+  float max_norm = -1.f;       // <= 0: no clipping
+};
+
+constexpr int64_t kSkipKey = -1;
+constexpr int64_t kBadKey = -2;
+
+// Maps one key to its table row, kSkipKey, or kBadKey.
+template <typename TKey>
+CTR_HD int64_t ResolveKey(TKey key, const LookupSpec& s) {
+  const int64_t k = static_cast<int64_t>(key);
+  // Padding is dropped before hashing too: a padded dense batch of hashed
+  // keys must not pool the bucket of "-1".
+  if (k == -1 && s.invalid_ids == InvalidIds::kSkipPadding) return kSkipKey;
+  if (s.id_mode == IdMode::kHash) return HashIntKeyBucket(k, s.vocab);
+  if (k >= 0 && k < s.vocab) return k;
+  if (k < 0 && s.invalid_ids == InvalidIds::kSkipNegative) return kSkipKey;
+  return kBadKey;
+}
+
+CTR_HD bool KeepWeight(float w, const LookupSpec& s) {
+  return !s.prune_weights || w > 0.f;  // NaN is pruned, as tf.greater(w, 0) says
+}
+
+// The first bad key found, reported as (bag row, key value).
+struct KeyError {
+  int64_t row = -1;
+  int64_t key = 0;
+  bool found() const { return row >= 0; }
+};
+
+// Human-readable message shared by every path that rejects a key.
+inline std::string DescribeKeyError(const KeyError& e, int64_t vocab) {
+  return "id " + std::to_string(e.key) + " in row " + std::to_string(e.row) +
+         " is out of range [0, " + std::to_string(vocab) + ")";
+}
+
+// ---------------------------------------------------------------------------
+// CPU pooling. Rows [row_begin, row_end) of the output; bags are CSR offsets.
+
+template <typename T>
+float SquaredNorm(const T* row, int64_t dim) {
+  float s = 0.f;
+  for (int64_t d = 0; d < dim; ++d) {
+    float v = ToFloat(row[d]);
+    s += v * v;
+  }
+  return s;
+}
+
+template <typename T>
+void AccumulateRow(const T* row, int64_t dim, float scale, float* acc) {
+  for (int64_t d = 0; d < dim; ++d) acc[d] += scale * ToFloat(row[d]);
+}
+
+template <typename T>
+float RowClipScale(const T* row, const LookupSpec& s) {
+  return s.max_norm > 0.f ? MaxNormScale(SquaredNorm(row, s.dim), s.max_norm) : 1.f;
+}
+
+// Pools bags [row_begin, row_end). acc is caller scratch of spec.dim floats.
+// On a bad key, records it in *err (first one in this range) and stops.
+template <typename T, typename TKey>
+void PoolBagsCpu(const LookupSpec& s, const T* params, const TKey* keys,
+                 const float* weights, const int64_t* offsets,
+                 int64_t row_begin, int64_t row_end, float* acc, T* out,
+                 KeyError* err) {
+  const int64_t D = s.dim;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    for (int64_t d = 0; d < D; ++d) acc[d] = 0.f;
+    BagWeights bw;
+    bool any = false;
+    for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
+      const int64_t row = ResolveKey(keys[i], s);
+      if (row == kSkipKey) continue;
+      if (row == kBadKey) {
+        err->row = r;
+        err->key = static_cast<int64_t>(keys[i]);
+        return;
+      }
+      const float w = weights ? weights[i] : 1.f;
+      if (!KeepWeight(w, s)) continue;
+      const T* p = params + row * D;
+      AccumulateRow(p, D, w * RowClipScale(p, s), acc);
+      bw.Add(w);
+      any = true;
+    }
+    if (!any && s.default_id >= 0) {
+      const T* p = params + s.default_id * D;
+      AccumulateRow(p, D, RowClipScale(p, s), acc);
+      bw.Add(1.f);
+    }
+    const float scale = CombinerScale(s.combiner, bw);
+    T* o = out + r * D;
+    for (int64_t d = 0; d < D; ++d) o[d] = FromFloat<T>(acc[d] * scale);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Gradient. For every kept entry of every bag (plus the default row of bags
+// left empty) one row of d(loss)/d(params) and its table index; and the dense
+// gradient of each weight.
+
+// Number of gradient rows a bag contributes.
+template <typename TKey>
+int64_t CountGradRows(const LookupSpec& s, const TKey* keys,
+                      const float* weights, const int64_t* offsets, int64_t r) {
+  int64_t n = 0;
+  for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
+    const int64_t row = ResolveKey(keys[i], s);
+    if (row < 0) continue;  // bad keys failed the forward pass already
+    if (!KeepWeight(weights ? weights[i] : 1.f, s)) continue;
+    ++n;
+  }
+  if (n == 0 && s.default_id >= 0) n = 1;
+  return n;
+}
+
+// J^T g for the clip x -> x * c / max(|x|, c): identity when |x| <= c, else
+// (c/|x|) (g - x (x.g)/|x|^2). Written into dst scaled by `scale`.
+template <typename T>
+void ClipBackward(const T* x, const float* g, const LookupSpec& s, float scale,
+                  float* dst) {
+  const int64_t D = s.dim;
+  if (s.max_norm > 0.f) {
+    const float sq = SquaredNorm(x, D);
+    if (ClipIsActive(sq, s.max_norm)) {
+      float xg = 0.f;
+      for (int64_t d = 0; d < D; ++d) xg += ToFloat(x[d]) * g[d];
+      const float c = MaxNormScale(sq, s.max_norm);
+      for (int64_t d = 0; d < D; ++d)
+        dst[d] = ClipBackwardElement(ToFloat(x[d]), g[d], xg, sq, c, scale);
+      return;
+    }
+  }
+  for (int64_t d = 0; d < D; ++d) dst[d] = scale * g[d];
+}
+
+// Fills the gradient rows of bags [row_begin, row_end). grad_offsets[r] is the
+// first output row of bag r. scratch holds 3 * dim floats.
+template <typename T, typename TKey>
+void LookupGradCpu(const LookupSpec& s, const T* params, const TKey* keys,
+                   const float* weights, const int64_t* offsets,
+                   const T* grad_out, const int64_t* grad_offsets,
+                   int64_t row_begin, int64_t row_end, float* scratch,
+                   T* grad_values, int64_t* grad_indices, float* grad_weights) {
+  const int64_t D = s.dim;
+  float* g = scratch;
+  float* pooled = scratch + D;  // the bag's forward output, for weight grads
+  float* tmp = scratch + 2 * D;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    for (int64_t d = 0; d < D; ++d) g[d] = ToFloat(grad_out[r * D + d]);
+    BagWeights bw;
+    bool any = false;
+    for (int64_t d = 0; d < D; ++d) pooled[d] = 0.f;
+    for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
+      const int64_t row = ResolveKey(keys[i], s);
+      const float w = weights ? weights[i] : 1.f;
+      if (row < 0 || !KeepWeight(w, s)) continue;
+      const T* p = params + row * D;
+      if (grad_weights) AccumulateRow(p, D, w * RowClipScale(p, s), pooled);
+      bw.Add(w);
+      any = true;
+    }
+    const float scale = CombinerScale(s.combiner, bw);
+    int64_t k = grad_offsets[r];
+    if (!any) {
+      if (s.default_id >= 0) {
+        ClipBackward(params + s.default_id * D, g, s, 1.f, tmp);
+        for (int64_t d = 0; d < D; ++d) grad_values[k * D + d] = FromFloat<T>(tmp[d]);
+        grad_indices[k] = s.default_id;
+      }
+      if (grad_weights)
+        for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) grad_weights[i] = 0.f;
+      continue;
+    }
+    float g_dot_out = 0.f;
+    if (grad_weights)
+      for (int64_t d = 0; d < D; ++d) g_dot_out += g[d] * pooled[d] * scale;
+    for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
+      const int64_t row = ResolveKey(keys[i], s);
+      const float w = weights ? weights[i] : 1.f;
+      if (row < 0 || !KeepWeight(w, s)) {
+        if (grad_weights) grad_weights[i] = 0.f;
+        continue;
+      }
+      const T* p = params + row * D;
+      ClipBackward(p, g, s, w * scale, tmp);
+      for (int64_t d = 0; d < D; ++d) grad_values[k * D + d] = FromFloat<T>(tmp[d]);
+      grad_indices[k] = row;
+      ++k;
+      if (grad_weights) {
+        const float clip = RowClipScale(p, s);
+        float g_dot_e = 0.f;
+        for (int64_t d = 0; d < D; ++d) g_dot_e += g[d] * clip * ToFloat(p[d]);
+        grad_weights[i] = WeightGrad(s.combiner, bw, w, scale, g_dot_e, g_dot_out);
+      }
+    }
+  }
+}
+
+}  // namespace ctr

@@ -1,0 +1,61 @@
+// Bag boundaries. Callers hand bags either as ragged row_splits or as the
+// sorted row ids of a SparseTensor; kernels work on CSR offsets.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ctr {
+
+// Empty string on success, else what is wrong.
+template <typename TSeg>
+std::string ValidateRowSplits(const TSeg* splits, int64_t num_splits, int64_t nnz) {
+  if (num_splits < 1) return "row_splits must have at least one element";
+  if (splits[0] != 0) return "row_splits[0] must be 0, got " + std::to_string(static_cast<int64_t>(splits[0]));
+  for (int64_t i = 1; i < num_splits; ++i) {
+    if (splits[i] < splits[i - 1])
+      return "row_splits must be non-decreasing: row_splits[" + std::to_string(i) + "] = " +
+             std::to_string(static_cast<int64_t>(splits[i])) + " < row_splits[" +
+             std::to_string(i - 1) + "] = " + std::to_string(static_cast<int64_t>(splits[i - 1]));
+  }
+  if (splits[num_splits - 1] != nnz)
+    return "row_splits[-1] = " + std::to_string(static_cast<int64_t>(splits[num_splits - 1])) +
+           " does not match the number of ids " + std::to_string(nnz);
+  return "";
+}
+
+// Number of bags implied by sorted row ids when the caller gives none
+// (num_rows < 0): last row id + 1, as tf.math.segment_sum does.
+template <typename TSeg>
+int64_t InferNumRows(const TSeg* row_ids, int64_t nnz, int64_t num_rows) {
+  if (num_rows >= 0) return num_rows;
+  return nnz == 0 ? 0 : static_cast<int64_t>(row_ids[nnz - 1]) + 1;
+}
+
+// Converts sorted row ids to CSR offsets[num_rows + 1], validating order and range.
+template <typename TSeg>
+std::string RowIdsToOffsets(const TSeg* row_ids, int64_t nnz, int64_t num_rows,
+                            int64_t* offsets) {
+  int64_t prev = 0;
+  int64_t next_row = 0;  // first row whose start offset is not yet written
+  for (int64_t i = 0; i < nnz; ++i) {
+    const int64_t r = static_cast<int64_t>(row_ids[i]);
+    if (r < 0 || r >= num_rows)
+      return "row id " + std::to_string(r) + " of entry " + std::to_string(i) +
+             " is out of range [0, " + std::to_string(num_rows) + ")";
+    if (r < prev)
+      return "row ids must be sorted: entry " + std::to_string(i) + " has row " +
+             std::to_string(r) + " after row " + std::to_string(prev);
+    while (next_row <= r) offsets[next_row++] = i;
+    prev = r;
+  }
+  while (next_row <= num_rows) offsets[next_row++] = nnz;
+  return "";
+}
+
+template <typename TSeg>
+void CopySplits(const TSeg* splits, int64_t n, int64_t* offsets) {
+  for (int64_t i = 0; i < n; ++i) offsets[i] = static_cast<int64_t>(splits[i]);
+}
+
+}  // namespace ctr

@@ -1,0 +1,110 @@
+// Attribute parsing and input validation shared by the CPU and GPU kernels
+// of CtrEmbeddingLookup and its gradient. Everything here reads shapes and
+// attributes only, never tensor contents, so it is device-agnostic.
+#pragma once
+
+#include <string>
+
+#include "cc/core/lookup.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace tf_ctr {
+
+struct LookupAttrs {
+  ctr::LookupSpec spec;  // vocab and dim are filled per call
+  bool segments_are_splits = false;
+  bool has_weights = false;
+};
+
+inline ctr::Combiner ParseCombiner(const std::string& s) {
+  if (s == "sum") return ctr::Combiner::kSum;
+  if (s == "sqrtn") return ctr::Combiner::kSqrtn;
+  return ctr::Combiner::kMean;  // the op def restricts the values
+}
+
+inline ctr::InvalidIds ParseInvalidIds(const std::string& s) {
+  if (s == "skip_negative") return ctr::InvalidIds::kSkipNegative;
+  if (s == "skip_padding") return ctr::InvalidIds::kSkipPadding;
+  return ctr::InvalidIds::kError;
+}
+
+inline absl::Status ReadLookupAttrs(tensorflow::OpKernelConstruction* c, LookupAttrs* a) {
+  std::string combiner, kind, mode, invalid;
+  TF_RETURN_IF_ERROR(c->GetAttr("combiner", &combiner));
+  TF_RETURN_IF_ERROR(c->GetAttr("segment_kind", &kind));
+  TF_RETURN_IF_ERROR(c->GetAttr("id_mode", &mode));
+  TF_RETURN_IF_ERROR(c->GetAttr("invalid_ids", &invalid));
+  TF_RETURN_IF_ERROR(c->GetAttr("prune_weights", &a->spec.prune_weights));
+  TF_RETURN_IF_ERROR(c->GetAttr("default_id", &a->spec.default_id));
+  TF_RETURN_IF_ERROR(c->GetAttr("max_norm", &a->spec.max_norm));
+  TF_RETURN_IF_ERROR(c->GetAttr("has_weights", &a->has_weights));
+  a->spec.combiner = ParseCombiner(combiner);
+  a->spec.id_mode = mode == "hash" ? ctr::IdMode::kHash : ctr::IdMode::kIndex;
+  a->spec.invalid_ids = ParseInvalidIds(invalid);
+  a->segments_are_splits = kind == "row_splits";
+  if (a->spec.default_id < -1)
+    return tensorflow::errors::InvalidArgument("default_id must be >= -1, got ", a->spec.default_id);
+  return absl::OkStatus();
+}
+
+// The lookup inputs after validation of their shapes, in the order both ops
+// take them (the gradient op has `grad` in front).
+struct LookupInputs {
+  const tensorflow::Tensor* params;
+  const tensorflow::Tensor* ids;
+  const tensorflow::Tensor* segments;
+  int64_t num_rows_arg;  // -1: infer from the row ids
+  const tensorflow::Tensor* weights;  // nullptr when unweighted
+  int64_t nnz() const { return ids->NumElements(); }
+};
+
+inline absl::Status ValidateLookupInputs(tensorflow::OpKernelContext* ctx, int first,
+                                         LookupAttrs* a, LookupInputs* in) {
+  using tensorflow::errors::InvalidArgument;
+  const tensorflow::Tensor& params = ctx->input(first);
+  const tensorflow::Tensor& ids = ctx->input(first + 1);
+  const tensorflow::Tensor& segments = ctx->input(first + 2);
+  const tensorflow::Tensor& num_rows = ctx->input(first + 3);
+  const tensorflow::Tensor& weights = ctx->input(first + 4);
+  if (params.dims() != 2)
+    return InvalidArgument("params must be a matrix [V, D], got shape ", params.shape().DebugString());
+  if (ids.dims() != 1)
+    return InvalidArgument("ids must be a vector, got shape ", ids.shape().DebugString());
+  if (segments.dims() != 1)
+    return InvalidArgument("segments must be a vector, got shape ", segments.shape().DebugString());
+  if (num_rows.dims() != 0)
+    return InvalidArgument("num_rows must be a scalar, got shape ", num_rows.shape().DebugString());
+  if (a->has_weights && (weights.dims() != 1 || weights.NumElements() != ids.NumElements()))
+    return InvalidArgument("weights must have one value per id: ids has shape ",
+                           ids.shape().DebugString(), ", weights has shape ",
+                           weights.shape().DebugString());
+  if (a->segments_are_splits && segments.NumElements() < 1)
+    return InvalidArgument("row_splits must have at least one element");
+  if (!a->segments_are_splits && segments.NumElements() != ids.NumElements())
+    return InvalidArgument("row ids must have one value per id: ids has ", ids.NumElements(),
+                           " values, row ids have ", segments.NumElements());
+  a->spec.vocab = params.dim_size(0);
+  a->spec.dim = params.dim_size(1);
+  if (a->spec.id_mode == ctr::IdMode::kHash && a->spec.vocab <= 0)
+    return InvalidArgument("hash mode needs at least one bucket (table row), got ", a->spec.vocab);
+  if (a->spec.default_id >= a->spec.vocab)
+    return InvalidArgument("default_id ", a->spec.default_id, " is out of range [0, ",
+                           a->spec.vocab, ")");
+  in->params = &params;
+  in->ids = &ids;
+  in->segments = &segments;
+  in->num_rows_arg = num_rows.scalar<int64_t>()();
+  if (in->num_rows_arg < -1)
+    return InvalidArgument("num_rows must be >= -1, got ", in->num_rows_arg);
+  in->weights = a->has_weights ? &weights : nullptr;
+  return absl::OkStatus();
+}
+
+// Rough cost of pooling one bag, for the thread pool's sharding.
+inline int64_t BagCost(const LookupInputs& in, const ctr::LookupSpec& spec, int64_t num_rows) {
+  const int64_t avg = num_rows > 0 ? in.nnz() / num_rows + 1 : 1;
+  const int64_t per_key = spec.dim * 2 + (spec.id_mode == ctr::IdMode::kHash ? 40 : 4);
+  return avg * per_key + spec.dim;
+}
+
+}  // namespace tf_ctr

@@ -1,0 +1,175 @@
+// CPU kernels of CtrEmbeddingLookup and CtrEmbeddingLookupGrad: bag offsets
+// are built once, then bags are pooled in parallel on TF's intra-op pool by
+// the core loops in cc/core/lookup.h.
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include "cc/core/lookup.h"
+#include "cc/core/segments.h"
+#include "cc/kernels/lookup_common.h"
+#include "cc/kernels/tf_types.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/register_types.h"
+
+namespace tf_ctr {
+
+using tensorflow::DEVICE_CPU;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+
+// CSR offsets of the bags, from either segment encoding.
+template <typename TSeg>
+absl::Status BuildOffsets(const LookupAttrs& a, const LookupInputs& in,
+                          std::vector<int64_t>* offsets) {
+  const TSeg* seg = in.segments->flat<TSeg>().data();
+  const int64_t n = in.segments->NumElements();
+  if (a.segments_are_splits) {
+    TF_RETURN_IF_ERROR(CoreStatus(ctr::ValidateRowSplits(seg, n, in.nnz())));
+    offsets->resize(n);
+    ctr::CopySplits(seg, n, offsets->data());
+    return absl::OkStatus();
+  }
+  const int64_t rows = ctr::InferNumRows(seg, n, in.num_rows_arg);
+  offsets->resize(rows + 1);
+  return CoreStatus(ctr::RowIdsToOffsets(seg, n, rows, offsets->data()));
+}
+
+// Keeps the bad key of the lowest row across shards, so the error a user sees
+// does not depend on thread scheduling.
+class FirstKeyError {
+ public:
+  void Offer(const ctr::KeyError& e) {
+    if (!e.found()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_.found() || e.row < error_.row) error_ = e;
+  }
+  absl::Status ToStatus(int64_t vocab) const {
+    return error_.found() ? tensorflow::errors::InvalidArgument(ctr::DescribeKeyError(error_, vocab))
+                          : absl::OkStatus();
+  }
+
+ private:
+  std::mutex mu_;
+  ctr::KeyError error_;
+};
+
+template <typename T, typename TId, typename TSeg>
+class EmbeddingLookupCpuOp : public OpKernel {
+ public:
+  explicit EmbeddingLookupCpuOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, ReadLookupAttrs(c, &attrs_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    LookupAttrs a = attrs_;
+    LookupInputs in;
+    OP_REQUIRES_OK(ctx, ValidateLookupInputs(ctx, 0, &a, &in));
+    std::vector<int64_t> offsets;
+    OP_REQUIRES_OK(ctx, BuildOffsets<TSeg>(a, in, &offsets));
+    const int64_t rows = static_cast<int64_t>(offsets.size()) - 1;
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({rows, a.spec.dim}), &out));
+
+    using CT = typename CoreType<T>::type;
+    const CT* params = CorePtr<T>(*in.params);
+    const TId* ids = in.ids->flat<TId>().data();
+    const float* weights = in.weights ? in.weights->flat<float>().data() : nullptr;
+    CT* dst = CorePtr<T>(out);
+    FirstKeyError first_error;
+    ParallelFor(ctx, rows, BagCost(in, a.spec, rows), [&](int64_t begin, int64_t end) {
+      std::vector<float> acc(a.spec.dim);
+      ctr::KeyError err;
+      ctr::PoolBagsCpu(a.spec, params, ids, weights, offsets.data(), begin, end, acc.data(),
+                       dst, &err);
+      first_error.Offer(err);
+    });
+    OP_REQUIRES_OK(ctx, first_error.ToStatus(a.spec.vocab));
+  }
+
+ private:
+  LookupAttrs attrs_;
+};
+
+template <typename T, typename TId, typename TSeg>
+class EmbeddingLookupGradCpuOp : public OpKernel {
+ public:
+  explicit EmbeddingLookupGradCpuOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, ReadLookupAttrs(c, &attrs_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    LookupAttrs a = attrs_;
+    LookupInputs in;
+    OP_REQUIRES_OK(ctx, ValidateLookupInputs(ctx, 1, &a, &in));
+    std::vector<int64_t> offsets;
+    OP_REQUIRES_OK(ctx, BuildOffsets<TSeg>(a, in, &offsets));
+    const int64_t rows = static_cast<int64_t>(offsets.size()) - 1;
+    const Tensor& grad = ctx->input(0);
+    OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == rows && grad.dim_size(1) == a.spec.dim,
+                tensorflow::errors::InvalidArgument("grad must have shape [", rows, ", ",
+                                                    a.spec.dim, "], got ",
+                                                    grad.shape().DebugString()));
+    using CT = typename CoreType<T>::type;
+    const TId* ids = in.ids->flat<TId>().data();
+    const float* weights = in.weights ? in.weights->flat<float>().data() : nullptr;
+
+    std::vector<int64_t> grad_offsets(rows + 1, 0);
+    ParallelFor(ctx, rows, 8 * (in.nnz() / std::max<int64_t>(rows, 1) + 1),
+                [&](int64_t begin, int64_t end) {
+                  for (int64_t r = begin; r < end; ++r)
+                    grad_offsets[r + 1] = ctr::CountGradRows(a.spec, ids, weights, offsets.data(), r);
+                });
+    for (int64_t r = 0; r < rows; ++r) grad_offsets[r + 1] += grad_offsets[r];
+    const int64_t total = grad_offsets[rows];
+
+    Tensor *values = nullptr, *indices = nullptr, *weights_grad = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total, a.spec.dim}), &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({total}), &indices));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(5).shape(), &weights_grad));
+    float* wgrad = nullptr;
+    if (weights) {
+      wgrad = weights_grad->flat<float>().data();
+    } else {
+      weights_grad->flat<float>().setZero();
+    }
+    ParallelFor(ctx, rows, 3 * BagCost(in, a.spec, rows), [&](int64_t begin, int64_t end) {
+      std::vector<float> scratch(3 * a.spec.dim);
+      ctr::LookupGradCpu(a.spec, CorePtr<T>(*in.params), ids, weights, offsets.data(),
+                         CorePtr<T>(grad), grad_offsets.data(), begin, end, scratch.data(),
+                         CorePtr<T>(values), indices->flat<int64_t>().data(), wgrad);
+    });
+  }
+
+ private:
+  LookupAttrs attrs_;
+};
+
+#define REGISTER_LOOKUP_CPU(T, TId, TSeg)                                   \
+  REGISTER_KERNEL_BUILDER(Name("CtrEmbeddingLookup")                        \
+                              .Device(DEVICE_CPU)                           \
+                              .TypeConstraint<T>("T")                       \
+                              .TypeConstraint<TId>("Tid")                   \
+                              .TypeConstraint<TSeg>("Tseg"),                \
+                          EmbeddingLookupCpuOp<T, TId, TSeg>);              \
+  REGISTER_KERNEL_BUILDER(Name("CtrEmbeddingLookupGrad")                    \
+                              .Device(DEVICE_CPU)                           \
+                              .TypeConstraint<T>("T")                       \
+                              .TypeConstraint<TId>("Tid")                   \
+                              .TypeConstraint<TSeg>("Tseg"),                \
+                          EmbeddingLookupGradCpuOp<T, TId, TSeg>);
+#define REGISTER_LOOKUP_CPU_IDS(T)                 \
+  REGISTER_LOOKUP_CPU(T, int32_t, int32_t)         \
+  REGISTER_LOOKUP_CPU(T, int32_t, int64_t)         \
+  REGISTER_LOOKUP_CPU(T, int64_t, int32_t)         \
+  REGISTER_LOOKUP_CPU(T, int64_t, int64_t)
+REGISTER_LOOKUP_CPU_IDS(float)
+REGISTER_LOOKUP_CPU_IDS(Eigen::half)
+REGISTER_LOOKUP_CPU_IDS(Eigen::bfloat16)
+#undef REGISTER_LOOKUP_CPU_IDS
+#undef REGISTER_LOOKUP_CPU
+
+}  // namespace tf_ctr

@@ -1,0 +1,50 @@
+// Bridges TF tensors to the framework-free core: element types, errors and
+// the CPU thread pool.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "cc/core/float_types.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace tf_ctr {
+
+// The core type with the same 16/32-bit layout as a TF element type.
+template <typename T>
+struct CoreType {
+  using type = T;
+};
+template <>
+struct CoreType<Eigen::half> {
+  using type = ctr::Half;
+};
+template <>
+struct CoreType<Eigen::bfloat16> {
+  using type = ctr::BFloat16;
+};
+
+template <typename T>
+const typename CoreType<T>::type* CorePtr(const tensorflow::Tensor& t) {
+  static_assert(sizeof(T) == sizeof(typename CoreType<T>::type), "layout");
+  return reinterpret_cast<const typename CoreType<T>::type*>(t.flat<T>().data());
+}
+template <typename T>
+typename CoreType<T>::type* CorePtr(tensorflow::Tensor* t) {
+  return reinterpret_cast<typename CoreType<T>::type*>(t->flat<T>().data());
+}
+
+// Core functions report problems as a message; empty means success.
+inline absl::Status CoreStatus(const std::string& message) {
+  return message.empty() ? absl::OkStatus() : tensorflow::errors::InvalidArgument(message);
+}
+
+// Runs fn(begin, end) over [0, n) on TF's intra-op pool.
+inline void ParallelFor(tensorflow::OpKernelContext* ctx, int64_t n, int64_t cost_per_unit,
+                        const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(n, cost_per_unit, fn);
+}
+
+}  // namespace tf_ctr

@@ -1,0 +1,116 @@
+// Fused sparse / hash embedding lookup: one op replaces Unique + Gather +
+// (clip) + SparseSegment{Sum,Mean,SqrtN} (or the weighted Mul + SegmentSum +
+// DivNoNan chain), and for hashed keys also AsString + StringToHashBucketFast.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tensorflow {
+namespace {
+
+using shape_inference::DimensionHandle;
+using shape_inference::InferenceContext;
+using shape_inference::ShapeHandle;
+
+constexpr char kLookupAttrs[] = R"doc(
+combiner: "sum", "mean" or "sqrtn", as tf.nn.embedding_lookup_sparse defines them.
+segment_kind: "row_splits" when `segments` are ragged row_splits [B+1];
+  "row_ids" when they are the sorted row of each id [nnz] (SparseTensor indices[:, 0]).
+id_mode: "index": ids are table rows. "hash": ids are integer keys, hashed to
+  Fingerprint64(as_string(key)) % V, bit-exact with tf.strings.to_hash_bucket_fast.
+invalid_ids: what happens to ids outside [0, V) in index mode: "error" (InvalidArgument
+  naming the row and the id), "skip_negative" (negative ids are dropped), or
+  "skip_padding" (-1 is dropped, anything else is an error).
+prune_weights: drop entries whose weight is not > 0 (safe_embedding_lookup_sparse).
+default_id: row used for bags left empty; -1 gives zeros.
+max_norm: clip each looked-up row to this L2 norm first; <= 0 disables.
+has_weights: whether `weights` holds one float per id (else it is ignored).
+)doc";
+
+absl::Status LookupShape(InferenceContext* c) {
+  ShapeHandle params, ids, weights;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &params));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &ids));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &weights));  // segments
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 0, &weights));  // num_rows
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 1, &weights));
+  std::string kind;
+  TF_RETURN_IF_ERROR(c->GetAttr("segment_kind", &kind));
+  DimensionHandle rows = c->UnknownDim();
+  if (kind == "row_splits") {
+    DimensionHandle splits = c->Dim(c->input(2), 0);
+    if (c->ValueKnown(splits)) TF_RETURN_IF_ERROR(c->Subtract(splits, 1, &rows));
+  } else {
+    // A constant num_rows fixes the batch; -1 (infer) leaves it unknown.
+    const Tensor* num_rows = c->input_tensor(3);
+    if (num_rows != nullptr && num_rows->scalar<int64_t>()() >= 0)
+      rows = c->MakeDim(num_rows->scalar<int64_t>()());
+  }
+  c->set_output(0, c->Matrix(rows, c->Dim(params, 1)));
+  return absl::OkStatus();
+}
+
+absl::Status LookupGradShape(InferenceContext* c) {
+  ShapeHandle params;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &params));
+  c->set_output(0, c->Matrix(c->UnknownDim(), c->Dim(params, 1)));
+  c->set_output(1, c->Vector(c->UnknownDim()));
+  c->set_output(2, c->input(5));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+#define CTR_LOOKUP_ATTRS                                   \
+  Attr("T: {float, half, bfloat16}")                       \
+      .Attr("Tid: {int32, int64}")                         \
+      .Attr("Tseg: {int32, int64}")                        \
+      .Attr("combiner: {'sum', 'mean', 'sqrtn'} = 'mean'") \
+      .Attr("segment_kind: {'row_splits', 'row_ids'}")     \
+      .Attr("id_mode: {'index', 'hash'} = 'index'")        \
+      .Attr("invalid_ids: {'error', 'skip_negative', 'skip_padding'} = 'error'") \
+      .Attr("prune_weights: bool = false")                 \
+      .Attr("default_id: int = -1")                        \
+      .Attr("max_norm: float = -1.0")                      \
+      .Attr("has_weights: bool = false")
+
+REGISTER_OP("CtrEmbeddingLookup")
+    .Input("params: T")
+    .Input("ids: Tid")
+    .Input("segments: Tseg")
+    .Input("num_rows: int64")
+    .Input("weights: float")
+    .Output("output: T")
+    .CTR_LOOKUP_ATTRS
+    .SetShapeFn(LookupShape)
+    .Doc(std::string(R"doc(
+Pools rows of `params` [V, D] over bags of ids in one pass: output [B, D].
+
+Replaces tf.nn.embedding_lookup_sparse / safe_embedding_lookup_sparse (Unique,
+Gather, clip_by_norm, SparseSegment* or Mul+SegmentSum+DivNoNan) and, in hash
+mode, AsString + StringToHashBucketFast before them. Half types accumulate in
+float32. num_rows: the bag count for row_ids segments; -1 takes last row id + 1
+as tf.math.segment_sum does. Ignored for row_splits.
+)doc") + kLookupAttrs);
+
+REGISTER_OP("CtrEmbeddingLookupGrad")
+    .Input("grad: T")
+    .Input("params: T")
+    .Input("ids: Tid")
+    .Input("segments: Tseg")
+    .Input("num_rows: int64")
+    .Input("weights: float")
+    .Output("values: T")
+    .Output("indices: int64")
+    .Output("weights_grad: float")
+    .CTR_LOOKUP_ATTRS
+    .SetShapeFn(LookupGradShape)
+    .Doc(std::string(R"doc(
+Gradient of CtrEmbeddingLookup: the params gradient as IndexedSlices
+(values [n, D], indices [n]: one row per kept id, plus the default row of bags
+left empty) and the dense gradient of `weights` (zeros when has_weights is false).
+)doc") + kLookupAttrs);
+
+#undef CTR_LOOKUP_ATTRS
+
+}  // namespace tensorflow

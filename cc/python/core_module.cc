@@ -1,0 +1,158 @@
+// tf_ctr_ops._core: the framework-free kernels on NumPy arrays (and, when
+// built with CUDA, the launchers on raw device pointers). Benchmarks use it to
+// show TF's dispatch overhead; GPU tests use it where TF cannot run.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cc/core/fingerprint.h"
+#include "cc/core/lookup.h"
+#include "cc/core/parse.h"
+#include "cc/core/segments.h"
+#include "cc/python/enums.h"
+#ifdef CTR_WITH_CUDA
+#include "cc/python/gpu_bindings.h"
+#endif
+
+namespace py = pybind11;
+
+namespace {
+
+// Splits [0, n) into one contiguous range per hardware thread.
+template <typename Fn>
+void ParallelRanges(int64_t n, int num_threads, Fn fn) {
+  num_threads = std::max(1, std::min<int>(num_threads, static_cast<int>(n / 64 + 1)));
+  if (num_threads == 1) {
+    fn(0, n);
+    return;
+  }
+  std::vector<std::thread> threads;
+  const int64_t chunk = (n + num_threads - 1) / num_threads;
+  for (int t = 0; t < num_threads; ++t) {
+    const int64_t b = std::min(n, t * chunk), e = std::min(n, b + chunk);
+    threads.emplace_back([=] { fn(b, e); });
+  }
+  for (auto& th : threads) th.join();
+}
+
+template <typename T, typename TKey>
+py::array RunLookup(const ctr::LookupSpec& spec, const py::array& params, const py::array& keys,
+                    const std::vector<int64_t>& offsets, const float* weights, int threads) {
+  const int64_t rows = static_cast<int64_t>(offsets.size()) - 1;
+  py::array out(params.dtype(), std::vector<py::ssize_t>{rows, spec.dim});
+  T* dst = static_cast<T*>(out.mutable_data());
+  const T* p = static_cast<const T*>(params.data());
+  const TKey* k = static_cast<const TKey*>(keys.data());
+  ctr::KeyError first;
+  {
+    py::gil_scoped_release release;
+    std::mutex mu;
+    ParallelRanges(rows, threads, [&](int64_t b, int64_t e) {
+      std::vector<float> acc(spec.dim);
+      ctr::KeyError err;
+      ctr::PoolBagsCpu(spec, p, k, weights, offsets.data(), b, e, acc.data(), dst, &err);
+      if (err.found()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first.found() || err.row < first.row) first = err;
+      }
+    });
+  }
+  if (first.found()) throw py::value_error(ctr::DescribeKeyError(first, spec.vocab));
+  return out;
+}
+
+template <typename TKey>
+py::array LookupForKeys(const ctr::LookupSpec& spec, const py::array& params, const py::array& keys,
+                        const std::vector<int64_t>& offsets, const float* weights, int threads) {
+  const std::string kind = py::str(params.dtype());
+  if (kind == "float32") return RunLookup<float, TKey>(spec, params, keys, offsets, weights, threads);
+  if (kind == "float16") return RunLookup<ctr::Half, TKey>(spec, params, keys, offsets, weights, threads);
+  throw py::type_error("params must be float32 or float16, got " + kind);
+}
+
+py::array EmbeddingLookup(py::array params, py::array keys, py::array_t<int64_t, py::array::c_style | py::array::forcecast> offsets,
+                          py::object weights, const std::string& combiner,
+                          const std::string& id_mode, const std::string& invalid_ids,
+                          bool prune_weights, int64_t default_id, float max_norm, int threads) {
+  params = py::array::ensure(params, py::array::c_style);
+  keys = py::array::ensure(keys, py::array::c_style);
+  if (params.ndim() != 2) throw py::value_error("params must be [V, D]");
+  if (keys.ndim() != 1) throw py::value_error("keys must be a vector");
+  ctr::LookupSpec spec;
+  spec.vocab = params.shape(0);
+  spec.dim = params.shape(1);
+  spec.combiner = tf_ctr_py::ParseCombiner(combiner);
+  spec.id_mode = tf_ctr_py::ParseIdMode(id_mode);
+  spec.invalid_ids = tf_ctr_py::ParseInvalidIds(invalid_ids);
+  spec.prune_weights = prune_weights;
+  spec.default_id = default_id;
+  spec.max_norm = max_norm;
+  if (spec.id_mode == ctr::IdMode::kHash && spec.vocab <= 0) throw py::value_error("hash mode needs at least one bucket");
+  if (default_id < -1 || default_id >= spec.vocab) throw py::value_error("default_id out of range");
+  std::vector<int64_t> off(offsets.data(), offsets.data() + offsets.size());
+  const std::string err = ctr::ValidateRowSplits(off.data(), static_cast<int64_t>(off.size()), keys.shape(0));
+  if (!err.empty()) throw py::value_error(err);
+  py::array_t<float, py::array::c_style | py::array::forcecast> w;
+  const float* wptr = nullptr;
+  if (!weights.is_none()) {
+    w = weights.cast<py::array_t<float, py::array::c_style | py::array::forcecast>>();
+    if (w.ndim() != 1 || w.shape(0) != keys.shape(0)) throw py::value_error("weights must have one value per key");
+    wptr = w.data();
+  }
+  if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
+  const std::string kt = py::str(keys.dtype());
+  if (kt == "int32") return LookupForKeys<int32_t>(spec, params, keys, off, wptr, threads);
+  if (kt == "int64") return LookupForKeys<int64_t>(spec, params, keys, off, wptr, threads);
+  throw py::type_error("keys must be int32 or int64, got " + kt);
+}
+
+py::array_t<int64_t> HashBuckets(const std::vector<std::string>& strings, int64_t buckets) {
+  if (buckets <= 0) throw py::value_error("num_buckets must be positive");
+  py::array_t<int64_t> out(static_cast<py::ssize_t>(strings.size()));
+  auto o = out.mutable_unchecked<1>();
+  for (size_t i = 0; i < strings.size(); ++i)
+    o(i) = ctr::HashBucket(reinterpret_cast<const uint8_t*>(strings[i].data()), strings[i].size(), buckets);
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "Framework-free tf-ctr-ops kernels (CPU on NumPy; CUDA on device pointers when built with it).";
+#ifdef CTR_WITH_CUDA
+  m.attr("has_cuda") = true;
+  RegisterGpuBindings(m);
+#else
+  m.attr("has_cuda") = false;
+#endif
+  m.def("embedding_lookup", &EmbeddingLookup, py::arg("params"), py::arg("keys"), py::arg("offsets"),
+        py::arg("weights") = py::none(), py::arg("combiner") = "mean", py::arg("id_mode") = "index",
+        py::arg("invalid_ids") = "error", py::arg("prune_weights") = false, py::arg("default_id") = -1,
+        py::arg("max_norm") = -1.0f, py::arg("threads") = 0,
+        "Pooled lookup over CSR bags: params [V, D] float32/float16, keys int32/int64, offsets [B+1].");
+  m.def("fingerprint64", [](const py::bytes& b) {
+    const std::string s = b;
+    return ctr::fp::Fingerprint64(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+  });
+  m.def("hash_buckets", &HashBuckets, py::arg("strings"), py::arg("num_buckets"),
+        "tf.strings.to_hash_bucket_fast on a list of byte strings.");
+  m.def("hash_int_keys", [](py::array_t<int64_t, py::array::c_style | py::array::forcecast> keys, int64_t buckets) {
+    if (buckets <= 0) throw py::value_error("num_buckets must be positive");
+    py::array_t<int64_t> out(keys.size());
+    for (py::ssize_t i = 0; i < keys.size(); ++i) out.mutable_data()[i] = ctr::HashIntKeyBucket(keys.data()[i], buckets);
+    return out;
+  }, py::arg("keys"), py::arg("num_buckets"), "to_hash_bucket_fast(as_string(keys)) without strings.");
+  m.def("parse_int64", [](const py::bytes& b) -> py::object {
+    const std::string s = b;
+    int64_t v = 0;
+    if (!ctr::ParseInt64(reinterpret_cast<const uint8_t*>(s.data()), static_cast<int64_t>(s.size()), &v)) return py::none();
+    return py::int_(v);
+  }, "tf.strings.to_number(s, tf.int64) semantics: the value, or None where TF rejects the token.");
+}

@@ -1,0 +1,317 @@
+"""Builds tf-ctr-ops: one TF op library and one framework-free pybind11 module.
+
+    pip install --no-build-isolation .        # TensorFlow must already be installed
+
+Bazel is not used. The op library `tf_ctr_ops/_tf_ctr_ops.so` is compiled with
+g++ and the flags of the installed TensorFlow (tf.sysconfig), so it is tied to
+that exact TF version; the wheel pins it. `tf_ctr_ops._core` is the same C++
+core (and CUDA launchers) without TensorFlow, for benchmarks and GPU tests.
+
+CUDA: see `find_cuda_toolkit`. Environment switches:
+  TF_CTR_OPS_CUDA=0|1         force CPU-only / require CUDA (default: auto)
+  TF_CTR_OPS_CUDA_ARCHS=80;90 GPU architectures (default 80;90, PTX for the last)
+  TF_CTR_OPS_SANITIZE=address,undefined   build with ASan/UBSan
+  TF_CTR_OPS_JOBS=N           parallel compile jobs (default: CPU count)
+"""
+
+import concurrent.futures
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+VERSION = "0.1.0"
+
+
+def log(msg):
+    print(f"[tf-ctr-ops] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------
+# TensorFlow
+
+
+def tensorflow_config():
+    try:
+        import tensorflow as tf  # noqa: F401 (heavy import, build time only)
+    except ImportError as e:
+        sys.exit(
+            "tf-ctr-ops builds against the installed TensorFlow, and none was found "
+            f"({e}). Install it first: pip install 'tensorflow==2.21.*', then "
+            "pip install --no-build-isolation ."
+        )
+    info = tf.sysconfig.get_build_info()
+    return {
+        "version": tf.__version__,
+        "compile_flags": tf.sysconfig.get_compile_flags(),
+        "link_flags": tf.sysconfig.get_link_flags(),
+        "cuda_version": str(info.get("cuda_version", "")) if info.get("is_cuda_build") else "",
+    }
+
+
+# --------------------------------------------------------------------------
+# CUDA toolkit discovery
+
+
+def _nvcc_version(nvcc):
+    try:
+        out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"release (\d+)\.(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _toolkit_at(home, origin):
+    """A usable toolkit has nvcc, the runtime headers and a static cudart.
+
+    Static cudart keeps the op library loadable on machines without a GPU or
+    a CUDA runtime: it only dlopens the driver when a GPU kernel first runs.
+    """
+    home = Path(home)
+    nvcc = home / "bin" / "nvcc"
+    if not nvcc.exists():
+        return None
+    libdirs = [home / "lib64", home / "lib", home / "targets" / "x86_64-linux" / "lib"]
+    static = next((d for d in libdirs if (d / "libcudart_static.a").exists()), None)
+    if static is None or not (home / "include" / "cuda_runtime.h").exists():
+        return None
+    version = _nvcc_version(nvcc)
+    if version is None:
+        return None
+    return {"home": home, "nvcc": nvcc, "libdir": static, "version": version, "origin": origin}
+
+
+def _pip_nvcc_home():
+    try:
+        import nvidia.cuda_nvcc as pkg  # nvidia-cuda-nvcc-cu12, TF's [and-cuda] extra
+    except ImportError:
+        return None
+    return Path(list(pkg.__path__)[0])
+
+
+def find_cuda_toolkit(tf_cuda_version):
+    """Looks in CUDA_HOME, then nvcc on PATH, then the nvidia-cuda-nvcc-cu12 wheel.
+
+    Among usable toolkits, the one whose major version matches TF's CUDA
+    runtime wins (TF 2.21 is built with CUDA 12.5), else the first found.
+    Note: the nvidia-cuda-nvcc-cu12 wheels ship ptxas and headers but no nvcc
+    driver, so on their own they cannot compile; they are still checked so a
+    future wheel that has one is picked up.
+    """
+    candidates = []
+    if os.environ.get("CUDA_HOME"):
+        candidates.append((os.environ["CUDA_HOME"], "CUDA_HOME"))
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append((Path(nvcc).resolve().parent.parent, "nvcc on PATH"))
+    candidates.append(("/usr/local/cuda", "/usr/local/cuda"))
+    pip_home = _pip_nvcc_home()
+    if pip_home:
+        candidates.append((pip_home, "nvidia-cuda-nvcc-cu12"))
+    found, seen = [], set()
+    for home, origin in candidates:
+        key = str(Path(home).resolve())
+        if key in seen:
+            continue
+        seen.add(key)
+        tk = _toolkit_at(home, origin)
+        if tk:
+            found.append(tk)
+    if not found:
+        return None
+    tf_major = int(tf_cuda_version.split(".")[0]) if tf_cuda_version else None
+    matching = [tk for tk in found if tk["version"][0] == tf_major]
+    return (matching or found)[0]
+
+
+def cuda_choice(tf_cuda_version):
+    mode = os.environ.get("TF_CTR_OPS_CUDA", "auto").strip().lower()
+    if mode in ("0", "false", "no", "off"):
+        log("building CPU-only (TF_CTR_OPS_CUDA=0)")
+        return None
+    tk = find_cuda_toolkit(tf_cuda_version)
+    if tk is None:
+        if mode in ("1", "true", "yes", "on"):
+            sys.exit(
+                "TF_CTR_OPS_CUDA=1 but no usable CUDA toolkit was found (looked at CUDA_HOME, "
+                "nvcc on PATH, /usr/local/cuda and the nvidia-cuda-nvcc-cu12 wheel; a toolkit "
+                "needs bin/nvcc, include/cuda_runtime.h and libcudart_static.a)."
+            )
+        log("no CUDA toolkit found: building CPU-only (set CUDA_HOME to build GPU kernels)")
+        return None
+    v = "%d.%d" % tk["version"]
+    note = "" if tk["version"][0] == int((tf_cuda_version or "0").split(".")[0]) else (
+        f" (TF was built with CUDA {tf_cuda_version}; GPU kernels need a driver for CUDA {v})")
+    log(f"building with CUDA {v} from {tk['home']} ({tk['origin']}){note}")
+    return tk
+
+
+# --------------------------------------------------------------------------
+# Compilation
+
+
+def sources(pattern):
+    return sorted(str(p.relative_to(ROOT)) for p in ROOT.glob(pattern))
+
+
+class Toolchain:
+    def __init__(self, tf, cuda, build_temp):
+        self.tf = tf
+        self.cuda = cuda
+        self.build_temp = Path(build_temp)
+        self.sanitize = os.environ.get("TF_CTR_OPS_SANITIZE", "").strip()
+        common = ["-std=c++17", "-fPIC", f"-I{ROOT}", "-Wall", "-Wno-sign-compare",
+                  "-Wno-deprecated-declarations", "-Wno-unused-function"]
+        common += ["-O1", "-g", "-fno-omit-frame-pointer", f"-fsanitize={self.sanitize}"] if self.sanitize else ["-O3"]
+        if cuda:
+            common += ["-DCTR_WITH_CUDA=1", f"-I{cuda['home'] / 'include'}"]
+        self.cxx_core = common
+        self.cxx_tf = common + [f for f in tf["compile_flags"] if not f.startswith("--std")]
+        self.headers_mtime = max(p.stat().st_mtime for p in ROOT.glob("c*/**/*.h"))
+
+    def _obj(self, src, flavor):
+        return self.build_temp / flavor / (src.replace("/", "_") + ".o")
+
+    def _stale(self, src, obj):
+        return not obj.exists() or obj.stat().st_mtime < max((ROOT / src).stat().st_mtime, self.headers_mtime)
+
+    def _cmd(self, src, obj, flavor):
+        if src.endswith(".cu"):
+            archs = os.environ.get("TF_CTR_OPS_CUDA_ARCHS", "80;90").replace(",", ";").split(";")
+            gencode = []
+            for i, a in enumerate(archs):
+                code = f"[sm_{a},compute_{a}]" if i == len(archs) - 1 else f"sm_{a}"
+                gencode += ["-gencode", f"arch=compute_{a},code={code}"]
+            host = "-fPIC" + (f",-fsanitize={self.sanitize}" if self.sanitize else "")
+            return [str(self.cuda["nvcc"]), "-std=c++17", "-O3", f"-I{ROOT}", "--expt-relaxed-constexpr",
+                    "-Xcompiler", host, *gencode, "-c", str(ROOT / src), "-o", str(obj)]
+        flags = self.cxx_tf if flavor == "tf" else self.cxx_core + pybind_includes()
+        return ["g++", *flags, "-c", str(ROOT / src), "-o", str(obj)]
+
+    def compile(self, srcs, flavor):
+        objs, jobs = [], []
+        for src in srcs:
+            obj = self._obj(src, flavor)
+            obj.parent.mkdir(parents=True, exist_ok=True)
+            objs.append(obj)
+            if self._stale(src, obj):
+                jobs.append((src, obj))
+        workers = int(os.environ.get("TF_CTR_OPS_JOBS", os.cpu_count() or 2))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(run, self._cmd(src, obj, flavor), f"compile {src}"): src for src, obj in jobs}
+            for f in concurrent.futures.as_completed(futures):
+                f.result()
+        return objs
+
+    def link(self, objs, out, extra):
+        cmd = ["g++", "-shared", *map(str, objs), "-o", str(out), *extra]
+        if self.sanitize:
+            cmd.append(f"-fsanitize={self.sanitize}")
+        if self.cuda:
+            cmd += [f"-L{self.cuda['libdir']}", "-lcudart_static", "-ldl", "-lrt", "-lpthread"]
+        run(cmd, f"link {out.name}")
+
+
+def pybind_includes():
+    import pybind11
+
+    return [f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}"]
+
+
+def run(cmd, what):
+    log(what)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout + proc.stderr)
+        raise RuntimeError(f"{what} failed:\n  {' '.join(cmd)}")
+
+
+def write_build_info(tf, cuda, path):
+    path.write_text(
+        "# Generated by setup.py at build time; describes how this copy was built.\n"
+        f"TF_VERSION = {tf['version']!r}\n"
+        f"TF_CUDA_VERSION = {tf['cuda_version']!r}\n"
+        f"WITH_CUDA = {bool(cuda)!r}\n"
+        f"CUDA_VERSION = {('%d.%d' % cuda['version']) if cuda else ''!r}\n"
+        f"CUDA_ARCHS = {os.environ.get('TF_CTR_OPS_CUDA_ARCHS', '80;90') if cuda else ''!r}\n"
+        f"SANITIZE = {os.environ.get('TF_CTR_OPS_SANITIZE', '')!r}\n"
+    )
+
+
+class BuildCtrOps(build_ext):
+    """Compiles both native modules with g++ (and nvcc) instead of distutils."""
+
+    def run(self):
+        self.tf = tensorflow_config()
+        self.cuda = cuda_choice(self.tf["cuda_version"])
+        self.toolchain = Toolchain(self.tf, self.cuda, self.build_temp)
+        cuda_srcs = sources("cuda/*.cu") if self.cuda else []
+        self.cuda_objs = self.toolchain.compile(cuda_srcs, "cuda")
+        for where in {Path(self.get_ext_fullpath(e.name)).parent for e in self.extensions}:
+            where.mkdir(parents=True, exist_ok=True)
+            write_build_info(self.tf, self.cuda, where / "_build_info.py")
+        write_build_info(self.tf, self.cuda, ROOT / "tf_ctr_ops" / "_build_info.py")
+        super().run()
+
+    def get_ext_filename(self, fullname):
+        if fullname.endswith("_tf_ctr_ops"):
+            return os.path.join(*fullname.split(".")) + ".so"  # loaded by tf.load_op_library
+        return super().get_ext_filename(fullname)
+
+    def build_extension(self, ext):
+        out = Path(self.get_ext_fullpath(ext.name))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if ext.name.endswith("_tf_ctr_ops"):
+            srcs = sources("cc/ops/*.cc") + sources("cc/kernels/*.cc") + sources("cc/grappler/*.cc")
+            if not self.cuda:
+                srcs = [s for s in srcs if not s.endswith("_gpu.cc")]
+            objs = self.toolchain.compile(srcs, "tf")
+            self.toolchain.link(objs + self.cuda_objs, out, self.tf["link_flags"])
+        else:
+            srcs = sources("cc/python/*.cc")
+            if not self.cuda:
+                srcs = [s for s in srcs if "gpu" not in s]
+            objs = self.toolchain.compile(srcs, "core")
+            self.toolchain.link(objs + self.cuda_objs, out, [])
+
+
+def install_requires():
+    """Pins the exact TensorFlow the op library was compiled against."""
+    try:
+        import tensorflow as tf
+
+        tf_req = f"tensorflow=={tf.__version__}"
+    except ImportError:
+        tf_req = "tensorflow>=2.21,<2.22"
+    return [tf_req, "numpy"]
+
+
+setup(
+    name="tf-ctr-ops",
+    version=VERSION,
+    description="Fused embedding and string-feature ops for TensorFlow CTR models (CPU and CUDA)",
+    long_description=(ROOT / "README.md").read_text() if (ROOT / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["tf_ctr_ops", "tf_ctr_ops.*"]),
+    ext_modules=[
+        Extension("tf_ctr_ops._tf_ctr_ops", sources=[]),
+        Extension("tf_ctr_ops._core", sources=[]),
+    ],
+    cmdclass={"build_ext": BuildCtrOps},
+    install_requires=install_requires(),
+    extras_require={
+        "test": ["pytest>=7", "hypothesis>=6"],
+        "plot": ["matplotlib"],
+    },
+    entry_points={"console_scripts": ["tf-ctr-ops=tf_ctr_ops.__main__:main"]},
+    zip_safe=False,
+)

@@ -1,0 +1,28 @@
+"""tf-ctr-ops: fused embedding and string-feature ops for TensorFlow CTR models.
+
+    import tf_ctr_ops as tco
+    y = tco.sparse_embedding(table, ragged_ids, combiner="mean")
+
+Importing the package loads the op library (checking the TensorFlow version
+it was built against) and registers the gradients and Keras layers.
+"""
+
+from tf_ctr_ops._loader import load_op_library as _load_op_library
+
+_load_op_library()
+
+from tf_ctr_ops.ops import (  # noqa: E402
+    embedding_lookup_sparse,
+    hash_embedding,
+    safe_embedding_lookup_sparse,
+    sparse_embedding,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "embedding_lookup_sparse",
+    "safe_embedding_lookup_sparse",
+    "sparse_embedding",
+    "hash_embedding",
+]
