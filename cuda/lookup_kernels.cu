@@ -1,0 +1,772 @@
+// CUDA side of the fused embedding lookup (interface: cuda/lookup_launchers.h).
+//
+// Every per-key and per-bag rule (ResolveKey, KeepWeight, CombinerScale,
+// MaxNormScale, WeightGrad, the clip backward, ToFloat/FromFloat, the hash)
+// comes from cc/core, so the GPU cannot drift from the CPU path the tests
+// check; this file only decides how that work is spread over threads.
+//
+// Layout of the pooling kernels: a group of 4, 8, 16 or 32 lanes (chosen from
+// dim) owns one bag at a time. Lanes resolve the next `lanes` keys of the bag
+// together, one key each, because hashing a key is far more work than reading
+// its row; the resolved rows are then broadcast one by one with shuffles and
+// every lane accumulates its own slice of dim in float32 registers.
+//
+// Error reporting: d_status (device int64[2]) starts as {-1, 0}. Seen as
+// unsigned, -1 is the largest value, so a lock-free atomicMin on its bit
+// pattern both claims an untouched status and keeps the lowest bad row (or
+// entry). The matching key (or value) is filled in afterwards by a one-warp
+// kernel that does nothing unless an error was recorded, which keeps the row
+// and its key consistent without a 128-bit atomic.
+
+#include "cuda/lookup_launchers.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cub/cub.cuh>
+#include <string>
+
+#include "cc/core/combiner.h"
+#include "cc/core/float_types.h"
+#include "cc/core/lookup.h"
+
+namespace ctr {
+namespace gpu {
+namespace {
+
+constexpr int kWarpSize = 32;
+constexpr int kBlockThreads = 256;
+// Grid-stride loops handle the rest, so any 64-bit count gets a valid grid.
+constexpr int64_t kMaxBlocks = int64_t{1} << 20;
+// Accumulator floats one lane keeps in registers. A bag whose dim exceeds
+// lanes * kLaneFloats is pooled in several dim tiles, each re-resolving keys:
+// rare in CTR models, and it keeps register use independent of dim.
+constexpr int kLaneFloats = 16;
+// Vector width (elements) of the vectorized path: one float4, or 8 bytes of
+// four 16-bit values.
+constexpr int kVecWidth = 4;
+
+// ---------------------------------------------------------------------------
+// Host helpers.
+
+cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+std::string CudaError(const char* what, cudaError_t e) {
+  if (e == cudaSuccess) return "";
+  return std::string(what) + ": " + cudaGetErrorString(e);
+}
+
+std::string CheckLaunch(const char* kernel) {
+  return CudaError(kernel, cudaGetLastError());
+}
+
+unsigned int BlocksFor(int64_t items, int64_t items_per_block) {
+  const int64_t blocks = (items + items_per_block - 1) / items_per_block;
+  return static_cast<unsigned int>(std::min(std::max<int64_t>(blocks, 1), kMaxBlocks));
+}
+
+// Smallest power-of-two group (4..32 lanes) that gives every lane at most one
+// fragment per tile; small dims get small groups so no bag wastes a warp.
+int LanesForDim(int64_t dim, int vec) {
+  const int64_t fragments = (dim + vec - 1) / vec;
+  int lanes = 4;
+  while (lanes < kWarpSize && lanes < fragments) lanes *= 2;
+  return lanes;
+}
+
+template <typename T>
+bool IsVectorAligned(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % (kVecWidth * sizeof(T)) == 0;
+}
+
+// Conditions under which a kernel would read outside the table although every
+// key is valid; the CPU path assumes them, here they are checked because a
+// device fault would take down the whole process.
+std::string ValidateSpec(const LookupSpec& s) {
+  if (s.dim < 0) return "dim must be >= 0, got " + std::to_string(s.dim);
+  if (s.vocab < 0) return "vocab must be >= 0, got " + std::to_string(s.vocab);
+  if (s.id_mode == IdMode::kHash && s.vocab <= 0)
+    return "hash mode needs at least one bucket, got " + std::to_string(s.vocab);
+  if (s.default_id >= s.vocab)
+    return "default_id " + std::to_string(s.default_id) + " is out of range [0, " +
+           std::to_string(s.vocab) + ")";
+  return "";
+}
+
+// ---------------------------------------------------------------------------
+// Device helpers.
+
+__device__ __forceinline__ void RecordLowest(int64_t* d_status, int64_t index) {
+  atomicMin(reinterpret_cast<unsigned long long*>(d_status),
+            static_cast<unsigned long long>(index));
+}
+
+__device__ __forceinline__ bool StatusHasError(const int64_t* d_status) {
+  return d_status[0] >= 0;
+}
+
+__device__ __forceinline__ int64_t GlobalThread() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+
+__device__ __forceinline__ int64_t GridThreads() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
+// The lanes of a warp that own one bag together. Groups are aligned, so a
+// shuffle of `lanes` width never crosses into a neighbouring bag.
+struct LaneGroup {
+  int lanes;      // 4, 8, 16 or 32
+  int rank;       // this lane's index inside the group
+  int first;      // warp lane of rank 0
+  unsigned mask;  // the group's warp lanes; groups of one warp diverge freely
+
+  __device__ static LaneGroup Make(int lanes) {
+    LaneGroup g;
+    const int warp_lane = threadIdx.x % kWarpSize;
+    g.lanes = lanes;
+    g.rank = warp_lane & (lanes - 1);
+    g.first = warp_lane - g.rank;
+    const unsigned low = lanes == kWarpSize ? 0xffffffffu : (1u << lanes) - 1u;
+    g.mask = low << g.first;
+    return g;
+  }
+
+  // Global index of this group, and how many groups the grid holds.
+  __device__ int64_t Index() const { return GlobalThread() / lanes; }
+  __device__ int64_t Count() const { return GridThreads() / lanes; }
+
+  // Bit k set when rank k's predicate holds. Identical in every lane of the
+  // group, so loops over it stay convergent.
+  __device__ unsigned Ballot(bool pred) const {
+    return (__ballot_sync(mask, pred) & mask) >> first;
+  }
+
+  template <typename V>
+  __device__ V Broadcast(V v, int src_rank) const {
+    return __shfl_sync(mask, v, src_rank, lanes);
+  }
+
+  __device__ float Sum(float v) const {
+    for (int offset = lanes / 2; offset > 0; offset /= 2)
+      v += __shfl_xor_sync(mask, v, offset, lanes);
+    return v;
+  }
+};
+
+__device__ __forceinline__ int LowestBit(unsigned bits) {
+  return __ffs(static_cast<int>(bits)) - 1;
+}
+
+// One lane's view of one entry of a bag. row is a table row, kSkipKey (also
+// for entries past the bag or pruned by weight) or kBadKey.
+struct Entry {
+  int64_t row;
+  float weight;
+};
+
+template <typename TKey>
+__device__ Entry ResolveEntry(const LookupSpec& s, const TKey* keys,
+                              const float* weights, int64_t i, int64_t end) {
+  Entry e{kSkipKey, 0.f};
+  if (i >= end) return e;
+  e.row = ResolveKey(keys[i], s);
+  e.weight = weights ? weights[i] : 1.f;
+  // A bad key is an error whatever its weight (PoolBagsCpu checks the key
+  // first), so only resolved rows may be pruned.
+  if (e.row >= 0 && !KeepWeight(e.weight, s)) e.row = kSkipKey;
+  return e;
+}
+
+// ---------------------------------------------------------------------------
+// Fragment loads and stores: kVec consecutive elements of a row as floats.
+// The vector forms need 4 * sizeof(T) alignment, which the launcher checks.
+
+__device__ __forceinline__ void LoadFragment(const float* p, float (&v)[4]) {
+  const float4 q = *reinterpret_cast<const float4*>(p);
+  v[0] = q.x;
+  v[1] = q.y;
+  v[2] = q.z;
+  v[3] = q.w;
+}
+
+template <typename T16>
+__device__ __forceinline__ void LoadFragment(const T16* p, float (&v)[4]) {
+  const uint2 q = *reinterpret_cast<const uint2*>(p);
+  v[0] = ToFloat(T16{static_cast<uint16_t>(q.x & 0xffffu)});
+  v[1] = ToFloat(T16{static_cast<uint16_t>(q.x >> 16)});
+  v[2] = ToFloat(T16{static_cast<uint16_t>(q.y & 0xffffu)});
+  v[3] = ToFloat(T16{static_cast<uint16_t>(q.y >> 16)});
+}
+
+template <typename T>
+__device__ __forceinline__ void LoadFragment(const T* p, float (&v)[1]) {
+  v[0] = ToFloat(*p);
+}
+
+__device__ __forceinline__ void StoreFragment(float* p, const float (&v)[4]) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+
+template <typename T16>
+__device__ __forceinline__ void StoreFragment(T16* p, const float (&v)[4]) {
+  const uint32_t b0 = FromFloat<T16>(v[0]).bits, b1 = FromFloat<T16>(v[1]).bits;
+  const uint32_t b2 = FromFloat<T16>(v[2]).bits, b3 = FromFloat<T16>(v[3]).bits;
+  *reinterpret_cast<uint2*>(p) = make_uint2(b0 | (b1 << 16), b2 | (b3 << 16));
+}
+
+template <typename T>
+__device__ __forceinline__ void StoreFragment(T* p, const float (&v)[1]) {
+  *p = FromFloat<T>(v[0]);
+}
+
+// The slice of one dim tile a lane owns: fragment j starts at element
+// tile_begin + (j * lanes + rank) * kVec, so a group's loads coalesce.
+template <int kVec>
+struct LaneTile {
+  static constexpr int kFragments = kLaneFloats / kVec;
+  float v[kFragments][kVec];
+
+  __device__ static int64_t Offset(int64_t tile_begin, int j, const LaneGroup& g) {
+    return tile_begin + (static_cast<int64_t>(j) * g.lanes + g.rank) * kVec;
+  }
+  __device__ static int64_t Width(const LaneGroup& g) {
+    return static_cast<int64_t>(g.lanes) * kLaneFloats;
+  }
+
+  __device__ void Zero() {
+#pragma unroll
+    for (int j = 0; j < kFragments; ++j)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) v[j][e] = 0.f;
+  }
+
+  // dim is a multiple of kVec on the vector path, so a fragment that starts
+  // inside the row ends inside it.
+  template <typename T>
+  __device__ void Load(const T* row, int64_t dim, int64_t tile_begin, const LaneGroup& g) {
+#pragma unroll
+    for (int j = 0; j < kFragments; ++j) {
+      const int64_t d = Offset(tile_begin, j, g);
+      if (d < dim) {
+        LoadFragment(row + d, v[j]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) v[j][e] = 0.f;
+      }
+    }
+  }
+
+  template <typename T>
+  __device__ void Store(T* row, int64_t dim, int64_t tile_begin, const LaneGroup& g,
+                        float scale) const {
+#pragma unroll
+    for (int j = 0; j < kFragments; ++j) {
+      const int64_t d = Offset(tile_begin, j, g);
+      if (d >= dim) continue;
+      float scaled[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) scaled[e] = v[j][e] * scale;
+      StoreFragment(row + d, scaled);
+    }
+  }
+
+  __device__ float SumSquares() const {
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < kFragments; ++j)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) s += v[j][e] * v[j][e];
+    return s;
+  }
+
+  __device__ void AddScaled(float f, const LaneTile& x) {
+#pragma unroll
+    for (int j = 0; j < kFragments; ++j)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) v[j][e] += f * x.v[j][e];
+  }
+};
+
+// |row|^2 over the whole row, for rows wider than one tile.
+template <int kVec, typename T>
+__device__ float RowSquaredNorm(const T* row, int64_t dim, const LaneGroup& g) {
+  LaneTile<kVec> x;
+  float partial = 0.f;
+  for (int64_t t = 0; t < dim; t += LaneTile<kVec>::Width(g)) {
+    x.Load(row, dim, t, g);
+    partial += x.SumSquares();
+  }
+  return g.Sum(partial);
+}
+
+// acc += f * clip(row) on this tile, where f is the entry's weight and the
+// clip is MaxNormScale of the whole row, as AccumulateRow/RowClipScale do.
+template <int kVec, typename T>
+__device__ void AddRow(const LookupSpec& s, const T* row, int64_t tile_begin, float f,
+                       const LaneGroup& g, LaneTile<kVec>* acc) {
+  LaneTile<kVec> x;
+  x.Load(row, s.dim, tile_begin, g);
+  if (s.max_norm > 0.f) {
+    const bool whole_row_loaded = s.dim <= LaneTile<kVec>::Width(g);
+    const float squared_norm = whole_row_loaded ? g.Sum(x.SumSquares())
+                                                : RowSquaredNorm<kVec>(row, s.dim, g);
+    f *= MaxNormScale(squared_norm, s.max_norm);
+  }
+  acc->AddScaled(f, x);
+}
+
+// Pools bag r into out. Returns early, writing nothing, on a bad key: the op
+// fails then, and the CPU path also stops at the first bad key.
+template <int kVec, typename T, typename TKey>
+__device__ void PoolBag(const LookupSpec& s, const T* params, const TKey* keys,
+                        const float* weights, const int64_t* offsets, int64_t r,
+                        const LaneGroup& g, T* out, int64_t* d_status) {
+  const int64_t begin = offsets[r];
+  const int64_t end = offsets[r + 1];
+  const int64_t dim = s.dim;
+  // do/while: a bag is resolved at least once even when dim == 0, so bad keys
+  // are still reported for an empty embedding, as on the CPU.
+  int64_t tile = 0;
+  do {
+    LaneTile<kVec> acc;
+    acc.Zero();
+    BagWeights bw;
+    bool any = false;
+    for (int64_t base = begin; base < end; base += g.lanes) {
+      const Entry mine = ResolveEntry(s, keys, weights, base + g.rank, end);
+      if (g.Ballot(mine.row == kBadKey) != 0) {
+        if (g.rank == 0) RecordLowest(d_status, r);
+        return;
+      }
+      for (unsigned kept = g.Ballot(mine.row >= 0); kept != 0; kept &= kept - 1) {
+        const int src = LowestBit(kept);
+        const int64_t row = g.Broadcast(mine.row, src);
+        const float w = g.Broadcast(mine.weight, src);
+        AddRow<kVec>(s, params + row * dim, tile, w, g, &acc);
+        bw.Add(w);
+        any = true;
+      }
+    }
+    if (!any && s.default_id >= 0) {
+      AddRow<kVec>(s, params + s.default_id * dim, tile, 1.f, g, &acc);
+      bw.Add(1.f);
+    }
+    acc.Store(out + r * dim, dim, tile, g, CombinerScale(s.combiner, bw));
+    tile += LaneTile<kVec>::Width(g);
+  } while (tile < dim);
+}
+
+// ---------------------------------------------------------------------------
+// Kernels.
+
+template <int kVec, typename T, typename TKey>
+__global__ void __launch_bounds__(kBlockThreads)
+    PoolBagsKernel(const LookupSpec s, const T* __restrict__ params,
+                   const TKey* __restrict__ keys, const float* __restrict__ weights,
+                   const int64_t* __restrict__ offsets, int64_t num_rows, int lanes,
+                   T* __restrict__ out, int64_t* d_status) {
+  const LaneGroup g = LaneGroup::Make(lanes);
+  for (int64_t r = g.Index(); r < num_rows; r += g.Count())
+    PoolBag<kVec>(s, params, keys, weights, offsets, r, g, out, d_status);
+}
+
+// Fills d_status[1] with the first bad key of the lowest bad bag, once all
+// bags are done. One warp; the key order within the bag is the CPU's.
+template <typename TKey>
+__global__ void FindFirstBadKeyKernel(const LookupSpec s, const TKey* keys,
+                                      const int64_t* offsets, int64_t num_rows,
+                                      int64_t* d_status) {
+  if (!StatusHasError(d_status)) return;
+  const int64_t r = d_status[0];
+  if (r >= num_rows) return;  // recorded by someone else; nothing of ours to read
+  const int lane = threadIdx.x;
+  const int64_t end = offsets[r + 1];
+  for (int64_t base = offsets[r]; base < end; base += kWarpSize) {
+    const int64_t i = base + lane;
+    const bool bad = i < end && ResolveKey(keys[i], s) == kBadKey;
+    const unsigned bad_lanes = __ballot_sync(0xffffffffu, bad);
+    if (bad_lanes != 0) {
+      if (lane == LowestBit(bad_lanes)) d_status[1] = static_cast<int64_t>(keys[i]);
+      return;
+    }
+  }
+}
+
+// The value half of an {entry index, value} status.
+template <typename TSeg>
+__global__ void RecordStatusValueKernel(const TSeg* values, int64_t count,
+                                        int64_t* d_status) {
+  if (StatusHasError(d_status) && d_status[0] < count)
+    d_status[1] = static_cast<int64_t>(values[d_status[0]]);
+}
+
+__global__ void InitStatusKernel(int64_t* d_status) {
+  d_status[0] = -1;
+  d_status[1] = 0;
+}
+
+// First index i in [0, n) with v[i] >= target, else n. Always stays in
+// bounds, even on unsorted input (which is reported separately).
+template <typename TSeg>
+__device__ int64_t LowerBound(const TSeg* v, int64_t n, int64_t target) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (static_cast<int64_t>(v[mid]) < target) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// Same rule as the CPU RowIdsToOffsets: in range, and not below the previous
+// id. The first failing entry is the one the CPU reports.
+template <typename TSeg>
+__device__ bool RowIdIsValid(const TSeg* row_ids, int64_t i, int64_t num_rows) {
+  const int64_t r = static_cast<int64_t>(row_ids[i]);
+  if (r < 0 || r >= num_rows) return false;
+  return i == 0 || r >= static_cast<int64_t>(row_ids[i - 1]);
+}
+
+// One thread per output offset (a binary search, so every offset is written
+// exactly once whatever the input) and per entry (validation).
+template <typename TSeg>
+__global__ void RowIdsToOffsetsKernel(const TSeg* __restrict__ row_ids, int64_t nnz,
+                                      int64_t num_rows, int64_t* __restrict__ offsets,
+                                      int64_t* d_status) {
+  const int64_t items = nnz > num_rows + 1 ? nnz : num_rows + 1;
+  for (int64_t t = GlobalThread(); t < items; t += GridThreads()) {
+    if (t <= num_rows) offsets[t] = LowerBound(row_ids, nnz, t);
+    if (t < nnz && !RowIdIsValid(row_ids, t, num_rows)) RecordLowest(d_status, t);
+  }
+}
+
+// Same conditions as ValidateRowSplits; the lowest failing entry is also the
+// one its sequential checks hit first.
+template <typename TSeg>
+__device__ bool SplitIsValid(const TSeg* splits, int64_t i, int64_t num_splits,
+                             int64_t nnz) {
+  const int64_t v = static_cast<int64_t>(splits[i]);
+  if (i == 0 && v != 0) return false;
+  if (i > 0 && v < static_cast<int64_t>(splits[i - 1])) return false;
+  return i != num_splits - 1 || v == nnz;
+}
+
+template <typename TSeg>
+__global__ void SplitsToOffsetsKernel(const TSeg* __restrict__ splits, int64_t num_splits,
+                                      int64_t nnz, int64_t* __restrict__ offsets,
+                                      int64_t* d_status) {
+  for (int64_t i = GlobalThread(); i < num_splits; i += GridThreads()) {
+    offsets[i] = static_cast<int64_t>(splits[i]);
+    if (!SplitIsValid(splits, i, num_splits, nnz)) RecordLowest(d_status, i);
+  }
+}
+
+// Keys only, so a full warp per bag regardless of dim.
+template <typename TKey>
+__global__ void __launch_bounds__(kBlockThreads)
+    GradRowCountsKernel(const LookupSpec s, const TKey* __restrict__ keys,
+                        const float* __restrict__ weights,
+                        const int64_t* __restrict__ offsets, int64_t num_rows,
+                        int64_t* __restrict__ counts) {
+  const LaneGroup g = LaneGroup::Make(kWarpSize);
+  for (int64_t r = g.Index(); r < num_rows; r += g.Count()) {
+    const int64_t end = offsets[r + 1];
+    int64_t n = 0;
+    for (int64_t base = offsets[r]; base < end; base += g.lanes) {
+      const Entry mine = ResolveEntry(s, keys, weights, base + g.rank, end);
+      n += __popc(g.Ballot(mine.row >= 0));
+    }
+    if (n == 0 && s.default_id >= 0) n = 1;
+    if (g.rank == 0) counts[r] = n;
+  }
+}
+
+// |e|^2 and g.e for one table row e and the bag's output gradient g.
+struct RowDots {
+  float squared_norm = 0.f;
+  float dot_grad = 0.f;
+};
+
+template <typename T>
+__device__ RowDots ComputeRowDots(const T* row, const T* grad_row, int64_t dim,
+                                  const LaneGroup& g) {
+  RowDots dots;
+  for (int64_t d = g.rank; d < dim; d += g.lanes) {
+    const float x = ToFloat(row[d]);
+    dots.squared_norm += x * x;
+    dots.dot_grad += x * ToFloat(grad_row[d]);
+  }
+  dots.squared_norm = g.Sum(dots.squared_norm);
+  dots.dot_grad = g.Sum(dots.dot_grad);
+  return dots;
+}
+
+// dst = ClipBackward(row, grad_row, scale), one gradient row.
+template <typename T>
+__device__ void WriteClipBackward(const LookupSpec& s, const T* row, const T* grad_row,
+                                  const RowDots& dots, float scale, T* dst,
+                                  const LaneGroup& g) {
+  if (ClipIsActive(dots.squared_norm, s.max_norm)) {
+    const float c = MaxNormScale(dots.squared_norm, s.max_norm);
+    for (int64_t d = g.rank; d < s.dim; d += g.lanes)
+      dst[d] = FromFloat<T>(ClipBackwardElement(ToFloat(row[d]), ToFloat(grad_row[d]),
+                                                dots.dot_grad, dots.squared_norm, c, scale));
+  } else {
+    for (int64_t d = g.rank; d < s.dim; d += g.lanes)
+      dst[d] = FromFloat<T>(scale * ToFloat(grad_row[d]));
+  }
+}
+
+// Gradient of bag r, in two passes over its keys: the first gathers the bag's
+// weight sums (and, for weight gradients, g.out = scale * sum_i f_i (g.e_i),
+// which avoids keeping the pooled row), the second writes one gradient row per
+// kept entry at grad_offsets[r] + its rank among the kept entries.
+template <typename T, typename TKey>
+__device__ void GradBag(const LookupSpec& s, const T* params, const TKey* keys,
+                        const float* weights, const int64_t* offsets, const T* grad_out,
+                        const int64_t* grad_offsets, int64_t r, const LaneGroup& g,
+                        T* grad_values, int64_t* grad_indices, float* grad_weights) {
+  const int64_t begin = offsets[r];
+  const int64_t end = offsets[r + 1];
+  const int64_t dim = s.dim;
+  const T* grad_row = grad_out + r * dim;
+  const bool need_dots = s.max_norm > 0.f || grad_weights != nullptr;
+
+  BagWeights bw;
+  bool any = false;
+  float weighted_dot = 0.f;  // sum over kept entries of w * clip * (g.e)
+  for (int64_t base = begin; base < end; base += g.lanes) {
+    const Entry mine = ResolveEntry(s, keys, weights, base + g.rank, end);
+    for (unsigned kept = g.Ballot(mine.row >= 0); kept != 0; kept &= kept - 1) {
+      const int src = LowestBit(kept);
+      const int64_t row = g.Broadcast(mine.row, src);
+      const float w = g.Broadcast(mine.weight, src);
+      bw.Add(w);
+      any = true;
+      if (grad_weights != nullptr) {
+        const RowDots dots = ComputeRowDots(params + row * dim, grad_row, dim, g);
+        weighted_dot += w * MaxNormScale(dots.squared_norm, s.max_norm) * dots.dot_grad;
+      }
+    }
+  }
+
+  int64_t k = grad_offsets[r];
+  if (!any) {
+    if (s.default_id >= 0) {
+      const T* row = params + s.default_id * dim;
+      const RowDots dots = s.max_norm > 0.f ? ComputeRowDots(row, grad_row, dim, g) : RowDots{};
+      WriteClipBackward(s, row, grad_row, dots, 1.f, grad_values + k * dim, g);
+      if (g.rank == 0) grad_indices[k] = s.default_id;
+    }
+    if (grad_weights != nullptr)
+      for (int64_t i = begin + g.rank; i < end; i += g.lanes) grad_weights[i] = 0.f;
+    return;
+  }
+
+  const float scale = CombinerScale(s.combiner, bw);
+  const float g_dot_out = weighted_dot * scale;
+  for (int64_t base = begin; base < end; base += g.lanes) {
+    const Entry mine = ResolveEntry(s, keys, weights, base + g.rank, end);
+    if (grad_weights != nullptr && base + g.rank < end && mine.row < 0)
+      grad_weights[base + g.rank] = 0.f;
+    for (unsigned kept = g.Ballot(mine.row >= 0); kept != 0; kept &= kept - 1, ++k) {
+      const int src = LowestBit(kept);
+      const int64_t row = g.Broadcast(mine.row, src);
+      const float w = g.Broadcast(mine.weight, src);
+      const T* x = params + row * dim;
+      const RowDots dots = need_dots ? ComputeRowDots(x, grad_row, dim, g) : RowDots{};
+      WriteClipBackward(s, x, grad_row, dots, w * scale, grad_values + k * dim, g);
+      if (g.rank != 0) continue;
+      grad_indices[k] = row;
+      if (grad_weights != nullptr) {
+        const float g_dot_e = MaxNormScale(dots.squared_norm, s.max_norm) * dots.dot_grad;
+        grad_weights[base + src] = WeightGrad(s.combiner, bw, w, scale, g_dot_e, g_dot_out);
+      }
+    }
+  }
+}
+
+template <typename T, typename TKey>
+__global__ void __launch_bounds__(kBlockThreads)
+    LookupGradKernel(const LookupSpec s, const T* __restrict__ params,
+                     const TKey* __restrict__ keys, const float* __restrict__ weights,
+                     const int64_t* __restrict__ offsets, const T* __restrict__ grad_out,
+                     const int64_t* __restrict__ grad_offsets, int64_t num_rows, int lanes,
+                     T* __restrict__ grad_values, int64_t* __restrict__ grad_indices,
+                     float* __restrict__ grad_weights) {
+  const LaneGroup g = LaneGroup::Make(lanes);
+  for (int64_t r = g.Index(); r < num_rows; r += g.Count())
+    GradBag(s, params, keys, weights, offsets, grad_out, grad_offsets, r, g, grad_values,
+            grad_indices, grad_weights);
+}
+
+// ---------------------------------------------------------------------------
+// Launch helpers.
+
+template <int kVec, typename T, typename TKey>
+std::string LaunchPoolBags(const LookupSpec& s, const T* params, const TKey* keys,
+                           const float* weights, const int64_t* offsets, int64_t num_rows,
+                           T* out, int64_t* d_status, cudaStream_t stream) {
+  const int lanes = LanesForDim(s.dim, kVec);
+  const unsigned int blocks = BlocksFor(num_rows, kBlockThreads / lanes);
+  PoolBagsKernel<kVec><<<blocks, kBlockThreads, 0, stream>>>(s, params, keys, weights, offsets,
+                                                             num_rows, lanes, out, d_status);
+  return CheckLaunch("PoolBagsKernel");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Launchers.
+
+template <typename TSeg>
+std::string RowIdsToOffsets(const TSeg* row_ids, int64_t nnz, int64_t num_rows,
+                            int64_t* offsets, int64_t* d_status, void* stream) {
+  if (num_rows < 0)
+    return "RowIdsToOffsets: num_rows must be known (>= 0), got " + std::to_string(num_rows);
+  if (nnz < 0) return "RowIdsToOffsets: nnz must be >= 0, got " + std::to_string(nnz);
+  const cudaStream_t st = AsStream(stream);
+  const int64_t items = std::max(nnz, num_rows + 1);
+  RowIdsToOffsetsKernel<<<BlocksFor(items, kBlockThreads), kBlockThreads, 0, st>>>(
+      row_ids, nnz, num_rows, offsets, d_status);
+  std::string err = CheckLaunch("RowIdsToOffsetsKernel");
+  if (!err.empty() || nnz == 0) return err;
+  RecordStatusValueKernel<<<1, 1, 0, st>>>(row_ids, nnz, d_status);
+  return CheckLaunch("RecordStatusValueKernel");
+}
+
+template <typename TSeg>
+std::string SplitsToOffsets(const TSeg* splits, int64_t num_splits, int64_t nnz,
+                            int64_t* offsets, int64_t* d_status, void* stream) {
+  // No entry to blame, so this one is not a status: same text as the CPU.
+  if (num_splits < 1) return "row_splits must have at least one element";
+  const cudaStream_t st = AsStream(stream);
+  SplitsToOffsetsKernel<<<BlocksFor(num_splits, kBlockThreads), kBlockThreads, 0, st>>>(
+      splits, num_splits, nnz, offsets, d_status);
+  std::string err = CheckLaunch("SplitsToOffsetsKernel");
+  if (!err.empty()) return err;
+  RecordStatusValueKernel<<<1, 1, 0, st>>>(splits, num_splits, d_status);
+  return CheckLaunch("RecordStatusValueKernel");
+}
+
+template <typename T, typename TKey>
+std::string EmbeddingLookup(const LookupSpec& spec, const T* params, const TKey* keys,
+                            const float* weights, const int64_t* offsets, int64_t num_rows,
+                            T* out, int64_t* d_status, void* stream) {
+  std::string err = ValidateSpec(spec);
+  if (!err.empty() || num_rows <= 0) return err;
+  const cudaStream_t st = AsStream(stream);
+  const bool vectorize =
+      spec.dim % kVecWidth == 0 && IsVectorAligned(params) && IsVectorAligned(out);
+  err = vectorize ? LaunchPoolBags<kVecWidth>(spec, params, keys, weights, offsets, num_rows,
+                                              out, d_status, st)
+                  : LaunchPoolBags<1>(spec, params, keys, weights, offsets, num_rows, out,
+                                      d_status, st);
+  // Hashing maps every key to a bucket, so only index mode can have bad keys.
+  if (!err.empty() || spec.id_mode == IdMode::kHash) return err;
+  FindFirstBadKeyKernel<<<1, kWarpSize, 0, st>>>(spec, keys, offsets, num_rows, d_status);
+  return CheckLaunch("FindFirstBadKeyKernel");
+}
+
+template <typename TKey>
+std::string GradRowCounts(const LookupSpec& spec, const TKey* keys, const float* weights,
+                          const int64_t* offsets, int64_t num_rows, int64_t* counts,
+                          void* stream) {
+  std::string err = ValidateSpec(spec);
+  if (!err.empty() || num_rows <= 0) return err;
+  GradRowCountsKernel<<<BlocksFor(num_rows, kBlockThreads / kWarpSize), kBlockThreads, 0,
+                        AsStream(stream)>>>(spec, keys, weights, offsets, num_rows, counts);
+  return CheckLaunch("GradRowCountsKernel");
+}
+
+size_t ExclusiveScanTempBytes(int64_t n) {
+  size_t bytes = 0;
+  const cudaError_t e = cub::DeviceScan::InclusiveSum(
+      nullptr, bytes, static_cast<const int64_t*>(nullptr), static_cast<int64_t*>(nullptr),
+      std::max<int64_t>(n, 0));
+  return e == cudaSuccess ? bytes : 0;
+}
+
+// An inclusive sum written one slot to the right is the exclusive sum with the
+// total at out[n], without reading past in[n - 1].
+std::string ExclusiveScan(const int64_t* in, int64_t n, int64_t* out, void* temp,
+                          size_t temp_bytes, void* stream) {
+  const cudaStream_t st = AsStream(stream);
+  std::string err = CudaError("ExclusiveScan", cudaMemsetAsync(out, 0, sizeof(int64_t), st));
+  if (!err.empty() || n <= 0) return err;
+  // CUB treats a null scratch pointer as a size query and would do nothing.
+  if (temp == nullptr) return "ExclusiveScan: temp storage is null";
+  size_t bytes = temp_bytes;
+  return CudaError("ExclusiveScan",
+                   cub::DeviceScan::InclusiveSum(temp, bytes, in, out + 1, n, st));
+}
+
+template <typename T, typename TKey>
+std::string LookupGrad(const LookupSpec& spec, const T* params, const TKey* keys,
+                       const float* weights, const int64_t* offsets, const T* grad_out,
+                       const int64_t* grad_offsets, int64_t num_rows, T* grad_values,
+                       int64_t* grad_indices, float* grad_weights, void* stream) {
+  std::string err = ValidateSpec(spec);
+  if (!err.empty() || num_rows <= 0) return err;
+  const int lanes = LanesForDim(spec.dim, 1);
+  LookupGradKernel<<<BlocksFor(num_rows, kBlockThreads / lanes), kBlockThreads, 0,
+                     AsStream(stream)>>>(spec, params, keys, weights, offsets, grad_out,
+                                         grad_offsets, num_rows, lanes, grad_values,
+                                         grad_indices, grad_weights);
+  return CheckLaunch("LookupGradKernel");
+}
+
+std::string InitStatus(int64_t* d_status, void* stream) {
+  InitStatusKernel<<<1, 1, 0, AsStream(stream)>>>(d_status);
+  return CheckLaunch("InitStatusKernel");
+}
+
+std::string ReadInt64(const int64_t* d_src, int64_t n, int64_t* h_dst, void* stream) {
+  const cudaStream_t st = AsStream(stream);
+  if (n > 0) {
+    std::string err = CudaError(
+        "ReadInt64", cudaMemcpyAsync(h_dst, d_src, static_cast<size_t>(n) * sizeof(int64_t),
+                                     cudaMemcpyDeviceToHost, st));
+    if (!err.empty()) return err;
+  }
+  return CudaError("ReadInt64", cudaStreamSynchronize(st));
+}
+
+// ---------------------------------------------------------------------------
+// Explicit instantiations.
+
+#define CTR_INSTANTIATE_VALUE_KEY(T, TKey)                                                    \
+  template std::string EmbeddingLookup<T, TKey>(const LookupSpec&, const T*, const TKey*,    \
+                                                const float*, const int64_t*, int64_t, T*,   \
+                                                int64_t*, void*);                            \
+  template std::string LookupGrad<T, TKey>(const LookupSpec&, const T*, const TKey*,         \
+                                           const float*, const int64_t*, const T*,           \
+                                           const int64_t*, int64_t, T*, int64_t*, float*,    \
+                                           void*);
+#define CTR_INSTANTIATE_VALUE(T)            \
+  CTR_INSTANTIATE_VALUE_KEY(T, int32_t)     \
+  CTR_INSTANTIATE_VALUE_KEY(T, int64_t)
+CTR_INSTANTIATE_VALUE(float)
+CTR_INSTANTIATE_VALUE(Half)
+CTR_INSTANTIATE_VALUE(BFloat16)
+#undef CTR_INSTANTIATE_VALUE
+#undef CTR_INSTANTIATE_VALUE_KEY
+
+#define CTR_INSTANTIATE_INDEX(TIndex)                                                         \
+  template std::string RowIdsToOffsets<TIndex>(const TIndex*, int64_t, int64_t, int64_t*,    \
+                                               int64_t*, void*);                             \
+  template std::string SplitsToOffsets<TIndex>(const TIndex*, int64_t, int64_t, int64_t*,    \
+                                               int64_t*, void*);                             \
+  template std::string GradRowCounts<TIndex>(const LookupSpec&, const TIndex*, const float*, \
+                                             const int64_t*, int64_t, int64_t*, void*);
+CTR_INSTANTIATE_INDEX(int32_t)
+CTR_INSTANTIATE_INDEX(int64_t)
+#undef CTR_INSTANTIATE_INDEX
+
+}  // namespace gpu
+}  // namespace ctr

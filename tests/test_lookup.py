@@ -1,0 +1,437 @@
+"""Differential tests of the fused lookup against the tf.nn compositions it replaces."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_ctr_ops as tco
+from tf_ctr_ops import _core
+
+COMBINERS = ["sum", "mean", "sqrtn"]
+TOL = {tf.float32: 1e-5, tf.float16: 2e-2, tf.bfloat16: 6e-2}
+
+
+def random_sparse(rng, batch, max_len, vocab, id_dtype=tf.int64, empty_frac=0.2, width=None,
+                  negative_frac=0.0):
+    """A canonical-order SparseTensor [batch, width] of ids, some rows empty."""
+    lengths = rng.integers(0, max_len + 1, size=batch)
+    lengths[rng.random(batch) < empty_frac] = 0
+    width = width or max(int(lengths.max(initial=0)), 1)
+    lengths = np.minimum(lengths, width)
+    idx = [(r, c) for r in range(batch) for c in range(lengths[r])]
+    ids = rng.integers(0, vocab, size=len(idx))
+    neg = rng.random(len(idx)) < negative_frac
+    ids[neg] = -rng.integers(1, 5, size=int(neg.sum()))
+    indices = np.array(idx, np.int64).reshape(-1, 2)
+    return tf.SparseTensor(indices, tf.constant(ids, id_dtype), [batch, width])
+
+
+def weights_like(rng, sp, positive=True):
+    n = int(sp.values.shape[0])
+    w = rng.uniform(0.1, 2.0, size=n) if positive else rng.uniform(-1.0, 2.0, size=n)
+    return tf.SparseTensor(sp.indices, tf.constant(w, tf.float32), sp.dense_shape)
+
+
+def table(rng, vocab, dim, dtype=tf.float32):
+    return tf.constant(rng.normal(size=(vocab, dim)).astype(np.float32), dtype=dtype)
+
+
+def assert_close(a, b, dtype=tf.float32):
+    a, b = tf.convert_to_tensor(a), tf.convert_to_tensor(b)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    np.testing.assert_allclose(tf.cast(a, tf.float32).numpy(), tf.cast(b, tf.float32).numpy(),
+                               rtol=TOL[dtype], atol=TOL[dtype])
+
+
+# ---------------------------------------------------------------------------
+# Forward, drop-in for tf.nn
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("max_norm", [None, 0.8])
+@pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
+def test_embedding_lookup_sparse_matches_tf(rng, combiner, weighted, max_norm, id_dtype):
+    params = table(rng, 97, 16)
+    sp = random_sparse(rng, 64, 9, 97, id_dtype)
+    w = weights_like(rng, sp, positive=False) if weighted else None
+    got = tco.embedding_lookup_sparse(params, sp, w, combiner=combiner, max_norm=max_norm)
+    want = tf.nn.embedding_lookup_sparse(params, sp, w, combiner=combiner, max_norm=max_norm)
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("default_id", [None, 3])
+@pytest.mark.parametrize("max_norm", [None, 1.5])
+def test_safe_embedding_lookup_sparse_matches_tf(rng, combiner, weighted, default_id, max_norm):
+    params = table(rng, 50, 8)
+    sp = random_sparse(rng, 40, 6, 50, negative_frac=0.25)
+    w = weights_like(rng, sp, positive=False) if weighted else None
+    got = tco.safe_embedding_lookup_sparse(params, sp, w, combiner=combiner, default_id=default_id,
+                                           max_norm=max_norm)
+    want = tf.nn.safe_embedding_lookup_sparse(params, sp, w, combiner=combiner, default_id=default_id,
+                                              max_norm=max_norm)
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_half_params_match_tf(rng, dtype, weighted, combiner):
+    params = table(rng, 40, 8, dtype)
+    sp = random_sparse(rng, 30, 6, 40)
+    w = weights_like(rng, sp) if weighted else None
+    got = tco.embedding_lookup_sparse(params, sp, w, combiner=combiner)
+    assert got.dtype == dtype
+    want = tf.nn.embedding_lookup_sparse(params, sp, w, combiner=combiner)
+    assert_close(got, want, dtype)
+    # TF's safe variant converts the table to the weights' dtype, so it needs
+    # weights of the params dtype; ours takes them in any float dtype.
+    w = None if w is None else tf.SparseTensor(w.indices, tf.cast(w.values, dtype), w.dense_shape)
+    got = tco.safe_embedding_lookup_sparse(params, sp, w, combiner=combiner)
+    want = tf.nn.safe_embedding_lookup_sparse(params, sp, w, combiner=combiner)
+    assert_close(got, want, dtype)
+
+
+def test_rows_after_last_id_are_dropped_like_tf(rng):
+    # tf.nn.embedding_lookup_sparse returns max(row)+1 rows, not dense_shape[0].
+    params = table(rng, 10, 4)
+    sp = tf.SparseTensor([[0, 0], [2, 1]], tf.constant([1, 2], tf.int64), [7, 3])
+    got = tco.embedding_lookup_sparse(params, sp, None)
+    want = tf.nn.embedding_lookup_sparse(params, sp, None)
+    assert got.shape == (3, 4)
+    assert_close(got, want)
+    assert_close(tco.safe_embedding_lookup_sparse(params, sp), tf.nn.safe_embedding_lookup_sparse(params, sp))
+
+
+@pytest.mark.parametrize("fn", ["plain", "safe"])
+def test_all_empty_and_zero_batches(rng, fn):
+    params = table(rng, 10, 4)
+    for shape in ([5, 3], [0, 3]):
+        sp = tf.SparseTensor(tf.zeros([0, 2], tf.int64), tf.zeros([0], tf.int64), shape)
+        if fn == "plain":
+            got, want = tco.embedding_lookup_sparse(params, sp, None), tf.nn.embedding_lookup_sparse(params, sp, None)
+        else:
+            got, want = tco.safe_embedding_lookup_sparse(params, sp), tf.nn.safe_embedding_lookup_sparse(params, sp)
+        assert_close(got, want)
+
+
+def test_duplicate_ids_in_a_row(rng):
+    params = table(rng, 10, 4)
+    sp = tf.SparseTensor([[0, 0], [0, 1], [0, 2], [1, 0]], tf.constant([3, 3, 3, 1], tf.int64), [2, 3])
+    w = tf.SparseTensor(sp.indices, [1.0, 2.0, 0.5, 1.0], sp.dense_shape)
+    for comb in COMBINERS:
+        assert_close(tco.embedding_lookup_sparse(params, sp, w, combiner=comb),
+                     tf.nn.embedding_lookup_sparse(params, sp, w, combiner=comb))
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_rank3_ids(rng, combiner):
+    params = table(rng, 30, 5)
+    dense = rng.integers(-1, 30, size=(4, 3, 5))
+    dense[1] = -1
+    idx = np.argwhere(dense >= -1)
+    keep = rng.random(len(idx)) < 0.6
+    idx = idx[keep]
+    vals = dense[tuple(idx.T)]
+    sp = tf.SparseTensor(idx.astype(np.int64), tf.constant(vals, tf.int64), [4, 3, 5])
+    got = tco.safe_embedding_lookup_sparse(params, sp, combiner=combiner)
+    want = tf.nn.safe_embedding_lookup_sparse(params, sp, combiner=combiner)
+    assert got.shape == want.shape == (4, 3, 5)
+    assert_close(got, want)
+    pos = tf.SparseTensor(sp.indices, tf.abs(sp.values), sp.dense_shape)
+    assert_close(tco.embedding_lookup_sparse(params, pos, None, combiner=combiner),
+                 tf.nn.embedding_lookup_sparse(params, pos, None, combiner=combiner))
+
+
+@pytest.mark.parametrize("as_variables", [False, True])
+def test_partitioned_params(rng, as_variables):
+    full = rng.normal(size=(11, 6)).astype(np.float32)
+    parts = [full[0:4], full[4:8], full[8:11]]  # the 'div' layout of 11 rows in 3 parts
+    parts = [tf.Variable(p) for p in parts] if as_variables else [tf.constant(p) for p in parts]
+    sp = random_sparse(rng, 20, 5, 11)
+    w = weights_like(rng, sp)
+    for comb in COMBINERS:
+        assert_close(tco.embedding_lookup_sparse(parts, sp, w, combiner=comb),
+                     tf.nn.embedding_lookup_sparse(parts, sp, w, combiner=comb))
+        assert_close(tco.safe_embedding_lookup_sparse(parts, sp, w, combiner=comb),
+                     tf.nn.safe_embedding_lookup_sparse(parts, sp, w, combiner=comb))
+
+
+def test_params_as_variable_and_ragged_ids(rng):
+    params = tf.Variable(table(rng, 20, 4))
+    rt = tf.ragged.constant([[1, 2, 3], [], [4], [5, 5]], tf.int64)
+    for comb in COMBINERS:
+        assert_close(tco.embedding_lookup_sparse(params, rt, None, combiner=comb),
+                     tf.nn.embedding_lookup_sparse(params, rt, None, combiner=comb))
+
+
+def test_large_batch(rng):
+    params = table(rng, 5000, 16)
+    lengths = rng.integers(0, 30, size=20000)
+    rt = tf.RaggedTensor.from_row_lengths(rng.integers(0, 5000, size=lengths.sum()), lengths)
+    sp = rt.to_sparse()
+    assert_close(tco.embedding_lookup_sparse(params, sp, None, combiner="sqrtn"),
+                 tf.nn.embedding_lookup_sparse(params, sp, None, combiner="sqrtn"))
+    assert_close(tco.sparse_embedding(params, rt, combiner="sqrtn"),
+                 tf.nn.safe_embedding_lookup_sparse(params, sp, combiner="sqrtn"))
+
+
+def test_graph_holds_one_fused_op(rng):
+    params = tf.Variable(table(rng, 20, 4))
+    sp = random_sparse(rng, 8, 4, 20)
+
+    @tf.function
+    def f(indices, values, shape, weights):
+        ids = tf.SparseTensor(indices, values, shape)
+        w = tf.SparseTensor(indices, weights, shape)
+        return (tco.embedding_lookup_sparse(params, ids, w),
+                tco.safe_embedding_lookup_sparse(params, ids, w, default_id=0, max_norm=1.0))
+
+    graph = f.get_concrete_function(sp.indices, sp.values, sp.dense_shape,
+                                    tf.ones_like(sp.values, tf.float32)).graph
+    types = [op.type for op in graph.get_operations()]
+    assert types.count("CtrEmbeddingLookup") == 2
+    banned = {"Unique", "GatherV2", "ResourceGather", "SparseSegmentSum", "SparseSegmentMean",
+              "SparseSegmentSqrtN", "SegmentSum", "SparseFillEmptyRows", "SparseReshape"}
+    assert not banned & set(types), banned & set(types)
+
+
+# ---------------------------------------------------------------------------
+# Gradients
+
+
+def densify(g):
+    return tf.convert_to_tensor(g)
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("max_norm", [None, 0.7])
+@pytest.mark.parametrize("safe", [False, True])
+def test_gradients_match_tf(rng, combiner, max_norm, safe):
+    params = tf.Variable(table(rng, 30, 6))
+    sp = random_sparse(rng, 25, 6, 30, negative_frac=0.2 if safe else 0.0)
+    wv = tf.Variable(rng.uniform(-0.5, 2.0, size=int(sp.values.shape[0])).astype(np.float32))
+    upstream = tf.constant(rng.normal(size=(25, 6)).astype(np.float32))
+    grads = []
+    for impl in ((tco.safe_embedding_lookup_sparse, tf.nn.safe_embedding_lookup_sparse) if safe
+                 else (tco.embedding_lookup_sparse, tf.nn.embedding_lookup_sparse)):
+        with tf.GradientTape() as tape:
+            w = tf.SparseTensor(sp.indices, wv, sp.dense_shape)
+            out = impl(params, sp, w, combiner=combiner, max_norm=max_norm)
+            loss = tf.reduce_sum(out * upstream[: tf.shape(out)[0]])
+        grads.append(tape.gradient(loss, [params, wv]))
+    (gp, gw), (rp, rw) = grads
+    assert isinstance(gp, tf.IndexedSlices)
+    assert_close(densify(gp), densify(rp))
+    assert_close(gw, rw)
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_unweighted_gradient_and_default_id(rng, combiner):
+    params = tf.Variable(table(rng, 15, 3))
+    sp = random_sparse(rng, 12, 4, 15, empty_frac=0.4)
+    grads = []
+    for impl in (tco.safe_embedding_lookup_sparse, tf.nn.safe_embedding_lookup_sparse):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(impl(params, sp, None, combiner=combiner, default_id=2) ** 2)
+        grads.append(densify(tape.gradient(loss, params)))
+    assert_close(*grads)
+
+
+def test_half_gradient(rng):
+    params = tf.Variable(table(rng, 20, 4, tf.float16))
+    sp = random_sparse(rng, 10, 4, 20)
+    w = weights_like(rng, sp)
+    grads = []
+    for impl in (tco.embedding_lookup_sparse, tf.nn.embedding_lookup_sparse):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.cast(impl(params, sp, w), tf.float32) ** 2)
+        grads.append(densify(tape.gradient(loss, params)))
+    assert_close(*grads, dtype=tf.float16)
+
+
+# ---------------------------------------------------------------------------
+# sparse_embedding / hash_embedding
+
+
+def reference_pool(params, ids_sparse, weights_sparse, combiner):
+    return tf.nn.safe_embedding_lookup_sparse(params, ids_sparse, weights_sparse, combiner=combiner)
+
+
+@pytest.mark.parametrize("container", ["ragged", "sparse", "dense"])
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
+def test_sparse_embedding_containers(rng, container, combiner, id_dtype):
+    params = table(rng, 40, 8)
+    dense = rng.integers(0, 40, size=(16, 5))
+    dense[rng.random((16, 5)) < 0.3] = -1
+    dense[3] = -1
+    wdense = rng.uniform(0.1, 2, size=(16, 5)).astype(np.float32)
+    mask = dense >= 0
+    rt = tf.RaggedTensor.from_row_lengths(dense[mask], mask.sum(1))
+    rw = tf.RaggedTensor.from_row_lengths(wdense[mask], mask.sum(1))
+    sp, sw = rt.to_sparse(), rw.to_sparse()
+    sp = tf.SparseTensor(sp.indices, sp.values, [16, 5])
+    sw = tf.SparseTensor(sw.indices, sw.values, [16, 5])
+    ids = {"ragged": tf.cast(rt, id_dtype), "sparse": tf.SparseTensor(sp.indices, tf.cast(sp.values, id_dtype), sp.dense_shape),
+           "dense": tf.constant(dense, id_dtype)}[container]
+    weights = {"ragged": rw, "sparse": sw, "dense": tf.constant(np.where(mask, wdense, 0))}[container]
+    want_unweighted = reference_pool(params, sp, None, combiner)
+    assert_close(tco.sparse_embedding(params, ids, combiner=combiner), want_unweighted)
+    assert_close(tco.sparse_embedding(params, ids, weights, combiner=combiner),
+                 reference_pool(params, sp, sw, combiner))
+
+
+def test_sparse_embedding_rejects_out_of_range_ids_naming_row_and_id(rng):
+    params = table(rng, 10, 4)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id 10 in row 2 .*\[0, 10\)"):
+        tco.sparse_embedding(params, tf.ragged.constant([[1], [], [3, 10]], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id -7 in row 0"):
+        tco.sparse_embedding(params, tf.constant([[-7, 1]], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id 12 in row 1"):
+        tco.embedding_lookup_sparse(params, tf.SparseTensor([[0, 0], [1, 0]], tf.constant([0, 12], tf.int64), [2, 1]), None)
+
+
+def test_sparse_embedding_zero_batch(rng):
+    params = table(rng, 10, 4)
+    out = tco.sparse_embedding(params, tf.zeros([0, 3], tf.int64))
+    assert out.shape == (0, 4)
+    out = tco.sparse_embedding(params, tf.RaggedTensor.from_row_splits(tf.zeros([0], tf.int64), [0]))
+    assert out.shape == (0, 4)
+
+
+def hashed_reference(params, keys_ragged, combiner, weights=None):
+    buckets = tf.strings.to_hash_bucket_fast(tf.strings.as_string(keys_ragged.flat_values), params.shape[0])
+    ids = keys_ragged.with_flat_values(buckets)
+    w = None if weights is None else weights.to_sparse()
+    return tf.nn.safe_embedding_lookup_sparse(params, ids.to_sparse(), w, combiner=combiner)
+
+
+@pytest.mark.parametrize("key_dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_hash_embedding_int_keys_match_composition(rng, key_dtype, combiner):
+    params = table(rng, 1009, 8)
+    info = np.iinfo(key_dtype.as_numpy_dtype)
+    lengths = rng.integers(0, 6, size=50)
+    keys = rng.integers(info.min, info.max, size=lengths.sum(), dtype=key_dtype.as_numpy_dtype, endpoint=True)
+    keys[:4] = [info.min, info.max, 0, -1][:4]
+    rt = tf.RaggedTensor.from_row_lengths(tf.constant(keys, key_dtype), lengths)
+    w = tf.RaggedTensor.from_row_lengths(rng.uniform(0.1, 2, size=lengths.sum()).astype(np.float32), lengths)
+    assert_close(tco.hash_embedding(params, rt, combiner=combiner), hashed_reference(params, rt, combiner))
+    assert_close(tco.hash_embedding(params, rt, w, combiner=combiner), hashed_reference(params, rt, combiner, w))
+    assert_close(tco.hash_embedding(params, rt.to_sparse(), combiner=combiner), hashed_reference(params, rt, combiner))
+
+
+def test_hash_embedding_gradient_is_indexed_slices(rng):
+    params = tf.Variable(table(rng, 101, 4))
+    rt = tf.ragged.constant([[5, 17, 5], [], [123456789]], tf.int64)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tco.hash_embedding(params, rt, combiner="sum") ** 2)
+    g = tape.gradient(loss, params)
+    assert isinstance(g, tf.IndexedSlices)
+    buckets = tf.strings.to_hash_bucket_fast(tf.strings.as_string(rt.flat_values), 101)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.nn.safe_embedding_lookup_sparse(params, rt.with_flat_values(buckets).to_sparse(),
+                                                                None, combiner="sum") ** 2)
+    assert_close(densify(g), densify(tape.gradient(loss, params)))
+
+
+def test_int_key_hash_matches_as_string_on_extremes():
+    keys = np.array([0, 1, -1, 9, 10, -10, 2**31 - 1, -2**31, 2**63 - 1, -2**63, 1234567890123], np.int64)
+    want = tf.strings.to_hash_bucket_fast(tf.strings.as_string(keys), 2**31 - 1).numpy()
+    np.testing.assert_array_equal(_core.hash_int_keys(keys, 2**31 - 1), want)
+
+
+def test_fingerprint_matches_tf_on_many_strings(rng):
+    alphabet = np.frombuffer(bytes(range(256)), np.uint8)
+    strings = [bytes(rng.choice(alphabet, size=n)) for n in list(range(0, 200)) * 3 + [1000, 4097]]
+    for buckets in (1, 7, 1_000_003, 2**62):
+        want = tf.strings.to_hash_bucket_fast(strings, buckets).numpy()
+        np.testing.assert_array_equal(_core.hash_buckets(strings, buckets), want)
+
+
+# ---------------------------------------------------------------------------
+# The framework-free core agrees with the TF op
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("id_mode", ["index", "hash"])
+def test_core_module_matches_tf_op(rng, combiner, id_mode):
+    params = rng.normal(size=(300, 12)).astype(np.float32)
+    lengths = rng.integers(0, 8, size=64)
+    keys = rng.integers(0, 300, size=lengths.sum())
+    weights = rng.uniform(0.1, 2, size=lengths.sum()).astype(np.float32)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    rt = tf.RaggedTensor.from_row_splits(keys, offsets)
+    rw = tf.RaggedTensor.from_row_splits(weights, offsets)
+    fn = tco.hash_embedding if id_mode == "hash" else tco.sparse_embedding
+    want = fn(tf.constant(params), rt, rw, combiner=combiner, max_norm=1.2)
+    got = _core.embedding_lookup(params, keys, offsets, weights, combiner=combiner, id_mode=id_mode,
+                                 invalid_ids="skip_padding", max_norm=1.2)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_core_module_rejects_bad_ids():
+    params = np.zeros((5, 2), np.float32)
+    with pytest.raises(ValueError, match="id 9 in row 1"):
+        _core.embedding_lookup(params, np.array([1, 9], np.int64), np.array([0, 1, 2], np.int64))
+
+
+# ---------------------------------------------------------------------------
+# Bad input: clear errors, never a crash
+
+
+def test_bad_arguments_raise_clear_errors(rng):
+    params = table(rng, 10, 4)
+    sp = tf.SparseTensor([[0, 0]], tf.constant([1], tf.int64), [1, 1])
+    with pytest.raises(ValueError, match="combiner"):
+        tco.embedding_lookup_sparse(params, sp, None, combiner="max")
+    with pytest.raises(ValueError, match="combiner"):
+        tco.sparse_embedding(params, tf.constant([[1]]), combiner="median")
+    with pytest.raises(TypeError):
+        tco.embedding_lookup_sparse(params, tf.constant([[1]]), None)
+    with pytest.raises(ValueError, match="Missing embedding_weights"):
+        tco.safe_embedding_lookup_sparse([], sp)
+    with pytest.raises(ValueError, match="dense ids"):
+        tco.sparse_embedding(params, tf.constant([1, 2]))
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError)):
+        tco.sparse_embedding(tf.zeros([10]), tf.constant([[1]]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="at least one bucket"):
+        tco.hash_embedding(tf.zeros([0, 4]), tf.constant([[1]], tf.int64))
+
+
+def test_raw_op_rejects_malformed_inputs():
+    from tf_ctr_ops.ops import _ops
+
+    params = tf.zeros([10, 4])
+    ids = tf.constant([1, 2, 3], tf.int64)
+    w = tf.zeros([0])
+
+    def call(**kw):
+        args = dict(params=params, ids=ids, segments=tf.constant([0, 1, 3], tf.int64), num_rows=tf.constant(-1, tf.int64),
+                    weights=w, segment_kind="row_splits")
+        args.update(kw)
+        return _ops.ctr_embedding_lookup(**args)
+
+    cases = [
+        (dict(segments=tf.constant([0, 2, 1, 3], tf.int64)), "non-decreasing"),
+        (dict(segments=tf.constant([1, 3], tf.int64)), r"row_splits\[0\]"),
+        (dict(segments=tf.constant([0, 5], tf.int64)), "does not match"),
+        (dict(segments=tf.constant([0, 0, 1], tf.int64), segment_kind="row_ids"), None),
+        (dict(segments=tf.constant([1, 0, 0], tf.int64), segment_kind="row_ids"), "out of range"),
+        (dict(segments=tf.constant([0, 2, 1], tf.int64), segment_kind="row_ids", num_rows=tf.constant(3, tf.int64)), "sorted"),
+        (dict(segments=tf.constant([0, 0, 1], tf.int64), segment_kind="row_ids", num_rows=tf.constant(1, tf.int64)), "out of range"),
+        (dict(segments=tf.constant([0, -1, 1], tf.int64), segment_kind="row_ids"), "out of range|sorted"),
+        (dict(weights=tf.ones([2]), has_weights=True), "one value per id"),
+        (dict(default_id=10), "default_id"),
+        (dict(params=tf.zeros([2, 2, 2])), "matrix"),
+        (dict(ids=tf.constant([[1]], tf.int64)), "vector"),
+    ]
+    for kw, pattern in cases:
+        if pattern is None:
+            assert call(**kw).shape == (2, 4)
+            continue
+        with pytest.raises(tf.errors.InvalidArgumentError, match=pattern):
+            call(**kw)
