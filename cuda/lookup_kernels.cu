@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cub/cub.cuh>
 #include <string>
+#include <type_traits>
 
 #include "cc/core/combiner.h"
 #include "cc/core/float_types.h"
@@ -39,10 +40,10 @@ constexpr int kWarpSize = 32;
 constexpr int kBlockThreads = 256;
 // Grid-stride loops handle the rest, so any 64-bit count gets a valid grid.
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;
-// Accumulator floats one lane keeps in registers. A bag whose dim exceeds
-// lanes * kLaneFloats is pooled in several dim tiles, each re-resolving keys:
-// rare in CTR models, and it keeps register use independent of dim.
-constexpr int kLaneFloats = 16;
+// Most fragments (kVec elements each) one lane accumulates in registers. A bag
+// wider than lanes * kVec * kMaxFragments is pooled in several dim tiles, each
+// re-resolving its keys: rare in CTR models, and it bounds register use.
+constexpr int kMaxFragments = 4;
 // Vector width (elements) of the vectorized path: one float4, or 8 bytes of
 // four 16-bit values.
 constexpr int kVecWidth = 4;
@@ -75,6 +76,14 @@ int LanesForDim(int64_t dim, int vec) {
   return lanes;
 }
 
+// Fragments per lane (1, 2 or kMaxFragments) that cover dim in one tile if
+// possible. Sized to the dim because every accumulator register is paid for in
+// occupancy, and the common CTR dims (<= 128) need a single fragment.
+int FragmentsForDim(int64_t dim, int vec, int lanes) {
+  const int64_t per_lane = (dim + int64_t{vec} * lanes - 1) / (int64_t{vec} * lanes);
+  return per_lane <= 1 ? 1 : per_lane <= 2 ? 2 : kMaxFragments;
+}
+
 template <typename T>
 bool IsVectorAligned(const T* p) {
   return reinterpret_cast<uintptr_t>(p) % (kVecWidth * sizeof(T)) == 0;
@@ -92,6 +101,17 @@ std::string ValidateSpec(const LookupSpec& s) {
     return "default_id " + std::to_string(s.default_id) + " is out of range [0, " +
            std::to_string(s.vocab) + ")";
   return "";
+}
+
+// Calls launch(mode) with the spec's id mode as a compile-time constant, for
+// kernels that specialise on it (see WithIdMode).
+template <typename Launch>
+void ForIdMode(IdMode mode, Launch&& launch) {
+  if (mode == IdMode::kHash) {
+    launch(std::integral_constant<IdMode, IdMode::kHash>{});
+  } else {
+    launch(std::integral_constant<IdMode, IdMode::kIndex>{});
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -159,6 +179,15 @@ __device__ __forceinline__ int LowestBit(unsigned bits) {
   return __ffs(static_cast<int>(bits)) - 1;
 }
 
+// A copy of the spec whose id mode the compiler can see. ResolveKey then
+// folds to one branch, which keeps the register-hungry hash out of the
+// index-mode kernels (it otherwise sets their register count and occupancy).
+template <IdMode kMode>
+__device__ __forceinline__ LookupSpec WithIdMode(LookupSpec s) {
+  s.id_mode = kMode;
+  return s;
+}
+
 // One lane's view of one entry of a bag. row is a table row, kSkipKey (also
 // for entries past the bag or pruned by weight) or kBadKey.
 struct Entry {
@@ -223,16 +252,16 @@ __device__ __forceinline__ void StoreFragment(T* p, const float (&v)[1]) {
 
 // The slice of one dim tile a lane owns: fragment j starts at element
 // tile_begin + (j * lanes + rank) * kVec, so a group's loads coalesce.
-template <int kVec>
+template <int kVecArg, int kFragments>
 struct LaneTile {
-  static constexpr int kFragments = kLaneFloats / kVec;
+  static constexpr int kVec = kVecArg;
   float v[kFragments][kVec];
 
   __device__ static int64_t Offset(int64_t tile_begin, int j, const LaneGroup& g) {
     return tile_begin + (static_cast<int64_t>(j) * g.lanes + g.rank) * kVec;
   }
   __device__ static int64_t Width(const LaneGroup& g) {
-    return static_cast<int64_t>(g.lanes) * kLaneFloats;
+    return static_cast<int64_t>(g.lanes) * kVec * kFragments;
   }
 
   __device__ void Zero() {
@@ -289,29 +318,32 @@ struct LaneTile {
   }
 };
 
-// |row|^2 over the whole row, for rows wider than one tile.
+// |row|^2 over the whole row, for rows wider than one tile. One fragment at
+// a time: the tile being pooled is live meanwhile, and registers are scarce.
 template <int kVec, typename T>
 __device__ float RowSquaredNorm(const T* row, int64_t dim, const LaneGroup& g) {
-  LaneTile<kVec> x;
   float partial = 0.f;
-  for (int64_t t = 0; t < dim; t += LaneTile<kVec>::Width(g)) {
-    x.Load(row, dim, t, g);
-    partial += x.SumSquares();
+  for (int64_t d = static_cast<int64_t>(g.rank) * kVec; d < dim;
+       d += static_cast<int64_t>(g.lanes) * kVec) {
+    float v[kVec];
+    LoadFragment(row + d, v);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) partial += v[e] * v[e];
   }
   return g.Sum(partial);
 }
 
 // acc += f * clip(row) on this tile, where f is the entry's weight and the
 // clip is MaxNormScale of the whole row, as AccumulateRow/RowClipScale do.
-template <int kVec, typename T>
+template <typename Tile, typename T>
 __device__ void AddRow(const LookupSpec& s, const T* row, int64_t tile_begin, float f,
-                       const LaneGroup& g, LaneTile<kVec>* acc) {
-  LaneTile<kVec> x;
+                       const LaneGroup& g, Tile* acc) {
+  Tile x;
   x.Load(row, s.dim, tile_begin, g);
   if (s.max_norm > 0.f) {
-    const bool whole_row_loaded = s.dim <= LaneTile<kVec>::Width(g);
+    const bool whole_row_loaded = s.dim <= Tile::Width(g);
     const float squared_norm = whole_row_loaded ? g.Sum(x.SumSquares())
-                                                : RowSquaredNorm<kVec>(row, s.dim, g);
+                                                : RowSquaredNorm<Tile::kVec>(row, s.dim, g);
     f *= MaxNormScale(squared_norm, s.max_norm);
   }
   acc->AddScaled(f, x);
@@ -319,7 +351,7 @@ __device__ void AddRow(const LookupSpec& s, const T* row, int64_t tile_begin, fl
 
 // Pools bag r into out. Returns early, writing nothing, on a bad key: the op
 // fails then, and the CPU path also stops at the first bad key.
-template <int kVec, typename T, typename TKey>
+template <typename Tile, typename T, typename TKey>
 __device__ void PoolBag(const LookupSpec& s, const T* params, const TKey* keys,
                         const float* weights, const int64_t* offsets, int64_t r,
                         const LaneGroup& g, T* out, int64_t* d_status) {
@@ -330,7 +362,7 @@ __device__ void PoolBag(const LookupSpec& s, const T* params, const TKey* keys,
   // are still reported for an empty embedding, as on the CPU.
   int64_t tile = 0;
   do {
-    LaneTile<kVec> acc;
+    Tile acc;
     acc.Zero();
     BagWeights bw;
     bool any = false;
@@ -344,40 +376,43 @@ __device__ void PoolBag(const LookupSpec& s, const T* params, const TKey* keys,
         const int src = LowestBit(kept);
         const int64_t row = g.Broadcast(mine.row, src);
         const float w = g.Broadcast(mine.weight, src);
-        AddRow<kVec>(s, params + row * dim, tile, w, g, &acc);
+        AddRow(s, params + row * dim, tile, w, g, &acc);
         bw.Add(w);
         any = true;
       }
     }
     if (!any && s.default_id >= 0) {
-      AddRow<kVec>(s, params + s.default_id * dim, tile, 1.f, g, &acc);
+      AddRow(s, params + s.default_id * dim, tile, 1.f, g, &acc);
       bw.Add(1.f);
     }
     acc.Store(out + r * dim, dim, tile, g, CombinerScale(s.combiner, bw));
-    tile += LaneTile<kVec>::Width(g);
+    tile += Tile::Width(g);
   } while (tile < dim);
 }
 
 // ---------------------------------------------------------------------------
 // Kernels.
 
-template <int kVec, typename T, typename TKey>
+template <IdMode kMode, int kVec, int kFragments, typename T, typename TKey>
 __global__ void __launch_bounds__(kBlockThreads)
-    PoolBagsKernel(const LookupSpec s, const T* __restrict__ params,
+    PoolBagsKernel(const LookupSpec spec, const T* __restrict__ params,
                    const TKey* __restrict__ keys, const float* __restrict__ weights,
                    const int64_t* __restrict__ offsets, int64_t num_rows, int lanes,
                    T* __restrict__ out, int64_t* d_status) {
+  const LookupSpec s = WithIdMode<kMode>(spec);
   const LaneGroup g = LaneGroup::Make(lanes);
   for (int64_t r = g.Index(); r < num_rows; r += g.Count())
-    PoolBag<kVec>(s, params, keys, weights, offsets, r, g, out, d_status);
+    PoolBag<LaneTile<kVec, kFragments>>(s, params, keys, weights, offsets, r, g, out, d_status);
 }
 
 // Fills d_status[1] with the first bad key of the lowest bad bag, once all
 // bags are done. One warp; the key order within the bag is the CPU's.
 template <typename TKey>
-__global__ void FindFirstBadKeyKernel(const LookupSpec s, const TKey* keys,
+__global__ void FindFirstBadKeyKernel(const LookupSpec spec, const TKey* keys,
                                       const int64_t* offsets, int64_t num_rows,
                                       int64_t* d_status) {
+  // Only index mode has bad keys.
+  const LookupSpec s = WithIdMode<IdMode::kIndex>(spec);
   if (!StatusHasError(d_status)) return;
   const int64_t r = d_status[0];
   if (r >= num_rows) return;  // recorded by someone else; nothing of ours to read
@@ -467,12 +502,13 @@ __global__ void SplitsToOffsetsKernel(const TSeg* __restrict__ splits, int64_t n
 }
 
 // Keys only, so a full warp per bag regardless of dim.
-template <typename TKey>
+template <IdMode kMode, typename TKey>
 __global__ void __launch_bounds__(kBlockThreads)
-    GradRowCountsKernel(const LookupSpec s, const TKey* __restrict__ keys,
+    GradRowCountsKernel(const LookupSpec spec, const TKey* __restrict__ keys,
                         const float* __restrict__ weights,
                         const int64_t* __restrict__ offsets, int64_t num_rows,
                         int64_t* __restrict__ counts) {
+  const LookupSpec s = WithIdMode<kMode>(spec);
   const LaneGroup g = LaneGroup::Make(kWarpSize);
   for (int64_t r = g.Index(); r < num_rows; r += g.Count()) {
     const int64_t end = offsets[r + 1];
@@ -591,14 +627,15 @@ __device__ void GradBag(const LookupSpec& s, const T* params, const TKey* keys,
   }
 }
 
-template <typename T, typename TKey>
+template <IdMode kMode, typename T, typename TKey>
 __global__ void __launch_bounds__(kBlockThreads)
-    LookupGradKernel(const LookupSpec s, const T* __restrict__ params,
+    LookupGradKernel(const LookupSpec spec, const T* __restrict__ params,
                      const TKey* __restrict__ keys, const float* __restrict__ weights,
                      const int64_t* __restrict__ offsets, const T* __restrict__ grad_out,
                      const int64_t* __restrict__ grad_offsets, int64_t num_rows, int lanes,
                      T* __restrict__ grad_values, int64_t* __restrict__ grad_indices,
                      float* __restrict__ grad_weights) {
+  const LookupSpec s = WithIdMode<kMode>(spec);
   const LaneGroup g = LaneGroup::Make(lanes);
   for (int64_t r = g.Index(); r < num_rows; r += g.Count())
     GradBag(s, params, keys, weights, offsets, grad_out, grad_offsets, r, g, grad_values,
@@ -608,14 +645,45 @@ __global__ void __launch_bounds__(kBlockThreads)
 // ---------------------------------------------------------------------------
 // Launch helpers.
 
+// Picks the kernel specialisation at run time: id mode, then fragments per
+// lane; the vector width was picked by the caller.
+template <IdMode kMode, int kVec, int kFragments, typename T, typename TKey>
+void LaunchPoolBagsKernel(const LookupSpec& s, const T* params, const TKey* keys,
+                          const float* weights, const int64_t* offsets, int64_t num_rows,
+                          int lanes, T* out, int64_t* d_status, cudaStream_t stream) {
+  PoolBagsKernel<kMode, kVec, kFragments>
+      <<<BlocksFor(num_rows, kBlockThreads / lanes), kBlockThreads, 0, stream>>>(
+          s, params, keys, weights, offsets, num_rows, lanes, out, d_status);
+}
+
+template <IdMode kMode, int kVec, typename T, typename TKey>
+void LaunchPoolBagsForMode(const LookupSpec& s, const T* params, const TKey* keys,
+                           const float* weights, const int64_t* offsets, int64_t num_rows,
+                           T* out, int64_t* d_status, cudaStream_t stream) {
+  const int lanes = LanesForDim(s.dim, kVec);
+  switch (FragmentsForDim(s.dim, kVec, lanes)) {
+    case 1:
+      LaunchPoolBagsKernel<kMode, kVec, 1>(s, params, keys, weights, offsets, num_rows, lanes,
+                                           out, d_status, stream);
+      break;
+    case 2:
+      LaunchPoolBagsKernel<kMode, kVec, 2>(s, params, keys, weights, offsets, num_rows, lanes,
+                                           out, d_status, stream);
+      break;
+    default:
+      LaunchPoolBagsKernel<kMode, kVec, kMaxFragments>(s, params, keys, weights, offsets,
+                                                       num_rows, lanes, out, d_status, stream);
+  }
+}
+
 template <int kVec, typename T, typename TKey>
 std::string LaunchPoolBags(const LookupSpec& s, const T* params, const TKey* keys,
                            const float* weights, const int64_t* offsets, int64_t num_rows,
                            T* out, int64_t* d_status, cudaStream_t stream) {
-  const int lanes = LanesForDim(s.dim, kVec);
-  const unsigned int blocks = BlocksFor(num_rows, kBlockThreads / lanes);
-  PoolBagsKernel<kVec><<<blocks, kBlockThreads, 0, stream>>>(s, params, keys, weights, offsets,
-                                                             num_rows, lanes, out, d_status);
+  ForIdMode(s.id_mode, [&](auto mode) {
+    LaunchPoolBagsForMode<decltype(mode)::value, kVec>(s, params, keys, weights, offsets,
+                                                       num_rows, out, d_status, stream);
+  });
   return CheckLaunch("PoolBagsKernel");
 }
 
@@ -679,8 +747,11 @@ std::string GradRowCounts(const LookupSpec& spec, const TKey* keys, const float*
                           void* stream) {
   std::string err = ValidateSpec(spec);
   if (!err.empty() || num_rows <= 0) return err;
-  GradRowCountsKernel<<<BlocksFor(num_rows, kBlockThreads / kWarpSize), kBlockThreads, 0,
-                        AsStream(stream)>>>(spec, keys, weights, offsets, num_rows, counts);
+  const unsigned int blocks = BlocksFor(num_rows, kBlockThreads / kWarpSize);
+  ForIdMode(spec.id_mode, [&](auto mode) {
+    GradRowCountsKernel<decltype(mode)::value><<<blocks, kBlockThreads, 0, AsStream(stream)>>>(
+        spec, keys, weights, offsets, num_rows, counts);
+  });
   return CheckLaunch("GradRowCountsKernel");
 }
 
@@ -714,10 +785,12 @@ std::string LookupGrad(const LookupSpec& spec, const T* params, const TKey* keys
   std::string err = ValidateSpec(spec);
   if (!err.empty() || num_rows <= 0) return err;
   const int lanes = LanesForDim(spec.dim, 1);
-  LookupGradKernel<<<BlocksFor(num_rows, kBlockThreads / lanes), kBlockThreads, 0,
-                     AsStream(stream)>>>(spec, params, keys, weights, offsets, grad_out,
-                                         grad_offsets, num_rows, lanes, grad_values,
-                                         grad_indices, grad_weights);
+  const unsigned int blocks = BlocksFor(num_rows, kBlockThreads / lanes);
+  ForIdMode(spec.id_mode, [&](auto mode) {
+    LookupGradKernel<decltype(mode)::value><<<blocks, kBlockThreads, 0, AsStream(stream)>>>(
+        spec, params, keys, weights, offsets, grad_out, grad_offsets, num_rows, lanes,
+        grad_values, grad_indices, grad_weights);
+  });
   return CheckLaunch("LookupGradKernel");
 }
 

@@ -17,6 +17,13 @@ from tf_ctr_ops.ops import (  # noqa: E402
     safe_embedding_lookup_sparse,
     sparse_embedding,
 )
+from tf_ctr_ops import layers  # noqa: E402,F401  (registers the Keras layers)
+
+from tf_ctr_ops.strings import (  # noqa: E402
+    multi_string_embedding,
+    pack_strings,
+    string_embedding,
+)
 
 __version__ = "0.1.0"
 
@@ -25,4 +32,7 @@ __all__ = [
     "safe_embedding_lookup_sparse",
     "sparse_embedding",
     "hash_embedding",
+    "pack_strings",
+    "string_embedding",
+    "multi_string_embedding",
 ]

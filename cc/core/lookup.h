@@ -90,6 +90,38 @@ float RowClipScale(const T* row, const LookupSpec& s) {
   return s.max_norm > 0.f ? MaxNormScale(SquaredNorm(row, s.dim), s.max_norm) : 1.f;
 }
 
+// Accumulates one bag in float32: Add() each looked-up row, then Finish()
+// applies default_id and the combiner. Shared by every CPU pooling loop.
+template <typename T>
+class BagPool {
+ public:
+  BagPool(const LookupSpec& s, const T* params, float* acc) : s_(s), params_(params), acc_(acc) {}
+
+  void Begin() {
+    for (int64_t d = 0; d < s_.dim; ++d) acc_[d] = 0.f;
+    bw_ = BagWeights();
+    any_ = false;
+  }
+  void Add(int64_t row, float w) {
+    const T* p = params_ + row * s_.dim;
+    AccumulateRow(p, s_.dim, w * RowClipScale(p, s_), acc_);
+    bw_.Add(w);
+    any_ = true;
+  }
+  void Finish(T* out) {
+    if (!any_ && s_.default_id >= 0) Add(s_.default_id, 1.f);
+    const float scale = CombinerScale(s_.combiner, bw_);
+    for (int64_t d = 0; d < s_.dim; ++d) out[d] = FromFloat<T>(acc_[d] * scale);
+  }
+
+ private:
+  const LookupSpec& s_;
+  const T* params_;
+  float* acc_;
+  BagWeights bw_;
+  bool any_ = false;
+};
+
 // Pools bags [row_begin, row_end). acc is caller scratch of spec.dim floats.
 // On a bad key, records it in *err (first one in this range) and stops.
 template <typename T, typename TKey>
@@ -97,11 +129,9 @@ void PoolBagsCpu(const LookupSpec& s, const T* params, const TKey* keys,
                  const float* weights, const int64_t* offsets,
                  int64_t row_begin, int64_t row_end, float* acc, T* out,
                  KeyError* err) {
-  const int64_t D = s.dim;
+  BagPool<T> pool(s, params, acc);
   for (int64_t r = row_begin; r < row_end; ++r) {
-    for (int64_t d = 0; d < D; ++d) acc[d] = 0.f;
-    BagWeights bw;
-    bool any = false;
+    pool.Begin();
     for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
       const int64_t row = ResolveKey(keys[i], s);
       if (row == kSkipKey) continue;
@@ -111,41 +141,24 @@ void PoolBagsCpu(const LookupSpec& s, const T* params, const TKey* keys,
         return;
       }
       const float w = weights ? weights[i] : 1.f;
-      if (!KeepWeight(w, s)) continue;
-      const T* p = params + row * D;
-      AccumulateRow(p, D, w * RowClipScale(p, s), acc);
-      bw.Add(w);
-      any = true;
+      if (KeepWeight(w, s)) pool.Add(row, w);
     }
-    if (!any && s.default_id >= 0) {
-      const T* p = params + s.default_id * D;
-      AccumulateRow(p, D, RowClipScale(p, s), acc);
-      bw.Add(1.f);
-    }
-    const float scale = CombinerScale(s.combiner, bw);
-    T* o = out + r * D;
-    for (int64_t d = 0; d < D; ++d) o[d] = FromFloat<T>(acc[d] * scale);
+    pool.Finish(out + r * s.dim);
   }
 }
 
 // ---------------------------------------------------------------------------
 // Gradient. For every kept entry of every bag (plus the default row of bags
 // left empty) one row of d(loss)/d(params) and its table index; and the dense
-// gradient of each weight.
+// gradient of each weight. Written once over a bag visitor so the id and the
+// string ops share it: visit(r, fn) calls fn(table_row, weight, entry) for
+// every kept entry of bag r, entry being the index of its weight.
 
-// Number of gradient rows a bag contributes.
-template <typename TKey>
-int64_t CountGradRows(const LookupSpec& s, const TKey* keys,
-                      const float* weights, const int64_t* offsets, int64_t r) {
+template <typename VisitBag>
+int64_t CountBagGradRows(const LookupSpec& s, const VisitBag& visit, int64_t r) {
   int64_t n = 0;
-  for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
-    const int64_t row = ResolveKey(keys[i], s);
-    if (row < 0) continue;  // bad keys failed the forward pass already
-    if (!KeepWeight(weights ? weights[i] : 1.f, s)) continue;
-    ++n;
-  }
-  if (n == 0 && s.default_id >= 0) n = 1;
-  return n;
+  visit(r, [&](int64_t, float, int64_t) { ++n; });
+  return (n == 0 && s.default_id >= 0) ? 1 : n;
 }
 
 // J^T g for the clip x -> x * c / max(|x|, c): identity when |x| <= c, else
@@ -156,12 +169,13 @@ void ClipBackward(const T* x, const float* g, const LookupSpec& s, float scale,
   const int64_t D = s.dim;
   if (s.max_norm > 0.f) {
     const float sq = SquaredNorm(x, D);
-    if (ClipIsActive(sq, s.max_norm)) {
+    const float norm = sqrtf(sq);
+    if (norm > s.max_norm) {
       float xg = 0.f;
       for (int64_t d = 0; d < D; ++d) xg += ToFloat(x[d]) * g[d];
-      const float c = MaxNormScale(sq, s.max_norm);
+      const float c = s.max_norm / norm;
       for (int64_t d = 0; d < D; ++d)
-        dst[d] = ClipBackwardElement(ToFloat(x[d]), g[d], xg, sq, c, scale);
+        dst[d] = scale * c * (g[d] - ToFloat(x[d]) * xg / sq);
       return;
     }
   }
@@ -169,32 +183,28 @@ void ClipBackward(const T* x, const float* g, const LookupSpec& s, float scale,
 }
 
 // Fills the gradient rows of bags [row_begin, row_end). grad_offsets[r] is the
-// first output row of bag r. scratch holds 3 * dim floats.
-template <typename T, typename TKey>
-void LookupGradCpu(const LookupSpec& s, const T* params, const TKey* keys,
-                   const float* weights, const int64_t* offsets,
-                   const T* grad_out, const int64_t* grad_offsets,
-                   int64_t row_begin, int64_t row_end, float* scratch,
-                   T* grad_values, int64_t* grad_indices, float* grad_weights) {
+// first output row of bag r. scratch holds 3 * dim floats. grad_weights
+// (nullable) must be zeroed by the caller: pruned entries keep a zero.
+template <typename T, typename VisitBag>
+void BagGradCpu(const LookupSpec& s, const T* params, const VisitBag& visit,
+                const T* grad_out, const int64_t* grad_offsets, int64_t row_begin,
+                int64_t row_end, float* scratch, T* grad_values, int64_t* grad_indices,
+                float* grad_weights) {
   const int64_t D = s.dim;
   float* g = scratch;
-  float* pooled = scratch + D;  // the bag's forward output, for weight grads
+  float* pooled = scratch + D;  // the bag's weighted sum, for weight grads
   float* tmp = scratch + 2 * D;
   for (int64_t r = row_begin; r < row_end; ++r) {
     for (int64_t d = 0; d < D; ++d) g[d] = ToFloat(grad_out[r * D + d]);
+    for (int64_t d = 0; d < D; ++d) pooled[d] = 0.f;
     BagWeights bw;
     bool any = false;
-    for (int64_t d = 0; d < D; ++d) pooled[d] = 0.f;
-    for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
-      const int64_t row = ResolveKey(keys[i], s);
-      const float w = weights ? weights[i] : 1.f;
-      if (row < 0 || !KeepWeight(w, s)) continue;
+    visit(r, [&](int64_t row, float w, int64_t) {
       const T* p = params + row * D;
       if (grad_weights) AccumulateRow(p, D, w * RowClipScale(p, s), pooled);
       bw.Add(w);
       any = true;
-    }
-    const float scale = CombinerScale(s.combiner, bw);
+    });
     int64_t k = grad_offsets[r];
     if (!any) {
       if (s.default_id >= 0) {
@@ -202,33 +212,43 @@ void LookupGradCpu(const LookupSpec& s, const T* params, const TKey* keys,
         for (int64_t d = 0; d < D; ++d) grad_values[k * D + d] = FromFloat<T>(tmp[d]);
         grad_indices[k] = s.default_id;
       }
-      if (grad_weights)
-        for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) grad_weights[i] = 0.f;
       continue;
     }
+    const float scale = CombinerScale(s.combiner, bw);
     float g_dot_out = 0.f;
     if (grad_weights)
       for (int64_t d = 0; d < D; ++d) g_dot_out += g[d] * pooled[d] * scale;
-    for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
-      const int64_t row = ResolveKey(keys[i], s);
-      const float w = weights ? weights[i] : 1.f;
-      if (row < 0 || !KeepWeight(w, s)) {
-        if (grad_weights) grad_weights[i] = 0.f;
-        continue;
-      }
+    visit(r, [&](int64_t row, float w, int64_t entry) {
       const T* p = params + row * D;
       ClipBackward(p, g, s, w * scale, tmp);
       for (int64_t d = 0; d < D; ++d) grad_values[k * D + d] = FromFloat<T>(tmp[d]);
-      grad_indices[k] = row;
-      ++k;
+      grad_indices[k++] = row;
       if (grad_weights) {
         const float clip = RowClipScale(p, s);
         float g_dot_e = 0.f;
         for (int64_t d = 0; d < D; ++d) g_dot_e += g[d] * clip * ToFloat(p[d]);
-        grad_weights[i] = WeightGrad(s.combiner, bw, w, scale, g_dot_e, g_dot_out);
+        grad_weights[entry] = WeightGrad(s.combiner, bw, w, scale, g_dot_e, g_dot_out);
       }
-    }
+    });
   }
 }
+
+// The bag visitor of the id lookup: kept, valid keys with their weights.
+// Bad keys were rejected by the forward pass, so they are simply skipped.
+template <typename TKey>
+struct KeyBagVisitor {
+  const LookupSpec& s;
+  const TKey* keys;
+  const float* weights;
+  const int64_t* offsets;
+  template <typename Fn>
+  void operator()(int64_t r, Fn fn) const {
+    for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
+      const int64_t row = ResolveKey(keys[i], s);
+      const float w = weights ? weights[i] : 1.f;
+      if (row >= 0 && KeepWeight(w, s)) fn(row, w, i);
+    }
+  }
+};
 
 }  // namespace ctr

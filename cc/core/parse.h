@@ -1,6 +1,6 @@
 // Token parsing with the exact acceptance rules of tf.strings.to_number(.., int64)
 // (TF's safe_strto64): optional surrounding ASCII whitespace, an optional
-// '-' sign, decimal digits only, and overflow is a rejection, not a wrap.
+// '+' or '-' sign, decimal digits only, and overflow is a rejection, not a wrap.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +20,8 @@ CTR_HD bool ParseInt64(const uint8_t* s, int64_t len, int64_t* out) {
   int64_t i = 0;
   while (i < len && IsAsciiSpace(s[i])) ++i;
   bool negative = false;
-  if (i < len && s[i] == '-') {
-    negative = true;
+  if (i < len && (s[i] == '-' || s[i] == '+')) {
+    negative = s[i] == '-';
     ++i;
   }
   if (i >= len || !IsAsciiDigit(s[i])) return false;

@@ -117,11 +117,12 @@ class EmbeddingLookupGradCpuOp : public OpKernel {
     const TId* ids = in.ids->flat<TId>().data();
     const float* weights = in.weights ? in.weights->flat<float>().data() : nullptr;
 
+    const ctr::KeyBagVisitor<TId> visit{a.spec, ids, weights, offsets.data()};
     std::vector<int64_t> grad_offsets(rows + 1, 0);
     ParallelFor(ctx, rows, 8 * (in.nnz() / std::max<int64_t>(rows, 1) + 1),
                 [&](int64_t begin, int64_t end) {
                   for (int64_t r = begin; r < end; ++r)
-                    grad_offsets[r + 1] = ctr::CountGradRows(a.spec, ids, weights, offsets.data(), r);
+                    grad_offsets[r + 1] = ctr::CountBagGradRows(a.spec, visit, r);
                 });
     for (int64_t r = 0; r < rows; ++r) grad_offsets[r + 1] += grad_offsets[r];
     const int64_t total = grad_offsets[rows];
@@ -130,17 +131,13 @@ class EmbeddingLookupGradCpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total, a.spec.dim}), &values));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({total}), &indices));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(5).shape(), &weights_grad));
-    float* wgrad = nullptr;
-    if (weights) {
-      wgrad = weights_grad->flat<float>().data();
-    } else {
-      weights_grad->flat<float>().setZero();
-    }
+    weights_grad->flat<float>().setZero();
+    float* wgrad = weights ? weights_grad->flat<float>().data() : nullptr;
     ParallelFor(ctx, rows, 3 * BagCost(in, a.spec, rows), [&](int64_t begin, int64_t end) {
       std::vector<float> scratch(3 * a.spec.dim);
-      ctr::LookupGradCpu(a.spec, CorePtr<T>(*in.params), ids, weights, offsets.data(),
-                         CorePtr<T>(grad), grad_offsets.data(), begin, end, scratch.data(),
-                         CorePtr<T>(values), indices->flat<int64_t>().data(), wgrad);
+      ctr::BagGradCpu(a.spec, CorePtr<T>(*in.params), visit, CorePtr<T>(grad),
+                      grad_offsets.data(), begin, end, scratch.data(), CorePtr<T>(values),
+                      indices->flat<int64_t>().data(), wgrad);
     });
   }
 

@@ -1,0 +1,182 @@
+// Strings of delimited ids ("12,7,993") pooled straight from packed bytes:
+// split, parse or hash, look up and pool in one pass, with no token strings
+// and no id tensor. Token splitting and resolution are host/device functions
+// that the CUDA kernels share.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "cc/core/fingerprint.h"
+#include "cc/core/hd.h"
+#include "cc/core/lookup.h"
+#include "cc/core/parse.h"
+
+namespace ctr {
+
+enum class TokenMode : int32_t {
+  kHash = 0,   // to_hash_bucket_fast(token, V)
+  kIndex = 1,  // to_number(token, int64), must lie in [0, V)
+  kMod = 2,    // to_number(token, int64) floor-mod V
+};
+
+constexpr int64_t kMaxDelimiterBytes = 16;
+
+// Held by value (the delimiter inline) so a CUDA kernel takes it as a plain
+// parameter, with no device copy of the attribute.
+struct StringSpec {
+  LookupSpec lookup;  // vocab, dim, combiner, max_norm
+  TokenMode mode = TokenMode::kHash;
+  uint8_t delim[kMaxDelimiterBytes] = {};
+  int64_t delim_len = 0;  // 0: the whole string is one token
+  bool skip_empty = true;
+};
+
+// Empty on success, else why the delimiter cannot be used.
+inline std::string SetDelimiter(StringSpec* s, const std::string& delim) {
+  if (static_cast<int64_t>(delim.size()) > kMaxDelimiterBytes)
+    return "delimiter must be at most " + std::to_string(kMaxDelimiterBytes) + " bytes, got " +
+           std::to_string(delim.size());
+  for (size_t i = 0; i < delim.size(); ++i) s->delim[i] = static_cast<uint8_t>(delim[i]);
+  s->delim_len = static_cast<int64_t>(delim.size());
+  return "";
+}
+
+// Calls fn(begin, len) for each token of s[0, len) split on the full
+// delimiter, left to right and non-overlapping (tf.strings.split semantics);
+// skip_empty drops empty tokens. fn returns false to stop early.
+template <typename Fn>
+CTR_HD void ForEachToken(const uint8_t* s, int64_t len, const uint8_t* delim,
+                         int64_t delim_len, bool skip_empty, Fn fn) {
+  int64_t start = 0;
+  if (delim_len > 0) {
+    int64_t i = 0;
+    while (i + delim_len <= len) {
+      int64_t k = 0;
+      while (k < delim_len && s[i + k] == delim[k]) ++k;
+      if (k < delim_len) {
+        ++i;
+        continue;
+      }
+      if (!(skip_empty && i == start) && !fn(start, i - start)) return;
+      i += delim_len;
+      start = i;
+    }
+  }
+  if (!(skip_empty && len == start)) fn(start, len - start);
+}
+
+constexpr int64_t kBadNumber = -3;  // ResolveToken: not an int64 literal
+
+// Table row of one token, or kBadNumber / kBadKey (parsed, outside [0, V)).
+// *value receives the parsed number in index and mod modes.
+CTR_HD int64_t ResolveToken(const uint8_t* tok, int64_t len, const StringSpec& s, int64_t* value) {
+  const int64_t V = s.lookup.vocab;
+  if (s.mode == TokenMode::kHash) return HashBucket(tok, static_cast<uint64_t>(len), V);
+  if (!ParseInt64(tok, len, value)) return kBadNumber;
+  if (s.mode == TokenMode::kMod) return FloorMod(*value, V);
+  return (*value >= 0 && *value < V) ? *value : kBadKey;
+}
+
+// The first rejected token: its bag, where its bytes are, and why.
+struct TokenError {
+  int64_t row = -1;
+  int64_t begin = 0;  // absolute byte offset in the packed buffer
+  int64_t len = 0;
+  int64_t value = 0;
+  int64_t kind = 0;   // kBadNumber or kBadKey
+  bool found() const { return row >= 0; }
+};
+
+inline std::string EscapeBytes(const uint8_t* p, int64_t n, int64_t max_len = 64) {
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  for (int64_t i = 0; i < n && i < max_len; ++i) {
+    const uint8_t c = p[i];
+    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  if (n > max_len) out += "...";
+  return out;
+}
+
+inline std::string DescribeTokenError(const TokenError& e, const uint8_t* bytes, int64_t vocab) {
+  const std::string tok = "token '" + EscapeBytes(bytes + e.begin, e.len) + "' in row " + std::to_string(e.row);
+  if (e.kind == kBadNumber) return tok + " is not an int64 number (as tf.strings.to_number parses it)";
+  return tok + " is id " + std::to_string(e.value) + ", out of range [0, " + std::to_string(vocab) + ")";
+}
+
+// The strings of bag r: strings [r, r+1) when bags are single strings, else
+// [bag_splits[r], bag_splits[r+1]).
+CTR_HD void BagStrings(const int64_t* bag_splits, int64_t r, int64_t* first, int64_t* last) {
+  *first = bag_splits ? bag_splits[r] : r;
+  *last = bag_splits ? bag_splits[r + 1] : r + 1;
+}
+
+// Visits the tokens of bag r as (table row, weight 1, entry = token byte
+// offset); stops at the first bad token and reports it in *err when given.
+struct TokenBagVisitor {
+  const StringSpec& s;
+  const uint8_t* bytes;
+  const int64_t* string_splits;
+  const int64_t* bag_splits;  // nullable
+  TokenError* err;            // nullable: the gradient pass skips bad tokens
+
+  template <typename Fn>
+  bool operator()(int64_t r, Fn fn) const {
+    int64_t first, last;
+    BagStrings(bag_splits, r, &first, &last);
+    bool ok = true;
+    for (int64_t j = first; j < last && ok; ++j) {
+      const uint8_t* str = bytes + string_splits[j];
+      ForEachToken(str, string_splits[j + 1] - string_splits[j], s.delim, s.delim_len, s.skip_empty,
+                   [&](int64_t b, int64_t n) {
+                     int64_t value = 0;
+                     const int64_t row = ResolveToken(str + b, n, s, &value);
+                     if (row >= 0) {
+                       fn(row, 1.f, string_splits[j] + b);
+                       return true;
+                     }
+                     if (err) *err = TokenError{r, string_splits[j] + b, n, value, row};
+                     ok = err == nullptr;
+                     return ok;
+                   });
+    }
+    return ok;
+  }
+};
+
+// Pools bags [row_begin, row_end) of tokens; acc is dim floats of scratch.
+template <typename T>
+void PoolStringBagsCpu(const StringSpec& s, const T* params, const uint8_t* bytes,
+                       const int64_t* string_splits, const int64_t* bag_splits, int64_t row_begin,
+                       int64_t row_end, float* acc, T* out, TokenError* err) {
+  BagPool<T> pool(s.lookup, params, acc);
+  const TokenBagVisitor visit{s, bytes, string_splits, bag_splits, err};
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    pool.Begin();
+    if (!visit(r, [&](int64_t row, float w, int64_t) { pool.Add(row, w); })) return;
+    pool.Finish(out + r * s.lookup.dim);
+  }
+}
+
+// Byte offsets of strings must be non-decreasing and inside the buffer; they
+// need not start at 0 (a feature's slice of a grouped buffer).
+inline std::string ValidateStringSplits(const int64_t* splits, int64_t n, int64_t num_bytes) {
+  if (n < 1) return "string row_splits must have at least one element";
+  if (splits[0] < 0 || splits[n - 1] > num_bytes)
+    return "string row_splits [" + std::to_string(splits[0]) + ", " + std::to_string(splits[n - 1]) +
+           "] fall outside the packed buffer of " + std::to_string(num_bytes) + " bytes";
+  for (int64_t i = 1; i < n; ++i)
+    if (splits[i] < splits[i - 1])
+      return "string row_splits must be non-decreasing: row_splits[" + std::to_string(i) + "] = " +
+             std::to_string(splits[i]) + " < " + std::to_string(splits[i - 1]);
+  return "";
+}
+
+}  // namespace ctr

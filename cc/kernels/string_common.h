@@ -1,0 +1,97 @@
+// Attribute parsing and shape validation shared by the CPU and GPU string
+// embedding kernels (shapes and attributes only, never tensor contents).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cc/core/strings.h"
+#include "cc/kernels/lookup_common.h"
+#include "cc/kernels/tf_types.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace tf_ctr {
+
+inline ctr::TokenMode ParseTokenMode(const std::string& s) {
+  if (s == "index") return ctr::TokenMode::kIndex;
+  if (s == "mod") return ctr::TokenMode::kMod;
+  return ctr::TokenMode::kHash;
+}
+
+// One feature's spec from attribute values (vocab and dim are set per call).
+inline absl::Status MakeStringSpec(const std::string& combiner, const std::string& mode,
+                                   const std::string& delimiter, bool skip_empty, float max_norm,
+                                   ctr::StringSpec* s) {
+  s->lookup.combiner = ParseCombiner(combiner);
+  s->lookup.max_norm = max_norm;
+  s->mode = ParseTokenMode(mode);
+  s->skip_empty = skip_empty;
+  return CoreStatus(ctr::SetDelimiter(s, delimiter));
+}
+
+inline absl::Status ReadStringAttrs(tensorflow::OpKernelConstruction* c, ctr::StringSpec* s,
+                                    bool* bagged) {
+  std::string combiner, mode, delimiter;
+  bool skip_empty;
+  float max_norm;
+  TF_RETURN_IF_ERROR(c->GetAttr("combiner", &combiner));
+  TF_RETURN_IF_ERROR(c->GetAttr("id_mode", &mode));
+  TF_RETURN_IF_ERROR(c->GetAttr("delimiter", &delimiter));
+  TF_RETURN_IF_ERROR(c->GetAttr("skip_empty", &skip_empty));
+  TF_RETURN_IF_ERROR(c->GetAttr("max_norm", &max_norm));
+  TF_RETURN_IF_ERROR(c->GetAttr("bagged", bagged));
+  return MakeStringSpec(combiner, mode, delimiter, skip_empty, max_norm, s);
+}
+
+inline absl::Status ReadMultiStringAttrs(tensorflow::OpKernelConstruction* c,
+                                         std::vector<ctr::StringSpec>* specs) {
+  int n;
+  std::vector<std::string> combiners, modes, delimiters;
+  std::vector<bool> skip_empty;
+  std::vector<float> max_norms;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  TF_RETURN_IF_ERROR(c->GetAttr("combiners", &combiners));
+  TF_RETURN_IF_ERROR(c->GetAttr("id_modes", &modes));
+  TF_RETURN_IF_ERROR(c->GetAttr("delimiters", &delimiters));
+  TF_RETURN_IF_ERROR(c->GetAttr("skip_empty", &skip_empty));
+  TF_RETURN_IF_ERROR(c->GetAttr("max_norms", &max_norms));
+  for (size_t len : {combiners.size(), modes.size(), delimiters.size(), skip_empty.size(), max_norms.size()})
+    if (static_cast<int>(len) != n)
+      return tensorflow::errors::InvalidArgument(
+          "every per-feature attribute list must have N = ", n, " entries, got combiners ",
+          combiners.size(), ", id_modes ", modes.size(), ", delimiters ", delimiters.size(),
+          ", skip_empty ", skip_empty.size(), ", max_norms ", max_norms.size());
+  specs->resize(n);
+  for (int i = 0; i < n; ++i) {
+    for (const std::string* v : {&combiners[i]})
+      if (*v != "sum" && *v != "mean" && *v != "sqrtn")
+        return tensorflow::errors::InvalidArgument("feature ", i, ": unknown combiner '", *v, "'");
+    if (modes[i] != "hash" && modes[i] != "index" && modes[i] != "mod")
+      return tensorflow::errors::InvalidArgument("feature ", i, ": unknown id_mode '", modes[i], "'");
+    TF_RETURN_IF_ERROR(MakeStringSpec(combiners[i], modes[i], delimiters[i], skip_empty[i],
+                                      max_norms[i], &(*specs)[i]));
+  }
+  return absl::OkStatus();
+}
+
+// Sets vocab/dim from a table and checks what every mode needs of it.
+inline absl::Status BindTable(const tensorflow::Tensor& params, ctr::StringSpec* s) {
+  if (params.dims() != 2)
+    return tensorflow::errors::InvalidArgument("params must be a matrix [V, D], got shape ",
+                                               params.shape().DebugString());
+  s->lookup.vocab = params.dim_size(0);
+  s->lookup.dim = params.dim_size(1);
+  if (s->lookup.vocab <= 0 && s->mode != ctr::TokenMode::kIndex)
+    return tensorflow::errors::InvalidArgument(
+        "hash and mod modes need a table with at least one row, got ", s->lookup.vocab);
+  return absl::OkStatus();
+}
+
+inline absl::Status CheckVector(const tensorflow::Tensor& t, const char* what) {
+  if (t.dims() != 1)
+    return tensorflow::errors::InvalidArgument(what, " must be a vector, got shape ",
+                                               t.shape().DebugString());
+  return absl::OkStatus();
+}
+
+}  // namespace tf_ctr

@@ -1,0 +1,240 @@
+// CPU kernels of the string ops: packing, and one pass per bag over the packed
+// bytes on TF's intra-op pool (cc/core/strings.h does the per-token work).
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "cc/core/segments.h"
+#include "cc/core/strings.h"
+#include "cc/kernels/string_common.h"
+#include "cc/kernels/tf_types.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace tf_ctr {
+
+using tensorflow::DEVICE_CPU;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+using tensorflow::tstring;
+
+class PackStringsOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& in = ctx->input(0);
+    OP_REQUIRES(ctx, in.dims() <= 1,
+                tensorflow::errors::InvalidArgument("pack_strings takes a vector of strings, got shape ",
+                                                    in.shape().DebugString()));
+    const auto strings = in.flat<tstring>();
+    const int64_t n = strings.size();
+    Tensor* splits = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n + 1}), &splits));
+    auto s = splits->flat<int64_t>();
+    s(0) = 0;
+    for (int64_t i = 0; i < n; ++i) s(i + 1) = s(i) + static_cast<int64_t>(strings(i).size());
+    Tensor* bytes = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({s(n)}), &bytes));
+    uint8_t* dst = bytes->flat<uint8_t>().data();
+    for (int64_t i = 0; i < n; ++i)
+      if (!strings(i).empty()) std::memcpy(dst + s(i), strings(i).data(), strings(i).size());
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("CtrPackStrings").Device(DEVICE_CPU), PackStringsOp);
+
+// Keeps the rejected token of the lowest row, independent of scheduling.
+class FirstTokenError {
+ public:
+  void Offer(const ctr::TokenError& e) {
+    if (!e.found()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_.found() || e.row < error_.row) error_ = e;
+  }
+  absl::Status ToStatus(const uint8_t* bytes, int64_t vocab, const std::string& prefix = "") const {
+    if (!error_.found()) return absl::OkStatus();
+    return tensorflow::errors::InvalidArgument(prefix, ctr::DescribeTokenError(error_, bytes, vocab));
+  }
+
+ private:
+  std::mutex mu_;
+  ctr::TokenError error_;
+};
+
+// The validated inputs of one string embedding: bytes, string and bag splits.
+struct StringInputs {
+  const uint8_t* bytes = nullptr;
+  const int64_t* string_splits = nullptr;
+  const int64_t* bag_splits = nullptr;  // null: one bag per string
+  int64_t num_bags = 0;
+};
+
+inline absl::Status ValidateStringInputs(const Tensor& bytes, const Tensor& splits,
+                                         const Tensor& bag_splits, bool bagged, StringInputs* in) {
+  TF_RETURN_IF_ERROR(CheckVector(bytes, "bytes"));
+  TF_RETURN_IF_ERROR(CheckVector(splits, "row_splits"));
+  TF_RETURN_IF_ERROR(CheckVector(bag_splits, "bag_splits"));
+  in->bytes = bytes.flat<uint8_t>().data();
+  in->string_splits = splits.flat<int64_t>().data();
+  const int64_t num_strings = splits.NumElements() - 1;
+  TF_RETURN_IF_ERROR(CoreStatus(
+      ctr::ValidateStringSplits(in->string_splits, splits.NumElements(), bytes.NumElements())));
+  if (!bagged) {
+    in->num_bags = num_strings;
+    return absl::OkStatus();
+  }
+  const int64_t* b = bag_splits.flat<int64_t>().data();
+  TF_RETURN_IF_ERROR(CoreStatus(ctr::ValidateRowSplits(b, bag_splits.NumElements(), num_strings)));
+  in->bag_splits = b;
+  in->num_bags = bag_splits.NumElements() - 1;
+  return absl::OkStatus();
+}
+
+inline int64_t StringBagCost(const ctr::StringSpec& s, int64_t bytes, int64_t bags) {
+  const int64_t avg_bytes = bags > 0 ? bytes / bags + 1 : 1;
+  return avg_bytes * 12 + (avg_bytes / 4 + 1) * s.lookup.dim * 2;
+}
+
+template <typename T>
+class StringEmbeddingCpuOp : public OpKernel {
+ public:
+  explicit StringEmbeddingCpuOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, ReadStringAttrs(c, &spec_, &bagged_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    ctr::StringSpec spec = spec_;
+    StringInputs in;
+    OP_REQUIRES_OK(ctx, BindTable(ctx->input(0), &spec));
+    OP_REQUIRES_OK(ctx, ValidateStringInputs(ctx->input(1), ctx->input(2), ctx->input(3), bagged_, &in));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({in.num_bags, spec.lookup.dim}), &out));
+    const auto* params = CorePtr<T>(ctx->input(0));
+    auto* dst = CorePtr<T>(out);
+    FirstTokenError first;
+    ParallelFor(ctx, in.num_bags, StringBagCost(spec, ctx->input(1).NumElements(), in.num_bags),
+                [&](int64_t begin, int64_t end) {
+                  std::vector<float> acc(spec.lookup.dim);
+                  ctr::TokenError err;
+                  ctr::PoolStringBagsCpu(spec, params, in.bytes, in.string_splits, in.bag_splits,
+                                         begin, end, acc.data(), dst, &err);
+                  first.Offer(err);
+                });
+    OP_REQUIRES_OK(ctx, first.ToStatus(in.bytes, spec.lookup.vocab));
+  }
+
+ private:
+  ctr::StringSpec spec_;
+  bool bagged_ = false;
+};
+
+template <typename T>
+class StringEmbeddingGradCpuOp : public OpKernel {
+ public:
+  explicit StringEmbeddingGradCpuOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, ReadStringAttrs(c, &spec_, &bagged_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    ctr::StringSpec spec = spec_;
+    StringInputs in;
+    OP_REQUIRES_OK(ctx, BindTable(ctx->input(1), &spec));
+    OP_REQUIRES_OK(ctx, ValidateStringInputs(ctx->input(2), ctx->input(3), ctx->input(4), bagged_, &in));
+    const Tensor& grad = ctx->input(0);
+    OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == in.num_bags && grad.dim_size(1) == spec.lookup.dim,
+                tensorflow::errors::InvalidArgument("grad must have shape [", in.num_bags, ", ",
+                                                    spec.lookup.dim, "], got ", grad.shape().DebugString()));
+    const ctr::TokenBagVisitor visit{spec, in.bytes, in.string_splits, in.bag_splits, nullptr};
+    std::vector<int64_t> grad_offsets(in.num_bags + 1, 0);
+    const int64_t cost = StringBagCost(spec, ctx->input(2).NumElements(), in.num_bags);
+    ParallelFor(ctx, in.num_bags, cost, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) grad_offsets[r + 1] = ctr::CountBagGradRows(spec.lookup, visit, r);
+    });
+    for (int64_t r = 0; r < in.num_bags; ++r) grad_offsets[r + 1] += grad_offsets[r];
+    const int64_t total = grad_offsets[in.num_bags];
+    Tensor *values = nullptr, *indices = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total, spec.lookup.dim}), &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({total}), &indices));
+    ParallelFor(ctx, in.num_bags, 2 * cost, [&](int64_t begin, int64_t end) {
+      std::vector<float> scratch(3 * spec.lookup.dim);
+      ctr::BagGradCpu(spec.lookup, CorePtr<T>(ctx->input(1)), visit, CorePtr<T>(grad), grad_offsets.data(),
+                      begin, end, scratch.data(), CorePtr<T>(values), indices->flat<int64_t>().data(),
+                      nullptr);
+    });
+  }
+
+ private:
+  ctr::StringSpec spec_;
+  bool bagged_ = false;
+};
+
+template <typename T>
+class MultiStringEmbeddingCpuOp : public OpKernel {
+ public:
+  explicit MultiStringEmbeddingCpuOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, ReadMultiStringAttrs(c, &specs_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int n = static_cast<int>(specs_.size());
+    std::vector<ctr::StringSpec> specs = specs_;
+    const Tensor& bytes = ctx->input(n);
+    const Tensor& splits = ctx->input(n + 1);
+    OP_REQUIRES_OK(ctx, CheckVector(bytes, "bytes"));
+    OP_REQUIRES_OK(ctx, CheckVector(splits, "row_splits"));
+    const int64_t num_strings = splits.NumElements() - 1;
+    OP_REQUIRES(ctx, num_strings >= 0 && num_strings % n == 0,
+                tensorflow::errors::InvalidArgument("row_splits must hold N * B + 1 = ", n, " * B + 1 entries, got ",
+                                                    splits.NumElements()));
+    const int64_t batch = num_strings / n;
+    const int64_t* s = splits.flat<int64_t>().data();
+    OP_REQUIRES_OK(ctx, CoreStatus(ctr::ValidateStringSplits(s, splits.NumElements(), bytes.NumElements())));
+    std::vector<Tensor*> outs(n);
+    for (int i = 0; i < n; ++i) {
+      OP_REQUIRES_OK(ctx, BindTable(ctx->input(i), &specs[i]));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({batch, specs[i].lookup.dim}), &outs[i]));
+    }
+    const uint8_t* b = bytes.flat<uint8_t>().data();
+    int64_t max_dim = 0;
+    for (const auto& sp : specs) max_dim = std::max(max_dim, sp.lookup.dim);
+    std::vector<FirstTokenError> first(n);
+    // One pass over all N * B rows: the CPU form of the grouped launch.
+    ParallelFor(ctx, num_strings, StringBagCost(specs[0], bytes.NumElements(), num_strings),
+                [&](int64_t begin, int64_t end) {
+                  std::vector<float> acc(max_dim);
+                  while (begin < end) {
+                    const int f = static_cast<int>(begin / batch);
+                    const int64_t stop = std::min(end, (f + 1) * batch);
+                    ctr::TokenError err;
+                    ctr::PoolStringBagsCpu(specs[f], CorePtr<T>(ctx->input(f)), b, s + f * batch, nullptr,
+                                           begin - f * batch, stop - f * batch, acc.data(),
+                                           CorePtr<T>(outs[f]), &err);
+                    first[f].Offer(err);
+                    begin = stop;
+                  }
+                });
+    for (int f = 0; f < n; ++f)
+      OP_REQUIRES_OK(ctx, first[f].ToStatus(b, specs[f].lookup.vocab, "feature " + std::to_string(f) + ": "));
+  }
+
+ private:
+  std::vector<ctr::StringSpec> specs_;
+};
+
+#define REGISTER_STRING_CPU(T)                                                                          \
+  REGISTER_KERNEL_BUILDER(Name("CtrStringEmbedding").Device(DEVICE_CPU).TypeConstraint<T>("T"),         \
+                          StringEmbeddingCpuOp<T>);                                                     \
+  REGISTER_KERNEL_BUILDER(Name("CtrStringEmbeddingGrad").Device(DEVICE_CPU).TypeConstraint<T>("T"),     \
+                          StringEmbeddingGradCpuOp<T>);                                                 \
+  REGISTER_KERNEL_BUILDER(Name("CtrMultiStringEmbedding").Device(DEVICE_CPU).TypeConstraint<T>("T"),    \
+                          MultiStringEmbeddingCpuOp<T>);
+REGISTER_STRING_CPU(float)
+REGISTER_STRING_CPU(Eigen::half)
+REGISTER_STRING_CPU(Eigen::bfloat16)
+#undef REGISTER_STRING_CPU
+
+}  // namespace tf_ctr

@@ -1,0 +1,155 @@
+// StringEmbedding: strings of delimited ids pooled straight from packed bytes,
+// replacing StringSplit(V2) + StringToNumber / StringToHashBucketFast +
+// SparseTensor assembly + the embedding lookup.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tensorflow {
+namespace {
+
+using shape_inference::DimensionHandle;
+using shape_inference::InferenceContext;
+using shape_inference::ShapeHandle;
+
+DimensionHandle RowsFromSplits(InferenceContext* c, int input) {
+  DimensionHandle n = c->Dim(c->input(input), 0), rows = c->UnknownDim();
+  if (c->ValueKnown(n)) TF_CHECK_OK(c->Subtract(n, 1, &rows));
+  return rows;
+}
+
+absl::Status PackShape(InferenceContext* c) {
+  ShapeHandle in;
+  TF_RETURN_IF_ERROR(c->WithRankAtMost(c->input(0), 1, &in));
+  c->set_output(0, c->Vector(c->UnknownDim()));
+  DimensionHandle n = c->Rank(in) == 1 ? c->Dim(in, 0) : c->MakeDim(1), splits;
+  TF_RETURN_IF_ERROR(c->Add(n, 1, &splits));
+  c->set_output(1, c->Vector(splits));
+  return absl::OkStatus();
+}
+
+absl::Status StringEmbeddingShape(InferenceContext* c) {
+  ShapeHandle params, unused;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &params));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &unused));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &unused));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &unused));
+  bool bagged;
+  TF_RETURN_IF_ERROR(c->GetAttr("bagged", &bagged));
+  c->set_output(0, c->Matrix(RowsFromSplits(c, bagged ? 3 : 2), c->Dim(params, 1)));
+  return absl::OkStatus();
+}
+
+absl::Status StringGradShape(InferenceContext* c) {
+  ShapeHandle params;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &params));
+  c->set_output(0, c->Matrix(c->UnknownDim(), c->Dim(params, 1)));
+  c->set_output(1, c->Vector(c->UnknownDim()));
+  return absl::OkStatus();
+}
+
+absl::Status MultiShape(InferenceContext* c) {
+  int n;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  DimensionHandle batch = c->UnknownDim();
+  DimensionHandle splits = c->Dim(c->input(n + 1), 0);
+  if (c->ValueKnown(splits) && c->Value(splits) > 0)
+    batch = c->MakeDim((c->Value(splits) - 1) / n);
+  for (int i = 0; i < n; ++i) {
+    ShapeHandle params;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 2, &params));
+    c->set_output(i, c->Matrix(batch, c->Dim(params, 1)));
+  }
+  return absl::OkStatus();
+}
+
+constexpr char kStringAttrsDoc[] = R"doc(
+id_mode: "hash": row = to_hash_bucket_fast(token, V). "index": row =
+  to_number(token, int64), which must parse and lie in [0, V). "mod": the parsed
+  number floor-mod V. Rejected tokens are InvalidArgument errors naming the row
+  and the token.
+delimiter: the separator (tf.strings.split semantics: the full string, left to
+  right); empty: each string is one token. At most 16 bytes.
+skip_empty: drop empty tokens (tf.compat.v1.string_split); else keep them
+  (tf.strings.split), so an empty string is one empty token.
+combiner: "sum", "mean" or "sqrtn" over the tokens of a bag (weights 1).
+max_norm: clip each looked-up row to this L2 norm first; <= 0 disables.
+)doc";
+
+}  // namespace
+
+REGISTER_OP("CtrPackStrings")
+    .Input("strings: string")
+    .Output("bytes: uint8")
+    .Output("row_splits: int64")
+    .SetShapeFn(PackShape)
+    .Doc(R"doc(
+Packs a vector of strings (a scalar is one string) into one contiguous uint8
+buffer and int64 row_splits [B+1] of byte offsets, with no allocation per
+string. This buffer is the single host-to-device copy of the GPU string path.
+)doc");
+
+#define CTR_STRING_ATTRS                                              \
+  Attr("T: {float, half, bfloat16}")                                  \
+      .Attr("combiner: {'sum', 'mean', 'sqrtn'} = 'mean'")            \
+      .Attr("id_mode: {'hash', 'index', 'mod'} = 'hash'")             \
+      .Attr("delimiter: string = ','")                                \
+      .Attr("skip_empty: bool = true")                                \
+      .Attr("max_norm: float = -1.0")                                 \
+      .Attr("bagged: bool = false")
+
+REGISTER_OP("CtrStringEmbedding")
+    .Input("params: T")
+    .Input("bytes: uint8")
+    .Input("row_splits: int64")
+    .Input("bag_splits: int64")
+    .Output("output: T")
+    .CTR_STRING_ATTRS
+    .SetShapeFn(StringEmbeddingShape)
+    .Doc(std::string(R"doc(
+Pools the tokens of packed strings into rows of `params` [V, D]. With
+bagged=false each string is a bag and the output is [B, D] for row_splits
+[B+1]; with bagged=true bag r holds strings [bag_splits[r], bag_splits[r+1])
+(string keys grouped by a RaggedTensor). row_splits are byte offsets into
+`bytes`; they must be non-decreasing and inside the buffer.
+)doc") + kStringAttrsDoc);
+
+REGISTER_OP("CtrStringEmbeddingGrad")
+    .Input("grad: T")
+    .Input("params: T")
+    .Input("bytes: uint8")
+    .Input("row_splits: int64")
+    .Input("bag_splits: int64")
+    .Output("values: T")
+    .Output("indices: int64")
+    .CTR_STRING_ATTRS
+    .SetShapeFn(StringGradShape)
+    .Doc(std::string(R"doc(
+Gradient of CtrStringEmbedding with respect to params, as IndexedSlices rows:
+one per token, computed from the packed bytes without re-splitting in Python.
+)doc") + kStringAttrsDoc);
+
+#undef CTR_STRING_ATTRS
+
+REGISTER_OP("CtrMultiStringEmbedding")
+    .Input("params: N * T")
+    .Input("bytes: uint8")
+    .Input("row_splits: int64")
+    .Output("outputs: N * T")
+    .Attr("N: int >= 1")
+    .Attr("T: {float, half, bfloat16}")
+    .Attr("combiners: list(string)")
+    .Attr("id_modes: list(string)")
+    .Attr("delimiters: list(string)")
+    .Attr("skip_empty: list(bool)")
+    .Attr("max_norms: list(float)")
+    .SetShapeFn(MultiShape)
+    .Doc(std::string(R"doc(
+The grouped StringEmbedding: N string features of one batch B, packed
+feature-major into one buffer (row_splits [N*B+1]), pooled in one launch into
+N outputs [B, D_i]. The per-feature attribute lists (combiners, id_modes,
+delimiters, skip_empty, max_norms) have length N, each entry with the meaning
+of the same attribute of CtrStringEmbedding.
+)doc"));
+
+}  // namespace tensorflow

@@ -1,0 +1,54 @@
+// Host-side entry points of the CUDA string-embedding kernels. Plain C++ (no
+// CUDA or TF headers); raw device pointers and a cudaStream_t passed as void*.
+// Return "" on success, else a CUDA error message.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "cc/core/strings.h"
+
+namespace ctr {
+namespace gpu {
+
+// d_status layout for string kernels: int64[5] = the TokenError fields
+// {row, begin, len, value, kind}; row -1 means no error.
+constexpr int kTokenStatusSize = 5;
+std::string InitTokenStatus(int64_t* d_status, void* stream);
+
+// out[num_bags, dim] = pooled tokens of each bag. Bags are single strings when
+// bag_splits is null, else strings [bag_splits[r], bag_splits[r+1]).
+// string_splits are absolute byte offsets into `bytes` (validated by caller).
+template <typename T>
+std::string StringEmbedding(const StringSpec& spec, const T* params, const uint8_t* bytes,
+                            const int64_t* string_splits, const int64_t* bag_splits,
+                            int64_t num_bags, T* out, int64_t* d_status, void* stream);
+
+// One launch for many features sharing a batch: feature f owns strings
+// [f * batch, (f + 1) * batch) of string_splits, table params and output out.
+struct FeatureDesc {
+  StringSpec spec;
+  const void* params;
+  void* out;
+};
+// h_features: host array of num_features; d_features: device scratch of the
+// same size that the launcher fills (one small host-to-device copy).
+template <typename T>
+std::string MultiStringEmbedding(const FeatureDesc* h_features, FeatureDesc* d_features,
+                                 int64_t num_features, int64_t batch, const uint8_t* bytes,
+                                 const int64_t* string_splits, int64_t* d_status, void* stream);
+
+// Gradient: counts[num_bags] of gradient rows (tokens, or 1 for an empty bag
+// with a default row), then ctr::gpu::ExclusiveScan (lookup_launchers.h), then
+// the rows. Bad tokens are skipped (the forward pass rejected them).
+std::string StringGradRowCounts(const StringSpec& spec, const uint8_t* bytes,
+                                const int64_t* string_splits, const int64_t* bag_splits,
+                                int64_t num_bags, int64_t* counts, void* stream);
+template <typename T>
+std::string StringGrad(const StringSpec& spec, const T* params, const uint8_t* bytes,
+                       const int64_t* string_splits, const int64_t* bag_splits, int64_t num_bags,
+                       const T* grad_out, const int64_t* grad_offsets, T* grad_values,
+                       int64_t* grad_indices, void* stream);
+
+}  // namespace gpu
+}  // namespace ctr

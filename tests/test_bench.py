@@ -1,0 +1,69 @@
+"""Smoke test of the benchmark harness on a tiny shape: structure and sanity, never timings."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from tf_ctr_ops import bench
+
+TINY = ["--quick", "--batch", "32", "--vocab", "500", "--dim", "8", "--max-len", "9", "--copy-mb", "4"]
+
+
+def _positive_finite(x):
+    return isinstance(x, float) and math.isfinite(x) and x > 0
+
+
+def test_lookup_suite_quick(tmp_path):
+    out = tmp_path / "bench.json"
+    results = bench.main(["lookup", *TINY, "--json", str(out)])
+
+    env = results["env"]
+    assert env["tensorflow"] and env["nproc"] >= 1 and "TF_VERSION" in env["build_info"]
+
+    res = results["suites"]["lookup"]
+    assert res["config"]["batch"] == 32 and res["config"]["quick"]
+    assert _positive_finite(res["copy_bandwidth"]["best_GBps"])
+    cases = {c["case"]: c for c in res["cases"]}
+    assert set(cases) == {f"{k}/{d}" for k in ("lookup", "hash", "ragged") for d in ("zipf", "uniform")}
+    for c in cases.values():
+        assert 32 <= c["nnz"] <= 32 * 9
+        for side in ("fused", "native", "core"):
+            t = c[side]
+            assert t["runs"] >= 1
+            assert 0 < t["p10_ms"] <= t["median_ms"] <= t["p90_ms"]
+            assert _positive_finite(c["GBps"][side])
+        assert _positive_finite(c["speedup"])
+        assert _positive_finite(c["frac_copy"])
+        # The suite checked agreement before timing; the recorded errors say so.
+        assert 0 <= c["max_abs_err_vs_native"] <= 1e-5
+        assert 0 <= c["max_abs_err_core"] <= 1e-5
+
+    assert {(t["dist"], t["min_speedup"]) for t in res["targets"]} == {
+        ("zipf", 2.5), ("uniform", 2.5), ("zipf", 3.0), ("uniform", 3.0)}
+    for t in res["targets"]:
+        assert isinstance(t["met"], bool) and t["met"] == (t["speedup"] >= t["min_speedup"])
+
+    cor = res["copy_on_read"]
+    assert _positive_finite(cor["fused_copy_on_read"]["median_ms"])
+
+    loaded = json.loads(out.read_text())
+    assert loaded["suites"]["lookup"]["cases"][0]["case"] == res["cases"][0]["case"]
+
+
+def test_mismatch_is_an_error_not_a_timing():
+    a = np.ones((4, 3), np.float32)
+    assert bench.check_agreement("c", "x", a, a + 1e-7) < 1e-5
+    with pytest.raises(bench.BenchmarkMismatch, match="disagrees"):
+        bench.check_agreement("c", "x", a, a + 1e-3)
+    with pytest.raises(bench.BenchmarkMismatch, match="shape"):
+        bench.check_agreement("c", "x", a, a[:2])
+    with pytest.raises(bench.BenchmarkMismatch, match="non-finite"):
+        bench.check_agreement("c", "x", np.full_like(a, np.nan), a)
+
+
+def test_suites_registered():
+    assert "lookup" in bench.SUITES
+    with pytest.raises(SystemExit):
+        bench.parse_args(["no-such-suite"])

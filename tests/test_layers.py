@@ -1,0 +1,443 @@
+"""Tests of the Keras layers: TF-native equivalence, training, saving and export."""
+
+import doctest
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_ctr_ops
+from tf_ctr_ops import layers as tco_layers
+from tf_ctr_ops.layers import HashEmbedding, SparseEmbedding
+
+COMBINERS = ["sum", "mean", "sqrtn"]
+CONTAINERS = ["ragged", "sparse", "dense"]
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def normal_init(seed=0):
+    # Unit-scale rows, so that the tolerances above are meaningful.
+    return keras.initializers.RandomNormal(stddev=1.0, seed=seed)
+
+
+def random_bags(rng, batch, max_len, low, high, empty_frac=0.25):
+    """A RaggedTensor [batch, (n)] of int64 ids in [low, high); bag 0 and some others empty."""
+    lengths = rng.integers(1, max_len + 1, size=batch)
+    lengths[rng.random(batch) < empty_frac] = 0
+    lengths[0] = 0
+    lengths[1] = max_len
+    values = rng.integers(low, high, size=int(lengths.sum()), dtype=np.int64)
+    return tf.RaggedTensor.from_row_lengths(tf.constant(values), tf.constant(lengths, tf.int64))
+
+
+def random_weights(rng, ids):
+    n = int(ids.flat_values.shape[0])
+    return ids.with_flat_values(tf.constant(rng.uniform(0.1, 2.0, size=n), tf.float32))
+
+
+def as_container(ragged, kind, pad):
+    """The same bags as a RaggedTensor, a SparseTensor, or a dense tensor padded with `pad`."""
+    if ragged is None or kind == "ragged":
+        return ragged
+    if kind == "sparse":
+        return ragged.to_sparse()
+    return ragged.to_tensor(default_value=pad)
+
+
+def tf_reference(table, rows, weights, combiner, max_norm=None):
+    """The TF-native composition: safe_embedding_lookup_sparse over ragged table rows."""
+    sp_weights = None if weights is None else weights.to_sparse()
+    return tf.nn.safe_embedding_lookup_sparse(table, rows.to_sparse(), sp_weights, combiner=combiner,
+                                              max_norm=max_norm)
+
+
+def hashed(keys, num_buckets):
+    """Bucket of each key, as keras.layers.Hashing computes it for ints (and strings)."""
+    def bucket(k):
+        return tf.strings.to_hash_bucket_fast(k if k.dtype == tf.string else tf.strings.as_string(k),
+                                              num_buckets)
+    return tf.ragged.map_flat_values(bucket, keys)
+
+
+def call(layer, ids, weights, container, pad=-1):
+    return layer(as_container(ids, container, pad), weights=as_container(weights, container, 0.0))
+
+
+def strings_module():
+    return pytest.importorskip(
+        "tf_ctr_ops.strings",
+        reason="tf_ctr_ops.strings (the packed-string path that hashes string keys) is not part "
+               "of this build yet; HashEmbedding hands string keys to it unchanged")
+
+
+# ---------------------------------------------------------------------------
+# Forward: same values as the TF-native compositions
+
+
+@pytest.mark.parametrize("container", CONTAINERS)
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_sparse_embedding_matches_tf(rng, container, combiner, weighted):
+    ids = random_bags(rng, 24, 6, 0, 40)
+    w = random_weights(rng, ids) if weighted else None
+    layer = SparseEmbedding(40, 8, combiner=combiner, embeddings_initializer=normal_init())
+    got = call(layer, ids, w, container)
+    want = tf_reference(layer.embeddings.value, ids, w, combiner)
+    assert got.shape == (24, 8) and got.dtype == tf.float32
+    np.testing.assert_allclose(got.numpy(), want.numpy(), **TOL)
+    assert not np.any(got.numpy()[0]), "an empty bag must give a zero row"
+
+
+@pytest.mark.parametrize("container", CONTAINERS)
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_hash_embedding_int_keys_match_tf(rng, container, combiner, weighted):
+    keys = random_bags(rng, 24, 6, -(2**40), 2**40)
+    # Extremes and small keys; no -1, which is padding in the dense container.
+    keys = tf.concat([keys, tf.ragged.constant([[np.iinfo(np.int64).min, np.iinfo(np.int64).max, 0, 7]],
+                                               tf.int64)], axis=0)
+    w = random_weights(rng, keys) if weighted else None
+    layer = HashEmbedding(37, 8, combiner=combiner, embeddings_initializer=normal_init(1))
+    got = call(layer, keys, w, container)
+    want = tf_reference(layer.embeddings.value, hashed(keys, 37), w, combiner)
+    assert got.shape == (25, 8) and got.dtype == tf.float32
+    np.testing.assert_allclose(got.numpy(), want.numpy(), **TOL)
+
+
+@pytest.mark.parametrize("cls", [SparseEmbedding, HashEmbedding])
+@pytest.mark.parametrize("container", ["ragged", "dense"])
+def test_max_norm_matches_tf(rng, cls, container):
+    ids = random_bags(rng, 20, 5, 0, 30)
+    w = random_weights(rng, ids)
+    layer = cls(30, 6, combiner="sum", max_norm=0.7, embeddings_initializer=normal_init(2))
+    rows = ids if cls is SparseEmbedding else hashed(ids, 30)
+    got = call(layer, ids, w, container)
+    want = tf_reference(layer.embeddings.value, rows, w, "sum", max_norm=0.7)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), **TOL)
+    unclipped = tf_reference(layer.embeddings.value, rows, w, "sum")
+    assert not np.allclose(got.numpy(), unclipped.numpy()), "max_norm had no effect"
+
+
+@pytest.mark.parametrize("id_dtype", [tf.int32, np.int64])
+def test_int32_and_numpy_ids(rng, id_dtype):
+    ids = random_bags(rng, 10, 4, 0, 20)
+    dense = ids.to_tensor(-1).numpy()
+    layer = SparseEmbedding(20, 4, embeddings_initializer=normal_init())
+    hlayer = HashEmbedding(20, 4, embeddings_initializer=normal_init())
+    # tf.int32 tensors, or plain numpy int64 arrays
+    x = tf.constant(dense, tf.int32) if id_dtype == tf.int32 else dense
+    np.testing.assert_allclose(layer(x).numpy(), tf_reference(layer.embeddings.value, ids, None, "mean"),
+                               **TOL)
+    np.testing.assert_allclose(hlayer(x).numpy(),
+                               tf_reference(hlayer.embeddings.value, hashed(ids, 20), None, "mean"), **TOL)
+
+
+def test_hash_embedding_minus_one_is_a_key_except_in_dense_inputs():
+    layer = HashEmbedding(16, 4, combiner="sum", embeddings_initializer=normal_init())
+    keys = tf.ragged.constant([[-1, 5], [-1]], tf.int64)
+    got_ragged = layer(keys).numpy()
+    table = layer.embeddings.value
+    np.testing.assert_allclose(got_ragged, tf_reference(table, hashed(keys, 16), None, "sum"), **TOL)
+    got_dense = layer(keys.to_tensor(-1)).numpy()  # [[-1, 5], [-1, -1]]: -1 is padding
+    np.testing.assert_allclose(got_dense[0], tf.gather(table, hashed(tf.constant([5], tf.int64), 16))[0],
+                               **TOL)
+    np.testing.assert_array_equal(got_dense[1], np.zeros(4, np.float32))
+
+
+def test_out_of_range_id_is_an_error_naming_row_and_id():
+    layer = SparseEmbedding(10, 4)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id 10 in row 1"):
+        layer(tf.ragged.constant([[1], [2, 10]], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id -2 in row 0"):
+        layer(tf.constant([[-2, -1]], tf.int64))
+
+
+def test_invalid_constructor_arguments():
+    with pytest.raises(ValueError, match="combiner"):
+        SparseEmbedding(10, 4, combiner="max")
+    with pytest.raises(ValueError, match="input_dim"):
+        SparseEmbedding(0, 4)
+    with pytest.raises(ValueError, match="num_buckets"):
+        HashEmbedding(-3, 4)
+    with pytest.raises(ValueError, match="output_dim"):
+        SparseEmbedding(10, 2.5)
+    with pytest.raises(ValueError, match="max_norm"):
+        HashEmbedding(10, 4, max_norm=0.0)
+
+
+# ---------------------------------------------------------------------------
+# String keys: through the same HashEmbedding code path, via tf_ctr_ops.strings
+
+
+def random_words(rng, batch, max_len):
+    words = np.array([f"w{i}" for i in range(50)] + ["", "é字", "a b", "x" * 40])
+    lengths = rng.integers(0, max_len + 1, size=batch)
+    lengths[1] = max_len
+    return tf.RaggedTensor.from_row_lengths(
+        tf.constant(rng.choice(words, size=int(lengths.sum()))), tf.constant(lengths, tf.int64))
+
+
+@pytest.mark.parametrize("container", CONTAINERS)
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_hash_embedding_string_keys_match_tf(rng, container, combiner):
+    strings_module()
+    keys = random_words(rng, 20, 5)
+    if container == "dense":  # "" is the dense padding of string keys
+        keys = tf.ragged.boolean_mask(keys, keys != "")
+    w = random_weights(rng, keys)
+    layer = HashEmbedding(31, 8, combiner=combiner, embeddings_initializer=normal_init())
+    got = call(layer, keys, w, container, pad="")
+    want = tf_reference(layer.embeddings.value, hashed(keys, 31), w, combiner)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), **TOL)
+
+
+def test_hash_embedding_int_key_equals_its_decimal_string(rng):
+    strings_module()
+    keys = random_bags(rng, 16, 4, -(10**12), 10**12)
+    layer = HashEmbedding(64, 8, embeddings_initializer=normal_init())
+    np.testing.assert_allclose(layer(keys).numpy(),
+                               layer(tf.ragged.map_flat_values(tf.strings.as_string, keys)).numpy(), **TOL)
+
+
+# ---------------------------------------------------------------------------
+# Gradients and dtypes
+
+
+@pytest.mark.parametrize("cls", [SparseEmbedding, HashEmbedding])
+@pytest.mark.parametrize("container", CONTAINERS)
+def test_table_gradient_is_indexed_slices_matching_tf(rng, cls, container):
+    ids = random_bags(rng, 16, 5, 0, 30)
+    w = random_weights(rng, ids)
+    layer = cls(30, 4, combiner="sqrtn", embeddings_initializer=normal_init())
+    layer.build()
+    rows = ids if cls is SparseEmbedding else hashed(ids, 30)
+    upstream = tf.constant(rng.normal(size=(16, 4)), tf.float32)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(call(layer, ids, w, container) * upstream)
+    grad = tape.gradient(loss, layer.embeddings)
+    assert isinstance(grad, tf.IndexedSlices), type(grad)
+    assert set(grad.indices.numpy().tolist()) <= set(rows.flat_values.numpy().tolist())
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf_reference(layer.embeddings.value, rows, w, "sqrtn") * upstream)
+    want = tape.gradient(loss, layer.embeddings.value)
+    np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(), tf.convert_to_tensor(want).numpy(), **TOL)
+
+
+@pytest.mark.parametrize("policy,out_dtype,table_dtype,tol", [
+    ("mixed_float16", "float16", "float32", 2e-3),
+    ("mixed_bfloat16", "bfloat16", "float32", 1e-2),
+    ("bfloat16", "bfloat16", "bfloat16", 6e-2),
+])
+@pytest.mark.parametrize("cls", [SparseEmbedding, HashEmbedding])
+def test_dtype_policies(rng, policy, out_dtype, table_dtype, tol, cls):
+    ids = random_bags(rng, 16, 5, 0, 30)
+    layer = cls(30, 8, combiner="sum", dtype=policy, embeddings_initializer=normal_init())
+    out = layer(ids)
+    assert layer.embeddings.dtype == table_dtype
+    assert out.dtype == out_dtype == layer.compute_dtype
+    rows = ids if cls is SparseEmbedding else hashed(ids, 30)
+    table = tf.cast(layer.embeddings.value, tf.float32)
+    want = tf_reference(table, rows, None, "sum")
+    np.testing.assert_allclose(tf.cast(out, tf.float32).numpy(), want.numpy(), rtol=tol, atol=tol)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.cast(layer(ids), tf.float32))
+    grad = tape.gradient(loss, layer.embeddings)
+    assert isinstance(grad, tf.IndexedSlices) and grad.values.dtype == table_dtype
+
+
+# ---------------------------------------------------------------------------
+# Keras models: functional inputs, training, saving, export
+
+N_ITEMS, N_BUCKETS, N_USERS = 300, 256, 120
+
+
+def ctr_model(seed=0):
+    items = keras.Input(shape=(None,), dtype="int64", ragged=True, name="items")
+    users = keras.Input(shape=(None,), dtype="int64", ragged=True, name="users")
+    x = keras.layers.Concatenate()([
+        SparseEmbedding(N_ITEMS, 8, combiner="mean", name="item_emb",
+                        embeddings_initializer=keras.initializers.RandomUniform(-0.05, 0.05, seed=seed),
+                        embeddings_regularizer=keras.regularizers.L2(1e-6),
+                        embeddings_constraint=keras.constraints.MaxNorm(5.0))(items),
+        HashEmbedding(N_BUCKETS, 8, combiner="sum", max_norm=4.0, name="user_emb",
+                      embeddings_initializer=keras.initializers.RandomUniform(-0.05, 0.05, seed=seed + 1))(users),
+    ])
+    out = keras.layers.Dense(1, activation="sigmoid", name="ctr",
+                             kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 2))(x)
+    return keras.Model({"items": items, "users": users}, out)
+
+
+def ctr_data(rng, n):
+    """Clicks decided by hidden per-item and per-user scores, which the model must learn."""
+    item_score = rng.normal(size=N_ITEMS) * 2.0
+    user_keys = rng.integers(10**9, 10**12, size=N_USERS, dtype=np.int64)
+    user_score = rng.normal(size=N_USERS) * 2.0
+    items = random_bags(rng, n, 6, 0, N_ITEMS, empty_frac=0.05)
+    users = rng.integers(0, N_USERS, size=n)
+    item_mean = tf.math.divide_no_nan(
+        tf.reduce_sum(tf.gather(item_score, items), axis=1),
+        tf.cast(items.row_lengths(), tf.float64)).numpy()
+    labels = (item_mean + user_score[users] > 0).astype(np.float32)[:, None]
+    x = {"items": items,
+         "users": tf.RaggedTensor.from_row_lengths(tf.constant(user_keys[users]), tf.ones([n], tf.int64))}
+    return x, labels
+
+
+@pytest.fixture(scope="module")
+def trained_ctr():
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(7)
+    x, y = ctr_data(rng, 2048)
+    model = ctr_model()
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="binary_crossentropy", metrics=["accuracy"])
+    before = model.evaluate(x, y, batch_size=512, verbose=0, return_dict=True)
+    model.fit(x, y, epochs=4, batch_size=128, verbose=0)
+    after = model.evaluate(x, y, batch_size=512, verbose=0, return_dict=True)
+    return model, x, before, after
+
+
+def test_fit_learns_synthetic_ctr_task(trained_ctr):
+    _, _, before, after = trained_ctr
+    assert before["loss"] > 0.6, before
+    assert after["loss"] < 0.5 * before["loss"], (before, after)
+    assert after["accuracy"] > 0.85, after
+
+
+def test_functional_models_take_ragged_sparse_and_dense_inputs(rng):
+    width = 5
+    ids = random_bags(rng, 12, width, 0, 40)
+    w = random_weights(rng, ids)
+    layer = SparseEmbedding(40, 4, combiner="sqrtn", embeddings_initializer=normal_init())
+    kinds = {
+        "ragged": dict(shape=(None,), ragged=True),
+        "sparse": dict(shape=(width,), sparse=True),
+        "dense": dict(shape=(width,)),
+    }
+    outs = {}
+    for kind, spec in kinds.items():
+        i = keras.Input(dtype="int64", name="ids", **spec)
+        wi = keras.Input(dtype="float32", name="w", **spec)
+        model = keras.Model({"ids": i, "w": wi}, layer(i, weights=wi))
+        assert model.output.shape == (None, 4)
+        outs[kind] = model.predict({"ids": as_container(ids, kind, -1), "w": as_container(w, kind, 0.0)},
+                                   batch_size=12, verbose=0)
+    want = tf_reference(layer.embeddings.value, ids, w, "sqrtn").numpy()
+    for kind, out in outs.items():
+        np.testing.assert_allclose(out, want, err_msg=kind, **TOL)
+
+
+@pytest.mark.parametrize("cls", [SparseEmbedding, HashEmbedding])
+def test_get_config_round_trip(rng, cls):
+    layer = cls(40, 8, combiner="sqrtn", max_norm=1.5, name="feat", dtype="mixed_bfloat16",
+                embeddings_initializer=keras.initializers.RandomNormal(stddev=0.3, seed=3),
+                embeddings_regularizer=keras.regularizers.L2(1e-3),
+                embeddings_constraint=keras.constraints.MaxNorm(2.0))
+    config = layer.get_config()
+    json.dumps(config)  # plain JSON, as .keras files store it
+    rows_arg = "input_dim" if cls is SparseEmbedding else "num_buckets"
+    assert config[rows_arg] == 40 and config["output_dim"] == 8 and config["combiner"] == "sqrtn"
+    assert config["max_norm"] == 1.5
+
+    clone = cls.from_config(config)
+    assert clone.get_config() == config
+    assert getattr(clone, rows_arg) == 40
+    assert isinstance(clone.embeddings_initializer, keras.initializers.RandomNormal)
+    assert clone.embeddings_initializer.stddev == 0.3 and clone.embeddings_initializer.seed == 3
+    assert isinstance(clone.embeddings_regularizer, keras.regularizers.L2)
+    assert clone.embeddings_regularizer.l2 == pytest.approx(1e-3)
+    assert isinstance(clone.embeddings_constraint, keras.constraints.MaxNorm)
+    assert clone.embeddings_constraint.max_value == 2.0
+    assert clone.dtype_policy.name == "mixed_bfloat16"
+
+    # Through the registry, as load_model finds it.
+    assert keras.saving.get_registered_name(cls) == f"tf_ctr_ops>{cls.__name__}"
+    restored = keras.layers.deserialize(keras.layers.serialize(layer))
+    assert type(restored) is cls and restored.get_config() == config
+
+    ids = random_bags(rng, 8, 4, 0, 40)
+    layer(ids)
+    restored(ids)
+    restored.set_weights(layer.get_weights())
+    np.testing.assert_array_equal(layer(ids).numpy(), restored(ids).numpy())
+    # The regularizer was restored and is applied.
+    table = layer.embeddings.value.numpy()
+    assert len(restored.losses) == 1
+    np.testing.assert_allclose(float(restored.losses[0]), 1e-3 * np.sum(table**2), rtol=1e-4)
+
+
+def test_save_and_load_model_gives_identical_predictions(trained_ctr, tmp_path):
+    model, x, _, _ = trained_ctr
+    path = tmp_path / "ctr.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert isinstance(loaded.get_layer("item_emb"), SparseEmbedding)
+    assert isinstance(loaded.get_layer("user_emb"), HashEmbedding)
+    for name in ("item_emb", "user_emb"):
+        assert loaded.get_layer(name).get_config() == model.get_layer(name).get_config()
+    np.testing.assert_array_equal(loaded.predict(x, batch_size=512, verbose=0),
+                                  model.predict(x, batch_size=512, verbose=0))
+
+
+SERVE_SCRIPT = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+    import tf_ctr_ops  # loads the op library: the exported graphs use its ops
+    import keras
+    import tensorflow as tf
+
+    d = Path(sys.argv[1])
+    a = {k: np.load(d / f"{k}.npy") for k in
+         ("items_dense", "users_dense", "items_values", "items_splits", "users_values", "users_splits")}
+    dense = tf.saved_model.load(str(d / "export_dense"))
+    np.save(d / "out_dense.npy", dense.serve({"items": a["items_dense"], "users": a["users_dense"]}).numpy())
+    ragged = {k: tf.RaggedTensor.from_row_splits(a[k + "_values"], a[k + "_splits"]) for k in ("items", "users")}
+    exported = tf.saved_model.load(str(d / "export_ragged"))
+    np.save(d / "out_ragged.npy", exported.serve(ragged).numpy())
+    model = keras.models.load_model(d / "model.keras")
+    np.save(d / "out_keras.npy", model.predict(ragged, verbose=0))
+""")
+
+
+def test_export_serves_identically_in_a_fresh_process(trained_ctr, tmp_path):
+    model, x, _, _ = trained_ctr
+    x = {k: v[:200] for k, v in x.items()}
+    want = model.predict(x, batch_size=200, verbose=0)
+
+    # Keras' own export: ragged inputs become dense (None, None) specs, fed -1-padded ids.
+    model.export(str(tmp_path / "export_dense"), verbose=False)
+    # A ragged endpoint, through ExportArchive and a tf.function with a ragged signature.
+    spec = tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1, row_splits_dtype=tf.int64)
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint("serve", tf.function(lambda inputs: model(inputs, training=False),
+                                              input_signature=[{"items": spec, "users": spec}]))
+    archive.write_out(str(tmp_path / "export_ragged"), verbose=False)
+    model.save(tmp_path / "model.keras")
+    for k, v in x.items():
+        np.save(tmp_path / f"{k}_dense.npy", v.to_tensor(-1).numpy())
+        np.save(tmp_path / f"{k}_values.npy", v.values.numpy())
+        np.save(tmp_path / f"{k}_splits.npy", v.row_splits.numpy())
+
+    root = Path(tf_ctr_ops.__file__).resolve().parents[1]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=os.pathsep.join([str(root)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    proc = subprocess.run([sys.executable, "-c", SERVE_SCRIPT, str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for name in ("dense", "ragged", "keras"):
+        np.testing.assert_array_equal(np.load(tmp_path / f"out_{name}.npy"), want, err_msg=name)
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(tco_layers, extraglobs={"tf": tf, "keras": keras}, verbose=False,
+                             optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted >= 6 and result.failed == 0, result

@@ -1,0 +1,282 @@
+"""Keras 3 layers over the fused tf-ctr-ops lookups (TensorFlow backend).
+
+`SparseEmbedding` pools rows of a `[input_dim, output_dim]` table over bags of
+ids; `HashEmbedding` hashes its keys into `num_buckets` rows first. Both run
+one fused `CtrEmbeddingLookup` op per call, and the gradient of their table is
+a `tf.IndexedSlices` holding only the looked-up rows.
+
+Both layers are registered as `tf_ctr_ops>SparseEmbedding` and
+`tf_ctr_ops>HashEmbedding`: after `import tf_ctr_ops`, `keras.models.load_model`
+restores models that use them, and `tf.saved_model.load` runs SavedModels
+exported from them (`model.export`), as long as `tf_ctr_ops` has been imported
+in that process first (the op library must be loaded before the graph is).
+"""
+
+import keras
+import tensorflow as tf
+from keras import constraints, initializers, regularizers
+
+from tf_ctr_ops import ops as _ops
+
+__all__ = ["SparseEmbedding", "HashEmbedding"]
+
+_CONTAINERS_DOC = """
+    Inputs:
+        The ids of each example, in one of three containers (of int32 or int64
+        ids):
+        - `tf.RaggedTensor` of shape `(batch_size, (bag_size))`;
+        - `tf.SparseTensor` of shape `(batch_size, max_bag_size)`, in
+          canonical (row-major) order;
+        - a dense tensor of shape `(batch_size, max_bag_size)` where `-1`
+          marks padding.
+        An empty bag gives a zero row. The optional `weights` call argument
+        holds one float per id, in the same container (for dense ids, a
+        `(batch_size, max_bag_size)` tensor; weights at padding are ignored).
+
+    Output shape:
+        `(batch_size, output_dim)`, in the layer's compute dtype. The table is
+        stored (and looked up) in the layer's variable dtype, and only the
+        pooled output is cast: under the `"mixed_float16"` or
+        `"mixed_bfloat16"` policy the table stays float32 and the output is
+        half, with no full-table cast per step.
+
+    Keras models (TensorFlow backend, checked with Keras 3.15):
+        - `keras.Input(shape=(None,), dtype="int64", ragged=True)` feeds a
+          `tf.RaggedTensor` through a functional model, and
+          `keras.Input(shape=(max_bag_size,), dtype="int64", sparse=True)` a
+          `tf.SparseTensor`; `model.fit`, `model.predict` and `model.save` /
+          `keras.models.load_model` all work with them. Dense `-1`-padded
+          inputs need no flag: `keras.Input(shape=(max_bag_size,),
+          dtype="int64")`. `weights` may be a second input of the same kind:
+          `layer(ids, weights=w)`.
+        - `model.export(path)` writes every input as a *dense*
+          `tf.TensorSpec`, ragged and sparse ones included (Keras builds no
+          other spec, and refuses a `tf.RaggedTensorSpec` or
+          `tf.SparseTensorSpec` as `input_signature`). The exported `serve`
+          then takes dense ids padded with `-1` (`ragged.to_tensor(-1)`,
+          `tf.sparse.to_dense(sp, default_value=-1)`; weights padded with
+          anything) and gives the same outputs. For a ragged endpoint,
+          export a `tf.function` with a ragged signature instead:
+
+          ```python
+          archive = keras.export.ExportArchive()
+          archive.track(model)
+          archive.add_endpoint("serve", tf.function(
+              lambda ids: model(ids, training=False),
+              input_signature=[tf.RaggedTensorSpec(
+                  [None, None], tf.int64, ragged_rank=1,
+                  row_splits_dtype=tf.int64)]))
+          archive.write_out(path)
+          ```
+        - To run an exported SavedModel, `import tf_ctr_ops` first (it loads
+          the op library), then `tf.saved_model.load(path).serve(ids)`.
+"""
+
+
+def _check_positive_int(value, name):
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive integer, got {name}={value!r}")
+    return value
+
+
+def _check_max_norm(max_norm):
+    if max_norm is None:
+        return None
+    _ops._max_norm_attr(max_norm)  # raises a clear ValueError if not > 0
+    return float(max_norm)
+
+
+class _PooledEmbeddingBase(keras.layers.Layer):
+    """Shared table, config and casting of the pooled embedding layers."""
+
+    _rows_arg = None  # name of the constructor argument giving the table rows
+
+    def __init__(self, rows, output_dim, combiner="mean", embeddings_initializer="uniform",
+                 embeddings_regularizer=None, embeddings_constraint=None, max_norm=None, **kwargs):
+        super().__init__(**kwargs)
+        self._rows = _check_positive_int(rows, self._rows_arg)
+        self.output_dim = _check_positive_int(output_dim, "output_dim")
+        self.combiner = _ops._check_combiner(combiner)
+        self.max_norm = _check_max_norm(max_norm)
+        self.embeddings_initializer = initializers.get(embeddings_initializer)
+        self.embeddings_regularizer = regularizers.get(embeddings_regularizer)
+        self.embeddings_constraint = constraints.get(embeddings_constraint)
+        # The table is read in its own (variable) dtype: autocasting it to the
+        # compute dtype would cast the whole [V, D] table every step.
+        self.autocast = False
+
+    def build(self, input_shape=None):
+        if self.built:
+            return
+        self._embeddings = self.add_weight(
+            shape=(self._rows, self.output_dim),
+            initializer=self.embeddings_initializer,
+            name="embeddings",
+            regularizer=self.embeddings_regularizer,
+            constraint=self.embeddings_constraint,
+            trainable=True,
+        )
+        self.built = True
+
+    @property
+    def embeddings(self):
+        """The `[rows, output_dim]` table variable (the layer must be built)."""
+        if not self.built:
+            raise AttributeError("You must build the layer before accessing `embeddings`.")
+        return self._embeddings
+
+    def _lookup(self, table, inputs, weights):
+        raise NotImplementedError
+
+    def call(self, inputs, weights=None):
+        table = tf.convert_to_tensor(self._embeddings)
+        outputs = self._lookup(table, inputs, weights)
+        if outputs.dtype != self.compute_dtype:
+            outputs = tf.cast(outputs, self.compute_dtype)
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        batch = input_shape[0] if input_shape is not None and len(input_shape) else None
+        return (batch, self.output_dim)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            self._rows_arg: self._rows,
+            "output_dim": self.output_dim,
+            "combiner": self.combiner,
+            "embeddings_initializer": initializers.serialize(self.embeddings_initializer),
+            "embeddings_regularizer": regularizers.serialize(self.embeddings_regularizer),
+            "embeddings_constraint": constraints.serialize(self.embeddings_constraint),
+            "max_norm": self.max_norm,
+        })
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tf_ctr_ops")
+class SparseEmbedding(_PooledEmbeddingBase):
+    """Pooled embedding of bags of ids, in one fused op.
+
+    Each example is a bag of ids in `[0, input_dim)`; the layer looks up their
+    rows of a trainable `(input_dim, output_dim)` table and pools them with
+    `combiner`. It gives the same result as
+    `tf.nn.safe_embedding_lookup_sparse(layer.embeddings, ids, weights,
+    combiner)` (for `-1`-padded or non-negative ids) without its chain of
+    sparse ops, and its table gradient is a `tf.IndexedSlices` of the rows
+    looked up, so optimizers update only those rows.
+
+    Example:
+
+    >>> layer = SparseEmbedding(input_dim=1000, output_dim=8, combiner="mean")
+    >>> ids = tf.ragged.constant([[3, 17, 17], [], [999]], dtype=tf.int64)
+    >>> layer(ids).shape
+    TensorShape([3, 8])
+    >>> dense = tf.constant([[3, 17, 17], [-1, -1, -1], [999, -1, -1]])
+    >>> w = tf.ones([3, 3])
+    >>> layer(dense, weights=w).shape  # same bags, as -1-padded ids
+    TensorShape([3, 8])
+
+    In a functional model, with ragged inputs:
+
+    ```python
+    ids = keras.Input(shape=(None,), dtype="int64", ragged=True)
+    x = SparseEmbedding(input_dim=10_000, output_dim=16)(ids)
+    ctr = keras.layers.Dense(1, activation="sigmoid")(x)
+    model = keras.Model(ids, ctr)
+    ```
+
+    Args:
+        input_dim: Integer. Number of table rows; ids must lie in
+            `[0, input_dim)` (or be `-1`, padding). Any other id raises an
+            `InvalidArgumentError` naming the example row and the id.
+        output_dim: Integer. Dimension of the embedding.
+        combiner: `"mean"` (default), `"sum"` or `"sqrtn"`: how the rows of a
+            bag are pooled, as `tf.nn.embedding_lookup_sparse` defines them
+            (with weights, `"mean"` divides by the sum of the weights and
+            `"sqrtn"` by the root of the sum of their squares).
+        embeddings_initializer: Initializer for the table.
+        embeddings_regularizer: Regularizer applied to the table.
+        embeddings_constraint: Constraint applied to the table.
+        max_norm: Optional float. Rows are clipped to this L2 norm before
+            pooling (the table itself is not changed).
+        **kwargs: Base layer keyword arguments, such as `name` and `dtype`.
+    """
+
+    _rows_arg = "input_dim"
+
+    def __init__(self, input_dim, output_dim, combiner="mean", embeddings_initializer="uniform",
+                 embeddings_regularizer=None, embeddings_constraint=None, max_norm=None, **kwargs):
+        super().__init__(input_dim, output_dim, combiner=combiner,
+                         embeddings_initializer=embeddings_initializer,
+                         embeddings_regularizer=embeddings_regularizer,
+                         embeddings_constraint=embeddings_constraint, max_norm=max_norm, **kwargs)
+
+    @property
+    def input_dim(self):
+        return self._rows
+
+    def _lookup(self, table, inputs, weights):
+        return _ops.sparse_embedding(table, inputs, weights, combiner=self.combiner,
+                                     max_norm=self.max_norm)
+
+
+SparseEmbedding.__doc__ += _CONTAINERS_DOC
+
+
+@keras.saving.register_keras_serializable(package="tf_ctr_ops")
+class HashEmbedding(_PooledEmbeddingBase):
+    """Pooled embedding of hashed keys, in one fused op.
+
+    Each key is hashed into one of `num_buckets` rows of a trainable
+    `(num_buckets, output_dim)` table, exactly as
+    `tf.strings.to_hash_bucket_fast(tf.strings.as_string(key), num_buckets)`
+    (the convention of `keras.layers.Hashing` for integer keys), and the rows
+    of each bag are pooled with `combiner`. Integer keys are hashed inside
+    the kernel, without materializing any string tensor. String keys are
+    hashed as themselves, by `tf_ctr_ops.strings` (the same call works for
+    both; string keys need that module to be installed).
+
+    Example:
+
+    >>> layer = HashEmbedding(num_buckets=1024, output_dim=8, combiner="sum")
+    >>> user_ids = tf.ragged.constant([[123456789], [42, 7]], dtype=tf.int64)
+    >>> layer(user_ids).shape
+    TensorShape([2, 8])
+
+    Any integer is a valid key, including negative ones, except that `-1` in a
+    dense input is padding (the dense container has no other way to mark it;
+    dense string keys are padded with `""`). So a model fed ragged or sparse
+    keys that may hold `-1` cannot be served from the dense signature that
+    `model.export` writes (see below); export a ragged endpoint instead.
+
+    Args:
+        num_buckets: Integer. Number of hash buckets (table rows).
+        output_dim: Integer. Dimension of the embedding.
+        combiner: `"mean"` (default), `"sum"` or `"sqrtn"`.
+        embeddings_initializer: Initializer for the table.
+        embeddings_regularizer: Regularizer applied to the table.
+        embeddings_constraint: Constraint applied to the table.
+        max_norm: Optional float. Rows are clipped to this L2 norm before
+            pooling.
+        **kwargs: Base layer keyword arguments, such as `name` and `dtype`.
+    """
+
+    _rows_arg = "num_buckets"
+
+    def __init__(self, num_buckets, output_dim, combiner="mean", embeddings_initializer="uniform",
+                 embeddings_regularizer=None, embeddings_constraint=None, max_norm=None, **kwargs):
+        super().__init__(num_buckets, output_dim, combiner=combiner,
+                         embeddings_initializer=embeddings_initializer,
+                         embeddings_regularizer=embeddings_regularizer,
+                         embeddings_constraint=embeddings_constraint, max_norm=max_norm, **kwargs)
+
+    @property
+    def num_buckets(self):
+        return self._rows
+
+    def _lookup(self, table, inputs, weights):
+        return _ops.hash_embedding(table, inputs, weights, combiner=self.combiner,
+                                   max_norm=self.max_norm)
+
+
+HashEmbedding.__doc__ += _CONTAINERS_DOC

@@ -1,0 +1,206 @@
+"""StringEmbedding: strings of delimited ids pooled in one fused op.
+
+`"12,7,993"` -> split -> to_number / to_hash_bucket_fast -> lookup -> pool,
+done in one kernel over one packed uint8 buffer (the single host-to-device
+copy of the GPU path) instead of a string allocation per token.
+"""
+
+import tensorflow as tf
+
+from tf_ctr_ops.ops import COMBINERS, _as_table, _check_combiner, _max_norm_attr
+from tf_ctr_ops._loader import load_op_library
+
+_ops = load_op_library()
+
+ID_MODES = ("hash", "index", "mod")
+MAX_DELIMITER_BYTES = 16
+
+
+def _check_id_mode(id_mode):
+    if id_mode not in ID_MODES:
+        raise ValueError(f"id_mode must be one of {ID_MODES}, got {id_mode!r}")
+    return id_mode
+
+
+def _check_delimiter(delimiter):
+    if isinstance(delimiter, str):
+        delimiter = delimiter.encode("utf-8")
+    if not isinstance(delimiter, bytes) or not delimiter:
+        raise ValueError(f"delimiter must be a non-empty string, got {delimiter!r}")
+    if len(delimiter) > MAX_DELIMITER_BYTES:
+        raise ValueError(f"delimiter must be at most {MAX_DELIMITER_BYTES} bytes, got {len(delimiter)}")
+    return delimiter
+
+
+def _string_vector(strings):
+    strings = tf.convert_to_tensor(strings)
+    if strings.dtype != tf.string:
+        raise TypeError(f"strings must be a string tensor, got {strings.dtype}")
+    if strings.shape.rank == 2 and strings.shape[1] == 1:
+        strings = tf.squeeze(strings, axis=1)
+    if strings.shape.rank != 1:
+        raise ValueError(f"strings must be a vector [B] (or [B, 1]), got shape {strings.shape}")
+    return strings
+
+
+def pack_strings(strings, name=None):
+    """Packs strings into one contiguous uint8 tensor and int64 row_splits.
+
+    Args:
+      strings: string tensor `[B]` (or `[B, 1]`, squeezed).
+
+    Returns:
+      `(bytes, row_splits)`: uint8 `[total_bytes]` holding every string back to
+      back, and int64 `[B + 1]` byte offsets. No per-string allocation.
+    """
+    return _ops.ctr_pack_strings(_string_vector(strings), name=name)
+
+
+def _string_op(table, packed, bag_splits, *, delimiter, combiner, id_mode, skip_empty, max_norm):
+    data, row_splits = packed
+    return _ops.ctr_string_embedding(
+        params=table, bytes=data, row_splits=tf.cast(row_splits, tf.int64),
+        bag_splits=tf.zeros([0], tf.int64) if bag_splits is None else tf.cast(bag_splits, tf.int64),
+        delimiter=delimiter, combiner=_check_combiner(combiner), id_mode=_check_id_mode(id_mode),
+        skip_empty=bool(skip_empty), max_norm=_max_norm_attr(max_norm), bagged=bag_splits is not None)
+
+
+def string_embedding(strings, params, delimiter=",", combiner="mean", id_mode="hash", skip_empty=True,
+                     max_norm=None, name=None):
+    """Pooled embedding of strings of delimited ids, e.g. `"12,7,993"`.
+
+    Equal to `tf.strings.split(strings, delimiter)` (dropping empty tokens when
+    `skip_empty`), then `tf.strings.to_hash_bucket_fast(tokens, V)` (`"hash"`),
+    `tf.strings.to_number(tokens, tf.int64)` (`"index"`) or that number
+    floor-mod V (`"mod"`), then `tf.nn.safe_embedding_lookup_sparse` with
+    `combiner`: one fused op on packed bytes.
+
+    Args:
+      strings: string tensor `[B]` (or `[B, 1]`), or an already packed
+        `(bytes, row_splits)` pair from `pack_strings`.
+      params: `[V, D]` table (Tensor or Variable).
+      delimiter: non-empty separator (at most 16 bytes), split as a whole.
+      combiner: "sum", "mean" or "sqrtn".
+      id_mode: "hash", "index" or "mod".
+      skip_empty: drop empty tokens (an empty string gives a zero row); else
+        keep them (an empty string is one empty token, which is hashed in
+        hash mode and an error in index and mod modes).
+      max_norm: if set, rows are clipped to this L2 norm before pooling.
+
+    Returns:
+      `[B, D]` tensor of the params dtype.
+
+    Raises:
+      InvalidArgumentError: in index and mod modes, for a token that
+        `to_number` rejects, and in index mode for an id outside `[0, V)`,
+        naming the row and the token.
+    """
+    delimiter = _check_delimiter(delimiter)
+    with tf.name_scope(name or "string_embedding"):
+        table = _as_table(params)
+        packed = strings if isinstance(strings, (tuple, list)) else pack_strings(strings)
+        return _string_op(table, packed, None, delimiter=delimiter, combiner=combiner, id_mode=id_mode,
+                          skip_empty=skip_empty, max_norm=max_norm)
+
+
+def _per_feature(value, n, what):
+    values = list(value) if isinstance(value, (list, tuple)) else [value] * n
+    if len(values) != n:
+        raise ValueError(f"{what} must be one value or a list of {n} (one per feature), got {len(values)}")
+    return values
+
+
+def multi_string_embedding(features, tables, delimiters=",", combiners="mean", id_modes="hash",
+                           skip_empty=True, max_norms=None, name=None):
+    """The grouped `string_embedding`: many string features, one pack, one launch.
+
+    Args:
+      features: list of N string tensors, each `[B]` (the same B).
+      tables: list of N `[V_i, D_i]` tables of one dtype.
+      delimiters, combiners, id_modes, skip_empty, max_norms: one value for
+        all features, or a list of N.
+
+    Returns:
+      List of N `[B, D_i]` tensors, identical to calling `string_embedding`
+      per feature.
+    """
+    features, tables = list(features), list(tables)
+    n = len(features)
+    if n == 0 or len(tables) != n:
+        raise ValueError(f"features and tables must be non-empty lists of equal length, got {n} features "
+                         f"and {len(tables)} tables")
+    delimiters = [_check_delimiter(d) for d in _per_feature(delimiters, n, "delimiters")]
+    combiners = [_check_combiner(c) for c in _per_feature(combiners, n, "combiners")]
+    id_modes = [_check_id_mode(m) for m in _per_feature(id_modes, n, "id_modes")]
+    skip_empty = [bool(s) for s in _per_feature(skip_empty, n, "skip_empty")]
+    max_norms = [_max_norm_attr(m) for m in _per_feature(max_norms, n, "max_norms")]
+    with tf.name_scope(name or "multi_string_embedding"):
+        tables = [_as_table(t) for t in tables]
+        data, row_splits = pack_strings(tf.concat([_string_vector(f) for f in features], axis=0))
+        return _ops.ctr_multi_string_embedding(
+            params=tables, bytes=data, row_splits=row_splits, combiners=combiners, id_modes=id_modes,
+            delimiters=delimiters, skip_empty=skip_empty, max_norms=max_norms)
+
+
+def hash_string_keys(table, keys, weights, combiner, max_norm):
+    """hash_embedding for string keys: bags of whole-string tokens."""
+    if isinstance(keys, tf.SparseTensor):
+        keys = tf.RaggedTensor.from_sparse(keys)
+        weights = None if weights is None else tf.RaggedTensor.from_sparse(weights)
+    elif not isinstance(keys, tf.RaggedTensor):
+        keys = tf.convert_to_tensor(keys)
+        if keys.shape.rank != 2:
+            raise ValueError(f"dense keys must be [B, N], got shape {keys.shape}")
+        mask = tf.not_equal(keys, "")  # dense string keys are padded with ""
+        keys = tf.ragged.boolean_mask(keys, mask)
+        weights = None if weights is None else tf.ragged.boolean_mask(weights, mask)
+    if keys.ragged_rank != 1:
+        raise ValueError(f"keys must be a RaggedTensor [B, (n)], got ragged rank {keys.ragged_rank}")
+    if weights is not None:
+        # Weighted string keys: hash with TF, then the fused weighted lookup.
+        from tf_ctr_ops.ops import sparse_embedding
+
+        buckets = tf.strings.to_hash_bucket_fast(keys.values, tf.shape(table, out_type=tf.int64)[0])
+        return sparse_embedding(table, keys.with_values(buckets), weights, combiner=combiner, max_norm=max_norm)
+    return _string_op(table, pack_strings(keys.values), keys.row_splits, delimiter=b"", combiner=combiner,
+                      id_mode="hash", skip_empty=False, max_norm=max_norm)
+
+
+# ---------------------------------------------------------------------------
+# Gradients: IndexedSlices computed in C++ from the packed bytes.
+
+
+def _attrs(op, names):
+    out = {k: op.get_attr(k) for k in names}
+    return {k: v.decode() if isinstance(v, bytes) and k != "delimiter" else v for k, v in out.items()}
+
+
+@tf.RegisterGradient("CtrStringEmbedding")
+def _string_embedding_grad(op, grad):
+    params, data, row_splits, bag_splits = op.inputs
+    attrs = _attrs(op, ("combiner", "id_mode", "delimiter", "skip_empty", "max_norm", "bagged"))
+    values, indices = _ops.ctr_string_embedding_grad(grad=grad, params=params, bytes=data, row_splits=row_splits,
+                                                     bag_splits=bag_splits, **attrs)
+    return [tf.IndexedSlices(values, indices, tf.shape(params, out_type=tf.int64)), None, None, None]
+
+
+@tf.RegisterGradient("CtrMultiStringEmbedding")
+def _multi_string_embedding_grad(op, *grads):
+    n = op.get_attr("N")
+    tables = op.inputs[:n]
+    data, row_splits = op.inputs[n], op.inputs[n + 1]
+    batch = (tf.shape(row_splits, out_type=tf.int64)[0] - 1) // n
+    attrs = _attrs(op, ("combiners", "id_modes", "delimiters", "skip_empty", "max_norms"))
+    out = []
+    for i in range(n):
+        grad = grads[i] if grads[i] is not None else tf.zeros([batch, tf.shape(tables[i])[1]], tables[i].dtype)
+        values, indices = _ops.ctr_string_embedding_grad(
+            grad=grad, params=tables[i], bytes=data, row_splits=row_splits[i * batch:(i + 1) * batch + 1],
+            bag_splits=tf.zeros([0], tf.int64), combiner=attrs["combiners"][i].decode(),
+            id_mode=attrs["id_modes"][i].decode(), delimiter=attrs["delimiters"][i],
+            skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i], bagged=False)
+        out.append(tf.IndexedSlices(values, indices, tf.shape(tables[i], out_type=tf.int64)))
+    return out + [None, None]
+
+
+__all__ = ["pack_strings", "string_embedding", "multi_string_embedding", "COMBINERS", "ID_MODES"]
