@@ -645,8 +645,6 @@ __global__ void __launch_bounds__(kBlockThreads)
 // ---------------------------------------------------------------------------
 // Launch helpers.
 
-// Picks the kernel specialisation at run time: id mode, then fragments per
-// lane; the vector width was picked by the caller.
 template <IdMode kMode, int kVec, int kFragments, typename T, typename TKey>
 void LaunchPoolBagsKernel(const LookupSpec& s, const T* params, const TKey* keys,
                           const float* weights, const int64_t* offsets, int64_t num_rows,
@@ -676,6 +674,8 @@ void LaunchPoolBagsForMode(const LookupSpec& s, const T* params, const TKey* key
   }
 }
 
+// Picks the pooling kernel specialisation at run time: id mode, then
+// fragments per lane; the caller picked the vector width.
 template <int kVec, typename T, typename TKey>
 std::string LaunchPoolBags(const LookupSpec& s, const T* params, const TKey* keys,
                            const float* weights, const int64_t* offsets, int64_t num_rows,

@@ -86,6 +86,13 @@ def _check_max_norm(max_norm):
     return float(max_norm)
 
 
+def _as_container(x):
+    """Ragged and sparse tensors as they are; anything else (lists, arrays) as a dense tensor."""
+    if x is None or isinstance(x, (tf.RaggedTensor, tf.SparseTensor)):
+        return x
+    return tf.convert_to_tensor(x)
+
+
 class _PooledEmbeddingBase(keras.layers.Layer):
     """Shared table, config and casting of the pooled embedding layers."""
 
@@ -129,6 +136,7 @@ class _PooledEmbeddingBase(keras.layers.Layer):
         raise NotImplementedError
 
     def call(self, inputs, weights=None):
+        inputs, weights = _as_container(inputs), _as_container(weights)
         table = tf.convert_to_tensor(self._embeddings)
         outputs = self._lookup(table, inputs, weights)
         if outputs.dtype != self.compute_dtype:

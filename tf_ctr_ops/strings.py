@@ -56,6 +56,11 @@ def pack_strings(strings, name=None):
     return _ops.ctr_pack_strings(_string_vector(strings), name=name)
 
 
+def _is_packed(strings):
+    return (isinstance(strings, tuple) and len(strings) == 2
+            and getattr(strings[0], "dtype", None) == tf.uint8)
+
+
 def _string_op(table, packed, bag_splits, *, delimiter, combiner, id_mode, skip_empty, max_norm):
     data, row_splits = packed
     return _ops.ctr_string_embedding(
@@ -98,7 +103,7 @@ def string_embedding(strings, params, delimiter=",", combiner="mean", id_mode="h
     delimiter = _check_delimiter(delimiter)
     with tf.name_scope(name or "string_embedding"):
         table = _as_table(params)
-        packed = strings if isinstance(strings, (tuple, list)) else pack_strings(strings)
+        packed = strings if _is_packed(strings) else pack_strings(strings)
         return _string_op(table, packed, None, delimiter=delimiter, combiner=combiner, id_mode=id_mode,
                           skip_empty=skip_empty, max_norm=max_norm)
 

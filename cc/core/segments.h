@@ -53,6 +53,28 @@ std::string RowIdsToOffsets(const TSeg* row_ids, int64_t nnz, int64_t num_rows,
   return "";
 }
 
+// Messages for the {entry index, value} status the GPU conversions report
+// (cuda/lookup_launchers.h). Same text as the checks above wherever the
+// status holds enough to say it; an unsorted id or split is reported without
+// its predecessor's value, which the status does not carry.
+inline std::string DescribeRowIdError(int64_t entry, int64_t row, int64_t num_rows) {
+  if (row < 0 || row >= num_rows)
+    return "row id " + std::to_string(row) + " of entry " + std::to_string(entry) +
+           " is out of range [0, " + std::to_string(num_rows) + ")";
+  return "row ids must be sorted: entry " + std::to_string(entry) + " has row " +
+         std::to_string(row) + " after a larger row";
+}
+
+inline std::string DescribeSplitError(int64_t entry, int64_t value, int64_t num_splits,
+                                      int64_t nnz) {
+  if (entry == 0 && value != 0) return "row_splits[0] must be 0, got " + std::to_string(value);
+  if (entry == num_splits - 1 && value != nnz)
+    return "row_splits[-1] = " + std::to_string(value) +
+           " does not match the number of ids " + std::to_string(nnz);
+  return "row_splits must be non-decreasing: row_splits[" + std::to_string(entry) + "] = " +
+         std::to_string(value) + " is smaller than row_splits[" + std::to_string(entry - 1) + "]";
+}
+
 template <typename TSeg>
 void CopySplits(const TSeg* splits, int64_t n, int64_t* offsets) {
   for (int64_t i = 0; i < n; ++i) offsets[i] = static_cast<int64_t>(splits[i]);

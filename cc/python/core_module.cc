@@ -16,6 +16,7 @@
 #include "cc/core/lookup.h"
 #include "cc/core/parse.h"
 #include "cc/core/segments.h"
+#include "cc/core/strings.h"
 #include "cc/python/enums.h"
 #ifdef CTR_WITH_CUDA
 #include "cc/python/gpu_bindings.h"
@@ -122,6 +123,72 @@ py::array_t<int64_t> HashBuckets(const std::vector<std::string>& strings, int64_
   return out;
 }
 
+template <typename T>
+py::array RunStringEmbedding(const ctr::StringSpec& spec, const py::array& params, const uint8_t* bytes,
+                             const std::vector<int64_t>& splits, const int64_t* bag_splits, int64_t bags,
+                             int threads) {
+  py::array out(params.dtype(), std::vector<py::ssize_t>{bags, spec.lookup.dim});
+  T* dst = static_cast<T*>(out.mutable_data());
+  const T* p = static_cast<const T*>(params.data());
+  ctr::TokenError first;
+  {
+    py::gil_scoped_release release;
+    std::mutex mu;
+    ParallelRanges(bags, threads, [&](int64_t b, int64_t e) {
+      std::vector<float> acc(spec.lookup.dim);
+      ctr::TokenError err;
+      ctr::PoolStringBagsCpu(spec, p, bytes, splits.data(), bag_splits, b, e, acc.data(), dst, &err);
+      if (err.found()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first.found() || err.row < first.row) first = err;
+      }
+    });
+  }
+  if (first.found()) throw py::value_error(ctr::DescribeTokenError(first, bytes, spec.lookup.vocab));
+  return out;
+}
+
+py::array StringEmbedding(py::array params, py::array_t<uint8_t, py::array::c_style | py::array::forcecast> bytes,
+                          py::array_t<int64_t, py::array::c_style | py::array::forcecast> string_splits,
+                          py::object bag_splits, const std::string& combiner, const std::string& id_mode,
+                          const py::bytes& delimiter, bool skip_empty, float max_norm, int threads) {
+  params = py::array::ensure(params, py::array::c_style);
+  if (params.ndim() != 2) throw py::value_error("params must be [V, D]");
+  ctr::StringSpec spec;
+  spec.lookup.vocab = params.shape(0);
+  spec.lookup.dim = params.shape(1);
+  spec.lookup.combiner = tf_ctr_py::ParseCombiner(combiner);
+  spec.lookup.max_norm = max_norm;
+  spec.mode = tf_ctr_py::ParseTokenMode(id_mode);
+  spec.skip_empty = skip_empty;
+  std::string err = ctr::SetDelimiter(&spec, delimiter);
+  if (!err.empty()) throw py::value_error(err);
+  if (spec.lookup.vocab <= 0 && spec.mode != ctr::TokenMode::kIndex)
+    throw py::value_error("hash and mod modes need at least one table row");
+  std::vector<int64_t> splits(string_splits.data(), string_splits.data() + string_splits.size());
+  err = ctr::ValidateStringSplits(splits.data(), static_cast<int64_t>(splits.size()), bytes.size());
+  if (!err.empty()) throw py::value_error(err);
+  const int64_t num_strings = static_cast<int64_t>(splits.size()) - 1;
+  std::vector<int64_t> bags_vec;
+  const int64_t* bag_ptr = nullptr;
+  int64_t bags = num_strings;
+  if (!bag_splits.is_none()) {
+    auto b = bag_splits.cast<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>();
+    bags_vec.assign(b.data(), b.data() + b.size());
+    err = ctr::ValidateRowSplits(bags_vec.data(), static_cast<int64_t>(bags_vec.size()), num_strings);
+    if (!err.empty()) throw py::value_error(err);
+    bag_ptr = bags_vec.data();
+    bags = static_cast<int64_t>(bags_vec.size()) - 1;
+  }
+  if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
+  const std::string kind = py::str(params.dtype());
+  if (kind == "float32")
+    return RunStringEmbedding<float>(spec, params, bytes.data(), splits, bag_ptr, bags, threads);
+  if (kind == "float16")
+    return RunStringEmbedding<ctr::Half>(spec, params, bytes.data(), splits, bag_ptr, bags, threads);
+  throw py::type_error("params must be float32 or float16, got " + kind);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -137,6 +204,11 @@ PYBIND11_MODULE(_core, m) {
         py::arg("invalid_ids") = "error", py::arg("prune_weights") = false, py::arg("default_id") = -1,
         py::arg("max_norm") = -1.0f, py::arg("threads") = 0,
         "Pooled lookup over CSR bags: params [V, D] float32/float16, keys int32/int64, offsets [B+1].");
+  m.def("string_embedding", &StringEmbedding, py::arg("params"), py::arg("bytes"), py::arg("string_splits"),
+        py::arg("bag_splits") = py::none(), py::arg("combiner") = "mean", py::arg("id_mode") = "hash",
+        py::arg("delimiter") = py::bytes(","), py::arg("skip_empty") = true, py::arg("max_norm") = -1.0f,
+        py::arg("threads") = 0,
+        "Pooled tokens of packed strings: bytes uint8, string_splits int64 byte offsets [S+1].");
   m.def("fingerprint64", [](const py::bytes& b) {
     const std::string s = b;
     return ctr::fp::Fingerprint64(reinterpret_cast<const uint8_t*>(s.data()), s.size());

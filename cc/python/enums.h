@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cc/core/lookup.h"
+#include "cc/core/strings.h"
 
 namespace tf_ctr_py {
 
@@ -27,6 +28,13 @@ inline ctr::InvalidIds ParseInvalidIds(const std::string& s) {
   if (s == "skip_negative") return ctr::InvalidIds::kSkipNegative;
   if (s == "skip_padding") return ctr::InvalidIds::kSkipPadding;
   throw pybind11::value_error("invalid_ids must be 'error', 'skip_negative' or 'skip_padding', got '" + s + "'");
+}
+
+inline ctr::TokenMode ParseTokenMode(const std::string& s) {
+  if (s == "hash") return ctr::TokenMode::kHash;
+  if (s == "index") return ctr::TokenMode::kIndex;
+  if (s == "mod") return ctr::TokenMode::kMod;
+  throw pybind11::value_error("id_mode must be 'hash', 'index' or 'mod', got '" + s + "'");
 }
 
 }  // namespace tf_ctr_py

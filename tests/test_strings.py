@@ -1,0 +1,306 @@
+"""Differential tests of StringEmbedding against the TF string compositions it replaces."""
+
+import csv
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_ctr_ops as tco
+from tf_ctr_ops import _core
+from conftest import data_file
+
+COMBINERS = ["sum", "mean", "sqrtn"]
+MODES = ["hash", "index", "mod"]
+
+
+def composition(strings, params, delimiter=",", combiner="mean", id_mode="hash", skip_empty=True, max_norm=None):
+    """The TF-native chain: split, convert, safe lookup."""
+    strings = tf.convert_to_tensor(strings)
+    tokens = tf.strings.split(strings, delimiter)
+    if skip_empty:
+        tokens = tf.ragged.boolean_mask(tokens, tf.not_equal(tokens, ""))
+    vocab = params.shape[0]
+    if id_mode == "hash":
+        ids = tf.strings.to_hash_bucket_fast(tokens, vocab)
+    else:
+        ids = tf.strings.to_number(tokens, tf.int64)
+        if id_mode == "mod":
+            ids = tf.math.floormod(ids, vocab)
+        else:
+            # Index mode replaces the lookup whose Gather rejects ids outside
+            # [0, V) (tf.nn.embedding_lookup_sparse): negative ids are errors,
+            # not pruned as the safe variant would.
+            tf.debugging.assert_non_negative(ids.values)
+    sp = ids.to_sparse()
+    sp = tf.SparseTensor(sp.indices, sp.values, [tf.shape(strings, out_type=tf.int64)[0], sp.dense_shape[1]])
+    return tf.nn.safe_embedding_lookup_sparse(params, sp, None, combiner=combiner, max_norm=max_norm)
+
+
+def composition_or_error(*args, **kw):
+    try:
+        return composition(*args, **kw)
+    except (tf.errors.InvalidArgumentError, ValueError):
+        return None
+
+
+def assert_matches(strings, params, **kw):
+    want = composition_or_error(strings, params, **kw)
+    if want is None:
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            tco.string_embedding(strings, params, **kw)
+        return None
+    got = tco.string_embedding(strings, params, **kw)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+    return got
+
+
+def random_id_strings(rng, batch, vocab, max_tokens=8, delimiter=","):
+    out = []
+    for _ in range(batch):
+        n = rng.integers(0, max_tokens + 1)
+        out.append(delimiter.join(str(v) for v in rng.integers(0, vocab, size=n)))
+    return out
+
+
+@pytest.fixture
+def params(rng):
+    return tf.constant(rng.normal(size=(1000, 8)).astype(np.float32))
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("id_mode", MODES)
+@pytest.mark.parametrize("skip_empty", [True, False])
+def test_random_strings_match_composition(rng, params, combiner, id_mode, skip_empty):
+    strings = random_id_strings(rng, 64, 1000)
+    if not skip_empty and id_mode != "hash":
+        strings = [s for s in strings if s] or ["1"]
+    assert_matches(strings, params, combiner=combiner, id_mode=id_mode, skip_empty=skip_empty)
+    assert_matches(strings, params, combiner=combiner, id_mode=id_mode, skip_empty=skip_empty, max_norm=0.5)
+
+
+TRICKY = [" 7 ", "+5", "-3", "", "0x10", "9223372036854775808", "9223372036854775807",
+          "-9223372036854775808", "\t12\n", "1 2", "07", "-0", "+-1", "--1", "1e3", "3.0",
+          "\xe9\xe8", "1\x00", "\x80\xff", "999", "1000", "abc"]
+
+
+@pytest.mark.parametrize("id_mode", MODES)
+@pytest.mark.parametrize("skip_empty", [True, False])
+def test_tricky_tokens_one_by_one(params, id_mode, skip_empty):
+    for tok in TRICKY:
+        assert_matches([tok, "1"], params, id_mode=id_mode, skip_empty=skip_empty, combiner="sum")
+        assert_matches([f"2,{tok},3"], params, id_mode=id_mode, skip_empty=skip_empty)
+
+
+def test_bytes_above_0x7f_and_nul_hash(params):
+    raw = [b"\x80\xff,\x00\x01", b"caf\xc3\xa9|x", b"\xff" * 70, b",,\x00,"]
+    assert_matches(tf.constant(raw), params, id_mode="hash")
+    assert_matches(tf.constant(raw), params, id_mode="hash", skip_empty=False)
+
+
+@pytest.mark.parametrize("delimiter", [",", "|", "<>", "::", "\x01", "abc"])
+@pytest.mark.parametrize("skip_empty", [True, False])
+def test_delimiters(rng, params, delimiter, skip_empty):
+    strings = random_id_strings(rng, 30, 1000, delimiter=delimiter)
+    strings += [delimiter + "5", "5" + delimiter, delimiter * 3, delimiter + delimiter + "7" + delimiter,
+                delimiter[:-1] if len(delimiter) > 1 else "8", "9" + delimiter[:1]]
+    for mode in ("hash", "mod"):
+        assert_matches(strings, params, delimiter=delimiter, id_mode=mode, skip_empty=skip_empty)
+
+
+def test_delimiter_longer_than_string_and_overlapping(params):
+    assert_matches(["1", "", "aa"], params, delimiter="<<>>", id_mode="hash")
+    assert_matches(["aaa", "aaaa", "a"], params, delimiter="aa", id_mode="hash", skip_empty=False)
+
+
+def test_long_rows_and_zero_batch(rng, params):
+    long_row = ",".join(str(v) for v in rng.integers(0, 1000, size=10_000))
+    for mode in MODES:
+        assert_matches([long_row, "", "3"], params, id_mode=mode, combiner="sqrtn")
+    out = tco.string_embedding(tf.zeros([0], tf.string), params)
+    assert out.shape == (0, 8)
+    assert_matches(tf.zeros([0], tf.string), params)
+
+
+def test_index_errors_name_row_and_token(params):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"token '1000' in row 1 is id 1000, out of range \[0, 1000\)"):
+        tco.string_embedding(["1,2", "3,1000"], params, id_mode="index")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"token '7x' in row 0 is not an int64"):
+        tco.string_embedding(["7x", "1"], params, id_mode="mod")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"token '\\xff' in row 2"):
+        tco.string_embedding(["1", "2", "\xff".encode("latin-1")], params, id_mode="index")
+
+
+def test_bad_arguments(params):
+    with pytest.raises(ValueError, match="delimiter"):
+        tco.string_embedding(["1"], params, delimiter="")
+    with pytest.raises(ValueError, match="at most 16 bytes"):
+        tco.string_embedding(["1"], params, delimiter="x" * 17)
+    with pytest.raises(ValueError, match="id_mode"):
+        tco.string_embedding(["1"], params, id_mode="number")
+    with pytest.raises(ValueError, match="combiner"):
+        tco.string_embedding(["1"], params, combiner="max")
+    with pytest.raises(TypeError):
+        tco.string_embedding(tf.constant([1, 2]), params)
+    with pytest.raises(ValueError, match="vector"):
+        tco.string_embedding(tf.constant([["a", "b"]]), params)
+    with pytest.raises(ValueError, match="equal length"):
+        tco.multi_string_embedding([tf.constant(["1"])], [params, params])
+    with pytest.raises(ValueError, match="one per feature"):
+        tco.multi_string_embedding([tf.constant(["1"])] * 2, [params] * 2, delimiters=[",", "|", ";"])
+
+
+def test_packed_input_and_pack_strings(params):
+    strings = tf.constant(["12,7", "", "a\x00b", "3"])
+    data, splits = tco.pack_strings(strings)
+    assert data.dtype == tf.uint8 and splits.numpy().tolist() == [0, 4, 4, 7, 8]
+    assert bytes(data.numpy()) == b"12,7a\x00b3"
+    np.testing.assert_array_equal(tco.string_embedding((data, splits), params).numpy(),
+                                  tco.string_embedding(strings, params).numpy())
+    d1, s1 = tco.pack_strings(tf.constant([["x"], ["yz"]]))
+    assert s1.numpy().tolist() == [0, 1, 3]
+
+
+def test_raw_op_rejects_bad_splits(params):
+    from tf_ctr_ops.strings import _ops
+
+    data = tf.constant([49, 44, 50], tf.uint8)
+    for splits, pattern in (([0, 5], "outside"), ([-1, 2], "outside"), ([0, 2, 1, 3], "non-decreasing")):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=pattern):
+            _ops.ctr_string_embedding(params=params, bytes=data, row_splits=tf.constant(splits, tf.int64),
+                                      bag_splits=tf.zeros([0], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="row_splits"):
+        _ops.ctr_string_embedding(params=params, bytes=data, row_splits=tf.constant([0, 3], tf.int64),
+                                  bag_splits=tf.constant([0, 2], tf.int64), bagged=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="at least one row"):
+        tco.string_embedding(["a"], tf.zeros([0, 4]))
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("id_mode", MODES)
+def test_gradient_matches_composition(rng, combiner, id_mode):
+    params = tf.Variable(rng.normal(size=(50, 4)).astype(np.float32))
+    strings = random_id_strings(rng, 20, 50) + ["", "3,3,3"]
+    upstream = tf.constant(rng.normal(size=(len(strings), 4)).astype(np.float32))
+    grads = []
+    for fn in (tco.string_embedding, composition):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(fn(strings, params, combiner=combiner, id_mode=id_mode, max_norm=1.0) * upstream)
+        grads.append(tape.gradient(loss, params))
+    assert isinstance(grads[0], tf.IndexedSlices)
+    np.testing.assert_allclose(tf.convert_to_tensor(grads[0]).numpy(), tf.convert_to_tensor(grads[1]).numpy(),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_multi_string_embedding_equals_per_feature(rng):
+    tables = [tf.Variable(rng.normal(size=(v, d)).astype(np.float32)) for v, d in ((100, 4), (37, 8), (1000, 2))]
+    feats = [tf.constant(random_id_strings(rng, 16, 100)), tf.constant(random_id_strings(rng, 16, 37, delimiter="|")),
+             tf.constant(random_id_strings(rng, 16, 5000, delimiter="::"))]
+    kw = dict(delimiters=[",", "|", "::"], combiners=["mean", "sum", "sqrtn"], id_modes=["index", "hash", "mod"])
+    with tf.GradientTape() as tape:
+        outs = tco.multi_string_embedding(feats, tables, **kw)
+        loss = sum(tf.reduce_sum(o ** 2) for o in outs)
+    multi_grads = tape.gradient(loss, tables)
+    with tf.GradientTape() as tape:
+        singles = [tco.string_embedding(f, t, delimiter=d, combiner=c, id_mode=m)
+                   for f, t, d, c, m in zip(feats, tables, kw["delimiters"], kw["combiners"], kw["id_modes"])]
+        loss = sum(tf.reduce_sum(o ** 2) for o in singles)
+    single_grads = tape.gradient(loss, tables)
+    for a, b in zip(outs, singles):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    for a, b in zip(multi_grads, single_grads):
+        assert isinstance(a, tf.IndexedSlices)
+        np.testing.assert_allclose(tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy(), rtol=1e-6)
+
+
+def test_multi_string_embedding_one_fused_op(rng):
+    tables = [tf.constant(rng.normal(size=(10, 2)).astype(np.float32)) for _ in range(20)]
+
+    @tf.function
+    def f(*feats):
+        return tco.multi_string_embedding(list(feats), tables)
+
+    spec = [tf.TensorSpec([None], tf.string)] * 20
+    types = [op.type for op in f.get_concrete_function(*spec).graph.get_operations()]
+    assert types.count("CtrMultiStringEmbedding") == 1 and types.count("CtrPackStrings") == 1
+    assert not {"StringSplitV2", "StringToNumber", "StringToHashBucketFast"} & set(types)
+
+
+def test_multi_errors_name_the_feature(params):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="feature 1: token 'x' in row 0"):
+        tco.multi_string_embedding([tf.constant(["1"]), tf.constant(["x"])], [params, params], id_modes="index")
+
+
+def test_core_module_matches_tf_op(rng, params):
+    strings = random_id_strings(rng, 40, 1000) + ["", ",,"]
+    data, splits = tco.pack_strings(strings)
+    for mode in MODES:
+        want = tco.string_embedding(strings, params, id_mode=mode, combiner="sqrtn", max_norm=2.0).numpy()
+        got = _core.string_embedding(params.numpy(), data.numpy(), splits.numpy(), id_mode=mode, combiner="sqrtn",
+                                     max_norm=2.0)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="token 'x' in row 1"):
+        _core.string_embedding(params.numpy(), np.frombuffer(b"1x", np.uint8), np.array([0, 1, 2]), id_mode="index")
+
+
+def test_hash_embedding_string_keys(rng, params):
+    keys = tf.ragged.constant([["05db9164", "", "a"], [], ["x" * 100]])
+    ref = tf.nn.safe_embedding_lookup_sparse(params, tf.strings.to_hash_bucket_fast(keys, 1000).to_sparse(), None)
+    np.testing.assert_allclose(tco.hash_embedding(params, keys).numpy(), ref.numpy(), rtol=1e-6)
+    dense = tf.constant([["a", ""], ["", ""]])
+    ref = tf.nn.safe_embedding_lookup_sparse(
+        params, tf.strings.to_hash_bucket_fast(tf.ragged.constant([["a"], []]), 1000).to_sparse(), None,
+        combiner="sum")
+    np.testing.assert_allclose(tco.hash_embedding(params, dense, combiner="sum").numpy(), ref.numpy(), rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Real CTR samples
+
+
+def read_csv(name):
+    with open(data_file(name), newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_movielens_genres_hash(params):
+    rows = read_csv("movielens_sample.txt")
+    genres = [r["genres"] for r in rows]
+    assert any("|" in g for g in genres)
+    for combiner in COMBINERS:
+        assert_matches(genres, params, delimiter="|", id_mode="hash", combiner=combiner)
+
+
+def test_movielens_watched_ids_index(rng):
+    rows = read_csv("movielens_sample.txt")
+    per_user = {}
+    for r in rows:
+        per_user.setdefault(r["user_id"], []).append(r["movie_id"])
+    strings = [",".join(v) for v in per_user.values()]
+    vocab = max(int(m) for r in rows for m in [r["movie_id"]]) + 1
+    params = tf.constant(rng.normal(size=(vocab, 8)).astype(np.float32))
+    for combiner in COMBINERS:
+        assert_matches(strings, params, id_mode="index", combiner=combiner)
+
+
+def test_criteo_hex_categories_hash(params):
+    rows = read_csv("criteo_sample.txt")
+    cats = [f"C{i}" for i in range(1, 27)]
+    for c in cats:
+        values = [r[c] for r in rows]
+        assert_matches(values, params, id_mode="hash", combiner="sum")
+    # All 26 categories of a row as one delimited string, and through the grouped op.
+    joined = [",".join(r[c] for c in cats) for r in rows]
+    assert_matches(joined, params, id_mode="hash", combiner="mean")
+    outs = tco.multi_string_embedding([tf.constant([r[c] for r in rows]) for c in cats], [params] * 26)
+    for c, out in zip(cats, outs):
+        want = composition([r[c] for r in rows], params)
+        np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_criteo_hex_categories_hash_embedding(params):
+    rows = read_csv("criteo_sample.txt")
+    keys = tf.constant([[r[f"C{i}"] for i in range(1, 27)] for r in rows])
+    ragged = tf.RaggedTensor.from_tensor(keys)
+    want = tf.nn.safe_embedding_lookup_sparse(params, tf.strings.to_hash_bucket_fast(ragged, 1000).to_sparse(), None)
+    np.testing.assert_allclose(tco.hash_embedding(params, ragged).numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
