@@ -309,6 +309,26 @@ def test_fit_learns_synthetic_ctr_task(trained_ctr):
     assert after["accuracy"] > 0.85, after
 
 
+def test_fit_under_mixed_float16_policy():
+    keras.utils.set_random_seed(1)
+    x, y = ctr_data(np.random.default_rng(8), 1024)
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        model = ctr_model()
+    finally:
+        keras.config.set_dtype_policy(previous)
+    for name in ("item_emb", "user_emb"):
+        assert model.get_layer(name).embeddings.dtype == "float32"
+        assert model.get_layer(name).output.dtype == "float16"
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="binary_crossentropy")
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    before = model.evaluate(x, y, batch_size=512, verbose=0)
+    model.fit(x, y, epochs=3, batch_size=128, verbose=0)
+    after = model.evaluate(x, y, batch_size=512, verbose=0)
+    assert after < 0.6 * before, (before, after)
+
+
 def test_functional_models_take_ragged_sparse_and_dense_inputs(rng):
     width = 5
     ids = random_bags(rng, 12, width, 0, 40)

@@ -167,11 +167,13 @@ class SparseEmbedding(_PooledEmbeddingBase):
 
     Each example is a bag of ids in `[0, input_dim)`; the layer looks up their
     rows of a trainable `(input_dim, output_dim)` table and pools them with
-    `combiner`. It gives the same result as
-    `tf.nn.safe_embedding_lookup_sparse(layer.embeddings, ids, weights,
-    combiner)` (for `-1`-padded or non-negative ids) without its chain of
-    sparse ops, and its table gradient is a `tf.IndexedSlices` of the rows
-    looked up, so optimizers update only those rows.
+    `combiner`. For ids in `[0, input_dim)` (plus `-1` padding) and positive
+    weights, it gives the same result as
+    `tf.nn.safe_embedding_lookup_sparse(layer.embeddings, sparse_ids,
+    sparse_weights, combiner)`, without its chain of sparse ops; weights that
+    are not positive are kept, as `tf.nn.embedding_lookup_sparse` keeps them.
+    Its table gradient is a `tf.IndexedSlices` of the rows looked up, so
+    optimizers touch only those rows.
 
     Example:
 
@@ -240,9 +242,9 @@ class HashEmbedding(_PooledEmbeddingBase):
     `tf.strings.to_hash_bucket_fast(tf.strings.as_string(key), num_buckets)`
     (the convention of `keras.layers.Hashing` for integer keys), and the rows
     of each bag are pooled with `combiner`. Integer keys are hashed inside
-    the kernel, without materializing any string tensor. String keys are
-    hashed as themselves, by `tf_ctr_ops.strings` (the same call works for
-    both; string keys need that module to be installed).
+    the kernel, without materializing any string tensor. String keys
+    (`tf.string`) are hashed as themselves, by the same call (it hands them
+    to `tf_ctr_ops.strings`).
 
     Example:
 

@@ -66,6 +66,97 @@ CTR_HD void ForEachToken(const uint8_t* s, int64_t len, const uint8_t* delim,
   if (!(skip_empty && len == start)) fn(start, len - start);
 }
 
+// ---------------------------------------------------------------------------
+// ForEachToken in 32-byte chunks, for a GPU warp: lane l tests whether a
+// delimiter starts at byte c + l (DelimiterAt), a ballot gathers those
+// candidates into a mask, and the functions below turn the mask into exactly
+// the tokens ForEachToken produces. The only state carried between chunks is
+// where the current token starts, which is also the first byte a delimiter
+// may start at (matches are non-overlapping). They work on masks only, so the
+// host can check them against ForEachToken.
+
+constexpr int kSplitChunk = 32;  // bytes per chunk: one per lane of a warp
+
+CTR_HD int BitCount(uint32_t m) {
+#if defined(__CUDA_ARCH__)
+  return __popc(m);
+#else
+  return __builtin_popcount(m);
+#endif
+}
+// Index of the lowest / highest set bit; m must not be 0.
+CTR_HD int LowestSetBit(uint32_t m) {
+#if defined(__CUDA_ARCH__)
+  return __ffs(static_cast<int>(m)) - 1;
+#else
+  return __builtin_ctz(m);
+#endif
+}
+CTR_HD int HighestSetBit(uint32_t m) {
+#if defined(__CUDA_ARCH__)
+  return 31 - __clz(static_cast<int>(m));
+#else
+  return 31 - __builtin_clz(m);
+#endif
+}
+// Bits [0, b) set; b may be anything from 0 up (>= 32: all bits).
+CTR_HD uint32_t BitsBelow(int64_t b) {
+  return b <= 0 ? 0u : b >= 32 ? 0xffffffffu : (1u << b) - 1u;
+}
+// Index of the n-th (0-based) set bit of m; m must have more than n set bits.
+// A binary search on popcounts: a warp uses it to find which lane holds the
+// n-th token, and every lane pays the same five steps.
+CTR_HD int NthSetBit(uint32_t m, int n) {
+  int pos = 0;
+  for (int width = 16; width > 0; width /= 2) {
+    const int low = BitCount(m & BitsBelow(width));
+    if (n >= low) {
+      n -= low;
+      m >>= width;
+      pos += width;
+    }
+  }
+  return pos;
+}
+
+// Whether the full delimiter starts at s[i]; the caller guarantees
+// i + delim_len <= the string's length, as ForEachToken's loop does.
+CTR_HD bool DelimiterAt(const uint8_t* s, int64_t i, const uint8_t* delim, int64_t delim_len) {
+  for (int64_t k = 0; k < delim_len; ++k)
+    if (s[i + k] != delim[k]) return false;
+  return true;
+}
+
+// The delimiters ForEachToken accepts in chunk [chunk_begin, chunk_begin + 32),
+// given the candidates (bit l: DelimiterAt(c + l)) and the current token
+// start. Left to right, a match is taken unless an accepted one covers it.
+CTR_HD uint32_t AcceptDelimiters(uint32_t candidates, int64_t chunk_begin, int64_t delim_len,
+                                 int64_t token_start) {
+  // Matches overlapping the previous chunk's last delimiter are not matches.
+  uint32_t left = candidates & ~BitsBelow(token_start - chunk_begin);
+  if (delim_len == 1) return left;  // single bytes cannot overlap
+  uint32_t accepted = 0;
+  while (left != 0) {
+    const int b = LowestSetBit(left);
+    accepted |= 1u << b;
+    left &= ~BitsBelow(b + delim_len);
+  }
+  return accepted;
+}
+
+// Start of the token ended by the accepted delimiter at bit b of the chunk.
+CTR_HD int64_t TokenStartAt(uint32_t accepted, int b, int64_t chunk_begin, int64_t delim_len,
+                            int64_t token_start) {
+  const uint32_t before = accepted & BitsBelow(b);
+  return before != 0 ? chunk_begin + HighestSetBit(before) + delim_len : token_start;
+}
+
+// The token start carried into the next chunk.
+CTR_HD int64_t NextTokenStart(uint32_t accepted, int64_t chunk_begin, int64_t delim_len,
+                              int64_t token_start) {
+  return accepted != 0 ? chunk_begin + HighestSetBit(accepted) + delim_len : token_start;
+}
+
 constexpr int64_t kBadNumber = -3;  // ResolveToken: not an int64 literal
 
 // Table row of one token, or kBadNumber / kBadKey (parsed, outside [0, V)).

@@ -46,6 +46,16 @@ class PackStringsOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("CtrPackStrings").Device(DEVICE_CPU), PackStringsOp);
+#ifdef CTR_WITH_CUDA
+// Packing is host work by nature: on a GPU device it runs on host memory, and
+// TF's one copy of the packed buffer feeds the GPU string kernels.
+REGISTER_KERNEL_BUILDER(Name("CtrPackStrings")
+                            .Device(tensorflow::DEVICE_GPU)
+                            .HostMemory("strings")
+                            .HostMemory("bytes")
+                            .HostMemory("row_splits"),
+                        PackStringsOp);
+#endif
 
 // Keeps the rejected token of the lowest row, independent of scheduling.
 class FirstTokenError {

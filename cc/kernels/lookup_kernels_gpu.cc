@@ -1,0 +1,177 @@
+// GPU kernels of CtrEmbeddingLookup and its gradient: validation of shapes
+// and attributes is shared with the CPU kernels; the work is launched in
+// cuda/lookup_kernels.cu. Bad ids are detected on the device and read back
+// (one small synchronous copy) to raise the same InvalidArgument as the CPU.
+#ifdef CTR_WITH_CUDA
+
+#include "cc/core/lookup.h"
+#include "cc/kernels/gpu_util.h"
+#include "cc/kernels/lookup_common.h"
+#include "cc/kernels/tf_types.h"
+#include "cuda/device_util.h"
+#include "cuda/lookup_launchers.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace tf_ctr {
+
+using tensorflow::DEVICE_GPU;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+
+// Builds CSR offsets on the device; returns the bag count in *rows.
+template <typename TSeg>
+absl::Status DeviceOffsets(OpKernelContext* ctx, const LookupAttrs& a, const LookupInputs& in, void* stream,
+                           Tensor* offsets, Tensor* status, int64_t* rows) {
+  const TSeg* seg = in.segments->flat<TSeg>().data();
+  const int64_t n = in.segments->NumElements();
+  if (a.segments_are_splits) {
+    *rows = n - 1;
+  } else if (in.num_rows_arg >= 0) {
+    *rows = in.num_rows_arg;
+  } else if (n == 0) {
+    *rows = 0;
+  } else {
+    int64_t last = 0;
+    TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::ReadLastAsInt64(seg, n, &last, stream)));
+    if (last < 0) return tensorflow::errors::InvalidArgument("row id ", last, " of entry ", n - 1, " is negative");
+    *rows = last + 1;
+  }
+  TF_RETURN_IF_ERROR(DeviceScratch(ctx, *rows + 1, offsets));
+  TF_RETURN_IF_ERROR(DeviceScratch(ctx, 2, status));
+  int64_t* st = status->flat<int64_t>().data();
+  int64_t* off = offsets->flat<int64_t>().data();
+  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::InitStatus(st, stream)));
+  TF_RETURN_IF_ERROR(LaunchStatus(a.segments_are_splits
+                                      ? ctr::gpu::SplitsToOffsets(seg, n, in.nnz(), off, st, stream)
+                                      : ctr::gpu::RowIdsToOffsets(seg, n, *rows, off, st, stream)));
+  int64_t h[2];
+  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::ReadInt64(st, 2, h, stream)));
+  if (h[0] >= 0)
+    return tensorflow::errors::InvalidArgument(
+        a.segments_are_splits ? "invalid row_splits" : "row ids must be sorted and in [0, rows)", ": entry ", h[0],
+        " has value ", h[1], " (", in.nnz(), " ids, ", *rows, " rows)");
+  return absl::OkStatus();
+}
+
+template <typename T, typename TId, typename TSeg>
+class EmbeddingLookupGpuOp : public OpKernel {
+ public:
+  explicit EmbeddingLookupGpuOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, ReadLookupAttrs(c, &attrs_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    LookupAttrs a = attrs_;
+    LookupInputs in;
+    OP_REQUIRES_OK(ctx, ValidateLookupInputs(ctx, 0, &a, &in));
+    void* stream = GpuStream(ctx);
+    Tensor offsets, status;
+    int64_t rows = 0;
+    OP_REQUIRES_OK(ctx, DeviceOffsets<TSeg>(ctx, a, in, stream, &offsets, &status, &rows));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({rows, a.spec.dim}), &out));
+    if (rows == 0 || a.spec.dim == 0) return;
+    int64_t* st = status.flat<int64_t>().data();
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::InitStatus(st, stream)));
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::EmbeddingLookup(
+                            a.spec, CorePtr<T>(*in.params), in.ids->flat<TId>().data(),
+                            in.weights ? in.weights->flat<float>().data() : nullptr,
+                            offsets.flat<int64_t>().data(), rows, CorePtr<T>(out), st, stream)));
+    int64_t h[2];
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ReadInt64(st, 2, h, stream)));
+    ctr::KeyError err;
+    err.row = h[0];
+    err.key = h[1];
+    OP_REQUIRES(ctx, !err.found(), tensorflow::errors::InvalidArgument(ctr::DescribeKeyError(err, a.spec.vocab)));
+  }
+
+ private:
+  LookupAttrs attrs_;
+};
+
+template <typename T, typename TId, typename TSeg>
+class EmbeddingLookupGradGpuOp : public OpKernel {
+ public:
+  explicit EmbeddingLookupGradGpuOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, ReadLookupAttrs(c, &attrs_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    LookupAttrs a = attrs_;
+    LookupInputs in;
+    OP_REQUIRES_OK(ctx, ValidateLookupInputs(ctx, 1, &a, &in));
+    void* stream = GpuStream(ctx);
+    Tensor offsets, status;
+    int64_t rows = 0;
+    OP_REQUIRES_OK(ctx, DeviceOffsets<TSeg>(ctx, a, in, stream, &offsets, &status, &rows));
+    const Tensor& grad = ctx->input(0);
+    OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == rows && grad.dim_size(1) == a.spec.dim,
+                tensorflow::errors::InvalidArgument("grad must have shape [", rows, ", ", a.spec.dim, "], got ",
+                                                    grad.shape().DebugString()));
+    const TId* ids = in.ids->flat<TId>().data();
+    const float* weights = in.weights ? in.weights->flat<float>().data() : nullptr;
+    const int64_t* off = offsets.flat<int64_t>().data();
+
+    Tensor counts, grad_offsets, scan_temp;
+    OP_REQUIRES_OK(ctx, DeviceScratch(ctx, std::max<int64_t>(rows, 1), &counts));
+    OP_REQUIRES_OK(ctx, DeviceScratch(ctx, rows + 1, &grad_offsets));
+    const size_t temp_bytes = ctr::gpu::ExclusiveScanTempBytes(rows);
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8, TensorShape({static_cast<int64_t>(temp_bytes) + 1}),
+                                           &scan_temp));
+    int64_t* goff = grad_offsets.flat<int64_t>().data();
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::GradRowCounts(a.spec, ids, weights, off, rows,
+                                                             counts.flat<int64_t>().data(), stream)));
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ExclusiveScan(counts.flat<int64_t>().data(), rows, goff,
+                                                             scan_temp.flat<int8_t>().data(), temp_bytes, stream)));
+    int64_t total = 0;
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ReadInt64(goff + rows, 1, &total, stream)));
+
+    Tensor *values = nullptr, *indices = nullptr, *weights_grad = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total, a.spec.dim}), &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({total}), &indices));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(5).shape(), &weights_grad));
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ZeroFill(weights_grad->flat<float>().data(),
+                                                        weights_grad->NumElements() * sizeof(float), stream)));
+    if (rows == 0) return;
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::LookupGrad(
+                            a.spec, CorePtr<T>(*in.params), ids, weights, off, CorePtr<T>(grad), goff, rows,
+                            CorePtr<T>(values), indices->flat<int64_t>().data(),
+                            weights ? weights_grad->flat<float>().data() : nullptr, stream)));
+  }
+
+ private:
+  LookupAttrs attrs_;
+};
+
+#define REGISTER_LOOKUP_GPU(T, TId, TSeg)                                                              \
+  REGISTER_KERNEL_BUILDER(Name("CtrEmbeddingLookup")                                                   \
+                              .Device(DEVICE_GPU)                                                      \
+                              .HostMemory("num_rows")                                                  \
+                              .TypeConstraint<T>("T")                                                  \
+                              .TypeConstraint<TId>("Tid")                                              \
+                              .TypeConstraint<TSeg>("Tseg"),                                           \
+                          EmbeddingLookupGpuOp<T, TId, TSeg>);                                         \
+  REGISTER_KERNEL_BUILDER(Name("CtrEmbeddingLookupGrad")                                               \
+                              .Device(DEVICE_GPU)                                                      \
+                              .HostMemory("num_rows")                                                  \
+                              .TypeConstraint<T>("T")                                                  \
+                              .TypeConstraint<TId>("Tid")                                              \
+                              .TypeConstraint<TSeg>("Tseg"),                                           \
+                          EmbeddingLookupGradGpuOp<T, TId, TSeg>);
+#define REGISTER_LOOKUP_GPU_IDS(T)         \
+  REGISTER_LOOKUP_GPU(T, int32_t, int32_t) \
+  REGISTER_LOOKUP_GPU(T, int32_t, int64_t) \
+  REGISTER_LOOKUP_GPU(T, int64_t, int32_t) \
+  REGISTER_LOOKUP_GPU(T, int64_t, int64_t)
+REGISTER_LOOKUP_GPU_IDS(float)
+REGISTER_LOOKUP_GPU_IDS(Eigen::half)
+REGISTER_LOOKUP_GPU_IDS(Eigen::bfloat16)
+#undef REGISTER_LOOKUP_GPU_IDS
+#undef REGISTER_LOOKUP_GPU
+
+}  // namespace tf_ctr
+
+#endif  // CTR_WITH_CUDA

@@ -1,0 +1,233 @@
+// GPU kernels of the string embedding ops. The packed bytes arrive on the
+// device through TF's single host-to-device copy of CtrPackStrings' output;
+// splits are validated on the device, and rejected tokens are read back
+// (one small synchronous copy) to raise the CPU kernel's InvalidArgument.
+#ifdef CTR_WITH_CUDA
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "cc/core/strings.h"
+#include "cc/kernels/gpu_util.h"
+#include "cc/kernels/string_common.h"
+#include "cc/kernels/tf_types.h"
+#include "cuda/device_util.h"
+#include "cuda/lookup_launchers.h"
+#include "cuda/string_launchers.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace tf_ctr {
+
+using tensorflow::DEVICE_GPU;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+
+// Device-side bags: validated string splits, and (when bagged) validated bag
+// splits copied to int64 scratch.
+struct DeviceStrings {
+  const uint8_t* bytes = nullptr;
+  const int64_t* string_splits = nullptr;
+  const int64_t* bag_splits = nullptr;
+  int64_t num_bags = 0;
+  Tensor bag_scratch;
+};
+
+absl::Status PrepareDeviceStrings(OpKernelContext* ctx, const Tensor& bytes, const Tensor& splits,
+                                  const Tensor& bag_splits, bool bagged, void* stream, DeviceStrings* out) {
+  TF_RETURN_IF_ERROR(CheckVector(bytes, "bytes"));
+  TF_RETURN_IF_ERROR(CheckVector(splits, "row_splits"));
+  TF_RETURN_IF_ERROR(CheckVector(bag_splits, "bag_splits"));
+  if (splits.NumElements() < 1) return tensorflow::errors::InvalidArgument("string row_splits must have at least one element");
+  Tensor status;
+  TF_RETURN_IF_ERROR(DeviceScratch(ctx, 3, &status));
+  int64_t* st = status.flat<int64_t>().data();
+  out->bytes = bytes.flat<uint8_t>().data();
+  out->string_splits = splits.flat<int64_t>().data();
+  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::ValidateStringSplits(out->string_splits, splits.NumElements(),
+                                                                  bytes.NumElements(), st, stream)));
+  int64_t h[2];
+  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::ReadInt64(st, 2, h, stream)));
+  if (h[0] >= 0)
+    return tensorflow::errors::InvalidArgument("string row_splits[", h[0], "] = ", h[1],
+                                               " is negative, decreasing or outside the packed buffer of ",
+                                               bytes.NumElements(), " bytes");
+  const int64_t num_strings = splits.NumElements() - 1;
+  out->num_bags = num_strings;
+  if (!bagged) return absl::OkStatus();
+  if (bag_splits.NumElements() < 1) return tensorflow::errors::InvalidArgument("bag_splits must have at least one element");
+  TF_RETURN_IF_ERROR(DeviceScratch(ctx, bag_splits.NumElements(), &out->bag_scratch));
+  int64_t* b = out->bag_scratch.flat<int64_t>().data();
+  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::InitStatus(st, stream)));
+  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::SplitsToOffsets(bag_splits.flat<int64_t>().data(), bag_splits.NumElements(),
+                                                            num_strings, b, st, stream)));
+  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::ReadInt64(st, 2, h, stream)));
+  if (h[0] >= 0)
+    return tensorflow::errors::InvalidArgument("invalid bag_splits: entry ", h[0], " has value ", h[1], " (",
+                                               num_strings, " strings)");
+  out->bag_splits = b;
+  out->num_bags = bag_splits.NumElements() - 1;
+  return absl::OkStatus();
+}
+
+// Reads a TokenError back from the device, with the token's first bytes for
+// the message. row_base maps a grouped launch's row to its feature.
+absl::Status TokenStatus(const int64_t* d_status, const uint8_t* d_bytes, const ctr::StringSpec* specs,
+                         int64_t batch, void* stream) {
+  int64_t h[ctr::gpu::kTokenStatusSize];
+  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::ReadInt64(d_status, ctr::gpu::kTokenStatusSize, h, stream)));
+  ctr::TokenError err{h[0], h[1], h[2], h[3], h[4]};
+  if (!err.found()) return absl::OkStatus();
+  const int64_t shown = std::min<int64_t>(err.len, 65);  // 64 bytes and a hint that more follow
+  std::vector<uint8_t> token(static_cast<size_t>(shown));
+  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::CopyToHost(d_bytes + err.begin, token.data(), token.size(), stream)));
+  std::string prefix;
+  const ctr::StringSpec* spec = specs;
+  if (batch > 0) {
+    const int64_t f = err.row / batch;
+    prefix = "feature " + std::to_string(f) + ": ";
+    spec = specs + f;
+    err.row -= f * batch;
+  }
+  err.begin = 0;
+  err.len = shown;
+  return tensorflow::errors::InvalidArgument(prefix, ctr::DescribeTokenError(err, token.data(), spec->lookup.vocab));
+}
+
+template <typename T>
+class StringEmbeddingGpuOp : public OpKernel {
+ public:
+  explicit StringEmbeddingGpuOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, ReadStringAttrs(c, &spec_, &bagged_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    ctr::StringSpec spec = spec_;
+    OP_REQUIRES_OK(ctx, BindTable(ctx->input(0), &spec));
+    void* stream = GpuStream(ctx);
+    DeviceStrings in;
+    OP_REQUIRES_OK(ctx, PrepareDeviceStrings(ctx, ctx->input(1), ctx->input(2), ctx->input(3), bagged_, stream, &in));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({in.num_bags, spec.lookup.dim}), &out));
+    if (in.num_bags == 0) return;
+    Tensor status;
+    OP_REQUIRES_OK(ctx, DeviceScratch(ctx, ctr::gpu::kTokenStatusSize, &status));
+    int64_t* st = status.flat<int64_t>().data();
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::InitTokenStatus(st, stream)));
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::StringEmbedding(spec, CorePtr<T>(ctx->input(0)), in.bytes,
+                                                               in.string_splits, in.bag_splits, in.num_bags,
+                                                               CorePtr<T>(out), st, stream)));
+    OP_REQUIRES_OK(ctx, TokenStatus(st, in.bytes, &spec, 0, stream));
+  }
+
+ private:
+  ctr::StringSpec spec_;
+  bool bagged_ = false;
+};
+
+template <typename T>
+class StringEmbeddingGradGpuOp : public OpKernel {
+ public:
+  explicit StringEmbeddingGradGpuOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, ReadStringAttrs(c, &spec_, &bagged_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    ctr::StringSpec spec = spec_;
+    OP_REQUIRES_OK(ctx, BindTable(ctx->input(1), &spec));
+    void* stream = GpuStream(ctx);
+    DeviceStrings in;
+    OP_REQUIRES_OK(ctx, PrepareDeviceStrings(ctx, ctx->input(2), ctx->input(3), ctx->input(4), bagged_, stream, &in));
+    const Tensor& grad = ctx->input(0);
+    OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == in.num_bags && grad.dim_size(1) == spec.lookup.dim,
+                tensorflow::errors::InvalidArgument("grad must have shape [", in.num_bags, ", ", spec.lookup.dim,
+                                                    "], got ", grad.shape().DebugString()));
+    const int64_t rows = in.num_bags;
+    Tensor counts, grad_offsets, scan_temp;
+    OP_REQUIRES_OK(ctx, DeviceScratch(ctx, std::max<int64_t>(rows, 1), &counts));
+    OP_REQUIRES_OK(ctx, DeviceScratch(ctx, rows + 1, &grad_offsets));
+    const size_t temp_bytes = ctr::gpu::ExclusiveScanTempBytes(rows);
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8, TensorShape({static_cast<int64_t>(temp_bytes) + 1}),
+                                           &scan_temp));
+    int64_t* goff = grad_offsets.flat<int64_t>().data();
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::StringGradRowCounts(spec, in.bytes, in.string_splits, in.bag_splits,
+                                                                   rows, counts.flat<int64_t>().data(), stream)));
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ExclusiveScan(counts.flat<int64_t>().data(), rows, goff,
+                                                             scan_temp.flat<int8_t>().data(), temp_bytes, stream)));
+    int64_t total = 0;
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ReadInt64(goff + rows, 1, &total, stream)));
+    Tensor *values = nullptr, *indices = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total, spec.lookup.dim}), &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({total}), &indices));
+    if (total == 0) return;
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::StringGrad(spec, CorePtr<T>(ctx->input(1)), in.bytes, in.string_splits,
+                                                          in.bag_splits, rows, CorePtr<T>(grad), goff,
+                                                          CorePtr<T>(values), indices->flat<int64_t>().data(), stream)));
+  }
+
+ private:
+  ctr::StringSpec spec_;
+  bool bagged_ = false;
+};
+
+template <typename T>
+class MultiStringEmbeddingGpuOp : public OpKernel {
+ public:
+  explicit MultiStringEmbeddingGpuOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, ReadMultiStringAttrs(c, &specs_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int n = static_cast<int>(specs_.size());
+    std::vector<ctr::StringSpec> specs = specs_;
+    const Tensor& splits = ctx->input(n + 1);
+    void* stream = GpuStream(ctx);
+    DeviceStrings in;
+    OP_REQUIRES_OK(ctx, PrepareDeviceStrings(ctx, ctx->input(n), splits, splits, false, stream, &in));
+    OP_REQUIRES(ctx, in.num_bags % n == 0,
+                tensorflow::errors::InvalidArgument("row_splits must hold N * B + 1 = ", n, " * B + 1 entries, got ",
+                                                    splits.NumElements()));
+    const int64_t batch = in.num_bags / n;
+    std::vector<ctr::gpu::FeatureDesc> features(n);
+    for (int i = 0; i < n; ++i) {
+      OP_REQUIRES_OK(ctx, BindTable(ctx->input(i), &specs[i]));
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({batch, specs[i].lookup.dim}), &out));
+      features[i] = ctr::gpu::FeatureDesc{specs[i], CorePtr<T>(ctx->input(i)), CorePtr<T>(out)};
+    }
+    if (batch == 0) return;
+    Tensor d_features, status;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8,
+                                           TensorShape({static_cast<int64_t>(n * sizeof(ctr::gpu::FeatureDesc))}),
+                                           &d_features));
+    OP_REQUIRES_OK(ctx, DeviceScratch(ctx, ctr::gpu::kTokenStatusSize, &status));
+    int64_t* st = status.flat<int64_t>().data();
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::InitTokenStatus(st, stream)));
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::MultiStringEmbedding<typename CoreType<T>::type>(
+                            features.data(), reinterpret_cast<ctr::gpu::FeatureDesc*>(d_features.flat<int8_t>().data()),
+                            n, batch, in.bytes, in.string_splits, st, stream)));
+    OP_REQUIRES_OK(ctx, TokenStatus(st, in.bytes, specs.data(), batch, stream));
+  }
+
+ private:
+  std::vector<ctr::StringSpec> specs_;
+};
+
+#define REGISTER_STRING_GPU(T)                                                                       \
+  REGISTER_KERNEL_BUILDER(Name("CtrStringEmbedding").Device(DEVICE_GPU).TypeConstraint<T>("T"),      \
+                          StringEmbeddingGpuOp<T>);                                                  \
+  REGISTER_KERNEL_BUILDER(Name("CtrStringEmbeddingGrad").Device(DEVICE_GPU).TypeConstraint<T>("T"),  \
+                          StringEmbeddingGradGpuOp<T>);                                              \
+  REGISTER_KERNEL_BUILDER(Name("CtrMultiStringEmbedding").Device(DEVICE_GPU).TypeConstraint<T>("T"), \
+                          MultiStringEmbeddingGpuOp<T>);
+REGISTER_STRING_GPU(float)
+REGISTER_STRING_GPU(Eigen::half)
+REGISTER_STRING_GPU(Eigen::bfloat16)
+#undef REGISTER_STRING_GPU
+
+}  // namespace tf_ctr
+
+#endif  // CTR_WITH_CUDA

@@ -1,0 +1,297 @@
+// Python access to the CUDA lookup launchers on raw device pointers.
+//
+// Pointers and streams are Python ints: CuPy's `a.data.ptr` and
+// `cupy.cuda.Stream.ptr`, PyTorch's `t.data_ptr()` and `s.cuda_stream`. Stream
+// 0 is the legacy default stream, which CuPy's and PyTorch's default streams
+// are ordered with. Device work runs with the GIL released.
+#include "cc/python/gpu_bindings.h"
+
+#include <pybind11/pybind11.h>
+
+#include <array>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "cc/core/float_types.h"
+#include "cc/core/lookup.h"
+#include "cc/core/segments.h"
+#include "cc/python/enums.h"
+#include "cuda/lookup_launchers.h"
+
+namespace py = pybind11;
+
+namespace {
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls fn(TypeTag<T>{}) for the table element type named by dtype.
+template <typename Fn>
+void WithValueType(const std::string& dtype, Fn&& fn) {
+  if (dtype == "float32") return fn(TypeTag<float>{});
+  if (dtype == "float16") return fn(TypeTag<ctr::Half>{});
+  if (dtype == "bfloat16") return fn(TypeTag<ctr::BFloat16>{});
+  throw py::value_error("params_dtype must be 'float32', 'float16' or 'bfloat16', got '" + dtype +
+                        "'");
+}
+
+// Calls fn(TypeTag<T>{}) for the integer type named by dtype (keys, row ids,
+// row splits).
+template <typename Fn>
+void WithIndexType(const std::string& dtype, const char* what, Fn&& fn) {
+  if (dtype == "int32") return fn(TypeTag<int32_t>{});
+  if (dtype == "int64") return fn(TypeTag<int64_t>{});
+  throw py::value_error(std::string(what) + "_dtype must be 'int32' or 'int64', got '" + dtype +
+                        "'");
+}
+
+// The one place Python arguments become a LookupSpec (the enum spellings come
+// from enums.h, shared with the CPU binding). Same argument checks as the CPU
+// embedding_lookup, so both reject the same calls with ValueError.
+ctr::LookupSpec MakeSpec(int64_t vocab, int64_t dim, const std::string& combiner,
+                         const std::string& id_mode, const std::string& invalid_ids,
+                         bool prune_weights, int64_t default_id, float max_norm) {
+  if (vocab < 0 || dim < 0) throw py::value_error("vocab and dim must be >= 0");
+  ctr::LookupSpec spec;
+  spec.vocab = vocab;
+  spec.dim = dim;
+  spec.combiner = tf_ctr_py::ParseCombiner(combiner);
+  spec.id_mode = tf_ctr_py::ParseIdMode(id_mode);
+  spec.invalid_ids = tf_ctr_py::ParseInvalidIds(invalid_ids);
+  spec.prune_weights = prune_weights;
+  spec.default_id = default_id;
+  spec.max_norm = max_norm;
+  if (spec.id_mode == ctr::IdMode::kHash && vocab <= 0)
+    throw py::value_error("hash mode needs at least one bucket");
+  if (default_id < -1 || default_id >= vocab) throw py::value_error("default_id out of range");
+  return spec;
+}
+
+// A null pointer where the call has data to touch is a caller bug that would
+// otherwise surface as an illegal-address error poisoning the CUDA context.
+void RequirePointer(uintptr_t ptr, bool needed, const char* name) {
+  if (needed && ptr == 0) throw py::value_error(std::string(name) + " must not be 0 here");
+}
+
+template <typename T>
+T* DevicePtr(uintptr_t ptr) {
+  return reinterpret_cast<T*>(ptr);
+}
+
+void* StreamPtr(uintptr_t stream) { return reinterpret_cast<void*>(stream); }
+
+// Launcher errors are CUDA failures, hence RuntimeError, not ValueError.
+void Check(const std::string& err) {
+  if (!err.empty()) throw std::runtime_error(err);
+}
+
+// d_status as read back: {index, value}, index -1 when all was well.
+using HostStatus = std::array<int64_t, 2>;
+
+void GpuEmbeddingLookup(uintptr_t params_ptr, const std::string& params_dtype, int64_t vocab,
+                        int64_t dim, uintptr_t keys_ptr, const std::string& keys_dtype,
+                        int64_t nnz, uintptr_t weights_ptr, uintptr_t offsets_ptr,
+                        int64_t num_rows, uintptr_t out_ptr, uintptr_t status_ptr,
+                        const std::string& combiner, const std::string& id_mode,
+                        const std::string& invalid_ids, bool prune_weights, int64_t default_id,
+                        float max_norm, uintptr_t stream) {
+  const ctr::LookupSpec spec = MakeSpec(vocab, dim, combiner, id_mode, invalid_ids,
+                                        prune_weights, default_id, max_norm);
+  if (num_rows < 0 || nnz < 0) throw py::value_error("num_rows and nnz must be >= 0");
+  RequirePointer(params_ptr, vocab > 0 && dim > 0, "params_ptr");
+  RequirePointer(keys_ptr, nnz > 0, "keys_ptr");
+  RequirePointer(offsets_ptr, true, "offsets_ptr");
+  RequirePointer(out_ptr, num_rows > 0 && dim > 0, "out_ptr");
+  RequirePointer(status_ptr, true, "status_ptr");
+  int64_t* d_status = DevicePtr<int64_t>(status_ptr);
+  HostStatus status{-1, 0};
+  WithValueType(params_dtype, [&](auto value_tag) {
+    using T = typename decltype(value_tag)::type;
+    WithIndexType(keys_dtype, "keys", [&](auto key_tag) {
+      using TKey = typename decltype(key_tag)::type;
+      py::gil_scoped_release nogil;
+      Check(ctr::gpu::InitStatus(d_status, StreamPtr(stream)));
+      Check(ctr::gpu::EmbeddingLookup<T, TKey>(
+          spec, DevicePtr<const T>(params_ptr), DevicePtr<const TKey>(keys_ptr),
+          DevicePtr<const float>(weights_ptr), DevicePtr<const int64_t>(offsets_ptr), num_rows,
+          DevicePtr<T>(out_ptr), d_status, StreamPtr(stream)));
+      Check(ctr::gpu::ReadInt64(d_status, 2, status.data(), StreamPtr(stream)));
+    });
+  });
+  if (status[0] >= 0) {
+    ctr::KeyError err;
+    err.row = status[0];
+    err.key = status[1];
+    throw py::value_error(ctr::DescribeKeyError(err, vocab));
+  }
+}
+
+void GpuRowIdsToOffsets(uintptr_t row_ids_ptr, const std::string& row_ids_dtype, int64_t nnz,
+                        int64_t num_rows, uintptr_t offsets_ptr, uintptr_t status_ptr,
+                        uintptr_t stream) {
+  if (num_rows < 0 || nnz < 0) throw py::value_error("num_rows and nnz must be >= 0");
+  RequirePointer(row_ids_ptr, nnz > 0, "row_ids_ptr");
+  RequirePointer(offsets_ptr, true, "offsets_ptr");
+  RequirePointer(status_ptr, true, "status_ptr");
+  int64_t* d_status = DevicePtr<int64_t>(status_ptr);
+  HostStatus status{-1, 0};
+  WithIndexType(row_ids_dtype, "row_ids", [&](auto tag) {
+    using TSeg = typename decltype(tag)::type;
+    py::gil_scoped_release nogil;
+    Check(ctr::gpu::InitStatus(d_status, StreamPtr(stream)));
+    Check(ctr::gpu::RowIdsToOffsets(DevicePtr<const TSeg>(row_ids_ptr), nnz, num_rows,
+                                    DevicePtr<int64_t>(offsets_ptr), d_status, StreamPtr(stream)));
+    Check(ctr::gpu::ReadInt64(d_status, 2, status.data(), StreamPtr(stream)));
+  });
+  if (status[0] >= 0) throw py::value_error(ctr::DescribeRowIdError(status[0], status[1], num_rows));
+}
+
+void GpuRowSplitsToOffsets(uintptr_t splits_ptr, const std::string& splits_dtype,
+                           int64_t num_splits, int64_t nnz, uintptr_t offsets_ptr,
+                           uintptr_t status_ptr, uintptr_t stream) {
+  if (num_splits < 1) throw py::value_error("row_splits must have at least one element");
+  RequirePointer(splits_ptr, true, "splits_ptr");
+  RequirePointer(offsets_ptr, true, "offsets_ptr");
+  RequirePointer(status_ptr, true, "status_ptr");
+  int64_t* d_status = DevicePtr<int64_t>(status_ptr);
+  HostStatus status{-1, 0};
+  WithIndexType(splits_dtype, "splits", [&](auto tag) {
+    using TSeg = typename decltype(tag)::type;
+    py::gil_scoped_release nogil;
+    Check(ctr::gpu::InitStatus(d_status, StreamPtr(stream)));
+    Check(ctr::gpu::SplitsToOffsets(DevicePtr<const TSeg>(splits_ptr), num_splits, nnz,
+                                    DevicePtr<int64_t>(offsets_ptr), d_status, StreamPtr(stream)));
+    Check(ctr::gpu::ReadInt64(d_status, 2, status.data(), StreamPtr(stream)));
+  });
+  if (status[0] >= 0)
+    throw py::value_error(ctr::DescribeSplitError(status[0], status[1], num_splits, nnz));
+}
+
+// Where the gradient's scratch lives inside the caller's workspace buffer.
+struct GradWorkspace {
+  size_t counts = 0;        // int64[num_rows]
+  size_t grad_offsets = 0;  // int64[num_rows + 1]
+  size_t scan = 0;          // CUB scratch
+  size_t scan_bytes = 0;
+  size_t total = 0;
+};
+
+GradWorkspace GradWorkspaceFor(int64_t num_rows) {
+  // 256-byte alignment: what cudaMalloc gives and CUB expects of its scratch.
+  auto align = [](size_t n) { return (n + 255) / 256 * 256; };
+  const size_t rows = static_cast<size_t>(num_rows < 0 ? 0 : num_rows);
+  GradWorkspace w;
+  w.grad_offsets = align(rows * sizeof(int64_t));
+  w.scan = w.grad_offsets + align((rows + 1) * sizeof(int64_t));
+  w.scan_bytes = ctr::gpu::ExclusiveScanTempBytes(static_cast<int64_t>(rows));
+  w.total = w.scan + align(w.scan_bytes > 0 ? w.scan_bytes : 1);
+  return w;
+}
+
+int64_t GpuEmbeddingLookupGrad(
+    uintptr_t params_ptr, const std::string& params_dtype, int64_t vocab, int64_t dim,
+    uintptr_t keys_ptr, const std::string& keys_dtype, int64_t nnz, uintptr_t weights_ptr,
+    uintptr_t offsets_ptr, int64_t num_rows, uintptr_t grad_out_ptr, uintptr_t grad_values_ptr,
+    uintptr_t grad_indices_ptr, uintptr_t grad_weights_ptr, int64_t max_grad_rows,
+    uintptr_t workspace_ptr, int64_t workspace_bytes, const std::string& combiner,
+    const std::string& id_mode, const std::string& invalid_ids, bool prune_weights,
+    int64_t default_id, float max_norm, uintptr_t stream) {
+  const ctr::LookupSpec spec = MakeSpec(vocab, dim, combiner, id_mode, invalid_ids,
+                                        prune_weights, default_id, max_norm);
+  if (num_rows < 0 || nnz < 0) throw py::value_error("num_rows and nnz must be >= 0");
+  const GradWorkspace ws = GradWorkspaceFor(num_rows);
+  if (workspace_bytes < 0 || static_cast<size_t>(workspace_bytes) < ws.total)
+    throw py::value_error("workspace_bytes must be at least " + std::to_string(ws.total) +
+                          " (gpu_embedding_lookup_grad_workspace_bytes)");
+  RequirePointer(params_ptr, vocab > 0 && dim > 0, "params_ptr");
+  RequirePointer(keys_ptr, nnz > 0, "keys_ptr");
+  RequirePointer(offsets_ptr, true, "offsets_ptr");
+  RequirePointer(grad_out_ptr, num_rows > 0 && dim > 0, "grad_out_ptr");
+  RequirePointer(workspace_ptr, true, "workspace_ptr");
+  char* workspace = DevicePtr<char>(workspace_ptr);
+  int64_t* counts = reinterpret_cast<int64_t*>(workspace + ws.counts);
+  int64_t* grad_offsets = reinterpret_cast<int64_t*>(workspace + ws.grad_offsets);
+  int64_t total = 0;
+  WithValueType(params_dtype, [&](auto value_tag) {
+    using T = typename decltype(value_tag)::type;
+    WithIndexType(keys_dtype, "keys", [&](auto key_tag) {
+      using TKey = typename decltype(key_tag)::type;
+      py::gil_scoped_release nogil;
+      Check(ctr::gpu::GradRowCounts<TKey>(spec, DevicePtr<const TKey>(keys_ptr),
+                                          DevicePtr<const float>(weights_ptr),
+                                          DevicePtr<const int64_t>(offsets_ptr), num_rows, counts,
+                                          StreamPtr(stream)));
+      Check(ctr::gpu::ExclusiveScan(counts, num_rows, grad_offsets, workspace + ws.scan,
+                                    ws.scan_bytes, StreamPtr(stream)));
+      Check(ctr::gpu::ReadInt64(grad_offsets + num_rows, 1, &total, StreamPtr(stream)));
+      // Checked before the rows are written: the buffers are sized by the caller.
+      if (total > max_grad_rows) return;
+      if (total > 0) {
+        if (grad_values_ptr == 0 && dim > 0) throw std::runtime_error("grad_values_ptr is 0");
+        if (grad_indices_ptr == 0) throw std::runtime_error("grad_indices_ptr is 0");
+      }
+      Check(ctr::gpu::LookupGrad<T, TKey>(
+          spec, DevicePtr<const T>(params_ptr), DevicePtr<const TKey>(keys_ptr),
+          DevicePtr<const float>(weights_ptr), DevicePtr<const int64_t>(offsets_ptr),
+          DevicePtr<const T>(grad_out_ptr), grad_offsets, num_rows, DevicePtr<T>(grad_values_ptr),
+          DevicePtr<int64_t>(grad_indices_ptr), DevicePtr<float>(grad_weights_ptr),
+          StreamPtr(stream)));
+    });
+  });
+  if (total > max_grad_rows)
+    throw py::value_error("the gradient has " + std::to_string(total) +
+                          " rows but the output buffers hold max_grad_rows = " +
+                          std::to_string(max_grad_rows) + " (nnz + num_rows always suffices)");
+  return total;
+}
+
+}  // namespace
+
+void RegisterGpuBindings(py::module_& m) {
+  m.def("gpu_embedding_lookup", &GpuEmbeddingLookup, py::arg("params_ptr"),
+        py::arg("params_dtype"), py::arg("vocab"), py::arg("dim"), py::arg("keys_ptr"),
+        py::arg("keys_dtype"), py::arg("nnz"), py::arg("weights_ptr"), py::arg("offsets_ptr"),
+        py::arg("num_rows"), py::arg("out_ptr"), py::arg("status_ptr"),
+        py::arg("combiner") = "mean", py::arg("id_mode") = "index",
+        py::arg("invalid_ids") = "error", py::arg("prune_weights") = false,
+        py::arg("default_id") = -1, py::arg("max_norm") = -1.0f, py::arg("stream") = 0,
+        "Pooled lookup on device pointers: params [vocab, dim] of params_dtype "
+        "('float32' | 'float16' | 'bfloat16'), keys [nnz] of keys_dtype ('int32' | 'int64'), "
+        "weights float32 [nnz] or 0, offsets int64 [num_rows + 1] (CSR), out [num_rows, dim], "
+        "status int64[2] scratch. Synchronizes the stream; raises ValueError on a bad id.");
+  m.def("gpu_row_ids_to_offsets", &GpuRowIdsToOffsets, py::arg("row_ids_ptr"),
+        py::arg("row_ids_dtype"), py::arg("nnz"), py::arg("num_rows"), py::arg("offsets_ptr"),
+        py::arg("status_ptr"), py::arg("stream") = 0,
+        "Sorted row ids [nnz] to int64 CSR offsets [num_rows + 1]. Synchronizes the stream; "
+        "raises ValueError on an out-of-range or unsorted id.");
+  m.def("gpu_row_splits_to_offsets", &GpuRowSplitsToOffsets, py::arg("splits_ptr"),
+        py::arg("splits_dtype"), py::arg("num_splits"), py::arg("nnz"), py::arg("offsets_ptr"),
+        py::arg("status_ptr"), py::arg("stream") = 0,
+        "int32/int64 row_splits [num_splits] to int64 offsets, validated as on the CPU. "
+        "Synchronizes the stream; raises ValueError on invalid splits.");
+  m.def(
+      "gpu_embedding_lookup_grad_workspace_bytes",
+      [](int64_t num_rows) { return GradWorkspaceFor(num_rows).total; }, py::arg("num_rows"),
+      "Device scratch bytes gpu_embedding_lookup_grad needs for num_rows bags.");
+  m.def("gpu_embedding_lookup_grad", &GpuEmbeddingLookupGrad, py::arg("params_ptr"),
+        py::arg("params_dtype"), py::arg("vocab"), py::arg("dim"), py::arg("keys_ptr"),
+        py::arg("keys_dtype"), py::arg("nnz"), py::arg("weights_ptr"), py::arg("offsets_ptr"),
+        py::arg("num_rows"), py::arg("grad_out_ptr"), py::arg("grad_values_ptr"),
+        py::arg("grad_indices_ptr"), py::arg("grad_weights_ptr"), py::arg("max_grad_rows"),
+        py::arg("workspace_ptr"), py::arg("workspace_bytes"), py::arg("combiner") = "mean",
+        py::arg("id_mode") = "index", py::arg("invalid_ids") = "error",
+        py::arg("prune_weights") = false, py::arg("default_id") = -1,
+        py::arg("max_norm") = -1.0f, py::arg("stream") = 0,
+        "Gradient of gpu_embedding_lookup for grad_out [num_rows, dim]: one row of "
+        "d(loss)/d(params) per kept entry (bag order; the default row for a bag left empty) "
+        "into grad_values [max_grad_rows, dim] and its table row into grad_indices int64 "
+        "[max_grad_rows], plus d(loss)/d(weights) float32 [nnz] into grad_weights (0 = skip; "
+        "every entry is written, dropped ones with 0). Needs a workspace of "
+        "gpu_embedding_lookup_grad_workspace_bytes(num_rows). max_grad_rows = nnz + num_rows "
+        "is always enough; a smaller buffer that turns out too small raises ValueError before "
+        "anything is written. Returns the number of gradient rows; they are complete once "
+        "`stream` reaches this point.");
+}

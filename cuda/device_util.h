@@ -1,0 +1,29 @@
+// Small device utilities the GPU OpKernels need beside the kernels proper.
+// Plain C++ declarations; cudaStream_t passed as void*.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ctr {
+namespace gpu {
+
+// Reads the last of n row ids as int64 (synchronizes): the inferred bag count
+// of a SparseTensor lookup is last row id + 1.
+template <typename TSeg>
+std::string ReadLastAsInt64(const TSeg* d_values, int64_t n, int64_t* h_out, void* stream);
+
+// Copies bytes device->host and synchronizes (error messages, small reads).
+std::string CopyToHost(const void* d_src, void* h_dst, size_t bytes, void* stream);
+
+std::string ZeroFill(void* d_ptr, size_t bytes, void* stream);
+
+// Flags in d_status[0..1] = {index, value} the first string split that is
+// (d_status needs 3 int64: the third is scratch)
+// negative, decreasing or past num_bytes ({-1, 0} when all are valid).
+std::string ValidateStringSplits(const int64_t* d_splits, int64_t n, int64_t num_bytes,
+                                 int64_t* d_status, void* stream);
+
+}  // namespace gpu
+}  // namespace ctr
