@@ -203,15 +203,43 @@ def environment():
         "tf_inter_op_threads": inter or f"0 (default: {ncpu})",
         "build_info": {k: getattr(info, k) for k in dir(info) if k.isupper()},
         "core_has_cuda": bool(_core.has_cuda),
-        "loadavg_1m": _loadavg(),
     }
 
 
-def _loadavg():
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
+class ForeignLoad:
+    """CPU time used by other processes over an interval, as a fraction of all CPUs.
+
+    From /proc/stat (all CPUs) minus this process's own CPU time: on a shared
+    machine, timings taken while this is well above zero are not to be trusted.
+    """
+
+    def __init__(self):
+        self.start = self._sample()
+
+    @staticmethod
+    def _sample():
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        tick = os.sysconf("SC_CLK_TCK")
+        total, idle = sum(fields[:8]), fields[3] + fields[4]
+        own = sum(os.times()[:4])
+        return total / tick, (total - idle) / tick, own
+
+    def fraction(self):
+        end = self._sample()
+        if self.start is None or end is None:
+            return None
+        total, busy, own = (e - s for e, s in zip(end, self.start))
+        return max(0.0, (busy - own) / total) if total > 0 else None
+
+
+def foreign_load_probe(seconds=0.5):
+    probe = ForeignLoad()
+    time.sleep(seconds)
+    return probe.fraction()
 
 
 def print_environment(env):
@@ -222,11 +250,13 @@ def print_environment(env):
         elif isinstance(v, list):
             v = " ".join(v)
         print(f"  {k:22s} {v}")
-    load = env.get("loadavg_1m")
-    if load is not None and load > 0.5:
-        print(f"  WARNING: 1-minute load average is {load:.2f} before the benchmark starts: other "
-              "processes compete for the CPUs and the timings below will be noisy and slow")
     print()
+
+
+def warn_foreign_load(when, fraction, limit=0.05):
+    if fraction is not None and fraction > limit:
+        print(f"WARNING: other processes used {100 * fraction:.0f}% of the CPUs {when}: the "
+              "timings are disturbed (slow and noisy); rerun on a quiet machine\n")
 
 
 # ---------------------------------------------------------------------------
@@ -520,13 +550,20 @@ def main(argv=None):
     args = parse_args(argv)
     cfg = config_from_args(args)
     env = environment()
+    env["foreign_cpu_load_before"] = foreign_load_probe()
     print_environment(env)
+    warn_foreign_load("just before the run", env["foreign_cpu_load_before"])
     t0 = time.perf_counter()
+    load = ForeignLoad()
     results = {"env": env, "suites": {}}
     for name in args.suites:
         results["suites"][name] = SUITES[name](dataclasses.replace(cfg))
     results["wall_s"] = time.perf_counter() - t0
-    print(f"done in {results['wall_s']:.1f}s")
+    env["foreign_cpu_load_during"] = load.fraction()
+    warn_foreign_load("during the run", env["foreign_cpu_load_during"])
+    during = env["foreign_cpu_load_during"]
+    print(f"done in {results['wall_s']:.1f}s"
+          + (f"; other processes used {100 * during:.1f}% of the CPUs meanwhile" if during is not None else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2, default=_json_default)

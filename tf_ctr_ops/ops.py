@@ -159,6 +159,14 @@ def _bags_from_container(ids, weights, padding_value):
     return _Bags(tf.reshape(ids, [-1]), splits, -1, "row_splits", w)
 
 
+def _with_batch_dim(out, ids):
+    """Carries the static batch size of the id container over to the output."""
+    batch = ids.shape[0] if ids.shape.rank else None
+    if batch is not None:
+        out.set_shape([batch, out.shape[1]])
+    return out
+
+
 # ---------------------------------------------------------------------------
 # Drop-in replacements for tf.nn
 
@@ -290,9 +298,10 @@ def sparse_embedding(params, ids, weights=None, combiner="mean", max_norm=None, 
     with tf.name_scope(name or "sparse_embedding"):
         table = _as_table(params)
         bags = _bags_from_container(ids, weights, -1)
-        return _lookup(table, bags.ids, bags.segments, bags.num_rows, _weights_values(bags.weights),
-                       segment_kind=bags.kind, combiner=combiner, invalid_ids="skip_padding",
-                       max_norm=max_norm)
+        out = _lookup(table, bags.ids, bags.segments, bags.num_rows, _weights_values(bags.weights),
+                      segment_kind=bags.kind, combiner=combiner, invalid_ids="skip_padding",
+                      max_norm=max_norm)
+        return _with_batch_dim(out, ids)
 
 
 def hash_embedding(params, keys, weights=None, combiner="mean", max_norm=None, name=None):
@@ -316,14 +325,15 @@ def hash_embedding(params, keys, weights=None, combiner="mean", max_norm=None, n
     """
     with tf.name_scope(name or "hash_embedding"):
         table = _as_table(params)
-        key_dtype = keys.dtype
-        if key_dtype == tf.string:
+        dense = not isinstance(keys, (tf.RaggedTensor, tf.SparseTensor))
+        if dense:
+            keys = tf.convert_to_tensor(keys)
+        if keys.dtype == tf.string:
             from tf_ctr_ops import strings  # the packed-string path owns string keys
 
             return strings.hash_string_keys(table, keys, weights, combiner, max_norm)
-        padding = -1 if not isinstance(keys, (tf.RaggedTensor, tf.SparseTensor)) else None
         bags = _bags_from_container(keys, weights, -1)
-        return _lookup(table, bags.ids, bags.segments, bags.num_rows, _weights_values(bags.weights),
-                       segment_kind=bags.kind, combiner=combiner, id_mode="hash",
-                       invalid_ids="skip_padding" if padding is not None else "error",
-                       max_norm=max_norm)
+        out = _lookup(table, bags.ids, bags.segments, bags.num_rows, _weights_values(bags.weights),
+                      segment_kind=bags.kind, combiner=combiner, id_mode="hash",
+                      invalid_ids="skip_padding" if dense else "error", max_norm=max_norm)
+        return _with_batch_dim(out, keys)

@@ -1,0 +1,885 @@
+// CUDA side of the string embedding (interface: cuda/string_launchers.h).
+//
+// Splitting rules (DelimiterAt, AcceptDelimiters, TokenStartAt: ForEachToken
+// cut into 32-byte chunks), token resolution (ResolveToken: Fingerprint64 or
+// ParseInt64), the combiner, the max_norm clip and its backward all come from
+// cc/core, which the CPU kernels and their tests use too; this file only
+// decides how that work is spread over a warp.
+//
+// One warp owns one bag:
+//   1. Split: the warp reads 32 consecutive bytes, one per lane; each lane
+//      tests whether a delimiter starts at its byte and a ballot turns that
+//      into a mask, from which every lane derives the accepted delimiters
+//      (non-overlapping, left to right) and, for its own one, the token it
+//      ends. Only the current token start is carried to the next chunk, so a
+//      bag of any length goes through with no per-bag buffer. A delimiter of
+//      0 bytes makes whole strings the tokens, 32 strings per step.
+//   2. Queue: tokens are packed into lanes, one per lane in bag order, until
+//      32 are waiting. Short tokens would otherwise leave most lanes idle
+//      while the few lanes holding a token hash or parse it.
+//   3. Resolve: each lane hashes or parses its token.
+//   4. Accumulate: the warp splits into groups of 1..32 lanes (sized from
+//      dim, like the lookup's lane groups); each group adds one token's row at
+//      a time, its lanes splitting dim (float4 / 8-byte half loads when dim %
+//      4 == 0 and the tables are aligned). Group partials are summed with
+//      shuffles at the end of the bag, in float32, then the combiner applies.
+//      Summation order therefore differs from the CPU's by rounding only.
+//
+// Errors: a bad token (not a number, or outside [0, V) in index mode) is never
+// turned into an address. Its bag stops and records its row in d_status[0]
+// with an atomicMin on the bit pattern: -1 read as unsigned is the largest
+// value, so this both claims an untouched status and keeps the lowest bad row,
+// which is the row the CPU reports whatever the scheduling. A one-warp kernel
+// then, only if a row was recorded, splits that row again and fills begin,
+// len, value and kind from its first bad token; a 5 x 64-bit record cannot be
+// written atomically, and this keeps its fields from one token.
+
+#include "cuda/string_launchers.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "cc/core/combiner.h"
+#include "cc/core/float_types.h"
+#include "cc/core/lookup.h"
+#include "cc/core/strings.h"
+
+namespace ctr {
+namespace gpu {
+namespace {
+
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kBlockThreads = 256;
+constexpr int kWarpsPerBlock = kBlockThreads / kWarpSize;
+// Grid-stride loops handle the rest, so any 64-bit count gets a valid grid.
+constexpr int64_t kMaxBlocks = int64_t{1} << 20;
+// Most fragments one lane accumulates in registers. Wider rows are pooled in
+// several dim tiles, each splitting and resolving the bag again: rare in CTR
+// models, and it bounds register use.
+constexpr int kMaxFragments = 4;
+// Elements per vector load: one float4, or 8 bytes of four 16-bit values.
+constexpr int kVecWidth = 4;
+
+static_assert(kSplitChunk == kWarpSize, "a chunk is one byte per lane");
+
+// ---------------------------------------------------------------------------
+// Host helpers.
+
+cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+std::string CudaError(const char* what, cudaError_t e) {
+  if (e == cudaSuccess) return "";
+  return std::string(what) + ": " + cudaGetErrorString(e);
+}
+
+std::string CheckLaunch(const char* kernel) { return CudaError(kernel, cudaGetLastError()); }
+
+unsigned int BlocksForBags(int64_t bags) {
+  const int64_t blocks = (bags + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  return static_cast<unsigned int>(std::min(std::max<int64_t>(blocks, 1), kMaxBlocks));
+}
+
+// Lanes per token group: the smallest power of two that gives every lane at
+// most one fragment of the row, so narrow rows pool several tokens at once.
+__host__ __device__ inline int LanesForDim(int64_t dim, int vec) {
+  const int64_t fragments = (dim + vec - 1) / vec;
+  int lanes = 1;
+  while (lanes < kWarpSize && lanes < fragments) lanes *= 2;
+  return lanes;
+}
+
+// Fragments per lane (1, 2 or kMaxFragments) covering dim in one tile if
+// possible; every accumulator register costs occupancy.
+int FragmentsForDim(int64_t dim, int vec) {
+  const int lanes = LanesForDim(dim, vec);
+  const int64_t per_lane = (dim + int64_t{vec} * lanes - 1) / (int64_t{vec} * lanes);
+  return per_lane <= 1 ? 1 : per_lane <= 2 ? 2 : kMaxFragments;
+}
+
+bool IsVectorAligned(const void* p, size_t elem_bytes) {
+  return reinterpret_cast<uintptr_t>(p) % (kVecWidth * elem_bytes) == 0;
+}
+
+// What the kernels need of a spec to stay inside the table and the buffers;
+// the CPU path assumes it, here a violation would fault the device.
+std::string ValidateSpec(const StringSpec& s) {
+  const LookupSpec& l = s.lookup;
+  if (l.dim < 0) return "dim must be >= 0, got " + std::to_string(l.dim);
+  if (l.vocab < 0) return "vocab must be >= 0, got " + std::to_string(l.vocab);
+  // FloorMod and the hash divide by V.
+  if (s.mode != TokenMode::kIndex && l.vocab <= 0)
+    return "hash and mod modes need a table with at least one row, got " + std::to_string(l.vocab);
+  if (s.delim_len < 0 || s.delim_len > kMaxDelimiterBytes)
+    return "delimiter length must be in [0, " + std::to_string(kMaxDelimiterBytes) + "], got " +
+           std::to_string(s.delim_len);
+  if (l.default_id >= l.vocab)
+    return "default_id " + std::to_string(l.default_id) + " is out of range [0, " +
+           std::to_string(l.vocab) + ")";
+  return "";
+}
+
+// Calls launch(mode) with the token mode as a compile-time constant: the
+// parse-mode kernels then carry no hash code, whose registers would otherwise
+// set their occupancy.
+template <typename Launch>
+void ForTokenMode(TokenMode mode, Launch&& launch) {
+  switch (mode) {
+    case TokenMode::kHash:
+      launch(std::integral_constant<TokenMode, TokenMode::kHash>{});
+      break;
+    case TokenMode::kMod:
+      launch(std::integral_constant<TokenMode, TokenMode::kMod>{});
+      break;
+    default:
+      launch(std::integral_constant<TokenMode, TokenMode::kIndex>{});
+  }
+}
+
+// Calls launch(vec, fragments) with both as compile-time constants.
+template <typename Launch>
+void ForTileShape(bool vectorize, int fragments, Launch&& launch) {
+  auto with_vec = [&](auto vec) {
+    switch (fragments) {
+      case 1:
+        launch(vec, std::integral_constant<int, 1>{});
+        break;
+      case 2:
+        launch(vec, std::integral_constant<int, 2>{});
+        break;
+      default:
+        launch(vec, std::integral_constant<int, kMaxFragments>{});
+    }
+  };
+  if (vectorize) {
+    with_vec(std::integral_constant<int, kVecWidth>{});
+  } else {
+    with_vec(std::integral_constant<int, 1>{});
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Device helpers.
+
+__device__ __forceinline__ int Lane() { return static_cast<int>(threadIdx.x) & (kWarpSize - 1); }
+
+__device__ __forceinline__ int64_t GlobalWarp() {
+  return (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
+}
+
+__device__ __forceinline__ int64_t GridWarps() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
+}
+
+__device__ __forceinline__ void RecordLowestRow(int64_t* d_status, int64_t row) {
+  atomicMin(reinterpret_cast<unsigned long long*>(d_status), static_cast<unsigned long long>(row));
+}
+
+// A copy of the spec whose token mode the compiler can see, so ResolveToken
+// folds to one branch (see ForTokenMode).
+template <TokenMode kMode>
+__device__ __forceinline__ StringSpec WithTokenMode(StringSpec s) {
+  s.mode = kMode;
+  return s;
+}
+
+__device__ __forceinline__ int64_t ShuffleInt64(int64_t v, int src) {
+  return __shfl_sync(kFullMask, v, src);
+}
+
+// Up to 32 tokens of one bag, in bag order: lane l < count holds token l.
+struct TokenSlots {
+  int count = 0;      // warp-uniform
+  int64_t begin = 0;  // absolute byte offset in the packed buffer
+  int64_t len = 0;
+};
+
+// Packs tokens into TokenSlots and hands every full batch (and the last one)
+// to flush(const TokenSlots&), which returns false to stop the bag.
+template <typename Flush>
+struct TokenQueue {
+  Flush& flush;
+  TokenSlots slots;
+
+  // Appends the tokens of the lanes in `held`, lane order being bag order;
+  // each of those lanes passes its own token as (begin, len).
+  __device__ bool Push(unsigned held, int64_t begin, int64_t len) {
+    const int lane = Lane();
+    while (held != 0) {
+      const int waiting = BitCount(held);
+      const int take = min(waiting, kWarpSize - slots.count);
+      const int q = lane - slots.count;
+      const bool mine = q >= 0 && q < take;
+      const int src = mine ? NthSetBit(held, q) : lane;
+      const int64_t b = ShuffleInt64(begin, src);
+      const int64_t n = ShuffleInt64(len, src);
+      if (mine) {
+        slots.begin = b;
+        slots.len = n;
+      }
+      slots.count += take;
+      held = take < waiting ? held & ~BitsBelow(NthSetBit(held, take)) : 0u;
+      if (slots.count == kWarpSize && !Drain()) return false;
+    }
+    return true;
+  }
+
+  __device__ bool Drain() {
+    if (slots.count == 0) return true;
+    const bool go_on = flush(slots);
+    slots.count = 0;
+    return go_on;
+  }
+};
+
+// Calls flush with the tokens of bag `bag`, in ForEachToken order, in batches
+// of up to 32. Returns false when flush stopped the bag. Warp-collective.
+template <typename Flush>
+__device__ bool VisitBagTokens(const StringSpec& s, const uint8_t* bytes,
+                               const int64_t* string_splits, const int64_t* bag_splits,
+                               int64_t bag, Flush& flush) {
+  int64_t first, last;
+  BagStrings(bag_splits, bag, &first, &last);
+  TokenQueue<Flush> queue{flush};
+  const int lane = Lane();
+  const int64_t dl = s.delim_len;
+  if (dl == 0) {
+    for (int64_t base = first; base < last; base += kWarpSize) {
+      const int64_t j = base + lane;
+      int64_t b = 0, n = 0;
+      if (j < last) {
+        b = string_splits[j];
+        n = string_splits[j + 1] - b;
+      }
+      const bool keep = j < last && !(s.skip_empty && n == 0);
+      if (!queue.Push(__ballot_sync(kFullMask, keep), b, n)) return false;
+    }
+    return queue.Drain();
+  }
+  for (int64_t j = first; j < last; ++j) {
+    const int64_t str_begin = string_splits[j];
+    const int64_t len = string_splits[j + 1] - str_begin;
+    const uint8_t* str = bytes + str_begin;
+    int64_t token_start = 0;
+    // A delimiter must fit before the end, so chunks past len - dl hold none.
+    for (int64_t c = 0; c + dl <= len; c += kWarpSize) {
+      const int64_t i = c + lane;
+      const bool candidate = i + dl <= len && DelimiterAt(str, i, s.delim, dl);
+      const uint32_t accepted =
+          AcceptDelimiters(__ballot_sync(kFullMask, candidate), c, dl, token_start);
+      const bool ends_token = (accepted >> lane) & 1u;
+      const int64_t start = ends_token ? TokenStartAt(accepted, lane, c, dl, token_start) : i;
+      const bool keep = ends_token && !(s.skip_empty && start == i);
+      token_start = NextTokenStart(accepted, c, dl, token_start);
+      if (!queue.Push(__ballot_sync(kFullMask, keep), str_begin + start, i - start)) return false;
+    }
+    // The token after the last delimiter; every lane holds the same one.
+    const bool keep_last = !(s.skip_empty && token_start == len);
+    if (keep_last && !queue.Push(1u, str_begin + token_start, len - token_start)) return false;
+  }
+  return queue.Drain();
+}
+
+// Resolves each lane's token of a batch; returns the lanes whose token is a
+// table row (lanes past the batch are in neither set).
+__device__ __forceinline__ unsigned ResolveSlots(const StringSpec& s, const uint8_t* bytes,
+                                                 const TokenSlots& t, int64_t* row,
+                                                 int64_t* value, unsigned* bad) {
+  const bool holds = Lane() < t.count;
+  *row = kSkipKey;
+  *value = 0;
+  if (holds) *row = ResolveToken(bytes + t.begin, t.len, s, value);
+  *bad = __ballot_sync(kFullMask, holds && *row < 0);
+  return __ballot_sync(kFullMask, holds && *row >= 0);
+}
+
+// The lanes of a warp that add one token's row together. Groups are aligned,
+// so a shuffle of `lanes` width never crosses into another group.
+struct TokenGroup {
+  int lanes;      // 1, 2, 4, ..., 32
+  int rank;       // this lane's index inside the group
+  int index;      // this group's index inside the warp
+  int count;      // groups per warp
+  unsigned mask;  // the group's warp lanes
+
+  __device__ static TokenGroup Make(int lanes) {
+    TokenGroup g;
+    const int lane = Lane();
+    g.lanes = lanes;
+    g.rank = lane & (lanes - 1);
+    g.index = lane / lanes;
+    g.count = kWarpSize / lanes;
+    const unsigned low = lanes == kWarpSize ? kFullMask : (1u << lanes) - 1u;
+    g.mask = low << (lane - g.rank);
+    return g;
+  }
+
+  __device__ float Sum(float v) const {
+    for (int offset = lanes / 2; offset > 0; offset /= 2)
+      v += __shfl_xor_sync(mask, v, offset, lanes);
+    return v;
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Fragment loads and stores: kVec consecutive elements of a row as floats.
+// The vector forms need 4 * sizeof(T) alignment, which the launchers check.
+
+__device__ __forceinline__ void LoadFragment(const float* p, float (&v)[4]) {
+  const float4 q = *reinterpret_cast<const float4*>(p);
+  v[0] = q.x;
+  v[1] = q.y;
+  v[2] = q.z;
+  v[3] = q.w;
+}
+
+template <typename T16>
+__device__ __forceinline__ void LoadFragment(const T16* p, float (&v)[4]) {
+  const uint2 q = *reinterpret_cast<const uint2*>(p);
+  v[0] = ToFloat(T16{static_cast<uint16_t>(q.x & 0xffffu)});
+  v[1] = ToFloat(T16{static_cast<uint16_t>(q.x >> 16)});
+  v[2] = ToFloat(T16{static_cast<uint16_t>(q.y & 0xffffu)});
+  v[3] = ToFloat(T16{static_cast<uint16_t>(q.y >> 16)});
+}
+
+template <typename T>
+__device__ __forceinline__ void LoadFragment(const T* p, float (&v)[1]) {
+  v[0] = ToFloat(*p);
+}
+
+__device__ __forceinline__ void StoreFragment(float* p, const float (&v)[4]) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+
+template <typename T16>
+__device__ __forceinline__ void StoreFragment(T16* p, const float (&v)[4]) {
+  const uint32_t b0 = FromFloat<T16>(v[0]).bits, b1 = FromFloat<T16>(v[1]).bits;
+  const uint32_t b2 = FromFloat<T16>(v[2]).bits, b3 = FromFloat<T16>(v[3]).bits;
+  *reinterpret_cast<uint2*>(p) = make_uint2(b0 | (b1 << 16), b2 | (b3 << 16));
+}
+
+template <typename T>
+__device__ __forceinline__ void StoreFragment(T* p, const float (&v)[1]) {
+  *p = FromFloat<T>(v[0]);
+}
+
+// The slice of one dim tile a lane owns: fragment j starts at element
+// tile_begin + (j * lanes + rank) * kVec, so a group's loads coalesce.
+template <int kVecArg, int kFragments>
+struct LaneTile {
+  static constexpr int kVec = kVecArg;
+  float v[kFragments][kVec];
+
+  __device__ static int64_t Offset(int64_t tile_begin, int j, const TokenGroup& g) {
+    return tile_begin + (static_cast<int64_t>(j) * g.lanes + g.rank) * kVec;
+  }
+  __device__ static int64_t Width(const TokenGroup& g) {
+    return static_cast<int64_t>(g.lanes) * kVec * kFragments;
+  }
+
+  __device__ void Zero() {
+#pragma unroll
+    for (int j = 0; j < kFragments; ++j)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) v[j][e] = 0.f;
+  }
+
+  // dim is a multiple of kVec on the vector path, so a fragment that starts
+  // inside the row ends inside it.
+  template <typename T>
+  __device__ void Load(const T* row, int64_t dim, int64_t tile_begin, const TokenGroup& g) {
+#pragma unroll
+    for (int j = 0; j < kFragments; ++j) {
+      const int64_t d = Offset(tile_begin, j, g);
+      if (d < dim) {
+        LoadFragment(row + d, v[j]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) v[j][e] = 0.f;
+      }
+    }
+  }
+
+  template <typename T>
+  __device__ void Store(T* row, int64_t dim, int64_t tile_begin, const TokenGroup& g,
+                        float scale) const {
+#pragma unroll
+    for (int j = 0; j < kFragments; ++j) {
+      const int64_t d = Offset(tile_begin, j, g);
+      if (d >= dim) continue;
+      float scaled[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) scaled[e] = v[j][e] * scale;
+      StoreFragment(row + d, scaled);
+    }
+  }
+
+  __device__ float SumSquares() const {
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < kFragments; ++j)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) s += v[j][e] * v[j][e];
+    return s;
+  }
+
+  __device__ void AddScaled(float f, const LaneTile& x) {
+#pragma unroll
+    for (int j = 0; j < kFragments; ++j)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) v[j][e] += f * x.v[j][e];
+  }
+
+  // Lanes of equal rank in every group add up their partial bags. The whole
+  // warp must call it.
+  __device__ void SumAcrossGroups(const TokenGroup& g) {
+    for (int offset = g.lanes; offset < kWarpSize; offset *= 2)
+#pragma unroll
+      for (int j = 0; j < kFragments; ++j)
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) v[j][e] += __shfl_xor_sync(kFullMask, v[j][e], offset);
+  }
+};
+
+// |row|^2 over the whole row, for rows wider than one tile. One fragment at a
+// time: the tile being pooled is live meanwhile, and registers are scarce.
+template <int kVec, typename T>
+__device__ float RowSquaredNorm(const T* row, int64_t dim, const TokenGroup& g) {
+  float partial = 0.f;
+  for (int64_t d = static_cast<int64_t>(g.rank) * kVec; d < dim;
+       d += static_cast<int64_t>(g.lanes) * kVec) {
+    float v[kVec];
+    LoadFragment(row + d, v);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) partial += v[e] * v[e];
+  }
+  return g.Sum(partial);
+}
+
+// acc += clip(row) on this tile, the clip being MaxNormScale of the whole
+// row, as BagPool::Add does with weight 1. Group-collective.
+template <typename Tile, typename T>
+__device__ void AddRow(const StringSpec& s, const T* row, int64_t tile_begin,
+                       const TokenGroup& g, Tile* acc) {
+  const int64_t dim = s.lookup.dim;
+  Tile x;
+  x.Load(row, dim, tile_begin, g);
+  float f = 1.f;
+  if (s.lookup.max_norm > 0.f) {
+    const bool whole_row_loaded = dim <= Tile::Width(g);
+    const float squared_norm = whole_row_loaded ? g.Sum(x.SumSquares())
+                                                : RowSquaredNorm<Tile::kVec>(row, dim, g);
+    f = MaxNormScale(squared_norm, s.lookup.max_norm);
+  }
+  acc->AddScaled(f, x);
+}
+
+// Pools bag `bag` into out_row. On a bad token it records the bag in
+// d_status and returns without writing: the op fails, and the CPU also stops
+// there. The bag index is also the error row (MultiStringEmbedding passes
+// its global row f * batch + r). Warp-collective.
+template <typename Tile, typename T>
+__device__ void PoolBag(const StringSpec& s, const T* params, const uint8_t* bytes,
+                        const int64_t* string_splits, const int64_t* bag_splits, int64_t bag,
+                        const TokenGroup& g, T* out_row, int64_t* d_status) {
+  const int64_t dim = s.lookup.dim;
+  // do/while: a bag is split at least once even when dim == 0, so bad tokens
+  // are still reported for an empty embedding, as on the CPU.
+  int64_t tile = 0;
+  do {
+    Tile acc;
+    acc.Zero();
+    BagWeights bw;
+    bool any = false;
+    auto flush = [&](const TokenSlots& t) {
+      int64_t row, value;
+      unsigned bad;
+      ResolveSlots(s, bytes, t, &row, &value, &bad);
+      if (bad != 0) {
+        if (Lane() == 0) RecordLowestRow(d_status, bag);
+        return false;
+      }
+      // Round by round, group k takes token base + k; a group's row address
+      // only ever comes from a token that resolved to a row.
+      for (int base = 0; base < t.count; base += g.count) {
+        const int k = base + g.index;
+        const int64_t mine = ShuffleInt64(row, k);
+        if (k < t.count) AddRow(s, params + mine * dim, tile, g, &acc);
+      }
+      for (int k = 0; k < t.count; ++k) bw.Add(1.f);
+      any = true;
+      return true;
+    };
+    if (!VisitBagTokens(s, bytes, string_splits, bag_splits, bag, flush)) return;
+    acc.SumAcrossGroups(g);
+    if (!any && s.lookup.default_id >= 0) {
+      // Every group holds the whole sum now, so each may add the default row.
+      AddRow(s, params + s.lookup.default_id * dim, tile, g, &acc);
+      bw.Add(1.f);
+    }
+    if (g.index == 0) acc.Store(out_row, dim, tile, g, CombinerScale(s.lookup.combiner, bw));
+    tile += Tile::Width(g);
+  } while (tile < dim);
+}
+
+// Fills d_status[1..4] from the first bad token of bag `bag` (its row is
+// already in d_status[0]). Warp-collective.
+__device__ void FillTokenError(const StringSpec& s, const uint8_t* bytes,
+                               const int64_t* string_splits, const int64_t* bag_splits,
+                               int64_t bag, int64_t* d_status) {
+  auto flush = [&](const TokenSlots& t) {
+    int64_t row, value;
+    unsigned bad;
+    ResolveSlots(s, bytes, t, &row, &value, &bad);
+    if (bad == 0) return true;
+    // Slots are in bag order, so the lowest bad lane is the CPU's token.
+    if (Lane() == LowestSetBit(bad)) {
+      d_status[1] = t.begin;
+      d_status[2] = t.len;
+      d_status[3] = value;
+      d_status[4] = row;
+    }
+    return false;
+  };
+  VisitBagTokens(s, bytes, string_splits, bag_splits, bag, flush);
+}
+
+// |e|^2 and g.e for one table row e and the bag's output gradient g.
+struct RowDots {
+  float squared_norm = 0.f;
+  float dot_grad = 0.f;
+};
+
+template <typename T>
+__device__ RowDots ComputeRowDots(const T* row, const T* grad_row, int64_t dim,
+                                  const TokenGroup& g) {
+  RowDots dots;
+  for (int64_t d = g.rank; d < dim; d += g.lanes) {
+    const float x = ToFloat(row[d]);
+    dots.squared_norm += x * x;
+    dots.dot_grad += x * ToFloat(grad_row[d]);
+  }
+  dots.squared_norm = g.Sum(dots.squared_norm);
+  dots.dot_grad = g.Sum(dots.dot_grad);
+  return dots;
+}
+
+// dst = ClipBackward(row, grad_row) * scale, one gradient row. Group-collective.
+template <typename T>
+__device__ void WriteClipBackward(const StringSpec& s, const T* row, const T* grad_row,
+                                  float scale, T* dst, const TokenGroup& g) {
+  const int64_t dim = s.lookup.dim;
+  const float max_norm = s.lookup.max_norm;
+  const RowDots dots = max_norm > 0.f ? ComputeRowDots(row, grad_row, dim, g) : RowDots{};
+  if (ClipIsActive(dots.squared_norm, max_norm)) {
+    const float c = MaxNormScale(dots.squared_norm, max_norm);
+    for (int64_t d = g.rank; d < dim; d += g.lanes)
+      dst[d] = FromFloat<T>(ClipBackwardElement(ToFloat(row[d]), ToFloat(grad_row[d]),
+                                                dots.dot_grad, dots.squared_norm, c, scale));
+  } else {
+    for (int64_t d = g.rank; d < dim; d += g.lanes) dst[d] = FromFloat<T>(scale * ToFloat(grad_row[d]));
+  }
+}
+
+// Gradient rows of bag `bag`, as BagGradCpu with weights 1: one pass counts
+// the bag's tokens (the combiner needs them all), a second writes one row per
+// token at grad_offsets[bag] + its rank. Bad tokens are skipped, as the CPU's
+// visitor without an error slot does. Warp-collective.
+template <typename T>
+__device__ void GradBag(const StringSpec& s, const T* params, const uint8_t* bytes,
+                        const int64_t* string_splits, const int64_t* bag_splits, int64_t bag,
+                        const T* grad_out, const int64_t* grad_offsets, const TokenGroup& g,
+                        T* grad_values, int64_t* grad_indices) {
+  const int64_t dim = s.lookup.dim;
+  const T* grad_row = grad_out + bag * dim;
+  BagWeights bw;
+  bool any = false;
+  auto count = [&](const TokenSlots& t) {
+    int64_t row, value;
+    unsigned bad;
+    const int kept = BitCount(ResolveSlots(s, bytes, t, &row, &value, &bad));
+    for (int k = 0; k < kept; ++k) bw.Add(1.f);
+    any = any || kept > 0;
+    return true;
+  };
+  VisitBagTokens(s, bytes, string_splits, bag_splits, bag, count);
+
+  int64_t next = grad_offsets[bag];
+  if (!any) {
+    if (s.lookup.default_id >= 0 && g.index == 0) {
+      WriteClipBackward(s, params + s.lookup.default_id * dim, grad_row, 1.f,
+                        grad_values + next * dim, g);
+      if (g.rank == 0) grad_indices[next] = s.lookup.default_id;
+    }
+    return;
+  }
+  const float scale = CombinerScale(s.lookup.combiner, bw);
+  auto write = [&](const TokenSlots& t) {
+    int64_t row, value;
+    unsigned bad;
+    const unsigned kept = ResolveSlots(s, bytes, t, &row, &value, &bad);
+    const int n = BitCount(kept);
+    for (int base = 0; base < n; base += g.count) {
+      const int q = base + g.index;  // this group's token, by rank among the kept
+      const int64_t mine = ShuffleInt64(row, q < n ? NthSetBit(kept, q) : 0);
+      if (q >= n) continue;
+      WriteClipBackward(s, params + mine * dim, grad_row, scale, grad_values + (next + q) * dim, g);
+      if (g.rank == 0) grad_indices[next + q] = mine;
+    }
+    next += n;
+    return true;
+  };
+  VisitBagTokens(s, bytes, string_splits, bag_splits, bag, write);
+}
+
+// ---------------------------------------------------------------------------
+// Kernels. One warp per bag, grid-stride over bags.
+
+__global__ void InitTokenStatusKernel(int64_t* d_status) {
+  if (threadIdx.x < kTokenStatusSize) d_status[threadIdx.x] = threadIdx.x == 0 ? -1 : 0;
+}
+
+template <TokenMode kMode, int kVec, int kFragments, typename T>
+__global__ void __launch_bounds__(kBlockThreads)
+    PoolStringsKernel(const StringSpec spec, const T* __restrict__ params,
+                      const uint8_t* __restrict__ bytes, const int64_t* __restrict__ string_splits,
+                      const int64_t* __restrict__ bag_splits, int64_t num_bags, int lanes,
+                      T* __restrict__ out, int64_t* d_status) {
+  const StringSpec s = WithTokenMode<kMode>(spec);
+  const TokenGroup g = TokenGroup::Make(lanes);
+  for (int64_t r = GlobalWarp(); r < num_bags; r += GridWarps())
+    PoolBag<LaneTile<kVec, kFragments>>(s, params, bytes, string_splits, bag_splits, r, g,
+                                        out + r * s.lookup.dim, d_status);
+}
+
+// Features differ in token mode, so this kernel resolves with the mode read
+// at run time; tile shape is the widest any feature needs.
+template <int kVec, int kFragments, typename T>
+__global__ void __launch_bounds__(kBlockThreads)
+    MultiPoolStringsKernel(const FeatureDesc* __restrict__ features, int64_t num_rows,
+                           int64_t batch, const uint8_t* __restrict__ bytes,
+                           const int64_t* __restrict__ string_splits, int64_t* d_status) {
+  for (int64_t row = GlobalWarp(); row < num_rows; row += GridWarps()) {
+    const int64_t f = row / batch;
+    const FeatureDesc desc = features[f];
+    const int64_t dim = desc.spec.lookup.dim;
+    const TokenGroup g = TokenGroup::Make(LanesForDim(dim, kVec));
+    // Feature f's strings start at f * batch, so the global row is also the
+    // string index (bags are single strings).
+    PoolBag<LaneTile<kVec, kFragments>>(desc.spec, static_cast<const T*>(desc.params), bytes,
+                                        string_splits, nullptr, row, g,
+                                        static_cast<T*>(desc.out) + (row - f * batch) * dim,
+                                        d_status);
+  }
+}
+
+// One warp. Does nothing unless a row of this launch was recorded.
+__global__ void FillTokenErrorKernel(const StringSpec spec, const uint8_t* bytes,
+                                     const int64_t* string_splits, const int64_t* bag_splits,
+                                     int64_t num_bags, int64_t* d_status) {
+  const int64_t r = d_status[0];
+  __syncwarp();  // every lane has read the row before any field is written
+  if (r < 0 || r >= num_bags) return;
+  FillTokenError(spec, bytes, string_splits, bag_splits, r, d_status);
+}
+
+__global__ void FillMultiTokenErrorKernel(const FeatureDesc* features, int64_t num_rows,
+                                          int64_t batch, const uint8_t* bytes,
+                                          const int64_t* string_splits, int64_t* d_status) {
+  const int64_t row = d_status[0];
+  __syncwarp();
+  if (row < 0 || row >= num_rows) return;
+  FillTokenError(features[row / batch].spec, bytes, string_splits, nullptr, row, d_status);
+}
+
+template <TokenMode kMode>
+__global__ void __launch_bounds__(kBlockThreads)
+    StringGradRowCountsKernel(const StringSpec spec, const uint8_t* __restrict__ bytes,
+                              const int64_t* __restrict__ string_splits,
+                              const int64_t* __restrict__ bag_splits, int64_t num_bags,
+                              int64_t* __restrict__ counts) {
+  const StringSpec s = WithTokenMode<kMode>(spec);
+  for (int64_t r = GlobalWarp(); r < num_bags; r += GridWarps()) {
+    int64_t n = 0;
+    auto count = [&](const TokenSlots& t) {
+      int64_t row, value;
+      unsigned bad;
+      n += BitCount(ResolveSlots(s, bytes, t, &row, &value, &bad));
+      return true;
+    };
+    VisitBagTokens(s, bytes, string_splits, bag_splits, r, count);
+    if (n == 0 && s.lookup.default_id >= 0) n = 1;
+    if (Lane() == 0) counts[r] = n;
+  }
+}
+
+template <TokenMode kMode, typename T>
+__global__ void __launch_bounds__(kBlockThreads)
+    StringGradKernel(const StringSpec spec, const T* __restrict__ params,
+                     const uint8_t* __restrict__ bytes, const int64_t* __restrict__ string_splits,
+                     const int64_t* __restrict__ bag_splits, int64_t num_bags,
+                     const T* __restrict__ grad_out, const int64_t* __restrict__ grad_offsets,
+                     int lanes, T* __restrict__ grad_values, int64_t* __restrict__ grad_indices) {
+  const StringSpec s = WithTokenMode<kMode>(spec);
+  const TokenGroup g = TokenGroup::Make(lanes);
+  for (int64_t r = GlobalWarp(); r < num_bags; r += GridWarps())
+    GradBag(s, params, bytes, string_splits, bag_splits, r, grad_out, grad_offsets, g,
+            grad_values, grad_indices);
+}
+
+std::string CheckBags(int64_t num_bags) {
+  return num_bags < 0 ? "num_bags must be >= 0, got " + std::to_string(num_bags) : "";
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Launchers.
+
+std::string InitTokenStatus(int64_t* d_status, void* stream) {
+  InitTokenStatusKernel<<<1, kTokenStatusSize, 0, AsStream(stream)>>>(d_status);
+  return CheckLaunch("InitTokenStatusKernel");
+}
+
+template <typename T>
+std::string StringEmbedding(const StringSpec& spec, const T* params, const uint8_t* bytes,
+                            const int64_t* string_splits, const int64_t* bag_splits,
+                            int64_t num_bags, T* out, int64_t* d_status, void* stream) {
+  std::string err = ValidateSpec(spec);
+  if (err.empty()) err = CheckBags(num_bags);
+  if (!err.empty() || num_bags == 0) return err;
+  const cudaStream_t st = AsStream(stream);
+  const int64_t dim = spec.lookup.dim;
+  const bool vectorize = dim % kVecWidth == 0 && IsVectorAligned(params, sizeof(T)) &&
+                         IsVectorAligned(out, sizeof(T));
+  const int vec = vectorize ? kVecWidth : 1;
+  const int lanes = LanesForDim(dim, vec);
+  ForTokenMode(spec.mode, [&](auto mode) {
+    ForTileShape(vectorize, FragmentsForDim(dim, vec), [&](auto v, auto frags) {
+      PoolStringsKernel<decltype(mode)::value, decltype(v)::value, decltype(frags)::value, T>
+          <<<BlocksForBags(num_bags), kBlockThreads, 0, st>>>(
+              spec, params, bytes, string_splits, bag_splits, num_bags, lanes, out, d_status);
+    });
+  });
+  err = CheckLaunch("PoolStringsKernel");
+  // Every token hashes to a bucket, so only the parse modes can fail.
+  if (!err.empty() || spec.mode == TokenMode::kHash) return err;
+  FillTokenErrorKernel<<<1, kWarpSize, 0, st>>>(spec, bytes, string_splits, bag_splits, num_bags,
+                                                d_status);
+  return CheckLaunch("FillTokenErrorKernel");
+}
+
+template <typename T>
+std::string MultiStringEmbedding(const FeatureDesc* h_features, FeatureDesc* d_features,
+                                 int64_t num_features, int64_t batch, const uint8_t* bytes,
+                                 const int64_t* string_splits, int64_t* d_status, void* stream) {
+  if (num_features < 0 || batch < 0)
+    return "num_features and batch must be >= 0, got " + std::to_string(num_features) + " and " +
+           std::to_string(batch);
+  bool vectorize = true;
+  bool can_fail = false;
+  int fragments = 1;
+  for (int64_t f = 0; f < num_features; ++f) {
+    const FeatureDesc& d = h_features[f];
+    const std::string err = ValidateSpec(d.spec);
+    if (!err.empty()) return "feature " + std::to_string(f) + ": " + err;
+    const int64_t dim = d.spec.lookup.dim;
+    vectorize = vectorize && dim % kVecWidth == 0 && IsVectorAligned(d.params, sizeof(T)) &&
+                IsVectorAligned(d.out, sizeof(T));
+    can_fail = can_fail || d.spec.mode != TokenMode::kHash;
+  }
+  const int64_t num_rows = num_features * batch;
+  if (num_rows == 0) return "";
+  const int vec = vectorize ? kVecWidth : 1;
+  for (int64_t f = 0; f < num_features; ++f)
+    fragments = std::max(fragments, FragmentsForDim(h_features[f].spec.lookup.dim, vec));
+  const cudaStream_t st = AsStream(stream);
+  // From pageable memory this returns once h_features is staged, so the caller
+  // may free it; from pinned memory it must outlive the copy.
+  std::string err = CudaError(
+      "MultiStringEmbedding: copying feature descriptors",
+      cudaMemcpyAsync(d_features, h_features, static_cast<size_t>(num_features) * sizeof(FeatureDesc),
+                      cudaMemcpyHostToDevice, st));
+  if (!err.empty()) return err;
+  ForTileShape(vectorize, fragments, [&](auto v, auto frags) {
+    MultiPoolStringsKernel<decltype(v)::value, decltype(frags)::value, T>
+        <<<BlocksForBags(num_rows), kBlockThreads, 0, st>>>(d_features, num_rows, batch, bytes,
+                                                            string_splits, d_status);
+  });
+  err = CheckLaunch("MultiPoolStringsKernel");
+  if (!err.empty() || !can_fail) return err;
+  FillMultiTokenErrorKernel<<<1, kWarpSize, 0, st>>>(d_features, num_rows, batch, bytes,
+                                                     string_splits, d_status);
+  return CheckLaunch("FillMultiTokenErrorKernel");
+}
+
+std::string StringGradRowCounts(const StringSpec& spec, const uint8_t* bytes,
+                                const int64_t* string_splits, const int64_t* bag_splits,
+                                int64_t num_bags, int64_t* counts, void* stream) {
+  std::string err = ValidateSpec(spec);
+  if (err.empty()) err = CheckBags(num_bags);
+  if (!err.empty() || num_bags == 0) return err;
+  ForTokenMode(spec.mode, [&](auto mode) {
+    StringGradRowCountsKernel<decltype(mode)::value>
+        <<<BlocksForBags(num_bags), kBlockThreads, 0, AsStream(stream)>>>(
+            spec, bytes, string_splits, bag_splits, num_bags, counts);
+  });
+  return CheckLaunch("StringGradRowCountsKernel");
+}
+
+template <typename T>
+std::string StringGrad(const StringSpec& spec, const T* params, const uint8_t* bytes,
+                       const int64_t* string_splits, const int64_t* bag_splits, int64_t num_bags,
+                       const T* grad_out, const int64_t* grad_offsets, T* grad_values,
+                       int64_t* grad_indices, void* stream) {
+  std::string err = ValidateSpec(spec);
+  if (err.empty()) err = CheckBags(num_bags);
+  if (!err.empty() || num_bags == 0) return err;
+  const int lanes = LanesForDim(spec.lookup.dim, 1);
+  ForTokenMode(spec.mode, [&](auto mode) {
+    StringGradKernel<decltype(mode)::value, T>
+        <<<BlocksForBags(num_bags), kBlockThreads, 0, AsStream(stream)>>>(
+            spec, params, bytes, string_splits, bag_splits, num_bags, grad_out, grad_offsets,
+            lanes, grad_values, grad_indices);
+  });
+  return CheckLaunch("StringGradKernel");
+}
+
+// ---------------------------------------------------------------------------
+// Explicit instantiations.
+
+template std::string StringEmbedding<float>(const StringSpec&, const float*, const uint8_t*,
+                                            const int64_t*, const int64_t*, int64_t, float*,
+                                            int64_t*, void*);
+template std::string StringEmbedding<Half>(const StringSpec&, const Half*, const uint8_t*,
+                                           const int64_t*, const int64_t*, int64_t, Half*,
+                                           int64_t*, void*);
+template std::string StringEmbedding<BFloat16>(const StringSpec&, const BFloat16*, const uint8_t*,
+                                               const int64_t*, const int64_t*, int64_t, BFloat16*,
+                                               int64_t*, void*);
+
+template std::string MultiStringEmbedding<float>(const FeatureDesc*, FeatureDesc*, int64_t, int64_t,
+                                                 const uint8_t*, const int64_t*, int64_t*, void*);
+template std::string MultiStringEmbedding<Half>(const FeatureDesc*, FeatureDesc*, int64_t, int64_t,
+                                                const uint8_t*, const int64_t*, int64_t*, void*);
+template std::string MultiStringEmbedding<BFloat16>(const FeatureDesc*, FeatureDesc*, int64_t,
+                                                    int64_t, const uint8_t*, const int64_t*,
+                                                    int64_t*, void*);
+
+template std::string StringGrad<float>(const StringSpec&, const float*, const uint8_t*,
+                                       const int64_t*, const int64_t*, int64_t, const float*,
+                                       const int64_t*, float*, int64_t*, void*);
+template std::string StringGrad<Half>(const StringSpec&, const Half*, const uint8_t*,
+                                      const int64_t*, const int64_t*, int64_t, const Half*,
+                                      const int64_t*, Half*, int64_t*, void*);
+template std::string StringGrad<BFloat16>(const StringSpec&, const BFloat16*, const uint8_t*,
+                                          const int64_t*, const int64_t*, int64_t,
+                                          const BFloat16*, const int64_t*, BFloat16*, int64_t*,
+                                          void*);
+
+}  // namespace gpu
+}  // namespace ctr
