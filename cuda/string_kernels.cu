@@ -682,7 +682,6 @@ __global__ void FillTokenErrorKernel(const StringSpec spec, const uint8_t* bytes
                                      const int64_t* string_splits, const int64_t* bag_splits,
                                      int64_t num_bags, int64_t* d_status) {
   const int64_t r = d_status[0];
-  __syncwarp();  // every lane has read the row before any field is written
   if (r < 0 || r >= num_bags) return;
   FillTokenError(spec, bytes, string_splits, bag_splits, r, d_status);
 }
@@ -691,7 +690,6 @@ __global__ void FillMultiTokenErrorKernel(const FeatureDesc* features, int64_t n
                                           int64_t batch, const uint8_t* bytes,
                                           const int64_t* string_splits, int64_t* d_status) {
   const int64_t row = d_status[0];
-  __syncwarp();
   if (row < 0 || row >= num_rows) return;
   FillTokenError(features[row / batch].spec, bytes, string_splits, nullptr, row, d_status);
 }

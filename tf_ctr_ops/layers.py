@@ -1,12 +1,12 @@
 """Keras 3 layers over the fused tf-ctr-ops lookups (TensorFlow backend).
 
 `SparseEmbedding` pools rows of a `[input_dim, output_dim]` table over bags of
-ids; `HashEmbedding` hashes its keys into `num_buckets` rows first. Both run
-one fused `CtrEmbeddingLookup` op per call, and the gradient of their table is
-a `tf.IndexedSlices` holding only the looked-up rows.
+ids; `HashEmbedding` hashes its keys into `num_buckets` rows first;
+`StringEmbedding` and `MultiStringEmbedding` take strings of delimited ids.
+Each runs one fused op per call, and the gradient of a table is a
+`tf.IndexedSlices` holding only the looked-up rows.
 
-Both layers are registered as `tf_ctr_ops>SparseEmbedding` and
-`tf_ctr_ops>HashEmbedding`: after `import tf_ctr_ops`, `keras.models.load_model`
+All layers are registered under the `tf_ctr_ops` package: after `import tf_ctr_ops`, `keras.models.load_model`
 restores models that use them, and `tf.saved_model.load` runs SavedModels
 exported from them (`model.export`), as long as `tf_ctr_ops` has been imported
 in that process first (the op library must be loaded before the graph is).
@@ -17,8 +17,9 @@ import tensorflow as tf
 from keras import constraints, initializers, regularizers
 
 from tf_ctr_ops import ops as _ops
+from tf_ctr_ops import strings as _strings
 
-__all__ = ["SparseEmbedding", "HashEmbedding"]
+__all__ = ["SparseEmbedding", "HashEmbedding", "StringEmbedding", "MultiStringEmbedding"]
 
 _CONTAINERS_DOC = """
     Inputs:
@@ -290,3 +291,153 @@ class HashEmbedding(_PooledEmbeddingBase):
 
 
 HashEmbedding.__doc__ += _CONTAINERS_DOC
+
+
+def _string_inputs(inputs):
+    inputs = tf.convert_to_tensor(inputs)
+    if inputs.shape.rank == 2 and inputs.shape[1] == 1:
+        inputs = tf.squeeze(inputs, axis=1)
+    return inputs
+
+
+@keras.saving.register_keras_serializable(package="tf_ctr_ops")
+class StringEmbedding(_PooledEmbeddingBase):
+    """Pooled embedding of strings of delimited ids, e.g. `"12,7,993"`.
+
+    One fused op splits each string, maps every token to a row (hashing it,
+    or parsing it as an int64), looks the rows up and pools them: the
+    `tf.strings.split` + `to_number` / `to_hash_bucket_fast` +
+    `embedding_lookup_sparse` chain, with no token strings.
+
+    Example:
+
+    >>> inputs = keras.Input(shape=(), dtype="string")
+    >>> pooled = StringEmbedding(1000, 8, delimiter="|")(inputs)
+    >>> model = keras.Model(inputs, pooled)
+    >>> model(tf.constant(["Comedy|Drama", ""])).shape
+    TensorShape([2, 8])
+
+    Args:
+        num_buckets: Table rows V: hash buckets in "hash" mode, the id range
+            in "index" mode, the modulus in "mod" mode.
+        output_dim: Embedding size D.
+        delimiter: Non-empty token separator (at most 16 bytes).
+        combiner: "sum", "mean" or "sqrtn".
+        id_mode: "hash", "index" or "mod" (see `tf_ctr_ops.string_embedding`).
+        skip_empty: Drop empty tokens (an empty string pools to zeros).
+        embeddings_initializer, embeddings_regularizer, embeddings_constraint:
+            For the `[num_buckets, output_dim]` table.
+        max_norm: If set, rows are clipped to this L2 norm before pooling.
+
+    Input: a string tensor `[B]` or `[B, 1]`. Output: `[B, output_dim]`.
+    """
+
+    _rows_arg = "num_buckets"
+
+    def __init__(self, num_buckets, output_dim, delimiter=",", combiner="mean", id_mode="hash",
+                 skip_empty=True, embeddings_initializer="uniform", embeddings_regularizer=None,
+                 embeddings_constraint=None, max_norm=None, **kwargs):
+        super().__init__(num_buckets, output_dim, combiner=combiner,
+                         embeddings_initializer=embeddings_initializer,
+                         embeddings_regularizer=embeddings_regularizer,
+                         embeddings_constraint=embeddings_constraint, max_norm=max_norm, **kwargs)
+        _strings._check_delimiter(delimiter)
+        self.delimiter = delimiter
+        self.id_mode = _strings._check_id_mode(id_mode)
+        self.skip_empty = bool(skip_empty)
+
+    @property
+    def num_buckets(self):
+        return self._rows
+
+    def _lookup(self, table, inputs, weights):
+        if weights is not None:
+            raise ValueError("StringEmbedding takes no weights")
+        return _strings.string_embedding(_string_inputs(inputs), table, delimiter=self.delimiter,
+                                         combiner=self.combiner, id_mode=self.id_mode,
+                                         skip_empty=self.skip_empty, max_norm=self.max_norm)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"delimiter": self.delimiter, "id_mode": self.id_mode, "skip_empty": self.skip_empty})
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tf_ctr_ops")
+class MultiStringEmbedding(keras.layers.Layer):
+    """Many string features of one batch embedded by one grouped op.
+
+    Equivalent to one `StringEmbedding` per feature, but all features are
+    packed into one buffer and pooled in one kernel launch
+    (`tf_ctr_ops.multi_string_embedding`).
+
+    Example:
+
+    >>> genres = keras.Input(shape=(), dtype="string")
+    >>> history = keras.Input(shape=(), dtype="string")
+    >>> g, h = MultiStringEmbedding([20, 4000], [4, 16], delimiters=["|", ","],
+    ...                             id_modes=["hash", "index"])([genres, history])
+    >>> (g.shape, h.shape)
+    ((None, 4), (None, 16))
+
+    Args:
+        num_buckets: List of table sizes, one per feature.
+        output_dims: List of embedding sizes (or one int for all).
+        delimiters, combiners, id_modes, skip_empty: One value for all
+            features, or a list with one per feature.
+        embeddings_initializer: Initializer of every table.
+        max_norm: If set, rows are clipped to this L2 norm before pooling.
+
+    Input: a list of string tensors `[B]`. Output: a list of `[B, D_i]`.
+    """
+
+    def __init__(self, num_buckets, output_dims, delimiters=",", combiners="mean", id_modes="hash",
+                 skip_empty=True, embeddings_initializer="uniform", max_norm=None, **kwargs):
+        super().__init__(**kwargs)
+        self.num_buckets = [_check_positive_int(v, "num_buckets") for v in num_buckets]
+        n = len(self.num_buckets)
+        if n == 0:
+            raise ValueError("`num_buckets` must list at least one feature")
+        self.output_dims = [_check_positive_int(d, "output_dims")
+                            for d in _strings._per_feature(output_dims, n, "output_dims")]
+        self.delimiters = _strings._per_feature(delimiters, n, "delimiters")
+        for d in self.delimiters:
+            _strings._check_delimiter(d)
+        self.combiners = [_ops._check_combiner(c) for c in _strings._per_feature(combiners, n, "combiners")]
+        self.id_modes = [_strings._check_id_mode(m) for m in _strings._per_feature(id_modes, n, "id_modes")]
+        self.skip_empty = [bool(s) for s in _strings._per_feature(skip_empty, n, "skip_empty")]
+        self.embeddings_initializer = initializers.get(embeddings_initializer)
+        self.max_norm = _check_max_norm(max_norm)
+        self.autocast = False
+
+    def build(self, input_shape=None):
+        if self.built:
+            return
+        self.tables = [self.add_weight(shape=(v, d), initializer=self.embeddings_initializer,
+                                       name=f"embeddings_{i}", trainable=True)
+                       for i, (v, d) in enumerate(zip(self.num_buckets, self.output_dims))]
+        self.built = True
+
+    def call(self, inputs):
+        inputs = [_string_inputs(x) for x in inputs]
+        if len(inputs) != len(self.num_buckets):
+            raise ValueError(f"expected {len(self.num_buckets)} string features, got {len(inputs)}")
+        outs = _strings.multi_string_embedding(
+            inputs, [tf.convert_to_tensor(t) for t in self.tables], delimiters=self.delimiters,
+            combiners=self.combiners, id_modes=self.id_modes, skip_empty=self.skip_empty,
+            max_norms=self.max_norm)
+        return [o if o.dtype == self.compute_dtype else tf.cast(o, self.compute_dtype) for o in outs]
+
+    def compute_output_shape(self, input_shape):
+        batch = input_shape[0][0] if input_shape and input_shape[0] else None
+        return [(batch, d) for d in self.output_dims]
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "num_buckets": self.num_buckets, "output_dims": self.output_dims, "delimiters": self.delimiters,
+            "combiners": self.combiners, "id_modes": self.id_modes, "skip_empty": self.skip_empty,
+            "embeddings_initializer": initializers.serialize(self.embeddings_initializer),
+            "max_norm": self.max_norm,
+        })
+        return config

@@ -167,17 +167,13 @@ template <typename T>
 void ClipBackward(const T* x, const float* g, const LookupSpec& s, float scale,
                   float* dst) {
   const int64_t D = s.dim;
-  if (s.max_norm > 0.f) {
-    const float sq = SquaredNorm(x, D);
-    const float norm = sqrtf(sq);
-    if (norm > s.max_norm) {
-      float xg = 0.f;
-      for (int64_t d = 0; d < D; ++d) xg += ToFloat(x[d]) * g[d];
-      const float c = s.max_norm / norm;
-      for (int64_t d = 0; d < D; ++d)
-        dst[d] = scale * c * (g[d] - ToFloat(x[d]) * xg / sq);
-      return;
-    }
+  const float sq = s.max_norm > 0.f ? SquaredNorm(x, D) : 0.f;
+  if (ClipIsActive(sq, s.max_norm)) {
+    float xg = 0.f;
+    for (int64_t d = 0; d < D; ++d) xg += ToFloat(x[d]) * g[d];
+    const float c = MaxNormScale(sq, s.max_norm);
+    for (int64_t d = 0; d < D; ++d) dst[d] = ClipBackwardElement(ToFloat(x[d]), g[d], xg, sq, c, scale);
+    return;
   }
   for (int64_t d = 0; d < D; ++d) dst[d] = scale * g[d];
 }
