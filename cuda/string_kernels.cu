@@ -17,7 +17,8 @@
 //   2. Queue: tokens are packed into lanes, one per lane in bag order, until
 //      32 are waiting. Short tokens would otherwise leave most lanes idle
 //      while the few lanes holding a token hash or parse it.
-//   3. Resolve: each lane hashes or parses its token.
+//   3. Resolve: each lane hashes (out of line, see ResolveHashed) or parses
+//      its token.
 //   4. Accumulate: the warp splits into groups of 1..32 lanes (sized from
 //      dim, like the lookup's lane groups); each group adds one token's row at
 //      a time, its lanes splitting dim (float4 / 8-byte half loads when dim %
@@ -32,7 +33,11 @@
 // which is the row the CPU reports whatever the scheduling. A one-warp kernel
 // then, only if a row was recorded, splits that row again and fills begin,
 // len, value and kind from its first bad token; a 5 x 64-bit record cannot be
-// written atomically, and this keeps its fields from one token.
+// written atomically, and this keeps its fields from one token. For
+// MultiStringEmbedding the recorded row is the global row f * batch + r, the
+// lowest over all features: the caller reports feature row / batch, row
+// row % batch, and that feature's vocab. Hash mode cannot fail, so the
+// follow-up kernel is not launched for it.
 
 #include "cuda/string_launchers.h"
 
@@ -123,23 +128,6 @@ std::string ValidateSpec(const StringSpec& s) {
   return "";
 }
 
-// Calls launch(mode) with the token mode as a compile-time constant: the
-// parse-mode kernels then carry no hash code, whose registers would otherwise
-// set their occupancy.
-template <typename Launch>
-void ForTokenMode(TokenMode mode, Launch&& launch) {
-  switch (mode) {
-    case TokenMode::kHash:
-      launch(std::integral_constant<TokenMode, TokenMode::kHash>{});
-      break;
-    case TokenMode::kMod:
-      launch(std::integral_constant<TokenMode, TokenMode::kMod>{});
-      break;
-    default:
-      launch(std::integral_constant<TokenMode, TokenMode::kIndex>{});
-  }
-}
-
 // Calls launch(vec, fragments) with both as compile-time constants.
 template <typename Launch>
 void ForTileShape(bool vectorize, int fragments, Launch&& launch) {
@@ -179,12 +167,38 @@ __device__ __forceinline__ void RecordLowestRow(int64_t* d_status, int64_t row) 
   atomicMin(reinterpret_cast<unsigned long long*>(d_status), static_cast<unsigned long long>(row));
 }
 
-// A copy of the spec whose token mode the compiler can see, so ResolveToken
-// folds to one branch (see ForTokenMode).
-template <TokenMode kMode>
-__device__ __forceinline__ StringSpec WithTokenMode(StringSpec s) {
-  s.mode = kMode;
-  return s;
+// ResolveToken's result: a table row (or kBadNumber / kBadKey) and the
+// parsed number.
+struct Resolved {
+  int64_t row;
+  int64_t value;
+};
+
+// The hash mode's ResolveToken, kept out of line on purpose: Fingerprint64's
+// long-token path is large and register-hungry. Inlined, it was compiled into
+// every kernel and resolve site (minutes of build per architecture) and set
+// the register count, hence the occupancy, of the pooling loops around it.
+// Called once per 32 tokens per lane, the call costs far less than the rows.
+__device__ __noinline__ Resolved ResolveHashed(const uint8_t* tok, int64_t len, int64_t vocab) {
+  StringSpec s;
+  s.lookup.vocab = vocab;
+  s.mode = TokenMode::kHash;
+  Resolved r{0, 0};
+  r.row = ResolveToken(tok, len, s, &r.value);
+  return r;
+}
+
+// ResolveToken, with the parse modes inline (they are short) and the hash out
+// of line. The parse spec's mode is one of two constants, so its inlined hash
+// branch folds away.
+__device__ __forceinline__ Resolved Resolve(const StringSpec& s, const uint8_t* tok, int64_t len) {
+  if (s.mode == TokenMode::kHash) return ResolveHashed(tok, len, s.lookup.vocab);
+  StringSpec p;
+  p.lookup.vocab = s.lookup.vocab;
+  p.mode = s.mode == TokenMode::kMod ? TokenMode::kMod : TokenMode::kIndex;
+  Resolved r{0, 0};
+  r.row = ResolveToken(tok, len, p, &r.value);
+  return r;
 }
 
 __device__ __forceinline__ int64_t ShuffleInt64(int64_t v, int src) {
@@ -290,9 +304,10 @@ __device__ __forceinline__ unsigned ResolveSlots(const StringSpec& s, const uint
                                                  const TokenSlots& t, int64_t* row,
                                                  int64_t* value, unsigned* bad) {
   const bool holds = Lane() < t.count;
-  *row = kSkipKey;
-  *value = 0;
-  if (holds) *row = ResolveToken(bytes + t.begin, t.len, s, value);
+  Resolved r{kSkipKey, 0};
+  if (holds) r = Resolve(s, bytes + t.begin, t.len);
+  *row = r.row;
+  *value = r.value;
   *bad = __ballot_sync(kFullMask, holds && *row < 0);
   return __ballot_sync(kFullMask, holds && *row >= 0);
 }
@@ -643,21 +658,19 @@ __global__ void InitTokenStatusKernel(int64_t* d_status) {
   if (threadIdx.x < kTokenStatusSize) d_status[threadIdx.x] = threadIdx.x == 0 ? -1 : 0;
 }
 
-template <TokenMode kMode, int kVec, int kFragments, typename T>
+template <int kVec, int kFragments, typename T>
 __global__ void __launch_bounds__(kBlockThreads)
-    PoolStringsKernel(const StringSpec spec, const T* __restrict__ params,
+    PoolStringsKernel(const StringSpec s, const T* __restrict__ params,
                       const uint8_t* __restrict__ bytes, const int64_t* __restrict__ string_splits,
                       const int64_t* __restrict__ bag_splits, int64_t num_bags, int lanes,
                       T* __restrict__ out, int64_t* d_status) {
-  const StringSpec s = WithTokenMode<kMode>(spec);
   const TokenGroup g = TokenGroup::Make(lanes);
   for (int64_t r = GlobalWarp(); r < num_bags; r += GridWarps())
     PoolBag<LaneTile<kVec, kFragments>>(s, params, bytes, string_splits, bag_splits, r, g,
                                         out + r * s.lookup.dim, d_status);
 }
 
-// Features differ in token mode, so this kernel resolves with the mode read
-// at run time; tile shape is the widest any feature needs.
+// The tile shape is the widest any feature needs.
 template <int kVec, int kFragments, typename T>
 __global__ void __launch_bounds__(kBlockThreads)
     MultiPoolStringsKernel(const FeatureDesc* __restrict__ features, int64_t num_rows,
@@ -665,7 +678,9 @@ __global__ void __launch_bounds__(kBlockThreads)
                            const int64_t* __restrict__ string_splits, int64_t* d_status) {
   for (int64_t row = GlobalWarp(); row < num_rows; row += GridWarps()) {
     const int64_t f = row / batch;
-    const FeatureDesc desc = features[f];
+    // Read in place rather than copied: the spec's fields are then reloaded
+    // from cache when needed instead of pinning ~30 registers for the bag.
+    const FeatureDesc& desc = features[f];
     const int64_t dim = desc.spec.lookup.dim;
     const TokenGroup g = TokenGroup::Make(LanesForDim(dim, kVec));
     // Feature f's strings start at f * batch, so the global row is also the
@@ -694,13 +709,11 @@ __global__ void FillMultiTokenErrorKernel(const FeatureDesc* features, int64_t n
   FillTokenError(features[row / batch].spec, bytes, string_splits, nullptr, row, d_status);
 }
 
-template <TokenMode kMode>
 __global__ void __launch_bounds__(kBlockThreads)
-    StringGradRowCountsKernel(const StringSpec spec, const uint8_t* __restrict__ bytes,
+    StringGradRowCountsKernel(const StringSpec s, const uint8_t* __restrict__ bytes,
                               const int64_t* __restrict__ string_splits,
                               const int64_t* __restrict__ bag_splits, int64_t num_bags,
                               int64_t* __restrict__ counts) {
-  const StringSpec s = WithTokenMode<kMode>(spec);
   for (int64_t r = GlobalWarp(); r < num_bags; r += GridWarps()) {
     int64_t n = 0;
     auto count = [&](const TokenSlots& t) {
@@ -715,14 +728,13 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
 }
 
-template <TokenMode kMode, typename T>
+template <typename T>
 __global__ void __launch_bounds__(kBlockThreads)
-    StringGradKernel(const StringSpec spec, const T* __restrict__ params,
+    StringGradKernel(const StringSpec s, const T* __restrict__ params,
                      const uint8_t* __restrict__ bytes, const int64_t* __restrict__ string_splits,
                      const int64_t* __restrict__ bag_splits, int64_t num_bags,
                      const T* __restrict__ grad_out, const int64_t* __restrict__ grad_offsets,
                      int lanes, T* __restrict__ grad_values, int64_t* __restrict__ grad_indices) {
-  const StringSpec s = WithTokenMode<kMode>(spec);
   const TokenGroup g = TokenGroup::Make(lanes);
   for (int64_t r = GlobalWarp(); r < num_bags; r += GridWarps())
     GradBag(s, params, bytes, string_splits, bag_splits, r, grad_out, grad_offsets, g,
@@ -756,12 +768,10 @@ std::string StringEmbedding(const StringSpec& spec, const T* params, const uint8
                          IsVectorAligned(out, sizeof(T));
   const int vec = vectorize ? kVecWidth : 1;
   const int lanes = LanesForDim(dim, vec);
-  ForTokenMode(spec.mode, [&](auto mode) {
-    ForTileShape(vectorize, FragmentsForDim(dim, vec), [&](auto v, auto frags) {
-      PoolStringsKernel<decltype(mode)::value, decltype(v)::value, decltype(frags)::value, T>
-          <<<BlocksForBags(num_bags), kBlockThreads, 0, st>>>(
-              spec, params, bytes, string_splits, bag_splits, num_bags, lanes, out, d_status);
-    });
+  ForTileShape(vectorize, FragmentsForDim(dim, vec), [&](auto v, auto frags) {
+    PoolStringsKernel<decltype(v)::value, decltype(frags)::value, T>
+        <<<BlocksForBags(num_bags), kBlockThreads, 0, st>>>(
+            spec, params, bytes, string_splits, bag_splits, num_bags, lanes, out, d_status);
   });
   err = CheckLaunch("PoolStringsKernel");
   // Every token hashes to a bucket, so only the parse modes can fail.
@@ -821,11 +831,8 @@ std::string StringGradRowCounts(const StringSpec& spec, const uint8_t* bytes,
   std::string err = ValidateSpec(spec);
   if (err.empty()) err = CheckBags(num_bags);
   if (!err.empty() || num_bags == 0) return err;
-  ForTokenMode(spec.mode, [&](auto mode) {
-    StringGradRowCountsKernel<decltype(mode)::value>
-        <<<BlocksForBags(num_bags), kBlockThreads, 0, AsStream(stream)>>>(
-            spec, bytes, string_splits, bag_splits, num_bags, counts);
-  });
+  StringGradRowCountsKernel<<<BlocksForBags(num_bags), kBlockThreads, 0, AsStream(stream)>>>(
+      spec, bytes, string_splits, bag_splits, num_bags, counts);
   return CheckLaunch("StringGradRowCountsKernel");
 }
 
@@ -838,12 +845,9 @@ std::string StringGrad(const StringSpec& spec, const T* params, const uint8_t* b
   if (err.empty()) err = CheckBags(num_bags);
   if (!err.empty() || num_bags == 0) return err;
   const int lanes = LanesForDim(spec.lookup.dim, 1);
-  ForTokenMode(spec.mode, [&](auto mode) {
-    StringGradKernel<decltype(mode)::value, T>
-        <<<BlocksForBags(num_bags), kBlockThreads, 0, AsStream(stream)>>>(
-            spec, params, bytes, string_splits, bag_splits, num_bags, grad_out, grad_offsets,
-            lanes, grad_values, grad_indices);
-  });
+  StringGradKernel<<<BlocksForBags(num_bags), kBlockThreads, 0, AsStream(stream)>>>(
+      spec, params, bytes, string_splits, bag_splits, num_bags, grad_out, grad_offsets, lanes,
+      grad_values, grad_indices);
   return CheckLaunch("StringGradKernel");
 }
 

@@ -120,10 +120,14 @@ CTR_HD int NthSetBit(uint32_t m, int n) {
 }
 
 // Whether the full delimiter starts at s[i]; the caller guarantees
-// i + delim_len <= the string's length, as ForEachToken's loop does.
+// i + delim_len <= the string's length, as ForEachToken's loop does. The
+// constant trip count lets nvcc unroll it, so a delimiter held in a spec stays
+// in registers instead of local memory.
 CTR_HD bool DelimiterAt(const uint8_t* s, int64_t i, const uint8_t* delim, int64_t delim_len) {
-  for (int64_t k = 0; k < delim_len; ++k)
+  for (int k = 0; k < kMaxDelimiterBytes; ++k) {
+    if (k >= delim_len) return true;
     if (s[i + k] != delim[k]) return false;
+  }
   return true;
 }
 

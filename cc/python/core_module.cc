@@ -20,6 +20,7 @@
 #include "cc/python/enums.h"
 #ifdef CTR_WITH_CUDA
 #include "cc/python/gpu_bindings.h"
+#include "cc/python/gpu_string_bindings.h"
 #endif
 
 namespace py = pybind11;
@@ -196,6 +197,7 @@ PYBIND11_MODULE(_core, m) {
 #ifdef CTR_WITH_CUDA
   m.attr("has_cuda") = true;
   RegisterGpuBindings(m);
+  RegisterGpuStringBindings(m);
 #else
   m.attr("has_cuda") = false;
 #endif

@@ -1,0 +1,348 @@
+// Python access to the CUDA string-embedding launchers on raw device pointers.
+//
+// Same conventions as gpu_bindings.cc: pointers and streams are Python ints
+// (CuPy's `a.data.ptr`, PyTorch's `t.data_ptr()`), stream 0 is the legacy
+// default stream, device work runs with the GIL released, bad tokens raise
+// ValueError with the CPU's message and CUDA failures raise RuntimeError.
+//
+// The packed strings are trusted as the launchers trust them: string_splits
+// must be non-decreasing byte offsets inside the bytes buffer and bag_splits
+// valid row splits over the strings (the ops validate them; a test passes
+// what the CPU core accepted).
+#include "cc/python/gpu_string_bindings.h"
+
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cc/core/float_types.h"
+#include "cc/core/strings.h"
+#include "cc/python/enums.h"
+#include "cuda/device_util.h"
+#include "cuda/lookup_launchers.h"
+#include "cuda/string_launchers.h"
+
+namespace py = pybind11;
+
+namespace {
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls fn(TypeTag<T>{}) for the table element type named by dtype.
+template <typename Fn>
+void WithValueType(const std::string& dtype, Fn&& fn) {
+  if (dtype == "float32") return fn(TypeTag<float>{});
+  if (dtype == "float16") return fn(TypeTag<ctr::Half>{});
+  if (dtype == "bfloat16") return fn(TypeTag<ctr::BFloat16>{});
+  throw py::value_error("params_dtype must be 'float32', 'float16' or 'bfloat16', got '" + dtype +
+                        "'");
+}
+
+// A null pointer where the call has data to touch is a caller bug that would
+// otherwise surface as an illegal-address error poisoning the CUDA context.
+void RequirePointer(uintptr_t ptr, bool needed, const char* name) {
+  if (needed && ptr == 0) throw py::value_error(std::string(name) + " must not be 0 here");
+}
+
+template <typename T>
+T* DevicePtr(uintptr_t ptr) {
+  return reinterpret_cast<T*>(ptr);
+}
+
+void* StreamPtr(uintptr_t stream) { return reinterpret_cast<void*>(stream); }
+
+// Launcher errors are CUDA failures, hence RuntimeError, not ValueError.
+void Check(const std::string& err) {
+  if (!err.empty()) throw std::runtime_error(err);
+}
+
+// The one place Python arguments become a StringSpec; the same checks as the
+// CPU string_embedding, so both reject the same calls with ValueError.
+ctr::StringSpec MakeStringSpec(int64_t vocab, int64_t dim, const std::string& combiner,
+                               const std::string& id_mode, const std::string& delimiter,
+                               bool skip_empty, float max_norm, int64_t default_id) {
+  if (vocab < 0 || dim < 0) throw py::value_error("vocab and dim must be >= 0");
+  ctr::StringSpec s;
+  s.lookup.vocab = vocab;
+  s.lookup.dim = dim;
+  s.lookup.combiner = tf_ctr_py::ParseCombiner(combiner);
+  s.lookup.max_norm = max_norm;
+  s.lookup.default_id = default_id;
+  s.mode = tf_ctr_py::ParseTokenMode(id_mode);
+  s.skip_empty = skip_empty;
+  const std::string err = ctr::SetDelimiter(&s, delimiter);
+  if (!err.empty()) throw py::value_error(err);
+  if (vocab <= 0 && s.mode != ctr::TokenMode::kIndex)
+    throw py::value_error("hash and mod modes need at least one table row");
+  if (default_id < -1 || default_id >= vocab) throw py::value_error("default_id out of range");
+  return s;
+}
+
+// A rejected token as read back, with its first bytes for the message.
+struct HostTokenError {
+  ctr::TokenError error;
+  std::vector<uint8_t> token;
+};
+
+// Reads d_status (synchronizing the stream) and, when a token was rejected,
+// copies its first bytes back: 64 are shown, and a 65th tells
+// DescribeTokenError that more follow. Call without the GIL.
+HostTokenError ReadTokenError(const int64_t* d_status, const uint8_t* d_bytes, void* stream) {
+  std::array<int64_t, ctr::gpu::kTokenStatusSize> h{};
+  Check(ctr::gpu::ReadInt64(d_status, ctr::gpu::kTokenStatusSize, h.data(), stream));
+  HostTokenError out;
+  out.error = ctr::TokenError{h[0], h[1], h[2], h[3], h[4]};
+  if (!out.error.found()) return out;
+  const int64_t shown = std::min<int64_t>(out.error.len, 65);
+  out.token.resize(static_cast<size_t>(shown));
+  if (shown > 0)
+    Check(ctr::gpu::CopyToHost(d_bytes + out.error.begin, out.token.data(), out.token.size(),
+                               stream));
+  out.error.begin = 0;
+  out.error.len = shown;
+  return out;
+}
+
+std::string Describe(const HostTokenError& e, int64_t vocab) {
+  return ctr::DescribeTokenError(e.error, e.token.data(), vocab);
+}
+
+void GpuStringEmbedding(uintptr_t params_ptr, const std::string& params_dtype, int64_t vocab,
+                        int64_t dim, uintptr_t bytes_ptr, uintptr_t string_splits_ptr,
+                        uintptr_t bag_splits_ptr, int64_t num_bags, uintptr_t out_ptr,
+                        uintptr_t status_ptr, const std::string& combiner,
+                        const std::string& id_mode, const py::bytes& delimiter, bool skip_empty,
+                        float max_norm, uintptr_t stream, int64_t default_id) {
+  const ctr::StringSpec spec = MakeStringSpec(vocab, dim, combiner, id_mode, delimiter,
+                                              skip_empty, max_norm, default_id);
+  if (num_bags < 0) throw py::value_error("num_bags must be >= 0");
+  RequirePointer(params_ptr, vocab > 0 && dim > 0, "params_ptr");
+  RequirePointer(string_splits_ptr, num_bags > 0, "string_splits_ptr");
+  RequirePointer(out_ptr, num_bags > 0 && dim > 0, "out_ptr");
+  RequirePointer(status_ptr, true, "status_ptr");
+  int64_t* d_status = DevicePtr<int64_t>(status_ptr);
+  const uint8_t* d_bytes = DevicePtr<const uint8_t>(bytes_ptr);
+  HostTokenError bad;
+  WithValueType(params_dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    py::gil_scoped_release nogil;
+    Check(ctr::gpu::InitTokenStatus(d_status, StreamPtr(stream)));
+    Check(ctr::gpu::StringEmbedding<T>(spec, DevicePtr<const T>(params_ptr), d_bytes,
+                                       DevicePtr<const int64_t>(string_splits_ptr),
+                                       DevicePtr<const int64_t>(bag_splits_ptr), num_bags,
+                                       DevicePtr<T>(out_ptr), d_status, StreamPtr(stream)));
+    bad = ReadTokenError(d_status, d_bytes, StreamPtr(stream));
+  });
+  if (bad.error.found()) throw py::value_error(Describe(bad, vocab));
+}
+
+// One feature of gpu_multi_string_embedding, from a dict with the keys
+// params_ptr, vocab, dim, out_ptr and optionally combiner, id_mode,
+// delimiter, skip_empty, max_norm (the single-feature defaults).
+ctr::gpu::FeatureDesc FeatureFromDict(const py::handle& item, int64_t index, int64_t batch) {
+  static const char* kKeys[] = {"params_ptr", "vocab",     "dim",        "out_ptr", "combiner",
+                                "id_mode",    "delimiter", "skip_empty", "max_norm"};
+  const std::string where = "features[" + std::to_string(index) + "]";
+  if (!py::isinstance<py::dict>(item)) throw py::type_error(where + " must be a dict");
+  const py::dict d = py::reinterpret_borrow<py::dict>(item);
+  for (const auto& kv : d) {
+    const std::string key = py::str(kv.first);
+    if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys))
+      throw py::value_error(where + ": unknown key '" + key + "'");
+  }
+  for (const char* key : {"params_ptr", "vocab", "dim", "out_ptr"})
+    if (!d.contains(key)) throw py::value_error(where + " needs '" + key + "'");
+  auto get = [&](const char* key, auto fallback) {
+    return d.contains(key) ? d[key].cast<decltype(fallback)>() : fallback;
+  };
+  const int64_t vocab = d["vocab"].cast<int64_t>();
+  const int64_t dim = d["dim"].cast<int64_t>();
+  ctr::gpu::FeatureDesc f;
+  try {
+    f.spec = MakeStringSpec(vocab, dim, get("combiner", std::string("mean")),
+                            get("id_mode", std::string("hash")),
+                            d.contains("delimiter") ? std::string(d["delimiter"].cast<py::bytes>())
+                                                    : std::string(","),
+                            get("skip_empty", true), get("max_norm", -1.0f), -1);
+  } catch (const py::value_error& e) {
+    throw py::value_error(where + ": " + e.what());
+  }
+  const uintptr_t params_ptr = d["params_ptr"].cast<uintptr_t>();
+  const uintptr_t out_ptr = d["out_ptr"].cast<uintptr_t>();
+  RequirePointer(params_ptr, vocab > 0 && dim > 0, (where + ".params_ptr").c_str());
+  RequirePointer(out_ptr, batch > 0 && dim > 0, (where + ".out_ptr").c_str());
+  f.params = DevicePtr<const void>(params_ptr);
+  f.out = DevicePtr<void>(out_ptr);
+  return f;
+}
+
+size_t FeatureScratchBytes(int64_t num_features) {
+  return static_cast<size_t>(std::max<int64_t>(num_features, 0)) * sizeof(ctr::gpu::FeatureDesc);
+}
+
+void GpuMultiStringEmbedding(const py::list& features, const std::string& params_dtype,
+                             int64_t batch, uintptr_t bytes_ptr, uintptr_t string_splits_ptr,
+                             uintptr_t scratch_ptr, int64_t scratch_bytes, uintptr_t status_ptr,
+                             uintptr_t stream) {
+  const int64_t n = static_cast<int64_t>(features.size());
+  if (batch < 0) throw py::value_error("batch must be >= 0");
+  std::vector<ctr::gpu::FeatureDesc> h_features;
+  for (int64_t i = 0; i < n; ++i) h_features.push_back(FeatureFromDict(features[i], i, batch));
+  if (scratch_bytes < 0 || static_cast<size_t>(scratch_bytes) < FeatureScratchBytes(n))
+    throw py::value_error("scratch_bytes must be at least " +
+                          std::to_string(FeatureScratchBytes(n)) +
+                          " (gpu_multi_string_scratch_bytes)");
+  RequirePointer(string_splits_ptr, n * batch > 0, "string_splits_ptr");
+  RequirePointer(scratch_ptr, n > 0, "scratch_ptr");
+  RequirePointer(status_ptr, true, "status_ptr");
+  int64_t* d_status = DevicePtr<int64_t>(status_ptr);
+  const uint8_t* d_bytes = DevicePtr<const uint8_t>(bytes_ptr);
+  HostTokenError bad;
+  WithValueType(params_dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    py::gil_scoped_release nogil;
+    Check(ctr::gpu::InitTokenStatus(d_status, StreamPtr(stream)));
+    Check(ctr::gpu::MultiStringEmbedding<T>(
+        h_features.data(), DevicePtr<ctr::gpu::FeatureDesc>(scratch_ptr), n, batch, d_bytes,
+        DevicePtr<const int64_t>(string_splits_ptr), d_status, StreamPtr(stream)));
+    bad = ReadTokenError(d_status, d_bytes, StreamPtr(stream));
+  });
+  if (!bad.error.found()) return;
+  // The launcher records the global row f * batch + r.
+  const int64_t f = bad.error.row / batch;
+  bad.error.row -= f * batch;
+  throw py::value_error("feature " + std::to_string(f) + ": " +
+                        Describe(bad, h_features[f].spec.lookup.vocab));
+}
+
+// Where the gradient's scratch lives inside the caller's workspace buffer.
+struct GradWorkspace {
+  size_t counts = 0;        // int64[num_bags]
+  size_t grad_offsets = 0;  // int64[num_bags + 1]
+  size_t scan = 0;          // CUB scratch
+  size_t scan_bytes = 0;
+  size_t total = 0;
+};
+
+GradWorkspace GradWorkspaceFor(int64_t num_bags) {
+  // 256-byte alignment: what cudaMalloc gives and CUB expects of its scratch.
+  auto align = [](size_t n) { return (n + 255) / 256 * 256; };
+  const size_t bags = static_cast<size_t>(std::max<int64_t>(num_bags, 0));
+  GradWorkspace w;
+  w.grad_offsets = align(bags * sizeof(int64_t));
+  w.scan = w.grad_offsets + align((bags + 1) * sizeof(int64_t));
+  w.scan_bytes = ctr::gpu::ExclusiveScanTempBytes(static_cast<int64_t>(bags));
+  w.total = w.scan + align(w.scan_bytes > 0 ? w.scan_bytes : 1);
+  return w;
+}
+
+int64_t GpuStringEmbeddingGrad(uintptr_t params_ptr, const std::string& params_dtype,
+                               int64_t vocab, int64_t dim, uintptr_t bytes_ptr,
+                               uintptr_t string_splits_ptr, uintptr_t bag_splits_ptr,
+                               int64_t num_bags, uintptr_t grad_out_ptr,
+                               uintptr_t grad_values_ptr, uintptr_t grad_indices_ptr,
+                               int64_t max_grad_rows, uintptr_t workspace_ptr,
+                               int64_t workspace_bytes, const std::string& combiner,
+                               const std::string& id_mode, const py::bytes& delimiter,
+                               bool skip_empty, float max_norm, uintptr_t stream,
+                               int64_t default_id) {
+  const ctr::StringSpec spec = MakeStringSpec(vocab, dim, combiner, id_mode, delimiter,
+                                              skip_empty, max_norm, default_id);
+  if (num_bags < 0) throw py::value_error("num_bags must be >= 0");
+  const GradWorkspace ws = GradWorkspaceFor(num_bags);
+  if (workspace_bytes < 0 || static_cast<size_t>(workspace_bytes) < ws.total)
+    throw py::value_error("workspace_bytes must be at least " + std::to_string(ws.total) +
+                          " (gpu_string_embedding_grad_workspace_bytes)");
+  RequirePointer(params_ptr, vocab > 0 && dim > 0, "params_ptr");
+  RequirePointer(string_splits_ptr, num_bags > 0, "string_splits_ptr");
+  RequirePointer(grad_out_ptr, num_bags > 0 && dim > 0, "grad_out_ptr");
+  RequirePointer(workspace_ptr, true, "workspace_ptr");
+  char* workspace = DevicePtr<char>(workspace_ptr);
+  int64_t* counts = reinterpret_cast<int64_t*>(workspace + ws.counts);
+  int64_t* grad_offsets = reinterpret_cast<int64_t*>(workspace + ws.grad_offsets);
+  const uint8_t* d_bytes = DevicePtr<const uint8_t>(bytes_ptr);
+  const int64_t* d_splits = DevicePtr<const int64_t>(string_splits_ptr);
+  const int64_t* d_bag_splits = DevicePtr<const int64_t>(bag_splits_ptr);
+  int64_t total = 0;
+  WithValueType(params_dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    py::gil_scoped_release nogil;
+    Check(ctr::gpu::StringGradRowCounts(spec, d_bytes, d_splits, d_bag_splits, num_bags, counts,
+                                        StreamPtr(stream)));
+    Check(ctr::gpu::ExclusiveScan(counts, num_bags, grad_offsets, workspace + ws.scan,
+                                  ws.scan_bytes, StreamPtr(stream)));
+    Check(ctr::gpu::ReadInt64(grad_offsets + num_bags, 1, &total, StreamPtr(stream)));
+    // Checked before the rows are written: the buffers are sized by the caller.
+    if (total > max_grad_rows || total == 0) return;
+    if (grad_values_ptr == 0 && dim > 0) throw std::runtime_error("grad_values_ptr is 0");
+    if (grad_indices_ptr == 0) throw std::runtime_error("grad_indices_ptr is 0");
+    Check(ctr::gpu::StringGrad<T>(spec, DevicePtr<const T>(params_ptr), d_bytes, d_splits,
+                                  d_bag_splits, num_bags, DevicePtr<const T>(grad_out_ptr),
+                                  grad_offsets, DevicePtr<T>(grad_values_ptr),
+                                  DevicePtr<int64_t>(grad_indices_ptr), StreamPtr(stream)));
+  });
+  if (total > max_grad_rows)
+    throw py::value_error("the gradient has " + std::to_string(total) +
+                          " rows but the output buffers hold max_grad_rows = " +
+                          std::to_string(max_grad_rows));
+  return total;
+}
+
+}  // namespace
+
+void RegisterGpuStringBindings(py::module_& m) {
+  m.def("gpu_string_embedding", &GpuStringEmbedding, py::arg("params_ptr"),
+        py::arg("params_dtype"), py::arg("vocab"), py::arg("dim"), py::arg("bytes_ptr"),
+        py::arg("string_splits_ptr"), py::arg("bag_splits_ptr"), py::arg("num_bags"),
+        py::arg("out_ptr"), py::arg("status_ptr"), py::arg("combiner") = "mean",
+        py::arg("id_mode") = "hash", py::arg("delimiter") = py::bytes(","),
+        py::arg("skip_empty") = true, py::arg("max_norm") = -1.0f, py::arg("stream") = 0,
+        py::arg("default_id") = -1,
+        "Pooled tokens of packed strings on device pointers: params [vocab, dim] of "
+        "params_dtype ('float32' | 'float16' | 'bfloat16'), bytes uint8, string_splits int64 "
+        "byte offsets [S + 1], bag_splits int64 [num_bags + 1] or 0 (each string a bag), out "
+        "[num_bags, dim], status int64[5] scratch. id_mode 'hash' | 'index' | 'mod'. "
+        "Synchronizes the stream; raises ValueError, with the CPU's message, on a bad token.");
+  m.def(
+      "gpu_multi_string_scratch_bytes",
+      [](int64_t num_features) { return FeatureScratchBytes(num_features); },
+      py::arg("num_features"),
+      "Device scratch bytes gpu_multi_string_embedding needs for num_features features.");
+  m.def("gpu_multi_string_embedding", &GpuMultiStringEmbedding, py::arg("features"),
+        py::arg("params_dtype"), py::arg("batch"), py::arg("bytes_ptr"),
+        py::arg("string_splits_ptr"), py::arg("scratch_ptr"), py::arg("scratch_bytes"),
+        py::arg("status_ptr"), py::arg("stream") = 0,
+        "The grouped launch: features is a list of dicts {params_ptr, vocab, dim, out_ptr, and "
+        "optionally combiner, id_mode, delimiter, skip_empty, max_norm}; feature f pools strings "
+        "[f * batch, (f + 1) * batch) of string_splits int64 [N * batch + 1] into out "
+        "[batch, dim]. Needs gpu_multi_string_scratch_bytes(N) of device scratch and status "
+        "int64[5]. Synchronizes the stream; raises ValueError ('feature f: ...') on a bad "
+        "token.");
+  m.def(
+      "gpu_string_embedding_grad_workspace_bytes",
+      [](int64_t num_bags) { return GradWorkspaceFor(num_bags).total; }, py::arg("num_bags"),
+      "Device scratch bytes gpu_string_embedding_grad needs for num_bags bags.");
+  m.def("gpu_string_embedding_grad", &GpuStringEmbeddingGrad, py::arg("params_ptr"),
+        py::arg("params_dtype"), py::arg("vocab"), py::arg("dim"), py::arg("bytes_ptr"),
+        py::arg("string_splits_ptr"), py::arg("bag_splits_ptr"), py::arg("num_bags"),
+        py::arg("grad_out_ptr"), py::arg("grad_values_ptr"), py::arg("grad_indices_ptr"),
+        py::arg("max_grad_rows"), py::arg("workspace_ptr"), py::arg("workspace_bytes"),
+        py::arg("combiner") = "mean", py::arg("id_mode") = "hash",
+        py::arg("delimiter") = py::bytes(","), py::arg("skip_empty") = true,
+        py::arg("max_norm") = -1.0f, py::arg("stream") = 0, py::arg("default_id") = -1,
+        "Gradient of gpu_string_embedding for grad_out [num_bags, dim]: one row of "
+        "d(loss)/d(params) per valid token in bag order (the default row for a bag without "
+        "one, when default_id >= 0) into grad_values [max_grad_rows, dim], its table row into "
+        "grad_indices int64 [max_grad_rows]. Needs gpu_string_embedding_grad_workspace_bytes"
+        "(num_bags) of device scratch. A buffer that turns out too small raises ValueError "
+        "before anything is written. Returns the number of rows; they are complete once "
+        "`stream` reaches this point.");
+}

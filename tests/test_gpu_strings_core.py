@@ -1,0 +1,794 @@
+"""GPU string embedding (cuda/string_kernels.cu) against the CPU core, through tf_ctr_ops._core.
+
+The CUDA launchers are called on raw device pointers allocated with CuPy or
+PyTorch, whichever is installed, and compared with the CPU pooling of the same
+framework-free core (_core.string_embedding) on the same packed bytes: every
+combiner and id mode, 0-token and 10,000-token rows, multi-byte and
+self-overlapping delimiters, and bad tokens (same row, same message). The
+grouped launch is compared feature by feature, and the gradient with a float64
+NumPy reference. TensorFlow is never imported: _core is loaded straight from
+the package folder, without running tf_ctr_ops/__init__.py (which loads the TF
+op library).
+
+Skips, with the reason, when _core is not built, was built without CUDA or
+without the string bindings, or no GPU is reachable through CuPy or PyTorch.
+"""
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import pytest
+
+COMBINERS = ["sum", "mean", "sqrtn"]
+MODES = ["hash", "index", "mod"]
+DTYPES = ["float32", "float16", "bfloat16"]
+# Relative tolerance per table dtype, applied against the largest reference
+# value too: CPU and GPU add in different orders (the GPU sums token groups
+# pairwise), and 16-bit outputs may round to neighbouring values.
+TOL = {"float32": 1e-4, "float16": 4e-3, "bfloat16": 1.6e-2}
+STATUS_BYTES = 5 * 8  # int64[5]: {row, begin, len, value, kind}
+
+
+# ---------------------------------------------------------------------------
+# Module setup: the core, then a device array library.
+
+
+def _load_core():
+    """tf_ctr_ops._core without importing the package (and so TensorFlow)."""
+    if "tf_ctr_ops._core" in sys.modules:
+        return sys.modules["tf_ctr_ops._core"]
+    spec = importlib.util.find_spec("tf_ctr_ops")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("tf_ctr_ops is not importable", allow_module_level=True)
+    for folder in spec.submodule_search_locations:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(folder, "_core" + suffix)
+            if os.path.exists(path):
+                core_spec = importlib.util.spec_from_file_location("tf_ctr_ops._core", path)
+                module = importlib.util.module_from_spec(core_spec)
+                core_spec.loader.exec_module(module)
+                sys.modules["tf_ctr_ops._core"] = module
+                return module
+    pytest.skip("tf_ctr_ops._core is not built (run the package build first)", allow_module_level=True)
+
+
+class _CupyBackend:
+    def __init__(self, cp):
+        self.cp = cp
+
+    def zeros(self, nbytes):
+        return self.cp.zeros(nbytes, dtype=self.cp.uint8)
+
+    def address(self, storage):
+        return int(storage.data.ptr)
+
+    def copy_in(self, storage, offset, data):
+        storage[offset:offset + data.size] = self.cp.asarray(data)
+
+    def copy_out(self, storage, offset, nbytes):
+        return self.cp.asnumpy(storage[offset:offset + nbytes])
+
+    def synchronize(self):
+        self.cp.cuda.Device().synchronize()
+
+
+class _TorchBackend:
+    def __init__(self, torch):
+        self.torch = torch
+
+    def zeros(self, nbytes):
+        return self.torch.zeros(nbytes, dtype=self.torch.uint8, device="cuda")
+
+    def address(self, storage):
+        return int(storage.data_ptr())
+
+    def copy_in(self, storage, offset, data):
+        storage[offset:offset + data.size].copy_(self.torch.from_numpy(data.copy()))
+
+    def copy_out(self, storage, offset, nbytes):
+        return storage[offset:offset + nbytes].cpu().numpy()
+
+    def synchronize(self):
+        self.torch.cuda.synchronize()
+
+
+def _find_backend():
+    reasons = []
+    try:
+        import cupy
+
+        try:
+            if cupy.cuda.runtime.getDeviceCount() > 0:
+                return _CupyBackend(cupy)
+            reasons.append("CuPy sees no GPU")
+        except Exception as e:  # no driver, or no device
+            reasons.append(f"CuPy: {e}")
+    except ImportError:
+        reasons.append("CuPy is not installed")
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return _TorchBackend(torch)
+        reasons.append("PyTorch sees no GPU")
+    except ImportError:
+        reasons.append("PyTorch is not installed")
+    pytest.skip("no CUDA device: " + "; ".join(reasons), allow_module_level=True)
+
+
+core = _load_core()
+if not getattr(core, "has_cuda", False):
+    pytest.skip("no CUDA device: tf_ctr_ops._core was built without CUDA", allow_module_level=True)
+for _name in ("gpu_string_embedding", "gpu_multi_string_embedding", "gpu_string_embedding_grad"):
+    if not hasattr(core, _name):
+        pytest.skip(f"tf_ctr_ops._core has no {_name} (RegisterGpuStringBindings is not called)",
+                    allow_module_level=True)
+if not hasattr(core, "string_embedding"):
+    pytest.skip("tf_ctr_ops._core has no string_embedding (the CPU reference)", allow_module_level=True)
+backend = _find_backend()
+
+
+class Buffer:
+    """Device bytes; `ptr` may sit `offset` bytes into the allocation, to test
+    misaligned tables, outputs and byte buffers."""
+
+    def __init__(self, nbytes, offset=0):
+        self.nbytes, self.offset = nbytes, offset
+        # At least one byte, so every buffer has a real address.
+        self.storage = backend.zeros(max(nbytes, 1) + offset)
+        self.ptr = backend.address(self.storage) + offset
+
+    def write(self, array):
+        data = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
+        assert data.size == self.nbytes
+        if data.size:
+            backend.copy_in(self.storage, self.offset, data)
+
+    def read(self, dtype, shape):
+        return backend.copy_out(self.storage, self.offset, self.nbytes).view(dtype).reshape(shape)
+
+
+def upload(array, offset=0):
+    array = np.ascontiguousarray(array)
+    buf = Buffer(array.nbytes, offset)
+    buf.write(array)
+    return buf
+
+
+# ---------------------------------------------------------------------------
+# Encodings.
+
+
+def to_bfloat16_bits(values):
+    """Round-to-nearest-even float32 -> bfloat16 bits (finite inputs)."""
+    u = np.ascontiguousarray(values, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bfloat16_bits(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def encode_table(values, dtype):
+    """(device array, exact float32 values, array for the CPU core) for a table
+    of float32 values stored as dtype. The CPU core has no bfloat16, so it gets
+    the exact float32 values of the bfloat16 table."""
+    if dtype == "float32":
+        return values, values, values
+    if dtype == "float16":
+        half = values.astype(np.float16)
+        return half, half.astype(np.float32), half
+    bits = to_bfloat16_bits(values)
+    exact = from_bfloat16_bits(bits)
+    return bits, exact, exact
+
+
+def decode(array, dtype):
+    return from_bfloat16_bits(array) if dtype == "bfloat16" else array.astype(np.float32)
+
+
+def assert_close(got, want, dtype):
+    tol = TOL[dtype]
+    scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * scale)
+
+
+def pack(strings, prefix=b""):
+    """(bytes uint8, string_splits int64) of the packed strings. A prefix puts
+    the first string past offset 0, like a feature's slice of a grouped buffer."""
+    data = [s.encode("latin-1") if isinstance(s, str) else s for s in strings]
+    lengths = [len(s) for s in data]
+    splits = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64) + len(prefix)
+    raw = np.frombuffer(prefix + b"".join(data), np.uint8).copy()
+    return raw, splits
+
+
+def random_table(rng, vocab, dim):
+    return rng.normal(size=(vocab, dim)).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------
+# Calls.
+
+
+def gpu_strings(table, dtype, raw, splits, bag_splits=None, misalign=False, **opts):
+    """_core.gpu_string_embedding on copies of the inputs; float32 result."""
+    device_table = np.ascontiguousarray(table)
+    vocab, dim = device_table.shape
+    shift = device_table.itemsize if misalign else 0
+    params = upload(device_table, shift)
+    # Odd byte offsets: tokens start anywhere, nothing may assume alignment.
+    bytes_buf = upload(raw, 3 if misalign else 0)
+    splits_buf = upload(np.asarray(splits, np.int64))
+    bags_buf = upload(np.asarray(bag_splits, np.int64)) if bag_splits is not None else None
+    num_bags = len(bag_splits) - 1 if bag_splits is not None else len(splits) - 1
+    out = Buffer(num_bags * dim * device_table.itemsize, shift)
+    status = Buffer(STATUS_BYTES)
+    core.gpu_string_embedding(params.ptr, dtype, vocab, dim, bytes_buf.ptr, splits_buf.ptr,
+                              bags_buf.ptr if bags_buf else 0, num_bags, out.ptr, status.ptr, **opts)
+    return decode(out.read(device_table.dtype, (num_bags, dim)), dtype)
+
+
+def cpu_strings(table, raw, splits, bag_splits=None, **opts):
+    bags = np.asarray(bag_splits, np.int64) if bag_splits is not None else None
+    return core.string_embedding(table, raw, np.asarray(splits, np.int64), bags, **opts).astype(np.float32)
+
+
+def assert_matches_cpu(values, raw, splits, bag_splits=None, dtype="float32", misalign=False, **opts):
+    device_table, _, cpu_table = encode_table(values, dtype)
+    want = cpu_strings(cpu_table, raw, splits, bag_splits, **opts)
+    got = gpu_strings(device_table, dtype, raw, splits, bag_splits, misalign=misalign, **opts)
+    assert got.shape == want.shape
+    assert_close(got, want, dtype)
+    return got
+
+
+def assert_same_error(values, raw, splits, bag_splits=None, **opts):
+    """Both paths reject the input, naming the same row and token."""
+    with pytest.raises(ValueError) as cpu_err:
+        cpu_strings(values, raw, splits, bag_splits, **opts)
+    with pytest.raises(ValueError) as gpu_err:
+        gpu_strings(values, "float32", raw, splits, bag_splits, **opts)
+    assert str(gpu_err.value) == str(cpu_err.value)
+    return str(gpu_err.value)
+
+
+def gpu_multi(tables, dtype, raw, splits, batch, feature_opts):
+    """_core.gpu_multi_string_embedding; one float32 output per feature."""
+    keep, features = [], []
+    for table, opts in zip(tables, feature_opts):
+        device_table = np.ascontiguousarray(table)
+        vocab, dim = device_table.shape
+        params = upload(device_table)
+        out = Buffer(batch * dim * device_table.itemsize)
+        keep += [params, out]
+        features.append(dict(params_ptr=params.ptr, vocab=vocab, dim=dim, out_ptr=out.ptr, **opts))
+    bytes_buf = upload(raw)
+    splits_buf = upload(np.asarray(splits, np.int64))
+    scratch_bytes = core.gpu_multi_string_scratch_bytes(len(features))
+    scratch = Buffer(scratch_bytes)
+    status = Buffer(STATUS_BYTES)
+    core.gpu_multi_string_embedding(features, dtype, batch, bytes_buf.ptr, splits_buf.ptr, scratch.ptr,
+                                    scratch_bytes, status.ptr)
+    return [decode(keep[2 * i + 1].read(np.ascontiguousarray(t).dtype, (batch, t.shape[1])), dtype)
+            for i, t in enumerate(tables)]
+
+
+def gpu_grad(table, dtype, raw, splits, grad_out, bag_splits=None, max_grad_rows=None, **opts):
+    """(grad_values float32 [n, dim], grad_indices [n])."""
+    device_table = np.ascontiguousarray(table)
+    vocab, dim = device_table.shape
+    num_bags = len(bag_splits) - 1 if bag_splits is not None else len(splits) - 1
+    # Every token but the last of a string ends at a delimiter byte; plus one
+    # per string, plus a default row per bag.
+    cap = len(raw) + len(splits) + num_bags if max_grad_rows is None else max_grad_rows
+    params = upload(device_table)
+    bytes_buf = upload(raw)
+    splits_buf = upload(np.asarray(splits, np.int64))
+    bags_buf = upload(np.asarray(bag_splits, np.int64)) if bag_splits is not None else None
+    grad_buf = upload(np.ascontiguousarray(grad_out))
+    values = Buffer(cap * dim * device_table.itemsize)
+    indices = Buffer(cap * 8)
+    ws_bytes = core.gpu_string_embedding_grad_workspace_bytes(num_bags)
+    workspace = Buffer(ws_bytes)
+    n = core.gpu_string_embedding_grad(
+        params.ptr, dtype, vocab, dim, bytes_buf.ptr, splits_buf.ptr, bags_buf.ptr if bags_buf else 0,
+        num_bags, grad_buf.ptr, values.ptr, indices.ptr, cap, workspace.ptr, ws_bytes, **opts)
+    backend.synchronize()
+    got_values = decode(values.read(device_table.dtype, (cap, dim))[:n], dtype)
+    return got_values, indices.read(np.int64, (cap,))[:n]
+
+
+# ---------------------------------------------------------------------------
+# Reference semantics (cc/core/strings.h), for the gradient and default rows.
+
+
+def split_tokens(s, delimiter, skip_empty):
+    """ForEachToken: bytes.split is the same left-to-right, non-overlapping split."""
+    tokens = s.split(delimiter) if delimiter else [s]
+    return [t for t in tokens if t] if skip_empty else tokens
+
+
+def token_rows(tokens, vocab, id_mode):
+    """Table rows of tokens; bad ones are None (the gradient skips them)."""
+    if id_mode == "hash":
+        return list(core.hash_buckets(tokens, vocab)) if tokens else []
+    rows = []
+    for t in tokens:
+        v = core.parse_int64(t)
+        if v is None:
+            rows.append(None)
+        elif id_mode == "mod":
+            rows.append(v % vocab)  # Python's % is a floor mod
+        else:
+            rows.append(v if 0 <= v < vocab else None)
+    return rows
+
+
+def bag_rows(raw, splits, bag_splits, vocab, id_mode="hash", delimiter=b",", skip_empty=True):
+    num_strings = len(splits) - 1
+    bags = bag_splits if bag_splits is not None else np.arange(num_strings + 1)
+    data = raw.tobytes()
+    out = []
+    for r in range(len(bags) - 1):
+        rows = []
+        for j in range(bags[r], bags[r + 1]):
+            tokens = split_tokens(data[splits[j]:splits[j + 1]], delimiter, skip_empty)
+            rows += [x for x in token_rows(tokens, vocab, id_mode) if x is not None]
+        out.append(rows)
+    return out
+
+
+def clip_backward(x, g, scale, max_norm):
+    norm = np.sqrt(x @ x)
+    if max_norm > 0 and norm > max_norm:
+        return scale * (max_norm / norm) * (g - x * (x @ g) / (x @ x))
+    return scale * g
+
+
+def reference_grad(table, rows_per_bag, grad_out, combiner="mean", max_norm=-1.0, default_id=-1):
+    table = table.astype(np.float64)
+    grad_out = grad_out.astype(np.float64)
+    values, indices = [], []
+    for r, rows in enumerate(rows_per_bag):
+        g = grad_out[r]
+        if not rows:
+            if default_id >= 0:
+                values.append(clip_backward(table[default_id], g, 1.0, max_norm))
+                indices.append(default_id)
+            continue
+        n = len(rows)
+        scale = {"sum": 1.0, "mean": 1.0 / n, "sqrtn": 1.0 / np.sqrt(n)}[combiner]
+        for row in rows:
+            values.append(clip_backward(table[row], g, scale, max_norm))
+            indices.append(row)
+    return np.array(values).reshape(-1, table.shape[1]), np.array(indices, np.int64)
+
+
+def reference_forward(table, rows_per_bag, combiner="mean", max_norm=-1.0, default_id=-1):
+    table = table.astype(np.float64)
+    out = np.zeros((len(rows_per_bag), table.shape[1]))
+    for r, rows in enumerate(rows_per_bag):
+        if not rows and default_id >= 0:
+            rows = [default_id]
+        for row in rows:
+            x = table[row]
+            norm = np.sqrt(x @ x)
+            out[r] += x * (max_norm / norm if max_norm > 0 and norm > max_norm else 1.0)
+        n = len(rows)
+        out[r] *= {"sum": 1.0, "mean": 1.0 / n if n else 0.0, "sqrtn": 1.0 / np.sqrt(n) if n else 0.0}[combiner]
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Inputs.
+
+TRICKY = [" 7 ", "+5", "-3", "", "0x10", "9223372036854775808", "9223372036854775807",
+          "-9223372036854775808", "\t12\n", "1 2", "07", "-0", "+-1", "--1", "1e3", "3.0",
+          "\xe9\xe8", "1\x00", "\x80\xff", "999", "1000", "abc"]
+
+
+def random_token(rng, vocab, id_mode):
+    if id_mode == "hash":
+        n = int(rng.integers(1, 14))
+        return bytes(rng.integers(ord("a"), ord("z") + 1, size=n).astype(np.uint8))
+    if id_mode == "index":
+        v = int(rng.integers(0, vocab))
+        return rng.choice([str(v), f" {v}", f"+{v}", f"{v}\t"]).encode()
+    return str(int(rng.integers(-10**15, 10**15))).encode()
+
+
+def random_strings(rng, n, vocab, id_mode, delimiter=b",", max_tokens=12, empty_tokens=False):
+    """Strings of valid tokens; empty ones (and stray delimiters) only when
+    empty_tokens, since an empty token is a bad number in the parse modes."""
+    out = []
+    for _ in range(n):
+        k = int(rng.integers(0, max_tokens + 1))
+        if not delimiter:
+            k = min(k, 1)
+        tokens = [random_token(rng, vocab, id_mode) for _ in range(k)]
+        if empty_tokens:
+            tokens = [b"" if rng.random() < 0.2 else t for t in tokens]
+            if delimiter and rng.random() < 0.3:
+                tokens = [b""] + tokens + [b""]
+        out.append(delimiter.join(tokens))
+    return out
+
+
+def random_bag_splits(rng, num_strings, num_bags):
+    cuts = np.sort(rng.integers(0, num_strings + 1, size=num_bags - 1))
+    return np.concatenate([[0], cuts, [num_strings]]).astype(np.int64)
+
+
+# ---------------------------------------------------------------------------
+# Forward against the CPU.
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("id_mode", MODES)
+@pytest.mark.parametrize("delimiter", [b",", b"::", b""], ids=["comma", "colons", "none"])
+@pytest.mark.parametrize("skip_empty", [True, False])
+@pytest.mark.parametrize("bagged", [False, True])
+def test_matches_cpu(rng, combiner, id_mode, delimiter, skip_empty, bagged):
+    vocab, dim = 300, 16
+    values = random_table(rng, vocab, dim)
+    # Empty tokens are valid only in hash mode, or when skipped.
+    strings = random_strings(rng, 120, vocab, id_mode, delimiter,
+                             empty_tokens=skip_empty or id_mode == "hash")
+    if not skip_empty and id_mode != "hash":
+        strings = [s for s in strings if s] or [b"1"]
+    raw, splits = pack(strings, prefix=b"ab,c")
+    bags = random_bag_splits(rng, len(strings), 40) if bagged else None
+    opts = dict(combiner=combiner, id_mode=id_mode, delimiter=delimiter, skip_empty=skip_empty)
+    assert_matches_cpu(values, raw, splits, bags, **opts)
+    assert_matches_cpu(values, raw, splits, bags, max_norm=0.9, **opts)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("id_mode", MODES)
+def test_table_dtypes(rng, dtype, id_mode):
+    vocab = 200
+    strings = random_strings(rng, 90, vocab, id_mode, max_tokens=20)
+    raw, splits = pack(strings)
+    for dim in (8, 13):  # vector and scalar loads
+        values = random_table(rng, vocab, dim)
+        assert_matches_cpu(values, raw, splits, dtype=dtype, id_mode=id_mode, combiner="mean")
+        assert_matches_cpu(values, raw, splits, dtype=dtype, id_mode=id_mode, combiner="sqrtn", max_norm=1.5)
+
+
+# dims that exercise 1..32 lanes per token, several tokens per warp at once,
+# and rows wider than one register tile (pooled in several passes).
+@pytest.mark.parametrize("dim", [0, 1, 3, 4, 8, 12, 32, 33, 64, 128, 132, 260, 516, 1030])
+@pytest.mark.parametrize("misalign", [False, True])
+@pytest.mark.parametrize("max_norm", [-1.0, 1.0])
+def test_dims_and_alignment(rng, dim, misalign, max_norm):
+    vocab = 100
+    values = random_table(rng, vocab, dim)
+    strings = random_strings(rng, 50, vocab, "hash", max_tokens=40)
+    raw, splits = pack(strings)
+    norm = max_norm * np.sqrt(max(dim, 1)) / 3 if max_norm > 0 else -1.0
+    for dtype in ("float32", "float16"):
+        assert_matches_cpu(values, raw, splits, dtype=dtype, misalign=misalign, combiner="sum", max_norm=norm)
+
+
+@pytest.mark.parametrize("id_mode", MODES)
+@pytest.mark.parametrize("skip_empty", [True, False])
+def test_tricky_tokens(rng, id_mode, skip_empty):
+    values = random_table(rng, 1000, 8)
+    for tok in TRICKY:
+        for strings in ([tok, "1"], [f"2,{tok},3"]):
+            raw, splits = pack(strings)
+            opts = dict(id_mode=id_mode, skip_empty=skip_empty)
+            try:
+                want = cpu_strings(values, raw, splits, **opts)
+            except ValueError:
+                assert_same_error(values, raw, splits, **opts)
+                continue
+            assert_close(gpu_strings(values, "float32", raw, splits, **opts), want, "float32")
+
+
+def test_bytes_above_0x7f_and_nul_hash(rng):
+    values = random_table(rng, 1000, 8)
+    raw, splits = pack([b"\x80\xff,\x00\x01", b"caf\xc3\xa9|x", b"\xff" * 70, b",,\x00,"])
+    for skip_empty in (True, False):
+        assert_matches_cpu(values, raw, splits, id_mode="hash", skip_empty=skip_empty)
+
+
+# ---------------------------------------------------------------------------
+# Row lengths: nothing to pool, and far more than a warp's worth.
+
+
+@pytest.mark.parametrize("id_mode", MODES)
+def test_zero_token_rows(rng, id_mode):
+    values = random_table(rng, 50, 8)
+    strings = ["", ",", ",,,,", "", ",,," * 20, "3", ""]
+    raw, splits = pack(strings)
+    for combiner in COMBINERS:
+        got = assert_matches_cpu(values, raw, splits, id_mode=id_mode, combiner=combiner)
+        assert not got[[0, 1, 2, 3, 4, 6]].any()
+    # Bags of no strings, and of empty strings only.
+    bags = np.array([0, 0, 2, 2, 7, 7], np.int64)
+    got = assert_matches_cpu(values, raw, splits, bags, id_mode=id_mode)
+    assert not got[[0, 1, 2, 4]].any()
+    # Without skip_empty an empty string is one empty token: hashed, or a bad number.
+    raw, splits = pack(["", "", "5"])
+    if id_mode == "hash":
+        assert_matches_cpu(values, raw, splits, id_mode=id_mode, skip_empty=False)
+    else:
+        message = assert_same_error(values, raw, splits, id_mode=id_mode, skip_empty=False)
+        assert "row 0" in message
+
+
+@pytest.mark.parametrize("id_mode", MODES)
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_long_rows(rng, id_mode, combiner):
+    vocab = 1000
+    values = random_table(rng, vocab, 24)
+    long_a = b",".join(random_token(rng, vocab, id_mode) for _ in range(10_000))
+    long_b = b",".join(random_token(rng, vocab, id_mode) for _ in range(12_345))
+    strings = [long_a, b"", b"3", long_b, long_a + b"," + long_b]
+    raw, splits = pack(strings)
+    assert_matches_cpu(values, raw, splits, id_mode=id_mode, combiner=combiner)
+    assert_matches_cpu(values, raw, splits, id_mode=id_mode, combiner=combiner, max_norm=1.0)
+    # One bag holding many strings, and a 10,000-token row of one-byte tokens.
+    bags = np.array([0, 5], np.int64)
+    assert_matches_cpu(values, raw, splits, bags, id_mode=id_mode, combiner=combiner)
+    raw, splits = pack([b",".join([b"7"] * 10_000), b"," * 10_000])
+    assert_matches_cpu(values, raw, splits, id_mode=id_mode, combiner=combiner)
+
+
+def test_long_tokens_hash(rng):
+    # Fingerprint64's 17-32, 33-64 and > 64-byte paths, up to one 10,000-byte token.
+    values = random_table(rng, 997, 8)
+    tokens = [bytes(rng.integers(0, 256, size=n).astype(np.uint8)).replace(b",", b";")
+              for n in (15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 1000, 10_000)]
+    raw, splits = pack([b",".join(tokens)] + tokens)
+    assert_matches_cpu(values, raw, splits, id_mode="hash", combiner="sum")
+    assert_matches_cpu(values, raw, splits, id_mode="hash", delimiter=b"")
+
+
+# ---------------------------------------------------------------------------
+# Delimiters.
+
+
+@pytest.mark.parametrize("delimiter", [b",", b"|", b"<>", b"::", b"\x01", b"abc", b"aa", b"aba",
+                                       b"0123456789abcdef"])
+@pytest.mark.parametrize("skip_empty", [True, False])
+def test_delimiters(rng, delimiter, skip_empty):
+    values = random_table(rng, 1000, 8)
+    strings = random_strings(rng, 30, 1000, "mod", delimiter)
+    strings += [delimiter + b"5", b"5" + delimiter, delimiter * 3, delimiter * 2 + b"7" + delimiter,
+                delimiter[:-1] if len(delimiter) > 1 else b"8", b"9" + delimiter[:1]]
+    raw, splits = pack(strings)
+    assert_matches_cpu(values, raw, splits, id_mode="hash", delimiter=delimiter, skip_empty=skip_empty)
+    # The edge strings hold pieces of the delimiter, which are not numbers.
+    raw, splits = pack(strings[:30])
+    if skip_empty:
+        assert_matches_cpu(values, raw, splits, id_mode="mod", delimiter=delimiter)
+
+
+@pytest.mark.parametrize("delimiter", [b"aa", b"aaa", b"aba", b"abab", b"a" * 16, b"ab" * 8])
+@pytest.mark.parametrize("skip_empty", [True, False])
+def test_self_overlapping_delimiters_across_chunks(rng, delimiter, skip_empty):
+    """Runs of a two-letter alphabet make matches overlap each other and
+    straddle the 32-byte chunks a warp reads; only left-to-right,
+    non-overlapping matches may split."""
+    values = random_table(rng, 997, 8)
+    strings = [bytes(rng.choice([97, 98], size=int(rng.integers(0, 200)), p=[0.7, 0.3]).astype(np.uint8))
+               for _ in range(200)]
+    strings += [b"a" * n for n in (1, 2, 3, 31, 32, 33, 63, 64, 65, 97)]
+    raw, splits = pack(strings)
+    assert_matches_cpu(values, raw, splits, id_mode="hash", delimiter=delimiter, skip_empty=skip_empty,
+                       combiner="sum")
+
+
+def test_delimiter_longer_than_string(rng):
+    values = random_table(rng, 100, 8)
+    raw, splits = pack(["1", "", "aa", "<<>"])
+    assert_matches_cpu(values, raw, splits, id_mode="hash", delimiter=b"<<>>", skip_empty=False)
+
+
+# ---------------------------------------------------------------------------
+# Bad tokens: never an address, reported for the lowest row like the CPU.
+
+
+def test_bad_tokens_raise_like_cpu(rng):
+    values = random_table(rng, 100, 8)
+    cases = [
+        (["1,2", "3,1000"], dict(id_mode="index")),             # out of range
+        (["1,2", "3,-1"], dict(id_mode="index")),               # negative
+        (["7x", "1"], dict(id_mode="mod")),                     # not a number
+        (["1", "2", b"\xff"], dict(id_mode="index")),           # escaped in the message
+        (["1", "x" * 100], dict(id_mode="index")),              # long token, shown cut
+        (["5", "1,,2"], dict(id_mode="index", skip_empty=False)),  # empty token
+        (["", "5"], dict(id_mode="index", delimiter=b"", skip_empty=False)),
+        (["1::2::zz::3"], dict(id_mode="mod", delimiter=b"::")),
+    ]
+    for strings, opts in cases:
+        raw, splits = pack(strings)
+        assert_same_error(values, raw, splits, **opts)
+
+
+def test_lowest_bad_row_and_first_bad_token_win(rng):
+    values = random_table(rng, 100, 8)
+    strings = [",".join(str(v) for v in rng.integers(0, 100, size=50)) for _ in range(400)]
+    strings[377] = "1,bad377"
+    strings[123] = ",".join(["5"] * 40 + ["101", "x", "200"])  # first bad token: 101
+    strings[250] = "nope"
+    raw, splits = pack(strings)
+    message = assert_same_error(values, raw, splits, id_mode="index")
+    assert "row 123" in message and "'101'" in message
+    # The same through bags: row numbers are bag numbers.
+    bags = np.array([0, 100, 123, 124, 400], np.int64)
+    message = assert_same_error(values, raw, splits, bags, id_mode="index")
+    assert "row 2" in message
+
+
+def test_bad_token_after_many_good_ones(rng):
+    values = random_table(rng, 100, 8)
+    row = ",".join(["7"] * 10_000 + ["100"] + ["x"])
+    raw, splits = pack(["1", row, "2"])
+    message = assert_same_error(values, raw, splits, id_mode="index")
+    assert "row 1" in message and "'100'" in message
+
+
+def test_hash_mode_has_no_bad_tokens(rng):
+    values = random_table(rng, 7, 4)
+    raw, splits = pack(TRICKY + ["", ",,"])
+    assert_matches_cpu(values, raw, splits, id_mode="hash", skip_empty=False)
+
+
+def test_batch_zero():
+    values = np.ones((4, 8), np.float32)
+    got = gpu_strings(values, "float32", np.zeros(0, np.uint8), np.zeros(1, np.int64))
+    assert got.shape == (0, 8)
+
+
+def test_default_row_for_empty_bags(rng):
+    # Not an op attribute for strings, but the launchers honour it like BagPool.
+    vocab, dim = 30, 8
+    values = random_table(rng, vocab, dim)
+    raw, splits = pack(["1,2", "", ",", "4"])
+    for combiner in COMBINERS:
+        got = gpu_strings(values, "float32", raw, splits, id_mode="index", combiner=combiner,
+                          max_norm=1.0, default_id=5)
+        want = reference_forward(values, bag_rows(raw, splits, None, vocab, "index"), combiner,
+                                 max_norm=1.0, default_id=5)
+        assert_close(got, want, "float32")
+
+
+# ---------------------------------------------------------------------------
+# The grouped launch.
+
+
+MULTI_FEATURES = [
+    dict(combiner="mean", id_mode="hash", delimiter=b","),
+    dict(combiner="sum", id_mode="index", delimiter=b"::"),
+    dict(combiner="sqrtn", id_mode="mod", delimiter=b"", max_norm=1.0),
+    dict(combiner="mean", id_mode="hash", delimiter=b"|", skip_empty=False, max_norm=0.5),
+]
+
+
+@pytest.mark.parametrize("dims", [(8, 16, 4, 32), (8, 13, 4, 600)], ids=["vector", "scalar"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_multi_matches_single(rng, dims, dtype):
+    vocab, batch = 150, 37
+    tables, cpu_tables, strings = [], [], []
+    for dim, opts in zip(dims, MULTI_FEATURES):
+        device_table, _, cpu_table = encode_table(random_table(rng, vocab, dim), dtype)
+        tables.append(device_table)
+        cpu_tables.append(cpu_table)
+        feature = random_strings(rng, batch, vocab, opts["id_mode"], opts["delimiter"], max_tokens=30,
+                                 empty_tokens=opts["id_mode"] == "hash")
+        feature[0] = b""
+        strings += feature
+    raw, splits = pack(strings)
+    outs = gpu_multi(tables, dtype, raw, splits, batch, MULTI_FEATURES)
+    for f, (out, opts) in enumerate(zip(outs, MULTI_FEATURES)):
+        feature_splits = splits[f * batch:(f + 1) * batch + 1]
+        assert_close(out, cpu_strings(cpu_tables[f], raw, feature_splits, **opts), dtype)
+
+
+def test_multi_errors_name_the_feature(rng):
+    tables = [random_table(rng, 10, 4) for _ in range(3)]
+    opts = [dict(id_mode="hash"), dict(id_mode="index"), dict(id_mode="index")]
+    strings = ["a", "b", "c", "1", "2", "30", "1", "x", "2"]  # feature 1 row 2, feature 2 row 1
+    raw, splits = pack(strings)
+    with pytest.raises(ValueError) as cpu_err:
+        cpu_strings(tables[1], raw, splits[3:7], **opts[1])
+    with pytest.raises(ValueError) as gpu_err:
+        gpu_multi(tables, "float32", raw, splits, 3, opts)
+    assert str(gpu_err.value) == "feature 1: " + str(cpu_err.value)
+
+
+def test_multi_batch_zero(rng):
+    tables = [random_table(rng, 10, 4), random_table(rng, 10, 6)]
+    outs = gpu_multi(tables, "float32", np.zeros(0, np.uint8), np.zeros(1, np.int64), 0,
+                     [dict(), dict(id_mode="index")])
+    assert [o.shape for o in outs] == [(0, 4), (0, 6)]
+
+
+# ---------------------------------------------------------------------------
+# Gradient.
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("id_mode", MODES)
+@pytest.mark.parametrize("max_norm", [-1.0, 1.0])
+@pytest.mark.parametrize("default_id", [-1, 4])
+@pytest.mark.parametrize("dim", [3, 16, 130])
+def test_grad_matches_reference(rng, combiner, id_mode, max_norm, default_id, dim):
+    vocab = 60
+    values = random_table(rng, vocab, dim)
+    strings = random_strings(rng, 80, vocab, id_mode, max_tokens=10, empty_tokens=True)
+    raw, splits = pack(strings)
+    bags = random_bag_splits(rng, len(strings), 50)
+    grad_out = rng.normal(size=(50, dim)).astype(np.float32)
+    norm = max_norm * np.sqrt(dim) / 3 if max_norm > 0 else -1.0
+    opts = dict(combiner=combiner, id_mode=id_mode, max_norm=norm, default_id=default_id)
+    got_v, got_i = gpu_grad(values, "float32", raw, splits, grad_out, bags, **opts)
+    want_v, want_i = reference_grad(values, bag_rows(raw, splits, bags, vocab, id_mode), grad_out,
+                                    combiner, norm, default_id)
+    np.testing.assert_array_equal(got_i, want_i)
+    assert_close(got_v, want_v, "float32")
+
+
+def test_grad_skips_bad_tokens(rng):
+    vocab, dim = 20, 8
+    values = random_table(rng, vocab, dim)
+    raw, splits = pack(["1,x,2", "99,-1", "3,,4"])
+    grad_out = rng.normal(size=(3, dim)).astype(np.float32)
+    got_v, got_i = gpu_grad(values, "float32", raw, splits, grad_out, id_mode="index", skip_empty=False)
+    want_v, want_i = reference_grad(values, bag_rows(raw, splits, None, vocab, "index", skip_empty=False),
+                                    grad_out)
+    np.testing.assert_array_equal(got_i, want_i)
+    assert_close(got_v, want_v, "float32")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("delimiter", [b",", b"<>", b""])
+def test_grad_16bit_tables(rng, dtype, delimiter):
+    vocab, dim = 40, 24
+    device_table, exact, _ = encode_table(random_table(rng, vocab, dim), dtype)
+    strings = random_strings(rng, 30, vocab, "hash", delimiter, max_tokens=8)
+    raw, splits = pack(strings)
+    grad_device, grad_exact, _ = encode_table(rng.normal(size=(30, dim)).astype(np.float32), dtype)
+    opts = dict(combiner="mean", delimiter=delimiter, max_norm=3.0)
+    got_v, got_i = gpu_grad(device_table, dtype, raw, splits, grad_device, **opts)
+    want_v, want_i = reference_grad(exact, bag_rows(raw, splits, None, vocab, "hash", delimiter), grad_exact,
+                                    "mean", 3.0)
+    np.testing.assert_array_equal(got_i, want_i)
+    assert_close(got_v, want_v, dtype)
+
+
+def test_grad_long_rows(rng):
+    vocab, dim = 500, 8
+    values = random_table(rng, vocab, dim)
+    strings = [b",".join(random_token(rng, vocab, "index") for _ in range(n)) for n in (10_000, 0, 10_001)]
+    raw, splits = pack(strings)
+    grad_out = rng.normal(size=(3, dim)).astype(np.float32)
+    opts = dict(combiner="sqrtn", id_mode="index", default_id=7)
+    got_v, got_i = gpu_grad(values, "float32", raw, splits, grad_out, **opts)
+    want_v, want_i = reference_grad(values, bag_rows(raw, splits, None, vocab, "index"), grad_out,
+                                    "sqrtn", -1.0, 7)
+    np.testing.assert_array_equal(got_i, want_i)
+    assert_close(got_v, want_v, "float32")
+
+
+def test_grad_batch_zero():
+    got_v, got_i = gpu_grad(np.ones((4, 8), np.float32), "float32", np.zeros(0, np.uint8),
+                            np.zeros(1, np.int64), np.zeros((0, 8), np.float32))
+    assert got_v.shape == (0, 8) and got_i.shape == (0,)
+
+
+def test_grad_rejects_small_output_buffers(rng):
+    values = random_table(rng, 10, 4)
+    raw, splits = pack(["1,2,3", "", "4,5"])
+    grad_out = np.ones((3, 4), np.float32)
+    with pytest.raises(ValueError, match="has 5 rows"):
+        gpu_grad(values, "float32", raw, splits, grad_out, max_grad_rows=4, id_mode="index")
+    _, got_i = gpu_grad(values, "float32", raw, splits, grad_out, max_grad_rows=5, id_mode="index")
+    np.testing.assert_array_equal(got_i, [1, 2, 3, 4, 5])
