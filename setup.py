@@ -258,7 +258,6 @@ class BuildCtrOps(build_ext):
         for where in {Path(self.get_ext_fullpath(e.name)).parent for e in self.extensions}:
             where.mkdir(parents=True, exist_ok=True)
             write_build_info(self.tf, self.cuda, where / "_build_info.py")
-        write_build_info(self.tf, self.cuda, ROOT / "tf_ctr_ops" / "_build_info.py")
         super().run()
 
     def get_ext_filename(self, fullname):

@@ -10,15 +10,23 @@ import os
 _LIB = None
 
 
+def _not_built_error():
+    here = os.path.dirname(os.path.abspath(__file__))
+    return ImportError(
+        f"tf_ctr_ops was imported from {here}, which holds no built op library. If this is "
+        "the source tree, Python found it before the installed package because it runs from "
+        "the checkout's root (python -m puts the current directory first): run from another "
+        "directory, use the `tf-ctr-ops` command, or build in place with "
+        "`python setup.py build_ext --inplace`. Otherwise install the package: "
+        "pip install -r requirements-build.txt && pip install --no-build-isolation ."
+    )
+
+
 def build_info():
     try:
         from tf_ctr_ops import _build_info
     except ImportError as e:
-        raise ImportError(
-            "tf_ctr_ops is not built: its native library is missing. Install it with "
-            "`pip install --no-build-isolation .` from the source tree (importing "
-            "the package from an unbuilt checkout does not work)."
-        ) from e
+        raise _not_built_error() from e
     return _build_info
 
 
@@ -40,5 +48,7 @@ def load_op_library():
         info = build_info()
         check_tensorflow_version(tf.__version__, info.TF_VERSION)
         path = os.path.join(os.path.dirname(__file__), "_tf_ctr_ops.so")
+        if not os.path.exists(path):
+            raise _not_built_error()
         _LIB = tf.load_op_library(path)
     return _LIB

@@ -104,7 +104,7 @@ def _embedding_lookup_grad(op, grad):
     params, ids, segments, num_rows, weights = op.inputs
     attrs = {k: op.get_attr(k) for k in (
         "combiner", "segment_kind", "id_mode", "invalid_ids", "prune_weights", "default_id",
-        "max_norm", "has_weights")}
+        "max_norm", "has_weights", "num_buckets")}
     attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
     values, indices, weights_grad = _ops.ctr_embedding_lookup_grad(
         grad=grad, params=params, ids=ids, segments=segments, num_rows=num_rows,

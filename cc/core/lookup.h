@@ -24,7 +24,9 @@ enum class IdMode : int32_t { kIndex = 0, kHash = 1 };
 enum class InvalidIds : int32_t { kError = 0, kSkipNegative = 1, kSkipPadding = 2 };
 
 struct LookupSpec {
-  int64_t vocab = 0;  // table rows (hash buckets in hash mode)
+  int64_t vocab = 0;  // table rows
+  int64_t buckets = 0;  // hash mode: hash % buckets (0: the table rows); a
+                        // bucket >= vocab is then a bad key, as a Gather says
   int64_t dim = 0;
   Combiner combiner = Combiner::kMean;
   IdMode id_mode = IdMode::kIndex;
@@ -44,7 +46,10 @@ CTR_HD int64_t ResolveKey(TKey key, const LookupSpec& s) {
   // Padding is dropped before hashing too: a padded dense batch of hashed
   // keys must not pool the bucket of "-1".
   if (k == -1 && s.invalid_ids == InvalidIds::kSkipPadding) return kSkipKey;
-  if (s.id_mode == IdMode::kHash) return HashIntKeyBucket(k, s.vocab);
+  if (s.id_mode == IdMode::kHash) {
+    const int64_t b = HashIntKeyBucket(k, s.buckets > 0 ? s.buckets : s.vocab);
+    return b < s.vocab ? b : kBadKey;
+  }
   if (k >= 0 && k < s.vocab) return k;
   if (k < 0 && s.invalid_ids == InvalidIds::kSkipNegative) return kSkipKey;
   return kBadKey;

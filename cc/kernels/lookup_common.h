@@ -38,6 +38,9 @@ inline absl::Status ReadLookupAttrs(tensorflow::OpKernelConstruction* c, LookupA
   TF_RETURN_IF_ERROR(c->GetAttr("default_id", &a->spec.default_id));
   TF_RETURN_IF_ERROR(c->GetAttr("max_norm", &a->spec.max_norm));
   TF_RETURN_IF_ERROR(c->GetAttr("has_weights", &a->has_weights));
+  TF_RETURN_IF_ERROR(c->GetAttr("num_buckets", &a->spec.buckets));
+  if (a->spec.buckets < 0)
+    return tensorflow::errors::InvalidArgument("num_buckets must be >= 0, got ", a->spec.buckets);
   a->spec.combiner = ParseCombiner(combiner);
   a->spec.id_mode = mode == "hash" ? ctr::IdMode::kHash : ctr::IdMode::kIndex;
   a->spec.invalid_ids = ParseInvalidIds(invalid);

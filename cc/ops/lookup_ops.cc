@@ -25,6 +25,8 @@ prune_weights: drop entries whose weight is not > 0 (safe_embedding_lookup_spars
 default_id: row used for bags left empty; -1 gives zeros.
 max_norm: clip each looked-up row to this L2 norm first; <= 0 disables.
 has_weights: whether `weights` holds one float per id (else it is ignored).
+num_buckets: hash mode only: the bucket count of the hash (0: V). A bucket
+  outside the table is an InvalidArgument error, as the Gather it replaces says.
 )doc";
 
 absl::Status LookupShape(InferenceContext* c) {
@@ -72,7 +74,8 @@ absl::Status LookupGradShape(InferenceContext* c) {
       .Attr("prune_weights: bool = false")                 \
       .Attr("default_id: int = -1")                        \
       .Attr("max_norm: float = -1.0")                      \
-      .Attr("has_weights: bool = false")
+      .Attr("has_weights: bool = false")                  \
+      .Attr("num_buckets: int = 0")
 
 REGISTER_OP("CtrEmbeddingLookup")
     .Input("params: T")

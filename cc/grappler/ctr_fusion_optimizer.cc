@@ -1,0 +1,118 @@
+// CtrFusionOptimizer: a Grappler custom optimizer that replaces TF-native CTR
+// subgraphs with the fused tf-ctr-ops ops. It runs every registered pattern
+// (cc/grappler/pattern_*.cc) over the graph; a subgraph whose semantics the
+// fused op would not reproduce exactly is left alone, with the reason logged
+// at VLOG(1) and written to the report file when one is configured
+// (parameter_map["report_file"], JSON lines).
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cc/grappler/fusion_stats.h"
+#include "cc/grappler/pattern.h"
+#include "tensorflow/core/grappler/costs/graph_properties.h"
+#include "tensorflow/core/grappler/grappler_item.h"
+#include "tensorflow/core/grappler/optimizers/custom_graph_optimizer.h"
+#include "tensorflow/core/grappler/optimizers/custom_graph_optimizer_registry.h"
+#include "tensorflow/core/platform/logging.h"
+#include "tensorflow/core/protobuf/rewriter_config.pb.h"
+
+namespace tf_ctr {
+namespace grappler {
+
+FusionStats& GlobalFusionStats() {
+  static FusionStats* stats = new FusionStats();
+  return *stats;
+}
+
+namespace {
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+std::string MatchJson(const MatchRecord& m) {
+  std::string replaced = "[";
+  for (size_t i = 0; i < m.replaced.size(); ++i) replaced += (i ? ", " : "") + JsonString(m.replaced[i]);
+  return "{\"kind\": \"match\", \"pattern\": " + JsonString(m.pattern) + ", \"fused_node\": " +
+         JsonString(m.fused_node) + ", \"fused_op\": " + JsonString(m.fused_op) + ", \"replaced\": " + replaced + "]}";
+}
+
+std::string SkipJson(const SkipRecord& s) {
+  return "{\"kind\": \"skip\", \"pattern\": " + JsonString(s.pattern) + ", \"node\": " + JsonString(s.node) +
+         ", \"reason\": " + JsonString(s.reason) + "}";
+}
+
+class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
+ public:
+  std::string name() const override { return "CtrFusionOptimizer"; }
+  bool UsesFunctionLibrary() const override { return false; }
+
+  absl::Status Init(const tensorflow::RewriterConfig_CustomGraphOptimizer* config) override {
+    if (config != nullptr) {
+      auto it = config->parameter_map().find("report_file");
+      if (it != config->parameter_map().end()) report_file_ = it->second.s();
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Optimize(tensorflow::grappler::Cluster* cluster, const tensorflow::grappler::GrapplerItem& item,
+                        tensorflow::GraphDef* optimized) override {
+    *optimized = item.graph;
+    tensorflow::grappler::GraphProperties properties(item);
+    // Without shapes, patterns that need them skip with a reason.
+    const bool have_shapes = properties.InferStatically(/*assume_valid_feeds=*/false).ok();
+    RewriteContext ctx(optimized, item.fetch, have_shapes ? &properties : nullptr);
+    for (const auto& pattern : RegisteredPatterns()) {
+      std::vector<std::string> names;
+      names.reserve(optimized->node_size());
+      for (const auto& n : optimized->node()) names.push_back(n.name());
+      for (const auto& name : names) {
+        const tensorflow::NodeDef* node = ctx.index().Node(name);
+        if (node != nullptr && pattern->Rewrite(*node, &ctx)) ctx.Commit();
+      }
+    }
+    Report(item.id, ctx);
+    return absl::OkStatus();
+  }
+
+ private:
+  void Report(const std::string& graph_id, const RewriteContext& ctx) {
+    FusionStats& stats = GlobalFusionStats();
+    ++stats.graphs;
+    stats.rewrites += static_cast<int64_t>(ctx.matches().size());
+    stats.skips += static_cast<int64_t>(ctx.skips().size());
+    for (const auto& s : ctx.skips())
+      VLOG(1) << "CtrFusionOptimizer: left " << s.node << " untouched (" << s.pattern << "): " << s.reason;
+    for (const auto& m : ctx.matches())
+      VLOG(1) << "CtrFusionOptimizer: " << m.pattern << " fused into " << m.fused_node << " (" << m.fused_op << ")";
+    if (report_file_.empty()) return;
+    std::ofstream out(report_file_, std::ios::app);
+    for (const auto& m : ctx.matches()) out << MatchJson(m) << "\n";
+    for (const auto& s : ctx.skips()) out << SkipJson(s) << "\n";
+    out << "{\"kind\": \"graph\", \"id\": " << JsonString(graph_id) << ", \"matches\": " << ctx.matches().size()
+        << ", \"skips\": " << ctx.skips().size() << "}\n";
+  }
+
+  std::string report_file_;
+};
+
+}  // namespace
+
+REGISTER_GRAPH_OPTIMIZER_AS(CtrFusionOptimizer, "CtrFusionOptimizer");
+
+}  // namespace grappler
+}  // namespace tf_ctr

@@ -1,0 +1,46 @@
+// A small read-only index over a GraphDef for pattern matching: nodes by
+// name, the producer of each data input, and how many consumers each output
+// has (fetches and control edges count, so a fused intermediate that anything
+// else reads is never removed).
+#pragma once
+
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "tensorflow/core/framework/graph.pb.h"
+#include "tensorflow/core/framework/node_def.pb.h"
+
+namespace tf_ctr {
+namespace grappler {
+
+// "name:port" / "name" / "^name" split into node name and port (-1: control).
+struct TensorId {
+  std::string node;
+  int port = 0;
+};
+TensorId ParseTensorName(const std::string& input);
+std::string TensorName(const std::string& node, int port);
+
+class GraphIndex {
+ public:
+  GraphIndex(const tensorflow::GraphDef& graph, const std::vector<std::string>& fetch);
+
+  const tensorflow::NodeDef* Node(const std::string& name) const;
+  // Producer of data input i of `node` (nullptr when absent or a control input).
+  const tensorflow::NodeDef* Producer(const tensorflow::NodeDef& node, int i, int* port = nullptr) const;
+  // Data consumers of output `port` of `node`, plus one if it is fetched.
+  int Consumers(const std::string& node, int port) const;
+  // Readers of any output of `node` through data edges or fetches. Control
+  // edges are not counted: a rewrite moves them onto the fused node.
+  int DataConsumers(const std::string& node) const;
+
+ private:
+  std::unordered_map<std::string, const tensorflow::NodeDef*> nodes_;
+  std::unordered_map<std::string, int> consumers_;  // "node:port" -> count
+  std::unordered_map<std::string, int> data_consumers_;  // node -> count
+};
+
+}  // namespace grappler
+}  // namespace tf_ctr

@@ -1,0 +1,197 @@
+#include "cc/grappler/pattern.h"
+
+#include "tensorflow/core/framework/attr_value.pb.h"
+#include "tensorflow/core/framework/tensor.pb.h"
+#include "tensorflow/core/framework/tensor_shape.pb.h"
+
+namespace tf_ctr {
+namespace grappler {
+
+using tensorflow::NodeDef;
+
+std::vector<std::unique_ptr<FusionPattern>>& RegisteredPatterns() {
+  static auto* patterns = new std::vector<std::unique_ptr<FusionPattern>>();
+  return *patterns;
+}
+
+RewriteContext::RewriteContext(tensorflow::GraphDef* graph, std::vector<std::string> fetch,
+                               const tensorflow::grappler::GraphProperties* properties)
+    : graph_(graph), fetch_(std::move(fetch)), properties_(properties) {
+  index_ = std::make_unique<GraphIndex>(*graph_, fetch_);
+}
+
+NodeDef* RewriteContext::Mutable(const std::string& name) {
+  for (auto& n : *graph_->mutable_node())
+    if (n.name() == name) return &n;
+  return nullptr;
+}
+
+NodeDef* RewriteContext::AddNode(const std::string& base, const std::string& op, const std::string& device) {
+  std::string name = base;
+  for (int i = 1; index_->Node(name) != nullptr || Mutable(name) != nullptr; ++i)
+    name = base + "_" + std::to_string(i);
+  NodeDef* n = graph_->add_node();
+  n->set_name(name);
+  n->set_op(op);
+  n->set_device(device);
+  return n;
+}
+
+void RewriteContext::RedirectControlEdges(const std::string& from, const std::string& to) {
+  const std::string old_edge = "^" + from, new_edge = "^" + to;
+  for (auto& n : *graph_->mutable_node()) {
+    if (n.name() == to) continue;
+    bool has_new = false;
+    for (const auto& in : n.input()) has_new |= in == new_edge;
+    auto* inputs = n.mutable_input();
+    for (int i = 0; i < inputs->size(); ++i) {
+      if (inputs->Get(i) != old_edge) continue;
+      if (has_new) {
+        inputs->DeleteSubrange(i--, 1);
+      } else {
+        *inputs->Mutable(i) = new_edge;
+        has_new = true;
+      }
+    }
+  }
+}
+
+void RewriteContext::Commit() {
+  if (!removed_.empty()) {
+    tensorflow::GraphDef kept;
+    for (auto& n : *graph_->mutable_node())
+      if (!removed_.count(n.name())) kept.add_node()->Swap(&n);
+    graph_->mutable_node()->Swap(kept.mutable_node());
+    removed_.clear();
+  }
+  index_ = std::make_unique<GraphIndex>(*graph_, fetch_);
+}
+
+// The static shape of an output: Grappler's inference first, then the
+// `_output_shapes` attribute graphs exported with add_shapes carry.
+static const tensorflow::TensorShapeProto* KnownShape(const tensorflow::grappler::GraphProperties* props,
+                                                      const NodeDef& node, int port) {
+  if (props && props->HasOutputProperties(node.name())) {
+    const auto& out = props->GetOutputProperties(node.name());
+    if (port < static_cast<int>(out.size()) && !out[port].shape().unknown_rank()) return &out[port].shape();
+  }
+  auto it = node.attr().find("_output_shapes");
+  if (it != node.attr().end() && port < it->second.list().shape_size() &&
+      !it->second.list().shape(port).unknown_rank())
+    return &it->second.list().shape(port);
+  return nullptr;
+}
+
+int RewriteContext::Rank(const NodeDef& node, int port) const {
+  const tensorflow::TensorShapeProto* s = KnownShape(properties_, node, port);
+  return s ? s->dim_size() : -1;
+}
+
+int64_t RewriteContext::Dim(const NodeDef& node, int port, int dim) const {
+  const tensorflow::TensorShapeProto* s = KnownShape(properties_, node, port);
+  return (s && dim < s->dim_size()) ? s->dim(dim).size() : -1;
+}
+
+void RewriteContext::Skipped(const std::string& pattern, const std::string& node, const std::string& reason) {
+  skips_.push_back(SkipRecord{pattern, node, reason});
+}
+
+bool IsOp(const NodeDef* node, const char* op) { return node != nullptr && node->op() == op; }
+
+tensorflow::DataType TypeAttr(const NodeDef& node, const char* name) {
+  auto it = node.attr().find(name);
+  return it == node.attr().end() ? tensorflow::DT_INVALID : it->second.type();
+}
+
+int64_t IntAttr(const NodeDef& node, const char* name, int64_t fallback) {
+  auto it = node.attr().find(name);
+  return it == node.attr().end() ? fallback : it->second.i();
+}
+
+bool BoolAttr(const NodeDef& node, const char* name, bool fallback) {
+  auto it = node.attr().find(name);
+  return it == node.attr().end() ? fallback : it->second.b();
+}
+
+std::string StringAttr(const NodeDef& node, const char* name) {
+  auto it = node.attr().find(name);
+  return it == node.attr().end() ? std::string() : it->second.s();
+}
+
+bool ConstScalarInt(const NodeDef* node, int64_t* value) {
+  if (!IsOp(node, "Const")) return false;
+  auto it = node->attr().find("value");
+  if (it == node->attr().end()) return false;
+  const tensorflow::TensorProto& t = it->second.tensor();
+  if (t.tensor_shape().dim_size() != 0) return false;
+  if (t.dtype() == tensorflow::DT_INT32 && t.int_val_size() == 1) {
+    *value = t.int_val(0);
+    return true;
+  }
+  if (t.dtype() == tensorflow::DT_INT64 && t.int64_val_size() == 1) {
+    *value = t.int64_val(0);
+    return true;
+  }
+  return false;
+}
+
+std::string Describe(const NodeDef& node) { return node.name() + " (" + node.op() + ")"; }
+
+const NodeDef* SkipIdentities(const GraphIndex& g, const NodeDef* node, std::vector<const NodeDef*>* identities) {
+  while (IsOp(node, "Identity")) {
+    identities->push_back(node);
+    node = g.Producer(*node, 0);
+  }
+  return node;
+}
+
+bool IsEmbeddingDtype(tensorflow::DataType t) {
+  return t == tensorflow::DT_FLOAT || t == tensorflow::DT_HALF || t == tensorflow::DT_BFLOAT16;
+}
+
+bool IsIndexDtype(tensorflow::DataType t) { return t == tensorflow::DT_INT32 || t == tensorflow::DT_INT64; }
+
+void CopyControlInputs(const NodeDef& from, NodeDef* to) {
+  for (const auto& in : from.input())
+    if (!in.empty() && in[0] == '^') to->add_input(in);
+}
+
+std::string AddInt64Scalar(RewriteContext* ctx, const std::string& base, int64_t value, const std::string& device) {
+  NodeDef* n = ctx->AddNode(base, "Const", device);
+  (*n->mutable_attr())["dtype"].set_type(tensorflow::DT_INT64);
+  tensorflow::TensorProto* t = (*n->mutable_attr())["value"].mutable_tensor();
+  t->set_dtype(tensorflow::DT_INT64);
+  t->mutable_tensor_shape();
+  t->add_int64_val(value);
+  return n->name();
+}
+
+std::string AddEmptyFloatVector(RewriteContext* ctx, const std::string& base, const std::string& device) {
+  NodeDef* n = ctx->AddNode(base, "Const", device);
+  (*n->mutable_attr())["dtype"].set_type(tensorflow::DT_FLOAT);
+  tensorflow::TensorProto* t = (*n->mutable_attr())["value"].mutable_tensor();
+  t->set_dtype(tensorflow::DT_FLOAT);
+  t->mutable_tensor_shape()->add_dim()->set_size(0);
+  return n->name();
+}
+
+std::string AddCast(RewriteContext* ctx, const std::string& base, const std::string& input,
+                    tensorflow::DataType from, tensorflow::DataType to, const std::string& device) {
+  NodeDef* n = ctx->AddNode(base, "Cast", device);
+  n->add_input(input);
+  (*n->mutable_attr())["SrcT"].set_type(from);
+  (*n->mutable_attr())["DstT"].set_type(to);
+  (*n->mutable_attr())["Truncate"].set_b(false);
+  return n->name();
+}
+
+std::string AddReadVariable(RewriteContext* ctx, const std::string& base, const std::string& resource,
+                            tensorflow::DataType dtype, const std::string& device) {
+  NodeDef* n = ctx->AddNode(base, "ReadVariableOp", device);
+  n->add_input(resource);
+  (*n->mutable_attr())["dtype"].set_type(dtype);
+  return n->name();
+}
+
+}  // namespace grappler
+}  // namespace tf_ctr

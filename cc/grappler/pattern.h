@@ -1,0 +1,118 @@
+// The matcher core of CtrFusionOptimizer: a rewrite context over the graph
+// being optimized, and the interface every fusion pattern implements. Adding
+// a pattern means adding one file that defines a FusionPattern and registers
+// it with REGISTER_CTR_FUSION_PATTERN.
+#pragma once
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cc/grappler/graph_index.h"
+#include "tensorflow/core/framework/graph.pb.h"
+#include "tensorflow/core/framework/node_def.pb.h"
+#include "tensorflow/core/framework/types.pb.h"
+#include "tensorflow/core/grappler/costs/graph_properties.h"
+
+namespace tf_ctr {
+namespace grappler {
+
+struct MatchRecord {
+  std::string pattern;
+  std::string fused_node;
+  std::string fused_op;
+  std::vector<std::string> replaced;  // "name (Op)"
+};
+
+struct SkipRecord {
+  std::string pattern;
+  std::string node;
+  std::string reason;
+};
+
+class RewriteContext {
+ public:
+  RewriteContext(tensorflow::GraphDef* graph, std::vector<std::string> fetch,
+                 const tensorflow::grappler::GraphProperties* properties);
+
+  const GraphIndex& index() const { return *index_; }
+  tensorflow::NodeDef* Mutable(const std::string& name);
+  // Adds a node with a name derived from `base` that is unique in the graph.
+  tensorflow::NodeDef* AddNode(const std::string& base, const std::string& op, const std::string& device);
+  void Remove(const std::string& name) { removed_.insert(name); }
+  // Points control edges from `from` at `to` instead (automatic control
+  // dependencies on a stateful op the fused node replaces keep their order).
+  void RedirectControlEdges(const std::string& from, const std::string& to);
+  // Applies removals and re-indexes; call after each rewrite.
+  void Commit();
+
+  // Static rank / dim 0 of output `port` of `node`, -1 when unknown.
+  int Rank(const tensorflow::NodeDef& node, int port) const;
+  int64_t Dim(const tensorflow::NodeDef& node, int port, int dim) const;
+
+  void Matched(MatchRecord record) { matches_.push_back(std::move(record)); }
+  void Skipped(const std::string& pattern, const std::string& node, const std::string& reason);
+
+  const std::vector<MatchRecord>& matches() const { return matches_; }
+  const std::vector<SkipRecord>& skips() const { return skips_; }
+
+ private:
+  tensorflow::GraphDef* graph_;
+  std::vector<std::string> fetch_;
+  const tensorflow::grappler::GraphProperties* properties_;
+  std::unique_ptr<GraphIndex> index_;
+  std::set<std::string> removed_;
+  std::vector<MatchRecord> matches_;
+  std::vector<SkipRecord> skips_;
+};
+
+class FusionPattern {
+ public:
+  virtual ~FusionPattern() = default;
+  virtual std::string name() const = 0;
+  // Rewrites the subgraph anchored at `anchor` and returns true, or returns
+  // false, recording through ctx->Skipped why a subgraph of the right shape
+  // was left alone. Must not touch the graph when it returns false.
+  virtual bool Rewrite(const tensorflow::NodeDef& anchor, RewriteContext* ctx) const = 0;
+};
+
+std::vector<std::unique_ptr<FusionPattern>>& RegisteredPatterns();
+
+struct PatternRegistration {
+  explicit PatternRegistration(FusionPattern* p) { RegisteredPatterns().emplace_back(p); }
+};
+
+#define REGISTER_CTR_FUSION_PATTERN(Class) \
+  static ::tf_ctr::grappler::PatternRegistration ctr_fusion_pattern_##Class(new Class())
+
+// ---------------------------------------------------------------------------
+// Node predicates and attribute access shared by patterns.
+
+bool IsOp(const tensorflow::NodeDef* node, const char* op);
+tensorflow::DataType TypeAttr(const tensorflow::NodeDef& node, const char* name);
+int64_t IntAttr(const tensorflow::NodeDef& node, const char* name, int64_t fallback);
+bool BoolAttr(const tensorflow::NodeDef& node, const char* name, bool fallback);
+std::string StringAttr(const tensorflow::NodeDef& node, const char* name);
+// Value of a scalar integer Const, or false.
+bool ConstScalarInt(const tensorflow::NodeDef* node, int64_t* value);
+std::string Describe(const tensorflow::NodeDef& node);  // "name (Op)"
+// Follows Identity nodes up to the first other producer, collecting them
+// (tf.nn.embedding_lookup ends in an Identity).
+const tensorflow::NodeDef* SkipIdentities(const GraphIndex& g, const tensorflow::NodeDef* node,
+                                          std::vector<const tensorflow::NodeDef*>* identities);
+bool IsEmbeddingDtype(tensorflow::DataType t);
+bool IsIndexDtype(tensorflow::DataType t);
+// Copies the control inputs ("^x") of `from` onto `to`.
+void CopyControlInputs(const tensorflow::NodeDef& from, tensorflow::NodeDef* to);
+
+// Node builders for the inputs fused ops need; each returns the new node's name.
+std::string AddInt64Scalar(RewriteContext* ctx, const std::string& base, int64_t value, const std::string& device);
+std::string AddEmptyFloatVector(RewriteContext* ctx, const std::string& base, const std::string& device);
+std::string AddCast(RewriteContext* ctx, const std::string& base, const std::string& input,
+                    tensorflow::DataType from, tensorflow::DataType to, const std::string& device);
+std::string AddReadVariable(RewriteContext* ctx, const std::string& base, const std::string& resource,
+                            tensorflow::DataType dtype, const std::string& device);
+
+}  // namespace grappler
+}  // namespace tf_ctr
