@@ -34,6 +34,11 @@ __global__ void FinishValidateKernel(const int64_t* s, const unsigned long long*
   }
 }
 
+__global__ void LastNonZeroKernel(const int64_t* counts, int64_t n, unsigned long long* through) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n && counts[i] != 0) atomicMax(through, static_cast<unsigned long long>(i + 1));
+}
+
 }  // namespace
 
 template <>
@@ -61,6 +66,30 @@ std::string CopyToHost(const void* d_src, void* h_dst, size_t bytes, void* strea
   auto st = static_cast<cudaStream_t>(stream);
   std::string err = Check(cudaMemcpyAsync(h_dst, d_src, bytes, cudaMemcpyDeviceToHost, st));
   return err.empty() ? Check(cudaStreamSynchronize(st)) : err;
+}
+
+std::string CopyDeviceToDevice(const void* d_src, void* d_dst, size_t bytes, void* stream) {
+  if (bytes == 0) return "";
+  return Check(cudaMemcpyAsync(d_dst, d_src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)));
+}
+
+std::string CountThroughLastNonZero(const int64_t* d_counts, int64_t n, int64_t* h_out, void* stream) {
+  auto st = static_cast<cudaStream_t>(stream);
+  unsigned long long* through = nullptr;
+  std::string err = Check(cudaMallocAsync(&through, sizeof(*through), st));
+  if (!err.empty()) return err;
+  err = Check(cudaMemsetAsync(through, 0, sizeof(*through), st));
+  if (err.empty() && n > 0) {
+    const int threads = 256;
+    LastNonZeroKernel<<<static_cast<unsigned>((n + threads - 1) / threads), threads, 0, st>>>(d_counts, n, through);
+    err = Check(cudaGetLastError());
+  }
+  unsigned long long h = 0;
+  if (err.empty()) err = Check(cudaMemcpyAsync(&h, through, sizeof(h), cudaMemcpyDeviceToHost, st));
+  if (err.empty()) err = Check(cudaStreamSynchronize(st));
+  cudaFreeAsync(through, st);
+  *h_out = static_cast<int64_t>(h);
+  return err;
 }
 
 std::string ZeroFill(void* d_ptr, size_t bytes, void* stream) {

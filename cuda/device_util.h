@@ -19,6 +19,12 @@ std::string CopyToHost(const void* d_src, void* h_dst, size_t bytes, void* strea
 
 std::string ZeroFill(void* d_ptr, size_t bytes, void* stream);
 
+std::string CopyDeviceToDevice(const void* d_src, void* d_dst, size_t bytes, void* stream);
+
+// 1 + the index of the last non-zero of n counts (0 when all are zero);
+// synchronizes to return it.
+std::string CountThroughLastNonZero(const int64_t* d_counts, int64_t n, int64_t* h_out, void* stream);
+
 // Flags in d_status[0..1] = {index, value} the first string split that is
 // (d_status needs 3 int64: the third is scratch)
 // negative, decreasing or past num_bytes ({-1, 0} when all are valid).

@@ -183,7 +183,11 @@ def _attrs(op, names):
 @tf.RegisterGradient("CtrStringEmbedding")
 def _string_embedding_grad(op, grad):
     params, data, row_splits, bag_splits = op.inputs
-    attrs = _attrs(op, ("combiner", "id_mode", "delimiter", "skip_empty", "max_norm", "bagged"))
+    attrs = _attrs(op, ("combiner", "id_mode", "delimiter", "skip_empty", "max_norm", "bagged", "num_buckets"))
+    if op.get_attr("trim_empty_tail"):
+        # The trimmed rows had no tokens: their gradient is zero.
+        bags = tf.shape(bag_splits if attrs["bagged"] else row_splits)[0] - 1
+        grad = tf.pad(grad, [[0, bags - tf.shape(grad)[0]], [0, 0]])
     values, indices = _ops.ctr_string_embedding_grad(grad=grad, params=params, bytes=data, row_splits=row_splits,
                                                      bag_splits=bag_splits, **attrs)
     return [tf.IndexedSlices(values, indices, tf.shape(params, out_type=tf.int64)), None, None, None]

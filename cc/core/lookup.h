@@ -113,10 +113,13 @@ class BagPool {
     bw_.Add(w);
     any_ = true;
   }
-  void Finish(T* out) {
+  // Writes the bag's row; returns whether the bag had entries of its own.
+  bool Finish(T* out) {
+    const bool had_entries = any_;
     if (!any_ && s_.default_id >= 0) Add(s_.default_id, 1.f);
     const float scale = CombinerScale(s_.combiner, bw_);
     for (int64_t d = 0; d < s_.dim; ++d) out[d] = FromFloat<T>(acc_[d] * scale);
+    return had_entries;
   }
 
  private:

@@ -30,6 +30,8 @@ struct StringSpec {
   uint8_t delim[kMaxDelimiterBytes] = {};
   int64_t delim_len = 0;  // 0: the whole string is one token
   bool skip_empty = true;
+  int64_t buckets = 0;  // hash mode: hash % buckets (0: the table rows); a
+                        // bucket >= vocab is a bad token, as a Gather says
 };
 
 // Empty on success, else why the delimiter cannot be used.
@@ -167,7 +169,11 @@ constexpr int64_t kBadNumber = -3;  // ResolveToken: not an int64 literal
 // *value receives the parsed number in index and mod modes.
 CTR_HD int64_t ResolveToken(const uint8_t* tok, int64_t len, const StringSpec& s, int64_t* value) {
   const int64_t V = s.lookup.vocab;
-  if (s.mode == TokenMode::kHash) return HashBucket(tok, static_cast<uint64_t>(len), V);
+  if (s.mode == TokenMode::kHash) {
+    const int64_t b = HashBucket(tok, static_cast<uint64_t>(len), s.buckets > 0 ? s.buckets : V);
+    *value = b;
+    return b < V ? b : kBadKey;
+  }
   if (!ParseInt64(tok, len, value)) return kBadNumber;
   if (s.mode == TokenMode::kMod) return FloorMod(*value, V);
   return (*value >= 0 && *value < V) ? *value : kBadKey;
@@ -247,16 +253,18 @@ struct TokenBagVisitor {
 };
 
 // Pools bags [row_begin, row_end) of tokens; acc is dim floats of scratch.
+// nonempty (nullable) receives whether each bag had a token.
 template <typename T>
 void PoolStringBagsCpu(const StringSpec& s, const T* params, const uint8_t* bytes,
                        const int64_t* string_splits, const int64_t* bag_splits, int64_t row_begin,
-                       int64_t row_end, float* acc, T* out, TokenError* err) {
+                       int64_t row_end, float* acc, T* out, TokenError* err, uint8_t* nonempty = nullptr) {
   BagPool<T> pool(s.lookup, params, acc);
   const TokenBagVisitor visit{s, bytes, string_splits, bag_splits, err};
   for (int64_t r = row_begin; r < row_end; ++r) {
     pool.Begin();
     if (!visit(r, [&](int64_t row, float w, int64_t) { pool.Add(row, w); })) return;
-    pool.Finish(out + r * s.lookup.dim);
+    const bool had_tokens = pool.Finish(out + r * s.lookup.dim);
+    if (nonempty) nonempty[r] = had_tokens;
   }
 }
 

@@ -76,14 +76,25 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
     // Without shapes, patterns that need them skip with a reason.
     const bool have_shapes = properties.InferStatically(/*assume_valid_feeds=*/false).ok();
     RewriteContext ctx(optimized, item.fetch, have_shapes ? &properties : nullptr);
-    for (const auto& pattern : RegisteredPatterns()) {
-      std::vector<std::string> names;
-      names.reserve(optimized->node_size());
-      for (const auto& n : optimized->node()) names.push_back(n.name());
-      for (const auto& name : names) {
-        const tensorflow::NodeDef* node = ctx.index().Node(name);
-        if (node != nullptr && pattern->Rewrite(*node, &ctx)) ctx.Commit();
+    // Patterns build on each other's output (a fused lookup can absorb its
+    // string producers next), so passes repeat until nothing changes.
+    constexpr int kMaxPasses = 8;
+    for (int pass = 0; pass < kMaxPasses; ++pass) {
+      bool changed = false;
+      for (const auto& pattern : RegisteredPatterns()) {
+        std::vector<std::string> names;
+        names.reserve(optimized->node_size());
+        for (const auto& n : optimized->node()) names.push_back(n.name());
+        for (const auto& name : names) {
+          const tensorflow::NodeDef* node = ctx.index().Node(name);
+          if (node != nullptr && pattern->Rewrite(*node, &ctx)) {
+            ctx.Commit();
+            changed = true;
+          }
+        }
       }
+      if (!changed) break;
+      ctx.ForgetSkips();  // a later pass re-examines them with the new graph
     }
     Report(item.id, ctx);
     return absl::OkStatus();

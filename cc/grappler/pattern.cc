@@ -1,5 +1,7 @@
 #include "cc/grappler/pattern.h"
 
+#include <cstring>
+
 #include "tensorflow/core/framework/attr_value.pb.h"
 #include "tensorflow/core/framework/tensor.pb.h"
 #include "tensorflow/core/framework/tensor_shape.pb.h"
@@ -133,6 +135,39 @@ bool ConstScalarInt(const NodeDef* node, int64_t* value) {
     return true;
   }
   return false;
+}
+
+bool ConstIntVector(const NodeDef* node, std::vector<int64_t>* out) {
+  if (!IsOp(node, "Const")) return false;
+  auto it = node->attr().find("value");
+  if (it == node->attr().end()) return false;
+  const tensorflow::TensorProto& t = it->second.tensor();
+  if (t.tensor_shape().dim_size() != 1) return false;
+  const int64_t n = t.tensor_shape().dim(0).size();
+  const bool is32 = t.dtype() == tensorflow::DT_INT32;
+  if (!is32 && t.dtype() != tensorflow::DT_INT64) return false;
+  out->clear();
+  if (!t.tensor_content().empty()) {
+    const std::string& bytes = t.tensor_content();
+    const size_t width = is32 ? 4 : 8;
+    if (bytes.size() != static_cast<size_t>(n) * width) return false;
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t v = 0;
+      if (is32) {
+        int32_t v32;
+        memcpy(&v32, bytes.data() + i * width, 4);  // little-endian hosts only, as TF itself
+        v = v32;
+      } else {
+        memcpy(&v, bytes.data() + i * width, 8);
+      }
+      out->push_back(v);
+    }
+    return true;
+  }
+  if (is32 && t.int_val_size() == n) out->assign(t.int_val().begin(), t.int_val().end());
+  else if (!is32 && t.int64_val_size() == n) out->assign(t.int64_val().begin(), t.int64_val().end());
+  else return false;
+  return true;
 }
 
 std::string Describe(const NodeDef& node) { return node.name() + " (" + node.op() + ")"; }

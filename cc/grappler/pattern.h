@@ -54,6 +54,7 @@ class RewriteContext {
   void Matched(MatchRecord record) { matches_.push_back(std::move(record)); }
   void Skipped(const std::string& pattern, const std::string& node, const std::string& reason);
 
+  void ForgetSkips() { skips_.clear(); }
   const std::vector<MatchRecord>& matches() const { return matches_; }
   const std::vector<SkipRecord>& skips() const { return skips_; }
 
@@ -94,6 +95,8 @@ tensorflow::DataType TypeAttr(const tensorflow::NodeDef& node, const char* name)
 int64_t IntAttr(const tensorflow::NodeDef& node, const char* name, int64_t fallback);
 bool BoolAttr(const tensorflow::NodeDef& node, const char* name, bool fallback);
 std::string StringAttr(const tensorflow::NodeDef& node, const char* name);
+// Values of an int32/int64 Const vector (either proto encoding), or false.
+bool ConstIntVector(const tensorflow::NodeDef* node, std::vector<int64_t>* out);
 // Value of a scalar integer Const, or false.
 bool ConstScalarInt(const tensorflow::NodeDef* node, int64_t* value);
 std::string Describe(const tensorflow::NodeDef& node);  // "name (Op)"

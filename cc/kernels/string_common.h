@@ -30,10 +30,13 @@ inline absl::Status MakeStringSpec(const std::string& combiner, const std::strin
 }
 
 inline absl::Status ReadStringAttrs(tensorflow::OpKernelConstruction* c, ctr::StringSpec* s,
-                                    bool* bagged) {
+                                    bool* bagged, bool* trim_empty_tail) {
   std::string combiner, mode, delimiter;
   bool skip_empty;
   float max_norm;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_buckets", &s->buckets));
+  TF_RETURN_IF_ERROR(c->GetAttr("trim_empty_tail", trim_empty_tail));
+  if (s->buckets < 0) return tensorflow::errors::InvalidArgument("num_buckets must be >= 0, got ", s->buckets);
   TF_RETURN_IF_ERROR(c->GetAttr("combiner", &combiner));
   TF_RETURN_IF_ERROR(c->GetAttr("id_mode", &mode));
   TF_RETURN_IF_ERROR(c->GetAttr("delimiter", &delimiter));

@@ -113,7 +113,7 @@ template <typename T>
 class StringEmbeddingCpuOp : public OpKernel {
  public:
   explicit StringEmbeddingCpuOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, ReadStringAttrs(c, &spec_, &bagged_));
+    OP_REQUIRES_OK(c, ReadStringAttrs(c, &spec_, &bagged_, &trim_empty_tail_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -121,32 +121,47 @@ class StringEmbeddingCpuOp : public OpKernel {
     StringInputs in;
     OP_REQUIRES_OK(ctx, BindTable(ctx->input(0), &spec));
     OP_REQUIRES_OK(ctx, ValidateStringInputs(ctx->input(1), ctx->input(2), ctx->input(3), bagged_, &in));
+    // Trimming needs every row before the count is known: pool into scratch.
+    Tensor pooled;
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({in.num_bags, spec.lookup.dim}), &out));
+    const TensorShape full({in.num_bags, spec.lookup.dim});
+    if (trim_empty_tail_) {
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DataTypeToEnum<T>::value, full, &pooled));
+    } else {
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, full, &out));
+    }
     const auto* params = CorePtr<T>(ctx->input(0));
-    auto* dst = CorePtr<T>(out);
+    auto* dst = CorePtr<T>(trim_empty_tail_ ? &pooled : out);
+    std::vector<uint8_t> nonempty(trim_empty_tail_ ? in.num_bags : 0);
     FirstTokenError first;
     ParallelFor(ctx, in.num_bags, StringBagCost(spec, ctx->input(1).NumElements(), in.num_bags),
                 [&](int64_t begin, int64_t end) {
                   std::vector<float> acc(spec.lookup.dim);
                   ctr::TokenError err;
                   ctr::PoolStringBagsCpu(spec, params, in.bytes, in.string_splits, in.bag_splits,
-                                         begin, end, acc.data(), dst, &err);
+                                         begin, end, acc.data(), dst, &err,
+                                         trim_empty_tail_ ? nonempty.data() : nullptr);
                   first.Offer(err);
                 });
     OP_REQUIRES_OK(ctx, first.ToStatus(in.bytes, spec.lookup.vocab));
+    if (!trim_empty_tail_) return;
+    int64_t rows = in.num_bags;
+    while (rows > 0 && !nonempty[rows - 1]) --rows;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({rows, spec.lookup.dim}), &out));
+    if (rows > 0) std::memcpy(out->flat<T>().data(), pooled.flat<T>().data(), rows * spec.lookup.dim * sizeof(T));
   }
 
  private:
   ctr::StringSpec spec_;
   bool bagged_ = false;
+  bool trim_empty_tail_ = false;
 };
 
 template <typename T>
 class StringEmbeddingGradCpuOp : public OpKernel {
  public:
   explicit StringEmbeddingGradCpuOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, ReadStringAttrs(c, &spec_, &bagged_));
+    OP_REQUIRES_OK(c, ReadStringAttrs(c, &spec_, &bagged_, &trim_empty_tail_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -180,6 +195,7 @@ class StringEmbeddingGradCpuOp : public OpKernel {
  private:
   ctr::StringSpec spec_;
   bool bagged_ = false;
+  bool trim_empty_tail_ = false;
 };
 
 template <typename T>

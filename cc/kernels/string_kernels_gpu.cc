@@ -101,7 +101,7 @@ template <typename T>
 class StringEmbeddingGpuOp : public OpKernel {
  public:
   explicit StringEmbeddingGpuOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, ReadStringAttrs(c, &spec_, &bagged_));
+    OP_REQUIRES_OK(c, ReadStringAttrs(c, &spec_, &bagged_, &trim_empty_tail_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -110,29 +110,56 @@ class StringEmbeddingGpuOp : public OpKernel {
     void* stream = GpuStream(ctx);
     DeviceStrings in;
     OP_REQUIRES_OK(ctx, PrepareDeviceStrings(ctx, ctx->input(1), ctx->input(2), ctx->input(3), bagged_, stream, &in));
+    const TensorShape full({in.num_bags, spec.lookup.dim});
+    Tensor pooled;
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({in.num_bags, spec.lookup.dim}), &out));
-    if (in.num_bags == 0) return;
-    Tensor status;
-    OP_REQUIRES_OK(ctx, DeviceScratch(ctx, ctr::gpu::kTokenStatusSize, &status));
-    int64_t* st = status.flat<int64_t>().data();
-    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::InitTokenStatus(st, stream)));
-    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::StringEmbedding(spec, CorePtr<T>(ctx->input(0)), in.bytes,
-                                                               in.string_splits, in.bag_splits, in.num_bags,
-                                                               CorePtr<T>(out), st, stream)));
-    OP_REQUIRES_OK(ctx, TokenStatus(st, in.bytes, &spec, 0, stream));
+    if (trim_empty_tail_) {
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DataTypeToEnum<T>::value, full, &pooled));
+    } else {
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, full, &out));
+    }
+    Tensor* dst = trim_empty_tail_ ? &pooled : out;
+    if (in.num_bags > 0) {
+      Tensor status;
+      OP_REQUIRES_OK(ctx, DeviceScratch(ctx, ctr::gpu::kTokenStatusSize, &status));
+      int64_t* st = status.flat<int64_t>().data();
+      OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::InitTokenStatus(st, stream)));
+      OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::StringEmbedding(spec, CorePtr<T>(ctx->input(0)), in.bytes,
+                                                                 in.string_splits, in.bag_splits, in.num_bags,
+                                                                 CorePtr<T>(dst), st, stream)));
+      OP_REQUIRES_OK(ctx, TokenStatus(st, in.bytes, &spec, 0, stream));
+    }
+    if (!trim_empty_tail_) return;
+    // Rows through the last bag with a token: the per-bag token counts of the
+    // gradient pass, then the last non-zero one.
+    int64_t rows = 0;
+    if (in.num_bags > 0) {
+      Tensor counts;
+      OP_REQUIRES_OK(ctx, DeviceScratch(ctx, in.num_bags, &counts));
+      ctr::StringSpec no_default = spec;
+      no_default.lookup.default_id = -1;
+      OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::StringGradRowCounts(no_default, in.bytes, in.string_splits,
+                                                                     in.bag_splits, in.num_bags,
+                                                                     counts.flat<int64_t>().data(), stream)));
+      OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::CountThroughLastNonZero(counts.flat<int64_t>().data(), in.num_bags,
+                                                                         &rows, stream)));
+    }
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({rows, spec.lookup.dim}), &out));
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::CopyDeviceToDevice(pooled.flat<T>().data(), out->flat<T>().data(),
+                                                                  rows * spec.lookup.dim * sizeof(T), stream)));
   }
 
  private:
   ctr::StringSpec spec_;
   bool bagged_ = false;
+  bool trim_empty_tail_ = false;
 };
 
 template <typename T>
 class StringEmbeddingGradGpuOp : public OpKernel {
  public:
   explicit StringEmbeddingGradGpuOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, ReadStringAttrs(c, &spec_, &bagged_));
+    OP_REQUIRES_OK(c, ReadStringAttrs(c, &spec_, &bagged_, &trim_empty_tail_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -171,6 +198,7 @@ class StringEmbeddingGradGpuOp : public OpKernel {
  private:
   ctr::StringSpec spec_;
   bool bagged_ = false;
+  bool trim_empty_tail_ = false;
 };
 
 template <typename T>

@@ -74,6 +74,11 @@ skip_empty: drop empty tokens (tf.compat.v1.string_split); else keep them
   (tf.strings.split), so an empty string is one empty token.
 combiner: "sum", "mean" or "sqrtn" over the tokens of a bag (weights 1).
 max_norm: clip each looked-up row to this L2 norm first; <= 0 disables.
+bagged: false: each string is a bag; true: bag_splits group the strings.
+num_buckets: hash mode only: the bucket count of the hash (0: V); a bucket
+  outside the table is an error, as the Gather it replaces says.
+trim_empty_tail: output only the rows up to the last bag that has a token,
+  as tf.nn.embedding_lookup_sparse does (its row count is the last row id + 1).
 )doc";
 
 }  // namespace
@@ -96,7 +101,9 @@ string. This buffer is the single host-to-device copy of the GPU string path.
       .Attr("delimiter: string = ','")                                \
       .Attr("skip_empty: bool = true")                                \
       .Attr("max_norm: float = -1.0")                                 \
-      .Attr("bagged: bool = false")
+      .Attr("bagged: bool = false")                                   \
+      .Attr("num_buckets: int = 0")                                   \
+      .Attr("trim_empty_tail: bool = false")
 
 REGISTER_OP("CtrStringEmbedding")
     .Input("params: T")
