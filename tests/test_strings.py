@@ -304,3 +304,63 @@ def test_criteo_hex_categories_hash_embedding(params):
     ragged = tf.RaggedTensor.from_tensor(keys)
     want = tf.nn.safe_embedding_lookup_sparse(params, tf.strings.to_hash_bucket_fast(ragged, 1000).to_sparse(), None)
     np.testing.assert_allclose(tco.hash_embedding(params, ragged).numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Raw-op attributes the Grappler rewrite relies on
+
+
+def test_trim_empty_tail_matches_plain_embedding_lookup_sparse(rng, params):
+    from tf_ctr_ops.strings import _ops
+
+    strings = tf.constant(["1,2", "", "3,,4", "", ""])
+    data, splits = tco.pack_strings(strings)
+    table = tf.Variable(params)
+    with tf.GradientTape() as tape:
+        got = _ops.ctr_string_embedding(params=table, bytes=data, row_splits=splits, bag_splits=tf.zeros([0], tf.int64),
+                                        id_mode="index", combiner="sqrtn", trim_empty_tail=True)
+        loss = tf.reduce_sum(got ** 2)
+    g_fused = tape.gradient(loss, table)
+    sp = tf.compat.v1.string_split(strings, ",")
+    with tf.GradientTape() as tape:
+        want = tf.nn.embedding_lookup_sparse(table, tf.SparseTensor(sp.indices, tf.strings.to_number(sp.values, tf.int64),
+                                                                    sp.dense_shape), None, combiner="sqrtn")
+        loss = tf.reduce_sum(want ** 2)
+    g_ref = tape.gradient(loss, table)
+    assert got.shape == want.shape == (3, 8)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(tf.convert_to_tensor(g_fused).numpy(), tf.convert_to_tensor(g_ref).numpy(),
+                               rtol=1e-5, atol=1e-6)
+    empty = _ops.ctr_string_embedding(params=params, bytes=data[:0], row_splits=tf.zeros([3], tf.int64),
+                                      bag_splits=tf.zeros([0], tf.int64), trim_empty_tail=True)
+    assert empty.shape == (0, 8)
+
+
+def test_num_buckets_differs_from_table_rows(params):
+    from tf_ctr_ops.strings import _ops
+
+    strings = tf.constant(["a,b", "c", "zz"])
+    data, splits = tco.pack_strings(strings)
+    tokens = tf.strings.split(strings, ",")
+    got = _ops.ctr_string_embedding(params=params, bytes=data, row_splits=splits, bag_splits=tf.zeros([0], tf.int64),
+                                    num_buckets=50)
+    want = tf.nn.safe_embedding_lookup_sparse(params, tf.strings.to_hash_bucket_fast(tokens, 50).to_sparse(), None)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+    small = params[:3]
+    buckets = tf.strings.to_hash_bucket_fast(tokens.flat_values, 1000).numpy()
+    assert (buckets >= 3).any()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="out of range"):
+        _ops.ctr_string_embedding(params=small, bytes=data, row_splits=splits, bag_splits=tf.zeros([0], tf.int64),
+                                  num_buckets=1000)
+
+
+def test_lookup_num_buckets_differs_from_table_rows(rng, params):
+    from tf_ctr_ops.ops import _ops
+
+    keys = tf.constant([5, 17, -3, 123456], tf.int64)
+    got = _ops.ctr_embedding_lookup(params=params, ids=keys, segments=tf.constant([0, 2, 4], tf.int64),
+                                    num_rows=tf.constant(-1, tf.int64), weights=tf.zeros([0]), segment_kind="row_splits",
+                                    id_mode="hash", num_buckets=40, combiner="sum")
+    buckets = tf.strings.to_hash_bucket_fast(tf.strings.as_string(keys), 40)
+    want = tf.math.segment_sum(tf.gather(params, buckets), [0, 0, 1, 1])
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
