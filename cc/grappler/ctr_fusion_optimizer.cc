@@ -73,8 +73,12 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
                         tensorflow::GraphDef* optimized) override {
     *optimized = item.graph;
     tensorflow::grappler::GraphProperties properties(item);
-    // Without shapes, patterns that need them skip with a reason.
-    const bool have_shapes = properties.InferStatically(/*assume_valid_feeds=*/false).ok();
+    // Feeds are trusted to match their placeholders' declared shapes: TF
+    // checks them when a function or session is called. Without shapes,
+    // patterns that need them skip with a reason.
+    const absl::Status shapes_status = properties.InferStatically(/*assume_valid_feeds=*/true);
+    if (!shapes_status.ok()) VLOG(1) << "CtrFusionOptimizer: no static shapes for " << item.id << ": " << shapes_status;
+    const bool have_shapes = shapes_status.ok();
     RewriteContext ctx(optimized, item.fetch, have_shapes ? &properties : nullptr);
     // Patterns build on each other's output (a fused lookup can absorb its
     // string producers next), so passes repeat until nothing changes.

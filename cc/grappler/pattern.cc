@@ -1,5 +1,6 @@
 #include "cc/grappler/pattern.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "tensorflow/core/framework/attr_value.pb.h"
@@ -91,7 +92,15 @@ int RewriteContext::Rank(const NodeDef& node, int port) const {
 
 int64_t RewriteContext::Dim(const NodeDef& node, int port, int dim) const {
   const tensorflow::TensorShapeProto* s = KnownShape(properties_, node, port);
-  return (s && dim < s->dim_size()) ? s->dim(dim).size() : -1;
+  int64_t size = (s && dim < s->dim_size()) ? s->dim(dim).size() : -1;
+  if (size >= 0) return size;
+  // Inference may know the rank but not the size that Python's set_shape recorded.
+  auto it = node.attr().find("_output_shapes");
+  if (it != node.attr().end() && port < it->second.list().shape_size()) {
+    const auto& recorded = it->second.list().shape(port);
+    if (!recorded.unknown_rank() && dim < recorded.dim_size()) size = recorded.dim(dim).size();
+  }
+  return size;
 }
 
 void RewriteContext::Skipped(const std::string& pattern, const std::string& node, const std::string& reason) {
@@ -126,12 +135,26 @@ bool ConstScalarInt(const NodeDef* node, int64_t* value) {
   if (it == node->attr().end()) return false;
   const tensorflow::TensorProto& t = it->second.tensor();
   if (t.tensor_shape().dim_size() != 0) return false;
-  if (t.dtype() == tensorflow::DT_INT32 && t.int_val_size() == 1) {
-    *value = t.int_val(0);
+  if (!t.tensor_content().empty()) {
+    if (t.dtype() == tensorflow::DT_INT32 && t.tensor_content().size() == 4) {
+      int32_t v;
+      memcpy(&v, t.tensor_content().data(), 4);
+      *value = v;
+      return true;
+    }
+    if (t.dtype() == tensorflow::DT_INT64 && t.tensor_content().size() == 8) {
+      memcpy(value, t.tensor_content().data(), 8);
+      return true;
+    }
+    return false;
+  }
+  // TF compresses a zero scalar to no values at all.
+  if (t.dtype() == tensorflow::DT_INT32 && t.int_val_size() <= 1) {
+    *value = t.int_val_size() ? t.int_val(0) : 0;
     return true;
   }
-  if (t.dtype() == tensorflow::DT_INT64 && t.int64_val_size() == 1) {
-    *value = t.int64_val(0);
+  if (t.dtype() == tensorflow::DT_INT64 && t.int64_val_size() <= 1) {
+    *value = t.int64_val_size() ? t.int64_val(0) : 0;
     return true;
   }
   return false;
@@ -164,9 +187,18 @@ bool ConstIntVector(const NodeDef* node, std::vector<int64_t>* out) {
     }
     return true;
   }
-  if (is32 && t.int_val_size() == n) out->assign(t.int_val().begin(), t.int_val().end());
-  else if (!is32 && t.int64_val_size() == n) out->assign(t.int64_val().begin(), t.int64_val().end());
-  else return false;
+  // TF compresses repeated trailing values: fewer values than elements repeat
+  // the last one, and none at all means zeros.
+  const int given = is32 ? t.int_val_size() : t.int64_val_size();
+  if (given > n) return false;
+  for (int64_t i = 0; i < n; ++i) {
+    if (given == 0) {
+      out->push_back(0);
+    } else {
+      const int j = static_cast<int>(std::min<int64_t>(i, given - 1));
+      out->push_back(is32 ? t.int_val(j) : t.int64_val(j));
+    }
+  }
   return true;
 }
 

@@ -1,0 +1,141 @@
+#include "cc/grappler/gathered_rows.h"
+
+#include "tensorflow/core/framework/attr_value.pb.h"
+
+namespace tf_ctr {
+namespace grappler {
+
+using tensorflow::DataType;
+using tensorflow::NodeDef;
+
+SourceMatch MatchGatheredRows(const NodeDef& user, int data_input, int idx_input, RewriteContext* ctx, RowSource* src,
+                              std::string* why) {
+  const GraphIndex& g = ctx->index();
+  int rows_port = 0, idx_port = 0, y_port = 0;
+  std::vector<const NodeDef*> identities;
+  const NodeDef* gather = SkipIdentities(g, g.Producer(user, data_input, &rows_port), &identities);
+  const NodeDef* unique = g.Producer(user, idx_input, &idx_port);
+  const bool resource = IsOp(gather, "ResourceGather");
+  if (!(resource || IsOp(gather, "GatherV2")) || !IsOp(unique, "Unique") || idx_port != 1) return SourceMatch::kOther;
+  if (g.Producer(*gather, 1, &y_port) != unique || y_port != 0) {
+    *why = "the Gather does not read the Unique ids";
+    return SourceMatch::kRejected;
+  }
+  if (IntAttr(*gather, "batch_dims", 0) != 0) {
+    *why = "Gather has batch_dims != 0";
+    return SourceMatch::kRejected;
+  }
+  if (!resource) {
+    int64_t axis = -1;
+    if (!ConstScalarInt(g.Producer(*gather, 2), &axis) || axis != 0) {
+      *why = "GatherV2 axis is not a constant 0";
+      return SourceMatch::kRejected;
+    }
+  }
+  // Each intermediate must feed only this subgraph.
+  if (g.Consumers(unique->name(), 0) != 1 || g.Consumers(unique->name(), 1) != 1 ||
+      g.DataConsumers(unique->name()) != 2) {
+    *why = "intermediate " + Describe(*unique) + " has another consumer";
+    return SourceMatch::kRejected;
+  }
+  for (const NodeDef* id : identities) {
+    if (g.DataConsumers(id->name()) != 1) {
+      *why = "intermediate " + Describe(*id) + " has another consumer";
+      return SourceMatch::kRejected;
+    }
+  }
+  if (g.Consumers(gather->name(), 0) != 1 || g.DataConsumers(gather->name()) != 1) {
+    *why = "intermediate " + Describe(*gather) + " has another consumer";
+    return SourceMatch::kRejected;
+  }
+  const int rank = resource ? ResourceTableRank(ctx, *gather) : ctx->Rank(*gather, 0);
+  if (rank != 2) {
+    *why = rank < 0 ? "cannot prove the table is a matrix (rank unknown)" : "the table is not a matrix";
+    return SourceMatch::kRejected;
+  }
+  src->key_type = TypeAttr(*unique, "T");
+  if (!IsIndexDtype(src->key_type)) {
+    *why = "ids are not int32/int64";
+    return SourceMatch::kRejected;
+  }
+  src->keys = unique->input(0);
+  if (resource) {
+    src->resource = gather->input(0);
+    src->resource_dtype = TypeAttr(*gather, "dtype");
+    src->resource_device = gather->device();
+  } else {
+    src->table = gather->input(0);
+  }
+  src->absorbed = {unique, gather};
+  src->absorbed.insert(src->absorbed.end(), identities.begin(), identities.end());
+  return SourceMatch::kMatched;
+}
+
+// Rank of a variable's value: the gather's inferred output (ids are a
+// vector, so it equals the table's), else the handle's declared shape
+// (VarHandleOp `shape`, or `_handle_shapes` on a captured handle).
+int ResourceTableRank(RewriteContext* ctx, const NodeDef& gather) {
+  const int rank = ctx->Rank(gather, 0);
+  if (rank >= 0) return rank;
+  const NodeDef* handle = ctx->index().Producer(gather, 0);
+  if (handle == nullptr) return -1;
+  auto it = handle->attr().find("_handle_shapes");
+  if (it != handle->attr().end() && it->second.list().shape_size() == 1 &&
+      !it->second.list().shape(0).unknown_rank())
+    return it->second.list().shape(0).dim_size();
+  if (IsOp(handle, "VarHandleOp")) {
+    it = handle->attr().find("shape");
+    if (it != handle->attr().end() && !it->second.shape().unknown_rank()) return it->second.shape().dim_size();
+  }
+  return -1;
+}
+
+bool MatchDirectRows(const NodeDef& user, int data_input, int idx_input, tensorflow::DataType idx_type,
+                     RewriteContext* ctx, RowSource* src, std::string* why) {
+  int port = 0;
+  const NodeDef* data = ctx->index().Producer(user, data_input, &port);
+  if (data == nullptr || ctx->Rank(*data, port) != 2) {
+    *why = "cannot prove the data is a matrix (rank unknown or not 2)";
+    return false;
+  }
+  src->table = user.input(data_input);
+  src->keys = user.input(idx_input);
+  src->key_type = idx_type;
+  if (!IsIndexDtype(src->key_type)) *why = "indices are not int32/int64";
+  return IsIndexDtype(src->key_type);
+}
+
+void FuseHashProducer(RewriteContext* ctx, RowSource* src) {
+  const GraphIndex& g = ctx->index();
+  const NodeDef* hash = g.Node(ParseTensorName(src->keys).node);
+  if (!IsOp(hash, "StringToHashBucketFast") || g.DataConsumers(hash->name()) != 1) return;
+  const NodeDef* as_string = g.Producer(*hash, 0);
+  if (!IsOp(as_string, "AsString") || g.DataConsumers(as_string->name()) != 1) return;
+  const DataType kt = TypeAttr(*as_string, "T");
+  if (!IsIndexDtype(kt) || IntAttr(*as_string, "precision", -1) != -1 || IntAttr(*as_string, "width", -1) != -1 ||
+      BoolAttr(*as_string, "scientific", false) || BoolAttr(*as_string, "shortest", false) ||
+      !StringAttr(*as_string, "fill").empty())
+    return;
+  src->keys = as_string->input(0);
+  src->key_type = kt;
+  src->id_mode = "hash";
+  src->num_buckets = IntAttr(*hash, "num_buckets", 0);
+  src->absorbed.push_back(hash);
+  src->absorbed.push_back(as_string);
+}
+
+std::string TableTensor(RewriteContext* ctx, const RowSource& src, const std::string& base) {
+  if (src.resource.empty()) return src.table;
+  return AddReadVariable(ctx, base, src.resource, src.resource_dtype, src.resource_device);
+}
+
+void AbsorbSource(RewriteContext* ctx, const RowSource& src, const std::string& fused, MatchRecord* record) {
+  for (const NodeDef* n : src.absorbed) {
+    record->replaced.push_back(Describe(*n));
+    ctx->RedirectControlEdges(n->name(), fused);
+    ctx->Remove(n->name());
+  }
+}
+
+}  // namespace grappler
+}  // namespace tf_ctr

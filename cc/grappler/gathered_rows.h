@@ -1,0 +1,60 @@
+// Matching the rows a pooled lookup reads, shared by the lookup patterns:
+//
+//   ids -> Unique -> {ResourceGather | GatherV2}(table, y) [-> Identity]
+//       -> user(rows, Unique.idx, ...)
+//
+// (tf.nn.embedding_lookup_sparse's lookup), or a user reading a matrix
+// directly with its own indices; and the AsString + StringToHashBucketFast
+// producer of integer keys, which the fused op hashes itself.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cc/grappler/pattern.h"
+
+namespace tf_ctr {
+namespace grappler {
+
+// Where the pooled rows come from: the table and the (non-unique) keys.
+struct RowSource {
+  std::string table;     // tensor holding the [V, D] table, or
+  std::string resource;  // the variable handle to read it from
+  tensorflow::DataType resource_dtype = tensorflow::DT_INVALID;
+  std::string resource_device;
+  std::string keys;  // int keys, one per pooled entry
+  tensorflow::DataType key_type = tensorflow::DT_INVALID;
+  std::string id_mode = "index";
+  int64_t num_buckets = 0;
+  std::vector<const tensorflow::NodeDef*> absorbed;  // nodes the fused op replaces
+};
+
+// kOther: `user`'s data is not gathered rows at all; kRejected: it is, but a
+// condition for an exact rewrite fails (*why says which).
+enum class SourceMatch { kOther, kRejected, kMatched };
+
+// `user` reads Gather(table, Unique(ids).y) at data_input and Unique.idx at idx_input.
+SourceMatch MatchGatheredRows(const tensorflow::NodeDef& user, int data_input, int idx_input, RewriteContext* ctx,
+                              RowSource* src, std::string* why);
+
+// `user` reads a matrix at data_input with its own indices at idx_input.
+bool MatchDirectRows(const tensorflow::NodeDef& user, int data_input, int idx_input, tensorflow::DataType idx_type,
+                     RewriteContext* ctx, RowSource* src, std::string* why);
+
+// Moves AsString + StringToHashBucketFast producers of the keys into the source.
+void FuseHashProducer(RewriteContext* ctx, RowSource* src);
+
+// The table tensor for the fused op, adding the variable read when needed.
+// Call only once the rewrite is certain.
+std::string TableTensor(RewriteContext* ctx, const RowSource& src, const std::string& base);
+
+// Removes the absorbed nodes, moving their control edges onto `fused`, and
+// lists them in the record.
+void AbsorbSource(RewriteContext* ctx, const RowSource& src, const std::string& fused, MatchRecord* record);
+
+// Rank of a variable's value: the gather's inferred output, else the handle's
+// declared shape (VarHandleOp `shape`, or `_handle_shapes` on a captured handle).
+int ResourceTableRank(RewriteContext* ctx, const tensorflow::NodeDef& gather);
+
+}  // namespace grappler
+}  // namespace tf_ctr
