@@ -2,9 +2,39 @@
 
 Commands:
   bench SUITE... [options]   op-level benchmarks (python -m tf_ctr_ops.bench --help)
+  optimize SRC DST [--verify|--no-verify] [--report REPORT.json] [--signature KEY ...]
+                             rewrite a SavedModel's TF-native CTR subgraphs into the
+                             fused ops (python -m tf_ctr_ops optimize --help)
 """
 
+import argparse
 import sys
+
+
+def optimize_main(argv):
+    parser = argparse.ArgumentParser(
+        prog="tf-ctr-ops optimize",
+        description="Rewrite a SavedModel with CtrFusionOptimizer into a new SavedModel that serves the "
+        "same signatures (load it after `import tf_ctr_ops`), and print what was fused, what was left "
+        "alone and why, and the verification.")
+    parser.add_argument("src", help="SavedModel directory to read")
+    parser.add_argument("dst", help="SavedModel directory to write")
+    parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                        help="run both models on synthesized inputs and compare outputs and latency "
+                        "(default: on)")
+    parser.add_argument("--report", metavar="REPORT.json", help="also write the full report as JSON")
+    parser.add_argument("--signature", metavar="KEY", nargs="+", action="extend", dest="signatures",
+                        help="rewrite only these signatures (others are copied unchanged); default all")
+    args = parser.parse_args(argv)
+
+    from tf_ctr_ops import rewrite
+
+    report = rewrite.optimize_saved_model(args.src, args.dst, signature_keys=args.signatures, verify=args.verify)
+    print(report.summary())
+    if args.report:
+        with open(args.report, "w") as f:
+            f.write(report.to_json() + "\n")
+    return 0 if report.ok else 1
 
 
 def main(argv=None):
@@ -18,6 +48,8 @@ def main(argv=None):
 
         bench.main(rest)
         return 0
+    if command == "optimize":
+        return optimize_main(rest)
     print(f"tf-ctr-ops: unknown command {command!r}\n{__doc__}", file=sys.stderr)
     return 2
 

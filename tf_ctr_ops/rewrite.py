@@ -6,18 +6,25 @@ This module switches it on:
 
 - online, for the `tf.function`s of this process: `enable()` (a plain call or
   a context manager), or `session_config()` for TF1 sessions;
-- offline, on graphs: `optimize_graph_def()` / `optimize_concrete_function()`.
+- offline, on graphs: `optimize_graph_def()` / `optimize_concrete_function()`;
+- offline, on a SavedModel: `optimize_saved_model()` (also `python -m
+  tf_ctr_ops optimize SRC DST`), which writes a new SavedModel serving the
+  same signatures and returns a `RewriteReport`.
 
 Every rewrite preserves semantics exactly; a subgraph the fused op would not
 reproduce is left alone and the reason is reported.
 """
 
+import dataclasses
 import json
 import os
 import tempfile
+import time
+import uuid
 
+import numpy as np
 import tensorflow as tf
-from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
+from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
 from tensorflow.python.eager import context
 from tensorflow.python.grappler import tf_optimizer
 
@@ -31,24 +38,30 @@ OPTIMIZER_NAME = "CtrFusionOptimizer"
 def _add_fusion_optimizer(config, report_file=None, only=False):
     """Adds CtrFusionOptimizer to a ConfigProto's rewriter config (in place)."""
     rewrite = config.graph_options.rewrite_options
-    if not any(c.name == OPTIMIZER_NAME for c in rewrite.custom_optimizers):
+    custom = next((c for c in rewrite.custom_optimizers if c.name == OPTIMIZER_NAME), None)
+    if custom is None:
         custom = rewrite.custom_optimizers.add()
         custom.name = OPTIMIZER_NAME
-        if report_file:
-            custom.parameter_map["report_file"].s = os.fsencode(report_file)
+    if report_file:
+        custom.parameter_map["report_file"].s = os.fsencode(report_file)
     if only:
         # Run the fusion pass alone: offline rewriting should change nothing else.
         del rewrite.optimizers[:]
         rewrite.optimizers.append(OPTIMIZER_NAME)
+        # The optimizer iterates its patterns to a fixed point itself; a second
+        # meta-optimizer iteration would only repeat its skip records.
+        rewrite.meta_optimizer_iterations = rewriter_config_pb2.RewriterConfig.ONE
     rewrite.min_graph_nodes = -1  # also rewrite small graphs
     return config
 
 
-def session_config(config=None):
+def session_config(config=None, report_file=None):
     """A `tf.compat.v1.ConfigProto` whose sessions run CtrFusionOptimizer.
 
     Args:
       config: an existing ConfigProto to extend (copied, not modified).
+      report_file: a JSON-lines file the optimizer appends its match and skip
+        records to (read it with `read_report`).
 
     Returns:
       A new ConfigProto for `tf.compat.v1.Session(config=...)`.
@@ -56,7 +69,7 @@ def session_config(config=None):
     out = config_pb2.ConfigProto()
     if config is not None:
         out.CopyFrom(config)
-    return _add_fusion_optimizer(out)
+    return _add_fusion_optimizer(out, report_file=report_file)
 
 
 class _Enabled:
@@ -78,36 +91,63 @@ class _Enabled:
             self._previous = None
 
 
-def enable():
+def enable(report_file=None):
     """Runs CtrFusionOptimizer on the `tf.function`s this process calls from now on.
 
     Works as a plain call (`tf_ctr_ops.rewrite.enable()`) and as a context
     manager (`with tf_ctr_ops.rewrite.enable(): ...`), which restores the
     previous configuration on exit. Functions are optimized when first
-    instantiated under the configuration.
+    instantiated under the configuration. With `report_file`, the optimizer
+    appends its match and skip records there (JSON lines; `read_report`).
     """
     options = context.context().function_call_options
     previous = config_pb2.ConfigProto.FromString(options.config_proto_serialized)
     updated = config_pb2.ConfigProto()
     updated.CopyFrom(previous)
-    options.config_proto_serialized = _add_fusion_optimizer(updated)
+    options.config_proto_serialized = _add_fusion_optimizer(updated, report_file=report_file)
     return _Enabled(previous)
 
 
 def fusion_stats():
-    """What CtrFusionOptimizer did in this process so far (counters)."""
-    graphs, rewrites, skips = (int(v) for v in _ops.ctr_fusion_stats().numpy())
+    """What CtrFusionOptimizer did in this process so far (counters).
+
+    Runs eagerly, also inside a `tf.Graph().as_default()` block (TF1 code).
+    """
+    with tf.init_scope(), context.eager_mode():
+        graphs, rewrites, skips = (int(v) for v in _ops.ctr_fusion_stats().numpy())
     return {"graphs": graphs, "rewrites": rewrites, "skips": skips}
 
 
 def read_report(path):
-    """The JSON-lines report the optimizer appends to: matches, skips, graphs."""
+    """The JSON-lines report the optimizer appends to: matches, skips, graphs.
+
+    Each match and skip record gets the id of its graph ("graph": the
+    function's name, or the id given to an offline run). Identical skip
+    records (a graph optimized twice) appear once.
+    """
     records = {"match": [], "skip": [], "graph": []}
+    seen_skips = set()
+    pending = []  # a graph's records come before its "graph" record
     if os.path.exists(path):
         with open(path) as f:
             for line in f:
                 rec = json.loads(line)
-                records[rec.pop("kind")].append(rec)
+                kind = rec.pop("kind")
+                if kind != "graph":
+                    pending.append((kind, rec))
+                    continue
+                records["graph"].append(rec)
+                for pkind, prec in pending:
+                    prec["graph"] = rec.get("id")
+                    if pkind == "skip":
+                        key = (prec["graph"], prec.get("pattern"), prec.get("node"), prec.get("reason"))
+                        if key in seen_skips:
+                            continue
+                        seen_skips.add(key)
+                    records[pkind].append(prec)
+                pending = []
+    for pkind, prec in pending:  # a report cut short
+        records[pkind].append(prec)
     return records
 
 
@@ -125,6 +165,17 @@ def _annotate_handle_shapes(graph_def, handle_shapes):
             attr.shape.add().CopyFrom(tf.TensorShape(shape).as_proto())
 
 
+def _keep_recorded_shapes(graph_def):
+    """Copies `_output_shapes` to `_ctr_output_shapes`, which Grappler keeps.
+
+    Grappler's item builder erases `_output_shapes`; the optimizer reads the
+    copy where its own shape inference knows less than Python did.
+    """
+    for node in graph_def.node:
+        if "_output_shapes" in node.attr:
+            node.attr["_ctr_output_shapes"].CopyFrom(node.attr["_output_shapes"])
+
+
 def optimize_graph_def(graph_def, fetches, handle_shapes=None):
     """Runs CtrFusionOptimizer alone over a GraphDef.
 
@@ -139,6 +190,7 @@ def optimize_graph_def(graph_def, fetches, handle_shapes=None):
     """
     graph_def = type(graph_def).FromString(graph_def.SerializeToString())
     _annotate_handle_shapes(graph_def, handle_shapes or {})
+    _keep_recorded_shapes(graph_def)
     meta = meta_graph_pb2.MetaGraphDef()
     meta.graph_def.CopyFrom(graph_def)
     fetch = meta_graph_pb2.CollectionDef()
@@ -148,7 +200,8 @@ def optimize_graph_def(graph_def, fetches, handle_shapes=None):
         report_file = os.path.join(tmp, "report.jsonl")
         config = _add_fusion_optimizer(config_pb2.ConfigProto(), report_file=report_file, only=True)
         optimized = tf_optimizer.OptimizeGraph(config, meta, graph_id=b"tf_ctr_ops")
-        return optimized, read_report(report_file)
+        report = read_report(report_file)
+    return optimized, report
 
 
 def captured_handle_shapes(concrete_function):
@@ -169,8 +222,388 @@ def optimize_concrete_function(concrete_function):
     return optimize_graph_def(graph_def, fetches, captured_handle_shapes(concrete_function))
 
 
-def op_counts(graph_def):
+def _called_functions(nodes, library_names):
+    """Names of library functions that `nodes` call (as op or through attrs)."""
+    called = set()
+    for node in nodes:
+        if node.op in library_names:
+            called.add(node.op)
+        for attr in node.attr.values():
+            if attr.HasField("func"):
+                called.add(attr.func.name)
+            if attr.HasField("list"):
+                called.update(f.name for f in attr.list.func)
+    return called & library_names
+
+
+def reachable_functions(graph_def):
+    """The library functions a GraphDef's nodes call, directly or indirectly."""
+    by_name = {f.signature.name: f for f in graph_def.library.function}
+    names = set(by_name)
+    todo = list(_called_functions(graph_def.node, names))
+    found = {}
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        found[name] = by_name[name]
+        todo.extend(_called_functions(by_name[name].node_def, names) - set(found))
+    return [found[n] for n in sorted(found)]
+
+
+def op_counts(graph_def, library=False):
+    """{op: count} of a GraphDef's nodes; with `library`, also of the nodes of
+    the library functions it calls (a SavedModel signature's body lives there)."""
     counts = {}
-    for node in graph_def.node:
+    nodes = list(graph_def.node)
+    if library:
+        for fdef in reachable_functions(graph_def):
+            nodes.extend(fdef.node_def)
+    for node in nodes:
         counts[node.op] = counts.get(node.op, 0) + 1
     return counts
+
+
+# ---------------------------------------------------------------------------
+# SavedModels
+
+
+@dataclasses.dataclass
+class SignatureReport:
+    """What happened to one signature of a SavedModel."""
+
+    key: str
+    rewritten: bool  # False for signatures not selected (copied unchanged)
+    matches: list = dataclasses.field(default_factory=list)  # {pattern, fused_node, fused_op, replaced}
+    skips: list = dataclasses.field(default_factory=list)  # {pattern, node, reason}
+    op_counts_before: dict = dataclasses.field(default_factory=dict)  # graph and the functions it calls
+    op_counts_after: dict = dataclasses.field(default_factory=dict)
+    inputs: str = None  # "given" or "synthesized", when verified
+    max_abs_diff: float = None  # over all outputs (inf when a non-numeric output differs)
+    outputs_match: bool = None  # allclose(rtol=1e-5, atol=1e-6) on every output
+    latency_ms_before: float = None  # median of `runs` calls
+    latency_ms_after: float = None
+    verify_error: str = None  # why verification could not compare the outputs
+
+
+@dataclasses.dataclass
+class RewriteReport:
+    """The result of `optimize_saved_model`: per signature, what was fused,
+    what was left alone and why, op counts, and the verification."""
+
+    src: str
+    dst: str
+    signatures: dict  # key -> SignatureReport
+    rewrite_seconds: float  # optimizing and rebuilding the signatures (no load, save, verify)
+    total_seconds: float  # load, rewrite, save (and verify)
+    verified: bool
+
+    @property
+    def matches(self):
+        return [dict(m, signature=s.key) for s in self.signatures.values() for m in s.matches]
+
+    @property
+    def skips(self):
+        return [dict(k, signature=s.key) for s in self.signatures.values() for k in s.skips]
+
+    @property
+    def max_abs_diff(self):
+        diffs = [s.max_abs_diff for s in self.signatures.values() if s.max_abs_diff is not None]
+        return max(diffs) if diffs else None
+
+    @property
+    def ok(self):
+        """False when verification found different outputs, or the rewritten
+        model failed where the original ran."""
+        for s in self.signatures.values():
+            if s.outputs_match is False:
+                return False
+            if s.verify_error and s.verify_error.startswith("rewritten"):
+                return False
+        return True
+
+    def to_dict(self):
+        out = dataclasses.asdict(self)
+        out["signatures"] = {k: dataclasses.asdict(v) for k, v in self.signatures.items()}
+        out.update(ok=self.ok, max_abs_diff=self.max_abs_diff, num_matches=len(self.matches),
+                   num_skips=len(self.skips))
+        return out
+
+    def to_json(self, indent=2):
+        return json.dumps(self.to_dict(), indent=indent, default=_json_default)
+
+    def summary(self):
+        lines = [f"tf-ctr-ops optimize: {self.src} -> {self.dst}",
+                 f"  rewrite {self.rewrite_seconds:.2f} s, total {self.total_seconds:.2f} s; "
+                 f"{len(self.matches)} subgraph(s) fused, {len(self.skips)} left alone"]
+        for s in self.signatures.values():
+            if not s.rewritten:
+                lines.append(f"signature {s.key!r}: not selected, copied unchanged")
+                continue
+            lines.append(f"signature {s.key!r}: {len(s.matches)} fused, {len(s.skips)} left alone")
+            for m in s.matches:
+                ops = ", ".join(r.rsplit(" (", 1)[-1].rstrip(")") for r in m["replaced"])
+                lines.append(f"  fused  {m['fused_node']}: {m['pattern']} -> {m['fused_op']} (replaces {ops})")
+            for k in s.skips:
+                lines.append(f"  left   {k['node']} ({k['pattern']}): {k['reason']}")
+            before, after = sum(s.op_counts_before.values()), sum(s.op_counts_after.values())
+            delta = _count_delta(s.op_counts_before, s.op_counts_after)
+            lines.append(f"  ops    {before} -> {after}" + (f": {delta}" if delta else ""))
+            if s.verify_error:
+                lines.append(f"  verify not compared: {s.verify_error}")
+            elif s.max_abs_diff is not None:
+                verdict = "outputs match" if s.outputs_match else "OUTPUTS DIFFER"
+                lines.append(f"  verify {verdict} on {s.inputs} inputs: max |diff| {s.max_abs_diff:.3g}; "
+                             f"median latency {s.latency_ms_before:.3f} ms -> {s.latency_ms_after:.3f} ms")
+        if not self.ok:
+            lines.append("FAILED: the rewritten model does not reproduce the original (see above)")
+        return "\n".join(lines)
+
+
+def _json_default(value):
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    return str(value)
+
+
+def _count_delta(before, after):
+    parts = []
+    for op in sorted(set(before) | set(after)):
+        d = after.get(op, 0) - before.get(op, 0)
+        if d:
+            parts.append(f"{op} {d:+d}")
+    return ", ".join(parts)
+
+
+def _rename_functions(graph_def, suffix):
+    """Gives every library function a new name (and updates its callers), so
+    the optimized bodies never collide with the originals in this process."""
+    names = {f.signature.name for f in graph_def.library.function}
+    if not names:
+        return graph_def
+
+    def fix_attr(attr):
+        if attr.HasField("func") and attr.func.name in names:
+            attr.func.name += suffix
+        if attr.HasField("list"):
+            for f in attr.list.func:
+                if f.name in names:
+                    f.name += suffix
+
+    def fix_nodes(nodes):
+        for node in nodes:
+            if node.op in names:
+                node.op += suffix
+            for attr in node.attr.values():
+                fix_attr(attr)
+
+    fix_nodes(graph_def.node)
+    for fdef in graph_def.library.function:
+        fdef.signature.name += suffix
+        fix_nodes(fdef.node_def)
+        for attr in fdef.attr.values():
+            fix_attr(attr)
+    for grad in graph_def.library.gradient:
+        if grad.function_name in names:
+            grad.function_name += suffix
+        if grad.gradient_func in names:
+            grad.gradient_func += suffix
+    return graph_def
+
+
+def _signature_inputs(concrete_function):
+    """Ordered input keys, their specs, and the graph inputs that receive them."""
+    args, kwargs = concrete_function.structured_input_signature
+    if args:
+        raise ValueError("signature functions take keyword inputs only")
+    keys = tf.nest.flatten({k: k for k in kwargs})  # the order of graph.inputs
+    specs = [kwargs[k] for k in keys]
+    return keys, specs, list(concrete_function.inputs[:len(keys)])
+
+
+def _rebuild_function(concrete_function, graph_def, name):
+    """A tf.function concrete function that runs `graph_def` (an optimized body
+    of `concrete_function`), with the same input names and output structure,
+    capturing the same variables and resources."""
+    from tensorflow.python.eager import wrap_function
+
+    keys, specs, inputs = _signature_inputs(concrete_function)
+    graph_def = _rename_functions(type(graph_def).FromString(graph_def.SerializeToString()),
+                                  f"_ctr_{uuid.uuid4().hex[:8]}")
+    outputs = tf.nest.pack_sequence_as(concrete_function.structured_outputs,
+                                       [t.name for t in concrete_function.outputs], expand_composites=True)
+    captures = {internal.op.name: external for external, internal in concrete_function.graph.captures}
+    body = wrap_function.function_from_graph_def(graph_def, [t.name for t in inputs], outputs, captures=captures)
+    signature = [tf.TensorSpec(spec.shape, spec.dtype, name=key) for key, spec in zip(keys, specs)]
+
+    def serve(*args):
+        return body(*args)
+
+    serve.__name__ = name
+    return tf.function(serve, input_signature=signature).get_concrete_function()
+
+
+def _synthesize_inputs(specs, rng, dim=4):
+    """Sample inputs from TensorSpecs (see `optimize_saved_model`)."""
+    out = {}
+    for key, spec in specs.items():
+        shape = [dim if d is None else d for d in (spec.shape.as_list() if spec.shape.rank is not None else [dim])]
+        dtype = tf.as_dtype(spec.dtype)
+        if dtype.is_integer:
+            value = np.sort(rng.integers(0, 2, size=shape).ravel()).reshape(shape)
+        elif dtype.is_floating:
+            value = rng.standard_normal(shape)
+        elif dtype == tf.string:
+            value = np.full(shape, b"1,0", dtype=object)
+        elif dtype == tf.bool:
+            value = rng.integers(0, 2, size=shape).astype(bool)
+        else:
+            value = np.zeros(shape)
+        out[key] = tf.constant(value, dtype=dtype)
+    return out
+
+
+def _max_abs_diff(reference, actual):
+    """Largest |difference| over matching outputs, and whether all are close."""
+    worst, close = 0.0, True
+    for key in reference:
+        a, b = np.asarray(reference[key]), np.asarray(actual[key])
+        if a.shape != b.shape:
+            return float("inf"), False
+        if a.size == 0:
+            continue
+        if a.dtype.kind in "fciub" and b.dtype.kind in "fciub":
+            a64, b64 = a.astype(np.float64), b.astype(np.float64)
+            both_nan = np.isnan(a64) & np.isnan(b64)
+            diff = np.where(both_nan, 0.0, np.abs(a64 - b64))
+            diff = np.where(np.isnan(diff), np.inf, diff)
+            worst = max(worst, float(diff.max()))
+            close &= bool(np.allclose(a64, b64, rtol=1e-5, atol=1e-6, equal_nan=True))
+        elif not np.array_equal(a, b):
+            return float("inf"), False
+    return worst, close
+
+
+def _median_latency_ms(fn, inputs, runs):
+    for _ in range(2):
+        tf.nest.map_structure(lambda t: t.numpy(), fn(**inputs))
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        tf.nest.map_structure(lambda t: t.numpy(), fn(**inputs))
+        times.append(time.perf_counter() - start)
+    return 1e3 * float(np.median(times))
+
+
+def _verify(original, rewritten, inputs, report, runs):
+    try:
+        reference = {k: v.numpy() for k, v in original(**inputs).items()}
+    except Exception as e:  # noqa: BLE001 - reported, not raised
+        report.verify_error = (f"the original model fails on the {report.inputs} inputs "
+                               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                               "pass sample_inputs")
+        return
+    try:
+        actual = {k: v.numpy() for k, v in rewritten(**inputs).items()}
+    except Exception as e:  # noqa: BLE001
+        report.verify_error = f"rewritten model failed: {type(e).__name__}: {e}"
+        return
+    report.max_abs_diff, report.outputs_match = _max_abs_diff(reference, actual)
+    report.latency_ms_before = _median_latency_ms(original, inputs, runs)
+    report.latency_ms_after = _median_latency_ms(rewritten, inputs, runs)
+
+
+def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, verify=True, runs=20, seed=0):
+    """Rewrites a SavedModel's signatures with CtrFusionOptimizer into a new SavedModel.
+
+    Each selected signature's function is optimized (its body usually lives in
+    the function library: every function it calls is rewritten), rebuilt from
+    the optimized graph, and served by `dst` under the same signature key, with
+    the same input names and output keys. Variables stay variables (nothing
+    is frozen: embedding tables may exceed the 2 GB GraphDef limit); `dst`
+    holds the variables the signatures read. Signatures not selected are
+    copied unchanged. `dst` loads in a process that has imported `tf_ctr_ops`.
+
+    Args:
+      src: the SavedModel directory to read.
+      dst: the directory to write (created; must not be `src`).
+      signature_keys: the signatures to rewrite; default all.
+      sample_inputs: {signature key: {input name: array}} for verification.
+        Signatures without them get synthesized inputs: every unknown
+        dimension is 4; integers are drawn from [0, 2) and sorted in row-major
+        order (valid ids of any table, and canonical segment or index inputs);
+        floats are standard normal; strings are "1,0"; bools random. Models
+        whose inputs need more structure (ragged row splits, ids that must be
+        unique) need sample_inputs.
+      verify: run the original and the rewritten model on the sample inputs
+        (both loaded in this process) and record the largest absolute output
+        difference and the median latency of `runs` calls of each.
+      runs: calls per latency measurement.
+      seed: seed of the synthesized inputs.
+
+    Returns:
+      A `RewriteReport`.
+    """
+    start = time.perf_counter()
+    src, dst = os.fspath(src), os.fspath(dst)
+    if os.path.abspath(src) == os.path.abspath(dst):
+        raise ValueError("dst must differ from src")
+    loaded = tf.saved_model.load(src)
+    available = list(loaded.signatures.keys())
+    if signature_keys is None:
+        selected = available
+    else:
+        selected = list(signature_keys)
+        missing = [k for k in selected if k not in available]
+        if missing:
+            raise ValueError(f"signature(s) {missing} not in {src}; it has {available}")
+
+    reports, functions, variables, other_captures = {}, {}, [], False
+    rewrite_seconds = 0.0
+    for key in available:
+        original = loaded.signatures[key]
+        before = original.graph.as_graph_def()
+        for v in original.variables:
+            if not any(v is w for w in variables):
+                variables.append(v)
+        handles = {id(v.handle) for v in original.variables}
+        other_captures |= any(id(ext) not in handles for ext, _ in original.graph.captures)
+        if key not in selected:
+            functions[key] = original
+            counts = op_counts(before, library=True)
+            reports[key] = SignatureReport(key, False, op_counts_before=counts, op_counts_after=counts)
+            continue
+        t0 = time.perf_counter()
+        optimized, records = optimize_concrete_function(original)
+        functions[key] = _rebuild_function(original, optimized, f"{key}_ctr_fused")
+        rewrite_seconds += time.perf_counter() - t0
+        reports[key] = SignatureReport(key, True, matches=records["match"], skips=records["skip"],
+                                       op_counts_before=op_counts(before, library=True),
+                                       op_counts_after=op_counts(optimized, library=True))
+
+    root = tf.Module()
+    root.ctr_variables = variables
+    if other_captures:
+        root.ctr_source = loaded  # tables and other resources the signatures capture
+    tf.saved_model.save(root, dst, signatures=functions)
+
+    if verify:
+        rewritten = tf.saved_model.load(dst)
+        rng = np.random.default_rng(seed)
+        for key in selected:
+            report = reports[key]
+            original = loaded.signatures[key]
+            given = (sample_inputs or {}).get(key)
+            if given is not None:
+                report.inputs = "given"
+                specs = original.structured_input_signature[1]
+                inputs = {k: tf.constant(v, dtype=specs[k].dtype if k in specs else None) for k, v in given.items()}
+            else:
+                report.inputs = "synthesized"
+                inputs = _synthesize_inputs(original.structured_input_signature[1], rng)
+            _verify(original, rewritten.signatures[key], inputs, report, runs)
+
+    return RewriteReport(src=src, dst=dst, signatures=reports, rewrite_seconds=rewrite_seconds,
+                         total_seconds=time.perf_counter() - start, verified=bool(verify))

@@ -5,6 +5,7 @@
 // at VLOG(1) and written to the report file when one is configured
 // (parameter_map["report_file"], JSON lines).
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -79,7 +80,9 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
     const absl::Status shapes_status = properties.InferStatically(/*assume_valid_feeds=*/true);
     if (!shapes_status.ok()) VLOG(1) << "CtrFusionOptimizer: no static shapes for " << item.id << ": " << shapes_status;
     const bool have_shapes = shapes_status.ok();
-    RewriteContext ctx(optimized, item.fetch, have_shapes ? &properties : nullptr);
+    const auto& keep = item.NodesToPreserve();
+    RewriteContext ctx(optimized, item.fetch, std::set<std::string>(keep.begin(), keep.end()),
+                       have_shapes ? &properties : nullptr);
     // Patterns build on each other's output (a fused lookup can absorb its
     // string producers next), so passes repeat until nothing changes.
     constexpr int kMaxPasses = 8;

@@ -77,17 +77,11 @@ SourceMatch MatchGatheredRows(const NodeDef& user, int data_input, int idx_input
 int ResourceTableRank(RewriteContext* ctx, const NodeDef& gather) {
   const int rank = ctx->Rank(gather, 0);
   if (rank >= 0) return rank;
-  const NodeDef* handle = ctx->index().Producer(gather, 0);
-  if (handle == nullptr) return -1;
-  auto it = handle->attr().find("_handle_shapes");
-  if (it != handle->attr().end() && it->second.list().shape_size() == 1 &&
-      !it->second.list().shape(0).unknown_rank())
-    return it->second.list().shape(0).dim_size();
-  if (IsOp(handle, "VarHandleOp")) {
-    it = handle->attr().find("shape");
-    if (it != handle->attr().end() && !it->second.shape().unknown_rank()) return it->second.shape().dim_size();
-  }
-  return -1;
+  // ReadVariableOp's rank is the handle's declared one, looking through Identity.
+  NodeDef read;
+  read.set_op("ReadVariableOp");
+  read.add_input(gather.input(0));
+  return ctx->Rank(read, 0);
 }
 
 bool MatchDirectRows(const NodeDef& user, int data_input, int idx_input, tensorflow::DataType idx_type,
@@ -133,7 +127,7 @@ void AbsorbSource(RewriteContext* ctx, const RowSource& src, const std::string& 
   for (const NodeDef* n : src.absorbed) {
     record->replaced.push_back(Describe(*n));
     ctx->RedirectControlEdges(n->name(), fused);
-    ctx->Remove(n->name());
+    ctx->Remove(n->name(), fused);
   }
 }
 

@@ -18,8 +18,8 @@ std::vector<std::unique_ptr<FusionPattern>>& RegisteredPatterns() {
 }
 
 RewriteContext::RewriteContext(tensorflow::GraphDef* graph, std::vector<std::string> fetch,
-                               const tensorflow::grappler::GraphProperties* properties)
-    : graph_(graph), fetch_(std::move(fetch)), properties_(properties) {
+                               std::set<std::string> preserve, const tensorflow::grappler::GraphProperties* properties)
+    : graph_(graph), fetch_(std::move(fetch)), properties_(properties), preserve_(std::move(preserve)) {
   index_ = std::make_unique<GraphIndex>(*graph_, fetch_);
 }
 
@@ -59,7 +59,26 @@ void RewriteContext::RedirectControlEdges(const std::string& from, const std::st
   }
 }
 
+void RewriteContext::Remove(const std::string& name, const std::string& replaced_by) {
+  if (preserve_.count(name)) {
+    kept_as_noop_.emplace_back(name, replaced_by);
+  } else {
+    removed_.insert(name);
+  }
+}
+
 void RewriteContext::Commit() {
+  for (const auto& [name, fused] : kept_as_noop_) {
+    NodeDef* n = Mutable(name);
+    if (n == nullptr) continue;
+    const std::string device = n->device();
+    n->Clear();
+    n->set_name(name);
+    n->set_op("NoOp");
+    n->set_device(device);
+    n->add_input("^" + fused);
+  }
+  kept_as_noop_.clear();
   if (!removed_.empty()) {
     tensorflow::GraphDef kept;
     for (auto& n : *graph_->mutable_node())
@@ -78,16 +97,45 @@ static const tensorflow::TensorShapeProto* KnownShape(const tensorflow::grappler
     const auto& out = props->GetOutputProperties(node.name());
     if (port < static_cast<int>(out.size()) && !out[port].shape().unknown_rank()) return &out[port].shape();
   }
-  auto it = node.attr().find("_output_shapes");
-  if (it != node.attr().end() && port < it->second.list().shape_size() &&
-      !it->second.list().shape(port).unknown_rank())
-    return &it->second.list().shape(port);
+  // Grappler's item builder erases `_output_shapes`; offline rewriting copies
+  // them to `_ctr_output_shapes` first (tf_ctr_ops.rewrite).
+  for (const char* key : {"_ctr_output_shapes", "_output_shapes"}) {
+    auto it = node.attr().find(key);
+    if (it != node.attr().end() && port < it->second.list().shape_size() &&
+        !it->second.list().shape(port).unknown_rank())
+      return &it->second.list().shape(port);
+  }
+  return nullptr;
+}
+
+// The declared shape of the variable behind a resource handle: `_handle_shapes`
+// on a captured handle, or a VarHandleOp's `shape`, looking through Identity.
+static const tensorflow::TensorShapeProto* HandleShape(const GraphIndex& g, const NodeDef* handle) {
+  while (IsOp(handle, "Identity")) handle = g.Producer(*handle, 0);
+  if (handle == nullptr) return nullptr;
+  auto it = handle->attr().find("_handle_shapes");
+  if (it != handle->attr().end() && it->second.list().shape_size() == 1 && !it->second.list().shape(0).unknown_rank())
+    return &it->second.list().shape(0);
+  if (IsOp(handle, "VarHandleOp")) {
+    it = handle->attr().find("shape");
+    if (it != handle->attr().end() && !it->second.shape().unknown_rank()) return &it->second.shape();
+  }
   return nullptr;
 }
 
 int RewriteContext::Rank(const NodeDef& node, int port) const {
   const tensorflow::TensorShapeProto* s = KnownShape(properties_, node, port);
-  return s ? s->dim_size() : -1;
+  if (s) return s->dim_size();
+  // Shape-preserving ops pass the rank of their input through.
+  if (node.op() == "Identity" || node.op() == "Cast") {
+    const NodeDef* in = index_->Producer(node, 0, &port);
+    return in ? Rank(*in, port) : -1;
+  }
+  if (node.op() == "ReadVariableOp") {
+    s = HandleShape(*index_, index_->Producer(node, 0));
+    return s ? s->dim_size() : -1;
+  }
+  return -1;
 }
 
 int64_t RewriteContext::Dim(const NodeDef& node, int port, int dim) const {

@@ -33,14 +33,16 @@ struct SkipRecord {
 
 class RewriteContext {
  public:
-  RewriteContext(tensorflow::GraphDef* graph, std::vector<std::string> fetch,
+  RewriteContext(tensorflow::GraphDef* graph, std::vector<std::string> fetch, std::set<std::string> preserve,
                  const tensorflow::grappler::GraphProperties* properties);
 
   const GraphIndex& index() const { return *index_; }
   tensorflow::NodeDef* Mutable(const std::string& name);
   // Adds a node with a name derived from `base` that is unique in the graph.
   tensorflow::NodeDef* AddNode(const std::string& base, const std::string& op, const std::string& device);
-  void Remove(const std::string& name) { removed_.insert(name); }
+  // Drops a node the fused node `replaced_by` absorbed. A node the graph must
+  // keep (a function's control output, say) becomes a NoOp that waits on it.
+  void Remove(const std::string& name, const std::string& replaced_by);
   // Points control edges from `from` at `to` instead (automatic control
   // dependencies on a stateful op the fused node replaces keep their order).
   void RedirectControlEdges(const std::string& from, const std::string& to);
@@ -63,7 +65,9 @@ class RewriteContext {
   std::vector<std::string> fetch_;
   const tensorflow::grappler::GraphProperties* properties_;
   std::unique_ptr<GraphIndex> index_;
+  std::set<std::string> preserve_;
   std::set<std::string> removed_;
+  std::vector<std::pair<std::string, std::string>> kept_as_noop_;  // (name, fused)
   std::vector<MatchRecord> matches_;
   std::vector<SkipRecord> skips_;
 };

@@ -103,7 +103,7 @@ class StringSplitLookupPattern : public FusionPattern {
     const int64_t buckets = hashed ? IntAttr(*keys, "num_buckets", 0) : 0;
     for (const NodeDef* n : {split, keys, slice}) {
       ctx->RedirectControlEdges(n->name(), anchor_name);
-      ctx->Remove(n->name());
+      ctx->Remove(n->name(), anchor_name);
     }
     NodeDef* pack = ctx->AddNode(anchor_name + "/ctr_pack_strings", "CtrPackStrings", "");
     pack->add_input(strings);
@@ -138,7 +138,7 @@ class StringSplitLookupPattern : public FusionPattern {
     // The old lookup's num_rows and weights constants lose their reader.
     for (int i : {3, 4}) {
       const NodeDef* c = g.Producer(old, i);
-      if (IsOp(c, "Const") && g.DataConsumers(c->name()) == 1 && g.Node(c->name())) ctx->Remove(c->name());
+      if (IsOp(c, "Const") && g.DataConsumers(c->name()) == 1 && g.Node(c->name())) ctx->Remove(c->name(), anchor_name);
     }
     ctx->Matched(record);
     return true;

@@ -59,7 +59,8 @@ bool FindWeighted(const GraphIndex& g, const NodeDef& anchor, Weighted* w) {
       w->sqrt = den;
       w->weight_sum = g.Producer(*den, 0);
       w->pow = g.Producer(*w->weight_sum, 0);
-      if (!IsOp(w->pow, "Pow")) return false;
+      // Grappler's arithmetic optimizer may have turned Pow(x, 2) into Square(x).
+      if (!IsOp(w->pow, "Pow") && !IsOp(w->pow, "Square")) return false;
     } else {
       return false;
     }
@@ -113,8 +114,9 @@ class WeightedLookupPattern : public FusionPattern {
     if (w.weight_sum != nullptr) {
       if (w.weight_sum->input(1) != seg) return Skip(ctx, anchor, "the weight sums use other segment ids");
       const NodeDef* summed = g.Producer(*w.weight_sum, 0);
-      if (w.pow ? (g.Producer(*w.pow, 0) != w.reshape || !ConstFloatEquals(g.Producer(*w.pow, 1), 2.f))
-                : summed != w.reshape)
+      const bool squares = w.pow && g.Producer(*w.pow, 0) == w.reshape &&
+                           (IsOp(w.pow, "Square") || ConstFloatEquals(g.Producer(*w.pow, 1), 2.f));
+      if (w.pow ? !squares : summed != w.reshape)
         return Skip(ctx, anchor, "the weight sums do not sum the same weights");
     }
     // w2 = Reshape(weights, [n, 1]) of a weight vector.
@@ -160,7 +162,7 @@ class WeightedLookupPattern : public FusionPattern {
     for (const auto& [node, readers] : expected) {
       record.replaced.push_back(Describe(*node));
       ctx->RedirectControlEdges(node->name(), anchor_name);
-      ctx->Remove(node->name());
+      ctx->Remove(node->name(), anchor_name);
     }
     record.replaced.push_back(Describe(anchor));
     NodeDef* fused = ctx->Mutable(anchor_name);

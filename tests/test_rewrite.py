@@ -1,0 +1,536 @@
+"""CtrFusionOptimizer end to end: online (enable, session_config), offline
+(optimize_concrete_function), and SavedModels (optimize_saved_model, the CLI).
+
+Every rewritten graph must compute what the TF-native graph computes; forms
+the optimizer does not rewrite yet must still run unchanged, with the
+optimizer reporting a skip or nothing, never a rewrite.
+
+EXPECTED_REWRITES (online) and EXPECTED_OFFLINE below are what the optimizer
+rewrites today, per form: update them (and the list in README "Rewriting
+existing models") when a pattern lands.
+"""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_ctr_ops  # noqa: F401  (registers the ops and the optimizer)
+from tf_ctr_ops import rewrite
+from conftest import data_file
+
+REPO = Path(__file__).resolve().parents[1]
+COMBINERS = ("sum", "mean", "sqrtn")
+V, D = 64, 8
+
+# Online (rewrite.enable): rewrites (match records) of one traced function per form.
+EXPECTED_REWRITES = {
+    "lookup_sparse": 1,  # Unique + ResourceGather + SparseSegment* -> CtrEmbeddingLookup
+    "lookup_sparse_const_table": 1,  # the same over GatherV2 on a constant
+    "hash_ints": 1,  # ... with StringToHashBucketFast(AsString(ids)) fused in (hash mode)
+    "string_split": 2,  # TF1 string_split + hash + lookup: the lookup, then the split into CtrStringEmbedding
+    "max_norm": 1,  # only the pooling: the clip_by_norm subgraph between Gather and pooling stays
+    "safe": 1,  # only the inner lookup: SparseFillEmptyRows, the Select for empty rows etc. stay
+    "weighted_sum": 1,  # Gather + Mul + SegmentSum -> CtrEmbeddingLookup with weights
+    "weighted_mean": 1,  # ... + DivNoNan(SegmentSum(w))
+    # ... + Sqrt(SegmentSum(Pow(w, 2))), or Square(w) once Grappler's arithmetic pass ran (online)
+    "weighted_sqrtn": 1,
+}
+# Offline (optimize_concrete_function): the patterns that match, in order, per form.
+EXPECTED_OFFLINE = {
+    "string_split": ["sparse_segment_lookup", "string_split_lookup"],
+    "weighted": ["weighted_lookup"],
+}
+FUSED_OPS = {"CtrEmbeddingLookup", "CtrStringEmbedding"}
+REPLACED_OPS = {"Unique", "ResourceGather", "SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN"}
+
+
+def delta(before, after):
+    return {k: after[k] - before[k] for k in before}
+
+
+def run_online(fn, *args):
+    """Traces and runs a fresh tf.function under rewrite.enable(); returns the
+    result and the optimizer's counter deltas."""
+    before = rewrite.fusion_stats()
+    with rewrite.enable():
+        out = tf.function(fn)(*args)
+    return out, delta(before, rewrite.fusion_stats())
+
+
+def assert_same(got, want):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+
+
+def random_sparse_ids(rng, rows=32, max_len=6, vocab=V, empty_rows=True):
+    lengths = rng.integers(0 if empty_rows else 1, max_len + 1, size=rows)
+    lengths[-1] = max(lengths[-1], 1)  # keep the row count: TF's output has max(row) + 1 rows
+    values = rng.integers(0, vocab, size=lengths.sum())
+    return tf.RaggedTensor.from_row_lengths(values.astype(np.int64), lengths).to_sparse()
+
+
+def read_csv(name):
+    with open(data_file(name), newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture
+def table(rng):
+    return tf.Variable(rng.normal(size=(V, D)).astype(np.float32))
+
+
+# ---------------------------------------------------------------------------
+# Online: rewrite.enable() for tf.functions
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_online_lookup_sparse_every_combiner(rng, table, combiner):
+    ids = random_sparse_ids(rng)
+    want = tf.nn.embedding_lookup_sparse(table, ids, None, combiner=combiner)
+    got, stats = run_online(lambda sp: tf.nn.embedding_lookup_sparse(table, sp, None, combiner=combiner), ids)
+    assert stats["rewrites"] == EXPECTED_REWRITES["lookup_sparse"]
+    assert_same(got, want)
+
+
+def test_online_lookup_sparse_on_constant_table(rng):
+    params = tf.constant(rng.normal(size=(V, D)).astype(np.float32))
+    ids = random_sparse_ids(rng)
+    want = tf.nn.embedding_lookup_sparse(params, ids, None, combiner="sqrtn")
+    got, stats = run_online(lambda sp: tf.nn.embedding_lookup_sparse(params, sp, None, combiner="sqrtn"), ids)
+    assert stats["rewrites"] == EXPECTED_REWRITES["lookup_sparse_const_table"]
+    assert_same(got, want)
+
+
+@pytest.mark.parametrize("form", ["max_norm", "safe", "weighted_sum", "weighted_mean", "weighted_sqrtn"])
+def test_online_partly_or_not_rewritten_forms_stay_exact(rng, table, form):
+    ids = random_sparse_ids(rng, empty_rows=True)
+    weights = tf.SparseTensor(ids.indices, rng.uniform(0.5, 2.0, size=ids.values.shape).astype(np.float32),
+                              ids.dense_shape)
+
+    def f(sp, w):
+        if form == "max_norm":
+            return tf.nn.embedding_lookup_sparse(table, sp, None, combiner="mean", max_norm=0.5)
+        if form == "safe":
+            return tf.nn.safe_embedding_lookup_sparse(table, sp, None, combiner="sqrtn")
+        return tf.nn.embedding_lookup_sparse(table, sp, w, combiner=form.split("_")[1])
+
+    want = f(ids, weights)
+    got, stats = run_online(f, ids, weights)
+    assert stats["rewrites"] == EXPECTED_REWRITES[form]
+    if EXPECTED_REWRITES[form] == 0:  # left alone, with a reason
+        assert stats["skips"] > 0
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_online_hash_of_int_ids_is_fused(rng, table):
+    keys = random_sparse_ids(rng, vocab=10**12)
+
+    def f(sp):
+        buckets = tf.strings.to_hash_bucket_fast(tf.strings.as_string(sp.values), V)
+        return tf.nn.embedding_lookup_sparse(table, tf.SparseTensor(sp.indices, buckets, sp.dense_shape), None,
+                                             combiner="mean")
+
+    want = f(keys)
+    got, stats = run_online(f, keys)
+    assert stats["rewrites"] == EXPECTED_REWRITES["hash_ints"]
+    assert_same(got, want)
+    # The offline view shows the hashing went into the fused op.
+    graph, report = rewrite.optimize_concrete_function(
+        tf.function(f).get_concrete_function(tf.SparseTensorSpec([None, None], tf.int64)))
+    counts = rewrite.op_counts(graph, library=True)
+    assert "StringToHashBucketFast" not in counts and "AsString" not in counts
+    assert any(n.op == "CtrEmbeddingLookup" and n.attr["id_mode"].s == b"hash" for n in graph.node)
+    assert report["match"][0]["fused_op"] == "CtrEmbeddingLookup"
+
+
+def tf1_split_lookup(table, delimiter, combiner="mean"):
+    def f(strings):
+        sp = tf.compat.v1.string_split(strings, delimiter)
+        buckets = tf.strings.to_hash_bucket_fast(sp.values, V)
+        return tf.nn.embedding_lookup_sparse(table, tf.SparseTensor(sp.indices, buckets, sp.dense_shape), None,
+                                             combiner=combiner)
+
+    return f
+
+
+def check_tf1_split(table, strings, delimiter, combiner="mean", report_file=None):
+    f = tf1_split_lookup(table, delimiter, combiner)
+    strings = tf.constant(strings)
+    want = f(strings)
+    before = rewrite.fusion_stats()
+    with rewrite.enable(report_file=report_file):
+        got = tf.function(f)(strings)
+    stats = delta(before, rewrite.fusion_stats())
+    assert stats["rewrites"] == EXPECTED_REWRITES["string_split"]
+    assert_same(got, want)
+    return stats
+
+
+def test_online_tf1_string_split_random(rng, table, tmp_path):
+    strings = [",".join(str(v) for v in rng.integers(0, 1000, size=rng.integers(0, 6))) for _ in range(40)]
+    strings[-1] = "7,8"
+    for combiner in COMBINERS:
+        report_file = tmp_path / f"{combiner}.jsonl"
+        check_tf1_split(table, strings, ",", combiner, report_file=report_file)
+        records = rewrite.read_report(report_file)
+        patterns = [m["pattern"] for m in records["match"]]
+        assert patterns == ["sparse_segment_lookup", "string_split_lookup"][:EXPECTED_REWRITES["string_split"]]
+        if EXPECTED_REWRITES["string_split"] == 1:  # the split part is reported as left alone, with a reason
+            assert any(k["pattern"] == "string_split_lookup" and k["reason"] for k in records["skip"])
+
+
+def test_online_tf1_string_split_criteo(table):
+    rows = read_csv("criteo_sample.txt")
+    cats = [",".join(r[f"C{i}"] for i in range(1, 27)) for r in rows]
+    check_tf1_split(table, cats, ",", "sum")
+
+
+def test_online_movielens_genres(table):
+    genres = [r["genres"] for r in read_csv("movielens_sample.txt")]
+    assert any("|" in g for g in genres)
+    check_tf1_split(table, genres, "|", "sqrtn")
+
+
+def test_online_criteo_integer_features_hashed(table):
+    rows = read_csv("criteo_sample.txt")
+    # The 13 integer features of each row, as ids (absent ones dropped).
+    ragged = tf.ragged.constant([[int(float(r[f"I{i}"])) for i in range(1, 14) if r[f"I{i}"]] for r in rows],
+                                tf.int64)
+    ids = ragged.to_sparse()
+
+    def f(sp):
+        buckets = tf.strings.to_hash_bucket_fast(tf.strings.as_string(sp.values), V)
+        return tf.nn.embedding_lookup_sparse(table, tf.SparseTensor(sp.indices, buckets, sp.dense_shape), None)
+
+    want = f(ids)
+    got, stats = run_online(f, ids)
+    assert stats["rewrites"] == EXPECTED_REWRITES["hash_ints"]
+    assert_same(got, want)
+
+
+def test_enable_plain_call_and_disable(rng, table):
+    ids = random_sparse_ids(rng)
+    want = tf.nn.embedding_lookup_sparse(table, ids, None)
+    f = lambda sp: tf.nn.embedding_lookup_sparse(table, sp, None)  # noqa: E731
+    before = rewrite.fusion_stats()
+    handle = rewrite.enable()
+    try:
+        got = tf.function(f)(ids)
+    finally:
+        handle.disable()
+    assert delta(before, rewrite.fusion_stats())["rewrites"] == 1
+    assert_same(got, want)
+    # Disabled again: a new function is not rewritten (nor even optimized by it).
+    before = rewrite.fusion_stats()
+    assert_same(tf.function(f)(ids), want)
+    assert delta(before, rewrite.fusion_stats()) == {"graphs": 0, "rewrites": 0, "skips": 0}
+    handle.disable()  # idempotent
+
+
+def test_session_config_tf1_session(rng):
+    params = rng.normal(size=(V, D)).astype(np.float32)
+    ids = random_sparse_ids(rng)
+    want = tf.nn.embedding_lookup_sparse(tf.constant(params), ids, None, combiner="sqrtn").numpy()
+    feed = tf.compat.v1.SparseTensorValue(ids.indices.numpy(), ids.values.numpy(), ids.dense_shape.numpy())
+    with tf.Graph().as_default():
+        table = tf.compat.v1.get_variable("table", initializer=params, use_resource=True)
+        sp = tf.compat.v1.sparse_placeholder(tf.int64, shape=[None, None])
+        out = tf.nn.embedding_lookup_sparse(table, sp, None, combiner="sqrtn")
+        before = rewrite.fusion_stats()
+        with tf.compat.v1.Session(config=rewrite.session_config()) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            got = sess.run(out, {sp: feed})
+    assert delta(before, rewrite.fusion_stats())["rewrites"] == EXPECTED_REWRITES["lookup_sparse"]
+    assert_same(got, want)
+
+
+def test_session_config_keeps_the_given_config():
+    base = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1)
+    config = rewrite.session_config(base)
+    assert config.intra_op_parallelism_threads == 1
+    assert [c.name for c in config.graph_options.rewrite_options.custom_optimizers] == ["CtrFusionOptimizer"]
+    assert not base.graph_options.rewrite_options.custom_optimizers  # not modified
+
+
+# ---------------------------------------------------------------------------
+# Offline: optimize_concrete_function
+
+SPARSE_SPEC = tf.SparseTensorSpec([None, None], tf.int64)
+
+
+def offline(fn, *specs):
+    cf = tf.function(fn).get_concrete_function(*specs)
+    graph, report = rewrite.optimize_concrete_function(cf)
+    return cf, graph, report, rewrite.op_counts(graph, library=True)
+
+
+def run_graph_def(cf, graph_def, *args):
+    """Runs an optimized GraphDef of `cf` (outputs as `cf` returns them)."""
+    from tensorflow.python.eager import wrap_function
+
+    captures = {internal.op.name: external for external, internal in cf.graph.captures}
+    flat_inputs = [t.name for t in cf.inputs[:len(cf.inputs) - len(captures)]]
+    fn = wrap_function.function_from_graph_def(graph_def, flat_inputs, [t.name for t in cf.outputs], captures)
+    return fn(*tf.nest.flatten(args, expand_composites=True))
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_offline_lookup_is_one_fused_op(rng, table, combiner):
+    f = lambda sp: tf.nn.embedding_lookup_sparse(table, sp, None, combiner=combiner)  # noqa: E731
+    cf, graph, report, counts = offline(f, SPARSE_SPEC)
+    assert counts.get("CtrEmbeddingLookup") == 1
+    assert not REPLACED_OPS & set(counts), counts
+    [match] = report["match"]
+    assert match["pattern"] == "sparse_segment_lookup" and match["fused_op"] == "CtrEmbeddingLookup"
+    assert {r.rsplit(" (", 1)[1].rstrip(")") for r in match["replaced"]} >= {"Unique", "ResourceGather"}
+    assert report["skip"] == []
+    ids = random_sparse_ids(rng)
+    [got] = run_graph_def(cf, graph, ids)
+    assert_same(got, f(ids))
+
+
+def unique_gather_mean(table, also):
+    def f(sp):
+        unique, idx = tf.unique(sp.values)
+        rows = tf.gather(table, unique)
+        pooled = tf.sparse.segment_mean(rows, idx, sp.indices[:, 0])
+        return pooled, (unique if also == "unique ids" else rows)
+
+    return f
+
+
+@pytest.mark.parametrize("case", ["unique ids", "gathered rows", "rank-3 table", "float64 table"])
+def test_offline_not_rewritten_with_reason(rng, table, case):
+    if case in ("unique ids", "gathered rows"):
+        f = unique_gather_mean(table, case)
+        reason = "has another consumer"
+    elif case == "rank-3 table":
+        t3 = tf.Variable(rng.normal(size=(V, 2, 4)).astype(np.float32))
+        f = lambda sp: tf.nn.embedding_lookup_sparse(t3, sp, None)  # noqa: E731
+        reason = "not a matrix"
+    else:
+        t64 = tf.Variable(rng.normal(size=(V, D)))
+        f = lambda sp: tf.nn.embedding_lookup_sparse(t64, sp, None)  # noqa: E731
+        reason = "DT_DOUBLE"
+    cf, graph, report, counts = offline(f, SPARSE_SPEC)
+    assert report["match"] == [] and not FUSED_OPS & set(counts)
+    assert any(reason in s["reason"] for s in report["skip"]), report["skip"]
+    ids = random_sparse_ids(rng)
+    got = run_graph_def(cf, graph, ids)
+    for g, w in zip(got, tf.nest.flatten(f(ids))):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
+
+
+def test_offline_tf1_string_split(table):
+    f = tf1_split_lookup(table, ",", "mean")
+    cf, graph, report, counts = offline(f, tf.TensorSpec([None], tf.string))
+    assert [m["pattern"] for m in report["match"]] == EXPECTED_OFFLINE["string_split"]
+    assert counts.get("CtrStringEmbedding") == 1 and counts.get("CtrPackStrings") == 1
+    assert not {"StringSplit", "StringToHashBucketFast", "CtrEmbeddingLookup"} & set(counts), counts
+    strings = tf.constant(["1,2,3", "", "4,,5", "x", "", ""])
+    [got] = run_graph_def(cf, graph, strings)
+    assert_same(got, f(strings))
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_offline_weighted_lookup(rng, table, combiner):
+    f = lambda sp, w: tf.nn.embedding_lookup_sparse(table, sp, w, combiner=combiner)  # noqa: E731
+    cf, graph, report, counts = offline(f, SPARSE_SPEC, tf.SparseTensorSpec([None, None], tf.float32))
+    assert [m["pattern"] for m in report["match"]] == EXPECTED_OFFLINE["weighted"]
+    if EXPECTED_OFFLINE["weighted"]:
+        assert counts.get("CtrEmbeddingLookup") == 1
+        assert not {"SegmentSum", "DivNoNan", "ResourceGather"} & set(counts), counts
+        assert any(n.attr["has_weights"].b for n in graph.node if n.op == "CtrEmbeddingLookup")
+    ids = random_sparse_ids(rng)
+    w = tf.SparseTensor(ids.indices, rng.uniform(0.5, 2.0, size=ids.values.shape).astype(np.float32),
+                        ids.dense_shape)
+    [got] = run_graph_def(cf, graph, ids, w)
+    np.testing.assert_allclose(got.numpy(), f(ids, w).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_op_counts_follow_the_function_library():
+    graph_def = tf.function(lambda x: tf.function(lambda y: tf.unique(y)[0])(x) + 1).get_concrete_function(
+        tf.TensorSpec([None], tf.int64)).graph.as_graph_def()
+    assert "Unique" not in rewrite.op_counts(graph_def)
+    assert rewrite.op_counts(graph_def, library=True)["Unique"] == 1
+
+
+# ---------------------------------------------------------------------------
+# SavedModels: optimize_saved_model and `python -m tf_ctr_ops optimize`
+
+
+class LookupModule(tf.Module):
+    """A tf.Module with two signatures over one table, and one more table
+    behind a string vocabulary (a captured non-variable resource)."""
+
+    def __init__(self, rng):
+        super().__init__()
+        self.table = tf.Variable(rng.normal(size=(V, D)).astype(np.float32))
+        self.unused = tf.Variable(tf.zeros([3]))
+        self.vocab = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(tf.constant(["a", "b", "c"]), tf.constant([1, 2, 3], tf.int64)), 0)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64, name="values"),
+                                  tf.TensorSpec([None, 2], tf.int64, name="indices")])
+    def pooled(self, values, indices):
+        sp = tf.SparseTensor(indices, values, tf.stack([tf.reduce_max(indices[:, 0]) + 1, 1000]))
+        return {"mean": tf.nn.embedding_lookup_sparse(self.table, sp, None, combiner="mean"),
+                "count": tf.size(values)}
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.string, name="tokens")])
+    def by_token(self, tokens):
+        ids = self.vocab.lookup(tokens)
+        sp = tf.sparse.from_dense(ids)
+        return {"sum": tf.nn.embedding_lookup_sparse(self.table, sp, None, combiner="sum")}
+
+
+def test_optimize_saved_model_api(tmp_path, rng):
+    module = LookupModule(rng)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tf.saved_model.save(module, str(src), signatures={"pooled": module.pooled, "by_token": module.by_token})
+    samples = {"pooled": {"values": np.array([3, 5, 5, 9], np.int64),
+                          "indices": np.array([[0, 0], [0, 1], [2, 0], [2, 1]], np.int64)},
+               "by_token": {"tokens": np.array([["a", "b"], ["c", "zz"]], object)}}
+    report = rewrite.optimize_saved_model(src, dst, sample_inputs=samples, runs=3)
+
+    assert set(report.signatures) == {"pooled", "by_token"}
+    for key, sig in report.signatures.items():
+        assert sig.rewritten and sig.inputs == "given"
+        assert [m["fused_op"] for m in sig.matches] == ["CtrEmbeddingLookup"], key
+        assert sig.op_counts_after.get("CtrEmbeddingLookup") == 1
+        assert "Unique" in sig.op_counts_before and "Unique" not in sig.op_counts_after
+        assert sig.max_abs_diff <= 1e-6 and sig.outputs_match and sig.verify_error is None
+        assert sig.latency_ms_before > 0 and sig.latency_ms_after > 0
+    assert report.ok and report.verified and report.rewrite_seconds > 0
+    assert len(report.matches) == 2 and {m["signature"] for m in report.matches} == {"pooled", "by_token"}
+
+    as_dict = json.loads(report.to_json())
+    assert as_dict["max_abs_diff"] <= 1e-6 and as_dict["num_matches"] == 2 and as_dict["ok"]
+    text = report.summary()
+    assert "signature 'pooled': 1 fused" in text and "outputs match" in text
+
+    # The rewritten model serves the same signatures, input names and output keys.
+    loaded, original = tf.saved_model.load(str(dst)), tf.saved_model.load(str(src))
+    assert set(loaded.signatures) == {"pooled", "by_token"}
+    for key in ("pooled", "by_token"):
+        new, old = loaded.signatures[key], original.signatures[key]
+        assert new.structured_input_signature == old.structured_input_signature
+        assert set(new.structured_outputs) == set(old.structured_outputs)
+        inputs = {k: tf.constant(v) for k, v in samples[key].items()}
+        for k, want in old(**inputs).items():
+            assert_same(new(**inputs)[k], want)
+
+
+def test_optimize_saved_model_selected_signature_and_synthesized_inputs(tmp_path, rng):
+    module = LookupModule(rng)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tf.saved_model.save(module, str(src), signatures={"pooled": module.pooled, "by_token": module.by_token})
+    report = rewrite.optimize_saved_model(src, dst, signature_keys=["pooled"], runs=2)
+    assert report.signatures["by_token"].rewritten is False
+    assert report.signatures["by_token"].matches == []
+    pooled = report.signatures["pooled"]
+    # Synthesized: indices sorted ints in [0, 2) (canonical), values in [0, 2).
+    assert pooled.inputs == "synthesized" and pooled.outputs_match and pooled.max_abs_diff == 0
+    assert "copied unchanged" in report.summary()
+    loaded = tf.saved_model.load(str(dst))
+    assert_same(loaded.signatures["by_token"](tokens=tf.constant([["a", "c"]]))["sum"],
+                module.by_token(tf.constant([["a", "c"]]))["sum"])
+    with pytest.raises(ValueError, match="not in"):
+        rewrite.optimize_saved_model(src, tmp_path / "x", signature_keys=["nope"])
+    with pytest.raises(ValueError, match="differ"):
+        rewrite.optimize_saved_model(src, src)
+
+
+def build_keras_ctr_model(seed=0):
+    """A Keras 3 functional CTR model whose embedding layers are TF-native
+    (tf.nn.embedding_lookup_sparse on the layer's own table)."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+
+    class PooledEmbedding(keras.layers.Layer):
+        def __init__(self, num_rows, dim, combiner, hash_keys=False, **kwargs):
+            super().__init__(**kwargs)
+            self.num_rows, self.dim, self.combiner, self.hash_keys = num_rows, dim, combiner, hash_keys
+            self.table = self.add_weight(shape=(num_rows, dim), initializer="random_normal", name="table")
+
+        def call(self, ids):  # dense [B, N] ids, -1 is padding
+            mask = ids >= 0
+            sp = tf.SparseTensor(tf.where(mask), tf.boolean_mask(ids, mask), tf.shape(ids, out_type=tf.int64))
+            if self.hash_keys:
+                sp = tf.SparseTensor(sp.indices, tf.strings.to_hash_bucket_fast(tf.strings.as_string(sp.values),
+                                                                                self.num_rows), sp.dense_shape)
+            return tf.nn.embedding_lookup_sparse(self.table.value, sp, None, combiner=self.combiner)
+
+        def compute_output_shape(self, shape):
+            return (shape[0], self.dim)
+
+    ids = keras.Input((4,), dtype="int64", name="item_ids")
+    keys = keras.Input((3,), dtype="int64", name="user_keys")
+    numeric = keras.Input((5,), dtype="float32", name="numeric")
+    x = keras.layers.Concatenate()([PooledEmbedding(V, D, "mean", name="items")(ids),
+                                    PooledEmbedding(32, D, "sqrtn", hash_keys=True, name="users")(keys), numeric])
+    x = keras.layers.Dense(16, activation="relu", name="hidden")(x)
+    y = keras.layers.Dense(1, activation="sigmoid", name="ctr")(x)
+    return keras.Model([ids, keys, numeric], y)
+
+
+SERVE_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import tensorflow as tf
+    import tf_ctr_ops  # noqa: F401
+    model = tf.saved_model.load(sys.argv[1])
+    inputs = dict(np.load(sys.argv[2]))
+    out = model.signatures["serving_default"](**{k: tf.constant(v) for k, v in inputs.items()})
+    np.savez(sys.argv[3], **{k: v.numpy() for k, v in out.items()})
+    print(sorted(model.signatures))
+""")
+
+
+def test_cli_rewrites_keras_savedmodel_served_in_fresh_process(tmp_path, rng):
+    model = build_keras_ctr_model()
+    src, dst = tmp_path / "keras_src", tmp_path / "keras_dst"
+    model.export(str(src), verbose=False)
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+               TF_CPP_MIN_LOG_LEVEL="3")
+    cli = subprocess.run([sys.executable, "-m", "tf_ctr_ops", "optimize", "keras_src", "keras_dst", "--verify",
+                          "--report", "r.json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    assert "signature 'serving_default': 2 fused, 0 left alone" in cli.stdout, cli.stdout
+    assert "outputs match" in cli.stdout
+
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["ok"] and report["verified"] and report["max_abs_diff"] <= 1e-6
+    for key in ("serve", "serving_default"):
+        sig = report["signatures"][key]
+        assert sorted(m["fused_op"] for m in sig["matches"]) == ["CtrEmbeddingLookup"] * 2
+        replaced_ops = {r.rsplit(" (", 1)[1].rstrip(")") for m in sig["matches"] for r in m["replaced"]}
+        assert {"Unique", "ResourceGather", "SparseSegmentMean", "SparseSegmentSqrtN", "StringToHashBucketFast",
+                "AsString"} <= replaced_ops
+        assert sig["op_counts_after"]["CtrEmbeddingLookup"] == 2
+        assert not {"Unique", "StringToHashBucketFast", "AsString"} & set(sig["op_counts_after"])
+        assert sig["skips"] == [] and sig["inputs"] == "synthesized" and sig["max_abs_diff"] <= 1e-6
+
+    inputs = {"item_ids": rng.integers(0, V, size=(6, 4)), "user_keys": rng.integers(0, 10**9, size=(6, 3)),
+              "numeric": rng.normal(size=(6, 5)).astype(np.float32)}
+    inputs["item_ids"][1, 2:] = -1  # padding
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    serve = subprocess.run([sys.executable, "-c", SERVE_SCRIPT, "keras_dst", "inputs.npz", "out.npz"], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert serve.returncode == 0, serve.stdout + serve.stderr
+    assert "['serve', 'serving_default']" in serve.stdout
+    got = np.load(tmp_path / "out.npz")
+    want = tf.saved_model.load(str(src)).signatures["serving_default"](
+        **{k: tf.constant(v) for k, v in inputs.items()})
+    assert set(got.files) == set(want)
+    for k in want:
+        assert_same(got[k], want[k])
