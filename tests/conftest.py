@@ -7,6 +7,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 DATA_DIR = Path(os.environ.get("TF_CTR_OPS_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 
@@ -16,9 +17,54 @@ def rng():
     return np.random.default_rng(1234)
 
 
+# Hypothesis profiles (tests/test_properties.py). "ci" is the default; "slow"
+# (100k examples per property, run before each release) is chosen by `-m slow`,
+# TF_CTR_OPS_HYPOTHESIS_PROFILE=slow or hypothesis' own --hypothesis-profile=slow.
+settings.register_profile("ci", max_examples=int(os.environ.get("TF_CTR_OPS_HYPOTHESIS_EXAMPLES", 40)),
+                          deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("slow", parent=settings.get_profile("ci"), max_examples=100_000)
+
+
+def _wants_slow(config):
+    markexpr = config.getoption("markexpr", "") or ""
+    return "slow" in markexpr and "not slow" not in markexpr
+
+
+def pytest_configure(config):
+    config.ctr_hypothesis_profile = (config.getoption("hypothesis_profile", None)
+                                     or os.environ.get("TF_CTR_OPS_HYPOTHESIS_PROFILE")
+                                     or ("slow" if _wants_slow(config) else "ci"))
+    settings.load_profile(config.ctr_hypothesis_profile)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    # Under the slow profile the property tests are release tests: mark them
+    # slow so that `-m slow` selects them (this runs before -m deselects).
+    if config.ctr_hypothesis_profile == "slow":
+        for item in items:
+            if item.get_closest_marker("property"):
+                item.add_marker(pytest.mark.slow)
+
+
 def data_file(name):
     """Path of a sample in ../shared/data, or a skip naming what is missing."""
     path = DATA_DIR / name
     if not path.exists():
         pytest.skip(f"real-data sample {path} is absent (set TF_CTR_OPS_DATA to its folder)")
     return path
+
+
+def fresh_process_env():
+    """Environment for a fresh Python process that imports the same tf_ctr_ops.
+
+    The package's parent directory goes first on PYTHONPATH, so an in-place
+    build and an installed package are both found; run such processes with a
+    cwd outside the checkout, whose unbuilt source tree would shadow them.
+    """
+    import tf_ctr_ops
+
+    parent = str(Path(tf_ctr_ops.__file__).resolve().parents[1])
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+                PYTHONPATH=os.pathsep.join(filter(None, [parent, os.environ.get("PYTHONPATH")])))

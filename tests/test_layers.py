@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import tf_ctr_ops
+from conftest import fresh_process_env
 from tf_ctr_ops import layers as tco_layers
 from tf_ctr_ops.layers import HashEmbedding, SparseEmbedding
 
@@ -446,11 +447,8 @@ def test_export_serves_identically_in_a_fresh_process(trained_ctr, tmp_path):
         np.save(tmp_path / f"{k}_values.npy", v.values.numpy())
         np.save(tmp_path / f"{k}_splits.npy", v.row_splits.numpy())
 
-    root = Path(tf_ctr_ops.__file__).resolve().parents[1]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-               PYTHONPATH=os.pathsep.join([str(root)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    proc = subprocess.run([sys.executable, "-c", SERVE_SCRIPT, str(tmp_path)], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", SERVE_SCRIPT, str(tmp_path)], env=fresh_process_env(),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     for name in ("dense", "ragged", "keras"):
         np.testing.assert_array_equal(np.load(tmp_path / f"out_{name}.npy"), want, err_msg=name)

@@ -24,9 +24,8 @@ import tensorflow as tf
 
 import tf_ctr_ops  # noqa: F401  (registers the ops and the optimizer)
 from tf_ctr_ops import rewrite
-from conftest import data_file
+from conftest import data_file, fresh_process_env
 
-REPO = Path(__file__).resolve().parents[1]
 COMBINERS = ("sum", "mean", "sqrtn")
 V, D = 64, 8
 
@@ -500,8 +499,7 @@ def test_cli_rewrites_keras_savedmodel_served_in_fresh_process(tmp_path, rng):
     src, dst = tmp_path / "keras_src", tmp_path / "keras_dst"
     model.export(str(src), verbose=False)
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-               TF_CPP_MIN_LOG_LEVEL="3")
+    env = fresh_process_env()
     cli = subprocess.run([sys.executable, "-m", "tf_ctr_ops", "optimize", "keras_src", "keras_dst", "--verify",
                           "--report", "r.json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert cli.returncode == 0, cli.stdout + cli.stderr

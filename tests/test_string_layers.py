@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import tf_ctr_ops  # noqa: F401  (registers the layers)
 from tf_ctr_ops.layers import MultiStringEmbedding, StringEmbedding
+from conftest import fresh_process_env
 from test_strings import composition
 
 
@@ -106,7 +107,7 @@ def test_keras_file_round_trip_and_fresh_process_export(rng, tmp_path):
         print("served", out.shape)
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
-                          timeout=300)
+                          env=fresh_process_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "served (64, 1)" in proc.stdout
 
