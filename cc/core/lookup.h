@@ -86,7 +86,7 @@ float SquaredNorm(const T* row, int64_t dim) {
 }
 
 template <typename T>
-void AccumulateRow(const T* row, int64_t dim, float scale, float* acc) {
+void AccumulateRow(const T* __restrict row, int64_t dim, float scale, float* __restrict acc) {
   for (int64_t d = 0; d < dim; ++d) acc[d] += scale * ToFloat(row[d]);
 }
 
@@ -95,8 +95,19 @@ float RowClipScale(const T* row, const LookupSpec& s) {
   return s.max_norm > 0.f ? MaxNormScale(SquaredNorm(row, s.dim), s.max_norm) : 1.f;
 }
 
+// Starts loading a table row into cache. Rows are random accesses into a
+// table far larger than cache; issuing several before using any overlaps
+// their memory latency, which dominates pooling.
+template <typename T>
+inline void PrefetchRow(const T* row, int64_t dim) {
+  const char* p = reinterpret_cast<const char*>(row);
+  const int64_t bytes = dim * static_cast<int64_t>(sizeof(T));
+  for (int64_t off = 0; off < bytes && off < 512; off += 64) __builtin_prefetch(p + off, 0, 1);
+}
+
 // Accumulates one bag in float32: Add() each looked-up row, then Finish()
 // applies default_id and the combiner. Shared by every CPU pooling loop.
+// Rows are buffered a few at a time and prefetched before they are summed.
 template <typename T>
 class BagPool {
  public:
@@ -106,10 +117,14 @@ class BagPool {
     for (int64_t d = 0; d < s_.dim; ++d) acc_[d] = 0.f;
     bw_ = BagWeights();
     any_ = false;
+    pending_ = 0;
   }
   void Add(int64_t row, float w) {
     const T* p = params_ + row * s_.dim;
-    AccumulateRow(p, s_.dim, w * RowClipScale(p, s_), acc_);
+    PrefetchRow(p, s_.dim);
+    rows_[pending_] = p;
+    weights_[pending_] = w;
+    if (++pending_ == kBuffered) Flush();
     bw_.Add(w);
     any_ = true;
   }
@@ -117,17 +132,28 @@ class BagPool {
   bool Finish(T* out) {
     const bool had_entries = any_;
     if (!any_ && s_.default_id >= 0) Add(s_.default_id, 1.f);
+    Flush();
     const float scale = CombinerScale(s_.combiner, bw_);
     for (int64_t d = 0; d < s_.dim; ++d) out[d] = FromFloat<T>(acc_[d] * scale);
     return had_entries;
   }
 
  private:
+  static constexpr int kBuffered = 16;
+
+  void Flush() {
+    for (int i = 0; i < pending_; ++i) AccumulateRow(rows_[i], s_.dim, weights_[i] * RowClipScale(rows_[i], s_), acc_);
+    pending_ = 0;
+  }
+
   const LookupSpec& s_;
   const T* params_;
   float* acc_;
   BagWeights bw_;
   bool any_ = false;
+  int pending_ = 0;
+  const T* rows_[kBuffered];
+  float weights_[kBuffered];
 };
 
 // Pools bags [row_begin, row_end). acc is caller scratch of spec.dim floats.
