@@ -138,7 +138,7 @@ class _PooledEmbeddingBase(keras.layers.Layer):
 
     def call(self, inputs, weights=None):
         inputs, weights = _as_container(inputs), _as_container(weights)
-        table = tf.convert_to_tensor(self._embeddings)
+        table = self._embeddings  # read without copy-on-read copies (ops._read_table)
         outputs = self._lookup(table, inputs, weights)
         if outputs.dtype != self.compute_dtype:
             outputs = tf.cast(outputs, self.compute_dtype)
@@ -423,7 +423,7 @@ class MultiStringEmbedding(keras.layers.Layer):
         if len(inputs) != len(self.num_buckets):
             raise ValueError(f"expected {len(self.num_buckets)} string features, got {len(inputs)}")
         outs = _strings.multi_string_embedding(
-            inputs, [tf.convert_to_tensor(t) for t in self.tables], delimiters=self.delimiters,
+            inputs, list(self.tables), delimiters=self.delimiters,
             combiners=self.combiners, id_modes=self.id_modes, skip_empty=self.skip_empty,
             max_norms=self.max_norm)
         return [o if o.dtype == self.compute_dtype else tf.cast(o, self.compute_dtype) for o in outs]

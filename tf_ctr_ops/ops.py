@@ -5,6 +5,7 @@ id containers) in place of the TF-native subgraph it replaces.
 """
 
 import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
 
 from tf_ctr_ops._loader import load_op_library
 
@@ -44,12 +45,25 @@ def _as_table(params, dtype=None):
     if isinstance(params, (list, tuple)):
         if not params:
             raise ValueError("Missing embedding_weights: an empty list of partitions was given")
-        parts = [tf.convert_to_tensor(p, dtype=dtype) for p in params]
+        parts = [_read_table(p, dtype) for p in params]
         if len(parts) == 1:
             return parts[0]
         _check_div_layout(parts)
         return tf.concat(parts, axis=0)
-    return tf.convert_to_tensor(params, dtype=dtype)
+    return _read_table(params, dtype)
+
+
+def _read_table(table, dtype=None):
+    """A table's value; a resource variable is read without a copy.
+
+    After a sparse read or a sparse optimizer update a variable is in
+    copy-on-read mode, where a plain read copies the whole table on every
+    call. Like tf.nn's own lookups, read_value_no_copy() leaves that mode.
+    """
+    var = getattr(table, "_value", table)  # a Keras 3 variable wraps a tf.Variable
+    if isinstance(var, resource_variable_ops.BaseResourceVariable) and dtype in (None, var.dtype):
+        return var.read_value_no_copy()
+    return tf.convert_to_tensor(table, dtype=dtype)
 
 
 def _check_div_layout(parts):
