@@ -51,6 +51,18 @@ template <typename Fn>
 CTR_HD void ForEachToken(const uint8_t* s, int64_t len, const uint8_t* delim,
                          int64_t delim_len, bool skip_empty, Fn fn) {
   int64_t start = 0;
+  // The common one-byte delimiter: a plain scan, no inner compare loop
+  // (tokens are short, so this beats a memchr call per token).
+  if (delim_len == 1) {
+    const uint8_t d = delim[0];
+    for (int64_t i = 0; i < len; ++i) {
+      if (s[i] != d) continue;
+      if (!(skip_empty && i == start) && !fn(start, i - start)) return;
+      start = i + 1;
+    }
+    if (!(skip_empty && len == start)) fn(start, len - start);
+    return;
+  }
   if (delim_len > 0) {
     int64_t i = 0;
     while (i + delim_len <= len) {
