@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "cc/core/fingerprint.h"
@@ -55,7 +56,27 @@ CTR_HD void ForEachToken(const uint8_t* s, int64_t len, const uint8_t* delim,
   // (tokens are short, so this beats a memchr call per token).
   if (delim_len == 1) {
     const uint8_t d = delim[0];
-    for (int64_t i = 0; i < len; ++i) {
+    int64_t i = 0;
+#if !defined(__CUDA_ARCH__)
+    // Eight bytes at a time: one branch per token instead of one per byte
+    // (token lengths are unpredictable, so per-byte branches mispredict).
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    const uint64_t pattern = ones * d;
+    while (len - i >= 8) {
+      uint64_t word;
+      memcpy(&word, s + i, 8);
+      const uint64_t x = word ^ pattern;
+      const uint64_t hit = (x - ones) & ~x & highs;  // lowest set byte is the first delimiter
+      if (hit == 0) {
+        i += 8;
+        continue;
+      }
+      i += __builtin_ctzll(hit) >> 3;
+      if (!(skip_empty && i == start) && !fn(start, i - start)) return;
+      start = ++i;
+    }
+#endif
+    for (; i < len; ++i) {
       if (s[i] != d) continue;
       if (!(skip_empty && i == start) && !fn(start, i - start)) return;
       start = i + 1;
