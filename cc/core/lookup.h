@@ -107,7 +107,9 @@ inline void PrefetchRow(const T* row, int64_t dim) {
 
 // Accumulates one bag in float32: Add() each looked-up row, then Finish()
 // applies default_id and the combiner. Shared by every CPU pooling loop.
-// Rows are buffered a few at a time and prefetched before they are summed.
+// Rows are buffered, then summed with the row kPrefetchDistance ahead always
+// in flight: resolving keys (hashing, parsing) first and keeping loads
+// continuously outstanding hides most of the random-access latency.
 template <typename T>
 class BagPool {
  public:
@@ -120,9 +122,7 @@ class BagPool {
     pending_ = 0;
   }
   void Add(int64_t row, float w) {
-    const T* p = params_ + row * s_.dim;
-    PrefetchRow(p, s_.dim);
-    rows_[pending_] = p;
+    rows_[pending_] = params_ + row * s_.dim;
     weights_[pending_] = w;
     if (++pending_ == kBuffered) Flush();
     bw_.Add(w);
@@ -139,10 +139,15 @@ class BagPool {
   }
 
  private:
-  static constexpr int kBuffered = 16;
+  static constexpr int kBuffered = 64;
+  static constexpr int kPrefetchDistance = 8;
 
   void Flush() {
-    for (int i = 0; i < pending_; ++i) AccumulateRow(rows_[i], s_.dim, weights_[i] * RowClipScale(rows_[i], s_), acc_);
+    for (int i = 0; i < pending_ && i < kPrefetchDistance; ++i) PrefetchRow(rows_[i], s_.dim);
+    for (int i = 0; i < pending_; ++i) {
+      if (i + kPrefetchDistance < pending_) PrefetchRow(rows_[i + kPrefetchDistance], s_.dim);
+      AccumulateRow(rows_[i], s_.dim, weights_[i] * RowClipScale(rows_[i], s_), acc_);
+    }
     pending_ = 0;
   }
 
