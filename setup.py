@@ -175,6 +175,22 @@ class Toolchain:
             common += ["-DCTR_WITH_CUDA=1", f"-I{cuda['home'] / 'include'}"]
         self.cxx_core = common
         self.cxx_tf = common + [f for f in tf["compile_flags"] if not f.startswith("--std")]
+        if "undefined" in self.sanitize.split(","):
+            # g++ (12) cannot compile TF's bundled absl with these three UBSan
+            # checks: they make absl's constexpr `hash_fn == nullptr` in
+            # hash_policy_traits.h "not a constant expression". They are off
+            # for the op library only; the core module (the same cc/core
+            # code, no absl) keeps every UBSan check.
+            self.cxx_tf += ["-fno-sanitize=null,nonnull-attribute,returns-nonnull-attribute"]
+        if "address" in self.sanitize.split(","):
+            # The op library shares absl/protobuf objects with TF's prebuilt,
+            # uninstrumented binaries. Under __SANITIZE_ADDRESS__ absl changes
+            # the layout of its containers (swisstable "generations", FixedArray
+            # redzones), so inline absl code compiled here would misread TF's
+            # objects (it crashed in ~GraphProperties in the Grappler pass).
+            # Without the macro the headers match TF's build; the code is still
+            # instrumented by -fsanitize=address.
+            self.cxx_tf += ["-U__SANITIZE_ADDRESS__"]
         self.headers_mtime = max(p.stat().st_mtime for p in ROOT.glob("c*/**/*.h"))
 
     def _obj(self, src, flavor):
@@ -308,7 +324,9 @@ setup(
     cmdclass={"build_ext": BuildCtrOps},
     install_requires=install_requires(),
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6"],
+        # atheris (tests/test_fuzz.py) has wheels for CPython >= 3.11 on Linux x86-64 only.
+        "test": ["pytest>=7", "hypothesis>=6",
+                 "atheris; python_version >= '3.11' and platform_system == 'Linux' and platform_machine == 'x86_64'"],
         "plot": ["matplotlib"],
     },
     entry_points={"console_scripts": ["tf-ctr-ops=tf_ctr_ops.__main__:main"]},

@@ -202,9 +202,9 @@ __device__ Entry ResolveEntry(const LookupSpec& s, const TKey* keys,
   if (i >= end) return e;
   e.row = ResolveKey(keys[i], s);
   e.weight = weights ? weights[i] : 1.f;
-  // A bad key is an error whatever its weight (PoolBagsCpu checks the key
-  // first), so only resolved rows may be pruned.
-  if (e.row >= 0 && !KeepWeight(e.weight, s)) e.row = kSkipKey;
+  // Pruned entries are dropped before their ids are checked, as in
+  // PoolBagsCpu (safe_embedding_lookup_sparse drops them before its lookup).
+  if (!KeepWeight(e.weight, s)) e.row = kSkipKey;
   return e;
 }
 
@@ -289,14 +289,14 @@ struct LaneTile {
 
   template <typename T>
   __device__ void Store(T* row, int64_t dim, int64_t tile_begin, const LaneGroup& g,
-                        float scale) const {
+                        float scale, float divisor) const {
 #pragma unroll
     for (int j = 0; j < kFragments; ++j) {
       const int64_t d = Offset(tile_begin, j, g);
       if (d >= dim) continue;
       float scaled[kVec];
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) scaled[e] = v[j][e] * scale;
+      for (int e = 0; e < kVec; ++e) scaled[e] = CombineElement(v[j][e], scale, divisor);
       StoreFragment(row + d, scaled);
     }
   }
@@ -385,7 +385,7 @@ __device__ void PoolBag(const LookupSpec& s, const T* params, const TKey* keys,
       AddRow(s, params + s.default_id * dim, tile, 1.f, g, &acc);
       bw.Add(1.f);
     }
-    acc.Store(out + r * dim, dim, tile, g, CombinerScale(s.combiner, bw));
+    acc.Store(out + r * dim, dim, tile, g, CombinerScale(s.combiner, bw), CombinerDivisor(s.combiner, bw));
     tile += Tile::Width(g);
   } while (tile < dim);
 }

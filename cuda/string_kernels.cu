@@ -421,14 +421,14 @@ struct LaneTile {
 
   template <typename T>
   __device__ void Store(T* row, int64_t dim, int64_t tile_begin, const TokenGroup& g,
-                        float scale) const {
+                        float scale, float divisor) const {
 #pragma unroll
     for (int j = 0; j < kFragments; ++j) {
       const int64_t d = Offset(tile_begin, j, g);
       if (d >= dim) continue;
       float scaled[kVec];
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) scaled[e] = v[j][e] * scale;
+      for (int e = 0; e < kVec; ++e) scaled[e] = CombineElement(v[j][e], scale, divisor);
       StoreFragment(row + d, scaled);
     }
   }
@@ -536,7 +536,8 @@ __device__ void PoolBag(const StringSpec& s, const T* params, const uint8_t* byt
       AddRow(s, params + s.lookup.default_id * dim, tile, g, &acc);
       bw.Add(1.f);
     }
-    if (g.index == 0) acc.Store(out_row, dim, tile, g, CombinerScale(s.lookup.combiner, bw));
+    if (g.index == 0) acc.Store(out_row, dim, tile, g, CombinerScale(s.lookup.combiner, bw),
+                                CombinerDivisor(s.lookup.combiner, bw));
     tile += Tile::Width(g);
   } while (tile < dim);
 }

@@ -20,7 +20,7 @@ def rng():
 # Hypothesis profiles (tests/test_properties.py). "ci" is the default; "slow"
 # (100k examples per property, run before each release) is chosen by `-m slow`,
 # TF_CTR_OPS_HYPOTHESIS_PROFILE=slow or hypothesis' own --hypothesis-profile=slow.
-settings.register_profile("ci", max_examples=int(os.environ.get("TF_CTR_OPS_HYPOTHESIS_EXAMPLES", 40)),
+settings.register_profile("ci", max_examples=int(os.environ.get("TF_CTR_OPS_HYPOTHESIS_EXAMPLES", 200)),
                           deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("slow", parent=settings.get_profile("ci"), max_examples=100_000)
@@ -40,9 +40,10 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    # Under the slow profile the property tests are release tests: mark them
-    # slow so that `-m slow` selects them (this runs before -m deselects).
-    if config.ctr_hypothesis_profile == "slow":
+    # Under `-m slow` the property tests are release tests: mark them slow so
+    # that the expression selects them (this runs before -m deselects). With
+    # the profile chosen otherwise they stay unmarked, so they run as usual.
+    if _wants_slow(config):
         for item in items:
             if item.get_closest_marker("property"):
                 item.add_marker(pytest.mark.slow)

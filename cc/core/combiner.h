@@ -20,8 +20,34 @@ struct BagWeights {
   }
 };
 
-// The factor applied to the weighted sum of a bag. A zero denominator gives a
-// zero row, as tf.math.div_no_nan does inside tf.nn.embedding_lookup_sparse.
+// What a bag's weighted sum is divided by: 1 (sum), the sum of the weights
+// (mean) or the root of the sum of their squares (sqrtn).
+CTR_HD float CombinerDivisor(Combiner c, const BagWeights& w) {
+  switch (c) {
+    case Combiner::kSum:
+      return 1.f;
+    case Combiner::kMean:
+      return w.sum;
+    case Combiner::kSqrtn:
+      return sqrtf(w.sum_sq);
+  }
+  return 1.f;
+}
+
+// One output element of a bag: acc * scale (scale = CombinerScale), which is
+// what TF's SparseSegmentMean/SqrtN compute, bit for bit. Two cases differ:
+// a zero divisor gives exactly 0, as tf.math.div_no_nan does in the weighted
+// composition, even when acc is NaN or infinite (a zero weight on an inf
+// entry); and where the reciprocal is not a normal float (|divisor| above
+// ~2^126, whose reciprocal is subnormal and flushed to zero in TF's threads,
+// or so small that it overflows) the element is a true division, as TF's is.
+CTR_HD float CombineElement(float acc, float scale, float divisor) {
+  if (divisor == 0.f) return 0.f;
+  return (scale != 0.f && fabsf(scale) <= 3.402823466e38f) ? acc * scale : acc / divisor;
+}
+
+// 1 / CombinerDivisor, the factor outputs (CombineElement) and gradients
+// scale by; 0 for a zero divisor, as div_no_nan and its gradient give.
 CTR_HD float CombinerScale(Combiner c, const BagWeights& w) {
   switch (c) {
     case Combiner::kSum:
@@ -50,18 +76,18 @@ CTR_HD float WeightGrad(Combiner c, const BagWeights& bw, float w, float scale,
   return 0.f;
 }
 
+// Whether the clip changes a row with this squared norm, i.e. whether its
+// backward is something other than the identity. A NaN norm (a NaN entry)
+// counts: tf.clip_by_norm's t * c / max(NaN, c) makes the whole row NaN.
+CTR_HD bool ClipIsActive(float squared_norm, float max_norm) {
+  const float norm = sqrtf(squared_norm);
+  return max_norm > 0.f && !(norm <= max_norm);
+}
+
 // tf.clip_by_norm(row, max_norm) as a scale on the row: max_norm / max(|row|, max_norm).
 // max_norm <= 0 means no clipping.
 CTR_HD float MaxNormScale(float squared_norm, float max_norm) {
-  if (!(max_norm > 0.f)) return 1.f;
-  float norm = sqrtf(squared_norm);
-  return norm > max_norm ? max_norm / norm : 1.f;
-}
-
-// Whether the clip changes a row with this squared norm, i.e. whether its
-// backward is something other than the identity (the test MaxNormScale makes).
-CTR_HD bool ClipIsActive(float squared_norm, float max_norm) {
-  return max_norm > 0.f && sqrtf(squared_norm) > max_norm;
+  return ClipIsActive(squared_norm, max_norm) ? max_norm / sqrtf(squared_norm) : 1.f;
 }
 
 // One element of the clip's backward for an active clip, J^T g scaled by

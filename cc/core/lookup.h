@@ -134,7 +134,8 @@ class BagPool {
     if (!any_ && s_.default_id >= 0) Add(s_.default_id, 1.f);
     Flush();
     const float scale = CombinerScale(s_.combiner, bw_);
-    for (int64_t d = 0; d < s_.dim; ++d) out[d] = FromFloat<T>(acc_[d] * scale);
+    const float divisor = CombinerDivisor(s_.combiner, bw_);
+    for (int64_t d = 0; d < s_.dim; ++d) out[d] = FromFloat<T>(CombineElement(acc_[d], scale, divisor));
     return had_entries;
   }
 
@@ -174,13 +175,16 @@ void PoolBagsCpu(const LookupSpec& s, const T* params, const TKey* keys,
     for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
       const int64_t row = ResolveKey(keys[i], s);
       if (row == kSkipKey) continue;
+      // Pruned entries are dropped before their ids are checked, as
+      // safe_embedding_lookup_sparse drops them before its lookup.
+      const float w = weights ? weights[i] : 1.f;
+      if (!KeepWeight(w, s)) continue;
       if (row == kBadKey) {
         err->row = r;
         err->key = static_cast<int64_t>(keys[i]);
         return;
       }
-      const float w = weights ? weights[i] : 1.f;
-      if (KeepWeight(w, s)) pool.Add(row, w);
+      pool.Add(row, w);
     }
     pool.Finish(out + r * s.dim);
   }

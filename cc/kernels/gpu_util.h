@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "cc/kernels/tf_types.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "xla/stream_executor/stream.h"
 
@@ -23,7 +24,7 @@ inline absl::Status LaunchStatus(const std::string& cuda_error) {
 
 // int64 device scratch of n elements.
 inline absl::Status DeviceScratch(tensorflow::OpKernelContext* ctx, int64_t n, tensorflow::Tensor* t) {
-  return ctx->allocate_temp(tensorflow::DT_INT64, tensorflow::TensorShape({n}), t);
+  return AllocateTemp(ctx, tensorflow::DT_INT64, {n}, t);
 }
 
 }  // namespace tf_ctr

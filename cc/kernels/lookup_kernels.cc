@@ -2,6 +2,7 @@
 // are built once, then bags are pooled in parallel on TF's intra-op pool by
 // the core loops in cc/core/lookup.h.
 #include <algorithm>
+#include <limits>
 #include <mutex>
 #include <vector>
 
@@ -21,21 +22,32 @@ using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 using tensorflow::TensorShape;
 
-// CSR offsets of the bags, from either segment encoding.
+// CSR offsets of the bags, from either segment encoding, in a TF temp tensor:
+// the bag count comes from input values (num_rows, or the last row id), so it
+// is checked, and the offsets are allocated through TF (an impossible size is
+// an error status, not a std::bad_alloc escaping the kernel).
 template <typename TSeg>
-absl::Status BuildOffsets(const LookupAttrs& a, const LookupInputs& in,
-                          std::vector<int64_t>* offsets) {
+absl::Status BuildOffsets(OpKernelContext* ctx, const LookupAttrs& a, const LookupInputs& in,
+                          Tensor* offsets) {
   const TSeg* seg = in.segments->flat<TSeg>().data();
   const int64_t n = in.segments->NumElements();
   if (a.segments_are_splits) {
     TF_RETURN_IF_ERROR(CoreStatus(ctr::ValidateRowSplits(seg, n, in.nnz())));
-    offsets->resize(n);
-    ctr::CopySplits(seg, n, offsets->data());
+    TF_RETURN_IF_ERROR(AllocateTemp(ctx, tensorflow::DT_INT64, {n}, offsets));
+    ctr::CopySplits(seg, n, offsets->flat<int64_t>().data());
     return absl::OkStatus();
   }
+  if (in.num_rows_arg < 0 && n > 0) {
+    const int64_t last = static_cast<int64_t>(seg[n - 1]);
+    if (last < 0 || last == std::numeric_limits<int64_t>::max())
+      return tensorflow::errors::InvalidArgument("row id ", last, " of entry ", n - 1,
+                                                 " is out of range [0, 2^63 - 1)");
+  }
   const int64_t rows = ctr::InferNumRows(seg, n, in.num_rows_arg);
-  offsets->resize(rows + 1);
-  return CoreStatus(ctr::RowIdsToOffsets(seg, n, rows, offsets->data()));
+  if (rows == std::numeric_limits<int64_t>::max())
+    return tensorflow::errors::InvalidArgument("num_rows must be < 2^63 - 1, got ", rows);
+  TF_RETURN_IF_ERROR(AllocateTemp(ctx, tensorflow::DT_INT64, {rows + 1}, offsets));
+  return CoreStatus(ctr::RowIdsToOffsets(seg, n, rows, offsets->flat<int64_t>().data()));
 }
 
 // Keeps the bad key of the lowest row across shards, so the error a user sees
@@ -68,11 +80,12 @@ class EmbeddingLookupCpuOp : public OpKernel {
     LookupAttrs a = attrs_;
     LookupInputs in;
     OP_REQUIRES_OK(ctx, ValidateLookupInputs(ctx, 0, &a, &in));
-    std::vector<int64_t> offsets;
-    OP_REQUIRES_OK(ctx, BuildOffsets<TSeg>(a, in, &offsets));
-    const int64_t rows = static_cast<int64_t>(offsets.size()) - 1;
+    Tensor offsets_t;
+    OP_REQUIRES_OK(ctx, BuildOffsets<TSeg>(ctx, a, in, &offsets_t));
+    const int64_t* offsets = offsets_t.flat<int64_t>().data();
+    const int64_t rows = offsets_t.NumElements() - 1;
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({rows, a.spec.dim}), &out));
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {rows, a.spec.dim}, &out));
 
     using CT = typename CoreType<T>::type;
     const CT* params = CorePtr<T>(*in.params);
@@ -83,7 +96,7 @@ class EmbeddingLookupCpuOp : public OpKernel {
     ParallelFor(ctx, rows, BagCost(in, a.spec, rows), [&](int64_t begin, int64_t end) {
       std::vector<float> acc(a.spec.dim);
       ctr::KeyError err;
-      ctr::PoolBagsCpu(a.spec, params, ids, weights, offsets.data(), begin, end, acc.data(),
+      ctr::PoolBagsCpu(a.spec, params, ids, weights, offsets, begin, end, acc.data(),
                        dst, &err);
       first_error.Offer(err);
     });
@@ -105,9 +118,10 @@ class EmbeddingLookupGradCpuOp : public OpKernel {
     LookupAttrs a = attrs_;
     LookupInputs in;
     OP_REQUIRES_OK(ctx, ValidateLookupInputs(ctx, 1, &a, &in));
-    std::vector<int64_t> offsets;
-    OP_REQUIRES_OK(ctx, BuildOffsets<TSeg>(a, in, &offsets));
-    const int64_t rows = static_cast<int64_t>(offsets.size()) - 1;
+    Tensor offsets_t;
+    OP_REQUIRES_OK(ctx, BuildOffsets<TSeg>(ctx, a, in, &offsets_t));
+    const int64_t* offsets = offsets_t.flat<int64_t>().data();
+    const int64_t rows = offsets_t.NumElements() - 1;
     const Tensor& grad = ctx->input(0);
     OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == rows && grad.dim_size(1) == a.spec.dim,
                 tensorflow::errors::InvalidArgument("grad must have shape [", rows, ", ",
@@ -117,8 +131,11 @@ class EmbeddingLookupGradCpuOp : public OpKernel {
     const TId* ids = in.ids->flat<TId>().data();
     const float* weights = in.weights ? in.weights->flat<float>().data() : nullptr;
 
-    const ctr::KeyBagVisitor<TId> visit{a.spec, ids, weights, offsets.data()};
-    std::vector<int64_t> grad_offsets(rows + 1, 0);
+    const ctr::KeyBagVisitor<TId> visit{a.spec, ids, weights, offsets};
+    Tensor grad_offsets_t;
+    OP_REQUIRES_OK(ctx, AllocateTemp(ctx, tensorflow::DT_INT64, {rows + 1}, &grad_offsets_t));
+    int64_t* grad_offsets = grad_offsets_t.flat<int64_t>().data();
+    grad_offsets[0] = 0;
     ParallelFor(ctx, rows, 8 * (in.nnz() / std::max<int64_t>(rows, 1) + 1),
                 [&](int64_t begin, int64_t end) {
                   for (int64_t r = begin; r < end; ++r)
@@ -128,15 +145,15 @@ class EmbeddingLookupGradCpuOp : public OpKernel {
     const int64_t total = grad_offsets[rows];
 
     Tensor *values = nullptr, *indices = nullptr, *weights_grad = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total, a.spec.dim}), &values));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({total}), &indices));
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {total, a.spec.dim}, &values));
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {total}, &indices));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(5).shape(), &weights_grad));
     weights_grad->flat<float>().setZero();
     float* wgrad = weights ? weights_grad->flat<float>().data() : nullptr;
     ParallelFor(ctx, rows, 3 * BagCost(in, a.spec, rows), [&](int64_t begin, int64_t end) {
       std::vector<float> scratch(3 * a.spec.dim);
       ctr::BagGradCpu(a.spec, CorePtr<T>(*in.params), visit, CorePtr<T>(grad),
-                      grad_offsets.data(), begin, end, scratch.data(), CorePtr<T>(values),
+                      grad_offsets, begin, end, scratch.data(), CorePtr<T>(values),
                       indices->flat<int64_t>().data(), wgrad);
     });
   }

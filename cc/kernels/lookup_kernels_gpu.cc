@@ -4,6 +4,8 @@
 // (one small synchronous copy) to raise the same InvalidArgument as the CPU.
 #ifdef CTR_WITH_CUDA
 
+#include <limits>
+
 #include "cc/core/lookup.h"
 #include "cc/kernels/gpu_util.h"
 #include "cc/kernels/lookup_common.h"
@@ -36,9 +38,13 @@ absl::Status DeviceOffsets(OpKernelContext* ctx, const LookupAttrs& a, const Loo
   } else {
     int64_t last = 0;
     TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::ReadLastAsInt64(seg, n, &last, stream)));
-    if (last < 0) return tensorflow::errors::InvalidArgument("row id ", last, " of entry ", n - 1, " is negative");
+    if (last < 0 || last == std::numeric_limits<int64_t>::max())
+      return tensorflow::errors::InvalidArgument("row id ", last, " of entry ", n - 1,
+                                                 " is out of range [0, 2^63 - 1)");
     *rows = last + 1;
   }
+  if (*rows == std::numeric_limits<int64_t>::max())
+    return tensorflow::errors::InvalidArgument("num_rows must be < 2^63 - 1, got ", *rows);
   TF_RETURN_IF_ERROR(DeviceScratch(ctx, *rows + 1, offsets));
   TF_RETURN_IF_ERROR(DeviceScratch(ctx, 2, status));
   int64_t* st = status->flat<int64_t>().data();
@@ -72,7 +78,7 @@ class EmbeddingLookupGpuOp : public OpKernel {
     int64_t rows = 0;
     OP_REQUIRES_OK(ctx, DeviceOffsets<TSeg>(ctx, a, in, stream, &offsets, &status, &rows));
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({rows, a.spec.dim}), &out));
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {rows, a.spec.dim}, &out));
     if (rows == 0 || a.spec.dim == 0) return;
     int64_t* st = status.flat<int64_t>().data();
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::InitStatus(st, stream)));
@@ -119,8 +125,7 @@ class EmbeddingLookupGradGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, DeviceScratch(ctx, std::max<int64_t>(rows, 1), &counts));
     OP_REQUIRES_OK(ctx, DeviceScratch(ctx, rows + 1, &grad_offsets));
     const size_t temp_bytes = ctr::gpu::ExclusiveScanTempBytes(rows);
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8, TensorShape({static_cast<int64_t>(temp_bytes) + 1}),
-                                           &scan_temp));
+    OP_REQUIRES_OK(ctx, AllocateTemp(ctx, tensorflow::DT_INT8, {static_cast<int64_t>(temp_bytes) + 1}, &scan_temp));
     int64_t* goff = grad_offsets.flat<int64_t>().data();
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::GradRowCounts(a.spec, ids, weights, off, rows,
                                                              counts.flat<int64_t>().data(), stream)));
@@ -130,8 +135,8 @@ class EmbeddingLookupGradGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ReadInt64(goff + rows, 1, &total, stream)));
 
     Tensor *values = nullptr, *indices = nullptr, *weights_grad = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total, a.spec.dim}), &values));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({total}), &indices));
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {total, a.spec.dim}, &values));
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {total}, &indices));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(5).shape(), &weights_grad));
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ZeroFill(weights_grad->flat<float>().data(),
                                                         weights_grad->NumElements() * sizeof(float), stream)));

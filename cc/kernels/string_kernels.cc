@@ -33,12 +33,12 @@ class PackStringsOp : public OpKernel {
     const auto strings = in.flat<tstring>();
     const int64_t n = strings.size();
     Tensor* splits = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n + 1}), &splits));
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {n + 1}, &splits));
     auto s = splits->flat<int64_t>();
     s(0) = 0;
     for (int64_t i = 0; i < n; ++i) s(i + 1) = s(i) + static_cast<int64_t>(strings(i).size());
     Tensor* bytes = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({s(n)}), &bytes));
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {s(n)}, &bytes));
     uint8_t* dst = bytes->flat<uint8_t>().data();
     for (int64_t i = 0; i < n; ++i)
       if (!strings(i).empty()) std::memcpy(dst + s(i), strings(i).data(), strings(i).size());
@@ -124,7 +124,8 @@ class StringEmbeddingCpuOp : public OpKernel {
     // Trimming needs every row before the count is known: pool into scratch.
     Tensor pooled;
     Tensor* out = nullptr;
-    const TensorShape full({in.num_bags, spec.lookup.dim});
+    TensorShape full;
+    OP_REQUIRES_OK(ctx, TensorShape::BuildTensorShape({in.num_bags, spec.lookup.dim}, &full));
     if (trim_empty_tail_) {
       OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DataTypeToEnum<T>::value, full, &pooled));
     } else {
@@ -147,7 +148,7 @@ class StringEmbeddingCpuOp : public OpKernel {
     if (!trim_empty_tail_) return;
     int64_t rows = in.num_bags;
     while (rows > 0 && !nonempty[rows - 1]) --rows;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({rows, spec.lookup.dim}), &out));
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {rows, spec.lookup.dim}, &out));
     if (rows > 0) std::memcpy(out->flat<T>().data(), pooled.flat<T>().data(), rows * spec.lookup.dim * sizeof(T));
   }
 
@@ -182,8 +183,8 @@ class StringEmbeddingGradCpuOp : public OpKernel {
     for (int64_t r = 0; r < in.num_bags; ++r) grad_offsets[r + 1] += grad_offsets[r];
     const int64_t total = grad_offsets[in.num_bags];
     Tensor *values = nullptr, *indices = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total, spec.lookup.dim}), &values));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({total}), &indices));
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {total, spec.lookup.dim}, &values));
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {total}, &indices));
     ParallelFor(ctx, in.num_bags, 2 * cost, [&](int64_t begin, int64_t end) {
       std::vector<float> scratch(3 * spec.lookup.dim);
       ctr::BagGradCpu(spec.lookup, CorePtr<T>(ctx->input(1)), visit, CorePtr<T>(grad), grad_offsets.data(),
@@ -222,7 +223,7 @@ class MultiStringEmbeddingCpuOp : public OpKernel {
     std::vector<Tensor*> outs(n);
     for (int i = 0; i < n; ++i) {
       OP_REQUIRES_OK(ctx, BindTable(ctx->input(i), &specs[i]));
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({batch, specs[i].lookup.dim}), &outs[i]));
+      OP_REQUIRES_OK(ctx, AllocateOutput(ctx, i, {batch, specs[i].lookup.dim}, &outs[i]));
     }
     const uint8_t* b = bytes.flat<uint8_t>().data();
     int64_t max_dim = 0;

@@ -110,7 +110,8 @@ class StringEmbeddingGpuOp : public OpKernel {
     void* stream = GpuStream(ctx);
     DeviceStrings in;
     OP_REQUIRES_OK(ctx, PrepareDeviceStrings(ctx, ctx->input(1), ctx->input(2), ctx->input(3), bagged_, stream, &in));
-    const TensorShape full({in.num_bags, spec.lookup.dim});
+    TensorShape full;
+    OP_REQUIRES_OK(ctx, TensorShape::BuildTensorShape({in.num_bags, spec.lookup.dim}, &full));
     Tensor pooled;
     Tensor* out = nullptr;
     if (trim_empty_tail_) {
@@ -144,7 +145,7 @@ class StringEmbeddingGpuOp : public OpKernel {
       OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::CountThroughLastNonZero(counts.flat<int64_t>().data(), in.num_bags,
                                                                          &rows, stream)));
     }
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({rows, spec.lookup.dim}), &out));
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {rows, spec.lookup.dim}, &out));
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::CopyDeviceToDevice(pooled.flat<T>().data(), out->flat<T>().data(),
                                                                   rows * spec.lookup.dim * sizeof(T), stream)));
   }
@@ -177,8 +178,7 @@ class StringEmbeddingGradGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, DeviceScratch(ctx, std::max<int64_t>(rows, 1), &counts));
     OP_REQUIRES_OK(ctx, DeviceScratch(ctx, rows + 1, &grad_offsets));
     const size_t temp_bytes = ctr::gpu::ExclusiveScanTempBytes(rows);
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8, TensorShape({static_cast<int64_t>(temp_bytes) + 1}),
-                                           &scan_temp));
+    OP_REQUIRES_OK(ctx, AllocateTemp(ctx, tensorflow::DT_INT8, {static_cast<int64_t>(temp_bytes) + 1}, &scan_temp));
     int64_t* goff = grad_offsets.flat<int64_t>().data();
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::StringGradRowCounts(spec, in.bytes, in.string_splits, in.bag_splits,
                                                                    rows, counts.flat<int64_t>().data(), stream)));
@@ -187,8 +187,8 @@ class StringEmbeddingGradGpuOp : public OpKernel {
     int64_t total = 0;
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ReadInt64(goff + rows, 1, &total, stream)));
     Tensor *values = nullptr, *indices = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total, spec.lookup.dim}), &values));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({total}), &indices));
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {total, spec.lookup.dim}, &values));
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {total}, &indices));
     if (total == 0) return;
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::StringGrad(spec, CorePtr<T>(ctx->input(1)), in.bytes, in.string_splits,
                                                           in.bag_splits, rows, CorePtr<T>(grad), goff,
@@ -223,7 +223,7 @@ class MultiStringEmbeddingGpuOp : public OpKernel {
     for (int i = 0; i < n; ++i) {
       OP_REQUIRES_OK(ctx, BindTable(ctx->input(i), &specs[i]));
       Tensor* out = nullptr;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({batch, specs[i].lookup.dim}), &out));
+      OP_REQUIRES_OK(ctx, AllocateOutput(ctx, i, {batch, specs[i].lookup.dim}, &out));
       features[i] = ctr::gpu::FeatureDesc{specs[i], CorePtr<T>(ctx->input(i)), CorePtr<T>(out)};
     }
     if (batch == 0) return;

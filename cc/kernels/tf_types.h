@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <initializer_list>
 #include <string>
 
 #include "cc/core/float_types.h"
@@ -38,6 +39,24 @@ typename CoreType<T>::type* CorePtr(tensorflow::Tensor* t) {
 // Core functions report problems as a message; empty means success.
 inline absl::Status CoreStatus(const std::string& message) {
   return message.empty() ? absl::OkStatus() : tensorflow::errors::InvalidArgument(message);
+}
+
+// Allocation with shapes computed from input values (row counts, dims). The
+// TensorShape({...}) constructor CHECK-fails, aborting the whole process, on
+// a negative size or on more than 2^63 - 1 elements; these build the shape
+// with TensorShape::BuildTensorShape first, so such inputs are an
+// InvalidArgument, and a shape too large for memory is TF's ResourceExhausted.
+inline absl::Status AllocateOutput(tensorflow::OpKernelContext* ctx, int index,
+                                   std::initializer_list<int64_t> dims, tensorflow::Tensor** out) {
+  tensorflow::TensorShape shape;
+  TF_RETURN_IF_ERROR(tensorflow::TensorShape::BuildTensorShape(dims, &shape));
+  return ctx->allocate_output(index, shape, out);
+}
+inline absl::Status AllocateTemp(tensorflow::OpKernelContext* ctx, tensorflow::DataType dtype,
+                                 std::initializer_list<int64_t> dims, tensorflow::Tensor* out) {
+  tensorflow::TensorShape shape;
+  TF_RETURN_IF_ERROR(tensorflow::TensorShape::BuildTensorShape(dims, &shape));
+  return ctx->allocate_temp(dtype, shape, out);
 }
 
 // Runs fn(begin, end) over [0, n) on TF's intra-op pool.

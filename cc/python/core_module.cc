@@ -30,6 +30,9 @@ namespace {
 // Splits [0, n) into one contiguous range per hardware thread.
 template <typename Fn>
 void ParallelRanges(int64_t n, int num_threads, Fn fn) {
+  // No bags, no work: fn would still size its scratch by D (an empty batch of
+  // a [0, 2^40] table asked for 4 TiB), as TF's ParallelFor skips n = 0.
+  if (n <= 0) return;
   num_threads = std::max(1, std::min<int>(num_threads, static_cast<int>(n / 64 + 1)));
   if (num_threads == 1) {
     fn(0, n);
