@@ -17,6 +17,21 @@ CTR_HD bool IsAsciiDigit(uint8_t c) { return c >= '0' && c <= '9'; }
 
 // Returns false when TF would reject the token; *out is then unspecified.
 CTR_HD bool ParseInt64(const uint8_t* s, int64_t len, int64_t* out) {
+  // Fast path for the common token, 1 to 18 plain digits: it cannot overflow,
+  // so no range check per digit. Anything else takes the full rules below.
+  if (len > 0 && len <= 18) {
+    int64_t v = 0;
+    int64_t k = 0;
+    for (; k < len; ++k) {
+      const uint32_t digit = static_cast<uint32_t>(s[k]) - '0';
+      if (digit > 9) break;
+      v = v * 10 + digit;
+    }
+    if (k == len) {
+      *out = v;
+      return true;
+    }
+  }
   int64_t i = 0;
   while (i < len && IsAsciiSpace(s[i])) ++i;
   bool negative = false;
