@@ -131,5 +131,29 @@ void AbsorbSource(RewriteContext* ctx, const RowSource& src, const std::string& 
   }
 }
 
+void BecomeFusedLookup(RewriteContext* ctx, const std::string& name, const RowSource& src, const FusedLookup& f) {
+  NodeDef* fused = ctx->Mutable(name);
+  const NodeDef old = *fused;
+  fused->clear_input();
+  fused->clear_attr();
+  fused->set_op("CtrEmbeddingLookup");
+  for (const std::string& in : {f.table, src.keys, f.segments, f.num_rows, f.weights}) fused->add_input(in);
+  CopyControlInputs(old, fused);
+  for (const NodeDef* n : src.absorbed) CopyControlInputs(*n, fused);
+  auto& attr = *fused->mutable_attr();
+  attr["T"].set_type(f.dtype);
+  attr["Tid"].set_type(src.key_type);
+  attr["Tseg"].set_type(f.segment_dtype);
+  attr["combiner"].set_s(f.combiner);
+  attr["segment_kind"].set_s("row_ids");
+  attr["id_mode"].set_s(src.id_mode);
+  attr["invalid_ids"].set_s("error");
+  attr["prune_weights"].set_b(false);
+  attr["default_id"].set_i(-1);
+  attr["max_norm"].set_f(-1.f);
+  attr["has_weights"].set_b(f.has_weights);
+  attr["num_buckets"].set_i(src.num_buckets);
+}
+
 }  // namespace grappler
 }  // namespace tf_ctr

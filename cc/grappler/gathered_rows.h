@@ -52,6 +52,23 @@ std::string TableTensor(RewriteContext* ctx, const RowSource& src, const std::st
 // lists them in the record.
 void AbsorbSource(RewriteContext* ctx, const RowSource& src, const std::string& fused, MatchRecord* record);
 
+// What a fused CtrEmbeddingLookup reads besides its source's table and keys.
+struct FusedLookup {
+  std::string table;
+  std::string segments;  // row ids of each entry
+  std::string num_rows;  // int64 scalar; -1: last row id + 1
+  std::string weights;   // float vector, or an empty one
+  tensorflow::DataType dtype = tensorflow::DT_FLOAT;
+  tensorflow::DataType segment_dtype = tensorflow::DT_INT64;
+  std::string combiner;
+  bool has_weights = false;
+};
+
+// Turns node `name` into CtrEmbeddingLookup(table, keys, segments, num_rows,
+// weights) in row_ids mode, keeping its control inputs and those of the
+// absorbed source nodes.
+void BecomeFusedLookup(RewriteContext* ctx, const std::string& name, const RowSource& src, const FusedLookup& f);
+
 // Rank of a variable's value: the gather's inferred output, else the handle's
 // declared shape (VarHandleOp `shape`, or `_handle_shapes` on a captured handle).
 int ResourceTableRank(RewriteContext* ctx, const tensorflow::NodeDef& gather);

@@ -84,27 +84,8 @@ class SparseSegmentLookupPattern : public FusionPattern {
     MatchRecord record{kName, anchor_name, "CtrEmbeddingLookup", {}};
     AbsorbSource(ctx, src, anchor_name, &record);
     record.replaced.push_back(Describe(anchor));
-    NodeDef* fused = ctx->Mutable(anchor_name);
-    NodeDef old = *fused;
-    fused->clear_input();
-    fused->clear_attr();
-    fused->set_op("CtrEmbeddingLookup");
-    for (const std::string& in : {table, src.keys, segments, num_rows, weights}) fused->add_input(in);
-    CopyControlInputs(old, fused);
-    for (const NodeDef* n : src.absorbed) CopyControlInputs(*n, fused);
-    auto& attr = *fused->mutable_attr();
-    attr["T"].set_type(T);
-    attr["Tid"].set_type(src.key_type);
-    attr["Tseg"].set_type(Tseg);
-    attr["combiner"].set_s(combiner);
-    attr["segment_kind"].set_s("row_ids");
-    attr["id_mode"].set_s(src.id_mode);
-    attr["invalid_ids"].set_s("error");
-    attr["prune_weights"].set_b(false);
-    attr["default_id"].set_i(-1);
-    attr["max_norm"].set_f(-1.f);
-    attr["has_weights"].set_b(false);
-    attr["num_buckets"].set_i(src.num_buckets);
+    BecomeFusedLookup(ctx, anchor_name, src,
+                      FusedLookup{table, segments, num_rows, weights, T, Tseg, combiner, /*has_weights=*/false});
     ctx->Matched(record);
     return true;
   }

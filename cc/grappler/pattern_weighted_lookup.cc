@@ -165,26 +165,9 @@ class WeightedLookupPattern : public FusionPattern {
       ctx->Remove(node->name(), anchor_name);
     }
     record.replaced.push_back(Describe(anchor));
-    NodeDef* fused = ctx->Mutable(anchor_name);
-    const NodeDef old = *fused;
-    fused->clear_input();
-    fused->clear_attr();
-    fused->set_op("CtrEmbeddingLookup");
-    for (const std::string& in : {table, src.keys, seg, num_rows, weights_tensor}) fused->add_input(in);
-    CopyControlInputs(old, fused);
-    auto& attr = *fused->mutable_attr();
-    attr["T"].set_type(tensorflow::DT_FLOAT);
-    attr["Tid"].set_type(src.key_type);
-    attr["Tseg"].set_type(Tseg);
-    attr["combiner"].set_s(w.combiner);
-    attr["segment_kind"].set_s("row_ids");
-    attr["id_mode"].set_s(src.id_mode);
-    attr["invalid_ids"].set_s("error");
-    attr["prune_weights"].set_b(false);
-    attr["default_id"].set_i(-1);
-    attr["max_norm"].set_f(-1.f);
-    attr["has_weights"].set_b(true);
-    attr["num_buckets"].set_i(src.num_buckets);
+    BecomeFusedLookup(ctx, anchor_name, src,
+                      FusedLookup{table, seg, num_rows, weights_tensor, tensorflow::DT_FLOAT, Tseg, w.combiner,
+                                  /*has_weights=*/true});
     ctx->Matched(record);
     return true;
   }
