@@ -17,36 +17,21 @@
 #include "cc/core/lookup.h"
 #include "cc/core/segments.h"
 #include "cc/python/enums.h"
+#include "cc/python/gpu_common.h"
 #include "cuda/lookup_launchers.h"
 
 namespace py = pybind11;
 
 namespace {
 
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
+using tf_ctr_py::Check;
+using tf_ctr_py::DevicePtr;
+using tf_ctr_py::RequirePointer;
+using tf_ctr_py::StreamPtr;
+using tf_ctr_py::TypeTag;
+using tf_ctr_py::WithIndexType;
+using tf_ctr_py::WithValueType;
 
-// Calls fn(TypeTag<T>{}) for the table element type named by dtype.
-template <typename Fn>
-void WithValueType(const std::string& dtype, Fn&& fn) {
-  if (dtype == "float32") return fn(TypeTag<float>{});
-  if (dtype == "float16") return fn(TypeTag<ctr::Half>{});
-  if (dtype == "bfloat16") return fn(TypeTag<ctr::BFloat16>{});
-  throw py::value_error("params_dtype must be 'float32', 'float16' or 'bfloat16', got '" + dtype +
-                        "'");
-}
-
-// Calls fn(TypeTag<T>{}) for the integer type named by dtype (keys, row ids,
-// row splits).
-template <typename Fn>
-void WithIndexType(const std::string& dtype, const char* what, Fn&& fn) {
-  if (dtype == "int32") return fn(TypeTag<int32_t>{});
-  if (dtype == "int64") return fn(TypeTag<int64_t>{});
-  throw py::value_error(std::string(what) + "_dtype must be 'int32' or 'int64', got '" + dtype +
-                        "'");
-}
 
 // The one place Python arguments become a LookupSpec (the enum spellings come
 // from enums.h, shared with the CPU binding). Same argument checks as the CPU
@@ -70,23 +55,6 @@ ctr::LookupSpec MakeSpec(int64_t vocab, int64_t dim, const std::string& combiner
   return spec;
 }
 
-// A null pointer where the call has data to touch is a caller bug that would
-// otherwise surface as an illegal-address error poisoning the CUDA context.
-void RequirePointer(uintptr_t ptr, bool needed, const char* name) {
-  if (needed && ptr == 0) throw py::value_error(std::string(name) + " must not be 0 here");
-}
-
-template <typename T>
-T* DevicePtr(uintptr_t ptr) {
-  return reinterpret_cast<T*>(ptr);
-}
-
-void* StreamPtr(uintptr_t stream) { return reinterpret_cast<void*>(stream); }
-
-// Launcher errors are CUDA failures, hence RuntimeError, not ValueError.
-void Check(const std::string& err) {
-  if (!err.empty()) throw std::runtime_error(err);
-}
 
 // d_status as read back: {index, value}, index -1 when all was well.
 using HostStatus = std::array<int64_t, 2>;

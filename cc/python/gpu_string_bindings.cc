@@ -23,6 +23,7 @@
 #include "cc/core/float_types.h"
 #include "cc/core/strings.h"
 #include "cc/python/enums.h"
+#include "cc/python/gpu_common.h"
 #include "cuda/device_util.h"
 #include "cuda/lookup_launchers.h"
 #include "cuda/string_launchers.h"
@@ -31,38 +32,15 @@ namespace py = pybind11;
 
 namespace {
 
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
+using tf_ctr_py::Check;
+using tf_ctr_py::DevicePtr;
+using tf_ctr_py::RequirePointer;
+using tf_ctr_py::StreamPtr;
+using tf_ctr_py::TypeTag;
+using tf_ctr_py::WithIndexType;
+using tf_ctr_py::WithValueType;
 
-// Calls fn(TypeTag<T>{}) for the table element type named by dtype.
-template <typename Fn>
-void WithValueType(const std::string& dtype, Fn&& fn) {
-  if (dtype == "float32") return fn(TypeTag<float>{});
-  if (dtype == "float16") return fn(TypeTag<ctr::Half>{});
-  if (dtype == "bfloat16") return fn(TypeTag<ctr::BFloat16>{});
-  throw py::value_error("params_dtype must be 'float32', 'float16' or 'bfloat16', got '" + dtype +
-                        "'");
-}
 
-// A null pointer where the call has data to touch is a caller bug that would
-// otherwise surface as an illegal-address error poisoning the CUDA context.
-void RequirePointer(uintptr_t ptr, bool needed, const char* name) {
-  if (needed && ptr == 0) throw py::value_error(std::string(name) + " must not be 0 here");
-}
-
-template <typename T>
-T* DevicePtr(uintptr_t ptr) {
-  return reinterpret_cast<T*>(ptr);
-}
-
-void* StreamPtr(uintptr_t stream) { return reinterpret_cast<void*>(stream); }
-
-// Launcher errors are CUDA failures, hence RuntimeError, not ValueError.
-void Check(const std::string& err) {
-  if (!err.empty()) throw std::runtime_error(err);
-}
 
 // The one place Python arguments become a StringSpec; the same checks as the
 // CPU string_embedding, so both reject the same calls with ValueError.
