@@ -92,6 +92,34 @@ def test_tricky_tokens_one_by_one(params, id_mode, skip_empty):
         assert_matches([f"2,{tok},3"], params, id_mode=id_mode, skip_empty=skip_empty)
 
 
+# Index and mod modes split and parse short ids from 8-byte loads; tokens
+# that are not 1 to 7 plain digits followed by the delimiter, and the last 8
+# bytes of each string, take the general rules. Long strings put every tricky
+# token where the fast scan sees it, next to digit-like bytes.
+NEAR_DIGITS = ["/", ":", "0/", "9:", "\xfa", "12\xff", "1\xfa9", "5 ", "+7", "007", "0000000", "1234567",
+               "12345678", "999999999", "1000000", "0"]
+
+
+@pytest.mark.parametrize("id_mode", ["index", "mod"])
+@pytest.mark.parametrize("skip_empty", [True, False])
+def test_fast_number_scan_agrees_with_general_rules(rng, id_mode, skip_empty):
+    params = tf.constant(rng.normal(size=(10_000, 4)).astype(np.float32))
+    pad = ",".join(["123", "45", "6789", "1", "9999"])
+    for tok in TRICKY + NEAR_DIGITS:
+        for s in (f"{pad},{tok},{pad}", f"{tok},{pad}", f"{pad},{tok}", f"{pad},,{tok},,{pad},"):
+            assert_matches([s.encode("latin-1"), pad], params, id_mode=id_mode, skip_empty=skip_empty,
+                           combiner="sum")
+    # Short strings back to back: a string's last token is followed in the
+    # buffer by the next string's digits, which must not join it.
+    short = ["1", "23", "", "456", "7,8", "0", "9999", "1234567", "12345678", "5,", ",6", "+1", "2 "]
+    assert_matches(short * 3, params, id_mode=id_mode, skip_empty=skip_empty, combiner="sum")
+    assert_matches([s for s in short if s and not s.startswith(",") and not s.endswith(",")], params,
+                   id_mode=id_mode, skip_empty=skip_empty, combiner="mean")
+    digits = [str(v) for v in rng.integers(0, 10_000, size=400)]
+    strings = [",".join(digits[i:i + rng.integers(0, 40)]) for i in range(0, 400, 7)]
+    assert_matches(strings, params, id_mode=id_mode, skip_empty=skip_empty, combiner="sqrtn")
+
+
 def test_bytes_above_0x7f_and_nul_hash(params):
     raw = [b"\x80\xff,\x00\x01", b"caf\xc3\xa9|x", b"\xff" * 70, b",,\x00,"]
     assert_matches(tf.constant(raw), params, id_mode="hash")
@@ -229,6 +257,32 @@ def test_multi_string_embedding_one_fused_op(rng):
 def test_multi_errors_name_the_feature(params):
     with pytest.raises(tf.errors.InvalidArgumentError, match="feature 1: token 'x' in row 0"):
         tco.multi_string_embedding([tf.constant(["1"]), tf.constant(["x"])], [params, params], id_modes="index")
+
+
+def test_multi_features_must_share_a_batch(params):
+    with pytest.raises(ValueError, match="share one batch size"):
+        tco.multi_string_embedding([tf.constant(["1", "2"]), tf.constant(["3"])], [params, params])
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)] * 2)
+    def grouped(a, b):
+        return tco.multi_string_embedding([a, b], [params, params], id_modes="index")
+
+    # 3 strings in all: no batch split would be wrong silently.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="feature 1 batch size differs"):
+        grouped(tf.constant(["1", "2"]), tf.constant(["3", "4", "5", "6"]))
+    a, b = grouped(tf.constant(["1", "2,3"]), tf.constant(["4", ""]))
+    np.testing.assert_allclose(b.numpy(), tco.string_embedding(["4", ""], params, id_mode="index").numpy())
+
+
+def test_pack_strings_of_several_vectors():
+    data, splits = tf_ctr_ops_raw_pack([tf.constant(["ab", ""]), tf.constant("c"), tf.constant([], tf.string)])
+    assert bytes(data.numpy()) == b"abc"
+    assert splits.numpy().tolist() == [0, 2, 2, 3]
+
+
+def tf_ctr_ops_raw_pack(vectors):
+    from tf_ctr_ops.ops import _ops
+    return _ops.ctr_pack_strings(vectors)
 
 
 def test_core_module_matches_tf_op(rng, params):

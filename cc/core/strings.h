@@ -212,6 +212,92 @@ CTR_HD int64_t ResolveToken(const uint8_t* tok, int64_t len, const StringSpec& s
   return (*value >= 0 && *value < V) ? *value : kBadKey;
 }
 
+#if !defined(__CUDA_ARCH__)
+// A token of 1 to 7 plain digits at p, followed by the delimiter d or ending
+// the string (avail bytes are left in it), parsed from one 8-byte load: its
+// length, with *value set; 0 for any other token (the caller then takes the
+// general path). p[0, 8) must be readable, past the string if need be, and d
+// must not be a digit. Splitting and parsing per byte cost one mispredicted
+// branch at every token end; this costs none for the common short id.
+inline int ShortDigitToken(const uint8_t* p, int64_t avail, uint8_t d, int64_t* value) {
+  constexpr uint64_t kNibbleHigh = 0xF0F0F0F0F0F0F0F0ULL, kThrees = 0x3030303030303030ULL;
+  constexpr uint64_t kSixes = 0x0606060606060606ULL, kLow7 = 0x7F7F7F7F7F7F7F7FULL;
+  constexpr uint64_t kHighs = 0x8080808080808080ULL;
+  uint64_t w;
+  memcpy(&w, p, 8);
+  // A byte is a digit iff its high nibble is 3 and adding 6 keeps it so. A
+  // carry out of a non-digit byte can only corrupt bytes after it, which the
+  // first non-digit already cut off.
+  const uint64_t off = ((w & kNibbleHigh) ^ kThrees) | (((w + kSixes) & kNibbleHigh) ^ kThrees);
+  const uint64_t non_digits = (((off & kLow7) + kLow7) | off) & kHighs;
+  const int64_t digits = non_digits == 0 ? 8 : __builtin_ctzll(non_digits) >> 3;
+  int n;
+  if (digits >= avail) {
+    if (avail > 7) return 0;  // 8 or more digits
+    n = static_cast<int>(avail);  // the string's last token
+  } else {
+    n = static_cast<int>(digits);
+    if (n > 7 || p[n] != d) return 0;
+  }
+  if (n == 0) return 0;
+  // Digits to the top bytes (leading zeros below), then pairs, quads, eights:
+  // the first byte is the most significant digit.
+  uint64_t v = (w & 0x0F0F0F0F0F0F0F0FULL) << (8 * (8 - n));
+  v = (v * 10 + (v >> 8)) & 0x00FF00FF00FF00FFULL;
+  v = (v * 100 + (v >> 16)) & 0x0000FFFF0000FFFFULL;
+  v = (v * 10000 + (v >> 32)) & 0xFFFFFFFFULL;
+  *value = static_cast<int64_t>(v);
+  return n;
+}
+
+// Whether ForEachResolvedToken may split and parse in one pass.
+inline bool FusedNumberScan(const StringSpec& s) {
+  return s.mode != TokenMode::kHash && s.delim_len == 1 && !IsAsciiDigit(s.delim[0]);
+}
+
+// ForEachToken followed by ResolveToken on each token of str[0, len):
+// fn(begin, len, row, value), returning false to stop. Index and mod modes
+// with a one-byte delimiter split and parse short ids in one pass, reading up
+// to 8 bytes at a time within str[0, readable); anything unusual (signs,
+// spaces, long or bad tokens, empty ones, the buffer's last 8 bytes) takes
+// the general rules one token at a time, so results are the same either way.
+template <typename Fn>
+inline void ForEachResolvedToken(const uint8_t* str, int64_t len, int64_t readable, const StringSpec& s,
+                                 Fn fn) {
+  if (!FusedNumberScan(s)) {
+    ForEachToken(str, len, s.delim, s.delim_len, s.skip_empty, [&](int64_t b, int64_t n) {
+      int64_t value = 0;
+      const int64_t row = ResolveToken(str + b, n, s, &value);
+      return fn(b, n, row, value);
+    });
+    return;
+  }
+  const uint8_t d = s.delim[0];
+  const int64_t V = s.lookup.vocab;
+  int64_t start = 0;
+  while (true) {
+    int64_t value = 0;
+    const int n = start + 8 <= readable ? ShortDigitToken(str + start, len - start, d, &value) : 0;
+    if (n > 0) {
+      const int64_t row = s.mode == TokenMode::kMod ? value % V : value < V ? value : kBadKey;
+      if (!fn(start, n, row, value)) return;
+      start += n;
+      if (start == len) return;
+      ++start;  // the delimiter
+      continue;
+    }
+    const uint8_t* hit = static_cast<const uint8_t*>(memchr(str + start, d, len - start));
+    const int64_t end = hit ? hit - str : len;
+    if (!(s.skip_empty && end == start)) {
+      const int64_t row = ResolveToken(str + start, end - start, s, &value);
+      if (!fn(start, end - start, row, value)) return;
+    }
+    if (end == len) return;
+    start = end + 1;
+  }
+}
+#endif
+
 // The first rejected token: its bag, where its bytes are, and why.
 struct TokenError {
   int64_t row = -1;
@@ -257,6 +343,7 @@ CTR_HD void BagStrings(const int64_t* bag_splits, int64_t r, int64_t* first, int
 struct TokenBagVisitor {
   const StringSpec& s;
   const uint8_t* bytes;
+  int64_t num_bytes;
   const int64_t* string_splits;
   const int64_t* bag_splits;  // nullable
   TokenError* err;            // nullable: the gradient pass skips bad tokens
@@ -268,18 +355,16 @@ struct TokenBagVisitor {
     bool ok = true;
     for (int64_t j = first; j < last && ok; ++j) {
       const uint8_t* str = bytes + string_splits[j];
-      ForEachToken(str, string_splits[j + 1] - string_splits[j], s.delim, s.delim_len, s.skip_empty,
-                   [&](int64_t b, int64_t n) {
-                     int64_t value = 0;
-                     const int64_t row = ResolveToken(str + b, n, s, &value);
-                     if (row >= 0) {
-                       fn(row, 1.f, string_splits[j] + b);
-                       return true;
-                     }
-                     if (err) *err = TokenError{r, string_splits[j] + b, n, value, row};
-                     ok = err == nullptr;
-                     return ok;
-                   });
+      ForEachResolvedToken(str, string_splits[j + 1] - string_splits[j], num_bytes - string_splits[j], s,
+                           [&](int64_t b, int64_t n, int64_t row, int64_t value) {
+                             if (row >= 0) {
+                               fn(row, 1.f, string_splits[j] + b);
+                               return true;
+                             }
+                             if (err) *err = TokenError{r, string_splits[j] + b, n, value, row};
+                             ok = err == nullptr;
+                             return ok;
+                           });
     }
     return ok;
   }
@@ -288,11 +373,11 @@ struct TokenBagVisitor {
 // Pools bags [row_begin, row_end) of tokens; acc is dim floats of scratch.
 // nonempty (nullable) receives whether each bag had a token.
 template <typename T>
-void PoolStringBagsCpu(const StringSpec& s, const T* params, const uint8_t* bytes,
+void PoolStringBagsCpu(const StringSpec& s, const T* params, const uint8_t* bytes, int64_t num_bytes,
                        const int64_t* string_splits, const int64_t* bag_splits, int64_t row_begin,
                        int64_t row_end, float* acc, T* out, TokenError* err, uint8_t* nonempty = nullptr) {
   BagPool<T> pool(s.lookup, params, acc);
-  const TokenBagVisitor visit{s, bytes, string_splits, bag_splits, err};
+  const TokenBagVisitor visit{s, bytes, num_bytes, string_splits, bag_splits, err};
   for (int64_t r = row_begin; r < row_end; ++r) {
     pool.Begin();
     if (!visit(r, [&](int64_t row, float w, int64_t) { pool.Add(row, w); })) return;

@@ -107,6 +107,7 @@ class StringSplitLookupPattern : public FusionPattern {
     }
     NodeDef* pack = ctx->AddNode(anchor_name + "/ctr_pack_strings", "CtrPackStrings", "");
     pack->add_input(strings);
+    (*pack->mutable_attr())["N"].set_i(1);
     const std::string pack_name = pack->name();
     NodeDef* no_bags = ctx->AddNode(anchor_name + "/ctr_no_bags", "Const", device);
     (*no_bags->mutable_attr())["dtype"].set_type(tensorflow::DT_INT64);

@@ -21,27 +21,38 @@ using tensorflow::Tensor;
 using tensorflow::TensorShape;
 using tensorflow::tstring;
 
+const tstring* StringsBegin(const Tensor& t) { return t.flat<tstring>().data(); }
+const tstring* StringsEnd(const Tensor& t) { return t.flat<tstring>().data() + t.NumElements(); }
+
 class PackStringsOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& in = ctx->input(0);
-    OP_REQUIRES(ctx, in.dims() <= 1,
-                tensorflow::errors::InvalidArgument("pack_strings takes a vector of strings, got shape ",
-                                                    in.shape().DebugString()));
-    const auto strings = in.flat<tstring>();
-    const int64_t n = strings.size();
+    tensorflow::OpInputList inputs;
+    OP_REQUIRES_OK(ctx, ctx->input_list("strings", &inputs));
+    int64_t n = 0;
+    for (const Tensor& in : inputs) {
+      OP_REQUIRES(ctx, in.dims() <= 1,
+                  tensorflow::errors::InvalidArgument("pack_strings takes vectors of strings, got shape ",
+                                                      in.shape().DebugString()));
+      n += in.NumElements();
+    }
     Tensor* splits = nullptr;
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {n + 1}, &splits));
-    auto s = splits->flat<int64_t>();
-    s(0) = 0;
-    for (int64_t i = 0; i < n; ++i) s(i + 1) = s(i) + static_cast<int64_t>(strings(i).size());
+    int64_t* s = splits->flat<int64_t>().data();
+    s[0] = 0;
+    int64_t k = 0;
+    for (const Tensor& in : inputs)
+      for (const tstring* str = StringsBegin(in); str != StringsEnd(in); ++str, ++k)
+        s[k + 1] = s[k] + static_cast<int64_t>(str->size());
     Tensor* bytes = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {s(n)}, &bytes));
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {s[n]}, &bytes));
     uint8_t* dst = bytes->flat<uint8_t>().data();
-    for (int64_t i = 0; i < n; ++i)
-      if (!strings(i).empty()) std::memcpy(dst + s(i), strings(i).data(), strings(i).size());
+    k = 0;
+    for (const Tensor& in : inputs)
+      for (const tstring* str = StringsBegin(in); str != StringsEnd(in); ++str, ++k)
+        if (!str->empty()) std::memcpy(dst + s[k], str->data(), str->size());
   }
 };
 
@@ -78,6 +89,7 @@ class FirstTokenError {
 // The validated inputs of one string embedding: bytes, string and bag splits.
 struct StringInputs {
   const uint8_t* bytes = nullptr;
+  int64_t num_bytes = 0;
   const int64_t* string_splits = nullptr;
   const int64_t* bag_splits = nullptr;  // null: one bag per string
   int64_t num_bags = 0;
@@ -89,6 +101,7 @@ inline absl::Status ValidateStringInputs(const Tensor& bytes, const Tensor& spli
   TF_RETURN_IF_ERROR(CheckVector(splits, "row_splits"));
   TF_RETURN_IF_ERROR(CheckVector(bag_splits, "bag_splits"));
   in->bytes = bytes.flat<uint8_t>().data();
+  in->num_bytes = bytes.NumElements();
   in->string_splits = splits.flat<int64_t>().data();
   const int64_t num_strings = splits.NumElements() - 1;
   TF_RETURN_IF_ERROR(CoreStatus(
@@ -139,7 +152,7 @@ class StringEmbeddingCpuOp : public OpKernel {
                 [&](int64_t begin, int64_t end) {
                   std::vector<float> acc(spec.lookup.dim);
                   ctr::TokenError err;
-                  ctr::PoolStringBagsCpu(spec, params, in.bytes, in.string_splits, in.bag_splits,
+                  ctr::PoolStringBagsCpu(spec, params, in.bytes, in.num_bytes, in.string_splits, in.bag_splits,
                                          begin, end, acc.data(), dst, &err,
                                          trim_empty_tail_ ? nonempty.data() : nullptr);
                   first.Offer(err);
@@ -174,7 +187,7 @@ class StringEmbeddingGradCpuOp : public OpKernel {
     OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == in.num_bags && grad.dim_size(1) == spec.lookup.dim,
                 tensorflow::errors::InvalidArgument("grad must have shape [", in.num_bags, ", ",
                                                     spec.lookup.dim, "], got ", grad.shape().DebugString()));
-    const ctr::TokenBagVisitor visit{spec, in.bytes, in.string_splits, in.bag_splits, nullptr};
+    const ctr::TokenBagVisitor visit{spec, in.bytes, in.num_bytes, in.string_splits, in.bag_splits, nullptr};
     std::vector<int64_t> grad_offsets(in.num_bags + 1, 0);
     const int64_t cost = StringBagCost(spec, ctx->input(2).NumElements(), in.num_bags);
     ParallelFor(ctx, in.num_bags, cost, [&](int64_t begin, int64_t end) {
@@ -237,7 +250,8 @@ class MultiStringEmbeddingCpuOp : public OpKernel {
                     const int f = static_cast<int>(begin / batch);
                     const int64_t stop = std::min(end, (f + 1) * batch);
                     ctr::TokenError err;
-                    ctr::PoolStringBagsCpu(specs[f], CorePtr<T>(ctx->input(f)), b, s + f * batch, nullptr,
+                    ctr::PoolStringBagsCpu(specs[f], CorePtr<T>(ctx->input(f)), b, bytes.NumElements(),
+                                           s + f * batch, nullptr,
                                            begin - f * batch, stop - f * batch, acc.data(),
                                            CorePtr<T>(outs[f]), &err);
                     first[f].Offer(err);

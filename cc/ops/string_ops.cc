@@ -18,12 +18,20 @@ DimensionHandle RowsFromSplits(InferenceContext* c, int input) {
   return rows;
 }
 
+// Every input is a vector (or a scalar: one string); row_splits has one entry
+// per string of all inputs, plus one.
 absl::Status PackShape(InferenceContext* c) {
-  ShapeHandle in;
-  TF_RETURN_IF_ERROR(c->WithRankAtMost(c->input(0), 1, &in));
+  DimensionHandle strings = c->MakeDim(0);
+  for (int i = 0; i < c->num_inputs(); ++i) {
+    ShapeHandle in;
+    TF_RETURN_IF_ERROR(c->WithRankAtMost(c->input(i), 1, &in));
+    DimensionHandle n = c->Rank(in) == 1 ? c->Dim(in, 0) : c->MakeDim(1);
+    if (!c->RankKnown(in)) n = c->UnknownDim();
+    TF_RETURN_IF_ERROR(c->Add(strings, n, &strings));
+  }
+  DimensionHandle splits;
+  TF_RETURN_IF_ERROR(c->Add(strings, 1, &splits));
   c->set_output(0, c->Vector(c->UnknownDim()));
-  DimensionHandle n = c->Rank(in) == 1 ? c->Dim(in, 0) : c->MakeDim(1), splits;
-  TF_RETURN_IF_ERROR(c->Add(n, 1, &splits));
   c->set_output(1, c->Vector(splits));
   return absl::OkStatus();
 }
@@ -84,14 +92,17 @@ trim_empty_tail: output only the rows up to the last bag that has a token,
 }  // namespace
 
 REGISTER_OP("CtrPackStrings")
-    .Input("strings: string")
+    .Input("strings: N * string")
     .Output("bytes: uint8")
     .Output("row_splits: int64")
+    .Attr("N: int >= 1 = 1")
     .SetShapeFn(PackShape)
     .Doc(R"doc(
-Packs a vector of strings (a scalar is one string) into one contiguous uint8
-buffer and int64 row_splits [B+1] of byte offsets, with no allocation per
-string. This buffer is the single host-to-device copy of the GPU string path.
+Packs vectors of strings (a scalar is one string) into one contiguous uint8
+buffer and int64 row_splits [B+1] of byte offsets, B being the strings of all
+N inputs in order, with no allocation per string. This buffer is the single
+host-to-device copy of the GPU string path; N > 1 packs the features of a
+grouped op without first concatenating them as strings.
 )doc");
 
 #define CTR_STRING_ATTRS                                              \

@@ -129,6 +129,7 @@ py::array_t<int64_t> HashBuckets(const std::vector<std::string>& strings, int64_
 
 template <typename T>
 py::array RunStringEmbedding(const ctr::StringSpec& spec, const py::array& params, const uint8_t* bytes,
+                             int64_t num_bytes,
                              const std::vector<int64_t>& splits, const int64_t* bag_splits, int64_t bags,
                              int threads) {
   py::array out(params.dtype(), std::vector<py::ssize_t>{bags, spec.lookup.dim});
@@ -141,7 +142,7 @@ py::array RunStringEmbedding(const ctr::StringSpec& spec, const py::array& param
     ParallelRanges(bags, threads, [&](int64_t b, int64_t e) {
       std::vector<float> acc(spec.lookup.dim);
       ctr::TokenError err;
-      ctr::PoolStringBagsCpu(spec, p, bytes, splits.data(), bag_splits, b, e, acc.data(), dst, &err);
+      ctr::PoolStringBagsCpu(spec, p, bytes, num_bytes, splits.data(), bag_splits, b, e, acc.data(), dst, &err);
       if (err.found()) {
         std::lock_guard<std::mutex> lock(mu);
         if (!first.found() || err.row < first.row) first = err;
@@ -187,9 +188,9 @@ py::array StringEmbedding(py::array params, py::array_t<uint8_t, py::array::c_st
   if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
   const std::string kind = py::str(params.dtype());
   if (kind == "float32")
-    return RunStringEmbedding<float>(spec, params, bytes.data(), splits, bag_ptr, bags, threads);
+    return RunStringEmbedding<float>(spec, params, bytes.data(), bytes.size(), splits, bag_ptr, bags, threads);
   if (kind == "float16")
-    return RunStringEmbedding<ctr::Half>(spec, params, bytes.data(), splits, bag_ptr, bags, threads);
+    return RunStringEmbedding<ctr::Half>(spec, params, bytes.data(), bytes.size(), splits, bag_ptr, bags, threads);
   throw py::type_error("params must be float32 or float16, got " + kind);
 }
 
