@@ -105,61 +105,84 @@ inline void PrefetchRow(const T* row, int64_t dim) {
   for (int64_t off = 0; off < bytes && off < 512; off += 64) __builtin_prefetch(p + off, 0, 1);
 }
 
-// Accumulates one bag in float32: Add() each looked-up row, then Finish()
-// applies default_id and the combiner. Shared by every CPU pooling loop.
-// Rows are buffered, then summed with the row kPrefetchDistance ahead always
-// in flight: resolving keys (hashing, parsing) first and keeping loads
-// continuously outstanding hides most of the random-access latency.
+// Pools the bags [first_bag, ...) of one range in float32 from a stream of
+// entries in bag order: Add(bag, row, weight) for each looked-up row, then
+// FinishBefore(row_end). Shared by every CPU pooling loop.
+//
+// Rows are random accesses into a table far larger than cache, so memory
+// latency dominates. Each row is prefetched when its entry arrives and summed
+// kPrefetchDistance entries later, across bag boundaries: resolving the next
+// keys (hashing, parsing) overlaps the loads in flight, and bags of a single
+// id, the commonest CTR feature, overlap as well as long ones.
 template <typename T>
-class BagPool {
+class BagStream {
  public:
-  BagPool(const LookupSpec& s, const T* params, float* acc) : s_(s), params_(params), acc_(acc) {}
+  // acc: dim floats of scratch; nonempty (nullable): whether each bag had
+  // entries of its own (before default_id).
+  BagStream(const LookupSpec& s, const T* params, float* acc, T* out, uint8_t* nonempty, int64_t first_bag)
+      : s_(s), params_(params), acc_(acc), out_(out), nonempty_(nonempty), bag_(first_bag) {
+    ResetBag();
+  }
 
-  void Begin() {
-    for (int64_t d = 0; d < s_.dim; ++d) acc_[d] = 0.f;
-    bw_ = BagWeights();
-    any_ = false;
-    pending_ = 0;
+  void Add(int64_t bag, int64_t row, float w) {
+    const T* p = params_ + row * s_.dim;
+    PrefetchRow(p, s_.dim);
+    ring_[head_ % kRing] = Entry{bag, p, w};
+    if (++head_ - tail_ > kPrefetchDistance) Consume();
   }
-  void Add(int64_t row, float w) {
-    rows_[pending_] = params_ + row * s_.dim;
-    weights_[pending_] = w;
-    if (++pending_ == kBuffered) Flush();
-    bw_.Add(w);
-    any_ = true;
-  }
-  // Writes the bag's row; returns whether the bag had entries of its own.
-  bool Finish(T* out) {
-    const bool had_entries = any_;
-    if (!any_ && s_.default_id >= 0) Add(s_.default_id, 1.f);
-    Flush();
-    const float scale = CombinerScale(s_.combiner, bw_);
-    const float divisor = CombinerDivisor(s_.combiner, bw_);
-    for (int64_t d = 0; d < s_.dim; ++d) out[d] = FromFloat<T>(CombineElement(acc_[d], scale, divisor));
-    return had_entries;
+
+  // Writes every bag before end: the last entries, then bags left empty.
+  void FinishBefore(int64_t end) {
+    while (tail_ < head_) Consume();
+    FinishBagsBefore(end);
   }
 
  private:
-  static constexpr int kBuffered = 64;
   static constexpr int kPrefetchDistance = 8;
+  static constexpr int kRing = 16;  // a power of two > kPrefetchDistance
+  struct Entry {
+    int64_t bag;
+    const T* row;
+    float weight;
+  };
 
-  void Flush() {
-    for (int i = 0; i < pending_ && i < kPrefetchDistance; ++i) PrefetchRow(rows_[i], s_.dim);
-    for (int i = 0; i < pending_; ++i) {
-      if (i + kPrefetchDistance < pending_) PrefetchRow(rows_[i + kPrefetchDistance], s_.dim);
-      AccumulateRow(rows_[i], s_.dim, weights_[i] * RowClipScale(rows_[i], s_), acc_);
+  void Consume() {
+    const Entry e = ring_[tail_++ % kRing];
+    FinishBagsBefore(e.bag);
+    Accumulate(e.row, e.weight);
+    any_ = true;
+  }
+  void Accumulate(const T* row, float w) {
+    AccumulateRow(row, s_.dim, w * RowClipScale(row, s_), acc_);
+    bw_.Add(w);
+  }
+  void FinishBagsBefore(int64_t bag) {
+    for (; bag_ < bag; ++bag_) {
+      if (nonempty_) nonempty_[bag_] = any_;
+      if (!any_ && s_.default_id >= 0) Accumulate(params_ + s_.default_id * s_.dim, 1.f);
+      const float scale = CombinerScale(s_.combiner, bw_);
+      const float divisor = CombinerDivisor(s_.combiner, bw_);
+      T* out = out_ + bag_ * s_.dim;
+      for (int64_t d = 0; d < s_.dim; ++d) out[d] = FromFloat<T>(CombineElement(acc_[d], scale, divisor));
+      ResetBag();
     }
-    pending_ = 0;
+  }
+  void ResetBag() {
+    for (int64_t d = 0; d < s_.dim; ++d) acc_[d] = 0.f;
+    bw_ = BagWeights();
+    any_ = false;
   }
 
   const LookupSpec& s_;
   const T* params_;
   float* acc_;
+  T* out_;
+  uint8_t* nonempty_;
+  int64_t bag_;  // the bag being accumulated
   BagWeights bw_;
   bool any_ = false;
-  int pending_ = 0;
-  const T* rows_[kBuffered];
-  float weights_[kBuffered];
+  uint64_t head_ = 0, tail_ = 0;
+  Entry ring_[kRing];
 };
 
 // Pools bags [row_begin, row_end). acc is caller scratch of spec.dim floats.
@@ -169,9 +192,8 @@ void PoolBagsCpu(const LookupSpec& s, const T* params, const TKey* keys,
                  const float* weights, const int64_t* offsets,
                  int64_t row_begin, int64_t row_end, float* acc, T* out,
                  KeyError* err) {
-  BagPool<T> pool(s, params, acc);
+  BagStream<T> pool(s, params, acc, out, nullptr, row_begin);
   for (int64_t r = row_begin; r < row_end; ++r) {
-    pool.Begin();
     for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
       const int64_t row = ResolveKey(keys[i], s);
       if (row == kSkipKey) continue;
@@ -184,10 +206,10 @@ void PoolBagsCpu(const LookupSpec& s, const T* params, const TKey* keys,
         err->key = static_cast<int64_t>(keys[i]);
         return;
       }
-      pool.Add(row, w);
+      pool.Add(r, row, w);
     }
-    pool.Finish(out + r * s.dim);
   }
+  pool.FinishBefore(row_end);
 }
 
 // ---------------------------------------------------------------------------

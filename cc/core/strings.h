@@ -376,14 +376,11 @@ template <typename T>
 void PoolStringBagsCpu(const StringSpec& s, const T* params, const uint8_t* bytes, int64_t num_bytes,
                        const int64_t* string_splits, const int64_t* bag_splits, int64_t row_begin,
                        int64_t row_end, float* acc, T* out, TokenError* err, uint8_t* nonempty = nullptr) {
-  BagPool<T> pool(s.lookup, params, acc);
+  BagStream<T> pool(s.lookup, params, acc, out, nonempty, row_begin);
   const TokenBagVisitor visit{s, bytes, num_bytes, string_splits, bag_splits, err};
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    pool.Begin();
-    if (!visit(r, [&](int64_t row, float w, int64_t) { pool.Add(row, w); })) return;
-    const bool had_tokens = pool.Finish(out + r * s.lookup.dim);
-    if (nonempty) nonempty[r] = had_tokens;
-  }
+  for (int64_t r = row_begin; r < row_end; ++r)
+    if (!visit(r, [&](int64_t row, float w, int64_t) { pool.Add(r, row, w); })) return;
+  pool.FinishBefore(row_end);
 }
 
 // Byte offsets of strings must be non-decreasing and inside the buffer; they
