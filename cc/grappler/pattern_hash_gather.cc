@@ -197,8 +197,25 @@ class HashGatherPattern : public FusionPattern {
       ctx->RedirectControlEdges(n->name(), anchor.name());
       ctx->Remove(n->name(), anchor.name());
     }
+    // The wrap's other operands (the table's row count, the constant 0) lose their reader.
+    for (const NodeDef* n : keys.wrap)
+      for (int i = 0; i < n->input_size(); ++i) RemoveIfDead(ctx, ctx->index().Producer(*n, i), anchor.name(), 4);
     record.replaced.push_back(Describe(anchor));
     return record;
+  }
+
+  // Removes `node` when the absorbed nodes were its only readers, and its own
+  // inputs after it, down to `depth` levels: shape arithmetic only.
+  static void RemoveIfDead(RewriteContext* ctx, const NodeDef* node, const std::string& fused, int depth) {
+    static const char* kPure[] = {"Const", "Cast", "StridedSlice", "Shape"};
+    if (node == nullptr || depth == 0 || ctx->index().DataConsumers(node->name()) != 1) return;
+    bool pure = false;
+    for (const char* op : kPure) pure |= node->op() == op;
+    if (!pure) return;
+    for (const auto& in : node->input())
+      if (!in.empty() && in[0] == '^') return;  // ordered after something: keep it simple, keep it
+    ctx->Remove(node->name(), fused);
+    for (int i = 0; i < node->input_size(); ++i) RemoveIfDead(ctx, ctx->index().Producer(*node, i), fused, depth - 1);
   }
 
   // Flattens [B, 1] keys to [B] (a Reshape to [-1]).
