@@ -296,3 +296,140 @@ def test_keras_hashing_of_int_keys(rng):
     got, stats = run_online(lambda x: model(x), inputs)
     assert stats["rewrites"] == 2
     assert_model_close(got, want)
+
+
+# ---------------------------------------------------------------------------
+# Ragged: reduce_sum(tf.nn.embedding_lookup(table, ragged ids), axis=1)
+
+RAGGED_IDS = tf.RaggedTensorSpec([None, None], tf.int64)
+
+
+def ragged_sum(table):
+    return lambda r: tf.reduce_sum(tf.nn.embedding_lookup(table, r), axis=1)
+
+
+def random_ragged(rng, rows=40, max_len=6, vocab=V, dtype=np.int64):
+    lengths = rng.integers(0, max_len + 1, size=rows)
+    lengths[-1] = 0  # an empty last row: the row count comes from the splits
+    return tf.RaggedTensor.from_row_lengths(rng.integers(0, vocab, size=lengths.sum()).astype(dtype), lengths)
+
+
+def split_ids(table, convert, sep=","):
+    def f(s):
+        tokens = tf.strings.split(s, sep)
+        ids = tf.strings.to_number(tokens, tf.int64) if convert == "number" else tf.strings.to_hash_bucket_fast(tokens, V)
+        return tf.reduce_sum(tf.nn.embedding_lookup(table, ids), axis=1)
+
+    return f
+
+
+def random_id_strings(rng, rows=40, sep=","):
+    out = [sep.join(str(v) for v in rng.integers(0, V, size=rng.integers(1, 6))) for _ in range(rows)]
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+@pytest.mark.parametrize("kind", ["variable", "constant"])
+def test_online_ragged_sum(rng, table, kind, dtype):
+    params = table if kind == "variable" else tf.constant(table.numpy())
+    ids = random_ragged(rng, dtype=dtype)
+    f = ragged_sum(params)
+    got, stats = run_online(f, ids)
+    assert stats["rewrites"] == 1
+    np.testing.assert_allclose(got, f(ids), rtol=1e-6, atol=1e-6)
+    assert got.shape[0] == ids.nrows()
+
+
+def test_offline_ragged_sum_is_one_fused_op(rng, table):
+    cf, graph, report, counts = offline(ragged_sum(table), RAGGED_IDS)
+    [match] = report["match"]
+    assert match["pattern"] == "ragged_reduce_lookup" and match["fused_op"] == "CtrEmbeddingLookup"
+    assert fused_ops(graph) == {"CtrEmbeddingLookup": 1}
+    # The segment-id subgraph died with the reduction.
+    assert not {"UnsortedSegmentSum", "ResourceGather", "Tile", "Where"} & set(counts), counts
+    [node] = [n for n in graph.node if n.op == "CtrEmbeddingLookup"]
+    assert node.attr["segment_kind"].s == b"row_splits" and node.attr["combiner"].s == b"sum"
+    for ids in (random_ragged(rng), tf.ragged.constant([[], [], []], tf.int64), tf.ragged.constant([[1, 2, 3]], tf.int64)):
+        [got] = run_graph_def(cf, graph, ids)
+        np.testing.assert_allclose(got, ragged_sum(table)(ids), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("convert", ["number", "hash"])
+def test_ragged_sum_of_split_strings(rng, table, convert):
+    f = split_ids(table, convert)
+    strings = random_id_strings(rng) + ["7", "1,,2" if convert == "hash" else "3,4"]
+    s = tf.constant(strings)
+    got, stats = run_online(f, s)
+    assert stats["rewrites"] == 1
+    np.testing.assert_allclose(got, f(s), rtol=1e-6, atol=1e-6)
+    cf, graph, report, counts = offline(f, STRINGS_1D)
+    assert [m["fused_op"] for m in report["match"]] == ["CtrStringEmbedding"]
+    assert fused_ops(graph) == {"CtrPackStrings": 1, "CtrStringEmbedding": 1}
+    assert not {"StringSplitV2", "StringToNumber", "StringToHashBucketFast", "UnsortedSegmentSum",
+                "DenseBincount"} & set(counts), counts
+    [node] = [n for n in graph.node if n.op == "CtrStringEmbedding"]
+    assert node.attr["delimiter"].s == b"," and not node.attr["skip_empty"].b
+    [got] = run_graph_def(cf, graph, s)
+    np.testing.assert_allclose(got, f(s), rtol=1e-6, atol=1e-6)
+    if convert == "hash":  # empty strings and empty tokens are hashed like any other
+        edge = tf.constant(["", ",", "a,,b"])
+        [got] = run_graph_def(cf, graph, edge)
+        np.testing.assert_allclose(got, f(edge), rtol=1e-6, atol=1e-6)
+
+
+def test_ragged_sum_of_movielens_genres(table):
+    genres = tf.constant([r["genres"] for r in read_csv("movielens_sample.txt")])
+    f = split_ids(table, "hash", sep="|")
+    got, stats = run_online(f, genres)
+    assert stats["rewrites"] == 1
+    np.testing.assert_allclose(got, f(genres), rtol=1e-6, atol=1e-6)
+
+
+def test_ragged_index_errors_stay_errors(table):
+    f = split_ids(table, "number")
+    for bad in (["1,x"], ["1", str(V)]):
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            f(tf.constant(bad))
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            with rewrite.enable():
+                tf.function(f)(tf.constant(bad))
+
+
+def test_ragged_mean_is_left_alone(rng, table):
+    """TF's mean over an empty ragged row is NaN (0 / 0); the fused mean gives 0."""
+    f = lambda r: tf.reduce_mean(tf.nn.embedding_lookup(table, r), axis=1)  # noqa: E731
+    cf, graph, report, counts = offline(f, RAGGED_IDS)
+    assert report["match"] == [] and not fused_ops(graph)
+    assert any("another consumer" in s["reason"] for s in report["skip"]), report["skip"]
+    ids = random_ragged(rng)
+    [got] = run_graph_def(cf, graph, ids)
+    want = f(ids).numpy()
+    assert np.isnan(want[-1]).all()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_ragged_not_rewritten_when_rows_have_another_consumer(rng, table):
+    def f(r):
+        rows = tf.nn.embedding_lookup(table, r)
+        return tf.reduce_sum(rows, axis=1), rows.flat_values
+
+    cf, graph, report, counts = offline(f, RAGGED_IDS)
+    assert report["match"] == [] and not fused_ops(graph)
+    assert any("another consumer" in s["reason"] for s in report["skip"]), report["skip"]
+    ids = random_ragged(rng)
+    for g, w in zip(run_graph_def(cf, graph, ids), f(ids)):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_unsorted_segment_sum_of_other_segments_is_left_alone(rng, table):
+    """Same ops, but segment ids that are not the ragged rows: no rewrite."""
+    def f(r, seg):
+        rows = tf.nn.embedding_lookup(table, r.values)
+        return tf.math.unsorted_segment_sum(rows, seg, r.nrows(out_type=tf.int32))
+
+    cf, graph, report, counts = offline(f, RAGGED_IDS, tf.TensorSpec([None], tf.int64))
+    assert report["match"] == [] and not fused_ops(graph)
+    ids = random_ragged(rng)
+    seg = tf.constant(rng.integers(0, ids.nrows().numpy(), size=ids.values.shape[0]))
+    [got] = run_graph_def(cf, graph, ids, seg)
+    np.testing.assert_array_equal(got, f(ids, seg))
