@@ -75,13 +75,14 @@ def test_rewrite_suite_quick(tmp_path):
     results = bench.main(["rewrite", *TINY, "--json", str(out)])
     res = results["suites"]["rewrite"]
     assert res["features"] == {"hashed": 20, "id_lists": 6}
-    # Every feature was fused: 20 single-valued hashes, and each id list's
-    # lookup and then its split.
+    # Every feature was fused: 20 single-valued hashes, 3 ragged id lists in
+    # one step, and 3 sparse ones in two (the lookup, then the split).
     rw = res["rewrite"]
-    assert rw["matches"] == 20 + 2 * 6 and rw["skips"] == 0
+    assert rw["matches"] == 20 + 3 + 2 * 3 and rw["skips"] == 0
     assert rw["fused_ops"] == ["CtrEmbeddingLookup", "CtrStringEmbedding"]
     assert rw["op_counts_after"]["CtrStringEmbedding"] == 26
-    assert not {"StringToHashBucketFast", "StringSplit", "Unique", "GatherV2"} & set(rw["op_counts_after"])
+    assert not {"StringToHashBucketFast", "StringSplit", "StringSplitV2", "Unique", "GatherV2",
+                "UnsortedSegmentSum"} & set(rw["op_counts_after"])
     assert rw["max_abs_diff"] <= 1e-6
     cases = {c["batch"]: c for c in res["cases"]}
     assert set(cases) == {32, 1}  # batch 1024 capped by --batch 32, and batch 1

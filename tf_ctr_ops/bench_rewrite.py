@@ -5,9 +5,10 @@ The model is Criteo-like: 26 categorical string features and a small MLP,
 written the way users write it, with no tf_ctr_ops code:
 
 - 20 single-valued hashed features: keras.layers.Hashing + Embedding;
-- 6 id-list features ("12|7|993"): tf.compat.v1.string_split, then
-  to_hash_bucket_fast (3 of them) or string_to_number (3), then
-  tf.nn.embedding_lookup_sparse (sqrtn).
+- 6 id-list features ("12|7|993"), split and converted by
+  to_hash_bucket_fast (3 of them) or to_number (3), in the two common forms:
+  tf.strings.split + tf.reduce_sum(tf.nn.embedding_lookup(table, ragged ids),
+  axis=1), and tf.compat.v1.string_split + tf.nn.embedding_lookup_sparse (sqrtn).
 
 It is exported as a SavedModel, rewritten (with verification), and both
 SavedModels are loaded in this process; their serving signatures must agree
@@ -66,18 +67,23 @@ def build_model(cfg, vocab, dim):
     class IdListEmbedding(keras.layers.Layer):
         """A TF-native pooled lookup of delimited id strings."""
 
-        def __init__(self, num_rows, dim, hashed, **kwargs):
+        def __init__(self, num_rows, dim, hashed, ragged, **kwargs):
             super().__init__(**kwargs)
-            self.num_rows, self.dim, self.hashed = num_rows, dim, hashed
+            self.num_rows, self.dim, self.hashed, self.ragged = num_rows, dim, hashed, ragged
             self.table = self.add_weight(shape=(num_rows, dim), initializer="random_normal", name="table")
 
-        def call(self, strings):
-            sp = tf.compat.v1.string_split(tf.reshape(strings, [-1]), LIST_DELIMITER)
+        def ids(self, tokens):
             if self.hashed:
-                ids = tf.strings.to_hash_bucket_fast(sp.values, self.num_rows)
-            else:
-                ids = tf.strings.to_number(sp.values, tf.int64)
-            ids = tf.SparseTensor(sp.indices, ids, sp.dense_shape)
+                return tf.strings.to_hash_bucket_fast(tokens, self.num_rows)
+            return tf.strings.to_number(tokens, tf.int64)
+
+        def call(self, strings):
+            strings = tf.reshape(strings, [-1])
+            if self.ragged:
+                ids = self.ids(tf.strings.split(strings, LIST_DELIMITER))
+                return tf.reduce_sum(tf.nn.embedding_lookup(self.table.value, ids), axis=1)
+            sp = tf.compat.v1.string_split(strings, LIST_DELIMITER)
+            ids = tf.SparseTensor(sp.indices, self.ids(sp.values), sp.dense_shape)
             return tf.nn.embedding_lookup_sparse(self.table.value, ids, None, combiner="sqrtn")
 
         def compute_output_shape(self, shape):
@@ -92,7 +98,7 @@ def build_model(cfg, vocab, dim):
     for f in range(LISTS):
         x = keras.Input((1,), dtype="string", name=f"l{f}")
         inputs.append(x)
-        embedded.append(IdListEmbedding(vocab, dim, hashed=f < LISTS // 2, name=f"l{f}_emb")(x))
+        embedded.append(IdListEmbedding(vocab, dim, hashed=f < LISTS // 2, ragged=f % 2 == 0, name=f"l{f}_emb")(x))
     h = keras.layers.Concatenate()(embedded)
     h = keras.layers.Dense(64, activation="relu", name="hidden")(h)
     y = keras.layers.Dense(1, activation="sigmoid", name="ctr")(h)

@@ -221,10 +221,12 @@ class RaggedReduceLookupPattern : public FusionPattern {
     src.absorbed = {gather};
     src.absorbed.insert(src.absorbed.end(), identities.begin(), identities.end());
     std::set<std::string> dead = index_nodes;
-    for (const NodeDef* n = row_count; n != nullptr && n->op() != "Const" && dead.size() < index_nodes.size() + 3;
-         n = g.Producer(*n, 0))
-      dead.insert(n->name());  // Sub <- StridedSlice <- Shape
     dead.insert(row_count->name());
+    if (IsOp(row_count, "Sub")) {  // Sub(StridedSlice(Shape(splits)), 1), checked above
+      const NodeDef* slice = g.Producer(*row_count, 0);
+      dead.insert(slice->name());
+      dead.insert(g.Producer(*slice, 0)->name());
+    }
 
     SplitSource split;
     if (MatchSplit(g, ctx, *ids, ids_port, splits, &split, &dead)) {
