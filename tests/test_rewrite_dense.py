@@ -226,6 +226,23 @@ def test_not_rewritten_with_reason(rng, case):
     assert_identical(got, f(strings))
 
 
+def test_negative_index_wrap_that_broadcasts_is_left_alone(rng, table):
+    """Keras' wrap select(h < 0, h + n, h) is h only for a scalar n; here it broadcasts."""
+    shift = tf.zeros([2, 1], tf.int64)
+
+    def f(s):
+        h = tf.strings.to_hash_bucket_fast(s, V)
+        return tf.gather(table, tf.where(h < 0, h + shift, h))
+
+    cf, graph, report, counts = offline(f, STRINGS_1D)
+    assert report["match"] == [] and not fused_ops(graph)
+    assert any("broadcast" in s["reason"] for s in report["skip"]), report["skip"]
+    strings = tf.constant(random_strings(rng, 12))
+    [got] = run_graph_def(cf, graph, strings)
+    assert got.shape == (2, 12, D)
+    assert_identical(got, f(strings))
+
+
 def test_online_training_gradients_match(rng, table):
     """Under a GradientTape the gather's gradient reads the hashed ids, so the
     forward is left alone; the step must still give TF's own gradients."""

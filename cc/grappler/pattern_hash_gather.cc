@@ -129,6 +129,8 @@ class HashGatherPattern : public FusionPattern {
     const int64_t buckets = IntAttr(*h, "num_buckets", 0);
     if (keys.cast != nullptr && TypeAttr(*keys.cast, "DstT") == tensorflow::DT_INT32 && buckets > INT32_MAX)
       return Skip(ctx, anchor, "hash buckets do not fit the int32 cast");
+    if (!keys.wrap.empty() && !WrapIsScalarShift(ctx, keys))
+      return Skip(ctx, anchor, "the negative-index wrap may broadcast (its shift is not known to be a scalar)");
     std::string why;
     if (!OnlyFeedsTheGather(g, keys, &why)) return Skip(ctx, anchor, why);
     const int rank = ctx->Rank(*h, 0);
@@ -168,6 +170,18 @@ class HashGatherPattern : public FusionPattern {
     read.set_op("ReadVariableOp");
     read.add_input(gather.input(0));
     return ctx->Rank(read, 0);
+  }
+
+  // SelectV2 broadcasts: the wrap yields h itself only when AddV2(h, n) has
+  // h's shape, that is when n is a scalar.
+  static bool WrapIsScalarShift(RewriteContext* ctx, const HashedKeys& keys) {
+    const NodeDef& add = *keys.wrap[2];
+    const GraphIndex& g = ctx->index();
+    const NodeDef* h = keys.cast != nullptr ? keys.cast : keys.hash;
+    int port = 0;
+    const NodeDef* shift = g.Producer(add, 0, &port);
+    if (shift == h) shift = g.Producer(add, 1, &port);
+    return shift != nullptr && ctx->Rank(*shift, port) == 0;
   }
 
   // Each intermediate between the strings and the gather feeds only the next
