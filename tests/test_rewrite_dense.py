@@ -5,6 +5,11 @@ tf.strings.to_hash_bucket_fast(s, n)) and Keras 3 Hashing + Embedding -- become
 CtrPackStrings + CtrStringEmbedding with an empty delimiter (the whole string
 is one token), and must give bit-identical rows; hashed integer keys
 (AsString first) become a hash-mode CtrEmbeddingLookup with one key per row.
+
+Ragged pooling -- reduce_sum(tf.nn.embedding_lookup(table, ragged ids),
+axis=1) -- becomes CtrEmbeddingLookup on the row splits, or CtrStringEmbedding
+when the ids are tf.strings.split tokens converted by to_number or
+to_hash_bucket_fast.
 """
 
 import numpy as np
@@ -450,3 +455,19 @@ def test_unsorted_segment_sum_of_other_segments_is_left_alone(rng, table):
     seg = tf.constant(rng.integers(0, ids.nrows().numpy(), size=ids.values.shape[0]))
     [got] = run_graph_def(cf, graph, ids, seg)
     np.testing.assert_array_equal(got, f(ids, seg))
+
+
+def test_keras_training_step_online_gradients_match(rng):
+    model = keras_hash_model()
+    inputs = {n: tf.reshape(tf.constant(random_strings(rng)), [-1, 1]) for n in ("site", "app")}
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x))
+        return [tf.convert_to_tensor(g) for g in tape.gradient(loss, model.trainable_variables)]
+
+    want = step(inputs)
+    got, stats = run_online(step, inputs)
+    assert stats["rewrites"] == 0 and stats["skips"] > 0  # the backward pass reads the hashed ids
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
