@@ -65,6 +65,33 @@ def test_mismatch_is_an_error_not_a_timing():
 
 
 def test_suites_registered():
-    assert "lookup" in bench.SUITES
+    assert {"lookup", "string", "multi", "rewrite"} <= set(bench.SUITES)
     with pytest.raises(SystemExit):
         bench.parse_args(["no-such-suite"])
+
+
+def test_rewrite_suite_quick(tmp_path):
+    out = tmp_path / "rewrite.json"
+    results = bench.main(["rewrite", *TINY, "--json", str(out)])
+    res = results["suites"]["rewrite"]
+    assert res["features"] == {"hashed": 20, "id_lists": 6}
+    # Every feature was fused: 20 single-valued hashes, 3 ragged id lists in
+    # one step, and 3 sparse ones in two (the lookup, then the split).
+    rw = res["rewrite"]
+    assert rw["matches"] == 20 + 3 + 2 * 3 and rw["skips"] == 0
+    assert rw["fused_ops"] == ["CtrEmbeddingLookup", "CtrStringEmbedding"]
+    assert rw["op_counts_after"]["CtrStringEmbedding"] == 26
+    assert not {"StringToHashBucketFast", "StringSplit", "StringSplitV2", "Unique", "GatherV2",
+                "UnsortedSegmentSum"} & set(rw["op_counts_after"])
+    assert rw["max_abs_diff"] <= 1e-6
+    cases = {c["batch"]: c for c in res["cases"]}
+    assert set(cases) == {32, 1}  # batch 1024 capped by --batch 32, and batch 1
+    for c in cases.values():
+        assert 0 <= c["max_abs_err"]["native"] <= 1e-5
+        for side in ("fused", "native"):
+            assert c[side]["runs"] >= 1 and 0 < c[side]["p10_ms"] <= c[side]["median_ms"] <= c[side]["p90_ms"]
+        assert _positive_finite(c["speedup"])
+    [target] = res["targets"]
+    assert target["batch"] == 32 and target["min_speedup"] == 3.0
+    assert isinstance(target["met"], bool) and target["met"] == (target["speedup"] >= 3.0)
+    assert json.loads(out.read_text())["suites"]["rewrite"]["cases"][0]["case"] == res["cases"][0]["case"]

@@ -3,6 +3,7 @@
     python -m tf_ctr_ops.bench lookup                 # full shape, prints a table
     python -m tf_ctr_ops.bench lookup --quick         # fewer repeats, smaller copy probe
     python -m tf_ctr_ops.bench lookup --json out.json
+    python -m tf_ctr_ops.bench rewrite --quick        # a TF-native SavedModel before / after rewriting
 
 Every suite is a function registered in `SUITES` (see `@suite`); it takes a
 `Config` and returns a JSON-able dict with its cases and target verdicts.
@@ -629,12 +630,12 @@ def main(argv=None):
     return results
 
 
-# The string suites live beside this module and register themselves on import.
-from tf_ctr_ops import bench_strings  # noqa: E402,F401
+# The string and rewrite suites live beside this module and register themselves on import.
+from tf_ctr_ops import bench_rewrite, bench_strings  # noqa: E402,F401
 
 
 if __name__ == "__main__":
-    # Run the importable module's main: bench_strings registers its suites
+    # Run the importable module's main: bench_strings and bench_rewrite register their suites
     # there, not in this __main__ copy.
     from tf_ctr_ops import bench as _bench
 

@@ -1,0 +1,473 @@
+"""CtrFusionOptimizer on dense (one id per row) hash features and ragged pooling.
+
+Single-valued hash features -- tf.nn.embedding_lookup(table,
+tf.strings.to_hash_bucket_fast(s, n)) and Keras 3 Hashing + Embedding -- become
+CtrPackStrings + CtrStringEmbedding with an empty delimiter (the whole string
+is one token), and must give bit-identical rows; hashed integer keys
+(AsString first) become a hash-mode CtrEmbeddingLookup with one key per row.
+
+Ragged pooling -- reduce_sum(tf.nn.embedding_lookup(table, ragged ids),
+axis=1) -- becomes CtrEmbeddingLookup on the row splits, or CtrStringEmbedding
+when the ids are tf.strings.split tokens converted by to_number or
+to_hash_bucket_fast.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_ctr_ops  # noqa: F401  (registers the ops and the optimizer)
+from tf_ctr_ops import rewrite
+from tf_ctr_ops.strings import _ops as string_ops
+from test_rewrite import delta, offline, read_csv, run_graph_def, run_online
+
+V, D = 64, 8
+STRINGS_1D = tf.TensorSpec([None], tf.string)
+STRINGS_2D = tf.TensorSpec([None, 1], tf.string)
+
+
+def random_strings(rng, n=48):
+    """Random byte strings, with empty ones, delimiters and non-ASCII bytes in them."""
+    alphabet = list("abcdef0123456789,|: ") + ["\u00e9", "\x00"]
+    out = ["".join(rng.choice(alphabet, size=rng.integers(0, 12))) for _ in range(n)]
+    out[:3] = ["", ",", " "]
+    return out
+
+
+def hashed_lookup(table, buckets=V):
+    return lambda s: tf.nn.embedding_lookup(table, tf.strings.to_hash_bucket_fast(s, buckets))
+
+
+def assert_identical(got, want):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def assert_model_close(got, want):
+    # The Dense layers after the lookups are fused by Grappler online
+    # (_FusedMatMul), which rounds differently from eager by an ulp.
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7)
+
+
+def fused_ops(graph_def):
+    return {k: v for k, v in rewrite.op_counts(graph_def, library=True).items() if k.startswith("Ctr")}
+
+
+@pytest.fixture
+def table(rng):
+    return tf.Variable(rng.normal(size=(V, D)).astype(np.float32))
+
+
+# ---------------------------------------------------------------------------
+# The op: an empty delimiter makes each whole string one token
+
+
+def whole_string_embedding(table, strings, skip_empty=False, combiner="sum", buckets=0):
+    data, splits = tf_ctr_ops.pack_strings(strings)
+    return string_ops.ctr_string_embedding(params=table, bytes=data, row_splits=splits,
+                                           bag_splits=tf.zeros([0], tf.int64), delimiter="", combiner=combiner,
+                                           id_mode="hash", skip_empty=skip_empty, num_buckets=buckets)
+
+
+def test_empty_delimiter_is_one_token_per_string(rng, table):
+    strings = tf.constant(random_strings(rng))
+    want = tf.gather(table, tf.strings.to_hash_bucket_fast(strings, V))
+    assert_identical(whole_string_embedding(table, strings), want)
+    for combiner in ("mean", "sqrtn"):  # one token: every combiner is the row itself
+        np.testing.assert_allclose(whole_string_embedding(table, strings, combiner=combiner), want, rtol=1e-6)
+    # skip_empty drops the empty token: an empty string pools nothing.
+    got = whole_string_embedding(table, strings, skip_empty=True).numpy()
+    empty = strings.numpy() == b""
+    assert empty.any() and not got[empty].any()
+    assert_identical(got[~empty], want.numpy()[~empty])
+
+
+def test_empty_delimiter_with_fewer_buckets_and_batch_zero(rng):
+    big = tf.Variable(rng.normal(size=(V + 10, D)).astype(np.float32))
+    strings = tf.constant(random_strings(rng))
+    assert_identical(whole_string_embedding(big, strings, buckets=V),
+                     tf.gather(big, tf.strings.to_hash_bucket_fast(strings, V)))
+    assert whole_string_embedding(big, tf.constant([], tf.string)).shape == (0, D)
+
+
+def test_empty_delimiter_gradient(rng, table):
+    strings = tf.constant(random_strings(rng) * 2)  # repeats: rows hit more than once
+    upstream = tf.constant(rng.normal(size=(strings.shape[0], D)).astype(np.float32))
+    with tf.GradientTape() as tape:
+        got = tf.reduce_sum(whole_string_embedding(table, strings) * upstream)
+    with tf.GradientTape() as tape2:
+        want = tf.reduce_sum(tf.gather(table, tf.strings.to_hash_bucket_fast(strings, V)) * upstream)
+    g, w = tape.gradient(got, table), tape2.gradient(want, table)
+    np.testing.assert_allclose(tf.convert_to_tensor(g), tf.convert_to_tensor(w), rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Online: tf.nn.embedding_lookup over hashed strings
+
+
+@pytest.mark.parametrize("spec", ["[B]", "[B, 1]"])
+@pytest.mark.parametrize("kind", ["variable", "constant"])
+def test_online_hashed_string_lookup(rng, table, spec, kind):
+    params = table if kind == "variable" else tf.constant(table.numpy())
+    strings = tf.constant(random_strings(rng))
+    if spec == "[B, 1]":
+        strings = tf.reshape(strings, [-1, 1])
+    f = hashed_lookup(params)
+    want = f(strings)
+    sig = STRINGS_1D if spec == "[B]" else STRINGS_2D
+    before = rewrite.fusion_stats()
+    with rewrite.enable():
+        got = tf.function(f, input_signature=[sig])(strings)
+    assert delta(before, rewrite.fusion_stats())["rewrites"] == 1
+    assert got.shape == want.shape
+    assert_identical(got, want)
+
+
+def test_offline_hashed_string_lookup_graph(table):
+    cf, graph, report, counts = offline(hashed_lookup(table), STRINGS_2D)
+    [match] = report["match"]
+    assert match["pattern"] == "hash_gather" and match["fused_op"] == "CtrStringEmbedding"
+    assert fused_ops(graph) == {"CtrPackStrings": 1, "CtrStringEmbedding": 1}
+    assert not {"StringToHashBucketFast", "ResourceGather"} & set(counts), counts
+    [node] = [n for n in graph.node if n.op == "CtrStringEmbedding"]
+    assert node.attr["delimiter"].s == b"" and not node.attr["skip_empty"].b
+    assert node.attr["combiner"].s == b"sum" and node.attr["num_buckets"].i == V
+    strings = tf.constant([["a"], [""], ["b,c"]])
+    [got] = run_graph_def(cf, graph, strings)
+    assert got.shape == (3, 1, D)
+    assert_identical(got, hashed_lookup(table)(strings))
+
+
+def test_online_criteo_hex_categories(table):
+    rows = read_csv("criteo_sample.txt")
+    for col in ("C1", "C3", "C19", "C26"):  # C19 and C26 have empty values
+        strings = tf.constant([r[col] for r in rows])
+        f = hashed_lookup(table)
+        got, stats = run_online(f, strings)
+        assert stats["rewrites"] == 1
+        assert_identical(got, f(strings))
+    assert any(r["C26"] == "" for r in rows)
+
+
+def test_fewer_buckets_than_rows_is_rewritten(rng):
+    big = tf.Variable(rng.normal(size=(V, D)).astype(np.float32))
+    strings = tf.constant(random_strings(rng))
+    f = hashed_lookup(big, buckets=V // 2)
+    got, stats = run_online(f, strings)
+    assert stats["rewrites"] == 1
+    assert_identical(got, f(strings))
+
+
+def test_more_buckets_than_rows_fails_as_the_gather_does(rng):
+    small = tf.Variable(rng.normal(size=(4, D)).astype(np.float32))
+    strings = tf.constant(random_strings(rng))
+    f = hashed_lookup(small, buckets=1000)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        f(strings)
+    before = rewrite.fusion_stats()
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        with rewrite.enable():
+            tf.function(f)(strings)
+    assert delta(before, rewrite.fusion_stats())["rewrites"] == 1
+
+
+def test_hashed_int_keys_become_hash_mode_lookup(rng, table):
+    keys = rng.integers(-10**12, 10**12, size=(40, 1))
+    f = lambda k: tf.nn.embedding_lookup(table, tf.strings.to_hash_bucket_fast(tf.strings.as_string(k), V))  # noqa
+    for dtype in (tf.int64, tf.int32):
+        k = tf.constant(keys % (2**31 - 1) if dtype == tf.int32 else keys, dtype)
+        cf, graph, report, counts = offline(f, tf.TensorSpec([None, 1], dtype))
+        assert [m["fused_op"] for m in report["match"]] == ["CtrEmbeddingLookup"]
+        assert not {"AsString", "StringToHashBucketFast", "ResourceGather"} & set(counts)
+        [got] = run_graph_def(cf, graph, k)
+        assert_identical(got, f(k))
+        got, stats = run_online(f, k[:, 0])
+        assert stats["rewrites"] == 1
+        assert_identical(got, f(k[:, 0]))
+
+
+# ---------------------------------------------------------------------------
+# Left alone, with a reason, and still exact
+
+
+def test_not_rewritten_hash_has_another_consumer(rng, table):
+    def f(s):
+        ids = tf.strings.to_hash_bucket_fast(s, V)
+        return tf.nn.embedding_lookup(table, ids), ids
+
+    cf, graph, report, counts = offline(f, STRINGS_1D)
+    assert report["match"] == [] and not fused_ops(graph)
+    assert any("has another consumer" in s["reason"] for s in report["skip"]), report["skip"]
+    strings = tf.constant(random_strings(rng))
+    for g, w in zip(run_graph_def(cf, graph, strings), f(strings)):
+        assert_identical(g, w)
+
+
+@pytest.mark.parametrize("case", ["float64 table", "ids [B, 2]", "ids of unknown rank", "rank-3 table",
+                                  "axis 1"])
+def test_not_rewritten_with_reason(rng, case):
+    spec, table = STRINGS_1D, tf.Variable(rng.normal(size=(V, D)).astype(np.float32))
+    f = hashed_lookup(table)
+    if case == "float64 table":
+        table = tf.Variable(rng.normal(size=(V, D)))
+        f, reason = hashed_lookup(table), "DT_DOUBLE"
+    elif case == "ids [B, 2]":
+        spec, reason = tf.TensorSpec([None, 2], tf.string), "N not known to be 1"
+    elif case == "ids of unknown rank":
+        spec, reason = tf.TensorSpec(None, tf.string), "rank unknown"
+    elif case == "rank-3 table":
+        table = tf.Variable(rng.normal(size=(V, 2, 4)).astype(np.float32))
+        f, reason = hashed_lookup(table), "not a matrix"
+    else:
+        params = tf.constant(rng.normal(size=(D, V)).astype(np.float32))
+        f = lambda s: tf.gather(params, tf.strings.to_hash_bucket_fast(s, V), axis=1)  # noqa: E731
+        reason = "axis"
+    cf, graph, report, counts = offline(f, spec)
+    assert report["match"] == [] and not fused_ops(graph)
+    assert any(reason in s["reason"] for s in report["skip"]), report["skip"]
+    strings = tf.constant(random_strings(rng, 12))
+    if case == "ids [B, 2]" or case == "ids of unknown rank":
+        strings = tf.reshape(strings, [6, 2])
+    [got] = run_graph_def(cf, graph, strings)
+    assert_identical(got, f(strings))
+
+
+def test_negative_index_wrap_that_broadcasts_is_left_alone(rng, table):
+    """Keras' wrap select(h < 0, h + n, h) is h only for a scalar n; here it broadcasts."""
+    shift = tf.zeros([2, 1], tf.int64)
+
+    def f(s):
+        h = tf.strings.to_hash_bucket_fast(s, V)
+        return tf.gather(table, tf.where(h < 0, h + shift, h))
+
+    cf, graph, report, counts = offline(f, STRINGS_1D)
+    assert report["match"] == [] and not fused_ops(graph)
+    assert any("broadcast" in s["reason"] for s in report["skip"]), report["skip"]
+    strings = tf.constant(random_strings(rng, 12))
+    [got] = run_graph_def(cf, graph, strings)
+    assert got.shape == (2, 12, D)
+    assert_identical(got, f(strings))
+
+
+def test_online_training_gradients_match(rng, table):
+    """Under a GradientTape the gather's gradient reads the hashed ids, so the
+    forward is left alone; the step must still give TF's own gradients."""
+    strings = tf.constant(random_strings(rng))
+    upstream = tf.constant(rng.normal(size=(strings.shape[0], D)).astype(np.float32))
+
+    def step(s):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(hashed_lookup(table)(s) * upstream)
+        return loss, tf.convert_to_tensor(tape.gradient(loss, table))
+
+    want = step(strings)
+    got, stats = run_online(step, strings)
+    assert stats["rewrites"] == 0 and stats["skips"] > 0
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Keras 3: Hashing + Embedding
+
+
+def keras_hash_model(num_bins=V, dim=D, seed=0, int_keys=False):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    names = ["site", "app"]
+    inputs = [keras.Input((1,), dtype="int64" if int_keys else "string", name=n) for n in names]
+    embedded = [keras.layers.Flatten()(keras.layers.Embedding(num_bins, dim, name=f"{n}_emb")(
+        keras.layers.Hashing(num_bins, name=f"{n}_hash")(x))) for n, x in zip(names, inputs)]
+    x = keras.layers.Concatenate()(embedded)
+    y = keras.layers.Dense(1, activation="sigmoid", name="ctr")(keras.layers.Dense(8, activation="relu")(x))
+    return keras.Model(inputs, y)
+
+
+def test_keras_hashing_embedding_online(rng):
+    model = keras_hash_model()
+    inputs = {n: tf.reshape(tf.constant(random_strings(rng)), [-1, 1]) for n in ("site", "app")}
+    want = model(inputs)
+    got, stats = run_online(lambda x: model(x), inputs)
+    assert stats["rewrites"] == 2
+    assert_model_close(got, want)
+
+
+def test_keras_hashing_embedding_saved_model(tmp_path, rng):
+    model = keras_hash_model()
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    model.export(str(src), verbose=False)
+    samples = {n: np.array(random_strings(rng), object).reshape(-1, 1) for n in ("site", "app")}
+    report = rewrite.optimize_saved_model(src, dst, sample_inputs={"serving_default": samples,
+                                                                   "serve": samples}, runs=2)
+    assert report.ok and report.verified
+    sig = report.signatures["serving_default"]
+    assert [m["pattern"] for m in sig.matches] == ["hash_gather"] * 2
+    assert sig.op_counts_after.get("CtrStringEmbedding") == 2
+    assert not {"StringToHashBucketFast", "GatherV2"} & set(sig.op_counts_after), sig.op_counts_after
+    assert sig.max_abs_diff == 0
+    loaded = tf.saved_model.load(str(dst))
+    feeds = {k: tf.constant(v) for k, v in samples.items()}
+    assert_identical(loaded.signatures["serving_default"](**feeds)["output_0"],
+                     tf.saved_model.load(str(src)).signatures["serving_default"](**feeds)["output_0"])
+
+
+def test_keras_hashing_of_int_keys(rng):
+    model = keras_hash_model(int_keys=True)
+    inputs = {n: tf.constant(rng.integers(0, 10**9, size=(20, 1))) for n in ("site", "app")}
+    want = model(inputs)
+    got, stats = run_online(lambda x: model(x), inputs)
+    assert stats["rewrites"] == 2
+    assert_model_close(got, want)
+
+
+# ---------------------------------------------------------------------------
+# Ragged: reduce_sum(tf.nn.embedding_lookup(table, ragged ids), axis=1)
+
+RAGGED_IDS = tf.RaggedTensorSpec([None, None], tf.int64)
+
+
+def ragged_sum(table):
+    return lambda r: tf.reduce_sum(tf.nn.embedding_lookup(table, r), axis=1)
+
+
+def random_ragged(rng, rows=40, max_len=6, vocab=V, dtype=np.int64):
+    lengths = rng.integers(0, max_len + 1, size=rows)
+    lengths[-1] = 0  # an empty last row: the row count comes from the splits
+    return tf.RaggedTensor.from_row_lengths(rng.integers(0, vocab, size=lengths.sum()).astype(dtype), lengths)
+
+
+def split_ids(table, convert, sep=","):
+    def f(s):
+        tokens = tf.strings.split(s, sep)
+        ids = tf.strings.to_number(tokens, tf.int64) if convert == "number" else tf.strings.to_hash_bucket_fast(tokens, V)
+        return tf.reduce_sum(tf.nn.embedding_lookup(table, ids), axis=1)
+
+    return f
+
+
+def random_id_strings(rng, rows=40, sep=","):
+    out = [sep.join(str(v) for v in rng.integers(0, V, size=rng.integers(1, 6))) for _ in range(rows)]
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+@pytest.mark.parametrize("kind", ["variable", "constant"])
+def test_online_ragged_sum(rng, table, kind, dtype):
+    params = table if kind == "variable" else tf.constant(table.numpy())
+    ids = random_ragged(rng, dtype=dtype)
+    f = ragged_sum(params)
+    got, stats = run_online(f, ids)
+    assert stats["rewrites"] == 1
+    np.testing.assert_allclose(got, f(ids), rtol=1e-6, atol=1e-6)
+    assert got.shape[0] == ids.nrows()
+
+
+def test_offline_ragged_sum_is_one_fused_op(rng, table):
+    cf, graph, report, counts = offline(ragged_sum(table), RAGGED_IDS)
+    [match] = report["match"]
+    assert match["pattern"] == "ragged_reduce_lookup" and match["fused_op"] == "CtrEmbeddingLookup"
+    assert fused_ops(graph) == {"CtrEmbeddingLookup": 1}
+    # The segment-id subgraph died with the reduction.
+    assert not {"UnsortedSegmentSum", "ResourceGather", "Tile", "Where"} & set(counts), counts
+    [node] = [n for n in graph.node if n.op == "CtrEmbeddingLookup"]
+    assert node.attr["segment_kind"].s == b"row_splits" and node.attr["combiner"].s == b"sum"
+    for ids in (random_ragged(rng), tf.ragged.constant([[], [], []], tf.int64), tf.ragged.constant([[1, 2, 3]], tf.int64)):
+        [got] = run_graph_def(cf, graph, ids)
+        np.testing.assert_allclose(got, ragged_sum(table)(ids), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("convert", ["number", "hash"])
+def test_ragged_sum_of_split_strings(rng, table, convert):
+    f = split_ids(table, convert)
+    strings = random_id_strings(rng) + ["7", "1,,2" if convert == "hash" else "3,4"]
+    s = tf.constant(strings)
+    got, stats = run_online(f, s)
+    assert stats["rewrites"] == 1
+    np.testing.assert_allclose(got, f(s), rtol=1e-6, atol=1e-6)
+    cf, graph, report, counts = offline(f, STRINGS_1D)
+    assert [m["fused_op"] for m in report["match"]] == ["CtrStringEmbedding"]
+    assert fused_ops(graph) == {"CtrPackStrings": 1, "CtrStringEmbedding": 1}
+    assert not {"StringSplitV2", "StringToNumber", "StringToHashBucketFast", "UnsortedSegmentSum",
+                "DenseBincount"} & set(counts), counts
+    [node] = [n for n in graph.node if n.op == "CtrStringEmbedding"]
+    assert node.attr["delimiter"].s == b"," and not node.attr["skip_empty"].b
+    [got] = run_graph_def(cf, graph, s)
+    np.testing.assert_allclose(got, f(s), rtol=1e-6, atol=1e-6)
+    if convert == "hash":  # empty strings and empty tokens are hashed like any other
+        edge = tf.constant(["", ",", "a,,b"])
+        [got] = run_graph_def(cf, graph, edge)
+        np.testing.assert_allclose(got, f(edge), rtol=1e-6, atol=1e-6)
+
+
+def test_ragged_sum_of_movielens_genres(table):
+    genres = tf.constant([r["genres"] for r in read_csv("movielens_sample.txt")])
+    f = split_ids(table, "hash", sep="|")
+    got, stats = run_online(f, genres)
+    assert stats["rewrites"] == 1
+    np.testing.assert_allclose(got, f(genres), rtol=1e-6, atol=1e-6)
+
+
+def test_ragged_index_errors_stay_errors(table):
+    f = split_ids(table, "number")
+    for bad in (["1,x"], ["1", str(V)]):
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            f(tf.constant(bad))
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            with rewrite.enable():
+                tf.function(f)(tf.constant(bad))
+
+
+def test_ragged_mean_is_left_alone(rng, table):
+    """TF's mean over an empty ragged row is NaN (0 / 0); the fused mean gives 0."""
+    f = lambda r: tf.reduce_mean(tf.nn.embedding_lookup(table, r), axis=1)  # noqa: E731
+    cf, graph, report, counts = offline(f, RAGGED_IDS)
+    assert report["match"] == [] and not fused_ops(graph)
+    assert any("another consumer" in s["reason"] for s in report["skip"]), report["skip"]
+    ids = random_ragged(rng)
+    [got] = run_graph_def(cf, graph, ids)
+    want = f(ids).numpy()
+    assert np.isnan(want[-1]).all()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_ragged_not_rewritten_when_rows_have_another_consumer(rng, table):
+    def f(r):
+        rows = tf.nn.embedding_lookup(table, r)
+        return tf.reduce_sum(rows, axis=1), rows.flat_values
+
+    cf, graph, report, counts = offline(f, RAGGED_IDS)
+    assert report["match"] == [] and not fused_ops(graph)
+    assert any("another consumer" in s["reason"] for s in report["skip"]), report["skip"]
+    ids = random_ragged(rng)
+    for g, w in zip(run_graph_def(cf, graph, ids), f(ids)):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_unsorted_segment_sum_of_other_segments_is_left_alone(rng, table):
+    """Same ops, but segment ids that are not the ragged rows: no rewrite."""
+    def f(r, seg):
+        rows = tf.nn.embedding_lookup(table, r.values)
+        return tf.math.unsorted_segment_sum(rows, seg, r.nrows(out_type=tf.int32))
+
+    cf, graph, report, counts = offline(f, RAGGED_IDS, tf.TensorSpec([None], tf.int64))
+    assert report["match"] == [] and not fused_ops(graph)
+    ids = random_ragged(rng)
+    seg = tf.constant(rng.integers(0, ids.nrows().numpy(), size=ids.values.shape[0]))
+    [got] = run_graph_def(cf, graph, ids, seg)
+    np.testing.assert_array_equal(got, f(ids, seg))
+
+
+def test_keras_training_step_online_gradients_match(rng):
+    model = keras_hash_model()
+    inputs = {n: tf.reshape(tf.constant(random_strings(rng)), [-1, 1]) for n in ("site", "app")}
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x))
+        return [tf.convert_to_tensor(g) for g in tape.gradient(loss, model.trainable_variables)]
+
+    want = step(inputs)
+    got, stats = run_online(step, inputs)
+    assert stats["rewrites"] == 0 and stats["skips"] > 0  # the backward pass reads the hashed ids
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

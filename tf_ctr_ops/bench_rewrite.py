@@ -1,0 +1,182 @@
+"""The `rewrite` suite of `python -m tf_ctr_ops.bench`: a TF-native CTR model
+served before and after `rewrite.optimize_saved_model`.
+
+The model is Criteo-like: 26 categorical string features and a small MLP,
+written the way users write it, with no tf_ctr_ops code:
+
+- 20 single-valued hashed features: keras.layers.Hashing + Embedding;
+- 6 id-list features ("12|7|993"), split and converted by
+  to_hash_bucket_fast (3 of them) or to_number (3), in the two common forms:
+  tf.strings.split + tf.reduce_sum(tf.nn.embedding_lookup(table, ragged ids),
+  axis=1), and tf.compat.v1.string_split + tf.nn.embedding_lookup_sparse (sqrtn).
+
+It is exported as a SavedModel, rewritten (with verification), and both
+SavedModels are loaded in this process; their serving signatures must agree
+before their latency is compared, at batch 1024 and batch 1.
+"""
+
+import dataclasses
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from tf_ctr_ops.bench import check_agreement, suite, time_interleaved
+
+HASHED, LISTS = 20, 6
+LIST_DELIMITER = "|"
+REWRITE_TARGET = ("rewritten SavedModel vs the TF-native one (26 features + MLP), batch {batch}", 3.0)
+SERVE_BATCHES = (1024, 1)
+
+
+def _hex_tokens(rng, n, distinct, zipf_a):
+    """Criteo-style 8-hex-digit categories, Zipf-distributed over `distinct` values."""
+    ranks = np.minimum(rng.zipf(zipf_a, size=n), distinct) - 1
+    return np.array([f"{(r * 2654435761) % 2**32:08x}" for r in ranks], dtype=object)
+
+
+def make_inputs(rng, batch, cfg, vocab):
+    """{input name: [batch, 1] string array}: hashed categories (some empty, as
+    Criteo's are) and id lists of 1..max_len tokens."""
+    feeds = {}
+    for f in range(HASHED):
+        col = _hex_tokens(rng, batch, 10_000, cfg.zipf_a)
+        col[rng.random(batch) < 0.05] = ""
+        feeds[f"c{f}"] = col.reshape(-1, 1)
+    max_len = max(1, min(cfg.max_len, 20))
+    for f in range(LISTS):
+        lengths = rng.integers(1, max_len + 1, size=batch)
+        if f < LISTS // 2:
+            tokens = _hex_tokens(rng, int(lengths.sum()), 50_000, cfg.zipf_a)
+        else:
+            tokens = rng.integers(0, vocab, size=int(lengths.sum())).astype(str).astype(object)
+        ends = np.cumsum(lengths)
+        feeds[f"l{f}"] = np.array([LIST_DELIMITER.join(tokens[e - n:e]) for n, e in zip(lengths, ends)],
+                                  dtype=object).reshape(-1, 1)
+    return feeds
+
+
+def build_model(cfg, vocab, dim):
+    """The TF-native Keras 3 functional model."""
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(cfg.seed)
+
+    class IdListEmbedding(keras.layers.Layer):
+        """A TF-native pooled lookup of delimited id strings."""
+
+        def __init__(self, num_rows, dim, hashed, ragged, **kwargs):
+            super().__init__(**kwargs)
+            self.num_rows, self.dim, self.hashed, self.ragged = num_rows, dim, hashed, ragged
+            self.table = self.add_weight(shape=(num_rows, dim), initializer="random_normal", name="table")
+
+        def ids(self, tokens):
+            if self.hashed:
+                return tf.strings.to_hash_bucket_fast(tokens, self.num_rows)
+            return tf.strings.to_number(tokens, tf.int64)
+
+        def call(self, strings):
+            strings = tf.reshape(strings, [-1])
+            if self.ragged:
+                ids = self.ids(tf.strings.split(strings, LIST_DELIMITER))
+                return tf.reduce_sum(tf.nn.embedding_lookup(self.table.value, ids), axis=1)
+            sp = tf.compat.v1.string_split(strings, LIST_DELIMITER)
+            ids = tf.SparseTensor(sp.indices, self.ids(sp.values), sp.dense_shape)
+            return tf.nn.embedding_lookup_sparse(self.table.value, ids, None, combiner="sqrtn")
+
+        def compute_output_shape(self, shape):
+            return (shape[0], self.dim)
+
+    inputs, embedded = [], []
+    for f in range(HASHED):
+        x = keras.Input((1,), dtype="string", name=f"c{f}")
+        e = keras.layers.Embedding(vocab, dim, name=f"c{f}_emb")(keras.layers.Hashing(vocab, name=f"c{f}_hash")(x))
+        inputs.append(x)
+        embedded.append(keras.layers.Flatten()(e))
+    for f in range(LISTS):
+        x = keras.Input((1,), dtype="string", name=f"l{f}")
+        inputs.append(x)
+        embedded.append(IdListEmbedding(vocab, dim, hashed=f < LISTS // 2, ragged=f % 2 == 0, name=f"l{f}_emb")(x))
+    h = keras.layers.Concatenate()(embedded)
+    h = keras.layers.Dense(64, activation="relu", name="hidden")(h)
+    y = keras.layers.Dense(1, activation="sigmoid", name="ctr")(h)
+    return keras.Model(inputs, y)
+
+
+def _fmt(s):
+    return f"{s['median_ms']:.3f} [{s['p10_ms']:.3f}-{s['p90_ms']:.3f}]"
+
+
+@suite("rewrite")
+def rewrite_suite(cfg):
+    """A TF-native 26-feature CTR SavedModel served before and after optimize_saved_model."""
+    import tensorflow as tf
+
+    from tf_ctr_ops import rewrite
+
+    vocab, dim = min(cfg.vocab, 50_000), min(cfg.dim, 16)
+    batches = tuple(sorted({min(b, cfg.batch) for b in SERVE_BATCHES}, reverse=True))
+    rng = np.random.default_rng(cfg.seed)
+    print(f"rewrite suite: {HASHED} hashed + {LISTS} id-list string features, V={vocab} D={dim}, "
+          f"MLP {(HASHED + LISTS) * dim}-64-1; batches {batches}")
+    with tempfile.TemporaryDirectory(prefix="tf_ctr_ops_bench_rewrite_") as tmp:
+        src, dst = os.path.join(tmp, "native"), os.path.join(tmp, "rewritten")
+        with tf.device(cfg.device):
+            model = build_model(cfg, vocab, dim)
+        t0 = time.perf_counter()
+        model.export(src, verbose=False)
+        export_s = time.perf_counter() - t0
+        samples = make_inputs(rng, 64, cfg, vocab)
+        report = rewrite.optimize_saved_model(src, dst, signature_keys=["serving_default"],
+                                              sample_inputs={"serving_default": samples}, runs=3)
+        sig = report.signatures["serving_default"]
+        if not report.ok:
+            raise AssertionError(f"the rewritten model disagrees: {report.summary()}")
+        native = tf.saved_model.load(src).signatures["serving_default"]
+        fused = tf.saved_model.load(dst).signatures["serving_default"]
+        cases = []
+        for batch in batches:
+            feeds = {k: tf.constant(v) for k, v in make_inputs(rng, batch, cfg, vocab).items()}
+            (out_key,) = native.structured_outputs
+            fns = {"fused": lambda: fused(**feeds)[out_key].numpy(),
+                   "native": lambda: native(**feeds)[out_key].numpy()}
+            case = f"rewrite/batch{batch}"
+            # Correctness first: a benchmark never times a wrong answer.
+            err = check_agreement(case, "native vs rewritten", fns["native"](), fns["fused"](),
+                                  rtol=1e-5, atol=1e-6)
+            with tf.device(cfg.device):
+                t = time_interleaved(fns, cfg)
+            cases.append({"case": case, "batch": batch, **t,
+                          "speedup": t["native"]["median_ms"] / t["fused"]["median_ms"],
+                          "max_abs_err": {"native": err}})
+    label, need = REWRITE_TARGET
+    targets = [{"target": label.format(batch=c["batch"]), "dist": "criteo-like", "batch": c["batch"], "min_speedup": need,
+                "speedup": c["speedup"], "met": bool(c["speedup"] >= need)}
+               for c in cases if c["batch"] == max(batches)]
+    result = {"suite": "rewrite", "config": dataclasses.asdict(cfg), "vocab": vocab, "dim": dim,
+              "features": {"hashed": HASHED, "id_lists": LISTS},
+              "rewrite": {"matches": len(sig.matches), "skips": len(sig.skips),
+                          "fused_ops": sorted({m["fused_op"] for m in sig.matches}),
+                          "op_counts_before": sig.op_counts_before, "op_counts_after": sig.op_counts_after,
+                          "rewrite_seconds": report.rewrite_seconds, "total_seconds": report.total_seconds,
+                          "export_seconds": export_s, "max_abs_diff": report.max_abs_diff},
+              "cases": cases, "targets": targets}
+    print_rewrite(result)
+    return result
+
+
+def print_rewrite(result):
+    r = result["rewrite"]
+    print(f"optimize_saved_model: {r['matches']} fused ({', '.join(r['fused_ops'])}), {r['skips']} left alone, "
+          f"{r['rewrite_seconds']:.2f}s rewriting ({r['total_seconds']:.1f}s with load, save and verify); "
+          f"ops {sum(r['op_counts_before'].values())} -> {sum(r['op_counts_after'].values())}; "
+          f"max |diff| {r['max_abs_diff']:.2g}")
+    print(f"{'case':18} {'rewritten ms [p10-p90]':>24} {'native ms [p10-p90]':>24} {'speedup':>8}")
+    for c in result["cases"]:
+        print(f"{c['case']:18} {_fmt(c['fused']):>24} {_fmt(c['native']):>24} {c['speedup']:7.2f}x")
+    for t in result["targets"]:
+        print(f"target {t['target']} >= {t['min_speedup']}x [batch {t['batch']}]: {t['speedup']:.2f}x  "
+              f"{'met' if t['met'] else 'NOT MET'}")
+    print()
