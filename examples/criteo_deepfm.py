@@ -301,7 +301,7 @@ def parse_args(argv=None):
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--max-buckets", type=int, default=2 ** 17, help="hash buckets per field at most")
     parser.add_argument("--serve-batch", type=int, default=1024, help="batch size of the latency comparison")
-    parser.add_argument("--rounds", type=int, default=40, help="interleaved calls per model for the latency")
+    parser.add_argument("--rounds", type=int, default=100, help="interleaved calls per model for the latency")
     parser.add_argument("--out", metavar="DIR", help="keep the SavedModels here (default: a temporary folder)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true", help="a tiny, fast run (tests)")
@@ -345,7 +345,8 @@ def main(argv=None):
         ours_dir = os.path.join(out, "deepfm_tf_ctr_ops")
         model.export(ours_dir, verbose=False)
         fresh = serve_in_fresh_process(ours_dir, serve_batch, tmp)
-        print(f"export    {ours_dir}; a fresh process served {len(fresh):,} rows, "
+        where = ours_dir if args.out else "a temporary folder (--out DIR keeps it)"
+        print(f"export    SavedModel in {where}; a fresh process served {len(fresh):,} rows, "
               f"max |diff| vs in-process {np.abs(fresh - in_process).max():.3g}")
 
         twin = deepfm(native_field, buckets)
