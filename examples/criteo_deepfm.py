@@ -169,9 +169,8 @@ def num_buckets(cardinality, cap):
 
 
 def fused_field(field, buckets, width):
-    """The tf-ctr-ops field embedding: hash + lookup in one op."""
-    layer = HashEmbedding(buckets, width, combiner="sum", name=f"embed_{field}")
-    return lambda keys: layer(keys)
+    """The tf-ctr-ops field embedding: the keys hashed and looked up by one fused op."""
+    return HashEmbedding(buckets, width, combiner="sum", name=f"embed_{field}")
 
 
 def native_field(field, buckets, width):
