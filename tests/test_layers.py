@@ -198,6 +198,37 @@ def test_hash_embedding_string_keys_match_tf(rng, container, combiner):
     np.testing.assert_allclose(got.numpy(), want.numpy(), **TOL)
 
 
+@pytest.mark.parametrize("width", [1, 4])  # [B, 1]: one key per field, as in criteo_deepfm.py
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_hash_embedding_dense_string_keys_unweighted(rng, width, combiner):
+    # Unweighted dense string keys take their own path (no ragged mask): the
+    # "" padding is dropped inside the kernel. Forward, gradient and max_norm.
+    strings_module()
+    keys = random_words(rng, 30, width)
+    keys = tf.ragged.boolean_mask(keys, keys != "")
+    dense = keys.to_tensor(default_value="", shape=[30, width])
+    assert int(tf.reduce_sum(tf.cast(dense == "", tf.int32))) > 0, "the test needs padding"
+    for max_norm in (None, 0.8):
+        layer = HashEmbedding(29, 6, combiner=combiner, max_norm=max_norm, embeddings_initializer=normal_init(4))
+        layer.build()
+        upstream = tf.constant(rng.normal(size=(30, 6)), tf.float32)
+        with tf.GradientTape() as tape:
+            got = layer(dense)
+            loss = tf.reduce_sum(got * upstream)
+        grad = tape.gradient(loss, layer.embeddings)
+        with tf.GradientTape() as tape:
+            want = tf_reference(layer.embeddings.value, hashed(keys, 29), None, combiner, max_norm=max_norm)
+            want_loss = tf.reduce_sum(want * upstream)
+        want_grad = tape.gradient(want_loss, layer.embeddings.value)
+        assert got.shape == (30, 6)
+        np.testing.assert_allclose(got.numpy(), want.numpy(), **TOL)
+        assert isinstance(grad, tf.IndexedSlices), type(grad)
+        np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(), tf.convert_to_tensor(want_grad).numpy(),
+                                   **TOL)
+    assert layer(tf.zeros([0, width], tf.string)).shape == (0, 6)
+    assert not np.any(layer(tf.fill([3, width], "")).numpy()), "all-padding rows must be zeros"
+
+
 def test_hash_embedding_int_key_equals_its_decimal_string(rng):
     strings_module()
     keys = random_bags(rng, 16, 4, -(10**12), 10**12)

@@ -175,6 +175,8 @@ def hash_string_keys(table, keys, weights, combiner, max_norm):
         keys = tf.convert_to_tensor(keys)
         if keys.shape.rank != 2:
             raise ValueError(f"dense keys must be [B, N], got shape {keys.shape}")
+        if weights is None:
+            return _dense_hash_string_keys(table, keys, combiner, max_norm)
         mask = tf.not_equal(keys, "")  # dense string keys are padded with ""
         keys = tf.ragged.boolean_mask(keys, mask)
         weights = None if weights is None else tf.ragged.boolean_mask(weights, mask)
@@ -188,6 +190,24 @@ def hash_string_keys(table, keys, weights, combiner, max_norm):
         return sparse_embedding(table, keys.with_values(buckets), weights, combiner=combiner, max_norm=max_norm)
     return _string_op(table, pack_strings(keys.values), keys.row_splits, delimiter=b"", combiner=combiner,
                       id_mode="hash", skip_empty=False, max_norm=max_norm)
+
+
+def _dense_hash_string_keys(table, keys, combiner, max_norm):
+    """Dense `[B, N]` string keys padded with "": each key is one whole-string
+    token (empty delimiter), and `skip_empty` drops the "" keys inside the
+    kernel. Building no mask and no ragged tensor matters: a model with one
+    `[B, 1]` key per field runs this once per field, and the ~20 ops of
+    `tf.ragged.boolean_mask` cost more than the lookup itself."""
+    packed = pack_strings(tf.reshape(keys, [-1]))
+    bag_splits = None
+    if keys.shape[1] != 1:
+        shape = tf.shape(keys, out_type=tf.int64)
+        bag_splits = tf.range(shape[0] + 1) * shape[1]
+    out = _string_op(table, packed, bag_splits, delimiter=b"", combiner=combiner, id_mode="hash",
+                     skip_empty=True, max_norm=max_norm)
+    if keys.shape[0] is not None:
+        out.set_shape([keys.shape[0], out.shape[1]])
+    return out
 
 
 # ---------------------------------------------------------------------------
