@@ -155,5 +155,23 @@ void BecomeFusedLookup(RewriteContext* ctx, const std::string& name, const RowSo
   attr["num_buckets"].set_i(src.num_buckets);
 }
 
+void AddPackedStringInputs(RewriteContext* ctx, const std::string& base, const std::string& device,
+                           const std::string& table, const std::string& strings, NodeDef* fused) {
+  // Packing is host work: no device, so it stays beside the strings.
+  NodeDef* pack = ctx->AddNode(base + "/ctr_pack_strings", "CtrPackStrings", "");
+  pack->add_input(strings);
+  (*pack->mutable_attr())["N"].set_i(1);
+  const std::string pack_name = pack->name();
+  NodeDef* no_bags = ctx->AddNode(base + "/ctr_no_bags", "Const", device);
+  (*no_bags->mutable_attr())["dtype"].set_type(tensorflow::DT_INT64);
+  auto* t = (*no_bags->mutable_attr())["value"].mutable_tensor();
+  t->set_dtype(tensorflow::DT_INT64);
+  t->mutable_tensor_shape()->add_dim()->set_size(0);
+  fused->add_input(table);
+  fused->add_input(TensorName(pack_name, 0));
+  fused->add_input(TensorName(pack_name, 1));
+  fused->add_input(no_bags->name());
+}
+
 }  // namespace grappler
 }  // namespace tf_ctr

@@ -73,5 +73,11 @@ void BecomeFusedLookup(RewriteContext* ctx, const std::string& name, const RowSo
 // declared shape (VarHandleOp `shape`, or `_handle_shapes` on a captured handle).
 int ResourceTableRank(RewriteContext* ctx, const tensorflow::NodeDef& gather);
 
+// Adds CtrPackStrings(strings) and the empty bag_splits, then appends the
+// inputs of a CtrStringEmbedding with one bag per string to `fused` (which
+// must have no data inputs yet): table, bytes, row_splits, bag_splits.
+void AddPackedStringInputs(RewriteContext* ctx, const std::string& base, const std::string& device,
+                           const std::string& table, const std::string& strings, tensorflow::NodeDef* fused);
+
 }  // namespace grappler
 }  // namespace tf_ctr

@@ -291,17 +291,11 @@ class HashGatherPattern : public FusionPattern {
     MatchRecord record = Absorb(ctx, anchor, keys, "CtrStringEmbedding");
 
     const std::string table = Table(ctx, anchor, resource, T);
-    NodeDef* pack = ctx->AddNode(anchor.name() + "/ctr_pack_strings", "CtrPackStrings", "");
-    pack->add_input(Flat(ctx, anchor.name(), strings, tensorflow::DT_STRING, rank, ""));
-    const std::string pack_name = pack->name();
-    const std::string no_bags = EmptyInt64Vector(ctx, anchor.name() + "/ctr_no_bags", device);
+    const std::string flat_strings = Flat(ctx, anchor.name(), strings, tensorflow::DT_STRING, rank, "");
 
     NodeDef* fused = BecomeOutput(ctx, anchor, "CtrStringEmbedding", T, rank);
-    for (const NodeDef& n : absorbed) CopyControlInputs(n, fused);
-    fused->add_input(table);
-    fused->add_input(TensorName(pack_name, 0));
-    fused->add_input(TensorName(pack_name, 1));
-    fused->add_input(no_bags);
+    AddPackedStringInputs(ctx, anchor.name(), device, table, flat_strings, fused);
+    for (const NodeDef& n : absorbed) CopyControlInputs(n, fused);  // after the data inputs
     auto& attr = *fused->mutable_attr();
     attr["T"].set_type(T);
     attr["combiner"].set_s("sum");
@@ -370,14 +364,6 @@ class HashGatherPattern : public FusionPattern {
     ctx->Matched(record);
   }
 
-  static std::string EmptyInt64Vector(RewriteContext* ctx, const std::string& base, const std::string& device) {
-    NodeDef* n = ctx->AddNode(base, "Const", device);
-    (*n->mutable_attr())["dtype"].set_type(tensorflow::DT_INT64);
-    auto* t = (*n->mutable_attr())["value"].mutable_tensor();
-    t->set_dtype(tensorflow::DT_INT64);
-    t->mutable_tensor_shape()->add_dim()->set_size(0);
-    return n->name();
-  }
 };
 
 REGISTER_CTR_FUSION_PATTERN(HashGatherPattern);

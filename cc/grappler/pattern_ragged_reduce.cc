@@ -342,24 +342,11 @@ class RaggedReduceLookupPattern : public FusionPattern {
     AbsorbSource(ctx, src, name, &record);
     record.replaced.push_back(Describe(anchor));
 
-    NodeDef* pack = ctx->AddNode(name + "/ctr_pack_strings", "CtrPackStrings", "");
-    pack->add_input(strings);
-    const std::string pack_name = pack->name();
-    NodeDef* no_bags = ctx->AddNode(name + "/ctr_no_bags", "Const", device);
-    (*no_bags->mutable_attr())["dtype"].set_type(tensorflow::DT_INT64);
-    auto* t = (*no_bags->mutable_attr())["value"].mutable_tensor();
-    t->set_dtype(tensorflow::DT_INT64);
-    t->mutable_tensor_shape()->add_dim()->set_size(0);
-    const std::string no_bags_name = no_bags->name();
-
     NodeDef* fused = ctx->Mutable(name);
     fused->clear_input();
     fused->clear_attr();
     fused->set_op("CtrStringEmbedding");
-    fused->add_input(table);
-    fused->add_input(TensorName(pack_name, 0));
-    fused->add_input(TensorName(pack_name, 1));
-    fused->add_input(no_bags_name);
+    AddPackedStringInputs(ctx, name, device, table, strings, fused);
     CopyControlInputs(anchor, fused);
     for (const NodeDef* n : src.absorbed) CopyControlInputs(*n, fused);
     auto& attr = *fused->mutable_attr();

@@ -15,6 +15,7 @@
 // token + 1).
 #include <string>
 
+#include "cc/grappler/gathered_rows.h"
 #include "cc/grappler/pattern.h"
 #include "tensorflow/core/framework/attr_value.pb.h"
 #include "tensorflow/core/framework/tensor.pb.h"
@@ -105,26 +106,12 @@ class StringSplitLookupPattern : public FusionPattern {
       ctx->RedirectControlEdges(n->name(), anchor_name);
       ctx->Remove(n->name(), anchor_name);
     }
-    NodeDef* pack = ctx->AddNode(anchor_name + "/ctr_pack_strings", "CtrPackStrings", "");
-    pack->add_input(strings);
-    (*pack->mutable_attr())["N"].set_i(1);
-    const std::string pack_name = pack->name();
-    NodeDef* no_bags = ctx->AddNode(anchor_name + "/ctr_no_bags", "Const", device);
-    (*no_bags->mutable_attr())["dtype"].set_type(tensorflow::DT_INT64);
-    auto* t = (*no_bags->mutable_attr())["value"].mutable_tensor();
-    t->set_dtype(tensorflow::DT_INT64);
-    t->mutable_tensor_shape()->add_dim()->set_size(0);
-    const std::string no_bags_name = no_bags->name();
-
     NodeDef* fused = ctx->Mutable(anchor_name);
     const NodeDef old = *fused;
     fused->clear_input();
     fused->clear_attr();
     fused->set_op("CtrStringEmbedding");
-    fused->add_input(old.input(0));
-    fused->add_input(TensorName(pack_name, 0));
-    fused->add_input(TensorName(pack_name, 1));
-    fused->add_input(no_bags_name);
+    AddPackedStringInputs(ctx, anchor_name, device, old.input(0), strings, fused);
     CopyControlInputs(old, fused);
     auto& attr = *fused->mutable_attr();
     attr["T"] = old.attr().at("T");
