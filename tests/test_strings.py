@@ -136,6 +136,37 @@ def test_delimiters(rng, params, delimiter, skip_empty):
         assert_matches(strings, params, delimiter=delimiter, id_mode=mode, skip_empty=skip_empty)
 
 
+@pytest.mark.parametrize("id_mode", MODES)
+def test_whole_string_tokens_equal_a_gather(rng, params, id_mode):
+    """delimiter=None: a single-valued feature, as hash (or to_number) + Gather."""
+    V = params.shape[0]
+    strings = tf.constant([str(v) for v in rng.integers(-2000, 2000, size=200)] + ["7", "0", "a,b", " 5"])
+    if id_mode != "hash":
+        strings = tf.constant([str(v) for v in rng.integers(0, V, size=200)] + ["+5", " 7 ", "007"])
+    if id_mode == "hash":
+        want_ids = tf.strings.to_hash_bucket_fast(strings, V)
+    else:
+        want_ids = tf.math.floormod(tf.strings.to_number(strings, tf.int64), V)
+    table = tf.Variable(params)
+    with tf.GradientTape(persistent=True) as tape:
+        got = tco.string_embedding(strings, table, delimiter=None, combiner="sum", id_mode=id_mode,
+                                   skip_empty=False)
+        want = tf.nn.embedding_lookup(table, want_ids)
+        loss_got = tf.reduce_sum(got * got)
+        loss_want = tf.reduce_sum(want * want)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    np.testing.assert_allclose(tf.convert_to_tensor(tape.gradient(loss_got, table)).numpy(),
+                               tf.convert_to_tensor(tape.gradient(loss_want, table)).numpy(), rtol=1e-6)
+    grouped = tco.multi_string_embedding([strings, strings], [table, params], delimiters=[None, None],
+                                         combiners="sum", id_modes=id_mode, skip_empty=False)
+    for g in grouped:
+        np.testing.assert_array_equal(g.numpy(), want.numpy())
+    # skip_empty: an empty string is a zero row rather than the bucket of "".
+    row = tco.string_embedding(["", "x"], params, delimiter=None, combiner="sum", skip_empty=True)
+    np.testing.assert_array_equal(row.numpy()[0], 0)
+    np.testing.assert_array_equal(row.numpy()[1], tf.gather(params, tf.strings.to_hash_bucket_fast("x", V)).numpy())
+
+
 def test_delimiter_longer_than_string_and_overlapping(params):
     assert_matches(["1", "", "aa"], params, delimiter="<<>>", id_mode="hash")
     assert_matches(["aaa", "aaaa", "a"], params, delimiter="aa", id_mode="hash", skip_empty=False)

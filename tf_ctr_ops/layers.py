@@ -321,7 +321,8 @@ class StringEmbedding(_PooledEmbeddingBase):
         num_buckets: Table rows V: hash buckets in "hash" mode, the id range
             in "index" mode, the modulus in "mod" mode.
         output_dim: Embedding size D.
-        delimiter: Non-empty token separator (at most 16 bytes).
+        delimiter: Non-empty token separator (at most 16 bytes), or None:
+            each whole string is one token (a single-valued feature).
         combiner: "sum", "mean" or "sqrtn".
         id_mode: "hash", "index" or "mod" (see `tf_ctr_ops.string_embedding`).
         skip_empty: Drop empty tokens (an empty string pools to zeros).
@@ -384,7 +385,8 @@ class MultiStringEmbedding(keras.layers.Layer):
         num_buckets: List of table sizes, one per feature.
         output_dims: List of embedding sizes (or one int for all).
         delimiters, combiners, id_modes, skip_empty: One value for all
-            features, or a list with one per feature.
+            features, or a list with one per feature. A delimiter of None
+            makes each whole string one token (a single-valued feature).
         embeddings_initializer: Initializer of every table.
         max_norm: If set, rows are clipped to this L2 norm before pooling.
 

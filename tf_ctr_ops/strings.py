@@ -23,10 +23,14 @@ def _check_id_mode(id_mode):
 
 
 def _check_delimiter(delimiter):
+    """The delimiter attr: None means each whole string is one token."""
+    if delimiter is None:
+        return b""
     if isinstance(delimiter, str):
         delimiter = delimiter.encode("utf-8")
     if not isinstance(delimiter, bytes) or not delimiter:
-        raise ValueError(f"delimiter must be a non-empty string, got {delimiter!r}")
+        raise ValueError(f"delimiter must be a non-empty string, or None for whole-string tokens, got "
+                         f"{delimiter!r}")
     if len(delimiter) > MAX_DELIMITER_BYTES:
         raise ValueError(f"delimiter must be at most {MAX_DELIMITER_BYTES} bytes, got {len(delimiter)}")
     return delimiter
@@ -84,7 +88,10 @@ def string_embedding(strings, params, delimiter=",", combiner="mean", id_mode="h
       strings: string tensor `[B]` (or `[B, 1]`), or an already packed
         `(bytes, row_splits)` pair from `pack_strings`.
       params: `[V, D]` table (Tensor or Variable).
-      delimiter: non-empty separator (at most 16 bytes), split as a whole.
+      delimiter: non-empty separator (at most 16 bytes), split as a whole; or
+        None: each whole string is one token, for single-valued features
+        (`tf.nn.embedding_lookup(params, tf.strings.to_hash_bucket_fast(
+        strings, V))` in hash mode with `skip_empty=False`).
       combiner: "sum", "mean" or "sqrtn".
       id_mode: "hash", "index" or "mod".
       skip_empty: drop empty tokens (an empty string gives a zero row); else
