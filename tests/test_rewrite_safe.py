@@ -284,3 +284,54 @@ def test_safe_lookup_unsupported_cases_stay_exact(rng, big_table):
     no_empty = tf.sparse.from_dense(tf.constant([[1, 2], [3, 0]], tf.int64))
     [got] = run_graph_def(cf, graph, no_empty)
     assert_close(got, far(no_empty))
+
+
+# ---------------------------------------------------------------------------
+# SavedModel
+
+
+class SafeModule(tf.Module):
+    def __init__(self, rng):
+        super().__init__()
+        self.table = tf.Variable(rng.normal(size=(V, D)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.int64, name="indices"),
+                                  tf.TensorSpec([None], tf.int64, name="ids"),
+                                  tf.TensorSpec([None], tf.float32, name="weights"),
+                                  tf.TensorSpec([2], tf.int64, name="shape")])
+    def serve(self, indices, ids, weights, shape):
+        sp, w = tf.SparseTensor(indices, ids, shape), tf.SparseTensor(indices, weights, shape)
+        return {"safe": tf.nn.safe_embedding_lookup_sparse(self.table, sp, w, combiner="mean", default_id=2,
+                                                            max_norm=1.5),
+                "clipped": tf.nn.embedding_lookup_sparse(self.table, sp, None, combiner="sum", max_norm=0.5)}
+
+
+def test_saved_model_safe_and_max_norm_served_in_fresh_process(tmp_path, rng):
+    import subprocess
+    import sys
+
+    from conftest import fresh_process_env
+    from test_rewrite import SERVE_SCRIPT
+
+    module = SafeModule(rng)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tf.saved_model.save(module, str(src), signatures={"serving_default": module.serve})
+    ids = random_ids(rng, negatives=False)
+    w = weights_like(rng, ids, nonpositive=True)
+    inputs = {"indices": ids.indices.numpy(), "ids": ids.values.numpy(), "weights": w.values.numpy(),
+              "shape": ids.dense_shape.numpy()}
+    report = rewrite.optimize_saved_model(src, dst, sample_inputs={"serving_default": inputs}, runs=2)
+    sig = report.signatures["serving_default"]
+    assert report.ok and sig.outputs_match and sig.max_abs_diff <= 1e-5
+    assert {"max_norm_lookup", "safe_lookup"} <= {m["pattern"] for m in sig.matches}, sig.skips
+    assert sig.op_counts_after.get("CtrEmbeddingLookup") == 2
+    assert not (SAFE_OPS | CLIP_OPS) & set(sig.op_counts_after), sig.op_counts_after
+
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    serve = subprocess.run([sys.executable, "-c", SERVE_SCRIPT, "dst", "inputs.npz", "out.npz"], cwd=tmp_path,
+                           env=fresh_process_env(), capture_output=True, text=True, timeout=300)
+    assert serve.returncode == 0, serve.stdout + serve.stderr
+    got = np.load(tmp_path / "out.npz")
+    want = module.serve(**{k: tf.constant(v) for k, v in inputs.items()})
+    for k in want:
+        assert_close(got[k], want[k])

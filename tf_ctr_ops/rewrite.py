@@ -165,6 +165,24 @@ def _annotate_handle_shapes(graph_def, handle_shapes):
             attr.shape.add().CopyFrom(tf.TensorShape(shape).as_proto())
 
 
+def _annotate_called_handle_shapes(graph_def):
+    """Carries `_handle_shapes` of captured variables into the functions the
+    graph calls with them (a SavedModel signature's body is such a function),
+    as an arg attribute of the resource argument."""
+    shapes = {n.name: n.attr["_handle_shapes"] for n in graph_def.node
+              if n.op == "Placeholder" and "_handle_shapes" in n.attr}
+    by_name = {f.signature.name: f for f in graph_def.library.function}
+    for node in graph_def.node:
+        fdef = by_name.get(node.attr["f"].func.name) if "f" in node.attr else None
+        if fdef is None:
+            continue
+        data_inputs = [i for i in node.input if not i.startswith("^")]
+        for i, name in enumerate(data_inputs[:len(fdef.signature.input_arg)]):
+            shape = shapes.get(name.split(":")[0])
+            if shape is not None and fdef.signature.input_arg[i].type == tf.resource.as_datatype_enum:
+                fdef.arg_attr[i].attr["_handle_shapes"].CopyFrom(shape)
+
+
 def _keep_recorded_shapes(graph_def):
     """Copies `_output_shapes` to `_ctr_output_shapes`, which Grappler keeps.
 
@@ -190,6 +208,7 @@ def optimize_graph_def(graph_def, fetches, handle_shapes=None):
     """
     graph_def = type(graph_def).FromString(graph_def.SerializeToString())
     _annotate_handle_shapes(graph_def, handle_shapes or {})
+    _annotate_called_handle_shapes(graph_def)
     _keep_recorded_shapes(graph_def)
     meta = meta_graph_pb2.MetaGraphDef()
     meta.graph_def.CopyFrom(graph_def)
