@@ -335,3 +335,145 @@ def test_saved_model_safe_and_max_norm_served_in_fresh_process(tmp_path, rng):
     want = module.serve(**{k: tf.constant(v) for k, v in inputs.items()})
     for k in want:
         assert_close(got[k], want[k])
+
+
+# ---------------------------------------------------------------------------
+# Partitioned tables (offline only: the merged table is a new variable)
+
+PART_SIZES = (4, 3, 3)  # uneven: 10 rows in 3 partitions, as both 'mod' and 'div' lay them out
+PART_SIGNATURE = [tf.TensorSpec([None, 2], tf.int64, name="indices"), tf.TensorSpec([None], tf.int64, name="ids"),
+                  tf.TensorSpec([2], tf.int64, name="shape")]
+
+
+class PartitionedModule(tf.Module):
+    def __init__(self, rng, strategy, sizes=PART_SIZES, constant=False):
+        super().__init__()
+        values = [rng.normal(size=(n, D)).astype(np.float32) for n in sizes]
+        self.parts = [tf.constant(v) for v in values] if constant else [tf.Variable(v) for v in values]
+        self.strategy = strategy
+
+    @tf.function(input_signature=PART_SIGNATURE)
+    def serve(self, indices, ids, shape):
+        sp = tf.SparseTensor(indices, ids, shape)
+        return {"pooled": tf.compat.v1.nn.embedding_lookup_sparse(self.parts, sp, None, combiner="sqrtn",
+                                                                   partition_strategy=self.strategy),
+                "rows": tf.compat.v1.nn.embedding_lookup(self.parts, tf.reshape(ids, [-1, 1]),
+                                                         partition_strategy=self.strategy)}
+
+
+def partitioned_inputs(rng, vocab):
+    ids = random_ids(rng, vocab=vocab)
+    return {"indices": ids.indices.numpy(), "ids": ids.values.numpy(), "shape": ids.dense_shape.numpy()}
+
+
+def save_and_optimize(tmp_path, module, inputs):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tf.saved_model.save(module, str(src), signatures={"serving_default": module.serve})
+    report = rewrite.optimize_saved_model(src, dst, sample_inputs={"serving_default": inputs}, runs=2)
+    return report, report.signatures["serving_default"], dst
+
+
+@pytest.mark.parametrize("strategy", ["mod", "div"])
+def test_partitioned_table_merged_offline_and_served_in_fresh_process(tmp_path, rng, strategy):
+    import subprocess
+    import sys
+
+    from conftest import fresh_process_env
+    from test_rewrite import SERVE_SCRIPT
+
+    module = PartitionedModule(rng, strategy)
+    inputs = partitioned_inputs(rng, sum(PART_SIZES))
+    report, sig, dst = save_and_optimize(tmp_path, module, inputs)
+    assert report.ok and sig.outputs_match and sig.max_abs_diff == 0
+    merges = [m for m in sig.matches if m["pattern"] == "partitioned_table"]
+    assert len(merges) == 2 and {m["strategy"] for m in merges} == {strategy}, sig.matches
+    assert "sparse_segment_lookup" in [m["pattern"] for m in sig.matches]  # the merged gather then fuses
+    after = sig.op_counts_after
+    assert not {"DynamicPartition", "ParallelDynamicStitch"} & set(after), after
+    assert after.get("CtrEmbeddingLookup") == 1 and after.get("ResourceGather") == 1
+
+    # One new variable holds the merged table, in the strategy's row order.
+    loaded = tf.saved_model.load(str(dst))
+    merged = [v for v in loaded.ctr_variables if v.shape[0] == sum(PART_SIZES)]
+    assert len(merged) == 1
+    parts = [p.numpy() for p in module.parts]
+    for row in range(sum(PART_SIZES)):
+        if strategy == "mod":
+            want = parts[row % 3][row // 3]
+        else:
+            p = np.searchsorted(np.cumsum(PART_SIZES), row, side="right")
+            want = parts[p][row - (np.cumsum(PART_SIZES)[p - 1] if p else 0)]
+        np.testing.assert_array_equal(merged[0].numpy()[row], want)
+
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    serve = subprocess.run([sys.executable, "-c", SERVE_SCRIPT, "dst", "inputs.npz", "out.npz"], cwd=tmp_path,
+                           env=fresh_process_env(), capture_output=True, text=True, timeout=300)
+    assert serve.returncode == 0, serve.stdout + serve.stderr
+    got = np.load(tmp_path / "out.npz")
+    want = module.serve(**{k: tf.constant(v) for k, v in inputs.items()})
+    for k in want:
+        assert_close(got[k], want[k])
+    # Ids outside the table fail in both.
+    bad = dict(inputs, ids=np.full_like(inputs["ids"], sum(PART_SIZES)))
+    for fn in (module.serve, loaded.signatures["serving_default"]):
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            fn(**{k: tf.constant(v) for k, v in bad.items()})
+
+
+@pytest.mark.parametrize("case,reason", [
+    ("sizes off the layout", "do not follow the layout"),
+    ("constant partitions", "not read by ResourceGather from variables"),
+])
+def test_partitioned_table_left_alone_with_reason(tmp_path, rng, case, reason):
+    if case == "sizes off the layout":
+        module = PartitionedModule(rng, "mod", sizes=(3, 4, 3))  # 'mod' puts 4 rows in partition 0
+    else:
+        module = PartitionedModule(rng, "div", constant=True)
+    inputs = partitioned_inputs(rng, 9)
+    report, sig, _ = save_and_optimize(tmp_path, module, inputs)
+    assert "partitioned_table" not in [m["pattern"] for m in sig.matches]
+    assert any(s["pattern"] == "partitioned_table" and reason in s["reason"] for s in sig.skips), sig.skips
+    assert "ParallelDynamicStitch" in sig.op_counts_after
+    assert report.ok and sig.outputs_match
+
+
+def manual_partitioned(parts, also_stitched):
+    def f(ids):
+        flat = tf.reshape(ids, [-1])
+        assign = tf.cast(flat % 2, tf.int32)
+        local = tf.dynamic_partition(flat // 2, assign, 2)
+        positions = tf.dynamic_partition(tf.range(tf.size(flat)), assign, 2)
+        rows = [tf.gather(p, i) for p, i in zip(parts, local)]
+        stitched = tf.raw_ops.ParallelDynamicStitch(indices=positions, data=rows)
+        out = tf.reshape(stitched, tf.concat([tf.shape(ids), [D]], 0))
+        return {"out": out, "stitched": stitched} if also_stitched else {"out": out}
+
+    return f
+
+
+@pytest.mark.parametrize("also_stitched", [False, True], ids=["as written", "stitched rows fetched"])
+def test_partitioned_table_written_out(tmp_path, rng, also_stitched):
+    module = tf.Module()
+    module.parts = [tf.Variable(rng.normal(size=(n, D)).astype(np.float32)) for n in (3, 2)]
+    module.serve = tf.function(manual_partitioned(module.parts, also_stitched),
+                               input_signature=[tf.TensorSpec([None], tf.int64, name="ids")])
+    inputs = {"ids": rng.integers(0, 5, size=7)}
+    report, sig, _ = save_and_optimize(tmp_path, module, inputs)
+    merged = [m for m in sig.matches if m["pattern"] == "partitioned_table"]
+    if also_stitched:
+        assert not merged
+        assert any("reshaped back" in s["reason"] for s in sig.skips), sig.skips
+    else:
+        assert [m["strategy"] for m in merged] == ["mod"]
+    assert report.ok and sig.outputs_match and sig.max_abs_diff == 0
+
+
+def test_partitioned_table_online_left_alone_with_reason(rng):
+    parts = [tf.Variable(rng.normal(size=(n, D)).astype(np.float32)) for n in PART_SIZES]
+    ids = random_ids(rng, vocab=sum(PART_SIZES))
+    f = lambda sp: tf.compat.v1.nn.embedding_lookup_sparse(parts, sp, None, partition_strategy="div")  # noqa: E731
+    got, stats = run_online(f, ids)
+    assert stats["skips"] > 0
+    assert_close(got, f(ids))
+    cf, graph, report, counts = offline(f, SPARSE2)
+    assert any(s["pattern"] == "partitioned_table" and "offline" in s["reason"] for s in report["skip"]), report
