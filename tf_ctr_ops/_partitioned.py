@@ -227,7 +227,9 @@ def merge_partitioned_tables(graph_def, concrete_function):
     for node in graph_def.node:
         if node.op in ("StatefulPartitionedCall", "PartitionedCall"):
             calls.setdefault(node.attr["f"].func.name, []).append(node)
-    merged, created, matches, skips = {}, {}, [], []
+    merged, matches, skips = {}, [], []  # merged: (strategy, partition handles) -> variable
+    placeholders = {}  # top-level placeholder -> merged variable
+    merged_args = {}  # (function, key) -> argument name
     for fdef in graph_def.library.function:
         stitches = [n for n in fdef.node_def if n.op == "ParallelDynamicStitch"]
         callers = calls.get(fdef.signature.name, [])
@@ -269,13 +271,11 @@ def merge_partitioned_tables(graph_def, concrete_function):
                 var = tf.Variable(table, name=f"ctr_merged_{strategy}_table")
                 merged[key] = var
             var = merged[key]
-            arg_name = f"ctr_merged_table_{len(body.args)}"
-            if key in created.get(fdef.signature.name, {}):
-                arg_name = created[fdef.signature.name][key]
-            else:
+            arg_name = merged_args.get((fdef.signature.name, key))
+            if arg_name is None:
+                arg_name = f"ctr_merged_table_{len(body.args)}"
                 placeholder = f"ctr_merged_table_{len(graph_def.node)}"
-                arg = fdef.signature.input_arg.add(name=arg_name, type=_RESOURCE)
-                del arg  # appended
+                fdef.signature.input_arg.add(name=arg_name, type=_RESOURCE)
                 shape = fdef.arg_attr[len(body.args)].attr["_handle_shapes"].list.shape.add()
                 shape.CopyFrom(tf.TensorShape(var.shape).as_proto())
                 if "_input_shapes" in fdef.attr:  # loading checks one per argument
@@ -291,8 +291,8 @@ def merge_partitioned_tables(graph_def, concrete_function):
                 del call.input[:]
                 call.input.extend(data + [placeholder] + controls)
                 call.attr["Tin"].list.type.append(_RESOURCE)
-                created.setdefault(fdef.signature.name, {})[key] = arg_name
-                created.setdefault("placeholders", {})[placeholder] = var
+                merged_args[(fdef.signature.name, key)] = arg_name
+                placeholders[placeholder] = var
             subgraph = {n.name for n in fdef.node_def if n.name != reshape.name}
             gather_dtype = body.node(stitch.input[len(parts)]).attr["dtype"].type
             old_inputs = [i for i in reshape.input if i.startswith("^")]
@@ -312,7 +312,7 @@ def merge_partitioned_tables(graph_def, concrete_function):
             matches.append({"pattern": "partitioned_table", "fused_node": reshape.name, "fused_op": "ResourceGather",
                             "replaced": removed + [f"{reshape.name} (Reshape)"], "strategy": strategy,
                             "partitions": len(parts)})
-    return graph_def, created.get("placeholders", {}), matches, skips
+    return graph_def, placeholders, matches, skips
 
 
 def _subgraph_above(body, name, allowed):

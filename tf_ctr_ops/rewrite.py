@@ -546,6 +546,9 @@ def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, veri
     is frozen: embedding tables may exceed the 2 GB GraphDef limit); `dst`
     holds the variables the signatures read. Signatures not selected are
     copied unchanged. `dst` loads in a process that has imported `tf_ctr_ops`.
+    Lookups into partitioned tables ('mod' or 'div' lists of variables) are
+    first rewritten into gathers from one merged variable per partition
+    list, created here and saved in `dst` (see tf_ctr_ops/_partitioned.py).
 
     Args:
       src: the SavedModel directory to read.

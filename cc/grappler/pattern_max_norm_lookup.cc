@@ -148,7 +148,8 @@ class MaxNormLookupPattern : public FusionPattern {
     Clip clip;
     std::string why;
     if (!MatchClip(g, g.Producer(anchor, 0), &clip, &why)) return why.empty() ? false : Skip(ctx, anchor, why);
-    if (anchor.attr().at("max_norm").f() > 0.f || StringAttr(anchor, "invalid_ids") != "error" ||
+    const auto max_norm = anchor.attr().find("max_norm");  // absent: the default, -1
+    if ((max_norm != anchor.attr().end() && max_norm->second.f() > 0.f) || StringAttr(anchor, "invalid_ids") != "error" ||
         IntAttr(anchor, "default_id", -1) != -1 || BoolAttr(anchor, "prune_weights", false))
       return Skip(ctx, anchor, "the pooled lookup already clips, drops or defaults ids");
 

@@ -121,7 +121,8 @@ bool IsTrueLike(const GraphIndex& g, const NodeDef* n, const std::string& w, std
   if (!IsOp(n, "Fill")) return false;
   const NodeDef* shape = g.Producer(*n, 0);
   const NodeDef* value = g.Producer(*n, 1);
-  if (!IsOp(shape, "Shape") || shape->input(0) != w || !IsOp(value, "Const")) return false;
+  if (!IsOp(shape, "Shape") || shape->input(0) != w || !IsOp(value, "Const") || !value->attr().count("value"))
+    return false;
   const auto& t = value->attr().at("value").tensor();
   if (t.dtype() != tensorflow::DT_BOOL || t.tensor_shape().dim_size() != 0 || t.bool_val_size() != 1 || !t.bool_val(0))
     return false;
@@ -144,7 +145,7 @@ bool IsFirstColumn(const GraphIndex& g, const NodeDef* slice) {
 // Everything the rewrite needs, found from the pooled lookup.
 struct Safe {
   const NodeDef* fill = nullptr;
-  const NodeDef* fill_w = nullptr;
+  const NodeDef* fill_w = nullptr;  // of the weights, when weighted
   const NodeDef* out = nullptr;  // the node whose output the fused lookup replaces
   const NodeDef* reshape = nullptr;  // SparseReshape
   std::string ids;      // reshaped ids' values (before any retain)
@@ -169,7 +170,10 @@ class SafeLookupPattern : public FusionPattern {
     int port = 0;
     const NodeDef* fill = g.Producer(*pool, 1, &port);
     if (!IsOp(fill, "SparseFillEmptyRows") || port != 1) return false;
-    if (!zeroed && g.Consumers(fill->name(), 2) > 0) return false;  // empty rows zeroed: matched at the Select
+    // Empty rows zeroed by a Select are matched there (this record is then
+    // dropped with the pass that rewrites it).
+    if (!zeroed && g.Consumers(fill->name(), 2) > 0)
+      return Skip(ctx, anchor, "the empty-row indicator of " + Describe(*fill) + " is read outside a zeroing Select");
     Safe s;
     s.fill = fill;
     s.out = &anchor;
@@ -375,15 +379,18 @@ class SafeLookupPattern : public FusionPattern {
   static void Fuse(const NodeDef& pool_node, RewriteContext* ctx, const Safe& s) {
     const NodeDef pool = pool_node;
     const std::string out_name = s.out->name();
-    const std::string device = s.out->device();
     const std::string base = out_name + "/ctr_safe";
-    const std::string ids = AddReorder(ctx, base + "/ids", *s.reshape, s.ids, TypeAttr(pool, "Tid"), device);
+    // The sparse bookkeeping stays where SparseReshape runs (host-only ops).
+    const std::string sparse_device = s.reshape->device();
+    const std::string ids =
+        AddReorder(ctx, base + "/ids", *s.reshape, s.ids, TypeAttr(pool, "Tid"), sparse_device);
     const std::string weights = s.fill_w ? TensorName(AddReorder(ctx, base + "/weights", *s.reshape, s.weights,
-                                                                 tensorflow::DT_FLOAT, device), 1)
+                                                                 tensorflow::DT_FLOAT, sparse_device), 1)
                                          : pool.input(4);
-    const std::string rows = AddStridedSlice(ctx, base + "/rows", TensorName(ids, 0), {0, 0}, {0, 1}, 1, 1, 2, device);
-    const std::string num_rows =
-        AddStridedSlice(ctx, base + "/num_rows", TensorName(s.reshape->name(), 1), {0}, {1}, 0, 0, 1, device);
+    const std::string rows =
+        AddStridedSlice(ctx, base + "/rows", TensorName(ids, 0), {0, 0}, {0, 1}, 1, 1, 2, sparse_device);
+    const std::string num_rows = AddStridedSlice(ctx, base + "/num_rows", TensorName(s.reshape->name(), 1), {0}, {1},
+                                                 0, 0, 1, sparse_device);
 
     MatchRecord record{kName, out_name, "CtrEmbeddingLookup", {}};
     AbsorbNodes(ctx, Unique(s.absorbed), out_name, &record);
