@@ -216,6 +216,28 @@ def test_safe_lookup_errors_like_tf(rng, big_table):
             run_graph_def(cf, graph, bad)
 
 
+def test_safe_lookup_on_criteo_categories(big_table):
+    from test_rewrite import read_csv
+
+    rows = read_csv("criteo_sample.txt")
+    cats = tf.constant([[r[f"C{i}"] for i in range(1, 27)] for r in rows])
+    assert bool(tf.reduce_any(cats == "")), "the sample should have absent categories"
+
+    def f(cats):
+        # Absent categories are id -1, which safe_embedding_lookup_sparse drops.
+        ids = tf.where(cats == "", tf.constant(-1, tf.int64), tf.strings.to_hash_bucket_fast(cats, V))
+        sp = tf.SparseTensor(tf.where(tf.ones_like(ids, tf.bool)), tf.reshape(ids, [-1]),
+                             tf.shape(ids, out_type=tf.int64))
+        return tf.nn.safe_embedding_lookup_sparse(big_table, sp, None, combiner="sqrtn", max_norm=1.0)
+
+    cf, graph, report, counts = offline(f, tf.TensorSpec([None, 26], tf.string))
+    assert {"max_norm_lookup", "safe_lookup"} <= set(patterns(report)), report
+    assert counts["CtrEmbeddingLookup"] == 1 and counts["SelectV2"] == 1 and counts["Where"] == 1  # the model's own
+    assert not (SAFE_OPS - {"SelectV2", "Where"} | CLIP_OPS) & set(counts), counts
+    [got] = run_graph_def(cf, graph, cats)
+    assert_close(got, f(cats))
+
+
 def test_online_safe_lookup(rng, big_table):
     ids = random_ids(rng, negatives=True)
     w = weights_like(rng, ids, nonpositive=True)
