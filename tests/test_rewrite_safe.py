@@ -499,3 +499,21 @@ def test_partitioned_table_online_left_alone_with_reason(rng):
     assert_close(got, f(ids))
     cf, graph, report, counts = offline(f, SPARSE2)
     assert any(s["pattern"] == "partitioned_table" and "offline" in s["reason"] for s in report["skip"]), report
+
+
+def test_partitioned_table_with_max_norm_fuses_completely(tmp_path, rng):
+    module = tf.Module()
+    module.parts = [tf.Variable(rng.normal(size=(n, D)).astype(np.float32)) for n in PART_SIZES]
+
+    @tf.function(input_signature=PART_SIGNATURE)
+    def serve(indices, ids, shape):
+        sp = tf.SparseTensor(indices, ids, shape)
+        return {"pooled": tf.compat.v1.nn.embedding_lookup_sparse(module.parts, sp, None, combiner="mean",
+                                                                   partition_strategy="mod", max_norm=1.0)}
+
+    module.serve = serve
+    report, sig, _ = save_and_optimize(tmp_path, module, partitioned_inputs(rng, sum(PART_SIZES)))
+    assert [m["pattern"] for m in sig.matches] == ["partitioned_table", "sparse_segment_lookup", "max_norm_lookup"]
+    assert sig.op_counts_after.get("CtrEmbeddingLookup") == 1
+    assert not ({"DynamicPartition", "ParallelDynamicStitch", "ResourceGather"} | CLIP_OPS) & set(sig.op_counts_after)
+    assert report.ok and sig.outputs_match and sig.max_abs_diff <= 1e-6
