@@ -35,8 +35,9 @@ EXPECTED_REWRITES = {
     "lookup_sparse_const_table": 1,  # the same over GatherV2 on a constant
     "hash_ints": 1,  # ... with StringToHashBucketFast(AsString(ids)) fused in (hash mode)
     "string_split": 2,  # TF1 string_split + hash + lookup: the lookup, then the split into CtrStringEmbedding
-    "max_norm": 1,  # only the pooling: the clip_by_norm subgraph between Gather and pooling stays
-    "safe": 1,  # only the inner lookup: SparseFillEmptyRows, the Select for empty rows etc. stay
+    "max_norm": 2,  # the pooling, then the clip_by_norm subgraph into its max_norm (test_rewrite_safe.py)
+    "safe": 2,  # the inner lookup, then the retain / SparseFillEmptyRows / Select chain around it
+    "safe_weighted_max_norm": 3,  # weighted pooling, its clip, the safe chain
     "weighted_sum": 1,  # Gather + Mul + SegmentSum -> CtrEmbeddingLookup with weights
     "weighted_mean": 1,  # ... + DivNoNan(SegmentSum(w))
     # ... + Sqrt(SegmentSum(Pow(w, 2))), or Square(w) once Grappler's arithmetic pass ran (online)

@@ -28,6 +28,7 @@ from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config
 from tensorflow.python.eager import context
 from tensorflow.python.grappler import tf_optimizer
 
+from tf_ctr_ops import _partitioned
 from tf_ctr_ops._loader import load_op_library
 
 _ops = load_op_library()
@@ -165,6 +166,24 @@ def _annotate_handle_shapes(graph_def, handle_shapes):
             attr.shape.add().CopyFrom(tf.TensorShape(shape).as_proto())
 
 
+def _annotate_called_handle_shapes(graph_def):
+    """Carries `_handle_shapes` of captured variables into the functions the
+    graph calls with them (a SavedModel signature's body is such a function),
+    as an arg attribute of the resource argument."""
+    shapes = {n.name: n.attr["_handle_shapes"] for n in graph_def.node
+              if n.op == "Placeholder" and "_handle_shapes" in n.attr}
+    by_name = {f.signature.name: f for f in graph_def.library.function}
+    for node in graph_def.node:
+        fdef = by_name.get(node.attr["f"].func.name) if "f" in node.attr else None
+        if fdef is None:
+            continue
+        data_inputs = [i for i in node.input if not i.startswith("^")]
+        for i, name in enumerate(data_inputs[:len(fdef.signature.input_arg)]):
+            shape = shapes.get(name.split(":")[0])
+            if shape is not None and fdef.signature.input_arg[i].type == tf.resource.as_datatype_enum:
+                fdef.arg_attr[i].attr["_handle_shapes"].CopyFrom(shape)
+
+
 def _keep_recorded_shapes(graph_def):
     """Copies `_output_shapes` to `_ctr_output_shapes`, which Grappler keeps.
 
@@ -190,6 +209,7 @@ def optimize_graph_def(graph_def, fetches, handle_shapes=None):
     """
     graph_def = type(graph_def).FromString(graph_def.SerializeToString())
     _annotate_handle_shapes(graph_def, handle_shapes or {})
+    _annotate_called_handle_shapes(graph_def)
     _keep_recorded_shapes(graph_def)
     meta = meta_graph_pb2.MetaGraphDef()
     meta.graph_def.CopyFrom(graph_def)
@@ -423,7 +443,7 @@ def _signature_inputs(concrete_function):
     return keys, specs, list(concrete_function.inputs[:len(keys)])
 
 
-def _rebuild_function(concrete_function, graph_def, name):
+def _rebuild_function(concrete_function, graph_def, name, extra_captures=None):
     """A tf.function concrete function that runs `graph_def` (an optimized body
     of `concrete_function`), with the same input names and output structure,
     capturing the same variables and resources."""
@@ -435,6 +455,7 @@ def _rebuild_function(concrete_function, graph_def, name):
     outputs = tf.nest.pack_sequence_as(concrete_function.structured_outputs,
                                        [t.name for t in concrete_function.outputs], expand_composites=True)
     captures = {internal.op.name: external for external, internal in concrete_function.graph.captures}
+    captures.update(extra_captures or {})  # merged partitioned tables
     body = wrap_function.function_from_graph_def(graph_def, [t.name for t in inputs], outputs, captures=captures)
     signature = [tf.TensorSpec(spec.shape, spec.dtype, name=key) for key, spec in zip(keys, specs)]
 
@@ -525,6 +546,9 @@ def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, veri
     is frozen: embedding tables may exceed the 2 GB GraphDef limit); `dst`
     holds the variables the signatures read. Signatures not selected are
     copied unchanged. `dst` loads in a process that has imported `tf_ctr_ops`.
+    Lookups into partitioned tables ('mod' or 'div' lists of variables) are
+    first rewritten into gathers from one merged variable per partition
+    list, created here and saved in `dst` (see tf_ctr_ops/_partitioned.py).
 
     Args:
       src: the SavedModel directory to read.
@@ -576,10 +600,17 @@ def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, veri
             reports[key] = SignatureReport(key, False, op_counts_before=counts, op_counts_after=counts)
             continue
         t0 = time.perf_counter()
-        optimized, records = optimize_concrete_function(original)
-        functions[key] = _rebuild_function(original, optimized, f"{key}_ctr_fused")
+        graph_def, merged, part_matches, part_skips = _partitioned.merge_partitioned_tables(
+            original.graph.as_graph_def(add_shapes=True), original)
+        optimized, records = optimize_graph_def(
+            graph_def, [t.name for t in original.outputs],
+            dict(captured_handle_shapes(original), **{k: v.shape for k, v in merged.items()}))
+        functions[key] = _rebuild_function(original, optimized, f"{key}_ctr_fused",
+                                           {k: v.handle for k, v in merged.items()})
+        variables.extend(v for v in merged.values() if not any(v is w for w in variables))
         rewrite_seconds += time.perf_counter() - t0
-        reports[key] = SignatureReport(key, True, matches=records["match"], skips=records["skip"],
+        reports[key] = SignatureReport(key, True, matches=part_matches + records["match"],
+                                       skips=part_skips + records["skip"],
                                        op_counts_before=op_counts(before, library=True),
                                        op_counts_after=op_counts(optimized, library=True))
 

@@ -30,7 +30,11 @@ GraphIndex::GraphIndex(const tensorflow::GraphDef& graph, const std::vector<std:
   for (const auto& n : graph.node()) {
     for (const auto& in : n.input()) {
       const TensorId id = ParseTensorName(in);
-      if (id.port < 0) continue;
+      if (id.port < 0) {
+        ++control_consumers_[id.node];
+        continue;
+      }
+      readers_[id.node].push_back(&n);
       ++data_consumers_[id.node];
       ++consumers_[TensorName(id.node, id.port)];
     }
@@ -63,6 +67,17 @@ int GraphIndex::Consumers(const std::string& node, int port) const {
 int GraphIndex::DataConsumers(const std::string& node) const {
   auto it = data_consumers_.find(node);
   return it == data_consumers_.end() ? 0 : it->second;
+}
+
+const std::vector<const tensorflow::NodeDef*>& GraphIndex::DataReaders(const std::string& node) const {
+  static const auto* none = new std::vector<const tensorflow::NodeDef*>();
+  auto it = readers_.find(node);
+  return it == readers_.end() ? *none : it->second;
+}
+
+int GraphIndex::ControlConsumers(const std::string& node) const {
+  auto it = control_consumers_.find(node);
+  return it == control_consumers_.end() ? 0 : it->second;
 }
 
 }  // namespace grappler

@@ -35,11 +35,17 @@ class GraphIndex {
   // Readers of any output of `node` through data edges or fetches. Control
   // edges are not counted: a rewrite moves them onto the fused node.
   int DataConsumers(const std::string& node) const;
+  // Nodes reading any output of `node` through data edges (once per edge),
+  // and how many nodes wait on it through control edges.
+  const std::vector<const tensorflow::NodeDef*>& DataReaders(const std::string& node) const;
+  int ControlConsumers(const std::string& node) const;
 
  private:
   std::unordered_map<std::string, const tensorflow::NodeDef*> nodes_;
   std::unordered_map<std::string, int> consumers_;  // "node:port" -> count
   std::unordered_map<std::string, int> data_consumers_;  // node -> count
+  std::unordered_map<std::string, std::vector<const tensorflow::NodeDef*>> readers_;
+  std::unordered_map<std::string, int> control_consumers_;
 };
 
 }  // namespace grappler

@@ -1,0 +1,121 @@
+#include "cc/grappler/absorbed_set.h"
+
+#include <cstring>
+#include <set>
+#include <unordered_map>
+
+#include "tensorflow/core/framework/attr_value.pb.h"
+#include "tensorflow/core/framework/tensor.pb.h"
+#include "tensorflow/core/framework/tensor_shape.pb.h"
+
+namespace tf_ctr {
+namespace grappler {
+
+using tensorflow::NodeDef;
+
+// Stateless shape arithmetic whose output nothing reads, directly or
+// through other such nodes; nothing waits on it and it is not fetched.
+static bool IsDeadShapeArithmetic(const GraphIndex& g, const NodeDef& n, std::set<std::string>* dead, int depth) {
+  static const std::set<std::string> kPure = {"Shape", "Size", "Rank", "ConcatV2", "Fill", "ExpandDims", "Sub",
+                                              "Pack", "Reshape", "StridedSlice", "Slice", "Cast", "Identity"};
+  if (dead->count(n.name())) return true;
+  if (depth > 8 || !kPure.count(n.op()) || g.ControlConsumers(n.name()) > 0) return false;
+  const auto& readers = g.DataReaders(n.name());
+  if (static_cast<int>(readers.size()) != g.DataConsumers(n.name())) return false;  // fetched
+  for (const NodeDef* r : readers)
+    if (!IsDeadShapeArithmetic(g, *r, dead, depth + 1)) return false;
+  dead->insert(n.name());
+  return true;
+}
+
+bool OnlyReadWithin(const GraphIndex& g, std::vector<const NodeDef*>* absorbed, const NodeDef& keeper,
+                    std::string* outsider) {
+  std::set<std::string> inside = {keeper.name()};
+  for (const NodeDef* n : *absorbed) inside.insert(n->name());
+  std::set<std::string> dead;
+  const size_t given = absorbed->size();
+  for (size_t i = 0; i < given; ++i) {
+    const NodeDef* n = (*absorbed)[i];
+    const auto& readers = g.DataReaders(n->name());
+    bool ok = static_cast<int>(readers.size()) == g.DataConsumers(n->name());  // else fetched
+    for (const NodeDef* r : readers) ok = ok && (inside.count(r->name()) || IsDeadShapeArithmetic(g, *r, &dead, 0));
+    if (!ok) {
+      *outsider = Describe(*n);
+      return false;
+    }
+  }
+  for (const std::string& name : dead)
+    if (!inside.count(name)) absorbed->push_back(g.Node(name));
+  return true;
+}
+
+void AbsorbNodes(RewriteContext* ctx, const std::vector<const NodeDef*>& absorbed, const std::string& fused,
+                 MatchRecord* record) {
+  NodeDef* target = ctx->Mutable(fused);
+  for (const NodeDef* n : absorbed) {
+    if (n->name() == fused) continue;
+    record->replaced.push_back(Describe(*n));
+    CopyControlInputs(*n, target);
+    ctx->RedirectControlEdges(n->name(), fused);
+    ctx->Remove(n->name(), fused);
+  }
+}
+
+bool ConstScalarFloat(const NodeDef* node, float* value) {
+  if (!IsOp(node, "Const")) return false;
+  auto it = node->attr().find("value");
+  if (it == node->attr().end()) return false;
+  const tensorflow::TensorProto& t = it->second.tensor();
+  if (t.dtype() != tensorflow::DT_FLOAT || t.tensor_shape().dim_size() != 0) return false;
+  if (!t.tensor_content().empty()) {
+    if (t.tensor_content().size() != sizeof(float)) return false;
+    memcpy(value, t.tensor_content().data(), sizeof(float));
+    return true;
+  }
+  if (t.float_val_size() > 1) return false;
+  *value = t.float_val_size() ? t.float_val(0) : 0.f;  // TF stores a zero scalar as no values
+  return true;
+}
+
+std::string AddInt32Vector(RewriteContext* ctx, const std::string& base, const std::vector<int32_t>& values,
+                           const std::string& device) {
+  NodeDef* n = ctx->AddNode(base, "Const", device);
+  (*n->mutable_attr())["dtype"].set_type(tensorflow::DT_INT32);
+  tensorflow::TensorProto* t = (*n->mutable_attr())["value"].mutable_tensor();
+  t->set_dtype(tensorflow::DT_INT32);
+  t->mutable_tensor_shape()->add_dim()->set_size(static_cast<int64_t>(values.size()));
+  for (int32_t v : values) t->add_int_val(v);
+  return n->name();
+}
+
+// Dim 0 of the variable behind a resource handle, looking through Identity.
+static int64_t HandleRows(const GraphIndex& g, const NodeDef* handle) {
+  while (IsOp(handle, "Identity")) handle = g.Producer(*handle, 0);
+  if (handle == nullptr) return -1;
+  auto it = handle->attr().find("_handle_shapes");
+  if (it != handle->attr().end() && it->second.list().shape_size() == 1) {
+    const auto& s = it->second.list().shape(0);
+    return (!s.unknown_rank() && s.dim_size() == 2) ? s.dim(0).size() : -1;
+  }
+  if (IsOp(handle, "VarHandleOp")) {
+    it = handle->attr().find("shape");
+    if (it != handle->attr().end() && !it->second.shape().unknown_rank() && it->second.shape().dim_size() == 2)
+      return it->second.shape().dim(0).size();
+  }
+  return -1;
+}
+
+int64_t TableRows(RewriteContext* ctx, const std::string& table) {
+  const GraphIndex& g = ctx->index();
+  const TensorId id = ParseTensorName(table);
+  const NodeDef* node = g.Node(id.node);
+  if (node == nullptr) return -1;
+  if (ctx->Rank(*node, id.port) == 2) {
+    const int64_t rows = ctx->Dim(*node, id.port, 0);
+    if (rows >= 0) return rows;
+  }
+  return IsOp(node, "ReadVariableOp") ? HandleRows(g, g.Producer(*node, 0)) : -1;
+}
+
+}  // namespace grappler
+}  // namespace tf_ctr

@@ -1,0 +1,39 @@
+// Helpers for patterns that absorb a whole subgraph: proving that nothing
+// outside it reads its nodes, removing them, and the small constants and
+// shape facts the replacement needs.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cc/grappler/pattern.h"
+
+namespace tf_ctr {
+namespace grappler {
+
+// True when every data reader (and fetch) of every node in `absorbed` is a
+// node of `absorbed`, `keeper`, or dead shape arithmetic (readers an earlier
+// rewrite left without consumers, as function instantiation would prune
+// them); those are appended to *absorbed. Otherwise *outsider names the
+// first node read from outside.
+bool OnlyReadWithin(const GraphIndex& g, std::vector<const tensorflow::NodeDef*>* absorbed,
+                    const tensorflow::NodeDef& keeper, std::string* outsider);
+
+// Removes `absorbed` in favour of `fused`, moving their control edges onto it
+// (and their control inputs into it), and lists them in the record.
+void AbsorbNodes(RewriteContext* ctx, const std::vector<const tensorflow::NodeDef*>& absorbed,
+                 const std::string& fused, MatchRecord* record);
+
+// Value of a scalar float32 Const, or false.
+bool ConstScalarFloat(const tensorflow::NodeDef* node, float* value);
+
+// Adds an int32 Const vector; returns its name.
+std::string AddInt32Vector(RewriteContext* ctx, const std::string& base, const std::vector<int32_t>& values,
+                           const std::string& device);
+
+// Rows of the [V, D] table tensor `table` ("node:port"), -1 when unknown:
+// inferred shapes, else the declared shape of the variable a ReadVariableOp reads.
+int64_t TableRows(RewriteContext* ctx, const std::string& table);
+
+}  // namespace grappler
+}  // namespace tf_ctr

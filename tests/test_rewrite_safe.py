@@ -1,0 +1,519 @@
+"""CtrFusionOptimizer on the max_norm clip and the full
+safe_embedding_lookup_sparse chain (patterns max_norm_lookup, safe_lookup).
+
+Each rewritten graph must compute what the TF-native graph computes; the
+negative cases must stay unrewritten with a reason and still compute it.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_ctr_ops  # noqa: F401
+from tf_ctr_ops import rewrite
+from test_rewrite import COMBINERS, EXPECTED_REWRITES, D, V, offline, run_graph_def, run_online
+
+SPARSE2 = tf.SparseTensorSpec([None, None], tf.int64)
+SPARSE3 = tf.SparseTensorSpec([None, None, None], tf.int64)
+WEIGHTS2 = tf.SparseTensorSpec([None, None], tf.float32)
+WEIGHTS3 = tf.SparseTensorSpec([None, None, None], tf.float32)
+CLIP_OPS = {"RealDiv", "Maximum", "Sqrt", "Square"}
+SAFE_OPS = {"SparseFillEmptyRows", "Where", "Select", "SelectV2", "Tile", "ZerosLike", "Unique", "ResourceGather",
+            "SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN", "SegmentSum", "DivNoNan"}
+
+
+def assert_close(got, want):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def big_table(rng):
+    """Rows with norms on both sides of the clip (max_norm 1.0)."""
+    t = rng.normal(size=(V, D)).astype(np.float32)
+    t *= rng.uniform(0.05, 3.0, size=(V, 1)).astype(np.float32) / np.linalg.norm(t, axis=1, keepdims=True)
+    t[5] = 0.0  # zero norm: no clip, no NaN
+    return tf.Variable(t)
+
+
+def random_ids(rng, rows=24, max_len=5, vocab=V, negatives=False, rank=2, shuffle=False):
+    lengths = rng.integers(0, max_len + 1, size=rows)
+    lengths[-1] = max(lengths[-1], 1)
+    values = rng.integers(-3 if negatives else 0, vocab, size=lengths.sum()).astype(np.int64)
+    sp = tf.RaggedTensor.from_row_lengths(values, lengths).to_sparse()
+    indices, values, shape = sp.indices.numpy(), sp.values.numpy(), sp.dense_shape.numpy()
+    if rank == 3:  # rows of the rank-2 form become [row // 4, row % 4]
+        indices = np.stack([indices[:, 0] // 4, indices[:, 0] % 4, indices[:, 1]], axis=1)
+        shape = np.array([-(-shape[0] // 4), 4, shape[1]], np.int64)
+    if shuffle:  # valid, but not in canonical order: SparseFillEmptyRows sorts it for TF
+        perm = rng.permutation(len(values))
+        indices, values = indices[perm], values[perm]
+    return tf.SparseTensor(indices, values, shape)
+
+
+def weights_like(rng, sp, nonpositive=False):
+    w = rng.uniform(0.2, 2.0, size=sp.values.shape).astype(np.float32)
+    if nonpositive:
+        w[rng.random(w.shape) < 0.3] = 0.0
+        w[rng.random(w.shape) < 0.2] *= -1
+    return tf.SparseTensor(sp.indices, w, sp.dense_shape)
+
+
+def patterns(report):
+    return [m["pattern"] for m in report["match"]]
+
+
+# ---------------------------------------------------------------------------
+# max_norm
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_offline_max_norm_is_one_fused_op(rng, big_table, combiner, weighted):
+    def f(sp, w):
+        return tf.nn.embedding_lookup_sparse(big_table, sp, w if weighted else None, combiner=combiner, max_norm=1.0)
+
+    cf, graph, report, counts = offline(f, SPARSE2, WEIGHTS2)
+    assert patterns(report)[-1] == "max_norm_lookup", report
+    assert counts.get("CtrEmbeddingLookup") == 1
+    assert not (CLIP_OPS | {"Unique", "ResourceGather"}) & set(counts), counts
+    [fused] = [n for n in graph.node if n.op == "CtrEmbeddingLookup"]
+    assert fused.attr["max_norm"].f == 1.0 and fused.attr["has_weights"].b == weighted
+    ids = random_ids(rng)
+    w = weights_like(rng, ids)
+    [got] = run_graph_def(cf, graph, ids, w)
+    assert_close(got, f(ids, w))
+
+
+def test_online_max_norm_forward_and_training_gradients(rng, big_table):
+    ids = random_ids(rng)
+
+    def f(sp):
+        return tf.nn.embedding_lookup_sparse(big_table, sp, None, combiner="sqrtn", max_norm=1.0)
+
+    got, stats = run_online(f, ids)
+    assert stats["rewrites"] == EXPECTED_REWRITES["max_norm"]
+    assert_close(got, f(ids))
+
+    # Online training: the gradient reads the clip's intermediates, so that
+    # graph keeps (part of) the TF form; either way the gradients must match.
+    def loss_and_grad(sp):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(f(sp)))
+        return loss, tf.convert_to_tensor(tape.gradient(loss, big_table))
+
+    want_loss, want_grad = loss_and_grad(ids)
+    (got_loss, got_grad), _ = run_online(loss_and_grad, ids)
+    assert_close(got_loss, want_loss)
+    assert_close(got_grad, want_grad)
+
+
+def test_max_norm_nan_and_inf_rows_match_tf(rng):
+    t = rng.normal(size=(V, D)).astype(np.float32)
+    t[1, 2], t[2, 0] = np.nan, np.inf
+    table = tf.constant(t)
+    ids = tf.SparseTensor([[0, 0], [0, 1], [1, 0], [2, 0]], tf.constant([1, 3, 2, 4], tf.int64), [3, 2])
+    f = lambda sp: tf.nn.embedding_lookup_sparse(table, sp, None, combiner="sum", max_norm=0.5)  # noqa: E731
+    cf, graph, report, _ = offline(f, SPARSE2)
+    assert "max_norm_lookup" in patterns(report)
+    [got] = run_graph_def(cf, graph, ids)
+    np.testing.assert_allclose(got.numpy(), f(ids).numpy(), rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def manual_clip_lookup(table, case):
+    """The pooled clip written out, with one thing off per case."""
+    def f(sp):
+        unique, idx = tf.unique(sp.values)
+        rows = tf.gather(table, unique)
+        clipped = tf.clip_by_norm(rows, 1.0, axes=[0] if case == "axis 0" else [1])
+        pooled = tf.sparse.segment_mean(clipped, idx, sp.indices[:, 0])
+        return (pooled, clipped) if case == "clipped rows fetched" else pooled
+
+    return f
+
+
+@pytest.mark.parametrize("case,reason", [
+    ("clipped rows fetched", "has another consumer"),
+    ("axis 0", "axis 1"),
+    ("half table", "not float32"),
+])
+def test_max_norm_not_rewritten_with_reason(rng, big_table, case, reason):
+    if case == "half table":
+        half = tf.Variable(big_table.numpy().astype(np.float16))
+        f = lambda sp: tf.nn.embedding_lookup_sparse(half, sp, None, max_norm=1.0)  # noqa: E731
+    else:
+        f = manual_clip_lookup(big_table, case)
+    cf, graph, report, counts = offline(f, SPARSE2)
+    assert "max_norm_lookup" not in patterns(report)
+    assert any(s["pattern"] == "max_norm_lookup" and reason in s["reason"] for s in report["skip"]), report["skip"]
+    assert "RealDiv" in counts
+    ids = random_ids(rng)
+    got = run_graph_def(cf, graph, ids)
+    for g, w in zip(got, tf.nest.flatten(f(ids))):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-3 if case == "half table" else 1e-5, atol=1e-3)
+
+
+# ---------------------------------------------------------------------------
+# safe_embedding_lookup_sparse
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+@pytest.mark.parametrize("default_id", [None, 0, 7])
+def test_offline_safe_lookup_is_one_fused_op(rng, big_table, combiner, weighted, default_id):
+    def f(sp, w):
+        return tf.nn.safe_embedding_lookup_sparse(big_table, sp, w if weighted else None, combiner=combiner,
+                                                  default_id=default_id)
+
+    cf, graph, report, counts = offline(f, SPARSE2, WEIGHTS2)
+    assert patterns(report)[-1] == "safe_lookup", report
+    assert counts.get("CtrEmbeddingLookup") == 1
+    assert not SAFE_OPS & set(counts), counts
+    [fused] = [n for n in graph.node if n.op == "CtrEmbeddingLookup"]
+    assert fused.attr["invalid_ids"].s == b"skip_negative"
+    assert fused.attr["default_id"].i == (-1 if default_id is None else default_id)
+    assert fused.attr["prune_weights"].b == (weighted and combiner != "sum")
+    for shuffle in (False, True):
+        ids = random_ids(rng, negatives=True, shuffle=shuffle)
+        w = weights_like(rng, ids, nonpositive=True)
+        [got] = run_graph_def(cf, graph, ids, w)
+        assert_close(got, f(ids, w))
+    # Every row empty, and no rows at all.
+    empty = tf.SparseTensor(tf.zeros([0, 2], tf.int64), tf.zeros([0], tf.int64), [3, 4])
+    none = tf.SparseTensor(tf.zeros([0, 2], tf.int64), tf.zeros([0], tf.int64), [0, 4])
+    for sp in (empty, none):
+        w = tf.SparseTensor(sp.indices, tf.zeros([0]), sp.dense_shape)
+        [got] = run_graph_def(cf, graph, sp, w)
+        assert got.shape == f(sp, w).shape
+        assert_close(got, f(sp, w))
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_offline_safe_lookup_rank3_with_max_norm(rng, big_table, weighted):
+    def f(sp, w):
+        return tf.nn.safe_embedding_lookup_sparse(big_table, sp, w if weighted else None, combiner="mean",
+                                                  max_norm=1.0)
+
+    cf, graph, report, counts = offline(f, SPARSE3, WEIGHTS3)
+    assert {"max_norm_lookup", "safe_lookup"} <= set(patterns(report)), report
+    assert counts.get("CtrEmbeddingLookup") == 1 and not (SAFE_OPS | CLIP_OPS) & set(counts), counts
+    ids = random_ids(rng, negatives=True, rank=3, shuffle=True)
+    w = weights_like(rng, ids, nonpositive=True)
+    [got] = run_graph_def(cf, graph, ids, w)
+    want = f(ids, w)
+    assert got.shape == want.shape and got.shape.rank == 3
+    assert_close(got, want)
+
+
+def test_safe_lookup_errors_like_tf(rng, big_table):
+    f = lambda sp: tf.nn.safe_embedding_lookup_sparse(big_table, sp, None)  # noqa: E731
+    cf, graph, report, _ = offline(f, SPARSE2)
+    assert "safe_lookup" in patterns(report)
+    for bad in (tf.SparseTensor([[0, 0], [1, 0]], tf.constant([3, V + 2], tf.int64), [2, 2]),  # id out of range
+                tf.SparseTensor([[0, 0], [5, 0]], tf.constant([3, 4], tf.int64), [2, 2])):  # row out of range
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            f(bad)
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            run_graph_def(cf, graph, bad)
+
+
+def test_safe_lookup_on_criteo_categories(big_table):
+    from test_rewrite import read_csv
+
+    rows = read_csv("criteo_sample.txt")
+    cats = tf.constant([[r[f"C{i}"] for i in range(1, 27)] for r in rows])
+    assert bool(tf.reduce_any(cats == "")), "the sample should have absent categories"
+
+    def f(cats):
+        # Absent categories are id -1, which safe_embedding_lookup_sparse drops.
+        ids = tf.where(cats == "", tf.constant(-1, tf.int64), tf.strings.to_hash_bucket_fast(cats, V))
+        sp = tf.SparseTensor(tf.where(tf.ones_like(ids, tf.bool)), tf.reshape(ids, [-1]),
+                             tf.shape(ids, out_type=tf.int64))
+        return tf.nn.safe_embedding_lookup_sparse(big_table, sp, None, combiner="sqrtn", max_norm=1.0)
+
+    cf, graph, report, counts = offline(f, tf.TensorSpec([None, 26], tf.string))
+    assert {"max_norm_lookup", "safe_lookup"} <= set(patterns(report)), report
+    assert counts["CtrEmbeddingLookup"] == 1 and counts["SelectV2"] == 1 and counts["Where"] == 1  # the model's own
+    assert not (SAFE_OPS - {"SelectV2", "Where"} | CLIP_OPS) & set(counts), counts
+    [got] = run_graph_def(cf, graph, cats)
+    assert_close(got, f(cats))
+
+
+def test_online_safe_lookup(rng, big_table):
+    ids = random_ids(rng, negatives=True)
+    w = weights_like(rng, ids, nonpositive=True)
+
+    def f(sp, w):
+        return tf.nn.safe_embedding_lookup_sparse(big_table, sp, w, combiner="sqrtn", default_id=3, max_norm=1.0)
+
+    got, stats = run_online(f, ids, w)
+    assert stats["rewrites"] == EXPECTED_REWRITES["safe_weighted_max_norm"]
+    assert_close(got, f(ids, w))
+
+
+def manual_safe_lookup(table, case):
+    """safe_embedding_lookup_sparse written out (the pattern matches it), with
+    one thing off per case."""
+    def f(sp):
+        shape = sp.dense_shape
+        flat = tf.sparse.reshape(sp, tf.stack([tf.reduce_prod(shape[:-1]), shape[-1]]))
+        keep = flat.values > 0 if case == "ids > 0" else flat.values >= 0
+        kept = tf.sparse.retain(flat, keep)
+        filled, empty = tf.sparse.fill_empty_rows(kept, 0)
+        pooled = tf.nn.embedding_lookup_sparse(table, filled, None, combiner="mean")
+        tiled = tf.tile(tf.reshape(empty, [-1, 1]), tf.stack([1, tf.shape(pooled)[1]]))
+        fill = tf.ones_like(pooled) if case == "ones for empty rows" else tf.zeros_like(pooled)
+        out = tf.where(tiled, fill, pooled)
+        return (out, empty) if case == "empty rows fetched" else out
+
+    return f
+
+
+@pytest.mark.parametrize("case,reason", [
+    ("as written", None),
+    ("empty rows fetched", "has another consumer"),
+    ("ids > 0", "ids >= 0"),
+    ("ones for empty rows", "not zeroed"),
+])
+def test_safe_lookup_written_out(rng, big_table, case, reason):
+    f = manual_safe_lookup(big_table, case)
+    cf, graph, report, counts = offline(f, SPARSE2)
+    if reason is None:  # the positive control: the written-out chain is recognized
+        assert "safe_lookup" in patterns(report)
+    else:
+        assert "safe_lookup" not in patterns(report)
+        assert any(s["pattern"] == "safe_lookup" and reason in s["reason"] for s in report["skip"]), report["skip"]
+        assert "SparseFillEmptyRows" in counts
+    ids = random_ids(rng, negatives=True)
+    got = run_graph_def(cf, graph, ids)
+    for g, w in zip(got, tf.nest.flatten(f(ids))):
+        assert_close(g, w)
+
+
+def test_safe_lookup_unsupported_cases_stay_exact(rng, big_table):
+    t64 = tf.Variable(big_table.numpy().astype(np.float64))
+    f64 = lambda sp: tf.nn.safe_embedding_lookup_sparse(t64, sp, None)  # noqa: E731
+    cf, graph, report, counts = offline(f64, SPARSE2)
+    assert report["match"] == [] and "CtrEmbeddingLookup" not in counts
+    ids = random_ids(rng, negatives=True)
+    [got] = run_graph_def(cf, graph, ids)
+    np.testing.assert_array_equal(got.numpy(), f64(ids).numpy())
+
+    # default_id outside the table: TF fails only when a row is empty, the fused op always.
+    far = lambda sp: tf.nn.safe_embedding_lookup_sparse(big_table, sp, None, default_id=V + 5)  # noqa: E731
+    cf, graph, report, counts = offline(far, SPARSE2)
+    assert "safe_lookup" not in patterns(report)
+    assert any("not a table row" in s["reason"] for s in report["skip"]), report["skip"]
+    no_empty = tf.sparse.from_dense(tf.constant([[1, 2], [3, 0]], tf.int64))
+    [got] = run_graph_def(cf, graph, no_empty)
+    assert_close(got, far(no_empty))
+
+
+# ---------------------------------------------------------------------------
+# SavedModel
+
+
+class SafeModule(tf.Module):
+    def __init__(self, rng):
+        super().__init__()
+        self.table = tf.Variable(rng.normal(size=(V, D)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.int64, name="indices"),
+                                  tf.TensorSpec([None], tf.int64, name="ids"),
+                                  tf.TensorSpec([None], tf.float32, name="weights"),
+                                  tf.TensorSpec([2], tf.int64, name="shape")])
+    def serve(self, indices, ids, weights, shape):
+        sp, w = tf.SparseTensor(indices, ids, shape), tf.SparseTensor(indices, weights, shape)
+        return {"safe": tf.nn.safe_embedding_lookup_sparse(self.table, sp, w, combiner="mean", default_id=2,
+                                                            max_norm=1.5),
+                "clipped": tf.nn.embedding_lookup_sparse(self.table, sp, None, combiner="sum", max_norm=0.5)}
+
+
+def test_saved_model_safe_and_max_norm_served_in_fresh_process(tmp_path, rng):
+    import subprocess
+    import sys
+
+    from conftest import fresh_process_env
+    from test_rewrite import SERVE_SCRIPT
+
+    module = SafeModule(rng)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tf.saved_model.save(module, str(src), signatures={"serving_default": module.serve})
+    ids = random_ids(rng, negatives=False)
+    w = weights_like(rng, ids, nonpositive=True)
+    inputs = {"indices": ids.indices.numpy(), "ids": ids.values.numpy(), "weights": w.values.numpy(),
+              "shape": ids.dense_shape.numpy()}
+    report = rewrite.optimize_saved_model(src, dst, sample_inputs={"serving_default": inputs}, runs=2)
+    sig = report.signatures["serving_default"]
+    assert report.ok and sig.outputs_match and sig.max_abs_diff <= 1e-5
+    assert {"max_norm_lookup", "safe_lookup"} <= {m["pattern"] for m in sig.matches}, sig.skips
+    assert sig.op_counts_after.get("CtrEmbeddingLookup") == 2
+    assert not (SAFE_OPS | CLIP_OPS) & set(sig.op_counts_after), sig.op_counts_after
+
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    serve = subprocess.run([sys.executable, "-c", SERVE_SCRIPT, "dst", "inputs.npz", "out.npz"], cwd=tmp_path,
+                           env=fresh_process_env(), capture_output=True, text=True, timeout=300)
+    assert serve.returncode == 0, serve.stdout + serve.stderr
+    got = np.load(tmp_path / "out.npz")
+    want = module.serve(**{k: tf.constant(v) for k, v in inputs.items()})
+    for k in want:
+        assert_close(got[k], want[k])
+
+
+# ---------------------------------------------------------------------------
+# Partitioned tables (offline only: the merged table is a new variable)
+
+PART_SIZES = (4, 3, 3)  # uneven: 10 rows in 3 partitions, as both 'mod' and 'div' lay them out
+PART_SIGNATURE = [tf.TensorSpec([None, 2], tf.int64, name="indices"), tf.TensorSpec([None], tf.int64, name="ids"),
+                  tf.TensorSpec([2], tf.int64, name="shape")]
+
+
+class PartitionedModule(tf.Module):
+    def __init__(self, rng, strategy, sizes=PART_SIZES, constant=False):
+        super().__init__()
+        values = [rng.normal(size=(n, D)).astype(np.float32) for n in sizes]
+        self.parts = [tf.constant(v) for v in values] if constant else [tf.Variable(v) for v in values]
+        self.strategy = strategy
+
+    @tf.function(input_signature=PART_SIGNATURE)
+    def serve(self, indices, ids, shape):
+        sp = tf.SparseTensor(indices, ids, shape)
+        return {"pooled": tf.compat.v1.nn.embedding_lookup_sparse(self.parts, sp, None, combiner="sqrtn",
+                                                                   partition_strategy=self.strategy),
+                "rows": tf.compat.v1.nn.embedding_lookup(self.parts, tf.reshape(ids, [-1, 1]),
+                                                         partition_strategy=self.strategy)}
+
+
+def partitioned_inputs(rng, vocab):
+    ids = random_ids(rng, vocab=vocab)
+    return {"indices": ids.indices.numpy(), "ids": ids.values.numpy(), "shape": ids.dense_shape.numpy()}
+
+
+def save_and_optimize(tmp_path, module, inputs):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tf.saved_model.save(module, str(src), signatures={"serving_default": module.serve})
+    report = rewrite.optimize_saved_model(src, dst, sample_inputs={"serving_default": inputs}, runs=2)
+    return report, report.signatures["serving_default"], dst
+
+
+@pytest.mark.parametrize("strategy", ["mod", "div"])
+def test_partitioned_table_merged_offline_and_served_in_fresh_process(tmp_path, rng, strategy):
+    import subprocess
+    import sys
+
+    from conftest import fresh_process_env
+    from test_rewrite import SERVE_SCRIPT
+
+    module = PartitionedModule(rng, strategy)
+    inputs = partitioned_inputs(rng, sum(PART_SIZES))
+    report, sig, dst = save_and_optimize(tmp_path, module, inputs)
+    assert report.ok and sig.outputs_match and sig.max_abs_diff == 0
+    merges = [m for m in sig.matches if m["pattern"] == "partitioned_table"]
+    assert len(merges) == 2 and {m["strategy"] for m in merges} == {strategy}, sig.matches
+    assert "sparse_segment_lookup" in [m["pattern"] for m in sig.matches]  # the merged gather then fuses
+    after = sig.op_counts_after
+    assert not {"DynamicPartition", "ParallelDynamicStitch"} & set(after), after
+    assert after.get("CtrEmbeddingLookup") == 1 and after.get("ResourceGather") == 1
+
+    # One new variable holds the merged table, in the strategy's row order.
+    loaded = tf.saved_model.load(str(dst))
+    merged = [v for v in loaded.ctr_variables if v.shape[0] == sum(PART_SIZES)]
+    assert len(merged) == 1
+    parts = [p.numpy() for p in module.parts]
+    for row in range(sum(PART_SIZES)):
+        if strategy == "mod":
+            want = parts[row % 3][row // 3]
+        else:
+            p = np.searchsorted(np.cumsum(PART_SIZES), row, side="right")
+            want = parts[p][row - (np.cumsum(PART_SIZES)[p - 1] if p else 0)]
+        np.testing.assert_array_equal(merged[0].numpy()[row], want)
+
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    serve = subprocess.run([sys.executable, "-c", SERVE_SCRIPT, "dst", "inputs.npz", "out.npz"], cwd=tmp_path,
+                           env=fresh_process_env(), capture_output=True, text=True, timeout=300)
+    assert serve.returncode == 0, serve.stdout + serve.stderr
+    got = np.load(tmp_path / "out.npz")
+    want = module.serve(**{k: tf.constant(v) for k, v in inputs.items()})
+    for k in want:
+        assert_close(got[k], want[k])
+    # Ids outside the table fail in both.
+    bad = dict(inputs, ids=np.full_like(inputs["ids"], sum(PART_SIZES)))
+    for fn in (module.serve, loaded.signatures["serving_default"]):
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            fn(**{k: tf.constant(v) for k, v in bad.items()})
+
+
+@pytest.mark.parametrize("case,reason", [
+    ("sizes off the layout", "do not follow the layout"),
+    ("constant partitions", "not read by ResourceGather from variables"),
+])
+def test_partitioned_table_left_alone_with_reason(tmp_path, rng, case, reason):
+    if case == "sizes off the layout":
+        module = PartitionedModule(rng, "mod", sizes=(3, 4, 3))  # 'mod' puts 4 rows in partition 0
+    else:
+        module = PartitionedModule(rng, "div", constant=True)
+    inputs = partitioned_inputs(rng, 9)
+    report, sig, _ = save_and_optimize(tmp_path, module, inputs)
+    assert "partitioned_table" not in [m["pattern"] for m in sig.matches]
+    assert any(s["pattern"] == "partitioned_table" and reason in s["reason"] for s in sig.skips), sig.skips
+    assert "ParallelDynamicStitch" in sig.op_counts_after
+    assert report.ok and sig.outputs_match
+
+
+def manual_partitioned(parts, also_stitched):
+    def f(ids):
+        flat = tf.reshape(ids, [-1])
+        assign = tf.cast(flat % 2, tf.int32)
+        local = tf.dynamic_partition(flat // 2, assign, 2)
+        positions = tf.dynamic_partition(tf.range(tf.size(flat)), assign, 2)
+        rows = [tf.gather(p, i) for p, i in zip(parts, local)]
+        stitched = tf.raw_ops.ParallelDynamicStitch(indices=positions, data=rows)
+        out = tf.reshape(stitched, tf.concat([tf.shape(ids), [D]], 0))
+        return {"out": out, "stitched": stitched} if also_stitched else {"out": out}
+
+    return f
+
+
+@pytest.mark.parametrize("also_stitched", [False, True], ids=["as written", "stitched rows fetched"])
+def test_partitioned_table_written_out(tmp_path, rng, also_stitched):
+    module = tf.Module()
+    module.parts = [tf.Variable(rng.normal(size=(n, D)).astype(np.float32)) for n in (3, 2)]
+    module.serve = tf.function(manual_partitioned(module.parts, also_stitched),
+                               input_signature=[tf.TensorSpec([None], tf.int64, name="ids")])
+    inputs = {"ids": rng.integers(0, 5, size=7)}
+    report, sig, _ = save_and_optimize(tmp_path, module, inputs)
+    merged = [m for m in sig.matches if m["pattern"] == "partitioned_table"]
+    if also_stitched:
+        assert not merged
+        assert any("reshaped back" in s["reason"] for s in sig.skips), sig.skips
+    else:
+        assert [m["strategy"] for m in merged] == ["mod"]
+    assert report.ok and sig.outputs_match and sig.max_abs_diff == 0
+
+
+def test_partitioned_table_online_left_alone_with_reason(rng):
+    parts = [tf.Variable(rng.normal(size=(n, D)).astype(np.float32)) for n in PART_SIZES]
+    ids = random_ids(rng, vocab=sum(PART_SIZES))
+    f = lambda sp: tf.compat.v1.nn.embedding_lookup_sparse(parts, sp, None, partition_strategy="div")  # noqa: E731
+    got, stats = run_online(f, ids)
+    assert stats["skips"] > 0
+    assert_close(got, f(ids))
+    cf, graph, report, counts = offline(f, SPARSE2)
+    assert any(s["pattern"] == "partitioned_table" and "offline" in s["reason"] for s in report["skip"]), report
+
+
+def test_partitioned_table_with_max_norm_fuses_completely(tmp_path, rng):
+    module = tf.Module()
+    module.parts = [tf.Variable(rng.normal(size=(n, D)).astype(np.float32)) for n in PART_SIZES]
+
+    @tf.function(input_signature=PART_SIGNATURE)
+    def serve(indices, ids, shape):
+        sp = tf.SparseTensor(indices, ids, shape)
+        return {"pooled": tf.compat.v1.nn.embedding_lookup_sparse(module.parts, sp, None, combiner="mean",
+                                                                   partition_strategy="mod", max_norm=1.0)}
+
+    module.serve = serve
+    report, sig, _ = save_and_optimize(tmp_path, module, partitioned_inputs(rng, sum(PART_SIZES)))
+    assert [m["pattern"] for m in sig.matches] == ["partitioned_table", "sparse_segment_lookup", "max_norm_lookup"]
+    assert sig.op_counts_after.get("CtrEmbeddingLookup") == 1
+    assert not ({"DynamicPartition", "ParallelDynamicStitch", "ResourceGather"} | CLIP_OPS) & set(sig.op_counts_after)
+    assert report.ok and sig.outputs_match and sig.max_abs_diff <= 1e-6
