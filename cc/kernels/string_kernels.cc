@@ -21,9 +21,6 @@ using tensorflow::Tensor;
 using tensorflow::TensorShape;
 using tensorflow::tstring;
 
-const tstring* StringsBegin(const Tensor& t) { return t.flat<tstring>().data(); }
-const tstring* StringsEnd(const Tensor& t) { return t.flat<tstring>().data() + t.NumElements(); }
-
 class PackStringsOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
@@ -43,16 +40,19 @@ class PackStringsOp : public OpKernel {
     int64_t* s = splits->flat<int64_t>().data();
     s[0] = 0;
     int64_t k = 0;
-    for (const Tensor& in : inputs)
-      for (const tstring* str = StringsBegin(in); str != StringsEnd(in); ++str, ++k)
-        s[k + 1] = s[k] + static_cast<int64_t>(str->size());
+    for (const Tensor& in : inputs) {
+      const tstring* str = in.flat<tstring>().data();  // flat() checks the dtype: once per input
+      for (int64_t i = 0; i < in.NumElements(); ++i, ++k) s[k + 1] = s[k] + static_cast<int64_t>(str[i].size());
+    }
     Tensor* bytes = nullptr;
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {s[n]}, &bytes));
     uint8_t* dst = bytes->flat<uint8_t>().data();
     k = 0;
-    for (const Tensor& in : inputs)
-      for (const tstring* str = StringsBegin(in); str != StringsEnd(in); ++str, ++k)
-        if (!str->empty()) std::memcpy(dst + s[k], str->data(), str->size());
+    for (const Tensor& in : inputs) {
+      const tstring* str = in.flat<tstring>().data();
+      for (int64_t i = 0; i < in.NumElements(); ++i, ++k)
+        if (!str[i].empty()) std::memcpy(dst + s[k], str[i].data(), str[i].size());
+    }
   }
 };
 
