@@ -325,8 +325,13 @@ _PROGRESS = Progress(1, enabled=False)
 
 
 def progress(label=""):
-    """Suites call this once per step they announced in their estimate."""
+    """Suites call this once per step they announced in their estimate, when it is done."""
     _PROGRESS.step(label)
+
+
+def progress_label(label):
+    """What the bar says is running now."""
+    _PROGRESS.set_label(label)
 
 
 def _duration(s):
@@ -827,7 +832,7 @@ def lookup_suite(cfg):
         print(f"table V={_si(V)} D={D}: {table_bytes / 2**20:.0f} MiB float32 (tf.Variable), "
               f"setup {time.perf_counter() - t0:.1f}s")
         for shape in group:
-            _PROGRESS.set_label(f"lookup {shape.label()} {shape.dist}")
+            progress_label(f"lookup {shape.label()} {shape.dist}")
             new, sp = _lookup_cases(cfg, shape, graphs, params, rng, copy)
             cases += new
             if shape.headline and shape.dist == "zipf" and copy_on_read is None:
@@ -1215,7 +1220,7 @@ def _run(args, cfg, seconds, unknown, argv):
     results = {"env": env, "argv": list(sys.argv[1:] if argv is None else argv), "suites": {},
                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     for name in args.suites:
-        _PROGRESS.set_label(name)
+        progress_label(name)
         before = _PROGRESS.done
         results["suites"][name] = SUITES[name](dataclasses.replace(cfg))
         if name not in _ESTIMATES and _PROGRESS.done == before:

@@ -21,8 +21,8 @@ import numpy as np
 
 from tf_ctr_ops.bench import (_call_s, _print_copy, _si, _table_build_s, core_or_none, estimate_case_s,
                               group_by_table, host_table_copies, make_bags, measure_copy_bandwidth,
-                              memory_shortfall, print_table, print_targets, progress, random_table,
-                              shape_fields, skip_note, suite, targets_at_headline, timed_entry)
+                              memory_shortfall, print_table, print_targets, progress, progress_label,
+                              random_table, shape_fields, skip_note, suite, targets_at_headline, timed_entry)
 
 STRING_TARGETS = {  # series -> (label, minimum fused speedup over native), at the headline shape
     "string/index": ("string_embedding vs split + to_number + tf.nn.embedding_lookup_sparse(sqrtn)", 6.0),
@@ -86,6 +86,7 @@ def string_suite(cfg):
         graphs = _string_graphs(cfg, fused_table, native_table, V)
         print(f"table V={_si(V)} D={D}: setup {time.perf_counter() - t0:.1f}s")
         for shape in group:
+            progress_label(f"string {shape.label()} {shape.dist}")
             cases += _string_cases(cfg, shape, graphs, params, rng, copy)
             progress(f"string {shape.label()} {shape.dist}")
         del fused_table, native_table, graphs, params
@@ -180,6 +181,7 @@ def multi_suite(cfg, features=MULTI_FEATURES):
     rng = np.random.default_rng(cfg.seed + 1)
     cases, skipped = [], []
     for shape in shapes:
+        progress_label(f"multi {shape.label()} {shape.dist}")
         reason = memory_shortfall(features * shape.vocab * shape.dim * 4 * host_table_copies(cfg, 1, 2))
         if reason:
             skipped += skip_note("multi", [shape], reason)
