@@ -250,8 +250,9 @@ def memory_shortfall(need_bytes, headroom=0.8):
 
 
 def host_table_copies(cfg, on_host, on_device):
-    """Host copies of a table a suite holds: its NumPy array, plus the TF copies when they live on the host."""
-    return on_host + (0 if cfg.on_gpu else on_device)
+    """Host copies of a table at the peak: the NumPy ones, the TF ones when they live on the host,
+    and one transient (the tensor tf.Variable converts the NumPy array to)."""
+    return on_host + (0 if cfg.on_gpu else on_device) + 1
 
 
 # ---------------------------------------------------------------------------
