@@ -1,8 +1,8 @@
 """Benchmarks of the fused tf-ctr-ops kernels against the TF-native graphs they replace.
 
     python -m tf_ctr_ops.bench all --quick                  # every suite, a representative subset (< 2 min)
-    python -m tf_ctr_ops.bench lookup                       # the full grid (long: prints an estimate)
-    python -m tf_ctr_ops.bench string --grid headline       # only the headline shape and its targets
+    python -m tf_ctr_ops.bench lookup --grid full           # the whole grid (long: prints an estimate)
+    python -m tf_ctr_ops.bench string                       # only the headline shape and its targets
     python -m tf_ctr_ops.bench all --quick --json out.json --markdown out.md --plot out.png
     python -m tf_ctr_ops.bench lookup --device gpu          # the same on '/GPU:0'
 
@@ -17,10 +17,11 @@ row, id distribution) a suite runs. The grid is batch 1, 64, 1024, 8192 x
 dim 8, 32, 128 x about 1, 10, 50 ids per row x uniform and Zipf ids x 1e5 and
 1e7 table rows; tables that do not fit in the memory available are skipped,
 with a note. The headline shape (B=4096, V=1e6, D=32, ~50 ids per row, both
-distributions) carries the targets; `--grid headline` runs only it, `--quick`
-runs it and a small subset of the grid with few repeats, the default runs it
-and the whole grid. `--batch/--vocab/--dim/--max-len` replace the headline by
-one custom shape and run only that.
+distributions) carries the targets. `--grid full` runs it and the whole grid,
+`--quick` runs it and a small subset of the grid with few repeats, and the
+default (`--grid headline`) runs only it: the README Quickstart, and so CI, run
+`tf-ctr-ops bench lookup`, which must stay short. `--batch/--vocab/--dim/--max-len`
+replace the headline by one custom shape and run only that.
 
 Method, for every case: the fused and the native graph are each one
 `tf.function` (graph mode) over a `tf.Variable` table and id containers
@@ -1123,8 +1124,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true",
                    help="few repeats, a small copy probe and, unless --grid says otherwise, the quick grid")
     p.add_argument("--grid", choices=sorted(GRIDS),
-                   help="headline: only the headline shape; quick: it and a representative subset; "
-                        "full (default without --quick): it and the whole grid")
+                   help="headline (default without --quick): only the headline shape; quick (default "
+                        "with --quick): it and a representative subset; full: it and the whole grid")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE ('-': stdout, "
                                                   "and everything else to stderr)")
     p.add_argument("--markdown", metavar="FILE", help="also write a Markdown table of the results to FILE")
@@ -1156,7 +1157,7 @@ def config_from_args(args):
     if custom:
         cfg.grid = "custom"
     else:
-        cfg.grid = args.grid or ("quick" if args.quick else "full")
+        cfg.grid = args.grid or ("quick" if args.quick else "headline")
     cfg.shapes = tuple(headline_shapes(cfg.batch, cfg.vocab, cfg.dim, cfg.max_len)
                        + ([] if custom else GRIDS[cfg.grid]()))
     if args.runs is not None:
