@@ -1,10 +1,15 @@
 """Smoke test of the benchmark harness on a tiny shape: structure and sanity, never timings."""
 
+import dataclasses
+import io
 import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+from conftest import fresh_process_env
 
 from tf_ctr_ops import bench
 
@@ -95,3 +100,235 @@ def test_rewrite_suite_quick(tmp_path):
     assert target["batch"] == 32 and target["min_speedup"] == 3.0
     assert isinstance(target["met"], bool) and target["met"] == (target["speedup"] >= 3.0)
     assert json.loads(out.read_text())["suites"]["rewrite"]["cases"][0]["case"] == res["cases"][0]["case"]
+
+
+# ---------------------------------------------------------------------------
+# Command line, grid, outputs
+
+
+def test_cli_parses_every_option():
+    args = bench.parse_args(["lookup", "string", "--device", "gpu", "--quick", "--grid", "full", "--json", "-",
+                             "--markdown", "r.md", "--plot", "r.png", "--runs", "7", "--copy-mb", "8",
+                             "--seed", "3"])
+    assert args.suites == ["lookup", "string"] and args.device == "gpu" and args.quick
+    assert (args.grid, args.json, args.markdown, args.plot) == ("full", "-", "r.md", "r.png")
+    cfg = bench.config_from_args(args)
+    assert cfg.device == "/GPU:0" and cfg.on_gpu and cfg.quick and cfg.grid == "full"
+    assert (cfg.runs, cfg.min_runs, cfg.copy_mb, cfg.seed) == (7, 3, 8, 3)
+
+    custom = bench.config_from_args(bench.parse_args(["multi", "--batch", "5", "--vocab", "50", "--dim", "4",
+                                                      "--max-len", "3"]))
+    assert custom.grid == "custom" and not custom.on_gpu
+    assert [(s.batch, s.vocab, s.dim, s.max_len, s.dist, s.headline) for s in custom.shape_list()] == [
+        (5, 50, 4, 3, "zipf", True), (5, 50, 4, 3, "uniform", True)]
+
+    for bad in (["lookup", "--device", "tpu"], ["lookup", "--grid", "huge"], ["no-such-suite"], []):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
+
+
+def test_all_runs_every_registered_suite_in_order():
+    assert {"lookup", "string", "multi"} <= set(bench.SUITES)
+    suites = bench.parse_args(["all"]).suites
+    assert sorted(suites) == sorted(bench.SUITES)
+    assert suites[:3] == ["lookup", "string", "multi"]
+
+
+def _axes(shapes):
+    return {k: {getattr(s, k) for s in shapes} for k in ("batch", "vocab", "dim", "max_len", "dist")}
+
+
+def test_grids():
+    headline = bench.config_from_args(bench.parse_args(["lookup", "--grid", "headline"])).shape_list()
+    assert [(s.batch, s.vocab, s.dim, s.ids_per_row, s.headline) for s in headline] == [(4096, 10**6, 32, 50, True)] * 2
+    assert {s.dist for s in headline} == {"zipf", "uniform"}
+    # The default stays short: the README Quickstart (and so CI) runs `bench lookup`.
+    assert bench.config_from_args(bench.parse_args(["lookup"])).shape_list() == headline
+
+    full = bench.config_from_args(bench.parse_args(["lookup", "--grid", "full"])).shape_list()
+    assert full[:2] == headline and len(full) == 2 + 4 * 3 * 3 * 2 * 2 == len(set(full))
+    assert _axes(full[2:]) == {"batch": {1, 64, 1024, 8192}, "vocab": {10**5, 10**7}, "dim": {8, 32, 128},
+                               "max_len": {1, 19, 99}, "dist": {"zipf", "uniform"}}
+    assert {s.ids_per_row for s in full[2:]} == {1, 10, 50}
+
+    quick = bench.config_from_args(bench.parse_args(["lookup", "--quick"])).shape_list()
+    assert quick[:2] == headline and len(quick) < 16 and set(quick[2:]) <= set(full)
+    assert _axes(quick[2:]) == _axes(full[2:])  # every value of every axis appears
+
+
+def test_unaffordable_tables_are_skipped_with_a_note(capsys):
+    if bench.mem_available_bytes() is None:
+        pytest.skip("no /proc/meminfo here: the benchmark cannot tell what fits")
+    results = bench.main(["lookup", "string", "--quick", "--batch", "8", "--vocab", str(10**12), "--dim", "8",
+                          "--copy-mb", "4"])
+    for name in ("lookup", "string"):
+        res = results["suites"][name]
+        assert res["cases"] == [] and res["targets"] == []
+        assert [s["dist"] for s in res["skipped"]] == ["zipf", "uniform"]
+        assert all("GiB" in s["reason"] for s in res["skipped"])
+    assert "skipped 2 shape(s) with V=1000000M D=8" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One tiny run of every built-in suite, with JSON and Markdown written (and a plot when possible)."""
+    out = tmp_path_factory.mktemp("bench")
+    paths = {"json": out / "r.json", "markdown": out / "r.md", "plot": out / "r.png"}
+    argv = ["lookup", "string", "multi", *TINY, "--json", str(paths["json"]), "--markdown", str(paths["markdown"])]
+    if _have_matplotlib():
+        argv += ["--plot", str(paths["plot"])]
+    return bench.main(argv), paths
+
+
+def _have_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_json_has_the_environment_and_every_case(tiny_run):
+    results, paths = tiny_run
+    loaded = json.loads(paths["json"].read_text())
+    env = loaded["env"]
+    for key in ("tensorflow", "tf_ctr_ops", "cpu_model", "nproc", "tf_intra_op_threads", "tf_inter_op_threads",
+                "build_info", "device", "foreign_cpu_load_during"):
+        assert key in env, key
+    assert env["build_info"]["TF_VERSION"] == env["tensorflow"] and "WITH_CUDA" in env["build_info"]
+    assert env["device"] == "/CPU:0" and "gpu_name" not in env
+    assert set(loaded["suites"]) == {"lookup", "string", "multi"}
+    for name, res in loaded["suites"].items():
+        assert res["cases"] and res["cases"] == json.loads(json.dumps(results["suites"][name]["cases"]))
+        for c in res["cases"]:
+            assert c["batch"] == 32 and c["shape"].startswith("B=32 ")
+            assert _positive_finite(c["speedup"]) and _positive_finite(c["frac_copy"])
+    assert {c["case"] for c in loaded["suites"]["string"]["cases"]} == {
+        f"string/{m}/{d}" for m in ("index", "hash") for d in ("zipf", "uniform")}
+
+
+def test_markdown_is_a_well_formed_table(tiny_run):
+    results, paths = tiny_run
+    text = paths["markdown"].read_text()
+    lines = text.splitlines()
+    assert lines[0] == ("| case | shape | fused ms | native ms | speedup | GB/s | fraction of copy bandwidth |")
+    assert set(lines[1].replace("|", "").split()) <= {"---", "---:"} and lines[1].count("|") == 8
+    rows = [ln for ln in lines[2:] if ln.startswith("|")]
+    ncases = sum(len(r["cases"]) for r in results["suites"].values())
+    assert len(rows) == ncases and lines[2 + ncases] == ""
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert len(cells) == 7
+        fused, native, speedup, gbps, frac = (float(c.rstrip("x")) for c in cells[2:])
+        assert fused > 0 and native > 0 and gbps > 0 and frac > 0
+        assert speedup == pytest.approx(native / fused, rel=0.02, abs=0.01)
+    env = results["env"]
+    machine = next(ln for ln in lines if ln.startswith("Machine: "))
+    assert env["cpu_model"] in machine and results["date"] in machine and env["tensorflow"] in machine
+    assert "NOT MET" in text or ", met" in text
+
+
+def test_plot_writes_a_png(tiny_run):
+    if not _have_matplotlib():
+        pytest.skip("matplotlib is not installed (the optional 'plot' extra)")
+    png = tiny_run[1]["plot"].read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
+
+
+def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    with pytest.raises(bench.BenchmarkError, match=r"--plot needs matplotlib.*pip install"):
+        bench.main(["lookup", *TINY, "--plot", str(tmp_path / "x.png")])
+    assert not (tmp_path / "x.png").exists()
+
+
+def _tf_sees_a_gpu():
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def test_device_gpu_without_a_gpu_is_a_clear_error(tmp_path):
+    if _tf_sees_a_gpu():
+        pytest.skip("TensorFlow sees a GPU here, so --device gpu runs")
+    with pytest.raises(bench.BenchmarkError, match=r"--device gpu: TensorFlow sees no GPU"):
+        bench.main(["lookup", *TINY, "--device", "gpu"])
+    proc = subprocess.run([sys.executable, "-m", "tf_ctr_ops.bench", "lookup", "--quick", "--device", "gpu"],
+                          cwd=tmp_path, env=fresh_process_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "error: --device gpu: TensorFlow sees no GPU" in proc.stderr and "Traceback" not in proc.stderr
+
+
+class _FakeTerminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_draws_on_a_terminal_only():
+    tty, pipe = _FakeTerminal(), io.StringIO()
+    for stream in (tty, pipe):
+        bar = bench.Progress(4, stream=stream)
+        bar.step("lookup B=1")
+        bar.step("lookup B=64")
+        bar.close()
+    assert pipe.getvalue() == ""
+    text = tty.getvalue()
+    assert "\r[" in text and "2/4" in text and "lookup B=64" in text and text.endswith("\r\x1b[K")
+
+
+def test_progress_bar_does_not_corrupt_json_on_stdout(monkeypatch, capsys):
+    terminal = _FakeTerminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    results = bench.main(["lookup", *TINY, "--json", "-"])
+    out = capsys.readouterr().out
+    assert json.loads(out)["suites"]["lookup"]["cases"][0]["case"] == results["suites"]["lookup"]["cases"][0]["case"]
+    assert "\r" not in terminal.getvalue() and "lookup suite" in terminal.getvalue()  # the report went to stderr
+
+
+def test_progress_bar_stays_off_stdout_and_json_file(monkeypatch, capsys, tmp_path):
+    terminal = _FakeTerminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    bench.main(["lookup", *TINY, "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert "\r[" in terminal.getvalue()  # the bar was drawn ...
+    assert "\r" not in out and "lookup/zipf" in out  # ... beside a clean table
+    json.loads((tmp_path / "r.json").read_text())
+
+
+def test_gpu_mode_code_paths_run_under_soft_placement():
+    """The --device gpu code paths (device copy probe, no core timing) on whatever device TF places them.
+
+    Without a GPU, soft placement runs everything on the CPU: this checks the
+    GPU mode's bookkeeping, not GPU kernels or timings.
+    """
+    shapes = tuple(bench.headline_shapes(batch=16, vocab=300, dim=8, max_len=5))
+    cfg = bench.Config(device="/GPU:0", shapes=shapes, copy_mb=4).quicken()
+    for name in ("lookup", "string"):
+        res = bench.SUITES[name](cfg)
+        assert res["copy_bandwidth"]["method"].startswith("x + 0 on /GPU:0")
+        assert res["cases"] and all("core" not in c and "tf_overhead_ms" not in c for c in res["cases"])
+        assert all(_positive_finite(c["speedup"]) for c in res["cases"])
+
+
+def test_all_runs_suites_registered_elsewhere(monkeypatch, tmp_path):
+    """A suite from another module (as bench_rewrite.py registers one) runs under `all`, in every output."""
+    monkeypatch.setattr(bench, "SUITES", {})
+    seen = []
+
+    def fake_suite(name, speedup):
+        @bench.suite(name)
+        def run(cfg):
+            seen.append((name, cfg.batch, cfg.device))
+            t = {"median_ms": 2.0, "p10_ms": 1.5, "p90_ms": 2.5, "runs": 3}
+            return {"suite": name, "config": dataclasses.asdict(cfg), "targets": [],
+                    "cases": [{"case": f"{name}/x", "fused": t, "native": {**t, "median_ms": 2.0 * speedup},
+                               "speedup": speedup}]}
+
+    fake_suite("rewrite", 3.0)
+    fake_suite("zeta", 1.5)
+    md = tmp_path / "r.md"
+    results = bench.main(["all", "--grid", "headline", "--markdown", str(md), "--json", str(tmp_path / "r.json")])
+    assert [s[0] for s in seen] == ["rewrite", "zeta"] and list(results["suites"]) == ["rewrite", "zeta"]
+    assert {s[1:] for s in seen} == {(4096, "/CPU:0")}
+    rows = [ln for ln in md.read_text().splitlines() if ln.startswith("| rewrite/x") or ln.startswith("| zeta/x")]
+    assert rows[0] == "| rewrite/x | B=4096 V=1M D=32 ids~50 | 2 | 6 | 3.00x |  |  |" and len(rows) == 2

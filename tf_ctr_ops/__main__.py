@@ -46,7 +46,11 @@ def main(argv=None):
     if command == "bench":
         from tf_ctr_ops import bench
 
-        bench.main(rest)
+        try:
+            bench.main(rest)
+        except bench.BenchmarkError as e:
+            print(f"tf-ctr-ops bench: error: {e}", file=sys.stderr)
+            return 2
         return 0
     if command == "optimize":
         return optimize_main(rest)

@@ -1,14 +1,28 @@
 """Benchmarks of the fused tf-ctr-ops kernels against the TF-native graphs they replace.
 
-    python -m tf_ctr_ops.bench lookup                 # full shape, prints a table
-    python -m tf_ctr_ops.bench lookup --quick         # fewer repeats, smaller copy probe
-    python -m tf_ctr_ops.bench lookup --json out.json
-    python -m tf_ctr_ops.bench rewrite --quick        # a TF-native SavedModel before / after rewriting
+    python -m tf_ctr_ops.bench all --quick                  # every suite, a representative subset (< 2 min)
+    python -m tf_ctr_ops.bench lookup --grid full           # the whole grid (long: prints an estimate)
+    python -m tf_ctr_ops.bench string                       # only the headline shape and its targets
+    python -m tf_ctr_ops.bench all --quick --json out.json --markdown out.md --plot out.png
+    python -m tf_ctr_ops.bench lookup --device gpu          # the same on '/GPU:0'
+    python -m tf_ctr_ops.bench rewrite --quick              # a TF-native SavedModel before / after rewriting
 
 Every suite is a function registered in `SUITES` (see `@suite`); it takes a
 `Config` and returns a JSON-able dict with its cases and target verdicts.
-`main(argv)` runs suites in one process and returns their results, so tests
-call it directly.
+Modules `tf_ctr_ops/bench_*.py` are imported on import of this one, so a suite
+registers itself by living there. `main(argv)` runs suites in one process and
+returns their results, so tests call it directly.
+
+Shapes: `Config.shapes` lists the `Shape`s (batch, table rows, dim, ids per
+row, id distribution) a suite runs. The grid is batch 1, 64, 1024, 8192 x
+dim 8, 32, 128 x about 1, 10, 50 ids per row x uniform and Zipf ids x 1e5 and
+1e7 table rows; tables that do not fit in the memory available are skipped,
+with a note. The headline shape (B=4096, V=1e6, D=32, ~50 ids per row, both
+distributions) carries the targets. `--grid full` runs it and the whole grid,
+`--quick` runs it and a small subset of the grid with few repeats, and the
+default (`--grid headline`) runs only it: the README Quickstart, and so CI, run
+`tf-ctr-ops bench lookup`, which must stay short. `--batch/--vocab/--dim/--max-len`
+replace the headline by one custom shape and run only that.
 
 Method, for every case: the fused and the native graph are each one
 `tf.function` (graph mode) over a `tf.Variable` table and id containers
@@ -26,13 +40,24 @@ memory-copy bandwidth (read + write bytes / s) measured in the same run.
 Targets are reported as met / not met; a missed target is not an error. The
 share of CPU time other processes took during the run is reported too, since a
 shared machine makes every figure slower and noisier.
+
+On GPU (`--device gpu`) both graphs are placed on '/GPU:0' with their tables;
+string inputs stay host strings, so the fused side packs them on the host and
+copies the packed bytes to the device inside the timed call, as serving does.
+The copy bandwidth is then the device's (an elementwise read + write of
+copy_mb), and the core is not timed: it works on host arrays here.
 """
 
 import argparse
+import contextlib
 import dataclasses
+import datetime
 import gc
+import importlib
 import json
+import math
 import os
+import pkgutil
 import platform
 import sys
 import threading
@@ -44,27 +69,118 @@ import numpy as np
 # Suite registry
 
 SUITES = {}
+_ESTIMATES = {}
+SUITE_ORDER = ("lookup", "string", "multi", "rewrite")  # the order of `all`; others follow by name
 
 
-def suite(name):
-    """Registers `fn(cfg) -> dict` as the suite `name` of the command line."""
+def suite(name, estimate=None):
+    """Registers `fn(cfg) -> dict` as the suite `name` of the command line.
+
+    `estimate(cfg) -> (steps, seconds)`, if given, lets the progress bar count
+    the steps the suite reports with `progress()` and lets the run print its
+    expected duration; a suite without one is a single step.
+    """
 
     def register(fn):
         SUITES[name] = fn
+        if estimate is not None:
+            _ESTIMATES[name] = estimate
         return fn
 
     return register
 
 
+class BenchmarkError(RuntimeError):
+    """The benchmark cannot run as asked (no GPU, no matplotlib, ...); the message says why."""
+
+
+class BenchmarkMismatch(AssertionError):
+    """The fused and reference outputs of a case disagree: nothing is timed."""
+
+
+# ---------------------------------------------------------------------------
+# Shapes and configuration
+
+GRID_BATCHES = (1, 64, 1024, 8192)
+GRID_DIMS = (8, 32, 128)
+GRID_IDS_PER_ROW = (1, 10, 50)
+GRID_DISTS = ("uniform", "zipf")
+GRID_VOCABS = (100_000, 10_000_000)
+DISTS = ("zipf", "uniform")
+
+
+def max_len_for(ids_per_row):
+    """Row lengths are uniform in [1, max_len]: max_len = 2n - 1 gives a mean of n."""
+    return 2 * ids_per_row - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    batch: int
+    vocab: int
+    dim: int
+    max_len: int            # ids per row uniform in [1, max_len], about (1 + max_len) / 2
+    dist: str               # "zipf" or "uniform"
+    headline: bool = False  # targets are judged here
+
+    @property
+    def ids_per_row(self):
+        return (1 + self.max_len) / 2
+
+    def label(self):
+        return f"B={self.batch} V={_si(self.vocab)} D={self.dim} ids~{self.ids_per_row:g}"
+
+
+def _si(n):
+    if n >= 1_000_000 and n % 1_000_000 == 0:
+        return f"{n // 1_000_000}M"
+    if n >= 1000 and n % 1000 == 0:
+        return f"{n // 1000}k"
+    return str(n)
+
+
+HEADLINE = dict(batch=4096, vocab=1_000_000, dim=32, max_len=max_len_for(50))
+
+
+def headline_shapes(batch=HEADLINE["batch"], vocab=HEADLINE["vocab"], dim=HEADLINE["dim"],
+                    max_len=HEADLINE["max_len"]):
+    return [Shape(batch, vocab, dim, max_len, d, headline=True) for d in DISTS]
+
+
+def full_grid():
+    return [Shape(b, v, d, max_len_for(n), dist)
+            for v in GRID_VOCABS for d in GRID_DIMS for b in GRID_BATCHES
+            for n in GRID_IDS_PER_ROW for dist in GRID_DISTS]
+
+
+def quick_grid():
+    """A representative subset: every batch size at one shape, then each other axis varied alone."""
+    base = dict(vocab=100_000, dim=32, max_len=max_len_for(10), dist="zipf")
+    shapes = [Shape(batch=b, **base) for b in GRID_BATCHES]
+    at_1024 = dict(base, batch=1024)
+    shapes += [Shape(**dict(at_1024, dim=d)) for d in GRID_DIMS if d != base["dim"]]
+    shapes += [Shape(**dict(at_1024, max_len=max_len_for(n))) for n in GRID_IDS_PER_ROW
+               if max_len_for(n) != base["max_len"]]
+    shapes += [Shape(**dict(at_1024, dist="uniform")),
+               Shape(**dict(at_1024, dim=8, vocab=GRID_VOCABS[-1], dist="uniform"))]
+    return shapes
+
+
+GRIDS = {"headline": lambda: [], "quick": quick_grid, "full": full_grid}
+
+
 @dataclasses.dataclass
 class Config:
-    batch: int = 4096
-    vocab: int = 1_000_000
-    dim: int = 32
-    max_len: int = 99          # ids per row uniform in [1, max_len]
+    # The headline (or the one custom) shape; suites that know no grid use these.
+    batch: int = HEADLINE["batch"]
+    vocab: int = HEADLINE["vocab"]
+    dim: int = HEADLINE["dim"]
+    max_len: int = HEADLINE["max_len"]  # ids per row uniform in [1, max_len]
     zipf_a: float = 1.2
     seed: int = 0
-    device: str = "/CPU:0"     # the op library is CPU-only for now; pin the native graphs too
+    device: str = "/CPU:0"     # pin the native graphs too; "/GPU:0" with --device gpu
+    grid: str = "headline"     # which shapes besides the headline: see GRIDS
+    shapes: tuple = ()         # the Shapes to run; empty: the headline shapes of the fields above
     warmup: int = 3
     runs: int = 200            # timed calls per callable at most ...
     min_runs: int = 30         # ... and at least; in between, until ~budget_s per callable
@@ -80,9 +196,150 @@ class Config:
         self.copy_mb, self.copy_reps = min(self.copy_mb, 64), 3
         return self
 
+    @property
+    def on_gpu(self):
+        return "GPU" in self.device.upper()
 
-class BenchmarkMismatch(AssertionError):
-    """The fused and reference outputs of a case disagree: nothing is timed."""
+    def shape_list(self):
+        return list(self.shapes) or headline_shapes(self.batch, self.vocab, self.dim, self.max_len)
+
+    def at(self, shape):
+        """This config at one shape, for helpers that read batch/vocab/dim/max_len (make_bags)."""
+        return dataclasses.replace(self, batch=shape.batch, vocab=shape.vocab, dim=shape.dim,
+                                   max_len=shape.max_len, shapes=())
+
+
+def shape_fields(shape):
+    return {"batch": shape.batch, "vocab": shape.vocab, "dim": shape.dim, "max_len": shape.max_len,
+            "ids_per_row": shape.ids_per_row, "dist": shape.dist, "headline": shape.headline,
+            "shape": shape.label()}
+
+
+def group_by_table(shapes, cap_vocab=None):
+    """{(V, D): [shapes]} in first-seen order, so each table is built once."""
+    groups = {}
+    for s in shapes:
+        if cap_vocab is not None and s.vocab > cap_vocab:
+            s = dataclasses.replace(s, vocab=cap_vocab)
+        if s not in groups.setdefault((s.vocab, s.dim), []):
+            groups[(s.vocab, s.dim)].append(s)
+    return groups
+
+
+# ---------------------------------------------------------------------------
+# Memory: tables of 1e7 rows need several GiB each; skip what cannot fit
+
+
+def mem_available_bytes():
+    """MemAvailable of /proc/meminfo (what can be allocated without swapping), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def memory_shortfall(need_bytes, headroom=0.8):
+    """None when `need_bytes` fits in `headroom` of the available memory, else a note saying why not."""
+    avail = mem_available_bytes()
+    if avail is None or need_bytes <= headroom * avail:
+        return None
+    return (f"needs ~{need_bytes / 2**30:.1f} GiB of host memory, {avail / 2**30:.1f} GiB available "
+            f"(we use at most {headroom:.0%})")
+
+
+def host_table_copies(cfg, on_host, on_device):
+    """Host copies of a table at the peak: the NumPy ones, the TF ones when they live on the host,
+    and one transient (the tensor tf.Variable converts the NumPy array to)."""
+    return on_host + (0 if cfg.on_gpu else on_device) + 1
+
+
+# ---------------------------------------------------------------------------
+# Progress bar
+
+
+class Progress:
+    """A one-line text progress bar on a terminal's stderr, redrawn in place.
+
+    Disabled (every call a no-op) unless its stream is a terminal: in a log
+    file or a pipe, carriage returns would only add noise. Lines printed to
+    stdout meanwhile are kept clean by `clear()` (see `_BarAwareStream`).
+    """
+
+    def __init__(self, total, stream=None, enabled=None, width=30):
+        self.stream = sys.stderr if stream is None else stream
+        isatty = getattr(self.stream, "isatty", lambda: False)
+        self.enabled = bool(isatty()) if enabled is None else enabled
+        self.total, self.done, self.width = max(1, total), 0, width
+        self.label, self.start, self.shown = "", time.perf_counter(), False
+
+    def step(self, label=""):
+        self.label = label
+        self.done = min(self.total, self.done + 1)
+        self.draw()
+
+    def set_label(self, label):
+        self.label = label
+        self.draw()
+
+    def line(self):
+        frac = self.done / self.total
+        filled = int(round(frac * self.width))
+        bar = "#" * filled + "." * (self.width - filled)
+        elapsed = time.perf_counter() - self.start
+        eta = f" eta {_duration(elapsed / self.done * (self.total - self.done))}" if self.done else ""
+        return f"[{bar}] {self.done}/{self.total} {_duration(elapsed)}{eta} {self.label}"[:120]
+
+    def draw(self):
+        if self.enabled:
+            self.stream.write("\r" + self.line() + "\x1b[K")
+            self.stream.flush()
+            self.shown = True
+
+    def clear(self):
+        if self.enabled and self.shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self.shown = False
+
+    def close(self):
+        self.clear()
+
+
+class _BarAwareStream:
+    """Wraps stdout so that text printed while the bar is shown starts on a clean line."""
+
+    def __init__(self, stream, bar):
+        self._stream, self._bar = stream, bar
+
+    def write(self, text):
+        if text:
+            self._bar.clear()
+        return self._stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+_PROGRESS = Progress(1, enabled=False)
+
+
+def progress(label=""):
+    """Suites call this once per step they announced in their estimate, when it is done."""
+    _PROGRESS.step(label)
+
+
+def progress_label(label):
+    """What the bar says is running now."""
+    _PROGRESS.set_label(label)
+
+
+def _duration(s):
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 # ---------------------------------------------------------------------------
@@ -130,12 +387,24 @@ def time_interleaved(fns, cfg):
     return {k: summarize(v) for k, v in times.items()}
 
 
+def estimate_case_s(cfg, callables, call_s):
+    """Rough wall time of one time_interleaved call, for the estimate printed before a run."""
+    rounds = math.ceil(cfg.min_runs / cfg.block)
+    calls = cfg.warmup + rounds * (cfg.block + 1)
+    return callables * max(min(cfg.budget_s, cfg.runs * call_s), calls * call_s)
+
+
+def measure_copy_bandwidth(cfg):
+    """The machine's limit the effective bandwidths are read against: host or device memory."""
+    return device_copy_bandwidth(cfg) if cfg.on_gpu else copy_bandwidth(cfg)
+
+
 def copy_bandwidth(cfg):
     """np.copyto of a copy_mb array, 1 thread and one per CPU: (read + write) bytes / s."""
     n = cfg.copy_mb * (1 << 20) // 4
     src = np.ones(n, np.float32)
     dst = np.zeros(n, np.float32)  # touched, so page faults are not timed
-    nthreads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    nthreads = _ncpu()
     bounds = np.linspace(0, n, nthreads + 1).astype(np.int64)
 
     def threaded():
@@ -149,15 +418,45 @@ def copy_bandwidth(cfg):
     out = {}
     for name, fn in (("1_thread", lambda: np.copyto(dst, src)), (f"{nthreads}_threads", threaded)):
         fn()
-        ts = []
-        for _ in range(cfg.copy_reps):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        out[name] = 2 * src.nbytes / float(np.median(ts)) / 1e9
+        out[name] = 2 * src.nbytes / _median_time(fn, cfg.copy_reps) / 1e9
     out["best_GBps"] = max(out.values())
     out["array_MB"] = cfg.copy_mb
+    out["method"] = "np.copyto (host)"
     return out
+
+
+def device_copy_bandwidth(cfg):
+    """An elementwise read + write of copy_mb on the device: its memory bandwidth, roughly.
+
+    x + v with v a Variable, so that Grappler cannot fold it away; only one
+    element comes back to the host, to wait for the kernel.
+    """
+    import tensorflow as tf
+
+    n = cfg.copy_mb * (1 << 20) // 4
+    with tf.device(cfg.device):
+        src = tf.ones([n], tf.float32)
+        zero = tf.Variable(0.0)
+
+    @tf.function
+    def copy():
+        with tf.device(cfg.device):
+            return (src + zero)[:1]
+
+    fn = lambda: copy().numpy()  # noqa: E731
+    fn()
+    gbps = 2 * n * 4 / _median_time(fn, max(cfg.copy_reps, 10)) / 1e9
+    return {"device": gbps, "best_GBps": gbps, "array_MB": cfg.copy_mb,
+            "method": f"x + 0 on {cfg.device} (read + write)"}
+
+
+def _median_time(fn, reps):
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
 
 
 def check_agreement(case, name, got, want, rtol=1e-5, atol=1e-5):
@@ -174,8 +473,48 @@ def check_agreement(case, name, got, want, rtol=1e-5, atol=1e-5):
     return float(np.max(np.abs(got - want), initial=0.0))
 
 
+def timed_entry(case, fns, cfg, nbytes, copy, rtol=1e-5, atol=1e-5):
+    """Checks every callable of `fns` against fns["fused"], then times them all: one case's record."""
+    got = fns["fused"]()
+    errors = {k: check_agreement(case, f"{k} vs fused", fn(), got, rtol=rtol, atol=atol)
+              for k, fn in fns.items() if k != "fused"}
+    t = time_interleaved(fns, cfg)
+    fused_ms = t["fused"]["median_ms"]
+    gbps = {k: nbytes / (v["median_ms"] * 1e-3) / 1e9 for k, v in t.items()}
+    entry = {"case": case, **t, "bytes": nbytes, "speedup": t["native"]["median_ms"] / fused_ms,
+             "GBps": gbps, "frac_copy": gbps["fused"] / copy["best_GBps"], "max_abs_err": errors}
+    if "core" in t:
+        entry["tf_overhead_ms"] = fused_ms - t["core"]["median_ms"]
+    return entry
+
+
+def core_or_none(cfg, fn):
+    """The core callable of a case, or None on GPU (the core runs on host arrays here)."""
+    return None if cfg.on_gpu else fn
+
+
+def targets_at_headline(cases, targets):
+    """Verdicts for the cases at the headline shape; `targets` maps a series to (label, min speedup)."""
+    out = []
+    for c in cases:
+        if c.get("headline") and c.get("series") in targets:
+            label, need = targets[c["series"]]
+            out.append({"target": label, "dist": c["dist"], "shape": c["shape"], "min_speedup": need,
+                        "speedup": c["speedup"], "met": bool(c["speedup"] >= need)})
+    return out
+
+
+def skip_note(suite_name, shapes, reason):
+    print(f"{suite_name}: skipped {len(shapes)} shape(s) with V={_si(shapes[0].vocab)} D={shapes[0].dim}: {reason}")
+    return [{"shape": s.label(), "dist": s.dist, "reason": reason} for s in shapes]
+
+
 # ---------------------------------------------------------------------------
 # Environment
+
+
+def _ncpu():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def _cpu_model():
@@ -197,29 +536,63 @@ def _cpu_model():
     return model, flags
 
 
-def environment():
+def _gpu_name(tf, device):
+    gpus = tf.config.list_physical_devices("GPU")
+    index = int(device.rsplit(":", 1)[-1]) if device[-1:].isdigit() else 0
+    if index >= len(gpus):
+        return None
+    details = tf.config.experimental.get_device_details(gpus[index])
+    return details.get("device_name", gpus[index].name)
+
+
+def environment(device="/CPU:0"):
     import tensorflow as tf
 
+    import tf_ctr_ops
     from tf_ctr_ops import _core
     from tf_ctr_ops._loader import build_info
 
     info = build_info()
     model, flags = _cpu_model()
-    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    ncpu = _ncpu()
     intra = tf.config.threading.get_intra_op_parallelism_threads()
     inter = tf.config.threading.get_inter_op_parallelism_threads()
-    return {
+    env = {
         "python": platform.python_version(),
         "numpy": np.__version__,
         "tensorflow": tf.__version__,
+        "tf_ctr_ops": tf_ctr_ops.__version__,
         "cpu_model": model,
         "cpu_flags": flags,
         "nproc": ncpu,
+        "memory_available_GiB": round((mem_available_bytes() or 0) / 2**30, 1),
         "tf_intra_op_threads": intra or f"0 (default: {ncpu})",
         "tf_inter_op_threads": inter or f"0 (default: {ncpu})",
+        "device": device,
         "build_info": {k: getattr(info, k) for k in dir(info) if k.isupper()},
         "core_has_cuda": bool(_core.has_cuda),
     }
+    if "GPU" in device.upper():
+        env["gpu_name"] = _gpu_name(tf, device)
+    return env
+
+
+def require_gpu():
+    """Raises BenchmarkError unless TF sees a GPU and the op library has GPU kernels."""
+    import tensorflow as tf
+
+    from tf_ctr_ops._loader import build_info
+
+    if not tf.config.list_physical_devices("GPU"):
+        raise BenchmarkError(
+            "--device gpu: TensorFlow sees no GPU (tf.config.list_physical_devices('GPU') is empty). "
+            "Check nvidia-smi, the driver, CUDA_VISIBLE_DEVICES, and that tensorflow was installed "
+            "with GPU support (pip install 'tensorflow[and-cuda]'); or run with --device cpu.")
+    if not build_info().WITH_CUDA:
+        raise BenchmarkError(
+            "--device gpu: this tf_ctr_ops was built without CUDA (tf_ctr_ops/_build_info.py: "
+            "WITH_CUDA = False), so its ops would silently run on the CPU. Rebuild with a CUDA toolkit "
+            "(TF_CTR_OPS_CUDA=1 pip install --no-build-isolation --force-reinstall .).")
 
 
 class ForeignLoad:
@@ -307,11 +680,21 @@ def make_bags(cfg, dist, rng):
     return {"ids": ids, "offsets": offsets, "indices": indices, "nnz": nnz}
 
 
+def random_table(rng, vocab, dim):
+    """[V, D] float32 standard normal * 0.05, generated in chunks (a 1e7-row table is GiBs)."""
+    params = np.empty((vocab, dim), np.float32)
+    step = max(1, (1 << 24) // max(dim, 1))
+    for a in range(0, vocab, step):
+        rng.standard_normal(params[a:a + step].shape, dtype=np.float32, out=params[a:a + step])
+    params *= np.float32(0.05)
+    return params
+
+
 # ---------------------------------------------------------------------------
 # lookup suite
 
 
-LOOKUP_TARGETS = {  # case kind -> (label, minimum fused speedup over native)
+LOOKUP_TARGETS = {  # series -> (label, minimum fused speedup over native), at the headline shape
     "lookup": ("(a) embedding_lookup_sparse(mean) vs tf.nn.embedding_lookup_sparse", 2.5),
     "hash": ("(b) hash_embedding(int64) vs as_string+to_hash_bucket_fast+tf.nn.els", 3.0),
 }
@@ -329,7 +712,7 @@ class LookupCase:
     native_tensor: object = None  # tf.nn on a plain Tensor table (TF's fast path), for reference
 
 
-def _lookup_graphs(cfg, fused_table, native_table, tensor_table):
+def _lookup_graphs(cfg, fused_table, native_table, tensor_table, vocab):
     """The cases of the lookup suite, their graphs built over the given tables."""
     import tensorflow as tf
 
@@ -338,7 +721,7 @@ def _lookup_graphs(cfg, fused_table, native_table, tensor_table):
     sparse_spec = tf.SparseTensorSpec([None, None], tf.int64)
     ragged_spec = tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1,
                                       row_splits_dtype=tf.int64)
-    dev, V = cfg.device, cfg.vocab
+    dev, V = cfg.device, vocab
 
     @tf.function(input_signature=[sparse_spec])
     def fused_lookup(sp):
@@ -379,7 +762,8 @@ def _lookup_graphs(cfg, fused_table, native_table, tensor_table):
 
     return [
         LookupCase("lookup", "sparse", fused_lookup, native_lookup, "tco.embedding_lookup_sparse",
-                   "tf.nn.embedding_lookup_sparse", {}, native_tensor=native_lookup_tensor),
+                   "tf.nn.embedding_lookup_sparse", {},
+                   native_tensor=native_lookup_tensor if tensor_table is not None else None),
         LookupCase("hash", "sparse", fused_hash, native_hash, "tco.hash_embedding",
                    "as_string+to_hash_bucket_fast+tf.nn.embedding_lookup_sparse", {"id_mode": "hash"}),
         LookupCase("ragged", "ragged", fused_ragged, native_ragged, "tco.sparse_embedding",
@@ -387,9 +771,26 @@ def _lookup_graphs(cfg, fused_table, native_table, tensor_table):
     ]
 
 
-@suite("lookup")
+def _call_s(shape, per_id_s):
+    """Rough seconds per call of a case at `shape`, for estimates only."""
+    nnz = shape.batch * shape.ids_per_row
+    return 1e-4 + nnz * (per_id_s + shape.dim * 4 / 2e9)
+
+
+def _table_build_s(vocab, dim, copies):
+    return vocab * dim * 4 * copies / 0.5e9
+
+
+def _estimate_lookup(cfg):
+    shapes = cfg.shape_list()
+    seconds = sum(_table_build_s(v, d, 3) for v, d in group_by_table(shapes))
+    seconds += sum(3 * estimate_case_s(cfg, 3.3, _call_s(s, 5e-8)) for s in shapes)
+    return len(shapes), seconds
+
+
+@suite("lookup", estimate=_estimate_lookup)
 def lookup_suite(cfg):
-    """Fused pooled mean lookups vs tf.nn, for Zipf and uniform ids.
+    """Fused pooled mean lookups vs tf.nn, over the shapes of `cfg`.
 
     Cases: (a) lookup, tco.embedding_lookup_sparse vs tf.nn.embedding_lookup_sparse on a
     SparseTensor; (b) hash, tco.hash_embedding vs as_string + to_hash_bucket_fast +
@@ -399,89 +800,87 @@ def lookup_suite(cfg):
     """
     import tensorflow as tf
 
-    from tf_ctr_ops import _core
-
-    B, V, D = cfg.batch, cfg.vocab, cfg.dim
+    shapes = cfg.shape_list()
     rng = np.random.default_rng(cfg.seed)
-    t0 = time.perf_counter()
-    params = rng.standard_normal((V, D), dtype=np.float32)
-    params *= np.float32(0.05)
-    # One Variable per side: tf.nn's Variable path gathers with ResourceGather, which
-    # switches its Variable to copy-on-read mode, after which every plain read (what
-    # the fused op does) copies the whole table. Sharing one Variable would charge
-    # that copy to the fused side depending on run order; it is measured on its own
-    # below (copy_on_read). A plain Tensor table shows TF's best native path.
-    with tf.device(cfg.device):
-        fused_table = tf.Variable(params, name="fused_table")
-        native_table = tf.Variable(params, name="native_table")
-        tensor_table = tf.constant(params)
-    graphs = _lookup_graphs(cfg, fused_table, native_table, tensor_table)
-    setup_s = time.perf_counter() - t0
-
-    copy = copy_bandwidth(cfg)
-    print(f"lookup suite: B={B} V={V} D={D} ids/row U[1,{cfg.max_len}] "
-          f"table {params.nbytes / 2**20:.0f} MiB float32 (tf.Variable), setup {setup_s:.1f}s")
+    copy = measure_copy_bandwidth(cfg)
+    print(f"lookup suite: {len(shapes)} shapes on {cfg.device}; ids/row uniform in [1, 2n - 1] for ~n")
     print(f"ids: Zipf({cfg.zipf_a}) ranks truncated to [0, V), or uniform; hash cases use the same "
           "ids as raw int64 keys into V buckets")
-    print(f"memory copy: {copy['best_GBps']:.1f} GB/s read+write "
-          f"({', '.join(f'{k} {v:.1f}' for k, v in copy.items() if k.endswith(('thread', 'threads')))}; "
-          f"np.copyto of {cfg.copy_mb} MiB, median of {cfg.copy_reps})")
-    print()
+    _print_copy(copy, cfg)
 
-    cases, inputs = [], {}
-    for dist in ("zipf", "uniform"):
-        bags = make_bags(cfg, dist, rng)
-        ids, offsets, nnz = bags["ids"], bags["offsets"], bags["nnz"]
-        sp = tf.SparseTensor(tf.constant(bags["indices"]), tf.constant(ids), [B, cfg.max_len])
-        rt = tf.RaggedTensor.from_row_splits(tf.constant(ids), tf.constant(offsets), validate=False)
-        inputs[dist] = sp
-        for g in graphs:
-            case = f"{g.kind}/{dist}"
-            x = sp if g.container == "sparse" else rt
-            fns = {"fused": lambda g=g: g.fused(x).numpy(),
-                   "native": lambda g=g: g.native(x).numpy(),
-                   "core": lambda g=g: _core.embedding_lookup(params, ids, offsets, combiner="mean",
-                                                              **g.core_kwargs)}
-            if g.native_tensor is not None:
-                fns["native_tensor"] = lambda g=g: g.native_tensor(x).numpy()
+    cases, skipped, copy_on_read = [], [], None
+    for (V, D), group in group_by_table(shapes).items():
+        with_headline = any(s.headline for s in group)
+        # numpy + fused + native (+ a Tensor table and a copy-on-read Variable at the headline)
+        table_bytes = V * D * 4
+        need = table_bytes * host_table_copies(cfg, 1, 4 if with_headline else 2)
+        reason = memory_shortfall(need)
+        if reason:
+            skipped += skip_note("lookup", group, reason)
+            for s in group:
+                progress(f"lookup {s.label()} {s.dist}: skipped")
+            continue
+        t0 = time.perf_counter()
+        params = random_table(rng, V, D)
+        # One Variable per side: tf.nn's Variable path gathers with ResourceGather, which
+        # switches its Variable to copy-on-read mode, after which every plain read (what
+        # the fused op does) copies the whole table. Sharing one Variable would charge
+        # that copy to the fused side depending on run order; it is measured on its own
+        # below (copy_on_read). A plain Tensor table shows TF's best native path.
+        with tf.device(cfg.device):
+            fused_table = tf.Variable(params, name="fused_table")
+            native_table = tf.Variable(params, name="native_table")
+            tensor_table = tf.constant(params) if with_headline else None
+        graphs = _lookup_graphs(cfg, fused_table, native_table, tensor_table, V)
+        print(f"table V={_si(V)} D={D}: {table_bytes / 2**20:.0f} MiB float32 (tf.Variable), "
+              f"setup {time.perf_counter() - t0:.1f}s")
+        for shape in group:
+            progress_label(f"lookup {shape.label()} {shape.dist}")
+            new, sp = _lookup_cases(cfg, shape, graphs, params, rng, copy)
+            cases += new
+            if shape.headline and shape.dist == "zipf" and copy_on_read is None:
+                ref = next(c for c in new if c["series"] == "lookup")
+                copy_on_read = copy_on_read_probe(cfg, params, graphs[0].fused, sp, ref, copy["best_GBps"])
+            progress(f"lookup {shape.label()} {shape.dist}")
+        del fused_table, native_table, tensor_table, graphs, params
+        gc.collect()
 
-            # Correctness first: a benchmark never times a wrong answer.
-            got = fns["fused"]()
-            errors = {k: check_agreement(case, f"{k} vs fused", fn(), got)
-                      for k, fn in fns.items() if k != "fused"}
-
-            t = time_interleaved(fns, cfg)
-            nbytes = (nnz + B) * D * params.itemsize
-            fused_ms = t["fused"]["median_ms"]
-            gbps = {k: nbytes / (v["median_ms"] * 1e-3) / 1e9 for k, v in t.items()}
-            entry = {
-                "case": case, "kind": g.kind, "dist": dist, "container": g.container,
-                "fused_op": g.fused_op, "native_op": g.native_op,
-                "batch": B, "vocab": V, "dim": D, "nnz": nnz, "bytes": nbytes,
-                **t,
-                "speedup": t["native"]["median_ms"] / fused_ms,
-                "tf_overhead_ms": fused_ms - t["core"]["median_ms"],
-                "GBps": gbps, "frac_copy": gbps["fused"] / copy["best_GBps"],
-                "max_abs_err": errors,
-            }
-            if "native_tensor" in t:
-                entry["speedup_vs_native_tensor"] = t["native_tensor"]["median_ms"] / fused_ms
-            cases.append(entry)
-
-    copy_on_read = copy_on_read_probe(cfg, params, graphs[0].fused, inputs["zipf"],
-                                      next(c for c in cases if c["case"] == "lookup/zipf"),
-                                      copy["best_GBps"])
-
-    targets = []
-    for c in cases:
-        if c["kind"] in LOOKUP_TARGETS:
-            label, need = LOOKUP_TARGETS[c["kind"]]
-            targets.append({"target": label, "dist": c["dist"], "min_speedup": need,
-                            "speedup": c["speedup"], "met": bool(c["speedup"] >= need)})
     result = {"suite": "lookup", "config": dataclasses.asdict(cfg), "copy_bandwidth": copy,
-              "cases": cases, "targets": targets, "copy_on_read": copy_on_read}
+              "cases": cases, "targets": targets_at_headline(cases, LOOKUP_TARGETS),
+              "skipped": skipped, "copy_on_read": copy_on_read}
     print_lookup(result)
     return result
+
+
+def _lookup_cases(cfg, shape, graphs, params, rng, copy):
+    """The timed cases of every graph at one shape; also the SparseTensor they read."""
+    import tensorflow as tf
+
+    from tf_ctr_ops import _core
+
+    B, D = shape.batch, shape.dim
+    bags = make_bags(cfg.at(shape), shape.dist, rng)
+    ids, offsets, nnz = bags["ids"], bags["offsets"], bags["nnz"]
+    sp = tf.SparseTensor(tf.constant(bags["indices"]), tf.constant(ids), [B, shape.max_len])
+    rt = tf.RaggedTensor.from_row_splits(tf.constant(ids), tf.constant(offsets), validate=False)
+    nbytes = (nnz + B) * D * params.itemsize
+    cases = []
+    for g in graphs:
+        x = sp if g.container == "sparse" else rt
+        fns = {"fused": lambda g=g: g.fused(x).numpy(), "native": lambda g=g: g.native(x).numpy()}
+        core = core_or_none(cfg, lambda g=g: _core.embedding_lookup(params, ids, offsets, combiner="mean",
+                                                                     **g.core_kwargs))
+        if core is not None:
+            fns["core"] = core
+        if g.native_tensor is not None and shape.headline:
+            fns["native_tensor"] = lambda g=g: g.native_tensor(x).numpy()
+        entry = timed_entry(f"{g.kind}/{shape.dist}", fns, cfg, nbytes, copy)
+        entry.update({"kind": g.kind, "series": g.kind, "container": g.container, "fused_op": g.fused_op,
+                      "native_op": g.native_op, "nnz": nnz, **shape_fields(shape)})
+        if "native_tensor" in entry:
+            entry["speedup_vs_native_tensor"] = entry["native_tensor"]["median_ms"] / entry["fused"]["median_ms"]
+        cases.append(entry)
+    return cases, sp
 
 
 def copy_on_read_probe(cfg, params, fused_lookup, sp, reference_case, copy_GBps):
@@ -511,40 +910,28 @@ def copy_on_read_probe(cfg, params, fused_lookup, sp, reference_case, copy_GBps)
     t = time_interleaved({"fused": lambda: fused_lookup(sp).numpy(),
                           "fused_copy_on_read": lambda: fused_cor(sp).numpy()}, cfg)
     extra = t["fused_copy_on_read"]["median_ms"] - t["fused"]["median_ms"]
-    out = {"case": "lookup/zipf", "table_MiB": params.nbytes / 2**20, **t, "extra_ms": extra,
-           "copy_cost_ms": 2 * params.nbytes / (copy_GBps * 1e9) * 1e3,
+    out = {"case": "lookup/zipf", "shape": reference_case["shape"], "table_MiB": params.nbytes / 2**20, **t,
+           "extra_ms": extra, "copy_cost_ms": 2 * params.nbytes / (copy_GBps * 1e9) * 1e3,
            "speedup_vs_native": reference_case["native"]["median_ms"] / t["fused_copy_on_read"]["median_ms"]}
     del cor_table
     return out
 
 
-def _fmt_t(s):
-    return f"{s['median_ms']:.2f} [{s['p10_ms']:.2f}-{s['p90_ms']:.2f}]"
+def _print_copy(copy, cfg):
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in copy.items() if k.endswith(("thread", "threads")))
+    print(f"memory copy: {copy['best_GBps']:.1f} GB/s read+write ({copy['method']}"
+          f"{'; ' + parts if parts else ''}; {cfg.copy_mb} MiB)")
+    print()
 
 
 def print_lookup(result):
-    cols = [("case", 15, "<"), ("fused ms [p10-p90]", 21, ">"), ("native ms [p10-p90]", 21, ">"),
-            ("speedup", 8, ">"), ("core ms", 8, ">"), ("TF ovh ms", 9, ">"), ("GB/s", 6, ">"),
-            ("/copy", 6, ">"), ("native GB/s", 11, ">"), ("vs Tensor-table native", 22, ">")]
-    line = lambda vals: " ".join(f"{v:{a}{w}}" for v, (_, w, a) in zip(vals, cols))  # noqa: E731
-    hdr = line([c[0] for c in cols])
-    print(hdr)
-    print("-" * len(hdr))
-    for c in result["cases"]:
-        vt = ""
-        if "native_tensor" in c:
-            vt = f"{c['native_tensor']['median_ms']:.2f} ms: {c['speedup_vs_native_tensor']:.2f}x"
-        print(line([c["case"], _fmt_t(c["fused"]), _fmt_t(c["native"]), f"{c['speedup']:.2f}x",
-                    f"{c['core']['median_ms']:.2f}", f"{c['tf_overhead_ms']:.2f}", f"{c['GBps']['fused']:.3g}",
-                    f"{c['frac_copy']:.2f}", f"{c['GBps']['native']:.3g}", vt]))
+    print_table(result)
     if result["cases"]:
-        c0 = result["cases"][0]
-        print(f"nnz ~{c0['nnz']}; times are medians over alternating blocks of back-to-back calls; "
-              f"GB/s = (nnz + B) * D * 4 bytes / median time; /copy = fraction of the "
+        print(f"GB/s = (nnz + B) * D * 4 bytes / median time; /copy = fraction of the "
               f"{result['copy_bandwidth']['best_GBps']:.1f} GB/s copy bandwidth; core = "
-              "tf_ctr_ops._core on the NumPy data, no TF; TF ovh = fused - core; vs Tensor-table "
-              "native = tf.nn on a plain Tensor table, TF's fast path (no Unique, no ResourceGather), "
-              "and the fused speedup over it")
+              "tf_ctr_ops._core on the NumPy data, no TF; TF ovh = fused - core; native_tensor "
+              "(headline only) = tf.nn on a plain Tensor table, TF's fast path (no Unique, no "
+              "ResourceGather), and the fused speedup over it")
     cor = result.get("copy_on_read")
     if cor:
         print(f"copy-on-read check: fused lookup/zipf on a Variable in copy-on-read mode (as after any "
@@ -552,11 +939,165 @@ def print_lookup(result):
               f"{_fmt_t(cor['fused'])} ms, {cor['extra_ms']:+.2f} ms per call (copying the "
               f"{cor['table_MiB']:.0f} MiB table would cost ~{cor['copy_cost_ms']:.1f} ms); speedup over "
               f"native there: {cor['speedup_vs_native']:.2f}x")
+    print_targets(result)
+
+
+# ---------------------------------------------------------------------------
+# Output: terminal table, Markdown, plot
+
+
+def _fmt_t(s):
+    return f"{s['median_ms']:.3g} [{s['p10_ms']:.3g}-{s['p90_ms']:.3g}]"
+
+
+def _others(c):
+    """References beyond native a case was timed against (Tensor-table tf.nn, separate calls, ...)."""
+    skip = {"fused", "native", "core", "GBps", "max_abs_err", "copy_on_read"}
+    out = []
+    for k, v in c.items():
+        if k not in skip and isinstance(v, dict) and "median_ms" in v:
+            out.append(f"{k} {v['median_ms']:.3g} ({v['median_ms'] / c['fused']['median_ms']:.2f}x)")
+    return ", ".join(out)
+
+
+def print_table(result):
+    """The terminal table of any suite whose cases have fused/native timings."""
+    cols = [("case", 20, "<"), ("shape", 26, "<"), ("fused ms [p10-p90]", 22, ">"),
+            ("native ms [p10-p90]", 22, ">"), ("speedup", 8, ">"), ("core ms", 8, ">"), ("TF ovh", 7, ">"),
+            ("GB/s", 6, ">"), ("/copy", 5, ">"), ("others ms (fused speedup)", 0, "<")]
+    line = lambda vals: " ".join(f"{v:{a}{w}}" for v, (_, w, a) in zip(vals, cols)).rstrip()  # noqa: E731
+    hdr = line([c[0] for c in cols])
+    print(hdr)
+    print("-" * len(hdr))
+    for c in result.get("cases", []):
+        if "fused" not in c or "native" not in c:
+            continue
+        core = c.get("core")
+        print(line([c["case"], c.get("shape", ""), _fmt_t(c["fused"]), _fmt_t(c["native"]),
+                    f"{c['speedup']:.2f}x", f"{core['median_ms']:.3g}" if core else "-",
+                    f"{c['tf_overhead_ms']:.2g}" if "tf_overhead_ms" in c else "-",
+                    f"{c['GBps']['fused']:.3g}" if "GBps" in c else "-",
+                    f"{c['frac_copy']:.2g}" if "frac_copy" in c else "-", _others(c)]))
+    for s in result.get("skipped", []):
+        print(f"skipped {s['shape']} {s['dist']}: {s['reason']}")
+
+
+def print_targets(result):
     print()
-    for t in result["targets"]:
+    for t in result.get("targets", []):
         verdict = "met" if t["met"] else "NOT MET"
-        print(f"target {t['target']} >= {t['min_speedup']}x [{t['dist']}]: {t['speedup']:.2f}x  {verdict}")
+        print(f"target {t['target']} >= {t['min_speedup']}x [{t['dist']}, {t.get('shape', '')}]: "
+              f"{t['speedup']:.2f}x  {verdict}")
     print()
+
+
+def _all_cases(results):
+    for name, res in results["suites"].items():
+        for c in res.get("cases", []):
+            if "fused" in c and "native" in c:
+                yield name, c
+
+
+def machine_line(results):
+    env = results["env"]
+    where = env.get("gpu_name") or f"{env['cpu_model']}, {env['nproc']} cores"
+    load = env.get("foreign_cpu_load_during")
+    load = f"; other processes used {100 * load:.0f}% of the CPUs during the run" if load is not None else ""
+    return (f"Machine: {where} ({env['device']}); TensorFlow {env['tensorflow']}, tf_ctr_ops "
+            f"{env['tf_ctr_ops']}; {results['date']}{load}.")
+
+
+def _config_shape(config):
+    """The shape a suite without per-case shapes ran at, from its config."""
+    try:
+        return Shape(config["batch"], config["vocab"], config["dim"], config["max_len"], "").label()
+    except (TypeError, KeyError):
+        return ""
+
+
+def markdown(results):
+    """The results as a Markdown table, with a line naming the machine and the date."""
+    head = ("| case | shape | fused ms | native ms | speedup | GB/s | fraction of copy bandwidth |\n"
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    rows = []
+    for name, c in _all_cases(results):
+        shape = c.get("shape") or _config_shape(results["suites"][name].get("config"))
+        if c.get("dist") and not c["case"].endswith(c["dist"]):
+            shape = f"{shape} {c['dist']}"
+        gbps = f"{c['GBps']['fused']:.3g}" if "GBps" in c else ""
+        frac = f"{c['frac_copy']:.2g}" if "frac_copy" in c else ""
+        rows.append(f"| {c['case']} | {shape} | {c['fused']['median_ms']:.3g} | {c['native']['median_ms']:.3g} "
+                    f"| {c['speedup']:.2f}x | {gbps} | {frac} |")
+    copies = ", ".join(f"{name} {res['copy_bandwidth']['best_GBps']:.1f}"
+                       for name, res in results["suites"].items() if "copy_bandwidth" in res)
+    notes = [machine_line(results),
+             f"Medians of repeated calls; GB/s = (ids + batch) * D * 4 bytes / fused time; copy bandwidth "
+             f"(GB/s, read + write, measured in the same run): {copies}."]
+    targets = [f"- {t['target']} >= {t['min_speedup']}x [{t['dist']}, {t.get('shape', '')}]: "
+               f"{t['speedup']:.2f}x, {'met' if t['met'] else 'NOT MET'}"
+               for res in results["suites"].values() for t in res.get("targets", [])]
+    if targets:
+        notes += ["", "Targets, at the headline shape:", ""] + targets
+    return "\n".join([head, *rows, "", *notes]) + "\n"
+
+
+def _series(c):
+    if "series" in c:
+        return c["series"]
+    dist = c.get("dist")
+    return c["case"][: -len(dist) - 1] if dist and c["case"].endswith("/" + dist) else c["case"]
+
+
+def require_matplotlib():
+    try:
+        import matplotlib
+    except ImportError:
+        raise BenchmarkError("--plot needs matplotlib, which is not installed: pip install matplotlib "
+                             "(or install tf-ctr-ops with its 'plot' extra: pip install 'tf-ctr-ops[plot]')") from None
+    matplotlib.use("Agg")  # files only; no display needed
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot(results, path):
+    """Speedup against batch size per op: geometric mean over the other axes, and their range.
+
+    The headline cases are left out when grid cases exist: they are one other
+    shape (V=1M, ~50 ids), and would make a bump at B=4096 that is no batch effect.
+    """
+    plt = require_matplotlib()
+    from matplotlib.ticker import ScalarFormatter
+
+    cases = [(name, c) for name, c in _all_cases(results) if "batch" in c]
+    if any(not c.get("headline") for _, c in cases):
+        cases = [(name, c) for name, c in cases if not c.get("headline")]
+    series = {}
+    for suite_name, c in cases:
+        label = _series(c) if _series(c).startswith(suite_name) else f"{suite_name}: {_series(c)}"
+        series.setdefault(label, {}).setdefault(c["batch"], []).append(c["speedup"])
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, by_batch in sorted(series.items()):
+        xs = sorted(by_batch)
+        mid = [float(np.exp(np.mean(np.log(by_batch[x])))) for x in xs]
+        lo = [m - min(by_batch[x]) for m, x in zip(mid, xs)]
+        hi = [max(by_batch[x]) - m for m, x in zip(mid, xs)]
+        ax.errorbar(xs, mid, yerr=[lo, hi], marker="o", capsize=3, label=name)
+    ax.axhline(1.0, color="gray", linewidth=0.8, linestyle="--")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(ScalarFormatter())
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("speedup of the fused op over TF-native (x)")
+    ax.set_title("tf-ctr-ops: speedup vs batch size per op (geometric mean over the other grid axes; "
+                 "bars: their range)", fontsize=8)
+    ax.legend(fontsize=8)
+    fig.text(0.01, 0.005, machine_line(results), fontsize=6)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 # ---------------------------------------------------------------------------
@@ -574,27 +1115,52 @@ def _json_default(o):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m tf_ctr_ops.bench", description=__doc__.split("\n")[0])
-    p.add_argument("suites", nargs="+", choices=sorted(SUITES), help="suites to run, in order")
-    p.add_argument("--quick", action="store_true", help="few repeats and a small copy probe (smoke runs)")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    p = argparse.ArgumentParser(prog="python -m tf_ctr_ops.bench", description=__doc__.split("\n")[0],
+                                epilog="Shapes: --grid picks them; any of --batch/--vocab/--dim/--max-len "
+                                       "runs one custom shape instead (the rest from the headline).")
+    p.add_argument("suites", nargs="+", choices=sorted(SUITES) + ["all"],
+                   help="suites to run, in order; all: every registered suite")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                   help="where both graphs and their tables live (gpu: '/GPU:0')")
+    p.add_argument("--quick", action="store_true",
+                   help="few repeats, a small copy probe and, unless --grid says otherwise, the quick grid")
+    p.add_argument("--grid", choices=sorted(GRIDS),
+                   help="headline (default without --quick): only the headline shape; quick (default "
+                        "with --quick): it and a representative subset; full: it and the whole grid")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE ('-': stdout, "
+                                                  "and everything else to stderr)")
+    p.add_argument("--markdown", metavar="FILE", help="also write a Markdown table of the results to FILE")
+    p.add_argument("--plot", metavar="FILE.png", help="also plot speedup against batch size per op "
+                                                      "(needs matplotlib)")
     d = Config()
-    p.add_argument("--batch", type=int, default=d.batch)
-    p.add_argument("--vocab", type=int, default=d.vocab)
-    p.add_argument("--dim", type=int, default=d.dim)
-    p.add_argument("--max-len", type=int, default=d.max_len, help="ids per row are uniform in [1, MAX_LEN]")
+    p.add_argument("--batch", type=int, help=f"custom shape: batch (headline {d.batch})")
+    p.add_argument("--vocab", type=int, help=f"custom shape: table rows (headline {d.vocab})")
+    p.add_argument("--dim", type=int, help=f"custom shape: embedding dim (headline {d.dim})")
+    p.add_argument("--max-len", type=int, help=f"custom shape: ids per row are uniform in [1, MAX_LEN] "
+                                               f"(headline {d.max_len})")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--runs", type=int, default=None,
                    help=f"max timed calls per callable (default {d.runs}; at least {d.min_runs}, else "
                         f"~{d.budget_s:g} s per callable)")
     p.add_argument("--copy-mb", type=int, default=None, help=f"copy-probe array size (default {d.copy_mb})")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if "all" in args.suites:
+        args.suites = sorted(SUITES, key=lambda n: (SUITE_ORDER.index(n) if n in SUITE_ORDER else len(SUITE_ORDER), n))
+    return args
 
 
 def config_from_args(args):
-    cfg = Config(batch=args.batch, vocab=args.vocab, dim=args.dim, max_len=args.max_len, seed=args.seed)
+    custom = {k: v for k, v in (("batch", args.batch), ("vocab", args.vocab), ("dim", args.dim),
+                                ("max_len", args.max_len)) if v is not None}
+    cfg = Config(seed=args.seed, device="/GPU:0" if args.device == "gpu" else "/CPU:0", **custom)
     if args.quick:
         cfg.quicken()
+    if custom:
+        cfg.grid = "custom"
+    else:
+        cfg.grid = args.grid or ("quick" if args.quick else "headline")
+    cfg.shapes = tuple(headline_shapes(cfg.batch, cfg.vocab, cfg.dim, cfg.max_len)
+                       + ([] if custom else GRIDS[cfg.grid]()))
     if args.runs is not None:
         cfg.runs = args.runs
         cfg.min_runs = min(cfg.min_runs, args.runs)
@@ -603,41 +1169,113 @@ def config_from_args(args):
     return cfg
 
 
+def estimate(cfg, suites):
+    """(progress steps, rough seconds, suites without an estimate) of running `suites`."""
+    steps, seconds, unknown = 0, 0.0, []
+    for name in suites:
+        if name in _ESTIMATES:
+            n, s = _ESTIMATES[name](cfg)
+            steps, seconds = steps + n, seconds + s
+        else:
+            steps, unknown = steps + 1, unknown + [name]
+    return steps, seconds, unknown
+
+
 def main(argv=None):
-    """Runs the suites named in argv; returns {"env": ..., "suites": {name: result}}."""
+    """Runs the suites named in argv; returns {"env": ..., "suites": {name: result}, ...}."""
+    global _PROGRESS
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     args = parse_args(argv)
     cfg = config_from_args(args)
-    env = environment()
+    # Fail before the long part, not after it.
+    if args.plot:
+        require_matplotlib()
+    if cfg.on_gpu:
+        require_gpu()
+    json_to_stdout = args.json == "-"
+    real_stdout = sys.stdout
+    steps, seconds, unknown = estimate(cfg, args.suites)
+    bar = Progress(steps, enabled=False if json_to_stdout else None)
+    out = sys.stderr if json_to_stdout else _BarAwareStream(sys.stdout, bar)
+    _PROGRESS = bar
+    try:
+        with contextlib.redirect_stdout(out):
+            results = _run(args, cfg, seconds, unknown, argv)
+    finally:
+        bar.close()
+        _PROGRESS = Progress(1, enabled=False)
+    with contextlib.redirect_stdout(sys.stderr if json_to_stdout else real_stdout):
+        _write_outputs(args, results, real_stdout)
+    return results
+
+
+def _run(args, cfg, seconds, unknown, argv):
+    env = environment(cfg.device)
     env["foreign_cpu_load_before"] = foreign_load_probe()
     print_environment(env)
     warn_foreign_load("just before the run", env["foreign_cpu_load_before"])
+    shapes = cfg.shape_list()
+    print(f"suites {' '.join(args.suites)}: grid {cfg.grid}, {len(shapes)} shape(s) on {cfg.device}"
+          f"{' (quick repeats)' if cfg.quick else ''}; estimated {_duration(seconds)} (rough)"
+          f"{' plus ' + ', '.join(unknown) + ' (no estimate)' if unknown else ''}\n")
     t0 = time.perf_counter()
     load = ForeignLoad()
-    results = {"env": env, "suites": {}}
+    results = {"env": env, "argv": list(sys.argv[1:] if argv is None else argv), "suites": {},
+               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     for name in args.suites:
+        progress_label(name)
+        before = _PROGRESS.done
         results["suites"][name] = SUITES[name](dataclasses.replace(cfg))
+        if name not in _ESTIMATES and _PROGRESS.done == before:
+            progress(name)
     results["wall_s"] = time.perf_counter() - t0
     env["foreign_cpu_load_during"] = load.fraction()
+    _PROGRESS.clear()
     warn_foreign_load("during the run", env["foreign_cpu_load_during"])
     during = env["foreign_cpu_load_during"]
     print(f"done in {results['wall_s']:.1f}s"
           + (f"; other processes used {100 * during:.1f}% of the CPUs meanwhile" if during is not None else ""))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2, default=_json_default)
-        print(f"wrote {args.json}")
     return results
 
 
-# The string and rewrite suites live beside this module and register themselves on import.
-from tf_ctr_ops import bench_rewrite, bench_strings  # noqa: E402,F401
+def _write_outputs(args, results, stdout):
+    if args.json == "-":
+        json.dump(results, stdout, indent=2, default=_json_default)
+        stdout.write("\n")
+        stdout.flush()
+    elif args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2, default=_json_default)
+        print(f"wrote {args.json}")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(results))
+        print(f"wrote {args.markdown}")
+    if args.plot:
+        plot(results, args.plot)
+        print(f"wrote {args.plot}")
+
+
+def _import_suite_modules():
+    """Imports tf_ctr_ops/bench_*.py, whose @suite decorators register their suites here."""
+    import tf_ctr_ops
+
+    for mod in sorted(pkgutil.iter_modules(tf_ctr_ops.__path__), key=lambda m: m.name):
+        if mod.name.startswith("bench_"):
+            importlib.import_module(f"tf_ctr_ops.{mod.name}")
+
+
+_import_suite_modules()
 
 
 if __name__ == "__main__":
-    # Run the importable module's main: bench_strings and bench_rewrite register their suites
+    # Run the importable module's main: the bench_* modules register their suites
     # there, not in this __main__ copy.
     from tf_ctr_ops import bench as _bench
 
-    _bench.main()
+    try:
+        _bench.main()
+    except _bench.BenchmarkError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     sys.exit(0)

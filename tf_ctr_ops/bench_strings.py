@@ -7,18 +7,29 @@ multi:  `multi_string_embedding` over 20 string features against 20 separate
         compositions, and against 20 separate `string_embedding` calls.
 
 Both sides run as tf.functions in one process on the same strings, and their
-outputs must agree before anything is timed.
+outputs must agree before anything is timed. Both take host strings: on GPU the
+fused side packs them on the host and copies the packed bytes to the device
+inside the timed call (CtrPackStrings keeps its outputs in host memory), and the
+native side's string ops run on the host as TF places them.
 """
 
 import dataclasses
+import gc
 import time
 
 import numpy as np
 
-from tf_ctr_ops.bench import (check_agreement, copy_bandwidth, make_bags, suite,
-                              time_interleaved)
+from tf_ctr_ops.bench import (_call_s, _print_copy, _si, _table_build_s, core_or_none, estimate_case_s,
+                              group_by_table, host_table_copies, make_bags, measure_copy_bandwidth,
+                              memory_shortfall, print_table, print_targets, progress, progress_label,
+                              random_table, shape_fields, skip_note, suite, targets_at_headline, timed_entry)
 
-STRING_TARGET = ("string_embedding vs split + to_number + tf.nn.embedding_lookup_sparse(sqrtn)", 6.0)
+STRING_TARGETS = {  # series -> (label, minimum fused speedup over native), at the headline shape
+    "string/index": ("string_embedding vs split + to_number + tf.nn.embedding_lookup_sparse(sqrtn)", 6.0),
+}
+ID_MODES = ("index", "hash")
+MULTI_FEATURES = 20
+MULTI_MAX_VOCAB = 100_000  # per feature: 20 tables of 1e7 rows would not fit anywhere we run
 
 
 def id_strings(ids, offsets, delimiter=","):
@@ -37,115 +48,202 @@ def _composition(tf, table, strings, id_mode, vocab):
     return tf.nn.embedding_lookup_sparse(table, ids.to_sparse(), None, combiner="sqrtn")
 
 
-def _timed_entry(case, fns, cfg, nbytes, copy):
-    got = fns["fused"]()
-    errors = {k: check_agreement(case, f"{k} vs fused", fn(), got, rtol=1e-4, atol=1e-5)
-              for k, fn in fns.items() if k != "fused"}
-    t = time_interleaved(fns, cfg)
-    fused_ms = t["fused"]["median_ms"]
-    gbps = {k: nbytes / (v["median_ms"] * 1e-3) / 1e9 for k, v in t.items()}
-    return {"case": case, **t, "speedup": t["native"]["median_ms"] / fused_ms, "GBps": gbps,
-            "frac_copy": gbps["fused"] / copy["best_GBps"], "max_abs_err": errors}
+def _string_call_s(shape):
+    return _call_s(shape, 3e-7)
 
 
-@suite("string")
+def _estimate_string(cfg):
+    shapes = cfg.shape_list()
+    seconds = sum(_table_build_s(v, d, 3) for v, d in group_by_table(shapes))
+    seconds += sum(len(ID_MODES) * estimate_case_s(cfg, 3, _string_call_s(s)) for s in shapes)
+    return len(shapes), seconds
+
+
+@suite("string", estimate=_estimate_string)
 def string_suite(cfg):
     """string_embedding vs the split/convert/lookup composition, index and hash modes."""
+    import tensorflow as tf
+
+    shapes = cfg.shape_list()
+    rng = np.random.default_rng(cfg.seed)
+    copy = measure_copy_bandwidth(cfg)
+    print(f"string suite: {len(shapes)} shapes on {cfg.device}; comma-delimited ids, ~n per row "
+          "(uniform in [1, 2n - 1])")
+    _print_copy(copy, cfg)
+    cases, skipped = [], []
+    for (V, D), group in group_by_table(shapes).items():
+        reason = memory_shortfall(V * D * 4 * host_table_copies(cfg, 1, 2))
+        if reason:
+            skipped += skip_note("string", group, reason)
+            for s in group:
+                progress(f"string {s.label()} {s.dist}: skipped")
+            continue
+        t0 = time.perf_counter()
+        params = random_table(rng, V, D)
+        with tf.device(cfg.device):
+            fused_table = tf.Variable(params, name="fused_table")
+            native_table = tf.Variable(params, name="native_table")
+        graphs = _string_graphs(cfg, fused_table, native_table, V)
+        print(f"table V={_si(V)} D={D}: setup {time.perf_counter() - t0:.1f}s")
+        for shape in group:
+            progress_label(f"string {shape.label()} {shape.dist}")
+            cases += _string_cases(cfg, shape, graphs, params, rng, copy)
+            progress(f"string {shape.label()} {shape.dist}")
+        del fused_table, native_table, graphs, params
+        gc.collect()
+    result = {"suite": "string", "config": dataclasses.asdict(cfg), "copy_bandwidth": copy, "cases": cases,
+              "targets": targets_at_headline(cases, STRING_TARGETS), "skipped": skipped}
+    print_table(result)
+    print_targets(result)
+    return result
+
+
+def _string_graphs(cfg, fused_table, native_table, vocab):
+    """{id_mode: (fused, native)} tf.functions over host string vectors."""
+    import tensorflow as tf
+
+    import tf_ctr_ops as tco
+
+    spec = [tf.TensorSpec([None], tf.string)]
+    graphs = {}
+    for id_mode in ID_MODES:
+        @tf.function(input_signature=spec)
+        def fused(x, m=id_mode):
+            with tf.device(cfg.device):
+                return tco.string_embedding(x, fused_table, combiner="sqrtn", id_mode=m)
+
+        @tf.function(input_signature=spec)
+        def native(x, m=id_mode):
+            with tf.device(cfg.device):
+                return _composition(tf, native_table, x, m, vocab)
+
+        graphs[id_mode] = (fused, native)
+    return graphs
+
+
+def _string_cases(cfg, shape, graphs, params, rng, copy):
     import tensorflow as tf
 
     import tf_ctr_ops as tco
     from tf_ctr_ops import _core
 
-    B, V, D = cfg.batch, cfg.vocab, cfg.dim
-    rng = np.random.default_rng(cfg.seed)
-    params = rng.standard_normal((V, D), dtype=np.float32) * np.float32(0.05)
-    with tf.device(cfg.device):
-        fused_table = tf.Variable(params, name="fused_table")
-        native_table = tf.Variable(params, name="native_table")
-    copy = copy_bandwidth(cfg)
-    print(f"string suite: B={B} V={V} D={D} ids/row U[1,{cfg.max_len}], comma-delimited; "
-          f"memory copy {copy['best_GBps']:.1f} GB/s")
+    bags = make_bags(cfg.at(shape), shape.dist, rng)
+    s = tf.constant(id_strings(bags["ids"], bags["offsets"]).astype(str))
+    data, splits = (t.numpy() for t in tco.pack_strings(s))
+    nbytes = (bags["nnz"] + shape.batch) * shape.dim * 4
     cases = []
-    for dist in ("zipf", "uniform"):
-        bags = make_bags(cfg, dist, rng)
-        strings = id_strings(bags["ids"], bags["offsets"])
-        s = tf.constant(strings.astype(str))
-        data, splits = (t.numpy() for t in tco.pack_strings(s))
-        nbytes = (bags["nnz"] + B) * D * 4
-        for id_mode in ("index", "hash"):
-            fused = tf.function(lambda x, m=id_mode: tco.string_embedding(x, fused_table, combiner="sqrtn", id_mode=m))
-            native = tf.function(lambda x, m=id_mode: _composition(tf, native_table, x, m, V))
-            fns = {"fused": lambda f=fused: f(s).numpy(),
-                   "native": lambda f=native: f(s).numpy(),
-                   "core": lambda m=id_mode: _core.string_embedding(params, data, splits, combiner="sqrtn",
-                                                                     id_mode=m)}
-            entry = _timed_entry(f"string/{id_mode}/{dist}", fns, cfg, nbytes, copy)
-            entry.update({"dist": dist, "id_mode": id_mode, "nnz": bags["nnz"], "bytes_packed": int(len(data)),
-                          "tf_overhead_ms": entry["fused"]["median_ms"] - entry["core"]["median_ms"]})
-            cases.append(entry)
-    label, need = STRING_TARGET
-    targets = [{"target": label, "dist": c["dist"], "min_speedup": need, "speedup": c["speedup"],
-                "met": bool(c["speedup"] >= need)} for c in cases if c["id_mode"] == "index"]
-    result = {"suite": "string", "config": dataclasses.asdict(cfg), "copy_bandwidth": copy, "cases": cases,
-              "targets": targets}
-    print_cases(result)
+    for id_mode, (fused, native) in graphs.items():
+        fns = {"fused": lambda f=fused: f(s).numpy(), "native": lambda f=native: f(s).numpy()}
+        core = core_or_none(cfg, lambda m=id_mode: _core.string_embedding(params, data, splits, combiner="sqrtn",
+                                                                           id_mode=m))
+        if core is not None:
+            fns["core"] = core
+        entry = timed_entry(f"string/{id_mode}/{shape.dist}", fns, cfg, nbytes, copy, rtol=1e-4, atol=1e-5)
+        entry.update({"series": f"string/{id_mode}", "id_mode": id_mode, "nnz": bags["nnz"],
+                      "bytes_packed": int(len(data)), **shape_fields(shape)})
+        cases.append(entry)
+    return cases
+
+
+def multi_shapes(cfg):
+    """The multi suite's shapes: the grid's, with at most MULTI_MAX_VOCAB rows per feature.
+
+    Its headline stays the smaller shape it always had (D <= 16, ids U[1, 9],
+    Zipf): 20 features of the lookup headline would take most of a quick run.
+    """
+    shapes = []
+    for s in cfg.shape_list():
+        if s.headline:
+            if s.dist != "zipf":
+                continue
+            s = dataclasses.replace(s, dim=min(s.dim, 16), max_len=min(s.max_len, 9))
+        s = dataclasses.replace(s, vocab=min(s.vocab, MULTI_MAX_VOCAB))
+        if s not in shapes:
+            shapes.append(s)
+    return shapes
+
+
+def _estimate_multi(cfg):
+    shapes = multi_shapes(cfg)
+    seconds = sum(_table_build_s(s.vocab * MULTI_FEATURES, s.dim, 3)
+                  + estimate_case_s(cfg, 3, MULTI_FEATURES * _string_call_s(s)) for s in shapes)
+    return len(shapes), seconds
+
+
+@suite("multi", estimate=_estimate_multi)
+def multi_suite(cfg, features=MULTI_FEATURES):
+    """multi_string_embedding over 20 features vs 20 compositions and 20 single fused calls."""
+    shapes = multi_shapes(cfg)
+    copy = measure_copy_bandwidth(cfg)
+    print(f"multi suite: {features} features, {len(shapes)} shapes on {cfg.device}, at most "
+          f"{_si(MULTI_MAX_VOCAB)} rows per feature")
+    _print_copy(copy, cfg)
+    rng = np.random.default_rng(cfg.seed + 1)
+    cases, skipped = [], []
+    for shape in shapes:
+        progress_label(f"multi {shape.label()} {shape.dist}")
+        reason = memory_shortfall(features * shape.vocab * shape.dim * 4 * host_table_copies(cfg, 1, 2))
+        if reason:
+            skipped += skip_note("multi", [shape], reason)
+        else:
+            cases.append(_multi_case(cfg, shape, features, rng, copy))
+        progress(f"multi {shape.label()} {shape.dist}")
+        gc.collect()
+    result = {"suite": "multi", "config": dataclasses.asdict(cfg), "copy_bandwidth": copy, "cases": cases,
+              "targets": [], "skipped": skipped}
+    print_table(result)
+    print_targets(result)
     return result
 
 
-@suite("multi")
-def multi_suite(cfg, features=20):
-    """multi_string_embedding over 20 features vs 20 compositions and 20 single fused calls."""
+def _multi_case(cfg, shape, features, rng, copy):
     import tensorflow as tf
 
     import tf_ctr_ops as tco
 
-    B, D = cfg.batch, min(cfg.dim, 16)
-    V = min(cfg.vocab, 100_000)
-    rng = np.random.default_rng(cfg.seed + 1)
-    small = dataclasses.replace(cfg, vocab=V, max_len=min(cfg.max_len, 9))
-    copy = copy_bandwidth(cfg)
+    V, D = shape.vocab, shape.dim
     tables, native_tables, feats, nnz = [], [], [], 0
-    for f in range(features):
-        params = rng.standard_normal((V, D), dtype=np.float32) * np.float32(0.05)
-        tables.append(tf.Variable(params, name=f"fused_{f}"))
-        native_tables.append(tf.Variable(params, name=f"native_{f}"))
-        bags = make_bags(small, "zipf", rng)
-        nnz += bags["nnz"]
-        feats.append(tf.constant(id_strings(bags["ids"], bags["offsets"]).astype(str)))
-    print(f"multi suite: {features} features, B={B} V={V} D={D} ids/row U[1,{small.max_len}] Zipf")
+    with tf.device(cfg.device):
+        for f in range(features):
+            params = random_table(rng, V, D)
+            tables.append(tf.Variable(params, name=f"fused_{f}"))
+            native_tables.append(tf.Variable(params, name=f"native_{f}"))
+            bags = make_bags(cfg.at(shape), shape.dist, rng)
+            nnz += bags["nnz"]
+            feats.append(tf.constant(id_strings(bags["ids"], bags["offsets"]).astype(str)))
+    dev = cfg.device
 
     @tf.function
     def fused(*xs):
-        return tco.multi_string_embedding(list(xs), tables, combiners="sqrtn", id_modes="index")
+        with tf.device(dev):
+            return tco.multi_string_embedding(list(xs), tables, combiners="sqrtn", id_modes="index")
 
     @tf.function
     def singles(*xs):
-        return [tco.string_embedding(x, t, combiner="sqrtn", id_mode="index") for x, t in zip(xs, tables)]
+        with tf.device(dev):
+            return [tco.string_embedding(x, t, combiner="sqrtn", id_mode="index") for x, t in zip(xs, tables)]
 
     @tf.function
     def native(*xs):
-        return [_composition(tf, t, x, "index", V) for x, t in zip(xs, native_tables)]
+        with tf.device(dev):
+            return [_composition(tf, t, x, "index", V) for x, t in zip(xs, native_tables)]
 
     def stacked(fn):
         return lambda: np.concatenate([o.numpy() for o in fn(*feats)], axis=1)
 
     fns = {"fused": stacked(fused), "native": stacked(native), "singles": stacked(singles)}
-    entry = _timed_entry(f"multi/{features}x", fns, cfg, (nnz + features * B) * D * 4, copy)
-    entry.update({"features": features, "nnz": nnz,
+    entry = timed_entry(f"multi/{features}x/{shape.dist}", fns, cfg, (nnz + features * shape.batch) * D * 4, copy,
+                        rtol=1e-4, atol=1e-5)
+    entry.update({"series": f"multi/{features}x", "features": features, "nnz": nnz, **shape_fields(shape),
                   "speedup_vs_singles": entry["singles"]["median_ms"] / entry["fused"]["median_ms"]})
-    result = {"suite": "multi", "config": dataclasses.asdict(small), "copy_bandwidth": copy, "cases": [entry],
-              "targets": []}
-    print_cases(result)
-    return result
+    return entry
+
+
+# The helpers' older names, for suites written against them.
+def _timed_entry(case, fns, cfg, nbytes, copy):
+    return timed_entry(case, fns, cfg, nbytes, copy, rtol=1e-4, atol=1e-5)
 
 
 def print_cases(result):
-    print(f"{'case':24} {'fused ms':>9} {'native ms':>10} {'speedup':>8} {'other ms':>22} {'GB/s':>6} {'/copy':>6}")
-    for c in result["cases"]:
-        others = ", ".join(f"{k} {c[k]['median_ms']:.2f}" for k in ("core", "singles") if k in c)
-        print(f"{c['case']:24} {c['fused']['median_ms']:9.2f} {c['native']['median_ms']:10.2f} "
-              f"{c['speedup']:7.2f}x {others:>22} {c['GBps']['fused']:6.2f} {c['frac_copy']:6.2f}")
-    for t in result["targets"]:
-        print(f"target {t['target']} >= {t['min_speedup']}x [{t['dist']}]: {t['speedup']:.2f}x  "
-              f"{'met' if t['met'] else 'NOT MET'}")
-    print()
+    print_table(result)
+    print_targets(result)
