@@ -26,16 +26,24 @@ const tstring* StringsEnd(const Tensor& t) { return t.flat<tstring>().data() + t
 
 class PackStringsOp : public OpKernel {
  public:
-  using OpKernel::OpKernel;
+  explicit PackStringsOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("equal_sizes", &equal_sizes_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     tensorflow::OpInputList inputs;
     OP_REQUIRES_OK(ctx, ctx->input_list("strings", &inputs));
     int64_t n = 0;
-    for (const Tensor& in : inputs) {
+    for (int i = 0; i < inputs.size(); ++i) {
+      const Tensor& in = inputs[i];
       OP_REQUIRES(ctx, in.dims() <= 1,
                   tensorflow::errors::InvalidArgument("pack_strings takes vectors of strings, got shape ",
                                                       in.shape().DebugString()));
+      // A grouped op would split mismatched features at the wrong rows.
+      OP_REQUIRES(ctx, !equal_sizes_ || in.NumElements() == inputs[0].NumElements(),
+                  tensorflow::errors::InvalidArgument("pack_strings with equal_sizes: input ", i, " holds ",
+                                                      in.NumElements(), " strings, input 0 holds ",
+                                                      inputs[0].NumElements()));
       n += in.NumElements();
     }
     Tensor* splits = nullptr;
@@ -54,6 +62,9 @@ class PackStringsOp : public OpKernel {
       for (const tstring* str = StringsBegin(in); str != StringsEnd(in); ++str, ++k)
         if (!str->empty()) std::memcpy(dst + s[k], str->data(), str->size());
   }
+
+ private:
+  bool equal_sizes_ = false;
 };
 
 REGISTER_KERNEL_BUILDER(Name("CtrPackStrings").Device(DEVICE_CPU), PackStringsOp);
