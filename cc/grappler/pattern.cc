@@ -160,8 +160,12 @@ int RewriteContext::Rank(const NodeDef& node, int port) const {
 
 int64_t RewriteContext::Dim(const NodeDef& node, int port, int dim) const {
   const tensorflow::TensorShapeProto* s = KnownShape(Added(node.name()) ? nullptr : properties_, node, port);
-  if (s == nullptr && node.op() == "ReadVariableOp") s = HandleShape(*index_, index_->Producer(node, 0));
   int64_t size = (s && dim < s->dim_size()) ? s->dim(dim).size() : -1;
+  if (size < 0 && node.op() == "ReadVariableOp") {
+    // A variable's value has its declared shape.
+    const tensorflow::TensorShapeProto* declared = HandleShape(*index_, index_->Producer(node, 0));
+    if (declared && dim < declared->dim_size() && declared->dim(dim).size() >= 0) return declared->dim(dim).size();
+  }
   if (size >= 0) return size;
   // Inference may know the rank but not the size that Python's set_shape recorded.
   auto it = node.attr().find("_output_shapes");
