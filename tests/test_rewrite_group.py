@@ -72,15 +72,13 @@ def test_concatenated_features_become_one_grouped_op(rng):
     cf, graph, report, counts = offline(f, STRINGS_1D, STRINGS_1D, STRINGS_1D)
     [group] = group_matches(report)
     assert group["fused_op"] == "CtrMultiStringEmbedding"
-    # The ragged sum's row count comes from its splits, which shape inference
-    # does not tie to the batch: it stays a single op.
-    assert fused_ops(graph) == {"CtrPackStrings": 2, "CtrMultiStringEmbedding": 1, "CtrStringEmbedding": 1}
+    assert fused_ops(graph) == {"CtrPackStrings": 1, "CtrMultiStringEmbedding": 1}
     replaced_ops = sorted(r.rsplit(" (", 1)[1].rstrip(")") for r in group["replaced"])
-    assert replaced_ops == ["CtrPackStrings"] * 2 + ["CtrStringEmbedding"] * 2
-    [pack] = [n for n in graph.node if n.op == "CtrPackStrings" and n.attr["N"].i == 2]
-    assert pack.attr["equal_sizes"].b
+    assert replaced_ops == ["CtrPackStrings"] * 3 + ["CtrStringEmbedding"] * 3
+    [pack] = [n for n in graph.node if n.op == "CtrPackStrings"]
+    assert pack.attr["N"].i == 3 and pack.attr["equal_sizes"].b
     [multi] = [n for n in graph.node if n.op == "CtrMultiStringEmbedding"]
-    assert list(multi.attr["delimiters"].list.s) == [b"", b""]
+    assert list(multi.attr["delimiters"].list.s) == [b"", b"", b"|"]
     assert [i for i in multi.input if not i.startswith("^")][-2:] == [pack.name, pack.name + ":1"]
     no_control_before_data(graph)
     for batch in (40, 1, 0):
@@ -105,8 +103,30 @@ def test_online_grouping(rng):
     args = [tf.constant(random_strings(rng, 30)), tf.constant(random_strings(rng, 30)),
             tf.constant(id_lists(rng, 30))]
     got, stats = run_online(f, *args)
-    assert stats["rewrites"] == 4  # 2 hash_gather + ragged_reduce_lookup + group_strings (of the hashed two)
+    assert stats["rewrites"] == 4  # 2 hash_gather + ragged_reduce_lookup + group_strings
     assert_identical(got, f(*args))
+
+
+def test_concat_of_unflattened_features_groups(rng):
+    """tf.concat([lookup(a), lookup(b)], axis=-1) on [B] strings: the concat
+    fails unless the batches agree, so it proves them equal."""
+    t = tables(rng, dims=(8, 4))
+    f = lambda a, b: tf.concat([hashed(t[0], a), hashed(t[1], b)], axis=-1)  # noqa: E731
+    cf, graph, report, counts = offline(f, STRINGS_1D, STRINGS_1D)
+    assert len(group_matches(report)) == 1
+    a, b = tf.constant(random_strings(rng, 17)), tf.constant(random_strings(rng, 17))
+    [got] = run_graph_def(cf, graph, a, b)
+    assert_identical(got, f(a, b))
+
+
+def test_concat_along_the_batch_axis_proves_nothing(rng):
+    t = tables(rng, dims=(8, 8))
+    f = lambda a, b: tf.concat([hashed(t[0], a), hashed(t[1], b)], axis=0)  # noqa: E731
+    cf, graph, report, counts = offline(f, STRINGS_1D, STRINGS_1D)
+    assert group_matches(report) == []
+    a, b = tf.constant(random_strings(rng, 5)), tf.constant(random_strings(rng, 9))
+    [got] = run_graph_def(cf, graph, a, b)
+    assert_identical(got, f(a, b))
 
 
 def test_same_known_batch_groups_without_a_concat(rng):
@@ -152,19 +172,31 @@ def test_mismatched_batches_still_fail(rng):
         run_graph_def(cf, graph, a, b)
 
 
-def test_fewer_buckets_than_rows_stays_alone(rng):
-    """The grouped op hashes into the whole table."""
+def test_bucket_counts_carry_into_the_group(rng):
+    """Each feature keeps its hash's bucket count (fewer than its rows here)."""
     t = tables(rng, dims=(8, 8, 8))
     f = lambda a, b, c: tf.concat([hashed_flat(t[0], a), hashed_flat(t[1], b, buckets=V // 2),  # noqa: E731
                                    hashed_flat(t[2], c)], axis=1)
     cf, graph, report, counts = offline(f, STRINGS_1D, STRINGS_1D, STRINGS_1D)
-    [group] = group_matches(report)
-    assert fused_ops(graph) == {"CtrPackStrings": 2, "CtrMultiStringEmbedding": 1, "CtrStringEmbedding": 1}
-    [alone] = [n for n in graph.node if n.op == "CtrStringEmbedding"]
-    assert alone.attr["num_buckets"].i == V // 2
+    assert len(group_matches(report)) == 1
+    assert fused_ops(graph) == {"CtrPackStrings": 1, "CtrMultiStringEmbedding": 1}
+    [multi] = [n for n in graph.node if n.op == "CtrMultiStringEmbedding"]
+    assert list(multi.attr["num_buckets"].list.i) == [V, V // 2, V]
     args = [tf.constant(random_strings(rng, 20)) for _ in range(3)]
     [got] = run_graph_def(cf, graph, *args)
     assert_identical(got, f(*args))
+
+
+def test_more_buckets_than_rows_fails_in_the_group_as_the_gather_does(rng):
+    t = tables(rng, dims=(8, 8))
+    f = lambda a, b: tf.concat([hashed_flat(t[0], a), hashed_flat(t[1], b, buckets=4 * V)], axis=1)  # noqa: E731
+    cf, graph, report, counts = offline(f, STRINGS_1D, STRINGS_1D)
+    assert len(group_matches(report)) == 1
+    strings = tf.constant([str(i) for i in range(200)])  # some hash past row 64 of 256 buckets
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        f(strings, strings)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        run_graph_def(cf, graph, strings, strings)
 
 
 def test_fetched_feature_output_keeps_its_name(rng):
@@ -265,3 +297,28 @@ def test_pack_equal_sizes_op():
         string_ops.ctr_pack_strings([a, tf.constant(["w"])], equal_sizes=True)
     data, splits = string_ops.ctr_pack_strings([a, tf.constant(["w"])])  # sizes may differ by default
     assert splits.numpy().tolist() == [0, 1, 3, 4]
+
+
+def test_multi_op_bucket_counts_forward_and_gradient(rng):
+    """CtrMultiStringEmbedding's num_buckets: each feature as its own hash."""
+    t = tables(rng, dims=(8, 4))
+    s = [tf.constant(random_strings(rng, 12)), tf.constant(random_strings(rng, 12))]
+    with tf.GradientTape() as tape:
+        data, splits = string_ops.ctr_pack_strings(s, equal_sizes=True)
+        got = string_ops.ctr_multi_string_embedding(
+            params=t, bytes=data, row_splits=splits, combiners=["sum", "sum"], id_modes=["hash", "hash"],
+            delimiters=["", ""], skip_empty=[False, False], max_norms=[-1.0, -1.0], num_buckets=[V // 2, 0])
+        loss = sum(tf.reduce_sum(o * o) for o in got)
+    got_grads = tape.gradient(loss, t)
+    with tf.GradientTape() as tape:
+        want = [hashed(t[0], s[0], V // 2), hashed(t[1], s[1])]
+        loss = sum(tf.reduce_sum(o * o) for o in want)
+    want_grads = tape.gradient(loss, t)
+    for g, w in zip(got, want):
+        assert_identical(g, w)
+    for g, w in zip(got_grads, want_grads):
+        np.testing.assert_allclose(tf.convert_to_tensor(g), tf.convert_to_tensor(w), rtol=1e-6, atol=1e-6)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="num_buckets"):
+        string_ops.ctr_multi_string_embedding(
+            params=t, bytes=data, row_splits=splits, combiners=["sum", "sum"], id_modes=["hash", "hash"],
+            delimiters=["", ""], skip_empty=[False, False], max_norms=[-1.0, -1.0], num_buckets=[V])

@@ -43,7 +43,9 @@ struct Feature {
   const NodeDef* embedding = nullptr;
   const NodeDef* pack = nullptr;
   std::string strings;               // the pack's input
-  std::vector<std::string> batch;    // ids of its batch size: "=<size>" or "~<symbolic id>"
+  // Ids of its batch size: "=<size>", "~<symbolic id>", or "@<tensor>" with
+  // that dim 0.
+  std::vector<std::string> batch;
   std::string key;                   // T and devices: only features of one key group
 };
 
@@ -75,6 +77,7 @@ void Dim0Ids(RewriteContext* ctx, const NodeDef& user, int input, int depth, std
   int port = 0;
   const NodeDef* node = ctx->index().Producer(user, input, &port);
   if (node == nullptr || depth == 0) return;
+  ids->push_back("@" + TensorName(node->name(), port));
   if (!ctx->Added(node->name()) && ctx->Rank(*node, port) >= 1) AddBatchId(ctx->Dim(*node, port, 0), ids);
   if (IsOp(node, "Identity")) return Dim0Ids(ctx, *node, 0, depth - 1, ids);
   const NodeDef* in = ctx->index().Producer(*node, 0, &port);
@@ -121,13 +124,21 @@ bool IsFirstDimOf(const GraphIndex& g, const NodeDef* slice, const std::string& 
   return TensorName(t.node, t.port) == tensor;
 }
 
-// Whether `reader`'s output 0 has dim 0 of its input `tensor` (input 0):
-// ExpandDims after axis 0, Identity, and Keras' Flatten --
-// Reshape(x, Pack(Shape(x)[0], ...)).
-bool KeepsDim0(const GraphIndex& g, const NodeDef& reader, int input, const std::string& tensor) {
+// Whether `reader`'s output 0 has dim 0 of its input `tensor`: ExpandDims
+// after axis 0, Identity, Keras' Flatten -- Reshape(x, Pack(Shape(x)[0],
+// ...)) -- and a concatenation along another axis, which fails unless all its
+// inputs share dim 0 (Keras' Concatenate before the MLP).
+bool KeepsDim0(RewriteContext* ctx, const NodeDef& reader, int input, const std::string& tensor) {
+  const GraphIndex& g = ctx->index();
+  int64_t axis = 0;
+  if (IsOp(&reader, "ConcatV2")) {
+    const int n = static_cast<int>(IntAttr(reader, "N", 0));
+    if (input >= n || !ConstScalarInt(g.Producer(reader, n), &axis)) return false;
+    const int rank = ctx->Added(reader.name()) ? -1 : ctx->Rank(reader, 0);
+    return axis >= 1 || (axis < 0 && rank > 0 && axis + rank >= 1);
+  }
   if (input != 0) return false;
   if (IsOp(&reader, "Identity")) return true;
-  int64_t axis = -1;
   if (IsOp(&reader, "ExpandDims")) return ConstScalarInt(g.Producer(reader, 1), &axis) && axis >= 1;
   if (!IsOp(&reader, "Reshape")) return false;
   const NodeDef* pack = g.Producer(reader, 1);
@@ -135,16 +146,18 @@ bool KeepsDim0(const GraphIndex& g, const NodeDef& reader, int input, const std:
          IsFirstDimOf(g, g.Producer(*pack, 0), tensor);
 }
 
-// Ids of dim 0 of `tensor` found downstream: the inferred dim 0 of what
-// keeps it (the flattened embedding Concatenate reads, say).
+// Ids of dim 0 of `tensor` found downstream: each tensor that keeps it (two
+// features reaching the same one share their batch) and its inferred dim 0.
 void ReaderDim0Ids(RewriteContext* ctx, const Readers& readers, const std::string& tensor, int depth,
                    std::vector<std::string>* ids) {
   auto it = readers.find(tensor);
   if (it == readers.end() || depth == 0) return;
   for (const auto& [reader, input] : it->second) {
-    if (!KeepsDim0(ctx->index(), *reader, input, tensor)) continue;
+    if (!KeepsDim0(ctx, *reader, input, tensor)) continue;
+    const std::string out = TensorName(reader->name(), 0);
+    ids->push_back("@" + out);
     if (!ctx->Added(reader->name()) && ctx->Rank(*reader, 0) >= 1) AddBatchId(ctx->Dim(*reader, 0, 0), ids);
-    ReaderDim0Ids(ctx, readers, TensorName(reader->name(), 0), depth - 1, ids);
+    ReaderDim0Ids(ctx, readers, out, depth - 1, ids);
   }
 }
 
@@ -179,6 +192,11 @@ class GroupStringsPattern : public FusionPattern {
       std::string unused;
       if (IsShaped(*n) && AsFeature(ctx, *n, &f, &unused)) {
         ReaderDim0Ids(ctx, readers, n->name(), kDepth, &f.batch);
+        if (VLOG_IS_ON(2)) {
+          std::string dims;
+          for (const std::string& id : f.batch) dims += " " + id;
+          VLOG(2) << "CtrFusionOptimizer: string feature " << n->name() << " batch dims:" << dims;
+        }
         features.push_back(std::move(f));
       }
     }
@@ -230,19 +248,6 @@ class GroupStringsPattern : public FusionPattern {
     if (g.Consumers(pack->name(), 0) != 1 || g.Consumers(pack->name(), 1) != 1 || g.DataConsumers(pack->name()) != 2) {
       *why = "intermediate " + Describe(*pack) + " has another consumer (a gradient, say)";
       return false;
-    }
-    // The grouped op hashes into the whole table: buckets must be the rows.
-    const int64_t buckets = IntAttr(emb, "num_buckets", 0);
-    if (StringAttr(emb, "id_mode") == "hash" && buckets != 0) {
-      int port = 0;
-      const NodeDef* table = g.Producer(emb, 0, &port);
-      const int64_t rows = table == nullptr ? -1 : ctx->Dim(*table, port, 0);
-      if (rows != buckets) {
-        *why = rows < 0 ? "cannot prove its hash buckets (" + std::to_string(buckets) + ") are the table's rows"
-                        : "it hashes into " + std::to_string(buckets) + " of the table's " + std::to_string(rows) +
-                              " rows";
-        return false;
-      }
     }
     f->embedding = &emb;
     f->pack = pack;
@@ -308,6 +313,7 @@ class GroupStringsPattern : public FusionPattern {
       attr["skip_empty"].mutable_list()->add_b(BoolAttr(e, "skip_empty", true));
       auto it = e.attr().find("max_norm");
       attr["max_norms"].mutable_list()->add_f(it == e.attr().end() ? -1.f : it->second.f());
+      attr["num_buckets"].mutable_list()->add_i(IntAttr(e, "num_buckets", 0));
     }
     const std::string multi_name = multi->name();
     record.fused_node = multi_name;

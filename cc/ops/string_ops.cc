@@ -166,13 +166,15 @@ REGISTER_OP("CtrMultiStringEmbedding")
     .Attr("delimiters: list(string)")
     .Attr("skip_empty: list(bool)")
     .Attr("max_norms: list(float)")
+    .Attr("num_buckets: list(int) = []")
     .SetShapeFn(MultiShape)
     .Doc(std::string(R"doc(
 The grouped StringEmbedding: N string features of one batch B, packed
 feature-major into one buffer (row_splits [N*B+1]), pooled in one launch into
 N outputs [B, D_i]. The per-feature attribute lists (combiners, id_modes,
 delimiters, skip_empty, max_norms) have length N, each entry with the meaning
-of the same attribute of CtrStringEmbedding.
+of the same attribute of CtrStringEmbedding; so has num_buckets, which may
+also be empty (every feature hashes into its whole table).
 )doc"));
 
 }  // namespace tensorflow
