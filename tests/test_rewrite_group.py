@@ -322,3 +322,45 @@ def test_multi_op_bucket_counts_forward_and_gradient(rng):
         string_ops.ctr_multi_string_embedding(
             params=t, bytes=data, row_splits=splits, combiners=["sum", "sum"], id_modes=["hash", "hash"],
             delimiters=["", ""], skip_empty=[False, False], max_norms=[-1.0, -1.0], num_buckets=[V])
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("skip_empty", [False, True])
+def test_multi_op_whole_strings_equal_single_ops(rng, dtype, skip_empty):
+    """The grouped CPU kernel copies whole-string rows directly: it must give
+    what CtrStringEmbedding gives, in every mode and combiner."""
+    V2 = 50
+    t = [tf.constant(rng.normal(size=(V2, d)), dtype) for d in (8, 4, 3)]
+    s = [tf.constant(random_strings(rng, 40)),
+         tf.constant([str(i) if i % 7 else "" for i in rng.integers(0, V2, size=40)]),
+         tf.constant([str(i) if i % 5 else "" for i in rng.integers(-3 * V2, 3 * V2, size=40)])]
+    modes, combiners = ["hash", "index", "mod"], ["sum", "mean", "sqrtn"]
+    if not skip_empty:  # an empty string is then one empty token, which index and mod reject
+        s[1] = tf.where(s[1] == "", "0", s[1])
+        s[2] = tf.where(s[2] == "", "0", s[2])
+    data, splits = string_ops.ctr_pack_strings(s, equal_sizes=True)
+    got = string_ops.ctr_multi_string_embedding(
+        params=t, bytes=data, row_splits=splits, combiners=combiners, id_modes=modes, delimiters=[""] * 3,
+        skip_empty=[skip_empty] * 3, max_norms=[-1.0] * 3)
+    for i in range(3):
+        d, sp = string_ops.ctr_pack_strings([s[i]])
+        want = string_ops.ctr_string_embedding(params=t[i], bytes=d, row_splits=sp, bag_splits=tf.zeros([0], tf.int64),
+                                               combiner=combiners[i], id_mode=modes[i], delimiter="",
+                                               skip_empty=skip_empty)
+        assert_identical(got[i], want)
+
+
+def test_multi_op_whole_string_errors_name_feature_row_and_token(rng):
+    t = [tf.constant(rng.normal(size=(10, 4)), tf.float32)] * 2
+    s = [tf.constant(["1", "2", "3", "4"]), tf.constant(["1", "x7", "12", "y"])]
+    data, splits = string_ops.ctr_pack_strings(s, equal_sizes=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature 1: token 'x7' in row 1 is not an int64"):
+        string_ops.ctr_multi_string_embedding(params=t, bytes=data, row_splits=splits, combiners=["sum"] * 2,
+                                              id_modes=["index"] * 2, delimiters=[""] * 2, skip_empty=[True] * 2,
+                                              max_norms=[-1.0] * 2)
+    s = [tf.constant(["1", "2", "3", "4"]), tf.constant(["1", "7", "12", "3"])]
+    data, splits = string_ops.ctr_pack_strings(s, equal_sizes=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature 1: token '12' in row 2 is id 12, out of range"):
+        string_ops.ctr_multi_string_embedding(params=t, bytes=data, row_splits=splits, combiners=["sum"] * 2,
+                                              id_modes=["index"] * 2, delimiters=[""] * 2, skip_empty=[True] * 2,
+                                              max_norms=[-1.0] * 2)
