@@ -11,12 +11,15 @@
 // of N of each, which is most of the cost of single-valued features.
 //
 // The grouped op splits the packed strings into N equal parts, so it is exact
-// only for features of one batch size. That is proven from Grappler's shape
-// inference: the features' strings (or outputs) have the same known size, or
-// the same symbolic dim, which inference unifies wherever an op requires the
-// sizes to be equal (the Concatenate before a model's MLP). The pack checks
-// the sizes at run time too (equal_sizes), so a batch that would have failed
-// the original graph there still fails rather than pooling the wrong rows.
+// only for features of one batch size, which must be proven: their strings,
+// their outputs, or tensors that keep those dims 0 (Flatten's Reshape,
+// ExpandDims, Identity, a concatenation along another axis, which fails
+// unless its inputs share dim 0) have the same known size or symbolic dim of
+// Grappler's shape inference, or are one tensor. Features that nothing ties
+// together stay single ops. The pack checks the sizes at run time too
+// (equal_sizes), so a batch that would have failed the original graph (at
+// the Concatenate before the MLP) still fails rather than pooling the wrong
+// rows.
 //
 // It runs after the other patterns (RunsLast), so a group sees every feature
 // they fused.
