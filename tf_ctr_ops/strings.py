@@ -245,7 +245,8 @@ def _multi_string_embedding_grad(op, *grads):
     tables = op.inputs[:n]
     data, row_splits = op.inputs[n], op.inputs[n + 1]
     batch = (tf.shape(row_splits, out_type=tf.int64)[0] - 1) // n
-    attrs = _attrs(op, ("combiners", "id_modes", "delimiters", "skip_empty", "max_norms"))
+    attrs = _attrs(op, ("combiners", "id_modes", "delimiters", "skip_empty", "max_norms", "num_buckets"))
+    buckets = attrs["num_buckets"] or [0] * n
     out = []
     for i in range(n):
         grad = grads[i] if grads[i] is not None else tf.zeros([batch, tf.shape(tables[i])[1]], tables[i].dtype)
@@ -253,7 +254,8 @@ def _multi_string_embedding_grad(op, *grads):
             grad=grad, params=tables[i], bytes=data, row_splits=row_splits[i * batch:(i + 1) * batch + 1],
             bag_splits=tf.zeros([0], tf.int64), combiner=attrs["combiners"][i].decode(),
             id_mode=attrs["id_modes"][i].decode(), delimiter=attrs["delimiters"][i],
-            skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i], bagged=False)
+            skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i], bagged=False,
+            num_buckets=buckets[i])
         out.append(tf.IndexedSlices(values, indices, tf.shape(tables[i], out_type=tf.int64)))
     return out + [None, None]
 

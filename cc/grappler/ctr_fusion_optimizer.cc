@@ -84,23 +84,13 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
     RewriteContext ctx(optimized, item.fetch, std::set<std::string>(keep.begin(), keep.end()),
                        have_shapes ? &properties : nullptr);
     // Patterns build on each other's output (a fused lookup can absorb its
-    // string producers next), so passes repeat until nothing changes.
+    // string producers next), so passes repeat until nothing changes; the
+    // patterns that combine fused ops (grouping) run once the others are done.
     constexpr int kMaxPasses = 8;
     for (int pass = 0; pass < kMaxPasses; ++pass) {
-      bool changed = false;
-      for (const auto& pattern : RegisteredPatterns()) {
-        std::vector<std::string> names;
-        names.reserve(optimized->node_size());
-        for (const auto& n : optimized->node()) names.push_back(n.name());
-        for (const auto& name : names) {
-          const tensorflow::NodeDef* node = ctx.index().Node(name);
-          if (node != nullptr && pattern->Rewrite(*node, &ctx)) {
-            ctx.Commit();
-            changed = true;
-          }
-        }
-      }
-      if (!changed) break;
+      bool changed = RunPatterns(/*last=*/false, optimized, &ctx);
+      if (!changed || pass == kMaxPasses - 1) changed |= RunPatterns(/*last=*/true, optimized, &ctx);
+      if (!changed || pass == kMaxPasses - 1) break;
       ctx.ForgetSkips();  // a later pass re-examines them with the new graph
     }
     Report(item.id, ctx);
@@ -108,6 +98,24 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
   }
 
  private:
+  static bool RunPatterns(bool last, tensorflow::GraphDef* graph, RewriteContext* ctx) {
+    bool changed = false;
+    for (const auto& pattern : RegisteredPatterns()) {
+      if (pattern->RunsLast() != last) continue;
+      std::vector<std::string> names;
+      names.reserve(graph->node_size());
+      for (const auto& n : graph->node()) names.push_back(n.name());
+      for (const auto& name : names) {
+        const tensorflow::NodeDef* node = ctx->index().Node(name);
+        if (node != nullptr && pattern->Rewrite(*node, ctx)) {
+          ctx->Commit();
+          changed = true;
+        }
+      }
+    }
+    return changed;
+  }
+
   void Report(const std::string& graph_id, const RewriteContext& ctx) {
     FusionStats& stats = GlobalFusionStats();
     ++stats.graphs;

@@ -26,7 +26,11 @@ std::string TensorName(const std::string& node, int port) {
 }
 
 GraphIndex::GraphIndex(const tensorflow::GraphDef& graph, const std::vector<std::string>& fetch) {
-  for (const auto& n : graph.node()) nodes_[n.name()] = &n;
+  order_.reserve(graph.node_size());
+  for (const auto& n : graph.node()) {
+    nodes_[n.name()] = &n;
+    order_.push_back(&n);
+  }
   for (const auto& n : graph.node()) {
     for (const auto& in : n.input()) {
       const TensorId id = ParseTensorName(in);

@@ -28,6 +28,8 @@ class GraphIndex {
   GraphIndex(const tensorflow::GraphDef& graph, const std::vector<std::string>& fetch);
 
   const tensorflow::NodeDef* Node(const std::string& name) const;
+  // Every node, in graph order.
+  const std::vector<const tensorflow::NodeDef*>& nodes() const { return order_; }
   // Producer of data input i of `node` (nullptr when absent or a control input).
   const tensorflow::NodeDef* Producer(const tensorflow::NodeDef& node, int i, int* port = nullptr) const;
   // Data consumers of output `port` of `node`, plus one if it is fetched.
@@ -42,6 +44,7 @@ class GraphIndex {
 
  private:
   std::unordered_map<std::string, const tensorflow::NodeDef*> nodes_;
+  std::vector<const tensorflow::NodeDef*> order_;
   std::unordered_map<std::string, int> consumers_;  // "node:port" -> count
   std::unordered_map<std::string, int> data_consumers_;  // node -> count
   std::unordered_map<std::string, std::vector<const tensorflow::NodeDef*>> readers_;

@@ -34,6 +34,7 @@ NodeDef* RewriteContext::AddNode(const std::string& base, const std::string& op,
   for (int i = 1; index_->Node(name) != nullptr || Mutable(name) != nullptr; ++i)
     name = base + "_" + std::to_string(i);
   NodeDef* n = graph_->add_node();
+  added_.insert(name);
   n->set_name(name);
   n->set_op(op);
   n->set_device(device);
@@ -57,6 +58,25 @@ void RewriteContext::RedirectControlEdges(const std::string& from, const std::st
       }
     }
   }
+}
+
+void RewriteContext::RedirectDataEdges(const std::string& from, int port, const std::string& to) {
+  for (auto& n : *graph_->mutable_node()) {
+    auto* inputs = n.mutable_input();
+    for (int i = 0; i < inputs->size(); ++i) {
+      const std::string& in = inputs->Get(i);
+      if (in.empty() || in[0] == '^') continue;
+      const TensorId t = ParseTensorName(in);
+      if (t.node == from && t.port == port) *inputs->Mutable(i) = to;
+    }
+  }
+}
+
+bool RewriteContext::MustKeep(const std::string& name) const {
+  if (preserve_.count(name)) return true;
+  for (const std::string& f : fetch_)
+    if (ParseTensorName(f).node == name) return true;
+  return false;
 }
 
 void RewriteContext::Remove(const std::string& name, const std::string& replaced_by) {
@@ -124,7 +144,7 @@ static const tensorflow::TensorShapeProto* HandleShape(const GraphIndex& g, cons
 }
 
 int RewriteContext::Rank(const NodeDef& node, int port) const {
-  const tensorflow::TensorShapeProto* s = KnownShape(properties_, node, port);
+  const tensorflow::TensorShapeProto* s = KnownShape(Added(node.name()) ? nullptr : properties_, node, port);
   if (s) return s->dim_size();
   // Shape-preserving ops pass the rank of their input through.
   if (node.op() == "Identity" || node.op() == "Cast") {
@@ -139,14 +159,21 @@ int RewriteContext::Rank(const NodeDef& node, int port) const {
 }
 
 int64_t RewriteContext::Dim(const NodeDef& node, int port, int dim) const {
-  const tensorflow::TensorShapeProto* s = KnownShape(properties_, node, port);
+  const tensorflow::TensorShapeProto* s = KnownShape(Added(node.name()) ? nullptr : properties_, node, port);
   int64_t size = (s && dim < s->dim_size()) ? s->dim(dim).size() : -1;
+  if (size < 0 && node.op() == "ReadVariableOp") {
+    // A variable's value has its declared shape.
+    const tensorflow::TensorShapeProto* declared = HandleShape(*index_, index_->Producer(node, 0));
+    if (declared && dim < declared->dim_size() && declared->dim(dim).size() >= 0) return declared->dim(dim).size();
+  }
   if (size >= 0) return size;
   // Inference may know the rank but not the size that Python's set_shape recorded.
   auto it = node.attr().find("_output_shapes");
   if (it != node.attr().end() && port < it->second.list().shape_size()) {
     const auto& recorded = it->second.list().shape(port);
-    if (!recorded.unknown_rank() && dim < recorded.dim_size()) size = recorded.dim(dim).size();
+    // An unknown recorded size keeps inference's symbolic id.
+    if (!recorded.unknown_rank() && dim < recorded.dim_size() && recorded.dim(dim).size() >= 0)
+      size = recorded.dim(dim).size();
   }
   return size;
 }

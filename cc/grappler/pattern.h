@@ -46,12 +46,19 @@ class RewriteContext {
   // Points control edges from `from` at `to` instead (automatic control
   // dependencies on a stateful op the fused node replaces keep their order).
   void RedirectControlEdges(const std::string& from, const std::string& to);
+  // Points every data input reading output `port` of `from` at tensor `to`.
+  void RedirectDataEdges(const std::string& from, int port, const std::string& to);
+  // Whether the graph must keep a node of this name (fetched, or preserved).
+  bool MustKeep(const std::string& name) const;
   // Applies removals and re-indexes; call after each rewrite.
   void Commit();
 
-  // Static rank / dim 0 of output `port` of `node`, -1 when unknown.
+  // Static rank / dim `dim` of output `port` of `node`, -1 when unknown. A
+  // dim may also be a symbolic id (< -1) of Grappler's shape inference: two
+  // equal ids are one size. Nodes that rewrites added have no inferred shapes.
   int Rank(const tensorflow::NodeDef& node, int port) const;
   int64_t Dim(const tensorflow::NodeDef& node, int port, int dim) const;
+  bool Added(const std::string& name) const { return added_.count(name) > 0; }
 
   void Matched(MatchRecord record) { matches_.push_back(std::move(record)); }
   void Skipped(const std::string& pattern, const std::string& node, const std::string& reason);
@@ -67,6 +74,9 @@ class RewriteContext {
   std::unique_ptr<GraphIndex> index_;
   std::set<std::string> preserve_;
   std::set<std::string> removed_;
+  // Nodes rewrites added: inferred shapes under their names (a removed
+  // original node's) do not describe them.
+  std::set<std::string> added_;
   std::vector<std::pair<std::string, std::string>> kept_as_noop_;  // (name, fused)
   std::vector<MatchRecord> matches_;
   std::vector<SkipRecord> skips_;
@@ -80,6 +90,9 @@ class FusionPattern {
   // false, recording through ctx->Skipped why a subgraph of the right shape
   // was left alone. Must not touch the graph when it returns false.
   virtual bool Rewrite(const tensorflow::NodeDef& anchor, RewriteContext* ctx) const = 0;
+  // A pattern that combines what the others produce runs only once they have
+  // nothing left to rewrite.
+  virtual bool RunsLast() const { return false; }
 };
 
 std::vector<std::unique_ptr<FusionPattern>>& RegisteredPatterns();

@@ -52,7 +52,12 @@ inline absl::Status ReadMultiStringAttrs(tensorflow::OpKernelConstruction* c,
   std::vector<std::string> combiners, modes, delimiters;
   std::vector<bool> skip_empty;
   std::vector<float> max_norms;
+  std::vector<int64_t> buckets;
   TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  TF_RETURN_IF_ERROR(c->GetAttr("num_buckets", &buckets));
+  if (!buckets.empty() && static_cast<int>(buckets.size()) != n)
+    return tensorflow::errors::InvalidArgument("num_buckets must be empty or have N = ", n, " entries, got ",
+                                               buckets.size());
   TF_RETURN_IF_ERROR(c->GetAttr("combiners", &combiners));
   TF_RETURN_IF_ERROR(c->GetAttr("id_modes", &modes));
   TF_RETURN_IF_ERROR(c->GetAttr("delimiters", &delimiters));
@@ -73,6 +78,11 @@ inline absl::Status ReadMultiStringAttrs(tensorflow::OpKernelConstruction* c,
       return tensorflow::errors::InvalidArgument("feature ", i, ": unknown id_mode '", modes[i], "'");
     TF_RETURN_IF_ERROR(MakeStringSpec(combiners[i], modes[i], delimiters[i], skip_empty[i],
                                       max_norms[i], &(*specs)[i]));
+    if (!buckets.empty()) {
+      if (buckets[i] < 0)
+        return tensorflow::errors::InvalidArgument("feature ", i, ": num_buckets must be >= 0, got ", buckets[i]);
+      (*specs)[i].buckets = buckets[i];
+    }
   }
   return absl::OkStatus();
 }

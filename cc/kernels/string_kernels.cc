@@ -1,5 +1,6 @@
 // CPU kernels of the string ops: packing, and one pass per bag over the packed
 // bytes on TF's intra-op pool (cc/core/strings.h does the per-token work).
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -23,16 +24,24 @@ using tensorflow::tstring;
 
 class PackStringsOp : public OpKernel {
  public:
-  using OpKernel::OpKernel;
+  explicit PackStringsOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("equal_sizes", &equal_sizes_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     tensorflow::OpInputList inputs;
     OP_REQUIRES_OK(ctx, ctx->input_list("strings", &inputs));
     int64_t n = 0;
-    for (const Tensor& in : inputs) {
+    for (int i = 0; i < inputs.size(); ++i) {
+      const Tensor& in = inputs[i];
       OP_REQUIRES(ctx, in.dims() <= 1,
                   tensorflow::errors::InvalidArgument("pack_strings takes vectors of strings, got shape ",
                                                       in.shape().DebugString()));
+      // A grouped op would split mismatched features at the wrong rows.
+      OP_REQUIRES(ctx, !equal_sizes_ || in.NumElements() == inputs[0].NumElements(),
+                  tensorflow::errors::InvalidArgument("pack_strings with equal_sizes: input ", i, " holds ",
+                                                      in.NumElements(), " strings, input 0 holds ",
+                                                      inputs[0].NumElements()));
       n += in.NumElements();
     }
     Tensor* splits = nullptr;
@@ -54,6 +63,9 @@ class PackStringsOp : public OpKernel {
         if (!str[i].empty()) std::memcpy(dst + s[k], str[i].data(), str[i].size());
     }
   }
+
+ private:
+  bool equal_sizes_ = false;
 };
 
 REGISTER_KERNEL_BUILDER(Name("CtrPackStrings").Device(DEVICE_CPU), PackStringsOp);
@@ -212,6 +224,48 @@ class StringEmbeddingGradCpuOp : public OpKernel {
   bool trim_empty_tail_ = false;
 };
 
+// Whether each bag is one whole string, looked up unclipped: its output row
+// is then the table row itself (any combiner of one token with weight 1).
+inline bool IsWholeStringLookup(const ctr::StringSpec& s) { return s.delim_len == 0 && s.lookup.max_norm <= 0; }
+
+// Bags [begin, end) of a whole-string feature: each output row is a copy of
+// its table row (bit for bit what the Gather it replaces returns), or zeros
+// for a skipped empty string. The rows of a block are resolved and prefetched
+// before any is copied, so their loads overlap; the per-token pooling path
+// would spend more on its accumulator than on the single row.
+template <typename T>
+void CopyWholeStringRows(const ctr::StringSpec& s, const T* params, const uint8_t* bytes, const int64_t* splits,
+                         int64_t begin, int64_t end, T* out, ctr::TokenError* err) {
+  constexpr int64_t kBlock = 16;
+  const int64_t dim = s.lookup.dim;
+  int64_t rows[kBlock];
+  for (int64_t first = begin; first < end; first += kBlock) {
+    const int64_t n = std::min(kBlock, end - first);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = first + i;
+      const int64_t len = splits[r + 1] - splits[r];
+      rows[i] = -1;
+      if (len == 0 && s.skip_empty) continue;
+      int64_t value = 0;
+      const int64_t row = ctr::ResolveToken(bytes + splits[r], len, s, &value);
+      if (row < 0) {
+        *err = ctr::TokenError{r, splits[r], len, value, row};
+        return;
+      }
+      rows[i] = row;
+      __builtin_prefetch(params + row * dim);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      T* dst = out + (first + i) * dim;
+      if (rows[i] < 0) {
+        std::memset(dst, 0, dim * sizeof(T));
+      } else {
+        std::memcpy(dst, params + rows[i] * dim, dim * sizeof(T));
+      }
+    }
+  }
+}
+
 template <typename T>
 class MultiStringEmbeddingCpuOp : public OpKernel {
  public:
@@ -250,10 +304,15 @@ class MultiStringEmbeddingCpuOp : public OpKernel {
                     const int f = static_cast<int>(begin / batch);
                     const int64_t stop = std::min(end, (f + 1) * batch);
                     ctr::TokenError err;
-                    ctr::PoolStringBagsCpu(specs[f], CorePtr<T>(ctx->input(f)), b, bytes.NumElements(),
-                                           s + f * batch, nullptr,
-                                           begin - f * batch, stop - f * batch, acc.data(),
-                                           CorePtr<T>(outs[f]), &err);
+                    if (IsWholeStringLookup(specs[f])) {
+                      CopyWholeStringRows(specs[f], CorePtr<T>(ctx->input(f)), b, s + f * batch,
+                                          begin - f * batch, stop - f * batch, CorePtr<T>(outs[f]), &err);
+                    } else {
+                      ctr::PoolStringBagsCpu(specs[f], CorePtr<T>(ctx->input(f)), b, bytes.NumElements(),
+                                             s + f * batch, nullptr,
+                                             begin - f * batch, stop - f * batch, acc.data(),
+                                             CorePtr<T>(outs[f]), &err);
+                    }
                     first[f].Offer(err);
                     begin = stop;
                   }

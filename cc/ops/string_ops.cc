@@ -96,6 +96,7 @@ REGISTER_OP("CtrPackStrings")
     .Output("bytes: uint8")
     .Output("row_splits: int64")
     .Attr("N: int >= 1 = 1")
+    .Attr("equal_sizes: bool = false")
     .SetShapeFn(PackShape)
     .Doc(R"doc(
 Packs vectors of strings (a scalar is one string) into one contiguous uint8
@@ -103,6 +104,10 @@ buffer and int64 row_splits [B+1] of byte offsets, B being the strings of all
 N inputs in order, with no allocation per string. This buffer is the single
 host-to-device copy of the GPU string path; N > 1 packs the features of a
 grouped op without first concatenating them as strings.
+
+equal_sizes: every input must hold as many strings as the first (the features
+  of one batch, which a grouped op splits into N equal parts); otherwise
+  InvalidArgument naming the input and both sizes.
 )doc");
 
 #define CTR_STRING_ATTRS                                              \
@@ -161,13 +166,15 @@ REGISTER_OP("CtrMultiStringEmbedding")
     .Attr("delimiters: list(string)")
     .Attr("skip_empty: list(bool)")
     .Attr("max_norms: list(float)")
+    .Attr("num_buckets: list(int) = []")
     .SetShapeFn(MultiShape)
     .Doc(std::string(R"doc(
 The grouped StringEmbedding: N string features of one batch B, packed
 feature-major into one buffer (row_splits [N*B+1]), pooled in one launch into
 N outputs [B, D_i]. The per-feature attribute lists (combiners, id_modes,
 delimiters, skip_empty, max_norms) have length N, each entry with the meaning
-of the same attribute of CtrStringEmbedding.
+of the same attribute of CtrStringEmbedding; so has num_buckets, which may
+also be empty (every feature hashes into its whole table).
 )doc"));
 
 }  // namespace tensorflow

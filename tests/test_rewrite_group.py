@@ -1,0 +1,366 @@
+"""group_strings: string features of one batch, each fused into its own
+CtrPackStrings + CtrStringEmbedding, become one CtrPackStrings (N inputs,
+equal_sizes) + one CtrMultiStringEmbedding -- only where Grappler's shape
+inference proves the features share a batch size.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_ctr_ops
+from tf_ctr_ops import rewrite
+from tf_ctr_ops.strings import _ops as string_ops
+from test_rewrite import offline, read_csv, run_graph_def, run_online
+from test_rewrite_dense import assert_identical, assert_model_close, fused_ops, keras_hash_model, random_strings
+
+V, D = 64, 8
+STRINGS_1D = tf.TensorSpec([None], tf.string)
+STRINGS_2D = tf.TensorSpec([None, 1], tf.string)
+
+
+def tables(rng, dims=(8, 4, 16), rows=V):
+    return [tf.Variable(rng.normal(size=(rows, d)).astype(np.float32)) for d in dims]
+
+
+def hashed(table, s, buckets=V):
+    return tf.nn.embedding_lookup(table, tf.strings.to_hash_bucket_fast(s, buckets))
+
+
+def flat(x):
+    """[B, ..., D] -> [B, D] as keras.layers.Flatten writes it: the batch dim
+    that Grappler's shape inference follows into the Concatenate."""
+    return tf.reshape(x, tf.stack([tf.shape(x)[0], x.shape[-1]]))
+
+
+def hashed_flat(table, s, buckets=V):
+    return flat(hashed(table, s, buckets))
+
+
+def ragged_sum(table, s, sep="|"):
+    ids = tf.strings.to_hash_bucket_fast(tf.strings.split(s, sep), table.shape[0])
+    return tf.reduce_sum(tf.nn.embedding_lookup(table, ids), axis=1)
+
+
+def id_lists(rng, n, sep="|"):
+    return [sep.join(str(t) for t in rng.integers(0, 1000, size=rng.integers(0, 5))) for _ in range(n)]
+
+
+def group_matches(report):
+    return [m for m in report["match"] if m["pattern"] == "group_strings"]
+
+
+def no_control_before_data(graph_def):
+    for node in graph_def.node:
+        seen_control = False
+        for i in node.input:
+            if i.startswith("^"):
+                seen_control = True
+            else:
+                assert not seen_control, f"{node.name}: data input {i} after a control input"
+
+
+def three_features(t):
+    """Two hashed features and one id list, flattened and concatenated for an
+    MLP: the concat proves one batch."""
+    return lambda a, b, c: tf.concat([hashed_flat(t[0], a), hashed_flat(t[1], b), ragged_sum(t[2], c)], axis=1)
+
+
+def test_concatenated_features_become_one_grouped_op(rng):
+    t = tables(rng)
+    f = three_features(t)
+    cf, graph, report, counts = offline(f, STRINGS_1D, STRINGS_1D, STRINGS_1D)
+    [group] = group_matches(report)
+    assert group["fused_op"] == "CtrMultiStringEmbedding"
+    assert fused_ops(graph) == {"CtrPackStrings": 1, "CtrMultiStringEmbedding": 1}
+    replaced_ops = sorted(r.rsplit(" (", 1)[1].rstrip(")") for r in group["replaced"])
+    assert replaced_ops == ["CtrPackStrings"] * 3 + ["CtrStringEmbedding"] * 3
+    [pack] = [n for n in graph.node if n.op == "CtrPackStrings"]
+    assert pack.attr["N"].i == 3 and pack.attr["equal_sizes"].b
+    [multi] = [n for n in graph.node if n.op == "CtrMultiStringEmbedding"]
+    assert list(multi.attr["delimiters"].list.s) == [b"", b"", b"|"]
+    assert [i for i in multi.input if not i.startswith("^")][-2:] == [pack.name, pack.name + ":1"]
+    no_control_before_data(graph)
+    for batch in (40, 1, 0):
+        args = [tf.constant(random_strings(rng, max(batch, 3))[:batch], tf.string),
+                tf.constant(random_strings(rng, max(batch, 3))[-batch:] if batch else [], tf.string),
+                tf.constant(id_lists(rng, batch), tf.string)]
+        [got] = run_graph_def(cf, graph, *args)
+        assert_identical(got, f(*args))
+
+
+def test_group_order_is_the_graph_order_and_deterministic(rng):
+    t = tables(rng)
+    f = three_features(t)
+    graphs = [offline(f, STRINGS_1D, STRINGS_1D, STRINGS_1D)[1] for _ in range(2)]
+    multis = [[n for n in g.node if n.op == "CtrMultiStringEmbedding"][0] for g in graphs]
+    assert multis[0] == multis[1]
+
+
+def test_online_grouping(rng):
+    t = tables(rng)
+    f = three_features(t)
+    args = [tf.constant(random_strings(rng, 30)), tf.constant(random_strings(rng, 30)),
+            tf.constant(id_lists(rng, 30))]
+    got, stats = run_online(f, *args)
+    assert stats["rewrites"] == 4  # 2 hash_gather + ragged_reduce_lookup + group_strings
+    assert_identical(got, f(*args))
+
+
+def test_concat_of_unflattened_features_groups(rng):
+    """tf.concat([lookup(a), lookup(b)], axis=-1) on [B] strings: the concat
+    fails unless the batches agree, so it proves them equal."""
+    t = tables(rng, dims=(8, 4))
+    f = lambda a, b: tf.concat([hashed(t[0], a), hashed(t[1], b)], axis=-1)  # noqa: E731
+    cf, graph, report, counts = offline(f, STRINGS_1D, STRINGS_1D)
+    assert len(group_matches(report)) == 1
+    a, b = tf.constant(random_strings(rng, 17)), tf.constant(random_strings(rng, 17))
+    [got] = run_graph_def(cf, graph, a, b)
+    assert_identical(got, f(a, b))
+
+
+def test_concat_along_the_batch_axis_proves_nothing(rng):
+    t = tables(rng, dims=(8, 8))
+    f = lambda a, b: tf.concat([hashed(t[0], a), hashed(t[1], b)], axis=0)  # noqa: E731
+    cf, graph, report, counts = offline(f, STRINGS_1D, STRINGS_1D)
+    assert group_matches(report) == []
+    a, b = tf.constant(random_strings(rng, 5)), tf.constant(random_strings(rng, 9))
+    [got] = run_graph_def(cf, graph, a, b)
+    assert_identical(got, f(a, b))
+
+
+def test_same_known_batch_groups_without_a_concat(rng):
+    t = tables(rng, dims=(8, 8))
+    f = lambda a, b: (hashed(t[0], a), hashed(t[1], b))  # noqa: E731
+    spec = tf.TensorSpec([12], tf.string)
+    cf, graph, report, counts = offline(f, spec, spec)
+    assert len(group_matches(report)) == 1
+    a, b = tf.constant(random_strings(rng, 12)), tf.constant(random_strings(rng, 12))
+    for g, w in zip(run_graph_def(cf, graph, a, b), f(a, b)):
+        assert_identical(g, w)
+
+
+@pytest.mark.parametrize("specs", [(STRINGS_1D, STRINGS_1D), (tf.TensorSpec([12], tf.string),
+                                                              tf.TensorSpec([13], tf.string))],
+                         ids=["unrelated_unknown", "different_known"])
+def test_unproven_batch_is_not_grouped(rng, specs):
+    """Nothing ties the two batches together: each feature keeps its own op."""
+    t = tables(rng, dims=(8, 8))
+    f = lambda a, b: (hashed(t[0], a), hashed(t[1], b))  # noqa: E731
+    cf, graph, report, counts = offline(f, *specs)
+    assert group_matches(report) == []
+    assert fused_ops(graph) == {"CtrPackStrings": 2, "CtrStringEmbedding": 2}
+    skips = [s for s in report["skip"] if s["pattern"] == "group_strings"]
+    assert len(skips) == 2 and all("batch size" in s["reason"] for s in skips)
+    a = tf.constant(random_strings(rng, specs[0].shape[0] or 7))
+    b = tf.constant(random_strings(rng, specs[1].shape[0] or 9))
+    for g, w in zip(run_graph_def(cf, graph, a, b), f(a, b)):
+        assert_identical(g, w)
+
+
+def test_mismatched_batches_still_fail(rng):
+    """The original graph fails at the concat; the grouped one must fail too
+    (the pack checks the sizes), not pool the wrong rows."""
+    t = tables(rng, dims=(8, 8))
+    f = lambda a, b: tf.concat([hashed_flat(t[0], a), hashed_flat(t[1], b)], axis=1)  # noqa: E731
+    cf, graph, report, counts = offline(f, STRINGS_1D, STRINGS_1D)
+    assert len(group_matches(report)) == 1
+    a, b = tf.constant(random_strings(rng, 3)), tf.constant(random_strings(rng, 5))  # 8 strings: splits evenly
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        f(a, b)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="equal_sizes: input 1 holds 5 strings, input 0 holds 3"):
+        run_graph_def(cf, graph, a, b)
+
+
+def test_bucket_counts_carry_into_the_group(rng):
+    """Each feature keeps its hash's bucket count (fewer than its rows here)."""
+    t = tables(rng, dims=(8, 8, 8))
+    f = lambda a, b, c: tf.concat([hashed_flat(t[0], a), hashed_flat(t[1], b, buckets=V // 2),  # noqa: E731
+                                   hashed_flat(t[2], c)], axis=1)
+    cf, graph, report, counts = offline(f, STRINGS_1D, STRINGS_1D, STRINGS_1D)
+    assert len(group_matches(report)) == 1
+    assert fused_ops(graph) == {"CtrPackStrings": 1, "CtrMultiStringEmbedding": 1}
+    [multi] = [n for n in graph.node if n.op == "CtrMultiStringEmbedding"]
+    assert list(multi.attr["num_buckets"].list.i) == [V, V // 2, V]
+    args = [tf.constant(random_strings(rng, 20)) for _ in range(3)]
+    [got] = run_graph_def(cf, graph, *args)
+    assert_identical(got, f(*args))
+
+
+def test_more_buckets_than_rows_fails_in_the_group_as_the_gather_does(rng):
+    t = tables(rng, dims=(8, 8))
+    f = lambda a, b: tf.concat([hashed_flat(t[0], a), hashed_flat(t[1], b, buckets=4 * V)], axis=1)  # noqa: E731
+    cf, graph, report, counts = offline(f, STRINGS_1D, STRINGS_1D)
+    assert len(group_matches(report)) == 1
+    strings = tf.constant([str(i) for i in range(200)])  # some hash past row 64 of 256 buckets
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        f(strings, strings)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        run_graph_def(cf, graph, strings, strings)
+
+
+def test_fetched_feature_output_keeps_its_name(rng):
+    t = tables(rng, dims=(8, 8))
+
+    def f(a, b):
+        ea, eb = hashed_flat(t[0], a), hashed_flat(t[1], b)
+        return tf.concat([ea, eb], axis=1), ea
+
+    cf, graph, report, counts = offline(f, STRINGS_1D, STRINGS_1D)
+    assert len(group_matches(report)) == 1
+    a, b = tf.constant(random_strings(rng, 10)), tf.constant(random_strings(rng, 10))
+    for g, w in zip(run_graph_def(cf, graph, a, b), f(a, b)):
+        assert_identical(g, w)
+
+
+def test_explicit_string_embeddings_are_grouped(rng):
+    """Users' own tf_ctr_ops.string_embedding calls of one batch group too."""
+    t = tables(rng, dims=(8, 4))
+    f = lambda a, b: tf.concat([  # noqa: E731
+        tf_ctr_ops.string_embedding(a, t[0], delimiter="|", combiner="mean"),
+        tf_ctr_ops.string_embedding(b, t[1], delimiter=",", combiner="sqrtn", skip_empty=False)], axis=1)
+    cf, graph, report, counts = offline(f, STRINGS_2D, STRINGS_2D)
+    assert len(group_matches(report)) == 1
+    a = tf.reshape(tf.constant(id_lists(rng, 25)), [-1, 1])
+    b = tf.reshape(tf.constant(id_lists(rng, 25, sep=",")), [-1, 1])
+    [got] = run_graph_def(cf, graph, a, b)
+    np.testing.assert_allclose(got, f(a, b), rtol=1e-6, atol=1e-6)
+
+
+def test_training_gradients_match_tf(rng):
+    """Under a GradientTape the gradients read each feature's packed strings,
+    so nothing is grouped; the step gives the same gradients as eager."""
+    t = tables(rng, dims=(8, 4))
+
+    def step(a, b):
+        with tf.GradientTape() as tape:
+            out = tf.concat([tf_ctr_ops.string_embedding(a, t[0], delimiter="|", combiner="sum"),
+                             tf_ctr_ops.string_embedding(b, t[1], delimiter="|", combiner="mean")], axis=1)
+            loss = tf.reduce_sum(out * out)
+        return [tf.convert_to_tensor(g) for g in tape.gradient(loss, t)]
+
+    a, b = tf.constant(id_lists(rng, 20)), tf.constant(id_lists(rng, 20))
+    want = step(a, b)
+    got, stats = run_online(step, a, b)
+    assert stats["rewrites"] == 0
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
+def test_keras_model_training_gradients_match_tf(rng):
+    model = keras_hash_model()
+    inputs = {n: tf.reshape(tf.constant(random_strings(rng)), [-1, 1]) for n in ("site", "app")}
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x))
+        return [tf.convert_to_tensor(g) for g in tape.gradient(loss, model.trainable_variables)]
+
+    want = step(inputs)
+    got, stats = run_online(step, inputs)
+    assert stats["rewrites"] == 0  # the backward pass reads the hashed ids: no feature is fused, none grouped
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_keras_saved_model_is_grouped(tmp_path, rng):
+    model = keras_hash_model()
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    model.export(str(src), verbose=False)
+    samples = {n: np.array(random_strings(rng), object).reshape(-1, 1) for n in ("site", "app")}
+    report = rewrite.optimize_saved_model(src, dst, sample_inputs={"serving_default": samples}, runs=2)
+    assert report.ok and report.verified
+    sig = report.signatures["serving_default"]
+    assert [m["pattern"] for m in sig.matches] == ["hash_gather", "hash_gather", "group_strings"]
+    assert {k: v for k, v in sig.op_counts_after.items() if k.startswith("Ctr")} == {
+        "CtrPackStrings": 1, "CtrMultiStringEmbedding": 1}
+    assert sig.max_abs_diff == 0
+
+
+def test_criteo_categories_grouped_online(rng):
+    """Criteo hex categories (C19 and C26 have empty values), one table each."""
+    rows = read_csv("criteo_sample.txt")
+    cols = ("C1", "C3", "C19", "C26")
+    t = tables(rng, dims=(8, 4, 8, 2))
+    f = lambda *s: tf.concat([hashed_flat(tab, x) for tab, x in zip(t, s)], axis=1)  # noqa: E731
+    args = [tf.constant([r[c] for r in rows]) for c in cols]
+    got, stats = run_online(f, *args)
+    assert stats["rewrites"] == len(cols) + 1
+    assert_identical(got, f(*args))
+
+
+def test_pack_equal_sizes_op():
+    a, b = tf.constant(["x", "yz"]), tf.constant(["", "w"])
+    data, splits = string_ops.ctr_pack_strings([a, b], equal_sizes=True)
+    assert bytes(data.numpy()) == b"xyzw" and splits.numpy().tolist() == [0, 1, 3, 3, 4]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="input 1 holds 1 strings, input 0 holds 2"):
+        string_ops.ctr_pack_strings([a, tf.constant(["w"])], equal_sizes=True)
+    data, splits = string_ops.ctr_pack_strings([a, tf.constant(["w"])])  # sizes may differ by default
+    assert splits.numpy().tolist() == [0, 1, 3, 4]
+
+
+def test_multi_op_bucket_counts_forward_and_gradient(rng):
+    """CtrMultiStringEmbedding's num_buckets: each feature as its own hash."""
+    t = tables(rng, dims=(8, 4))
+    s = [tf.constant(random_strings(rng, 12)), tf.constant(random_strings(rng, 12))]
+    with tf.GradientTape() as tape:
+        data, splits = string_ops.ctr_pack_strings(s, equal_sizes=True)
+        got = string_ops.ctr_multi_string_embedding(
+            params=t, bytes=data, row_splits=splits, combiners=["sum", "sum"], id_modes=["hash", "hash"],
+            delimiters=["", ""], skip_empty=[False, False], max_norms=[-1.0, -1.0], num_buckets=[V // 2, 0])
+        loss = sum(tf.reduce_sum(o * o) for o in got)
+    got_grads = tape.gradient(loss, t)
+    with tf.GradientTape() as tape:
+        want = [hashed(t[0], s[0], V // 2), hashed(t[1], s[1])]
+        loss = sum(tf.reduce_sum(o * o) for o in want)
+    want_grads = tape.gradient(loss, t)
+    for g, w in zip(got, want):
+        assert_identical(g, w)
+    for g, w in zip(got_grads, want_grads):
+        np.testing.assert_allclose(tf.convert_to_tensor(g), tf.convert_to_tensor(w), rtol=1e-6, atol=1e-6)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="num_buckets"):
+        string_ops.ctr_multi_string_embedding(
+            params=t, bytes=data, row_splits=splits, combiners=["sum", "sum"], id_modes=["hash", "hash"],
+            delimiters=["", ""], skip_empty=[False, False], max_norms=[-1.0, -1.0], num_buckets=[V])
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("skip_empty", [False, True])
+def test_multi_op_whole_strings_equal_single_ops(rng, dtype, skip_empty):
+    """The grouped CPU kernel copies whole-string rows directly: it must give
+    what CtrStringEmbedding gives, in every mode and combiner."""
+    V2 = 50
+    t = [tf.constant(rng.normal(size=(V2, d)), dtype) for d in (8, 4, 3)]
+    s = [tf.constant(random_strings(rng, 40)),
+         tf.constant([str(i) if i % 7 else "" for i in rng.integers(0, V2, size=40)]),
+         tf.constant([str(i) if i % 5 else "" for i in rng.integers(-3 * V2, 3 * V2, size=40)])]
+    modes, combiners = ["hash", "index", "mod"], ["sum", "mean", "sqrtn"]
+    if not skip_empty:  # an empty string is then one empty token, which index and mod reject
+        s[1] = tf.where(s[1] == "", "0", s[1])
+        s[2] = tf.where(s[2] == "", "0", s[2])
+    data, splits = string_ops.ctr_pack_strings(s, equal_sizes=True)
+    got = string_ops.ctr_multi_string_embedding(
+        params=t, bytes=data, row_splits=splits, combiners=combiners, id_modes=modes, delimiters=[""] * 3,
+        skip_empty=[skip_empty] * 3, max_norms=[-1.0] * 3)
+    for i in range(3):
+        d, sp = string_ops.ctr_pack_strings([s[i]])
+        want = string_ops.ctr_string_embedding(params=t[i], bytes=d, row_splits=sp, bag_splits=tf.zeros([0], tf.int64),
+                                               combiner=combiners[i], id_mode=modes[i], delimiter="",
+                                               skip_empty=skip_empty)
+        assert_identical(got[i], want)
+
+
+def test_multi_op_whole_string_errors_name_feature_row_and_token(rng):
+    t = [tf.constant(rng.normal(size=(10, 4)), tf.float32)] * 2
+    s = [tf.constant(["1", "2", "3", "4"]), tf.constant(["1", "x7", "12", "y"])]
+    data, splits = string_ops.ctr_pack_strings(s, equal_sizes=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature 1: token 'x7' in row 1 is not an int64"):
+        string_ops.ctr_multi_string_embedding(params=t, bytes=data, row_splits=splits, combiners=["sum"] * 2,
+                                              id_modes=["index"] * 2, delimiters=[""] * 2, skip_empty=[True] * 2,
+                                              max_norms=[-1.0] * 2)
+    s = [tf.constant(["1", "2", "3", "4"]), tf.constant(["1", "7", "12", "3"])]
+    data, splits = string_ops.ctr_pack_strings(s, equal_sizes=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature 1: token '12' in row 2 is id 12, out of range"):
+        string_ops.ctr_multi_string_embedding(params=t, bytes=data, row_splits=splits, combiners=["sum"] * 2,
+                                              id_modes=["index"] * 2, delimiters=[""] * 2, skip_empty=[True] * 2,
+                                              max_norms=[-1.0] * 2)
