@@ -161,6 +161,10 @@ def test_whole_string_tokens_equal_a_gather(rng, params, id_mode):
                                          combiners="sum", id_modes=id_mode, skip_empty=False)
     for g in grouped:
         np.testing.assert_array_equal(g.numpy(), want.numpy())
+    with pytest.raises(tf.errors.InvalidArgumentError, match="token 'x' in row 1"):
+        tco.string_embedding(["1", "x"], params, delimiter=None, id_mode="index")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="token 'x' in row 1"):
+        tco.multi_string_embedding([["1", "2"], ["1", "x"]], [params, params], delimiters=None, id_modes="index")
     # skip_empty: an empty string is a zero row rather than the bucket of "".
     row = tco.string_embedding(["", "x"], params, delimiter=None, combiner="sum", skip_empty=True)
     np.testing.assert_array_equal(row.numpy()[0], 0)
@@ -299,7 +303,7 @@ def test_multi_features_must_share_a_batch(params):
         return tco.multi_string_embedding([a, b], [params, params], id_modes="index")
 
     # 3 strings in all: no batch split would be wrong silently.
-    with pytest.raises(tf.errors.InvalidArgumentError, match="feature 1 batch size differs"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="input 1 holds 4 strings, input 0 holds 2"):
         grouped(tf.constant(["1", "2"]), tf.constant(["3", "4", "5", "6"]))
     a, b = grouped(tf.constant(["1", "2,3"]), tf.constant(["4", ""]))
     np.testing.assert_allclose(b.numpy(), tco.string_embedding(["4", ""], params, id_mode="index").numpy())

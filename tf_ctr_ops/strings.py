@@ -148,29 +148,25 @@ def multi_string_embedding(features, tables, delimiters=",", combiners="mean", i
     max_norms = [_max_norm_attr(m) for m in _per_feature(max_norms, n, "max_norms")]
     with tf.name_scope(name or "multi_string_embedding"):
         tables = [_as_table(t) for t in tables]
-        features = _same_batch([_string_vector(f) for f in features])
+        features = [_string_vector(f) for f in features]
+        _check_same_batch(features)
         # One pack straight from the N feature tensors: a string concat first
         # would copy (and allocate) every string once more.
-        data, row_splits = _ops.ctr_pack_strings(features)
+        # equal_sizes: the grouped op finds feature i's rows at [i * B,
+        # (i + 1) * B), so features of different batch sizes must fail.
+        data, row_splits = _ops.ctr_pack_strings(features, equal_sizes=True)
         return _ops.ctr_multi_string_embedding(
             params=tables, bytes=data, row_splits=row_splits, combiners=combiners, id_modes=id_modes,
             delimiters=delimiters, skip_empty=skip_empty, max_norms=max_norms)
 
 
-def _same_batch(features):
-    """The features, checked to share one batch size: the grouped op finds
-    feature i's rows at [i * B, (i + 1) * B) of the packed strings."""
+def _check_same_batch(features):
+    """Statically known batch sizes must agree (unknown ones are checked by
+    the pack at run time)."""
     sizes = [f.shape[0] for f in features]
     known = [s for s in sizes if s is not None]
     if len(set(known)) > 1:
         raise ValueError(f"features must share one batch size, got {sizes}")
-    if len(known) == len(sizes):
-        return features
-    batch = tf.shape(features[0])[0]
-    checks = [tf.debugging.assert_equal(tf.shape(f)[0], batch, message=f"feature {i} batch size differs from "
-                                        "feature 0's") for i, f in enumerate(features[1:], 1)]
-    with tf.control_dependencies(checks):
-        return [tf.identity(f) for f in features]
 
 
 def hash_string_keys(table, keys, weights, combiner, max_norm):

@@ -370,12 +370,62 @@ struct TokenBagVisitor {
   }
 };
 
+// Whether every bag is one whole string looked up unclipped: its output row
+// is then the table row itself (any combiner of one token of weight 1), as
+// the Gather of a single-valued feature returns it.
+inline bool IsWholeStringLookup(const StringSpec& s, const int64_t* bag_splits) {
+  return s.delim_len == 0 && s.lookup.max_norm <= 0.f && s.lookup.default_id < 0 && bag_splits == nullptr;
+}
+
+// PoolStringBagsCpu for IsWholeStringLookup: each row a copy of its table row
+// (bit for bit), or zeros for a skipped empty string. The rows of a block are
+// resolved and prefetched before any is copied, so their loads overlap; the
+// pooling path would spend more on its accumulator than on the single row.
+template <typename T>
+void CopyWholeStringRowsCpu(const StringSpec& s, const T* params, const uint8_t* bytes,
+                            const int64_t* splits, int64_t begin, int64_t end, T* out, TokenError* err,
+                            uint8_t* nonempty) {
+  constexpr int64_t kBlock = 16;
+  const int64_t dim = s.lookup.dim;
+  int64_t rows[kBlock];
+  for (int64_t first = begin; first < end; first += kBlock) {
+    const int64_t n = end - first < kBlock ? end - first : kBlock;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = first + i;
+      const int64_t len = splits[r + 1] - splits[r];
+      rows[i] = -1;
+      if (len == 0 && s.skip_empty) continue;
+      int64_t value = 0;
+      const int64_t row = ResolveToken(bytes + splits[r], len, s, &value);
+      if (row < 0) {
+        if (err) *err = TokenError{r, splits[r], len, value, row};
+        return;
+      }
+      rows[i] = row;
+      PrefetchRow(params + row * dim, dim);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      T* dst = out + (first + i) * dim;
+      if (nonempty) nonempty[first + i] = rows[i] >= 0;
+      if (rows[i] < 0) {
+        memset(dst, 0, dim * sizeof(T));
+      } else {
+        memcpy(dst, params + rows[i] * dim, dim * sizeof(T));
+      }
+    }
+  }
+}
+
 // Pools bags [row_begin, row_end) of tokens; acc is dim floats of scratch.
 // nonempty (nullable) receives whether each bag had a token.
 template <typename T>
 void PoolStringBagsCpu(const StringSpec& s, const T* params, const uint8_t* bytes, int64_t num_bytes,
                        const int64_t* string_splits, const int64_t* bag_splits, int64_t row_begin,
                        int64_t row_end, float* acc, T* out, TokenError* err, uint8_t* nonempty = nullptr) {
+  if (IsWholeStringLookup(s, bag_splits)) {
+    CopyWholeStringRowsCpu(s, params, bytes, string_splits, row_begin, row_end, out, err, nonempty);
+    return;
+  }
   BagStream<T> pool(s.lookup, params, acc, out, nonempty, row_begin);
   const TokenBagVisitor visit{s, bytes, num_bytes, string_splits, bag_splits, err};
   for (int64_t r = row_begin; r < row_end; ++r)

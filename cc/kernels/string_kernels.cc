@@ -224,48 +224,6 @@ class StringEmbeddingGradCpuOp : public OpKernel {
   bool trim_empty_tail_ = false;
 };
 
-// Whether each bag is one whole string, looked up unclipped: its output row
-// is then the table row itself (any combiner of one token with weight 1).
-inline bool IsWholeStringLookup(const ctr::StringSpec& s) { return s.delim_len == 0 && s.lookup.max_norm <= 0; }
-
-// Bags [begin, end) of a whole-string feature: each output row is a copy of
-// its table row (bit for bit what the Gather it replaces returns), or zeros
-// for a skipped empty string. The rows of a block are resolved and prefetched
-// before any is copied, so their loads overlap; the per-token pooling path
-// would spend more on its accumulator than on the single row.
-template <typename T>
-void CopyWholeStringRows(const ctr::StringSpec& s, const T* params, const uint8_t* bytes, const int64_t* splits,
-                         int64_t begin, int64_t end, T* out, ctr::TokenError* err) {
-  constexpr int64_t kBlock = 16;
-  const int64_t dim = s.lookup.dim;
-  int64_t rows[kBlock];
-  for (int64_t first = begin; first < end; first += kBlock) {
-    const int64_t n = std::min(kBlock, end - first);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t r = first + i;
-      const int64_t len = splits[r + 1] - splits[r];
-      rows[i] = -1;
-      if (len == 0 && s.skip_empty) continue;
-      int64_t value = 0;
-      const int64_t row = ctr::ResolveToken(bytes + splits[r], len, s, &value);
-      if (row < 0) {
-        *err = ctr::TokenError{r, splits[r], len, value, row};
-        return;
-      }
-      rows[i] = row;
-      __builtin_prefetch(params + row * dim);
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      T* dst = out + (first + i) * dim;
-      if (rows[i] < 0) {
-        std::memset(dst, 0, dim * sizeof(T));
-      } else {
-        std::memcpy(dst, params + rows[i] * dim, dim * sizeof(T));
-      }
-    }
-  }
-}
-
 template <typename T>
 class MultiStringEmbeddingCpuOp : public OpKernel {
  public:
@@ -304,15 +262,9 @@ class MultiStringEmbeddingCpuOp : public OpKernel {
                     const int f = static_cast<int>(begin / batch);
                     const int64_t stop = std::min(end, (f + 1) * batch);
                     ctr::TokenError err;
-                    if (IsWholeStringLookup(specs[f])) {
-                      CopyWholeStringRows(specs[f], CorePtr<T>(ctx->input(f)), b, s + f * batch,
-                                          begin - f * batch, stop - f * batch, CorePtr<T>(outs[f]), &err);
-                    } else {
-                      ctr::PoolStringBagsCpu(specs[f], CorePtr<T>(ctx->input(f)), b, bytes.NumElements(),
-                                             s + f * batch, nullptr,
-                                             begin - f * batch, stop - f * batch, acc.data(),
-                                             CorePtr<T>(outs[f]), &err);
-                    }
+                    ctr::PoolStringBagsCpu(specs[f], CorePtr<T>(ctx->input(f)), b, bytes.NumElements(),
+                                           s + f * batch, nullptr, begin - f * batch, stop - f * batch,
+                                           acc.data(), CorePtr<T>(outs[f]), &err);
                     first[f].Offer(err);
                     begin = stop;
                   }
