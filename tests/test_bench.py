@@ -46,8 +46,8 @@ def test_lookup_suite_quick(tmp_path):
         assert all(0 <= e <= 1e-5 for e in c["max_abs_err"].values())
     assert _positive_finite(cases["lookup/zipf"]["speedup_vs_native_tensor"])
 
-    assert {(t["dist"], t["min_speedup"]) for t in res["targets"]} == {
-        ("zipf", 2.5), ("uniform", 2.5), ("zipf", 3.0), ("uniform", 3.0)}
+    # The issues set the targets on Zipf ids; uniform cases carry no verdict.
+    assert {(t["dist"], t["min_speedup"]) for t in res["targets"]} == {("zipf", 2.5), ("zipf", 3.0)}
     for t in res["targets"]:
         assert isinstance(t["met"], bool) and t["met"] == (t["speedup"] >= t["min_speedup"])
 
