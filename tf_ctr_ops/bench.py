@@ -186,13 +186,14 @@ class Config:
     min_runs: int = 30         # ... and at least; in between, until ~budget_s per callable
     budget_s: float = 2.0
     block: int = 5             # timed calls in a row per callable, see time_interleaved
+    settle: int = 3            # untimed calls before each block, see time_interleaved
     copy_mb: int = 256
     copy_reps: int = 5
     quick: bool = False
 
     def quicken(self):
         self.quick = True
-        self.warmup, self.runs, self.min_runs, self.budget_s, self.block = 1, 6, 3, 0.3, 3
+        self.warmup, self.runs, self.min_runs, self.budget_s, self.block, self.settle = 1, 6, 3, 0.3, 3, 1
         self.copy_mb, self.copy_reps = min(self.copy_mb, 64), 3
         return self
 
@@ -355,9 +356,12 @@ def summarize(times_s):
 def time_interleaved(fns, cfg):
     """Times the callables of `fns` {name: fn}; {name: summary of per-call times}.
 
-    Rounds of blocks: in each round every callable runs once untimed (so a block
-    starts from the caches and allocator state its own calls leave, not the
-    previous callable's), then `cfg.block` timed calls back to back. Alternating
+    Rounds of blocks: in each round every callable runs `cfg.settle` times
+    untimed (so a block starts from the caches and allocator state its own
+    calls leave, not the previous callable's: after the native string
+    composition, whose tokens evict the caches, a fused call takes ~3 calls to
+    get back to its own steady state), then `cfg.block` timed calls back to
+    back. Alternating
     blocks spreads drift of the machine (clocks, other tenants) over all
     callables alike. Stops after `cfg.runs` timed calls per callable, or once
     both `cfg.min_runs` calls and ~`cfg.budget_s` per callable are done.
@@ -373,7 +377,8 @@ def time_interleaved(fns, cfg):
         start = time.perf_counter()
         while True:
             for k, fn in fns.items():
-                fn()
+                for _ in range(cfg.settle):
+                    fn()
                 for _ in range(cfg.block):
                     t0 = time.perf_counter()
                     fn()
@@ -390,7 +395,7 @@ def time_interleaved(fns, cfg):
 def estimate_case_s(cfg, callables, call_s):
     """Rough wall time of one time_interleaved call, for the estimate printed before a run."""
     rounds = math.ceil(cfg.min_runs / cfg.block)
-    calls = cfg.warmup + rounds * (cfg.block + 1)
+    calls = cfg.warmup + rounds * (cfg.block + cfg.settle)
     return callables * max(min(cfg.budget_s, cfg.runs * call_s), calls * call_s)
 
 

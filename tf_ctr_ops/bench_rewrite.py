@@ -148,12 +148,13 @@ def rewrite_suite(cfg):
                                   rtol=1e-5, atol=1e-6)
             with tf.device(cfg.device):
                 t = time_interleaved(fns, cfg)
-            cases.append({"case": case, "batch": batch, **t,
+            shape = f"B={batch}, {HASHED}+{LISTS} features V={vocab} D={dim}"
+            cases.append({"case": case, "batch": batch, "shape": shape, **t,
                           "speedup": t["native"]["median_ms"] / t["fused"]["median_ms"],
                           "max_abs_err": {"native": err}})
     label, need = REWRITE_TARGET
-    targets = [{"target": label.format(batch=c["batch"]), "dist": "criteo-like", "batch": c["batch"], "min_speedup": need,
-                "speedup": c["speedup"], "met": bool(c["speedup"] >= need)}
+    targets = [{"target": label.format(batch=c["batch"]), "dist": "criteo-like", "shape": c["shape"],
+                "batch": c["batch"], "min_speedup": need, "speedup": c["speedup"], "met": bool(c["speedup"] >= need)}
                for c in cases if c["batch"] == max(batches)]
     result = {"suite": "rewrite", "config": dataclasses.asdict(cfg), "vocab": vocab, "dim": dim,
               "features": {"hashed": HASHED, "id_lists": LISTS},
