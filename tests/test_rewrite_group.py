@@ -119,6 +119,33 @@ def test_concat_of_unflattened_features_groups(rng):
     assert_identical(got, f(a, b))
 
 
+def test_columns_of_one_input_and_a_stack_group(rng):
+    """Features sliced out of one [B, N] input (x[:, i:i+1], as a Keras model
+    with one categorical input writes it) share its batch; so do features
+    stacked along axis 1 (keras.ops.stack before an FM)."""
+    t = tables(rng, dims=(8, 8, 8))
+    sliced = lambda x: [hashed_flat(t[i], x[:, i:i + 1]) for i in range(3)]  # noqa: E731
+    stacked = lambda a, b, c: tf.stack([hashed(t[0], a), hashed(t[1], b), hashed(t[2], c)], axis=1)  # noqa: E731
+    for f, specs in ((lambda x: tf.add_n(sliced(x)), [tf.TensorSpec([None, 3], tf.string)]),
+                     (stacked, [STRINGS_1D] * 3)):
+        cf, graph, report, counts = offline(f, *specs)
+        assert len(group_matches(report)) == 1, report
+        args = ([tf.constant(np.array(random_strings(rng, 33)).reshape(11, 3))] if len(specs) == 1 else
+                [tf.constant(random_strings(rng, 11)) for _ in range(3)])
+        [got] = run_graph_def(cf, graph, *args)
+        assert_identical(got, f(*args))
+
+
+def test_slices_that_cut_the_batch_axis_prove_nothing(rng):
+    t = tables(rng, dims=(8, 8))
+    f = lambda x: (hashed(t[0], x[:2, 0]), hashed(t[1], x[1:, 1]))  # noqa: E731
+    cf, graph, report, counts = offline(f, tf.TensorSpec([None, 2], tf.string))
+    assert group_matches(report) == []
+    x = tf.constant(np.array(random_strings(rng, 10)).reshape(5, 2))
+    for g, w in zip(run_graph_def(cf, graph, x), f(x)):
+        assert_identical(g, w)
+
+
 def test_concat_along_the_batch_axis_proves_nothing(rng):
     t = tables(rng, dims=(8, 8))
     f = lambda a, b: tf.concat([hashed(t[0], a), hashed(t[1], b)], axis=0)  # noqa: E731

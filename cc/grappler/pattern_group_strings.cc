@@ -72,9 +72,19 @@ bool OnlyFirstDimMayDiffer(RewriteContext* ctx, const NodeDef& node, int port) {
   return true;
 }
 
+// Whether a StridedSlice takes all of axis 0 (x[:, i:j], as Keras models
+// slice one feature out of a [B, N] input): its output has the input's dim 0.
+bool SliceKeepsDim0(const GraphIndex& g, const NodeDef& slice) {
+  std::vector<int64_t> strides;
+  return IsOp(&slice, "StridedSlice") && ConstIntVector(g.Producer(slice, 3), &strides) && !strides.empty() &&
+         strides[0] == 1 && (IntAttr(slice, "begin_mask", 0) & 1) && (IntAttr(slice, "end_mask", 0) & 1) &&
+         !(IntAttr(slice, "shrink_axis_mask", 0) & 1) && IntAttr(slice, "ellipsis_mask", 0) == 0 &&
+         IntAttr(slice, "new_axis_mask", 0) == 0;
+}
+
 // Ids of dim 0 of tensor `input` of `user`: the inferred dim, and through
 // shape-preserving producers (a Reshape to [-1] or a Squeeze of [B, 1], an
-// Identity) the dim 0 of what they read. Added nodes have no inferred shapes,
+// Identity, a slice that keeps all of axis 0) the dim 0 of what they read. Added nodes have no inferred shapes,
 // so the flattening Reshapes the other patterns add are looked through.
 void Dim0Ids(RewriteContext* ctx, const NodeDef& user, int input, int depth, std::vector<std::string>* ids) {
   int port = 0;
@@ -82,7 +92,7 @@ void Dim0Ids(RewriteContext* ctx, const NodeDef& user, int input, int depth, std
   if (node == nullptr || depth == 0) return;
   ids->push_back("@" + TensorName(node->name(), port));
   if (!ctx->Added(node->name()) && ctx->Rank(*node, port) >= 1) AddBatchId(ctx->Dim(*node, port, 0), ids);
-  if (IsOp(node, "Identity")) return Dim0Ids(ctx, *node, 0, depth - 1, ids);
+  if (IsOp(node, "Identity") || SliceKeepsDim0(ctx->index(), *node)) return Dim0Ids(ctx, *node, 0, depth - 1, ids);
   const NodeDef* in = ctx->index().Producer(*node, 0, &port);
   if (in == nullptr) return;
   std::vector<int64_t> shape;
@@ -129,11 +139,13 @@ bool IsFirstDimOf(const GraphIndex& g, const NodeDef* slice, const std::string& 
 
 // Whether `reader`'s output 0 has dim 0 of its input `tensor`: ExpandDims
 // after axis 0, Identity, Keras' Flatten -- Reshape(x, Pack(Shape(x)[0],
-// ...)) -- and a concatenation along another axis, which fails unless all its
-// inputs share dim 0 (Keras' Concatenate before the MLP).
+// ...)) -- and a concatenation or stack along another axis, which fails
+// unless all its inputs share dim 0 (Keras' Concatenate before the MLP,
+// keras.ops.stack of the field embeddings).
 bool KeepsDim0(RewriteContext* ctx, const NodeDef& reader, int input, const std::string& tensor) {
   const GraphIndex& g = ctx->index();
   int64_t axis = 0;
+  if (IsOp(&reader, "Pack")) return IntAttr(reader, "axis", 0) >= 1;
   if (IsOp(&reader, "ConcatV2")) {
     const int n = static_cast<int>(IntAttr(reader, "N", 0));
     if (input >= n || !ConstScalarInt(g.Producer(reader, n), &axis)) return false;
