@@ -40,6 +40,7 @@ import tensorflow as tf  # noqa: E402
 import tf_ctr_ops  # noqa: E402  (loads the op library before any SavedModel using it)
 from tf_ctr_ops import rewrite  # noqa: E402
 from tf_ctr_ops.layers import HashEmbedding  # noqa: E402
+from ctr_metrics import logloss, roc_auc, stratified_split  # noqa: E402  (examples/, beside this file)
 
 DENSE = [f"I{i}" for i in range(1, 14)]
 CATEGORICAL = [f"C{i}" for i in range(1, 27)]
@@ -146,19 +147,6 @@ def generate_criteo(rows, seed=0):
     labels = (rng.random(rows) < 1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
     return Data(labels, dense, categorical, f"generated ({rows:,} Criteo-like rows, seed {seed})")
 
-
-def stratified_split(labels, holdout, seed=0):
-    """Train and held-out row indices with both classes in the held-out part."""
-    rng = np.random.default_rng(seed)
-    train, test = [], []
-    for cls in np.unique(labels):
-        rows = rng.permutation(np.flatnonzero(labels == cls))
-        cut = max(1, int(round(len(rows) * holdout))) if len(rows) > 1 else 0
-        test.append(rows[:cut])
-        train.append(rows[cut:])
-    return rng.permutation(np.concatenate(train)), np.sort(np.concatenate(test))
-
-
 # ---------------------------------------------------------------------------
 # The model: one builder, two kinds of field embedding
 
@@ -214,25 +202,7 @@ def copy_weights(src, dst):
 
 
 # ---------------------------------------------------------------------------
-# Metrics and timing
-
-
-def logloss(labels, probs):
-    p = np.clip(probs.astype(np.float64), 1e-7, 1 - 1e-7)
-    return float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
-
-
-def roc_auc(labels, scores):
-    """Area under the ROC curve (Mann-Whitney U with average ranks for ties); NaN with one class."""
-    labels = np.asarray(labels) > 0.5
-    positives, negatives = int(labels.sum()), int((~labels).sum())
-    if positives == 0 or negatives == 0:
-        return float("nan")
-    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
-    average_rank = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based rank of each distinct score
-    ranks = average_rank[inverse]
-    return float((ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * negatives))
-
+# Timing
 
 def interleaved_median_ms(fns, inputs, rounds):
     """Median latency of each function, calling them in turn each round (same

@@ -37,6 +37,7 @@ import tensorflow as tf  # noqa: E402
 
 import tf_ctr_ops  # noqa: E402,F401  (loads the op library, registers the layers)
 from tf_ctr_ops.layers import MultiStringEmbedding, StringEmbedding  # noqa: E402
+from ctr_metrics import logloss, roc_auc, stratified_split  # noqa: E402  (examples/, beside this file)
 
 GENRES = ["Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary", "Drama", "Fantasy",
           "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller", "War", "Western"]
@@ -176,34 +177,6 @@ def composition_difference(layer, strings, delimiter, id_mode):
     want = tf.nn.safe_embedding_lookup_sparse(layer.embeddings.value, ids.to_sparse(), combiner=layer.combiner)
     got = layer(strings)
     return float(tf.reduce_max(tf.abs(got - want)))
-
-
-def logloss(labels, probs):
-    p = np.clip(probs.astype(np.float64), 1e-7, 1 - 1e-7)
-    return float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
-
-
-def roc_auc(labels, scores):
-    """Area under the ROC curve (Mann-Whitney U with average ranks for ties); NaN with one class."""
-    labels = np.asarray(labels) > 0.5
-    positives, negatives = int(labels.sum()), int((~labels).sum())
-    if positives == 0 or negatives == 0:
-        return float("nan")
-    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
-    average_rank = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based rank of each distinct score
-    ranks = average_rank[inverse]
-    return float((ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * negatives))
-
-
-def stratified_split(labels, holdout, seed=0):
-    rng = np.random.default_rng(seed)
-    train, test = [], []
-    for cls in np.unique(labels):
-        rows = rng.permutation(np.flatnonzero(labels == cls))
-        cut = max(1, int(round(len(rows) * holdout))) if len(rows) > 1 else 0
-        test.append(rows[:cut])
-        train.append(rows[cut:])
-    return rng.permutation(np.concatenate(train)), np.sort(np.concatenate(test))
 
 
 def parse_args(argv=None):

@@ -108,6 +108,8 @@ def test_optimize_saved_model_example(tmp_path):
 
 @pytest.fixture(scope="module")
 def criteo():
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))  # as `python examples/criteo_deepfm.py` has it: ctr_metrics beside it
     spec = importlib.util.spec_from_file_location("criteo_deepfm", EXAMPLES / "criteo_deepfm.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -155,11 +155,11 @@ void BecomeFusedLookup(RewriteContext* ctx, const std::string& name, const RowSo
   attr["num_buckets"].set_i(src.num_buckets);
 }
 
-void AddPackedStringInputs(RewriteContext* ctx, const std::string& base, const std::string& device,
-                           const std::string& table, const std::string& strings, NodeDef* fused) {
+void BecomeStringEmbedding(RewriteContext* ctx, const std::string& base, const std::string& device,
+                           const FusedStrings& f, NodeDef* fused) {
   // Packing is host work: no device, so it stays beside the strings.
   NodeDef* pack = ctx->AddNode(base + "/ctr_pack_strings", "CtrPackStrings", "");
-  pack->add_input(strings);
+  pack->add_input(f.strings);
   (*pack->mutable_attr())["N"].set_i(1);
   const std::string pack_name = pack->name();
   NodeDef* no_bags = ctx->AddNode(base + "/ctr_no_bags", "Const", device);
@@ -167,10 +167,21 @@ void AddPackedStringInputs(RewriteContext* ctx, const std::string& base, const s
   auto* t = (*no_bags->mutable_attr())["value"].mutable_tensor();
   t->set_dtype(tensorflow::DT_INT64);
   t->mutable_tensor_shape()->add_dim()->set_size(0);
-  fused->add_input(table);
+  fused->set_op("CtrStringEmbedding");
+  fused->add_input(f.table);
   fused->add_input(TensorName(pack_name, 0));
   fused->add_input(TensorName(pack_name, 1));
   fused->add_input(no_bags->name());
+  auto& attr = *fused->mutable_attr();
+  attr["T"].set_type(f.dtype);
+  attr["combiner"].set_s(f.combiner);
+  attr["id_mode"].set_s(f.id_mode);
+  attr["delimiter"].set_s(f.delimiter);
+  attr["skip_empty"].set_b(f.skip_empty);
+  attr["max_norm"].set_f(f.max_norm);
+  attr["bagged"].set_b(false);
+  attr["num_buckets"].set_i(f.num_buckets);
+  attr["trim_empty_tail"].set_b(f.trim_empty_tail);
 }
 
 }  // namespace grappler

@@ -73,11 +73,25 @@ void BecomeFusedLookup(RewriteContext* ctx, const std::string& name, const RowSo
 // declared shape (VarHandleOp `shape`, or `_handle_shapes` on a captured handle).
 int ResourceTableRank(RewriteContext* ctx, const tensorflow::NodeDef& gather);
 
-// Adds CtrPackStrings(strings) and the empty bag_splits, then appends the
-// inputs of a CtrStringEmbedding with one bag per string to `fused` (which
-// must have no data inputs yet): table, bytes, row_splits, bag_splits.
-void AddPackedStringInputs(RewriteContext* ctx, const std::string& base, const std::string& device,
-                           const std::string& table, const std::string& strings, tensorflow::NodeDef* fused);
+// What a fused CtrStringEmbedding with one bag per string reads, and how.
+struct FusedStrings {
+  std::string table;
+  std::string strings;  // a string vector
+  tensorflow::DataType dtype = tensorflow::DT_FLOAT;
+  std::string combiner = "sum";
+  std::string id_mode;    // hash, index or mod
+  std::string delimiter;  // empty: each whole string is one token
+  bool skip_empty = false;
+  float max_norm = -1.f;
+  int64_t num_buckets = 0;  // hash mode; 0: the table's rows
+  bool trim_empty_tail = false;
+};
+
+// Makes `fused` (which must have no data inputs yet) CtrStringEmbedding over
+// CtrPackStrings(f.strings), with the empty bag_splits and f's attributes.
+// Control inputs go on after this call, behind the data inputs.
+void BecomeStringEmbedding(RewriteContext* ctx, const std::string& base, const std::string& device,
+                           const FusedStrings& f, tensorflow::NodeDef* fused);
 
 }  // namespace grappler
 }  // namespace tf_ctr

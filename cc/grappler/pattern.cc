@@ -235,6 +235,16 @@ bool ConstScalarInt(const NodeDef* node, int64_t* value) {
   return false;
 }
 
+bool IsFirstElementSlice(const GraphIndex& g, const NodeDef* slice) {
+  std::vector<int64_t> begin, end, strides;
+  return IsOp(slice, "StridedSlice") && ConstIntVector(g.Producer(*slice, 1), &begin) &&
+         ConstIntVector(g.Producer(*slice, 2), &end) && ConstIntVector(g.Producer(*slice, 3), &strides) &&
+         begin == std::vector<int64_t>{0} && end == std::vector<int64_t>{1} && strides == std::vector<int64_t>{1} &&
+         IntAttr(*slice, "shrink_axis_mask", 0) == 1 && IntAttr(*slice, "begin_mask", 0) == 0 &&
+         IntAttr(*slice, "end_mask", 0) == 0 && IntAttr(*slice, "ellipsis_mask", 0) == 0 &&
+         IntAttr(*slice, "new_axis_mask", 0) == 0;
+}
+
 bool ConstIntVector(const NodeDef* node, std::vector<int64_t>* out) {
   if (!IsOp(node, "Const")) return false;
   auto it = node->attr().find("value");

@@ -95,6 +95,21 @@ class FusionPattern {
   virtual bool RunsLast() const { return false; }
 };
 
+// A pattern named by the constant Name, with the Skip every pattern uses:
+// records why the subgraph at `anchor` was left alone and returns false, so a
+// check reads `if (...) return Skip(ctx, anchor, "why");`.
+template <const char* Name>
+class NamedPattern : public FusionPattern {
+ public:
+  std::string name() const override { return Name; }
+
+ protected:
+  static bool Skip(RewriteContext* ctx, const tensorflow::NodeDef& anchor, const std::string& reason) {
+    ctx->Skipped(Name, anchor.name(), reason);
+    return false;
+  }
+};
+
 std::vector<std::unique_ptr<FusionPattern>>& RegisteredPatterns();
 
 struct PatternRegistration {
@@ -116,6 +131,9 @@ std::string StringAttr(const tensorflow::NodeDef& node, const char* name);
 bool ConstIntVector(const tensorflow::NodeDef* node, std::vector<int64_t>* out);
 // Value of a scalar integer Const, or false.
 bool ConstScalarInt(const tensorflow::NodeDef* node, int64_t* value);
+// Whether `slice` is x[0] of a vector, as Python indexing emits it
+// (StridedSlice [0:1:1], shrinking axis 0, no other masks).
+bool IsFirstElementSlice(const GraphIndex& g, const tensorflow::NodeDef* slice);
 std::string Describe(const tensorflow::NodeDef& node);  // "name (Op)"
 // Follows Identity nodes up to the first other producer, collecting them
 // (tf.nn.embedding_lookup ends in an Identity).

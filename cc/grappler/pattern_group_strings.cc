@@ -122,14 +122,7 @@ Readers ReadersOf(const GraphIndex& g) {
 
 // x[0] of Shape(tensor), as Python indexing emits it.
 bool IsFirstDimOf(const GraphIndex& g, const NodeDef* slice, const std::string& tensor) {
-  std::vector<int64_t> begin, end, strides;
-  if (!IsOp(slice, "StridedSlice") || !ConstIntVector(g.Producer(*slice, 1), &begin) ||
-      !ConstIntVector(g.Producer(*slice, 2), &end) || !ConstIntVector(g.Producer(*slice, 3), &strides) ||
-      begin != std::vector<int64_t>{0} || end != std::vector<int64_t>{1} || strides != std::vector<int64_t>{1} ||
-      IntAttr(*slice, "shrink_axis_mask", 0) != 1 || IntAttr(*slice, "begin_mask", 0) != 0 ||
-      IntAttr(*slice, "end_mask", 0) != 0 || IntAttr(*slice, "ellipsis_mask", 0) != 0 ||
-      IntAttr(*slice, "new_axis_mask", 0) != 0)
-    return false;
+  if (!IsFirstElementSlice(g, slice)) return false;
   int port = 0;
   const NodeDef* shape = g.Producer(*slice, 0, &port);
   if (!IsOp(shape, "Shape") || port != 0) return false;
@@ -189,9 +182,8 @@ class Components {
   std::vector<size_t> parent_;
 };
 
-class GroupStringsPattern : public FusionPattern {
+class GroupStringsPattern : public NamedPattern<kName> {
  public:
-  std::string name() const override { return kName; }
   bool RunsLast() const override { return true; }
 
   bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
@@ -237,11 +229,6 @@ class GroupStringsPattern : public FusionPattern {
   }
 
  private:
-  static bool Skip(RewriteContext* ctx, const NodeDef& anchor, const std::string& reason) {
-    ctx->Skipped(kName, anchor.name(), reason);
-    return false;
-  }
-
   // One bag per string and every row kept: what the grouped op computes.
   static bool IsShaped(const NodeDef& n) {
     return IsOp(&n, "CtrStringEmbedding") && !BoolAttr(n, "bagged", true) && !BoolAttr(n, "trim_empty_tail", true);

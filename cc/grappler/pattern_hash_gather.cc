@@ -81,10 +81,8 @@ bool IsPlainAsString(const NodeDef& n) {
          !BoolAttr(n, "scientific", false) && !BoolAttr(n, "shortest", false) && StringAttr(n, "fill").empty();
 }
 
-class HashGatherPattern : public FusionPattern {
+class HashGatherPattern : public NamedPattern<kName> {
  public:
-  std::string name() const override { return kName; }
-
   bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
     const bool resource = IsOp(&anchor, "ResourceGather");
     if (!resource && !IsOp(&anchor, "GatherV2")) return false;
@@ -153,11 +151,6 @@ class HashGatherPattern : public FusionPattern {
   }
 
  private:
-  static bool Skip(RewriteContext* ctx, const NodeDef& anchor, const std::string& reason) {
-    ctx->Skipped(kName, anchor.name(), reason);
-    return false;
-  }
-
   // A gather's output has rank ids + table - 1; the variable's declared shape
   // is the fallback.
   static int TableRank(RewriteContext* ctx, const NodeDef& gather, bool resource, int ids_rank) {
@@ -294,18 +287,11 @@ class HashGatherPattern : public FusionPattern {
     const std::string flat_strings = Flat(ctx, anchor.name(), strings, tensorflow::DT_STRING, rank, "");
 
     NodeDef* fused = BecomeOutput(ctx, anchor, "CtrStringEmbedding", T, rank);
-    AddPackedStringInputs(ctx, anchor.name(), device, table, flat_strings, fused);
+    FusedStrings f{table, flat_strings, T};
+    f.id_mode = "hash";
+    f.num_buckets = buckets;  // whole strings (empty delimiter), each kept, summed alone: the gathered row
+    BecomeStringEmbedding(ctx, anchor.name(), device, f, fused);
     for (const NodeDef& n : absorbed) CopyControlInputs(n, fused);  // after the data inputs
-    auto& attr = *fused->mutable_attr();
-    attr["T"].set_type(T);
-    attr["combiner"].set_s("sum");
-    attr["id_mode"].set_s("hash");
-    attr["delimiter"].set_s("");
-    attr["skip_empty"].set_b(false);
-    attr["max_norm"].set_f(-1.f);
-    attr["bagged"].set_b(false);
-    attr["num_buckets"].set_i(buckets);
-    attr["trim_empty_tail"].set_b(false);
     ctx->Matched(record);
   }
 
@@ -363,7 +349,6 @@ class HashGatherPattern : public FusionPattern {
     attr["num_buckets"].set_i(buckets);
     ctx->Matched(record);
   }
-
 };
 
 REGISTER_CTR_FUSION_PATTERN(HashGatherPattern);

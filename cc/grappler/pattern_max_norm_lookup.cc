@@ -133,10 +133,8 @@ bool MatchClip(const GraphIndex& g, const NodeDef* out, Clip* clip, std::string*
   return true;
 }
 
-class MaxNormLookupPattern : public FusionPattern {
+class MaxNormLookupPattern : public NamedPattern<kName> {
  public:
-  std::string name() const override { return kName; }
-
   bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
     if (!IsOp(&anchor, "CtrEmbeddingLookup") || StringAttr(anchor, "segment_kind") != "row_ids" ||
         StringAttr(anchor, "id_mode") != "index")
@@ -207,12 +205,6 @@ class MaxNormLookupPattern : public FusionPattern {
     attr["max_norm"].set_f(clip.max_norm);
     ctx->Matched(record);
     return true;
-  }
-
- private:
-  static bool Skip(RewriteContext* ctx, const NodeDef& anchor, const std::string& reason) {
-    ctx->Skipped(kName, anchor.name(), reason);
-    return false;
   }
 };
 

@@ -21,10 +21,8 @@ using tensorflow::NodeDef;
 
 constexpr char kName[] = "partitioned_table";
 
-class PartitionedLookupPattern : public FusionPattern {
+class PartitionedLookupPattern : public NamedPattern<kName> {
  public:
-  std::string name() const override { return kName; }
-
   bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
     if (!IsOp(&anchor, "ParallelDynamicStitch")) return false;
     const int64_t n = IntAttr(anchor, "N", 0);

@@ -93,14 +93,7 @@ std::string SplitsOfRowCount(const GraphIndex& g, const NodeDef& sub) {
   int64_t one = 0;
   if (!IsOp(&sub, "Sub") || !ConstScalarInt(g.Producer(sub, 1), &one) || one != 1) return "";
   const NodeDef* slice = g.Producer(sub, 0);
-  std::vector<int64_t> begin, end, strides;
-  if (!IsOp(slice, "StridedSlice") || !ConstIntVector(g.Producer(*slice, 1), &begin) ||
-      !ConstIntVector(g.Producer(*slice, 2), &end) || !ConstIntVector(g.Producer(*slice, 3), &strides) ||
-      begin != std::vector<int64_t>{0} || end != std::vector<int64_t>{1} || strides != std::vector<int64_t>{1} ||
-      IntAttr(*slice, "shrink_axis_mask", 0) != 1 || IntAttr(*slice, "begin_mask", 0) != 0 ||
-      IntAttr(*slice, "end_mask", 0) != 0 || IntAttr(*slice, "ellipsis_mask", 0) != 0 ||
-      IntAttr(*slice, "new_axis_mask", 0) != 0)
-    return "";
+  if (!IsFirstElementSlice(g, slice)) return "";
   const NodeDef* shape = g.Producer(*slice, 0);
   if (!IsOp(shape, "Shape")) return "";
   const TensorId s = ParseTensorName(shape->input(0));
@@ -161,10 +154,8 @@ struct SplitSource {
   bool hashed = false;
 };
 
-class RaggedReduceLookupPattern : public FusionPattern {
+class RaggedReduceLookupPattern : public NamedPattern<kName> {
  public:
-  std::string name() const override { return kName; }
-
   bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
     if (!IsOp(&anchor, "UnsortedSegmentSum")) return false;
     const GraphIndex& g = ctx->index();
@@ -239,11 +230,6 @@ class RaggedReduceLookupPattern : public FusionPattern {
   }
 
  private:
-  static bool Skip(RewriteContext* ctx, const NodeDef& anchor, const std::string& reason) {
-    ctx->Skipped(kName, anchor.name(), reason);
-    return false;
-  }
-
   static std::string OtherConsumer(const NodeDef& n) { return "intermediate " + Describe(n) + " has another consumer"; }
 
   // ids = convert(StringSplitV2(strings, sep).values), and the splits are that
@@ -345,20 +331,13 @@ class RaggedReduceLookupPattern : public FusionPattern {
     NodeDef* fused = ctx->Mutable(name);
     fused->clear_input();
     fused->clear_attr();
-    fused->set_op("CtrStringEmbedding");
-    AddPackedStringInputs(ctx, name, device, table, strings, fused);
+    FusedStrings f{table, strings, T};
+    f.id_mode = split.hashed ? "hash" : "index";
+    f.delimiter = split.delimiter;  // empty tokens kept, as tf.strings.split keeps them
+    f.num_buckets = buckets;
+    BecomeStringEmbedding(ctx, name, device, f, fused);
     CopyControlInputs(anchor, fused);
     for (const NodeDef* n : src.absorbed) CopyControlInputs(*n, fused);
-    auto& attr = *fused->mutable_attr();
-    attr["T"].set_type(T);
-    attr["combiner"].set_s("sum");
-    attr["id_mode"].set_s(split.hashed ? "hash" : "index");
-    attr["delimiter"].set_s(split.delimiter);
-    attr["skip_empty"].set_b(false);
-    attr["max_norm"].set_f(-1.f);
-    attr["bagged"].set_b(false);
-    attr["num_buckets"].set_i(buckets);
-    attr["trim_empty_tail"].set_b(false);
     ctx->Matched(record);
   }
 };

@@ -155,9 +155,8 @@ struct Safe {
   std::vector<const NodeDef*> absorbed;
 };
 
-class SafeLookupPattern : public FusionPattern {
+class SafeLookupPattern : public NamedPattern<kName> {
  public:
-  std::string name() const override { return kName; }
 
   // Anchored at the zeroing Select when default_id is None, else at the
   // pooled lookup itself.
@@ -187,11 +186,6 @@ class SafeLookupPattern : public FusionPattern {
   }
 
  private:
-  static bool Skip(RewriteContext* ctx, const NodeDef& anchor, const std::string& reason) {
-    ctx->Skipped(kName, anchor.name(), reason);
-    return false;
-  }
-
   static bool Match(const NodeDef& pool, RewriteContext* ctx, Safe* s, std::string* why) {
     const GraphIndex& g = ctx->index();
     auto fail = [&](const std::string& reason) {

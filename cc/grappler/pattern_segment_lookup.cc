@@ -40,10 +40,8 @@ bool IsSparseSegmentReduction(const NodeDef& n, std::string* combiner, bool* wit
   return false;
 }
 
-class SparseSegmentLookupPattern : public FusionPattern {
+class SparseSegmentLookupPattern : public NamedPattern<kName> {
  public:
-  std::string name() const override { return kName; }
-
   bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
     std::string combiner;
     bool with_num_segments = false;
@@ -89,13 +87,6 @@ class SparseSegmentLookupPattern : public FusionPattern {
     ctx->Matched(record);
     return true;
   }
-
- private:
-  static bool Skip(RewriteContext* ctx, const NodeDef& anchor, const std::string& reason) {
-    ctx->Skipped(kName, anchor.name(), reason);
-    return false;
-  }
-
 };
 
 REGISTER_CTR_FUSION_PATTERN(SparseSegmentLookupPattern);

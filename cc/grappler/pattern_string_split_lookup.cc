@@ -48,10 +48,8 @@ bool IsFirstColumn(const GraphIndex& g, const NodeDef& slice) {
          IntAttr(slice, "new_axis_mask", 0) == 0;
 }
 
-class StringSplitLookupPattern : public FusionPattern {
+class StringSplitLookupPattern : public NamedPattern<kName> {
  public:
-  std::string name() const override { return kName; }
-
   bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
     if (!IsOp(&anchor, "CtrEmbeddingLookup") || StringAttr(anchor, "segment_kind") != "row_ids" ||
         StringAttr(anchor, "id_mode") != "index")
@@ -110,19 +108,15 @@ class StringSplitLookupPattern : public FusionPattern {
     const NodeDef old = *fused;
     fused->clear_input();
     fused->clear_attr();
-    fused->set_op("CtrStringEmbedding");
-    AddPackedStringInputs(ctx, anchor_name, device, old.input(0), strings, fused);
+    FusedStrings f{old.input(0), strings, old.attr().at("T").type(), old.attr().at("combiner").s()};
+    f.id_mode = hashed ? "hash" : "index";
+    f.delimiter = delimiter;
+    f.skip_empty = skip_empty;
+    f.max_norm = old.attr().at("max_norm").f();
+    f.num_buckets = buckets;
+    f.trim_empty_tail = true;  // the lookup's rows end at the last row id + 1
+    BecomeStringEmbedding(ctx, anchor_name, device, f, fused);
     CopyControlInputs(old, fused);
-    auto& attr = *fused->mutable_attr();
-    attr["T"] = old.attr().at("T");
-    attr["combiner"] = old.attr().at("combiner");
-    attr["max_norm"] = old.attr().at("max_norm");
-    attr["id_mode"].set_s(hashed ? "hash" : "index");
-    attr["delimiter"].set_s(delimiter);
-    attr["skip_empty"].set_b(skip_empty);
-    attr["bagged"].set_b(false);
-    attr["num_buckets"].set_i(buckets);
-    attr["trim_empty_tail"].set_b(true);
     // The old lookup's num_rows and weights constants lose their reader.
     for (int i : {3, 4}) {
       const NodeDef* c = g.Producer(old, i);
@@ -130,12 +124,6 @@ class StringSplitLookupPattern : public FusionPattern {
     }
     ctx->Matched(record);
     return true;
-  }
-
- private:
-  static bool Skip(RewriteContext* ctx, const NodeDef& anchor, const std::string& reason) {
-    ctx->Skipped(kName, anchor.name(), reason);
-    return false;
   }
 };
 

@@ -98,10 +98,8 @@ bool ReshapedToColumn(const GraphIndex& g, RewriteContext* ctx, const NodeDef& r
          ConstScalarInt(g.Producer(*sub, 1), &minus) && rank - minus == 1;
 }
 
-class WeightedLookupPattern : public FusionPattern {
+class WeightedLookupPattern : public NamedPattern<kName> {
  public:
-  std::string name() const override { return kName; }
-
   bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
     const GraphIndex& g = ctx->index();
     Weighted w;
@@ -170,12 +168,6 @@ class WeightedLookupPattern : public FusionPattern {
                                   /*has_weights=*/true});
     ctx->Matched(record);
     return true;
-  }
-
- private:
-  static bool Skip(RewriteContext* ctx, const NodeDef& anchor, const std::string& reason) {
-    ctx->Skipped(kName, anchor.name(), reason);
-    return false;
   }
 };
 

@@ -1,0 +1,33 @@
+"""Evaluation helpers shared by the examples: a stratified train/held-out
+split, logloss and ROC AUC (NumPy only, so the examples need no scikit-learn)."""
+
+import numpy as np
+
+
+def stratified_split(labels, holdout, seed=0):
+    """Train and held-out row indices with both classes in the held-out part."""
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for cls in np.unique(labels):
+        rows = rng.permutation(np.flatnonzero(labels == cls))
+        cut = max(1, int(round(len(rows) * holdout))) if len(rows) > 1 else 0
+        test.append(rows[:cut])
+        train.append(rows[cut:])
+    return rng.permutation(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def logloss(labels, probs):
+    p = np.clip(probs.astype(np.float64), 1e-7, 1 - 1e-7)
+    return float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
+
+
+def roc_auc(labels, scores):
+    """Area under the ROC curve (Mann-Whitney U with average ranks for ties); NaN with one class."""
+    labels = np.asarray(labels) > 0.5
+    positives, negatives = int(labels.sum()), int((~labels).sum())
+    if positives == 0 or negatives == 0:
+        return float("nan")
+    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
+    average_rank = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based rank of each distinct score
+    ranks = average_rank[inverse]
+    return float((ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * negatives))
