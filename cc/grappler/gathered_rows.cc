@@ -8,6 +8,16 @@ namespace grappler {
 using tensorflow::DataType;
 using tensorflow::NodeDef;
 
+void SetTableOfGather(const NodeDef& gather, bool resource, RowSource* src) {
+  if (resource) {
+    src->resource = gather.input(0);
+    src->resource_dtype = TypeAttr(gather, "dtype");
+    src->resource_device = gather.device();
+  } else {
+    src->table = gather.input(0);
+  }
+}
+
 SourceMatch MatchGatheredRows(const NodeDef& user, int data_input, int idx_input, RewriteContext* ctx, RowSource* src,
                               std::string* why) {
   const GraphIndex& g = ctx->index();
@@ -59,13 +69,7 @@ SourceMatch MatchGatheredRows(const NodeDef& user, int data_input, int idx_input
     return SourceMatch::kRejected;
   }
   src->keys = unique->input(0);
-  if (resource) {
-    src->resource = gather->input(0);
-    src->resource_dtype = TypeAttr(*gather, "dtype");
-    src->resource_device = gather->device();
-  } else {
-    src->table = gather->input(0);
-  }
+  SetTableOfGather(*gather, resource, src);
   src->absorbed = {unique, gather};
   src->absorbed.insert(src->absorbed.end(), identities.begin(), identities.end());
   return SourceMatch::kMatched;

@@ -29,6 +29,10 @@ struct RowSource {
   std::vector<const tensorflow::NodeDef*> absorbed;  // nodes the fused op replaces
 };
 
+// Sets src's table to what `gather` (ResourceGather when `resource`, else
+// GatherV2) reads its rows from.
+void SetTableOfGather(const tensorflow::NodeDef& gather, bool resource, RowSource* src);
+
 // kOther: `user`'s data is not gathered rows at all; kRejected: it is, but a
 // condition for an exact rewrite fails (*why says which).
 enum class SourceMatch { kOther, kRejected, kMatched };

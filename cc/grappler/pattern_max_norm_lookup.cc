@@ -181,13 +181,7 @@ class MaxNormLookupPattern : public NamedPattern<kName> {
     RowSource src;
     src.keys = unique->input(0);
     src.key_type = key_type;
-    if (resource) {
-      src.resource = gather->input(0);
-      src.resource_dtype = TypeAttr(*gather, "dtype");
-      src.resource_device = gather->device();
-    } else {
-      src.table = gather->input(0);
-    }
+    SetTableOfGather(*gather, resource, &src);
     src.absorbed = absorbed;
     FuseHashProducer(ctx, &src);
     const std::string anchor_name = anchor.name();

@@ -202,13 +202,7 @@ class RaggedReduceLookupPattern : public NamedPattern<kName> {
     RowSource src;
     src.keys = gather->input(1);
     src.key_type = id_type;
-    if (resource) {
-      src.resource = gather->input(0);
-      src.resource_dtype = TypeAttr(*gather, "dtype");
-      src.resource_device = gather->device();
-    } else {
-      src.table = gather->input(0);
-    }
+    SetTableOfGather(*gather, resource, &src);
     src.absorbed = {gather};
     src.absorbed.insert(src.absorbed.end(), identities.begin(), identities.end());
     std::set<std::string> dead = index_nodes;
