@@ -519,6 +519,14 @@ def skip_note(suite_name, shapes, reason):
     return [{"shape": s.label(), "dist": s.dist, "reason": reason} for s in shapes]
 
 
+def skip_table_group(suite_name, shapes, reason):
+    """skip_note for the shapes of one table that does not fit, with the progress bar moved past them."""
+    notes = skip_note(suite_name, shapes, reason)
+    for s in shapes:
+        progress(f"{suite_name} {s.label()} {s.dist}: skipped")
+    return notes
+
+
 # ---------------------------------------------------------------------------
 # Environment
 
@@ -826,9 +834,7 @@ def lookup_suite(cfg):
         need = table_bytes * host_table_copies(cfg, 1, 4 if with_headline else 2)
         reason = memory_shortfall(need)
         if reason:
-            skipped += skip_note("lookup", group, reason)
-            for s in group:
-                progress(f"lookup {s.label()} {s.dist}: skipped")
+            skipped += skip_table_group("lookup", group, reason)
             continue
         t0 = time.perf_counter()
         params = random_table(rng, V, D)

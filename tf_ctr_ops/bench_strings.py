@@ -22,7 +22,8 @@ import numpy as np
 from tf_ctr_ops.bench import (_call_s, _print_copy, _si, _table_build_s, core_or_none, estimate_case_s,
                               group_by_table, host_table_copies, make_bags, measure_copy_bandwidth,
                               memory_shortfall, print_table, print_targets, progress, progress_label,
-                              random_table, shape_fields, skip_note, suite, targets_at_headline, timed_entry)
+                              random_table, shape_fields, skip_note, skip_table_group, suite, targets_at_headline,
+                              timed_entry)
 
 STRING_TARGETS = {  # series -> (label, minimum fused speedup over native), at the headline shape
     "string/index": ("string_embedding vs split + to_number + tf.nn.embedding_lookup_sparse(sqrtn)", 6.0),
@@ -74,9 +75,7 @@ def string_suite(cfg):
     for (V, D), group in group_by_table(shapes).items():
         reason = memory_shortfall(V * D * 4 * host_table_copies(cfg, 1, 2))
         if reason:
-            skipped += skip_note("string", group, reason)
-            for s in group:
-                progress(f"string {s.label()} {s.dist}: skipped")
+            skipped += skip_table_group("string", group, reason)
             continue
         t0 = time.perf_counter()
         params = random_table(rng, V, D)
