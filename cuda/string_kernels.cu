@@ -179,9 +179,10 @@ struct Resolved {
 // every kernel and resolve site (minutes of build per architecture) and set
 // the register count, hence the occupancy, of the pooling loops around it.
 // Called once per 32 tokens per lane, the call costs far less than the rows.
-__device__ __noinline__ Resolved ResolveHashed(const uint8_t* tok, int64_t len, int64_t vocab) {
+__device__ __noinline__ Resolved ResolveHashed(const uint8_t* tok, int64_t len, int64_t vocab, int64_t buckets) {
   StringSpec s;
   s.lookup.vocab = vocab;
+  s.buckets = buckets;
   s.mode = TokenMode::kHash;
   Resolved r{0, 0};
   r.row = ResolveToken(tok, len, s, &r.value);
@@ -192,9 +193,10 @@ __device__ __noinline__ Resolved ResolveHashed(const uint8_t* tok, int64_t len, 
 // of line. The parse spec's mode is one of two constants, so its inlined hash
 // branch folds away.
 __device__ __forceinline__ Resolved Resolve(const StringSpec& s, const uint8_t* tok, int64_t len) {
-  if (s.mode == TokenMode::kHash) return ResolveHashed(tok, len, s.lookup.vocab);
+  if (s.mode == TokenMode::kHash) return ResolveHashed(tok, len, s.lookup.vocab, s.buckets);
   StringSpec p;
   p.lookup.vocab = s.lookup.vocab;
+  p.skip_negative = s.skip_negative;
   p.mode = s.mode == TokenMode::kMod ? TokenMode::kMod : TokenMode::kIndex;
   Resolved r{0, 0};
   r.row = ResolveToken(tok, len, p, &r.value);
@@ -299,7 +301,8 @@ __device__ bool VisitBagTokens(const StringSpec& s, const uint8_t* bytes,
 }
 
 // Resolves each lane's token of a batch; returns the lanes whose token is a
-// table row (lanes past the batch are in neither set).
+// table row. Lanes past the batch, and tokens dropped as kSkipKey, are in
+// neither set.
 __device__ __forceinline__ unsigned ResolveSlots(const StringSpec& s, const uint8_t* bytes,
                                                  const TokenSlots& t, int64_t* row,
                                                  int64_t* value, unsigned* bad) {
@@ -308,7 +311,7 @@ __device__ __forceinline__ unsigned ResolveSlots(const StringSpec& s, const uint
   if (holds) r = Resolve(s, bytes + t.begin, t.len);
   *row = r.row;
   *value = r.value;
-  *bad = __ballot_sync(kFullMask, holds && *row < 0);
+  *bad = __ballot_sync(kFullMask, holds && *row < 0 && *row != kSkipKey);
   return __ballot_sync(kFullMask, holds && *row >= 0);
 }
 
@@ -513,20 +516,22 @@ __device__ void PoolBag(const StringSpec& s, const T* params, const uint8_t* byt
     auto flush = [&](const TokenSlots& t) {
       int64_t row, value;
       unsigned bad;
-      ResolveSlots(s, bytes, t, &row, &value, &bad);
+      const unsigned kept = ResolveSlots(s, bytes, t, &row, &value, &bad);
       if (bad != 0) {
         if (Lane() == 0) RecordLowestRow(d_status, bag);
         return false;
       }
-      // Round by round, group k takes token base + k; a group's row address
-      // only ever comes from a token that resolved to a row.
-      for (int base = 0; base < t.count; base += g.count) {
+      // Round by round, group k takes the kept token of rank base + k (with
+      // nothing skipped, token base + k); a group's row address only ever
+      // comes from a token that resolved to a row.
+      const int n = BitCount(kept);
+      for (int base = 0; base < n; base += g.count) {
         const int k = base + g.index;
-        const int64_t mine = ShuffleInt64(row, k);
-        if (k < t.count) AddRow(s, params + mine * dim, tile, g, &acc);
+        const int64_t mine = ShuffleInt64(row, k < n ? NthSetBit(kept, k) : 0);
+        if (k < n) AddRow(s, params + mine * dim, tile, g, &acc);
       }
-      for (int k = 0; k < t.count; ++k) bw.Add(1.f);
-      any = true;
+      for (int k = 0; k < n; ++k) bw.Add(1.f);
+      any = any || n > 0;
       return true;
     };
     if (!VisitBagTokens(s, bytes, string_splits, bag_splits, bag, flush)) return;

@@ -660,6 +660,34 @@ def test_default_row_for_empty_bags(rng):
         assert_close(got, want, "float32")
 
 
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_skip_negative_ids_and_default_row(rng, combiner):
+    """The safe lookup's options: negative ids dropped (no count toward mean or
+    sqrtn), a bag left empty takes default_id; tokens of a bag that are all
+    negative leave it empty."""
+    vocab, dim = 30, 8
+    values = random_table(rng, vocab, dim)
+    rows = [",".join(str(v) for v in rng.integers(-10, vocab, size=rng.integers(0, 40))) for _ in range(64)]
+    raw, splits = pack(rows + ["-1,-2", "-5", "", "3,-3"])
+    for default_id in (-1, 4):
+        assert_matches_cpu(values, raw, splits, id_mode="index", combiner=combiner, invalid_ids="skip_negative",
+                           default_id=default_id)
+    assert_same_error(values, raw, splits, id_mode="index")  # negative ids are errors by default
+
+
+def test_hash_num_buckets_below_table_rows(rng):
+    vocab, dim = 64, 8
+    values = random_table(rng, vocab, dim)
+    raw, splits = pack([",".join(f"k{i}" for i in rng.integers(0, 10**6, size=5)) for _ in range(50)])
+    got = assert_matches_cpu(values, raw, splits, id_mode="hash", combiner="sum", num_buckets=7)
+    # Only the first 7 rows may be read: rows 7.. set to NaN would show through.
+    poisoned = values.copy()
+    poisoned[7:] = np.nan
+    assert np.isfinite(gpu_strings(poisoned, "float32", raw, splits, id_mode="hash", combiner="sum",
+                                   num_buckets=7)).all()
+    assert got.shape == (50, dim)
+
+
 # ---------------------------------------------------------------------------
 # The grouped launch.
 

@@ -417,17 +417,90 @@ def test_ragged_index_errors_stay_errors(table):
                 tf.function(f)(tf.constant(bad))
 
 
-def test_ragged_mean_is_left_alone(rng, table):
-    """TF's mean over an empty ragged row is NaN (0 / 0); the fused mean gives 0."""
-    f = lambda r: tf.reduce_mean(tf.nn.embedding_lookup(table, r), axis=1)  # noqa: E731
+def ragged_mean(params):
+    return lambda r: tf.reduce_mean(tf.nn.embedding_lookup(params, r), axis=1)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_ragged_mean_keeps_nan_rows(rng, table, dtype):
+    """TF's mean of an empty ragged row is 0 / 0 = NaN: the fused sum is divided
+    by the row lengths of the splits, so the rewritten graph gives NaN too."""
+    f = ragged_mean(table)
+    spec = tf.RaggedTensorSpec([None, None], tf.as_dtype(dtype), ragged_rank=1, row_splits_dtype=tf.int64)
+    cf, graph, report, counts = offline(f, spec)
+    [match] = report["match"]
+    assert match["pattern"] == "ragged_reduce_lookup" and match["fused_op"] == "CtrEmbeddingLookup"
+    assert fused_ops(graph) == {"CtrEmbeddingLookup": 1}
+    assert not {"UnsortedSegmentSum", "ResourceGather", "Fill"} & set(counts), counts
+    for ids in (random_ragged(rng, dtype=dtype), tf.ragged.constant([[], []], tf.as_dtype(dtype)),
+                tf.ragged.constant([[3]], tf.as_dtype(dtype))):
+        [got] = run_graph_def(cf, graph, ids)
+        want = f(ids).numpy()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    ids = random_ragged(rng, dtype=dtype)
+    got, stats = run_online(f, ids)
+    assert stats["rewrites"] == 1
+    assert np.isnan(got.numpy()[-1]).all()
+    np.testing.assert_allclose(got, f(ids), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("convert", ["number", "hash"])
+def test_ragged_mean_of_split_strings_is_the_fused_mean(rng, table, convert):
+    """tf.strings.split gives every string a token (an empty one for ""), so no
+    row is empty and the division becomes the fused mean."""
+    def f(s):
+        tokens = tf.strings.split(s, "|")
+        ids = tf.strings.to_number(tokens, tf.int64) if convert == "number" else tf.strings.to_hash_bucket_fast(tokens, V)
+        return tf.reduce_mean(tf.nn.embedding_lookup(table, ids), axis=1)
+
+    strings = [s.replace(",", "|") for s in random_id_strings(rng)]
+    if convert == "hash":
+        strings += ["", "a||b"]
+    s = tf.constant(strings)
+    cf, graph, report, counts = offline(f, STRINGS_1D)
+    assert [m["fused_op"] for m in report["match"]] == ["CtrStringEmbedding"]
+    assert fused_ops(graph) == {"CtrPackStrings": 1, "CtrStringEmbedding": 1}
+    assert not {"RealDiv", "UnsortedSegmentSum", "StringSplitV2"} & set(counts), counts
+    [node] = [n for n in graph.node if n.op == "CtrStringEmbedding"]
+    assert node.attr["combiner"].s == b"mean"
+    [got] = run_graph_def(cf, graph, s)
+    np.testing.assert_allclose(got, f(s), rtol=1e-6, atol=1e-6)
+    got, stats = run_online(f, s)
+    assert stats["rewrites"] == 1
+    np.testing.assert_allclose(got, f(s), rtol=1e-6, atol=1e-6)
+
+
+def test_ragged_mean_not_rewritten_when_the_count_has_another_consumer(rng, table):
+    def f(r):
+        rows = tf.nn.embedding_lookup(table, r)
+        return tf.reduce_mean(rows, axis=1), tf.reduce_sum(tf.ones_like(rows), axis=1)
+
     cf, graph, report, counts = offline(f, RAGGED_IDS)
-    assert report["match"] == [] and not fused_ops(graph)
-    assert any("another consumer" in s["reason"] for s in report["skip"]), report["skip"]
     ids = random_ragged(rng)
-    [got] = run_graph_def(cf, graph, ids)
-    want = f(ids).numpy()
-    assert np.isnan(want[-1]).all()
-    np.testing.assert_array_equal(got, want)
+    got = run_graph_def(cf, graph, ids)
+    want = f(ids)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-6, atol=1e-6)
+
+
+def test_ragged_mean_gradient_online(rng, table):
+    lengths = rng.integers(1, 6, size=30)  # no empty row: the gradient is finite
+    ids = tf.RaggedTensor.from_row_lengths(rng.integers(0, V, size=lengths.sum()), lengths)
+    upstream = tf.constant(rng.normal(size=(30, D)).astype(np.float32))
+    f = ragged_mean(table)
+
+    def grad(r):
+        with tf.GradientTape() as tape:
+            value = tf.reduce_sum(f(r) * upstream)
+        return value, tf.convert_to_tensor(tape.gradient(value, table))
+
+    want = grad(ids)
+    with rewrite.enable():
+        got = tf.function(grad)(ids)
+    assert np.isfinite(got[1].numpy()).all()
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
 
 
 def test_ragged_not_rewritten_when_rows_have_another_consumer(rng, table):

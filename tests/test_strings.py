@@ -332,6 +332,51 @@ def test_core_module_matches_tf_op(rng, params):
         _core.string_embedding(params.numpy(), np.frombuffer(b"1x", np.uint8), np.array([0, 1, 2]), id_mode="index")
 
 
+@pytest.mark.parametrize("default_id", [None, 7])
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_skip_negative_and_default_id_are_the_safe_lookup(rng, params, combiner, default_id):
+    """invalid_ids="skip_negative" prunes negative ids and default_id fills bags
+    left empty, as tf.nn.safe_embedding_lookup_sparse does."""
+    strings = [",".join(str(v) for v in rng.integers(-50, 1000, size=rng.integers(0, 6))) for _ in range(60)]
+    strings += ["-1", "-3,-4", "", "0"]
+    sp = tf.compat.v1.string_split(strings, ",")
+    ids = tf.SparseTensor(sp.indices, tf.strings.to_number(sp.values, tf.int64), sp.dense_shape)
+    p = tf.Variable(params)
+    with tf.GradientTape(persistent=True) as tape:
+        want = tf.nn.safe_embedding_lookup_sparse(p, ids, None, combiner=combiner, default_id=default_id)
+        got = tco.string_embedding(strings, p, id_mode="index", combiner=combiner, invalid_ids="skip_negative",
+                                   default_id=default_id)
+        upstream = tf.constant(rng.normal(size=got.shape).astype(np.float32))
+        loss_want, loss_got = tf.reduce_sum(want * upstream), tf.reduce_sum(got * upstream)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(tf.convert_to_tensor(tape.gradient(loss_got, p)),
+                               tf.convert_to_tensor(tape.gradient(loss_want, p)), rtol=1e-5, atol=1e-6)
+    # Ids past the table are still errors; negative ones are errors by default.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="token '1000' in row 0"):
+        tco.string_embedding(["1000"], params, id_mode="index", invalid_ids="skip_negative")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="token '-1' in row 0"):
+        tco.string_embedding(["-1"], params, id_mode="index")
+    with pytest.raises(ValueError, match="invalid_ids"):
+        tco.string_embedding(["1"], params, invalid_ids="skip")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="default_id 1000 is out of range"):
+        tco.string_embedding(["1"], params, id_mode="index", default_id=1000)
+
+
+def test_core_module_safe_options_match_tf_op(rng, params):
+    strings = [",".join(str(v) for v in rng.integers(-20, 1000, size=rng.integers(0, 5))) for _ in range(30)]
+    data, splits = tco.pack_strings(strings)
+    want = tco.string_embedding(strings, params, id_mode="index", invalid_ids="skip_negative", default_id=3).numpy()
+    got = _core.string_embedding(params.numpy(), data.numpy(), splits.numpy(), id_mode="index",
+                                 invalid_ids="skip_negative", default_id=3)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    hashed = [f"k{i}" for i in range(40)]
+    data, splits = tco.pack_strings(hashed)
+    want = tf.gather(params, tf.strings.to_hash_bucket_fast(hashed, 100)).numpy()
+    got = _core.string_embedding(params.numpy(), data.numpy(), splits.numpy(), delimiter=b"", combiner="sum",
+                                 num_buckets=100)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 def test_hash_embedding_string_keys(rng, params):
     keys = tf.ragged.constant([["05db9164", "", "a"], [], ["x" * 100]])
     ref = tf.nn.safe_embedding_lookup_sparse(params, tf.strings.to_hash_bucket_fast(keys, 1000).to_sparse(), None)

@@ -65,17 +65,25 @@ def _is_packed(strings):
             and getattr(strings[0], "dtype", None) == tf.uint8)
 
 
-def _string_op(table, packed, bag_splits, *, delimiter, combiner, id_mode, skip_empty, max_norm):
+def _check_string_invalid_ids(invalid_ids):
+    if invalid_ids not in ("error", "skip_negative"):
+        raise ValueError(f"invalid_ids must be 'error' or 'skip_negative', got {invalid_ids!r}")
+    return invalid_ids
+
+
+def _string_op(table, packed, bag_splits, *, delimiter, combiner, id_mode, skip_empty, max_norm,
+               invalid_ids="error", default_id=None):
     data, row_splits = packed
     return _ops.ctr_string_embedding(
         params=table, bytes=data, row_splits=tf.cast(row_splits, tf.int64),
         bag_splits=tf.zeros([0], tf.int64) if bag_splits is None else tf.cast(bag_splits, tf.int64),
         delimiter=delimiter, combiner=_check_combiner(combiner), id_mode=_check_id_mode(id_mode),
-        skip_empty=bool(skip_empty), max_norm=_max_norm_attr(max_norm), bagged=bag_splits is not None)
+        skip_empty=bool(skip_empty), max_norm=_max_norm_attr(max_norm), bagged=bag_splits is not None,
+        invalid_ids=_check_string_invalid_ids(invalid_ids), default_id=-1 if default_id is None else int(default_id))
 
 
 def string_embedding(strings, params, delimiter=",", combiner="mean", id_mode="hash", skip_empty=True,
-                     max_norm=None, name=None):
+                     max_norm=None, invalid_ids="error", default_id=None, name=None):
     """Pooled embedding of strings of delimited ids, e.g. `"12,7,993"`.
 
     Equal to `tf.strings.split(strings, delimiter)` (dropping empty tokens when
@@ -98,21 +106,27 @@ def string_embedding(strings, params, delimiter=",", combiner="mean", id_mode="h
         keep them (an empty string is one empty token, which is hashed in
         hash mode and an error in index and mod modes).
       max_norm: if set, rows are clipped to this L2 norm before pooling.
+      invalid_ids: index mode: "error" (a negative id is out of range) or
+        "skip_negative" (negative ids are dropped, as
+        `safe_embedding_lookup_sparse` prunes them).
+      default_id: the row of a string left without tokens (None: zeros), as
+        `safe_embedding_lookup_sparse`'s `default_id`.
 
     Returns:
       `[B, D]` tensor of the params dtype.
 
     Raises:
       InvalidArgumentError: in index and mod modes, for a token that
-        `to_number` rejects, and in index mode for an id outside `[0, V)`,
-        naming the row and the token.
+        `to_number` rejects, and in index mode for an id outside `[0, V)`
+        (or `>= V` with "skip_negative"), naming the row and the token.
     """
     delimiter = _check_delimiter(delimiter)
     with tf.name_scope(name or "string_embedding"):
         table = _as_table(params)
         packed = strings if _is_packed(strings) else pack_strings(strings)
         return _string_op(table, packed, None, delimiter=delimiter, combiner=combiner, id_mode=id_mode,
-                          skip_empty=skip_empty, max_norm=max_norm)
+                          skip_empty=skip_empty, max_norm=max_norm, invalid_ids=invalid_ids,
+                          default_id=default_id)
 
 
 def _per_feature(value, n, what):
@@ -225,7 +239,8 @@ def _attrs(op, names):
 @tf.RegisterGradient("CtrStringEmbedding")
 def _string_embedding_grad(op, grad):
     params, data, row_splits, bag_splits = op.inputs
-    attrs = _attrs(op, ("combiner", "id_mode", "delimiter", "skip_empty", "max_norm", "bagged", "num_buckets"))
+    attrs = _attrs(op, ("combiner", "id_mode", "delimiter", "skip_empty", "max_norm", "bagged", "num_buckets",
+                        "invalid_ids", "default_id"))
     if op.get_attr("trim_empty_tail"):
         # The trimmed rows had no tokens: their gradient is zero.
         bags = tf.shape(bag_splits if attrs["bagged"] else row_splits)[0] - 1

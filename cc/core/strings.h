@@ -33,6 +33,8 @@ struct StringSpec {
   bool skip_empty = true;
   int64_t buckets = 0;  // hash mode: hash % buckets (0: the table rows); a
                         // bucket >= vocab is a bad token, as a Gather says
+  bool skip_negative = false;  // index mode: a negative id is dropped, as
+                               // safe_embedding_lookup_sparse prunes it
 };
 
 // Empty on success, else why the delimiter cannot be used.
@@ -198,8 +200,9 @@ CTR_HD int64_t NextTokenStart(uint32_t accepted, int64_t chunk_begin, int64_t de
 
 constexpr int64_t kBadNumber = -3;  // ResolveToken: not an int64 literal
 
-// Table row of one token, or kBadNumber / kBadKey (parsed, outside [0, V)).
-// *value receives the parsed number in index and mod modes.
+// Table row of one token, kSkipKey (a negative id under skip_negative), or
+// kBadNumber / kBadKey (parsed, outside [0, V)). *value receives the parsed
+// number in index and mod modes.
 CTR_HD int64_t ResolveToken(const uint8_t* tok, int64_t len, const StringSpec& s, int64_t* value) {
   const int64_t V = s.lookup.vocab;
   if (s.mode == TokenMode::kHash) {
@@ -209,6 +212,7 @@ CTR_HD int64_t ResolveToken(const uint8_t* tok, int64_t len, const StringSpec& s
   }
   if (!ParseInt64(tok, len, value)) return kBadNumber;
   if (s.mode == TokenMode::kMod) return FloorMod(*value, V);
+  if (*value < 0 && s.skip_negative) return kSkipKey;
   return (*value >= 0 && *value < V) ? *value : kBadKey;
 }
 
@@ -361,6 +365,7 @@ struct TokenBagVisitor {
                                fn(row, 1.f, string_splits[j] + b);
                                return true;
                              }
+                             if (row == kSkipKey) return true;
                              if (err) *err = TokenError{r, string_splits[j] + b, n, value, row};
                              ok = err == nullptr;
                              return ok;
@@ -397,6 +402,7 @@ void CopyWholeStringRowsCpu(const StringSpec& s, const T* params, const uint8_t*
       if (len == 0 && s.skip_empty) continue;
       int64_t value = 0;
       const int64_t row = ResolveToken(bytes + splits[r], len, s, &value);
+      if (row == kSkipKey) continue;
       if (row < 0) {
         if (err) *err = TokenError{r, splits[r], len, value, row};
         return;

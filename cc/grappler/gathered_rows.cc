@@ -186,6 +186,8 @@ void BecomeStringEmbedding(RewriteContext* ctx, const std::string& base, const s
   attr["bagged"].set_b(false);
   attr["num_buckets"].set_i(f.num_buckets);
   attr["trim_empty_tail"].set_b(f.trim_empty_tail);
+  attr["invalid_ids"].set_s(f.invalid_ids);
+  attr["default_id"].set_i(f.default_id);
 }
 
 }  // namespace grappler

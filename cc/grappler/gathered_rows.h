@@ -89,6 +89,8 @@ struct FusedStrings {
   float max_norm = -1.f;
   int64_t num_buckets = 0;  // hash mode; 0: the table's rows
   bool trim_empty_tail = false;
+  std::string invalid_ids = "error";  // or skip_negative (safe lookups)
+  int64_t default_id = -1;
 };
 
 // Makes `fused` (which must have no data inputs yet) CtrStringEmbedding over

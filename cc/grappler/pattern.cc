@@ -245,6 +245,16 @@ bool IsFirstElementSlice(const GraphIndex& g, const NodeDef* slice) {
          IntAttr(*slice, "new_axis_mask", 0) == 0;
 }
 
+bool ConstString(const NodeDef* node, std::string* out) {
+  if (!IsOp(node, "Const")) return false;
+  auto it = node->attr().find("value");
+  if (it == node->attr().end()) return false;
+  const tensorflow::TensorProto& t = it->second.tensor();
+  if (t.dtype() != tensorflow::DT_STRING || t.tensor_shape().dim_size() != 0 || t.string_val_size() != 1) return false;
+  *out = t.string_val(0);
+  return true;
+}
+
 bool ConstIntVector(const NodeDef* node, std::vector<int64_t>* out) {
   if (!IsOp(node, "Const")) return false;
   auto it = node->attr().find("value");
@@ -315,6 +325,17 @@ std::string AddInt64Scalar(RewriteContext* ctx, const std::string& base, int64_t
   t->set_dtype(tensorflow::DT_INT64);
   t->mutable_tensor_shape();
   t->add_int64_val(value);
+  return n->name();
+}
+
+std::string AddInt64Vector(RewriteContext* ctx, const std::string& base, const std::vector<int64_t>& values,
+                           const std::string& device) {
+  NodeDef* n = ctx->AddNode(base, "Const", device);
+  (*n->mutable_attr())["dtype"].set_type(tensorflow::DT_INT64);
+  tensorflow::TensorProto* t = (*n->mutable_attr())["value"].mutable_tensor();
+  t->set_dtype(tensorflow::DT_INT64);
+  t->mutable_tensor_shape()->add_dim()->set_size(static_cast<int64_t>(values.size()));
+  for (int64_t v : values) t->add_int64_val(v);
   return n->name();
 }
 

@@ -131,6 +131,8 @@ std::string StringAttr(const tensorflow::NodeDef& node, const char* name);
 bool ConstIntVector(const tensorflow::NodeDef* node, std::vector<int64_t>* out);
 // Value of a scalar integer Const, or false.
 bool ConstScalarInt(const tensorflow::NodeDef* node, int64_t* value);
+// Value of a scalar string Const, or false.
+bool ConstString(const tensorflow::NodeDef* node, std::string* out);
 // Whether `slice` is x[0] of a vector, as Python indexing emits it
 // (StridedSlice [0:1:1], shrinking axis 0, no other masks).
 bool IsFirstElementSlice(const GraphIndex& g, const tensorflow::NodeDef* slice);
@@ -146,6 +148,8 @@ void CopyControlInputs(const tensorflow::NodeDef& from, tensorflow::NodeDef* to)
 
 // Node builders for the inputs fused ops need; each returns the new node's name.
 std::string AddInt64Scalar(RewriteContext* ctx, const std::string& base, int64_t value, const std::string& device);
+std::string AddInt64Vector(RewriteContext* ctx, const std::string& base, const std::vector<int64_t>& values,
+                           const std::string& device);
 std::string AddEmptyFloatVector(RewriteContext* ctx, const std::string& base, const std::string& device);
 std::string AddCast(RewriteContext* ctx, const std::string& base, const std::string& input,
                     tensorflow::DataType from, tensorflow::DataType to, const std::string& device);

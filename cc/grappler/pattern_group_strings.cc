@@ -229,9 +229,11 @@ class GroupStringsPattern : public NamedPattern<kName> {
   }
 
  private:
-  // One bag per string and every row kept: what the grouped op computes.
+  // One bag per string, every row kept, and no safe-lookup options (the
+  // grouped op has neither): what the grouped op computes.
   static bool IsShaped(const NodeDef& n) {
-    return IsOp(&n, "CtrStringEmbedding") && !BoolAttr(n, "bagged", true) && !BoolAttr(n, "trim_empty_tail", true);
+    return IsOp(&n, "CtrStringEmbedding") && !BoolAttr(n, "bagged", true) && !BoolAttr(n, "trim_empty_tail", true) &&
+           StringAttr(n, "invalid_ids") != "skip_negative" && IntAttr(n, "default_id", -1) < 0;
   }
 
   static bool AsFeature(RewriteContext* ctx, const NodeDef& emb, Feature* f, std::string* why) {

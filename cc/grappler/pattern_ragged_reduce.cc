@@ -16,9 +16,12 @@
 // RowPartitionFromValueRowIds (a bincount, Cumsum), not node by node:
 // Grappler's own passes reshape those subgraphs before custom optimizers run.
 //
-// reduce_mean is left alone: TF's mean of an empty row is 0 / 0 = NaN where
-// the fused mean gives 0, and the gathered rows feed its count too.
-#include <map>
+// tf.reduce_mean adds RealDiv(sum, count), count = UnsortedSegmentSum of
+// ones_like(rows) over the same segments. On int ids the sum is fused and
+// the count becomes the row lengths of the splits (cast, one column): an
+// empty row stays 0 / 0 = NaN, as TF gives it, where the fused mean would
+// give 0. On split strings no row is empty (tf.strings.split gives an empty
+// string one empty token), so the fused mean replaces the division.
 #include <set>
 #include <string>
 #include <utility>
@@ -26,6 +29,7 @@
 
 #include "cc/grappler/gathered_rows.h"
 #include "cc/grappler/pattern.h"
+#include "cc/grappler/split_source.h"
 #include "tensorflow/core/framework/attr_value.pb.h"
 #include "tensorflow/core/framework/tensor.pb.h"
 #include "tensorflow/core/framework/tensor_shape.pb.h"
@@ -38,55 +42,6 @@ using tensorflow::DataType;
 using tensorflow::NodeDef;
 
 constexpr char kName[] = "ragged_reduce_lookup";
-
-// Stateless ops the two index subgraphs are built from.
-const std::set<std::string>& IndexArithmeticOps() {
-  static const auto* ops = new std::set<std::string>{
-      "BroadcastTo", "Bincount", "Cast", "ConcatV2", "Const", "Cumsum", "DenseBincount", "ExpandDims",
-      "Fill", "GatherV2", "Greater", "Identity", "Less", "Max", "Maximum", "Minimum", "Mul", "Pack",
-      "Prod", "Range", "Reshape", "Shape", "Size", "Squeeze", "StridedSlice", "Sub", "AddV2", "Add", "Tile",
-      "Where", "ZerosLike", "OnesLike"};
-  return *ops;
-}
-
-// The nodes between `root` and `sources`: root is computed only from the
-// given tensors (any output of the source nodes) and constants, through
-// IndexArithmeticOps, and every op in `required` occurs on the way.
-bool ComputedOnlyFrom(const GraphIndex& g, const std::string& root, const std::set<std::string>& source_tensors,
-                      const std::set<std::string>& source_nodes, const std::vector<std::vector<std::string>>& required,
-                      std::set<std::string>* nodes) {
-  constexpr size_t kMaxNodes = 400;
-  std::vector<std::string> stack{root};
-  std::set<std::string> ops_seen;
-  bool reached = false;
-  while (!stack.empty()) {
-    const std::string t = stack.back();
-    stack.pop_back();
-    const TensorId id = ParseTensorName(t);
-    if (source_tensors.count(TensorName(id.node, id.port)) || source_nodes.count(id.node)) {
-      reached = true;
-      continue;
-    }
-    if (nodes->count(id.node)) continue;
-    const NodeDef* n = g.Node(id.node);
-    if (n == nullptr || !IndexArithmeticOps().count(n->op()) || nodes->size() >= kMaxNodes) return false;
-    nodes->insert(n->name());
-    ops_seen.insert(n->op());
-    int data_inputs = 0;
-    for (const auto& in : n->input()) {
-      if (in.empty() || in[0] == '^') continue;
-      ++data_inputs;
-      stack.push_back(in);
-    }
-    if (data_inputs == 0 && n->op() != "Const") return false;
-  }
-  for (const auto& any_of : required) {
-    bool found = false;
-    for (const auto& op : any_of) found |= ops_seen.count(op) > 0;
-    if (!found) return false;
-  }
-  return reached;
-}
 
 // len(splits) - 1, as RaggedReduceSum computes its segment count: the splits tensor, or "".
 std::string SplitsOfRowCount(const GraphIndex& g, const NodeDef& sub) {
@@ -109,7 +64,7 @@ std::string SplitsOfSegmentIds(const GraphIndex& g, const std::string& segment_i
   while (!stack.empty() && seen.size() < kMaxNodes) {
     const NodeDef* n = g.Node(ParseTensorName(stack.back()).node);
     stack.pop_back();
-    if (n == nullptr || !IndexArithmeticOps().count(n->op()) || !seen.insert(n->name()).second) continue;
+    if (n == nullptr || !IsIndexArithmetic(n->op()) || !seen.insert(n->name()).second) continue;
     if (n->op() == "Sub") {
       const NodeDef* hi = g.Producer(*n, 0);
       const NodeDef* lo = g.Producer(*n, 1);
@@ -137,22 +92,6 @@ bool IsRowCountOf(RewriteContext* ctx, const NodeDef& count, const std::string& 
   const NodeDef* producer = ctx->index().Node(s.node);
   return producer != nullptr && ctx->Dim(*producer, s.port, 0) == rows + 1;
 }
-
-bool ConstString(const NodeDef* node, std::string* out) {
-  if (!IsOp(node, "Const")) return false;
-  const tensorflow::TensorProto& t = node->attr().at("value").tensor();
-  if (t.dtype() != tensorflow::DT_STRING || t.tensor_shape().dim_size() != 0 || t.string_val_size() != 1) return false;
-  *out = t.string_val(0);
-  return true;
-}
-
-// The tf.strings.split(strings, sep) + conversion the ids come from.
-struct SplitSource {
-  const NodeDef* split = nullptr;
-  const NodeDef* convert = nullptr;  // StringToHashBucketFast or StringToNumber
-  std::string delimiter;
-  bool hashed = false;
-};
 
 class RaggedReduceLookupPattern : public NamedPattern<kName> {
  public:
@@ -183,10 +122,14 @@ class RaggedReduceLookupPattern : public NamedPattern<kName> {
       if (!ConstScalarInt(g.Producer(*gather, 2), &axis) || axis != 0)
         return Skip(ctx, anchor, "GatherV2 axis is not a constant 0");
     }
+    MeanCount mean;
+    const bool is_mean = MatchMean(ctx, anchor, splits, &mean);
+    // The rows' reader besides the sum is the mean's ones_like.
+    const NodeDef* rows = identities.empty() ? gather : identities.front();
     for (const NodeDef* n : identities)
-      if (g.DataConsumers(n->name()) != 1) return Skip(ctx, anchor, OtherConsumer(*n));
-    if (g.DataConsumers(gather->name()) != 1)
-      return Skip(ctx, anchor, OtherConsumer(*gather) + " (reduce_mean counts the rows too)");
+      if (g.DataConsumers(n->name()) != 1 + (is_mean && n == rows)) return Skip(ctx, anchor, OtherConsumer(*n));
+    if (g.DataConsumers(gather->name()) != 1 + (is_mean && gather == rows))
+      return Skip(ctx, anchor, OtherConsumer(*gather));
     int ids_port = 0;
     const NodeDef* ids = g.Producer(*gather, 1, &ids_port);
     if (ids == nullptr || ctx->Rank(*ids, ids_port) != 1) return Skip(ctx, anchor, "ids are not known to be a vector");
@@ -213,12 +156,17 @@ class RaggedReduceLookupPattern : public NamedPattern<kName> {
       dead.insert(g.Producer(*slice, 0)->name());
     }
 
+    if (is_mean) dead.insert(mean.nodes.begin(), mean.nodes.end());
+
     SplitSource split;
-    if (MatchSplit(g, ctx, *ids, ids_port, splits, &split, &dead)) {
-      RewriteStrings(anchor, src, split, T, dead, ctx);
+    const std::string name = anchor.name();
+    if (MatchRaggedSplit(g, ctx, *ids, ids_port, splits, &split, &dead)) {
+      RewriteStrings(anchor, src, split, T, dead, is_mean ? mean.div : nullptr, ctx);
     } else {
       FuseHashProducer(ctx, &src);
-      RewriteIds(anchor, src, splits, T, seg_type, dead, ctx);
+      const std::string div = is_mean ? mean.div->name() : "";
+      RewriteIds(anchor, src, splits, T, seg_type, dead, is_mean ? mean.div : nullptr, ctx);
+      if (!div.empty()) DivideByRowLengths(ctx, div, splits, seg_type, T, ctx->Mutable(name)->device());
     }
     return true;
   }
@@ -226,87 +174,128 @@ class RaggedReduceLookupPattern : public NamedPattern<kName> {
  private:
   static std::string OtherConsumer(const NodeDef& n) { return "intermediate " + Describe(n) + " has another consumer"; }
 
-  // ids = convert(StringSplitV2(strings, sep).values), and the splits are that
-  // split's row partition. Adds the split's nodes that die with it to `dead`.
-  static bool MatchSplit(const GraphIndex& g, RewriteContext* ctx, const NodeDef& ids, int ids_port,
-                         const std::string& splits, SplitSource* out, std::set<std::string>* dead) {
-    const bool hashed = IsOp(&ids, "StringToHashBucketFast");
-    if (ids_port != 0 || !(hashed || (IsOp(&ids, "StringToNumber") &&
-                                      TypeAttr(ids, "out_type") == tensorflow::DT_INT64)))
-      return false;
+  // RaggedReduceMean's division and the nodes of its count.
+  struct MeanCount {
+    const NodeDef* div = nullptr;
+    std::set<std::string> nodes;  // the count and what only it reads
+  };
+
+  static bool IsScalarOne(const NodeDef* node) {
+    if (!IsOp(node, "Const")) return false;
+    const tensorflow::TensorProto& t = node->attr().at("value").tensor();
+    if (t.tensor_shape().dim_size() != 0) return false;
+    switch (t.dtype()) {
+      case tensorflow::DT_FLOAT:
+        return t.float_val_size() == 1 ? t.float_val(0) == 1.f
+                                       : t.tensor_content().size() == 4 && t.tensor_content() == std::string("\0\0\x80\x3f", 4);
+      case tensorflow::DT_HALF:
+        return t.half_val_size() == 1 && t.half_val(0) == 0x3C00;
+      case tensorflow::DT_BFLOAT16:
+        return t.half_val_size() == 1 && t.half_val(0) == 0x3F80;
+      default:
+        return false;
+    }
+  }
+
+  // anchor / UnsortedSegmentSum(ones_like(the anchor's rows), the same
+  // segments, the same count): what tf.reduce_mean over the ragged axis adds.
+  static bool MatchMean(RewriteContext* ctx, const NodeDef& anchor, const std::string& splits, MeanCount* out) {
+    const GraphIndex& g = ctx->index();
+    const auto& readers = g.DataReaders(anchor.name());
+    if (readers.size() != 1 || !IsOp(readers[0], "RealDiv") || g.Consumers(anchor.name(), 0) != 1) return false;
+    const NodeDef* div = readers[0];
     int port = 0;
-    const NodeDef* split = g.Producer(ids, 0, &port);
-    if (!IsOp(split, "StringSplitV2") || port != 1 || IntAttr(*split, "maxsplit", -1) != -1) return false;
-    std::string delimiter;
-    if (!ConstString(g.Producer(*split, 1), &delimiter) || delimiter.empty() || delimiter.size() > 16) return false;
-    const NodeDef* strings = g.Producer(*split, 0, &port);
-    if (strings == nullptr || ctx->Rank(*strings, port) != 1) return false;
-    if (g.Consumers(split->name(), 1) != 1 || g.DataConsumers(ids.name()) != 1) return false;
-    std::set<std::string> partition;
-    const TensorId s = ParseTensorName(split->input(0));
-    if (!ComputedOnlyFrom(g, splits, {TensorName(s.node, s.port)}, {split->name()},
-                          {{"Cumsum"}, {"Bincount", "DenseBincount"}}, &partition))
+    if (g.Producer(*div, 0, &port) != &anchor || port != 0) return false;
+    const NodeDef* count = g.Producer(*div, 1, &port);
+    if (!IsOp(count, "UnsortedSegmentSum") || port != 0 || count == &anchor || g.DataConsumers(count->name()) != 1)
       return false;
-    out->split = split;
-    out->convert = &ids;
-    out->delimiter = delimiter;
-    out->hashed = hashed;
-    dead->insert(partition.begin(), partition.end());
-    dead->insert(split->name());
+    const NodeDef* ones = g.Producer(*count, 0);
+    if (ones == nullptr || g.DataConsumers(ones->name()) != 1) return false;
+    std::string rows_tensor;
+    std::set<std::string> nodes{count->name(), ones->name()};
+    if (IsOp(ones, "OnesLike")) {
+      rows_tensor = ones->input(0);
+    } else if (IsOp(ones, "Fill") && IsScalarOne(g.Producer(*ones, 1))) {
+      const NodeDef* shape = g.Producer(*ones, 0);
+      if (!IsOp(shape, "Shape") || g.DataConsumers(shape->name()) != 1) return false;
+      rows_tensor = shape->input(0);
+      nodes.insert({shape->name(), g.Producer(*ones, 1)->name()});
+    } else {
+      return false;
+    }
+    const TensorId a = ParseTensorName(rows_tensor), b = ParseTensorName(anchor.input(0));
+    if (a.node != b.node || a.port != b.port) return false;
+    DataType seg_type = tensorflow::DT_INVALID;
+    const NodeDef* row_count = g.Producer(*count, 2);
+    if (SplitsOfSegmentIds(g, count->input(1), &seg_type) != splits || row_count == nullptr ||
+        !IsRowCountOf(ctx, *row_count, splits))
+      return false;
+    if (!ComputedOnlyFrom(g, count->input(1), {splits}, {}, {{"Range"}, {"Tile"}, {"Where"}}, &nodes)) return false;
+    nodes.insert(row_count->name());
+    if (IsOp(row_count, "Sub")) {
+      const NodeDef* slice = g.Producer(*row_count, 0);
+      nodes.insert({slice->name(), g.Producer(*slice, 0)->name()});
+    }
+    out->div = div;
+    out->nodes = std::move(nodes);
     return true;
   }
 
-  // Removes the nodes of `dead` that only the replaced subgraph reads (to a
-  // fixpoint: a node some survivor reads survives too).
-  static void RemoveDead(RewriteContext* ctx, std::set<std::string> dead, const std::set<std::string>& replaced,
-                         const std::string& fused) {
-    const GraphIndex& g = ctx->index();
-    for (bool changed = true; changed;) {
-      changed = false;
-      std::map<std::string, int> readers;
-      for (const std::set<std::string>* group : {&std::as_const(dead), &replaced}) {
-        for (const std::string& name : *group) {
-          const NodeDef* n = g.Node(name);
-          if (n == nullptr) continue;
-          for (const auto& in : n->input())
-            if (!in.empty() && in[0] != '^') ++readers[ParseTensorName(in).node];
-        }
-      }
-      for (auto it = dead.begin(); it != dead.end();) {
-        if (g.Node(*it) == nullptr || g.DataConsumers(*it) != readers[*it]) {
-          it = dead.erase(it);
-          changed = true;
-        } else {
-          ++it;
-        }
-      }
-    }
-    for (const std::string& name : dead) {
-      ctx->RedirectControlEdges(name, fused);
-      ctx->Remove(name, fused);
-    }
+  // Points the mean's division at count = cast(splits[1:] - splits[:-1]) as
+  // one column: TF's count of ones per row, so an empty row is still 0 / 0.
+  static void DivideByRowLengths(RewriteContext* ctx, const std::string& div, const std::string& splits,
+                                 DataType seg_type, DataType T, const std::string& device) {
+    const std::string base = div + "/ctr_row_lengths";
+    auto slice = [&](const std::string& which, int64_t begin, int64_t end, bool begin_mask, bool end_mask) {
+      NodeDef* n = ctx->AddNode(base + "/" + which, "StridedSlice", device);
+      n->add_input(splits);
+      for (int64_t v : {begin, end, int64_t{1}}) n->add_input(AddInt64Vector(ctx, n->name() + "/arg", {v}, device));
+      auto& attr = *n->mutable_attr();
+      attr["T"].set_type(seg_type);
+      attr["Index"].set_type(tensorflow::DT_INT64);
+      attr["begin_mask"].set_i(begin_mask ? 1 : 0);
+      attr["end_mask"].set_i(end_mask ? 1 : 0);
+      for (const char* m : {"ellipsis_mask", "new_axis_mask", "shrink_axis_mask"}) attr[m].set_i(0);
+      return n->name();
+    };
+    const std::string hi = slice("ends", 1, 0, false, true);
+    const std::string lo = slice("starts", 0, -1, true, false);
+    NodeDef* sub = ctx->AddNode(base, "Sub", device);
+    sub->add_input(hi);
+    sub->add_input(lo);
+    (*sub->mutable_attr())["T"].set_type(seg_type);
+    const std::string lengths = AddCast(ctx, base + "/cast", sub->name(), seg_type, T, device);
+    NodeDef* column = ctx->AddNode(base + "/column", "ExpandDims", device);
+    column->add_input(lengths);
+    column->add_input(AddInt64Scalar(ctx, base + "/axis", -1, device));
+    (*column->mutable_attr())["T"].set_type(T);
+    (*column->mutable_attr())["Tdim"].set_type(tensorflow::DT_INT64);
+    ctx->Mutable(div)->set_input(1, column->name());
   }
 
   void RewriteIds(const NodeDef& anchor_in, const RowSource& src, const std::string& splits, DataType T,
-                  DataType seg_type, const std::set<std::string>& dead, RewriteContext* ctx) const {
+                  DataType seg_type, const std::set<std::string>& dead, const NodeDef* mean_div,
+                  RewriteContext* ctx) const {
     const NodeDef anchor = anchor_in;
     const std::string name = anchor.name(), device = anchor.device();
     std::set<std::string> replaced{name};
+    if (mean_div != nullptr) replaced.insert(mean_div->name());  // its count is replaced
     for (const NodeDef* n : src.absorbed) replaced.insert(n->name());
-    RemoveDead(ctx, dead, replaced, name);
+    RemoveDeadNodes(ctx, dead, replaced, name);
     const std::string num_rows = AddInt64Scalar(ctx, name + "/ctr_num_rows", -1, device);
     const std::string weights = AddEmptyFloatVector(ctx, name + "/ctr_no_weights", device);
     const std::string table = TableTensor(ctx, src, name + "/ctr_table");
     MatchRecord record{kName, name, "CtrEmbeddingLookup", {}};
     AbsorbSource(ctx, src, name, &record);
     record.replaced.push_back(Describe(anchor));
+    if (mean_div != nullptr) record.replaced.push_back("the row count of " + Describe(*mean_div));
     BecomeFusedLookup(ctx, name, src, FusedLookup{table, splits, num_rows, weights, T, seg_type, "sum", false});
     (*ctx->Mutable(name)->mutable_attr())["segment_kind"].set_s("row_splits");
     ctx->Matched(record);
   }
 
   void RewriteStrings(const NodeDef& anchor_in, const RowSource& src, const SplitSource& split, DataType T,
-                      const std::set<std::string>& dead_in, RewriteContext* ctx) const {
+                      const std::set<std::string>& dead_in, const NodeDef* mean_div, RewriteContext* ctx) const {
     const NodeDef anchor = anchor_in;
     const std::string name = anchor.name(), device = anchor.device();
     const std::string strings = split.split->input(0);
@@ -315,9 +304,12 @@ class RaggedReduceLookupPattern : public NamedPattern<kName> {
     dead.insert(split.convert->name());
     std::set<std::string> replaced{name};
     for (const NodeDef* n : src.absorbed) replaced.insert(n->name());
+    const std::string div = mean_div != nullptr ? mean_div->name() : "";
+    if (!div.empty()) replaced.insert(div);
     MatchRecord record{kName, name, "CtrStringEmbedding", {}};
     for (const NodeDef* n : {split.split, split.convert}) record.replaced.push_back(Describe(*n));
-    RemoveDead(ctx, dead, replaced, name);
+    if (!div.empty()) record.replaced.push_back(Describe(*mean_div));
+    RemoveDeadNodes(ctx, dead, replaced, name);
     const std::string table = TableTensor(ctx, src, name + "/ctr_table");
     AbsorbSource(ctx, src, name, &record);
     record.replaced.push_back(Describe(anchor));
@@ -329,9 +321,23 @@ class RaggedReduceLookupPattern : public NamedPattern<kName> {
     f.id_mode = split.hashed ? "hash" : "index";
     f.delimiter = split.delimiter;  // empty tokens kept, as tf.strings.split keeps them
     f.num_buckets = buckets;
+    if (!div.empty()) f.combiner = "mean";
     BecomeStringEmbedding(ctx, name, device, f, fused);
     CopyControlInputs(anchor, fused);
     for (const NodeDef* n : src.absorbed) CopyControlInputs(*n, fused);
+    if (!div.empty()) {
+      // The division becomes a pass-through of the fused mean (it may be fetched).
+      NodeDef* pass = ctx->Mutable(div);
+      pass->set_op("Identity");
+      pass->clear_attr();
+      (*pass->mutable_attr())["T"].set_type(T);
+      std::vector<std::string> controls;
+      for (const auto& in : pass->input())
+        if (!in.empty() && in[0] == '^') controls.push_back(in);
+      pass->clear_input();
+      pass->add_input(name);
+      for (const auto& c : controls) pass->add_input(c);
+    }
     ctx->Matched(record);
   }
 };

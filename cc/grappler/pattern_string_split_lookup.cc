@@ -1,25 +1,33 @@
-// Pattern: strings split into a SparseTensor, converted, then looked up --
-// what tf.compat.v1.string_split (StringSplit) or
-// tf.compat.v1.strings.split(..., result_type="SparseTensor") (StringSplitV2)
-// feed into tf.nn.embedding_lookup_sparse:
+// Pattern: strings split into a SparseTensor, converted to ids, then looked up
+// by tf.nn.embedding_lookup_sparse or tf.nn.safe_embedding_lookup_sparse.
+// The SparseTensor comes from
 //
-//   split = StringSplit[V2](strings, delimiter)
-//   keys  = StringToHashBucketFast(split.values) | StringToNumber<int64>(split.values)
-//   CtrEmbeddingLookup(table, keys, split.indices[:, 0], num_rows = -1)
+//   TF1: sp = StringSplit[V2](strings, sep)            (tf.compat.v1.string_split)
+//        SparseTensor(sp.indices, convert(sp.values), sp.dense_shape)
+//   TF2: rt = tf.strings.split(strings, sep)           (StringSplitV2 + row partition)
+//        RaggedTensorToSparse(rt.row_splits, convert(rt.values))   (.to_sparse())
 //
-// (the lookup itself was fused by sparse_segment_lookup) becomes
+// with convert = StringToHashBucketFast or StringToNumber<int64>. Once
+// sparse_segment_lookup (and, for the safe form, safe_lookup) fused the
+// lookup, what is left is
 //
-//   CtrStringEmbedding(table, CtrPackStrings(strings), trim_empty_tail)
+//   CtrEmbeddingLookup(table, ids.values, ids.indices[:, 0], num_rows = -1)
+//   safe: ids = SparseReorder(SparseReshape(ids, [B, W] -> [B, W])), invalid
+//         ids skipped, num_rows = dense_shape[0]
 //
-// trim_empty_tail keeps embedding_lookup_sparse's row count (last row with a
-// token + 1).
+// and it becomes CtrStringEmbedding(table, CtrPackStrings(strings)):
+// trim_empty_tail keeps embedding_lookup_sparse's row count (last row id +
+// 1); the safe form keeps every row and drops negative ids as it prunes them.
+// Readers of the safe form's dense_shape that only take its first element
+// (the batch, for the final reshape) read Shape(strings) instead.
+#include <set>
 #include <string>
+#include <vector>
 
 #include "cc/grappler/gathered_rows.h"
 #include "cc/grappler/pattern.h"
+#include "cc/grappler/split_source.h"
 #include "tensorflow/core/framework/attr_value.pb.h"
-#include "tensorflow/core/framework/tensor.pb.h"
-#include "tensorflow/core/framework/tensor_shape.pb.h"
 
 namespace tf_ctr {
 namespace grappler {
@@ -28,14 +36,6 @@ namespace {
 using tensorflow::NodeDef;
 
 constexpr char kName[] = "string_split_lookup";
-
-bool ConstString(const NodeDef* node, std::string* out) {
-  if (!IsOp(node, "Const")) return false;
-  const tensorflow::TensorProto& t = node->attr().at("value").tensor();
-  if (t.dtype() != tensorflow::DT_STRING || t.tensor_shape().dim_size() != 0 || t.string_val_size() != 1) return false;
-  *out = t.string_val(0);
-  return true;
-}
 
 // x[:, 0] of a [N, 2] tensor, as Python slicing emits it.
 bool IsFirstColumn(const GraphIndex& g, const NodeDef& slice) {
@@ -48,6 +48,64 @@ bool IsFirstColumn(const GraphIndex& g, const NodeDef& slice) {
          IntAttr(slice, "new_axis_mask", 0) == 0;
 }
 
+bool ConstVectorIs(const NodeDef* node, const std::vector<int64_t>& want) {
+  std::vector<int64_t> v;
+  return ConstIntVector(node, &v) && v == want;
+}
+
+bool ConstScalarIs(const NodeDef* node, int64_t want) {
+  int64_t v = 0;
+  return ConstScalarInt(node, &v) && v == want;
+}
+
+// Whether `node` reads only element 0 of its input 0 (a [0:1] Slice, or x[0]).
+bool TakesFirstElement(const GraphIndex& g, const NodeDef* node) {
+  if (IsFirstElementSlice(g, node)) return true;
+  return IsOp(node, "Slice") && ConstVectorIs(g.Producer(*node, 1), {0}) && ConstVectorIs(g.Producer(*node, 2), {1});
+}
+
+// The distinct nodes reading output `port` of `node` through data edges.
+std::vector<const NodeDef*> ReadersOf(const GraphIndex& g, const std::string& node, int port) {
+  std::vector<const NodeDef*> out;
+  std::set<const NodeDef*> seen;
+  for (const NodeDef* r : g.DataReaders(node)) {
+    if (!seen.insert(r).second) continue;
+    for (const auto& in : r->input()) {
+      const TensorId id = ParseTensorName(in);
+      if (id.node == node && id.port == port) {
+        out.push_back(r);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+bool SameTensor(const std::string& a, const std::string& b) {
+  const TensorId x = ParseTensorName(a), y = ParseTensorName(b);
+  return x.node == y.node && x.port == y.port;
+}
+
+// The SparseTensor a lookup reads, as tensor names.
+struct SparseIds {
+  std::string indices, values, shape;
+};
+
+// Everything the rewrite needs, gathered before the graph changes.
+struct SplitLookup {
+  SparseIds ids;  // the split's (or RaggedTensorToSparse's) own outputs
+  bool safe = false;
+  bool v1 = false;  // StringSplit: one-byte delimiter, skip_empty attribute
+  const NodeDef* split = nullptr;
+  const NodeDef* convert = nullptr;
+  std::string delimiter;
+  bool hashed = false;
+  std::set<std::string> dead;                // nodes that die with the rewrite
+  std::set<std::string> shape_readers;       // take dense_shape[0] only
+  std::set<std::string> consumed;            // readers accounted for, by name
+  std::vector<std::string> replaced;         // for the record
+};
+
 class StringSplitLookupPattern : public NamedPattern<kName> {
  public:
   bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
@@ -55,75 +113,259 @@ class StringSplitLookupPattern : public NamedPattern<kName> {
         StringAttr(anchor, "id_mode") != "index")
       return false;
     const GraphIndex& g = ctx->index();
-    int keys_port = 0, seg_port = 0, split_port = 0;
-    const NodeDef* keys = g.Producer(anchor, 1, &keys_port);
-    const NodeDef* slice = g.Producer(anchor, 2, &seg_port);
-    const bool hashed = IsOp(keys, "StringToHashBucketFast");
-    if (!(hashed || IsOp(keys, "StringToNumber")) || !IsOp(slice, "StridedSlice")) return false;
-    const NodeDef* split = g.Producer(*keys, 0, &split_port);
-    if (!(IsOp(split, "StringSplit") || IsOp(split, "StringSplitV2")) || split_port != 1) return false;
-    int indices_port = 0;
-    if (g.Producer(*slice, 0, &indices_port) != split || indices_port != 0)
-      return Skip(ctx, anchor, "segment ids are not the row column of the same split");
+    const NodeDef* slice = g.Producer(anchor, 2);
+    if (slice == nullptr || !IsFirstColumn(g, *slice)) return false;
+    SplitLookup m;
+    std::string why;
+    if (!UnwrapSafe(g, anchor, *slice, &m, &why)) return why.empty() ? false : Skip(ctx, anchor, why);
+    if (!MatchSource(g, ctx, &m, &why)) return why.empty() ? false : Skip(ctx, anchor, why);
 
     // The subgraph has the right shape; now every condition for exactness.
-    if (!IsFirstColumn(g, *slice)) return Skip(ctx, anchor, "segment ids are not split.indices[:, 0]");
     if (BoolAttr(anchor, "has_weights", false)) return Skip(ctx, anchor, "weighted lookup");
-    if (IntAttr(anchor, "default_id", -1) != -1 || StringAttr(anchor, "invalid_ids") != "error")
-      return Skip(ctx, anchor, "lookup drops or defaults ids");
-    int64_t num_rows = 0;
-    if (!ConstScalarInt(g.Producer(anchor, 3), &num_rows) || num_rows != -1)
-      return Skip(ctx, anchor, "the lookup's row count is given explicitly");
-    if (!hashed && TypeAttr(*keys, "out_type") != tensorflow::DT_INT64)
+    const std::string invalid = StringAttr(anchor, "invalid_ids");
+    if (invalid != (m.safe ? "skip_negative" : "error")) return Skip(ctx, anchor, "lookup drops ids otherwise");
+    if (!m.safe && IntAttr(anchor, "default_id", -1) != -1) return Skip(ctx, anchor, "lookup defaults empty rows");
+    if (BoolAttr(anchor, "prune_weights", false)) return Skip(ctx, anchor, "lookup prunes weights");
+    if (!m.hashed && TypeAttr(*m.convert, "out_type") != tensorflow::DT_INT64)
       return Skip(ctx, anchor, "StringToNumber out_type is not int64");
-    std::string delimiter;
-    if (!ConstString(g.Producer(*split, 1), &delimiter))
-      return Skip(ctx, anchor, "the delimiter is not a constant");
-    const bool v1 = IsOp(split, "StringSplit");
-    if (v1 && delimiter.size() != 1)
+    if (m.v1 && m.delimiter.size() != 1)
       return Skip(ctx, anchor, "StringSplit splits on each of several characters; only one-byte delimiters fuse");
-    if (!v1 && IntAttr(*split, "maxsplit", -1) != -1) return Skip(ctx, anchor, "maxsplit is not -1");
-    if (delimiter.empty()) return Skip(ctx, anchor, "empty delimiter (whitespace or character splitting)");
-    if (delimiter.size() > 16) return Skip(ctx, anchor, "delimiter longer than 16 bytes");
-    if (g.Consumers(split->name(), 0) != 1 || g.Consumers(split->name(), 1) != 1 ||
-        g.Consumers(split->name(), 2) != 0)
-      return Skip(ctx, anchor, "intermediate " + Describe(*split) + " has another consumer");
-    if (g.DataConsumers(keys->name()) != 1) return Skip(ctx, anchor, "intermediate " + Describe(*keys) + " has another consumer");
-    if (g.DataConsumers(slice->name()) != 1)
-      return Skip(ctx, anchor, "intermediate " + Describe(*slice) + " has another consumer");
+    if (!m.v1 && IntAttr(*m.split, "maxsplit", -1) != -1) return Skip(ctx, anchor, "maxsplit is not -1");
+    if (m.delimiter.empty()) return Skip(ctx, anchor, "empty delimiter (whitespace or character splitting)");
+    if (m.delimiter.size() > 16) return Skip(ctx, anchor, "delimiter longer than 16 bytes");
+    if (!CheckConsumers(g, anchor, *slice, &m, &why)) return Skip(ctx, anchor, why);
 
-    // Rewrite.
-    const std::string anchor_name = anchor.name();
-    const std::string device = anchor.device();
-    const std::string strings = split->input(0);
-    MatchRecord record{kName, anchor_name, "CtrStringEmbedding", {Describe(*split), Describe(*keys), Describe(*slice)}};
-    record.replaced.push_back(Describe(anchor));
-    const bool skip_empty = v1 ? BoolAttr(*split, "skip_empty", true) : false;
-    const int64_t buckets = hashed ? IntAttr(*keys, "num_buckets", 0) : 0;
-    for (const NodeDef* n : {split, keys, slice}) {
-      ctx->RedirectControlEdges(n->name(), anchor_name);
-      ctx->Remove(n->name(), anchor_name);
+    RewriteAsStrings(anchor, *slice, m, ctx);
+    return true;
+  }
+
+ private:
+  // The safe form: the ids went through an identity SparseReshape and a
+  // SparseReorder, and the row count is dense_shape[0]. Sets m->ids to the
+  // SparseTensor before them; otherwise to what the lookup reads directly.
+  static bool UnwrapSafe(const GraphIndex& g, const NodeDef& anchor, const NodeDef& slice, SplitLookup* m,
+                         std::string* why) {
+    int keys_port = 0, rows_port = 0;
+    const NodeDef* reorder = g.Producer(anchor, 1, &keys_port);
+    if (!IsOp(reorder, "SparseReorder")) {
+      int64_t num_rows = 0;
+      if (!ConstScalarInt(g.Producer(anchor, 3), &num_rows) || num_rows != -1) {
+        *why = "the lookup's row count is given explicitly";
+        return false;
+      }
+      m->ids = SparseIds{slice.input(0), anchor.input(1), ""};
+      return true;
     }
-    NodeDef* fused = ctx->Mutable(anchor_name);
-    const NodeDef old = *fused;
+    if (keys_port != 1 || g.Producer(slice, 0, &rows_port) != reorder || rows_port != 0) return false;
+    int port = 0;
+    const NodeDef* reshape = g.Producer(*reorder, 0, &port);
+    if (!IsOp(reshape, "SparseReshape") || port != 0) return false;
+    if (g.Producer(*reorder, 2, &port) != reshape || port != 1) return false;
+    std::vector<const NodeDef*> identities;
+    int values_port = 0;
+    const NodeDef* values = SkipIdentities(g, g.Producer(*reorder, 1, &values_port), &identities);
+    if (values == nullptr) return false;
+    if (!IsRank2Identity(g, *reshape)) {
+      *why = "SparseReshape is not the safe lookup's reshape of 2-D ids to 2-D";
+      return false;
+    }
+    const NodeDef* num_rows = g.Producer(anchor, 3, &port);
+    if (!IsFirstElementSlice(g, num_rows) || g.Producer(*num_rows, 0, &port) != reshape || port != 1) {
+      *why = "the lookup's row count is not dense_shape[0]";
+      return false;
+    }
+    const std::string values_tensor = identities.empty() ? reorder->input(1) : identities.back()->input(0);
+    m->safe = true;
+    m->ids = SparseIds{reshape->input(0), values_tensor, reshape->input(1)};
+    const NodeDef* pack = g.Producer(*reshape, 2);
+    for (const NodeDef* n : {reorder, reshape, num_rows, pack, g.Producer(*pack, 0), g.Producer(*pack, 1),
+                             g.Producer(*g.Producer(*pack, 0), 0)})
+      m->dead.insert(n->name());
+    for (const NodeDef* n : identities) m->dead.insert(n->name());
+    m->consumed = {reshape->name(), g.Producer(*pack, 1)->name(), g.Producer(*g.Producer(*pack, 0), 0)->name()};
+    m->replaced.push_back(Describe(*reshape));
+    m->replaced.push_back(Describe(*reorder));
+    return true;
+  }
+
+  // SparseReshape(indices, S, [prod(S[:1]), S[1]]): 2-D to the same 2-D shape,
+  // as safe_embedding_lookup_sparse flattens rank-2 ids.
+  static bool IsRank2Identity(const GraphIndex& g, const NodeDef& reshape) {
+    const std::string& shape = reshape.input(1);
+    const NodeDef* pack = g.Producer(reshape, 2);
+    if (!IsOp(pack, "Pack") || IntAttr(*pack, "N", 0) != 2 || IntAttr(*pack, "axis", 0) != 0) return false;
+    const NodeDef* prod = g.Producer(*pack, 0);
+    const NodeDef* last = g.Producer(*pack, 1);
+    if (!IsOp(prod, "Prod") || BoolAttr(*prod, "keep_dims", false) || !ConstVectorIs(g.Producer(*prod, 1), {0}))
+      return false;
+    const NodeDef* head = g.Producer(*prod, 0);
+    if (!IsOp(head, "Slice") || !SameTensor(head->input(0), shape) || !ConstVectorIs(g.Producer(*head, 1), {0}) ||
+        !ConstVectorIs(g.Producer(*head, 2), {1}))
+      return false;
+    return IsOp(last, "GatherV2") && SameTensor(last->input(0), shape) && ConstScalarIs(g.Producer(*last, 1), 1) &&
+           ConstScalarIs(g.Producer(*last, 2), 0) && IntAttr(*last, "batch_dims", 0) == 0 &&
+           g.DataConsumers(pack->name()) == 1 && g.DataConsumers(prod->name()) == 1 &&
+           g.DataConsumers(head->name()) == 1 && g.DataConsumers(last->name()) == 1;
+  }
+
+  // m->ids is a string split's SparseTensor (TF1) or a split's ragged tokens
+  // turned sparse (TF2).
+  static bool MatchSource(const GraphIndex& g, RewriteContext* ctx, SplitLookup* m, std::string* why) {
+    const TensorId indices = ParseTensorName(m->ids.indices);
+    const TensorId values = ParseTensorName(m->ids.values);
+    const NodeDef* producer = g.Node(indices.node);
+    if (producer == nullptr || indices.port != 0) return false;
+    if (IsOp(producer, "RaggedTensorToSparse")) {
+      if (IntAttr(*producer, "RAGGED_RANK", 0) != 1 || !SameTensor(m->ids.values, TensorName(producer->name(), 1)))
+        return false;
+      if (m->safe && !SameTensor(m->ids.shape, TensorName(producer->name(), 2))) return false;
+      int port = 0;
+      const NodeDef* convert = g.Producer(*producer, 1, &port);
+      SplitSource src;
+      if (convert == nullptr || !MatchRaggedSplit(g, ctx, *convert, port, producer->input(0), &src, &m->dead)) {
+        *why = "the sparse ids are not the converted tokens of tf.strings.split and its row partition";
+        return false;
+      }
+      m->split = src.split;
+      m->convert = src.convert;
+      m->delimiter = src.delimiter;
+      m->hashed = src.hashed;
+      m->dead.insert({producer->name(), convert->name()});
+      m->replaced.push_back(Describe(*producer));
+    } else if (IsOp(producer, "StringSplit") || IsOp(producer, "StringSplitV2")) {
+      const NodeDef* convert = g.Node(values.node);
+      int port = 0;
+      if (values.port != 0 || convert == nullptr || convert->input_size() < 1 ||
+          g.Producer(*convert, 0, &port) != producer || port != 1)
+        return false;
+      if (!IsOp(convert, "StringToHashBucketFast") && !IsOp(convert, "StringToNumber")) return false;
+      if (m->safe && !SameTensor(m->ids.shape, TensorName(producer->name(), 2))) {
+        *why = "the sparse ids' dense_shape is not the split's";
+        return false;
+      }
+      if (!ConstString(g.Producer(*producer, 1), &m->delimiter)) {
+        *why = "the delimiter is not a constant";
+        return false;
+      }
+      m->split = producer;
+      m->convert = convert;
+      m->hashed = IsOp(convert, "StringToHashBucketFast");
+      m->v1 = IsOp(producer, "StringSplit");
+      m->dead.insert({producer->name(), convert->name()});
+    } else {
+      return false;
+    }
+    m->replaced.push_back(Describe(*m->split));
+    m->replaced.push_back(Describe(*m->convert));
+    return true;
+  }
+
+  // Intermediates read only inside the subgraph; dense_shape read elsewhere
+  // only for its first element (the batch).
+  static bool CheckConsumers(const GraphIndex& g, const NodeDef& anchor, const NodeDef& slice, SplitLookup* m,
+                             std::string* why) {
+    const TensorId ind = ParseTensorName(m->ids.indices);
+    const int index_readers = g.Consumers(ind.node, 0);
+    if (index_readers != 1) {
+      *why = "intermediate " + m->ids.indices + " has another consumer";
+      return false;
+    }
+    if (g.DataConsumers(slice.name()) != 1) {
+      *why = "intermediate " + Describe(slice) + " has another consumer";
+      return false;
+    }
+    const TensorId vals = ParseTensorName(m->ids.values);
+    if (g.Consumers(vals.node, vals.port) != 1 || g.DataConsumers(m->convert->name()) != 1) {
+      *why = "intermediate " + Describe(*m->convert) + " has another consumer";
+      return false;
+    }
+    if (m->v1 || IsOp(g.Node(ind.node), "StringSplitV2")) {
+      if (g.Consumers(m->split->name(), 1) != 1) {
+        *why = "intermediate " + Describe(*m->split) + " has another consumer";
+        return false;
+      }
+    }
+    const std::string shape = TensorName(ind.node, 2);
+    for (const NodeDef* reader : ReadersOf(g, ind.node, 2)) {
+      if (m->consumed.count(reader->name())) continue;
+      if (!m->safe || !ReadsOnlyFirstElement(g, *reader, shape)) {
+        *why = "intermediate " + Describe(*g.Node(ind.node)) + " has another consumer (" + Describe(*reader) +
+               " reads its dense_shape)";
+        return false;
+      }
+      m->shape_readers.insert(reader->name());
+    }
+    (void)anchor;
+    return true;
+  }
+
+  // `reader` uses `shape` (as every one of its data inputs that read it) for
+  // element 0 only: it is such a slice, or a Cast only such slices read.
+  static bool ReadsOnlyFirstElement(const GraphIndex& g, const NodeDef& reader, const std::string& shape) {
+    if (reader.input_size() < 1 || !SameTensor(reader.input(0), shape)) return false;
+    for (int i = 1; i < reader.input_size(); ++i)
+      if (SameTensor(reader.input(i), shape)) return false;
+    if (TakesFirstElement(g, &reader)) return true;
+    if (!IsOp(&reader, "Cast")) return false;
+    const std::vector<const NodeDef*> users = ReadersOf(g, reader.name(), 0);
+    if (users.empty() || g.DataConsumers(reader.name()) != static_cast<int>(users.size())) return false;
+    for (const NodeDef* u : users)
+      if (!TakesFirstElement(g, u) || !SameTensor(u->input(0), reader.name())) return false;
+    return true;
+  }
+
+  void RewriteAsStrings(const NodeDef& anchor_in, const NodeDef& slice, const SplitLookup& m,
+                        RewriteContext* ctx) const {
+    const GraphIndex& g = ctx->index();
+    const NodeDef anchor = anchor_in;
+    const std::string name = anchor.name(), device = anchor.device();
+    const std::string strings = m.split->input(0);
+    MatchRecord record{kName, name, "CtrStringEmbedding", m.replaced};
+    record.replaced.push_back(Describe(slice));
+    record.replaced.push_back(Describe(anchor));
+
+    std::set<std::string> dead = m.dead;
+    dead.insert(slice.name());
+    for (int i : {3, 4}) {  // the old lookup's num_rows and weights constants
+      const NodeDef* c = g.Producer(anchor, i);
+      if (IsOp(c, "Const")) dead.insert(c->name());
+    }
+    std::set<std::string> replaced = m.shape_readers;  // their dense_shape reads move to Shape(strings)
+    replaced.insert(name);
+    RemoveDeadNodes(ctx, dead, replaced, name);
+
+    if (!m.shape_readers.empty()) {
+      NodeDef* shape = ctx->AddNode(name + "/ctr_batch_shape", "Shape", "");
+      shape->add_input(strings);
+      (*shape->mutable_attr())["T"].set_type(tensorflow::DT_STRING);
+      (*shape->mutable_attr())["out_type"].set_type(tensorflow::DT_INT64);
+      const std::string dense_shape = TensorName(ParseTensorName(m.ids.indices).node, 2);
+      const std::string shape_name = shape->name();
+      for (const std::string& reader : m.shape_readers) {
+        NodeDef* r = ctx->Mutable(reader);
+        for (int i = 0; i < r->input_size(); ++i)
+          if (SameTensor(r->input(i), dense_shape)) r->set_input(i, shape_name);
+      }
+    }
+
+    NodeDef* fused = ctx->Mutable(name);
     fused->clear_input();
     fused->clear_attr();
-    FusedStrings f{old.input(0), strings, old.attr().at("T").type(), old.attr().at("combiner").s()};
-    f.id_mode = hashed ? "hash" : "index";
-    f.delimiter = delimiter;
-    f.skip_empty = skip_empty;
-    f.max_norm = old.attr().at("max_norm").f();
-    f.num_buckets = buckets;
-    f.trim_empty_tail = true;  // the lookup's rows end at the last row id + 1
-    BecomeStringEmbedding(ctx, anchor_name, device, f, fused);
-    CopyControlInputs(old, fused);
-    // The old lookup's num_rows and weights constants lose their reader.
-    for (int i : {3, 4}) {
-      const NodeDef* c = g.Producer(old, i);
-      if (IsOp(c, "Const") && g.DataConsumers(c->name()) == 1 && g.Node(c->name())) ctx->Remove(c->name(), anchor_name);
+    FusedStrings f{anchor.input(0), strings, anchor.attr().at("T").type(), anchor.attr().at("combiner").s()};
+    f.id_mode = m.hashed ? "hash" : "index";
+    f.delimiter = m.delimiter;
+    f.skip_empty = m.v1 ? BoolAttr(*m.split, "skip_empty", true) : false;
+    f.max_norm = anchor.attr().at("max_norm").f();
+    f.num_buckets = m.hashed ? IntAttr(*m.convert, "num_buckets", 0) : 0;
+    f.trim_empty_tail = !m.safe;  // embedding_lookup_sparse's rows end at the last row id + 1
+    if (m.safe) {
+      // Hash buckets are never negative: "error" keeps such features groupable.
+      f.invalid_ids = m.hashed ? "error" : "skip_negative";
+      f.default_id = IntAttr(anchor, "default_id", -1);
     }
+    BecomeStringEmbedding(ctx, name, device, f, fused);
+    CopyControlInputs(anchor, fused);
     ctx->Matched(record);
-    return true;
   }
 };
 

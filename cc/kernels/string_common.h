@@ -43,6 +43,12 @@ inline absl::Status ReadStringAttrs(tensorflow::OpKernelConstruction* c, ctr::St
   TF_RETURN_IF_ERROR(c->GetAttr("skip_empty", &skip_empty));
   TF_RETURN_IF_ERROR(c->GetAttr("max_norm", &max_norm));
   TF_RETURN_IF_ERROR(c->GetAttr("bagged", bagged));
+  std::string invalid_ids;
+  TF_RETURN_IF_ERROR(c->GetAttr("invalid_ids", &invalid_ids));
+  s->skip_negative = invalid_ids == "skip_negative";
+  TF_RETURN_IF_ERROR(c->GetAttr("default_id", &s->lookup.default_id));
+  if (s->lookup.default_id < -1)
+    return tensorflow::errors::InvalidArgument("default_id must be >= -1, got ", s->lookup.default_id);
   return MakeStringSpec(combiner, mode, delimiter, skip_empty, max_norm, s);
 }
 
@@ -94,6 +100,9 @@ inline absl::Status BindTable(const tensorflow::Tensor& params, ctr::StringSpec*
                                                params.shape().DebugString());
   s->lookup.vocab = params.dim_size(0);
   s->lookup.dim = params.dim_size(1);
+  if (s->lookup.default_id >= s->lookup.vocab)
+    return tensorflow::errors::InvalidArgument("default_id ", s->lookup.default_id, " is out of range [0, ",
+                                               s->lookup.vocab, ")");
   if (s->lookup.vocab <= 0 && s->mode != ctr::TokenMode::kIndex)
     return tensorflow::errors::InvalidArgument(
         "hash and mod modes need a table with at least one row, got ", s->lookup.vocab);

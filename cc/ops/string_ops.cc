@@ -87,6 +87,11 @@ num_buckets: hash mode only: the bucket count of the hash (0: V); a bucket
   outside the table is an error, as the Gather it replaces says.
 trim_empty_tail: output only the rows up to the last bag that has a token,
   as tf.nn.embedding_lookup_sparse does (its row count is the last row id + 1).
+invalid_ids: index mode: "error" rejects a negative id as out of range;
+  "skip_negative" drops it, as tf.nn.safe_embedding_lookup_sparse prunes ids
+  < 0 (it counts toward no combiner).
+default_id: the row of a bag left without tokens (safe_embedding_lookup_sparse's
+  default_id); -1 gives zeros.
 )doc";
 
 }  // namespace
@@ -119,7 +124,9 @@ equal_sizes: every input must hold as many strings as the first (the features
       .Attr("max_norm: float = -1.0")                                 \
       .Attr("bagged: bool = false")                                   \
       .Attr("num_buckets: int = 0")                                   \
-      .Attr("trim_empty_tail: bool = false")
+      .Attr("trim_empty_tail: bool = false")                          \
+      .Attr("invalid_ids: {'error', 'skip_negative'} = 'error'")      \
+      .Attr("default_id: int = -1")
 
 REGISTER_OP("CtrStringEmbedding")
     .Input("params: T")

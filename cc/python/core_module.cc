@@ -156,7 +156,8 @@ py::array RunStringEmbedding(const ctr::StringSpec& spec, const py::array& param
 py::array StringEmbedding(py::array params, py::array_t<uint8_t, py::array::c_style | py::array::forcecast> bytes,
                           py::array_t<int64_t, py::array::c_style | py::array::forcecast> string_splits,
                           py::object bag_splits, const std::string& combiner, const std::string& id_mode,
-                          const py::bytes& delimiter, bool skip_empty, float max_norm, int threads) {
+                          const py::bytes& delimiter, bool skip_empty, float max_norm, int threads,
+                          int64_t num_buckets, const std::string& invalid_ids, int64_t default_id) {
   params = py::array::ensure(params, py::array::c_style);
   if (params.ndim() != 2) throw py::value_error("params must be [V, D]");
   ctr::StringSpec spec;
@@ -166,6 +167,13 @@ py::array StringEmbedding(py::array params, py::array_t<uint8_t, py::array::c_st
   spec.lookup.max_norm = max_norm;
   spec.mode = tf_ctr_py::ParseTokenMode(id_mode);
   spec.skip_empty = skip_empty;
+  if (num_buckets < 0) throw py::value_error("num_buckets must be >= 0");
+  spec.buckets = num_buckets;
+  if (invalid_ids != "error" && invalid_ids != "skip_negative")
+    throw py::value_error("invalid_ids must be 'error' or 'skip_negative'");
+  spec.skip_negative = invalid_ids == "skip_negative";
+  if (default_id < -1 || default_id >= spec.lookup.vocab) throw py::value_error("default_id out of range");
+  spec.lookup.default_id = default_id;
   std::string err = ctr::SetDelimiter(&spec, delimiter);
   if (!err.empty()) throw py::value_error(err);
   if (spec.lookup.vocab <= 0 && spec.mode != ctr::TokenMode::kIndex)
@@ -213,7 +221,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("string_embedding", &StringEmbedding, py::arg("params"), py::arg("bytes"), py::arg("string_splits"),
         py::arg("bag_splits") = py::none(), py::arg("combiner") = "mean", py::arg("id_mode") = "hash",
         py::arg("delimiter") = py::bytes(","), py::arg("skip_empty") = true, py::arg("max_norm") = -1.0f,
-        py::arg("threads") = 0,
+        py::arg("threads") = 0, py::arg("num_buckets") = 0, py::arg("invalid_ids") = "error",
+        py::arg("default_id") = -1,
         "Pooled tokens of packed strings: bytes uint8, string_splits int64 byte offsets [S+1].");
   m.def("fingerprint64", [](const py::bytes& b) {
     const std::string s = b;

@@ -46,8 +46,12 @@ using tf_ctr_py::WithValueType;
 // CPU string_embedding, so both reject the same calls with ValueError.
 ctr::StringSpec MakeStringSpec(int64_t vocab, int64_t dim, const std::string& combiner,
                                const std::string& id_mode, const std::string& delimiter,
-                               bool skip_empty, float max_norm, int64_t default_id) {
+                               bool skip_empty, float max_norm, int64_t default_id,
+                               int64_t num_buckets = 0, const std::string& invalid_ids = "error") {
   if (vocab < 0 || dim < 0) throw py::value_error("vocab and dim must be >= 0");
+  if (num_buckets < 0) throw py::value_error("num_buckets must be >= 0");
+  if (invalid_ids != "error" && invalid_ids != "skip_negative")
+    throw py::value_error("invalid_ids must be 'error' or 'skip_negative'");
   ctr::StringSpec s;
   s.lookup.vocab = vocab;
   s.lookup.dim = dim;
@@ -56,6 +60,8 @@ ctr::StringSpec MakeStringSpec(int64_t vocab, int64_t dim, const std::string& co
   s.lookup.default_id = default_id;
   s.mode = tf_ctr_py::ParseTokenMode(id_mode);
   s.skip_empty = skip_empty;
+  s.buckets = num_buckets;
+  s.skip_negative = invalid_ids == "skip_negative";
   const std::string err = ctr::SetDelimiter(&s, delimiter);
   if (!err.empty()) throw py::value_error(err);
   if (vocab <= 0 && s.mode != ctr::TokenMode::kIndex)
@@ -98,9 +104,10 @@ void GpuStringEmbedding(uintptr_t params_ptr, const std::string& params_dtype, i
                         uintptr_t bag_splits_ptr, int64_t num_bags, uintptr_t out_ptr,
                         uintptr_t status_ptr, const std::string& combiner,
                         const std::string& id_mode, const py::bytes& delimiter, bool skip_empty,
-                        float max_norm, uintptr_t stream, int64_t default_id) {
+                        float max_norm, uintptr_t stream, int64_t default_id, int64_t num_buckets,
+                        const std::string& invalid_ids) {
   const ctr::StringSpec spec = MakeStringSpec(vocab, dim, combiner, id_mode, delimiter,
-                                              skip_empty, max_norm, default_id);
+                                              skip_empty, max_norm, default_id, num_buckets, invalid_ids);
   if (num_bags < 0) throw py::value_error("num_bags must be >= 0");
   RequirePointer(params_ptr, vocab > 0 && dim > 0, "params_ptr");
   RequirePointer(string_splits_ptr, num_bags > 0, "string_splits_ptr");
@@ -231,9 +238,9 @@ int64_t GpuStringEmbeddingGrad(uintptr_t params_ptr, const std::string& params_d
                                int64_t workspace_bytes, const std::string& combiner,
                                const std::string& id_mode, const py::bytes& delimiter,
                                bool skip_empty, float max_norm, uintptr_t stream,
-                               int64_t default_id) {
+                               int64_t default_id, int64_t num_buckets, const std::string& invalid_ids) {
   const ctr::StringSpec spec = MakeStringSpec(vocab, dim, combiner, id_mode, delimiter,
-                                              skip_empty, max_norm, default_id);
+                                              skip_empty, max_norm, default_id, num_buckets, invalid_ids);
   if (num_bags < 0) throw py::value_error("num_bags must be >= 0");
   const GradWorkspace ws = GradWorkspaceFor(num_bags);
   if (workspace_bytes < 0 || static_cast<size_t>(workspace_bytes) < ws.total)
@@ -283,7 +290,7 @@ void RegisterGpuStringBindings(py::module_& m) {
         py::arg("out_ptr"), py::arg("status_ptr"), py::arg("combiner") = "mean",
         py::arg("id_mode") = "hash", py::arg("delimiter") = py::bytes(","),
         py::arg("skip_empty") = true, py::arg("max_norm") = -1.0f, py::arg("stream") = 0,
-        py::arg("default_id") = -1,
+        py::arg("default_id") = -1, py::arg("num_buckets") = 0, py::arg("invalid_ids") = "error",
         "Pooled tokens of packed strings on device pointers: params [vocab, dim] of "
         "params_dtype ('float32' | 'float16' | 'bfloat16'), bytes uint8, string_splits int64 "
         "byte offsets [S + 1], bag_splits int64 [num_bags + 1] or 0 (each string a bag), out "
@@ -316,6 +323,7 @@ void RegisterGpuStringBindings(py::module_& m) {
         py::arg("combiner") = "mean", py::arg("id_mode") = "hash",
         py::arg("delimiter") = py::bytes(","), py::arg("skip_empty") = true,
         py::arg("max_norm") = -1.0f, py::arg("stream") = 0, py::arg("default_id") = -1,
+        py::arg("num_buckets") = 0, py::arg("invalid_ids") = "error",
         "Gradient of gpu_string_embedding for grad_out [num_bags, dim]: one row of "
         "d(loss)/d(params) per valid token in bag order (the default row for a bag without "
         "one, when default_id >= 0) into grad_values [max_grad_rows, dim], its table row into "

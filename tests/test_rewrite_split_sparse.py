@@ -1,0 +1,236 @@
+"""CtrFusionOptimizer on strings split into a SparseTensor and looked up:
+
+- tf.nn.embedding_lookup_sparse / safe_embedding_lookup_sparse over
+  tf.strings.to_number(tf.strings.split(s, sep), tf.int64).to_sparse() or
+  to_hash_bucket_fast(...) (the RaggedTensor route, issue form 1);
+- the same over tf.compat.v1.string_split (TF1, issue form 2), safe too.
+
+Each becomes one CtrStringEmbedding over CtrPackStrings, and gives what the
+TF-native graph gives: trimmed trailing rows for embedding_lookup_sparse,
+every row (zeros or default_id) for the safe lookup, negative ids pruned by
+the safe lookup, and the same errors for bad tokens.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_ctr_ops  # noqa: F401  (registers the ops and the optimizer)
+from tf_ctr_ops import rewrite
+from test_rewrite import offline as offline_specs, read_csv, run_graph_def
+
+V, D = 50, 6
+COMBINERS = ("sum", "mean", "sqrtn")
+STRINGS = tf.TensorSpec([None], tf.string)
+SPLIT_OPS = {"StringSplit", "StringSplitV2", "StringToNumber", "StringToHashBucketFast", "RaggedTensorToSparse",
+             "SparseReshape", "SparseReorder", "CtrEmbeddingLookup", "Unique", "SparseFillEmptyRows"}
+
+
+@pytest.fixture
+def table(rng):
+    return tf.Variable(rng.normal(size=(V, D)).astype(np.float32))
+
+
+def sparse_ids(strings, route, convert, sep=","):
+    """The SparseTensor of ids the user builds from the strings."""
+    if route == "ragged":
+        tokens = tf.strings.split(strings, sep)
+        ids = tf.strings.to_number(tokens, tf.int64) if convert == "number" else tf.strings.to_hash_bucket_fast(tokens, V)
+        return ids.to_sparse()
+    sp = tf.compat.v1.string_split(strings, sep)
+    values = tf.strings.to_number(sp.values, tf.int64) if convert == "number" else tf.strings.to_hash_bucket_fast(sp.values, V)
+    return tf.SparseTensor(sp.indices, values, sp.dense_shape)
+
+
+def model(table, route, convert, lookup, combiner="mean", sep=","):
+    def f(strings):
+        ids = sparse_ids(strings, route, convert, sep)
+        if lookup == "plain":
+            return tf.nn.embedding_lookup_sparse(table, ids, None, combiner=combiner)
+        default_id = 3 if lookup == "safe_default" else None
+        return tf.nn.safe_embedding_lookup_sparse(table, ids, None, combiner=combiner, default_id=default_id)
+
+    return f
+
+
+def random_strings(rng, route, convert, lookup, rows=40):
+    """Id lists with empty rows (and empty trailing rows), negative ids where
+    the lookup prunes them, and tokens valid for the route."""
+    out = []
+    for _ in range(rows):
+        n = rng.integers(0, 5)
+        if n == 0 and route == "ragged" and convert == "number":
+            n = 1  # "" splits into one empty token, which to_number rejects
+        ids = rng.integers(-5 if lookup != "plain" else 0, V, size=n)
+        out.append(",".join(str(i) if convert == "number" else f"k{i}" for i in ids))
+    if not (route == "ragged" and convert == "number"):
+        out[-2:] = ["", ""]  # trailing empty rows: embedding_lookup_sparse drops them
+    return out
+
+
+def offline(fn):
+    return offline_specs(fn, STRINGS)
+
+
+def run_online(fn, *args):
+    """Runs fn under rewrite.enable(); the result and how many rewrites fired."""
+    before = rewrite.fusion_stats()
+    with rewrite.enable():
+        out = tf.function(fn)(*args)
+    return out, rewrite.fusion_stats()["rewrites"] - before["rewrites"]
+
+
+def assert_close(got, want):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("lookup", ["plain", "safe", "safe_default"])
+@pytest.mark.parametrize("convert", ["number", "hash"])
+@pytest.mark.parametrize("route", ["ragged", "tf1"])
+def test_split_to_sparse_lookup_becomes_string_embedding(rng, table, route, convert, lookup):
+    for combiner in COMBINERS:
+        f = model(table, route, convert, lookup, combiner)
+        cf, graph, report, counts = offline(f)
+        assert report["match"][-1]["pattern"] == "string_split_lookup", report
+        assert report["match"][-1]["fused_op"] == "CtrStringEmbedding"
+        assert counts.get("CtrStringEmbedding") == 1 and counts.get("CtrPackStrings") == 1, counts
+        assert not SPLIT_OPS & set(counts), counts
+        [node] = [n for n in graph.node if n.op == "CtrStringEmbedding"]
+        assert node.attr["trim_empty_tail"].b == (lookup == "plain")
+        assert node.attr["invalid_ids"].s == (b"skip_negative" if lookup != "plain" and convert == "number"
+                                              else b"error")
+        strings = tf.constant(random_strings(rng, route, convert, lookup))
+        want = f(strings)
+        [got] = run_graph_def(cf, graph, strings)
+        assert_close(got, want)
+        got, rewrites = run_online(f, strings)
+        assert rewrites >= 2  # the lookup, then the split
+        assert_close(got, want)
+
+
+@pytest.mark.parametrize("lookup", ["plain", "safe"])
+@pytest.mark.parametrize("route", ["ragged", "tf1"])
+def test_batch_of_zero_and_all_empty(table, route, lookup):
+    f = model(table, route, "hash", lookup)
+    cf, graph, report, counts = offline(f)
+    assert counts.get("CtrStringEmbedding") == 1
+    cases = [[], ["", ""], ["a"]] if route == "tf1" or lookup != "plain" else [[], ["a"]]
+    for strings in cases:
+        s = tf.constant(strings, tf.string)
+        [got] = run_graph_def(cf, graph, s)
+        assert_close(got, f(s))
+
+
+@pytest.mark.parametrize("route", ["ragged", "tf1"])
+def test_bad_tokens_stay_errors(table, route):
+    """A token to_number rejects, and an id past the table, fail both ways."""
+    for lookup in ("plain", "safe"):
+        f = model(table, route, "number", lookup)
+        cf, graph, report, counts = offline(f)
+        assert counts.get("CtrStringEmbedding") == 1
+        for bad in (["1,x"], ["1", str(V)]):
+            with pytest.raises(tf.errors.InvalidArgumentError):
+                f(tf.constant(bad))
+            with pytest.raises(tf.errors.InvalidArgumentError):
+                run_graph_def(cf, graph, tf.constant(bad))
+    # Without the safe lookup's pruning, a negative id is out of range too.
+    f = model(table, route, "number", "plain")
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        run_online(f, tf.constant(["1,-2"]))
+
+
+@pytest.mark.parametrize("route", ["ragged", "tf1"])
+def test_gradient_online(rng, table, route):
+    strings = tf.constant(random_strings(rng, route, "hash", "safe"))
+    upstream = tf.constant(rng.normal(size=(strings.shape[0], D)).astype(np.float32))
+
+    def grad(s):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(table, route, "hash", "safe", "sqrtn")(s) * upstream)
+        return loss, tf.convert_to_tensor(tape.gradient(loss, table))
+
+    want = grad(strings)
+    with rewrite.enable():
+        got = tf.function(grad)(strings)
+    assert_close(got[0], want[0])
+    assert_close(got[1], want[1])
+
+
+@pytest.mark.parametrize("lookup", ["plain", "safe"])
+def test_criteo_hex_categories_by_hash_buckets(table, lookup):
+    rows = read_csv("criteo_sample.txt")
+    cats = tf.constant([",".join(r[f"C{i}"] for i in range(1, 27)) for r in rows])
+    f = model(table, "ragged", "hash", lookup, "sum")
+    got, rewrites = run_online(f, cats)
+    assert rewrites >= 2
+    assert_close(got, f(cats))
+
+
+@pytest.mark.parametrize("route", ["ragged", "tf1"])
+def test_movielens_genres(table, route):
+    genres = tf.constant([r["genres"] for r in read_csv("movielens_sample.txt")])
+    f = model(table, route, "hash", "safe", "sqrtn", sep="|")
+    cf, graph, report, counts = offline(f)
+    assert counts.get("CtrStringEmbedding") == 1 and not SPLIT_OPS & set(counts), counts
+    [got] = run_graph_def(cf, graph, genres)
+    assert_close(got, f(genres))
+
+
+# ---------------------------------------------------------------------------
+# Left alone, with a reason, and still exact
+
+
+def also_values(table, route):
+    def f(s):
+        ids = sparse_ids(s, route, "hash")
+        return tf.nn.safe_embedding_lookup_sparse(table, ids, None), ids.values
+
+    return f
+
+
+def also_dense_shape(table, route):
+    def f(s):
+        ids = sparse_ids(s, route, "hash")
+        return tf.nn.safe_embedding_lookup_sparse(table, ids, None), ids.dense_shape
+
+    return f
+
+
+def maxsplit(table, route):
+    def f(s):
+        tokens = tf.strings.split(s, ",", maxsplit=1)
+        return tf.nn.embedding_lookup_sparse(table, tf.strings.to_hash_bucket_fast(tokens, V).to_sparse(), None)
+
+    return f
+
+
+def int32_ids(table, route):
+    def f(s):
+        sp = tf.compat.v1.string_split(s, ",") if route == "tf1" else None
+        if sp is None:
+            return tf.nn.embedding_lookup_sparse(table, tf.strings.to_number(tf.strings.split(s, ","), tf.int32)
+                                                 .to_sparse(), None)
+        ids = tf.SparseTensor(sp.indices, tf.strings.to_number(sp.values, tf.int32), sp.dense_shape)
+        return tf.nn.embedding_lookup_sparse(table, ids, None)
+
+    return f
+
+
+NOT_FUSED = [(route, case, reason) for route in ("ragged", "tf1")
+             for case, reason in ((also_values, "another consumer"), (also_dense_shape, "another consumer"),
+                                  (int32_ids, None))] + [("ragged", maxsplit, None)]  # TF1 has no maxsplit
+
+
+@pytest.mark.parametrize("route,case,reason", NOT_FUSED)
+def test_not_fused_and_still_exact(rng, table, route, case, reason):
+    f = case(table, route)
+    cf, graph, report, counts = offline(f)
+    assert "CtrStringEmbedding" not in counts, counts
+    if reason:
+        assert any(reason in s["reason"] for s in report["skip"]), report["skip"]
+    strings = tf.constant(["1,2,3", "4", "5,6"])
+    got = run_graph_def(cf, graph, strings)
+    for g, w in zip(got, tf.nest.flatten(f(strings))):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
