@@ -311,6 +311,78 @@ def test_keras_hashing_embedding_saved_model(tmp_path, rng):
                      tf.saved_model.load(str(src)).signatures["serving_default"](**feeds)["output_0"])
 
 
+def flatten_ops(graph_def):
+    counts = rewrite.op_counts(graph_def, library=True)
+    return {op: counts[op] for op in ("ExpandDims", "Shape", "StridedSlice", "Pack") if op in counts}
+
+
+STRINGS_COLUMN = tf.TensorSpec([None, 1], tf.string)
+
+
+def keras_flatten(x):
+    """keras.layers.Flatten on [B, 1, D]: Reshape(x, Pack(Shape(x)[0], D))."""
+    return tf.reshape(x, tf.stack([tf.shape(x)[0], x.shape[-1]]))
+
+
+@pytest.mark.parametrize("int_keys", [False, True])
+def test_keras_flatten_goes_with_the_gather(rng, int_keys):
+    """[B, 1] keys give [B, 1, D] rows that Flatten turns back into [B, D]:
+    the fused op's own output. The Flatten is absorbed, no ExpandDims added."""
+    t = [tf.Variable(rng.normal(size=(V, D)).astype(np.float32)) for _ in range(2)]
+
+    def keys(k):
+        return tf.strings.as_string(k) if int_keys else k
+
+    def f(a, b):
+        rows = [tf.nn.embedding_lookup(t[i], tf.strings.to_hash_bucket_fast(keys(x), V)) for i, x in enumerate((a, b))]
+        return tf.concat([keras_flatten(r) for r in rows], axis=1)
+
+    spec = tf.TensorSpec([None, 1], tf.int64) if int_keys else STRINGS_COLUMN
+    cf, graph, report, counts = offline(f, spec, spec)
+    assert flatten_ops(graph) == {}, counts
+    hash_gathers = [m for m in report["match"] if m["pattern"] == "hash_gather"]
+    assert len(hash_gathers) == 2
+    for m in hash_gathers:
+        assert {r.rsplit(" (", 1)[1].rstrip(")") for r in m["replaced"]} >= {"Shape", "StridedSlice", "Pack", "Reshape"}
+    for batch in (17, 1, 0):
+        if int_keys:
+            args = [tf.constant(rng.integers(-10**9, 10**9, size=(batch, 1))) for _ in range(2)]
+        else:
+            args = [tf.reshape(tf.constant(random_strings(rng, max(batch, 3))[:batch], tf.string), [-1, 1])
+                    for _ in range(2)]
+        [got] = run_graph_def(cf, graph, *args)
+        assert got.shape == (batch, 2 * D)
+        assert_identical(got, f(*args))
+
+
+def test_flatten_with_another_reader_of_the_rows_stays(rng, table):
+    """The [B, 1, D] rows also feed a sum: they must still exist, so the fused
+    op's output gets its middle axis back and the Flatten stays."""
+    def f(s):
+        rows = tf.nn.embedding_lookup(table, tf.strings.to_hash_bucket_fast(s, V))
+        return tf.concat([keras_flatten(rows), tf.reduce_sum(rows, axis=1)], axis=1)
+
+    cf, graph, report, counts = offline(f, STRINGS_COLUMN)
+    assert counts.get("CtrStringEmbedding") == 1 and flatten_ops(graph).get("ExpandDims") == 1
+    args = tf.reshape(tf.constant(random_strings(rng)), [-1, 1])
+    [got] = run_graph_def(cf, graph, args)
+    assert_identical(got, f(args))
+
+
+def test_flatten_to_minus_one_stays(rng, table):
+    """Reshape to [B, -1] fails on an empty batch where the fused [B, D] would
+    not: it is not the fused output, so it stays (after an ExpandDims)."""
+    def f(s):
+        rows = tf.nn.embedding_lookup(table, tf.strings.to_hash_bucket_fast(s, V))
+        return tf.reshape(rows, tf.stack([tf.shape(rows)[0], -1]))
+
+    cf, graph, report, counts = offline(f, STRINGS_COLUMN)
+    assert counts.get("CtrStringEmbedding") == 1 and flatten_ops(graph).get("ExpandDims") == 1
+    args = tf.reshape(tf.constant(random_strings(rng)), [-1, 1])
+    [got] = run_graph_def(cf, graph, args)
+    assert_identical(got, f(args))
+
+
 def test_keras_hashing_of_int_keys(rng):
     model = keras_hash_model(int_keys=True)
     inputs = {n: tf.constant(rng.integers(0, 10**9, size=(20, 1))) for n in ("site", "app")}

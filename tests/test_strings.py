@@ -498,3 +498,20 @@ def test_lookup_num_buckets_differs_from_table_rows(rng, params):
     buckets = tf.strings.to_hash_bucket_fast(tf.strings.as_string(keys), 40)
     want = tf.math.segment_sum(tf.gather(params, buckets), [0, 0, 1, 1])
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+
+
+# The CPU split works on 32-byte chunks (a delimiter mask per chunk, as a GPU
+# warp splits): delimiters straddling chunk boundaries, overlapping matches of
+# a repetitive delimiter, and strings ending at the end of the packed buffer
+# (whose last chunk is copied out before it is read) must split as TF does.
+@pytest.mark.parametrize("delimiter", [",", "aa", "aba", "||", "<sep>"])
+@pytest.mark.parametrize("skip_empty", [True, False])
+def test_chunked_split_agrees_with_tf(rng, params, delimiter, skip_empty):
+    alphabet = sorted(set(delimiter)) + ["x", "7"]
+    strings = ["".join(rng.choice(alphabet, size=rng.integers(0, 150))) for _ in range(60)]
+    strings += [delimiter * k for k in (1, 2, 11, 40)]
+    for last in range(0, 70, 3):  # the buffer's last string, of every length around one and two chunks
+        tail = "".join(rng.choice(alphabet, size=last))
+        assert_matches(strings + [tail], params, delimiter=delimiter, id_mode="hash", skip_empty=skip_empty,
+                       combiner="sum")
+    assert_matches(strings, params, delimiter=delimiter, id_mode="hash", skip_empty=skip_empty, combiner="sqrtn")

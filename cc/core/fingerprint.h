@@ -109,8 +109,8 @@ CTR_HD Pair WeakHashLen32WithSeeds(const uint8_t* s, uint64_t a, uint64_t b) {
   return Pair{a + z, b + c};
 }
 
-CTR_HD uint64_t Fingerprint64(const uint8_t* s, uint64_t len) {
-  if (len <= 16) return HashLen0to16(s, len);
+// Tokens longer than 16 bytes: rare in CTR features.
+CTR_HD_COLD uint64_t Fingerprint64Long(const uint8_t* s, uint64_t len) {
   if (len <= 32) return HashLen17to32(s, len);
   if (len <= 64) return HashLen33to64(s, len);
 
@@ -155,10 +155,14 @@ CTR_HD uint64_t Fingerprint64(const uint8_t* s, uint64_t len) {
                    HashLen16(v.second, w.second, mul) + x, mul);
 }
 
+CTR_HD_HOT uint64_t Fingerprint64(const uint8_t* s, uint64_t len) {
+  return len <= 16 ? HashLen0to16(s, len) : Fingerprint64Long(s, len);
+}
+
 }  // namespace fp
 
 // tf.strings.to_hash_bucket_fast: Fingerprint64 modulo the bucket count.
-CTR_HD int64_t HashBucket(const uint8_t* s, uint64_t len, int64_t buckets) {
+CTR_HD_HOT int64_t HashBucket(const uint8_t* s, uint64_t len, int64_t buckets) {
   return static_cast<int64_t>(fp::Fingerprint64(s, len) %
                               static_cast<uint64_t>(buckets));
 }

@@ -9,7 +9,14 @@
 // becomes CtrStringEmbedding(table, CtrPackStrings(strings)) with an empty
 // delimiter (each whole string is one token), skip_empty false and combiner
 // sum: one row per string, bit-identical to the gather. [B, 1] strings go
-// through a Reshape to [B] and the result gets its middle axis back.
+// through a Reshape to [B] and the result gets its middle axis back -- unless
+// the [B, 1, D] rows only feed Keras' Flatten,
+//
+//   Reshape(rows, Pack(StridedSlice(Shape(rows))[0], D))
+//
+// which turns them into the fused op's [B, D] again: the Flatten goes with
+// the gather (five small ops per feature per call, a fifth of what was left
+// of a Keras Embedding model's graph around the fused ops).
 //
 // Integer keys hashed through AsString (the Hashing layer on ints; Grappler
 // fuses the two into _TensorToHashBucketFast) become
@@ -17,11 +24,13 @@
 //
 // Hashes of split tokens are left to the pooled patterns.
 #include <climits>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "cc/grappler/gathered_rows.h"
 #include "cc/grappler/pattern.h"
+#include "cc/grappler/split_source.h"
 #include "tensorflow/core/framework/attr_value.pb.h"
 #include "tensorflow/core/framework/tensor.pb.h"
 #include "tensorflow/core/framework/tensor_shape.pb.h"
@@ -70,6 +79,60 @@ const NodeDef* UnwrapNegativeIndexFix(const GraphIndex& g, const NodeDef* select
   if (!adds_h) return select;
   keys->wrap = {select, less, add};
   return h;
+}
+
+// Keras' Flatten of the gathered rows (through the Identity that
+// tf.nn.embedding_lookup ends in).
+struct FlattenOfRows {
+  std::vector<std::string> identities;
+  std::string shape, slice, pack, reshape;
+  bool found() const { return !reshape.empty(); }
+};
+
+bool HasControlInputs(const NodeDef& n) {
+  for (const auto& in : n.input())
+    if (!in.empty() && in[0] == '^') return true;
+  return false;
+}
+
+// Whether the gather's [B, 1, D] output feeds nothing but a Flatten to
+// [B, D] (D a known constant): then the Flatten's output is exactly the
+// fused op's, bit for bit. Control edges on the gather stay valid (the
+// fused node takes its name); the nodes in between must have none.
+bool MatchFlatten(RewriteContext* ctx, const NodeDef& gather, FlattenOfRows* f) {
+  const GraphIndex& g = ctx->index();
+  if (ctx->MustKeep(gather.name())) return false;
+  if (ctx->Rank(gather, 0) != 3 || ctx->Dim(gather, 0, 1) != 1) return false;
+  const NodeDef* rows = &gather;
+  std::vector<std::string> identities;
+  while (g.DataConsumers(rows->name()) == 1) {
+    const NodeDef* next = g.DataReaders(rows->name())[0];
+    if (!IsOp(next, "Identity") || ctx->MustKeep(next->name()) || HasControlInputs(*next)) return false;
+    if (rows != &gather && g.ControlConsumers(rows->name()) != 0) return false;
+    identities.push_back(next->name());
+    rows = next;
+  }
+  if (g.DataConsumers(rows->name()) != 2 || (rows != &gather && g.ControlConsumers(rows->name()) != 0)) return false;
+  const NodeDef *shape = nullptr, *reshape = nullptr;
+  for (const NodeDef* r : g.DataReaders(rows->name())) {
+    if (IsOp(r, "Shape") && g.Producer(*r, 0) == rows) shape = r;
+    if (IsOp(r, "Reshape") && g.Producer(*r, 0) == rows) reshape = r;
+  }
+  if (shape == nullptr || reshape == nullptr) return false;
+  const NodeDef* pack = g.Producer(*reshape, 1);
+  if (!IsOp(pack, "Pack") || IntAttr(*pack, "axis", 0) != 0 || pack->input_size() != 2) return false;
+  const NodeDef* slice = g.Producer(*pack, 0);
+  if (!IsFirstElementSlice(g, slice) || g.Producer(*slice, 0) != shape) return false;
+  int64_t dim = -1;
+  if (!ConstScalarInt(g.Producer(*pack, 1), &dim) || dim < 0 || ctx->Dim(gather, 0, 2) != dim) return false;
+  for (const NodeDef* n : {shape, slice, pack})
+    if (g.DataConsumers(n->name()) != 1 || g.ControlConsumers(n->name()) != 0 || ctx->MustKeep(n->name()))
+      return false;
+  for (const NodeDef* n : {shape, slice, pack, reshape})
+    if (HasControlInputs(*n)) return false;  // ordered after something: keep it simple, keep it
+  if (ctx->MustKeep(reshape->name())) return false;
+  *f = FlattenOfRows{identities, shape->name(), slice->name(), pack->name(), reshape->name()};
+  return true;
 }
 
 bool IsIndexCast(const NodeDef* n) {
@@ -141,11 +204,14 @@ class HashGatherPattern : public NamedPattern<kName> {
       return Skip(ctx, anchor,
                   table_rank < 0 ? "cannot prove the table is a matrix (rank unknown)" : "the table is not a matrix");
 
+    FlattenOfRows flatten;
+    if (rank == 2) MatchFlatten(ctx, anchor, &flatten);
+
     // Everything checked: from here on the graph changes.
     if (!keys.int_keys.empty()) {
-      RewriteIntKeys(anchor, keys, resource, T, rank, ctx);
+      RewriteIntKeys(anchor, keys, resource, T, rank, flatten, ctx);
     } else {
-      RewriteStrings(anchor, keys, resource, T, rank, ctx);
+      RewriteStrings(anchor, keys, resource, T, rank, flatten, ctx);
     }
     return true;
   }
@@ -243,15 +309,38 @@ class HashGatherPattern : public NamedPattern<kName> {
     return reshape->name();
   }
 
-  // Turns the anchor into the fused node (rank 1), or into ExpandDims of a new
-  // fused node (rank 2), keeping the anchor's name for its consumers. Returns
-  // the fused node, inputs and attributes still to fill.
+  // The Flatten's readers read the fused [B, D] output instead; its nodes,
+  // and the constants only they read, go.
+  static void AbsorbFlatten(RewriteContext* ctx, const std::string& fused, const FlattenOfRows& f,
+                            MatchRecord* record) {
+    const GraphIndex& g = ctx->index();
+    std::set<std::string> replaced = {f.shape, f.slice, f.pack, f.reshape}, consts;
+    replaced.insert(f.identities.begin(), f.identities.end());
+    for (const std::string& name : replaced) {
+      const NodeDef* n = g.Node(name);
+      record->replaced.push_back(Describe(*n));
+      for (int i = 0; i < n->input_size(); ++i) {
+        const NodeDef* in = g.Producer(*n, i);
+        if (IsOp(in, "Const")) consts.insert(in->name());
+      }
+    }
+    ctx->RedirectDataEdges(f.reshape, 0, TensorName(fused, 0));
+    ctx->RedirectControlEdges(f.reshape, fused);
+    RemoveDeadNodes(ctx, consts, replaced, fused);
+    for (const std::string& name : replaced) ctx->Remove(name, fused);
+  }
+
+  // Turns the anchor into the fused node (rank 1, or rank 2 read only by a
+  // Flatten), or into ExpandDims of a new fused node (rank 2), keeping the
+  // anchor's name for its consumers. Returns the fused node, inputs and
+  // attributes still to fill.
   static NodeDef* BecomeOutput(RewriteContext* ctx, const NodeDef& anchor, const std::string& op, DataType T,
-                               int rank) {
+                               int rank, const FlattenOfRows& flatten, MatchRecord* record) {
     const std::string name = anchor.name(), device = anchor.device();
     const NodeDef old = anchor;
     NodeDef* fused;
-    if (rank == 1) {
+    if (flatten.found()) AbsorbFlatten(ctx, name, flatten, record);
+    if (rank == 1 || flatten.found()) {
       fused = ctx->Mutable(name);
       fused->clear_input();
       fused->clear_attr();
@@ -274,7 +363,7 @@ class HashGatherPattern : public NamedPattern<kName> {
   }
 
   void RewriteStrings(const NodeDef& anchor_in, const HashedKeys& keys, bool resource, DataType T, int rank,
-                      RewriteContext* ctx) const {
+                      const FlattenOfRows& flatten, RewriteContext* ctx) const {
     const NodeDef anchor = anchor_in;  // the graph changes under the reference
     const std::string device = anchor.device();
     const std::string strings = keys.hash->input(0);
@@ -286,7 +375,7 @@ class HashGatherPattern : public NamedPattern<kName> {
     const std::string table = Table(ctx, anchor, resource, T);
     const std::string flat_strings = Flat(ctx, anchor.name(), strings, tensorflow::DT_STRING, rank, "");
 
-    NodeDef* fused = BecomeOutput(ctx, anchor, "CtrStringEmbedding", T, rank);
+    NodeDef* fused = BecomeOutput(ctx, anchor, "CtrStringEmbedding", T, rank, flatten, &record);
     FusedStrings f{table, flat_strings, T};
     f.id_mode = "hash";
     f.num_buckets = buckets;  // whole strings (empty delimiter), each kept, summed alone: the gathered row
@@ -297,7 +386,7 @@ class HashGatherPattern : public NamedPattern<kName> {
 
   // One key per row: row_splits 0, 1, ..., B.
   void RewriteIntKeys(const NodeDef& anchor_in, const HashedKeys& keys, bool resource, DataType T, int rank,
-                      RewriteContext* ctx) const {
+                      const FlattenOfRows& flatten, RewriteContext* ctx) const {
     const NodeDef anchor = anchor_in;
     const std::string device = anchor.device();
     const std::string base = anchor.name();
@@ -331,7 +420,7 @@ class HashGatherPattern : public NamedPattern<kName> {
     const std::string num_rows = AddInt64Scalar(ctx, base + "/ctr_num_rows", -1, device);
     const std::string weights = AddEmptyFloatVector(ctx, base + "/ctr_no_weights", device);
 
-    NodeDef* fused = BecomeOutput(ctx, anchor, "CtrEmbeddingLookup", T, rank);
+    NodeDef* fused = BecomeOutput(ctx, anchor, "CtrEmbeddingLookup", T, rank, flatten, &record);
     for (const NodeDef& n : absorbed) CopyControlInputs(n, fused);
     for (const std::string& in : {table, flat, splits, num_rows, weights}) fused->add_input(in);
     auto& attr = *fused->mutable_attr();
