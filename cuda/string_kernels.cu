@@ -1,10 +1,11 @@
 // CUDA side of the string embedding (interface: cuda/string_launchers.h).
 //
-// Splitting rules (DelimiterAt, AcceptDelimiters, TokenStartAt: ForEachToken
-// cut into 32-byte chunks), token resolution (ResolveToken: Fingerprint64 or
-// ParseInt64), the combiner, the max_norm clip and its backward all come from
-// cc/core, which the CPU kernels and their tests use too; this file only
-// decides how that work is spread over a warp.
+// Splitting rules (DelimiterAt, AcceptDelimiters, TokenStartAt: the split in
+// 32-byte chunks that ForEachTokenChunked also does on the host), token
+// resolution (ResolveToken: Fingerprint64 or ParseInt64), the combiner, the
+// max_norm clip and its backward all come from cc/core, which the CPU kernels
+// and their tests use too; this file only decides how that work is spread
+// over a warp.
 //
 // One warp owns one bag:
 //   1. Split: the warp reads 32 consecutive bytes, one per lane; each lane
@@ -252,7 +253,7 @@ struct TokenQueue {
   }
 };
 
-// Calls flush with the tokens of bag `bag`, in ForEachToken order, in batches
+// Calls flush with the tokens of bag `bag`, in split order (left to right), in batches
 // of up to 32. Returns false when flush stopped the bag. Warp-collective.
 template <typename Flush>
 __device__ bool VisitBagTokens(const StringSpec& s, const uint8_t* bytes,

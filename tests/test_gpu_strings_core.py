@@ -307,7 +307,7 @@ def gpu_grad(table, dtype, raw, splits, grad_out, bag_splits=None, max_grad_rows
 
 
 def split_tokens(s, delimiter, skip_empty):
-    """ForEachToken: bytes.split is the same left-to-right, non-overlapping split."""
+    """The split of cc/core/strings.h: bytes.split is the same left-to-right, non-overlapping split."""
     tokens = s.split(delimiter) if delimiter else [s]
     return [t for t in tokens if t] if skip_empty else tokens
 

@@ -289,6 +289,34 @@ def test_multi_string_embedding_one_fused_op(rng):
     assert not {"StringSplitV2", "StringToNumber", "StringToHashBucketFast"} & set(types)
 
 
+def test_multi_string_embedding_with_skewed_features(rng):
+    """Single keys then long id lists: the CPU kernel splits the rows by bytes,
+    so every row must still be pooled once, by the right feature's spec."""
+    batch = 3000
+    tables = [tf.constant(rng.normal(size=(v, 4)).astype(np.float32)) for v in (50, 60, 70, 500)]
+    singles = [tf.constant([str(i) for i in rng.integers(0, 1000, size=batch)]) for _ in range(3)]
+    lists = tf.constant(random_id_strings(rng, batch, 500, max_tokens=60, delimiter="|"))
+    feats = singles + [lists]
+    kw = dict(delimiters=[None, None, None, "|"], combiners=["sum", "sum", "mean", "sqrtn"],
+              id_modes=["hash", "mod", "hash", "index"])
+    outs = tco.multi_string_embedding(feats, tables, **kw)
+    for i, (f, t) in enumerate(zip(feats, tables)):
+        want = tco.string_embedding(f, t, delimiter=kw["delimiters"][i], combiner=kw["combiners"][i],
+                                    id_mode=kw["id_modes"][i])
+        np.testing.assert_array_equal(outs[i].numpy(), want.numpy(), err_msg=f"feature {i}")
+
+
+def test_pack_strings_large_enough_for_the_pool(rng):
+    """Packs of more than about 2 MB are copied on the intra-op pool."""
+    lengths = rng.integers(0, 40, size=150_000)
+    alphabet = np.frombuffer(b"0123456789abcdef|", dtype=np.uint8)
+    strings = [bytes(alphabet[rng.integers(0, len(alphabet), size=n)]) for n in lengths]
+    halves = [tf.constant(strings[:70_000]), tf.constant(strings[70_000:])]
+    data, splits = tf_ctr_ops_raw_pack(halves)
+    assert bytes(data.numpy()) == b"".join(strings)
+    np.testing.assert_array_equal(splits.numpy(), np.concatenate([[0], np.cumsum(lengths)]))
+
+
 def test_multi_errors_name_the_feature(params):
     with pytest.raises(tf.errors.InvalidArgumentError, match="feature 1: token 'x' in row 0"):
         tco.multi_string_embedding([tf.constant(["1"]), tf.constant(["x"])], [params, params], id_modes="index")

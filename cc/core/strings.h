@@ -52,70 +52,16 @@ inline std::string SetDelimiter(StringSpec* s, const std::string& delim) {
   return "";
 }
 
-// Calls fn(begin, len) for each token of s[0, len) split on the full
-// delimiter, left to right and non-overlapping (tf.strings.split semantics);
-// skip_empty drops empty tokens. fn returns false to stop early.
-template <typename Fn>
-CTR_HD void ForEachToken(const uint8_t* s, int64_t len, const uint8_t* delim,
-                         int64_t delim_len, bool skip_empty, Fn fn) {
-  int64_t start = 0;
-  // The common one-byte delimiter: a plain scan, no inner compare loop
-  // (tokens are short, so this beats a memchr call per token).
-  if (delim_len == 1) {
-    const uint8_t d = delim[0];
-    int64_t i = 0;
-#if !defined(__CUDA_ARCH__)
-    // Eight bytes at a time: one branch per token instead of one per byte
-    // (token lengths are unpredictable, so per-byte branches mispredict).
-    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
-    const uint64_t pattern = ones * d;
-    while (len - i >= 8) {
-      uint64_t word;
-      memcpy(&word, s + i, 8);
-      const uint64_t x = word ^ pattern;
-      const uint64_t hit = (x - ones) & ~x & highs;  // lowest set byte is the first delimiter
-      if (hit == 0) {
-        i += 8;
-        continue;
-      }
-      i += __builtin_ctzll(hit) >> 3;
-      if (!(skip_empty && i == start) && !fn(start, i - start)) return;
-      start = ++i;
-    }
-#endif
-    for (; i < len; ++i) {
-      if (s[i] != d) continue;
-      if (!(skip_empty && i == start) && !fn(start, i - start)) return;
-      start = i + 1;
-    }
-    if (!(skip_empty && len == start)) fn(start, len - start);
-    return;
-  }
-  if (delim_len > 0) {
-    int64_t i = 0;
-    while (i + delim_len <= len) {
-      int64_t k = 0;
-      while (k < delim_len && s[i + k] == delim[k]) ++k;
-      if (k < delim_len) {
-        ++i;
-        continue;
-      }
-      if (!(skip_empty && i == start) && !fn(start, i - start)) return;
-      i += delim_len;
-      start = i;
-    }
-  }
-  if (!(skip_empty && len == start)) fn(start, len - start);
-}
-
 // ---------------------------------------------------------------------------
-// ForEachToken in 32-byte chunks, for a GPU warp: lane l tests whether a
-// delimiter starts at byte c + l (DelimiterAt), a ballot gathers those
-// candidates into a mask, and the functions below turn the mask into exactly
-// the tokens ForEachToken produces. The only state carried between chunks is
-// where the current token starts, which is also the first byte a delimiter
-// may start at (matches are non-overlapping). They work on masks only, so the
-// host can check them against ForEachToken.
+// Splitting, as tf.strings.split does it: on the full delimiter, left to
+// right and non-overlapping; skip_empty drops empty tokens. Strings are cut
+// into 32-byte chunks. On a GPU warp, lane l tests whether a delimiter starts
+// at byte c + l (DelimiterAt) and a ballot gathers those candidates into a
+// mask; on the host one SIMD compare gives it (ForEachTokenChunked). The
+// functions below turn the mask into tokens. The only state carried between
+// chunks is where the current token starts, which is also the first byte a
+// delimiter may start at (matches are non-overlapping). They work on masks
+// only, so the CPU and GPU split the same way and the CPU tests check both.
 
 constexpr int kSplitChunk = 32;  // bytes per chunk: one per lane of a warp
 
@@ -162,7 +108,7 @@ CTR_HD int NthSetBit(uint32_t m, int n) {
 }
 
 // Whether the full delimiter starts at s[i]; the caller guarantees
-// i + delim_len <= the string's length, as ForEachToken's loop does. The
+// i + delim_len <= the string's length. The
 // constant trip count lets nvcc unroll it, so a delimiter held in a spec stays
 // in registers instead of local memory.
 CTR_HD bool DelimiterAt(const uint8_t* s, int64_t i, const uint8_t* delim, int64_t delim_len) {
@@ -173,7 +119,7 @@ CTR_HD bool DelimiterAt(const uint8_t* s, int64_t i, const uint8_t* delim, int64
   return true;
 }
 
-// The delimiters ForEachToken accepts in chunk [chunk_begin, chunk_begin + 32),
+// The delimiters the split accepts in chunk [chunk_begin, chunk_begin + 32),
 // given the candidates (bit l: DelimiterAt(c + l)) and the current token
 // start. Left to right, a match is taken unless an accepted one covers it.
 CTR_HD uint32_t AcceptDelimiters(uint32_t candidates, int64_t chunk_begin, int64_t delim_len,
@@ -219,7 +165,8 @@ inline uint32_t ByteMask32(const uint8_t* p, uint8_t d) {
 #endif
 }
 
-// ForEachToken on the host in 32-byte chunks, as a GPU warp splits: a
+// Calls fn(begin, len) for each token of s[0, len), returning false to stop;
+// on the host in 32-byte chunks, as a GPU warp splits: a
 // delimiter mask per chunk (one SIMD compare instead of a branch per byte)
 // turned into tokens by AcceptDelimiters, the function the warp uses. Token
 // lengths are unpredictable, so a per-byte or per-word scan mispredicts a
@@ -319,7 +266,7 @@ inline bool FusedNumberScan(const StringSpec& s) {
   return s.mode != TokenMode::kHash && s.delim_len == 1 && !IsAsciiDigit(s.delim[0]);
 }
 
-// ForEachToken followed by ResolveToken on each token of str[0, len):
+// The split followed by ResolveToken on each token of str[0, len):
 // fn(begin, len, row, value), returning false to stop. Index and mod modes
 // with a one-byte delimiter split and parse short ids in one pass, reading up
 // to 8 bytes at a time within str[0, readable); anything unusual (signs,
@@ -334,8 +281,8 @@ inline void ForEachResolvedToken(const uint8_t* str, int64_t len, int64_t readab
       const int64_t row = ResolveToken(str + b, n, s, &value);
       return fn(b, n, row, value);
     };
-    if (s.delim_len == 0) {
-      ForEachToken(str, len, s.delim, 0, s.skip_empty, resolve);
+    if (s.delim_len == 0) {  // the whole string is the one token
+      if (!(s.skip_empty && len == 0)) resolve(0, len);
     } else {
       ForEachTokenChunked(str, len, readable, s.delim, s.delim_len, s.skip_empty, resolve);
     }

@@ -284,9 +284,7 @@ class HashGatherPattern : public NamedPattern<kName> {
     if (node == nullptr || depth == 0 || ctx->index().DataConsumers(node->name()) != 1) return;
     bool pure = false;
     for (const char* op : kPure) pure |= node->op() == op;
-    if (!pure) return;
-    for (const auto& in : node->input())
-      if (!in.empty() && in[0] == '^') return;  // ordered after something: keep it simple, keep it
+    if (!pure || HasControlInputs(*node)) return;  // ordered after something: keep it simple, keep it
     ctx->Remove(node->name(), fused);
     for (int i = 0; i < node->input_size(); ++i) RemoveIfDead(ctx, ctx->index().Producer(*node, i), fused, depth - 1);
   }

@@ -2,6 +2,8 @@
 // embedding kernels (shapes and attributes only, never tensor contents).
 #pragma once
 
+#include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -107,6 +109,36 @@ inline absl::Status BindTable(const tensorflow::Tensor& params, ctr::StringSpec*
     return tensorflow::errors::InvalidArgument(
         "hash and mod modes need a table with at least one row, got ", s->lookup.vocab);
   return absl::OkStatus();
+}
+
+// Runs fn(begin, end) over the rows [0, n) of validated string splits on
+// TF's intra-op pool, in shards of about equal bytes rather than equal rows: a
+// grouped op's rows range from one short key to long id lists (in feature
+// order), and equal row counts would leave one thread with all the lists.
+inline void ParallelForBytes(tensorflow::OpKernelContext* ctx, const int64_t* splits, int64_t n,
+                             int64_t cost_per_row, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  // A row weighs its bytes plus a fixed share for its bag's output.
+  constexpr int64_t kRowBytes = 16;
+  auto weight = [&](int64_t r) { return splits[r] - splits[0] + r * kRowBytes; };
+  const int64_t threads = ctx->device()->tensorflow_cpu_worker_threads()->num_threads;
+  const int64_t k = std::min<int64_t>(n, std::max<int64_t>(1, 4 * threads));
+  std::vector<int64_t> bounds(k + 1, n);
+  bounds[0] = 0;
+  const int64_t total = weight(n);
+  for (int64_t j = 1; j < k; ++j) {
+    int64_t lo = bounds[j - 1], hi = n;  // first row whose prefix weight reaches j / k of the total
+    const int64_t goal = static_cast<int64_t>(static_cast<double>(total) * j / k);
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (weight(mid) < goal) lo = mid + 1; else hi = mid;
+    }
+    bounds[j] = lo;
+  }
+  ParallelFor(ctx, k, std::max<int64_t>(1, cost_per_row * n / k), [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j)
+      if (bounds[j] < bounds[j + 1]) fn(bounds[j], bounds[j + 1]);
+  });
 }
 
 inline absl::Status CheckVector(const tensorflow::Tensor& t, const char* what) {
