@@ -108,9 +108,9 @@ CTR_HD int NthSetBit(uint32_t m, int n) {
 }
 
 // Whether the full delimiter starts at s[i]; the caller guarantees
-// i + delim_len <= the string's length. The
-// constant trip count lets nvcc unroll it, so a delimiter held in a spec stays
-// in registers instead of local memory.
+// i + delim_len <= the string's length. The constant trip count lets nvcc
+// unroll it, so a delimiter held in a spec stays in registers instead of
+// local memory.
 CTR_HD bool DelimiterAt(const uint8_t* s, int64_t i, const uint8_t* delim, int64_t delim_len) {
   for (int k = 0; k < kMaxDelimiterBytes; ++k) {
     if (k >= delim_len) return true;
@@ -165,8 +165,8 @@ inline uint32_t ByteMask32(const uint8_t* p, uint8_t d) {
 #endif
 }
 
-// Calls fn(begin, len) for each token of s[0, len), returning false to stop;
-// on the host in 32-byte chunks, as a GPU warp splits: a
+// Calls fn(begin, len) for each token of s[0, len) (fn returns false to
+// stop), on the host in 32-byte chunks as a GPU warp splits them: a
 // delimiter mask per chunk (one SIMD compare instead of a branch per byte)
 // turned into tokens by AcceptDelimiters, the function the warp uses. Token
 // lengths are unpredictable, so a per-byte or per-word scan mispredicts a

@@ -286,20 +286,19 @@ class MultiStringEmbeddingCpuOp : public OpKernel {
     for (const auto& sp : specs) max_dim = std::max(max_dim, sp.lookup.dim);
     std::vector<FirstTokenError> first(n);
     // One pass over all N * B rows: the CPU form of the grouped launch.
-    ParallelForBytes(ctx, s, num_strings, StringBagCost(specs[0], bytes.NumElements(), num_strings),
-                     [&](int64_t begin, int64_t end) {
-                  std::vector<float> acc(max_dim);
-                  while (begin < end) {
-                    const int f = static_cast<int>(begin / batch);
-                    const int64_t stop = std::min(end, (f + 1) * batch);
-                    ctr::TokenError err;
-                    ctr::PoolStringBagsCpu(specs[f], CorePtr<T>(ctx->input(f)), b, bytes.NumElements(),
-                                           s + f * batch, nullptr, begin - f * batch, stop - f * batch,
-                                           acc.data(), CorePtr<T>(outs[f]), &err);
-                    first[f].Offer(err);
-                    begin = stop;
-                  }
-                });
+    auto pool_rows = [&](int64_t begin, int64_t end) {
+      std::vector<float> acc(max_dim);
+      while (begin < end) {
+        const int f = static_cast<int>(begin / batch);
+        const int64_t stop = std::min(end, (f + 1) * batch);
+        ctr::TokenError err;
+        ctr::PoolStringBagsCpu(specs[f], CorePtr<T>(ctx->input(f)), b, bytes.NumElements(), s + f * batch, nullptr,
+                               begin - f * batch, stop - f * batch, acc.data(), CorePtr<T>(outs[f]), &err);
+        first[f].Offer(err);
+        begin = stop;
+      }
+    };
+    ParallelForBytes(ctx, s, num_strings, StringBagCost(specs[0], bytes.NumElements(), num_strings), pool_rows);
     for (int f = 0; f < n; ++f)
       OP_REQUIRES_OK(ctx, first[f].ToStatus(b, specs[f].lookup.vocab, "feature " + std::to_string(f) + ": "));
   }
