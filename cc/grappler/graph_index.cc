@@ -3,22 +3,33 @@
 namespace tf_ctr {
 namespace grappler {
 
-TensorId ParseTensorName(const std::string& input) {
-  TensorId id;
-  if (!input.empty() && input[0] == '^') {
-    id.node = input.substr(1);
-    id.port = -1;
-    return id;
-  }
+namespace {
+
+struct TensorView {
+  std::string_view node;
+  int port = 0;
+};
+
+// ParseTensorName without copies: the index parses every input of every node
+// at each rebuild.
+TensorView ParseTensorView(std::string_view input) {
+  if (!input.empty() && input[0] == '^') return {input.substr(1), -1};
   const size_t colon = input.rfind(':');
-  if (colon != std::string::npos && colon + 1 < input.size() &&
-      input.find_first_not_of("0123456789", colon + 1) == std::string::npos) {
-    id.node = input.substr(0, colon);
-    id.port = std::stoi(input.substr(colon + 1));
-  } else {
-    id.node = input;
+  if (colon == std::string_view::npos || colon + 1 == input.size()) return {input, 0};
+  int port = 0;
+  for (size_t i = colon + 1; i < input.size(); ++i) {
+    const char c = input[i];
+    if (c < '0' || c > '9' || port > 100000000) return {input, 0};  // not a port: part of the name
+    port = port * 10 + (c - '0');
   }
-  return id;
+  return {input.substr(0, colon), port};
+}
+
+}  // namespace
+
+TensorId ParseTensorName(const std::string& input) {
+  const TensorView v = ParseTensorView(input);
+  return TensorId{std::string(v.node), v.port};
 }
 
 std::string TensorName(const std::string& node, int port) {
@@ -27,61 +38,80 @@ std::string TensorName(const std::string& node, int port) {
 
 GraphIndex::GraphIndex(const tensorflow::GraphDef& graph, const std::vector<std::string>& fetch) {
   order_.reserve(graph.node_size());
+  entries_.reserve(graph.node_size());
+  size_t bytes = 0;
+  for (const auto& n : graph.node()) bytes += n.name().size();
+  names_.reserve(bytes);  // never grows past this: the views below stay valid
   for (const auto& n : graph.node()) {
-    nodes_[n.name()] = &n;
+    const size_t at = names_.size();
+    names_ += n.name();
+    entries_[std::string_view(names_).substr(at, n.name().size())].node = &n;
     order_.push_back(&n);
   }
+  auto count_reader = [&](Entry* e, int port) {
+    if (static_cast<int>(e->port_consumers.size()) <= port) e->port_consumers.resize(port + 1, 0);
+    ++e->port_consumers[port];
+    ++e->data_consumers;
+  };
   for (const auto& n : graph.node()) {
     for (const auto& in : n.input()) {
-      const TensorId id = ParseTensorName(in);
+      const TensorView id = ParseTensorView(in);
+      auto it = entries_.find(id.node);
+      if (it == entries_.end()) continue;  // a dangling input: no node to count it for
       if (id.port < 0) {
-        ++control_consumers_[id.node];
+        ++it->second.control_consumers;
         continue;
       }
-      readers_[id.node].push_back(&n);
-      ++data_consumers_[id.node];
-      ++consumers_[TensorName(id.node, id.port)];
+      it->second.readers.push_back(&n);
+      count_reader(&it->second, id.port);
     }
   }
   for (const auto& f : fetch) {
-    const TensorId id = ParseTensorName(f);
-    ++data_consumers_[id.node];
-    ++consumers_[TensorName(id.node, id.port < 0 ? 0 : id.port)];
+    const TensorView id = ParseTensorView(f);
+    auto it = entries_.find(id.node);
+    if (it != entries_.end()) count_reader(&it->second, id.port < 0 ? 0 : id.port);
   }
 }
 
+const GraphIndex::Entry* GraphIndex::Find(std::string_view name) const {
+  auto it = entries_.find(name);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
 const tensorflow::NodeDef* GraphIndex::Node(const std::string& name) const {
-  auto it = nodes_.find(name);
-  return it == nodes_.end() ? nullptr : it->second;
+  const Entry* e = Find(name);
+  return e == nullptr ? nullptr : e->node;
 }
 
 const tensorflow::NodeDef* GraphIndex::Producer(const tensorflow::NodeDef& node, int i, int* port) const {
   if (i >= node.input_size()) return nullptr;
-  const TensorId id = ParseTensorName(node.input(i));
+  const TensorView id = ParseTensorView(node.input(i));
   if (id.port < 0) return nullptr;
   if (port) *port = id.port;
-  return Node(id.node);
+  const Entry* e = Find(id.node);
+  return e == nullptr ? nullptr : e->node;
 }
 
 int GraphIndex::Consumers(const std::string& node, int port) const {
-  auto it = consumers_.find(TensorName(node, port));
-  return it == consumers_.end() ? 0 : it->second;
+  const Entry* e = Find(node);
+  if (e == nullptr || port < 0 || port >= static_cast<int>(e->port_consumers.size())) return 0;
+  return e->port_consumers[port];
 }
 
 int GraphIndex::DataConsumers(const std::string& node) const {
-  auto it = data_consumers_.find(node);
-  return it == data_consumers_.end() ? 0 : it->second;
+  const Entry* e = Find(node);
+  return e == nullptr ? 0 : e->data_consumers;
 }
 
 const std::vector<const tensorflow::NodeDef*>& GraphIndex::DataReaders(const std::string& node) const {
   static const auto* none = new std::vector<const tensorflow::NodeDef*>();
-  auto it = readers_.find(node);
-  return it == readers_.end() ? *none : it->second;
+  const Entry* e = Find(node);
+  return e == nullptr ? *none : e->readers;
 }
 
 int GraphIndex::ControlConsumers(const std::string& node) const {
-  auto it = control_consumers_.find(node);
-  return it == control_consumers_.end() ? 0 : it->second;
+  const Entry* e = Find(node);
+  return e == nullptr ? 0 : e->control_consumers;
 }
 
 }  // namespace grappler

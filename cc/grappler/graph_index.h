@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -25,6 +26,8 @@ std::string TensorName(const std::string& node, int port);
 
 class GraphIndex {
  public:
+  // The index points into `graph` (node names included): it is rebuilt
+  // whenever nodes are added or removed.
   GraphIndex(const tensorflow::GraphDef& graph, const std::vector<std::string>& fetch);
 
   const tensorflow::NodeDef* Node(const std::string& name) const;
@@ -43,12 +46,22 @@ class GraphIndex {
   int ControlConsumers(const std::string& node) const;
 
  private:
-  std::unordered_map<std::string, const tensorflow::NodeDef*> nodes_;
+  // What is known of one node, keyed by a view into names_ (a copy of every
+  // node name in one buffer: patterns may clear and refill a node in place
+  // before the next rebuild). A rebuild, once per rewrite, then allocates per
+  // node, not per name and edge.
+  struct Entry {
+    const tensorflow::NodeDef* node = nullptr;
+    std::vector<int> port_consumers;  // data readers and fetches of each output port
+    int data_consumers = 0;
+    int control_consumers = 0;
+    std::vector<const tensorflow::NodeDef*> readers;
+  };
+  const Entry* Find(std::string_view name) const;
+
+  std::string names_;
+  std::unordered_map<std::string_view, Entry> entries_;
   std::vector<const tensorflow::NodeDef*> order_;
-  std::unordered_map<std::string, int> consumers_;  // "node:port" -> count
-  std::unordered_map<std::string, int> data_consumers_;  // node -> count
-  std::unordered_map<std::string, std::vector<const tensorflow::NodeDef*>> readers_;
-  std::unordered_map<std::string, int> control_consumers_;
 };
 
 }  // namespace grappler

@@ -24,9 +24,10 @@ RewriteContext::RewriteContext(tensorflow::GraphDef* graph, std::vector<std::str
 }
 
 NodeDef* RewriteContext::Mutable(const std::string& name) {
-  for (auto& n : *graph_->mutable_node())
-    if (n.name() == name) return &n;
-  return nullptr;
+  // Indexed nodes belong to graph_, which this context may change.
+  if (const NodeDef* n = index_->Node(name)) return const_cast<NodeDef*>(n);
+  auto it = pending_.find(name);
+  return it == pending_.end() ? nullptr : it->second;
 }
 
 NodeDef* RewriteContext::AddNode(const std::string& base, const std::string& op, const std::string& device) {
@@ -35,6 +36,7 @@ NodeDef* RewriteContext::AddNode(const std::string& base, const std::string& op,
     name = base + "_" + std::to_string(i);
   NodeDef* n = graph_->add_node();
   added_.insert(name);
+  pending_[name] = n;
   n->set_name(name);
   n->set_op(op);
   n->set_device(device);
@@ -45,6 +47,9 @@ void RewriteContext::RedirectControlEdges(const std::string& from, const std::st
   const std::string old_edge = "^" + from, new_edge = "^" + to;
   for (auto& n : *graph_->mutable_node()) {
     if (n.name() == to) continue;
+    bool has_old = false;  // most nodes have no such edge: one pass decides
+    for (const auto& in : n.input()) has_old |= in == old_edge;
+    if (!has_old) continue;
     bool has_new = false;
     for (const auto& in : n.input()) has_new |= in == new_edge;
     auto* inputs = n.mutable_input();
@@ -65,7 +70,9 @@ void RewriteContext::RedirectDataEdges(const std::string& from, int port, const 
     auto* inputs = n.mutable_input();
     for (int i = 0; i < inputs->size(); ++i) {
       const std::string& in = inputs->Get(i);
-      if (in.empty() || in[0] == '^') continue;
+      // Cheap prefix test first: ParseTensorName copies, and this runs over
+      // every input of the graph.
+      if (in.compare(0, from.size(), from) != 0) continue;
       const TensorId t = ParseTensorName(in);
       if (t.node == from && t.port == port) *inputs->Mutable(i) = to;
     }
@@ -100,12 +107,15 @@ void RewriteContext::Commit() {
   }
   kept_as_noop_.clear();
   if (!removed_.empty()) {
-    tensorflow::GraphDef kept;
-    for (auto& n : *graph_->mutable_node())
-      if (!removed_.count(n.name())) kept.add_node()->Swap(&n);
-    graph_->mutable_node()->Swap(kept.mutable_node());
+    // Compacts in place, in order: only pointers move, no node is copied.
+    auto* nodes = graph_->mutable_node();
+    int kept = 0;
+    for (int i = 0; i < nodes->size(); ++i)
+      if (!removed_.count(nodes->Get(i).name())) nodes->SwapElements(kept++, i);
+    nodes->DeleteSubrange(kept, nodes->size() - kept);
     removed_.clear();
   }
+  pending_.clear();
   index_ = std::make_unique<GraphIndex>(*graph_, fetch_);
 }
 

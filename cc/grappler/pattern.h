@@ -7,6 +7,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cc/grappler/graph_index.h"
@@ -77,6 +78,8 @@ class RewriteContext {
   // Nodes rewrites added: inferred shapes under their names (a removed
   // original node's) do not describe them.
   std::set<std::string> added_;
+  // Nodes added since the last Commit, which the index does not know yet.
+  std::unordered_map<std::string, tensorflow::NodeDef*> pending_;
   std::vector<std::pair<std::string, std::string>> kept_as_noop_;  // (name, fused)
   std::vector<MatchRecord> matches_;
   std::vector<SkipRecord> skips_;
