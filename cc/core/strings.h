@@ -477,9 +477,11 @@ void PoolBagRows(const LookupSpec& s, const T* params, const std::vector<const T
 // Pools bags [row_begin, row_end) of tokens; acc is dim floats of scratch.
 // nonempty (nullable) receives whether each bag had a token.
 //
-// Bag r + 1 is resolved (split, hashed or parsed, its rows prefetched) before
-// bag r is summed, so one bag's hashing overlaps the other's row loads. A
-// per-bag loop with the rows in hand costs a third less per token than a
+// Bags ahead of the one being summed are resolved (split, hashed or parsed,
+// their rows prefetched) first: the next one always, and more while fewer
+// than kRowsInFlight rows are pending, so the row loads of short bags (a few
+// ids each, tables far larger than the cache) overlap as well as long ones'.
+// A per-bag loop with the rows in hand costs a third less per token than a
 // stream of entries with bag boundaries checked at each one.
 template <typename T>
 void PoolStringBagsCpu(const StringSpec& s, const T* params, const uint8_t* bytes, int64_t num_bytes,
@@ -490,15 +492,22 @@ void PoolStringBagsCpu(const StringSpec& s, const T* params, const uint8_t* byte
     return;
   }
   if (row_begin >= row_end) return;
+  constexpr int64_t kMaxAhead = 8, kRowsInFlight = 16;
   const TokenBagVisitor visit{s, bytes, num_bytes, string_splits, bag_splits, err};
   const int64_t dim = s.lookup.dim;
-  std::vector<const T*> current, next;
-  if (!ResolveBagRows(visit, params, dim, row_begin, &current)) return;
+  std::vector<const T*> ring[kMaxAhead];  // bag b's rows in ring[b % kMaxAhead]
+  int64_t next = row_begin, pending = 0;  // the next bag to resolve; rows resolved, not yet summed
   for (int64_t r = row_begin; r < row_end; ++r) {
-    if (r + 1 < row_end && !ResolveBagRows(visit, params, dim, r + 1, &next)) return;
-    if (nonempty) nonempty[r] = !current.empty();
-    PoolBagRows(s.lookup, params, current, acc, out + r * dim);
-    current.swap(next);
+    while (next < row_end && next - r < kMaxAhead && (next <= r + 1 || pending < kRowsInFlight)) {
+      std::vector<const T*>& rows = ring[next % kMaxAhead];
+      if (!ResolveBagRows(visit, params, dim, next, &rows)) return;  // err holds the bad token
+      pending += static_cast<int64_t>(rows.size());
+      ++next;
+    }
+    const std::vector<const T*>& rows = ring[r % kMaxAhead];
+    if (nonempty) nonempty[r] = !rows.empty();
+    PoolBagRows(s.lookup, params, rows, acc, out + r * dim);
+    pending -= static_cast<int64_t>(rows.size());
   }
 }
 
