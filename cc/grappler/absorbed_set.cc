@@ -77,17 +77,6 @@ bool ConstScalarFloat(const NodeDef* node, float* value) {
   return true;
 }
 
-std::string AddInt32Vector(RewriteContext* ctx, const std::string& base, const std::vector<int32_t>& values,
-                           const std::string& device) {
-  NodeDef* n = ctx->AddNode(base, "Const", device);
-  (*n->mutable_attr())["dtype"].set_type(tensorflow::DT_INT32);
-  tensorflow::TensorProto* t = (*n->mutable_attr())["value"].mutable_tensor();
-  t->set_dtype(tensorflow::DT_INT32);
-  t->mutable_tensor_shape()->add_dim()->set_size(static_cast<int64_t>(values.size()));
-  for (int32_t v : values) t->add_int_val(v);
-  return n->name();
-}
-
 // Dim 0 of the variable behind a resource handle, looking through Identity.
 static int64_t HandleRows(const GraphIndex& g, const NodeDef* handle) {
   while (IsOp(handle, "Identity")) handle = g.Producer(*handle, 0);

@@ -27,10 +27,6 @@ void AbsorbNodes(RewriteContext* ctx, const std::vector<const tensorflow::NodeDe
 // Value of a scalar float32 Const, or false.
 bool ConstScalarFloat(const tensorflow::NodeDef* node, float* value);
 
-// Adds an int32 Const vector; returns its name.
-std::string AddInt32Vector(RewriteContext* ctx, const std::string& base, const std::vector<int32_t>& values,
-                           const std::string& device);
-
 // Rows of the [V, D] table tensor `table` ("node:port"), -1 when unknown:
 // inferred shapes, else the declared shape of the variable a ReadVariableOp reads.
 int64_t TableRows(RewriteContext* ctx, const std::string& table);

@@ -328,25 +328,51 @@ void CopyControlInputs(const NodeDef& from, NodeDef* to) {
     if (!in.empty() && in[0] == '^') to->add_input(in);
 }
 
-std::string AddInt64Scalar(RewriteContext* ctx, const std::string& base, int64_t value, const std::string& device) {
+// A Const node of an integer dtype, shaped [] (size < 0) or [size]: its value
+// proto for the caller to fill, and its name in *name.
+static tensorflow::TensorProto* AddIntConst(RewriteContext* ctx, const std::string& base, tensorflow::DataType dtype,
+                                            int64_t size, const std::string& device, std::string* name) {
   NodeDef* n = ctx->AddNode(base, "Const", device);
-  (*n->mutable_attr())["dtype"].set_type(tensorflow::DT_INT64);
+  (*n->mutable_attr())["dtype"].set_type(dtype);
   tensorflow::TensorProto* t = (*n->mutable_attr())["value"].mutable_tensor();
-  t->set_dtype(tensorflow::DT_INT64);
-  t->mutable_tensor_shape();
-  t->add_int64_val(value);
-  return n->name();
+  t->set_dtype(dtype);
+  auto* shape = t->mutable_tensor_shape();
+  if (size >= 0) shape->add_dim()->set_size(size);
+  *name = n->name();
+  return t;
+}
+
+std::string AddInt64Scalar(RewriteContext* ctx, const std::string& base, int64_t value, const std::string& device) {
+  std::string name;
+  AddIntConst(ctx, base, tensorflow::DT_INT64, -1, device, &name)->add_int64_val(value);
+  return name;
+}
+
+template <typename Int>
+static std::string AddIntVector(RewriteContext* ctx, const std::string& base, const std::vector<Int>& values,
+                                const std::string& device) {
+  constexpr bool kInt64 = sizeof(Int) == 8;
+  std::string name;
+  tensorflow::TensorProto* t = AddIntConst(ctx, base, kInt64 ? tensorflow::DT_INT64 : tensorflow::DT_INT32,
+                                           static_cast<int64_t>(values.size()), device, &name);
+  for (Int v : values) {
+    if constexpr (kInt64) {
+      t->add_int64_val(v);
+    } else {
+      t->add_int_val(v);
+    }
+  }
+  return name;
 }
 
 std::string AddInt64Vector(RewriteContext* ctx, const std::string& base, const std::vector<int64_t>& values,
                            const std::string& device) {
-  NodeDef* n = ctx->AddNode(base, "Const", device);
-  (*n->mutable_attr())["dtype"].set_type(tensorflow::DT_INT64);
-  tensorflow::TensorProto* t = (*n->mutable_attr())["value"].mutable_tensor();
-  t->set_dtype(tensorflow::DT_INT64);
-  t->mutable_tensor_shape()->add_dim()->set_size(static_cast<int64_t>(values.size()));
-  for (int64_t v : values) t->add_int64_val(v);
-  return n->name();
+  return AddIntVector(ctx, base, values, device);
+}
+
+std::string AddInt32Vector(RewriteContext* ctx, const std::string& base, const std::vector<int32_t>& values,
+                           const std::string& device) {
+  return AddIntVector(ctx, base, values, device);
 }
 
 std::string AddEmptyFloatVector(RewriteContext* ctx, const std::string& base, const std::string& device) {

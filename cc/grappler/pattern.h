@@ -153,6 +153,8 @@ void CopyControlInputs(const tensorflow::NodeDef& from, tensorflow::NodeDef* to)
 std::string AddInt64Scalar(RewriteContext* ctx, const std::string& base, int64_t value, const std::string& device);
 std::string AddInt64Vector(RewriteContext* ctx, const std::string& base, const std::vector<int64_t>& values,
                            const std::string& device);
+std::string AddInt32Vector(RewriteContext* ctx, const std::string& base, const std::vector<int32_t>& values,
+                           const std::string& device);
 std::string AddEmptyFloatVector(RewriteContext* ctx, const std::string& base, const std::string& device);
 std::string AddCast(RewriteContext* ctx, const std::string& base, const std::string& input,
                     tensorflow::DataType from, tensorflow::DataType to, const std::string& device);
