@@ -171,6 +171,22 @@ def test_whole_string_tokens_equal_a_gather(rng, params, id_mode):
     np.testing.assert_array_equal(row.numpy()[1], tf.gather(params, tf.strings.to_hash_bucket_fast("x", V)).numpy())
 
 
+@pytest.mark.parametrize("dim", [1, 15, 16, 20, 37, 64])
+def test_widths_around_the_column_chunk(rng, dim):
+    """CPU pooling sums 16 columns at a time in registers, then the rest one
+    by one; single keys are copied a fixed distance behind their prefetch."""
+    params = tf.constant(rng.normal(size=(300, dim)).astype(np.float32))
+    strings = random_id_strings(rng, 100, 300, max_tokens=12)
+    for combiner in ("sum", "sqrtn"):
+        assert_matches(strings, params, combiner=combiner, id_mode="index")
+    assert_matches(strings, params, combiner="mean", id_mode="hash", max_norm=0.7)
+    for batch in (0, 1, 23, 24, 25, 49, 100):
+        keys = tf.constant([str(v) for v in rng.integers(0, 300, size=batch)], dtype=tf.string)
+        got = tco.string_embedding(keys, params, delimiter=None, combiner="sum", id_mode="hash")
+        want = tf.gather(params, tf.strings.to_hash_bucket_fast(keys, 300))
+        np.testing.assert_array_equal(got.numpy(), want.numpy().reshape(batch, dim))
+
+
 def test_delimiter_longer_than_string_and_overlapping(params):
     assert_matches(["1", "", "aa"], params, delimiter="<<>>", id_mode="hash")
     assert_matches(["aaa", "aaaa", "a"], params, delimiter="aa", id_mode="hash", skip_empty=False)
