@@ -191,7 +191,7 @@ class Toolchain:
             # Without the macro the headers match TF's build; the code is still
             # instrumented by -fsanitize=address.
             self.cxx_tf += ["-U__SANITIZE_ADDRESS__"]
-        self.headers_mtime = max(p.stat().st_mtime for p in ROOT.glob("c*/**/*.h"))
+        self.headers_mtime = max(p.stat().st_mtime for ext in ("h", "cuh") for p in ROOT.glob(f"c*/**/*.{ext}"))
 
     def _obj(self, src, flavor):
         return self.build_temp / flavor / (src.replace("/", "_") + ".o")

@@ -53,37 +53,18 @@
 #include "cc/core/float_types.h"
 #include "cc/core/lookup.h"
 #include "cc/core/strings.h"
+#include "cuda/pooling_tiles.cuh"
 
 namespace ctr {
 namespace gpu {
 namespace {
 
-constexpr int kWarpSize = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
-constexpr int kBlockThreads = 256;
 constexpr int kWarpsPerBlock = kBlockThreads / kWarpSize;
-// Grid-stride loops handle the rest, so any 64-bit count gets a valid grid.
-constexpr int64_t kMaxBlocks = int64_t{1} << 20;
-// Most fragments one lane accumulates in registers. Wider rows are pooled in
-// several dim tiles, each splitting and resolving the bag again: rare in CTR
-// models, and it bounds register use.
-constexpr int kMaxFragments = 4;
-// Elements per vector load: one float4, or 8 bytes of four 16-bit values.
-constexpr int kVecWidth = 4;
 
 static_assert(kSplitChunk == kWarpSize, "a chunk is one byte per lane");
 
 // ---------------------------------------------------------------------------
 // Host helpers.
-
-cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
-
-std::string CudaError(const char* what, cudaError_t e) {
-  if (e == cudaSuccess) return "";
-  return std::string(what) + ": " + cudaGetErrorString(e);
-}
-
-std::string CheckLaunch(const char* kernel) { return CudaError(kernel, cudaGetLastError()); }
 
 unsigned int BlocksForBags(int64_t bags) {
   const int64_t blocks = (bags + kWarpsPerBlock - 1) / kWarpsPerBlock;
@@ -344,139 +325,15 @@ struct TokenGroup {
   }
 };
 
-// ---------------------------------------------------------------------------
-// Fragment loads and stores: kVec consecutive elements of a row as floats.
-// The vector forms need 4 * sizeof(T) alignment, which the launchers check.
-
-__device__ __forceinline__ void LoadFragment(const float* p, float (&v)[4]) {
-  const float4 q = *reinterpret_cast<const float4*>(p);
-  v[0] = q.x;
-  v[1] = q.y;
-  v[2] = q.z;
-  v[3] = q.w;
-}
-
-template <typename T16>
-__device__ __forceinline__ void LoadFragment(const T16* p, float (&v)[4]) {
-  const uint2 q = *reinterpret_cast<const uint2*>(p);
-  v[0] = ToFloat(T16{static_cast<uint16_t>(q.x & 0xffffu)});
-  v[1] = ToFloat(T16{static_cast<uint16_t>(q.x >> 16)});
-  v[2] = ToFloat(T16{static_cast<uint16_t>(q.y & 0xffffu)});
-  v[3] = ToFloat(T16{static_cast<uint16_t>(q.y >> 16)});
-}
-
-template <typename T>
-__device__ __forceinline__ void LoadFragment(const T* p, float (&v)[1]) {
-  v[0] = ToFloat(*p);
-}
-
-__device__ __forceinline__ void StoreFragment(float* p, const float (&v)[4]) {
-  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-}
-
-template <typename T16>
-__device__ __forceinline__ void StoreFragment(T16* p, const float (&v)[4]) {
-  const uint32_t b0 = FromFloat<T16>(v[0]).bits, b1 = FromFloat<T16>(v[1]).bits;
-  const uint32_t b2 = FromFloat<T16>(v[2]).bits, b3 = FromFloat<T16>(v[3]).bits;
-  *reinterpret_cast<uint2*>(p) = make_uint2(b0 | (b1 << 16), b2 | (b3 << 16));
-}
-
-template <typename T>
-__device__ __forceinline__ void StoreFragment(T* p, const float (&v)[1]) {
-  *p = FromFloat<T>(v[0]);
-}
-
-// The slice of one dim tile a lane owns: fragment j starts at element
-// tile_begin + (j * lanes + rank) * kVec, so a group's loads coalesce.
-template <int kVecArg, int kFragments>
-struct LaneTile {
-  static constexpr int kVec = kVecArg;
-  float v[kFragments][kVec];
-
-  __device__ static int64_t Offset(int64_t tile_begin, int j, const TokenGroup& g) {
-    return tile_begin + (static_cast<int64_t>(j) * g.lanes + g.rank) * kVec;
-  }
-  __device__ static int64_t Width(const TokenGroup& g) {
-    return static_cast<int64_t>(g.lanes) * kVec * kFragments;
-  }
-
-  __device__ void Zero() {
+// Lanes of equal rank in every group add up their partial bags. The whole
+// warp must call it.
+template <typename Tile>
+__device__ void SumAcrossGroups(const TokenGroup& g, Tile* t) {
+  for (int offset = g.lanes; offset < kWarpSize; offset *= 2)
 #pragma unroll
-    for (int j = 0; j < kFragments; ++j)
+    for (int j = 0; j < Tile::kFragmentCount; ++j)
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) v[j][e] = 0.f;
-  }
-
-  // dim is a multiple of kVec on the vector path, so a fragment that starts
-  // inside the row ends inside it.
-  template <typename T>
-  __device__ void Load(const T* row, int64_t dim, int64_t tile_begin, const TokenGroup& g) {
-#pragma unroll
-    for (int j = 0; j < kFragments; ++j) {
-      const int64_t d = Offset(tile_begin, j, g);
-      if (d < dim) {
-        LoadFragment(row + d, v[j]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) v[j][e] = 0.f;
-      }
-    }
-  }
-
-  template <typename T>
-  __device__ void Store(T* row, int64_t dim, int64_t tile_begin, const TokenGroup& g,
-                        float scale, float divisor) const {
-#pragma unroll
-    for (int j = 0; j < kFragments; ++j) {
-      const int64_t d = Offset(tile_begin, j, g);
-      if (d >= dim) continue;
-      float scaled[kVec];
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) scaled[e] = CombineElement(v[j][e], scale, divisor);
-      StoreFragment(row + d, scaled);
-    }
-  }
-
-  __device__ float SumSquares() const {
-    float s = 0.f;
-#pragma unroll
-    for (int j = 0; j < kFragments; ++j)
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) s += v[j][e] * v[j][e];
-    return s;
-  }
-
-  __device__ void AddScaled(float f, const LaneTile& x) {
-#pragma unroll
-    for (int j = 0; j < kFragments; ++j)
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) v[j][e] += f * x.v[j][e];
-  }
-
-  // Lanes of equal rank in every group add up their partial bags. The whole
-  // warp must call it.
-  __device__ void SumAcrossGroups(const TokenGroup& g) {
-    for (int offset = g.lanes; offset < kWarpSize; offset *= 2)
-#pragma unroll
-      for (int j = 0; j < kFragments; ++j)
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) v[j][e] += __shfl_xor_sync(kFullMask, v[j][e], offset);
-  }
-};
-
-// |row|^2 over the whole row, for rows wider than one tile. One fragment at a
-// time: the tile being pooled is live meanwhile, and registers are scarce.
-template <int kVec, typename T>
-__device__ float RowSquaredNorm(const T* row, int64_t dim, const TokenGroup& g) {
-  float partial = 0.f;
-  for (int64_t d = static_cast<int64_t>(g.rank) * kVec; d < dim;
-       d += static_cast<int64_t>(g.lanes) * kVec) {
-    float v[kVec];
-    LoadFragment(row + d, v);
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) partial += v[e] * v[e];
-  }
-  return g.Sum(partial);
+      for (int e = 0; e < Tile::kVec; ++e) t->v[j][e] += __shfl_xor_sync(kFullMask, t->v[j][e], offset);
 }
 
 // acc += clip(row) on this tile, the clip being MaxNormScale of the whole
@@ -536,7 +393,7 @@ __device__ void PoolBag(const StringSpec& s, const T* params, const uint8_t* byt
       return true;
     };
     if (!VisitBagTokens(s, bytes, string_splits, bag_splits, bag, flush)) return;
-    acc.SumAcrossGroups(g);
+    SumAcrossGroups(g, &acc);
     if (!any && s.lookup.default_id >= 0) {
       // Every group holds the whole sum now, so each may add the default row.
       AddRow(s, params + s.lookup.default_id * dim, tile, g, &acc);
@@ -570,41 +427,12 @@ __device__ void FillTokenError(const StringSpec& s, const uint8_t* bytes,
   VisitBagTokens(s, bytes, string_splits, bag_splits, bag, flush);
 }
 
-// |e|^2 and g.e for one table row e and the bag's output gradient g.
-struct RowDots {
-  float squared_norm = 0.f;
-  float dot_grad = 0.f;
-};
-
-template <typename T>
-__device__ RowDots ComputeRowDots(const T* row, const T* grad_row, int64_t dim,
-                                  const TokenGroup& g) {
-  RowDots dots;
-  for (int64_t d = g.rank; d < dim; d += g.lanes) {
-    const float x = ToFloat(row[d]);
-    dots.squared_norm += x * x;
-    dots.dot_grad += x * ToFloat(grad_row[d]);
-  }
-  dots.squared_norm = g.Sum(dots.squared_norm);
-  dots.dot_grad = g.Sum(dots.dot_grad);
-  return dots;
-}
-
 // dst = ClipBackward(row, grad_row) * scale, one gradient row. Group-collective.
 template <typename T>
-__device__ void WriteClipBackward(const StringSpec& s, const T* row, const T* grad_row,
+__device__ void WriteTokenGradRow(const StringSpec& s, const T* row, const T* grad_row,
                                   float scale, T* dst, const TokenGroup& g) {
-  const int64_t dim = s.lookup.dim;
-  const float max_norm = s.lookup.max_norm;
-  const RowDots dots = max_norm > 0.f ? ComputeRowDots(row, grad_row, dim, g) : RowDots{};
-  if (ClipIsActive(dots.squared_norm, max_norm)) {
-    const float c = MaxNormScale(dots.squared_norm, max_norm);
-    for (int64_t d = g.rank; d < dim; d += g.lanes)
-      dst[d] = FromFloat<T>(ClipBackwardElement(ToFloat(row[d]), ToFloat(grad_row[d]),
-                                                dots.dot_grad, dots.squared_norm, c, scale));
-  } else {
-    for (int64_t d = g.rank; d < dim; d += g.lanes) dst[d] = FromFloat<T>(scale * ToFloat(grad_row[d]));
-  }
+  const RowDots dots = s.lookup.max_norm > 0.f ? ComputeRowDots(row, grad_row, s.lookup.dim, g) : RowDots{};
+  WriteClipBackward(s.lookup, row, grad_row, dots, scale, dst, g);
 }
 
 // Gradient rows of bag `bag`, as BagGradCpu with weights 1: one pass counts
@@ -633,7 +461,7 @@ __device__ void GradBag(const StringSpec& s, const T* params, const uint8_t* byt
   int64_t next = grad_offsets[bag];
   if (!any) {
     if (s.lookup.default_id >= 0 && g.index == 0) {
-      WriteClipBackward(s, params + s.lookup.default_id * dim, grad_row, 1.f,
+      WriteTokenGradRow(s, params + s.lookup.default_id * dim, grad_row, 1.f,
                         grad_values + next * dim, g);
       if (g.rank == 0) grad_indices[next] = s.lookup.default_id;
     }
@@ -649,7 +477,7 @@ __device__ void GradBag(const StringSpec& s, const T* params, const uint8_t* byt
       const int q = base + g.index;  // this group's token, by rank among the kept
       const int64_t mine = ShuffleInt64(row, q < n ? NthSetBit(kept, q) : 0);
       if (q >= n) continue;
-      WriteClipBackward(s, params + mine * dim, grad_row, scale, grad_values + (next + q) * dim, g);
+      WriteTokenGradRow(s, params + mine * dim, grad_row, scale, grad_values + (next + q) * dim, g);
       if (g.rank == 0) grad_indices[next + q] = mine;
     }
     next += n;
