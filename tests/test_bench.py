@@ -97,13 +97,29 @@ def test_rewrite_suite_quick(tmp_path):
     assert set(cases) == {32, 1}  # batch 1024 capped by --batch 32, and batch 1
     for c in cases.values():
         assert 0 <= c["max_abs_err"]["native"] <= 1e-5
-        for side in ("fused", "native"):
+        for side in ("fused", "native", "floor"):
             assert c[side]["runs"] >= 1 and 0 < c[side]["p10_ms"] <= c[side]["median_ms"] <= c[side]["p90_ms"]
         assert _positive_finite(c["speedup"])
+        floor, fused, native = (c[k]["median_ms"] for k in ("floor", "fused", "native"))
+        if fused > floor and native > floor:
+            assert c["embedding_speedup"] == pytest.approx((native - floor) / (fused - floor))
+        else:
+            assert c["embedding_speedup"] is None
     [target] = res["targets"]
     assert target["batch"] == 32 and target["min_speedup"] == 3.0
     assert isinstance(target["met"], bool) and target["met"] == (target["speedup"] >= 3.0)
     assert json.loads(out.read_text())["suites"]["rewrite"]["cases"][0]["case"] == res["cases"][0]["case"]
+
+
+def test_embedding_speedup_is_measured_beyond_the_floor():
+    from tf_ctr_ops.bench_rewrite import embedding_speedup
+
+    def timed(fused, native, floor):
+        return {"fused": {"median_ms": fused}, "native": {"median_ms": native}, "floor": {"median_ms": floor}}
+
+    assert embedding_speedup(timed(2.0, 4.0, 1.0)) == pytest.approx(3.0)
+    assert embedding_speedup(timed(1.0, 4.0, 1.0)) is None  # no embedding time left to compare
+    assert embedding_speedup(timed(2.0, 0.5, 1.0)) is None
 
 
 # ---------------------------------------------------------------------------
