@@ -91,20 +91,31 @@ def build_model(cfg, vocab, dim):
         def compute_output_shape(self, shape):
             return (shape[0], self.dim)
 
-    inputs, embedded = [], []
-    for f in range(HASHED):
-        x = keras.Input((1,), dtype="string", name=f"c{f}")
+    hashed, lists = feature_inputs()
+    embedded = []
+    for f, x in enumerate(hashed):
         e = keras.layers.Embedding(vocab, dim, name=f"c{f}_emb")(keras.layers.Hashing(vocab, name=f"c{f}_hash")(x))
-        inputs.append(x)
         embedded.append(keras.layers.Flatten()(e))
-    for f in range(LISTS):
-        x = keras.Input((1,), dtype="string", name=f"l{f}")
-        inputs.append(x)
+    for f, x in enumerate(lists):
         embedded.append(IdListEmbedding(vocab, dim, hashed=f < LISTS // 2, ragged=f % 2 == 0, name=f"l{f}_emb")(x))
-    h = keras.layers.Concatenate()(embedded)
-    h = keras.layers.Dense(64, activation="relu", name="hidden")(h)
-    y = keras.layers.Dense(1, activation="sigmoid", name="ctr")(h)
-    return keras.Model(inputs, y)
+    return keras.Model(hashed + lists, mlp_head(keras.layers.Concatenate()(embedded)))
+
+
+def feature_inputs():
+    """The 26 string inputs ([batch, 1] each): hashed categories c*, id lists l*."""
+    import keras
+
+    hashed = [keras.Input((1,), dtype="string", name=f"c{f}") for f in range(HASHED)]
+    lists = [keras.Input((1,), dtype="string", name=f"l{f}") for f in range(LISTS)]
+    return hashed, lists
+
+
+def mlp_head(features):
+    """The 416-64-1 MLP on the concatenated embeddings: the CTR."""
+    import keras
+
+    h = keras.layers.Dense(64, activation="relu", name="hidden")(features)
+    return keras.layers.Dense(1, activation="sigmoid", name="ctr")(h)
 
 
 def build_floor_model(cfg, dim):
@@ -127,11 +138,9 @@ def build_floor_model(cfg, dim):
         def compute_output_shape(self, shapes):
             return (shapes[0][0], width)
 
-    inputs = [keras.Input((1,), dtype="string", name=f"c{f}") for f in range(HASHED)]
-    inputs += [keras.Input((1,), dtype="string", name=f"l{f}") for f in range(LISTS)]
-    h = keras.layers.Dense(64, activation="relu", name="hidden")(NoFeatures(name="no_features")(inputs))
-    y = keras.layers.Dense(1, activation="sigmoid", name="ctr")(h)
-    return keras.Model(inputs, y)
+    hashed, lists = feature_inputs()
+    inputs = hashed + lists
+    return keras.Model(inputs, mlp_head(NoFeatures(name="no_features")(inputs)))
 
 
 def embedding_speedup(t):
