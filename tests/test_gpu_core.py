@@ -11,172 +11,17 @@ Skips, with the reason, when _core is not built, was built without CUDA, or no
 GPU is reachable through CuPy or PyTorch.
 """
 
-import importlib.machinery
-import importlib.util
-import os
-import sys
-
 import numpy as np
 import pytest
 
+from core_helpers import Buffer, assert_close, backend_or_skip, core_or_skip, decode, encode_table
+from core_helpers import upload as upload_to
+
 COMBINERS = ["sum", "mean", "sqrtn"]
 DTYPES = ["float32", "float16", "bfloat16"]
-# Relative tolerance per table dtype, applied against the largest reference
-# value too: CPU and GPU add in different orders, and 16-bit outputs may round
-# to neighbouring values.
-TOL = {"float32": 1e-4, "float16": 4e-3, "bfloat16": 1.6e-2}
 
-
-# ---------------------------------------------------------------------------
-# Module setup: the core, then a device array library.
-
-
-def _load_core():
-    """tf_ctr_ops._core without importing the package (and so TensorFlow)."""
-    if "tf_ctr_ops._core" in sys.modules:
-        return sys.modules["tf_ctr_ops._core"]
-    spec = importlib.util.find_spec("tf_ctr_ops")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("tf_ctr_ops is not importable", allow_module_level=True)
-    for folder in spec.submodule_search_locations:
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            path = os.path.join(folder, "_core" + suffix)
-            if os.path.exists(path):
-                core_spec = importlib.util.spec_from_file_location("tf_ctr_ops._core", path)
-                module = importlib.util.module_from_spec(core_spec)
-                core_spec.loader.exec_module(module)
-                sys.modules["tf_ctr_ops._core"] = module
-                return module
-    pytest.skip("tf_ctr_ops._core is not built (run the package build first)", allow_module_level=True)
-
-
-class _Buffer:
-    """Device bytes; `ptr` may sit `offset` bytes into the allocation, to test
-    misaligned tables and outputs."""
-
-    def __init__(self, backend, nbytes, offset=0):
-        self.backend, self.nbytes, self.offset = backend, nbytes, offset
-        # At least one byte, so every buffer has a real address.
-        self.storage = backend.zeros(max(nbytes, 1) + offset)
-        self.ptr = backend.address(self.storage) + offset
-
-    def write(self, array):
-        data = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
-        assert data.size == self.nbytes
-        if data.size:
-            self.backend.copy_in(self.storage, self.offset, data)
-
-    def read(self, dtype, shape):
-        data = self.backend.copy_out(self.storage, self.offset, self.nbytes)
-        return data.view(dtype).reshape(shape)
-
-
-class _CupyBackend:
-    name = "CuPy"
-
-    def __init__(self, cp):
-        self.cp = cp
-
-    def zeros(self, nbytes):
-        return self.cp.zeros(nbytes, dtype=self.cp.uint8)
-
-    def address(self, storage):
-        return int(storage.data.ptr)
-
-    def copy_in(self, storage, offset, data):
-        storage[offset:offset + data.size] = self.cp.asarray(data)
-
-    def copy_out(self, storage, offset, nbytes):
-        return self.cp.asnumpy(storage[offset:offset + nbytes])
-
-    def synchronize(self):
-        self.cp.cuda.Device().synchronize()
-
-
-class _TorchBackend:
-    name = "PyTorch"
-
-    def __init__(self, torch):
-        self.torch = torch
-
-    def zeros(self, nbytes):
-        return self.torch.zeros(nbytes, dtype=self.torch.uint8, device="cuda")
-
-    def address(self, storage):
-        return int(storage.data_ptr())
-
-    def copy_in(self, storage, offset, data):
-        storage[offset:offset + data.size].copy_(self.torch.from_numpy(data.copy()))
-
-    def copy_out(self, storage, offset, nbytes):
-        return storage[offset:offset + nbytes].cpu().numpy()
-
-    def synchronize(self):
-        self.torch.cuda.synchronize()
-
-
-def _find_backend():
-    reasons = []
-    try:
-        import cupy
-
-        try:
-            if cupy.cuda.runtime.getDeviceCount() > 0:
-                return _CupyBackend(cupy)
-            reasons.append("CuPy sees no GPU")
-        except Exception as e:  # no driver, or no device
-            reasons.append(f"CuPy: {e}")
-    except ImportError:
-        reasons.append("CuPy is not installed")
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return _TorchBackend(torch)
-        reasons.append("PyTorch sees no GPU")
-    except ImportError:
-        reasons.append("PyTorch is not installed")
-    pytest.skip("no CUDA device: " + "; ".join(reasons), allow_module_level=True)
-
-
-core = _load_core()
-if not getattr(core, "has_cuda", False):
-    pytest.skip("no CUDA device: tf_ctr_ops._core was built without CUDA", allow_module_level=True)
-backend = _find_backend()
-
-
-# ---------------------------------------------------------------------------
-# Host-side encodings.
-
-
-def to_bfloat16_bits(values):
-    """Round-to-nearest-even float32 -> bfloat16 bits (finite inputs)."""
-    u = np.ascontiguousarray(values, np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def from_bfloat16_bits(bits):
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def encode_table(values, dtype):
-    """(device array, exact float32 values, array for the CPU core) for a table
-    of float32 values stored as dtype. The CPU core has no bfloat16, so it gets
-    the exact float32 values of the bfloat16 table."""
-    if dtype == "float32":
-        return values, values, values
-    if dtype == "float16":
-        half = values.astype(np.float16)
-        return half, half.astype(np.float32), half
-    bits = to_bfloat16_bits(values)
-    exact = from_bfloat16_bits(bits)
-    return bits, exact, exact
-
-
-def decode(array, dtype):
-    if dtype == "bfloat16":
-        return from_bfloat16_bits(array)
-    return array.astype(np.float32)
+core = core_or_skip()
+backend = backend_or_skip()
 
 
 def storage_dtype(dtype):
@@ -184,15 +29,7 @@ def storage_dtype(dtype):
 
 
 def upload(array, offset=0):
-    buf = _Buffer(backend, np.ascontiguousarray(array).nbytes, offset)
-    buf.write(array)
-    return buf
-
-
-def assert_close(got, want, dtype):
-    tol = TOL[dtype]
-    scale = max(1.0, float(np.abs(want).max(initial=0.0)))
-    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * scale)
+    return upload_to(backend, array, offset)
 
 
 # ---------------------------------------------------------------------------
@@ -209,8 +46,8 @@ def gpu_lookup(table, dtype, keys, offsets, weights=None, misalign=False, **opts
     weights_buf = upload(np.asarray(weights, np.float32)) if weights is not None else None
     offsets_buf = upload(np.asarray(offsets, np.int64))
     rows = len(offsets) - 1
-    out = _Buffer(backend, rows * dim * device_table.itemsize, shift)
-    status = _Buffer(backend, 16)
+    out = Buffer(backend, rows * dim * device_table.itemsize, shift)
+    status = Buffer(backend, 16)
     core.gpu_embedding_lookup(
         params.ptr, dtype, vocab, dim, keys_buf.ptr, str(keys.dtype), len(keys),
         weights_buf.ptr if weights_buf else 0, offsets_buf.ptr, rows, out.ptr, status.ptr, **opts)
@@ -233,12 +70,12 @@ def gpu_lookup_grad(table, dtype, keys, offsets, grad_out, weights=None, want_we
     weights_buf = upload(np.asarray(weights, np.float32)) if weights is not None else None
     offsets_buf = upload(np.asarray(offsets, np.int64))
     grad_buf = upload(np.ascontiguousarray(grad_out))
-    values = _Buffer(backend, cap * dim * device_table.itemsize)
-    indices = _Buffer(backend, cap * 8)
+    values = Buffer(backend, cap * dim * device_table.itemsize)
+    indices = Buffer(backend, cap * 8)
     # NaN-filled, so an entry the kernel forgets to write cannot pass.
     grad_weights = upload(np.full(nnz, np.nan, np.float32)) if want_weight_grads else None
     ws_bytes = core.gpu_embedding_lookup_grad_workspace_bytes(rows)
-    workspace = _Buffer(backend, ws_bytes)
+    workspace = Buffer(backend, ws_bytes)
     n = core.gpu_embedding_lookup_grad(
         params.ptr, dtype, vocab, dim, keys_buf.ptr, str(keys.dtype), nnz,
         weights_buf.ptr if weights_buf else 0, offsets_buf.ptr, rows, grad_buf.ptr, values.ptr,
@@ -488,8 +325,8 @@ def test_hash_mode_has_no_bad_ids(rng):
 
 def gpu_row_ids_to_offsets(row_ids, num_rows):
     ids = upload(row_ids)
-    offsets = _Buffer(backend, (num_rows + 1) * 8)
-    status = _Buffer(backend, 16)
+    offsets = Buffer(backend, (num_rows + 1) * 8)
+    status = Buffer(backend, 16)
     core.gpu_row_ids_to_offsets(ids.ptr, str(row_ids.dtype), len(row_ids), num_rows, offsets.ptr, status.ptr)
     return offsets.read(np.int64, (num_rows + 1,))
 
@@ -517,8 +354,8 @@ def test_row_ids_to_offsets_rejects_bad_ids(dtype):
 
 def gpu_splits_to_offsets(splits, nnz):
     buf = upload(splits)
-    offsets = _Buffer(backend, len(splits) * 8)
-    status = _Buffer(backend, 16)
+    offsets = Buffer(backend, len(splits) * 8)
+    status = Buffer(backend, 16)
     core.gpu_row_splits_to_offsets(buf.ptr, str(splits.dtype), len(splits), nnz, offsets.ptr, status.ptr)
     return offsets.read(np.int64, (len(splits),))
 

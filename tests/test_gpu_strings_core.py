@@ -14,186 +14,30 @@ Skips, with the reason, when _core is not built, was built without CUDA or
 without the string bindings, or no GPU is reachable through CuPy or PyTorch.
 """
 
-import importlib.machinery
-import importlib.util
-import os
-import sys
-
 import numpy as np
 import pytest
+
+from core_helpers import assert_close, backend_or_skip, core_or_skip, decode, encode_table
+from core_helpers import Buffer as DeviceBuffer
+from core_helpers import upload as upload_to
 
 COMBINERS = ["sum", "mean", "sqrtn"]
 MODES = ["hash", "index", "mod"]
 DTYPES = ["float32", "float16", "bfloat16"]
-# Relative tolerance per table dtype, applied against the largest reference
-# value too: CPU and GPU add in different orders (the GPU sums token groups
-# pairwise), and 16-bit outputs may round to neighbouring values.
-TOL = {"float32": 1e-4, "float16": 4e-3, "bfloat16": 1.6e-2}
 STATUS_BYTES = 5 * 8  # int64[5]: {row, begin, len, value, kind}
 
-
-# ---------------------------------------------------------------------------
-# Module setup: the core, then a device array library.
-
-
-def _load_core():
-    """tf_ctr_ops._core without importing the package (and so TensorFlow)."""
-    if "tf_ctr_ops._core" in sys.modules:
-        return sys.modules["tf_ctr_ops._core"]
-    spec = importlib.util.find_spec("tf_ctr_ops")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("tf_ctr_ops is not importable", allow_module_level=True)
-    for folder in spec.submodule_search_locations:
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            path = os.path.join(folder, "_core" + suffix)
-            if os.path.exists(path):
-                core_spec = importlib.util.spec_from_file_location("tf_ctr_ops._core", path)
-                module = importlib.util.module_from_spec(core_spec)
-                core_spec.loader.exec_module(module)
-                sys.modules["tf_ctr_ops._core"] = module
-                return module
-    pytest.skip("tf_ctr_ops._core is not built (run the package build first)", allow_module_level=True)
+# string_embedding is the CPU reference the GPU launches are compared with.
+core = core_or_skip("gpu_string_embedding", "gpu_multi_string_embedding", "gpu_string_embedding_grad",
+                    "string_embedding")
+backend = backend_or_skip()
 
 
-class _CupyBackend:
-    def __init__(self, cp):
-        self.cp = cp
-
-    def zeros(self, nbytes):
-        return self.cp.zeros(nbytes, dtype=self.cp.uint8)
-
-    def address(self, storage):
-        return int(storage.data.ptr)
-
-    def copy_in(self, storage, offset, data):
-        storage[offset:offset + data.size] = self.cp.asarray(data)
-
-    def copy_out(self, storage, offset, nbytes):
-        return self.cp.asnumpy(storage[offset:offset + nbytes])
-
-    def synchronize(self):
-        self.cp.cuda.Device().synchronize()
-
-
-class _TorchBackend:
-    def __init__(self, torch):
-        self.torch = torch
-
-    def zeros(self, nbytes):
-        return self.torch.zeros(nbytes, dtype=self.torch.uint8, device="cuda")
-
-    def address(self, storage):
-        return int(storage.data_ptr())
-
-    def copy_in(self, storage, offset, data):
-        storage[offset:offset + data.size].copy_(self.torch.from_numpy(data.copy()))
-
-    def copy_out(self, storage, offset, nbytes):
-        return storage[offset:offset + nbytes].cpu().numpy()
-
-    def synchronize(self):
-        self.torch.cuda.synchronize()
-
-
-def _find_backend():
-    reasons = []
-    try:
-        import cupy
-
-        try:
-            if cupy.cuda.runtime.getDeviceCount() > 0:
-                return _CupyBackend(cupy)
-            reasons.append("CuPy sees no GPU")
-        except Exception as e:  # no driver, or no device
-            reasons.append(f"CuPy: {e}")
-    except ImportError:
-        reasons.append("CuPy is not installed")
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return _TorchBackend(torch)
-        reasons.append("PyTorch sees no GPU")
-    except ImportError:
-        reasons.append("PyTorch is not installed")
-    pytest.skip("no CUDA device: " + "; ".join(reasons), allow_module_level=True)
-
-
-core = _load_core()
-if not getattr(core, "has_cuda", False):
-    pytest.skip("no CUDA device: tf_ctr_ops._core was built without CUDA", allow_module_level=True)
-for _name in ("gpu_string_embedding", "gpu_multi_string_embedding", "gpu_string_embedding_grad"):
-    if not hasattr(core, _name):
-        pytest.skip(f"tf_ctr_ops._core has no {_name} (RegisterGpuStringBindings is not called)",
-                    allow_module_level=True)
-if not hasattr(core, "string_embedding"):
-    pytest.skip("tf_ctr_ops._core has no string_embedding (the CPU reference)", allow_module_level=True)
-backend = _find_backend()
-
-
-class Buffer:
-    """Device bytes; `ptr` may sit `offset` bytes into the allocation, to test
-    misaligned tables, outputs and byte buffers."""
-
-    def __init__(self, nbytes, offset=0):
-        self.nbytes, self.offset = nbytes, offset
-        # At least one byte, so every buffer has a real address.
-        self.storage = backend.zeros(max(nbytes, 1) + offset)
-        self.ptr = backend.address(self.storage) + offset
-
-    def write(self, array):
-        data = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
-        assert data.size == self.nbytes
-        if data.size:
-            backend.copy_in(self.storage, self.offset, data)
-
-    def read(self, dtype, shape):
-        return backend.copy_out(self.storage, self.offset, self.nbytes).view(dtype).reshape(shape)
+def Buffer(nbytes, offset=0):
+    return DeviceBuffer(backend, nbytes, offset)
 
 
 def upload(array, offset=0):
-    array = np.ascontiguousarray(array)
-    buf = Buffer(array.nbytes, offset)
-    buf.write(array)
-    return buf
-
-
-# ---------------------------------------------------------------------------
-# Encodings.
-
-
-def to_bfloat16_bits(values):
-    """Round-to-nearest-even float32 -> bfloat16 bits (finite inputs)."""
-    u = np.ascontiguousarray(values, np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def from_bfloat16_bits(bits):
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def encode_table(values, dtype):
-    """(device array, exact float32 values, array for the CPU core) for a table
-    of float32 values stored as dtype. The CPU core has no bfloat16, so it gets
-    the exact float32 values of the bfloat16 table."""
-    if dtype == "float32":
-        return values, values, values
-    if dtype == "float16":
-        half = values.astype(np.float16)
-        return half, half.astype(np.float32), half
-    bits = to_bfloat16_bits(values)
-    exact = from_bfloat16_bits(bits)
-    return bits, exact, exact
-
-
-def decode(array, dtype):
-    return from_bfloat16_bits(array) if dtype == "bfloat16" else array.astype(np.float32)
-
-
-def assert_close(got, want, dtype):
-    tol = TOL[dtype]
-    scale = max(1.0, float(np.abs(want).max(initial=0.0)))
-    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * scale)
+    return upload_to(backend, array, offset)
 
 
 def pack(strings, prefix=b""):

@@ -103,6 +103,26 @@ inline absl::Status ValidateLookupInputs(tensorflow::OpKernelContext* ctx, int f
   return absl::OkStatus();
 }
 
+// What every lookup kernel (CPU and GPU, forward and gradient) does before its
+// device work: the attributes are read once, and each call binds them to its
+// validated inputs.
+class LookupKernel : public tensorflow::OpKernel {
+ public:
+  explicit LookupKernel(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, ReadLookupAttrs(c, &attrs_));
+  }
+
+ protected:
+  // `first`: the index of `params` (the gradient op has `grad` in front).
+  absl::Status BindInputs(tensorflow::OpKernelContext* ctx, int first, LookupAttrs* a, LookupInputs* in) const {
+    *a = attrs_;
+    return ValidateLookupInputs(ctx, first, a, in);
+  }
+
+ private:
+  LookupAttrs attrs_;
+};
+
 // Rough cost of pooling one bag, for the thread pool's sharding.
 inline int64_t BagCost(const LookupInputs& in, const ctr::LookupSpec& spec, int64_t num_rows) {
   const int64_t avg = num_rows > 0 ? in.nnz() / num_rows + 1 : 1;

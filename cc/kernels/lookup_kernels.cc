@@ -16,11 +16,8 @@
 namespace tf_ctr {
 
 using tensorflow::DEVICE_CPU;
-using tensorflow::OpKernel;
-using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
-using tensorflow::TensorShape;
 
 // CSR offsets of the bags, from either segment encoding, in a TF temp tensor:
 // the bag count comes from input values (num_rows, or the last row id), so it
@@ -70,16 +67,14 @@ class FirstKeyError {
 };
 
 template <typename T, typename TId, typename TSeg>
-class EmbeddingLookupCpuOp : public OpKernel {
+class EmbeddingLookupCpuOp : public LookupKernel {
  public:
-  explicit EmbeddingLookupCpuOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, ReadLookupAttrs(c, &attrs_));
-  }
+  using LookupKernel::LookupKernel;
 
   void Compute(OpKernelContext* ctx) override {
-    LookupAttrs a = attrs_;
+    LookupAttrs a;
     LookupInputs in;
-    OP_REQUIRES_OK(ctx, ValidateLookupInputs(ctx, 0, &a, &in));
+    OP_REQUIRES_OK(ctx, BindInputs(ctx, 0, &a, &in));
     Tensor offsets_t;
     OP_REQUIRES_OK(ctx, BuildOffsets<TSeg>(ctx, a, in, &offsets_t));
     const int64_t* offsets = offsets_t.flat<int64_t>().data();
@@ -102,31 +97,23 @@ class EmbeddingLookupCpuOp : public OpKernel {
     });
     OP_REQUIRES_OK(ctx, first_error.ToStatus(a.spec.vocab));
   }
-
- private:
-  LookupAttrs attrs_;
 };
 
 template <typename T, typename TId, typename TSeg>
-class EmbeddingLookupGradCpuOp : public OpKernel {
+class EmbeddingLookupGradCpuOp : public LookupKernel {
  public:
-  explicit EmbeddingLookupGradCpuOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, ReadLookupAttrs(c, &attrs_));
-  }
+  using LookupKernel::LookupKernel;
 
   void Compute(OpKernelContext* ctx) override {
-    LookupAttrs a = attrs_;
+    LookupAttrs a;
     LookupInputs in;
-    OP_REQUIRES_OK(ctx, ValidateLookupInputs(ctx, 1, &a, &in));
+    OP_REQUIRES_OK(ctx, BindInputs(ctx, 1, &a, &in));
     Tensor offsets_t;
     OP_REQUIRES_OK(ctx, BuildOffsets<TSeg>(ctx, a, in, &offsets_t));
     const int64_t* offsets = offsets_t.flat<int64_t>().data();
     const int64_t rows = offsets_t.NumElements() - 1;
     const Tensor& grad = ctx->input(0);
-    OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == rows && grad.dim_size(1) == a.spec.dim,
-                tensorflow::errors::InvalidArgument("grad must have shape [", rows, ", ",
-                                                    a.spec.dim, "], got ",
-                                                    grad.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckGradShape(grad, rows, a.spec.dim));
     using CT = typename CoreType<T>::type;
     const TId* ids = in.ids->flat<TId>().data();
     const float* weights = in.weights ? in.weights->flat<float>().data() : nullptr;
@@ -157,9 +144,6 @@ class EmbeddingLookupGradCpuOp : public OpKernel {
                       indices->flat<int64_t>().data(), wgrad);
     });
   }
-
- private:
-  LookupAttrs attrs_;
 };
 
 #define REGISTER_LOOKUP_CPU(T, TId, TSeg)                                   \

@@ -17,11 +17,8 @@
 namespace tf_ctr {
 
 using tensorflow::DEVICE_GPU;
-using tensorflow::OpKernel;
-using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
-using tensorflow::TensorShape;
 
 // Builds CSR offsets on the device; returns the bag count in *rows.
 template <typename TSeg>
@@ -63,16 +60,14 @@ absl::Status DeviceOffsets(OpKernelContext* ctx, const LookupAttrs& a, const Loo
 }
 
 template <typename T, typename TId, typename TSeg>
-class EmbeddingLookupGpuOp : public OpKernel {
+class EmbeddingLookupGpuOp : public LookupKernel {
  public:
-  explicit EmbeddingLookupGpuOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, ReadLookupAttrs(c, &attrs_));
-  }
+  using LookupKernel::LookupKernel;
 
   void Compute(OpKernelContext* ctx) override {
-    LookupAttrs a = attrs_;
+    LookupAttrs a;
     LookupInputs in;
-    OP_REQUIRES_OK(ctx, ValidateLookupInputs(ctx, 0, &a, &in));
+    OP_REQUIRES_OK(ctx, BindInputs(ctx, 0, &a, &in));
     void* stream = GpuStream(ctx);
     Tensor offsets, status;
     int64_t rows = 0;
@@ -93,30 +88,23 @@ class EmbeddingLookupGpuOp : public OpKernel {
     err.key = h[1];
     OP_REQUIRES(ctx, !err.found(), tensorflow::errors::InvalidArgument(ctr::DescribeKeyError(err, a.spec.vocab)));
   }
-
- private:
-  LookupAttrs attrs_;
 };
 
 template <typename T, typename TId, typename TSeg>
-class EmbeddingLookupGradGpuOp : public OpKernel {
+class EmbeddingLookupGradGpuOp : public LookupKernel {
  public:
-  explicit EmbeddingLookupGradGpuOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, ReadLookupAttrs(c, &attrs_));
-  }
+  using LookupKernel::LookupKernel;
 
   void Compute(OpKernelContext* ctx) override {
-    LookupAttrs a = attrs_;
+    LookupAttrs a;
     LookupInputs in;
-    OP_REQUIRES_OK(ctx, ValidateLookupInputs(ctx, 1, &a, &in));
+    OP_REQUIRES_OK(ctx, BindInputs(ctx, 1, &a, &in));
     void* stream = GpuStream(ctx);
     Tensor offsets, status;
     int64_t rows = 0;
     OP_REQUIRES_OK(ctx, DeviceOffsets<TSeg>(ctx, a, in, stream, &offsets, &status, &rows));
     const Tensor& grad = ctx->input(0);
-    OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == rows && grad.dim_size(1) == a.spec.dim,
-                tensorflow::errors::InvalidArgument("grad must have shape [", rows, ", ", a.spec.dim, "], got ",
-                                                    grad.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckGradShape(grad, rows, a.spec.dim));
     const TId* ids = in.ids->flat<TId>().data();
     const float* weights = in.weights ? in.weights->flat<float>().data() : nullptr;
     const int64_t* off = offsets.flat<int64_t>().data();
@@ -146,9 +134,6 @@ class EmbeddingLookupGradGpuOp : public OpKernel {
                             CorePtr<T>(values), indices->flat<int64_t>().data(),
                             weights ? weights_grad->flat<float>().data() : nullptr, stream)));
   }
-
- private:
-  LookupAttrs attrs_;
 };
 
 #define REGISTER_LOOKUP_GPU(T, TId, TSeg)                                                              \

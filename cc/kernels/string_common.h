@@ -111,6 +111,79 @@ inline absl::Status BindTable(const tensorflow::Tensor& params, ctr::StringSpec*
   return absl::OkStatus();
 }
 
+// What every single-feature string kernel (CPU and GPU, forward and
+// gradient) shares: the attributes, read once and bound per call to a table.
+class StringKernel : public tensorflow::OpKernel {
+ public:
+  explicit StringKernel(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, ReadStringAttrs(c, &spec_, &bagged_, &trim_empty_tail_));
+  }
+
+ protected:
+  // This call's spec: the attributes with the vocab and dim of `params`.
+  absl::Status BindSpec(const tensorflow::Tensor& params, ctr::StringSpec* spec) const {
+    *spec = spec_;
+    return BindTable(params, spec);
+  }
+  bool bagged() const { return bagged_; }
+  bool trim_empty_tail() const { return trim_empty_tail_; }
+
+ private:
+  ctr::StringSpec spec_;
+  bool bagged_ = false;
+  bool trim_empty_tail_ = false;
+};
+
+// The grouped kernels' counterpart: N features, whose strings are packed
+// feature after feature (N * B strings), each with its own table and output.
+class MultiStringKernel : public tensorflow::OpKernel {
+ public:
+  explicit MultiStringKernel(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, ReadMultiStringAttrs(c, &specs_));
+  }
+
+ protected:
+  int num_features() const { return static_cast<int>(specs_.size()); }
+
+  // B, from the N * B strings of the pack.
+  absl::Status GroupBatch(const tensorflow::Tensor& splits, int64_t* batch) const {
+    const int64_t num_strings = splits.NumElements() - 1;
+    const int n = num_features();
+    if (num_strings < 0 || num_strings % n != 0)
+      return tensorflow::errors::InvalidArgument("row_splits must hold N * B + 1 = ", n, " * B + 1 entries, got ",
+                                                 splits.NumElements());
+    *batch = num_strings / n;
+    return absl::OkStatus();
+  }
+
+  // Each feature's spec bound to its table (input i), and its [B, D_i] output i.
+  absl::Status BindFeatures(tensorflow::OpKernelContext* ctx, int64_t batch, std::vector<ctr::StringSpec>* specs,
+                            std::vector<tensorflow::Tensor*>* outs) const {
+    *specs = specs_;
+    outs->assign(specs_.size(), nullptr);
+    for (int i = 0; i < num_features(); ++i) {
+      TF_RETURN_IF_ERROR(BindTable(ctx->input(i), &(*specs)[i]));
+      TF_RETURN_IF_ERROR(AllocateOutput(ctx, i, {batch, (*specs)[i].lookup.dim}, &(*outs)[i]));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<ctr::StringSpec> specs_;
+};
+
+// Where a forward string kernel pools its [rows, dim]: output 0 itself, or,
+// when trim_empty_tail drops trailing empty rows, a temp (the output is
+// allocated once the kept count is known).
+inline absl::Status AllocatePooled(tensorflow::OpKernelContext* ctx, tensorflow::DataType dtype, int64_t rows,
+                                   int64_t dim, bool trim_empty_tail, tensorflow::Tensor* temp,
+                                   tensorflow::Tensor** dst) {
+  if (!trim_empty_tail) return AllocateOutput(ctx, 0, {rows, dim}, dst);
+  TF_RETURN_IF_ERROR(AllocateTemp(ctx, dtype, {rows, dim}, temp));
+  *dst = temp;
+  return absl::OkStatus();
+}
+
 // Runs fn(begin, end) over the rows [0, n) of validated string splits on
 // TF's intra-op pool, in shards of about equal bytes rather than equal rows: a
 // grouped op's rows range from one short key to long id lists (in feature

@@ -19,7 +19,6 @@ using tensorflow::OpKernel;
 using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
-using tensorflow::TensorShape;
 using tensorflow::tstring;
 
 // Copies one string's bytes: short ones (most CTR tokens) without a libc
@@ -166,70 +165,54 @@ inline int64_t StringBagCost(const ctr::StringSpec& s, int64_t bytes, int64_t ba
 }
 
 template <typename T>
-class StringEmbeddingCpuOp : public OpKernel {
+class StringEmbeddingCpuOp : public StringKernel {
  public:
-  explicit StringEmbeddingCpuOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, ReadStringAttrs(c, &spec_, &bagged_, &trim_empty_tail_));
-  }
+  using StringKernel::StringKernel;
 
   void Compute(OpKernelContext* ctx) override {
-    ctr::StringSpec spec = spec_;
+    ctr::StringSpec spec;
     StringInputs in;
-    OP_REQUIRES_OK(ctx, BindTable(ctx->input(0), &spec));
-    OP_REQUIRES_OK(ctx, ValidateStringInputs(ctx->input(1), ctx->input(2), ctx->input(3), bagged_, &in));
-    // Trimming needs every row before the count is known: pool into scratch.
+    OP_REQUIRES_OK(ctx, BindSpec(ctx->input(0), &spec));
+    OP_REQUIRES_OK(ctx, ValidateStringInputs(ctx->input(1), ctx->input(2), ctx->input(3), bagged(), &in));
+    const bool trim = trim_empty_tail();
     Tensor pooled;
-    Tensor* out = nullptr;
-    TensorShape full;
-    OP_REQUIRES_OK(ctx, TensorShape::BuildTensorShape({in.num_bags, spec.lookup.dim}, &full));
-    if (trim_empty_tail_) {
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DataTypeToEnum<T>::value, full, &pooled));
-    } else {
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, full, &out));
-    }
+    Tensor* dst = nullptr;
+    OP_REQUIRES_OK(ctx, AllocatePooled(ctx, tensorflow::DataTypeToEnum<T>::value, in.num_bags, spec.lookup.dim,
+                                       trim, &pooled, &dst));
     const auto* params = CorePtr<T>(ctx->input(0));
-    auto* dst = CorePtr<T>(trim_empty_tail_ ? &pooled : out);
-    std::vector<uint8_t> nonempty(trim_empty_tail_ ? in.num_bags : 0);
+    std::vector<uint8_t> nonempty(trim ? in.num_bags : 0);
     FirstTokenError first;
     ParallelFor(ctx, in.num_bags, StringBagCost(spec, ctx->input(1).NumElements(), in.num_bags),
                 [&](int64_t begin, int64_t end) {
                   std::vector<float> acc(spec.lookup.dim);
                   ctr::TokenError err;
                   ctr::PoolStringBagsCpu(spec, params, in.bytes, in.num_bytes, in.string_splits, in.bag_splits,
-                                         begin, end, acc.data(), dst, &err,
-                                         trim_empty_tail_ ? nonempty.data() : nullptr);
+                                         begin, end, acc.data(), CorePtr<T>(dst), &err,
+                                         trim ? nonempty.data() : nullptr);
                   first.Offer(err);
                 });
     OP_REQUIRES_OK(ctx, first.ToStatus(in.bytes, spec.lookup.vocab));
-    if (!trim_empty_tail_) return;
+    if (!trim) return;
     int64_t rows = in.num_bags;
     while (rows > 0 && !nonempty[rows - 1]) --rows;
+    Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {rows, spec.lookup.dim}, &out));
     if (rows > 0) std::memcpy(out->flat<T>().data(), pooled.flat<T>().data(), rows * spec.lookup.dim * sizeof(T));
   }
-
- private:
-  ctr::StringSpec spec_;
-  bool bagged_ = false;
-  bool trim_empty_tail_ = false;
 };
 
 template <typename T>
-class StringEmbeddingGradCpuOp : public OpKernel {
+class StringEmbeddingGradCpuOp : public StringKernel {
  public:
-  explicit StringEmbeddingGradCpuOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, ReadStringAttrs(c, &spec_, &bagged_, &trim_empty_tail_));
-  }
+  using StringKernel::StringKernel;
 
   void Compute(OpKernelContext* ctx) override {
-    ctr::StringSpec spec = spec_;
+    ctr::StringSpec spec;
     StringInputs in;
-    OP_REQUIRES_OK(ctx, BindTable(ctx->input(1), &spec));
-    OP_REQUIRES_OK(ctx, ValidateStringInputs(ctx->input(2), ctx->input(3), ctx->input(4), bagged_, &in));
+    OP_REQUIRES_OK(ctx, BindSpec(ctx->input(1), &spec));
+    OP_REQUIRES_OK(ctx, ValidateStringInputs(ctx->input(2), ctx->input(3), ctx->input(4), bagged(), &in));
     const Tensor& grad = ctx->input(0);
-    OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == in.num_bags && grad.dim_size(1) == spec.lookup.dim,
-                tensorflow::errors::InvalidArgument("grad must have shape [", in.num_bags, ", ",
-                                                    spec.lookup.dim, "], got ", grad.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckGradShape(grad, in.num_bags, spec.lookup.dim));
     const ctr::TokenBagVisitor visit{spec, in.bytes, in.num_bytes, in.string_splits, in.bag_splits, nullptr};
     std::vector<int64_t> grad_offsets(in.num_bags + 1, 0);
     const int64_t cost = StringBagCost(spec, ctx->input(2).NumElements(), in.num_bags);
@@ -248,39 +231,27 @@ class StringEmbeddingGradCpuOp : public OpKernel {
                       nullptr);
     });
   }
-
- private:
-  ctr::StringSpec spec_;
-  bool bagged_ = false;
-  bool trim_empty_tail_ = false;
 };
 
 template <typename T>
-class MultiStringEmbeddingCpuOp : public OpKernel {
+class MultiStringEmbeddingCpuOp : public MultiStringKernel {
  public:
-  explicit MultiStringEmbeddingCpuOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, ReadMultiStringAttrs(c, &specs_));
-  }
+  using MultiStringKernel::MultiStringKernel;
 
   void Compute(OpKernelContext* ctx) override {
-    const int n = static_cast<int>(specs_.size());
-    std::vector<ctr::StringSpec> specs = specs_;
+    const int n = num_features();
     const Tensor& bytes = ctx->input(n);
     const Tensor& splits = ctx->input(n + 1);
     OP_REQUIRES_OK(ctx, CheckVector(bytes, "bytes"));
     OP_REQUIRES_OK(ctx, CheckVector(splits, "row_splits"));
-    const int64_t num_strings = splits.NumElements() - 1;
-    OP_REQUIRES(ctx, num_strings >= 0 && num_strings % n == 0,
-                tensorflow::errors::InvalidArgument("row_splits must hold N * B + 1 = ", n, " * B + 1 entries, got ",
-                                                    splits.NumElements()));
-    const int64_t batch = num_strings / n;
+    int64_t batch = 0;
+    OP_REQUIRES_OK(ctx, GroupBatch(splits, &batch));
+    const int64_t num_strings = n * batch;
     const int64_t* s = splits.flat<int64_t>().data();
     OP_REQUIRES_OK(ctx, CoreStatus(ctr::ValidateStringSplits(s, splits.NumElements(), bytes.NumElements())));
-    std::vector<Tensor*> outs(n);
-    for (int i = 0; i < n; ++i) {
-      OP_REQUIRES_OK(ctx, BindTable(ctx->input(i), &specs[i]));
-      OP_REQUIRES_OK(ctx, AllocateOutput(ctx, i, {batch, specs[i].lookup.dim}, &outs[i]));
-    }
+    std::vector<ctr::StringSpec> specs;
+    std::vector<Tensor*> outs;
+    OP_REQUIRES_OK(ctx, BindFeatures(ctx, batch, &specs, &outs));
     const uint8_t* b = bytes.flat<uint8_t>().data();
     int64_t max_dim = 0;
     for (const auto& sp : specs) max_dim = std::max(max_dim, sp.lookup.dim);
@@ -302,9 +273,6 @@ class MultiStringEmbeddingCpuOp : public OpKernel {
     for (int f = 0; f < n; ++f)
       OP_REQUIRES_OK(ctx, first[f].ToStatus(b, specs[f].lookup.vocab, "feature " + std::to_string(f) + ": "));
   }
-
- private:
-  std::vector<ctr::StringSpec> specs_;
 };
 
 #define REGISTER_STRING_CPU(T)                                                                          \

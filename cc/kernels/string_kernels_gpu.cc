@@ -20,8 +20,6 @@
 namespace tf_ctr {
 
 using tensorflow::DEVICE_GPU;
-using tensorflow::OpKernel;
-using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 using tensorflow::TensorShape;
@@ -98,28 +96,20 @@ absl::Status TokenStatus(const int64_t* d_status, const uint8_t* d_bytes, const 
 }
 
 template <typename T>
-class StringEmbeddingGpuOp : public OpKernel {
+class StringEmbeddingGpuOp : public StringKernel {
  public:
-  explicit StringEmbeddingGpuOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, ReadStringAttrs(c, &spec_, &bagged_, &trim_empty_tail_));
-  }
+  using StringKernel::StringKernel;
 
   void Compute(OpKernelContext* ctx) override {
-    ctr::StringSpec spec = spec_;
-    OP_REQUIRES_OK(ctx, BindTable(ctx->input(0), &spec));
+    ctr::StringSpec spec;
+    OP_REQUIRES_OK(ctx, BindSpec(ctx->input(0), &spec));
     void* stream = GpuStream(ctx);
     DeviceStrings in;
-    OP_REQUIRES_OK(ctx, PrepareDeviceStrings(ctx, ctx->input(1), ctx->input(2), ctx->input(3), bagged_, stream, &in));
-    TensorShape full;
-    OP_REQUIRES_OK(ctx, TensorShape::BuildTensorShape({in.num_bags, spec.lookup.dim}, &full));
+    OP_REQUIRES_OK(ctx, PrepareDeviceStrings(ctx, ctx->input(1), ctx->input(2), ctx->input(3), bagged(), stream, &in));
     Tensor pooled;
-    Tensor* out = nullptr;
-    if (trim_empty_tail_) {
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DataTypeToEnum<T>::value, full, &pooled));
-    } else {
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, full, &out));
-    }
-    Tensor* dst = trim_empty_tail_ ? &pooled : out;
+    Tensor* dst = nullptr;
+    OP_REQUIRES_OK(ctx, AllocatePooled(ctx, tensorflow::DataTypeToEnum<T>::value, in.num_bags, spec.lookup.dim,
+                                       trim_empty_tail(), &pooled, &dst));
     if (in.num_bags > 0) {
       Tensor status;
       OP_REQUIRES_OK(ctx, DeviceScratch(ctx, ctr::gpu::kTokenStatusSize, &status));
@@ -130,7 +120,7 @@ class StringEmbeddingGpuOp : public OpKernel {
                                                                  CorePtr<T>(dst), st, stream)));
       OP_REQUIRES_OK(ctx, TokenStatus(st, in.bytes, &spec, 0, stream));
     }
-    if (!trim_empty_tail_) return;
+    if (!trim_empty_tail()) return;
     // Rows through the last bag with a token: the per-bag token counts of the
     // gradient pass, then the last non-zero one.
     int64_t rows = 0;
@@ -145,34 +135,26 @@ class StringEmbeddingGpuOp : public OpKernel {
       OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::CountThroughLastNonZero(counts.flat<int64_t>().data(), in.num_bags,
                                                                          &rows, stream)));
     }
+    Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {rows, spec.lookup.dim}, &out));
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::CopyDeviceToDevice(pooled.flat<T>().data(), out->flat<T>().data(),
                                                                   rows * spec.lookup.dim * sizeof(T), stream)));
   }
-
- private:
-  ctr::StringSpec spec_;
-  bool bagged_ = false;
-  bool trim_empty_tail_ = false;
 };
 
 template <typename T>
-class StringEmbeddingGradGpuOp : public OpKernel {
+class StringEmbeddingGradGpuOp : public StringKernel {
  public:
-  explicit StringEmbeddingGradGpuOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, ReadStringAttrs(c, &spec_, &bagged_, &trim_empty_tail_));
-  }
+  using StringKernel::StringKernel;
 
   void Compute(OpKernelContext* ctx) override {
-    ctr::StringSpec spec = spec_;
-    OP_REQUIRES_OK(ctx, BindTable(ctx->input(1), &spec));
+    ctr::StringSpec spec;
+    OP_REQUIRES_OK(ctx, BindSpec(ctx->input(1), &spec));
     void* stream = GpuStream(ctx);
     DeviceStrings in;
-    OP_REQUIRES_OK(ctx, PrepareDeviceStrings(ctx, ctx->input(2), ctx->input(3), ctx->input(4), bagged_, stream, &in));
+    OP_REQUIRES_OK(ctx, PrepareDeviceStrings(ctx, ctx->input(2), ctx->input(3), ctx->input(4), bagged(), stream, &in));
     const Tensor& grad = ctx->input(0);
-    OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == in.num_bags && grad.dim_size(1) == spec.lookup.dim,
-                tensorflow::errors::InvalidArgument("grad must have shape [", in.num_bags, ", ", spec.lookup.dim,
-                                                    "], got ", grad.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckGradShape(grad, in.num_bags, spec.lookup.dim));
     const int64_t rows = in.num_bags;
     Tensor counts, grad_offsets, scan_temp;
     OP_REQUIRES_OK(ctx, DeviceScratch(ctx, std::max<int64_t>(rows, 1), &counts));
@@ -194,38 +176,27 @@ class StringEmbeddingGradGpuOp : public OpKernel {
                                                           in.bag_splits, rows, CorePtr<T>(grad), goff,
                                                           CorePtr<T>(values), indices->flat<int64_t>().data(), stream)));
   }
-
- private:
-  ctr::StringSpec spec_;
-  bool bagged_ = false;
-  bool trim_empty_tail_ = false;
 };
 
 template <typename T>
-class MultiStringEmbeddingGpuOp : public OpKernel {
+class MultiStringEmbeddingGpuOp : public MultiStringKernel {
  public:
-  explicit MultiStringEmbeddingGpuOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, ReadMultiStringAttrs(c, &specs_));
-  }
+  using MultiStringKernel::MultiStringKernel;
 
   void Compute(OpKernelContext* ctx) override {
-    const int n = static_cast<int>(specs_.size());
-    std::vector<ctr::StringSpec> specs = specs_;
+    const int n = num_features();
     const Tensor& splits = ctx->input(n + 1);
     void* stream = GpuStream(ctx);
     DeviceStrings in;
     OP_REQUIRES_OK(ctx, PrepareDeviceStrings(ctx, ctx->input(n), splits, splits, false, stream, &in));
-    OP_REQUIRES(ctx, in.num_bags % n == 0,
-                tensorflow::errors::InvalidArgument("row_splits must hold N * B + 1 = ", n, " * B + 1 entries, got ",
-                                                    splits.NumElements()));
-    const int64_t batch = in.num_bags / n;
+    int64_t batch = 0;
+    OP_REQUIRES_OK(ctx, GroupBatch(splits, &batch));
+    std::vector<ctr::StringSpec> specs;
+    std::vector<Tensor*> outs;
+    OP_REQUIRES_OK(ctx, BindFeatures(ctx, batch, &specs, &outs));
     std::vector<ctr::gpu::FeatureDesc> features(n);
-    for (int i = 0; i < n; ++i) {
-      OP_REQUIRES_OK(ctx, BindTable(ctx->input(i), &specs[i]));
-      Tensor* out = nullptr;
-      OP_REQUIRES_OK(ctx, AllocateOutput(ctx, i, {batch, specs[i].lookup.dim}, &out));
-      features[i] = ctr::gpu::FeatureDesc{specs[i], CorePtr<T>(ctx->input(i)), CorePtr<T>(out)};
-    }
+    for (int i = 0; i < n; ++i)
+      features[i] = ctr::gpu::FeatureDesc{specs[i], CorePtr<T>(ctx->input(i)), CorePtr<T>(outs[i])};
     if (batch == 0) return;
     Tensor d_features, status;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8,
@@ -239,9 +210,6 @@ class MultiStringEmbeddingGpuOp : public OpKernel {
                             n, batch, in.bytes, in.string_splits, st, stream)));
     OP_REQUIRES_OK(ctx, TokenStatus(st, in.bytes, specs.data(), batch, stream));
   }
-
- private:
-  std::vector<ctr::StringSpec> specs_;
 };
 
 #define REGISTER_STRING_GPU(T)                                                                       \

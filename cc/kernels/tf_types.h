@@ -59,6 +59,13 @@ inline absl::Status AllocateTemp(tensorflow::OpKernelContext* ctx, tensorflow::D
   return ctx->allocate_temp(dtype, shape, out);
 }
 
+// A gradient op's incoming grad must have the forward op's output shape.
+inline absl::Status CheckGradShape(const tensorflow::Tensor& grad, int64_t rows, int64_t dim) {
+  if (grad.dims() == 2 && grad.dim_size(0) == rows && grad.dim_size(1) == dim) return absl::OkStatus();
+  return tensorflow::errors::InvalidArgument("grad must have shape [", rows, ", ", dim, "], got ",
+                                             grad.shape().DebugString());
+}
+
 // Runs fn(begin, end) over [0, n) on TF's intra-op pool.
 inline void ParallelFor(tensorflow::OpKernelContext* ctx, int64_t n, int64_t cost_per_unit,
                         const std::function<void(int64_t, int64_t)>& fn) {

@@ -17,7 +17,7 @@
 #include "cc/core/parse.h"
 #include "cc/core/segments.h"
 #include "cc/core/strings.h"
-#include "cc/python/enums.h"
+#include "cc/python/specs.h"
 #ifdef CTR_WITH_CUDA
 #include "cc/python/gpu_bindings.h"
 #include "cc/python/gpu_string_bindings.h"
@@ -90,17 +90,8 @@ py::array EmbeddingLookup(py::array params, py::array keys, py::array_t<int64_t,
   keys = py::array::ensure(keys, py::array::c_style);
   if (params.ndim() != 2) throw py::value_error("params must be [V, D]");
   if (keys.ndim() != 1) throw py::value_error("keys must be a vector");
-  ctr::LookupSpec spec;
-  spec.vocab = params.shape(0);
-  spec.dim = params.shape(1);
-  spec.combiner = tf_ctr_py::ParseCombiner(combiner);
-  spec.id_mode = tf_ctr_py::ParseIdMode(id_mode);
-  spec.invalid_ids = tf_ctr_py::ParseInvalidIds(invalid_ids);
-  spec.prune_weights = prune_weights;
-  spec.default_id = default_id;
-  spec.max_norm = max_norm;
-  if (spec.id_mode == ctr::IdMode::kHash && spec.vocab <= 0) throw py::value_error("hash mode needs at least one bucket");
-  if (default_id < -1 || default_id >= spec.vocab) throw py::value_error("default_id out of range");
+  const ctr::LookupSpec spec = tf_ctr_py::MakeLookupSpec(params.shape(0), params.shape(1), combiner, id_mode,
+                                                         invalid_ids, prune_weights, default_id, max_norm);
   std::vector<int64_t> off(offsets.data(), offsets.data() + offsets.size());
   const std::string err = ctr::ValidateRowSplits(off.data(), static_cast<int64_t>(off.size()), keys.shape(0));
   if (!err.empty()) throw py::value_error(err);
@@ -160,26 +151,11 @@ py::array StringEmbedding(py::array params, py::array_t<uint8_t, py::array::c_st
                           int64_t num_buckets, const std::string& invalid_ids, int64_t default_id) {
   params = py::array::ensure(params, py::array::c_style);
   if (params.ndim() != 2) throw py::value_error("params must be [V, D]");
-  ctr::StringSpec spec;
-  spec.lookup.vocab = params.shape(0);
-  spec.lookup.dim = params.shape(1);
-  spec.lookup.combiner = tf_ctr_py::ParseCombiner(combiner);
-  spec.lookup.max_norm = max_norm;
-  spec.mode = tf_ctr_py::ParseTokenMode(id_mode);
-  spec.skip_empty = skip_empty;
-  if (num_buckets < 0) throw py::value_error("num_buckets must be >= 0");
-  spec.buckets = num_buckets;
-  if (invalid_ids != "error" && invalid_ids != "skip_negative")
-    throw py::value_error("invalid_ids must be 'error' or 'skip_negative'");
-  spec.skip_negative = invalid_ids == "skip_negative";
-  if (default_id < -1 || default_id >= spec.lookup.vocab) throw py::value_error("default_id out of range");
-  spec.lookup.default_id = default_id;
-  std::string err = ctr::SetDelimiter(&spec, delimiter);
-  if (!err.empty()) throw py::value_error(err);
-  if (spec.lookup.vocab <= 0 && spec.mode != ctr::TokenMode::kIndex)
-    throw py::value_error("hash and mod modes need at least one table row");
+  const ctr::StringSpec spec = tf_ctr_py::MakeStringSpec(params.shape(0), params.shape(1), combiner, id_mode,
+                                                         delimiter, skip_empty, max_norm, default_id, num_buckets,
+                                                         invalid_ids);
   std::vector<int64_t> splits(string_splits.data(), string_splits.data() + string_splits.size());
-  err = ctr::ValidateStringSplits(splits.data(), static_cast<int64_t>(splits.size()), bytes.size());
+  std::string err = ctr::ValidateStringSplits(splits.data(), static_cast<int64_t>(splits.size()), bytes.size());
   if (!err.empty()) throw py::value_error(err);
   const int64_t num_strings = static_cast<int64_t>(splits.size()) - 1;
   std::vector<int64_t> bags_vec;

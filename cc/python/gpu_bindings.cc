@@ -16,7 +16,7 @@
 #include "cc/core/float_types.h"
 #include "cc/core/lookup.h"
 #include "cc/core/segments.h"
-#include "cc/python/enums.h"
+#include "cc/python/specs.h"
 #include "cc/python/gpu_common.h"
 #include "cuda/lookup_launchers.h"
 
@@ -32,30 +32,6 @@ using tf_ctr_py::TypeTag;
 using tf_ctr_py::WithIndexType;
 using tf_ctr_py::WithValueType;
 
-
-// The one place Python arguments become a LookupSpec (the enum spellings come
-// from enums.h, shared with the CPU binding). Same argument checks as the CPU
-// embedding_lookup, so both reject the same calls with ValueError.
-ctr::LookupSpec MakeSpec(int64_t vocab, int64_t dim, const std::string& combiner,
-                         const std::string& id_mode, const std::string& invalid_ids,
-                         bool prune_weights, int64_t default_id, float max_norm) {
-  if (vocab < 0 || dim < 0) throw py::value_error("vocab and dim must be >= 0");
-  ctr::LookupSpec spec;
-  spec.vocab = vocab;
-  spec.dim = dim;
-  spec.combiner = tf_ctr_py::ParseCombiner(combiner);
-  spec.id_mode = tf_ctr_py::ParseIdMode(id_mode);
-  spec.invalid_ids = tf_ctr_py::ParseInvalidIds(invalid_ids);
-  spec.prune_weights = prune_weights;
-  spec.default_id = default_id;
-  spec.max_norm = max_norm;
-  if (spec.id_mode == ctr::IdMode::kHash && vocab <= 0)
-    throw py::value_error("hash mode needs at least one bucket");
-  if (default_id < -1 || default_id >= vocab) throw py::value_error("default_id out of range");
-  return spec;
-}
-
-
 // d_status as read back: {index, value}, index -1 when all was well.
 using HostStatus = std::array<int64_t, 2>;
 
@@ -66,8 +42,8 @@ void GpuEmbeddingLookup(uintptr_t params_ptr, const std::string& params_dtype, i
                         const std::string& combiner, const std::string& id_mode,
                         const std::string& invalid_ids, bool prune_weights, int64_t default_id,
                         float max_norm, uintptr_t stream) {
-  const ctr::LookupSpec spec = MakeSpec(vocab, dim, combiner, id_mode, invalid_ids,
-                                        prune_weights, default_id, max_norm);
+  const ctr::LookupSpec spec =
+      tf_ctr_py::MakeLookupSpec(vocab, dim, combiner, id_mode, invalid_ids, prune_weights, default_id, max_norm);
   if (num_rows < 0 || nnz < 0) throw py::value_error("num_rows and nnz must be >= 0");
   RequirePointer(params_ptr, vocab > 0 && dim > 0, "params_ptr");
   RequirePointer(keys_ptr, nnz > 0, "keys_ptr");
@@ -167,8 +143,8 @@ int64_t GpuEmbeddingLookupGrad(
     uintptr_t workspace_ptr, int64_t workspace_bytes, const std::string& combiner,
     const std::string& id_mode, const std::string& invalid_ids, bool prune_weights,
     int64_t default_id, float max_norm, uintptr_t stream) {
-  const ctr::LookupSpec spec = MakeSpec(vocab, dim, combiner, id_mode, invalid_ids,
-                                        prune_weights, default_id, max_norm);
+  const ctr::LookupSpec spec =
+      tf_ctr_py::MakeLookupSpec(vocab, dim, combiner, id_mode, invalid_ids, prune_weights, default_id, max_norm);
   if (num_rows < 0 || nnz < 0) throw py::value_error("num_rows and nnz must be >= 0");
   const GradWorkspace ws = GradWorkspaceFor(num_rows);
   if (workspace_bytes < 0 || static_cast<size_t>(workspace_bytes) < ws.total)

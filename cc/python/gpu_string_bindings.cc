@@ -22,7 +22,7 @@
 
 #include "cc/core/float_types.h"
 #include "cc/core/strings.h"
-#include "cc/python/enums.h"
+#include "cc/python/specs.h"
 #include "cc/python/gpu_common.h"
 #include "cuda/device_util.h"
 #include "cuda/lookup_launchers.h"
@@ -34,41 +34,12 @@ namespace {
 
 using tf_ctr_py::Check;
 using tf_ctr_py::DevicePtr;
+using tf_ctr_py::MakeStringSpec;
 using tf_ctr_py::RequirePointer;
 using tf_ctr_py::StreamPtr;
 using tf_ctr_py::TypeTag;
 using tf_ctr_py::WithIndexType;
 using tf_ctr_py::WithValueType;
-
-
-
-// The one place Python arguments become a StringSpec; the same checks as the
-// CPU string_embedding, so both reject the same calls with ValueError.
-ctr::StringSpec MakeStringSpec(int64_t vocab, int64_t dim, const std::string& combiner,
-                               const std::string& id_mode, const std::string& delimiter,
-                               bool skip_empty, float max_norm, int64_t default_id,
-                               int64_t num_buckets = 0, const std::string& invalid_ids = "error") {
-  if (vocab < 0 || dim < 0) throw py::value_error("vocab and dim must be >= 0");
-  if (num_buckets < 0) throw py::value_error("num_buckets must be >= 0");
-  if (invalid_ids != "error" && invalid_ids != "skip_negative")
-    throw py::value_error("invalid_ids must be 'error' or 'skip_negative'");
-  ctr::StringSpec s;
-  s.lookup.vocab = vocab;
-  s.lookup.dim = dim;
-  s.lookup.combiner = tf_ctr_py::ParseCombiner(combiner);
-  s.lookup.max_norm = max_norm;
-  s.lookup.default_id = default_id;
-  s.mode = tf_ctr_py::ParseTokenMode(id_mode);
-  s.skip_empty = skip_empty;
-  s.buckets = num_buckets;
-  s.skip_negative = invalid_ids == "skip_negative";
-  const std::string err = ctr::SetDelimiter(&s, delimiter);
-  if (!err.empty()) throw py::value_error(err);
-  if (vocab <= 0 && s.mode != ctr::TokenMode::kIndex)
-    throw py::value_error("hash and mod modes need at least one table row");
-  if (default_id < -1 || default_id >= vocab) throw py::value_error("default_id out of range");
-  return s;
-}
 
 // A rejected token as read back, with its first bytes for the message.
 struct HostTokenError {

@@ -26,38 +26,20 @@ second so CI does not write into it). A finding is fixed, then its input is
 copied into tests/fuzz/corpus/ so every later run replays it.
 """
 
-import importlib.machinery
-import importlib.util
 import os
-import struct
 import sys
 
 import atheris
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from core_helpers import load_core  # noqa: E402  (tests/ is on the path only now)
 
-
-def load_core():
-    """tf_ctr_ops._core without importing the package (and so TensorFlow)."""
-    folders = [os.path.join(ROOT, "tf_ctr_ops")]
-    if os.environ.get("TF_CTR_OPS_CORE_DIR"):  # the folder of the _core*.so to fuzz
-        folders.insert(0, os.environ["TF_CTR_OPS_CORE_DIR"])
-    spec = importlib.util.find_spec("tf_ctr_ops")
-    if spec is not None and spec.submodule_search_locations:
-        folders[-1:-1] = list(spec.submodule_search_locations)
-    for folder in folders:
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            path = os.path.join(folder, "_core" + suffix)
-            if os.path.exists(path):
-                core_spec = importlib.util.spec_from_file_location("tf_ctr_ops._core", path)
-                module = importlib.util.module_from_spec(core_spec)
-                core_spec.loader.exec_module(module)
-                return module
-    raise ImportError(f"tf_ctr_ops._core is not built (looked in {folders})")
-
-
-core = load_core()
+# TF_CTR_OPS_CORE_DIR: the folder of the _core*.so to fuzz (test_fuzz.py sets
+# it to the build its tests use); this checkout's package folder is the last resort.
+core = load_core(first=[os.environ["TF_CTR_OPS_CORE_DIR"]] if os.environ.get("TF_CTR_OPS_CORE_DIR") else [],
+                 last=[os.path.join(ROOT, "tf_ctr_ops")])
 
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 WHITESPACE = b" \t\n\v\f\r"

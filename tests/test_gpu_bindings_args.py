@@ -1,0 +1,113 @@
+"""The GPU bindings of tf_ctr_ops._core reject bad arguments exactly as the CPU
+bindings do, before any device work.
+
+Both build their LookupSpec / StringSpec in one place (cc/python/specs.h), so
+a call the CPU core refuses is refused by the GPU launchers with the same
+ValueError. These checks run on the host: they need a _core built with CUDA
+(CI builds one wherever nvcc is found) but no GPU, CuPy or PyTorch. The
+device pointers are never dereferenced: every call fails its argument checks
+first. Skips, with the reason, where _core was built without CUDA.
+"""
+
+import numpy as np
+import pytest
+
+from core_helpers import load_core
+
+try:
+    core = load_core()
+except ImportError as e:
+    pytest.skip(str(e), allow_module_level=True)
+if not getattr(core, "has_cuda", False):
+    pytest.skip("tf_ctr_ops._core was built without CUDA: no GPU bindings to check", allow_module_level=True)
+
+VOCAB, DIM = 10, 4
+PARAMS = np.zeros((VOCAB, DIM), np.float32)
+EMPTY_PARAMS = np.zeros((0, DIM), np.float32)
+
+# (what is wrong, keyword arguments both bindings take, the table's rows)
+LOOKUP_CASES = [
+    ("unknown combiner", dict(combiner="max"), VOCAB),
+    ("unknown id_mode", dict(id_mode="bucket"), VOCAB),
+    ("unknown invalid_ids", dict(invalid_ids="drop"), VOCAB),
+    ("default_id past the table", dict(default_id=VOCAB), VOCAB),
+    ("default_id below -1", dict(default_id=-2), VOCAB),
+    ("hash mode with no bucket", dict(id_mode="hash"), 0),
+]
+
+STRING_CASES = [
+    ("unknown combiner", dict(combiner="max"), VOCAB),
+    ("unknown id_mode", dict(id_mode="bucket"), VOCAB),
+    ("invalid_ids the string ops lack", dict(invalid_ids="skip_padding"), VOCAB),
+    ("negative num_buckets", dict(num_buckets=-1), VOCAB),
+    ("delimiter over 16 bytes", dict(delimiter=b"|" * 17), VOCAB),
+    ("default_id past the table", dict(default_id=VOCAB), VOCAB),
+    ("hash mode with no table row", dict(id_mode="hash"), 0),
+    ("mod mode with no table row", dict(id_mode="mod"), 0),
+]
+
+
+def _cpu_error(fn, *args, **kwargs):
+    with pytest.raises(ValueError) as cpu:
+        fn(*args, **kwargs)
+    return str(cpu.value)
+
+
+def _gpu_lookup(vocab, **kwargs):
+    # Null device pointers: a call that got past its argument checks would
+    # fail on them (RequirePointer), with a message none of the cases expect.
+    core.gpu_embedding_lookup(0, "float32", vocab, DIM, 0, "int64", 1, 0, 0, 1, 0, 0, **kwargs)
+
+
+def _gpu_string(vocab, **kwargs):
+    core.gpu_string_embedding(0, "float32", vocab, DIM, 0, 0, 0, 1, 0, 0, **kwargs)
+
+
+@pytest.mark.parametrize("what,kwargs,vocab", LOOKUP_CASES, ids=[c[0] for c in LOOKUP_CASES])
+def test_gpu_lookup_rejects_what_the_cpu_rejects(what, kwargs, vocab):
+    params = PARAMS if vocab else EMPTY_PARAMS
+    want = _cpu_error(core.embedding_lookup, params, np.zeros(1, np.int64), np.array([0, 1], np.int64), **kwargs)
+    with pytest.raises(ValueError) as gpu:
+        _gpu_lookup(vocab, **kwargs)
+    assert str(gpu.value) == want, what
+    with pytest.raises(ValueError) as grad:
+        core.gpu_embedding_lookup_grad(0, "float32", vocab, DIM, 0, "int64", 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
+                                       **kwargs)
+    assert str(grad.value) == want, what
+
+
+@pytest.mark.parametrize("what,kwargs,vocab", STRING_CASES, ids=[c[0] for c in STRING_CASES])
+def test_gpu_string_embedding_rejects_what_the_cpu_rejects(what, kwargs, vocab):
+    params = PARAMS if vocab else EMPTY_PARAMS
+    want = _cpu_error(core.string_embedding, params, np.frombuffer(b"1", np.uint8), np.array([0, 1], np.int64),
+                      **kwargs)
+    with pytest.raises(ValueError) as gpu:
+        _gpu_string(vocab, **kwargs)
+    assert str(gpu.value) == want, what
+
+
+# The grouped launcher's per-feature dicts have no default_id, num_buckets or invalid_ids.
+GROUPED_CASES = [c for c in STRING_CASES if not {"default_id", "num_buckets", "invalid_ids"} & set(c[1])]
+
+
+@pytest.mark.parametrize("what,kwargs,vocab", GROUPED_CASES, ids=[c[0] for c in GROUPED_CASES])
+def test_gpu_grouped_string_embedding_names_the_feature(what, kwargs, vocab):
+    """The grouped launcher prefixes the CPU's message with the feature it concerns."""
+    params = PARAMS if vocab else EMPTY_PARAMS
+    want = _cpu_error(core.string_embedding, params, np.frombuffer(b"1", np.uint8), np.array([0, 1], np.int64),
+                      **kwargs)
+    # Feature 0 is valid and needs no pointers (an empty index-mode table, batch 0).
+    good = dict(vocab=0, dim=0, id_mode="index", params_ptr=0, out_ptr=0)
+    bad = dict(vocab=vocab, dim=DIM, params_ptr=0, out_ptr=0, **kwargs)
+    with pytest.raises(ValueError) as gpu:
+        core.gpu_multi_string_embedding([good, bad], "float32", 0, 0, 0, 0, 0, 0)
+    assert str(gpu.value) == "features[1]: " + want, what
+
+
+def test_gpu_bindings_reject_unknown_table_dtypes():
+    # Empty shapes need only the offsets and status pointers; 1 stands in for
+    # them, and the dtype is refused before anything is launched or read.
+    with pytest.raises(ValueError, match="params_dtype must be"):
+        core.gpu_embedding_lookup(0, "int8", 0, 0, 0, "int64", 0, 0, 1, 0, 0, 1)
+    with pytest.raises(ValueError, match="params_dtype must be"):
+        core.gpu_string_embedding(0, "int8", 0, 0, 0, 0, 0, 0, 0, 1, id_mode="index")
