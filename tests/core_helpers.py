@@ -50,8 +50,9 @@ def load_core(first=(), last=()):
     raise ImportError(f"tf_ctr_ops._core is not built (looked in {searched}; run the package build first)")
 
 
-def core_or_skip(*needed):
-    """The core built with CUDA and the named bindings, else a module-level skip."""
+def core_or_skip(*needed, without_cuda="no CUDA device: tf_ctr_ops._core was built without CUDA"):
+    """The core built with CUDA and the named bindings, else a module-level
+    skip (`without_cuda` is the reason given for a core without CUDA)."""
     import pytest
 
     try:
@@ -59,7 +60,7 @@ def core_or_skip(*needed):
     except ImportError as e:
         pytest.skip(str(e), allow_module_level=True)
     if not getattr(core, "has_cuda", False):
-        pytest.skip("no CUDA device: tf_ctr_ops._core was built without CUDA", allow_module_level=True)
+        pytest.skip(without_cuda, allow_module_level=True)
     for name in needed:
         if not hasattr(core, name):
             pytest.skip(f"tf_ctr_ops._core has no {name}", allow_module_level=True)

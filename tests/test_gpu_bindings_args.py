@@ -12,14 +12,9 @@ first. Skips, with the reason, where _core was built without CUDA.
 import numpy as np
 import pytest
 
-from core_helpers import load_core
+from core_helpers import core_or_skip
 
-try:
-    core = load_core()
-except ImportError as e:
-    pytest.skip(str(e), allow_module_level=True)
-if not getattr(core, "has_cuda", False):
-    pytest.skip("tf_ctr_ops._core was built without CUDA: no GPU bindings to check", allow_module_level=True)
+core = core_or_skip(without_cuda="tf_ctr_ops._core was built without CUDA: no GPU bindings to check")
 
 VOCAB, DIM = 10, 4
 PARAMS = np.zeros((VOCAB, DIM), np.float32)
