@@ -26,6 +26,8 @@ namespace {
 
 using tf_ctr_py::Check;
 using tf_ctr_py::DevicePtr;
+using tf_ctr_py::GradWorkspace;
+using tf_ctr_py::GradWorkspaceFor;
 using tf_ctr_py::RequirePointer;
 using tf_ctr_py::StreamPtr;
 using tf_ctr_py::TypeTag;
@@ -34,6 +36,17 @@ using tf_ctr_py::WithValueType;
 
 // d_status as read back: {index, value}, index -1 when all was well.
 using HostStatus = std::array<int64_t, 2>;
+
+// Resets d_status, runs `launch` (which records the first bad entry there)
+// and reads it back. Call without the GIL.
+template <typename Launch>
+HostStatus LaunchWithStatus(int64_t* d_status, uintptr_t stream, Launch&& launch) {
+  HostStatus status{-1, 0};
+  Check(ctr::gpu::InitStatus(d_status, StreamPtr(stream)));
+  Check(launch());
+  Check(ctr::gpu::ReadInt64(d_status, 2, status.data(), StreamPtr(stream)));
+  return status;
+}
 
 void GpuEmbeddingLookup(uintptr_t params_ptr, const std::string& params_dtype, int64_t vocab,
                         int64_t dim, uintptr_t keys_ptr, const std::string& keys_dtype,
@@ -57,12 +70,12 @@ void GpuEmbeddingLookup(uintptr_t params_ptr, const std::string& params_dtype, i
     WithIndexType(keys_dtype, "keys", [&](auto key_tag) {
       using TKey = typename decltype(key_tag)::type;
       py::gil_scoped_release nogil;
-      Check(ctr::gpu::InitStatus(d_status, StreamPtr(stream)));
-      Check(ctr::gpu::EmbeddingLookup<T, TKey>(
-          spec, DevicePtr<const T>(params_ptr), DevicePtr<const TKey>(keys_ptr),
-          DevicePtr<const float>(weights_ptr), DevicePtr<const int64_t>(offsets_ptr), num_rows,
-          DevicePtr<T>(out_ptr), d_status, StreamPtr(stream)));
-      Check(ctr::gpu::ReadInt64(d_status, 2, status.data(), StreamPtr(stream)));
+      status = LaunchWithStatus(d_status, stream, [&] {
+        return ctr::gpu::EmbeddingLookup<T, TKey>(
+            spec, DevicePtr<const T>(params_ptr), DevicePtr<const TKey>(keys_ptr),
+            DevicePtr<const float>(weights_ptr), DevicePtr<const int64_t>(offsets_ptr), num_rows,
+            DevicePtr<T>(out_ptr), d_status, StreamPtr(stream));
+      });
     });
   });
   if (status[0] >= 0) {
@@ -85,10 +98,10 @@ void GpuRowIdsToOffsets(uintptr_t row_ids_ptr, const std::string& row_ids_dtype,
   WithIndexType(row_ids_dtype, "row_ids", [&](auto tag) {
     using TSeg = typename decltype(tag)::type;
     py::gil_scoped_release nogil;
-    Check(ctr::gpu::InitStatus(d_status, StreamPtr(stream)));
-    Check(ctr::gpu::RowIdsToOffsets(DevicePtr<const TSeg>(row_ids_ptr), nnz, num_rows,
-                                    DevicePtr<int64_t>(offsets_ptr), d_status, StreamPtr(stream)));
-    Check(ctr::gpu::ReadInt64(d_status, 2, status.data(), StreamPtr(stream)));
+    status = LaunchWithStatus(d_status, stream, [&] {
+      return ctr::gpu::RowIdsToOffsets(DevicePtr<const TSeg>(row_ids_ptr), nnz, num_rows,
+                                       DevicePtr<int64_t>(offsets_ptr), d_status, StreamPtr(stream));
+    });
   });
   if (status[0] >= 0) throw py::value_error(ctr::DescribeRowIdError(status[0], status[1], num_rows));
 }
@@ -105,34 +118,13 @@ void GpuRowSplitsToOffsets(uintptr_t splits_ptr, const std::string& splits_dtype
   WithIndexType(splits_dtype, "splits", [&](auto tag) {
     using TSeg = typename decltype(tag)::type;
     py::gil_scoped_release nogil;
-    Check(ctr::gpu::InitStatus(d_status, StreamPtr(stream)));
-    Check(ctr::gpu::SplitsToOffsets(DevicePtr<const TSeg>(splits_ptr), num_splits, nnz,
-                                    DevicePtr<int64_t>(offsets_ptr), d_status, StreamPtr(stream)));
-    Check(ctr::gpu::ReadInt64(d_status, 2, status.data(), StreamPtr(stream)));
+    status = LaunchWithStatus(d_status, stream, [&] {
+      return ctr::gpu::SplitsToOffsets(DevicePtr<const TSeg>(splits_ptr), num_splits, nnz,
+                                       DevicePtr<int64_t>(offsets_ptr), d_status, StreamPtr(stream));
+    });
   });
   if (status[0] >= 0)
     throw py::value_error(ctr::DescribeSplitError(status[0], status[1], num_splits, nnz));
-}
-
-// Where the gradient's scratch lives inside the caller's workspace buffer.
-struct GradWorkspace {
-  size_t counts = 0;        // int64[num_rows]
-  size_t grad_offsets = 0;  // int64[num_rows + 1]
-  size_t scan = 0;          // CUB scratch
-  size_t scan_bytes = 0;
-  size_t total = 0;
-};
-
-GradWorkspace GradWorkspaceFor(int64_t num_rows) {
-  // 256-byte alignment: what cudaMalloc gives and CUB expects of its scratch.
-  auto align = [](size_t n) { return (n + 255) / 256 * 256; };
-  const size_t rows = static_cast<size_t>(num_rows < 0 ? 0 : num_rows);
-  GradWorkspace w;
-  w.grad_offsets = align(rows * sizeof(int64_t));
-  w.scan = w.grad_offsets + align((rows + 1) * sizeof(int64_t));
-  w.scan_bytes = ctr::gpu::ExclusiveScanTempBytes(static_cast<int64_t>(rows));
-  w.total = w.scan + align(w.scan_bytes > 0 ? w.scan_bytes : 1);
-  return w;
 }
 
 int64_t GpuEmbeddingLookupGrad(

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cc/core/float_types.h"
+#include "cuda/lookup_launchers.h"
 
 namespace tf_ctr_py {
 
@@ -51,6 +52,28 @@ inline void* StreamPtr(uintptr_t stream) { return reinterpret_cast<void*>(stream
 // Launcher errors are CUDA failures, hence RuntimeError, not ValueError.
 inline void Check(const std::string& err) {
   if (!err.empty()) throw std::runtime_error(err);
+}
+
+// Where a gradient launch's scratch lives inside the caller's workspace
+// buffer (the id and string gradients lay it out alike, per bag).
+struct GradWorkspace {
+  size_t counts = 0;        // int64[bags]
+  size_t grad_offsets = 0;  // int64[bags + 1]
+  size_t scan = 0;          // CUB scratch
+  size_t scan_bytes = 0;
+  size_t total = 0;
+};
+
+inline GradWorkspace GradWorkspaceFor(int64_t num_bags) {
+  // 256-byte alignment: what cudaMalloc gives and CUB expects of its scratch.
+  auto align = [](size_t n) { return (n + 255) / 256 * 256; };
+  const size_t bags = static_cast<size_t>(num_bags < 0 ? 0 : num_bags);
+  GradWorkspace w;
+  w.grad_offsets = align(bags * sizeof(int64_t));
+  w.scan = w.grad_offsets + align((bags + 1) * sizeof(int64_t));
+  w.scan_bytes = ctr::gpu::ExclusiveScanTempBytes(static_cast<int64_t>(bags));
+  w.total = w.scan + align(w.scan_bytes > 0 ? w.scan_bytes : 1);
+  return w;
 }
 
 }  // namespace tf_ctr_py

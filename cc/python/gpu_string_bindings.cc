@@ -34,6 +34,8 @@ namespace {
 
 using tf_ctr_py::Check;
 using tf_ctr_py::DevicePtr;
+using tf_ctr_py::GradWorkspace;
+using tf_ctr_py::GradWorkspaceFor;
 using tf_ctr_py::MakeStringSpec;
 using tf_ctr_py::RequirePointer;
 using tf_ctr_py::StreamPtr;
@@ -66,6 +68,21 @@ HostTokenError ReadTokenError(const int64_t* d_status, const uint8_t* d_bytes, v
   return out;
 }
 
+// Resets the token status, runs launch(TypeTag<T>{}) for the table dtype
+// without the GIL, and reads back what it rejected.
+template <typename Launch>
+HostTokenError LaunchWithTokenStatus(const std::string& params_dtype, int64_t* d_status, const uint8_t* d_bytes,
+                                     uintptr_t stream, Launch&& launch) {
+  HostTokenError bad;
+  WithValueType(params_dtype, [&](auto tag) {
+    py::gil_scoped_release nogil;
+    Check(ctr::gpu::InitTokenStatus(d_status, StreamPtr(stream)));
+    Check(launch(tag));
+    bad = ReadTokenError(d_status, d_bytes, StreamPtr(stream));
+  });
+  return bad;
+}
+
 std::string Describe(const HostTokenError& e, int64_t vocab) {
   return ctr::DescribeTokenError(e.error, e.token.data(), vocab);
 }
@@ -86,16 +103,12 @@ void GpuStringEmbedding(uintptr_t params_ptr, const std::string& params_dtype, i
   RequirePointer(status_ptr, true, "status_ptr");
   int64_t* d_status = DevicePtr<int64_t>(status_ptr);
   const uint8_t* d_bytes = DevicePtr<const uint8_t>(bytes_ptr);
-  HostTokenError bad;
-  WithValueType(params_dtype, [&](auto tag) {
+  const HostTokenError bad = LaunchWithTokenStatus(params_dtype, d_status, d_bytes, stream, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    py::gil_scoped_release nogil;
-    Check(ctr::gpu::InitTokenStatus(d_status, StreamPtr(stream)));
-    Check(ctr::gpu::StringEmbedding<T>(spec, DevicePtr<const T>(params_ptr), d_bytes,
-                                       DevicePtr<const int64_t>(string_splits_ptr),
-                                       DevicePtr<const int64_t>(bag_splits_ptr), num_bags,
-                                       DevicePtr<T>(out_ptr), d_status, StreamPtr(stream)));
-    bad = ReadTokenError(d_status, d_bytes, StreamPtr(stream));
+    return ctr::gpu::StringEmbedding<T>(spec, DevicePtr<const T>(params_ptr), d_bytes,
+                                        DevicePtr<const int64_t>(string_splits_ptr),
+                                        DevicePtr<const int64_t>(bag_splits_ptr), num_bags, DevicePtr<T>(out_ptr),
+                                        d_status, StreamPtr(stream));
   });
   if (bad.error.found()) throw py::value_error(Describe(bad, vocab));
 }
@@ -161,15 +174,11 @@ void GpuMultiStringEmbedding(const py::list& features, const std::string& params
   RequirePointer(status_ptr, true, "status_ptr");
   int64_t* d_status = DevicePtr<int64_t>(status_ptr);
   const uint8_t* d_bytes = DevicePtr<const uint8_t>(bytes_ptr);
-  HostTokenError bad;
-  WithValueType(params_dtype, [&](auto tag) {
+  HostTokenError bad = LaunchWithTokenStatus(params_dtype, d_status, d_bytes, stream, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    py::gil_scoped_release nogil;
-    Check(ctr::gpu::InitTokenStatus(d_status, StreamPtr(stream)));
-    Check(ctr::gpu::MultiStringEmbedding<T>(
-        h_features.data(), DevicePtr<ctr::gpu::FeatureDesc>(scratch_ptr), n, batch, d_bytes,
-        DevicePtr<const int64_t>(string_splits_ptr), d_status, StreamPtr(stream)));
-    bad = ReadTokenError(d_status, d_bytes, StreamPtr(stream));
+    return ctr::gpu::MultiStringEmbedding<T>(h_features.data(), DevicePtr<ctr::gpu::FeatureDesc>(scratch_ptr), n,
+                                             batch, d_bytes, DevicePtr<const int64_t>(string_splits_ptr), d_status,
+                                             StreamPtr(stream));
   });
   if (!bad.error.found()) return;
   // The launcher records the global row f * batch + r.
@@ -177,27 +186,6 @@ void GpuMultiStringEmbedding(const py::list& features, const std::string& params
   bad.error.row -= f * batch;
   throw py::value_error("feature " + std::to_string(f) + ": " +
                         Describe(bad, h_features[f].spec.lookup.vocab));
-}
-
-// Where the gradient's scratch lives inside the caller's workspace buffer.
-struct GradWorkspace {
-  size_t counts = 0;        // int64[num_bags]
-  size_t grad_offsets = 0;  // int64[num_bags + 1]
-  size_t scan = 0;          // CUB scratch
-  size_t scan_bytes = 0;
-  size_t total = 0;
-};
-
-GradWorkspace GradWorkspaceFor(int64_t num_bags) {
-  // 256-byte alignment: what cudaMalloc gives and CUB expects of its scratch.
-  auto align = [](size_t n) { return (n + 255) / 256 * 256; };
-  const size_t bags = static_cast<size_t>(std::max<int64_t>(num_bags, 0));
-  GradWorkspace w;
-  w.grad_offsets = align(bags * sizeof(int64_t));
-  w.scan = w.grad_offsets + align((bags + 1) * sizeof(int64_t));
-  w.scan_bytes = ctr::gpu::ExclusiveScanTempBytes(static_cast<int64_t>(bags));
-  w.total = w.scan + align(w.scan_bytes > 0 ? w.scan_bytes : 1);
-  return w;
 }
 
 int64_t GpuStringEmbeddingGrad(uintptr_t params_ptr, const std::string& params_dtype,

@@ -1,5 +1,6 @@
-"""The GPU bindings of tf_ctr_ops._core reject bad arguments exactly as the CPU
-bindings do, before any device work.
+"""The host side of the GPU bindings of tf_ctr_ops._core: they reject bad
+arguments exactly as the CPU bindings do, before any device work, and size
+the gradients' device workspaces.
 
 Both build their LookupSpec / StringSpec in one place (cc/python/specs.h), so
 a call the CPU core refuses is refused by the GPU launchers with the same
@@ -106,3 +107,17 @@ def test_gpu_bindings_reject_unknown_table_dtypes():
         core.gpu_embedding_lookup(0, "int8", 0, 0, 0, "int64", 0, 0, 1, 0, 0, 1)
     with pytest.raises(ValueError, match="params_dtype must be"):
         core.gpu_string_embedding(0, "int8", 0, 0, 0, 0, 0, 0, 0, 1, id_mode="index")
+
+
+@pytest.mark.parametrize("bags", [0, 1, 7, 1000, 123457])
+def test_gradient_workspaces_hold_counts_offsets_and_scan_scratch(bags):
+    """Both gradients lay out their workspace alike: per-bag counts, bags + 1
+    offsets and CUB's scan scratch, each 256-byte aligned as CUB expects."""
+    ids = core.gpu_embedding_lookup_grad_workspace_bytes(bags)
+    assert core.gpu_string_embedding_grad_workspace_bytes(bags) == ids
+
+    def align(n):
+        return -(-n // 256) * 256
+
+    assert ids % 256 == 0
+    assert ids >= align(8 * bags) + align(8 * (bags + 1)) + 256
