@@ -9,6 +9,10 @@
 
 #include "cc/core/hd.h"
 
+#if !defined(__CUDA_ARCH__)
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "Load64 and Load32 read words as little-endian");
+#endif
+
 namespace ctr {
 namespace fp {
 
@@ -16,17 +20,31 @@ constexpr uint64_t k0 = 0xc3a5c85c97cb3127ULL;
 constexpr uint64_t k1 = 0xb492b66fbe98f273ULL;
 constexpr uint64_t k2 = 0x9ae16a3b2f90404fULL;
 
-// Byte-wise loads: token starts are arbitrary byte offsets in the packed
-// buffer, so unaligned word loads would fault on the GPU.
+// Little-endian loads at arbitrary byte offsets (token starts in the packed
+// buffer). The GPU loads byte by byte, since unaligned word loads fault
+// there; the host (x86-64, little-endian) loads the word at once, which the
+// compiler did not make of the byte loop.
 CTR_HD uint64_t Load64(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
   return v;
+#else
+  uint64_t v;
+  memcpy(&v, p, sizeof(v));
+  return v;
+#endif
 }
 CTR_HD uint64_t Load32(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
   return static_cast<uint64_t>(p[0]) | (static_cast<uint64_t>(p[1]) << 8) |
          (static_cast<uint64_t>(p[2]) << 16) |
          (static_cast<uint64_t>(p[3]) << 24);
+#else
+  uint32_t v;
+  memcpy(&v, p, sizeof(v));
+  return v;
+#endif
 }
 CTR_HD uint64_t Rotate(uint64_t v, int s) {
   return s == 0 ? v : ((v >> s) | (v << (64 - s)));
@@ -44,7 +62,7 @@ CTR_HD uint64_t HashLen16(uint64_t u, uint64_t v) {
   return HashLen16(u, v, 0x9ddfea08eb382d69ULL);
 }
 
-CTR_HD uint64_t HashLen0to16(const uint8_t* s, uint64_t len) {
+CTR_HD_HOT uint64_t HashLen0to16(const uint8_t* s, uint64_t len) {
   if (len >= 8) {
     uint64_t mul = k2 + len * 2;
     uint64_t a = Load64(s) + k2;

@@ -394,6 +394,17 @@ inline bool IsWholeStringLookup(const StringSpec& s, const int64_t* bag_splits) 
   return s.delim_len == 0 && s.lookup.max_norm <= 0.f && s.lookup.default_id < 0 && bag_splits == nullptr;
 }
 
+// The common CTR row sizes copied with a constant size, which compiles to a
+// few vector moves; a libc call per row cost more than the copy.
+inline void CopyRowBytes(void* dst, const void* src, size_t n) {
+  switch (n) {
+    case 16: memcpy(dst, src, 16); return;
+    case 32: memcpy(dst, src, 32); return;
+    case 64: memcpy(dst, src, 64); return;
+    default: memcpy(dst, src, n);
+  }
+}
+
 // PoolStringBagsCpu for IsWholeStringLookup: each row a copy of its table row
 // (bit for bit), or zeros for a skipped empty string; the pooling path would
 // spend more on its accumulator than on the single row.
@@ -417,7 +428,7 @@ void CopyWholeStringRowsCpu(const StringSpec& s, const T* params, const uint8_t*
     if (row < 0) {
       memset(dst, 0, dim * sizeof(T));
     } else {
-      memcpy(dst, params + row * dim, dim * sizeof(T));
+      CopyRowBytes(dst, params + row * dim, dim * sizeof(T));
     }
   };
   for (int64_t r = begin; r < end; ++r) {

@@ -22,11 +22,24 @@ using tensorflow::Tensor;
 using tensorflow::tstring;
 
 // Copies one string's bytes: short ones (most CTR tokens) without a libc
-// call per string.
+// call per string, as two overlapping word copies that read and write only
+// [0, n); a byte loop cost a branch per byte.
 inline void CopyString(const tstring& from, uint8_t* to) {
   const size_t n = from.size();
   const char* p = from.data();
-  if (n <= 16) {
+  if (n >= 8 && n <= 16) {
+    uint64_t head, tail;
+    std::memcpy(&head, p, 8);
+    std::memcpy(&tail, p + n - 8, 8);
+    std::memcpy(to, &head, 8);
+    std::memcpy(to + n - 8, &tail, 8);
+  } else if (n >= 4 && n < 8) {
+    uint32_t head, tail;
+    std::memcpy(&head, p, 4);
+    std::memcpy(&tail, p + n - 4, 4);
+    std::memcpy(to, &head, 4);
+    std::memcpy(to + n - 4, &tail, 4);
+  } else if (n < 4) {
     for (size_t b = 0; b < n; ++b) to[b] = static_cast<uint8_t>(p[b]);
   } else {
     std::memcpy(to, p, n);
