@@ -136,6 +136,67 @@ def test_columns_of_one_input_and_a_stack_group(rng):
         assert_identical(got, f(*args))
 
 
+def column_pack(graph):
+    [pack] = [n for n in graph.node if n.op == "CtrPackStrings"]
+    return pack
+
+
+@pytest.mark.parametrize("form", ["shrink", "range_flattened", "range_squeezed"])
+def test_columns_of_one_matrix_are_packed_from_the_matrix(rng, form):
+    """x[:, c] (or x[:, c:c+1] flattened or squeezed) of one [B, C] input:
+    the group's pack reads the columns from x, in feature order, and the
+    slices that copied them go."""
+    t = tables(rng, dims=(8, 4, 8))
+    column = {"shrink": lambda x, c: x[:, c],
+              "range_flattened": lambda x, c: tf.reshape(x[:, c:c + 1], [-1]),
+              "range_squeezed": lambda x, c: tf.squeeze(x[:, c:c + 1], axis=1)}[form]
+    order = (2, 0, 3)  # not the matrix's order; column 1 unused
+    f = lambda x: tf.concat([hashed(tab, column(x, c)) for tab, c in zip(t, order)], axis=1)  # noqa: E731
+    cf, graph, report, counts = offline(f, tf.TensorSpec([None, 4], tf.string))
+    [group] = group_matches(report)
+    pack = column_pack(graph)
+    assert list(pack.attr["columns"].list.i) == list(order) and pack.attr["N"].i == 1
+    assert [i for i in pack.input if not i.startswith("^")] == [cf.inputs[0].op.name]
+    assert [n.op for n in graph.node if n.op == "StridedSlice"] == []
+    assert sum(r.endswith("(StridedSlice)") for r in group["replaced"]) == 3
+    for batch in (13, 1, 0):
+        x = tf.constant(np.array(random_strings(rng, 4 * max(batch, 1)), object)[:4 * batch].reshape(batch, 4))
+        [got] = run_graph_def(cf, graph, x)
+        assert_identical(got, f(x))
+
+
+def test_a_column_read_elsewhere_keeps_its_slice(rng):
+    t = tables(rng, dims=(8, 8))
+    f = lambda x: (tf.concat([hashed(t[0], x[:, 0]), hashed(t[1], x[:, 1])], axis=1),  # noqa: E731
+                   tf.strings.length(x[:, 1]))
+    cf, graph, report, counts = offline(f, tf.TensorSpec([None, 2], tf.string))
+    assert list(column_pack(graph).attr["columns"].list.i) == [0, 1]
+    assert len([n for n in graph.node if n.op == "StridedSlice"]) == 1
+    x = tf.constant(np.array(random_strings(rng, 14), object).reshape(7, 2))
+    for g, w in zip(run_graph_def(cf, graph, x), f(x)):
+        assert_identical(g, w)
+
+
+@pytest.mark.parametrize("case", ["two_matrices", "strided_rows", "negative_column"])
+def test_columns_that_are_not_whole_columns_of_one_matrix_pack_the_features(rng, case):
+    t = tables(rng, dims=(8, 8))
+    if case == "two_matrices":
+        f = lambda x, y: tf.concat([hashed(t[0], x[:, 0]), hashed(t[1], y[:, 0])], axis=1)  # noqa: E731
+        specs = [tf.TensorSpec([None, 2], tf.string)] * 2
+    elif case == "strided_rows":  # every other row: not a whole column (and proves no batch with the other)
+        f = lambda x: tf.concat([hashed(t[0], x[::2, 0]), hashed(t[1], x[::2, 1])], axis=1)  # noqa: E731
+        specs = [tf.TensorSpec([None, 2], tf.string)]
+    else:
+        f = lambda x: tf.concat([hashed(t[0], x[:, -1]), hashed(t[1], x[:, 0])], axis=1)  # noqa: E731
+        specs = [tf.TensorSpec([None, 2], tf.string)]
+    cf, graph, report, counts = offline(f, *specs)
+    for pack in (n for n in graph.node if n.op == "CtrPackStrings"):
+        assert list(pack.attr["columns"].list.i) == []
+    args = [tf.constant(np.array(random_strings(rng, 12), object).reshape(6, 2)) for _ in specs]
+    [got] = run_graph_def(cf, graph, *args)
+    assert_identical(got, f(*args))
+
+
 def test_slices_that_cut_the_batch_axis_prove_nothing(rng):
     t = tables(rng, dims=(8, 8))
     f = lambda x: (hashed(t[0], x[:2, 0]), hashed(t[1], x[1:, 1]))  # noqa: E731
@@ -324,6 +385,26 @@ def test_pack_equal_sizes_op():
         string_ops.ctr_pack_strings([a, tf.constant(["w"])], equal_sizes=True)
     data, splits = string_ops.ctr_pack_strings([a, tf.constant(["w"])])  # sizes may differ by default
     assert splits.numpy().tolist() == [0, 1, 3, 4]
+
+
+def test_pack_columns_op():
+    m = tf.constant([["a", "bb", ""], ["dddd", "e", "f" * 24]])
+    data, splits = string_ops.ctr_pack_strings([m], columns=[2, 0, 2])
+    want_data, want_splits = string_ops.ctr_pack_strings([m[:, 2], m[:, 0], m[:, 2]])
+    assert bytes(data.numpy()) == bytes(want_data.numpy()) == b"f" * 24 + b"adddd" + b"f" * 24
+    assert splits.numpy().tolist() == want_splits.numpy().tolist()
+    data, splits = string_ops.ctr_pack_strings([tf.zeros([0, 3], tf.string)], columns=[1, 2])
+    assert data.shape == [0] and splits.numpy().tolist() == [0]
+    for columns in ([3], [-1]):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=f"column {columns[0]} is outside the input's 3 columns"):
+            string_ops.ctr_pack_strings([m], columns=columns)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="one \\[B, C\\]"):
+        string_ops.ctr_pack_strings([m[:, 0]], columns=[0])
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="with columns takes one \\[B, C\\].*got 2"):
+        string_ops.ctr_pack_strings([m, m], columns=[0])
+    spec = tf.function(lambda x: string_ops.ctr_pack_strings([x], columns=[1, 2])).get_concrete_function(
+        tf.TensorSpec([7, 3], tf.string))
+    assert spec.structured_outputs[1].shape == [15]
 
 
 def test_multi_op_bucket_counts_forward_and_gradient(rng):

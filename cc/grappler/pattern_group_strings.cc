@@ -21,6 +21,12 @@
 // the Concatenate before the MLP) still fails rather than pooling the wrong
 // rows.
 //
+// Where every feature's strings are one whole column of the same [B, C]
+// matrix (x[:, c], as models with one categorical input slice their fields),
+// the pack reads those columns from the matrix (its `columns` attr) and the
+// slices, which copied every string once more, go where nothing else reads
+// them. Columns of one matrix share its batch, so no size check is needed.
+//
 // It runs after the other patterns (RunsLast), so a group sees every feature
 // they fused.
 #include <map>
@@ -105,6 +111,81 @@ void Dim0Ids(RewriteContext* ctx, const NodeDef& user, int input, int depth, std
                         (it->second.list().i(0) == 1 || it->second.list().i(0) == -1);
     if (axis_1) return Dim0Ids(ctx, *node, 0, depth - 1, ids);
   }
+}
+
+// Column c of a [B, C] matrix, whole: x[:, c] (a StridedSlice shrinking axis
+// 1) or x[:, c:c+1], read through a Reshape to [-1], an Identity, or (of
+// x[:, c:c+1]) a Squeeze of axis 1. The pack then reads the column from the
+// matrix itself, and `chain` (the slice and what follows it, nearest the
+// pack first) is left to remove where nothing else reads it.
+struct ColumnSource {
+  std::string matrix;
+  int64_t column = -1;
+  std::vector<std::string> chain;
+};
+
+bool IsWholeColumnSlice(RewriteContext* ctx, const NodeDef& slice, int64_t* column) {
+  const GraphIndex& g = ctx->index();
+  std::vector<int64_t> begin, end, strides;
+  if (!IsOp(&slice, "StridedSlice") || !ConstIntVector(g.Producer(slice, 1), &begin) ||
+      !ConstIntVector(g.Producer(slice, 2), &end) || !ConstIntVector(g.Producer(slice, 3), &strides))
+    return false;
+  if (begin.size() != 2 || end.size() != 2 || strides != std::vector<int64_t>{1, 1}) return false;
+  const int64_t shrink = IntAttr(slice, "shrink_axis_mask", 0);
+  if (IntAttr(slice, "begin_mask", 0) != 1 || IntAttr(slice, "end_mask", 0) != 1 ||
+      IntAttr(slice, "ellipsis_mask", 0) != 0 || IntAttr(slice, "new_axis_mask", 0) != 0 ||
+      (shrink != 0 && shrink != 2))
+    return false;
+  if (begin[1] < 0 || end[1] != begin[1] + 1) return false;
+  int port = 0;
+  const NodeDef* matrix = g.Producer(slice, 0, &port);
+  if (matrix == nullptr || ctx->Added(matrix->name()) || ctx->Rank(*matrix, port) != 2) return false;
+  *column = begin[1];
+  return true;
+}
+
+bool AsColumn(RewriteContext* ctx, const std::string& tensor, ColumnSource* out) {
+  const GraphIndex& g = ctx->index();
+  TensorId t = ParseTensorName(tensor);
+  bool squeezed = false;
+  for (int depth = 0; depth < kDepth; ++depth) {
+    const NodeDef* node = g.Node(t.node);
+    if (node == nullptr || t.port != 0) return false;
+    out->chain.push_back(node->name());
+    if (IsWholeColumnSlice(ctx, *node, &out->column)) {
+      // A Squeeze of axis 1 fails on x[:, c] ([B]); only x[:, c:c+1] has it.
+      if (squeezed && IntAttr(*node, "shrink_axis_mask", 0) != 0) return false;
+      out->matrix = node->input(0);
+      return true;
+    }
+    std::vector<int64_t> shape;
+    if (IsOp(node, "Squeeze")) {
+      const auto it = node->attr().find("squeeze_dims");
+      if (it == node->attr().end() || it->second.list().i_size() != 1 ||
+          (it->second.list().i(0) != 1 && it->second.list().i(0) != -1))
+        return false;
+      squeezed = true;
+    } else if (!IsOp(node, "Identity") &&
+               !(IsOp(node, "Reshape") && ConstIntVector(g.Producer(*node, 1), &shape) &&
+                 shape == std::vector<int64_t>{-1})) {
+      return false;
+    }
+    if (node->input_size() < 1) return false;
+    t = ParseTensorName(node->input(0));
+  }
+  return false;
+}
+
+// The column sources of every feature's strings when all are columns of one
+// matrix; false otherwise (the group then packs its feature tensors).
+bool ColumnsOfOneMatrix(RewriteContext* ctx, const std::vector<std::string>& strings,
+                        std::vector<ColumnSource>* sources) {
+  for (const std::string& s : strings) {
+    ColumnSource c;
+    if (!AsColumn(ctx, s, &c) || (!sources->empty() && c.matrix != sources->front().matrix)) return false;
+    sources->push_back(std::move(c));
+  }
+  return !sources->empty();
 }
 
 // Readers of each tensor: (node, input index).
@@ -282,6 +363,27 @@ class GroupStringsPattern : public NamedPattern<kName> {
     return group;
   }
 
+  // Drops each column's slice chain from the pack backwards, as far as its
+  // nodes have no reader but the next one (the old single pack first).
+  static void RemoveUnreadChains(RewriteContext* ctx, const std::vector<ColumnSource>& columns,
+                                 const std::vector<NodeDef>& chain_nodes, NodeDef* pack, MatchRecord* record) {
+    const GraphIndex& g = ctx->index();
+    size_t k = 0;
+    for (const ColumnSource& c : columns) {
+      bool unread = true;
+      for (size_t i = 0; i < c.chain.size(); ++i, ++k) {
+        const NodeDef& node = chain_nodes[k];
+        unread = unread && g.DataConsumers(node.name()) == 1 && g.Consumers(node.name(), 0) == 1 &&
+                 !ctx->MustKeep(node.name());
+        if (!unread) continue;
+        CopyControlInputs(node, pack);
+        ctx->RedirectControlEdges(node.name(), pack->name());
+        ctx->Remove(node.name(), pack->name());
+        record->replaced.push_back(Describe(node));
+      }
+    }
+  }
+
   static void Group(RewriteContext* ctx, const std::vector<Feature>& group_in) {
     // Copies: the graph changes under the index's pointers.
     std::vector<NodeDef> embeddings, packs;
@@ -296,12 +398,27 @@ class GroupStringsPattern : public NamedPattern<kName> {
     const int n = static_cast<int>(embeddings.size());
     MatchRecord record{kName, "", "CtrMultiStringEmbedding", {}};
 
+    std::vector<ColumnSource> columns;
+    const bool from_columns = ColumnsOfOneMatrix(ctx, strings, &columns);
+    // The chains' nodes, copied while the index still points at them.
+    std::vector<NodeDef> chain_nodes;
+    for (const ColumnSource& c : columns)
+      for (const std::string& name : c.chain) chain_nodes.push_back(*g.Node(name));
+
     NodeDef* pack = ctx->AddNode(first.name() + "/ctr_group_pack", "CtrPackStrings", packs[0].device());
-    for (const std::string& s : strings) pack->add_input(s);
     for (const NodeDef& p : packs) CopyControlInputs(p, pack);
-    (*pack->mutable_attr())["N"].set_i(n);
-    (*pack->mutable_attr())["equal_sizes"].set_b(true);
+    if (from_columns) {
+      // All columns of one batch by construction: nothing to check at run time.
+      pack->add_input(columns[0].matrix);
+      (*pack->mutable_attr())["N"].set_i(1);
+      for (const ColumnSource& c : columns) (*pack->mutable_attr())["columns"].mutable_list()->add_i(c.column);
+    } else {
+      for (const std::string& s : strings) pack->add_input(s);
+      (*pack->mutable_attr())["N"].set_i(n);
+      (*pack->mutable_attr())["equal_sizes"].set_b(true);
+    }
     const std::string pack_name = pack->name();
+    if (from_columns) RemoveUnreadChains(ctx, columns, chain_nodes, pack, &record);
 
     NodeDef* multi = ctx->AddNode(first.name() + "/ctr_group", "CtrMultiStringEmbedding", first.device());
     for (const NodeDef& e : embeddings) multi->add_input(e.input(0));

@@ -46,52 +46,51 @@ inline void CopyString(const tstring& from, uint8_t* to) {
   }
 }
 
+// Strings packed one after another: count of them, stride apart from base
+// (an input vector, or one column of a [B, C] matrix).
+struct StringRun {
+  const tstring* base;
+  int64_t count;
+  int64_t stride;
+  const tstring& operator[](int64_t j) const { return base[j * stride]; }
+};
+
 class PackStringsOp : public OpKernel {
  public:
   explicit PackStringsOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("equal_sizes", &equal_sizes_));
+    OP_REQUIRES_OK(c, c->GetAttr("columns", &columns_));
   }
 
   void Compute(OpKernelContext* ctx) override {
     tensorflow::OpInputList inputs;
     OP_REQUIRES_OK(ctx, ctx->input_list("strings", &inputs));
+    std::vector<StringRun> runs;
+    OP_REQUIRES_OK(ctx, columns_.empty() ? InputRuns(inputs, &runs) : ColumnRuns(inputs, &runs));
     int64_t n = 0;
-    for (int i = 0; i < inputs.size(); ++i) {
-      const Tensor& in = inputs[i];
-      OP_REQUIRES(ctx, in.dims() <= 1,
-                  tensorflow::errors::InvalidArgument("pack_strings takes vectors of strings, got shape ",
-                                                      in.shape().DebugString()));
-      // A grouped op would split mismatched features at the wrong rows.
-      OP_REQUIRES(ctx, !equal_sizes_ || in.NumElements() == inputs[0].NumElements(),
-                  tensorflow::errors::InvalidArgument("pack_strings with equal_sizes: input ", i, " holds ",
-                                                      in.NumElements(), " strings, input 0 holds ",
-                                                      inputs[0].NumElements()));
-      n += in.NumElements();
-    }
+    for (const StringRun& run : runs) n += run.count;
     Tensor* splits = nullptr;
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {n + 1}, &splits));
     int64_t* s = splits->flat<int64_t>().data();
-    // first[i]: the packing index of input i's first string.
-    std::vector<int64_t> first(inputs.size() + 1, 0);
+    // first[i]: the packing index of run i's first string.
+    std::vector<int64_t> first(runs.size() + 1, 0);
     s[0] = 0;
-    for (int i = 0; i < inputs.size(); ++i) {
-      const tstring* str = inputs[i].flat<tstring>().data();  // flat() checks the dtype: once per input
-      const int64_t count = inputs[i].NumElements();
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const StringRun& run = runs[i];
       int64_t* out = s + first[i];
-      for (int64_t j = 0; j < count; ++j) out[j + 1] = out[j] + static_cast<int64_t>(str[j].size());
-      first[i + 1] = first[i] + count;
+      for (int64_t j = 0; j < run.count; ++j) out[j + 1] = out[j] + static_cast<int64_t>(run[j].size());
+      first[i + 1] = first[i] + run.count;
     }
     Tensor* bytes = nullptr;
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {s[n]}, &bytes));
     uint8_t* dst = bytes->flat<uint8_t>().data();
-    // Each shard walks the inputs from the one holding its first string: no
+    // Each shard walks the runs from the one holding its first string: no
     // per-string table of pointers to build first.
     auto copy = [&](int64_t begin, int64_t end) {
-      int i = static_cast<int>(std::upper_bound(first.begin(), first.end(), begin) - first.begin()) - 1;
+      size_t i = static_cast<size_t>(std::upper_bound(first.begin(), first.end(), begin) - first.begin()) - 1;
       for (int64_t k = begin; k < end; ++i) {
-        const tstring* str = inputs[i].flat<tstring>().data();
         const int64_t stop = std::min(end, first[i + 1]);
-        for (; k < stop; ++k) CopyString(str[k - first[i]], dst + s[k]);
+        for (; k < stop; ++k) CopyString(runs[i][k - first[i]], dst + s[k]);
       }
     };
     // Packs of up to about 2 MB (tstring headers read plus bytes written) are
@@ -108,7 +107,42 @@ class PackStringsOp : public OpKernel {
   }
 
  private:
+  absl::Status InputRuns(const tensorflow::OpInputList& inputs, std::vector<StringRun>* runs) const {
+    for (int i = 0; i < inputs.size(); ++i) {
+      const Tensor& in = inputs[i];
+      if (in.dims() > 1)
+        return tensorflow::errors::InvalidArgument("pack_strings takes vectors of strings, got shape ",
+                                                   in.shape().DebugString());
+      // A grouped op would split mismatched features at the wrong rows.
+      if (equal_sizes_ && in.NumElements() != inputs[0].NumElements())
+        return tensorflow::errors::InvalidArgument("pack_strings with equal_sizes: input ", i, " holds ",
+                                                   in.NumElements(), " strings, input 0 holds ",
+                                                   inputs[0].NumElements());
+      runs->push_back({in.flat<tstring>().data(), in.NumElements(), 1});  // flat() checks the dtype
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ColumnRuns(const tensorflow::OpInputList& inputs, std::vector<StringRun>* runs) const {
+    if (inputs.size() != 1 || inputs[0].dims() != 2)
+      return tensorflow::errors::InvalidArgument(
+          "pack_strings with columns takes one [B, C] matrix of strings, got ", inputs.size(), " input(s) of shape ",
+          inputs[0].shape().DebugString());
+    const Tensor& m = inputs[0];
+    const int64_t rows = m.dim_size(0), cols = m.dim_size(1);
+    for (const int64_t c : columns_) {
+      // The slice x[:, c] it stands for fails the same way.
+      if (c < 0 || c >= cols)
+        return tensorflow::errors::InvalidArgument("pack_strings: column ", c, " is outside the input's ", cols,
+                                                   " columns (shape ", m.shape().DebugString(), ")");
+      const tstring* data = m.flat<tstring>().data();
+      runs->push_back({rows > 0 ? data + c : data, rows, cols});
+    }
+    return absl::OkStatus();
+  }
+
   bool equal_sizes_ = false;
+  std::vector<int64_t> columns_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("CtrPackStrings").Device(DEVICE_CPU), PackStringsOp);

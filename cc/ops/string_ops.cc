@@ -1,6 +1,8 @@
 // StringEmbedding: strings of delimited ids pooled straight from packed bytes,
 // replacing StringSplit(V2) + StringToNumber / StringToHashBucketFast +
 // SparseTensor assembly + the embedding lookup.
+#include <vector>
+
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -18,9 +20,29 @@ DimensionHandle RowsFromSplits(InferenceContext* c, int input) {
   return rows;
 }
 
+// Columns of one [B, C] matrix: K * B strings.
+absl::Status PackColumnsShape(InferenceContext* c, int64_t num_columns) {
+  ShapeHandle in;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &in));
+  DimensionHandle strings, splits;
+  TF_RETURN_IF_ERROR(c->Multiply(c->Dim(in, 0), num_columns, &strings));
+  TF_RETURN_IF_ERROR(c->Add(strings, 1, &splits));
+  c->set_output(0, c->Vector(c->UnknownDim()));
+  c->set_output(1, c->Vector(splits));
+  return absl::OkStatus();
+}
+
 // Every input is a vector (or a scalar: one string); row_splits has one entry
 // per string of all inputs, plus one.
 absl::Status PackShape(InferenceContext* c) {
+  std::vector<int64_t> columns;
+  TF_RETURN_IF_ERROR(c->GetAttr("columns", &columns));
+  if (!columns.empty()) {
+    if (c->num_inputs() != 1)
+      return tensorflow::errors::InvalidArgument("CtrPackStrings with columns takes one [B, C] input, got ",
+                                                 c->num_inputs());
+    return PackColumnsShape(c, static_cast<int64_t>(columns.size()));
+  }
   DimensionHandle strings = c->MakeDim(0);
   for (int i = 0; i < c->num_inputs(); ++i) {
     ShapeHandle in;
@@ -102,6 +124,7 @@ REGISTER_OP("CtrPackStrings")
     .Output("row_splits: int64")
     .Attr("N: int >= 1 = 1")
     .Attr("equal_sizes: bool = false")
+    .Attr("columns: list(int) = []")
     .SetShapeFn(PackShape)
     .Doc(R"doc(
 Packs vectors of strings (a scalar is one string) into one contiguous uint8
@@ -113,6 +136,11 @@ grouped op without first concatenating them as strings.
 equal_sizes: every input must hold as many strings as the first (the features
   of one batch, which a grouped op splits into N equal parts); otherwise
   InvalidArgument naming the input and both sizes.
+columns: when not empty, N is 1 and the input is a [B, C] matrix (one column
+  per feature, as models take their categorical fields); the strings packed
+  are column columns[0] (rows 0..B-1), then columns[1], and so on: what
+  packing the slices x[:, c] would give, without slicing (copying) them
+  first. A column outside [0, C) is InvalidArgument.
 )doc");
 
 #define CTR_STRING_ATTRS                                              \
