@@ -383,6 +383,50 @@ def test_flatten_to_minus_one_stays(rng, table):
     assert_identical(got, f(args))
 
 
+@pytest.mark.parametrize("axis", [1, -2])
+@pytest.mark.parametrize("int_keys", [False, True])
+def test_squeeze_of_the_middle_axis_goes_with_the_gather(rng, int_keys, axis):
+    """keras.ops.squeeze(Embedding(keys [B, 1]), axis=1): the Squeeze turns the
+    [B, 1, D] rows back into the fused op's [B, D], so it is absorbed, and no
+    ExpandDims is added to undo."""
+    t = tf.Variable(rng.normal(size=(V, D)).astype(np.float32))
+
+    def f(k):
+        k = tf.strings.as_string(k) if int_keys else k
+        return tf.squeeze(tf.gather(t, tf.strings.to_hash_bucket_fast(k, V)), axis=axis)
+
+    spec = tf.TensorSpec([None, 1], tf.int64) if int_keys else STRINGS_COLUMN
+    cf, graph, report, counts = offline(f, spec)
+    assert "Squeeze" not in counts and "ExpandDims" not in counts, counts
+    [m] = [m for m in report["match"] if m["pattern"] == "hash_gather"]
+    assert any(r.endswith("(Squeeze)") for r in m["replaced"])
+    for batch in (9, 1, 0):
+        if int_keys:
+            arg = tf.constant(rng.integers(-10**9, 10**9, size=(batch, 1)))
+        else:
+            arg = tf.reshape(tf.constant(random_strings(rng, max(batch, 3))[:batch], tf.string), [-1, 1])
+        [got] = run_graph_def(cf, graph, arg)
+        assert got.shape == (batch, D)
+        assert_identical(got, f(arg))
+
+
+@pytest.mark.parametrize("case", ["all_unit_axes", "another_reader"])
+def test_other_squeezes_stay(rng, table, case):
+    """A Squeeze of every unit axis (of D too, were it 1) is not the fused
+    output; nor can the rows go while something else reads them."""
+    def f(s):
+        rows = tf.nn.embedding_lookup(table, tf.strings.to_hash_bucket_fast(s, V))
+        if case == "all_unit_axes":
+            return tf.squeeze(rows)
+        return tf.concat([tf.squeeze(rows, axis=1), tf.reduce_sum(rows, axis=1)], axis=1)
+
+    cf, graph, report, counts = offline(f, STRINGS_COLUMN)
+    assert counts.get("CtrStringEmbedding") == 1 and counts.get("Squeeze") == 1 and counts.get("ExpandDims") == 1
+    args = tf.reshape(tf.constant(random_strings(rng)), [-1, 1])
+    [got] = run_graph_def(cf, graph, args)
+    assert_identical(got, f(args))
+
+
 def test_keras_hashing_of_int_keys(rng):
     model = keras_hash_model(int_keys=True)
     inputs = {n: tf.constant(rng.integers(0, 10**9, size=(20, 1))) for n in ("site", "app")}

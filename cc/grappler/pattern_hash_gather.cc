@@ -16,7 +16,9 @@
 //
 // which turns them into the fused op's [B, D] again: the Flatten goes with
 // the gather (five small ops per feature per call, a fifth of what was left
-// of a Keras Embedding model's graph around the fused ops).
+// of a Keras Embedding model's graph around the fused ops). So does a Squeeze
+// of axis 1 (keras.ops.squeeze(embedding(keys), axis=1)), which would
+// otherwise undo the ExpandDims that gives the rows their middle axis back.
 //
 // Integer keys hashed through AsString (the Hashing layer on ints; Grappler
 // fuses the two into _TensorToHashBucketFast) become
@@ -82,7 +84,9 @@ const NodeDef* UnwrapNegativeIndexFix(const GraphIndex& g, const NodeDef* select
 }
 
 // Keras' Flatten of the gathered rows (through the Identity that
-// tf.nn.embedding_lookup ends in).
+// tf.nn.embedding_lookup ends in), or a Squeeze of their axis 1: `reshape`
+// is the node whose [B, D] output the fused op's equals (the Squeeze has no
+// shape, slice or pack).
 struct FlattenOfRows {
   std::vector<std::string> identities;
   std::string shape, slice, pack, reshape;
@@ -93,6 +97,14 @@ bool HasControlInputs(const NodeDef& n) {
   for (const auto& in : n.input())
     if (!in.empty() && in[0] == '^') return true;
   return false;
+}
+
+// Squeeze(rows, [1]) of [B, 1, D] rows ([-2] names the same axis).
+bool IsSqueezeOfAxis1(const NodeDef& n) {
+  if (!IsOp(&n, "Squeeze")) return false;
+  const auto it = n.attr().find("squeeze_dims");
+  return it != n.attr().end() && it->second.list().i_size() == 1 &&
+         (it->second.list().i(0) == 1 || it->second.list().i(0) == -2);
 }
 
 // Whether the gather's [B, 1, D] output feeds nothing but a Flatten to
@@ -107,12 +119,22 @@ bool MatchFlatten(RewriteContext* ctx, const NodeDef& gather, FlattenOfRows* f) 
   std::vector<std::string> identities;
   while (g.DataConsumers(rows->name()) == 1) {
     const NodeDef* next = g.DataReaders(rows->name())[0];
-    if (!IsOp(next, "Identity") || ctx->MustKeep(next->name()) || HasControlInputs(*next)) return false;
+    if (!IsOp(next, "Identity")) break;  // a Squeeze, say
+    if (ctx->MustKeep(next->name()) || HasControlInputs(*next)) return false;
     if (rows != &gather && g.ControlConsumers(rows->name()) != 0) return false;
     identities.push_back(next->name());
     rows = next;
   }
-  if (g.DataConsumers(rows->name()) != 2 || (rows != &gather && g.ControlConsumers(rows->name()) != 0)) return false;
+  if (rows != &gather && g.ControlConsumers(rows->name()) != 0) return false;
+  if (g.DataConsumers(rows->name()) == 1) {
+    const NodeDef* squeeze = g.DataReaders(rows->name())[0];
+    if (!IsSqueezeOfAxis1(*squeeze) || g.Producer(*squeeze, 0) != rows || HasControlInputs(*squeeze) ||
+        ctx->MustKeep(squeeze->name()))
+      return false;
+    *f = FlattenOfRows{identities, "", "", "", squeeze->name()};
+    return true;
+  }
+  if (g.DataConsumers(rows->name()) != 2) return false;
   const NodeDef *shape = nullptr, *reshape = nullptr;
   for (const NodeDef* r : g.DataReaders(rows->name())) {
     if (IsOp(r, "Shape") && g.Producer(*r, 0) == rows) shape = r;
@@ -312,7 +334,9 @@ class HashGatherPattern : public NamedPattern<kName> {
   static void AbsorbFlatten(RewriteContext* ctx, const std::string& fused, const FlattenOfRows& f,
                             MatchRecord* record) {
     const GraphIndex& g = ctx->index();
-    std::set<std::string> replaced = {f.shape, f.slice, f.pack, f.reshape}, consts;
+    std::set<std::string> replaced, consts;
+    for (const std::string& name : {f.shape, f.slice, f.pack, f.reshape})
+      if (!name.empty()) replaced.insert(name);
     replaced.insert(f.identities.begin(), f.identities.end());
     for (const std::string& name : replaced) {
       const NodeDef* n = g.Node(name);
