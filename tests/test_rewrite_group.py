@@ -387,6 +387,46 @@ def test_pack_equal_sizes_op():
     assert splits.numpy().tolist() == [0, 1, 3, 4]
 
 
+def test_group_pack_reads_column_inputs_unflattened(rng):
+    """[B, 1] inputs (keras.Input((1,), dtype="string")): each single pack
+    read them through a Reshape to [-1]; the group's pack flattens in
+    row-major order itself, so those Reshapes go, unless something else reads
+    one."""
+    t = tables(rng, dims=(8, 4, 8))
+    def f(a, b, c):
+        c = tf.reshape(c, [-1])  # also read by the length below
+        return tf.concat([hashed_flat(t[0], a), hashed_flat(t[1], b), hashed(t[2], c),
+                          tf.cast(tf.strings.length(c)[:, None], tf.float32)], axis=1)
+
+    cf, graph, report, counts = offline(f, STRINGS_2D, STRINGS_2D, STRINGS_2D)
+    [group] = group_matches(report)
+    pack = column_pack(graph)
+    args = [i.op.name for i in cf.inputs[:3]]
+    data_inputs = [i for i in pack.input if not i.startswith("^")]
+    assert data_inputs[:2] == args[:2], data_inputs  # read straight from the inputs
+    reshape = {n.name: n for n in graph.node}[data_inputs[2].split(":")[0]]
+    assert reshape.op == "Reshape"  # c's Reshape has another reader: it stays
+    assert sum(r.endswith("(Reshape)") for r in group["replaced"]) == 2
+    for batch in (11, 1, 0):
+        xs = [tf.reshape(tf.constant(random_strings(rng, max(batch, 3))[:batch], tf.string), [-1, 1])
+              for _ in range(3)]
+        [got] = run_graph_def(cf, graph, *xs)
+        assert_identical(got, f(*xs))
+
+
+def test_pack_any_rank_op():
+    m = tf.constant([["a", "bb", ""], ["dddd", "e", "ff"]])
+    data, splits = string_ops.ctr_pack_strings([m, tf.constant("z")])
+    want_data, want_splits = string_ops.ctr_pack_strings([tf.reshape(m, [-1]), tf.constant(["z"])])
+    assert bytes(data.numpy()) == bytes(want_data.numpy()) == b"abbddddeffz"
+    assert splits.numpy().tolist() == want_splits.numpy().tolist() == [0, 1, 3, 3, 7, 8, 10, 11]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="input 1 holds 3 strings, input 0 holds 6"):
+        string_ops.ctr_pack_strings([m, m[0]], equal_sizes=True)
+    fn = tf.function(lambda a, b: string_ops.ctr_pack_strings([a, b], equal_sizes=True))
+    out = fn.get_concrete_function(tf.TensorSpec([7, 1], tf.string), tf.TensorSpec([2, 3], tf.string)).structured_outputs
+    assert out[1].shape == [14]
+
+
 def test_pack_columns_op():
     m = tf.constant([["a", "bb", ""], ["dddd", "e", "f" * 24]])
     data, splits = string_ops.ctr_pack_strings([m], columns=[2, 0, 2])

@@ -363,6 +363,19 @@ class GroupStringsPattern : public NamedPattern<kName> {
     return group;
   }
 
+  // Reshape(x, [-1]) read only by one pack, with no control edges either way.
+  static bool IsFlatteningReshape(RewriteContext* ctx, const NodeDef* r) {
+    const GraphIndex& g = ctx->index();
+    std::vector<int64_t> shape;
+    if (!IsOp(r, "Reshape") || !ConstIntVector(g.Producer(*r, 1), &shape) || shape != std::vector<int64_t>{-1})
+      return false;
+    if (g.DataConsumers(r->name()) != 1 || g.ControlConsumers(r->name()) != 0 || ctx->MustKeep(r->name()))
+      return false;
+    for (const auto& in : r->input())
+      if (!in.empty() && in[0] == '^') return false;
+    return IsOp(g.DataReaders(r->name())[0], "CtrPackStrings");
+  }
+
   // Drops each column's slice chain from the pack backwards, as far as its
   // nodes have no reader but the next one (the old single pack first).
   static void RemoveUnreadChains(RewriteContext* ctx, const std::vector<ColumnSource>& columns,
@@ -405,6 +418,22 @@ class GroupStringsPattern : public NamedPattern<kName> {
     for (const ColumnSource& c : columns)
       for (const std::string& name : c.chain) chain_nodes.push_back(*g.Node(name));
 
+    // The pack reads each tensor in row-major order, as a Reshape to [-1]
+    // would flatten it: such a Reshape read by the feature's pack alone goes.
+    std::vector<std::string> unflattened;
+    std::vector<NodeDef> flattenings;
+    if (!from_columns) {
+      for (const std::string& s : strings) {
+        const NodeDef* r = g.Node(ParseTensorName(s).node);
+        if (IsFlatteningReshape(ctx, r)) {
+          flattenings.push_back(*r);
+          unflattened.push_back(r->input(0));
+        } else {
+          unflattened.push_back(s);
+        }
+      }
+    }
+
     NodeDef* pack = ctx->AddNode(first.name() + "/ctr_group_pack", "CtrPackStrings", packs[0].device());
     for (const NodeDef& p : packs) CopyControlInputs(p, pack);
     if (from_columns) {
@@ -413,12 +442,16 @@ class GroupStringsPattern : public NamedPattern<kName> {
       (*pack->mutable_attr())["N"].set_i(1);
       for (const ColumnSource& c : columns) (*pack->mutable_attr())["columns"].mutable_list()->add_i(c.column);
     } else {
-      for (const std::string& s : strings) pack->add_input(s);
+      for (const std::string& s : unflattened) pack->add_input(s);
       (*pack->mutable_attr())["N"].set_i(n);
       (*pack->mutable_attr())["equal_sizes"].set_b(true);
     }
     const std::string pack_name = pack->name();
     if (from_columns) RemoveUnreadChains(ctx, columns, chain_nodes, pack, &record);
+    for (const NodeDef& r : flattenings) {
+      ctx->Remove(r.name(), pack_name);
+      record.replaced.push_back(Describe(r));
+    }
 
     NodeDef* multi = ctx->AddNode(first.name() + "/ctr_group", "CtrMultiStringEmbedding", first.device());
     for (const NodeDef& e : embeddings) multi->add_input(e.input(0));

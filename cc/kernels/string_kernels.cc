@@ -110,9 +110,6 @@ class PackStringsOp : public OpKernel {
   absl::Status InputRuns(const tensorflow::OpInputList& inputs, std::vector<StringRun>* runs) const {
     for (int i = 0; i < inputs.size(); ++i) {
       const Tensor& in = inputs[i];
-      if (in.dims() > 1)
-        return tensorflow::errors::InvalidArgument("pack_strings takes vectors of strings, got shape ",
-                                                   in.shape().DebugString());
       // A grouped op would split mismatched features at the wrong rows.
       if (equal_sizes_ && in.NumElements() != inputs[0].NumElements())
         return tensorflow::errors::InvalidArgument("pack_strings with equal_sizes: input ", i, " holds ",

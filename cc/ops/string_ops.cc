@@ -32,8 +32,8 @@ absl::Status PackColumnsShape(InferenceContext* c, int64_t num_columns) {
   return absl::OkStatus();
 }
 
-// Every input is a vector (or a scalar: one string); row_splits has one entry
-// per string of all inputs, plus one.
+// Every input's strings in row-major order (a scalar is one string, [B, 1]
+// is B); row_splits has one entry per string of all inputs, plus one.
 absl::Status PackShape(InferenceContext* c) {
   std::vector<int64_t> columns;
   TF_RETURN_IF_ERROR(c->GetAttr("columns", &columns));
@@ -45,10 +45,7 @@ absl::Status PackShape(InferenceContext* c) {
   }
   DimensionHandle strings = c->MakeDim(0);
   for (int i = 0; i < c->num_inputs(); ++i) {
-    ShapeHandle in;
-    TF_RETURN_IF_ERROR(c->WithRankAtMost(c->input(i), 1, &in));
-    DimensionHandle n = c->Rank(in) == 1 ? c->Dim(in, 0) : c->MakeDim(1);
-    if (!c->RankKnown(in)) n = c->UnknownDim();
+    const DimensionHandle n = c->NumElements(c->input(i));
     TF_RETURN_IF_ERROR(c->Add(strings, n, &strings));
   }
   DimensionHandle splits;
@@ -127,7 +124,8 @@ REGISTER_OP("CtrPackStrings")
     .Attr("columns: list(int) = []")
     .SetShapeFn(PackShape)
     .Doc(R"doc(
-Packs vectors of strings (a scalar is one string) into one contiguous uint8
+Packs tensors of strings, each in row-major order (a scalar is one string, a
+[B, 1] column B strings), into one contiguous uint8
 buffer and int64 row_splits [B+1] of byte offsets, B being the strings of all
 N inputs in order, with no allocation per string. This buffer is the single
 host-to-device copy of the GPU string path; N > 1 packs the features of a
