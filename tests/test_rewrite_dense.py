@@ -410,21 +410,27 @@ def test_squeeze_of_the_middle_axis_goes_with_the_gather(rng, int_keys, axis):
         assert_identical(got, f(arg))
 
 
-@pytest.mark.parametrize("case", ["all_unit_axes", "another_reader"])
+@pytest.mark.parametrize("case", ["all_unit_axes", "batch_axis", "another_reader"])
 def test_other_squeezes_stay(rng, table, case):
-    """A Squeeze of every unit axis (of D too, were it 1) is not the fused
-    output; nor can the rows go while something else reads them."""
+    """A Squeeze of every unit axis (of D too, were it 1) or of the batch axis
+    (which fails unless B is 1) is not the fused output; nor can the rows go
+    while something else reads them."""
     def f(s):
         rows = tf.nn.embedding_lookup(table, tf.strings.to_hash_bucket_fast(s, V))
         if case == "all_unit_axes":
             return tf.squeeze(rows)
+        if case == "batch_axis":
+            return tf.squeeze(rows, axis=0)
         return tf.concat([tf.squeeze(rows, axis=1), tf.reduce_sum(rows, axis=1)], axis=1)
 
     cf, graph, report, counts = offline(f, STRINGS_COLUMN)
     assert counts.get("CtrStringEmbedding") == 1 and counts.get("Squeeze") == 1 and counts.get("ExpandDims") == 1
-    args = tf.reshape(tf.constant(random_strings(rng)), [-1, 1])
+    args = tf.reshape(tf.constant(random_strings(rng)[:1 if case == "batch_axis" else None]), [-1, 1])
     [got] = run_graph_def(cf, graph, args)
     assert_identical(got, f(args))
+    if case == "batch_axis":  # as the original, a batch of 3 fails
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            run_graph_def(cf, graph, tf.reshape(tf.constant(random_strings(rng, 3)), [-1, 1]))
 
 
 def test_keras_hashing_of_int_keys(rng):
