@@ -265,6 +265,14 @@ bool ConstString(const NodeDef* node, std::string* out) {
   return true;
 }
 
+bool IsSqueezeOfAxis(const NodeDef* node, int64_t axis, int rank) {
+  if (!IsOp(node, "Squeeze")) return false;
+  const auto it = node->attr().find("squeeze_dims");
+  if (it == node->attr().end() || it->second.list().i_size() != 1) return false;
+  const int64_t d = it->second.list().i(0);
+  return (d < 0 ? d + rank : d) == axis;
+}
+
 bool ConstIntVector(const NodeDef* node, std::vector<int64_t>* out) {
   if (!IsOp(node, "Const")) return false;
   auto it = node->attr().find("value");

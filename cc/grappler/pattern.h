@@ -136,6 +136,9 @@ bool ConstIntVector(const tensorflow::NodeDef* node, std::vector<int64_t>* out);
 bool ConstScalarInt(const tensorflow::NodeDef* node, int64_t* value);
 // Value of a scalar string Const, or false.
 bool ConstString(const tensorflow::NodeDef* node, std::string* out);
+// Whether `node` is a Squeeze of exactly one axis, `axis` of a rank-`rank`
+// input (a negative squeeze_dims entry counts from the end).
+bool IsSqueezeOfAxis(const tensorflow::NodeDef* node, int64_t axis, int rank);
 // Whether `slice` is x[0] of a vector, as Python indexing emits it
 // (StridedSlice [0:1:1], shrinking axis 0, no other masks).
 bool IsFirstElementSlice(const GraphIndex& g, const tensorflow::NodeDef* slice);

@@ -105,12 +105,8 @@ void Dim0Ids(RewriteContext* ctx, const NodeDef& user, int input, int depth, std
   if (IsOp(node, "Reshape") && ConstIntVector(ctx->index().Producer(*node, 1), &shape) &&
       shape == std::vector<int64_t>{-1} && OnlyFirstDimMayDiffer(ctx, *in, port))
     return Dim0Ids(ctx, *node, 0, depth - 1, ids);
-  if (IsOp(node, "Squeeze") && ctx->Rank(*in, port) == 2 && OnlyFirstDimMayDiffer(ctx, *in, port)) {
-    const auto it = node->attr().find("squeeze_dims");
-    const bool axis_1 = it != node->attr().end() && it->second.list().i_size() == 1 &&
-                        (it->second.list().i(0) == 1 || it->second.list().i(0) == -1);
-    if (axis_1) return Dim0Ids(ctx, *node, 0, depth - 1, ids);
-  }
+  if (IsSqueezeOfAxis(node, 1, 2) && ctx->Rank(*in, port) == 2 && OnlyFirstDimMayDiffer(ctx, *in, port))
+    return Dim0Ids(ctx, *node, 0, depth - 1, ids);
 }
 
 // Column c of a [B, C] matrix, whole: x[:, c] (a StridedSlice shrinking axis
@@ -160,10 +156,7 @@ bool AsColumn(RewriteContext* ctx, const std::string& tensor, ColumnSource* out)
     }
     std::vector<int64_t> shape;
     if (IsOp(node, "Squeeze")) {
-      const auto it = node->attr().find("squeeze_dims");
-      if (it == node->attr().end() || it->second.list().i_size() != 1 ||
-          (it->second.list().i(0) != 1 && it->second.list().i(0) != -1))
-        return false;
+      if (!IsSqueezeOfAxis(node, 1, 2)) return false;
       squeezed = true;
     } else if (!IsOp(node, "Identity") &&
                !(IsOp(node, "Reshape") && ConstIntVector(g.Producer(*node, 1), &shape) &&

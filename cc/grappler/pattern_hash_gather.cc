@@ -99,14 +99,6 @@ bool HasControlInputs(const NodeDef& n) {
   return false;
 }
 
-// Squeeze(rows, [1]) of [B, 1, D] rows ([-2] names the same axis).
-bool IsSqueezeOfAxis1(const NodeDef& n) {
-  if (!IsOp(&n, "Squeeze")) return false;
-  const auto it = n.attr().find("squeeze_dims");
-  return it != n.attr().end() && it->second.list().i_size() == 1 &&
-         (it->second.list().i(0) == 1 || it->second.list().i(0) == -2);
-}
-
 // Whether the gather's [B, 1, D] output feeds nothing but a Flatten to
 // [B, D] (D a known constant): then the Flatten's output is exactly the
 // fused op's, bit for bit. Control edges on the gather stay valid (the
@@ -128,7 +120,7 @@ bool MatchFlatten(RewriteContext* ctx, const NodeDef& gather, FlattenOfRows* f) 
   if (rows != &gather && g.ControlConsumers(rows->name()) != 0) return false;
   if (g.DataConsumers(rows->name()) == 1) {
     const NodeDef* squeeze = g.DataReaders(rows->name())[0];
-    if (!IsSqueezeOfAxis1(*squeeze) || g.Producer(*squeeze, 0) != rows || HasControlInputs(*squeeze) ||
+    if (!IsSqueezeOfAxis(squeeze, 1, 3) || g.Producer(*squeeze, 0) != rows || HasControlInputs(*squeeze) ||
         ctx->MustKeep(squeeze->name()))
       return false;
     *f = FlattenOfRows{identities, "", "", "", squeeze->name()};
