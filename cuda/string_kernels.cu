@@ -35,10 +35,10 @@
 // then, only if a row was recorded, splits that row again and fills begin,
 // len, value and kind from its first bad token; a 5 x 64-bit record cannot be
 // written atomically, and this keeps its fields from one token. For
-// MultiStringEmbedding the recorded row is the global row f * batch + r, the
-// lowest over all features: the caller reports feature row / batch, row
-// row % batch, and that feature's vocab. Hash mode cannot fail, so the
-// follow-up kernel is not launched for it.
+// MultiStringEmbedding the recorded row is the string's index in
+// string_splits, the lowest over all features: the caller maps it to its
+// feature (the one whose strings hold it), that feature's row and vocab. Hash
+// mode cannot fail, so the follow-up kernel is not launched for it.
 
 #include "cuda/string_launchers.h"
 
@@ -399,7 +399,7 @@ __device__ void PoolBag(const StringSpec& s, const T* params, const uint8_t* byt
       AddRow(s, params + s.lookup.default_id * dim, tile, g, &acc);
       bw.Add(1.f);
     }
-    if (g.index == 0) acc.Store(out_row, dim, tile, g, CombinerScale(s.lookup.combiner, bw),
+    if (g.index == 0 && out_row != nullptr) acc.Store(out_row, dim, tile, g, CombinerScale(s.lookup.combiner, bw),
                                 CombinerDivisor(s.lookup.combiner, bw));
     tile += Tile::Width(g);
   } while (tile < dim);
@@ -516,14 +516,13 @@ __global__ void __launch_bounds__(kBlockThreads)
     // Read in place rather than copied: the spec's fields are then reloaded
     // from cache when needed instead of pinning ~30 registers for the bag.
     const FeatureDesc& desc = features[f];
-    const int64_t dim = desc.spec.lookup.dim;
-    const TokenGroup g = TokenGroup::Make(LanesForDim(dim, kVec));
-    // Feature f's strings start at f * batch, so the global row is also the
-    // string index (bags are single strings).
+    const int64_t r = row - f * batch;
+    if (r >= desc.num_strings) continue;
+    const TokenGroup g = TokenGroup::Make(LanesForDim(desc.spec.lookup.dim, kVec));
+    // Bags are single strings: the bag is the string's index.
+    T* out_row = r < desc.out_rows ? static_cast<T*>(desc.out) + r * desc.out_stride : nullptr;
     PoolBag<LaneTile<kVec, kFragments>>(desc.spec, static_cast<const T*>(desc.params), bytes,
-                                        string_splits, nullptr, row, g,
-                                        static_cast<T*>(desc.out) + (row - f * batch) * dim,
-                                        d_status);
+                                        string_splits, nullptr, desc.first_string + r, g, out_row, d_status);
   }
 }
 
@@ -536,12 +535,18 @@ __global__ void FillTokenErrorKernel(const StringSpec spec, const uint8_t* bytes
   FillTokenError(spec, bytes, string_splits, bag_splits, r, d_status);
 }
 
-__global__ void FillMultiTokenErrorKernel(const FeatureDesc* features, int64_t num_rows,
-                                          int64_t batch, const uint8_t* bytes,
-                                          const int64_t* string_splits, int64_t* d_status) {
-  const int64_t row = d_status[0];
-  if (row < 0 || row >= num_rows) return;
-  FillTokenError(features[row / batch].spec, bytes, string_splits, nullptr, row, d_status);
+__global__ void FillMultiTokenErrorKernel(const FeatureDesc* features, int64_t num_features,
+                                          const uint8_t* bytes, const int64_t* string_splits,
+                                          int64_t* d_status) {
+  const int64_t string = d_status[0];
+  if (string < 0) return;
+  for (int64_t f = 0; f < num_features; ++f) {
+    const FeatureDesc& d = features[f];
+    if (string >= d.first_string && string < d.first_string + d.num_strings) {
+      FillTokenError(d.spec, bytes, string_splits, nullptr, string, d_status);
+      return;
+    }
+  }
 }
 
 __global__ void __launch_bounds__(kBlockThreads)
@@ -623,6 +628,15 @@ std::string MultiStringEmbedding(const FeatureDesc* h_features, FeatureDesc* d_f
   if (num_features < 0 || batch < 0)
     return "num_features and batch must be >= 0, got " + std::to_string(num_features) + " and " +
            std::to_string(batch);
+  for (int64_t f = 0; f < num_features; ++f) {
+    const FeatureDesc& d = h_features[f];
+    if (d.first_string < 0 || d.num_strings < 0 || d.num_strings > batch || d.out_rows < 0 ||
+        d.out_rows > d.num_strings || d.out_stride < d.spec.lookup.dim)
+      return "feature " + std::to_string(f) + ": strings [" + std::to_string(d.first_string) + ", +" +
+             std::to_string(d.num_strings) + "), " + std::to_string(d.out_rows) + " output rows of stride " +
+             std::to_string(d.out_stride) + " do not fit a batch of " + std::to_string(batch) + " and dim " +
+             std::to_string(d.spec.lookup.dim);
+  }
   bool vectorize = true;
   bool can_fail = false;
   int fragments = 1;
@@ -631,8 +645,8 @@ std::string MultiStringEmbedding(const FeatureDesc* h_features, FeatureDesc* d_f
     const std::string err = ValidateSpec(d.spec);
     if (!err.empty()) return "feature " + std::to_string(f) + ": " + err;
     const int64_t dim = d.spec.lookup.dim;
-    vectorize = vectorize && dim % kVecWidth == 0 && IsVectorAligned(d.params, sizeof(T)) &&
-                IsVectorAligned(d.out, sizeof(T));
+    vectorize = vectorize && dim % kVecWidth == 0 && d.out_stride % kVecWidth == 0 &&
+                IsVectorAligned(d.params, sizeof(T)) && IsVectorAligned(d.out, sizeof(T));
     can_fail = can_fail || d.spec.mode != TokenMode::kHash;
   }
   const int64_t num_rows = num_features * batch;
@@ -655,8 +669,8 @@ std::string MultiStringEmbedding(const FeatureDesc* h_features, FeatureDesc* d_f
   });
   err = CheckLaunch("MultiPoolStringsKernel");
   if (!err.empty() || !can_fail) return err;
-  FillMultiTokenErrorKernel<<<1, kWarpSize, 0, st>>>(d_features, num_rows, batch, bytes,
-                                                     string_splits, d_status);
+  FillMultiTokenErrorKernel<<<1, kWarpSize, 0, st>>>(d_features, num_features, bytes, string_splits,
+                                                     d_status);
   return CheckLaunch("FillMultiTokenErrorKernel");
 }
 

@@ -24,12 +24,21 @@ std::string StringEmbedding(const StringSpec& spec, const T* params, const uint8
                             const int64_t* string_splits, const int64_t* bag_splits,
                             int64_t num_bags, T* out, int64_t* d_status, void* stream);
 
-// One launch for many features sharing a batch: feature f owns strings
-// [f * batch, (f + 1) * batch) of string_splits, table params and output out.
+// One launch for many features: feature f owns strings [first_string,
+// first_string + num_strings) of string_splits (num_strings <= batch), table
+// params, and bag r's output row out + r * out_stride for r < out_rows. Bags
+// past out_rows (a trimmed feature's empty tail) are still split, so a bad
+// token there is reported, but written nowhere. The grouped op's features are
+// first_string = f * batch, num_strings = out_rows = batch, out_stride = dim;
+// the concatenated op's share one output, each at its own columns.
 struct FeatureDesc {
   StringSpec spec;
   const void* params;
   void* out;
+  int64_t first_string;
+  int64_t num_strings;
+  int64_t out_rows;
+  int64_t out_stride;
 };
 // h_features: host array of num_features; d_features: device scratch of the
 // same size that the launcher fills (one small host-to-device copy).

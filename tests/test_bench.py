@@ -82,16 +82,18 @@ def test_rewrite_suite_quick(tmp_path):
     assert res["features"] == {"hashed": 20, "id_lists": 6}
     # Every feature was fused: 20 single-valued hashes, 3 ragged id lists in
     # one step, and 3 sparse ones in two (the lookup, then the split); then
-    # the 23 whose batch the Concatenate proves equal were grouped into one
-    # CtrMultiStringEmbedding. The 3 sparse ones keep their own ops: their
-    # row count is trimmed (embedding_lookup_sparse's last row + 1).
+    # the 23 whose batch the Concatenate proves equal were grouped, and then
+    # the Concatenate of all 26, the 3 sparse ones' trimmed row counts (last
+    # row + 1) included, became one CtrConcatStringEmbedding.
     rw = res["rewrite"]
-    assert rw["matches"] == 20 + 3 + 2 * 3 + 1 and rw["skips"] == 0
-    assert rw["fused_ops"] == ["CtrEmbeddingLookup", "CtrMultiStringEmbedding", "CtrStringEmbedding"]
-    assert rw["op_counts_after"]["CtrMultiStringEmbedding"] == 1
-    assert rw["op_counts_after"]["CtrStringEmbedding"] == 3
+    assert rw["matches"] == 20 + 3 + 2 * 3 + 1 + 1 and rw["skips"] == 0
+    assert rw["fused_ops"] == ["CtrConcatStringEmbedding", "CtrEmbeddingLookup", "CtrMultiStringEmbedding",
+                               "CtrStringEmbedding"]
+    assert rw["op_counts_after"]["CtrConcatStringEmbedding"] == 1
+    assert rw["op_counts_after"]["CtrPackStrings"] == 1
     assert not {"StringToHashBucketFast", "StringSplit", "StringSplitV2", "Unique", "GatherV2",
-                "UnsortedSegmentSum"} & set(rw["op_counts_after"])
+                "UnsortedSegmentSum", "ConcatV2", "CtrStringEmbedding",
+                "CtrMultiStringEmbedding"} & set(rw["op_counts_after"])
     assert rw["max_abs_diff"] <= 1e-6
     cases = {c["batch"]: c for c in res["cases"]}
     assert set(cases) == {32, 1}  # batch 1024 capped by --batch 32, and batch 1

@@ -100,6 +100,17 @@ def test_gpu_grouped_string_embedding_names_the_feature(what, kwargs, vocab):
     assert str(gpu.value) == "features[1]: " + want, what
 
 
+@pytest.mark.parametrize("layout,batch", [
+    (dict(first_string=-1), 2), (dict(num_strings=3), 2), (dict(num_strings=-1), 2),
+    (dict(out_rows=3, num_strings=2), 2), (dict(out_rows=-1), 2), (dict(out_stride=DIM - 1), 2)])
+def test_gpu_grouped_feature_layout_is_checked(layout, batch):
+    """A feature's strings must fit the launch's rows, its output rows its
+    strings, and its rows their stride: refused before any device work."""
+    feature = dict(vocab=VOCAB, dim=DIM, params_ptr=1, out_ptr=1, **layout)
+    with pytest.raises(ValueError, match="features\\[0\\]: needs 0 <= first_string"):
+        core.gpu_multi_string_embedding([feature], "float32", batch, 1, 1, 1, 1 << 20, 1)
+
+
 def test_gpu_bindings_reject_unknown_table_dtypes():
     # Empty shapes need only the offsets and status pointers; 1 stands in for
     # them, and the dtype is refused before anything is launched or read.

@@ -576,6 +576,54 @@ def test_multi_errors_name_the_feature(rng):
     assert str(gpu_err.value) == "feature 1: " + str(cpu_err.value)
 
 
+def test_multi_writes_columns_of_one_output(rng):
+    """The layout of CtrConcatStringEmbedding: each feature at its own first
+    string, with its own string count, pooled into its columns of one
+    [rows, width] output; a feature's strings past out_rows (a trimmed tail)
+    are split but written nowhere."""
+    dims, rows = (4, 8), 3
+    tables = [random_table(rng, 50, d) for d in dims]
+    a = ["1,2", "", "7"]
+    b = ["3", "4,5", "", "", ","]  # two strings past the output
+    raw, splits = pack(a + b)
+    width = sum(dims)
+    params = [upload(t) for t in tables]
+    out = Buffer(rows * width * 4)
+    features = [dict(params_ptr=params[0].ptr, vocab=50, dim=dims[0], out_ptr=out.ptr, combiner="sum",
+                     id_mode="index", first_string=0, num_strings=3, out_rows=rows, out_stride=width),
+                dict(params_ptr=params[1].ptr, vocab=50, dim=dims[1], out_ptr=out.ptr + dims[0] * 4,
+                     combiner="sqrtn", id_mode="index", first_string=3, num_strings=5, out_rows=rows,
+                     out_stride=width)]
+    bytes_buf, splits_buf = upload(raw), upload(np.asarray(splits, np.int64))
+    scratch_bytes = core.gpu_multi_string_scratch_bytes(2)
+    scratch, status = Buffer(scratch_bytes), Buffer(STATUS_BYTES)
+    core.gpu_multi_string_embedding(features, "float32", 5, bytes_buf.ptr, splits_buf.ptr, scratch.ptr,
+                                    scratch_bytes, status.ptr)
+    got = out.read(np.float32, (rows, width))
+    want_a = cpu_strings(tables[0], raw, splits[:4], combiner="sum", id_mode="index")
+    want_b = cpu_strings(tables[1], raw, splits[3:7], combiner="sqrtn", id_mode="index")
+    assert_close(got, np.concatenate([want_a, want_b], axis=1), "float32")
+
+
+def test_multi_tail_token_errors_name_the_feature_and_row(rng):
+    """A bad token in a feature's strings past out_rows is still reported,
+    with the feature and the row within it."""
+    tables = [random_table(rng, 50, 4)] * 2
+    raw, splits = pack(["1", "2", "3", "", "x"])
+    params = upload(tables[0])
+    out = Buffer(2 * 8 * 4)
+    features = [dict(params_ptr=params.ptr, vocab=50, dim=4, out_ptr=out.ptr, id_mode="index", first_string=0,
+                     num_strings=2, out_stride=8),
+                dict(params_ptr=params.ptr, vocab=50, dim=4, out_ptr=out.ptr + 16, id_mode="index",
+                     first_string=2, num_strings=3, out_rows=2, out_stride=8)]
+    bytes_buf, splits_buf = upload(raw), upload(np.asarray(splits, np.int64))
+    scratch_bytes = core.gpu_multi_string_scratch_bytes(2)
+    scratch, status = Buffer(scratch_bytes), Buffer(STATUS_BYTES)
+    with pytest.raises(ValueError, match="feature 1: token 'x' in row 2 is not an int64"):
+        core.gpu_multi_string_embedding(features, "float32", 3, bytes_buf.ptr, splits_buf.ptr, scratch.ptr,
+                                        scratch_bytes, status.ptr)
+
+
 def test_multi_batch_zero(rng):
     tables = [random_table(rng, 10, 4), random_table(rng, 10, 6)]
     outs = gpu_multi(tables, "float32", np.zeros(0, np.uint8), np.zeros(1, np.int64), 0,

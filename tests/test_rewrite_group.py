@@ -302,9 +302,10 @@ def test_fetched_feature_output_keeps_its_name(rng):
 
 
 def test_explicit_string_embeddings_are_grouped(rng):
-    """Users' own tf_ctr_ops.string_embedding calls of one batch group too."""
-    t = tables(rng, dims=(8, 4))
-    f = lambda a, b: tf.concat([  # noqa: E731
+    """Users' own tf_ctr_ops.string_embedding calls of one batch group too
+    (stacked: the stack proves one batch)."""
+    t = tables(rng, dims=(8, 8))
+    f = lambda a, b: tf.stack([  # noqa: E731
         tf_ctr_ops.string_embedding(a, t[0], delimiter="|", combiner="mean"),
         tf_ctr_ops.string_embedding(b, t[1], delimiter=",", combiner="sqrtn", skip_empty=False)], axis=1)
     cf, graph, report, counts = offline(f, STRINGS_2D, STRINGS_2D)
@@ -351,7 +352,7 @@ def test_keras_model_training_gradients_match_tf(rng):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
 
-def test_keras_saved_model_is_grouped(tmp_path, rng):
+def test_keras_saved_model_is_concatenated(tmp_path, rng):
     model = keras_hash_model()
     src, dst = tmp_path / "src", tmp_path / "dst"
     model.export(str(src), verbose=False)
@@ -359,9 +360,9 @@ def test_keras_saved_model_is_grouped(tmp_path, rng):
     report = rewrite.optimize_saved_model(src, dst, sample_inputs={"serving_default": samples}, runs=2)
     assert report.ok and report.verified
     sig = report.signatures["serving_default"]
-    assert [m["pattern"] for m in sig.matches] == ["hash_gather", "hash_gather", "group_strings"]
+    assert [m["pattern"] for m in sig.matches] == ["hash_gather", "hash_gather", "group_strings", "concat_strings"]
     assert {k: v for k, v in sig.op_counts_after.items() if k.startswith("Ctr")} == {
-        "CtrPackStrings": 1, "CtrMultiStringEmbedding": 1}
+        "CtrPackStrings": 1, "CtrConcatStringEmbedding": 1}
     assert sig.max_abs_diff == 0
 
 
@@ -379,11 +380,11 @@ def test_criteo_categories_grouped_online(rng):
 
 def test_pack_equal_sizes_op():
     a, b = tf.constant(["x", "yz"]), tf.constant(["", "w"])
-    data, splits = string_ops.ctr_pack_strings([a, b], equal_sizes=True)
+    data, splits, _ = string_ops.ctr_pack_strings([a, b], equal_sizes=True)
     assert bytes(data.numpy()) == b"xyzw" and splits.numpy().tolist() == [0, 1, 3, 3, 4]
     with pytest.raises(tf.errors.InvalidArgumentError, match="input 1 holds 1 strings, input 0 holds 2"):
         string_ops.ctr_pack_strings([a, tf.constant(["w"])], equal_sizes=True)
-    data, splits = string_ops.ctr_pack_strings([a, tf.constant(["w"])])  # sizes may differ by default
+    data, splits, _ = string_ops.ctr_pack_strings([a, tf.constant(["w"])])  # sizes may differ by default
     assert splits.numpy().tolist() == [0, 1, 3, 4]
 
 
@@ -416,8 +417,8 @@ def test_group_pack_reads_column_inputs_unflattened(rng):
 
 def test_pack_any_rank_op():
     m = tf.constant([["a", "bb", ""], ["dddd", "e", "ff"]])
-    data, splits = string_ops.ctr_pack_strings([m, tf.constant("z")])
-    want_data, want_splits = string_ops.ctr_pack_strings([tf.reshape(m, [-1]), tf.constant(["z"])])
+    data, splits, _ = string_ops.ctr_pack_strings([m, tf.constant("z")])
+    want_data, want_splits, _ = string_ops.ctr_pack_strings([tf.reshape(m, [-1]), tf.constant(["z"])])
     assert bytes(data.numpy()) == bytes(want_data.numpy()) == b"abbddddeffz"
     assert splits.numpy().tolist() == want_splits.numpy().tolist() == [0, 1, 3, 3, 7, 8, 10, 11]
     with pytest.raises(tf.errors.InvalidArgumentError, match="input 1 holds 3 strings, input 0 holds 6"):
@@ -429,11 +430,11 @@ def test_pack_any_rank_op():
 
 def test_pack_columns_op():
     m = tf.constant([["a", "bb", ""], ["dddd", "e", "f" * 24]])
-    data, splits = string_ops.ctr_pack_strings([m], columns=[2, 0, 2])
-    want_data, want_splits = string_ops.ctr_pack_strings([m[:, 2], m[:, 0], m[:, 2]])
+    data, splits, _ = string_ops.ctr_pack_strings([m], columns=[2, 0, 2])
+    want_data, want_splits, _ = string_ops.ctr_pack_strings([m[:, 2], m[:, 0], m[:, 2]])
     assert bytes(data.numpy()) == bytes(want_data.numpy()) == b"f" * 24 + b"adddd" + b"f" * 24
     assert splits.numpy().tolist() == want_splits.numpy().tolist()
-    data, splits = string_ops.ctr_pack_strings([tf.zeros([0, 3], tf.string)], columns=[1, 2])
+    data, splits, _ = string_ops.ctr_pack_strings([tf.zeros([0, 3], tf.string)], columns=[1, 2])
     assert data.shape == [0] and splits.numpy().tolist() == [0]
     for columns in ([3], [-1]):
         with pytest.raises(tf.errors.InvalidArgumentError, match=f"column {columns[0]} is outside the input's 3 columns"):
@@ -452,7 +453,7 @@ def test_multi_op_bucket_counts_forward_and_gradient(rng):
     t = tables(rng, dims=(8, 4))
     s = [tf.constant(random_strings(rng, 12)), tf.constant(random_strings(rng, 12))]
     with tf.GradientTape() as tape:
-        data, splits = string_ops.ctr_pack_strings(s, equal_sizes=True)
+        data, splits, _ = string_ops.ctr_pack_strings(s, equal_sizes=True)
         got = string_ops.ctr_multi_string_embedding(
             params=t, bytes=data, row_splits=splits, combiners=["sum", "sum"], id_modes=["hash", "hash"],
             delimiters=["", ""], skip_empty=[False, False], max_norms=[-1.0, -1.0], num_buckets=[V // 2, 0])
@@ -486,12 +487,12 @@ def test_multi_op_whole_strings_equal_single_ops(rng, dtype, skip_empty):
     if not skip_empty:  # an empty string is then one empty token, which index and mod reject
         s[1] = tf.where(s[1] == "", "0", s[1])
         s[2] = tf.where(s[2] == "", "0", s[2])
-    data, splits = string_ops.ctr_pack_strings(s, equal_sizes=True)
+    data, splits, _ = string_ops.ctr_pack_strings(s, equal_sizes=True)
     got = string_ops.ctr_multi_string_embedding(
         params=t, bytes=data, row_splits=splits, combiners=combiners, id_modes=modes, delimiters=[""] * 3,
         skip_empty=[skip_empty] * 3, max_norms=[-1.0] * 3)
     for i in range(3):
-        d, sp = string_ops.ctr_pack_strings([s[i]])
+        d, sp, _ = string_ops.ctr_pack_strings([s[i]])
         want = string_ops.ctr_string_embedding(params=t[i], bytes=d, row_splits=sp, bag_splits=tf.zeros([0], tf.int64),
                                                combiner=combiners[i], id_mode=modes[i], delimiter="",
                                                skip_empty=skip_empty)
@@ -501,13 +502,13 @@ def test_multi_op_whole_strings_equal_single_ops(rng, dtype, skip_empty):
 def test_multi_op_whole_string_errors_name_feature_row_and_token(rng):
     t = [tf.constant(rng.normal(size=(10, 4)), tf.float32)] * 2
     s = [tf.constant(["1", "2", "3", "4"]), tf.constant(["1", "x7", "12", "y"])]
-    data, splits = string_ops.ctr_pack_strings(s, equal_sizes=True)
+    data, splits, _ = string_ops.ctr_pack_strings(s, equal_sizes=True)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature 1: token 'x7' in row 1 is not an int64"):
         string_ops.ctr_multi_string_embedding(params=t, bytes=data, row_splits=splits, combiners=["sum"] * 2,
                                               id_modes=["index"] * 2, delimiters=[""] * 2, skip_empty=[True] * 2,
                                               max_norms=[-1.0] * 2)
     s = [tf.constant(["1", "2", "3", "4"]), tf.constant(["1", "7", "12", "3"])]
-    data, splits = string_ops.ctr_pack_strings(s, equal_sizes=True)
+    data, splits, _ = string_ops.ctr_pack_strings(s, equal_sizes=True)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature 1: token '12' in row 2 is id 12, out of range"):
         string_ops.ctr_multi_string_embedding(params=t, bytes=data, row_splits=splits, combiners=["sum"] * 2,
                                               id_modes=["index"] * 2, delimiters=[""] * 2, skip_empty=[True] * 2,

@@ -361,7 +361,7 @@ def test_pack_strings_of_several_vectors():
 
 def tf_ctr_ops_raw_pack(vectors):
     from tf_ctr_ops.ops import _ops
-    return _ops.ctr_pack_strings(vectors)
+    return _ops.ctr_pack_strings(vectors)[:2]
 
 
 def test_core_module_matches_tf_op(rng, params):

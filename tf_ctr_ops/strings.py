@@ -57,7 +57,8 @@ def pack_strings(strings, name=None):
       `(bytes, row_splits)`: uint8 `[total_bytes]` holding every string back to
       back, and int64 `[B + 1]` byte offsets. No per-string allocation.
     """
-    return _ops.ctr_pack_strings([_string_vector(strings)], name=name)
+    data, row_splits, _ = _ops.ctr_pack_strings([_string_vector(strings)], name=name)
+    return data, row_splits
 
 
 def _is_packed(strings):
@@ -137,7 +138,7 @@ def _per_feature(value, n, what):
 
 
 def multi_string_embedding(features, tables, delimiters=",", combiners="mean", id_modes="hash",
-                           skip_empty=True, max_norms=None, name=None):
+                           skip_empty=True, max_norms=None, concat=False, name=None):
     """The grouped `string_embedding`: many string features, one pack, one launch.
 
     Args:
@@ -145,10 +146,13 @@ def multi_string_embedding(features, tables, delimiters=",", combiners="mean", i
       tables: list of N `[V_i, D_i]` tables of one dtype.
       delimiters, combiners, id_modes, skip_empty, max_norms: one value for
         all features, or a list of N.
+      concat: return the N outputs concatenated along axis 1, written in
+        place by the op (`CtrConcatStringEmbedding`): what `tf.concat(outputs,
+        axis=1)` gives, without the copy.
 
     Returns:
       List of N `[B, D_i]` tensors, identical to calling `string_embedding`
-      per feature.
+      per feature; with `concat`, one `[B, D_1 + ... + D_N]` tensor.
     """
     features, tables = list(features), list(tables)
     n = len(features)
@@ -168,10 +172,16 @@ def multi_string_embedding(features, tables, delimiters=",", combiners="mean", i
         # would copy (and allocate) every string once more.
         # equal_sizes: the grouped op finds feature i's rows at [i * B,
         # (i + 1) * B), so features of different batch sizes must fail.
-        data, row_splits = _ops.ctr_pack_strings(features, equal_sizes=True)
-        return _ops.ctr_multi_string_embedding(
-            params=tables, bytes=data, row_splits=row_splits, combiners=combiners, id_modes=id_modes,
-            delimiters=delimiters, skip_empty=skip_empty, max_norms=max_norms)
+        attrs = dict(combiners=combiners, id_modes=id_modes, delimiters=delimiters, skip_empty=skip_empty,
+                     max_norms=max_norms)
+        if concat:
+            # Feature i's strings are found by input_splits: the op checks
+            # that the features' row counts agree, as a concat would.
+            data, row_splits, input_splits = _ops.ctr_pack_strings(features)
+            return _ops.ctr_concat_string_embedding(params=tables, bytes=data, row_splits=row_splits,
+                                                    input_splits=input_splits, **attrs)
+        data, row_splits, _ = _ops.ctr_pack_strings(features, equal_sizes=True)
+        return _ops.ctr_multi_string_embedding(params=tables, bytes=data, row_splits=row_splits, **attrs)
 
 
 def _check_same_batch(features):
@@ -269,6 +279,31 @@ def _multi_string_embedding_grad(op, *grads):
             num_buckets=buckets[i])
         out.append(tf.IndexedSlices(values, indices, tf.shape(tables[i], out_type=tf.int64)))
     return out + [None, None]
+
+
+@tf.RegisterGradient("CtrConcatStringEmbedding")
+def _concat_string_embedding_grad(op, grad):
+    n = op.get_attr("N")
+    tables = op.inputs[:n]
+    data, row_splits, input_splits = op.inputs[n:n + 3]
+    rows = tf.shape(grad, out_type=tf.int64)[0]
+    attrs = _attrs(op, ("combiners", "id_modes", "delimiters", "skip_empty", "max_norms", "num_buckets"))
+    buckets = attrs["num_buckets"] or [0] * n
+    column = tf.constant(0, tf.int64)
+    out = []
+    for i in range(n):
+        dim = tf.shape(tables[i], out_type=tf.int64)[1]
+        # Rows past the output (a trimmed tail) had no tokens: the output's
+        # rows are the feature's first strings, whatever their count.
+        values, indices = _ops.ctr_string_embedding_grad(
+            grad=grad[:, column:column + dim], params=tables[i], bytes=data,
+            row_splits=row_splits[input_splits[i]:input_splits[i] + rows + 1], bag_splits=tf.zeros([0], tf.int64),
+            combiner=attrs["combiners"][i].decode(), id_mode=attrs["id_modes"][i].decode(),
+            delimiter=attrs["delimiters"][i], skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i],
+            bagged=False, num_buckets=buckets[i])
+        out.append(tf.IndexedSlices(values, indices, tf.shape(tables[i], out_type=tf.int64)))
+        column += dim
+    return out + [None, None, None]
 
 
 __all__ = ["pack_strings", "string_embedding", "multi_string_embedding", "COMBINERS", "ID_MODES"]

@@ -387,6 +387,28 @@ struct TokenBagVisitor {
   }
 };
 
+// trim_empty_tail's row count: bags through the last one with a table row,
+// as the GPU's per-bag counts find it (a rejected token is no row: visit
+// has no err). Scans back from the end, as a trimmed input rarely ends in
+// many empty bags.
+template <typename Visitor>  // TokenBagVisitor; a template, so device code never instantiates it
+int64_t RowsThroughLastToken(const Visitor& visit, int64_t num_bags) {
+  for (int64_t r = num_bags - 1; r >= 0; --r) {
+    bool any = false;
+    visit(r, [&](int64_t, float, int64_t) { any = true; });
+    if (any) return r + 1;
+  }
+  return 0;
+}
+
+// Splits bags [begin, end) for their errors only (visit.err set): the bags
+// of a trimmed feature past the output, which no row holds.
+template <typename Visitor>
+void CheckBagTokens(const Visitor& visit, int64_t begin, int64_t end) {
+  for (int64_t r = begin; r < end; ++r)
+    if (!visit(r, [](int64_t, float, int64_t) {})) return;
+}
+
 // Whether every bag is one whole string looked up unclipped: its output row
 // is then the table row itself (any combiner of one token of weight 1), as
 // the Gather of a single-valued feature returns it.
@@ -417,13 +439,13 @@ inline void CopyRowBytes(void* dst, const void* src, size_t n) {
 template <typename T>
 void CopyWholeStringRowsCpu(const StringSpec& s, const T* params, const uint8_t* bytes,
                             const int64_t* splits, int64_t begin, int64_t end, T* out, TokenError* err,
-                            uint8_t* nonempty) {
+                            uint8_t* nonempty, int64_t out_stride) {
   constexpr int64_t kCopyDistance = 24;
   const int64_t dim = s.lookup.dim;
   int64_t ahead[kCopyDistance];  // row r's table row (-1: zeros) in ahead[r % kCopyDistance]
   auto copy = [&](int64_t r) {
     const int64_t row = ahead[r % kCopyDistance];
-    T* dst = out + r * dim;
+    T* dst = out + r * out_stride;
     if (nonempty) nonempty[r] = row >= 0;
     if (row < 0) {
       memset(dst, 0, dim * sizeof(T));
@@ -511,7 +533,9 @@ void PoolBagRows(const LookupSpec& s, const T* params, const std::vector<const T
 }
 
 // Pools bags [row_begin, row_end) of tokens; acc is dim floats of scratch.
-// nonempty (nullable) receives whether each bag had a token.
+// nonempty (nullable) receives whether each bag had a token. Bag r's row is
+// written at out + r * out_stride (0: dim), so a feature can be pooled
+// straight into its columns of a concatenated output.
 //
 // Bags ahead of the one being summed are resolved (split, hashed or parsed,
 // their rows prefetched) first: the next one always, and more while fewer
@@ -522,9 +546,11 @@ void PoolBagRows(const LookupSpec& s, const T* params, const std::vector<const T
 template <typename T>
 void PoolStringBagsCpu(const StringSpec& s, const T* params, const uint8_t* bytes, int64_t num_bytes,
                        const int64_t* string_splits, const int64_t* bag_splits, int64_t row_begin,
-                       int64_t row_end, float* acc, T* out, TokenError* err, uint8_t* nonempty = nullptr) {
+                       int64_t row_end, float* acc, T* out, TokenError* err, uint8_t* nonempty = nullptr,
+                       int64_t out_stride = 0) {
+  if (out_stride == 0) out_stride = s.lookup.dim;
   if (IsWholeStringLookup(s, bag_splits)) {
-    CopyWholeStringRowsCpu(s, params, bytes, string_splits, row_begin, row_end, out, err, nonempty);
+    CopyWholeStringRowsCpu(s, params, bytes, string_splits, row_begin, row_end, out, err, nonempty, out_stride);
     return;
   }
   if (row_begin >= row_end) return;
@@ -542,7 +568,7 @@ void PoolStringBagsCpu(const StringSpec& s, const T* params, const uint8_t* byte
     }
     const std::vector<const T*>& rows = ring[r % kMaxAhead];
     if (nonempty) nonempty[r] = !rows.empty();
-    PoolBagRows(s.lookup, params, rows, acc, out + r * dim);
+    PoolBagRows(s.lookup, params, rows, acc, out + r * out_stride);
     pending -= static_cast<int64_t>(rows.size());
   }
 }

@@ -85,11 +85,13 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
                        have_shapes ? &properties : nullptr);
     // Patterns build on each other's output (a fused lookup can absorb its
     // string producers next), so passes repeat until nothing changes; the
-    // patterns that combine fused ops (grouping) run once the others are done.
-    constexpr int kMaxPasses = 8;
+    // patterns that combine fused ops (grouping, then concatenation) run once
+    // the earlier stages are done.
+    constexpr int kMaxPasses = 8, kStages = 3;
     for (int pass = 0; pass < kMaxPasses; ++pass) {
-      bool changed = RunPatterns(/*last=*/false, optimized, &ctx);
-      if (!changed || pass == kMaxPasses - 1) changed |= RunPatterns(/*last=*/true, optimized, &ctx);
+      bool changed = false;
+      for (int stage = 0; stage < kStages && (!changed || pass == kMaxPasses - 1); ++stage)
+        changed |= RunPatterns(stage, optimized, &ctx);
       if (!changed || pass == kMaxPasses - 1) break;
       ctx.ForgetSkips();  // a later pass re-examines them with the new graph
     }
@@ -98,10 +100,10 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
   }
 
  private:
-  static bool RunPatterns(bool last, tensorflow::GraphDef* graph, RewriteContext* ctx) {
+  static bool RunPatterns(int stage, tensorflow::GraphDef* graph, RewriteContext* ctx) {
     bool changed = false;
     for (const auto& pattern : RegisteredPatterns()) {
-      if (pattern->RunsLast() != last) continue;
+      if (pattern->Stage() != stage) continue;
       std::vector<std::string> names;
       names.reserve(graph->node_size());
       for (const auto& n : graph->node()) names.push_back(n.name());

@@ -331,6 +331,18 @@ bool IsEmbeddingDtype(tensorflow::DataType t) {
 
 bool IsIndexDtype(tensorflow::DataType t) { return t == tensorflow::DT_INT32 || t == tensorflow::DT_INT64; }
 
+void KeepAsIdentity(RewriteContext* ctx, const std::string& name, const std::string& output,
+                    const tensorflow::AttrValue& t) {
+  NodeDef* kept = ctx->Mutable(name);
+  const std::string device = kept->device();
+  kept->Clear();
+  kept->set_name(name);
+  kept->set_op("Identity");
+  kept->set_device(device);
+  kept->add_input(output);
+  (*kept->mutable_attr())["T"] = t;
+}
+
 void CopyControlInputs(const NodeDef& from, NodeDef* to) {
   for (const auto& in : from.input())
     if (!in.empty() && in[0] == '^') to->add_input(in);

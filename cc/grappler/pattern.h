@@ -93,9 +93,10 @@ class FusionPattern {
   // false, recording through ctx->Skipped why a subgraph of the right shape
   // was left alone. Must not touch the graph when it returns false.
   virtual bool Rewrite(const tensorflow::NodeDef& anchor, RewriteContext* ctx) const = 0;
-  // A pattern that combines what the others produce runs only once they have
-  // nothing left to rewrite.
-  virtual bool RunsLast() const { return false; }
+  // Patterns run in stages: a stage runs only once the earlier ones have
+  // nothing left to rewrite. 0: the fusions of TF subgraphs; 1: combining
+  // fused ops (grouping); 2: combining groups (a concatenation of them).
+  virtual int Stage() const { return 0; }
 };
 
 // A pattern named by the constant Name, with the Skip every pattern uses:
@@ -151,6 +152,10 @@ bool IsEmbeddingDtype(tensorflow::DataType t);
 bool IsIndexDtype(tensorflow::DataType t);
 // Copies the control inputs ("^x") of `from` onto `to`.
 void CopyControlInputs(const tensorflow::NodeDef& from, tensorflow::NodeDef* to);
+// Turns the node `name`, which the graph must keep (fetched), into an
+// Identity of `output` of dtype `t`: a replaced node keeps its name.
+void KeepAsIdentity(RewriteContext* ctx, const std::string& name, const std::string& output,
+                    const tensorflow::AttrValue& t);
 
 // Node builders for the inputs fused ops need; each returns the new node's name.
 std::string AddInt64Scalar(RewriteContext* ctx, const std::string& base, int64_t value, const std::string& device);

@@ -27,7 +27,7 @@
 // slices, which copied every string once more, go where nothing else reads
 // them. Columns of one matrix share its batch, so no size check is needed.
 //
-// It runs after the other patterns (RunsLast), so a group sees every feature
+// It runs after the other patterns (stage 1), so a group sees every feature
 // they fused.
 #include <map>
 #include <string>
@@ -258,7 +258,7 @@ class Components {
 
 class GroupStringsPattern : public NamedPattern<kName> {
  public:
-  bool RunsLast() const override { return true; }
+  int Stage() const override { return 1; }
 
   bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
     if (!IsShaped(anchor)) return false;
@@ -484,15 +484,7 @@ class GroupStringsPattern : public NamedPattern<kName> {
       }
       const std::string output = TensorName(multi_name, i);
       if (ctx->MustKeep(e.name())) {
-        // A fetched node keeps its name, as an Identity of its output.
-        NodeDef* kept = ctx->Mutable(e.name());
-        const std::string device = kept->device();
-        kept->Clear();
-        kept->set_name(e.name());
-        kept->set_op("Identity");
-        kept->set_device(device);
-        kept->add_input(output);
-        (*kept->mutable_attr())["T"] = e.attr().at("T");
+        KeepAsIdentity(ctx, e.name(), output, e.attr().at("T"));
         continue;
       }
       ctx->RedirectDataEdges(e.name(), 0, output);

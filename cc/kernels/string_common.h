@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/core/segments.h"
 #include "cc/core/strings.h"
 #include "cc/kernels/lookup_common.h"
 #include "cc/kernels/tf_types.h"
@@ -156,15 +157,20 @@ class MultiStringKernel : public tensorflow::OpKernel {
     return absl::OkStatus();
   }
 
-  // Each feature's spec bound to its table (input i), and its [B, D_i] output i.
+  // Each feature's spec bound to its table (input i).
+  absl::Status BindTables(tensorflow::OpKernelContext* ctx, std::vector<ctr::StringSpec>* specs) const {
+    *specs = specs_;
+    for (int i = 0; i < num_features(); ++i) TF_RETURN_IF_ERROR(BindTable(ctx->input(i), &(*specs)[i]));
+    return absl::OkStatus();
+  }
+
+  // BindTables, and each feature's [B, D_i] output i.
   absl::Status BindFeatures(tensorflow::OpKernelContext* ctx, int64_t batch, std::vector<ctr::StringSpec>* specs,
                             std::vector<tensorflow::Tensor*>* outs) const {
-    *specs = specs_;
+    TF_RETURN_IF_ERROR(BindTables(ctx, specs));
     outs->assign(specs_.size(), nullptr);
-    for (int i = 0; i < num_features(); ++i) {
-      TF_RETURN_IF_ERROR(BindTable(ctx->input(i), &(*specs)[i]));
+    for (int i = 0; i < num_features(); ++i)
       TF_RETURN_IF_ERROR(AllocateOutput(ctx, i, {batch, (*specs)[i].lookup.dim}, &(*outs)[i]));
-    }
     return absl::OkStatus();
   }
 
@@ -220,5 +226,59 @@ inline absl::Status CheckVector(const tensorflow::Tensor& t, const char* what) {
                                                t.shape().DebugString());
   return absl::OkStatus();
 }
+
+// CtrConcatStringEmbedding's kernels (CPU and GPU): N features pooled into
+// one [R, sum of D_i] output, feature i's strings at [input_splits[i],
+// input_splits[i + 1]) of the pack.
+class ConcatStringKernel : public MultiStringKernel {
+ public:
+  explicit ConcatStringKernel(tensorflow::OpKernelConstruction* c) : MultiStringKernel(c) {
+    std::vector<bool> trim;
+    OP_REQUIRES_OK(c, c->GetAttr("trim_empty_tail", &trim));
+    OP_REQUIRES(c, trim.empty() || static_cast<int>(trim.size()) == num_features(),
+                tensorflow::errors::InvalidArgument("trim_empty_tail must be empty or have N = ", num_features(),
+                                                    " entries, got ", trim.size()));
+    trim_.assign(num_features(), false);
+    for (size_t i = 0; i < trim.size(); ++i) trim_[i] = trim[i];
+  }
+
+ protected:
+  bool trimmed(int f) const { return trim_[f]; }
+
+  // Each feature's first string (and, at N, the total), from input_splits.
+  absl::Status FeatureStrings(const tensorflow::Tensor& input_splits, int64_t num_strings,
+                              std::vector<int64_t>* first) const {
+    TF_RETURN_IF_ERROR(CheckVector(input_splits, "input_splits"));
+    if (input_splits.NumElements() != num_features() + 1)
+      return tensorflow::errors::InvalidArgument("input_splits must hold N + 1 = ", num_features() + 1,
+                                                 " entries, got ", input_splits.NumElements());
+    const int64_t* v = input_splits.flat<int64_t>().data();
+    const std::string err = ctr::ValidateRowSplits(v, input_splits.NumElements(), num_strings);
+    if (!err.empty()) return tensorflow::errors::InvalidArgument("input_splits: ", err, " (strings)");
+    first->assign(v, v + input_splits.NumElements());
+    return absl::OkStatus();
+  }
+
+  // Each feature's first output column (and, at N, the output's width).
+  static std::vector<int64_t> Columns(const std::vector<ctr::StringSpec>& specs) {
+    std::vector<int64_t> columns(specs.size() + 1, 0);
+    for (size_t i = 0; i < specs.size(); ++i) columns[i + 1] = columns[i] + specs[i].lookup.dim;
+    return columns;
+  }
+
+  // The one row count of all features, or the InvalidArgument of the
+  // concatenation that would fail.
+  static absl::Status CommonRows(const std::vector<int64_t>& rows, int64_t* common) {
+    *common = rows.empty() ? 0 : rows[0];
+    for (size_t i = 1; i < rows.size(); ++i)
+      if (rows[i] != rows[0])
+        return tensorflow::errors::InvalidArgument("feature ", i, " has ", rows[i], " rows where feature 0 has ",
+                                                   rows[0], ": their outputs cannot be concatenated");
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<bool> trim_;
+};
 
 }  // namespace tf_ctr

@@ -81,6 +81,9 @@ class PackStringsOp : public OpKernel {
       for (int64_t j = 0; j < run.count; ++j) out[j + 1] = out[j] + static_cast<int64_t>(run[j].size());
       first[i + 1] = first[i] + run.count;
     }
+    Tensor* input_splits = nullptr;
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 2, {static_cast<int64_t>(first.size())}, &input_splits));
+    std::copy(first.begin(), first.end(), input_splits->flat<int64_t>().data());
     Tensor* bytes = nullptr;
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {s[n]}, &bytes));
     uint8_t* dst = bytes->flat<uint8_t>().data();
@@ -150,7 +153,8 @@ REGISTER_KERNEL_BUILDER(Name("CtrPackStrings")
                             .Device(tensorflow::DEVICE_GPU)
                             .HostMemory("strings")
                             .HostMemory("bytes")
-                            .HostMemory("row_splits"),
+                            .HostMemory("row_splits")
+                            .HostMemory("input_splits"),
                         PackStringsOp);
 #endif
 
@@ -277,6 +281,17 @@ class StringEmbeddingGradCpuOp : public StringKernel {
   }
 };
 
+// The packed bytes and string splits of a grouped op (inputs n and n + 1),
+// validated.
+absl::Status PackedStrings(OpKernelContext* ctx, int n, const Tensor** bytes, const Tensor** splits) {
+  *bytes = &ctx->input(n);
+  *splits = &ctx->input(n + 1);
+  TF_RETURN_IF_ERROR(CheckVector(**bytes, "bytes"));
+  TF_RETURN_IF_ERROR(CheckVector(**splits, "row_splits"));
+  return CoreStatus(ctr::ValidateStringSplits((*splits)->flat<int64_t>().data(), (*splits)->NumElements(),
+                                              (*bytes)->NumElements()));
+}
+
 template <typename T>
 class MultiStringEmbeddingCpuOp : public MultiStringKernel {
  public:
@@ -284,15 +299,13 @@ class MultiStringEmbeddingCpuOp : public MultiStringKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const int n = num_features();
-    const Tensor& bytes = ctx->input(n);
-    const Tensor& splits = ctx->input(n + 1);
-    OP_REQUIRES_OK(ctx, CheckVector(bytes, "bytes"));
-    OP_REQUIRES_OK(ctx, CheckVector(splits, "row_splits"));
+    const Tensor *packed, *string_splits;
+    OP_REQUIRES_OK(ctx, PackedStrings(ctx, n, &packed, &string_splits));
+    const Tensor& bytes = *packed;
     int64_t batch = 0;
-    OP_REQUIRES_OK(ctx, GroupBatch(splits, &batch));
+    OP_REQUIRES_OK(ctx, GroupBatch(*string_splits, &batch));
     const int64_t num_strings = n * batch;
-    const int64_t* s = splits.flat<int64_t>().data();
-    OP_REQUIRES_OK(ctx, CoreStatus(ctr::ValidateStringSplits(s, splits.NumElements(), bytes.NumElements())));
+    const int64_t* s = string_splits->flat<int64_t>().data();
     std::vector<ctr::StringSpec> specs;
     std::vector<Tensor*> outs;
     OP_REQUIRES_OK(ctx, BindFeatures(ctx, batch, &specs, &outs));
@@ -319,13 +332,87 @@ class MultiStringEmbeddingCpuOp : public MultiStringKernel {
   }
 };
 
+template <typename T>
+class ConcatStringEmbeddingCpuOp : public ConcatStringKernel {
+ public:
+  using ConcatStringKernel::ConcatStringKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    const int n = num_features();
+    const Tensor *packed, *string_splits;
+    OP_REQUIRES_OK(ctx, PackedStrings(ctx, n, &packed, &string_splits));
+    const Tensor& bytes = *packed;
+    const int64_t* s = string_splits->flat<int64_t>().data();
+    const int64_t num_strings = string_splits->NumElements() - 1;
+    std::vector<int64_t> first;
+    OP_REQUIRES_OK(ctx, FeatureStrings(ctx->input(n + 2), num_strings, &first));
+    std::vector<ctr::StringSpec> specs;
+    OP_REQUIRES_OK(ctx, BindTables(ctx, &specs));
+    const uint8_t* b = bytes.flat<uint8_t>().data();
+    std::vector<int64_t> rows(n);
+    for (int f = 0; f < n; ++f) rows[f] = FeatureRows(specs[f], f, b, bytes.NumElements(), s + first[f],
+                                                      first[f + 1] - first[f]);
+    int64_t common = 0;
+    OP_REQUIRES_OK(ctx, CommonRows(rows, &common));
+    const std::vector<int64_t> columns = Columns(specs);
+    const int64_t width = columns[n];
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {common, width}, &out));
+    auto* dst = CorePtr<T>(out);
+    int64_t max_dim = 0;
+    for (const auto& sp : specs) max_dim = std::max(max_dim, sp.lookup.dim);
+    std::vector<FirstTokenError> errors(n);
+    // Shards of the packed strings, cut at equal bytes; each pools the part
+    // of every feature it overlaps into that feature's columns. A trimmed
+    // feature's strings past `common` hold no table row: they are only
+    // checked for bad tokens, as the single op checks every bag.
+    auto pool = [&](int64_t begin, int64_t end) {
+      std::vector<float> acc(max_dim);
+      int f = static_cast<int>(std::upper_bound(first.begin(), first.end(), begin) - first.begin()) - 1;
+      for (; f < n && begin < end; ++f) {
+        const int64_t stop = std::min(end, first[f + 1]);
+        const int64_t lo = begin - first[f], hi = std::min(stop - first[f], common);
+        if (lo < hi) {
+          ctr::TokenError err;
+          ctr::PoolStringBagsCpu(specs[f], CorePtr<T>(ctx->input(f)), b, bytes.NumElements(), s + first[f], nullptr,
+                                 lo, hi, acc.data(), dst + columns[f], &err, nullptr, width);
+          errors[f].Offer(err);
+        }
+        begin = stop;
+      }
+    };
+    ParallelForBytes(ctx, s, num_strings, StringBagCost(specs[0], bytes.NumElements(), num_strings), pool);
+    for (int f = 0; f < n; ++f) {
+      if (first[f + 1] - first[f] > common) {
+        ctr::TokenError err;
+        const ctr::TokenBagVisitor visit{specs[f], b, bytes.NumElements(), s + first[f], nullptr, &err};
+        ctr::CheckBagTokens(visit, common, first[f + 1] - first[f]);
+        errors[f].Offer(err);
+      }
+      OP_REQUIRES_OK(ctx, errors[f].ToStatus(b, specs[f].lookup.vocab, "feature " + std::to_string(f) + ": "));
+    }
+  }
+
+ private:
+  // Feature f's output rows: its strings, or, trimmed, the bags through its
+  // last one with a table row.
+  int64_t FeatureRows(const ctr::StringSpec& spec, int f, const uint8_t* bytes, int64_t num_bytes,
+                      const int64_t* splits, int64_t count) const {
+    if (!trimmed(f)) return count;
+    const ctr::TokenBagVisitor visit{spec, bytes, num_bytes, splits, nullptr, nullptr};
+    return ctr::RowsThroughLastToken(visit, count);
+  }
+};
+
 #define REGISTER_STRING_CPU(T)                                                                          \
   REGISTER_KERNEL_BUILDER(Name("CtrStringEmbedding").Device(DEVICE_CPU).TypeConstraint<T>("T"),         \
                           StringEmbeddingCpuOp<T>);                                                     \
   REGISTER_KERNEL_BUILDER(Name("CtrStringEmbeddingGrad").Device(DEVICE_CPU).TypeConstraint<T>("T"),     \
                           StringEmbeddingGradCpuOp<T>);                                                 \
   REGISTER_KERNEL_BUILDER(Name("CtrMultiStringEmbedding").Device(DEVICE_CPU).TypeConstraint<T>("T"),    \
-                          MultiStringEmbeddingCpuOp<T>);
+                          MultiStringEmbeddingCpuOp<T>);                                                \
+  REGISTER_KERNEL_BUILDER(Name("CtrConcatStringEmbedding").Device(DEVICE_CPU).TypeConstraint<T>("T"),   \
+                          ConcatStringEmbeddingCpuOp<T>);
 REGISTER_STRING_CPU(float)
 REGISTER_STRING_CPU(Eigen::half)
 REGISTER_STRING_CPU(Eigen::bfloat16)

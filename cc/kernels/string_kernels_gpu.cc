@@ -72,9 +72,10 @@ absl::Status PrepareDeviceStrings(OpKernelContext* ctx, const Tensor& bytes, con
 }
 
 // Reads a TokenError back from the device, with the token's first bytes for
-// the message. row_base maps a grouped launch's row to its feature.
+// the message. A grouped launch records the string's index: first (each
+// feature's first string, ascending) maps it to its feature and row.
 absl::Status TokenStatus(const int64_t* d_status, const uint8_t* d_bytes, const ctr::StringSpec* specs,
-                         int64_t batch, void* stream) {
+                         const std::vector<int64_t>& first, void* stream) {
   int64_t h[ctr::gpu::kTokenStatusSize];
   TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::ReadInt64(d_status, ctr::gpu::kTokenStatusSize, h, stream)));
   ctr::TokenError err{h[0], h[1], h[2], h[3], h[4]};
@@ -84,11 +85,11 @@ absl::Status TokenStatus(const int64_t* d_status, const uint8_t* d_bytes, const 
   TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::CopyToHost(d_bytes + err.begin, token.data(), token.size(), stream)));
   std::string prefix;
   const ctr::StringSpec* spec = specs;
-  if (batch > 0) {
-    const int64_t f = err.row / batch;
+  if (!first.empty()) {
+    const int64_t f = std::upper_bound(first.begin(), first.end(), err.row) - first.begin() - 1;
     prefix = "feature " + std::to_string(f) + ": ";
     spec = specs + f;
-    err.row -= f * batch;
+    err.row -= first[f];
   }
   err.begin = 0;
   err.len = shown;
@@ -118,7 +119,7 @@ class StringEmbeddingGpuOp : public StringKernel {
       OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::StringEmbedding(spec, CorePtr<T>(ctx->input(0)), in.bytes,
                                                                  in.string_splits, in.bag_splits, in.num_bags,
                                                                  CorePtr<T>(dst), st, stream)));
-      OP_REQUIRES_OK(ctx, TokenStatus(st, in.bytes, &spec, 0, stream));
+      OP_REQUIRES_OK(ctx, TokenStatus(st, in.bytes, &spec, {}, stream));
     }
     if (!trim_empty_tail()) return;
     // Rows through the last bag with a token: the per-bag token counts of the
@@ -178,6 +179,33 @@ class StringEmbeddingGradGpuOp : public StringKernel {
   }
 };
 
+// The packed strings of a grouped op (inputs n and n + 1) on the device,
+// validated.
+absl::Status GroupStrings(OpKernelContext* ctx, int n, void* stream, DeviceStrings* in) {
+  const Tensor& splits = ctx->input(n + 1);
+  return PrepareDeviceStrings(ctx, ctx->input(n), splits, splits, false, stream, in);
+}
+
+// One launch of ctr::gpu::MultiStringEmbedding over `features`, then its
+// token errors read back.
+template <typename T>
+absl::Status LaunchFeatures(OpKernelContext* ctx, const std::vector<ctr::gpu::FeatureDesc>& features, int64_t batch,
+                            const DeviceStrings& in, const std::vector<ctr::StringSpec>& specs,
+                            const std::vector<int64_t>& first, void* stream) {
+  const int64_t n = static_cast<int64_t>(features.size());
+  Tensor d_features, status;
+  TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT8,
+                                        TensorShape({static_cast<int64_t>(n * sizeof(ctr::gpu::FeatureDesc))}),
+                                        &d_features));
+  TF_RETURN_IF_ERROR(DeviceScratch(ctx, ctr::gpu::kTokenStatusSize, &status));
+  int64_t* st = status.flat<int64_t>().data();
+  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::InitTokenStatus(st, stream)));
+  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::MultiStringEmbedding<typename CoreType<T>::type>(
+      features.data(), reinterpret_cast<ctr::gpu::FeatureDesc*>(d_features.flat<int8_t>().data()), n, batch,
+      in.bytes, in.string_splits, st, stream)));
+  return TokenStatus(st, in.bytes, specs.data(), first, stream);
+}
+
 template <typename T>
 class MultiStringEmbeddingGpuOp : public MultiStringKernel {
  public:
@@ -185,30 +213,80 @@ class MultiStringEmbeddingGpuOp : public MultiStringKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const int n = num_features();
-    const Tensor& splits = ctx->input(n + 1);
     void* stream = GpuStream(ctx);
     DeviceStrings in;
-    OP_REQUIRES_OK(ctx, PrepareDeviceStrings(ctx, ctx->input(n), splits, splits, false, stream, &in));
+    OP_REQUIRES_OK(ctx, GroupStrings(ctx, n, stream, &in));
     int64_t batch = 0;
-    OP_REQUIRES_OK(ctx, GroupBatch(splits, &batch));
+    OP_REQUIRES_OK(ctx, GroupBatch(ctx->input(n + 1), &batch));
     std::vector<ctr::StringSpec> specs;
     std::vector<Tensor*> outs;
     OP_REQUIRES_OK(ctx, BindFeatures(ctx, batch, &specs, &outs));
     std::vector<ctr::gpu::FeatureDesc> features(n);
-    for (int i = 0; i < n; ++i)
-      features[i] = ctr::gpu::FeatureDesc{specs[i], CorePtr<T>(ctx->input(i)), CorePtr<T>(outs[i])};
+    std::vector<int64_t> first(n);
+    for (int i = 0; i < n; ++i) {
+      first[i] = i * batch;
+      features[i] = ctr::gpu::FeatureDesc{specs[i], CorePtr<T>(ctx->input(i)), CorePtr<T>(outs[i]),
+                                          first[i], batch, batch, specs[i].lookup.dim};
+    }
     if (batch == 0) return;
-    Tensor d_features, status;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8,
-                                           TensorShape({static_cast<int64_t>(n * sizeof(ctr::gpu::FeatureDesc))}),
-                                           &d_features));
-    OP_REQUIRES_OK(ctx, DeviceScratch(ctx, ctr::gpu::kTokenStatusSize, &status));
-    int64_t* st = status.flat<int64_t>().data();
-    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::InitTokenStatus(st, stream)));
-    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::MultiStringEmbedding<typename CoreType<T>::type>(
-                            features.data(), reinterpret_cast<ctr::gpu::FeatureDesc*>(d_features.flat<int8_t>().data()),
-                            n, batch, in.bytes, in.string_splits, st, stream)));
-    OP_REQUIRES_OK(ctx, TokenStatus(st, in.bytes, specs.data(), batch, stream));
+    OP_REQUIRES_OK(ctx, LaunchFeatures<T>(ctx, features, batch, in, specs, first, stream));
+  }
+};
+
+template <typename T>
+class ConcatStringEmbeddingGpuOp : public ConcatStringKernel {
+ public:
+  using ConcatStringKernel::ConcatStringKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    const int n = num_features();
+    void* stream = GpuStream(ctx);
+    DeviceStrings in;
+    OP_REQUIRES_OK(ctx, GroupStrings(ctx, n, stream, &in));
+    std::vector<int64_t> first;
+    OP_REQUIRES_OK(ctx, FeatureStrings(ctx->input(n + 2), in.num_bags, &first));
+    std::vector<ctr::StringSpec> specs;
+    OP_REQUIRES_OK(ctx, BindTables(ctx, &specs));
+    std::vector<int64_t> rows(n);
+    int64_t longest = 0;
+    for (int f = 0; f < n; ++f) {
+      OP_REQUIRES_OK(ctx, FeatureRows(ctx, specs[f], f, in, first, stream, &rows[f]));
+      longest = std::max(longest, first[f + 1] - first[f]);
+    }
+    int64_t common = 0;
+    OP_REQUIRES_OK(ctx, CommonRows(rows, &common));
+    const std::vector<int64_t> columns = Columns(specs);
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {common, columns[n]}, &out));
+    if (longest == 0) return;
+    // Every string is split, a trimmed feature's tail past `common` too (so a
+    // bad token there is reported, as on the CPU), but only rows < common are
+    // written.
+    std::vector<ctr::gpu::FeatureDesc> features(n);
+    for (int f = 0; f < n; ++f)
+      features[f] = ctr::gpu::FeatureDesc{specs[f], CorePtr<T>(ctx->input(f)), CorePtr<T>(out) + columns[f],
+                                          first[f], first[f + 1] - first[f], common, columns[n]};
+    first.pop_back();
+    OP_REQUIRES_OK(ctx, LaunchFeatures<T>(ctx, features, longest, in, specs, first, stream));
+  }
+
+ private:
+  // Feature f's output rows: its strings, or, trimmed, the bags through its
+  // last one with a table row (the gradient pass's per-bag counts, where a
+  // rejected token is no row; the pooling pass then reports it).
+  absl::Status FeatureRows(OpKernelContext* ctx, const ctr::StringSpec& spec, int f, const DeviceStrings& in,
+                           const std::vector<int64_t>& first, void* stream, int64_t* rows) const {
+    const int64_t count = first[f + 1] - first[f];
+    *rows = count;
+    if (!trimmed(f) || count == 0) return absl::OkStatus();
+    Tensor counts;
+    TF_RETURN_IF_ERROR(DeviceScratch(ctx, count, &counts));
+    ctr::StringSpec no_default = spec;
+    no_default.lookup.default_id = -1;
+    TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::StringGradRowCounts(no_default, in.bytes, in.string_splits + first[f],
+                                                                  nullptr, count, counts.flat<int64_t>().data(),
+                                                                  stream)));
+    return LaunchStatus(ctr::gpu::CountThroughLastNonZero(counts.flat<int64_t>().data(), count, rows, stream));
   }
 };
 
@@ -218,7 +296,12 @@ class MultiStringEmbeddingGpuOp : public MultiStringKernel {
   REGISTER_KERNEL_BUILDER(Name("CtrStringEmbeddingGrad").Device(DEVICE_GPU).TypeConstraint<T>("T"),  \
                           StringEmbeddingGradGpuOp<T>);                                              \
   REGISTER_KERNEL_BUILDER(Name("CtrMultiStringEmbedding").Device(DEVICE_GPU).TypeConstraint<T>("T"), \
-                          MultiStringEmbeddingGpuOp<T>);
+                          MultiStringEmbeddingGpuOp<T>);                                             \
+  REGISTER_KERNEL_BUILDER(Name("CtrConcatStringEmbedding")                                           \
+                              .Device(DEVICE_GPU)                                                    \
+                              .TypeConstraint<T>("T")                                                \
+                              .HostMemory("input_splits"),                                           \
+                          ConcatStringEmbeddingGpuOp<T>);
 REGISTER_STRING_GPU(float)
 REGISTER_STRING_GPU(Eigen::half)
 REGISTER_STRING_GPU(Eigen::bfloat16)

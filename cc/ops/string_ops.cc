@@ -29,6 +29,7 @@ absl::Status PackColumnsShape(InferenceContext* c, int64_t num_columns) {
   TF_RETURN_IF_ERROR(c->Add(strings, 1, &splits));
   c->set_output(0, c->Vector(c->UnknownDim()));
   c->set_output(1, c->Vector(splits));
+  c->set_output(2, c->Vector(num_columns + 1));
   return absl::OkStatus();
 }
 
@@ -52,6 +53,7 @@ absl::Status PackShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(c->Add(strings, 1, &splits));
   c->set_output(0, c->Vector(c->UnknownDim()));
   c->set_output(1, c->Vector(splits));
+  c->set_output(2, c->Vector(c->num_inputs() + 1));
   return absl::OkStatus();
 }
 
@@ -90,6 +92,22 @@ absl::Status MultiShape(InferenceContext* c) {
   return absl::OkStatus();
 }
 
+// [R, sum of D_i]: R is known only at run time (trimmed features).
+absl::Status ConcatShape(InferenceContext* c) {
+  int n;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  DimensionHandle width = c->MakeDim(0);
+  for (int i = 0; i < n; ++i) {
+    ShapeHandle params;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 2, &params));
+    TF_RETURN_IF_ERROR(c->Add(width, c->Dim(params, 1), &width));
+  }
+  ShapeHandle unused;
+  for (int i = n; i < n + 3; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &unused));
+  c->set_output(0, c->Matrix(c->UnknownDim(), width));
+  return absl::OkStatus();
+}
+
 constexpr char kStringAttrsDoc[] = R"doc(
 id_mode: "hash": row = to_hash_bucket_fast(token, V). "index": row =
   to_number(token, int64), which must parse and lie in [0, V). "mod": the parsed
@@ -119,6 +137,7 @@ REGISTER_OP("CtrPackStrings")
     .Input("strings: N * string")
     .Output("bytes: uint8")
     .Output("row_splits: int64")
+    .Output("input_splits: int64")
     .Attr("N: int >= 1 = 1")
     .Attr("equal_sizes: bool = false")
     .Attr("columns: list(int) = []")
@@ -129,7 +148,9 @@ Packs tensors of strings, each in row-major order (a scalar is one string, a
 buffer and int64 row_splits [B+1] of byte offsets, B being the strings of all
 N inputs in order, with no allocation per string. This buffer is the single
 host-to-device copy of the GPU string path; N > 1 packs the features of a
-grouped op without first concatenating them as strings.
+grouped op without first concatenating them as strings. input_splits [K+1]
+(host memory) says which strings came from where: input (or column) k's are
+[input_splits[k], input_splits[k+1]).
 
 equal_sizes: every input must hold as many strings as the first (the features
   of one batch, which a grouped op splits into N equal parts); otherwise
@@ -187,19 +208,23 @@ one per token, computed from the packed bytes without re-splitting in Python.
 
 #undef CTR_STRING_ATTRS
 
+// The grouped ops' per-feature attributes.
+#define CTR_MULTI_STRING_ATTRS                   \
+  Attr("N: int >= 1")                            \
+      .Attr("T: {float, half, bfloat16}")        \
+      .Attr("combiners: list(string)")           \
+      .Attr("id_modes: list(string)")            \
+      .Attr("delimiters: list(string)")          \
+      .Attr("skip_empty: list(bool)")            \
+      .Attr("max_norms: list(float)")            \
+      .Attr("num_buckets: list(int) = []")
+
 REGISTER_OP("CtrMultiStringEmbedding")
     .Input("params: N * T")
     .Input("bytes: uint8")
     .Input("row_splits: int64")
     .Output("outputs: N * T")
-    .Attr("N: int >= 1")
-    .Attr("T: {float, half, bfloat16}")
-    .Attr("combiners: list(string)")
-    .Attr("id_modes: list(string)")
-    .Attr("delimiters: list(string)")
-    .Attr("skip_empty: list(bool)")
-    .Attr("max_norms: list(float)")
-    .Attr("num_buckets: list(int) = []")
+    .CTR_MULTI_STRING_ATTRS
     .SetShapeFn(MultiShape)
     .Doc(std::string(R"doc(
 The grouped StringEmbedding: N string features of one batch B, packed
@@ -209,5 +234,30 @@ delimiters, skip_empty, max_norms) have length N, each entry with the meaning
 of the same attribute of CtrStringEmbedding; so has num_buckets, which may
 also be empty (every feature hashes into its whole table).
 )doc"));
+
+REGISTER_OP("CtrConcatStringEmbedding")
+    .Input("params: N * T")
+    .Input("bytes: uint8")
+    .Input("row_splits: int64")
+    .Input("input_splits: int64")
+    .Output("output: T")
+    .CTR_MULTI_STRING_ATTRS
+    .Attr("trim_empty_tail: list(bool) = []")
+    .SetShapeFn(ConcatShape)
+    .Doc(R"doc(
+The grouped StringEmbedding with its N outputs concatenated along axis 1, as
+the Concatenate before a CTR model's MLP takes them: one [R, D_1 + ... + D_N]
+output written in place, with no copy of the N pooled outputs. Feature i's
+strings are [input_splits[i], input_splits[i+1]) of row_splits (the third
+output of CtrPackStrings), so features may hold different numbers of strings.
+Each per-feature attribute list has the meaning of CtrMultiStringEmbedding's;
+trim_empty_tail (empty: none) that of CtrStringEmbedding's.
+
+R is each feature's row count: its strings, or with trim_empty_tail the bags
+through its last one with a token. Features whose row counts differ are an
+InvalidArgument naming them, where concatenating the separate outputs fails.
+)doc");
+
+#undef CTR_MULTI_STRING_ATTRS
 
 }  // namespace tensorflow

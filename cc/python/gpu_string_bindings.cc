@@ -115,10 +115,15 @@ void GpuStringEmbedding(uintptr_t params_ptr, const std::string& params_dtype, i
 
 // One feature of gpu_multi_string_embedding, from a dict with the keys
 // params_ptr, vocab, dim, out_ptr and optionally combiner, id_mode,
-// delimiter, skip_empty, max_norm (the single-feature defaults).
+// delimiter, skip_empty, max_norm (the single-feature defaults), and its
+// layout: first_string (index * batch), num_strings (batch), out_rows
+// (num_strings) and out_stride (dim), as cuda/string_launchers.h describes
+// them (a concatenated output: out_ptr at the feature's first column, the
+// output's width as out_stride).
 ctr::gpu::FeatureDesc FeatureFromDict(const py::handle& item, int64_t index, int64_t batch) {
-  static const char* kKeys[] = {"params_ptr", "vocab",     "dim",        "out_ptr", "combiner",
-                                "id_mode",    "delimiter", "skip_empty", "max_norm"};
+  static const char* kKeys[] = {"params_ptr", "vocab",      "dim",        "out_ptr",     "combiner",
+                                "id_mode",    "delimiter",  "skip_empty", "max_norm",    "first_string",
+                                "num_strings", "out_rows",  "out_stride"};
   const std::string where = "features[" + std::to_string(index) + "]";
   if (!py::isinstance<py::dict>(item)) throw py::type_error(where + " must be a dict");
   const py::dict d = py::reinterpret_borrow<py::dict>(item);
@@ -150,6 +155,16 @@ ctr::gpu::FeatureDesc FeatureFromDict(const py::handle& item, int64_t index, int
   RequirePointer(out_ptr, batch > 0 && dim > 0, (where + ".out_ptr").c_str());
   f.params = DevicePtr<const void>(params_ptr);
   f.out = DevicePtr<void>(out_ptr);
+  f.first_string = get("first_string", index * batch);
+  f.num_strings = get("num_strings", batch);
+  f.out_rows = get("out_rows", f.num_strings);
+  f.out_stride = get("out_stride", dim);
+  if (f.first_string < 0 || f.num_strings < 0 || f.num_strings > batch || f.out_rows < 0 ||
+      f.out_rows > f.num_strings || f.out_stride < dim)
+    throw py::value_error(where + ": needs 0 <= first_string, 0 <= num_strings <= batch (" + std::to_string(batch) +
+                          "), 0 <= out_rows <= num_strings and out_stride >= dim, got " +
+                          std::to_string(f.first_string) + ", " + std::to_string(f.num_strings) + ", " +
+                          std::to_string(f.out_rows) + " and " + std::to_string(f.out_stride));
   return f;
 }
 
@@ -181,11 +196,14 @@ void GpuMultiStringEmbedding(const py::list& features, const std::string& params
                                              StreamPtr(stream));
   });
   if (!bad.error.found()) return;
-  // The launcher records the global row f * batch + r.
-  const int64_t f = bad.error.row / batch;
-  bad.error.row -= f * batch;
-  throw py::value_error("feature " + std::to_string(f) + ": " +
-                        Describe(bad, h_features[f].spec.lookup.vocab));
+  // The launcher records the string's index: its feature is the one holding it.
+  for (int64_t f = 0; f < n; ++f) {
+    const ctr::gpu::FeatureDesc& d = h_features[f];
+    if (bad.error.row < d.first_string || bad.error.row >= d.first_string + d.num_strings) continue;
+    bad.error.row -= d.first_string;
+    throw py::value_error("feature " + std::to_string(f) + ": " + Describe(bad, d.spec.lookup.vocab));
+  }
+  throw py::value_error(Describe(bad, h_features[0].spec.lookup.vocab));
 }
 
 int64_t GpuStringEmbeddingGrad(uintptr_t params_ptr, const std::string& params_dtype,

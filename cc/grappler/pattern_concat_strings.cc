@@ -1,0 +1,335 @@
+// Pattern: string embeddings concatenated along axis 1, as CTR models join
+// their fields before the MLP --
+//
+//   ConcatV2(e_1, ..., e_N, axis = 1 or -1)
+//
+// where every e_k is the output of a single CtrStringEmbedding (one string
+// per bag, its own pack, trimmed or not) or an output of a
+// CtrMultiStringEmbedding all of whose outputs this concatenation reads,
+// becomes
+//
+//   CtrConcatStringEmbedding(tables, CtrPackStrings(strings))
+//
+// in the concatenation's order: one pack and one pass write the MLP's input in
+// place, where the grouped op's outputs were copied again by the ConcatV2, and
+// the trimmed features of tf.compat.v1.string_split (whose row counts are
+// known only at run time) had to stay single ops.
+//
+// Exact: each feature is pooled by the same code as before, and the fused op
+// fails where the ConcatV2 would, when the features' row counts differ (a
+// trimmed feature's count is found as the single op found it). It needs no
+// proof that the features share a batch: the pack's input_splits tell it
+// each feature's strings.
+//
+// It runs after the grouping (stage 2), so a concatenation of grouped
+// features keeps what the group found (the columns of one input matrix,
+// packed from the matrix); single features it takes as they are.
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cc/grappler/pattern.h"
+#include "tensorflow/core/framework/attr_value.pb.h"
+#include "tensorflow/core/platform/logging.h"
+
+namespace tf_ctr {
+namespace grappler {
+namespace {
+
+using tensorflow::NodeDef;
+
+constexpr char kName[] = "concat_strings";
+
+// One input of the concatenation: a feature, with what its pooling needs.
+struct Part {
+  std::string table;
+  std::string strings;  // the tensor its pack read; empty when a column of `matrix`
+  std::string matrix;
+  int64_t column = -1;
+  std::string combiner, id_mode, delimiter;
+  bool skip_empty = true;
+  float max_norm = -1.f;
+  int64_t buckets = 0;
+  bool trim = false;
+};
+
+// What the rewrite removes and where it finds the features.
+struct Sources {
+  std::vector<Part> parts;
+  std::vector<NodeDef> removed;  // copies: the graph changes under the index
+  std::string emb_device, pack_device;
+};
+
+void Once(const NodeDef& node, std::set<std::string>* seen, std::vector<NodeDef>* nodes) {
+  if (seen->insert(node.name()).second) nodes->push_back(node);
+}
+
+class ConcatStringsPattern : public NamedPattern<kName> {
+ public:
+  int Stage() const override { return 2; }
+
+  bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
+    if (!IsOp(&anchor, "ConcatV2")) return false;
+    const GraphIndex& g = ctx->index();
+    const int n = static_cast<int>(IntAttr(anchor, "N", 0));
+    if (n < 2) return false;
+    // Only concatenations of string embeddings are this pattern's to judge.
+    bool any = false;
+    for (int k = 0; k < n; ++k) {
+      int port = 0;
+      const NodeDef* p = ProducerBehindIdentities(ctx, anchor, k, &port, nullptr);
+      any |= IsOp(p, "CtrStringEmbedding") || IsOp(p, "CtrMultiStringEmbedding");
+    }
+    if (!any) {
+      if (VLOG_IS_ON(2)) {
+        std::string ins;
+        for (int k = 0; k < n; ++k) {
+          int port = 0;
+          const NodeDef* p = ProducerBehindIdentities(ctx, anchor, k, &port, nullptr);
+          ins += " " + (p ? Describe(*p) : std::string("none"));
+        }
+        VLOG(2) << "CtrFusionOptimizer: " << anchor.name() << " concatenates no string embedding:" << ins;
+      }
+      return false;
+    }
+    int64_t axis = 0;
+    if (!ConstScalarInt(g.Producer(anchor, n), &axis) || (axis != 1 && axis != -1))
+      return Skip(ctx, anchor, "it does not concatenate along axis 1 (or -1) of the [B, D] embeddings");
+    Sources src;
+    std::string why;
+    if (!CollectParts(ctx, anchor, n, &src, &why)) return Skip(ctx, anchor, why);
+    // The axis constant goes with the concatenation where nothing else reads it.
+    const NodeDef* axis_const = g.Producer(anchor, n);
+    if (g.DataConsumers(axis_const->name()) == 1 && g.ControlConsumers(axis_const->name()) == 0)
+      src.removed.push_back(*axis_const);
+    Fuse(ctx, anchor, src);
+    return true;
+  }
+
+ private:
+  // The producer of input k of `node`, through Identity nodes (as
+  // tf.nn.embedding_lookup ends), which are collected in `identities`
+  // (nullable) to go with the rewrite; `shared` (nullable) tells whether
+  // anything else reads or waits on one of them.
+  static const NodeDef* ProducerBehindIdentities(RewriteContext* ctx, const NodeDef& node, int k, int* port,
+                                                 std::vector<NodeDef>* identities, bool* shared = nullptr) {
+    const GraphIndex& g = ctx->index();
+    const NodeDef* p = g.Producer(node, k, port);
+    while (IsOp(p, "Identity")) {
+      if (shared)
+        *shared |= g.Consumers(p->name(), 0) != 1 || g.ControlConsumers(p->name()) != 0 || ctx->MustKeep(p->name());
+      if (identities) identities->push_back(*p);
+      p = g.Producer(*p, 0, port);
+    }
+    return p;
+  }
+
+  static bool CollectParts(RewriteContext* ctx, const NodeDef& concat, int n, Sources* src, std::string* why) {
+    const GraphIndex& g = ctx->index();
+    const tensorflow::DataType t = TypeAttr(concat, "T");
+    std::set<std::string> seen;
+    std::map<std::string, int64_t> group_outputs;  // grouped op: its outputs this concatenation reads
+    for (int k = 0; k < n; ++k) {
+      int port = 0;
+      std::vector<NodeDef> identities;
+      bool shared = false;
+      const NodeDef* p = ProducerBehindIdentities(ctx, concat, k, &port, &identities, &shared);
+      for (const NodeDef& id : identities) Once(id, &seen, &src->removed);
+      const std::string where = "input " + std::to_string(k) + " (" + (p ? Describe(*p) : "none") + ")";
+      if (!IsOp(p, "CtrStringEmbedding") && !IsOp(p, "CtrMultiStringEmbedding")) {
+        *why = where + " is not a string embedding's output";
+        return false;
+      }
+      if (shared) {
+        *why = where + " is read by another node (through an Identity)";
+        return false;
+      }
+      if (TypeAttr(*p, "T") != t) {
+        *why = where + " has another dtype";
+        return false;
+      }
+      if (ctx->MustKeep(p->name())) {
+        *why = where + " is fetched or preserved";
+        return false;
+      }
+      const NodeDef* pack = g.Producer(*p, IsOp(p, "CtrStringEmbedding") ? 1 : IntAttr(*p, "N", 0));
+      if (!IsOp(pack, "CtrPackStrings") || g.DataConsumers(pack->name()) != 2 || ctx->MustKeep(pack->name())) {
+        *why = where + ": its strings are not packed by a CtrPackStrings that only it reads";
+        return false;
+      }
+      if (src->parts.empty()) {
+        src->emb_device = p->device();
+        src->pack_device = pack->device();
+      } else if (p->device() != src->emb_device || pack->device() != src->pack_device) {
+        *why = where + " is placed on another device";
+        return false;
+      }
+      Part part;
+      if (IsOp(p, "CtrStringEmbedding")) {
+        if (!AsSingle(ctx, *p, *pack, &part, why)) {
+          *why = where + ": " + *why;
+          return false;
+        }
+        Once(*g.Producer(*p, 3), &seen, &src->removed);
+      } else {
+        // Every output of the grouped op must reach this concatenation, each
+        // once (counted once all inputs are seen).
+        if (g.DataConsumers(p->name()) != IntAttr(*p, "N", 0)) {
+          *why = where + ": the grouped op's outputs are not each read once";
+          return false;
+        }
+        ++group_outputs[p->name()];
+        GroupMember(*p, *pack, port, &part);
+      }
+      if (g.Consumers(p->name(), port) != 1) {
+        *why = where + " is read by another node";
+        return false;
+      }
+      Once(*p, &seen, &src->removed);
+      Once(*pack, &seen, &src->removed);
+      src->parts.push_back(std::move(part));
+    }
+    for (const auto& [name, count] : group_outputs)
+      if (count != IntAttr(*g.Node(name), "N", 0)) {
+        *why = Describe(*g.Node(name)) + ": another node reads some of its outputs";
+        return false;
+      }
+    bool columns = false, vectors = false;
+    for (const Part& part : src->parts) (part.column >= 0 ? columns : vectors) = true;
+    if (columns && (vectors || !OneMatrix(src->parts))) {
+      *why = "features packed as columns of a matrix cannot share a pack with other features";
+      return false;
+    }
+    return true;
+  }
+
+  // A single feature: one string per bag, and none of the safe lookup's
+  // options, which the concatenated op has not.
+  static bool AsSingle(RewriteContext* ctx, const NodeDef& emb, const NodeDef& pack, Part* part, std::string* why) {
+    const GraphIndex& g = ctx->index();
+    if (BoolAttr(emb, "bagged", true) || StringAttr(emb, "invalid_ids") == "skip_negative" ||
+        IntAttr(emb, "default_id", -1) >= 0) {
+      *why = "it groups strings into bags or has safe_embedding_lookup_sparse options";
+      return false;
+    }
+    int bytes_port = -1, splits_port = -1;
+    if (g.Producer(emb, 1, &bytes_port) != &pack || g.Producer(emb, 2, &splits_port) != &pack || bytes_port != 0 ||
+        splits_port != 1 || IntAttr(pack, "N", 1) != 1 ||
+        (pack.attr().count("columns") && pack.attr().at("columns").list().i_size() > 0)) {
+      *why = "its strings are not one input of its own CtrPackStrings";
+      return false;
+    }
+    const NodeDef* bags = g.Producer(emb, 3);
+    if (!IsOp(bags, "Const") || g.DataConsumers(bags->name()) != 1) {
+      *why = "its empty bag_splits is not a constant of its own";
+      return false;
+    }
+    part->table = emb.input(0);
+    part->strings = pack.input(0);
+    part->combiner = StringAttr(emb, "combiner");
+    part->id_mode = StringAttr(emb, "id_mode");
+    part->delimiter = StringAttr(emb, "delimiter");
+    part->skip_empty = BoolAttr(emb, "skip_empty", true);
+    auto it = emb.attr().find("max_norm");
+    part->max_norm = it == emb.attr().end() ? -1.f : it->second.f();
+    part->buckets = IntAttr(emb, "num_buckets", 0);
+    part->trim = BoolAttr(emb, "trim_empty_tail", false);
+    return true;
+  }
+
+  // Feature i of a grouped op, from its attribute lists and its pack.
+  static void GroupMember(const NodeDef& multi, const NodeDef& pack, int i, Part* part) {
+    const auto& a = multi.attr();
+    part->table = multi.input(i);
+    auto columns = pack.attr().find("columns");
+    if (columns != pack.attr().end() && columns->second.list().i_size() > 0) {
+      part->matrix = pack.input(0);
+      part->column = columns->second.list().i(i);
+    } else {
+      part->strings = pack.input(i);
+    }
+    part->combiner = a.at("combiners").list().s(i);
+    part->id_mode = a.at("id_modes").list().s(i);
+    part->delimiter = a.at("delimiters").list().s(i);
+    part->skip_empty = a.at("skip_empty").list().b(i);
+    part->max_norm = a.at("max_norms").list().f(i);
+    auto buckets = a.find("num_buckets");
+    part->buckets = buckets != a.end() && buckets->second.list().i_size() > i ? buckets->second.list().i(i) : 0;
+  }
+
+  static bool OneMatrix(const std::vector<Part>& parts) {
+    for (const Part& p : parts)
+      if (p.matrix != parts[0].matrix) return false;
+    return true;
+  }
+
+  static void AddControls(const NodeDef& from, std::vector<std::string>* controls) {
+    for (const auto& in : from.input())
+      if (!in.empty() && in[0] == '^') controls->push_back(in);
+  }
+
+  static void Fuse(RewriteContext* ctx, const NodeDef& concat_in, const Sources& src) {
+    const NodeDef concat = concat_in;  // a copy: the graph changes under the index
+    const int n = static_cast<int>(src.parts.size());
+    MatchRecord record{kName, "", "CtrConcatStringEmbedding", {}};
+    std::vector<std::string> controls;
+    AddControls(concat, &controls);
+    for (const NodeDef& r : src.removed) AddControls(r, &controls);
+
+    NodeDef* pack = ctx->AddNode(concat.name() + "/ctr_concat_pack", "CtrPackStrings", src.pack_device);
+    if (src.parts[0].column >= 0) {
+      pack->add_input(src.parts[0].matrix);
+      (*pack->mutable_attr())["N"].set_i(1);
+      for (const Part& p : src.parts) (*pack->mutable_attr())["columns"].mutable_list()->add_i(p.column);
+    } else {
+      for (const Part& p : src.parts) pack->add_input(p.strings);
+      (*pack->mutable_attr())["N"].set_i(n);
+    }
+    const std::string pack_name = pack->name();
+
+    NodeDef* op = ctx->AddNode(concat.name() + "/ctr_concat", "CtrConcatStringEmbedding", src.emb_device);
+    for (const Part& p : src.parts) op->add_input(p.table);
+    for (int port = 0; port < 3; ++port) op->add_input(TensorName(pack_name, port));
+    auto& attr = *op->mutable_attr();
+    attr["N"].set_i(n);
+    attr["T"] = concat.attr().at("T");
+    for (const Part& p : src.parts) {
+      attr["combiners"].mutable_list()->add_s(p.combiner);
+      attr["id_modes"].mutable_list()->add_s(p.id_mode);
+      attr["delimiters"].mutable_list()->add_s(p.delimiter);
+      attr["skip_empty"].mutable_list()->add_b(p.skip_empty);
+      attr["max_norms"].mutable_list()->add_f(p.max_norm);
+      attr["num_buckets"].mutable_list()->add_i(p.buckets);
+      attr["trim_empty_tail"].mutable_list()->add_b(p.trim);
+    }
+    std::set<std::string> added;
+    for (const std::string& c : controls)
+      if (added.insert(c).second) op->add_input(c);
+    const std::string op_name = op->name();
+    record.fused_node = op_name;
+
+    for (const NodeDef& r : src.removed) {
+      record.replaced.push_back(Describe(r));
+      ctx->RedirectControlEdges(r.name(), op_name);
+      ctx->Remove(r.name(), op_name);
+    }
+    record.replaced.push_back(Describe(concat));
+    const std::string output = TensorName(op_name, 0);
+    if (ctx->MustKeep(concat.name())) {
+      KeepAsIdentity(ctx, concat.name(), output, concat.attr().at("T"));
+    } else {
+      ctx->RedirectDataEdges(concat.name(), 0, output);
+      ctx->RedirectControlEdges(concat.name(), op_name);
+      ctx->Remove(concat.name(), op_name);
+    }
+    VLOG(1) << "CtrFusionOptimizer: concatenated " << n << " string features into " << op_name;
+    ctx->Matched(record);
+  }
+};
+
+REGISTER_CTR_FUSION_PATTERN(ConcatStringsPattern);
+
+}  // namespace
+}  // namespace grappler
+}  // namespace tf_ctr

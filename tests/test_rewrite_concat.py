@@ -1,0 +1,366 @@
+"""CtrConcatStringEmbedding and the concat_strings pattern: string features
+concatenated along axis 1 (the MLP's input) become one pack and one op that
+writes the concatenation in place -- TF1 string_split features, whose row
+counts are trimmed at run time, included.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_ctr_ops
+from tf_ctr_ops.strings import _ops as string_ops
+from test_rewrite import offline, read_csv, run_graph_def, run_online
+from test_rewrite_dense import assert_identical, fused_ops, random_strings
+from test_rewrite_group import V, id_lists, ragged_sum, tables
+
+STRINGS_1D = tf.TensorSpec([None], tf.string)
+NO_BAGS = tf.zeros([0], tf.int64)
+
+
+def keys(rng, n):
+    """n random strings (random_strings always starts with three)."""
+    return random_strings(rng, max(n, 3))[:n]
+
+
+def concat_matches(report):
+    return [m for m in report["match"] if m["pattern"] == "concat_strings"]
+
+
+def numeric_lists(rng, n, sep="|", min_len=0, max_len=4, empty_tokens=False):
+    """Id lists like "3|17"; some rows empty (unless min_len), some with empty
+    tokens ("3||4")."""
+    out = []
+    for _ in range(n):
+        ids = [str(i) for i in rng.integers(0, V, size=rng.integers(min_len, max_len + 1))]
+        if empty_tokens and ids and rng.random() < 0.3:
+            ids.insert(int(rng.integers(0, len(ids) + 1)), "")
+        out.append(sep.join(ids))
+    return out
+
+
+# Features: (strings, attrs of the single op); the reference pools each on its
+# own and concatenates.
+def feature_set(rng, n):
+    return [
+        (keys(rng, n), dict(combiner="sum", id_mode="hash", delimiter="", skip_empty=False, num_buckets=V)),
+        (numeric_lists(rng, n, min_len=1), dict(combiner="mean", id_mode="index", delimiter="|", skip_empty=False)),
+        (id_lists(rng, n, sep=","), dict(combiner="sqrtn", id_mode="hash", delimiter=",", skip_empty=True)),
+        (numeric_lists(rng, n, empty_tokens=True), dict(combiner="sqrtn", id_mode="index", delimiter="|",
+                                                        skip_empty=True, trim_empty_tail=True)),
+    ]
+
+
+def single(table, strings, **attrs):
+    data, splits, _ = string_ops.ctr_pack_strings([tf.constant(strings, tf.string)])
+    return string_ops.ctr_string_embedding(table, data, splits, NO_BAGS, **attrs)
+
+
+def concat_op(ts, features, attrs, **extra):
+    data, splits, input_splits = string_ops.ctr_pack_strings([tf.constant(s, tf.string) for s in features])
+    lists = dict(combiners=[a["combiner"] for a in attrs], id_modes=[a["id_mode"] for a in attrs],
+                 delimiters=[a["delimiter"] for a in attrs], skip_empty=[a["skip_empty"] for a in attrs],
+                 max_norms=[a.get("max_norm", -1.0) for a in attrs],
+                 num_buckets=[a.get("num_buckets", 0) for a in attrs],
+                 trim_empty_tail=[a.get("trim_empty_tail", False) for a in attrs])
+    lists.update(extra)
+    return string_ops.ctr_concat_string_embedding(params=ts, bytes=data, row_splits=splits,
+                                                  input_splits=input_splits, **lists)
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("batch", [1, 37, 700])
+def test_concat_op_equals_the_concatenated_single_ops(rng, dtype, batch):
+    features = feature_set(rng, batch)
+    features[3][0][-1] = "5"  # the trimmed feature keeps every row
+    ts = [tf.cast(t, dtype) for t in tables(rng, dims=(8, 4, 3, 16))]
+    got = concat_op(ts, [s for s, _ in features], [a for _, a in features])
+    want = tf.concat([single(t, s, **a) for t, (s, a) in zip(ts, features)], axis=1)
+    assert got.dtype == dtype and got.shape == (batch, 8 + 4 + 3 + 16)
+    np.testing.assert_array_equal(tf.cast(got, tf.float32).numpy(), tf.cast(want, tf.float32).numpy())
+
+
+def tf1_sqrtn(table, strings, sep="|"):
+    """What tf.compat.v1.string_split + embedding_lookup_sparse compute (rows:
+    the last row with an id, + 1)."""
+    sp = tf.compat.v1.string_split(tf.constant(strings, tf.string), sep)
+    ids = tf.SparseTensor(sp.indices, tf.strings.to_number(sp.values, tf.int64), sp.dense_shape)
+    return tf.nn.embedding_lookup_sparse(table, ids, None, combiner="sqrtn")
+
+
+def test_trimmed_feature_longer_than_the_batch_with_an_empty_tail(rng):
+    """A TF1 feature whose strings past the batch hold no token concatenates
+    in TF (its output is trimmed to the batch); so it does here."""
+    t = tables(rng, dims=(8, 4))
+    a = numeric_lists(rng, 6, min_len=1)
+    b = numeric_lists(rng, 6)[:5] + ["7", "", "||", ""]  # 9 strings, a token through row 5
+    attrs = [dict(combiner="sum", id_mode="index", delimiter="|", skip_empty=False),
+             dict(combiner="sqrtn", id_mode="index", delimiter="|", skip_empty=True, trim_empty_tail=True)]
+    got = concat_op(t, [a, b], attrs)
+    a_native = tf.reduce_sum(tf.nn.embedding_lookup(
+        t[0], tf.strings.to_number(tf.strings.split(tf.constant(a), "|"), tf.int64)), axis=1)
+    want = tf.concat([a_native, tf1_sqrtn(t[1], b)], axis=1)
+    assert got.shape == (6, 12)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["trimmed_longer", "trimmed_shorter", "untrimmed"])
+def test_row_counts_that_differ_fail_as_the_concat_does(rng, case):
+    t = tables(rng, dims=(8, 4))
+    a = numeric_lists(rng, 6, min_len=1)
+    trim = case != "untrimmed"
+    b = {"trimmed_longer": numeric_lists(rng, 6) + ["", "3"],  # a token in row 7: 8 rows
+         "trimmed_shorter": ["1", "2", "", "", "", ""],  # 2 rows
+         "untrimmed": ["1"] * 7}[case]
+    attrs = [dict(combiner="sum", id_mode="index", delimiter="|", skip_empty=False),
+             dict(combiner="sqrtn", id_mode="index", delimiter="|", skip_empty=True, trim_empty_tail=trim)]
+    rows = {"trimmed_longer": 8, "trimmed_shorter": 2, "untrimmed": 7}[case]
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tf.concat([single(t[0], a, **attrs[0]), single(t[1], b, **attrs[1])], axis=1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"feature 1 has {rows} rows where feature 0 has 6"):
+        concat_op(t, [a, b], attrs)
+
+
+def test_bad_tokens_name_the_feature_and_row(rng):
+    t = tables(rng, dims=(8, 4))
+    attrs = [dict(combiner="sum", id_mode="hash", delimiter="", skip_empty=False),
+             dict(combiner="sqrtn", id_mode="index", delimiter="|", skip_empty=True, trim_empty_tail=True)]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="feature 1: token 'x7' in row 2 is not an int64"):
+        concat_op(t, [["a", "b", "c", "d"], ["1", "2", "3|x7", "4"]], attrs)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"feature 1: token '{V}' in row 0 is id {V}, out of range"):
+        concat_op(t, [["a", "b", "c"], [str(V), "2", "3"]], attrs)
+    # Past the other features' rows, in the trimmed tail: still the token's error.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="feature 1: token 'y' in row 4"):
+        concat_op(t, [["a", "b", "c"], ["1", "2", "3", "", "y", ""]], attrs)
+    # The lowest bad row wins, as in the single op.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="feature 1: token 'z' in row 1"):
+        concat_op(t, [["a", "b", "c"], ["1", "z", "3", "", "y", ""]], attrs)
+
+
+def test_empty_batch_and_empty_features(rng):
+    t = tables(rng, dims=(8, 4))
+    attrs = [dict(combiner="sum", id_mode="hash", delimiter="", skip_empty=False),
+             dict(combiner="sqrtn", id_mode="index", delimiter="|", skip_empty=True, trim_empty_tail=True)]
+    assert concat_op(t, [[], []], attrs).shape == (0, 12)
+    # Every trimmed string empty: no rows, and none to concatenate with either.
+    assert concat_op(t, [[], ["", "|"]], attrs).shape == (0, 12)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="feature 1 has 0 rows where feature 0 has 2"):
+        concat_op(t, [["a", "b"], ["", ""]], attrs)
+
+
+def test_input_splits_are_validated(rng):
+    t = tables(rng, dims=(8, 4))
+    data, splits, _ = string_ops.ctr_pack_strings([tf.constant(["a", "b"]), tf.constant(["c", "d"])])
+    lists = dict(combiners=["sum"] * 2, id_modes=["hash"] * 2, delimiters=[""] * 2, skip_empty=[False] * 2,
+                 max_norms=[-1.0] * 2)
+    for bad, why in [([0, 2], "N \\+ 1 = 3"), ([0, 3, 2], "non-decreasing"), ([0, 2, 5], "does not match"),
+                     ([1, 2, 4], "must be 0")]:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=why):
+            string_ops.ctr_concat_string_embedding(params=t, bytes=data, row_splits=splits,
+                                                   input_splits=tf.constant(bad, tf.int64), **lists)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="trim_empty_tail must be empty or"):
+        string_ops.ctr_concat_string_embedding(params=t, bytes=data, row_splits=splits,
+                                               input_splits=tf.constant([0, 2, 4], tf.int64),
+                                               trim_empty_tail=[True], **lists)
+
+
+def test_pack_input_splits():
+    _, _, input_splits = string_ops.ctr_pack_strings([tf.constant(["ab", ""]), tf.constant("c"),
+                                                      tf.constant([], tf.string), tf.constant([["x"], ["y"]])])
+    assert input_splits.numpy().tolist() == [0, 2, 3, 3, 5]
+    m = tf.constant([["a", "b", "c"], ["d", "e", "f"]])
+    data, splits, input_splits = string_ops.ctr_pack_strings([m], columns=[2, 0])
+    assert bytes(data.numpy()) == b"cfad" and input_splits.numpy().tolist() == [0, 2, 4]
+    spec = tf.function(lambda x, y: string_ops.ctr_pack_strings([x, y])).get_concrete_function(
+        tf.TensorSpec([None], tf.string), tf.TensorSpec([None, 1], tf.string))
+    assert spec.structured_outputs[2].shape == [3]
+
+
+def test_multi_string_embedding_concat_and_its_gradient(rng):
+    features = feature_set(rng, 40)
+    features[3][0][-1] = "9"
+    strings = [tf.constant(s) for s, _ in features]
+    attrs = [a for _, a in features]
+    t = tables(rng, dims=(8, 4, 3, 16))
+    kw = dict(delimiters=[a["delimiter"] or None for a in attrs], combiners=[a["combiner"] for a in attrs],
+              id_modes=[a["id_mode"] for a in attrs], skip_empty=[a["skip_empty"] for a in attrs])
+    weights = tf.constant(rng.normal(size=(40, 31)).astype(np.float32))
+
+    def loss(concat):
+        with tf.GradientTape() as tape:
+            out = tf_ctr_ops.multi_string_embedding(strings, t, concat=concat, **kw)
+            out = out if concat else tf.concat(out, axis=1)
+            value = tf.reduce_sum(out * weights)
+        return out, [tf.convert_to_tensor(g) for g in tape.gradient(value, t)]
+
+    (got, got_grads), (want, want_grads) = loss(True), loss(False)
+    assert_identical(got, want)
+    for g, w in zip(got_grads, want_grads):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
+def test_gradient_of_a_trimmed_feature_longer_than_the_batch(rng):
+    t = tables(rng, dims=(8, 4))
+    a, b = numeric_lists(rng, 5, min_len=1), numeric_lists(rng, 5)[:4] + ["6", "", "|"]
+    attrs = [dict(combiner="mean", id_mode="index", delimiter="|", skip_empty=False),
+             dict(combiner="sqrtn", id_mode="index", delimiter="|", skip_empty=True, trim_empty_tail=True)]
+    weights = tf.constant(rng.normal(size=(5, 12)).astype(np.float32))
+    with tf.GradientTape() as tape:
+        got = tf.reduce_sum(concat_op(t, [a, b], attrs) * weights)
+    got_grads = tape.gradient(got, t)
+    with tf.GradientTape() as tape:
+        want = tf.reduce_sum(tf.concat([single(t[0], a, **attrs[0]), single(t[1], b, **attrs[1])], 1) * weights)
+    want_grads = tape.gradient(want, t)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    for g, w in zip(got_grads, want_grads):
+        np.testing.assert_allclose(tf.convert_to_tensor(g), tf.convert_to_tensor(w), rtol=1e-6, atol=1e-6)
+
+
+# --- the pattern ---------------------------------------------------------
+
+def hashed_ids(table, s):
+    return tf.nn.embedding_lookup(table, tf.strings.to_hash_bucket_fast(s, table.shape[0]))
+
+
+def tf1_lookup(table, s, sep="|", combiner="sqrtn"):
+    sp = tf.compat.v1.string_split(s, sep)
+    ids = tf.SparseTensor(sp.indices, tf.strings.to_number(sp.values, tf.int64), sp.dense_shape)
+    return tf.nn.embedding_lookup_sparse(table, ids, None, combiner=combiner)
+
+
+def ctr_features(t):
+    """Two hashed categories, a ragged id list and a TF1 id list, joined for
+    the MLP as CTR models do."""
+    return lambda a, b, c, d: tf.concat([hashed_ids(t[0], a), hashed_ids(t[1], b), ragged_sum(t[2], c),
+                                         tf1_lookup(t[3], d)], axis=1)
+
+
+def ctr_inputs(rng, n, extra_tail=()):
+    return [tf.constant(keys(rng, n)), tf.constant(keys(rng, n)),
+            tf.constant(id_lists(rng, n)), tf.constant(numeric_lists(rng, n)[:-1] + ["3"] + list(extra_tail))]
+
+
+def test_concatenated_features_become_one_op(rng):
+    t = tables(rng, dims=(8, 4, 16, 8))
+    f = ctr_features(t)
+    cf, graph, report, counts = offline(f, *[STRINGS_1D] * 4)
+    [match] = concat_matches(report)
+    assert match["fused_op"] == "CtrConcatStringEmbedding"
+    assert fused_ops(graph) == {"CtrPackStrings": 1, "CtrConcatStringEmbedding": 1}
+    assert "ConcatV2" not in counts and report["skip"] == []
+    [op] = [n for n in graph.node if n.op == "CtrConcatStringEmbedding"]
+    assert list(op.attr["trim_empty_tail"].list.b) == [False, False, False, True]
+    assert [s.decode() for s in op.attr["id_modes"].list.s] == ["hash", "hash", "hash", "index"]
+    for n in (1, 31, 500):
+        args = ctr_inputs(rng, n)
+        [got] = run_graph_def(cf, graph, *args)
+        assert_identical(got, f(*args))
+
+
+def test_a_trimmed_feature_with_more_strings_still_concatenates(rng):
+    """TF1 string_split trims the empty tail: the original graph succeeds, and
+    so must the rewritten one (the op finds each feature's strings by the
+    pack's input_splits, not by equal shares)."""
+    t = tables(rng, dims=(8, 4, 16, 8))
+    f = ctr_features(t)
+    cf, graph, report, counts = offline(f, *[STRINGS_1D] * 4)
+    assert len(concat_matches(report)) == 1
+    args = ctr_inputs(rng, 20, extra_tail=["", "||", ""])
+    [got] = run_graph_def(cf, graph, *args)
+    assert_identical(got, f(*args))
+    bad = ctr_inputs(rng, 20, extra_tail=["", "4"])  # a token past the batch: 22 rows
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        f(*bad)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="feature 3 has 22 rows where feature 0 has 20"):
+        run_graph_def(cf, graph, *bad)
+
+
+def test_features_of_different_batches_fail_as_the_concat_does(rng):
+    t = tables(rng, dims=(8, 4, 16, 8))
+    f = ctr_features(t)
+    cf, graph, report, counts = offline(f, *[STRINGS_1D] * 4)
+    args = ctr_inputs(rng, 10)
+    args[1] = tf.constant(keys(rng, 11))
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        f(*args)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="feature 1 has 11 rows where feature 0 has 10"):
+        run_graph_def(cf, graph, *args)
+
+
+def test_a_grouped_op_joins_the_concatenation(rng):
+    """Features grouped first (their stack proves one batch) and then
+    concatenated as a whole: the group's outputs become columns."""
+    t = tables(rng, dims=(8, 8, 4))
+
+    def f(a, b, c):
+        both = tf.stack([hashed_ids(t[0], a), hashed_ids(t[1], b)], axis=1)  # [B, 2, 8]
+        return tf.concat([tf.reshape(both, [-1, 16]), tf1_lookup(t[2], c)], axis=1)
+
+    cf, graph, report, counts = offline(f, *[STRINGS_1D] * 3)
+    assert "CtrMultiStringEmbedding" in fused_ops(graph)  # the stack is no concatenation: it stays
+    args = [tf.constant(keys(rng, 12)), tf.constant(keys(rng, 12)),
+            tf.constant(numeric_lists(rng, 11) + ["1"])]
+    [got] = run_graph_def(cf, graph, *args)
+    assert_identical(got, f(*args))
+
+
+def test_concat_of_grouped_outputs(rng):
+    """A CtrMultiStringEmbedding whose outputs this concatenation alone reads
+    (as tf_ctr_ops.multi_string_embedding returns them) becomes its columns."""
+    t = tables(rng, dims=(8, 4, 16))
+    f = lambda a, b, c: tf.concat(tf_ctr_ops.multi_string_embedding(  # noqa: E731
+        [a, b, c], t, delimiters=[None, None, "|"], combiners="sum", skip_empty=False)[::-1], axis=1)
+    cf, graph, report, counts = offline(f, *[STRINGS_1D] * 3)
+    assert fused_ops(graph) == {"CtrPackStrings": 1, "CtrConcatStringEmbedding": 1}
+    [op] = [n for n in graph.node if n.op == "CtrConcatStringEmbedding"]
+    assert [d.decode() for d in op.attr["delimiters"].list.s] == ["|", "", ""]  # the concatenation's order
+    args = [tf.constant(keys(rng, 9)), tf.constant(keys(rng, 9)), tf.constant(id_lists(rng, 9))]
+    [got] = run_graph_def(cf, graph, *args)
+    assert_identical(got, f(*args))
+
+
+@pytest.mark.parametrize("case", ["dense_input", "output_read_elsewhere", "axis_0"])
+def test_concatenations_left_alone(rng, case):
+    t = tables(rng, dims=(8, 8))
+
+    def f(a, b, x):
+        ea, eb = hashed_ids(t[0], a), hashed_ids(t[1], b)
+        if case == "dense_input":
+            return tf.concat([ea, eb, x], axis=1)
+        if case == "output_read_elsewhere":
+            return tf.concat([ea, eb], axis=1), ea * 2.0
+        return tf.concat([ea, eb], axis=0)
+
+    cf, graph, report, counts = offline(f, STRINGS_1D, STRINGS_1D, tf.TensorSpec([None, 3], tf.float32))
+    assert "CtrConcatStringEmbedding" not in counts and "ConcatV2" in counts
+    reasons = [s["reason"] for s in report["skip"] if s["pattern"] == "concat_strings"]
+    want = {"dense_input": "input 2 .* is not a string embedding's output",
+            "output_read_elsewhere": "is read by another node",
+            "axis_0": "does not concatenate along axis 1"}[case]
+    assert any(__import__("re").search(want, r) for r in reasons), reasons
+    args = [tf.constant(keys(rng, 7)), tf.constant(keys(rng, 7)),
+            tf.constant(rng.normal(size=(7, 3)).astype(np.float32))]
+    for g, w in zip(tf.nest.flatten(run_graph_def(cf, graph, *args)), tf.nest.flatten(f(*args))):
+        assert_identical(g, w)
+
+
+def test_online_concatenation_on_real_samples(rng):
+    """Criteo hex categories (C19 and C26 have empty values) with MovieLens
+    genres split TF1-style by '|' (hashed), one table each."""
+    criteo = read_csv("criteo_sample.txt")
+    genres = [r["genres"] for r in read_csv("movielens_sample.txt")]
+    n = min(len(criteo), len(genres))
+    cols = ("C1", "C3", "C19", "C26")
+    t = tables(rng, dims=(8, 4, 8, 2, 16))
+
+    def tf1_hashed(table, s):
+        sp = tf.compat.v1.string_split(s, "|")
+        ids = tf.SparseTensor(sp.indices, tf.strings.to_hash_bucket_fast(sp.values, table.shape[0]), sp.dense_shape)
+        return tf.nn.embedding_lookup_sparse(table, ids, None, combiner="mean")
+
+    f = lambda *s: tf.concat([hashed_ids(tab, x) for tab, x in zip(t, s[:4])] + [tf1_hashed(t[4], s[4])],  # noqa
+                             axis=1)
+    args = [tf.constant([r[c] for r in criteo[:n]]) for c in cols] + [tf.constant(genres[:n])]
+    got, stats = run_online(f, *args)
+    assert stats["rewrites"] == len(cols) + 2 + 1  # 4 hashes, the TF1 lookup and its split, the concatenation
+    np.testing.assert_allclose(got, f(*args), rtol=1e-6, atol=1e-6)
