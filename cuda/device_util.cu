@@ -73,6 +73,13 @@ std::string CopyDeviceToDevice(const void* d_src, void* d_dst, size_t bytes, voi
   return Check(cudaMemcpyAsync(d_dst, d_src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)));
 }
 
+std::string CopyRows2D(const void* d_src, size_t src_pitch, void* d_dst, size_t dst_pitch, size_t row_bytes,
+                       size_t rows, void* stream) {
+  if (rows == 0 || row_bytes == 0) return "";
+  return Check(cudaMemcpy2DAsync(d_dst, dst_pitch, d_src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToDevice,
+                                 static_cast<cudaStream_t>(stream)));
+}
+
 std::string CountThroughLastNonZero(const int64_t* d_counts, int64_t n, int64_t* h_out, void* stream) {
   auto st = static_cast<cudaStream_t>(stream);
   unsigned long long* through = nullptr;

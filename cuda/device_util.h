@@ -21,6 +21,11 @@ std::string ZeroFill(void* d_ptr, size_t bytes, void* stream);
 
 std::string CopyDeviceToDevice(const void* d_src, void* d_dst, size_t bytes, void* stream);
 
+// Copies `rows` rows of row_bytes each, src_pitch and dst_pitch bytes apart
+// (device to device): a matrix into its columns of a wider one.
+std::string CopyRows2D(const void* d_src, size_t src_pitch, void* d_dst, size_t dst_pitch, size_t row_bytes,
+                       size_t rows, void* stream);
+
 // 1 + the index of the last non-zero of n counts (0 when all are zero);
 // synchronizes to return it.
 std::string CountThroughLastNonZero(const int64_t* d_counts, int64_t n, int64_t* h_out, void* stream);

@@ -64,6 +64,7 @@ def concat_op(ts, features, attrs, **extra):
                  num_buckets=[a.get("num_buckets", 0) for a in attrs],
                  trim_empty_tail=[a.get("trim_empty_tail", False) for a in attrs])
     lists.update(extra)
+    lists.setdefault("dense", [])
     return string_ops.ctr_concat_string_embedding(params=ts, bytes=data, row_splits=splits,
                                                   input_splits=input_splits, **lists)
 
@@ -157,10 +158,10 @@ def test_input_splits_are_validated(rng):
                      ([1, 2, 4], "must be 0")]:
         with pytest.raises(tf.errors.InvalidArgumentError, match=why):
             string_ops.ctr_concat_string_embedding(params=t, bytes=data, row_splits=splits,
-                                                   input_splits=tf.constant(bad, tf.int64), **lists)
+                                                   input_splits=tf.constant(bad, tf.int64), dense=[], **lists)
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="trim_empty_tail must be empty or"):
         string_ops.ctr_concat_string_embedding(params=t, bytes=data, row_splits=splits,
-                                               input_splits=tf.constant([0, 2, 4], tf.int64),
+                                               input_splits=tf.constant([0, 2, 4], tf.int64), dense=[],
                                                trim_empty_tail=[True], **lists)
 
 
@@ -319,29 +320,82 @@ def test_concat_of_grouped_outputs(rng):
     assert_identical(got, f(*args))
 
 
-@pytest.mark.parametrize("case", ["dense_input", "output_read_elsewhere", "axis_0"])
-def test_concatenations_left_alone(rng, case):
+@pytest.mark.parametrize("case", ["dense_input", "output_read_elsewhere", "dense_first"])
+def test_other_inputs_are_copied_in(rng, case):
+    """A dense input (numeric features) is copied into its columns as it is;
+    the features are pooled into theirs."""
     t = tables(rng, dims=(8, 8))
 
     def f(a, b, x):
         ea, eb = hashed_ids(t[0], a), hashed_ids(t[1], b)
         if case == "dense_input":
-            return tf.concat([ea, eb, x], axis=1)
-        if case == "output_read_elsewhere":
-            return tf.concat([ea, eb], axis=1), ea * 2.0
-        return tf.concat([ea, eb], axis=0)
+            return tf.concat([ea, x, eb], axis=1)
+        if case == "dense_first":
+            return tf.concat([x, ea, eb], axis=-1)
+        return tf.concat([ea, eb], axis=1), ea * 2.0
 
     cf, graph, report, counts = offline(f, STRINGS_1D, STRINGS_1D, tf.TensorSpec([None, 3], tf.float32))
+    if case == "output_read_elsewhere":
+        # Grouped first (the concat proves one batch), the group goes whole or
+        # not at all: with one output read elsewhere it stays, concat and all.
+        assert fused_ops(graph) == {"CtrPackStrings": 1, "CtrMultiStringEmbedding": 1} and "ConcatV2" in counts
+        reasons = [s["reason"] for s in report["skip"] if s["pattern"] == "concat_strings"]
+        assert any("is read by another node" in r for r in reasons), reasons
+    else:
+        assert "ConcatV2" not in counts
+        [op] = [n for n in graph.node if n.op == "CtrConcatStringEmbedding"]
+        assert (op.attr["N"].i, op.attr["M"].i) == (2, 1)
+        assert list(op.attr["layout"].list.i) == {"dense_input": [0, 2, 1], "dense_first": [2, 0, 1]}[case]
+    for n in (0, 7):
+        args = [tf.constant(keys(rng, n), tf.string), tf.constant(keys(rng, n), tf.string),
+                tf.constant(rng.normal(size=(n, 3)).astype(np.float32))]
+        for g, w in zip(tf.nest.flatten(run_graph_def(cf, graph, *args)), tf.nest.flatten(f(*args))):
+            assert_identical(g, w)
+    if case != "output_read_elsewhere":
+        bad = [tf.constant(keys(rng, 7)), tf.constant(keys(rng, 7)), tf.zeros([6, 3])]
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            f(*bad)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="dense input 0 has 6 rows where feature 0 has 7"):
+            run_graph_def(cf, graph, *bad)
+
+
+def test_concatenation_along_the_batch_axis_is_left_alone(rng):
+    t = tables(rng, dims=(8, 8))
+    f = lambda a, b: tf.concat([hashed_ids(t[0], a), hashed_ids(t[1], b)], axis=0)  # noqa: E731
+    cf, graph, report, counts = offline(f, STRINGS_1D, STRINGS_1D)
     assert "CtrConcatStringEmbedding" not in counts and "ConcatV2" in counts
     reasons = [s["reason"] for s in report["skip"] if s["pattern"] == "concat_strings"]
-    want = {"dense_input": "input 2 .* is not a string embedding's output",
-            "output_read_elsewhere": "is read by another node",
-            "axis_0": "does not concatenate along axis 1"}[case]
-    assert any(__import__("re").search(want, r) for r in reasons), reasons
-    args = [tf.constant(keys(rng, 7)), tf.constant(keys(rng, 7)),
-            tf.constant(rng.normal(size=(7, 3)).astype(np.float32))]
-    for g, w in zip(tf.nest.flatten(run_graph_def(cf, graph, *args)), tf.nest.flatten(f(*args))):
-        assert_identical(g, w)
+    assert any("does not concatenate along axis 1" in r for r in reasons), reasons
+    args = [tf.constant(keys(rng, 7)), tf.constant(keys(rng, 5))]
+    [got] = run_graph_def(cf, graph, *args)
+    assert_identical(got, f(*args))
+
+
+def test_dense_inputs_of_the_op(rng):
+    t = tables(rng, dims=(8, 4))
+    attrs = [dict(combiner="sum", id_mode="hash", delimiter="", skip_empty=False),
+             dict(combiner="sqrtn", id_mode="index", delimiter="|", skip_empty=True, trim_empty_tail=True)]
+    a, b = keys(rng, 5), numeric_lists(rng, 4) + ["1", "", "|"]
+    x = tf.constant(rng.normal(size=(5, 3)).astype(np.float32))
+    y = tf.constant(rng.normal(size=(5, 2)).astype(np.float32))
+    got = concat_op(t, [a, b], attrs, dense=[x, y], layout=[3, 0, 2, 1])
+    want = tf.concat([y, single(t[0], a, **attrs[0]), x, single(t[1], b, **attrs[1])], axis=1)
+    assert_identical(got, want)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="dense input 1 has 4 rows where feature 0 has 5"):
+        concat_op(t, [a, b], attrs, dense=[x, y[:4]])
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="rank|must be a matrix"):
+        concat_op(t, [a, b], attrs, dense=[tf.zeros([5])])
+    for layout in ([0, 1], [0, 1, 2, 2], [0, 1, 2, 4]):
+        with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="layout must list each"):
+            concat_op(t, [a, b], attrs, dense=[x], layout=layout)
+    # Gradients: the tables' through the pooling, the dense inputs' their columns.
+    weights = tf.constant(rng.normal(size=(5, 17)).astype(np.float32))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([x, y])
+        got = tf.reduce_sum(concat_op(t, [a, b], attrs, dense=[x, y], layout=[3, 0, 2, 1]) * weights)
+        want = tf.reduce_sum(tf.concat([y, single(t[0], a, **attrs[0]), x, single(t[1], b, **attrs[1])], 1) * weights)
+    for g, w in zip(tape.gradient(got, t + [x, y]), tape.gradient(want, t + [x, y])):
+        np.testing.assert_allclose(tf.convert_to_tensor(g), tf.convert_to_tensor(w), rtol=1e-6, atol=1e-6)
 
 
 def test_online_concatenation_on_real_samples(rng):
@@ -362,5 +416,24 @@ def test_online_concatenation_on_real_samples(rng):
                              axis=1)
     args = [tf.constant([r[c] for r in criteo[:n]]) for c in cols] + [tf.constant(genres[:n])]
     got, stats = run_online(f, *args)
-    assert stats["rewrites"] == len(cols) + 2 + 1  # 4 hashes, the TF1 lookup and its split, the concatenation
+    # 4 hashes, the TF1 lookup and its split, the 4 hashes grouped, then the concatenation.
+    assert stats["rewrites"] == len(cols) + 2 + 1 + 1
     np.testing.assert_allclose(got, f(*args), rtol=1e-6, atol=1e-6)
+
+
+def test_a_single_read_elsewhere_is_copied_in(rng):
+    """A single feature whose output something else reads too stays its own
+    op and is copied in; the TF1 feature next to it (never grouped) is pooled."""
+    t = tables(rng, dims=(8, 4))
+
+    def f(a, d):
+        ea = hashed_ids(t[0], a)
+        return tf.concat([ea, tf1_lookup(t[1], d)], axis=1), ea * 2.0
+
+    cf, graph, report, counts = offline(f, STRINGS_1D, STRINGS_1D)
+    [op] = [n for n in graph.node if n.op == "CtrConcatStringEmbedding"]
+    assert (op.attr["N"].i, op.attr["M"].i) == (1, 1) and list(op.attr["layout"].list.i) == [1, 0]
+    assert counts.get("CtrStringEmbedding") == 1 and "ConcatV2" not in counts
+    args = [tf.constant(keys(rng, 9)), tf.constant(numeric_lists(rng, 8) + ["2"])]
+    for g, w in zip(run_graph_def(cf, graph, *args), f(*args)):
+        assert_identical(g, w)

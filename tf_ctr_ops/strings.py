@@ -179,7 +179,7 @@ def multi_string_embedding(features, tables, delimiters=",", combiners="mean", i
             # that the features' row counts agree, as a concat would.
             data, row_splits, input_splits = _ops.ctr_pack_strings(features)
             return _ops.ctr_concat_string_embedding(params=tables, bytes=data, row_splits=row_splits,
-                                                    input_splits=input_splits, **attrs)
+                                                    input_splits=input_splits, dense=[], **attrs)
         data, row_splits, _ = _ops.ctr_pack_strings(features, equal_sizes=True)
         return _ops.ctr_multi_string_embedding(params=tables, bytes=data, row_splits=row_splits, **attrs)
 
@@ -283,27 +283,33 @@ def _multi_string_embedding_grad(op, *grads):
 
 @tf.RegisterGradient("CtrConcatStringEmbedding")
 def _concat_string_embedding_grad(op, grad):
-    n = op.get_attr("N")
+    n, m = op.get_attr("N"), op.get_attr("M")
     tables = op.inputs[:n]
     data, row_splits, input_splits = op.inputs[n:n + 3]
+    dense = op.inputs[n + 3:]
     rows = tf.shape(grad, out_type=tf.int64)[0]
     attrs = _attrs(op, ("combiners", "id_modes", "delimiters", "skip_empty", "max_norms", "num_buckets"))
     buckets = attrs["num_buckets"] or [0] * n
-    column = tf.constant(0, tf.int64)
+    # Column blocks in layout order: feature i is block i, dense input j block n + j.
+    widths = ([tf.shape(t, out_type=tf.int64)[1] for t in tables]
+              + [tf.shape(d, out_type=tf.int64)[1] for d in dense])
+    columns, column = [None] * (n + m), tf.constant(0, tf.int64)
+    for block in op.get_attr("layout") or range(n + m):
+        columns[block] = column
+        column = column + widths[block]
     out = []
     for i in range(n):
-        dim = tf.shape(tables[i], out_type=tf.int64)[1]
         # Rows past the output (a trimmed tail) had no tokens: the output's
         # rows are the feature's first strings, whatever their count.
         values, indices = _ops.ctr_string_embedding_grad(
-            grad=grad[:, column:column + dim], params=tables[i], bytes=data,
+            grad=grad[:, columns[i]:columns[i] + widths[i]], params=tables[i], bytes=data,
             row_splits=row_splits[input_splits[i]:input_splits[i] + rows + 1], bag_splits=tf.zeros([0], tf.int64),
             combiner=attrs["combiners"][i].decode(), id_mode=attrs["id_modes"][i].decode(),
             delimiter=attrs["delimiters"][i], skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i],
             bagged=False, num_buckets=buckets[i])
         out.append(tf.IndexedSlices(values, indices, tf.shape(tables[i], out_type=tf.int64)))
-        column += dim
-    return out + [None, None, None]
+    dense_grads = [grad[:, columns[n + j]:columns[n + j] + widths[n + j]] for j in range(m)]
+    return out + [None, None, None] + dense_grads
 
 
 __all__ = ["pack_strings", "string_embedding", "multi_string_embedding", "COMBINERS", "ID_MODES"]

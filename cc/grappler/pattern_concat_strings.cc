@@ -41,8 +41,12 @@ using tensorflow::NodeDef;
 
 constexpr char kName[] = "concat_strings";
 
-// One input of the concatenation: a feature, with what its pooling needs.
+// One input of the concatenation: a feature, with what its pooling needs
+// and the nodes that go with it, or a dense input copied in as it is.
 struct Part {
+  std::string dense;  // the tensor of a dense input; empty for a feature
+  std::string group;  // the grouped op a feature comes from, if any
+  std::vector<NodeDef> nodes;
   std::string table;
   std::string strings;  // the tensor its pack read; empty when a column of `matrix`
   std::string matrix;
@@ -58,6 +62,7 @@ struct Part {
 struct Sources {
   std::vector<Part> parts;
   std::vector<NodeDef> removed;  // copies: the graph changes under the index
+  bool placed = false;           // emb_device and pack_device set, by the first feature
   std::string emb_device, pack_device;
 };
 
@@ -125,83 +130,109 @@ class ConcatStringsPattern : public NamedPattern<kName> {
     return p;
   }
 
+  // Sorts the concatenation's inputs into features, which the fused op takes
+  // over (with the nodes that go), and dense inputs, copied in as they are:
+  // any other tensor, and embeddings the op cannot take over (why says, for
+  // the first, why not). False when no feature is left.
   static bool CollectParts(RewriteContext* ctx, const NodeDef& concat, int n, Sources* src, std::string* why) {
-    const GraphIndex& g = ctx->index();
-    const tensorflow::DataType t = TypeAttr(concat, "T");
-    std::set<std::string> seen;
-    std::map<std::string, int64_t> group_outputs;  // grouped op: its outputs this concatenation reads
+    // How many of each grouped op's outputs this concatenation reads.
+    std::map<std::string, int64_t> reads;
     for (int k = 0; k < n; ++k) {
       int port = 0;
-      std::vector<NodeDef> identities;
-      bool shared = false;
-      const NodeDef* p = ProducerBehindIdentities(ctx, concat, k, &port, &identities, &shared);
-      for (const NodeDef& id : identities) Once(id, &seen, &src->removed);
-      const std::string where = "input " + std::to_string(k) + " (" + (p ? Describe(*p) : "none") + ")";
-      if (!IsOp(p, "CtrStringEmbedding") && !IsOp(p, "CtrMultiStringEmbedding")) {
-        *why = where + " is not a string embedding's output";
-        return false;
-      }
-      if (shared) {
-        *why = where + " is read by another node (through an Identity)";
-        return false;
-      }
-      if (TypeAttr(*p, "T") != t) {
-        *why = where + " has another dtype";
-        return false;
-      }
-      if (ctx->MustKeep(p->name())) {
-        *why = where + " is fetched or preserved";
-        return false;
-      }
-      const NodeDef* pack = g.Producer(*p, IsOp(p, "CtrStringEmbedding") ? 1 : IntAttr(*p, "N", 0));
-      if (!IsOp(pack, "CtrPackStrings") || g.DataConsumers(pack->name()) != 2 || ctx->MustKeep(pack->name())) {
-        *why = where + ": its strings are not packed by a CtrPackStrings that only it reads";
-        return false;
-      }
-      if (src->parts.empty()) {
-        src->emb_device = p->device();
-        src->pack_device = pack->device();
-      } else if (p->device() != src->emb_device || pack->device() != src->pack_device) {
-        *why = where + " is placed on another device";
-        return false;
-      }
+      const NodeDef* p = ProducerBehindIdentities(ctx, concat, k, &port, nullptr);
+      if (IsOp(p, "CtrMultiStringEmbedding")) ++reads[p->name()];
+    }
+    for (int k = 0; k < n; ++k) {
       Part part;
-      if (IsOp(p, "CtrStringEmbedding")) {
-        if (!AsSingle(ctx, *p, *pack, &part, why)) {
-          *why = where + ": " + *why;
-          return false;
-        }
-        Once(*g.Producer(*p, 3), &seen, &src->removed);
-      } else {
-        // Every output of the grouped op must reach this concatenation, each
-        // once (counted once all inputs are seen).
-        if (g.DataConsumers(p->name()) != IntAttr(*p, "N", 0)) {
-          *why = where + ": the grouped op's outputs are not each read once";
-          return false;
-        }
-        ++group_outputs[p->name()];
-        GroupMember(*p, *pack, port, &part);
+      std::string reason;
+      if (!AsFeature(ctx, concat, k, reads, src, &part, &reason)) {
+        if (!reason.empty() && why->empty()) *why = reason;
+        part = Part{};
+        part.dense = concat.input(k);
       }
-      if (g.Consumers(p->name(), port) != 1) {
-        *why = where + " is read by another node";
-        return false;
-      }
-      Once(*p, &seen, &src->removed);
-      Once(*pack, &seen, &src->removed);
       src->parts.push_back(std::move(part));
     }
-    for (const auto& [name, count] : group_outputs)
-      if (count != IntAttr(*g.Node(name), "N", 0)) {
-        *why = Describe(*g.Node(name)) + ": another node reads some of its outputs";
-        return false;
+    // A grouped op goes whole or stays whole: if one of its outputs stays a
+    // dense input, they all do.
+    std::set<std::string> kept;
+    for (size_t k = 0; k < src->parts.size(); ++k)
+      if (!src->parts[k].dense.empty()) {
+        int port = 0;
+        const NodeDef* p = ProducerBehindIdentities(ctx, concat, static_cast<int>(k), &port, nullptr);
+        if (IsOp(p, "CtrMultiStringEmbedding")) kept.insert(p->name());
       }
+    std::set<std::string> seen;
+    int features = 0;
+    for (size_t k = 0; k < src->parts.size(); ++k) {
+      Part& part = src->parts[k];
+      if (part.dense.empty() && !part.group.empty() && kept.count(part.group)) {
+        part = Part{};
+        part.dense = concat.input(static_cast<int>(k));
+      }
+      if (!part.dense.empty()) continue;
+      ++features;
+      for (const NodeDef& node : part.nodes) Once(node, &seen, &src->removed);
+    }
+    if (features == 0) {
+      if (why->empty()) *why = "no string embedding it could take over";
+      return false;
+    }
     bool columns = false, vectors = false;
-    for (const Part& part : src->parts) (part.column >= 0 ? columns : vectors) = true;
+    for (const Part& part : src->parts)
+      if (part.dense.empty()) (part.column >= 0 ? columns : vectors) = true;
     if (columns && (vectors || !OneMatrix(src->parts))) {
       *why = "features packed as columns of a matrix cannot share a pack with other features";
       return false;
     }
     return true;
+  }
+
+  // Input k as a feature: a single string embedding, or an output of a
+  // grouped one all of whose outputs the concatenation reads once each.
+  static bool AsFeature(RewriteContext* ctx, const NodeDef& concat, int k, const std::map<std::string, int64_t>& reads,
+                        Sources* src, Part* part, std::string* why) {
+    const GraphIndex& g = ctx->index();
+    int port = 0;
+    std::vector<NodeDef> identities;
+    bool shared = false;
+    const NodeDef* p = ProducerBehindIdentities(ctx, concat, k, &port, &identities, &shared);
+    if (!IsOp(p, "CtrStringEmbedding") && !IsOp(p, "CtrMultiStringEmbedding")) return false;  // plain dense
+    const std::string where = "input " + std::to_string(k) + " (" + Describe(*p) + ")";
+    const NodeDef* pack = g.Producer(*p, IsOp(p, "CtrStringEmbedding") ? 1 : IntAttr(*p, "N", 0));
+    if (shared || g.Consumers(p->name(), port) != 1) {
+      *why = where + " is read by another node";
+    } else if (TypeAttr(*p, "T") != TypeAttr(concat, "T")) {
+      *why = where + " has another dtype";
+    } else if (ctx->MustKeep(p->name())) {
+      *why = where + " is fetched or preserved";
+    } else if (!IsOp(pack, "CtrPackStrings") || g.DataConsumers(pack->name()) != 2 || ctx->MustKeep(pack->name())) {
+      *why = where + ": its strings are not packed by a CtrPackStrings that only it reads";
+    } else if (src->placed && (p->device() != src->emb_device || pack->device() != src->pack_device)) {
+      *why = where + " is placed on another device";
+    } else if (IsOp(p, "CtrMultiStringEmbedding") &&
+               (reads.at(p->name()) != IntAttr(*p, "N", 0) || g.DataConsumers(p->name()) != IntAttr(*p, "N", 0))) {
+      *why = where + ": another node reads some of the grouped op's outputs";
+    } else if (IsOp(p, "CtrStringEmbedding") && !AsSingle(ctx, *p, *pack, part, why)) {
+      *why = where + ": " + *why;
+    } else {
+      if (IsOp(p, "CtrStringEmbedding")) {
+        part->nodes.push_back(*g.Producer(*p, 3));
+      } else {
+        GroupMember(*p, *pack, port, part);
+        part->group = p->name();
+      }
+      part->nodes.insert(part->nodes.end(), identities.begin(), identities.end());
+      part->nodes.push_back(*p);
+      part->nodes.push_back(*pack);
+      if (!src->placed) {
+        src->placed = true;
+        src->emb_device = p->device();
+        src->pack_device = pack->device();
+      }
+      return true;
+    }
+    VLOG(2) << "CtrFusionOptimizer: " << concat.name() << " copies " << where << " in as a dense input: " << *why;
+    return false;
   }
 
   // A single feature: one string per bag, and none of the safe lookup's
@@ -271,30 +302,37 @@ class ConcatStringsPattern : public NamedPattern<kName> {
 
   static void Fuse(RewriteContext* ctx, const NodeDef& concat_in, const Sources& src) {
     const NodeDef concat = concat_in;  // a copy: the graph changes under the index
-    const int n = static_cast<int>(src.parts.size());
     MatchRecord record{kName, "", "CtrConcatStringEmbedding", {}};
     std::vector<std::string> controls;
     AddControls(concat, &controls);
     for (const NodeDef& r : src.removed) AddControls(r, &controls);
 
+    std::vector<const Part*> features, dense;
+    for (const Part& p : src.parts) (p.dense.empty() ? features : dense).push_back(&p);
     NodeDef* pack = ctx->AddNode(concat.name() + "/ctr_concat_pack", "CtrPackStrings", src.pack_device);
-    if (src.parts[0].column >= 0) {
-      pack->add_input(src.parts[0].matrix);
+    if (features[0]->column >= 0) {
+      pack->add_input(features[0]->matrix);
       (*pack->mutable_attr())["N"].set_i(1);
-      for (const Part& p : src.parts) (*pack->mutable_attr())["columns"].mutable_list()->add_i(p.column);
+      for (const Part* p : features) (*pack->mutable_attr())["columns"].mutable_list()->add_i(p->column);
     } else {
-      for (const Part& p : src.parts) pack->add_input(p.strings);
-      (*pack->mutable_attr())["N"].set_i(n);
+      for (const Part* p : features) pack->add_input(p->strings);
+      (*pack->mutable_attr())["N"].set_i(static_cast<int64_t>(features.size()));
     }
     const std::string pack_name = pack->name();
 
     NodeDef* op = ctx->AddNode(concat.name() + "/ctr_concat", "CtrConcatStringEmbedding", src.emb_device);
-    for (const Part& p : src.parts) op->add_input(p.table);
+    for (const Part* p : features) op->add_input(p->table);
     for (int port = 0; port < 3; ++port) op->add_input(TensorName(pack_name, port));
+    for (const Part* p : dense) op->add_input(p->dense);
     auto& attr = *op->mutable_attr();
-    attr["N"].set_i(n);
+    attr["N"].set_i(static_cast<int64_t>(features.size()));
+    attr["M"].set_i(static_cast<int64_t>(dense.size()));
     attr["T"] = concat.attr().at("T");
-    for (const Part& p : src.parts) {
+    int64_t next_feature = 0, next_dense = static_cast<int64_t>(features.size());
+    for (const Part& p : src.parts)
+      attr["layout"].mutable_list()->add_i(p.dense.empty() ? next_feature++ : next_dense++);
+    for (const Part* f : features) {
+      const Part& p = *f;
       attr["combiners"].mutable_list()->add_s(p.combiner);
       attr["id_modes"].mutable_list()->add_s(p.id_mode);
       attr["delimiters"].mutable_list()->add_s(p.delimiter);
@@ -323,7 +361,8 @@ class ConcatStringsPattern : public NamedPattern<kName> {
       ctx->RedirectControlEdges(concat.name(), op_name);
       ctx->Remove(concat.name(), op_name);
     }
-    VLOG(1) << "CtrFusionOptimizer: concatenated " << n << " string features into " << op_name;
+    VLOG(1) << "CtrFusionOptimizer: concatenated " << features.size() << " string features and " << dense.size()
+            << " other inputs into " << op_name;
     ctx->Matched(record);
   }
 };

@@ -228,8 +228,9 @@ inline absl::Status CheckVector(const tensorflow::Tensor& t, const char* what) {
 }
 
 // CtrConcatStringEmbedding's kernels (CPU and GPU): N features pooled into
-// one [R, sum of D_i] output, feature i's strings at [input_splits[i],
-// input_splits[i + 1]) of the pack.
+// one output, feature i's strings at [input_splits[i], input_splits[i + 1])
+// of the pack, and M dense inputs copied in: the output's column blocks are
+// feature i (block i) and dense input j (block N + j) in `layout` order.
 class ConcatStringKernel : public MultiStringKernel {
  public:
   explicit ConcatStringKernel(tensorflow::OpKernelConstruction* c) : MultiStringKernel(c) {
@@ -240,10 +241,16 @@ class ConcatStringKernel : public MultiStringKernel {
                                                     " entries, got ", trim.size()));
     trim_.assign(num_features(), false);
     for (size_t i = 0; i < trim.size(); ++i) trim_[i] = trim[i];
+    OP_REQUIRES_OK(c, c->GetAttr("M", &num_dense_));
+    OP_REQUIRES_OK(c, ReadLayout(c));
   }
 
  protected:
   bool trimmed(int f) const { return trim_[f]; }
+  int num_dense() const { return num_dense_; }
+  const tensorflow::Tensor& dense(tensorflow::OpKernelContext* ctx, int j) const {
+    return ctx->input(num_features() + 3 + j);
+  }
 
   // Each feature's first string (and, at N, the total), from input_splits.
   absl::Status FeatureStrings(const tensorflow::Tensor& input_splits, int64_t num_strings,
@@ -259,26 +266,72 @@ class ConcatStringKernel : public MultiStringKernel {
     return absl::OkStatus();
   }
 
-  // Each feature's first output column (and, at N, the output's width).
-  static std::vector<int64_t> Columns(const std::vector<ctr::StringSpec>& specs) {
-    std::vector<int64_t> columns(specs.size() + 1, 0);
-    for (size_t i = 0; i < specs.size(); ++i) columns[i + 1] = columns[i] + specs[i].lookup.dim;
-    return columns;
+  // The first output column of each block (feature i at i, dense input j at
+  // N + j) and, at N + M, the output's width. Dense inputs must be matrices.
+  absl::Status Columns(tensorflow::OpKernelContext* ctx, const std::vector<ctr::StringSpec>& specs,
+                       std::vector<int64_t>* columns) const {
+    const int n = num_features();
+    std::vector<int64_t> width(n + num_dense_);
+    for (int i = 0; i < n; ++i) width[i] = specs[i].lookup.dim;
+    for (int j = 0; j < num_dense_; ++j) {
+      const tensorflow::Tensor& d = dense(ctx, j);
+      if (d.dims() != 2)
+        return tensorflow::errors::InvalidArgument("dense input ", j, " must be a matrix [rows, width], got shape ",
+                                                   d.shape().DebugString());
+      width[n + j] = d.dim_size(1);
+    }
+    columns->assign(n + num_dense_ + 1, 0);
+    int64_t column = 0;
+    for (const int block : layout_) {
+      (*columns)[block] = column;
+      column += width[block];
+    }
+    columns->back() = column;
+    return absl::OkStatus();
   }
 
-  // The one row count of all features, or the InvalidArgument of the
-  // concatenation that would fail.
-  static absl::Status CommonRows(const std::vector<int64_t>& rows, int64_t* common) {
-    *common = rows.empty() ? 0 : rows[0];
-    for (size_t i = 1; i < rows.size(); ++i)
-      if (rows[i] != rows[0])
-        return tensorflow::errors::InvalidArgument("feature ", i, " has ", rows[i], " rows where feature 0 has ",
-                                                   rows[0], ": their outputs cannot be concatenated");
+  // The one row count of all features and dense inputs, or the
+  // InvalidArgument of the concatenation that would fail.
+  absl::Status CommonRows(tensorflow::OpKernelContext* ctx, const std::vector<int64_t>& feature_rows,
+                          int64_t* common) const {
+    *common = feature_rows.empty() ? 0 : feature_rows[0];
+    for (size_t i = 1; i < feature_rows.size(); ++i)
+      if (feature_rows[i] != *common)
+        return tensorflow::errors::InvalidArgument("feature ", i, " has ", feature_rows[i],
+                                                   " rows where feature 0 has ", *common,
+                                                   ": their outputs cannot be concatenated");
+    for (int j = 0; j < num_dense_; ++j)
+      if (dense(ctx, j).dim_size(0) != *common)
+        return tensorflow::errors::InvalidArgument("dense input ", j, " has ", dense(ctx, j).dim_size(0),
+                                                   " rows where feature 0 has ", *common,
+                                                   ": they cannot be concatenated");
     return absl::OkStatus();
   }
 
  private:
+  // layout: a permutation of the N + M blocks (empty: features, then dense).
+  absl::Status ReadLayout(tensorflow::OpKernelConstruction* c) {
+    std::vector<int64_t> layout;
+    TF_RETURN_IF_ERROR(c->GetAttr("layout", &layout));
+    const int blocks = num_features() + num_dense_;
+    if (layout.empty())
+      for (int b = 0; b < blocks; ++b) layout.push_back(b);
+    std::vector<bool> seen(blocks, false);
+    bool ok = static_cast<int>(layout.size()) == blocks;
+    for (const int64_t b : layout) {
+      ok = ok && b >= 0 && b < blocks && !seen[b];
+      if (ok) seen[b] = true;
+    }
+    if (!ok)
+      return tensorflow::errors::InvalidArgument("layout must list each of the N + M = ", blocks,
+                                                 " blocks (features 0..N-1, dense inputs N..N+M-1) once");
+    layout_.assign(layout.begin(), layout.end());
+    return absl::OkStatus();
+  }
+
   std::vector<bool> trim_;
+  int num_dense_ = 0;
+  std::vector<int> layout_;
 };
 
 }  // namespace tf_ctr

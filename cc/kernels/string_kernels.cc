@@ -352,12 +352,14 @@ class ConcatStringEmbeddingCpuOp : public ConcatStringKernel {
     std::vector<int64_t> rows(n);
     for (int f = 0; f < n; ++f) rows[f] = FeatureRows(specs[f], f, b, bytes.NumElements(), s + first[f],
                                                       first[f + 1] - first[f]);
+    std::vector<int64_t> columns;
+    OP_REQUIRES_OK(ctx, Columns(ctx, specs, &columns));
     int64_t common = 0;
-    OP_REQUIRES_OK(ctx, CommonRows(rows, &common));
-    const std::vector<int64_t> columns = Columns(specs);
-    const int64_t width = columns[n];
+    OP_REQUIRES_OK(ctx, CommonRows(ctx, rows, &common));
+    const int64_t width = columns.back();
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {common, width}, &out));
+    CopyDense(ctx, columns, common, out);
     auto* dst = CorePtr<T>(out);
     int64_t max_dim = 0;
     for (const auto& sp : specs) max_dim = std::max(max_dim, sp.lookup.dim);
@@ -394,6 +396,19 @@ class ConcatStringEmbeddingCpuOp : public ConcatStringKernel {
   }
 
  private:
+  // Each dense input's rows into its columns.
+  void CopyDense(OpKernelContext* ctx, const std::vector<int64_t>& columns, int64_t rows, Tensor* out) const {
+    T* dst = out->flat<T>().data();
+    const int64_t width = columns.back();
+    for (int j = 0; j < num_dense(); ++j) {
+      const Tensor& d = dense(ctx, j);
+      const int64_t w = d.dim_size(1);
+      const T* src = d.flat<T>().data();
+      T* to = dst + columns[num_features() + j];
+      for (int64_t r = 0; r < rows && w > 0; ++r) std::memcpy(to + r * width, src + r * w, w * sizeof(T));
+    }
+  }
+
   // Feature f's output rows: its strings, or, trimmed, the bags through its
   // last one with a table row.
   int64_t FeatureRows(const ctr::StringSpec& spec, int f, const uint8_t* bytes, int64_t num_bytes,

@@ -253,11 +253,19 @@ class ConcatStringEmbeddingGpuOp : public ConcatStringKernel {
       OP_REQUIRES_OK(ctx, FeatureRows(ctx, specs[f], f, in, first, stream, &rows[f]));
       longest = std::max(longest, first[f + 1] - first[f]);
     }
+    std::vector<int64_t> columns;
+    OP_REQUIRES_OK(ctx, Columns(ctx, specs, &columns));
     int64_t common = 0;
-    OP_REQUIRES_OK(ctx, CommonRows(rows, &common));
-    const std::vector<int64_t> columns = Columns(specs);
+    OP_REQUIRES_OK(ctx, CommonRows(ctx, rows, &common));
+    const int64_t width = columns.back();
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {common, columns[n]}, &out));
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {common, width}, &out));
+    for (int j = 0; j < num_dense(); ++j) {
+      const Tensor& d = dense(ctx, j);
+      OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::CopyRows2D(
+                              d.flat<T>().data(), d.dim_size(1) * sizeof(T), out->flat<T>().data() + columns[n + j],
+                              width * sizeof(T), d.dim_size(1) * sizeof(T), common, stream)));
+    }
     if (longest == 0) return;
     // Every string is split, a trimmed feature's tail past `common` too (so a
     // bad token there is reported, as on the CPU), but only rows < common are
@@ -265,7 +273,7 @@ class ConcatStringEmbeddingGpuOp : public ConcatStringKernel {
     std::vector<ctr::gpu::FeatureDesc> features(n);
     for (int f = 0; f < n; ++f)
       features[f] = ctr::gpu::FeatureDesc{specs[f], CorePtr<T>(ctx->input(f)), CorePtr<T>(out) + columns[f],
-                                          first[f], first[f + 1] - first[f], common, columns[n]};
+                                          first[f], first[f + 1] - first[f], common, width};
     first.pop_back();
     OP_REQUIRES_OK(ctx, LaunchFeatures<T>(ctx, features, longest, in, specs, first, stream));
   }

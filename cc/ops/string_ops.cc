@@ -92,11 +92,13 @@ absl::Status MultiShape(InferenceContext* c) {
   return absl::OkStatus();
 }
 
-// [R, sum of D_i]: R is known only at run time (trimmed features).
+// [R, sum of the D_i and dense widths]: R is known from a dense input, or
+// only at run time (trimmed features).
 absl::Status ConcatShape(InferenceContext* c) {
-  int n;
+  int n, m;
   TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
-  DimensionHandle width = c->MakeDim(0);
+  TF_RETURN_IF_ERROR(c->GetAttr("M", &m));
+  DimensionHandle width = c->MakeDim(0), rows = c->UnknownDim();
   for (int i = 0; i < n; ++i) {
     ShapeHandle params;
     TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 2, &params));
@@ -104,7 +106,13 @@ absl::Status ConcatShape(InferenceContext* c) {
   }
   ShapeHandle unused;
   for (int i = n; i < n + 3; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &unused));
-  c->set_output(0, c->Matrix(c->UnknownDim(), width));
+  for (int j = 0; j < m; ++j) {
+    ShapeHandle dense;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(n + 3 + j), 2, &dense));
+    TF_RETURN_IF_ERROR(c->Add(width, c->Dim(dense, 1), &width));
+    TF_RETURN_IF_ERROR(c->Merge(rows, c->Dim(dense, 0), &rows));
+  }
+  c->set_output(0, c->Matrix(rows, width));
   return absl::OkStatus();
 }
 
@@ -240,9 +248,12 @@ REGISTER_OP("CtrConcatStringEmbedding")
     .Input("bytes: uint8")
     .Input("row_splits: int64")
     .Input("input_splits: int64")
+    .Input("dense: M * T")
     .Output("output: T")
     .CTR_MULTI_STRING_ATTRS
     .Attr("trim_empty_tail: list(bool) = []")
+    .Attr("M: int >= 0 = 0")
+    .Attr("layout: list(int) = []")
     .SetShapeFn(ConcatShape)
     .Doc(R"doc(
 The grouped StringEmbedding with its N outputs concatenated along axis 1, as
@@ -256,6 +267,11 @@ trim_empty_tail (empty: none) that of CtrStringEmbedding's.
 R is each feature's row count: its strings, or with trim_empty_tail the bags
 through its last one with a token. Features whose row counts differ are an
 InvalidArgument naming them, where concatenating the separate outputs fails.
+
+dense: M other [R, w_j] matrices of the concatenation (numeric features, say),
+  copied into their columns.
+layout: the order of the output's column blocks: i < N is feature i, N + j
+  dense input j; empty: the features, then the dense inputs.
 )doc");
 
 #undef CTR_MULTI_STRING_ATTRS
