@@ -515,15 +515,21 @@ def test_multi_string_embedding(data):
                         id_mode=data.draw(st.sampled_from(["hash", "index", "mod"])),
                         skip_empty=data.draw(st.booleans()), max_norm=data.draw(MAX_NORMS)))
 
+    concat = data.draw(st.booleans())  # CtrConcatStringEmbedding: the outputs concatenated in place
+
     def want():
         return [string_composition(f, t, batch=batch, **kw) for f, t, kw in zip(feats, tabs, kws)]
 
     def got():
-        return tco.multi_string_embedding(
+        out = tco.multi_string_embedding(
             [tf.constant(f, tf.string, shape=[batch]) for f in feats], tabs,
             delimiters=[k["delimiter"] for k in kws], combiners=[k["combiner"] for k in kws],
             id_modes=[k["id_mode"] for k in kws], skip_empty=[k["skip_empty"] for k in kws],
-            max_norms=[k["max_norm"] for k in kws])
+            max_norms=[k["max_norm"] for k in kws], concat=concat)
+        if not concat:
+            return out
+        assert out.shape == (batch, sum(t.shape[1] for t in tabs))
+        return np.split(out.numpy(), np.cumsum([t.shape[1] for t in tabs])[:-1], axis=1)
 
     def compare(gots, wants):
         assert len(gots) == len(wants) == n
@@ -651,7 +657,8 @@ def weight_grad_bounds(params, bag_w, keep, combiner, max_norm, upstream=1.5):
 
 @given(data=st.data())
 def test_string_gradients(data):
-    """d/dparams of string_embedding and multi_string_embedding equal TF's gradient of the composition."""
+    """d/dparams of string_embedding and multi_string_embedding (grouped, or
+    concatenated) equal TF's gradient of the composition."""
     params = data.draw(tables(max_vocab=30, min_vocab=1, min_dim=1))
     vocab = params.shape[0]
     delimiter = data.draw(DELIMITERS)
@@ -660,20 +667,21 @@ def test_string_gradients(data):
     kw = dict(delimiter=delimiter, combiner=data.draw(st.sampled_from(COMBINERS)),
               id_mode=data.draw(st.sampled_from(["hash", "index", "mod"])), skip_empty=data.draw(st.booleans()),
               max_norm=data.draw(MAX_NORMS))
-    multi = data.draw(st.booleans())
+    multi = data.draw(st.sampled_from(["single", "multi", "concat"]))
     try:
         want = _grads(lambda p, _: string_composition(strings, p, batch=batch, **kw), params, None)
     except (tf.errors.InvalidArgumentError, UnicodeDecodeError):
         assume(False)
-    if multi:
+    if multi != "single":
         other = tf.constant(np.ones((3, 2), np.float32))
 
         def fused(p, _):
+            # The other feature first: under concat, this one's columns start at 2.
             outs = tco.multi_string_embedding(
-                [tf.constant(strings, tf.string, shape=[batch]), tf.constant([b"1"] * batch, tf.string)], [p, other],
-                delimiters=[kw["delimiter"], ","], combiners=kw["combiner"], id_modes=[kw["id_mode"], "hash"],
-                skip_empty=kw["skip_empty"], max_norms=[kw["max_norm"], None])
-            return outs[0]
+                [tf.constant([b"1"] * batch, tf.string), tf.constant(strings, tf.string, shape=[batch])], [other, p],
+                delimiters=[",", kw["delimiter"]], combiners=kw["combiner"], id_modes=["hash", kw["id_mode"]],
+                skip_empty=kw["skip_empty"], max_norms=[None, kw["max_norm"]], concat=multi == "concat")
+            return outs[:, 2:] if multi == "concat" else outs[1]
     else:
         def fused(p, _):
             return tco.string_embedding(tf.constant(strings, tf.string, shape=[batch]), p, **kw)
