@@ -288,7 +288,9 @@ def test_keras_hashing_embedding_online(rng):
     inputs = {n: tf.reshape(tf.constant(random_strings(rng)), [-1, 1]) for n in ("site", "app")}
     want = model(inputs)
     got, stats = run_online(lambda x: model(x), inputs)
-    assert stats["rewrites"] == 3  # two hash_gather, then group_strings (online, the Concatenate reads Flatten Reshapes)
+    # Two hash_gather (each with its Flatten, whose Shape(x)[0] Grappler folds
+    # to the call's batch online), group_strings, then concat_strings.
+    assert stats["rewrites"] == 4
     assert_model_close(got, want)
 
 
@@ -382,6 +384,32 @@ def test_flatten_to_minus_one_stays(rng, table):
     args = tf.reshape(tf.constant(random_strings(rng)), [-1, 1])
     [got] = run_graph_def(cf, graph, args)
     assert_identical(got, f(args))
+
+
+@pytest.mark.parametrize("shape,absorbed", [((-1, D), True), ((4, D), False)])
+def test_flatten_to_a_constant_shape(rng, table, shape, absorbed):
+    """Reshape(rows, [-1, D]) (or Keras' Flatten once Grappler folds the
+    batch of a specialized function) is the fused output; a constant batch
+    that the rows' batch is not known to be stays a Reshape, which fails on
+    other batches as before."""
+    def f(s):
+        return tf.reshape(tf.nn.embedding_lookup(table, tf.strings.to_hash_bucket_fast(s, V)), shape)
+
+    cf, graph, report, counts = offline(f, STRINGS_COLUMN)
+    assert counts.get("CtrStringEmbedding") == 1
+    # One Reshape flattens the [B, 1] keys for the fused op; the rows' stays unless absorbed.
+    assert counts.get("Reshape") == (1 if absorbed else 2), counts
+    assert ("ExpandDims" in flatten_ops(graph)) != absorbed, counts
+    for batch in ((17, 4, 1, 0) if absorbed else (4,)):
+        args = tf.reshape(tf.constant(random_strings(rng, max(batch, 3))[:batch], tf.string), [-1, 1])
+        [got] = run_graph_def(cf, graph, args)
+        assert_identical(got, f(args))
+    if not absorbed:
+        args = tf.reshape(tf.constant(random_strings(rng, 3)), [-1, 1])
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            f(args)
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            run_graph_def(cf, graph, args)
 
 
 @pytest.mark.parametrize("axis", [1, -2])

@@ -99,6 +99,20 @@ bool HasControlInputs(const NodeDef& n) {
   return false;
 }
 
+// Reshape(rows, [b, D]) with a constant shape: Keras' Flatten once Grappler
+// has folded its Shape(rows)[0] (a function specialized to its call's batch,
+// as online rewriting sees it), b that known batch, or -1 with D > 0 (a -1
+// beside a 0 fails on an empty batch, where the fused op would not).
+bool IsConstantFlatten(RewriteContext* ctx, const NodeDef& gather, const NodeDef& rows, const NodeDef* reshape) {
+  std::vector<int64_t> shape;
+  if (!IsOp(reshape, "Reshape") || ctx->index().Producer(*reshape, 0) != &rows || HasControlInputs(*reshape) ||
+      ctx->MustKeep(reshape->name()))
+    return false;
+  if (!ConstIntVector(ctx->index().Producer(*reshape, 1), &shape) || shape.size() != 2) return false;
+  const int64_t batch = ctx->Dim(gather, 0, 0), dim = ctx->Dim(gather, 0, 2);
+  return dim >= 0 && shape[1] == dim && ((shape[0] == -1 && dim > 0) || (batch >= 0 && shape[0] == batch));
+}
+
 // Whether the gather's [B, 1, D] output feeds nothing but a Flatten to
 // [B, D] (D a known constant): then the Flatten's output is exactly the
 // fused op's, bit for bit. Control edges on the gather stay valid (the
@@ -120,6 +134,10 @@ bool MatchFlatten(RewriteContext* ctx, const NodeDef& gather, FlattenOfRows* f) 
   if (rows != &gather && g.ControlConsumers(rows->name()) != 0) return false;
   if (g.DataConsumers(rows->name()) == 1) {
     const NodeDef* squeeze = g.DataReaders(rows->name())[0];
+    if (IsConstantFlatten(ctx, gather, *rows, squeeze)) {
+      *f = FlattenOfRows{identities, "", "", "", squeeze->name()};
+      return true;
+    }
     if (!IsSqueezeOfAxis(squeeze, 1, 3) || g.Producer(*squeeze, 0) != rows || HasControlInputs(*squeeze) ||
         ctx->MustKeep(squeeze->name()))
       return false;
