@@ -42,6 +42,36 @@ def test_multi_layer_equals_single_layers(rng):
         np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
 
 
+def test_multi_layer_concat_trains_saves_and_reloads(rng, tmp_path):
+    """concat=True: one [B, 4 + 6] output equal to the concatenated list;
+    trainable (sparse gradients reach both tables) and serializable."""
+    kw = dict(delimiters=["|", ","], id_modes=["hash", "index"], combiners=["sum", "sqrtn"])
+    multi = MultiStringEmbedding([30, 100], [4, 6], **kw)
+    joined = MultiStringEmbedding([30, 100], [4, 6], concat=True, **kw)
+    feats = [tf.constant(id_strings(rng, 16, 30, "|")), tf.constant(id_strings(rng, 16, 100))]
+    multi(feats)
+    joined(feats)
+    for a, b in zip(joined.tables, multi.tables):
+        a.assign(b)
+    got = joined(feats)
+    assert got.shape == (16, 10) and joined.compute_output_shape([(None,), (None,)]) == (None, 10)
+    np.testing.assert_array_equal(got.numpy(), tf.concat(multi(feats), axis=1).numpy())
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(joined(feats) * tf.range(10, dtype=tf.float32))
+    grads = tape.gradient(loss, joined.tables)
+    with tf.GradientTape() as tape:
+        want = tf.reduce_sum(tf.concat(multi(feats), axis=1) * tf.range(10, dtype=tf.float32))
+    for g, w in zip(grads, tape.gradient(want, multi.tables)):
+        assert isinstance(g, tf.IndexedSlices)
+        np.testing.assert_allclose(tf.convert_to_tensor(g), tf.convert_to_tensor(w), rtol=1e-6, atol=1e-6)
+    inputs = [keras.Input(shape=(), dtype="string", name=n) for n in ("a", "b")]
+    model = keras.Model(inputs, joined(inputs))
+    model.save(tmp_path / "m.keras")
+    reloaded = keras.models.load_model(tmp_path / "m.keras")
+    assert reloaded.layers[-1].get_config()["concat"] is True
+    np.testing.assert_array_equal(reloaded(feats).numpy(), got.numpy())
+
+
 def synthetic_genre_task(rng, n=2048):
     genres = np.array(["Action", "Comedy", "Drama", "Horror", "Romance", "SciFi"])
     good = {"Comedy", "Romance"}

@@ -389,12 +389,16 @@ class MultiStringEmbedding(keras.layers.Layer):
             makes each whole string one token (a single-valued feature).
         embeddings_initializer: Initializer of every table.
         max_norm: If set, rows are clipped to this L2 norm before pooling.
+        concat: Return the features' embeddings concatenated, `[B, D_1 +
+            ... + D_N]`, written in place by one op (what a `Concatenate`
+            of the outputs gives, the MLP's input, without its copy).
 
-    Input: a list of string tensors `[B]`. Output: a list of `[B, D_i]`.
+    Input: a list of string tensors `[B]`. Output: a list of `[B, D_i]`, or
+    with `concat` one `[B, D_1 + ... + D_N]`.
     """
 
     def __init__(self, num_buckets, output_dims, delimiters=",", combiners="mean", id_modes="hash",
-                 skip_empty=True, embeddings_initializer="uniform", max_norm=None, **kwargs):
+                 skip_empty=True, embeddings_initializer="uniform", max_norm=None, concat=False, **kwargs):
         super().__init__(**kwargs)
         self.num_buckets = [_check_positive_int(v, "num_buckets") for v in num_buckets]
         n = len(self.num_buckets)
@@ -410,6 +414,7 @@ class MultiStringEmbedding(keras.layers.Layer):
         self.skip_empty = [bool(s) for s in _strings._per_feature(skip_empty, n, "skip_empty")]
         self.embeddings_initializer = initializers.get(embeddings_initializer)
         self.max_norm = _check_max_norm(max_norm)
+        self.concat = bool(concat)
         self.autocast = False
 
     def build(self, input_shape=None):
@@ -427,11 +432,14 @@ class MultiStringEmbedding(keras.layers.Layer):
         outs = _strings.multi_string_embedding(
             inputs, list(self.tables), delimiters=self.delimiters,
             combiners=self.combiners, id_modes=self.id_modes, skip_empty=self.skip_empty,
-            max_norms=self.max_norm)
-        return [o if o.dtype == self.compute_dtype else tf.cast(o, self.compute_dtype) for o in outs]
+            max_norms=self.max_norm, concat=self.concat)
+        cast = lambda o: o if o.dtype == self.compute_dtype else tf.cast(o, self.compute_dtype)  # noqa: E731
+        return cast(outs) if self.concat else [cast(o) for o in outs]
 
     def compute_output_shape(self, input_shape):
         batch = input_shape[0][0] if input_shape and input_shape[0] else None
+        if self.concat:
+            return (batch, sum(self.output_dims))
         return [(batch, d) for d in self.output_dims]
 
     def get_config(self):
@@ -440,6 +448,6 @@ class MultiStringEmbedding(keras.layers.Layer):
             "num_buckets": self.num_buckets, "output_dims": self.output_dims, "delimiters": self.delimiters,
             "combiners": self.combiners, "id_modes": self.id_modes, "skip_empty": self.skip_empty,
             "embeddings_initializer": initializers.serialize(self.embeddings_initializer),
-            "max_norm": self.max_norm,
+            "max_norm": self.max_norm, "concat": self.concat,
         })
         return config
