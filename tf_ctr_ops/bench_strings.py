@@ -185,7 +185,7 @@ def multi_suite(cfg, features=MULTI_FEATURES):
         if reason:
             skipped += skip_note("multi", [shape], reason)
         else:
-            cases.append(_multi_case(cfg, shape, features, rng, copy))
+            cases += _multi_cases(cfg, shape, features, rng, copy)
         progress(f"multi {shape.label()} {shape.dist}")
         gc.collect()
     result = {"suite": "multi", "config": dataclasses.asdict(cfg), "copy_bandwidth": copy, "cases": cases,
@@ -195,7 +195,9 @@ def multi_suite(cfg, features=MULTI_FEATURES):
     return result
 
 
-def _multi_case(cfg, shape, features, rng, copy):
+def _multi_cases(cfg, shape, features, rng, copy):
+    """The grouped op against its compositions, and its concatenated form
+    against theirs concatenated in the graph (the MLP input of a CTR model)."""
     import tensorflow as tf
 
     import tf_ctr_ops as tco
@@ -230,12 +232,33 @@ def _multi_case(cfg, shape, features, rng, copy):
     def stacked(fn):
         return lambda: np.concatenate([o.numpy() for o in fn(*feats)], axis=1)
 
+    @tf.function
+    def fused_concat(*xs):
+        with tf.device(dev):
+            return tco.multi_string_embedding(list(xs), tables, combiners="sqrtn", id_modes="index", concat=True)
+
+    @tf.function
+    def grouped_then_concat(*xs):
+        with tf.device(dev):
+            return tf.concat(fused(*xs), axis=1)
+
+    @tf.function
+    def native_concat(*xs):
+        with tf.device(dev):
+            return tf.concat(native(*xs), axis=1)
+
+    nbytes = (nnz + features * shape.batch) * D * 4
     fns = {"fused": stacked(fused), "native": stacked(native), "singles": stacked(singles)}
-    entry = timed_entry(f"multi/{features}x/{shape.dist}", fns, cfg, (nnz + features * shape.batch) * D * 4, copy,
-                        rtol=1e-4, atol=1e-5)
+    entry = timed_entry(f"multi/{features}x/{shape.dist}", fns, cfg, nbytes, copy, rtol=1e-4, atol=1e-5)
     entry.update({"series": f"multi/{features}x", "features": features, "nnz": nnz, **shape_fields(shape),
                   "speedup_vs_singles": entry["singles"]["median_ms"] / entry["fused"]["median_ms"]})
-    return entry
+    concat_fns = {"fused": lambda: fused_concat(*feats).numpy(), "native": lambda: native_concat(*feats).numpy(),
+                  "grouped": lambda: grouped_then_concat(*feats).numpy()}
+    concat = timed_entry(f"multi/{features}x/concat/{shape.dist}", concat_fns, cfg, nbytes, copy,
+                         rtol=1e-4, atol=1e-5)
+    concat.update({"series": f"multi/{features}x/concat", "features": features, "nnz": nnz, **shape_fields(shape),
+                   "speedup_vs_grouped": concat["grouped"]["median_ms"] / concat["fused"]["median_ms"]})
+    return [entry, concat]
 
 
 # The helpers' older names, for suites written against them.
