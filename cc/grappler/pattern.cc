@@ -348,6 +348,17 @@ void CopyControlInputs(const NodeDef& from, NodeDef* to) {
     if (!in.empty() && in[0] == '^') to->add_input(in);
 }
 
+void AppendControlInputs(const NodeDef& from, std::vector<std::string>* controls) {
+  for (const auto& in : from.input())
+    if (!in.empty() && in[0] == '^') controls->push_back(in);
+}
+
+void AddControlInputsOnce(const std::vector<std::string>& controls, NodeDef* to) {
+  std::set<std::string> have(to->input().begin(), to->input().end());
+  for (const std::string& c : controls)
+    if (have.insert(c).second) to->add_input(c);
+}
+
 // A Const node of an integer dtype, shaped [] (size < 0) or [size]: its value
 // proto for the caller to fill, and its name in *name.
 static tensorflow::TensorProto* AddIntConst(RewriteContext* ctx, const std::string& base, tensorflow::DataType dtype,

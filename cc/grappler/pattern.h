@@ -152,6 +152,10 @@ bool IsEmbeddingDtype(tensorflow::DataType t);
 bool IsIndexDtype(tensorflow::DataType t);
 // Copies the control inputs ("^x") of `from` onto `to`.
 void CopyControlInputs(const tensorflow::NodeDef& from, tensorflow::NodeDef* to);
+// Appends the control inputs ("^x") of `from` to `controls`.
+void AppendControlInputs(const tensorflow::NodeDef& from, std::vector<std::string>* controls);
+// Adds each of `controls` that `to` lacks, after its other inputs.
+void AddControlInputsOnce(const std::vector<std::string>& controls, tensorflow::NodeDef* to);
 // Turns the node `name`, which the graph must keep (fetched), into an
 // Identity of `output` of dtype `t`: a replaced node keeps its name.
 void KeepAsIdentity(RewriteContext* ctx, const std::string& name, const std::string& output,

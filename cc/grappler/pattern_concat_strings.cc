@@ -295,17 +295,12 @@ class ConcatStringsPattern : public NamedPattern<kName> {
     return true;
   }
 
-  static void AddControls(const NodeDef& from, std::vector<std::string>* controls) {
-    for (const auto& in : from.input())
-      if (!in.empty() && in[0] == '^') controls->push_back(in);
-  }
-
   static void Fuse(RewriteContext* ctx, const NodeDef& concat_in, const Sources& src) {
     const NodeDef concat = concat_in;  // a copy: the graph changes under the index
     MatchRecord record{kName, "", "CtrConcatStringEmbedding", {}};
     std::vector<std::string> controls;
-    AddControls(concat, &controls);
-    for (const NodeDef& r : src.removed) AddControls(r, &controls);
+    AppendControlInputs(concat, &controls);
+    for (const NodeDef& r : src.removed) AppendControlInputs(r, &controls);
 
     std::vector<const Part*> features, dense;
     for (const Part& p : src.parts) (p.dense.empty() ? features : dense).push_back(&p);
@@ -341,9 +336,7 @@ class ConcatStringsPattern : public NamedPattern<kName> {
       attr["num_buckets"].mutable_list()->add_i(p.buckets);
       attr["trim_empty_tail"].mutable_list()->add_b(p.trim);
     }
-    std::set<std::string> added;
-    for (const std::string& c : controls)
-      if (added.insert(c).second) op->add_input(c);
+    AddControlInputsOnce(controls, op);
     const std::string op_name = op->name();
     record.fused_node = op_name;
 

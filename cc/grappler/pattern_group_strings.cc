@@ -472,13 +472,11 @@ class GroupStringsPattern : public NamedPattern<kName> {
       record.replaced.push_back(Describe(e));
       ctx->RedirectControlEdges(packs[i].name(), pack_name);
       ctx->Remove(packs[i].name(), multi_name);
-      for (const auto& in : e.input())
-        if (!in.empty() && in[0] == '^') extra_controls.push_back(in);
+      AppendControlInputs(e, &extra_controls);
       // The empty bag_splits constant loses its reader.
       const NodeDef* bags = g.Producer(e, 3);
       if (IsOp(bags, "Const") && g.DataConsumers(bags->name()) == 1) {
-        for (const auto& in : bags->input())
-          if (!in.empty() && in[0] == '^') extra_controls.push_back(in);
+        AppendControlInputs(*bags, &extra_controls);
         ctx->RedirectControlEdges(bags->name(), multi_name);
         ctx->Remove(bags->name(), multi_name);
       }
@@ -491,13 +489,7 @@ class GroupStringsPattern : public NamedPattern<kName> {
       ctx->RedirectControlEdges(e.name(), multi_name);
       ctx->Remove(e.name(), multi_name);
     }
-    // Control inputs after the data inputs, once each.
-    NodeDef* fused = ctx->Mutable(multi_name);
-    for (const std::string& c : extra_controls) {
-      bool seen = false;
-      for (const auto& in : fused->input()) seen |= in == c;
-      if (!seen) fused->add_input(c);
-    }
+    AddControlInputsOnce(extra_controls, ctx->Mutable(multi_name));
     VLOG(1) << "CtrFusionOptimizer: grouped " << n << " string features into " << multi_name;
     ctx->Matched(record);
   }

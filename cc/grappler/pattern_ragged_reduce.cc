@@ -332,8 +332,7 @@ class RaggedReduceLookupPattern : public NamedPattern<kName> {
       pass->clear_attr();
       (*pass->mutable_attr())["T"].set_type(T);
       std::vector<std::string> controls;
-      for (const auto& in : pass->input())
-        if (!in.empty() && in[0] == '^') controls.push_back(in);
+      AppendControlInputs(*pass, &controls);
       pass->clear_input();
       pass->add_input(name);
       for (const auto& c : controls) pass->add_input(c);
