@@ -75,6 +75,30 @@ def test_safe_embedding_lookup_sparse_matches_tf(rng, combiner, weighted, defaul
     assert_close(got, want)
 
 
+@pytest.mark.parametrize("combiner", ["mean", "sqrtn"])
+def test_combiner_edge_divisors_match_tf(rng, combiner):
+    """The pooled row is written by one of three cases, chosen per bag: weights
+    that cancel (or whose squares underflow) divide by zero, which gives zeros
+    as TF's div_no_nan does; weights so large that the divisor overflows or its
+    reciprocal is not a normal float take a true division; the rest a multiply."""
+    params = table(rng, 20, 16)
+    bags = [[(1, 1.0), (2, -1.0)],            # mean: weights sum to 0
+            [(3, 1e-30), (4, 1e-30)],         # sqrtn: squares underflow to 0
+            [(5, 3e38), (6, 3e38)],           # the sum or its squares overflow
+            [(7, 1e38)],                      # 1 / 1e38 is subnormal
+            [(8, 0.5), (9, 2.0), (10, 1.0)],  # ordinary
+            []]
+    indices = [(r, c) for r, bag in enumerate(bags) for c in range(len(bag))]
+    ids = [i for bag in bags for i, _ in bag]
+    weights = [w for bag in bags for _, w in bag]
+    shape = [len(bags), 3]
+    sp = tf.SparseTensor(np.array(indices, np.int64), tf.constant(ids, tf.int64), shape)
+    w = tf.SparseTensor(np.array(indices, np.int64), tf.constant(weights, tf.float32), shape)
+    got = tco.embedding_lookup_sparse(params, sp, w, combiner=combiner)
+    want = tf.nn.embedding_lookup_sparse(params, sp, w, combiner=combiner)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("combiner", COMBINERS)

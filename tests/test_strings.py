@@ -406,6 +406,19 @@ def test_skip_negative_and_default_id_are_the_safe_lookup(rng, params, combiner,
         tco.string_embedding(["1"], params, id_mode="index", default_id=1000)
 
 
+def test_unit_bag_weights_equal_adding_ones_in_float32():
+    """The pooling loops take n unit weights as n in closed form; it must be
+    what adding 1.0 n times in float32 gives, past 2^24 too, where the running
+    sum stops growing (2^24 + 1 rounds back to 2^24)."""
+    limit = 2**24
+    running = np.cumsum(np.ones(limit + 8, np.float32), dtype=np.float32)  # sequential float32 adds
+    for n in (0, 1, 2, 3, 1000, limit - 1, limit, limit + 1, limit + 8):
+        want = 0.0 if n == 0 else float(running[n - 1])
+        assert _core.unit_bag_weights(n) == (want, want), n
+    assert _core.unit_bag_weights(10**12) == (float(running[-1]),) * 2
+    assert running[-1] == limit
+
+
 def test_core_module_safe_options_match_tf_op(rng, params):
     strings = [",".join(str(v) for v in rng.integers(-20, 1000, size=rng.integers(0, 5))) for _ in range(30)]
     data, splits = tco.pack_strings(strings)

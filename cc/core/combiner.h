@@ -18,6 +18,15 @@ struct BagWeights {
     sum += w;
     sum_sq += w * w;
   }
+  // n Add(1.f) calls on fresh sums, without their chain of n dependent float
+  // adds: counting up by 1 is exact to 2^24, where 2^24 + 1 rounds back
+  // to 2^24, so the sums stop there.
+  CTR_HD static BagWeights Units(int64_t n) {
+    constexpr int64_t kExactCount = int64_t{1} << 24;
+    BagWeights w;
+    w.sum = w.sum_sq = static_cast<float>(n < kExactCount ? n : kExactCount);
+    return w;
+  }
 };
 
 // What a bag's weighted sum is divided by: 1 (sum), the sum of the weights
@@ -41,9 +50,10 @@ CTR_HD float CombinerDivisor(Combiner c, const BagWeights& w) {
 // entry); and where the reciprocal is not a normal float (|divisor| above
 // ~2^126, whose reciprocal is subnormal and flushed to zero in TF's threads,
 // or so small that it overflows) the element is a true division, as TF's is.
+CTR_HD bool CombineByScale(float scale) { return scale != 0.f && fabsf(scale) <= 3.402823466e38f; }
 CTR_HD float CombineElement(float acc, float scale, float divisor) {
   if (divisor == 0.f) return 0.f;
-  return (scale != 0.f && fabsf(scale) <= 3.402823466e38f) ? acc * scale : acc / divisor;
+  return CombineByScale(scale) ? acc * scale : acc / divisor;
 }
 
 // 1 / CombinerDivisor, the factor outputs (CombineElement) and gradients

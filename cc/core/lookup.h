@@ -95,6 +95,20 @@ float RowClipScale(const T* row, const LookupSpec& s) {
   return s.max_norm > 0.f ? MaxNormScale(SquaredNorm(row, s.dim), s.max_norm) : 1.f;
 }
 
+// out[d] = CombineElement(acc[d], scale, divisor) for a whole row. Its cases
+// depend on the bag, not the element, so they are chosen once: the loop
+// within each then vectorizes, where the per-element branches kept it scalar.
+template <typename T>
+inline void WriteCombinedRow(const float* acc, int64_t dim, float scale, float divisor, T* out) {
+  if (divisor == 0.f) {
+    for (int64_t d = 0; d < dim; ++d) out[d] = FromFloat<T>(0.f);
+  } else if (CombineByScale(scale)) {
+    for (int64_t d = 0; d < dim; ++d) out[d] = FromFloat<T>(acc[d] * scale);
+  } else {
+    for (int64_t d = 0; d < dim; ++d) out[d] = FromFloat<T>(acc[d] / divisor);
+  }
+}
+
 // Starts loading a table row into cache. Rows are random accesses into a
 // table far larger than cache; issuing several before using any overlaps
 // their memory latency, which dominates pooling.
@@ -160,10 +174,8 @@ class BagStream {
     for (; bag_ < bag; ++bag_) {
       if (nonempty_) nonempty_[bag_] = any_;
       if (!any_ && s_.default_id >= 0) Accumulate(params_ + s_.default_id * s_.dim, 1.f);
-      const float scale = CombinerScale(s_.combiner, bw_);
-      const float divisor = CombinerDivisor(s_.combiner, bw_);
-      T* out = out_ + bag_ * s_.dim;
-      for (int64_t d = 0; d < s_.dim; ++d) out[d] = FromFloat<T>(CombineElement(acc_[d], scale, divisor));
+      WriteCombinedRow(acc_, s_.dim, CombinerScale(s_.combiner, bw_), CombinerDivisor(s_.combiner, bw_),
+                       out_ + bag_ * s_.dim);
       ResetBag();
     }
   }

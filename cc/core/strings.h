@@ -525,11 +525,9 @@ void PoolBagRows(const LookupSpec& s, const T* params, const std::vector<const T
     bw.Add(1.f);
   } else {
     SumRows(rows, dim, acc);
-    for (size_t i = 0; i < rows.size(); ++i) bw.Add(1.f);
+    bw = BagWeights::Units(static_cast<int64_t>(rows.size()));
   }
-  const float scale = CombinerScale(s.combiner, bw);
-  const float divisor = CombinerDivisor(s.combiner, bw);
-  for (int64_t d = 0; d < dim; ++d) out[d] = FromFloat<T>(CombineElement(acc[d], scale, divisor));
+  WriteCombinedRow(acc, dim, CombinerScale(s.combiner, bw), CombinerDivisor(s.combiner, bw), out);
 }
 
 // Pools bags [row_begin, row_end) of tokens; acc is dim floats of scratch.

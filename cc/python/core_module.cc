@@ -212,6 +212,11 @@ PYBIND11_MODULE(_core, m) {
     for (py::ssize_t i = 0; i < keys.size(); ++i) out.mutable_data()[i] = ctr::HashIntKeyBucket(keys.data()[i], buckets);
     return out;
   }, py::arg("keys"), py::arg("num_buckets"), "to_hash_bucket_fast(as_string(keys)) without strings.");
+  m.def("unit_bag_weights", [](int64_t n) {
+    if (n < 0) throw py::value_error("n must be >= 0");
+    const ctr::BagWeights w = ctr::BagWeights::Units(n);
+    return py::make_tuple(w.sum, w.sum_sq);
+  }, py::arg("n"), "The (sum, sum of squares) float32 sums of n unit weights, as the pooling loops take them.");
   m.def("parse_int64", [](const py::bytes& b) -> py::object {
     const std::string s = b;
     int64_t v = 0;
