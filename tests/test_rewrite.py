@@ -251,6 +251,35 @@ def test_session_config_tf1_session(rng):
     assert_same(got, want)
 
 
+def test_session_config_tf1_session_with_string_features(rng):
+    """A session's graph reaches the optimizer placed; the string patterns add
+    their packs without a device, which the optimizer then places beside the
+    strings (an unplaced node failed the session's run with an InternalError)."""
+    vocab = 64
+    tables = [rng.normal(size=(vocab, d)).astype(np.float32) for d in (4, 8)]
+    keys = [b"a", b"", b"ff01", b"q"]
+    lists = ["1|5", "", "3||2", "7"]
+    with tf.Graph().as_default() as g:
+        t = [tf.constant(x) for x in tables]
+        a = tf.compat.v1.placeholder(tf.string, [None])
+        b = tf.compat.v1.placeholder(tf.string, [None])
+        hashed = tf.nn.embedding_lookup(t[0], tf.strings.to_hash_bucket_fast(a, vocab))
+        sp = tf.compat.v1.string_split(b, "|")
+        ids = tf.SparseTensor(sp.indices, tf.strings.to_number(sp.values, tf.int64), sp.dense_shape)
+        out = tf.concat([hashed, tf.nn.embedding_lookup_sparse(t[1], ids, None, combiner="sqrtn")], axis=1)
+        with tf.compat.v1.Session(graph=g) as sess:
+            want = sess.run(out, {a: keys, b: lists})
+        before = rewrite.fusion_stats()
+        with tf.compat.v1.Session(graph=g, config=rewrite.session_config()) as sess:
+            meta = tf.compat.v1.RunMetadata()
+            got = sess.run(out, {a: keys, b: lists}, run_metadata=meta,
+                           options=tf.compat.v1.RunOptions(output_partition_graphs=True))
+    assert delta(before, rewrite.fusion_stats())["rewrites"] >= 3
+    ops = {n.op for pg in meta.partition_graphs for n in pg.node}
+    assert "CtrConcatStringEmbedding" in ops and "ConcatV2" not in ops
+    assert_same(got, want)
+
+
 def test_session_config_keeps_the_given_config():
     base = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1)
     config = rewrite.session_config(base)

@@ -27,6 +27,15 @@ def concat_matches(report):
     return [m for m in report["match"] if m["pattern"] == "concat_strings"]
 
 
+def assert_both_fail(f, cf, graph, args, match):
+    """The original function fails on args with an InvalidArgument, and so
+    does the rewritten graph, its message matching `match`."""
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        f(*args)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+        run_graph_def(cf, graph, *args)
+
+
 def numeric_lists(rng, n, sep="|", min_len=0, max_len=4, empty_tokens=False):
     """Id lists like "3|17"; some rows empty (unless min_len), some with empty
     tokens ("3||4")."""
@@ -270,10 +279,7 @@ def test_a_trimmed_feature_with_more_strings_still_concatenates(rng):
     [got] = run_graph_def(cf, graph, *args)
     assert_identical(got, f(*args))
     bad = ctr_inputs(rng, 20, extra_tail=["", "4"])  # a token past the batch: 22 rows
-    with pytest.raises(tf.errors.InvalidArgumentError):
-        f(*bad)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="feature 3 has 22 rows where feature 0 has 20"):
-        run_graph_def(cf, graph, *bad)
+    assert_both_fail(f, cf, graph, bad, "feature 3 has 22 rows where feature 0 has 20")
 
 
 def test_features_of_different_batches_fail_as_the_concat_does(rng):
@@ -282,15 +288,13 @@ def test_features_of_different_batches_fail_as_the_concat_does(rng):
     cf, graph, report, counts = offline(f, *[STRINGS_1D] * 4)
     args = ctr_inputs(rng, 10)
     args[1] = tf.constant(keys(rng, 11))
-    with pytest.raises(tf.errors.InvalidArgumentError):
-        f(*args)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="feature 1 has 11 rows where feature 0 has 10"):
-        run_graph_def(cf, graph, *args)
+    assert_both_fail(f, cf, graph, args, "feature 1 has 11 rows where feature 0 has 10")
 
 
 def test_a_grouped_op_joins_the_concatenation(rng):
-    """Features grouped first (their stack proves one batch) and then
-    concatenated as a whole: the group's outputs become columns."""
+    """Features grouped first (their stack proves one batch), then stacked by
+    one op whose [B, 16] output is reshaped to [B, 2, 8]; the concatenation
+    after it copies that in as a dense input next to the TF1 feature."""
     t = tables(rng, dims=(8, 8, 4))
 
     def f(a, b, c):
@@ -298,7 +302,8 @@ def test_a_grouped_op_joins_the_concatenation(rng):
         return tf.concat([tf.reshape(both, [-1, 16]), tf1_lookup(t[2], c)], axis=1)
 
     cf, graph, report, counts = offline(f, *[STRINGS_1D] * 3)
-    assert "CtrMultiStringEmbedding" in fused_ops(graph)  # the stack is no concatenation: it stays
+    assert fused_ops(graph) == {"CtrPackStrings": 2, "CtrConcatStringEmbedding": 2}
+    assert "Pack" not in counts and "ConcatV2" not in counts
     args = [tf.constant(keys(rng, 12)), tf.constant(keys(rng, 12)),
             tf.constant(numeric_lists(rng, 11) + ["1"])]
     [got] = run_graph_def(cf, graph, *args)
@@ -353,10 +358,7 @@ def test_other_inputs_are_copied_in(rng, case):
             assert_identical(g, w)
     if case != "output_read_elsewhere":
         bad = [tf.constant(keys(rng, 7)), tf.constant(keys(rng, 7)), tf.zeros([6, 3])]
-        with pytest.raises(tf.errors.InvalidArgumentError):
-            f(*bad)
-        with pytest.raises(tf.errors.InvalidArgumentError, match="dense input 0 has 6 rows where feature 0 has 7"):
-            run_graph_def(cf, graph, *bad)
+        assert_both_fail(f, cf, graph, bad, "dense input 0 has 6 rows where feature 0 has 7")
 
 
 def test_concatenation_along_the_batch_axis_is_left_alone(rng):
@@ -437,3 +439,90 @@ def test_a_single_read_elsewhere_is_copied_in(rng):
     args = [tf.constant(keys(rng, 9)), tf.constant(numeric_lists(rng, 8) + ["2"])]
     for g, w in zip(run_graph_def(cf, graph, *args), f(*args)):
         assert_identical(g, w)
+
+
+# ---------------------------------------------------------------------------
+# Stacks: FM-family models gather their fields into [B, F, D] with
+# tf.stack / keras.ops.stack(axis=1); that is the concatenation reshaped.
+
+
+def stacked_features(t, axis=1):
+    return lambda a, b, c, d: tf.stack([hashed_ids(t[0], a), hashed_ids(t[1], b), ragged_sum(t[2], c),
+                                        tf1_lookup(t[3], d)], axis=axis)
+
+
+@pytest.mark.parametrize("axis", [1, -2])
+def test_stacked_features_become_one_op_and_a_reshape(rng, axis):
+    t = tables(rng, dims=(8, 8, 8, 8))
+    f = stacked_features(t, axis)
+    cf, graph, report, counts = offline(f, *[STRINGS_1D] * 4)
+    [match] = concat_matches(report)
+    assert match["fused_op"] == "CtrConcatStringEmbedding" and report["skip"] == []
+    assert fused_ops(graph) == {"CtrPackStrings": 1, "CtrConcatStringEmbedding": 1}
+    assert "Pack" not in counts and counts.get("Reshape") == 1
+    for n in (1, 31, 500):
+        args = ctr_inputs(rng, n)
+        [got] = run_graph_def(cf, graph, *args)
+        assert got.shape == (n, 4, 8)
+        assert_identical(got, f(*args))
+    bad = ctr_inputs(rng, 20, extra_tail=["", "4"])  # the TF1 feature has 22 rows
+    assert_both_fail(f, cf, graph, bad, "feature 3 has 22 rows where feature 0 has 20")
+
+
+def test_stack_with_a_dense_input_and_an_empty_batch(rng):
+    t = tables(rng, dims=(8, 8))
+    f = lambda a, b, x: tf.stack([hashed_ids(t[0], a), x, hashed_ids(t[1], b)], axis=1)  # noqa: E731
+    cf, graph, report, counts = offline(f, STRINGS_1D, STRINGS_1D, tf.TensorSpec([None, 8], tf.float32))
+    assert "Pack" not in counts
+    [op] = [n for n in graph.node if n.op == "CtrConcatStringEmbedding"]
+    assert (op.attr["N"].i, op.attr["M"].i) == (2, 1) and list(op.attr["layout"].list.i) == [0, 2, 1]
+    for n in (0, 7):
+        args = [tf.constant(keys(rng, n), tf.string), tf.constant(keys(rng, n), tf.string),
+                tf.constant(rng.normal(size=(n, 8)).astype(np.float32))]
+        [got] = run_graph_def(cf, graph, *args)
+        assert got.shape == (n, 3, 8)
+        assert_identical(got, f(*args))
+
+
+@pytest.mark.parametrize("case", ["axis0", "last_axis", "unknown_width"])
+def test_stacks_it_cannot_reproduce_are_left_alone(rng, case):
+    """A stack along another axis is no concatenation of rows; a stack with an
+    input of unknown width cannot be reshaped back (a Pack fails where widths
+    differ, a Reshape to a guessed width need not)."""
+    t = tables(rng, dims=(8, 8))
+
+    def f(a, b, x):
+        ea, eb = hashed_ids(t[0], a), hashed_ids(t[1], b)
+        if case == "axis0":
+            return tf.stack([ea, eb], axis=0)
+        if case == "last_axis":
+            return tf.stack([ea, eb], axis=-1)
+        return tf.stack([ea, x], axis=1)
+
+    cf, graph, report, counts = offline(f, STRINGS_1D, STRINGS_1D, tf.TensorSpec([None, None], tf.float32))
+    assert "CtrConcatStringEmbedding" not in counts and "Pack" in counts
+    reasons = [s["reason"] for s in report["skip"] if s["pattern"] == "concat_strings"]
+    want = "no static width" if case == "unknown_width" else "does not stack along axis 1"
+    assert any(want in r for r in reasons), reasons
+    args = [tf.constant(keys(rng, 7)), tf.constant(keys(rng, 7)), tf.constant(rng.normal(size=(7, 8)), tf.float32)]
+    [got] = run_graph_def(cf, graph, *args)
+    assert_identical(got, f(*args))
+
+
+def test_stack_of_real_fields_as_deepfm_builds_it(rng):
+    """Criteo hex categories (C19 and C26 have empty values), each hashed and
+    looked up as Keras' Hashing + Embedding do, stacked into [B, F, D] and
+    read by an FM term."""
+    criteo = read_csv("criteo_sample.txt")
+    cols = ("C1", "C3", "C19", "C26")
+    t = tables(rng, dims=(4, 4, 4, 4))
+
+    def f(*s):
+        fields = tf.stack([hashed_ids(tab, x) for tab, x in zip(t, s)], axis=1)  # [B, 4, 4]
+        return 0.5 * tf.reduce_sum(tf.square(tf.reduce_sum(fields, 1)) - tf.reduce_sum(tf.square(fields), 1), 1)
+
+    cf, graph, report, counts = offline(f, *[STRINGS_1D] * len(cols))
+    assert fused_ops(graph) == {"CtrPackStrings": 1, "CtrConcatStringEmbedding": 1} and "Pack" not in counts
+    args = [tf.constant([r[c] for r in criteo]) for c in cols]
+    [got] = run_graph_def(cf, graph, *args)
+    np.testing.assert_allclose(got, f(*args), rtol=1e-5, atol=1e-5)

@@ -5,6 +5,7 @@
 // at VLOG(1) and written to the report file when one is configured
 // (parameter_map["report_file"], JSON lines).
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -95,11 +96,59 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
       if (!changed || pass == kMaxPasses - 1) break;
       ctx.ForgetSkips();  // a later pass re-examines them with the new graph
     }
+    if (FullyPlaced(item.graph)) PlaceAddedNodes(optimized);
     Report(item.id, ctx);
     return absl::OkStatus();
   }
 
  private:
+  // A TF1 session's graph reaches Grappler placed, every node on a device,
+  // and the passes after it require that of the nodes added too (an empty
+  // device fails the session's run with an InternalError).
+  static bool FullyPlaced(const tensorflow::GraphDef& graph) {
+    for (const auto& n : graph.node())
+      if (n.device().empty()) return false;
+    return graph.node_size() > 0;
+  }
+
+  // Gives each node the patterns added without a device (a pack, which
+  // belongs beside its strings, and the shapes read from them) the device of
+  // its first placed input's producer or, failing that, of a placed reader.
+  static void PlaceAddedNodes(tensorflow::GraphDef* graph) {
+    std::map<std::string, tensorflow::NodeDef*> by_name;
+    for (auto& n : *graph->mutable_node()) by_name[n.name()] = &n;
+    auto producer = [&](const std::string& input) -> tensorflow::NodeDef* {
+      std::string name = input[0] == '^' ? input.substr(1) : input;
+      name = name.substr(0, name.find(':'));
+      auto it = by_name.find(name);
+      return it == by_name.end() ? nullptr : it->second;
+    };
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (auto& n : *graph->mutable_node()) {
+        if (!n.device().empty()) continue;
+        for (const std::string& in : n.input()) {
+          const tensorflow::NodeDef* p = producer(in);
+          if (in[0] != '^' && p != nullptr && !p->device().empty()) {
+            n.set_device(p->device());
+            changed = true;
+            break;
+          }
+        }
+      }
+      for (const auto& n : graph->node()) {
+        if (n.device().empty()) continue;
+        for (const std::string& in : n.input()) {
+          tensorflow::NodeDef* p = producer(in);
+          if (p != nullptr && p->device().empty()) {
+            p->set_device(n.device());
+            changed = true;
+          }
+        }
+      }
+    }
+  }
+
   static bool RunPatterns(int stage, tensorflow::GraphDef* graph, RewriteContext* ctx) {
     bool changed = false;
     for (const auto& pattern : RegisteredPatterns()) {

@@ -15,6 +15,15 @@
 // the trimmed features of tf.compat.v1.string_split (whose row counts are
 // known only at run time) had to stay single ops.
 //
+// A stack of the same embeddings along axis 1, as FM-family models (DeepFM,
+// AutoInt, DCN) gather their fields into [B, F, D] --
+//
+//   Pack(e_1, ..., e_N, axis = 1 or -2)
+//
+// is the same concatenation read as [B, N, D]: the fused op, then a Reshape
+// to [-1, N, D]. It needs every input's width known and equal (D > 0), as the
+// Pack needs equal shapes; otherwise the stack is left alone.
+//
 // Exact: each feature is pooled by the same code as before, and the fused op
 // fails where the ConcatV2 would, when the features' row counts differ (a
 // trimmed feature's count is found as the single op found it). It needs no
@@ -56,6 +65,7 @@ struct Part {
   float max_norm = -1.f;
   int64_t buckets = 0;
   bool trim = false;
+  int64_t width = -1;  // static columns (the table's dim, or a dense input's); -1 unknown
 };
 
 // What the rewrite removes and where it finds the features.
@@ -75,7 +85,8 @@ class ConcatStringsPattern : public NamedPattern<kName> {
   int Stage() const override { return 2; }
 
   bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
-    if (!IsOp(&anchor, "ConcatV2")) return false;
+    const bool stack = IsOp(&anchor, "Pack");
+    if (!IsOp(&anchor, "ConcatV2") && !stack) return false;
     const GraphIndex& g = ctx->index();
     const int n = static_cast<int>(IntAttr(anchor, "N", 0));
     if (n < 2) return false;
@@ -94,21 +105,30 @@ class ConcatStringsPattern : public NamedPattern<kName> {
           const NodeDef* p = ProducerBehindIdentities(ctx, anchor, k, &port, nullptr);
           ins += " " + (p ? Describe(*p) : std::string("none"));
         }
-        VLOG(2) << "CtrFusionOptimizer: " << anchor.name() << " concatenates no string embedding:" << ins;
+        VLOG(2) << "CtrFusionOptimizer: " << anchor.name() << " joins no string embedding:" << ins;
       }
       return false;
     }
     int64_t axis = 0;
-    if (!ConstScalarInt(g.Producer(anchor, n), &axis) || (axis != 1 && axis != -1))
+    if (stack) {
+      axis = IntAttr(anchor, "axis", 0);
+      if (axis != 1 && axis != -2)
+        return Skip(ctx, anchor, "it does not stack along axis 1 (or -2) of the [B, D] embeddings");
+    } else if (!ConstScalarInt(g.Producer(anchor, n), &axis) || (axis != 1 && axis != -1)) {
       return Skip(ctx, anchor, "it does not concatenate along axis 1 (or -1) of the [B, D] embeddings");
+    }
     Sources src;
     std::string why;
     if (!CollectParts(ctx, anchor, n, &src, &why)) return Skip(ctx, anchor, why);
-    // The axis constant goes with the concatenation where nothing else reads it.
-    const NodeDef* axis_const = g.Producer(anchor, n);
-    if (g.DataConsumers(axis_const->name()) == 1 && g.ControlConsumers(axis_const->name()) == 0)
-      src.removed.push_back(*axis_const);
-    Fuse(ctx, anchor, src);
+    int64_t width = 0;
+    if (stack && !CommonWidth(ctx, anchor, &src, &width, &why)) return Skip(ctx, anchor, why);
+    if (!stack) {
+      // The axis constant goes with the concatenation where nothing else reads it.
+      const NodeDef* axis_const = g.Producer(anchor, n);
+      if (g.DataConsumers(axis_const->name()) == 1 && g.ControlConsumers(axis_const->name()) == 0)
+        src.removed.push_back(*axis_const);
+    }
+    Fuse(ctx, anchor, src, stack ? width : 0);
     return true;
   }
 
@@ -128,6 +148,34 @@ class ConcatStringsPattern : public NamedPattern<kName> {
       p = g.Producer(*p, 0, port);
     }
     return p;
+  }
+
+  // The static width of output `port` of `node` as a [B, D] matrix, or -1.
+  static int64_t StaticWidth(RewriteContext* ctx, const NodeDef* node, int port) {
+    if (node == nullptr || ctx->Rank(*node, port) != 2) return -1;
+    const int64_t d = ctx->Dim(*node, port, 1);
+    return d >= 0 ? d : -1;
+  }
+
+  // The one width D of a stack's inputs (features: their tables' dims), known
+  // and positive: the Reshape to [-1, N, D] is then the Pack's result.
+  static bool CommonWidth(RewriteContext* ctx, const NodeDef& pack, Sources* src, int64_t* width, std::string* why) {
+    const GraphIndex& g = ctx->index();
+    for (size_t k = 0; k < src->parts.size(); ++k) {
+      Part& part = src->parts[k];
+      if (!part.dense.empty()) {
+        int port = 0;
+        const NodeDef* p = g.Producer(pack, static_cast<int>(k), &port);
+        part.width = StaticWidth(ctx, p, port);
+      }
+      if (part.width <= 0 || (k > 0 && part.width != src->parts[0].width)) {
+        *why = "input " + std::to_string(k) + " of the stack has no static width equal to the others' (" +
+               std::to_string(part.width) + " against " + std::to_string(src->parts[0].width) + ")";
+        return false;
+      }
+    }
+    *width = src->parts[0].width;
+    return true;
   }
 
   // Sorts the concatenation's inputs into features, which the fused op takes
@@ -221,6 +269,9 @@ class ConcatStringsPattern : public NamedPattern<kName> {
         GroupMember(*p, *pack, port, part);
         part->group = p->name();
       }
+      int table_port = 0;
+      const NodeDef* table = g.Producer(*p, IsOp(p, "CtrStringEmbedding") ? 0 : port, &table_port);
+      part->width = StaticWidth(ctx, table, table_port);
       part->nodes.insert(part->nodes.end(), identities.begin(), identities.end());
       part->nodes.push_back(*p);
       part->nodes.push_back(*pack);
@@ -295,7 +346,9 @@ class ConcatStringsPattern : public NamedPattern<kName> {
     return true;
   }
 
-  static void Fuse(RewriteContext* ctx, const NodeDef& concat_in, const Sources& src) {
+  // stack_width > 0: the anchor is a Pack of inputs that wide, and the fused
+  // op's output is reshaped to [-1, N, stack_width].
+  static void Fuse(RewriteContext* ctx, const NodeDef& concat_in, const Sources& src, int64_t stack_width) {
     const NodeDef concat = concat_in;  // a copy: the graph changes under the index
     MatchRecord record{kName, "", "CtrConcatStringEmbedding", {}};
     std::vector<std::string> controls;
@@ -346,7 +399,18 @@ class ConcatStringsPattern : public NamedPattern<kName> {
       ctx->Remove(r.name(), op_name);
     }
     record.replaced.push_back(Describe(concat));
-    const std::string output = TensorName(op_name, 0);
+    std::string output = TensorName(op_name, 0);
+    if (stack_width > 0) {
+      const int64_t n = static_cast<int64_t>(src.parts.size());
+      const std::string shape = AddInt64Vector(ctx, concat.name() + "/ctr_stack_shape", {-1, n, stack_width},
+                                               src.emb_device);
+      NodeDef* reshape = ctx->AddNode(concat.name() + "/ctr_stack", "Reshape", src.emb_device);
+      reshape->add_input(output);
+      reshape->add_input(shape);
+      (*reshape->mutable_attr())["T"] = concat.attr().at("T");
+      (*reshape->mutable_attr())["Tshape"].set_type(tensorflow::DT_INT64);
+      output = TensorName(reshape->name(), 0);
+    }
     if (ctx->MustKeep(concat.name())) {
       KeepAsIdentity(ctx, concat.name(), output, concat.attr().at("T"));
     } else {
@@ -354,8 +418,8 @@ class ConcatStringsPattern : public NamedPattern<kName> {
       ctx->RedirectControlEdges(concat.name(), op_name);
       ctx->Remove(concat.name(), op_name);
     }
-    VLOG(1) << "CtrFusionOptimizer: concatenated " << features.size() << " string features and " << dense.size()
-            << " other inputs into " << op_name;
+    VLOG(1) << "CtrFusionOptimizer: " << (stack_width > 0 ? "stacked " : "concatenated ") << features.size()
+            << " string features and " << dense.size() << " other inputs into " << op_name;
     ctx->Matched(record);
   }
 };
