@@ -526,3 +526,30 @@ def test_stack_of_real_fields_as_deepfm_builds_it(rng):
     args = [tf.constant([r[c] for r in criteo]) for c in cols]
     [got] = run_graph_def(cf, graph, *args)
     np.testing.assert_allclose(got, f(*args), rtol=1e-5, atol=1e-5)
+    # Online, each field's gather is a stateful op the function keeps: fused,
+    # it stays as an Identity of the grouped output, which the stack still
+    # takes over (the Identity becomes a NoOp).
+    got, stats = run_online(f, *args)
+    assert stats["rewrites"] == len(cols) + 2  # the hashes, the group, the stack
+    np.testing.assert_allclose(got, f(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_a_fed_embedding_is_not_taken_over(rng):
+    """A TF1 session may feed an intermediate tensor: an embedding the caller
+    replaces keeps its node, and the concatenation reads the fed value."""
+    vocab = 64
+    tabs = [rng.normal(size=(vocab, 4)).astype(np.float32) for _ in range(2)]
+    with tf.Graph().as_default() as g:
+        a = tf.compat.v1.placeholder(tf.string, [None])
+        b = tf.compat.v1.placeholder(tf.string, [None])
+        ea = tf.identity(tf.nn.embedding_lookup(tf.constant(tabs[0]), tf.strings.to_hash_bucket_fast(a, vocab)))
+        eb = tf.nn.embedding_lookup(tf.constant(tabs[1]), tf.strings.to_hash_bucket_fast(b, vocab))
+        out = tf.concat([ea, eb], axis=1)
+        fed = np.full((3, 4), 7.0, np.float32)
+        feeds = {a: [b"x", b"y", b""], b: [b"p", b"", b"q"], ea: fed}
+        with tf.compat.v1.Session(graph=g) as sess:
+            want = sess.run(out, feeds)
+        with tf.compat.v1.Session(graph=g, config=tf_ctr_ops.rewrite.session_config()) as sess:
+            got = sess.run(out, feeds)
+    np.testing.assert_array_equal(got[:, :4], fed)
+    np.testing.assert_array_equal(got, want)

@@ -84,6 +84,9 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
     const auto& keep = item.NodesToPreserve();
     RewriteContext ctx(optimized, item.fetch, std::set<std::string>(keep.begin(), keep.end()),
                        have_shapes ? &properties : nullptr);
+    std::set<std::string> fed;
+    for (const auto& feed : item.feed) fed.insert(ParseTensorName(feed.first).node);
+    ctx.SetFed(std::move(fed));
     // Patterns build on each other's output (a fused lookup can absorb its
     // string producers next), so passes repeat until nothing changes; the
     // patterns that combine fused ops (grouping, then concatenation) run once

@@ -80,7 +80,11 @@ void RewriteContext::RedirectDataEdges(const std::string& from, int port, const 
 }
 
 bool RewriteContext::MustKeep(const std::string& name) const {
-  if (preserve_.count(name)) return true;
+  return preserve_.count(name) || FetchedOrFed(name);
+}
+
+bool RewriteContext::FetchedOrFed(const std::string& name) const {
+  if (fed_.count(name)) return true;
   for (const std::string& f : fetch_)
     if (ParseTensorName(f).node == name) return true;
   return false;

@@ -51,6 +51,11 @@ class RewriteContext {
   void RedirectDataEdges(const std::string& from, int port, const std::string& to);
   // Whether the graph must keep a node of this name (fetched, or preserved).
   bool MustKeep(const std::string& name) const;
+  // Whether the caller sees its outputs (fetched) or replaces them (fed). A
+  // preserved node that is neither (a function's stateful op, kept as an
+  // Identity once fused) may go: Remove keeps its name as a NoOp.
+  bool FetchedOrFed(const std::string& name) const;
+  void SetFed(std::set<std::string> fed) { fed_ = std::move(fed); }
   // Applies removals and re-indexes; call after each rewrite.
   void Commit();
 
@@ -74,6 +79,7 @@ class RewriteContext {
   const tensorflow::grappler::GraphProperties* properties_;
   std::unique_ptr<GraphIndex> index_;
   std::set<std::string> preserve_;
+  std::set<std::string> fed_;
   std::set<std::string> removed_;
   // Nodes rewrites added: inferred shapes under their names (a removed
   // original node's) do not describe them.

@@ -136,14 +136,17 @@ class ConcatStringsPattern : public NamedPattern<kName> {
   // The producer of input k of `node`, through Identity nodes (as
   // tf.nn.embedding_lookup ends), which are collected in `identities`
   // (nullable) to go with the rewrite; `shared` (nullable) tells whether
-  // anything else reads or waits on one of them.
+  // anything else reads, waits on or fetches one of them. One that is only
+  // preserved may go: online, a function's gather (stateful) is kept as an
+  // Identity of the fused lookup, and becomes a NoOp here.
   static const NodeDef* ProducerBehindIdentities(RewriteContext* ctx, const NodeDef& node, int k, int* port,
                                                  std::vector<NodeDef>* identities, bool* shared = nullptr) {
     const GraphIndex& g = ctx->index();
     const NodeDef* p = g.Producer(node, k, port);
     while (IsOp(p, "Identity")) {
       if (shared)
-        *shared |= g.Consumers(p->name(), 0) != 1 || g.ControlConsumers(p->name()) != 0 || ctx->MustKeep(p->name());
+        *shared |= g.Consumers(p->name(), 0) != 1 || g.ControlConsumers(p->name()) != 0 ||
+                   ctx->FetchedOrFed(p->name());
       if (identities) identities->push_back(*p);
       p = g.Producer(*p, 0, port);
     }
