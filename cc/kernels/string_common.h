@@ -246,6 +246,32 @@ class ConcatStringKernel : public MultiStringKernel {
   }
 
  protected:
+  // One call's validated layout: each feature's first string (and, at N,
+  // the total), its spec bound to its table, the first output column of
+  // each block (and, at N + M, the width), the one row count, and the
+  // output. Feature rows differ by device (a trimmed feature's are counted
+  // where its strings are), so feature_rows(f, plan, &rows) supplies them.
+  struct Plan {
+    std::vector<int64_t> first;
+    std::vector<ctr::StringSpec> specs;
+    std::vector<int64_t> columns;
+    int64_t rows = 0;
+    tensorflow::Tensor* out = nullptr;
+    int64_t width() const { return columns.back(); }
+  };
+  using FeatureRowsFn = std::function<absl::Status(int f, const Plan& plan, int64_t* rows)>;
+
+  absl::Status MakePlan(tensorflow::OpKernelContext* ctx, int64_t num_strings, const FeatureRowsFn& feature_rows,
+                        Plan* plan) const {
+    TF_RETURN_IF_ERROR(FeatureStrings(ctx->input(num_features() + 2), num_strings, &plan->first));
+    TF_RETURN_IF_ERROR(BindTables(ctx, &plan->specs));
+    std::vector<int64_t> rows(num_features());
+    for (int f = 0; f < num_features(); ++f) TF_RETURN_IF_ERROR(feature_rows(f, *plan, &rows[f]));
+    TF_RETURN_IF_ERROR(Columns(ctx, plan->specs, &plan->columns));
+    TF_RETURN_IF_ERROR(CommonRows(ctx, rows, &plan->rows));
+    return AllocateOutput(ctx, 0, {plan->rows, plan->width()}, &plan->out);
+  }
+
   bool trimmed(int f) const { return trim_[f]; }
   int num_dense() const { return num_dense_; }
   const tensorflow::Tensor& dense(tensorflow::OpKernelContext* ctx, int j) const {

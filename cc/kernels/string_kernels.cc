@@ -344,21 +344,17 @@ class ConcatStringEmbeddingCpuOp : public ConcatStringKernel {
     const Tensor& bytes = *packed;
     const int64_t* s = string_splits->flat<int64_t>().data();
     const int64_t num_strings = string_splits->NumElements() - 1;
-    std::vector<int64_t> first;
-    OP_REQUIRES_OK(ctx, FeatureStrings(ctx->input(n + 2), num_strings, &first));
-    std::vector<ctr::StringSpec> specs;
-    OP_REQUIRES_OK(ctx, BindTables(ctx, &specs));
     const uint8_t* b = bytes.flat<uint8_t>().data();
-    std::vector<int64_t> rows(n);
-    for (int f = 0; f < n; ++f) rows[f] = FeatureRows(specs[f], f, b, bytes.NumElements(), s + first[f],
-                                                      first[f + 1] - first[f]);
-    std::vector<int64_t> columns;
-    OP_REQUIRES_OK(ctx, Columns(ctx, specs, &columns));
-    int64_t common = 0;
-    OP_REQUIRES_OK(ctx, CommonRows(ctx, rows, &common));
-    const int64_t width = columns.back();
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {common, width}, &out));
+    Plan plan;
+    OP_REQUIRES_OK(ctx, MakePlan(ctx, num_strings, [&](int f, const Plan& p, int64_t* rows) {
+      *rows = FeatureRows(p.specs[f], f, b, bytes.NumElements(), s + p.first[f], p.first[f + 1] - p.first[f]);
+      return absl::OkStatus();
+    }, &plan));
+    const std::vector<int64_t>& first = plan.first;
+    const std::vector<ctr::StringSpec>& specs = plan.specs;
+    const std::vector<int64_t>& columns = plan.columns;
+    const int64_t common = plan.rows, width = plan.width();
+    Tensor* out = plan.out;
     CopyDense(ctx, columns, common, out);
     auto* dst = CorePtr<T>(out);
     int64_t max_dim = 0;

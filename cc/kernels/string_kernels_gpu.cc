@@ -243,23 +243,17 @@ class ConcatStringEmbeddingGpuOp : public ConcatStringKernel {
     void* stream = GpuStream(ctx);
     DeviceStrings in;
     OP_REQUIRES_OK(ctx, GroupStrings(ctx, n, stream, &in));
-    std::vector<int64_t> first;
-    OP_REQUIRES_OK(ctx, FeatureStrings(ctx->input(n + 2), in.num_bags, &first));
-    std::vector<ctr::StringSpec> specs;
-    OP_REQUIRES_OK(ctx, BindTables(ctx, &specs));
-    std::vector<int64_t> rows(n);
+    Plan plan;
+    OP_REQUIRES_OK(ctx, MakePlan(ctx, in.num_bags, [&](int f, const Plan& p, int64_t* rows) {
+      return FeatureRows(ctx, p.specs[f], f, in, p.first, stream, rows);
+    }, &plan));
+    std::vector<int64_t>& first = plan.first;
+    const std::vector<ctr::StringSpec>& specs = plan.specs;
+    const std::vector<int64_t>& columns = plan.columns;
+    const int64_t common = plan.rows, width = plan.width();
+    Tensor* out = plan.out;
     int64_t longest = 0;
-    for (int f = 0; f < n; ++f) {
-      OP_REQUIRES_OK(ctx, FeatureRows(ctx, specs[f], f, in, first, stream, &rows[f]));
-      longest = std::max(longest, first[f + 1] - first[f]);
-    }
-    std::vector<int64_t> columns;
-    OP_REQUIRES_OK(ctx, Columns(ctx, specs, &columns));
-    int64_t common = 0;
-    OP_REQUIRES_OK(ctx, CommonRows(ctx, rows, &common));
-    const int64_t width = columns.back();
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {common, width}, &out));
+    for (int f = 0; f < n; ++f) longest = std::max(longest, first[f + 1] - first[f]);
     for (int j = 0; j < num_dense(); ++j) {
       const Tensor& d = dense(ctx, j);
       OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::CopyRows2D(
