@@ -553,3 +553,21 @@ def test_a_fed_embedding_is_not_taken_over(rng):
             got = sess.run(out, feeds)
     np.testing.assert_array_equal(got[:, :4], fed)
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_stack_of_one_field_becomes_one_op_and_a_reshape(rng):
+    """tf.stack([e], axis=1): the [B, 1, D] of a model with one categorical
+    field, the op's [B, D] reshaped as a stack of any width is."""
+    t = tables(rng, dims=(8, 8, 8, 8))
+    f = lambda d: tf.stack([tf1_lookup(t[3], d)], axis=1)  # noqa: E731
+    cf, graph, report, counts = offline(f, STRINGS_1D)
+    [match] = concat_matches(report)
+    assert match["fused_op"] == "CtrConcatStringEmbedding" and report["skip"] == []
+    assert "Pack" not in counts and counts.get("Reshape") == 1
+    for n in (0, 1, 31):
+        args = ctr_inputs(rng, n)[3:] if n else [tf.constant([], tf.string)]
+        [got] = run_graph_def(cf, graph, *args)
+        assert got.shape == (args[0].shape[0], 1, 8)
+        assert_identical(got, f(*args))
+    bad = [tf.constant(["1|2", "x"])]
+    assert_both_fail(f, cf, graph, bad, "token 'x' in row 1")

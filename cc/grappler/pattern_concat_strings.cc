@@ -89,7 +89,8 @@ class ConcatStringsPattern : public NamedPattern<kName> {
     if (!IsOp(&anchor, "ConcatV2") && !stack) return false;
     const GraphIndex& g = ctx->index();
     const int n = static_cast<int>(IntAttr(anchor, "N", 0));
-    if (n < 2) return false;
+    // A stack of one field is a stack too ([B, 1, D]); a concatenation takes two.
+    if (n < (stack ? 1 : 2)) return false;
     // Only concatenations of string embeddings are this pattern's to judge.
     bool any = false;
     for (int k = 0; k < n; ++k) {
