@@ -84,16 +84,16 @@ def test_rewrite_suite_quick(tmp_path):
     # one step, and 3 sparse ones in two (the lookup, then the split); then
     # the 23 whose batch the Concatenate proves equal were grouped, and then
     # the Concatenate of all 26, the 3 sparse ones' trimmed row counts (last
-    # row + 1) included, became one CtrConcatStringEmbedding.
+    # row + 1) included, became one CtrConcatStringEmbedding; served on the
+    # CPU, that op and its pack became one CtrConcatStringTensorEmbedding.
     rw = res["rewrite"]
-    assert rw["matches"] == 20 + 3 + 2 * 3 + 1 + 1 and rw["skips"] == 0
-    assert rw["fused_ops"] == ["CtrConcatStringEmbedding", "CtrEmbeddingLookup", "CtrMultiStringEmbedding",
-                               "CtrStringEmbedding"]
-    assert rw["op_counts_after"]["CtrConcatStringEmbedding"] == 1
-    assert rw["op_counts_after"]["CtrPackStrings"] == 1
+    assert rw["matches"] == 20 + 3 + 2 * 3 + 1 + 1 + 1 and rw["skips"] == 0
+    assert rw["fused_ops"] == ["CtrConcatStringEmbedding", "CtrConcatStringTensorEmbedding", "CtrEmbeddingLookup",
+                               "CtrMultiStringEmbedding", "CtrStringEmbedding"]
+    assert rw["op_counts_after"]["CtrConcatStringTensorEmbedding"] == 1
     assert not {"StringToHashBucketFast", "StringSplit", "StringSplitV2", "Unique", "GatherV2",
-                "UnsortedSegmentSum", "ConcatV2", "CtrStringEmbedding",
-                "CtrMultiStringEmbedding"} & set(rw["op_counts_after"])
+                "UnsortedSegmentSum", "ConcatV2", "CtrStringEmbedding", "CtrMultiStringEmbedding",
+                "CtrPackStrings", "CtrConcatStringEmbedding"} & set(rw["op_counts_after"])
     assert rw["max_abs_diff"] <= 1e-6
     cases = {c["batch"]: c for c in res["cases"]}
     assert set(cases) == {32, 1}  # batch 1024 capped by --batch 32, and batch 1

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import tf_ctr_ops
 from tf_ctr_ops.strings import _ops as string_ops
-from test_rewrite import offline, read_csv, run_graph_def, run_online
+from test_rewrite import CPU_PASS, offline, read_csv, run_graph_def, run_online
 from test_rewrite_dense import assert_identical, fused_ops, random_strings
 from test_rewrite_group import V, id_lists, ragged_sum, tables
 
@@ -65,8 +65,9 @@ def single(table, strings, **attrs):
     return string_ops.ctr_string_embedding(table, data, splits, NO_BAGS, **attrs)
 
 
-def concat_op(ts, features, attrs, **extra):
-    data, splits, input_splits = string_ops.ctr_pack_strings([tf.constant(s, tf.string) for s in features])
+def attr_lists(attrs, **extra):
+    """The concatenated ops' attribute lists from per-feature attrs (and
+    their other inputs and attributes in `extra`)."""
     lists = dict(combiners=[a["combiner"] for a in attrs], id_modes=[a["id_mode"] for a in attrs],
                  delimiters=[a["delimiter"] for a in attrs], skip_empty=[a["skip_empty"] for a in attrs],
                  max_norms=[a.get("max_norm", -1.0) for a in attrs],
@@ -74,8 +75,13 @@ def concat_op(ts, features, attrs, **extra):
                  trim_empty_tail=[a.get("trim_empty_tail", False) for a in attrs])
     lists.update(extra)
     lists.setdefault("dense", [])
+    return lists
+
+
+def concat_op(ts, features, attrs, **extra):
+    data, splits, input_splits = string_ops.ctr_pack_strings([tf.constant(s, tf.string) for s in features])
     return string_ops.ctr_concat_string_embedding(params=ts, bytes=data, row_splits=splits,
-                                                  input_splits=input_splits, **lists)
+                                                  input_splits=input_splits, **attr_lists(attrs, **extra))
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16])
@@ -418,8 +424,9 @@ def test_online_concatenation_on_real_samples(rng):
                              axis=1)
     args = [tf.constant([r[c] for r in criteo[:n]]) for c in cols] + [tf.constant(genres[:n])]
     got, stats = run_online(f, *args)
-    # 4 hashes, the TF1 lookup and its split, the 4 hashes grouped, then the concatenation.
-    assert stats["rewrites"] == len(cols) + 2 + 1 + 1
+    # 4 hashes, the TF1 lookup and its split, the 4 hashes grouped, then the
+    # concatenation (and, placed on a CPU, its string_tensors pass).
+    assert stats["rewrites"] == len(cols) + 2 + 1 + 1 + CPU_PASS
     np.testing.assert_allclose(got, f(*args), rtol=1e-6, atol=1e-6)
 
 
@@ -530,7 +537,7 @@ def test_stack_of_real_fields_as_deepfm_builds_it(rng):
     # it stays as an Identity of the grouped output, which the stack still
     # takes over (the Identity becomes a NoOp).
     got, stats = run_online(f, *args)
-    assert stats["rewrites"] == len(cols) + 2  # the hashes, the group, the stack
+    assert stats["rewrites"] == len(cols) + 2 + CPU_PASS  # the hashes, the group, the stack (on a CPU, read in place)
     np.testing.assert_allclose(got, f(*args), rtol=1e-5, atol=1e-5)
 
 

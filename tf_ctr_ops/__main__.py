@@ -2,7 +2,7 @@
 
 Commands:
   bench SUITE... [options]   op-level benchmarks (python -m tf_ctr_ops.bench --help)
-  optimize SRC DST [--verify|--no-verify] [--report REPORT.json] [--signature KEY ...]
+  optimize SRC DST [--verify|--no-verify] [--report REPORT.json] [--signature KEY ...] [--serving-device cpu|gpu]
                              rewrite a SavedModel's TF-native CTR subgraphs into the
                              fused ops (python -m tf_ctr_ops optimize --help)
 """
@@ -25,11 +25,15 @@ def optimize_main(argv):
     parser.add_argument("--report", metavar="REPORT.json", help="also write the full report as JSON")
     parser.add_argument("--signature", metavar="KEY", nargs="+", action="extend", dest="signatures",
                         help="rewrite only these signatures (others are copied unchanged); default all")
+    parser.add_argument("--serving-device", choices=("cpu", "gpu"), default=None,
+                        help="where DST will be served: 'cpu' reads string inputs in place (no pack copy, "
+                        "CPU-only ops); default: a model that serves on either")
     args = parser.parse_args(argv)
 
     from tf_ctr_ops import rewrite
 
-    report = rewrite.optimize_saved_model(args.src, args.dst, signature_keys=args.signatures, verify=args.verify)
+    report = rewrite.optimize_saved_model(args.src, args.dst, signature_keys=args.signatures, verify=args.verify,
+                                          serving_device=args.serving_device)
     print(report.summary())
     if args.report:
         with open(args.report, "w") as f:

@@ -177,8 +177,11 @@ def rewrite_suite(cfg):
         model.export(src, verbose=False)
         export_s = time.perf_counter() - t0
         samples = make_inputs(rng, 64, cfg, vocab)
+        # Rewritten for the device it is served on here, as a user would.
+        serving = "gpu" if "GPU" in cfg.device.upper() else "cpu"
         report = rewrite.optimize_saved_model(src, dst, signature_keys=["serving_default"],
-                                              sample_inputs={"serving_default": samples}, runs=3)
+                                              sample_inputs={"serving_default": samples}, runs=3,
+                                              serving_device=serving)
         sig = report.signatures["serving_default"]
         if not report.ok:
             raise AssertionError(f"the rewritten model disagrees: {report.summary()}")

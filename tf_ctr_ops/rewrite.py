@@ -36,8 +36,18 @@ _ops = load_op_library()
 OPTIMIZER_NAME = "CtrFusionOptimizer"
 
 
-def _add_fusion_optimizer(config, report_file=None, only=False):
+SERVING_DEVICES = (None, "cpu", "gpu")
+
+
+def _check_serving_device(serving_device):
+    if serving_device not in SERVING_DEVICES:
+        raise ValueError(f"serving_device must be one of {SERVING_DEVICES}, got {serving_device!r}")
+    return serving_device
+
+
+def _add_fusion_optimizer(config, report_file=None, only=False, serving_device=None):
     """Adds CtrFusionOptimizer to a ConfigProto's rewriter config (in place)."""
+    _check_serving_device(serving_device)
     rewrite = config.graph_options.rewrite_options
     custom = next((c for c in rewrite.custom_optimizers if c.name == OPTIMIZER_NAME), None)
     if custom is None:
@@ -45,6 +55,10 @@ def _add_fusion_optimizer(config, report_file=None, only=False):
         custom.name = OPTIMIZER_NAME
     if report_file:
         custom.parameter_map["report_file"].s = os.fsencode(report_file)
+    if serving_device:
+        custom.parameter_map["serving_device"].s = serving_device.encode()
+    elif "serving_device" in custom.parameter_map:
+        del custom.parameter_map["serving_device"]
     if only:
         # Run the fusion pass alone: offline rewriting should change nothing else.
         del rewrite.optimizers[:]
@@ -56,13 +70,14 @@ def _add_fusion_optimizer(config, report_file=None, only=False):
     return config
 
 
-def session_config(config=None, report_file=None):
+def session_config(config=None, report_file=None, serving_device=None):
     """A `tf.compat.v1.ConfigProto` whose sessions run CtrFusionOptimizer.
 
     Args:
       config: an existing ConfigProto to extend (copied, not modified).
       report_file: a JSON-lines file the optimizer appends its match and skip
         records to (read it with `read_report`).
+      serving_device: as `optimize_saved_model`'s.
 
     Returns:
       A new ConfigProto for `tf.compat.v1.Session(config=...)`.
@@ -70,7 +85,7 @@ def session_config(config=None, report_file=None):
     out = config_pb2.ConfigProto()
     if config is not None:
         out.CopyFrom(config)
-    return _add_fusion_optimizer(out, report_file=report_file)
+    return _add_fusion_optimizer(out, report_file=report_file, serving_device=serving_device)
 
 
 class _Enabled:
@@ -92,7 +107,7 @@ class _Enabled:
             self._previous = None
 
 
-def enable(report_file=None):
+def enable(report_file=None, serving_device=None):
     """Runs CtrFusionOptimizer on the `tf.function`s this process calls from now on.
 
     Works as a plain call (`tf_ctr_ops.rewrite.enable()`) and as a context
@@ -100,12 +115,15 @@ def enable(report_file=None):
     previous configuration on exit. Functions are optimized when first
     instantiated under the configuration. With `report_file`, the optimizer
     appends its match and skip records there (JSON lines; `read_report`).
+    `serving_device` is as `optimize_saved_model`'s ("cpu": this process
+    serves on its CPU).
     """
     options = context.context().function_call_options
     previous = config_pb2.ConfigProto.FromString(options.config_proto_serialized)
     updated = config_pb2.ConfigProto()
     updated.CopyFrom(previous)
-    options.config_proto_serialized = _add_fusion_optimizer(updated, report_file=report_file)
+    options.config_proto_serialized = _add_fusion_optimizer(updated, report_file=report_file,
+                                                            serving_device=serving_device)
     return _Enabled(previous)
 
 
@@ -195,13 +213,14 @@ def _keep_recorded_shapes(graph_def):
             node.attr["_ctr_output_shapes"].CopyFrom(node.attr["_output_shapes"])
 
 
-def optimize_graph_def(graph_def, fetches, handle_shapes=None):
+def optimize_graph_def(graph_def, fetches, handle_shapes=None, serving_device=None):
     """Runs CtrFusionOptimizer alone over a GraphDef.
 
     Args:
       graph_def: the graph (e.g. a function body from `as_graph_def()`).
       fetches: output tensor names that must survive.
       handle_shapes: {placeholder name: shape} of captured variables.
+      serving_device: as `optimize_saved_model`'s.
 
     Returns:
       `(optimized GraphDef, report dict)` with the report's "match", "skip"
@@ -218,7 +237,8 @@ def optimize_graph_def(graph_def, fetches, handle_shapes=None):
     meta.collection_def["train_op"].CopyFrom(fetch)
     with tempfile.TemporaryDirectory() as tmp:
         report_file = os.path.join(tmp, "report.jsonl")
-        config = _add_fusion_optimizer(config_pb2.ConfigProto(), report_file=report_file, only=True)
+        config = _add_fusion_optimizer(config_pb2.ConfigProto(), report_file=report_file, only=True,
+                                       serving_device=serving_device)
         optimized = tf_optimizer.OptimizeGraph(config, meta, graph_id=b"tf_ctr_ops")
         report = read_report(report_file)
     return optimized, report
@@ -235,11 +255,12 @@ def captured_handle_shapes(concrete_function):
     return shapes
 
 
-def optimize_concrete_function(concrete_function):
+def optimize_concrete_function(concrete_function, serving_device=None):
     """Optimized GraphDef of a concrete function's body, and the report."""
     graph_def = concrete_function.graph.as_graph_def(add_shapes=True)
     fetches = [t.name for t in concrete_function.outputs]
-    return optimize_graph_def(graph_def, fetches, captured_handle_shapes(concrete_function))
+    return optimize_graph_def(graph_def, fetches, captured_handle_shapes(concrete_function),
+                              serving_device=serving_device)
 
 
 def _called_functions(nodes, library_names):
@@ -536,7 +557,8 @@ def _verify(original, rewritten, inputs, report, runs):
     report.latency_ms_after = _median_latency_ms(rewritten, inputs, runs)
 
 
-def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, verify=True, runs=20, seed=0):
+def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, verify=True, runs=20, seed=0,
+                         serving_device=None):
     """Rewrites a SavedModel's signatures with CtrFusionOptimizer into a new SavedModel.
 
     Each selected signature's function is optimized (its body usually lives in
@@ -566,10 +588,17 @@ def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, veri
         difference and the median latency of `runs` calls of each.
       runs: calls per latency measurement.
       seed: seed of the synthesized inputs.
+      serving_device: where `dst` will be served: "cpu" makes the
+        concatenated string embedding read its string tensors in place
+        (`CtrConcatStringTensorEmbedding`, CPU only), with no `CtrPackStrings`
+        copy before it; "gpu" or None (the default: either) keep the pack,
+        which is the GPU path's one host-to-device copy. A node placed on a
+        device follows its placement.
 
     Returns:
       A `RewriteReport`.
     """
+    _check_serving_device(serving_device)
     start = time.perf_counter()
     src, dst = os.fspath(src), os.fspath(dst)
     if os.path.abspath(src) == os.path.abspath(dst):
@@ -604,7 +633,8 @@ def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, veri
             original.graph.as_graph_def(add_shapes=True), original)
         optimized, records = optimize_graph_def(
             graph_def, [t.name for t in original.outputs],
-            dict(captured_handle_shapes(original), **{k: v.shape for k, v in merged.items()}))
+            dict(captured_handle_shapes(original), **{k: v.shape for k, v in merged.items()}),
+            serving_device=serving_device)
         functions[key] = _rebuild_function(original, optimized, f"{key}_ctr_fused",
                                            {k: v.handle for k, v in merged.items()})
         variables.extend(v for v in merged.values() if not any(v is w for w in variables))

@@ -283,10 +283,24 @@ def _multi_string_embedding_grad(op, *grads):
 
 @tf.RegisterGradient("CtrConcatStringEmbedding")
 def _concat_string_embedding_grad(op, grad):
-    n, m = op.get_attr("N"), op.get_attr("M")
-    tables = op.inputs[:n]
+    n = op.get_attr("N")
     data, row_splits, input_splits = op.inputs[n:n + 3]
-    dense = op.inputs[n + 3:]
+    return _concat_grad(op, grad, op.inputs[:n], data, row_splits, input_splits, op.inputs[n + 3:], 3)
+
+
+@tf.RegisterGradient("CtrConcatStringTensorEmbedding")
+def _concat_string_tensor_embedding_grad(op, grad):
+    # The gradient op reads packed bytes: the strings are packed here, once.
+    n, k = op.get_attr("N"), op.get_attr("K")
+    data, row_splits, input_splits = _ops.ctr_pack_strings(op.inputs[n:n + k], columns=op.get_attr("columns"))
+    return _concat_grad(op, grad, op.inputs[:n], data, row_splits, input_splits, op.inputs[n + k:], k)
+
+
+def _concat_grad(op, grad, tables, data, row_splits, input_splits, dense, string_inputs):
+    """Gradients of a concatenated string embedding: IndexedSlices for each
+    table, None for its `string_inputs` string inputs, slices of grad for the
+    dense inputs."""
+    n, m = op.get_attr("N"), op.get_attr("M")
     rows = tf.shape(grad, out_type=tf.int64)[0]
     attrs = _attrs(op, ("combiners", "id_modes", "delimiters", "skip_empty", "max_norms", "num_buckets"))
     buckets = attrs["num_buckets"] or [0] * n
@@ -309,7 +323,7 @@ def _concat_string_embedding_grad(op, grad):
             bagged=False, num_buckets=buckets[i])
         out.append(tf.IndexedSlices(values, indices, tf.shape(tables[i], out_type=tf.int64)))
     dense_grads = [grad[:, columns[n + j]:columns[n + j] + widths[n + j]] for j in range(m)]
-    return out + [None, None, None] + dense_grads
+    return out + [None] * string_inputs + dense_grads
 
 
 __all__ = ["pack_strings", "string_embedding", "multi_string_embedding", "COMBINERS", "ID_MODES"]

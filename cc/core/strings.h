@@ -427,19 +427,31 @@ inline void CopyRowBytes(void* dst, const void* src, size_t n) {
   }
 }
 
+// String r of packed bytes: bytes[splits[r], splits[r + 1]). Where a
+// string lives is the one thing the whole-string copy asks of its input, so
+// a CPU kernel can hand it strings where they already are instead.
+struct PackedStringsAt {
+  const uint8_t* bytes;
+  const int64_t* splits;
+  const uint8_t* data(int64_t r) const { return bytes + splits[r]; }
+  int64_t size(int64_t r) const { return splits[r + 1] - splits[r]; }
+  int64_t offset(int64_t r) const { return splits[r]; }  // TokenError::begin of the whole string
+};
+
 // PoolStringBagsCpu for IsWholeStringLookup: each row a copy of its table row
 // (bit for bit), or zeros for a skipped empty string; the pooling path would
-// spend more on its accumulator than on the single row.
+// spend more on its accumulator than on the single row. Reads only the
+// strings' own bytes (the hash reads none past a token), so `strings` may be
+// any accessor with data(r), size(r) and offset(r).
 //
 // Each row is resolved and prefetched kCopyDistance rows before it is copied,
 // so that many row loads are always in flight. Resolving a block of rows and
 // then copying it drained the loads at every block boundary: in a harness
 // (20 tables of 50k x 16, Criteo-like hashed categories) it cost about 1.5x
 // as much per row.
-template <typename T>
-void CopyWholeStringRowsCpu(const StringSpec& s, const T* params, const uint8_t* bytes,
-                            const int64_t* splits, int64_t begin, int64_t end, T* out, TokenError* err,
-                            uint8_t* nonempty, int64_t out_stride) {
+template <typename T, typename Strings>
+void CopyWholeStringRowsCpu(const StringSpec& s, const T* params, const Strings& strings, int64_t begin,
+                            int64_t end, T* out, TokenError* err, uint8_t* nonempty, int64_t out_stride) {
   constexpr int64_t kCopyDistance = 24;
   const int64_t dim = s.lookup.dim;
   int64_t ahead[kCopyDistance];  // row r's table row (-1: zeros) in ahead[r % kCopyDistance]
@@ -455,11 +467,11 @@ void CopyWholeStringRowsCpu(const StringSpec& s, const T* params, const uint8_t*
   };
   for (int64_t r = begin; r < end; ++r) {
     if (r - begin >= kCopyDistance) copy(r - kCopyDistance);  // frees the slot row r takes
-    const int64_t len = splits[r + 1] - splits[r];
+    const int64_t len = strings.size(r);
     int64_t value = 0;
-    const int64_t row = len == 0 && s.skip_empty ? kSkipKey : ResolveToken(bytes + splits[r], len, s, &value);
+    const int64_t row = len == 0 && s.skip_empty ? kSkipKey : ResolveToken(strings.data(r), len, s, &value);
     if (row < 0 && row != kSkipKey) {
-      if (err) *err = TokenError{r, splits[r], len, value, row};
+      if (err) *err = TokenError{r, strings.offset(r), len, value, row};
       return;
     }
     ahead[r % kCopyDistance] = row < 0 ? -1 : row;
@@ -548,7 +560,8 @@ void PoolStringBagsCpu(const StringSpec& s, const T* params, const uint8_t* byte
                        int64_t out_stride = 0) {
   if (out_stride == 0) out_stride = s.lookup.dim;
   if (IsWholeStringLookup(s, bag_splits)) {
-    CopyWholeStringRowsCpu(s, params, bytes, string_splits, row_begin, row_end, out, err, nonempty, out_stride);
+    CopyWholeStringRowsCpu(s, params, PackedStringsAt{bytes, string_splits}, row_begin, row_end, out, err, nonempty,
+                           out_stride);
     return;
   }
   if (row_begin >= row_end) return;

@@ -3,7 +3,9 @@
 // (cc/grappler/pattern_*.cc) over the graph; a subgraph whose semantics the
 // fused op would not reproduce exactly is left alone, with the reason logged
 // at VLOG(1) and written to the report file when one is configured
-// (parameter_map["report_file"], JSON lines).
+// (parameter_map["report_file"], JSON lines). parameter_map["serving_device"]
+// ("cpu" or "gpu"; absent: either) says where the rewritten graph will run,
+// for the patterns whose best form depends on it.
 #include <fstream>
 #include <map>
 #include <set>
@@ -16,6 +18,7 @@
 #include "tensorflow/core/grappler/grappler_item.h"
 #include "tensorflow/core/grappler/optimizers/custom_graph_optimizer.h"
 #include "tensorflow/core/grappler/optimizers/custom_graph_optimizer_registry.h"
+#include "tensorflow/core/platform/errors.h"
 #include "tensorflow/core/platform/logging.h"
 #include "tensorflow/core/protobuf/rewriter_config.pb.h"
 
@@ -64,9 +67,21 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
   bool UsesFunctionLibrary() const override { return false; }
 
   absl::Status Init(const tensorflow::RewriterConfig_CustomGraphOptimizer* config) override {
+    // An instance may be configured again: nothing carries over.
+    report_file_.clear();
+    serving_device_.clear();
     if (config != nullptr) {
       auto it = config->parameter_map().find("report_file");
       if (it != config->parameter_map().end()) report_file_ = it->second.s();
+      auto device = config->parameter_map().find("serving_device");
+      if (device != config->parameter_map().end()) {
+        const std::string& d = device->second.s();
+        if (d == "cpu" || d == "CPU") serving_device_ = "CPU";
+        else if (d == "gpu" || d == "GPU") serving_device_ = "GPU";
+        else if (!d.empty())
+          return tensorflow::errors::InvalidArgument("CtrFusionOptimizer: serving_device must be 'cpu', 'gpu' or "
+                                                     "empty, got '", d, "'");
+      }
     }
     return absl::OkStatus();
   }
@@ -87,11 +102,13 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
     std::set<std::string> fed;
     for (const auto& feed : item.feed) fed.insert(ParseTensorName(feed.first).node);
     ctx.SetFed(std::move(fed));
+    ctx.SetServingDevice(serving_device_);
     // Patterns build on each other's output (a fused lookup can absorb its
     // string producers next), so passes repeat until nothing changes; the
     // patterns that combine fused ops (grouping, then concatenation) run once
-    // the earlier stages are done.
-    constexpr int kMaxPasses = 8, kStages = 3;
+    // the earlier stages are done, and the choice of forms for the serving
+    // device last.
+    constexpr int kMaxPasses = 8, kStages = 4;
     for (int pass = 0; pass < kMaxPasses; ++pass) {
       bool changed = false;
       for (int stage = 0; stage < kStages && (!changed || pass == kMaxPasses - 1); ++stage)
@@ -188,6 +205,7 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
   }
 
   std::string report_file_;
+  std::string serving_device_;
 };
 
 }  // namespace

@@ -56,6 +56,10 @@ class RewriteContext {
   // Identity once fused) may go: Remove keeps its name as a NoOp.
   bool FetchedOrFed(const std::string& name) const;
   void SetFed(std::set<std::string> fed) { fed_ = std::move(fed); }
+  // The device type the rewritten graph is to be served on ("CPU", "GPU"),
+  // or empty: either, so rewrites keep what both need.
+  void SetServingDevice(std::string type) { serving_device_ = std::move(type); }
+  const std::string& serving_device() const { return serving_device_; }
   // Applies removals and re-indexes; call after each rewrite.
   void Commit();
 
@@ -80,6 +84,7 @@ class RewriteContext {
   std::unique_ptr<GraphIndex> index_;
   std::set<std::string> preserve_;
   std::set<std::string> fed_;
+  std::string serving_device_;
   std::set<std::string> removed_;
   // Nodes rewrites added: inferred shapes under their names (a removed
   // original node's) do not describe them.
@@ -101,7 +106,8 @@ class FusionPattern {
   virtual bool Rewrite(const tensorflow::NodeDef& anchor, RewriteContext* ctx) const = 0;
   // Patterns run in stages: a stage runs only once the earlier ones have
   // nothing left to rewrite. 0: the fusions of TF subgraphs; 1: combining
-  // fused ops (grouping); 2: combining groups (a concatenation of them).
+  // fused ops (grouping); 2: combining groups (a concatenation of them); 3:
+  // choosing a fused op's form for the serving device.
   virtual int Stage() const { return 0; }
 };
 

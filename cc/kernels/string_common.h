@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -190,27 +191,26 @@ inline absl::Status AllocatePooled(tensorflow::OpKernelContext* ctx, tensorflow:
   return absl::OkStatus();
 }
 
-// Runs fn(begin, end) over the rows [0, n) of validated string splits on
-// TF's intra-op pool, in shards of about equal bytes rather than equal rows: a
-// grouped op's rows range from one short key to long id lists (in feature
-// order), and equal row counts would leave one thread with all the lists.
-inline void ParallelForBytes(tensorflow::OpKernelContext* ctx, const int64_t* splits, int64_t n,
-                             int64_t cost_per_row, const std::function<void(int64_t, int64_t)>& fn) {
+// Runs fn(begin, end) over the rows [0, n) on TF's intra-op pool, in shards
+// of about equal weight rather than equal rows: prefix(r) is the weight of
+// rows [0, r), non-decreasing. A grouped op's rows range from one short key to
+// long id lists (in feature order), and equal row counts would leave one
+// thread with all the lists.
+inline void ParallelForWeighted(tensorflow::OpKernelContext* ctx, int64_t n, int64_t cost_per_row,
+                                const std::function<int64_t(int64_t)>& prefix,
+                                const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
-  // A row weighs its bytes plus a fixed share for its bag's output.
-  constexpr int64_t kRowBytes = 16;
-  auto weight = [&](int64_t r) { return splits[r] - splits[0] + r * kRowBytes; };
   const int64_t threads = ctx->device()->tensorflow_cpu_worker_threads()->num_threads;
   const int64_t k = std::min<int64_t>(n, std::max<int64_t>(1, 4 * threads));
   std::vector<int64_t> bounds(k + 1, n);
   bounds[0] = 0;
-  const int64_t total = weight(n);
+  const int64_t total = prefix(n);
   for (int64_t j = 1; j < k; ++j) {
     int64_t lo = bounds[j - 1], hi = n;  // first row whose prefix weight reaches j / k of the total
     const int64_t goal = static_cast<int64_t>(static_cast<double>(total) * j / k);
     while (lo < hi) {
       const int64_t mid = lo + (hi - lo) / 2;
-      if (weight(mid) < goal) lo = mid + 1; else hi = mid;
+      if (prefix(mid) < goal) lo = mid + 1; else hi = mid;
     }
     bounds[j] = lo;
   }
@@ -218,6 +218,22 @@ inline void ParallelForBytes(tensorflow::OpKernelContext* ctx, const int64_t* sp
     for (int64_t j = begin; j < end; ++j)
       if (bounds[j] < bounds[j + 1]) fn(bounds[j], bounds[j + 1]);
   });
+}
+
+// A string row weighs its bytes plus a fixed share for its bag's output.
+constexpr int64_t kStringRowWeight = 16;
+
+// ParallelForWeighted over the rows of validated string splits, by bytes.
+inline void ParallelForBytes(tensorflow::OpKernelContext* ctx, const int64_t* splits, int64_t n,
+                             int64_t cost_per_row, const std::function<void(int64_t, int64_t)>& fn) {
+  ParallelForWeighted(ctx, n, cost_per_row, [&](int64_t r) { return splits[r] - splits[0] + r * kStringRowWeight; },
+                      fn);
+}
+
+// ParallelFor's cost per bag of `bags` holding `bytes` in all.
+inline int64_t StringBagCost(const ctr::StringSpec& s, int64_t bytes, int64_t bags) {
+  const int64_t avg_bytes = bags > 0 ? bytes / bags + 1 : 1;
+  return avg_bytes * 12 + (avg_bytes / 4 + 1) * s.lookup.dim * 2;
 }
 
 inline absl::Status CheckVector(const tensorflow::Tensor& t, const char* what) {
@@ -233,7 +249,10 @@ inline absl::Status CheckVector(const tensorflow::Tensor& t, const char* what) {
 // feature i (block i) and dense input j (block N + j) in `layout` order.
 class ConcatStringKernel : public MultiStringKernel {
  public:
-  explicit ConcatStringKernel(tensorflow::OpKernelConstruction* c) : MultiStringKernel(c) {
+  // string_inputs: how many inputs carry the strings, between the tables
+  // and the dense inputs (the pack's three outputs, or the string tensors).
+  ConcatStringKernel(tensorflow::OpKernelConstruction* c, int string_inputs = 3)
+      : MultiStringKernel(c), string_inputs_(string_inputs) {
     std::vector<bool> trim;
     OP_REQUIRES_OK(c, c->GetAttr("trim_empty_tail", &trim));
     OP_REQUIRES(c, trim.empty() || static_cast<int>(trim.size()) == num_features(),
@@ -264,6 +283,11 @@ class ConcatStringKernel : public MultiStringKernel {
   absl::Status MakePlan(tensorflow::OpKernelContext* ctx, int64_t num_strings, const FeatureRowsFn& feature_rows,
                         Plan* plan) const {
     TF_RETURN_IF_ERROR(FeatureStrings(ctx->input(num_features() + 2), num_strings, &plan->first));
+    return PlanFeatures(ctx, feature_rows, plan);
+  }
+
+  // MakePlan once plan->first is known.
+  absl::Status PlanFeatures(tensorflow::OpKernelContext* ctx, const FeatureRowsFn& feature_rows, Plan* plan) const {
     TF_RETURN_IF_ERROR(BindTables(ctx, &plan->specs));
     std::vector<int64_t> rows(num_features());
     for (int f = 0; f < num_features(); ++f) TF_RETURN_IF_ERROR(feature_rows(f, *plan, &rows[f]));
@@ -275,7 +299,21 @@ class ConcatStringKernel : public MultiStringKernel {
   bool trimmed(int f) const { return trim_[f]; }
   int num_dense() const { return num_dense_; }
   const tensorflow::Tensor& dense(tensorflow::OpKernelContext* ctx, int j) const {
-    return ctx->input(num_features() + 3 + j);
+    return ctx->input(num_features() + string_inputs_ + j);
+  }
+
+  // Each dense input's rows into its columns of plan.out.
+  template <typename T>
+  void CopyDense(tensorflow::OpKernelContext* ctx, const Plan& plan) const {
+    T* dst = plan.out->flat<T>().data();
+    const int64_t width = plan.width();
+    for (int j = 0; j < num_dense(); ++j) {
+      const tensorflow::Tensor& d = dense(ctx, j);
+      const int64_t w = d.dim_size(1);
+      const T* src = d.flat<T>().data();
+      T* to = dst + plan.columns[num_features() + j];
+      for (int64_t r = 0; r < plan.rows && w > 0; ++r) std::memcpy(to + r * width, src + r * w, w * sizeof(T));
+    }
   }
 
   // Each feature's first string (and, at N, the total), from input_splits.
@@ -356,6 +394,7 @@ class ConcatStringKernel : public MultiStringKernel {
   }
 
   std::vector<bool> trim_;
+  int string_inputs_ = 3;
   int num_dense_ = 0;
   std::vector<int> layout_;
 };

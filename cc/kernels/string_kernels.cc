@@ -8,6 +8,7 @@
 #include "cc/core/segments.h"
 #include "cc/core/strings.h"
 #include "cc/kernels/string_common.h"
+#include "cc/kernels/string_runs.h"
 #include "cc/kernels/tf_types.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -21,40 +22,6 @@ using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 using tensorflow::tstring;
 
-// Copies one string's bytes: short ones (most CTR tokens) without a libc
-// call per string, as two overlapping word copies that read and write only
-// [0, n); a byte loop cost a branch per byte.
-inline void CopyString(const tstring& from, uint8_t* to) {
-  const size_t n = from.size();
-  const char* p = from.data();
-  if (n >= 8 && n <= 16) {
-    uint64_t head, tail;
-    std::memcpy(&head, p, 8);
-    std::memcpy(&tail, p + n - 8, 8);
-    std::memcpy(to, &head, 8);
-    std::memcpy(to + n - 8, &tail, 8);
-  } else if (n >= 4 && n < 8) {
-    uint32_t head, tail;
-    std::memcpy(&head, p, 4);
-    std::memcpy(&tail, p + n - 4, 4);
-    std::memcpy(to, &head, 4);
-    std::memcpy(to + n - 4, &tail, 4);
-  } else if (n < 4) {
-    for (size_t b = 0; b < n; ++b) to[b] = static_cast<uint8_t>(p[b]);
-  } else {
-    std::memcpy(to, p, n);
-  }
-}
-
-// Strings packed one after another: count of them, stride apart from base
-// (an input vector, or one column of a [B, C] matrix).
-struct StringRun {
-  const tstring* base;
-  int64_t count;
-  int64_t stride;
-  const tstring& operator[](int64_t j) const { return base[j * stride]; }
-};
-
 class PackStringsOp : public OpKernel {
  public:
   explicit PackStringsOp(OpKernelConstruction* c) : OpKernel(c) {
@@ -66,7 +33,8 @@ class PackStringsOp : public OpKernel {
     tensorflow::OpInputList inputs;
     OP_REQUIRES_OK(ctx, ctx->input_list("strings", &inputs));
     std::vector<StringRun> runs;
-    OP_REQUIRES_OK(ctx, columns_.empty() ? InputRuns(inputs, &runs) : ColumnRuns(inputs, &runs));
+    OP_REQUIRES_OK(ctx, columns_.empty() ? InputStringRuns(inputs, equal_sizes_, "pack_strings", &runs)
+                                          : ColumnStringRuns(inputs, columns_, "pack_strings", &runs));
     int64_t n = 0;
     for (const StringRun& run : runs) n += run.count;
     Tensor* splits = nullptr;
@@ -110,37 +78,6 @@ class PackStringsOp : public OpKernel {
   }
 
  private:
-  absl::Status InputRuns(const tensorflow::OpInputList& inputs, std::vector<StringRun>* runs) const {
-    for (int i = 0; i < inputs.size(); ++i) {
-      const Tensor& in = inputs[i];
-      // A grouped op would split mismatched features at the wrong rows.
-      if (equal_sizes_ && in.NumElements() != inputs[0].NumElements())
-        return tensorflow::errors::InvalidArgument("pack_strings with equal_sizes: input ", i, " holds ",
-                                                   in.NumElements(), " strings, input 0 holds ",
-                                                   inputs[0].NumElements());
-      runs->push_back({in.flat<tstring>().data(), in.NumElements(), 1});  // flat() checks the dtype
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status ColumnRuns(const tensorflow::OpInputList& inputs, std::vector<StringRun>* runs) const {
-    if (inputs.size() != 1 || inputs[0].dims() != 2)
-      return tensorflow::errors::InvalidArgument(
-          "pack_strings with columns takes one [B, C] matrix of strings, got ", inputs.size(), " input(s) of shape ",
-          inputs[0].shape().DebugString());
-    const Tensor& m = inputs[0];
-    const int64_t rows = m.dim_size(0), cols = m.dim_size(1);
-    for (const int64_t c : columns_) {
-      // The slice x[:, c] it stands for fails the same way.
-      if (c < 0 || c >= cols)
-        return tensorflow::errors::InvalidArgument("pack_strings: column ", c, " is outside the input's ", cols,
-                                                   " columns (shape ", m.shape().DebugString(), ")");
-      const tstring* data = m.flat<tstring>().data();
-      runs->push_back({rows > 0 ? data + c : data, rows, cols});
-    }
-    return absl::OkStatus();
-  }
-
   bool equal_sizes_ = false;
   std::vector<int64_t> columns_;
 };
@@ -205,11 +142,6 @@ inline absl::Status ValidateStringInputs(const Tensor& bytes, const Tensor& spli
   in->bag_splits = b;
   in->num_bags = bag_splits.NumElements() - 1;
   return absl::OkStatus();
-}
-
-inline int64_t StringBagCost(const ctr::StringSpec& s, int64_t bytes, int64_t bags) {
-  const int64_t avg_bytes = bags > 0 ? bytes / bags + 1 : 1;
-  return avg_bytes * 12 + (avg_bytes / 4 + 1) * s.lookup.dim * 2;
 }
 
 template <typename T>
@@ -355,7 +287,7 @@ class ConcatStringEmbeddingCpuOp : public ConcatStringKernel {
     const std::vector<int64_t>& columns = plan.columns;
     const int64_t common = plan.rows, width = plan.width();
     Tensor* out = plan.out;
-    CopyDense(ctx, columns, common, out);
+    CopyDense<T>(ctx, plan);
     auto* dst = CorePtr<T>(out);
     int64_t max_dim = 0;
     for (const auto& sp : specs) max_dim = std::max(max_dim, sp.lookup.dim);
@@ -392,19 +324,6 @@ class ConcatStringEmbeddingCpuOp : public ConcatStringKernel {
   }
 
  private:
-  // Each dense input's rows into its columns.
-  void CopyDense(OpKernelContext* ctx, const std::vector<int64_t>& columns, int64_t rows, Tensor* out) const {
-    T* dst = out->flat<T>().data();
-    const int64_t width = columns.back();
-    for (int j = 0; j < num_dense(); ++j) {
-      const Tensor& d = dense(ctx, j);
-      const int64_t w = d.dim_size(1);
-      const T* src = d.flat<T>().data();
-      T* to = dst + columns[num_features() + j];
-      for (int64_t r = 0; r < rows && w > 0; ++r) std::memcpy(to + r * width, src + r * w, w * sizeof(T));
-    }
-  }
-
   // Feature f's output rows: its strings, or, trimmed, the bags through its
   // last one with a table row.
   int64_t FeatureRows(const ctr::StringSpec& spec, int f, const uint8_t* bytes, int64_t num_bytes,

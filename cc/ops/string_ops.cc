@@ -94,7 +94,9 @@ absl::Status MultiShape(InferenceContext* c) {
 
 // [R, sum of the D_i and dense widths]: R is known from a dense input, or
 // only at run time (trimmed features).
-absl::Status ConcatShape(InferenceContext* c) {
+// [R, sum of the tables' and dense inputs' widths] for the concatenated ops,
+// whose dense inputs start at input first_dense.
+absl::Status ConcatOutputShape(InferenceContext* c, int first_dense) {
   int n, m;
   TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
   TF_RETURN_IF_ERROR(c->GetAttr("M", &m));
@@ -104,16 +106,29 @@ absl::Status ConcatShape(InferenceContext* c) {
     TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 2, &params));
     TF_RETURN_IF_ERROR(c->Add(width, c->Dim(params, 1), &width));
   }
-  ShapeHandle unused;
-  for (int i = n; i < n + 3; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &unused));
   for (int j = 0; j < m; ++j) {
     ShapeHandle dense;
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(n + 3 + j), 2, &dense));
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(first_dense + j), 2, &dense));
     TF_RETURN_IF_ERROR(c->Add(width, c->Dim(dense, 1), &width));
     TF_RETURN_IF_ERROR(c->Merge(rows, c->Dim(dense, 0), &rows));
   }
   c->set_output(0, c->Matrix(rows, width));
   return absl::OkStatus();
+}
+
+absl::Status ConcatShape(InferenceContext* c) {
+  int n;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  ShapeHandle unused;
+  for (int i = n; i < n + 3; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &unused));
+  return ConcatOutputShape(c, n + 3);
+}
+
+absl::Status ConcatTensorShape(InferenceContext* c) {
+  int n, k;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  TF_RETURN_IF_ERROR(c->GetAttr("K", &k));
+  return ConcatOutputShape(c, n + k);
 }
 
 constexpr char kStringAttrsDoc[] = R"doc(
@@ -272,6 +287,35 @@ dense: M other [R, w_j] matrices of the concatenation (numeric features, say),
   copied into their columns.
 layout: the order of the output's column blocks: i < N is feature i, N + j
   dense input j; empty: the features, then the dense inputs.
+)doc");
+
+REGISTER_OP("CtrConcatStringTensorEmbedding")
+    .Input("params: N * T")
+    .Input("strings: K * string")
+    .Input("dense: M * T")
+    .Output("output: T")
+    .CTR_MULTI_STRING_ATTRS
+    .Attr("K: int >= 1")
+    .Attr("columns: list(int) = []")
+    .Attr("trim_empty_tail: list(bool) = []")
+    .Attr("M: int >= 0 = 0")
+    .Attr("layout: list(int) = []")
+    .SetShapeFn(ConcatTensorShape)
+    .Doc(R"doc(
+CtrConcatStringEmbedding on the string tensors themselves, for CPU serving:
+the same output, bit for bit, and the same errors, with no CtrPackStrings
+before it. The packed buffer is the GPU path's single host-to-device copy; on
+a CPU it is a copy of every string that the pooling then reads again, so this
+form reads each string where it is (a whole-string key is hashed in place)
+and copies an id list only into a small buffer of the thread that pools it.
+It has a CPU kernel only. CtrFusionOptimizer emits it where the rewritten
+model is to be served on a CPU (its serving_device parameter, or a CPU
+placement).
+
+strings: K tensors of strings: one per feature (K = N, each row-major, as
+  CtrPackStrings reads them), or with columns a single [B, C] matrix (K = 1)
+  whose column columns[i] is feature i.
+Every other input and attribute is CtrConcatStringEmbedding's.
 )doc");
 
 #undef CTR_MULTI_STRING_ATTRS
