@@ -1,4 +1,5 @@
-"""8 threads calling the same ops, and the same tf.function, at once.
+"""8 threads calling the same ops (the concatenated string ops among them),
+and the same tf.function, at once.
 
 Every result must be bit-identical to the serial run: the kernels keep no
 state between calls, each bag is pooled by one thread in a fixed order, and
@@ -17,6 +18,7 @@ import tensorflow as tf
 
 import tf_ctr_ops as tco
 from tf_ctr_ops import _core
+from tf_ctr_ops.strings import _ops as string_ops
 
 THREADS = 8
 ITERS = int(os.environ.get("TF_CTR_OPS_CONCURRENCY_ITERS", "50"))
@@ -36,6 +38,18 @@ def _inputs():
 
 
 PARAMS, IDS, WEIGHTS, SP, SW, STRINGS, KEYS = _inputs()
+
+# Three features for the concatenated ops: whole-string keys, index lists and
+# clipped hashed lists, pooled into one [B, 48] output.
+CONCAT_ATTRS = dict(combiners=["sum", "mean", "sqrtn"], id_modes=["hash", "index", "hash"], delimiters=["", ",", ","],
+                    skip_empty=[True, True, False], max_norms=[-1.0, -1.0, 1.0], num_buckets=[0, 0, 0],
+                    trim_empty_tail=[False] * 3)
+CONCAT_STRINGS = [KEYS[:, 0], STRINGS, STRINGS]
+
+
+def _string_tensor_op(strings):
+    return string_ops.ctr_concat_string_tensor_embedding(params=[PARAMS] * 3, strings=strings, dense=[],
+                                                         **CONCAT_ATTRS)
 
 
 def _eager_ops():
@@ -58,6 +72,11 @@ def _eager_ops():
         "string_embedding": lambda: tco.string_embedding(STRINGS, PARAMS, id_mode="index").numpy(),
         "multi_string_embedding": lambda: np.concatenate([o.numpy() for o in tco.multi_string_embedding(
             [STRINGS, STRINGS], [PARAMS, PARAMS], id_modes=["mod", "hash"])], axis=1),
+        "concat_string_embedding": lambda: tco.multi_string_embedding(
+            CONCAT_STRINGS, [PARAMS] * 3, combiners=CONCAT_ATTRS["combiners"], id_modes=CONCAT_ATTRS["id_modes"],
+            delimiters=[None, ",", ","], skip_empty=CONCAT_ATTRS["skip_empty"], max_norms=[None, None, 1.0],
+            concat=True).numpy(),
+        "concat_string_tensor_embedding": lambda: _string_tensor_op(CONCAT_STRINGS).numpy(),
         "pack_strings": lambda: np.concatenate([t.numpy().astype(np.int64) for t in tco.pack_strings(STRINGS)]),
         "grad_sparse_embedding": grad(lambda: tco.sparse_embedding(PARAMS, IDS, WEIGHTS, max_norm=1.0)),
         "grad_string_embedding": grad(lambda: tco.string_embedding(STRINGS, PARAMS, combiner="sqrtn")),
@@ -93,6 +112,19 @@ def _bad_ids_error():
     return "no error"
 
 
+def _bad_token_error():
+    """Bad tokens in several shards of the string-tensor op (each shard
+    describes its own while its buffer lives): the lowest row's is reported."""
+    lists = STRINGS.numpy().astype(object)
+    for row in (40, 130, 250):
+        lists[row] = f"1,x{row},2".encode()
+    try:
+        _string_tensor_op([KEYS[:, 0], tf.constant(lists), STRINGS])
+    except tf.errors.InvalidArgumentError as e:
+        return e.message.split("[Op")[0].split("}}")[-1].strip()
+    return "no error"
+
+
 def _hammer(calls, iters):
     """Runs every call `iters` times on each of THREADS threads, all starting together."""
     barrier = threading.Barrier(THREADS)
@@ -109,8 +141,12 @@ def _check(iters):
     calls = dict(_eager_ops())
     calls["tf_function"] = _function_result
     calls["error"] = _bad_ids_error
+    calls["token_error"] = _bad_token_error
     serial = {name: fn() for name, fn in calls.items()}
     assert "id 1000000000 in row 3" in serial["error"], serial["error"]
+    assert "feature 1: token 'x40' in row 40" in serial["token_error"], serial["token_error"]
+    # The two concatenated forms are one op's two inputs: the same bits.
+    np.testing.assert_array_equal(serial["concat_string_tensor_embedding"], serial["concat_string_embedding"])
     for thread_results in _hammer(calls, iters):
         for iteration in thread_results:
             for (name, want), got in zip(serial.items(), iteration):
