@@ -42,7 +42,6 @@ SERVING_DEVICES = (None, "cpu", "gpu")
 def _check_serving_device(serving_device):
     if serving_device not in SERVING_DEVICES:
         raise ValueError(f"serving_device must be one of {SERVING_DEVICES}, got {serving_device!r}")
-    return serving_device
 
 
 def _add_fusion_optimizer(config, report_file=None, only=False, serving_device=None):

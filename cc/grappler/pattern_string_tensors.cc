@@ -61,7 +61,8 @@ class StringTensorsPattern : public NamedPattern<kName> {
     if (!IsOp(pack, "CtrPackStrings")) return Skip(ctx, anchor, "its strings do not come from a CtrPackStrings");
     if (g.DataConsumers(pack->name()) != 3 || g.ControlConsumers(pack->name()) != 0 || ctx->MustKeep(pack->name()))
       return Skip(ctx, anchor, "another node reads or waits on its CtrPackStrings");
-    if (!DeviceType(pack->device()).empty() && DeviceType(pack->device()) != "CPU")
+    const std::string pack_placed = DeviceType(pack->device());
+    if (!pack_placed.empty() && pack_placed != "CPU")
       return Skip(ctx, anchor, "its CtrPackStrings is placed on " + pack->device());
     Replace(ctx, anchor, *pack);
     return true;
