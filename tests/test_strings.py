@@ -92,32 +92,35 @@ def test_tricky_tokens_one_by_one(params, id_mode, skip_empty):
         assert_matches([f"2,{tok},3"], params, id_mode=id_mode, skip_empty=skip_empty)
 
 
-# Index and mod modes split and parse short ids from 8-byte loads; tokens
-# that are not 1 to 7 plain digits followed by the delimiter, and the last 8
-# bytes of each string, take the general rules. Long strings put every tricky
-# token where the fast scan sees it, next to digit-like bytes.
+# Index and mod modes parse each token of 1 to 8 plain digits from one 8-byte
+# load; other tokens, and those within 8 bytes of the buffer's end, take the
+# general rules. Long strings put every tricky token where the fast parse
+# sees it, next to digit-like bytes; a digit delimiter and a two-byte one
+# give tokens whose neighbours in the load are digits.
 NEAR_DIGITS = ["/", ":", "0/", "9:", "\xfa", "12\xff", "1\xfa9", "5 ", "+7", "007", "0000000", "1234567",
                "12345678", "999999999", "1000000", "0"]
 
 
 @pytest.mark.parametrize("id_mode", ["index", "mod"])
 @pytest.mark.parametrize("skip_empty", [True, False])
-def test_fast_number_scan_agrees_with_general_rules(rng, id_mode, skip_empty):
+@pytest.mark.parametrize("delimiter", [",", "9", "3,"])
+def test_fast_number_parse_agrees_with_general_rules(rng, id_mode, skip_empty, delimiter):
     params = tf.constant(rng.normal(size=(10_000, 4)).astype(np.float32))
     pad = ",".join(["123", "45", "6789", "1", "9999"])
     for tok in TRICKY + NEAR_DIGITS:
         for s in (f"{pad},{tok},{pad}", f"{tok},{pad}", f"{pad},{tok}", f"{pad},,{tok},,{pad},"):
             assert_matches([s.encode("latin-1"), pad], params, id_mode=id_mode, skip_empty=skip_empty,
-                           combiner="sum")
+                           combiner="sum", delimiter=delimiter)
     # Short strings back to back: a string's last token is followed in the
     # buffer by the next string's digits, which must not join it.
     short = ["1", "23", "", "456", "7,8", "0", "9999", "1234567", "12345678", "5,", ",6", "+1", "2 "]
-    assert_matches(short * 3, params, id_mode=id_mode, skip_empty=skip_empty, combiner="sum")
+    assert_matches(short * 3, params, id_mode=id_mode, skip_empty=skip_empty, combiner="sum", delimiter=delimiter)
     assert_matches([s for s in short if s and not s.startswith(",") and not s.endswith(",")], params,
-                   id_mode=id_mode, skip_empty=skip_empty, combiner="mean")
+                   id_mode=id_mode, skip_empty=skip_empty, combiner="mean", delimiter=delimiter)
     digits = [str(v) for v in rng.integers(0, 10_000, size=400)]
     strings = [",".join(digits[i:i + rng.integers(0, 40)]) for i in range(0, 400, 7)]
-    assert_matches(strings, params, id_mode=id_mode, skip_empty=skip_empty, combiner="sqrtn")
+    assert_matches(strings, params, id_mode=id_mode, skip_empty=skip_empty, combiner="sqrtn",
+                   delimiter=delimiter)
 
 
 def test_bytes_above_0x7f_and_nul_hash(params):

@@ -207,109 +207,81 @@ inline void ForEachTokenChunked(const uint8_t* s, int64_t len, int64_t readable,
 
 constexpr int64_t kBadNumber = -3;  // ResolveToken: not an int64 literal
 
+// The table row of a parsed id in index or mod mode: kSkipKey for a negative
+// id under skip_negative, kBadKey outside [0, V) in index mode.
+CTR_HD int64_t RowOfId(int64_t id, const StringSpec& s) {
+  const int64_t V = s.lookup.vocab;
+  if (s.mode == TokenMode::kMod) return FloorMod(id, V);
+  if (id < 0 && s.skip_negative) return kSkipKey;
+  return (id >= 0 && id < V) ? id : kBadKey;
+}
+
 // Table row of one token, kSkipKey (a negative id under skip_negative), or
 // kBadNumber / kBadKey (parsed, outside [0, V)). *value receives the parsed
 // number in index and mod modes.
 CTR_HD_HOT int64_t ResolveToken(const uint8_t* tok, int64_t len, const StringSpec& s, int64_t* value) {
-  const int64_t V = s.lookup.vocab;
   if (s.mode == TokenMode::kHash) {
+    const int64_t V = s.lookup.vocab;
     const int64_t b = HashBucket(tok, static_cast<uint64_t>(len), s.buckets > 0 ? s.buckets : V);
     *value = b;
     return b < V ? b : kBadKey;
   }
   if (!ParseInt64(tok, len, value)) return kBadNumber;
-  if (s.mode == TokenMode::kMod) return FloorMod(*value, V);
-  if (*value < 0 && s.skip_negative) return kSkipKey;
-  return (*value >= 0 && *value < V) ? *value : kBadKey;
+  return RowOfId(*value, s);
 }
 
 #if !defined(__CUDA_ARCH__)
-// A token of 1 to 7 plain digits at p, followed by the delimiter d or ending
-// the string (avail bytes are left in it), parsed from one 8-byte load: its
-// length, with *value set; 0 for any other token (the caller then takes the
-// general path). p[0, 8) must be readable, past the string if need be, and d
-// must not be a digit. Splitting and parsing per byte cost one mispredicted
-// branch at every token end; this costs none for the common short id.
-inline int ShortDigitToken(const uint8_t* p, int64_t avail, uint8_t d, int64_t* value) {
-  constexpr uint64_t kNibbleHigh = 0xF0F0F0F0F0F0F0F0ULL, kThrees = 0x3030303030303030ULL;
-  constexpr uint64_t kSixes = 0x0606060606060606ULL, kLow7 = 0x7F7F7F7F7F7F7F7FULL;
-  constexpr uint64_t kHighs = 0x8080808080808080ULL;
+// Whether tok[0, n) is 1 to 8 plain digits, parsed from one 8-byte load
+// (tok[0, 8) must be readable, past the token if need be), with *value set.
+// Such a token cannot overflow, so it parses as ParseInt64 would; the split
+// has already found its length, so no branch depends on where it ends (a
+// byte loop mispredicted at nearly every token end).
+inline bool ParsePlainDigits8(const uint8_t* tok, int64_t n, int64_t* value) {
+  constexpr uint64_t kThrees = 0x3030303030303030ULL, kHighNibbles = 0xF0F0F0F0F0F0F0F0ULL;
+  constexpr uint64_t kSixes = 0x0606060606060606ULL;
+  if (static_cast<uint64_t>(n - 1) > 7) return false;
   uint64_t w;
-  memcpy(&w, p, 8);
-  // A byte is a digit iff its high nibble is 3 and adding 6 keeps it so. A
-  // carry out of a non-digit byte can only corrupt bytes after it, which the
-  // first non-digit already cut off.
-  const uint64_t off = ((w & kNibbleHigh) ^ kThrees) | (((w + kSixes) & kNibbleHigh) ^ kThrees);
-  const uint64_t non_digits = (((off & kLow7) + kLow7) | off) & kHighs;
-  const int64_t digits = non_digits == 0 ? 8 : __builtin_ctzll(non_digits) >> 3;
-  int n;
-  if (digits >= avail) {
-    if (avail > 7) return 0;  // 8 or more digits
-    n = static_cast<int>(avail);  // the string's last token
-  } else {
-    n = static_cast<int>(digits);
-    if (n > 7 || p[n] != d) return 0;
-  }
-  if (n == 0) return 0;
-  // Digits to the top bytes (leading zeros below), then pairs, quads, eights:
-  // the first byte is the most significant digit.
-  uint64_t v = (w & 0x0F0F0F0F0F0F0F0FULL) << (8 * (8 - n));
+  memcpy(&w, tok, 8);
+  // The token's bytes to the top, '0's below: leading zeros.
+  const int shift = static_cast<int>(8 * (8 - n));
+  const uint64_t x = (w << shift) | (kThrees & ~(~0ULL << shift));
+  // A byte is a digit iff its high nibble is 3 and adding 6 keeps it so.
+  // Only a non-digit byte can carry into the next one, and it is caught
+  // itself, so any non-digit leaves a bit set.
+  if ((((x & kHighNibbles) ^ kThrees) | (((x + kSixes) & kHighNibbles) ^ kThrees)) != 0) return false;
+  // Pairs, quads, eights: the lowest byte is the most significant digit.
+  uint64_t v = x & 0x0F0F0F0F0F0F0F0FULL;
   v = (v * 10 + (v >> 8)) & 0x00FF00FF00FF00FFULL;
   v = (v * 100 + (v >> 16)) & 0x0000FFFF0000FFFFULL;
   v = (v * 10000 + (v >> 32)) & 0xFFFFFFFFULL;
   *value = static_cast<int64_t>(v);
-  return n;
+  return true;
 }
 
-// Whether ForEachResolvedToken may split and parse in one pass.
-inline bool FusedNumberScan(const StringSpec& s) {
-  return s.mode != TokenMode::kHash && s.delim_len == 1 && !IsAsciiDigit(s.delim[0]);
+// ResolveToken on the host, for a token with readable bytes from its start:
+// short plain ids parse in one load, anything else by the general rules, so
+// the row and value are ResolveToken's either way.
+inline int64_t ResolveTokenHost(const uint8_t* tok, int64_t len, int64_t readable, const StringSpec& s,
+                                int64_t* value) {
+  if (s.mode != TokenMode::kHash && readable >= 8 && ParsePlainDigits8(tok, len, value)) return RowOfId(*value, s);
+  return ResolveToken(tok, len, s, value);
 }
 
-// The split followed by ResolveToken on each token of str[0, len):
-// fn(begin, len, row, value), returning false to stop. Index and mod modes
-// with a one-byte delimiter split and parse short ids in one pass, reading up
-// to 8 bytes at a time within str[0, readable); anything unusual (signs,
-// spaces, long or bad tokens, empty ones, the buffer's last 8 bytes) takes
-// the general rules one token at a time, so results are the same either way.
+// The split followed by ResolveToken on each token of str[0, len), whose
+// bytes str[0, readable) may be read: fn(begin, len, row, value), returning
+// false to stop.
 template <typename Fn>
 inline void ForEachResolvedToken(const uint8_t* str, int64_t len, int64_t readable, const StringSpec& s,
                                  Fn fn) {
-  if (!FusedNumberScan(s)) {
-    auto resolve = [&](int64_t b, int64_t n) {
-      int64_t value = 0;
-      const int64_t row = ResolveToken(str + b, n, s, &value);
-      return fn(b, n, row, value);
-    };
-    if (s.delim_len == 0) {  // the whole string is the one token
-      if (!(s.skip_empty && len == 0)) resolve(0, len);
-    } else {
-      ForEachTokenChunked(str, len, readable, s.delim, s.delim_len, s.skip_empty, resolve);
-    }
-    return;
-  }
-  const uint8_t d = s.delim[0];
-  const int64_t V = s.lookup.vocab;
-  int64_t start = 0;
-  while (true) {
+  auto resolve = [&](int64_t b, int64_t n) {
     int64_t value = 0;
-    const int n = start + 8 <= readable ? ShortDigitToken(str + start, len - start, d, &value) : 0;
-    if (n > 0) {
-      const int64_t row = s.mode == TokenMode::kMod ? value % V : value < V ? value : kBadKey;
-      if (!fn(start, n, row, value)) return;
-      start += n;
-      if (start == len) return;
-      ++start;  // the delimiter
-      continue;
-    }
-    const uint8_t* hit = static_cast<const uint8_t*>(memchr(str + start, d, len - start));
-    const int64_t end = hit ? hit - str : len;
-    if (!(s.skip_empty && end == start)) {
-      const int64_t row = ResolveToken(str + start, end - start, s, &value);
-      if (!fn(start, end - start, row, value)) return;
-    }
-    if (end == len) return;
-    start = end + 1;
+    const int64_t row = ResolveTokenHost(str + b, n, readable - b, s, &value);
+    return fn(b, n, row, value);
+  };
+  if (s.delim_len == 0) {  // the whole string is the one token
+    if (!(s.skip_empty && len == 0)) resolve(0, len);
+  } else {
+    ForEachTokenChunked(str, len, readable, s.delim, s.delim_len, s.skip_empty, resolve);
   }
 }
 #endif
@@ -448,15 +420,19 @@ struct PackedStringsAt {
 // so that many row loads are always in flight. Resolving a block of rows and
 // then copying it drained the loads at every block boundary: in a harness
 // (20 tables of 50k x 16, Criteo-like hashed categories) it cost about 1.5x
-// as much per row.
+// as much per row. The distance is a power of two because the ring is
+// indexed twice per row: r % 24 cost about 20 of the 105 instructions a row
+// took (callgrind, same harness).
 template <typename T, typename Strings>
 void CopyWholeStringRowsCpu(const StringSpec& s, const T* params, const Strings& strings, int64_t begin,
                             int64_t end, T* out, TokenError* err, uint8_t* nonempty, int64_t out_stride) {
-  constexpr int64_t kCopyDistance = 24;
+  constexpr int64_t kCopyDistance = 32;
+  static_assert((kCopyDistance & (kCopyDistance - 1)) == 0, "the ring is indexed with a mask");
   const int64_t dim = s.lookup.dim;
   int64_t ahead[kCopyDistance];  // row r's table row (-1: zeros) in ahead[r % kCopyDistance]
+  auto slot = [](int64_t r) { return r & (kCopyDistance - 1); };
   auto copy = [&](int64_t r) {
-    const int64_t row = ahead[r % kCopyDistance];
+    const int64_t row = ahead[slot(r)];
     T* dst = out + r * out_stride;
     if (nonempty) nonempty[r] = row >= 0;
     if (row < 0) {
@@ -474,18 +450,20 @@ void CopyWholeStringRowsCpu(const StringSpec& s, const T* params, const Strings&
       if (err) *err = TokenError{r, strings.offset(r), len, value, row};
       return;
     }
-    ahead[r % kCopyDistance] = row < 0 ? -1 : row;
+    ahead[slot(r)] = row < 0 ? -1 : row;
     if (row >= 0) PrefetchRow(params + row * dim, dim);
   }
   for (int64_t r = end - kCopyDistance > begin ? end - kCopyDistance : begin; r < end; ++r) copy(r);
 }
 
 // The table rows of one bag's tokens, each prefetched as it is resolved.
+// params and dim are captured by value: through references the compiler
+// reloaded both after every push_back (a const T* store may alias them).
 template <typename T>
 bool ResolveBagRows(const TokenBagVisitor& visit, const T* params, int64_t dim, int64_t r,
                     std::vector<const T*>* rows) {
   rows->clear();
-  return visit(r, [&](int64_t row, float, int64_t) {
+  return visit(r, [params, dim, rows](int64_t row, float, int64_t) {
     const T* p = params + row * dim;
     PrefetchRow(p, dim);
     rows->push_back(p);
@@ -504,6 +482,27 @@ inline void SumColumnChunk(const std::vector<const T*>& rows, int64_t c, float* 
   }
   for (int64_t d = 0; d < kCols; ++d) acc[c + d] = a[d];
 }
+
+#if defined(__SSE2__) && !defined(__CUDA_ARCH__)
+// float rows in 4-lane adds: lane d of an addps is the scalar add of column
+// d, so the sums are bit for bit SumColumnChunk's. GCC vectorized that loop
+// into a mix of 2-lane, 4-lane and scalar adds, 17 instructions a row for 16
+// columns; this takes 4 loads and 4 adds.
+template <>
+inline void SumColumnChunk<float, 16>(const std::vector<const float*>& rows, int64_t c, float* __restrict acc) {
+  __m128 a0 = _mm_setzero_ps(), a1 = _mm_setzero_ps(), a2 = _mm_setzero_ps(), a3 = _mm_setzero_ps();
+  for (const float* p : rows) {
+    a0 = _mm_add_ps(a0, _mm_loadu_ps(p + c));
+    a1 = _mm_add_ps(a1, _mm_loadu_ps(p + c + 4));
+    a2 = _mm_add_ps(a2, _mm_loadu_ps(p + c + 8));
+    a3 = _mm_add_ps(a3, _mm_loadu_ps(p + c + 12));
+  }
+  _mm_storeu_ps(acc + c, a0);
+  _mm_storeu_ps(acc + c + 4, a1);
+  _mm_storeu_ps(acc + c + 8, a2);
+  _mm_storeu_ps(acc + c + 12, a3);
+}
+#endif
 
 template <typename T>
 inline void SumRows(const std::vector<const T*>& rows, int64_t dim, float* __restrict acc) {
