@@ -95,8 +95,12 @@ def test_rewrite_suite_quick(tmp_path):
                 "UnsortedSegmentSum", "ConcatV2", "CtrStringEmbedding", "CtrMultiStringEmbedding",
                 "CtrPackStrings", "CtrConcatStringEmbedding"} & set(rw["op_counts_after"])
     assert rw["max_abs_diff"] <= 1e-6
-    cases = {c["batch"]: c for c in res["cases"]}
-    assert set(cases) == {32, 1}  # batch 1024 capped by --batch 32, and batch 1
+    # batch 1024 capped by --batch 32, and batch 1; each served as a server
+    # runs the graph (flat tensors) and by the Python keyword call.
+    cases = {(c["batch"], c["call"]): c for c in res["cases"]}
+    assert set(cases) == {(b, call) for b in (32, 1) for call in ("served graph", "python call")}
+    assert cases[32, "served graph"]["case"] == "rewrite/batch32"
+    assert cases[32, "python call"]["case"] == "rewrite/batch32/python-call"
     for c in cases.values():
         assert 0 <= c["max_abs_err"]["native"] <= 1e-5
         for side in ("fused", "native", "floor"):
@@ -109,8 +113,47 @@ def test_rewrite_suite_quick(tmp_path):
             assert c["embedding_speedup"] is None
     [target] = res["targets"]
     assert target["batch"] == 32 and target["min_speedup"] == 3.0
+    assert target["speedup"] == cases[32, "served graph"]["speedup"] and "served graph" in target["target"]
     assert isinstance(target["met"], bool) and target["met"] == (target["speedup"] >= 3.0)
     assert json.loads(out.read_text())["suites"]["rewrite"]["cases"][0]["case"] == res["cases"][0]["case"]
+
+
+def test_served_graph_call_feeds_each_tensor_to_its_own_input(tmp_path):
+    """The flat call binds by name once, so inputs named out of order (and an
+    output that weighs each differently) must still come out as the keyword
+    call's."""
+    import tensorflow as tf
+
+    from tf_ctr_ops.bench_rewrite import keyword_call, served_graph_call
+
+    class Model(tf.Module):
+        def __init__(self):
+            self.w = tf.Variable(10.0)
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name=n) for n in ("zeta", "alpha", "mid")])
+        def serve(self, zeta, alpha, mid):
+            return {"out": self.w * zeta + 2.0 * alpha - 3.0 * mid}
+
+    model = Model()
+    tf.saved_model.save(model, str(tmp_path), signatures={"serving_default": model.serve})
+    sig = tf.saved_model.load(str(tmp_path)).signatures["serving_default"]
+    feeds = {"zeta": tf.constant([1.0, 2.0]), "alpha": tf.constant([5.0, 7.0]), "mid": tf.constant([11.0, 13.0])}
+    flat = served_graph_call(sig, feeds)
+    assert flat is not None
+    np.testing.assert_array_equal(flat(), keyword_call(sig, feeds)())
+    np.testing.assert_array_equal(flat(), [10 * 1 + 2 * 5 - 3 * 11, 10 * 2 + 2 * 7 - 3 * 13])
+
+
+def test_served_graph_call_is_none_without_the_flat_entry_point():
+    from tf_ctr_ops.bench_rewrite import served_graph_call
+
+    class KeywordOnly:
+        structured_outputs = {"out": None}
+
+        def __call__(self, **feeds):
+            return {"out": None}
+
+    assert served_graph_call(KeywordOnly(), {"x": 1}) is None
 
 
 def test_embedding_speedup_is_measured_beyond_the_floor():
