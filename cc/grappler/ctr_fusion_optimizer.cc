@@ -5,13 +5,16 @@
 // at VLOG(1) and written to the report file when one is configured
 // (parameter_map["report_file"], JSON lines). parameter_map["serving_device"]
 // ("cpu" or "gpu"; absent: either) says where the rewritten graph will run,
-// for the patterns whose best form depends on it.
+// for the patterns whose best form depends on it. parameter_map
+// ["disabled_patterns"] (pattern names, comma-separated) switches patterns
+// off: offline rewriting drops a pattern whose result failed verification.
 #include <fstream>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "cc/grappler/fusion_stats.h"
 #include "cc/grappler/pattern.h"
 #include "tensorflow/core/grappler/costs/graph_properties.h"
@@ -70,9 +73,15 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
     // An instance may be configured again: nothing carries over.
     report_file_.clear();
     serving_device_.clear();
+    disabled_.clear();
     if (config != nullptr) {
       auto it = config->parameter_map().find("report_file");
       if (it != config->parameter_map().end()) report_file_ = it->second.s();
+      auto disabled = config->parameter_map().find("disabled_patterns");
+      if (disabled != config->parameter_map().end()) {
+        for (absl::string_view name : absl::StrSplit(disabled->second.s(), ',', absl::SkipEmpty()))
+          disabled_.insert(std::string(name));
+      }
       auto device = config->parameter_map().find("serving_device");
       if (device != config->parameter_map().end()) {
         const std::string& d = device->second.s();
@@ -112,10 +121,11 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
     for (int pass = 0; pass < kMaxPasses; ++pass) {
       bool changed = false;
       for (int stage = 0; stage < kStages && (!changed || pass == kMaxPasses - 1); ++stage)
-        changed |= RunPatterns(stage, optimized, &ctx);
+        changed |= RunPatterns(stage, disabled_, optimized, &ctx);
       if (!changed || pass == kMaxPasses - 1) break;
       ctx.ForgetSkips();  // a later pass re-examines them with the new graph
     }
+    ctx.DropStaleShapes();
     if (FullyPlaced(item.graph)) PlaceAddedNodes(optimized);
     Report(item.id, ctx);
     return absl::OkStatus();
@@ -169,10 +179,11 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
     }
   }
 
-  static bool RunPatterns(int stage, tensorflow::GraphDef* graph, RewriteContext* ctx) {
+  static bool RunPatterns(int stage, const std::set<std::string>& disabled, tensorflow::GraphDef* graph,
+                          RewriteContext* ctx) {
     bool changed = false;
     for (const auto& pattern : RegisteredPatterns()) {
-      if (pattern->Stage() != stage) continue;
+      if (pattern->Stage() != stage || disabled.count(pattern->name())) continue;
       std::vector<std::string> names;
       names.reserve(graph->node_size());
       for (const auto& n : graph->node()) names.push_back(n.name());
@@ -206,6 +217,7 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
 
   std::string report_file_;
   std::string serving_device_;
+  std::set<std::string> disabled_;
 };
 
 }  // namespace

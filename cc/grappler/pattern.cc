@@ -25,14 +25,17 @@ RewriteContext::RewriteContext(tensorflow::GraphDef* graph, std::vector<std::str
 
 NodeDef* RewriteContext::Mutable(const std::string& name) {
   // Indexed nodes belong to graph_, which this context may change.
-  if (const NodeDef* n = index_->Node(name)) return const_cast<NodeDef*>(n);
+  if (const NodeDef* n = index_->Node(name)) {
+    changed_.insert(name);
+    return const_cast<NodeDef*>(n);
+  }
   auto it = pending_.find(name);
   return it == pending_.end() ? nullptr : it->second;
 }
 
 NodeDef* RewriteContext::AddNode(const std::string& base, const std::string& op, const std::string& device) {
   std::string name = base;
-  for (int i = 1; index_->Node(name) != nullptr || Mutable(name) != nullptr; ++i)
+  for (int i = 1; index_->Node(name) != nullptr || pending_.count(name) > 0; ++i)
     name = base + "_" + std::to_string(i);
   NodeDef* n = graph_->add_node();
   added_.insert(name);
@@ -74,8 +77,18 @@ void RewriteContext::RedirectDataEdges(const std::string& from, int port, const 
       // every input of the graph.
       if (in.compare(0, from.size(), from) != 0) continue;
       const TensorId t = ParseTensorName(in);
-      if (t.node == from && t.port == port) *inputs->Mutable(i) = to;
+      if (t.node == from && t.port == port) {
+        *inputs->Mutable(i) = to;
+        changed_.insert(n.name());
+      }
     }
+  }
+}
+
+void RewriteContext::DropStaleShapes() {
+  for (auto& n : *graph_->mutable_node()) {
+    n.mutable_attr()->erase("_ctr_output_shapes");
+    if (changed_.count(n.name())) n.mutable_attr()->erase("_output_shapes");
   }
 }
 

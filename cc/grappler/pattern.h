@@ -38,6 +38,8 @@ class RewriteContext {
                  const tensorflow::grappler::GraphProperties* properties);
 
   const GraphIndex& index() const { return *index_; }
+  // A node fetched here counts as changed: its recorded shapes are dropped by
+  // DropStaleShapes (a re-pointed reader may produce another shape).
   tensorflow::NodeDef* Mutable(const std::string& name);
   // Adds a node with a name derived from `base` that is unique in the graph.
   tensorflow::NodeDef* AddNode(const std::string& base, const std::string& op, const std::string& device);
@@ -62,6 +64,11 @@ class RewriteContext {
   const std::string& serving_device() const { return serving_device_; }
   // Applies removals and re-indexes; call after each rewrite.
   void Commit();
+  // Erases the shapes recorded before the rewrite where they may no longer
+  // hold: `_output_shapes` of every changed node (the importer rejects a
+  // stale one when the graph is loaded) and the offline copy
+  // `_ctr_output_shapes` everywhere. Call once, after the last pattern.
+  void DropStaleShapes();
 
   // Static rank / dim `dim` of output `port` of `node`, -1 when unknown. A
   // dim may also be a symbolic id (< -1) of Grappler's shape inference: two
@@ -86,6 +93,7 @@ class RewriteContext {
   std::set<std::string> fed_;
   std::string serving_device_;
   std::set<std::string> removed_;
+  std::set<std::string> changed_;  // fetched through Mutable or re-pointed
   // Nodes rewrites added: inferred shapes under their names (a removed
   // original node's) do not describe them.
   std::set<std::string> added_;
