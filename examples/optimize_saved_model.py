@@ -40,7 +40,11 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     dst = args.dst or os.path.normpath(args.src) + "_ctr_fused"
-    report = rewrite.optimize_saved_model(args.src, dst, signature_keys=args.signatures, verify=args.verify)
+    try:
+        report = rewrite.optimize_saved_model(args.src, dst, signature_keys=args.signatures, verify=args.verify)
+    except rewrite.RewriteError as e:  # nothing was written to dst
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(report.summary())
     if args.report:
         with open(args.report, "w") as f:

@@ -69,3 +69,35 @@ def fresh_process_env():
     parent = str(Path(tf_ctr_ops.__file__).resolve().parents[1])
     return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
                 PYTHONPATH=os.pathsep.join(filter(None, [parent, os.environ.get("PYTHONPATH")])))
+
+
+_FRESH_SERVE = """
+import pickle, sys
+import tensorflow as tf
+import tf_ctr_ops  # noqa: F401
+model_dir, key, request, result = sys.argv[1:]
+fn = tf.saved_model.load(model_dir).signatures[key]
+specs = fn.structured_input_signature[1]
+with open(request, "rb") as f:
+    inputs = pickle.load(f)
+out = fn(**{k: tf.constant(v, dtype=specs[k].dtype) for k, v in inputs.items()})
+with open(result, "wb") as f:
+    pickle.dump({k: v.numpy() for k, v in out.items()}, f)
+"""
+
+
+def serve_in_fresh_process(model_dir, key, inputs, work_dir):
+    """Outputs of signature `key` of the SavedModel at `model_dir` on `inputs`,
+    loaded and run in a new Python process (independent of the package's own
+    check); fails the test with the process' output when it cannot serve."""
+    import pickle
+    import subprocess
+    import sys
+
+    request, result = Path(work_dir) / f"{key}_request.pkl", Path(work_dir) / f"{key}_result.pkl"
+    request.write_bytes(pickle.dumps(inputs))
+    proc = subprocess.run([sys.executable, "-c", _FRESH_SERVE, str(Path(model_dir).resolve()), key, str(request),
+                           str(result)], cwd=work_dir, env=fresh_process_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return pickle.loads(result.read_bytes())

@@ -443,9 +443,9 @@ def test_optimize_saved_model_api(tmp_path, rng):
         assert [m["fused_op"] for m in sig.matches] == ["CtrEmbeddingLookup"], key
         assert sig.op_counts_after.get("CtrEmbeddingLookup") == 1
         assert "Unique" in sig.op_counts_before and "Unique" not in sig.op_counts_after
-        assert sig.max_abs_diff <= 1e-6 and sig.outputs_match and sig.verify_error is None
+        assert sig.max_abs_diff <= 1e-6 and sig.outputs_match
         assert sig.latency_ms_before > 0 and sig.latency_ms_after > 0
-    assert report.ok and report.verified and report.rewrite_seconds > 0
+    assert report.ok and report.verified and report.rewrite_seconds > 0 and not report.rejected_patterns
     assert len(report.matches) == 2 and {m["signature"] for m in report.matches} == {"pooled", "by_token"}
 
     as_dict = json.loads(report.to_json())

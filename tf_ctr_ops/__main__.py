@@ -2,9 +2,11 @@
 
 Commands:
   bench SUITE... [options]   op-level benchmarks (python -m tf_ctr_ops.bench --help)
-  optimize SRC DST [--verify|--no-verify] [--report REPORT.json] [--signature KEY ...] [--serving-device cpu|gpu]
+  optimize SRC DST [--verify|--no-verify] [--inputs FILE] [--report REPORT.json] [--signature KEY ...]
+                   [--serving-device cpu|gpu]
                              rewrite a SavedModel's TF-native CTR subgraphs into the
-                             fused ops (python -m tf_ctr_ops optimize --help)
+                             fused ops, verified in a fresh process before DST is
+                             written (python -m tf_ctr_ops optimize --help)
 """
 
 import argparse
@@ -16,12 +18,19 @@ def optimize_main(argv):
         prog="tf-ctr-ops optimize",
         description="Rewrite a SavedModel with CtrFusionOptimizer into a new SavedModel that serves the "
         "same signatures (load it after `import tf_ctr_ops`), and print what was fused, what was left "
-        "alone and why, and the verification.")
+        "alone and why, and the verification. DST is written only once the rewritten model has loaded and run "
+        "in a fresh process (and matched the original's outputs, when verifying); otherwise the command "
+        "exits with status 1 and DST is left as it was.")
     parser.add_argument("src", help="SavedModel directory to read")
     parser.add_argument("dst", help="SavedModel directory to write")
     parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
-                        help="run both models on synthesized inputs and compare outputs and latency "
-                        "(default: on)")
+                        help="run both models on the same inputs and compare outputs and latency (default: on); "
+                        "it fails when no inputs the original accepts are found")
+    parser.add_argument("--inputs", metavar="FILE",
+                        help="inputs to verify on: an .npz of the signature's inputs (named INPUT or "
+                        "SIGNATURE/INPUT), or a TFRecord file of serialized tf.Examples for a signature whose "
+                        "one input is such a string; default: synthesized from the graph (its vocabularies "
+                        "and ParseExample spec)")
     parser.add_argument("--report", metavar="REPORT.json", help="also write the full report as JSON")
     parser.add_argument("--signature", metavar="KEY", nargs="+", action="extend", dest="signatures",
                         help="rewrite only these signatures (others are copied unchanged); default all")
@@ -30,10 +39,18 @@ def optimize_main(argv):
                         "CPU-only ops); default: a model that serves on either")
     args = parser.parse_args(argv)
 
+    if args.inputs and not args.verify:
+        parser.error("--inputs is for verification: drop --no-verify")
+
     from tf_ctr_ops import rewrite
 
-    report = rewrite.optimize_saved_model(args.src, args.dst, signature_keys=args.signatures, verify=args.verify,
-                                          serving_device=args.serving_device)
+    try:
+        report = rewrite.optimize_saved_model(args.src, args.dst, signature_keys=args.signatures,
+                                              verify=args.verify, serving_device=args.serving_device,
+                                              inputs_file=args.inputs)
+    except (rewrite.RewriteError, ValueError) as e:
+        print(f"tf-ctr-ops optimize: error: {e}", file=sys.stderr)
+        return 1
     print(report.summary())
     if args.report:
         with open(args.report, "w") as f:

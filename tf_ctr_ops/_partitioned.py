@@ -27,6 +27,7 @@ import tensorflow as tf
 from tensorflow.core.framework import types_pb2
 
 _RESOURCE = types_pb2.DT_RESOURCE
+PATTERN = "partitioned_table"  # the name reports give this merge, as a Grappler pattern's
 
 
 class _Body:
@@ -236,7 +237,7 @@ def merge_partitioned_tables(graph_def, concrete_function):
         if not stitches:
             continue
         if len(callers) != 1:
-            skips += [{"pattern": "partitioned_table", "node": s.name,
+            skips += [{"pattern": PATTERN, "node": s.name,
                        "reason": "the function is not called once from the signature"} for s in stitches]
             continue
         call = callers[0]
@@ -251,12 +252,12 @@ def merge_partitioned_tables(graph_def, concrete_function):
         for stitch in stitches:
             found = _match_stitch(body, stitch, part_shapes)
             if isinstance(found, str):
-                skips.append({"pattern": "partitioned_table", "node": stitch.name, "reason": found})
+                skips.append({"pattern": PATTERN, "node": stitch.name, "reason": found})
                 continue
             strategy, parts, dim, index_dtype, ids = found
             reshape = _final_reshape(body, stitch, dim, ids)
             if reshape is None:
-                skips.append({"pattern": "partitioned_table", "node": stitch.name,
+                skips.append({"pattern": PATTERN, "node": stitch.name,
                               "reason": "the stitched rows are not reshaped back to ids.shape + [D] alone"})
                 continue
             key = (strategy, tuple(id(part_vars[a].handle) for a in parts))
@@ -309,7 +310,7 @@ def merge_partitioned_tables(graph_def, concrete_function):
             candidates |= _subgraph_above(body, old_shape.split(":")[0], subgraph)
             removed = _remove_dead(body, candidates, reshape.name)
             body.nodes = {n.name: n for n in fdef.node_def}
-            matches.append({"pattern": "partitioned_table", "fused_node": reshape.name, "fused_op": "ResourceGather",
+            matches.append({"pattern": PATTERN, "fused_node": reshape.name, "fused_op": "ResourceGather",
                             "replaced": removed + [f"{reshape.name} (Reshape)"], "strategy": strategy,
                             "partitions": len(parts)})
     return graph_def, placeholders, matches, skips

@@ -18,17 +18,22 @@ reproduce is left alone and the reason is reported.
 import dataclasses
 import json
 import os
+import pickle
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
+from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2, saved_model_pb2
 from tensorflow.python.eager import context
 from tensorflow.python.grappler import tf_optimizer
 
-from tf_ctr_ops import _partitioned
+from tf_ctr_ops import _errors, _model_inputs, _partitioned
+from tf_ctr_ops import _saved_model_files as _files
 from tf_ctr_ops._loader import load_op_library
 
 _ops = load_op_library()
@@ -44,7 +49,7 @@ def _check_serving_device(serving_device):
         raise ValueError(f"serving_device must be one of {SERVING_DEVICES}, got {serving_device!r}")
 
 
-def _add_fusion_optimizer(config, report_file=None, only=False, serving_device=None):
+def _add_fusion_optimizer(config, report_file=None, only=False, serving_device=None, disabled_patterns=()):
     """Adds CtrFusionOptimizer to a ConfigProto's rewriter config (in place)."""
     _check_serving_device(serving_device)
     rewrite = config.graph_options.rewrite_options
@@ -58,6 +63,10 @@ def _add_fusion_optimizer(config, report_file=None, only=False, serving_device=N
         custom.parameter_map["serving_device"].s = serving_device.encode()
     elif "serving_device" in custom.parameter_map:
         del custom.parameter_map["serving_device"]
+    if disabled_patterns:
+        custom.parameter_map["disabled_patterns"].s = ",".join(sorted(disabled_patterns)).encode()
+    elif "disabled_patterns" in custom.parameter_map:
+        del custom.parameter_map["disabled_patterns"]
     if only:
         # Run the fusion pass alone: offline rewriting should change nothing else.
         del rewrite.optimizers[:]
@@ -212,7 +221,7 @@ def _keep_recorded_shapes(graph_def):
             node.attr["_ctr_output_shapes"].CopyFrom(node.attr["_output_shapes"])
 
 
-def optimize_graph_def(graph_def, fetches, handle_shapes=None, serving_device=None):
+def optimize_graph_def(graph_def, fetches, handle_shapes=None, serving_device=None, disabled_patterns=()):
     """Runs CtrFusionOptimizer alone over a GraphDef.
 
     Args:
@@ -220,6 +229,7 @@ def optimize_graph_def(graph_def, fetches, handle_shapes=None, serving_device=No
       fetches: output tensor names that must survive.
       handle_shapes: {placeholder name: shape} of captured variables.
       serving_device: as `optimize_saved_model`'s.
+      disabled_patterns: names of patterns not to run.
 
     Returns:
       `(optimized GraphDef, report dict)` with the report's "match", "skip"
@@ -228,18 +238,56 @@ def optimize_graph_def(graph_def, fetches, handle_shapes=None, serving_device=No
     graph_def = type(graph_def).FromString(graph_def.SerializeToString())
     _annotate_handle_shapes(graph_def, handle_shapes or {})
     _annotate_called_handle_shapes(graph_def)
-    _keep_recorded_shapes(graph_def)
     meta = meta_graph_pb2.MetaGraphDef()
     meta.graph_def.CopyFrom(graph_def)
     fetch = meta_graph_pb2.CollectionDef()
     fetch.node_list.value.extend(fetches)
     meta.collection_def["train_op"].CopyFrom(fetch)
+    return optimize_meta_graph(meta, serving_device, disabled_patterns)
+
+
+# Feature ops no pattern fuses yet: what a rewrite leaves of them is reported,
+# so that a model with nothing fused still says what it holds.
+_UNFUSED_FEATURE_OPS = {
+    "LookupTableFindV2": "a vocabulary lookup (StringLookup, IntegerLookup, categorical_column_with_vocabulary_*)",
+    "OneHot": "a one-hot encoding",
+    "DenseBincount": "a multi-hot or count encoding (CategoryEncoding, multi_hot lookups) or ragged row lengths",
+    "SparseBincount": "a multi-hot or count encoding",
+    "RaggedBincount": "a multi-hot or count encoding",
+    "Bucketize": "a bucketized numeric feature",
+    "SparseCross": "a crossed feature",
+    "SparseCrossV2": "a crossed feature",
+    "SparseCrossHashed": "a crossed feature",
+    "StringToHashBucketFast": "a string hash that no fused lookup absorbed",
+}
+
+
+def _unfused_feature_records(graph_def):
+    """Skip records for the feature ops left in `graph_def` and the functions it calls."""
+    nodes = list(graph_def.node) + [n for f in reachable_functions(graph_def) for n in f.node_def]
+    return [{"pattern": "-", "node": n.name, "reason": f"no pattern fuses {n.op} yet ({_UNFUSED_FEATURE_OPS[n.op]})"}
+            for n in nodes if n.op in _UNFUSED_FEATURE_OPS]
+
+
+def optimize_meta_graph(meta_graph, serving_device=None, disabled_patterns=()):
+    """Runs CtrFusionOptimizer alone over a MetaGraphDef's graph.
+
+    Grappler keeps what the MetaGraphDef names: its signatures' inputs and
+    outputs, the "train_op" collection, init ops (main op, legacy init op,
+    table initializers) and the saver's ops. Returns `(optimized GraphDef,
+    report dict)` as `optimize_graph_def`; the skips also name each feature
+    op that no pattern fuses yet (pattern "-").
+    """
+    meta = meta_graph_pb2.MetaGraphDef()
+    meta.CopyFrom(meta_graph)
+    _keep_recorded_shapes(meta.graph_def)
     with tempfile.TemporaryDirectory() as tmp:
         report_file = os.path.join(tmp, "report.jsonl")
         config = _add_fusion_optimizer(config_pb2.ConfigProto(), report_file=report_file, only=True,
-                                       serving_device=serving_device)
+                                       serving_device=serving_device, disabled_patterns=disabled_patterns)
         optimized = tf_optimizer.OptimizeGraph(config, meta, graph_id=b"tf_ctr_ops")
         report = read_report(report_file)
+    report["skip"].extend(_unfused_feature_records(optimized))
     return optimized, report
 
 
@@ -318,12 +366,11 @@ class SignatureReport:
     skips: list = dataclasses.field(default_factory=list)  # {pattern, node, reason}
     op_counts_before: dict = dataclasses.field(default_factory=dict)  # graph and the functions it calls
     op_counts_after: dict = dataclasses.field(default_factory=dict)
-    inputs: str = None  # "given" or "synthesized", when verified
+    inputs: str = None  # "given", "file" or "synthesized ...", when verified
     max_abs_diff: float = None  # over all outputs (inf when a non-numeric output differs)
     outputs_match: bool = None  # allclose(rtol=1e-5, atol=1e-6) on every output
     latency_ms_before: float = None  # median of `runs` calls
     latency_ms_after: float = None
-    verify_error: str = None  # why verification could not compare the outputs
 
 
 @dataclasses.dataclass
@@ -336,15 +383,19 @@ class RewriteReport:
     signatures: dict  # key -> SignatureReport
     rewrite_seconds: float  # optimizing and rebuilding the signatures (no load, save, verify)
     total_seconds: float  # load, rewrite, save (and verify)
-    verified: bool
+    verified: bool  # outputs compared with the original's, in a fresh process
+    tf1: bool = False  # a TF1 (Builder) SavedModel: its signatures share one rewritten graph
+    rejected_patterns: dict = dataclasses.field(default_factory=dict)  # pattern -> why its result was dropped
 
     @property
     def matches(self):
-        return [dict(m, signature=s.key) for s in self.signatures.values() for m in s.matches]
+        records = [dict(m, signature=s.key) for s in self.signatures.values() for m in s.matches]
+        return _one_per_node(records) if self.tf1 else records
 
     @property
     def skips(self):
-        return [dict(k, signature=s.key) for s in self.signatures.values() for k in s.skips]
+        records = [dict(k, signature=s.key) for s in self.signatures.values() for k in s.skips]
+        return _one_per_node(records) if self.tf1 else records
 
     @property
     def max_abs_diff(self):
@@ -355,12 +406,7 @@ class RewriteReport:
     def ok(self):
         """False when verification found different outputs, or the rewritten
         model failed where the original ran."""
-        for s in self.signatures.values():
-            if s.outputs_match is False:
-                return False
-            if s.verify_error and s.verify_error.startswith("rewritten"):
-                return False
-        return True
+        return not any(s.outputs_match is False for s in self.signatures.values())
 
     def to_dict(self):
         out = dataclasses.asdict(self)
@@ -389,15 +435,29 @@ class RewriteReport:
             before, after = sum(s.op_counts_before.values()), sum(s.op_counts_after.values())
             delta = _count_delta(s.op_counts_before, s.op_counts_after)
             lines.append(f"  ops    {before} -> {after}" + (f": {delta}" if delta else ""))
-            if s.verify_error:
-                lines.append(f"  verify not compared: {s.verify_error}")
-            elif s.max_abs_diff is not None:
+            if s.max_abs_diff is not None:
                 verdict = "outputs match" if s.outputs_match else "OUTPUTS DIFFER"
                 lines.append(f"  verify {verdict} on {s.inputs} inputs: max |diff| {s.max_abs_diff:.3g}; "
                              f"median latency {s.latency_ms_before:.3f} ms -> {s.latency_ms_after:.3f} ms")
+        for pattern, why in self.rejected_patterns.items():
+            lines.append(f"dropped pattern {pattern}: {why}")
+        if not self.verified:
+            lines.append("not verified (--no-verify): the rewritten model was loaded in a fresh process, "
+                         "its outputs were not compared")
         if not self.ok:
             lines.append("FAILED: the rewritten model does not reproduce the original (see above)")
         return "\n".join(lines)
+
+
+def _one_per_node(records):
+    """A TF1 model's signatures share one graph: each record once."""
+    seen, out = set(), []
+    for r in records:
+        key = tuple(sorted((k, str(v)) for k, v in r.items() if k != "signature"))
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
 
 
 def _json_default(value):
@@ -486,26 +546,6 @@ def _rebuild_function(concrete_function, graph_def, name, extra_captures=None):
     return tf.function(serve, input_signature=signature).get_concrete_function()
 
 
-def _synthesize_inputs(specs, rng, dim=4):
-    """Sample inputs from TensorSpecs (see `optimize_saved_model`)."""
-    out = {}
-    for key, spec in specs.items():
-        shape = [dim if d is None else d for d in (spec.shape.as_list() if spec.shape.rank is not None else [dim])]
-        dtype = tf.as_dtype(spec.dtype)
-        if dtype.is_integer:
-            value = np.sort(rng.integers(0, 2, size=shape).ravel()).reshape(shape)
-        elif dtype.is_floating:
-            value = rng.standard_normal(shape)
-        elif dtype == tf.string:
-            value = np.full(shape, b"1,0", dtype=object)
-        elif dtype == tf.bool:
-            value = rng.integers(0, 2, size=shape).astype(bool)
-        else:
-            value = np.zeros(shape)
-        out[key] = tf.constant(value, dtype=dtype)
-    return out
-
-
 def _max_abs_diff(reference, actual):
     """Largest |difference| over matching outputs, and whether all are close."""
     worst, close = 0.0, True
@@ -538,53 +578,289 @@ def _median_latency_ms(fn, inputs, runs):
     return 1e3 * float(np.median(times))
 
 
-def _verify(original, rewritten, inputs, report, runs):
+class RewriteError(RuntimeError):
+    """No verified, servable rewrite could be written; `dst` was left as it was."""
+
+
+_FRESH_PROCESS_TIMEOUT_S = 900
+
+
+def _feeds(fn, inputs):
+    specs = fn.structured_input_signature[1]
+    return {k: tf.constant(v, dtype=specs[k].dtype if k in specs else None) for k, v in inputs.items()}
+
+
+def _outputs(fn, inputs):
+    return {k: v.numpy() for k, v in fn(**_feeds(fn, inputs)).items()}
+
+
+def _verification_inputs(loaded, selected, facts, sample_inputs, inputs_file, seed):
+    """Per selected signature: the inputs to verify on, where they came from,
+    and the original model's outputs on them."""
+    signatures = {k: loaded.signatures[k] for k in selected}
+    given = {k: ("file", v) for k, v in (_model_inputs.load_inputs_file(inputs_file, signatures).items()
+                                         if inputs_file is not None else ())}
+    given.update({k: ("given", v) for k, v in (sample_inputs or {}).items() if k in signatures})
+    rng = np.random.default_rng(seed)
+    inputs, hows, reference = {}, {}, {}
+    for key, fn in signatures.items():
+        if key in given:
+            hows[key], inputs[key] = given[key]
+            try:
+                reference[key] = _outputs(fn, inputs[key])
+            except Exception as e:  # noqa: BLE001 - the user's inputs are wrong
+                raise RewriteError(f"signature {key!r}: the original model fails on the {hows[key]} inputs "
+                                   f"({_errors.summary(e)})") from None
+            continue
+
+        def run(candidate, fn=fn):
+            try:
+                _outputs(fn, candidate)
+            except Exception as e:  # noqa: BLE001 - the search tries another candidate
+                return f"{_errors.summary(e)}\n{e}"  # the summary first, the node names after
+            return None
+
+        try:
+            inputs[key], hows[key] = _model_inputs.synthesize(fn.structured_input_signature[1], run, facts, rng)
+        except _model_inputs.InputsError as e:
+            raise RewriteError(f"signature {key!r}: cannot verify: {e}. Pass inputs the model accepts "
+                               "(--inputs FILE, or sample_inputs), or skip verification (--no-verify)") from None
+        reference[key] = _outputs(fn, inputs[key])
+    return inputs, hows, reference
+
+
+def _serve_in_fresh_process(model_dir, inputs):
+    """tf_ctr_ops._serve_check's result for `model_dir` run on `inputs`."""
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")])))
+    with tempfile.TemporaryDirectory() as tmp:
+        request, result = os.path.join(tmp, "request.pkl"), os.path.join(tmp, "result.pkl")
+        with open(request, "wb") as f:
+            pickle.dump({k: {n: np.asarray(v) for n, v in feeds.items()} for k, feeds in inputs.items()}, f)
+        # cwd outside any checkout: its unbuilt source tree would shadow the package.
+        proc = subprocess.run([sys.executable, "-m", "tf_ctr_ops._serve_check", os.path.abspath(model_dir), request,
+                               result], cwd=tmp, env=env, capture_output=True, text=True,
+                              timeout=_FRESH_PROCESS_TIMEOUT_S)
+        if proc.returncode != 0 or not os.path.exists(result):
+            tail = (proc.stderr or proc.stdout).strip().splitlines()
+            return {"load_error": f"the process exited with status {proc.returncode}"
+                                  + (f" ({tail[-1]})" if tail else ""), "outputs": {}, "errors": {}}
+        with open(result, "rb") as f:
+            return pickle.load(f)
+
+
+def _fresh_process_failure(model_dir, inputs, reference):
+    """(None, diffs) when `model_dir` loads in a fresh process and reproduces
+    `reference` on `inputs`; else (what went wrong, diffs so far). diffs:
+    {signature: (max |diff|, close)}."""
+    result = _serve_in_fresh_process(model_dir, inputs)
+    if result["load_error"]:
+        return f"does not load in a fresh process ({result['load_error']})", {}
+    diffs = {}
+    for key in inputs:
+        if key in result["errors"]:
+            return f"fails on signature {key!r} in a fresh process ({result['errors'][key]})", diffs
+        outputs = result["outputs"][key]
+        if set(outputs) != set(reference[key]):
+            return f"returns outputs {sorted(outputs)} on signature {key!r}, not {sorted(reference[key])}", diffs
+        diffs[key] = _max_abs_diff(reference[key], outputs)
+        if not diffs[key][1]:
+            return f"gives other outputs than the original on signature {key!r} (max |diff| {diffs[key][0]:.3g})", diffs
+    return None, diffs
+
+
+@dataclasses.dataclass
+class _Attempt:
+    folder: str  # removed when the attempt failed
+    reports: dict
+    rewrite_seconds: float
+    failure: str
+    diffs: dict
+
+
+def _attempt(build, parent, inputs, reference, disabled):
+    folder = tempfile.mkdtemp(prefix=".ctr-rewrite-", dir=parent)
     try:
-        reference = {k: v.numpy() for k, v in original(**inputs).items()}
-    except Exception as e:  # noqa: BLE001 - reported, not raised
-        report.verify_error = (f"the original model fails on the {report.inputs} inputs "
-                               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                               "pass sample_inputs")
+        reports, seconds = build(folder, frozenset(disabled))
+        failure, diffs = _fresh_process_failure(folder, inputs, reference)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    if failure:
+        shutil.rmtree(folder, ignore_errors=True)
+    return _Attempt(folder, reports, seconds, failure, diffs)
+
+
+def _fused_patterns(reports):
+    names = []
+    for report in reports.values():
+        for m in report.matches:
+            if m["pattern"] not in names:
+                names.append(m["pattern"])
+    return names
+
+
+def _servable_rewrite(build, parent, inputs, reference, disabled, src):
+    """The rewrite with every pattern, if it passes the fresh-process check;
+    else with the patterns whose results pass, added back one at a time in
+    the order they fused (later ones build on earlier ones). Returns the
+    passing attempt and {pattern: why it was dropped}."""
+    first = _attempt(build, parent, inputs, reference, disabled)
+    if not first.failure:
+        return first, {}
+    fused = _fused_patterns(first.reports)
+    if not fused:
+        raise RewriteError(f"the re-saved model {first.failure}")
+    best = _attempt(build, parent, inputs, reference, set(disabled) | set(fused))
+    if best.failure:
+        original_failure, _ = _fresh_process_failure(src, inputs, reference)
+        if original_failure:
+            raise RewriteError(f"the original model itself {original_failure} when loaded again (does its init "
+                               "op re-initialize variables?): nothing can be verified")
+        raise RewriteError(f"with any pattern fused the rewritten model {first.failure}; with none, it "
+                           f"{best.failure}")
+    kept, dropped = [], {}
+    for pattern in fused:
+        trial = _attempt(build, parent, inputs, reference, set(disabled) | (set(fused) - set(kept) - {pattern}))
+        if trial.failure:
+            dropped[pattern] = trial.failure
+            continue
+        shutil.rmtree(best.folder, ignore_errors=True)
+        best, kept = trial, kept + [pattern]
+    return best, dropped
+
+
+def _move_into_place(folder, dst):
+    """Renames `folder` to `dst`, replacing a previous `dst` only now."""
+    if not os.path.lexists(dst):
+        os.rename(folder, dst)
         return
-    try:
-        actual = {k: v.numpy() for k, v in rewritten(**inputs).items()}
-    except Exception as e:  # noqa: BLE001
-        report.verify_error = f"rewritten model failed: {type(e).__name__}: {e}"
-        return
-    report.max_abs_diff, report.outputs_match = _max_abs_diff(reference, actual)
-    report.latency_ms_before = _median_latency_ms(original, inputs, runs)
-    report.latency_ms_after = _median_latency_ms(rewritten, inputs, runs)
+    if not os.path.isdir(dst):
+        shutil.rmtree(folder, ignore_errors=True)
+        raise RewriteError(f"{dst} exists and is not a folder")
+    old = tempfile.mkdtemp(prefix=".ctr-replaced-", dir=os.path.dirname(os.path.abspath(dst)))
+    os.rename(dst, os.path.join(old, "model"))
+    os.rename(folder, dst)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _tf2_builder(loaded, proto, available, selected, serving_device):
+    """build(folder, disabled) for a TF2 SavedModel: each selected signature's
+    function optimized and rebuilt, saved with the variables and resources
+    the signatures capture."""
+
+    def build(folder, disabled):
+        reports, functions, variables, other_captures = {}, {}, [], False
+        rewrite_seconds = 0.0
+        for key in available:
+            original = loaded.signatures[key]
+            before = original.graph.as_graph_def()
+            for v in original.variables:
+                if not any(v is w for w in variables):
+                    variables.append(v)
+            handles = {id(v.handle) for v in original.variables}
+            other_captures |= any(id(ext) not in handles for ext, _ in original.graph.captures)
+            if key not in selected:
+                functions[key] = original
+                counts = op_counts(before, library=True)
+                reports[key] = SignatureReport(key, False, op_counts_before=counts, op_counts_after=counts)
+                continue
+            t0 = time.perf_counter()
+            graph_def = original.graph.as_graph_def(add_shapes=True)
+            merged, part_matches, part_skips = {}, [], []
+            if _partitioned.PATTERN not in disabled:
+                graph_def, merged, part_matches, part_skips = _partitioned.merge_partitioned_tables(graph_def,
+                                                                                                    original)
+            optimized, records = optimize_graph_def(
+                graph_def, [t.name for t in original.outputs],
+                dict(captured_handle_shapes(original), **{k: v.shape for k, v in merged.items()}),
+                serving_device=serving_device, disabled_patterns=disabled)
+            functions[key] = _rebuild_function(original, optimized, f"{key}_ctr_fused",
+                                               {k: v.handle for k, v in merged.items()})
+            variables.extend(v for v in merged.values() if not any(v is w for w in variables))
+            rewrite_seconds += time.perf_counter() - t0
+            reports[key] = SignatureReport(key, True, matches=part_matches + records["match"],
+                                           skips=part_skips + records["skip"],
+                                           op_counts_before=op_counts(before, library=True),
+                                           op_counts_after=op_counts(optimized, library=True))
+        root = tf.Module()
+        root.ctr_variables = variables
+        if other_captures:
+            root.ctr_source = loaded  # tables and other resources the signatures capture
+        tf.saved_model.save(root, folder, signatures=functions)
+        _files.restore_method_names(proto, folder)
+        return reports, rewrite_seconds
+
+    return build
+
+
+def _tf1_builder(src, proto, serving_device):
+    """build(folder, disabled) for a TF1 SavedModel: every MetaGraphDef's graph
+    optimized in place, everything else copied (see _saved_model_files)."""
+    serving_tags = set(_files.serving_meta_graph(proto).meta_info_def.tags)
+
+    def build(folder, disabled):
+        out = saved_model_pb2.SavedModel()
+        out.CopyFrom(proto)
+        reports, t0 = {}, time.perf_counter()
+        for meta in out.meta_graphs:
+            before = op_counts(meta.graph_def, library=True)
+            optimized, records = optimize_meta_graph(meta, serving_device, disabled)
+            meta.graph_def.CopyFrom(optimized)
+            if set(meta.meta_info_def.tags) != serving_tags:
+                continue
+            after = op_counts(optimized, library=True)
+            for key in meta.signature_def:
+                if key != "__saved_model_init_op":
+                    reports[key] = SignatureReport(key, True, matches=list(records["match"]),
+                                                   skips=list(records["skip"]), op_counts_before=before,
+                                                   op_counts_after=after)
+        seconds = time.perf_counter() - t0
+        _files.write_tf1(src, folder, out)
+        return reports, seconds
+
+    return build
 
 
 def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, verify=True, runs=20, seed=0,
-                         serving_device=None):
+                         serving_device=None, inputs_file=None, disabled_patterns=()):
     """Rewrites a SavedModel's signatures with CtrFusionOptimizer into a new SavedModel.
 
     Each selected signature's function is optimized (its body usually lives in
     the function library: every function it calls is rewritten), rebuilt from
     the optimized graph, and served by `dst` under the same signature key, with
-    the same input names and output keys. Variables stay variables (nothing
-    is frozen: embedding tables may exceed the 2 GB GraphDef limit); `dst`
-    holds the variables the signatures read. Signatures not selected are
-    copied unchanged. `dst` loads in a process that has imported `tf_ctr_ops`.
+    the same input names, output keys and method names. Variables stay
+    variables (nothing is frozen: embedding tables may exceed the 2 GB
+    GraphDef limit); `dst` holds the variables the signatures read. Signatures
+    not selected are copied unchanged. A TF1 SavedModel (written by
+    `tf.compat.v1.saved_model.Builder`, as Estimator exports are) is rewritten
+    graph by graph instead, keeping its main op / legacy init op, table
+    initializers, assets, saver and collections as they are.
     Lookups into partitioned tables ('mod' or 'div' lists of variables) are
     first rewritten into gathers from one merged variable per partition
     list, created here and saved in `dst` (see tf_ctr_ops/_partitioned.py).
 
+    Nothing broken is ever written to `dst`. The rewrite goes to a temporary
+    folder beside `dst`, which a fresh Python process loads and runs (on the
+    verification inputs, when verifying); only a model that passes is moved
+    to `dst`. When the fully rewritten model fails, the patterns that fused are
+    added back one at a time and those whose result fails are dropped (the
+    report says why). `dst` loads in a process that has imported `tf_ctr_ops`.
+
     Args:
       src: the SavedModel directory to read.
-      dst: the directory to write (created; must not be `src`).
-      signature_keys: the signatures to rewrite; default all.
-      sample_inputs: {signature key: {input name: array}} for verification.
-        Signatures without them get synthesized inputs: every unknown
-        dimension is 4; integers are drawn from [0, 2) and sorted in row-major
-        order (valid ids of any table, and canonical segment or index inputs);
-        floats are standard normal; strings are "1,0"; bools random. Models
-        whose inputs need more structure (ragged row splits, ids that must be
-        unique) need sample_inputs.
-      verify: run the original and the rewritten model on the sample inputs
-        (both loaded in this process) and record the largest absolute output
-        difference and the median latency of `runs` calls of each.
+      dst: the directory to write (replaced only on success; must not be `src`).
+      signature_keys: the signatures to rewrite; default all (a TF1 model's
+        signatures share one graph: all of them).
+      sample_inputs: {signature key: {input name: array}} to verify on.
+      verify: compare the rewritten model's outputs with the original's (in
+        a fresh process) and record both median latencies of `runs` calls.
+        Inputs come from `sample_inputs`, else `inputs_file`, else they are
+        synthesized so that the original accepts them (see
+        tf_ctr_ops/_model_inputs.py: plain values, serialized tf.Examples
+        from the graph's ParseExample spec, the lookup tables' vocabularies).
+        When none are accepted, RewriteError says so.
       runs: calls per latency measurement.
       seed: seed of the synthesized inputs.
       serving_device: where `dst` will be served: "cpu" makes the
@@ -593,15 +869,24 @@ def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, veri
         copy before it; "gpu" or None (the default: either) keep the pack,
         which is the GPU path's one host-to-device copy. A node placed on a
         device follows its placement.
+      inputs_file: an .npz of input arrays (named INPUT, or SIGNATURE/INPUT),
+        or a TFRecord file of serialized tf.Examples for signatures whose one
+        input is such a string.
+      disabled_patterns: names of patterns (as the report names them) not to run.
 
     Returns:
       A `RewriteReport`.
+
+    Raises:
+      ValueError: for bad arguments (no SavedModel at `src`, unknown signatures).
+      RewriteError: when no verified, servable model could be written.
     """
     _check_serving_device(serving_device)
     start = time.perf_counter()
     src, dst = os.fspath(src), os.fspath(dst)
     if os.path.abspath(src) == os.path.abspath(dst):
         raise ValueError("dst must differ from src")
+    proto = _files.read(src)
     loaded = tf.saved_model.load(src)
     available = list(loaded.signatures.keys())
     if signature_keys is None:
@@ -611,59 +896,37 @@ def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, veri
         missing = [k for k in selected if k not in available]
         if missing:
             raise ValueError(f"signature(s) {missing} not in {src}; it has {available}")
+    tf1 = _files.is_tf1(proto)
+    if tf1 and set(selected) != set(available):
+        raise ValueError(f"{src} is a TF1 SavedModel, whose signatures share one graph: rewrite all of them "
+                         f"({available}), not {selected}")
 
-    reports, functions, variables, other_captures = {}, {}, [], False
-    rewrite_seconds = 0.0
-    for key in available:
-        original = loaded.signatures[key]
-        before = original.graph.as_graph_def()
-        for v in original.variables:
-            if not any(v is w for w in variables):
-                variables.append(v)
-        handles = {id(v.handle) for v in original.variables}
-        other_captures |= any(id(ext) not in handles for ext, _ in original.graph.captures)
-        if key not in selected:
-            functions[key] = original
-            counts = op_counts(before, library=True)
-            reports[key] = SignatureReport(key, False, op_counts_before=counts, op_counts_after=counts)
-            continue
-        t0 = time.perf_counter()
-        graph_def, merged, part_matches, part_skips = _partitioned.merge_partitioned_tables(
-            original.graph.as_graph_def(add_shapes=True), original)
-        optimized, records = optimize_graph_def(
-            graph_def, [t.name for t in original.outputs],
-            dict(captured_handle_shapes(original), **{k: v.shape for k, v in merged.items()}),
-            serving_device=serving_device)
-        functions[key] = _rebuild_function(original, optimized, f"{key}_ctr_fused",
-                                           {k: v.handle for k, v in merged.items()})
-        variables.extend(v for v in merged.values() if not any(v is w for w in variables))
-        rewrite_seconds += time.perf_counter() - t0
-        reports[key] = SignatureReport(key, True, matches=part_matches + records["match"],
-                                       skips=part_skips + records["skip"],
-                                       op_counts_before=op_counts(before, library=True),
-                                       op_counts_after=op_counts(optimized, library=True))
-
-    root = tf.Module()
-    root.ctr_variables = variables
-    if other_captures:
-        root.ctr_source = loaded  # tables and other resources the signatures capture
-    tf.saved_model.save(root, dst, signatures=functions)
-
+    inputs, hows, reference = {}, {}, {}
     if verify:
-        rewritten = tf.saved_model.load(dst)
-        rng = np.random.default_rng(seed)
-        for key in selected:
-            report = reports[key]
-            original = loaded.signatures[key]
-            given = (sample_inputs or {}).get(key)
-            if given is not None:
-                report.inputs = "given"
-                specs = original.structured_input_signature[1]
-                inputs = {k: tf.constant(v, dtype=specs[k].dtype if k in specs else None) for k, v in given.items()}
-            else:
-                report.inputs = "synthesized"
-                inputs = _synthesize_inputs(original.structured_input_signature[1], rng)
-            _verify(original, rewritten.signatures[key], inputs, report, runs)
+        facts = _model_inputs.GraphFacts(proto.meta_graphs, src)
+        inputs, hows, reference = _verification_inputs(loaded, selected, facts, sample_inputs, inputs_file, seed)
+    build = (_tf1_builder(src, proto, serving_device) if tf1
+             else _tf2_builder(loaded, proto, available, selected, serving_device))
+    parent = os.path.dirname(os.path.abspath(dst))
+    os.makedirs(parent, exist_ok=True)
+    best, dropped = _servable_rewrite(build, parent, inputs, reference, set(disabled_patterns), src)
+    for key, report in best.reports.items():
+        if key in inputs:
+            report.inputs = hows[key]
+            report.max_abs_diff, report.outputs_match = best.diffs[key]
+        if report.rewritten:
+            report.skips.extend({"pattern": p, "node": "*", "reason": f"dropped: with it the rewritten model {why}"}
+                                for p, why in dropped.items())
+    _move_into_place(best.folder, dst)
 
-    return RewriteReport(src=src, dst=dst, signatures=reports, rewrite_seconds=rewrite_seconds,
-                         total_seconds=time.perf_counter() - start, verified=bool(verify))
+    if verify and runs > 0:
+        rewritten = tf.saved_model.load(dst)
+        for key in selected:
+            report = best.reports[key]
+            report.latency_ms_before = _median_latency_ms(loaded.signatures[key],
+                                                          _feeds(loaded.signatures[key], inputs[key]), runs)
+            report.latency_ms_after = _median_latency_ms(rewritten.signatures[key],
+                                                         _feeds(rewritten.signatures[key], inputs[key]), runs)
+    return RewriteReport(src=src, dst=dst, signatures=best.reports, rewrite_seconds=best.rewrite_seconds,
+                         total_seconds=time.perf_counter() - start, verified=bool(verify), tf1=tf1,
+                         rejected_patterns=dropped)

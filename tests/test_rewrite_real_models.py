@@ -1,0 +1,199 @@
+"""The offline rewrite on models written the way users write them: every
+rewritten SavedModel is served in a fresh process and compared with the
+original, verification always compares, and nothing broken is written."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_ctr_ops  # noqa: F401
+from conftest import fresh_process_env, serve_in_fresh_process
+from real_models import save_split_safe_lookup_model, save_tf1_table_model
+from tf_ctr_ops import _saved_model_files, rewrite
+from tf_ctr_ops.bench_models import (export_keras_lookup_model, keras_lookup_inputs, save_tf1_feature_column_model,
+                                     tf_examples)
+
+
+def run_cli(args, cwd):
+    return subprocess.run([sys.executable, "-m", "tf_ctr_ops", "optimize", *args], cwd=cwd, env=fresh_process_env(),
+                          capture_output=True, text=True, timeout=600)
+
+
+def outputs(model_dir, key, inputs):
+    fn = tf.saved_model.load(str(model_dir)).signatures[key]
+    specs = fn.structured_input_signature[1]
+    return {k: v.numpy() for k, v in fn(**{n: tf.constant(a, specs[n].dtype) for n, a in inputs.items()}).items()}
+
+
+def assert_same_outputs(want, got, atol=1e-6):
+    assert set(want) == set(got)
+    for k in want:
+        if want[k].dtype.kind in "OSU":
+            np.testing.assert_array_equal(want[k], got[k])
+        else:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=atol)
+
+
+def test_tf1_feature_column_model_keeps_tables_assets_and_signatures(tmp_path, rng):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    save_tf1_feature_column_model(str(src), str(tmp_path))
+    cli = run_cli(["src", "dst", "--report", "r.json"], tmp_path)
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["tf1"] and report["verified"] and report["ok"]
+    for key in ("serving_default", "predict"):
+        sig = report["signatures"][key]
+        # Compared on tf.Examples built from the graph's ParseExample spec.
+        assert sig["inputs"] == "synthesized (tf.Example from the ParseExample spec)", sig["inputs"]
+        assert sig["outputs_match"] and sig["max_abs_diff"] <= 1e-5
+    fused_ops = {m["fused_op"] for m in report["signatures"]["predict"]["matches"]}
+    assert "CtrEmbeddingLookup" in fused_ops, report["signatures"]["predict"]
+    left = {s["reason"].split(" (")[0] for s in report["signatures"]["predict"]["skips"]}
+    assert {"no pattern fuses LookupTableFindV2 yet", "no pattern fuses Bucketize yet"} <= left, left
+
+    # What the SavedModel carries survives: assets, method names, the saver, init op.
+    before, after = _saved_model_files.read(src), _saved_model_files.read(dst)
+    assert (dst / "assets" / "country_vocab.txt").read_text() == (src / "assets" / "country_vocab.txt").read_text()
+    assert {k: s.method_name for k, s in after.meta_graphs[0].signature_def.items()} == \
+        {k: s.method_name for k, s in before.meta_graphs[0].signature_def.items()}
+    assert after.meta_graphs[0].saver_def == before.meta_graphs[0].saver_def
+    assert after.meta_graphs[0].collection_def.keys() == before.meta_graphs[0].collection_def.keys()
+
+    examples = tf_examples(rng, 64)
+    for key, name in (("serving_default", "inputs"), ("predict", "examples")):
+        want = outputs(src, key, {name: examples})
+        got = serve_in_fresh_process(dst, key, {name: examples}, tmp_path)
+        assert_same_outputs(want, got, atol=1e-5)
+
+
+def test_tf1_model_verified_on_tfrecord_inputs(tmp_path, rng):
+    src = tmp_path / "src"
+    save_tf1_feature_column_model(str(src), str(tmp_path))
+    with tf.io.TFRecordWriter(str(tmp_path / "examples.tfrecord")) as w:
+        for record in tf_examples(rng, 32):
+            w.write(record)
+    cli = run_cli(["src", "dst", "--inputs", "examples.tfrecord", "--report", "r.json"], tmp_path)
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    sig = json.loads((tmp_path / "r.json").read_text())["signatures"]["predict"]
+    assert sig["inputs"] == "file" and sig["outputs_match"]
+
+
+def test_tf1_table_model_with_nothing_fused_stays_servable(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    save_tf1_table_model(str(src))
+    report = rewrite.optimize_saved_model(src, dst, runs=1)
+    sig = report.signatures["serving_default"]
+    # "1,0" is no key of the table, which answers -1; the vocabulary is tried
+    # only when the plain values fail, so either way the outputs were compared.
+    assert report.tf1 and sig.outputs_match and sig.inputs.startswith("synthesized")
+    got = serve_in_fresh_process(dst, "serving_default", {"x": np.array([b"b", b"zz", b"a"], object)}, tmp_path)
+    np.testing.assert_array_equal(got["y"], [1, -1, 0])
+
+
+def test_tf1_signature_subset_is_refused(tmp_path):
+    src = tmp_path / "src"
+    save_tf1_feature_column_model(str(src), str(tmp_path))
+    with pytest.raises(ValueError, match="share one graph"):
+        rewrite.optimize_saved_model(src, tmp_path / "dst", signature_keys=["predict"])
+    assert not (tmp_path / "dst").exists()
+
+
+def test_keras_lookups_without_oov_verify_on_vocabulary_values(tmp_path, rng):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    export_keras_lookup_model(str(src))
+    report = rewrite.optimize_saved_model(src, dst, runs=1)
+    for key in ("serve", "serving_default"):
+        sig = report.signatures[key]
+        # "1,0" and ids 0/1 are out of these vocabularies: the original fails on them.
+        assert sig.inputs == "synthesized (vocabulary values)", sig.inputs
+        assert sig.outputs_match
+        # Nothing here is fused yet, and the report says what it left alone:
+        # two StringLookups, an IntegerLookup, a multi-hot StringLookup.
+        left = [s for s in sig.skips if s["pattern"] == "-"]
+        assert sum("no pattern fuses LookupTableFindV2" in s["reason"] for s in left) == 4, sig.skips
+        assert any("DenseBincount" in s["reason"] for s in left), sig.skips
+    inputs = keras_lookup_inputs(rng, 16)
+    assert_same_outputs(outputs(src, "serving_default", inputs),
+                        serve_in_fresh_process(dst, "serving_default", inputs, tmp_path))
+
+
+def test_split_safe_lookup_rewrite_loads_in_a_fresh_process(tmp_path):
+    # Its dense_shape readers are re-pointed to a shape of another length:
+    # their recorded _output_shapes must not reach the saved graph.
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    save_split_safe_lookup_model(str(src))
+    report = rewrite.optimize_saved_model(src, dst, runs=1)
+    sig = report.signatures["serving_default"]
+    assert "CtrStringEmbedding" in {m["fused_op"] for m in sig.matches} and not report.rejected_patterns
+    x = np.array([b"a|b|c", b"", b"a||d", b"zz"], object)
+    assert_same_outputs(outputs(src, "serving_default", {"x": x}),
+                        serve_in_fresh_process(dst, "serving_default", {"x": x}, tmp_path))
+
+
+def test_pattern_whose_result_fails_is_dropped_and_reported(tmp_path, monkeypatch):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    save_split_safe_lookup_model(str(src))
+    real_check = rewrite._fresh_process_failure
+
+    def check(model_dir, inputs, reference):
+        failure, diffs = real_check(model_dir, inputs, reference)
+        if failure is None and b"CtrStringEmbedding" in (tmp_path.joinpath(model_dir, "saved_model.pb")).read_bytes():
+            return "gives other outputs than the original (injected)", diffs
+        return failure, diffs
+
+    monkeypatch.setattr(rewrite, "_fresh_process_failure", check)
+    report = rewrite.optimize_saved_model(src, dst, runs=1)
+    assert list(report.rejected_patterns) == ["string_split_lookup"]
+    assert "injected" in report.rejected_patterns["string_split_lookup"]
+    sig = report.signatures["serving_default"]
+    fused = {m["pattern"] for m in sig.matches}
+    assert "string_split_lookup" not in fused and {"sparse_segment_lookup", "safe_lookup"} <= fused
+    assert any(s["pattern"] == "string_split_lookup" and s["reason"].startswith("dropped") for s in sig.skips)
+    assert b"CtrStringEmbedding" not in (dst / "saved_model.pb").read_bytes()
+    assert "dropped pattern string_split_lookup" in report.summary()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ctr-")]  # no temporary folder left
+
+
+def test_unverifiable_model_fails_and_writes_nothing(tmp_path):
+    class Picky(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def serve(self, x):
+            tf.debugging.assert_equal(x, tf.constant("only-this-value"))
+            return {"n": tf.strings.length(x)}
+
+    picky = Picky()
+    tf.saved_model.save(picky, str(tmp_path / "src"), signatures={"serving_default": picky.serve})
+    (tmp_path / "dst").mkdir()
+    (tmp_path / "dst" / "keep.txt").write_text("previous model")
+
+    cli = run_cli(["src", "dst"], tmp_path)
+    assert cli.returncode == 1
+    error_lines = [line for line in cli.stderr.splitlines() if line.startswith("tf-ctr-ops optimize: error:")]
+    assert len(error_lines) == 1 and "cannot verify" in error_lines[0] and "--inputs" in error_lines[0], cli.stderr
+    assert (tmp_path / "dst" / "keep.txt").read_text() == "previous model"  # left as it was
+
+    np.savez(tmp_path / "good.npz", x=np.array(["only-this-value"] * 3))
+    cli = run_cli(["src", "dst", "--inputs", "good.npz"], tmp_path)
+    assert cli.returncode == 0, cli.stderr
+    assert "outputs match on file inputs" in cli.stdout
+    assert not (tmp_path / "dst" / "keep.txt").exists()  # replaced by the verified model
+
+    cli = run_cli(["src", "dst2", "--no-verify"], tmp_path)
+    assert cli.returncode == 0, cli.stderr
+    assert "not verified (--no-verify)" in cli.stdout
+    got = serve_in_fresh_process(tmp_path / "dst2", "serving_default", {"x": np.array([b"only-this-value"], object)},
+                                 tmp_path)
+    np.testing.assert_array_equal(got["n"], [15])
+
+
+def test_given_inputs_the_original_rejects_are_an_error(tmp_path):
+    src = tmp_path / "src"
+    save_tf1_table_model(str(src))
+    np.savez(tmp_path / "wrong.npz", y=np.array(["a"]))
+    cli = run_cli(["src", "dst", "--inputs", "wrong.npz"], tmp_path)
+    assert cli.returncode == 1 and "no array for input(s) ['x']" in cli.stderr, cli.stderr
+    assert not (tmp_path / "dst").exists()

@@ -1,0 +1,317 @@
+"""Inputs to verify a rewritten SavedModel on: read from a file or synthesized.
+
+A rewrite is verified by running the original and the rewritten model on the
+same inputs, so the inputs must be ones the original accepts. Real CTR models
+reject arbitrary values: a `StringLookup` without OOV slots fails on an
+unknown token, a `ParseExample` fails on a string that is not a serialized
+`tf.Example`. Synthesis therefore tries candidates, the original model being
+the judge:
+
+1. plain values: integers sorted in [0, 2) (ids valid in any table, indices
+   in canonical order), standard-normal floats, the string "1,0" (a delimited
+   id list), random bools;
+2. serialized `tf.Example`s for every string input, built from the feature
+   spec of the graph's ParseExample node (its keys, dtypes and dense shapes);
+3. input by input, values from the vocabularies the graph's lookup tables
+   are initialized with (constant keys, or the SavedModel's asset files),
+   keeping a change when the failure moves elsewhere (that input is fixed).
+"""
+
+import os
+import re
+
+import numpy as np
+import tensorflow as tf
+
+BATCH = 4
+_PARSE_EXAMPLE_OPS = ("ParseExampleV2", "ParseExample", "ParseSingleExample")
+_TABLE_INIT_OPS = ("LookupTableImportV2", "InitializeTableV2")
+_MAX_SEARCH_RUNS = 400
+
+
+class InputsError(ValueError):
+    """No inputs were found that the original model accepts."""
+
+
+# ---------------------------------------------------------------------------
+# Reading inputs from a file
+
+
+def load_inputs_file(path, signatures):
+    """{signature key: {input: array}} from `path`, for `signatures` ({key: concrete function}).
+
+    An `.npz` holds arrays named by input (used by every signature that has
+    that input) or "SIGNATURE/INPUT"; strings as numpy str or bytes arrays.
+    Any other file is read as a TFRecord file of serialized `tf.Example`s,
+    fed to each signature's one string input (a signature that parses
+    examples).
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise InputsError(f"inputs file {path} does not exist")
+    if path.endswith(".npz"):
+        return _inputs_from_npz(path, signatures)
+    return _inputs_from_tfrecord(path, signatures)
+
+
+def _inputs_from_npz(path, signatures):
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    out = {}
+    for key, fn in signatures.items():
+        names = list(fn.structured_input_signature[1])
+        given = {}
+        for name in names:
+            for candidate in (f"{key}/{name}", name):
+                if candidate in arrays:
+                    given[name] = arrays[candidate]
+                    break
+        missing = [n for n in names if n not in given]
+        if missing:
+            raise InputsError(f"inputs file {path} has no array for input(s) {missing} of signature {key!r} "
+                              f"(name them INPUT or {key}/INPUT); it has {sorted(arrays)}")
+        out[key] = {k: (v.astype(object) if v.dtype.kind in "US" else v) for k, v in given.items()}
+    return out
+
+
+def _inputs_from_tfrecord(path, signatures):
+    try:
+        records = [r.numpy() for r in tf.data.TFRecordDataset(path)]
+    except tf.errors.OpError as e:
+        raise InputsError(f"inputs file {path} is neither an .npz nor a readable TFRecord file: "
+                          f"{str(e).splitlines()[0]}") from None
+    if not records:
+        raise InputsError(f"inputs file {path} holds no records")
+    out = {}
+    for key, fn in signatures.items():
+        specs = fn.structured_input_signature[1]
+        strings = [k for k, s in specs.items() if s.dtype == tf.string]
+        if len(specs) != 1 or len(strings) != 1:
+            raise InputsError(f"a TFRecord inputs file feeds a signature with one string input (serialized "
+                              f"tf.Examples); signature {key!r} takes {sorted(specs)}: use an .npz file")
+        out[key] = {strings[0]: np.array(records, dtype=object)}
+    return out
+
+
+# ---------------------------------------------------------------------------
+# What the graph knows about valid inputs
+
+
+def _captured_constants(meta_graph):
+    """{function: {argument: Const node}}: a TF2 SavedModel passes the constants
+    a function captured (a vocabulary, say) as its last arguments, bound to
+    object-graph constants that name Const nodes of the outer graph."""
+    consts = {n.name: n for n in meta_graph.graph_def.node if n.op == "Const"}
+    functions = {f.signature.name: f for f in meta_graph.graph_def.library.function}
+    objects = meta_graph.object_graph_def
+    out = {}
+    for name, saved in objects.concrete_functions.items():
+        fdef = functions.get(name)
+        if fdef is None or not saved.bound_inputs:
+            continue
+        args = [a.name for a in fdef.signature.input_arg]
+        for arg, node_id in zip(args[len(args) - len(saved.bound_inputs):], saved.bound_inputs):
+            node = objects.nodes[node_id]
+            if node.WhichOneof("kind") == "constant" and node.constant.operation in consts:
+                out.setdefault(name, {})[arg] = consts[node.constant.operation]
+    return out
+
+
+def _all_nodes(meta_graph):
+    """(node, resolver) for every node of the graph and its library functions;
+    resolver maps an input reference to the node it names in the same scope
+    (a captured constant for a function's bound argument)."""
+    graph_def = meta_graph.graph_def
+    captured = _captured_constants(meta_graph)
+    scopes = [({n.name: n for n in graph_def.node}, list(graph_def.node))]
+    for fdef in graph_def.library.function:
+        by_name = dict(captured.get(fdef.signature.name, {}))
+        by_name.update((n.name, n) for n in fdef.node_def)
+        scopes.append((by_name, list(fdef.node_def)))
+    for by_name, nodes in scopes:
+
+        def resolve(ref, by_name=by_name):
+            return by_name.get(ref.lstrip("^").split(":")[0])
+
+        for node in nodes:
+            yield node, resolve
+
+
+def _const_value(node):
+    if node is None or node.op != "Const":
+        return None
+    return tf.make_ndarray(node.attr["value"].tensor)
+
+
+def _asset_vocabularies(model_dir):
+    folder = os.path.join(model_dir, "assets")
+    vocabularies = []
+    if not os.path.isdir(folder):
+        return vocabularies
+    for name in sorted(os.listdir(folder)):
+        try:
+            with open(os.path.join(folder, name), "rb") as f:
+                lines = [line.rstrip(b"\r\n").split(b"\t")[0] for line in f.read(1 << 20).splitlines()]
+        except OSError:
+            continue
+        lines = [line for line in lines if line]
+        if lines:
+            vocabularies.append(np.array(lines, dtype=object))
+    return vocabularies
+
+
+class GraphFacts:
+    """Vocabularies and example specs read off a SavedModel's MetaGraphDefs."""
+
+    def __init__(self, meta_graphs, model_dir=None):
+        self.string_vocabularies, self.int_vocabularies, self.example_specs = [], [], []
+        for meta_graph in meta_graphs:
+            for node, resolve in _all_nodes(meta_graph):
+                if node.op in _TABLE_INIT_OPS and len(node.input) > 1:
+                    keys = _const_value(resolve(node.input[1]))
+                    if keys is not None and keys.size:
+                        target = self.string_vocabularies if keys.dtype.kind in "OSU" else self.int_vocabularies
+                        target.append(keys.ravel())
+                elif node.op in _PARSE_EXAMPLE_OPS:
+                    spec = _example_spec(node, resolve)
+                    if spec:
+                        self.example_specs.append(spec)
+        if model_dir:
+            self.string_vocabularies.extend(_asset_vocabularies(model_dir))
+
+    def tokens(self):
+        """A few string values, taken from the vocabularies when there are any."""
+        picked = [v[0] for v in self.string_vocabularies]
+        return [t if isinstance(t, bytes) else str(t).encode() for t in picked] or [b"1"]
+
+
+def _example_spec(node, resolve):
+    """[(key, kind, dtype, dense shape or None)] of a ParseExample node; kind is
+    "dense", "sparse" or "ragged"."""
+    attr = node.attr
+    if node.op == "ParseSingleExample":
+        sparse_keys = list(attr["sparse_keys"].list.s)
+        dense_keys = list(attr["dense_keys"].list.s)
+        ragged_keys = []
+    elif node.op == "ParseExample":
+        ns, nd = attr["Nsparse"].i, attr["Ndense"].i
+        refs = list(node.input)[2:2 + ns + nd]
+        values = [_const_value(resolve(r)) for r in refs]
+        if any(v is None for v in values):
+            return None
+        sparse_keys, dense_keys, ragged_keys = [v.item() for v in values[:ns]], [v.item() for v in values[ns:]], []
+    else:
+        lists = [_const_value(resolve(node.input[i])) for i in (2, 3, 4)]
+        if any(v is None for v in lists):
+            return None
+        sparse_keys, dense_keys, ragged_keys = (list(v.ravel()) for v in lists)
+    sparse_types = list(attr["sparse_types"].list.type)
+    dense_types = list(attr["Tdense"].list.type)
+    dense_shapes = [tf.TensorShape(s).as_list() if not s.unknown_rank else None for s in attr["dense_shapes"].list.shape]
+    ragged_types = list(attr["ragged_value_types"].list.type) if "ragged_value_types" in attr else []
+    spec = [(k, "sparse", t, None) for k, t in zip(sparse_keys, sparse_types)]
+    spec += [(k, "dense", t, s) for k, t, s in zip(dense_keys, dense_types, dense_shapes)]
+    spec += [(k, "ragged", t, None) for k, t in zip(ragged_keys, ragged_types)]
+    return [(k if isinstance(k, bytes) else str(k).encode(), kind, tf.as_dtype(t), s) for k, kind, t, s in spec]
+
+
+def _feature(dtype, count, row, tokens):
+    if dtype == tf.string:
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[tokens[(row + i) % len(tokens)]
+                                                                     for i in range(count)]))
+    if dtype.is_integer:
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=[(row + i) % 2 for i in range(count)]))
+    return tf.train.Feature(float_list=tf.train.FloatList(value=[0.25 * (row + i + 1) for i in range(count)]))
+
+
+def serialized_examples(specs, tokens, batch=BATCH):
+    """`batch` serialized tf.Examples holding every feature of `specs`."""
+    out = []
+    for row in range(batch):
+        features = {}
+        for spec in specs:
+            for key, kind, dtype, shape in spec:
+                if kind == "dense":
+                    count = 1 if shape is None or any(d is None or d < 0 for d in shape) else int(np.prod(shape))
+                else:
+                    count = 1 + row % 2
+                features[key.decode(errors="replace")] = _feature(dtype, count, row, tokens)
+        out.append(tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString())
+    return np.array(out, dtype=object)
+
+
+# ---------------------------------------------------------------------------
+# Synthesis, judged by the original model
+
+
+def plain_inputs(specs, rng, dim=BATCH):
+    """Candidate 1: values from the TensorSpecs alone."""
+    out = {}
+    for key, spec in specs.items():
+        shape = [dim if d is None else d for d in (spec.shape.as_list() if spec.shape.rank is not None else [dim])]
+        dtype = tf.as_dtype(spec.dtype)
+        if dtype.is_integer:
+            value = np.sort(rng.integers(0, 2, size=shape).ravel()).reshape(shape)
+        elif dtype.is_floating:
+            value = rng.standard_normal(shape)
+        elif dtype == tf.string:
+            value = np.full(shape, b"1,0", dtype=object)
+        elif dtype == tf.bool:
+            value = rng.integers(0, 2, size=shape).astype(bool)
+        else:
+            value = np.zeros(shape)
+        out[key] = np.asarray(value).astype(dtype.as_numpy_dtype) if dtype != tf.string else value
+    return out
+
+
+def _fill(values, shape):
+    size = int(np.prod(shape)) if shape else 1
+    flat = [values[i % len(values)] for i in range(size)]
+    return np.array(flat, dtype=values.dtype if values.dtype.kind not in "OSU" else object).reshape(shape)
+
+
+def _failure_site(message):
+    """Where a run failed: the node TF names, else the message itself."""
+    m = re.search(r"\{\{node ([^}]+)\}\}", message) or re.search(r"Detected at node '?([\w/.-]+)", message)
+    return m.group(1) if m else message
+
+
+def synthesize(specs, run, facts, rng):
+    """(inputs, how) for a signature with input `specs`, where `run(inputs)`
+    returns None when the original accepts them, else the error's text.
+    Raises InputsError when no candidate is accepted."""
+    current = plain_inputs(specs, rng)
+    error = run(current)
+    if error is None:
+        return current, "synthesized"
+    first_error = error
+    string_inputs = [k for k, s in specs.items() if s.dtype == tf.string]
+    if facts.example_specs and string_inputs:
+        examples = serialized_examples(facts.example_specs, facts.tokens())
+        trial = dict(current)
+        for k in string_inputs:
+            trial[k] = _fill(examples, np.shape(current[k]))
+        if run(trial) is None:
+            return trial, "synthesized (tf.Example from the ParseExample spec)"
+    candidates = {}
+    for k, s in specs.items():
+        pool = facts.string_vocabularies if s.dtype == tf.string else (
+            facts.int_vocabularies if tf.as_dtype(s.dtype).is_integer else [])
+        candidates[k] = [np.asarray(v).astype(object if s.dtype == tf.string else tf.as_dtype(s.dtype).as_numpy_dtype)
+                         for v in pool]
+    runs = 0
+    progressed = True
+    while progressed and runs < _MAX_SEARCH_RUNS:
+        progressed = False
+        for k, pool in candidates.items():
+            for vocabulary in pool:
+                trial = dict(current, **{k: _fill(vocabulary, np.shape(current[k]))})
+                runs += 1
+                trial_error = run(trial)
+                if trial_error is None:
+                    return trial, "synthesized (vocabulary values)"
+                if _failure_site(trial_error) != _failure_site(error):
+                    current, error, progressed = trial, trial_error, True
+                    break
+    raise InputsError("no synthesized inputs that the original model accepts "
+                      f"(on plain values: {first_error.splitlines()[0]})")
