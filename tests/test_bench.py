@@ -75,6 +75,27 @@ def test_suites_registered():
         bench.parse_args(["no-such-suite"])
 
 
+@pytest.mark.parametrize("model, fused_op, unfused_op", [("tf1-feature-columns", "CtrEmbeddingLookup", "Bucketize"),
+                                                         ("keras-lookup", None, "LookupTableFindV2")])
+def test_rewrite_suite_on_real_model_styles(tmp_path, model, fused_op, unfused_op):
+    out = tmp_path / "models.json"
+    results = bench.main(["rewrite", "--model", model, *TINY, "--json", str(out)])
+    res = results["suites"]["rewrite"]
+    rw = res["rewrite"]
+    assert res["model"] == model and rw["max_abs_diff"] <= 1e-6 and not rw["rejected_patterns"]
+    # Verified on synthesized inputs the original accepts, as a user without inputs gets it.
+    assert rw["verified_on"].startswith("synthesized"), rw
+    assert (fused_op in rw["fused_ops"]) if fused_op else rw["matches"] == 0
+    assert rw["unfused_by_op"].get(unfused_op, 0) >= 1 and rw["unfused_feature_ops"] == sum(rw["unfused_by_op"].values())
+    assert [c["case"] for c in res["cases"]] == [f"rewrite/{model}/batch32", f"rewrite/{model}/batch1"]
+    for c in res["cases"]:
+        assert c["speedup"] == pytest.approx(c["native"]["median_ms"] / c["fused"]["median_ms"])
+        assert c["max_abs_err"]["native"] <= 1e-6
+    (target,) = res["targets"]
+    assert target["batch"] == 32 and target["min_speedup"] == 1.5 and target["met"] == (target["speedup"] >= 1.5)
+    assert json.loads(out.read_text())["suites"]["rewrite"]["model"] == model
+
+
 def test_rewrite_suite_quick(tmp_path):
     out = tmp_path / "rewrite.json"
     results = bench.main(["rewrite", *TINY, "--json", str(out)])

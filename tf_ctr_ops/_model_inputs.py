@@ -19,6 +19,7 @@ the judge:
 
 import os
 import re
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -26,7 +27,7 @@ import tensorflow as tf
 BATCH = 4
 _PARSE_EXAMPLE_OPS = ("ParseExampleV2", "ParseExample", "ParseSingleExample")
 _TABLE_INIT_OPS = ("LookupTableImportV2", "InitializeTableV2")
-_MAX_SEARCH_RUNS = 400
+_SEARCH_SECONDS = 120  # the vocabulary search's budget; each try is one call of the original
 
 
 class InputsError(ValueError):
@@ -299,19 +300,27 @@ def synthesize(specs, run, facts, rng):
             facts.int_vocabularies if tf.as_dtype(s.dtype).is_integer else [])
         candidates[k] = [np.asarray(v).astype(object if s.dtype == tf.string else tf.as_dtype(s.dtype).as_numpy_dtype)
                          for v in pool]
-    runs = 0
+    # TF names only the first lookup that fails, so inputs are fixed one at a
+    # time: a vocabulary that moves the failure elsewhere is right for its
+    # input, which is then left alone.
+    deadline = time.monotonic() + _SEARCH_SECONDS
+    fixed = set()
     progressed = True
-    while progressed and runs < _MAX_SEARCH_RUNS:
+    while progressed and time.monotonic() < deadline:
         progressed = False
         for k, pool in candidates.items():
+            if k in fixed:
+                continue
             for vocabulary in pool:
+                if time.monotonic() > deadline:
+                    break
                 trial = dict(current, **{k: _fill(vocabulary, np.shape(current[k]))})
-                runs += 1
                 trial_error = run(trial)
                 if trial_error is None:
                     return trial, "synthesized (vocabulary values)"
                 if _failure_site(trial_error) != _failure_site(error):
                     current, error, progressed = trial, trial_error, True
+                    fixed.add(k)
                     break
     raise InputsError("no synthesized inputs that the original model accepts "
                       f"(on plain values: {first_error.splitlines()[0]})")

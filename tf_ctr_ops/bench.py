@@ -190,6 +190,7 @@ class Config:
     copy_mb: int = 256
     copy_reps: int = 5
     quick: bool = False
+    model: str = ""            # rewrite suite: a real model style (bench_models.MODELS); "": its Criteo model
 
     def quicken(self):
         self.quick = True
@@ -1159,6 +1160,8 @@ def parse_args(argv=None):
                    help=f"max timed calls per callable (default {d.runs}; at least {d.min_runs}, else "
                         f"~{d.budget_s:g} s per callable)")
     p.add_argument("--copy-mb", type=int, default=None, help=f"copy-probe array size (default {d.copy_mb})")
+    p.add_argument("--model", choices=("keras-lookup", "tf1-feature-columns"), default="",
+                   help="rewrite suite: a real model style instead of its Criteo model (see tf_ctr_ops/bench_models.py)")
     args = p.parse_args(argv)
     if "all" in args.suites:
         args.suites = sorted(SUITES, key=lambda n: (SUITE_ORDER.index(n) if n in SUITE_ORDER else len(SUITE_ORDER), n))
@@ -1168,7 +1171,7 @@ def parse_args(argv=None):
 def config_from_args(args):
     custom = {k: v for k, v in (("batch", args.batch), ("vocab", args.vocab), ("dim", args.dim),
                                 ("max_len", args.max_len)) if v is not None}
-    cfg = Config(seed=args.seed, device="/GPU:0" if args.device == "gpu" else "/CPU:0", **custom)
+    cfg = Config(seed=args.seed, device="/GPU:0" if args.device == "gpu" else "/CPU:0", model=args.model, **custom)
     if args.quick:
         cfg.quicken()
     if custom:

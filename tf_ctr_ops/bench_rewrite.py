@@ -187,10 +187,16 @@ def _fmt(s):
 
 @suite("rewrite")
 def rewrite_suite(cfg):
-    """A TF-native 26-feature CTR SavedModel served before and after optimize_saved_model."""
+    """A TF-native 26-feature CTR SavedModel served before and after optimize_saved_model
+    (with --model, a real model style: tf_ctr_ops/bench_models.py)."""
     import tensorflow as tf
 
     from tf_ctr_ops import rewrite
+
+    if cfg.model:
+        from tf_ctr_ops.bench_models import model_style_suite
+
+        return model_style_suite(cfg, cfg.model)
 
     vocab, dim = min(cfg.vocab, 50_000), min(cfg.dim, 16)
     batches = tuple(sorted({min(b, cfg.batch) for b in SERVE_BATCHES}, reverse=True))
