@@ -10,7 +10,7 @@ weights / table values including 0, negatives, NaN and inf:
 - where the composition fails, the fused op raises InvalidArgumentError;
 - neither ever crashes.
 
-The compositions spell out the fused ops' own rules (README, "Robustness"):
+The compositions spell out the fused ops' own rules (docs/robustness.md):
 index-mode string ids and sparse_embedding ids outside [0, V) are errors
 (TF's Gather rejects them too; the string composition asserts
 non-negativity where TF's safe lookup would prune). The documented
@@ -96,7 +96,7 @@ def degenerate(params):
 
 
 def empty_table(vocab):
-    """V = 0 for the string ops, both ways documented (README, Robustness):
+    """V = 0 for the string ops, both ways documented (docs/robustness.md):
     stricter, hash and mod modes reject an empty table even when there is no
     token to look up; lenient, an empty row gives zeros where TF's safe
     lookup fails (it fills the row with id 0, outside a table of no rows)."""

@@ -6,8 +6,8 @@ the optimizer does not rewrite yet must still run unchanged, with the
 optimizer reporting a skip or nothing, never a rewrite.
 
 EXPECTED_REWRITES (online) and EXPECTED_OFFLINE below are what the optimizer
-rewrites today, per form: update them (and the list in README "Rewriting
-existing models") when a pattern lands.
+rewrites today, per form: update them (and the coverage table in docs/rewrite.md,
+and the summary in the README) when a pattern lands.
 """
 
 import csv
