@@ -194,7 +194,10 @@ class Toolchain:
         self.headers_mtime = max(p.stat().st_mtime for ext in ("h", "cuh") for p in ROOT.glob(f"c*/**/*.{ext}"))
 
     def _obj(self, src, flavor):
-        return self.build_temp / flavor / (src.replace("/", "_") + ".o")
+        # Objects of other builds in this tree (CPU-only, CUDA, sanitized) were
+        # compiled with other defines: never reuse them across variants.
+        variant = ("cuda" if self.cuda else "cpu") + (f"-{self.sanitize.replace(',', '-')}" if self.sanitize else "")
+        return self.build_temp / f"{flavor}-{variant}" / (src.replace("/", "_") + ".o")
 
     def _stale(self, src, obj):
         return not obj.exists() or obj.stat().st_mtime < max((ROOT / src).stat().st_mtime, self.headers_mtime)

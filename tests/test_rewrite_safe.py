@@ -517,3 +517,39 @@ def test_partitioned_table_with_max_norm_fuses_completely(tmp_path, rng):
     assert sig.op_counts_after.get("CtrEmbeddingLookup") == 1
     assert not ({"DynamicPartition", "ParallelDynamicStitch", "ResourceGather"} | CLIP_OPS) & set(sig.op_counts_after)
     assert report.ok and sig.outputs_match and sig.max_abs_diff <= 1e-6
+
+
+# ---------------------------------------------------------------------------
+# ids parsed from tf.Examples: canonical by construction, so no SparseReorder
+
+
+def serialized_examples(rng, rows=40):
+    out = []
+    for r in range(rows):
+        n = int(rng.integers(0, 5)) if r % 7 else 0  # some rows have no id at all
+        ids = rng.integers(-2, V, size=n)  # negative ids are pruned by the safe lookup
+        weights = rng.uniform(-0.5, 2.0, size=n)
+        feature = {"ids": tf.train.Feature(int64_list=tf.train.Int64List(value=ids)),
+                   "w": tf.train.Feature(float_list=tf.train.FloatList(value=weights))}
+        if r % 11 == 3:
+            feature = {}  # the feature missing altogether
+        out.append(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    return tf.constant(out)
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_offline_safe_lookup_of_parsed_ids_needs_no_reorder(rng, big_table, combiner, weighted):
+    spec = {"ids": tf.io.VarLenFeature(tf.int64), "w": tf.io.VarLenFeature(tf.float32)}
+
+    def f(serialized):
+        parsed = tf.io.parse_example(serialized, spec)
+        return tf.nn.safe_embedding_lookup_sparse(big_table, parsed["ids"], parsed["w"] if weighted else None,
+                                                  combiner=combiner)
+
+    cf, graph, report, counts = offline(f, tf.TensorSpec([None], tf.string))
+    assert patterns(report)[-1] == "safe_lookup", report
+    assert counts.get("CtrEmbeddingLookup") == 1 and "SparseReorder" not in counts, counts
+    examples = serialized_examples(rng)
+    [got] = run_graph_def(cf, graph, examples)
+    assert_close(got, f(examples))

@@ -20,8 +20,10 @@
 // SparseReshape stays: it linearizes ids of rank > 2 exactly as TF does.
 // SparseReorder (a pass-through for ids in canonical order) stands in for the
 // row sort SparseFillEmptyRows does for unordered ids; the fused op needs
-// sorted rows. The row count is the reshaped dense shape's, as after
-// SparseFillEmptyRows.
+// sorted rows. Where the ids are canonical by construction (ParseExample's
+// sparse outputs, which a SparseReshape keeps in order) it is left out: a
+// sort per feature that never moves anything. The row count is the reshaped
+// dense shape's, as after SparseFillEmptyRows.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -370,19 +372,36 @@ class SafeLookupPattern : public NamedPattern<kName> {
     return n->name();
   }
 
+  // Whether the reshaped ids are in canonical order whatever their values:
+  // their indices are a ParseExample's sparse indices (row-major by
+  // construction), and SparseReshape keeps the order of the entries.
+  static bool CanonicalBySource(const GraphIndex& g, const NodeDef& reshape) {
+    int port = 0;
+    const NodeDef* source = g.Producer(reshape, 0, &port);
+    if (IsOp(source, "ParseExampleV2")) return port < IntAttr(*source, "num_sparse", 0);
+    if (IsOp(source, "ParseExample")) return port < IntAttr(*source, "Nsparse", 0);
+    return false;
+  }
+
   static void Fuse(const NodeDef& pool_node, RewriteContext* ctx, const Safe& s) {
     const NodeDef pool = pool_node;
     const std::string out_name = s.out->name();
     const std::string base = out_name + "/ctr_safe";
     // The sparse bookkeeping stays where SparseReshape runs (host-only ops).
     const std::string sparse_device = s.reshape->device();
-    const std::string ids =
-        AddReorder(ctx, base + "/ids", *s.reshape, s.ids, TypeAttr(pool, "Tid"), sparse_device);
-    const std::string weights = s.fill_w ? TensorName(AddReorder(ctx, base + "/weights", *s.reshape, s.weights,
-                                                                 tensorflow::DT_FLOAT, sparse_device), 1)
-                                         : pool.input(4);
-    const std::string rows =
-        AddStridedSlice(ctx, base + "/rows", TensorName(ids, 0), {0, 0}, {0, 1}, 1, 1, 2, sparse_device);
+    std::string indices = TensorName(s.reshape->name(), 0), ids = s.ids, weights = pool.input(4);
+    if (!CanonicalBySource(ctx->index(), *s.reshape)) {
+      const std::string reorder =
+          AddReorder(ctx, base + "/ids", *s.reshape, s.ids, TypeAttr(pool, "Tid"), sparse_device);
+      indices = TensorName(reorder, 0);
+      ids = TensorName(reorder, 1);
+      if (s.fill_w)
+        weights = TensorName(AddReorder(ctx, base + "/weights", *s.reshape, s.weights, tensorflow::DT_FLOAT,
+                                        sparse_device), 1);
+    } else if (s.fill_w) {
+      weights = s.weights;
+    }
+    const std::string rows = AddStridedSlice(ctx, base + "/rows", indices, {0, 0}, {0, 1}, 1, 1, 2, sparse_device);
     const std::string num_rows = AddStridedSlice(ctx, base + "/num_rows", TensorName(s.reshape->name(), 1), {0}, {1},
                                                  0, 0, 1, sparse_device);
 
@@ -392,7 +411,7 @@ class SafeLookupPattern : public NamedPattern<kName> {
     record.replaced.push_back(Describe(*fused));
     const NodeDef old = *fused;
     fused->clear_input();
-    for (const std::string& in : {pool.input(0), TensorName(ids, 1), rows, num_rows, weights}) fused->add_input(in);
+    for (const std::string& in : {pool.input(0), ids, rows, num_rows, weights}) fused->add_input(in);
     CopyControlInputs(old, fused);
     if (old.name() != pool.name()) CopyControlInputs(pool, fused);
     fused->set_op("CtrEmbeddingLookup");
