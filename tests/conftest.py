@@ -4,6 +4,10 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# Every Grappler rewrite the tests run compares its incrementally updated
+# graph index with one built from scratch after each change, and aborts on a
+# difference (cc/grappler/pattern.cc).
+os.environ.setdefault("TF_CTR_OPS_CHECK_INDEX", "1")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

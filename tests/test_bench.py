@@ -96,6 +96,19 @@ def test_rewrite_suite_on_real_model_styles(tmp_path, model, fused_op, unfused_o
     assert json.loads(out.read_text())["suites"]["rewrite"]["model"] == model
 
 
+def test_rewrite_time_suite_scales_the_model(tmp_path):
+    results = bench.main(["rewrite", "--features", "40", "--quick", "--json", str(tmp_path / "t.json")])
+    res = results["suites"]["rewrite"]
+    rows = res["rewrite_time"]
+    assert [r["features"] for r in rows] == [26, 40]
+    # More features, more nodes and more fused subgraphs; the time is the optimizer's alone.
+    assert rows[0]["nodes"] < rows[1]["nodes"] and rows[0]["matches"] < rows[1]["matches"]
+    for r in rows:
+        assert r["seconds"] > 0 and r["ms_per_feature"] == pytest.approx(1e3 * r["seconds"] / r["features"])
+    target = res["rewrite_time_target"]
+    assert target["max_seconds"] == pytest.approx(2.0 * 40 / 1000) and target["met"] == (target["seconds"] <= 0.08)
+
+
 def test_rewrite_suite_quick(tmp_path):
     out = tmp_path / "rewrite.json"
     results = bench.main(["rewrite", *TINY, "--json", str(out)])

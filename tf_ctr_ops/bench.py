@@ -191,6 +191,7 @@ class Config:
     copy_reps: int = 5
     quick: bool = False
     model: str = ""            # rewrite suite: a real model style (bench_models.MODELS); "": its Criteo model
+    features: int = 0          # rewrite suite: time the rewrite alone for up to this many features
 
     def quicken(self):
         self.quick = True
@@ -1162,6 +1163,8 @@ def parse_args(argv=None):
     p.add_argument("--copy-mb", type=int, default=None, help=f"copy-probe array size (default {d.copy_mb})")
     p.add_argument("--model", choices=("keras-lookup", "tf1-feature-columns"), default="",
                    help="rewrite suite: a real model style instead of its Criteo model (see tf_ctr_ops/bench_models.py)")
+    p.add_argument("--features", type=int, default=0,
+                   help="rewrite suite: time the optimizer alone on its model scaled to 26 .. FEATURES features")
     args = p.parse_args(argv)
     if "all" in args.suites:
         args.suites = sorted(SUITES, key=lambda n: (SUITE_ORDER.index(n) if n in SUITE_ORDER else len(SUITE_ORDER), n))
@@ -1171,7 +1174,8 @@ def parse_args(argv=None):
 def config_from_args(args):
     custom = {k: v for k, v in (("batch", args.batch), ("vocab", args.vocab), ("dim", args.dim),
                                 ("max_len", args.max_len)) if v is not None}
-    cfg = Config(seed=args.seed, device="/GPU:0" if args.device == "gpu" else "/CPU:0", model=args.model, **custom)
+    cfg = Config(seed=args.seed, device="/GPU:0" if args.device == "gpu" else "/CPU:0", model=args.model,
+                 features=args.features, **custom)
     if args.quick:
         cfg.quicken()
     if custom:

@@ -68,8 +68,8 @@ def make_inputs(rng, batch, cfg, vocab):
     return feeds
 
 
-def build_model(cfg, vocab, dim):
-    """The TF-native Keras 3 functional model."""
+def build_model(cfg, vocab, dim, counts=(HASHED, LISTS)):
+    """The TF-native Keras 3 functional model, with `counts` = (hashed, id-list) features."""
     import keras
     import tensorflow as tf
 
@@ -100,22 +100,23 @@ def build_model(cfg, vocab, dim):
         def compute_output_shape(self, shape):
             return (shape[0], self.dim)
 
-    hashed, lists = feature_inputs()
+    hashed, lists = feature_inputs(counts)
+    n_lists = len(lists)
     embedded = []
     for f, x in enumerate(hashed):
         e = keras.layers.Embedding(vocab, dim, name=f"c{f}_emb")(keras.layers.Hashing(vocab, name=f"c{f}_hash")(x))
         embedded.append(keras.layers.Flatten()(e))
     for f, x in enumerate(lists):
-        embedded.append(IdListEmbedding(vocab, dim, hashed=f < LISTS // 2, ragged=f % 2 == 0, name=f"l{f}_emb")(x))
+        embedded.append(IdListEmbedding(vocab, dim, hashed=f < n_lists // 2, ragged=f % 2 == 0, name=f"l{f}_emb")(x))
     return keras.Model(hashed + lists, mlp_head(keras.layers.Concatenate()(embedded)))
 
 
-def feature_inputs():
-    """The 26 string inputs ([batch, 1] each): hashed categories c*, id lists l*."""
+def feature_inputs(counts=(HASHED, LISTS)):
+    """The string inputs ([batch, 1] each): hashed categories c*, id lists l*."""
     import keras
 
-    hashed = [keras.Input((1,), dtype="string", name=f"c{f}") for f in range(HASHED)]
-    lists = [keras.Input((1,), dtype="string", name=f"l{f}") for f in range(LISTS)]
+    hashed = [keras.Input((1,), dtype="string", name=f"c{f}") for f in range(counts[0])]
+    lists = [keras.Input((1,), dtype="string", name=f"l{f}") for f in range(counts[1])]
     return hashed, lists
 
 
@@ -197,6 +198,8 @@ def rewrite_suite(cfg):
         from tf_ctr_ops.bench_models import model_style_suite
 
         return model_style_suite(cfg, cfg.model)
+    if cfg.features:
+        return rewrite_time_suite(cfg)
 
     vocab, dim = min(cfg.vocab, 50_000), min(cfg.dim, 16)
     batches = tuple(sorted({min(b, cfg.batch) for b in SERVE_BATCHES}, reverse=True))
@@ -286,3 +289,63 @@ def print_rewrite(result):
         print(f"target {t['target']} >= {t['min_speedup']}x [batch {t['batch']}]: {t['speedup']:.2f}x  "
               f"{'met' if t['met'] else 'NOT MET'}")
     print()
+
+
+# ---------------------------------------------------------------------------
+# Rewrite time: `bench rewrite --features N`
+
+REWRITE_TIME_TARGET_S = 2.0  # for 1,000 features
+_LADDER = (26, 100, 400, 1000)
+
+
+def feature_counts(total):
+    """(hashed, id-list) features of a `total`-feature model, in Criteo's 20 : 6."""
+    hashed = round(total * HASHED / (HASHED + LISTS))
+    return hashed, total - hashed
+
+
+def time_rewrite(graph_def, fetches, handle_shapes, repeats):
+    """Best time of `repeats` runs of the optimizer alone over a signature's graph."""
+    from tf_ctr_ops import rewrite
+
+    best, report = None, None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _, report = rewrite.optimize_graph_def(graph_def, fetches, handle_shapes, serving_device="cpu")
+        elapsed = time.perf_counter() - t0
+        best = elapsed if best is None else min(best, elapsed)
+    return best, report
+
+
+def rewrite_time_suite(cfg):
+    """How the optimizer's time grows with the model: the rewrite suite's model
+    at 26 features and up to --features N (optimizing the signature's graph
+    only: no load, save or verification)."""
+    import tensorflow as tf
+
+    from tf_ctr_ops import rewrite
+
+    sizes = sorted({n for n in _LADDER if n < cfg.features} | {min(26, cfg.features), cfg.features})
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tf_ctr_ops_bench_rewrite_time_") as tmp:
+        for n in sizes:
+            path = os.path.join(tmp, f"m{n}")
+            build_model(cfg, 1000, 8, feature_counts(n)).export(path, verbose=False)
+            loaded = tf.saved_model.load(path)
+            sig = loaded.signatures["serving_default"]
+            graph_def = sig.graph.as_graph_def(add_shapes=True)
+            seconds, report = time_rewrite(graph_def, [t.name for t in sig.outputs],
+                                           rewrite.captured_handle_shapes(sig), 1 if cfg.quick else 3)
+            nodes = len(graph_def.node) + sum(len(f.node_def) for f in graph_def.library.function)
+            rows.append({"features": n, "nodes": nodes, "matches": len(report["match"]), "seconds": seconds,
+                         "ms_per_feature": 1e3 * seconds / n})
+            print(f"rewrite time: {n:5d} features, {nodes:6d} nodes, {len(report['match']):5d} fused: "
+                  f"{seconds:.2f} s ({1e3 * seconds / n:.2f} ms per feature)", flush=True)
+    largest = rows[-1]
+    # A time limit, not a speedup: kept apart from the suites' speedup targets.
+    limit = REWRITE_TIME_TARGET_S * largest["features"] / 1000
+    target = {"target": f"rewrite of the {largest['features']}-feature model in at most {limit:.2f} s "
+                        f"({REWRITE_TIME_TARGET_S:g} s per 1,000 features)",
+              "max_seconds": limit, "seconds": largest["seconds"], "met": bool(largest["seconds"] <= limit)}
+    print(f"target {target['target']}: {target['seconds']:.2f} s  {'met' if target['met'] else 'NOT MET'}")
+    return {"suite": "rewrite", "rewrite_time": rows, "rewrite_time_target": target, "cases": [], "targets": []}

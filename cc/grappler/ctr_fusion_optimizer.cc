@@ -194,6 +194,7 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
           changed = true;
         }
       }
+      ctx->Compact();
     }
     return changed;
   }

@@ -1,5 +1,9 @@
 #include "cc/grappler/graph_index.h"
 
+#include <algorithm>
+#include <set>
+#include <sstream>
+
 namespace tf_ctr {
 namespace grappler {
 
@@ -10,8 +14,7 @@ struct TensorView {
   int port = 0;
 };
 
-// ParseTensorName without copies: the index parses every input of every node
-// at each rebuild.
+// ParseTensorName without copies: the index parses every input it counts.
 TensorView ParseTensorView(std::string_view input) {
   if (!input.empty() && input[0] == '^') return {input.substr(1), -1};
   const size_t colon = input.rfind(':');
@@ -25,6 +28,12 @@ TensorView ParseTensorView(std::string_view input) {
   return {input.substr(0, colon), port};
 }
 
+void Drop(std::vector<const tensorflow::NodeDef*>* readers, const tensorflow::NodeDef* reader) {
+  // Removes one occurrence: a node reading twice was counted twice.
+  auto it = std::find(readers->begin(), readers->end(), reader);
+  if (it != readers->end()) readers->erase(it);
+}
+
 }  // namespace
 
 TensorId ParseTensorName(const std::string& input) {
@@ -36,51 +45,114 @@ std::string TensorName(const std::string& node, int port) {
   return port == 0 ? node : node + ":" + std::to_string(port);
 }
 
-GraphIndex::GraphIndex(const tensorflow::GraphDef& graph, const std::vector<std::string>& fetch) {
-  order_.reserve(graph.node_size());
-  entries_.reserve(graph.node_size());
-  size_t bytes = 0;
-  for (const auto& n : graph.node()) bytes += n.name().size();
-  names_.reserve(bytes);  // never grows past this: the views below stay valid
-  for (const auto& n : graph.node()) {
-    const size_t at = names_.size();
-    names_ += n.name();
-    entries_[std::string_view(names_).substr(at, n.name().size())].node = &n;
-    order_.push_back(&n);
-  }
-  auto count_reader = [&](Entry* e, int port) {
-    if (static_cast<int>(e->port_consumers.size()) <= port) e->port_consumers.resize(port + 1, 0);
-    ++e->port_consumers[port];
-    ++e->data_consumers;
-  };
-  for (const auto& n : graph.node()) {
-    for (const auto& in : n.input()) {
-      const TensorView id = ParseTensorView(in);
-      auto it = entries_.find(id.node);
-      if (it == entries_.end()) continue;  // a dangling input: no node to count it for
-      if (id.port < 0) {
-        ++it->second.control_consumers;
-        continue;
-      }
-      it->second.readers.push_back(&n);
-      count_reader(&it->second, id.port);
-    }
-  }
+GraphIndex::GraphIndex(const tensorflow::GraphDef& graph, const std::vector<std::string>& fetch) : graph_(graph) {
   for (const auto& f : fetch) {
     const TensorView id = ParseTensorView(f);
-    auto it = entries_.find(id.node);
-    if (it != entries_.end()) count_reader(&it->second, id.port < 0 ? 0 : id.port);
+    fetched_[std::string(id.node)].push_back(id.port < 0 ? 0 : id.port);
+  }
+  entries_.reserve(graph.node_size());
+  std::vector<Entry*> all;
+  all.reserve(graph.node_size());
+  for (const auto& n : graph.node()) all.push_back(AddEntry(&n));
+  for (Entry* e : all) Link(e);
+}
+
+GraphIndex::Entry* GraphIndex::AddEntry(const tensorflow::NodeDef* node) {
+  Entry& e = entries_[node->name()];
+  e = Entry();
+  e.node = node;
+  auto f = fetched_.find(node->name());
+  if (f != fetched_.end()) {
+    for (int port : f->second) {
+      if (static_cast<int>(e.port_consumers.size()) <= port) e.port_consumers.resize(port + 1, 0);
+      ++e.port_consumers[port];
+      ++e.data_consumers;
+    }
+  }
+  order_valid_ = false;
+  return &e;
+}
+
+void GraphIndex::Link(Entry* reader) {
+  reader->inputs.clear();
+  reader->inputs.reserve(reader->node->input_size());
+  for (const auto& in : reader->node->input()) {
+    const TensorView id = ParseTensorView(in);
+    reader->inputs.push_back(Input{std::string(id.node), id.port});
+    auto it = entries_.find(reader->inputs.back().node);
+    if (it == entries_.end()) continue;  // a dangling input: no node to count it for
+    Entry& producer = it->second;
+    if (id.port < 0) {
+      producer.control_readers.push_back(reader->node);
+      continue;
+    }
+    producer.readers.push_back(reader->node);
+    if (static_cast<int>(producer.port_consumers.size()) <= id.port) producer.port_consumers.resize(id.port + 1, 0);
+    ++producer.port_consumers[id.port];
+    ++producer.data_consumers;
   }
 }
 
+void GraphIndex::Unlink(Entry* reader) {
+  for (const Input& in : reader->inputs) {
+    auto it = entries_.find(in.node);
+    if (it == entries_.end()) continue;
+    Entry& producer = it->second;
+    if (in.port < 0) {
+      Drop(&producer.control_readers, reader->node);
+      continue;
+    }
+    Drop(&producer.readers, reader->node);
+    if (in.port < static_cast<int>(producer.port_consumers.size())) --producer.port_consumers[in.port];
+    --producer.data_consumers;
+  }
+  reader->inputs.clear();
+}
+
+void GraphIndex::Update(const std::vector<const tensorflow::NodeDef*>& removed,
+                        const std::vector<const tensorflow::NodeDef*>& added,
+                        const std::vector<const tensorflow::NodeDef*>& changed) {
+  for (const tensorflow::NodeDef* n : removed) {
+    auto it = entries_.find(n->name());
+    if (it == entries_.end() || it->second.node != n) continue;
+    Unlink(&it->second);
+    entries_.erase(it);
+  }
+  std::vector<Entry*> relink;
+  for (const tensorflow::NodeDef* n : changed) {
+    auto it = entries_.find(n->name());
+    if (it == entries_.end()) continue;
+    Unlink(&it->second);
+    relink.push_back(&it->second);
+  }
+  // All added nodes join before any is linked: they may read each other.
+  for (const tensorflow::NodeDef* n : added) relink.push_back(AddEntry(n));
+  for (Entry* e : relink) Link(e);
+  order_valid_ = false;
+}
+
+const std::vector<const tensorflow::NodeDef*>& GraphIndex::nodes() const {
+  if (!order_valid_) {
+    order_.clear();
+    order_.reserve(entries_.size());
+    for (const auto& n : graph_.node()) {
+      const Entry* e = Find(n.name());
+      if (e != nullptr && e->node == &n) order_.push_back(&n);
+    }
+    order_valid_ = true;
+  }
+  return order_;
+}
+
 const GraphIndex::Entry* GraphIndex::Find(std::string_view name) const {
-  auto it = entries_.find(name);
+  // Heterogeneous lookup is C++20; node names are short, so one copy is cheap.
+  auto it = entries_.find(std::string(name));
   return it == entries_.end() ? nullptr : &it->second;
 }
 
 const tensorflow::NodeDef* GraphIndex::Node(const std::string& name) const {
-  const Entry* e = Find(name);
-  return e == nullptr ? nullptr : e->node;
+  auto it = entries_.find(name);
+  return it == entries_.end() ? nullptr : it->second.node;
 }
 
 const tensorflow::NodeDef* GraphIndex::Producer(const tensorflow::NodeDef& node, int i, int* port) const {
@@ -93,25 +165,57 @@ const tensorflow::NodeDef* GraphIndex::Producer(const tensorflow::NodeDef& node,
 }
 
 int GraphIndex::Consumers(const std::string& node, int port) const {
-  const Entry* e = Find(node);
-  if (e == nullptr || port < 0 || port >= static_cast<int>(e->port_consumers.size())) return 0;
-  return e->port_consumers[port];
+  auto it = entries_.find(node);
+  if (it == entries_.end() || port < 0 || port >= static_cast<int>(it->second.port_consumers.size())) return 0;
+  return it->second.port_consumers[port];
 }
 
 int GraphIndex::DataConsumers(const std::string& node) const {
-  const Entry* e = Find(node);
-  return e == nullptr ? 0 : e->data_consumers;
+  auto it = entries_.find(node);
+  return it == entries_.end() ? 0 : it->second.data_consumers;
 }
 
 const std::vector<const tensorflow::NodeDef*>& GraphIndex::DataReaders(const std::string& node) const {
   static const auto* none = new std::vector<const tensorflow::NodeDef*>();
-  const Entry* e = Find(node);
-  return e == nullptr ? *none : e->readers;
+  auto it = entries_.find(node);
+  return it == entries_.end() ? *none : it->second.readers;
+}
+
+const std::vector<const tensorflow::NodeDef*>& GraphIndex::ControlReaders(const std::string& node) const {
+  static const auto* none = new std::vector<const tensorflow::NodeDef*>();
+  auto it = entries_.find(node);
+  return it == entries_.end() ? *none : it->second.control_readers;
 }
 
 int GraphIndex::ControlConsumers(const std::string& node) const {
-  const Entry* e = Find(node);
-  return e == nullptr ? 0 : e->control_consumers;
+  auto it = entries_.find(node);
+  return it == entries_.end() ? 0 : static_cast<int>(it->second.control_readers.size());
+}
+
+std::string GraphIndex::Difference(const GraphIndex& other) const {
+  std::ostringstream out;
+  if (entries_.size() != other.entries_.size())
+    out << "nodes " << entries_.size() << " vs " << other.entries_.size() << "; ";
+  auto names = [](const std::vector<const tensorflow::NodeDef*>& v) {
+    std::multiset<std::string> s;
+    for (const auto* n : v) s.insert(n->name());
+    return s;
+  };
+  for (const auto& [name, e] : entries_) {
+    auto it = other.entries_.find(name);
+    if (it == other.entries_.end()) {
+      out << name << " only here; ";
+      continue;
+    }
+    const Entry& o = it->second;
+    std::vector<int> a = e.port_consumers, b = o.port_consumers;
+    while (!a.empty() && a.back() == 0) a.pop_back();
+    while (!b.empty() && b.back() == 0) b.pop_back();
+    if (e.node->name() != o.node->name() || e.node->op() != o.node->op() || a != b || e.data_consumers != o.data_consumers ||
+        names(e.readers) != names(o.readers) || names(e.control_readers) != names(o.control_readers))
+      out << name << " differs; ";
+  }
+  return out.str();
 }
 
 }  // namespace grappler

@@ -1,7 +1,11 @@
 #include "cc/grappler/pattern.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <unordered_set>
+
+#include "tensorflow/core/platform/logging.h"
 
 #include "tensorflow/core/framework/attr_value.pb.h"
 #include "tensorflow/core/framework/tensor.pb.h"
@@ -21,16 +25,37 @@ RewriteContext::RewriteContext(tensorflow::GraphDef* graph, std::vector<std::str
                                std::set<std::string> preserve, const tensorflow::grappler::GraphProperties* properties)
     : graph_(graph), fetch_(std::move(fetch)), properties_(properties), preserve_(std::move(preserve)) {
   index_ = std::make_unique<GraphIndex>(*graph_, fetch_);
+  const char* check = std::getenv("TF_CTR_OPS_CHECK_INDEX");
+  check_index_ = check != nullptr && check[0] != '\0' && check[0] != '0';
+}
+
+void RewriteContext::Touch(NodeDef* node) {
+  changed_.insert(node->name());
+  if (!pending_.count(node->name())) touched_.emplace(node->name(), node);
 }
 
 NodeDef* RewriteContext::Mutable(const std::string& name) {
   // Indexed nodes belong to graph_, which this context may change.
   if (const NodeDef* n = index_->Node(name)) {
-    changed_.insert(name);
-    return const_cast<NodeDef*>(n);
+    NodeDef* node = const_cast<NodeDef*>(n);
+    Touch(node);
+    return node;
   }
   auto it = pending_.find(name);
   return it == pending_.end() ? nullptr : it->second;
+}
+
+std::vector<NodeDef*> RewriteContext::PossibleReaders(const std::string& from, bool control) {
+  std::vector<NodeDef*> out;
+  std::unordered_set<const NodeDef*> seen;
+  auto add = [&](NodeDef* n) {
+    if (seen.insert(n).second) out.push_back(n);
+  };
+  for (const NodeDef* n : control ? index_->ControlReaders(from) : index_->DataReaders(from))
+    add(const_cast<NodeDef*>(n));  // indexed nodes belong to graph_
+  for (auto& [name, n] : touched_) add(n);
+  for (auto& [name, n] : pending_) add(n);
+  return out;
 }
 
 NodeDef* RewriteContext::AddNode(const std::string& base, const std::string& op, const std::string& device) {
@@ -48,14 +73,15 @@ NodeDef* RewriteContext::AddNode(const std::string& base, const std::string& op,
 
 void RewriteContext::RedirectControlEdges(const std::string& from, const std::string& to) {
   const std::string old_edge = "^" + from, new_edge = "^" + to;
-  for (auto& n : *graph_->mutable_node()) {
-    if (n.name() == to) continue;
-    bool has_old = false;  // most nodes have no such edge: one pass decides
-    for (const auto& in : n.input()) has_old |= in == old_edge;
+  for (NodeDef* n : PossibleReaders(from, /*control=*/true)) {
+    if (n->name() == to) continue;
+    bool has_old = false;
+    for (const auto& in : n->input()) has_old |= in == old_edge;
     if (!has_old) continue;
+    Touch(n);
     bool has_new = false;
-    for (const auto& in : n.input()) has_new |= in == new_edge;
-    auto* inputs = n.mutable_input();
+    for (const auto& in : n->input()) has_new |= in == new_edge;
+    auto* inputs = n->mutable_input();
     for (int i = 0; i < inputs->size(); ++i) {
       if (inputs->Get(i) != old_edge) continue;
       if (has_new) {
@@ -69,17 +95,15 @@ void RewriteContext::RedirectControlEdges(const std::string& from, const std::st
 }
 
 void RewriteContext::RedirectDataEdges(const std::string& from, int port, const std::string& to) {
-  for (auto& n : *graph_->mutable_node()) {
-    auto* inputs = n.mutable_input();
+  for (NodeDef* n : PossibleReaders(from, /*control=*/false)) {
+    auto* inputs = n->mutable_input();
     for (int i = 0; i < inputs->size(); ++i) {
       const std::string& in = inputs->Get(i);
-      // Cheap prefix test first: ParseTensorName copies, and this runs over
-      // every input of the graph.
-      if (in.compare(0, from.size(), from) != 0) continue;
+      if (in.compare(0, from.size(), from) != 0) continue;  // cheap test before parsing
       const TensorId t = ParseTensorName(in);
       if (t.node == from && t.port == port) {
         *inputs->Mutable(i) = to;
-        changed_.insert(n.name());
+        Touch(n);
       }
     }
   }
@@ -123,17 +147,49 @@ void RewriteContext::Commit() {
     n->add_input("^" + fused);
   }
   kept_as_noop_.clear();
-  if (!removed_.empty()) {
-    // Compacts in place, in order: only pointers move, no node is copied.
-    auto* nodes = graph_->mutable_node();
-    int kept = 0;
-    for (int i = 0; i < nodes->size(); ++i)
-      if (!removed_.count(nodes->Get(i).name())) nodes->SwapElements(kept++, i);
-    nodes->DeleteSubrange(kept, nodes->size() - kept);
-    removed_.clear();
+  std::vector<const NodeDef*> removed, added, changed;
+  for (const std::string& name : removed_) {
+    auto p = pending_.find(name);
+    const NodeDef* n = p != pending_.end() ? p->second : index_->Node(name);
+    if (n == nullptr) continue;
+    doomed_.insert(n);
+    if (p != pending_.end()) {
+      pending_.erase(p);  // added and dropped by the same rewrite: never indexed
+    } else {
+      removed.push_back(n);
+    }
+    touched_.erase(name);
   }
+  removed_.clear();
+  for (const auto& [name, n] : pending_) added.push_back(n);
+  for (const auto& [name, n] : touched_) changed.push_back(n);
+  index_->Update(removed, added, changed);
   pending_.clear();
-  index_ = std::make_unique<GraphIndex>(*graph_, fetch_);
+  touched_.clear();
+  if (check_index_) {
+    // The graph less the removed nodes awaiting Compact, indexed from scratch.
+    tensorflow::GraphDef live;
+    for (const auto& n : graph_->node())
+      if (!doomed_.count(&n)) *live.add_node() = n;
+    const std::string difference = index_->Difference(GraphIndex(live, fetch_));
+    if (!difference.empty()) LOG(FATAL) << "CtrFusionOptimizer: index out of date: " << difference;
+  }
+}
+
+void RewriteContext::Compact() {
+  if (doomed_.empty()) return;
+  // Compacts in place, in order: only pointers move, no node is copied, so
+  // the index's pointers to the nodes kept stay valid.
+  auto* nodes = graph_->mutable_node();
+  int kept = 0;
+  for (int i = 0; i < nodes->size(); ++i)
+    if (!doomed_.count(&nodes->Get(i))) nodes->SwapElements(kept++, i);
+  nodes->DeleteSubrange(kept, nodes->size() - kept);
+  doomed_.clear();
+  if (check_index_) {
+    const std::string difference = index_->Difference(GraphIndex(*graph_, fetch_));
+    if (!difference.empty()) LOG(FATAL) << "CtrFusionOptimizer: index out of date: " << difference;
+  }
 }
 
 // The static shape of an output: Grappler's inference first, then the

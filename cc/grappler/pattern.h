@@ -8,6 +8,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "cc/grappler/graph_index.h"
@@ -62,8 +63,12 @@ class RewriteContext {
   // or empty: either, so rewrites keep what both need.
   void SetServingDevice(std::string type) { serving_device_ = std::move(type); }
   const std::string& serving_device() const { return serving_device_; }
-  // Applies removals and re-indexes; call after each rewrite.
+  // Applies removals and brings the index up to date (with the nodes this
+  // rewrite removed, added or changed); call after each rewrite.
   void Commit();
+  // Deletes the nodes removed since the last Compact from the graph (they
+  // already left the index at Commit); call once per sweep over the graph.
+  void Compact();
   // Erases the shapes recorded before the rewrite where they may no longer
   // hold: `_output_shapes` of every changed node (the importer rejects a
   // stale one when the graph is loaded) and the offline copy
@@ -85,6 +90,11 @@ class RewriteContext {
   const std::vector<SkipRecord>& skips() const { return skips_; }
 
  private:
+  // Every node that may read `from`: its indexed data or control readers, and
+  // the nodes added or changed since the last Commit.
+  std::vector<tensorflow::NodeDef*> PossibleReaders(const std::string& from, bool control);
+  void Touch(tensorflow::NodeDef* node);
+
   tensorflow::GraphDef* graph_;
   std::vector<std::string> fetch_;
   const tensorflow::grappler::GraphProperties* properties_;
@@ -93,7 +103,12 @@ class RewriteContext {
   std::set<std::string> fed_;
   std::string serving_device_;
   std::set<std::string> removed_;
-  std::set<std::string> changed_;  // fetched through Mutable or re-pointed
+  std::set<std::string> changed_;  // fetched through Mutable or re-pointed, over the whole run
+  // Indexed nodes changed since the last Commit, which the index still
+  // describes as they were.
+  std::unordered_map<std::string, tensorflow::NodeDef*> touched_;
+  std::unordered_set<const tensorflow::NodeDef*> doomed_;  // removed, awaiting Compact
+  bool check_index_ = false;  // TF_CTR_OPS_CHECK_INDEX: each Commit compared with a rebuild
   // Nodes rewrites added: inferred shapes under their names (a removed
   // original node's) do not describe them.
   std::set<std::string> added_;
