@@ -12,6 +12,8 @@ CUDA: see `find_cuda_toolkit`. Environment switches:
   TF_CTR_OPS_CUDA_ARCHS=80;90 GPU architectures (default 80;90, PTX for the last)
   TF_CTR_OPS_SANITIZE=address,undefined   build with ASan/UBSan
   TF_CTR_OPS_JOBS=N           parallel compile jobs (default: CPU count)
+  TF_CTR_OPS_CORE_ONLY=1      build tf_ctr_ops._core alone, without TensorFlow (a GPU
+                              machine testing the CUDA kernels: tools/gpu_check.sh)
 """
 
 import concurrent.futures
@@ -265,11 +267,22 @@ def write_build_info(tf, cuda, path):
     )
 
 
+def core_only():
+    return os.environ.get("TF_CTR_OPS_CORE_ONLY", "").strip() not in ("", "0")
+
+
+# What a core-only build knows of TensorFlow: nothing (the core never includes it).
+NO_TENSORFLOW = {"version": "", "compile_flags": [], "link_flags": [], "cuda_version": ""}
+
+
 class BuildCtrOps(build_ext):
     """Compiles both native modules with g++ (and nvcc) instead of distutils."""
 
     def run(self):
-        self.tf = tensorflow_config()
+        if core_only():
+            log("building tf_ctr_ops._core only (TF_CTR_OPS_CORE_ONLY=1): no op library, no TensorFlow")
+            self.extensions = [e for e in self.extensions if e.name == "tf_ctr_ops._core"]
+        self.tf = NO_TENSORFLOW if core_only() else tensorflow_config()
         self.cuda = cuda_choice(self.tf["cuda_version"])
         self.toolchain = Toolchain(self.tf, self.cuda, self.build_temp)
         cuda_srcs = sources("cuda/*.cu") if self.cuda else []

@@ -292,12 +292,15 @@ def test_bad_ids_raise_like_cpu(rng, key_dtype, invalid_ids, bad_id):
     lengths = rng.integers(6, 40, size=300)  # room for the bad ids planted below
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     keys = rng.integers(0, vocab, size=int(offsets[-1])).astype(key_dtype)
-    # Bad ids in several bags, more than one in the lowest: the error names the
-    # lowest bag and its first bad id, as the CPU does.
-    for row, pos in [(250, 3), (117, 5), (117, 2), (199, 0)]:
-        keys[offsets[row] + pos] = bad_id + (pos if bad_id >= vocab else 0)
     weights = rng.uniform(-1.0, 1.0, size=len(keys)).astype(np.float32)
-    opts = dict(invalid_ids=invalid_ids, prune_weights=True)  # pruning does not hide bad ids
+    # Bad ids in several bags, more than one in the lowest: the error names the
+    # lowest bag and its first bad id, as the CPU does. With prune_weights an
+    # id whose weight is <= 0 is dropped before it is checked (the safe
+    # lookup's sparse_retain comes first), so row 50's bad id is never named.
+    for row, pos, weight in [(250, 3, 0.5), (117, 5, 0.5), (117, 2, 0.25), (199, 0, 0.5), (50, 1, -0.5)]:
+        keys[offsets[row] + pos] = bad_id + (pos if bad_id >= vocab else 0)
+        weights[offsets[row] + pos] = weight
+    opts = dict(invalid_ids=invalid_ids, prune_weights=True)
     with pytest.raises(ValueError) as cpu_err:
         cpu_lookup(values, keys, offsets, weights, **opts)
     with pytest.raises(ValueError) as gpu_err:

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The GPU checks in one command, on a machine with a GPU, nvcc, and a Python
+# with pybind11, pytest and CuPy or PyTorch (TensorFlow is not needed: the GPU
+# kernels are tested through the framework-free core, tf_ctr_ops._core):
+#
+#   1. builds tf_ctr_ops._core with CUDA in place (TF_CTR_OPS_CORE_ONLY=1;
+#      sm_90 unless TF_CTR_OPS_CUDA_ARCHS says otherwise);
+#   2. runs the three GPU test files; a skipped test fails the run, since a
+#      skipped GPU test is not a GPU test passed;
+#   3. runs them under compute-sanitizer memcheck and racecheck
+#      (.ci/compute_sanitizer.sh).
+#
+#   bash tools/gpu_check.sh                 # everything
+#   SANITIZE=0 bash tools/gpu_check.sh      # build and tests only
+#
+# The core-level GPU benchmark of issue #25 (lookup and string_embedding
+# throughput against the copy bandwidth of the same run) is not written yet.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${PYTHON:-python3}"
+export TF_CTR_OPS_CORE_ONLY=1 TF_CTR_OPS_CUDA=1 TF_CTR_OPS_CUDA_ARCHS="${TF_CTR_OPS_CUDA_ARCHS:-90}"
+
+echo "+ build tf_ctr_ops._core (CUDA, sm_${TF_CTR_OPS_CUDA_ARCHS})"
+"$PYTHON" setup.py -q build_ext --inplace
+
+TESTS=(tests/test_gpu_core.py tests/test_gpu_strings_core.py tests/test_gpu_bindings_host.py)
+echo "+ pytest ${TESTS[*]}"
+log="$(mktemp)"
+"$PYTHON" -m pytest -q -rs -p no:cacheprovider "${TESTS[@]}" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+[ "$status" -eq 0 ] || exit "$status"
+if grep -qE '[0-9]+ skipped' "$log"; then
+  echo "tools/gpu_check.sh: GPU tests were skipped (see the reasons above): no GPU, or a core without CUDA" >&2
+  exit 1
+fi
+
+if [ "${SANITIZE:-1}" != "0" ]; then
+  PYTHON="$PYTHON" bash .ci/compute_sanitizer.sh
+fi
+echo "+ tools/gpu_check.sh passed"
