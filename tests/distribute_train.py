@@ -1,0 +1,124 @@
+"""Trains a small CTR model built from tf_ctr_ops layers, for tests/test_distribute.py.
+
+    python tests/distribute_train.py single OUT.npz
+    python tests/distribute_train.py mirrored OUT.npz          # 2 logical CPU devices
+    TF_CONFIG=... python tests/distribute_train.py multiworker OUT.npz
+
+Every run starts from the same weights and sees the same global batches in
+the same order, so the trained weights must agree across strategies up to
+float32 summation order. The embedding layers' table gradients are
+IndexedSlices, which the strategies aggregate across replicas. Training is a
+custom loop (strategy.run), the way tf.distribute documents it: Keras 3's
+model.fit under a strategy averages the first batch across replicas to build
+the model, which fails on any string input, ours or not.
+Writes the final weights (and the per-epoch losses) to OUT.npz; under
+MultiWorkerMirroredStrategy only the chief writes.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+GLOBAL_BATCH, STEPS, DIM = 32, 8, 4
+
+
+def data(seed=7):
+    """(features, labels) of STEPS global batches."""
+    rng = np.random.default_rng(seed)
+    n = GLOBAL_BATCH * STEPS
+    lengths = rng.integers(0, 5, size=n)
+    item_ids = np.full((n, 4), -1, np.int64)  # dense, padded with -1
+    for i, k in enumerate(lengths):
+        item_ids[i, :k] = rng.integers(0, 50, size=k)
+    users = rng.integers(0, 10**9, size=(n, 1)).astype(np.int64)
+    genres = np.array(["|".join(f"g{g}" for g in rng.integers(0, 12, size=rng.integers(0, 3)))
+                       for _ in range(n)], dtype=object).reshape(n, 1)
+    labels = rng.integers(0, 2, size=(n, 1)).astype(np.float32)
+    return {"item_ids": item_ids, "user": users, "genres": genres}, labels
+
+
+def build_model():
+    import keras
+
+    from tf_ctr_ops import layers
+
+    keras.utils.set_random_seed(3)
+    item_ids = keras.Input((4,), dtype="int64", name="item_ids")
+    user = keras.Input((1,), dtype="int64", name="user")
+    genres = keras.Input((1,), dtype="string", name="genres")
+    parts = [
+        layers.SparseEmbedding(50, DIM, combiner="mean", name="items")(item_ids),
+        layers.HashEmbedding(64, DIM, combiner="sum", name="users")(user),
+        layers.StringEmbedding(32, DIM, delimiter="|", combiner="sqrtn", name="genres_emb")(
+            keras.layers.Reshape(())(genres)),
+    ]
+    out = keras.layers.Dense(1, activation="sigmoid", name="ctr")(keras.layers.Concatenate()(parts))
+    return keras.Model({"item_ids": item_ids, "user": user, "genres": genres}, out)
+
+
+def strategy_for(mode):
+    if mode == "single":
+        return tf.distribute.get_strategy()  # the default strategy: one replica
+    if mode == "mirrored":
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    if mode == "multiworker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    raise SystemExit(f"unknown mode {mode!r}")
+
+
+def main(mode, out):
+    strategy = strategy_for(mode)
+    import tf_ctr_ops  # noqa: F401  (after the device setup: it runs no op)
+
+    import keras
+
+    x, y = data()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
+    options = tf.data.Options()
+    # Each worker reads every global batch and keeps its replicas' slices of
+    # it, so the batches are the single-replica run's.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    dataset = strategy.experimental_distribute_dataset(dataset.with_options(options))
+    with strategy.scope():
+        model = build_model()
+        optimizer = keras.optimizers.Adagrad(0.5)
+        optimizer.build(model.trainable_variables)
+    initial = {f"i{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
+
+    def replica_step(features, labels):
+        with tf.GradientTape() as tape:
+            probs = model(features, training=True)
+            per_example = keras.losses.binary_crossentropy(labels, probs)
+            loss = tf.reduce_sum(per_example) / GLOBAL_BATCH  # the global batch's mean, summed over replicas
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def step(features, labels):
+        losses = strategy.run(replica_step, args=(features, labels))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+
+    history = {"loss": []}
+    for _ in range(2):
+        total = 0.0
+        for features, labels in dataset:
+            total += float(step(features, labels))
+        history["loss"].append(total / STEPS)
+    chief = mode != "multiworker" or json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0
+    if chief:
+        weights = {f"w{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
+        np.savez(out, loss=np.array(history["loss"]), replicas=strategy.num_replicas_in_sync, **weights,
+                 **initial)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))

@@ -1,0 +1,78 @@
+"""tf.distribute: the layers train under MirroredStrategy (two logical CPU
+devices) and MultiWorkerMirroredStrategy (two worker processes on
+127.0.0.1), and the result equals single-replica training on the same global
+batches. Each run is its own process (tests/distribute_train.py): logical
+devices and TF_CONFIG must be set before TensorFlow starts."""
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import fresh_process_env
+
+SCRIPT = Path(__file__).with_name("distribute_train.py")
+TIMEOUT_S = 300
+
+
+def train(mode, out, env=None, wait=True):
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), mode, str(out)], env=env or fresh_process_env(),
+                            cwd=out.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if not wait:
+        return proc
+    output, _ = proc.communicate(timeout=TIMEOUT_S)
+    assert proc.returncode == 0, output[-3000:]
+    return np.load(out)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    return train("single", tmp_path_factory.mktemp("single") / "single.npz")
+
+
+def assert_same_training(got, want):
+    assert int(want["replicas"]) == 1 and int(got["replicas"]) == 2
+    weights = sorted(k for k in want.files if k.startswith("w"))
+    assert weights == sorted(k for k in got.files if k.startswith("w")) and len(weights) == 5
+    for k in weights:
+        # Training moved every weight, embedding tables included ...
+        assert np.abs(want[k] - want["i" + k[1:]]).max() > 1e-3, k
+        # ... and two replicas moved it as one did (float32 summation order apart).
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+
+
+def test_mirrored_strategy_matches_single_replica(single, tmp_path):
+    assert_same_training(train("mirrored", tmp_path / "mirrored.npz"), single)
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def test_multi_worker_mirrored_strategy_matches_single_replica(single, tmp_path):
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
+    out = tmp_path / "multiworker.npz"
+    workers = []
+    for index in range(2):
+        env = dict(fresh_process_env(), TF_CONFIG=json.dumps({"cluster": cluster,
+                                                              "task": {"type": "worker", "index": index}}))
+        workers.append(train("multiworker", out, env=env, wait=False))
+    try:
+        outputs = [w.communicate(timeout=TIMEOUT_S)[0] for w in workers]
+    finally:
+        for w in workers:
+            w.kill()
+    for w, output in zip(workers, outputs):
+        assert w.returncode == 0, output[-3000:]
+    assert_same_training(np.load(out), single)
