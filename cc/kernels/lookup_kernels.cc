@@ -80,7 +80,7 @@ class EmbeddingLookupCpuOp : public LookupKernel {
     const int64_t* offsets = offsets_t.flat<int64_t>().data();
     const int64_t rows = offsets_t.NumElements() - 1;
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {rows, a.spec.dim}, &out));
+    OP_REQUIRES_OK(ctx, AllocatePooled(ctx, 0, *in.params, rows, &out));
 
     using CT = typename CoreType<T>::type;
     const CT* params = CorePtr<T>(*in.params);
@@ -89,7 +89,7 @@ class EmbeddingLookupCpuOp : public LookupKernel {
     CT* dst = CorePtr<T>(out);
     FirstKeyError first_error;
     ParallelFor(ctx, rows, BagCost(in, a.spec, rows), [&](int64_t begin, int64_t end) {
-      std::vector<float> acc(a.spec.dim);
+      std::vector<ctr::AccT<CT>> acc(a.spec.dim);
       ctr::KeyError err;
       ctr::PoolBagsCpu(a.spec, params, ids, weights, offsets, begin, end, acc.data(),
                        dst, &err);
@@ -113,7 +113,7 @@ class EmbeddingLookupGradCpuOp : public LookupKernel {
     const int64_t* offsets = offsets_t.flat<int64_t>().data();
     const int64_t rows = offsets_t.NumElements() - 1;
     const Tensor& grad = ctx->input(0);
-    OP_REQUIRES_OK(ctx, CheckGradShape(grad, rows, a.spec.dim));
+    OP_REQUIRES_OK(ctx, CheckPooledGradShape(grad, *in.params, rows));
     using CT = typename CoreType<T>::type;
     const TId* ids = in.ids->flat<TId>().data();
     const float* weights = in.weights ? in.weights->flat<float>().data() : nullptr;
@@ -132,13 +132,13 @@ class EmbeddingLookupGradCpuOp : public LookupKernel {
     const int64_t total = grad_offsets[rows];
 
     Tensor *values = nullptr, *indices = nullptr, *weights_grad = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {total, a.spec.dim}, &values));
+    OP_REQUIRES_OK(ctx, AllocatePooled(ctx, 0, *in.params, total, &values));
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {total}, &indices));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(5).shape(), &weights_grad));
     weights_grad->flat<float>().setZero();
     float* wgrad = weights ? weights_grad->flat<float>().data() : nullptr;
     ParallelFor(ctx, rows, 3 * BagCost(in, a.spec, rows), [&](int64_t begin, int64_t end) {
-      std::vector<float> scratch(3 * a.spec.dim);
+      std::vector<ctr::AccT<CT>> scratch(3 * a.spec.dim);
       ctr::BagGradCpu(a.spec, CorePtr<T>(*in.params), visit, CorePtr<T>(grad),
                       grad_offsets, begin, end, scratch.data(), CorePtr<T>(values),
                       indices->flat<int64_t>().data(), wgrad);
@@ -165,6 +165,7 @@ class EmbeddingLookupGradCpuOp : public LookupKernel {
   REGISTER_LOOKUP_CPU(T, int64_t, int32_t)         \
   REGISTER_LOOKUP_CPU(T, int64_t, int64_t)
 REGISTER_LOOKUP_CPU_IDS(float)
+REGISTER_LOOKUP_CPU_IDS(double)
 REGISTER_LOOKUP_CPU_IDS(Eigen::half)
 REGISTER_LOOKUP_CPU_IDS(Eigen::bfloat16)
 #undef REGISTER_LOOKUP_CPU_IDS
