@@ -29,9 +29,18 @@ num_buckets: hash mode only: the bucket count of the hash (0: V). A bucket
   outside the table is an InvalidArgument error, as the Gather it replaces says.
 )doc";
 
+// Output `index` is [rows] + params.shape[1:].
+absl::Status SetPooledOutput(InferenceContext* c, int index, DimensionHandle rows, ShapeHandle params) {
+  ShapeHandle row_shape, out;
+  TF_RETURN_IF_ERROR(c->Subshape(params, 1, &row_shape));
+  TF_RETURN_IF_ERROR(c->Concatenate(c->Vector(rows), row_shape, &out));
+  c->set_output(index, out);
+  return absl::OkStatus();
+}
+
 absl::Status LookupShape(InferenceContext* c) {
   ShapeHandle params, ids, weights;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &params));
+  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &params));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &ids));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &weights));  // segments
   TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 0, &weights));  // num_rows
@@ -48,14 +57,13 @@ absl::Status LookupShape(InferenceContext* c) {
     if (num_rows != nullptr && num_rows->scalar<int64_t>()() >= 0)
       rows = c->MakeDim(num_rows->scalar<int64_t>()());
   }
-  c->set_output(0, c->Matrix(rows, c->Dim(params, 1)));
-  return absl::OkStatus();
+  return SetPooledOutput(c, 0, rows, params);
 }
 
 absl::Status LookupGradShape(InferenceContext* c) {
   ShapeHandle params;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &params));
-  c->set_output(0, c->Matrix(c->UnknownDim(), c->Dim(params, 1)));
+  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(1), 1, &params));
+  TF_RETURN_IF_ERROR(SetPooledOutput(c, 0, c->UnknownDim(), params));
   c->set_output(1, c->Vector(c->UnknownDim()));
   c->set_output(2, c->input(5));
   return absl::OkStatus();
@@ -64,7 +72,7 @@ absl::Status LookupGradShape(InferenceContext* c) {
 }  // namespace
 
 #define CTR_LOOKUP_ATTRS                                   \
-  Attr("T: {float, half, bfloat16}")                       \
+  Attr("T: {float, half, bfloat16, double}")                       \
       .Attr("Tid: {int32, int64}")                         \
       .Attr("Tseg: {int32, int64}")                        \
       .Attr("combiner: {'sum', 'mean', 'sqrtn'} = 'mean'") \
@@ -85,15 +93,21 @@ REGISTER_OP("CtrEmbeddingLookup")
     .Input("weights: float")
     .Output("output: T")
     .CTR_LOOKUP_ATTRS
+    .Attr("grad_indices: {'per_id', 'first_appearance'} = 'per_id'")
     .SetShapeFn(LookupShape)
     .Doc(std::string(R"doc(
-Pools rows of `params` [V, D] over bags of ids in one pass: output [B, D].
+Pools rows of `params` [V, ...] over bags of ids in one pass: output [B, ...]
+(a table of any rank >= 1 is read as [V, D], D the product of its other dims).
 
 Replaces tf.nn.embedding_lookup_sparse / safe_embedding_lookup_sparse (Unique,
 Gather, clip_by_norm, SparseSegment* or Mul+SegmentSum+DivNoNan) and, in hash
 mode, AsString + StringToHashBucketFast before them. Half types accumulate in
 float32. num_rows: the bag count for row_ids segments; -1 takes last row id + 1
 as tf.math.segment_sum does. Ignored for row_splits.
+grad_indices: the params gradient's IndexedSlices indices (its Python gradient
+  function reads this): "per_id", one row per looked-up id in bag order;
+  "first_appearance", unique rows in order of first appearance, as TF's
+  Unique + Gather gives them.
 )doc") + kLookupAttrs);
 
 REGISTER_OP("CtrEmbeddingLookupGrad")
@@ -110,7 +124,7 @@ REGISTER_OP("CtrEmbeddingLookupGrad")
     .SetShapeFn(LookupGradShape)
     .Doc(std::string(R"doc(
 Gradient of CtrEmbeddingLookup: the params gradient as IndexedSlices
-(values [n, D], indices [n]: one row per kept id, plus the default row of bags
+(values [n, ...], indices [n]: one row per kept id, plus the default row of bags
 left empty) and the dense gradient of `weights` (zeros when has_weights is false).
 )doc") + kLookupAttrs);
 
