@@ -442,7 +442,7 @@ def test_raw_op_rejects_malformed_inputs():
         (dict(segments=tf.constant([1, 3], tf.int64)), r"row_splits\[0\]"),
         (dict(segments=tf.constant([0, 5], tf.int64)), "does not match"),
         (dict(segments=tf.constant([0, 0, 1], tf.int64), segment_kind="row_ids"), None),
-        (dict(segments=tf.constant([1, 0, 0], tf.int64), segment_kind="row_ids"), "out of range"),
+        (dict(segments=tf.constant([1, 0, 0], tf.int64), segment_kind="row_ids"), "must be sorted: entry 0 has row 1"),
         (dict(segments=tf.constant([0, 2, 1], tf.int64), segment_kind="row_ids", num_rows=tf.constant(3, tf.int64)), "sorted"),
         (dict(segments=tf.constant([0, 0, 1], tf.int64), segment_kind="row_ids", num_rows=tf.constant(1, tf.int64)), "out of range"),
         (dict(segments=tf.constant([0, -1, 1], tf.int64), segment_kind="row_ids"), "out of range|sorted"),

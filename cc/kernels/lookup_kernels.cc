@@ -44,7 +44,16 @@ absl::Status BuildOffsets(OpKernelContext* ctx, const LookupAttrs& a, const Look
   if (rows == std::numeric_limits<int64_t>::max())
     return tensorflow::errors::InvalidArgument("num_rows must be < 2^63 - 1, got ", rows);
   TF_RETURN_IF_ERROR(AllocateTemp(ctx, tensorflow::DT_INT64, {rows + 1}, offsets));
-  return CoreStatus(ctr::RowIdsToOffsets(seg, n, rows, offsets->flat<int64_t>().data()));
+  const std::string error = ctr::RowIdsToOffsets(seg, n, rows, offsets->flat<int64_t>().data());
+  if (!error.empty() && in.num_rows_arg < 0) {
+    // The row count came from the last row id, so a larger one before it is
+    // out of order, not out of range: say so.
+    for (int64_t i = 0; i < n; ++i)
+      if (static_cast<int64_t>(seg[i]) >= rows)
+        return tensorflow::errors::InvalidArgument("row ids must be sorted: entry ", i, " has row ", seg[i],
+                                                   ", after which the last entry has row ", rows - 1);
+  }
+  return CoreStatus(error);
 }
 
 // Keeps the bad key of the lowest row across shards, so the error a user sees
