@@ -62,6 +62,26 @@ def test_shard_lists_match_tf_row_for_row(rng, strategy, num_shards, safe, id_dt
                   theirs(shards, sp, weights, combiner=comb, partition_strategy=strategy))
 
 
+@pytest.mark.parametrize("strategy", ["mod", "div"])
+def test_default_id_is_read_in_the_shards_layout(rng, strategy):
+    full = rng.normal(size=(13, 2)).astype(np.float32)
+    shards = [tf.constant(s) for s in shards_of(full, 5, strategy)]
+    sp = tf.SparseTensor([[0, 0], [2, 0]], tf.constant([4, -1], tf.int64), [3, 1])  # rows 1, 2 empty
+    for default_id in range(13):
+        close(V1.safe_embedding_lookup_sparse(shards, sp, default_id=default_id, partition_strategy=strategy),
+              full[[4, default_id, default_id]])
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 2])] * 5)
+    def dynamic(*parts):
+        return V1.safe_embedding_lookup_sparse(list(parts), sp, default_id=3, partition_strategy=strategy)
+
+    if strategy == "mod":
+        with pytest.raises(ValueError, match="default_id with 'mod' shards needs their sizes"):
+            dynamic.get_concrete_function()
+    else:
+        close(dynamic(*shards), full[[4, 3, 3]])
+
+
 def test_v1_defaults_are_tfs():
     full = np.arange(13 * 2, dtype=np.float32).reshape(13, 2)
     sp = tf.SparseTensor([[0, 0], [1, 0], [2, 0]], tf.constant([1, 7, 12], tf.int64), [3, 1])

@@ -284,33 +284,56 @@ def _layout_checks(parts, strategy):
         message=f"shard sizes do not follow the layout partition_strategy={strategy!r} reads {n} shards with")]
 
 
-def _merged_rows_mod(ids, sizes_total, n):
-    """Row of the concatenated shards holding each id under the "mod" strategy.
+def _mod_row(shard, local, total, n, minimum):
+    """Row of the concatenated shards that holds local row `local` of shard
+    `shard` in TF's layout: shard p starts at row p * (V // n) + min(p, V % n)."""
+    return shard * (total // n) + minimum(shard, total % n) + local
 
-    Id r lives in shard r % n at local row r // n; in TF's layout shard p starts
-    at row p * (V // n) + min(p, V % n). Ids outside [0, V) are left as they are,
-    so the fused op drops or rejects them with their own value.
-    """
-    total = tf.cast(sizes_total, ids.dtype)
-    shard, local = ids % n, ids // n
-    merged = shard * (total // n) + tf.minimum(shard, total % n) + local
+
+def _merged_rows_mod(ids, total, n):
+    """Row of the concatenated shards holding each id under the "mod" strategy
+    (id r is local row r // n of shard r % n). Ids outside [0, V) are left as
+    they are, so the fused op drops or rejects them with their own value."""
+    total = tf.cast(total, ids.dtype)
+    merged = _mod_row(ids % n, ids // n, total, n, tf.minimum)
     return tf.where((ids >= 0) & (ids < total), merged, ids)
 
 
-def _merge_shards(parts, strategy):
-    """(table, to_row): the shards as one table, and the map from ids to its rows."""
-    if len(parts) == 1:
-        return parts[0], lambda ids: ids
-    if strategy not in PARTITION_STRATEGIES:
-        raise ValueError(f"Unrecognized partition strategy: {strategy}")
-    checks = _layout_checks(parts, strategy)
-    with tf.control_dependencies(checks):
-        table = tf.concat(parts, axis=0)
-    if strategy == "div":
-        return table, lambda ids: ids  # shard p holds the run of ids after shard p - 1's
-    n = len(parts)
-    total = sum(p.shape[0] for p in parts) if not checks else tf.shape(table, out_type=tf.int64)[0]
-    return table, lambda ids: _merged_rows_mod(ids, total, n)
+class _MergedShards:
+    """Shards as one table (`table`), with the rows of the concatenation that
+    hold the ids (`rows`) and the default_id (`default_row`)."""
+
+    def __init__(self, parts, strategy):
+        self._mod = None
+        if len(parts) == 1:
+            self.table = parts[0]
+            return
+        if strategy not in PARTITION_STRATEGIES:
+            raise ValueError(f"Unrecognized partition strategy: {strategy}")
+        checks = _layout_checks(parts, strategy)
+        with tf.control_dependencies(checks):
+            self.table = tf.concat(parts, axis=0)
+        if strategy == "mod":  # "div": shard p holds the run of ids after shard p - 1's, as concatenated
+            static = not checks
+            self._mod = (len(parts), sum(p.shape[0] for p in parts) if static else None)
+
+    def rows(self, ids):
+        if self._mod is None:
+            return ids
+        n, total = self._mod
+        return _merged_rows_mod(ids, tf.shape(self.table, out_type=tf.int64)[0] if total is None else total, n)
+
+    def default_row(self, default_id):
+        """The attr value for `default_id` (-1: none)."""
+        if default_id is None:
+            return -1
+        default_id = int(default_id)
+        if self._mod is None or not 0 <= default_id:
+            return default_id
+        n, total = self._mod
+        if total is None:
+            raise ValueError("default_id with 'mod' shards needs their sizes known at graph construction")
+        return _mod_row(default_id % n, default_id // n, total, n, min) if default_id < total else default_id
 
 
 # The drop-ins' params gradient: unique rows in first-appearance order, as TF
@@ -365,8 +388,8 @@ def _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, nam
         if not parts:
             raise ValueError("Need at least one param")
         _check_shards(parts)
-        table, to_row = _merge_shards(parts, partition_strategy)
-        return _lookup(table, to_row(bags.ids), bags.segments, -1, _weights_values(bags.weights),
+        merged = _MergedShards(parts, partition_strategy)
+        return _lookup(merged.table, merged.rows(bags.ids), bags.segments, -1, _weights_values(bags.weights),
                        segment_kind="row_ids", combiner=combiner, max_norm=max_norm,
                        grad_indices=_DROP_IN_GRAD_INDICES)
 
@@ -425,7 +448,8 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
     _check_shards(parts)
     combiner = _check_combiner(combiner)
     with tf.name_scope(name or "embedding_lookup"):
-        table, to_row = _merge_shards(parts, partition_strategy)
+        merged = _MergedShards(parts, partition_strategy)
+        table = merged.table
         if isinstance(sparse_ids, tf.RaggedTensor):
             ids, w = _ragged_bags(sparse_ids, sparse_weights, ("sparse_ids", "sparse_weights"))
             bags = _Bags(ids.values, ids.row_splits, -1, "row_splits", w)
@@ -435,10 +459,10 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
             raise TypeError(f"sparse_ids must be a SparseTensor or a RaggedTensor, got {type(sparse_ids)}")
         weighted = bags.weights is not None
         result = _lookup(
-            table, to_row(bags.ids), bags.segments, bags.num_rows, _weights_values(bags.weights),
+            table, merged.rows(bags.ids), bags.segments, bags.num_rows, _weights_values(bags.weights),
             segment_kind=bags.kind, combiner=combiner, invalid_ids="skip_negative",
             prune_weights=combiner != "sum" and weighted,
-            default_id=-1 if default_id is None else int(default_id), max_norm=max_norm,
+            default_id=merged.default_row(default_id), max_norm=max_norm,
             grad_indices=_DROP_IN_GRAD_INDICES)
         rank = sparse_ids.shape.rank
         if isinstance(sparse_ids, tf.SparseTensor) and rank != 2:
