@@ -297,6 +297,29 @@ def test_gradient_indices_are_tfs_unique_first_appearance(rng, safe, weighted, i
     np.testing.assert_allclose(va.numpy(), vb.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [tf.float16, tf.float32, tf.float64])
+def test_kernel_merged_gradient_rows_equal_the_python_merge(rng, dtype):
+    """The CPU grad kernel merges rows itself; the GPU kernel leaves one row per
+    id and the gradient function merges them with tf.unique: both the same."""
+    from tf_ctr_ops import ops
+
+    params = tf.Variable(tf.cast(rng.normal(size=(40, 2, 3)), dtype))
+    sp = random_sparse(rng, 30, 40, max_len=8)
+    w = weights_like(rng, sp)
+    grads = {}
+    for order in ("per_id", "first_appearance"):
+        with tf.GradientTape() as tape:
+            out = ops._lookup(ops._read_table(params), sp.values, sp.indices[:, 0], -1, w.values,
+                              segment_kind="row_ids", combiner="sqrtn", default_id=3, grad_indices=order)
+            loss = tf.reduce_sum(out * tf.cast(tf.range(tf.size(out)), dtype)[:, None, None][:tf.shape(out)[0]])
+        grads[order] = tape.gradient(loss, params)
+    python_values, python_indices = ops._merge_grad_rows(grads["per_id"].values, grads["per_id"].indices)
+    np.testing.assert_array_equal(grads["first_appearance"].indices.numpy(), python_indices.numpy())
+    tol = 1e-2 if dtype == tf.float16 else 1e-5
+    close(grads["first_appearance"].values, python_values, tol=tol)
+    assert len(set(python_indices.numpy())) == len(python_indices.numpy())
+
+
 def test_mod_shard_gradients_land_in_their_shards(rng):
     full = rng.normal(size=(13, 2)).astype(np.float32)
     shards = [tf.Variable(s) for s in shards_of(full, 5, "mod")]

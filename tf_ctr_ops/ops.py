@@ -121,10 +121,12 @@ def _embedding_lookup_grad(op, grad):
         "combiner", "segment_kind", "id_mode", "invalid_ids", "prune_weights", "default_id",
         "max_norm", "has_weights", "num_buckets")}
     attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
-    values, indices, weights_grad = _ops.ctr_embedding_lookup_grad(
+    order = _grad_indices_attr(op)
+    values, indices, weights_grad, merged = _ops.ctr_embedding_lookup_grad(
         grad=grad, params=params, ids=ids, segments=segments, num_rows=num_rows,
-        weights=weights, **attrs)
-    values, indices = _merge_grad_rows(values, indices, _grad_indices_attr(op))
+        weights=weights, grad_indices=order, **attrs)
+    if order != "per_id":  # the CPU kernel merges the rows; the GPU kernel leaves that to us
+        values, indices = tf.cond(merged, lambda: (values, indices), lambda: _merge_grad_rows(values, indices))
     params_grad = tf.IndexedSlices(values, indices, dense_shape=tf.shape(params, out_type=tf.int64))
     return [params_grad, None, None, None, weights_grad if attrs["has_weights"] else None]
 
@@ -136,14 +138,9 @@ def _grad_indices_attr(op):
         return "per_id"
 
 
-def _merge_grad_rows(values, indices, order):
-    """The gradient rows of each table row summed into one when order is "first_appearance".
-
-    The grad op gives one row per looked-up id ("per_id"). TF's gradient of
-    its Unique + Gather has unique indices in order of first appearance.
-    """
-    if order == "per_id":
-        return values, indices
+def _merge_grad_rows(values, indices):
+    """The gradient rows of each table row summed into one, in order of first
+    appearance, as TF's gradient of its Unique + Gather gives them."""
     unique, position = tf.unique(indices)
     return tf.math.unsorted_segment_sum(values, position, tf.size(unique)), unique
 

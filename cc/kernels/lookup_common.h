@@ -14,6 +14,7 @@ struct LookupAttrs {
   ctr::LookupSpec spec;  // vocab and dim are filled per call
   bool segments_are_splits = false;
   bool has_weights = false;
+  bool merge_grad_rows = false;  // grad_indices "first_appearance"
 };
 
 inline ctr::Combiner ParseCombiner(const std::string& s) {
@@ -29,7 +30,7 @@ inline ctr::InvalidIds ParseInvalidIds(const std::string& s) {
 }
 
 inline absl::Status ReadLookupAttrs(tensorflow::OpKernelConstruction* c, LookupAttrs* a) {
-  std::string combiner, kind, mode, invalid;
+  std::string combiner, kind, mode, invalid, grad_indices;
   TF_RETURN_IF_ERROR(c->GetAttr("combiner", &combiner));
   TF_RETURN_IF_ERROR(c->GetAttr("segment_kind", &kind));
   TF_RETURN_IF_ERROR(c->GetAttr("id_mode", &mode));
@@ -39,6 +40,8 @@ inline absl::Status ReadLookupAttrs(tensorflow::OpKernelConstruction* c, LookupA
   TF_RETURN_IF_ERROR(c->GetAttr("max_norm", &a->spec.max_norm));
   TF_RETURN_IF_ERROR(c->GetAttr("has_weights", &a->has_weights));
   TF_RETURN_IF_ERROR(c->GetAttr("num_buckets", &a->spec.buckets));
+  TF_RETURN_IF_ERROR(c->GetAttr("grad_indices", &grad_indices));
+  a->merge_grad_rows = grad_indices == "first_appearance";
   if (a->spec.buckets < 0)
     return tensorflow::errors::InvalidArgument("num_buckets must be >= 0, got ", a->spec.buckets);
   a->spec.combiner = ParseCombiner(combiner);

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "cc/core/lookup.h"
 #include "cc/core/segments.h"
 #include "cc/kernels/lookup_common.h"
@@ -108,6 +109,47 @@ class EmbeddingLookupCpuOp : public LookupKernel {
   }
 };
 
+// Sums the gradient rows of each table row into one, in order of first
+// appearance, as TF's gradient of Unique + Gather gives them: rows [n, ...]
+// with their table indices -> outputs 0 and 1, [U, ...] and [U]. Entries are
+// summed in their order, in the accumulator type, one table row per task.
+template <typename T>
+absl::Status MergeGradRows(OpKernelContext* ctx, const Tensor& params, const Tensor& rows_t,
+                           const int64_t* index, int64_t n, int64_t dim) {
+  absl::flat_hash_map<int64_t, int64_t> slot_of;
+  slot_of.reserve(n);
+  std::vector<int64_t> slot(n), unique;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto it = slot_of.try_emplace(index[i], static_cast<int64_t>(unique.size())).first;
+    if (it->second == static_cast<int64_t>(unique.size())) unique.push_back(index[i]);
+    slot[i] = it->second;
+  }
+  const int64_t u = static_cast<int64_t>(unique.size());
+  std::vector<int64_t> start(u + 1, 0), order(n);  // entries grouped by slot, in order
+  for (int64_t i = 0; i < n; ++i) ++start[slot[i] + 1];
+  for (int64_t s = 0; s < u; ++s) start[s + 1] += start[s];
+  std::vector<int64_t> cursor(start.begin(), start.end() - 1);
+  for (int64_t i = 0; i < n; ++i) order[cursor[slot[i]]++] = i;
+
+  Tensor *values = nullptr, *indices = nullptr;
+  TF_RETURN_IF_ERROR(AllocatePooled(ctx, 0, params, u, &values));
+  TF_RETURN_IF_ERROR(AllocateOutput(ctx, 1, {u}, &indices));
+  std::copy(unique.begin(), unique.end(), indices->flat<int64_t>().data());
+  using CT = typename CoreType<T>::type;
+  const CT* rows = CorePtr<T>(rows_t);
+  CT* out = CorePtr<T>(values);
+  ParallelFor(ctx, u, dim * (n / std::max<int64_t>(u, 1) + 1) + 1, [&](int64_t begin, int64_t end) {
+    std::vector<ctr::AccT<CT>> acc(dim);
+    for (int64_t s = begin; s < end; ++s) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t k = start[s]; k < start[s + 1]; ++k)
+        for (int64_t d = 0; d < dim; ++d) acc[d] += ctr::ToFloat(rows[order[k] * dim + d]);
+      for (int64_t d = 0; d < dim; ++d) out[s * dim + d] = ctr::FromAcc<CT>(acc[d]);
+    }
+  });
+  return absl::OkStatus();
+}
+
 template <typename T, typename TId, typename TSeg>
 class EmbeddingLookupGradCpuOp : public LookupKernel {
  public:
@@ -140,10 +182,21 @@ class EmbeddingLookupGradCpuOp : public LookupKernel {
     for (int64_t r = 0; r < rows; ++r) grad_offsets[r + 1] += grad_offsets[r];
     const int64_t total = grad_offsets[rows];
 
-    Tensor *values = nullptr, *indices = nullptr, *weights_grad = nullptr;
-    OP_REQUIRES_OK(ctx, AllocatePooled(ctx, 0, *in.params, total, &values));
-    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {total}, &indices));
+    // One row per id: the outputs, or temporaries that MergeGradRows sums.
+    Tensor values_t, indices_t;
+    Tensor *values = &values_t, *indices = &indices_t, *weights_grad = nullptr, *merged = nullptr;
+    if (a.merge_grad_rows) {
+      tensorflow::TensorShape shape;
+      OP_REQUIRES_OK(ctx, PooledShape(*in.params, total, &shape));
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DataTypeToEnum<T>::value, shape, &values_t));
+      OP_REQUIRES_OK(ctx, AllocateTemp(ctx, tensorflow::DT_INT64, {total}, &indices_t));
+    } else {
+      OP_REQUIRES_OK(ctx, AllocatePooled(ctx, 0, *in.params, total, &values));
+      OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {total}, &indices));
+    }
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(5).shape(), &weights_grad));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, {}, &merged));
+    merged->scalar<bool>()() = a.merge_grad_rows;
     weights_grad->flat<float>().setZero();
     float* wgrad = weights ? weights_grad->flat<float>().data() : nullptr;
     ParallelFor(ctx, rows, 3 * BagCost(in, a.spec, rows), [&](int64_t begin, int64_t end) {
@@ -152,6 +205,9 @@ class EmbeddingLookupGradCpuOp : public LookupKernel {
                       grad_offsets, begin, end, scratch.data(), CorePtr<T>(values),
                       indices->flat<int64_t>().data(), wgrad);
     });
+    if (a.merge_grad_rows)
+      OP_REQUIRES_OK(ctx, MergeGradRows<T>(ctx, *in.params, values_t, indices_t.flat<int64_t>().data(), total,
+                                           a.spec.dim));
   }
 };
 

@@ -126,6 +126,10 @@ class EmbeddingLookupGradGpuOp : public LookupKernel {
     OP_REQUIRES_OK(ctx, AllocatePooled(ctx, 0, *in.params, total, &values));
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {total}, &indices));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(5).shape(), &weights_grad));
+    // One row per id: the Python gradient merges them (tf.unique + unsorted_segment_sum on the device).
+    Tensor* merged = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, {}, &merged));
+    merged->scalar<bool>()() = false;
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ZeroFill(weights_grad->flat<float>().data(),
                                                         weights_grad->NumElements() * sizeof(float), stream)));
     if (rows == 0) return;
@@ -147,6 +151,7 @@ class EmbeddingLookupGradGpuOp : public LookupKernel {
   REGISTER_KERNEL_BUILDER(Name("CtrEmbeddingLookupGrad")                                               \
                               .Device(DEVICE_GPU)                                                      \
                               .HostMemory("num_rows")                                                  \
+                              .HostMemory("merged")                                                    \
                               .TypeConstraint<T>("T")                                                  \
                               .TypeConstraint<TId>("Tid")                                              \
                               .TypeConstraint<TSeg>("Tseg"),                                           \

@@ -27,6 +27,9 @@ max_norm: clip each looked-up row to this L2 norm first; <= 0 disables.
 has_weights: whether `weights` holds one float per id (else it is ignored).
 num_buckets: hash mode only: the bucket count of the hash (0: V). A bucket
   outside the table is an InvalidArgument error, as the Gather it replaces says.
+grad_indices: the params gradient's rows: "per_id", one per looked-up id in bag
+  order; "first_appearance", the rows of each table row summed into one, in
+  order of first appearance, as TF's Unique + Gather gives them.
 )doc";
 
 // Output `index` is [rows] + params.shape[1:].
@@ -66,6 +69,7 @@ absl::Status LookupGradShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(SetPooledOutput(c, 0, c->UnknownDim(), params));
   c->set_output(1, c->Vector(c->UnknownDim()));
   c->set_output(2, c->input(5));
+  c->set_output(3, c->Scalar());
   return absl::OkStatus();
 }
 
@@ -83,7 +87,8 @@ absl::Status LookupGradShape(InferenceContext* c) {
       .Attr("default_id: int = -1")                        \
       .Attr("max_norm: float = -1.0")                      \
       .Attr("has_weights: bool = false")                  \
-      .Attr("num_buckets: int = 0")
+      .Attr("num_buckets: int = 0")                        \
+      .Attr("grad_indices: {'per_id', 'first_appearance'} = 'per_id'")
 
 REGISTER_OP("CtrEmbeddingLookup")
     .Input("params: T")
@@ -93,7 +98,6 @@ REGISTER_OP("CtrEmbeddingLookup")
     .Input("weights: float")
     .Output("output: T")
     .CTR_LOOKUP_ATTRS
-    .Attr("grad_indices: {'per_id', 'first_appearance'} = 'per_id'")
     .SetShapeFn(LookupShape)
     .Doc(std::string(R"doc(
 Pools rows of `params` [V, ...] over bags of ids in one pass: output [B, ...]
@@ -104,10 +108,6 @@ Gather, clip_by_norm, SparseSegment* or Mul+SegmentSum+DivNoNan) and, in hash
 mode, AsString + StringToHashBucketFast before them. Half types accumulate in
 float32. num_rows: the bag count for row_ids segments; -1 takes last row id + 1
 as tf.math.segment_sum does. Ignored for row_splits.
-grad_indices: the params gradient's IndexedSlices indices (its Python gradient
-  function reads this): "per_id", one row per looked-up id in bag order;
-  "first_appearance", unique rows in order of first appearance, as TF's
-  Unique + Gather gives them.
 )doc") + kLookupAttrs);
 
 REGISTER_OP("CtrEmbeddingLookupGrad")
@@ -120,12 +120,16 @@ REGISTER_OP("CtrEmbeddingLookupGrad")
     .Output("values: T")
     .Output("indices: int64")
     .Output("weights_grad: float")
+    .Output("merged: bool")
     .CTR_LOOKUP_ATTRS
     .SetShapeFn(LookupGradShape)
     .Doc(std::string(R"doc(
 Gradient of CtrEmbeddingLookup: the params gradient as IndexedSlices
 (values [n, ...], indices [n]: one row per kept id, plus the default row of bags
-left empty) and the dense gradient of `weights` (zeros when has_weights is false).
+left empty; or, with grad_indices "first_appearance", one per table row: see
+`merged`) and the dense gradient of `weights` (zeros when has_weights is false).
+merged: whether the kernel merged the rows as grad_indices asks (the CPU
+kernel does; the GPU kernel leaves one row per id, for the caller to merge).
 )doc") + kLookupAttrs);
 
 #undef CTR_LOOKUP_ATTRS
