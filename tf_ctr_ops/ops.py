@@ -217,9 +217,7 @@ def _shard_list(params):
     Only a list or a PartitionedVariable is a list of shards; anything else
     (a tuple too) is one table, converted as tf.convert_to_tensor does.
     """
-    if isinstance(params, variables.PartitionedVariable):
-        return list(params)
-    if isinstance(params, list):
+    if isinstance(params, (list, variables.PartitionedVariable)):
         return list(params)
     return [params]
 
