@@ -31,19 +31,27 @@ def test_lookup_suite_quick(tmp_path):
     assert res["config"]["batch"] == 32 and res["config"]["quick"]
     assert _positive_finite(res["copy_bandwidth"]["best_GBps"])
     cases = {c["case"]: c for c in res["cases"]}
-    assert set(cases) == {f"{k}/{d}" for k in ("lookup", "hash", "ragged") for d in ("zipf", "uniform")}
+    assert set(cases) == {f"{k}/{d}" for k in ("lookup", "hash", "ragged", "grad") for d in ("zipf", "uniform")}
     for c in cases.values():
         assert 32 <= c["nnz"] <= 32 * 9
-        for side in ("fused", "native", "core"):
+        sides = ("fused", "native", "native_unique", "native_fast") + (() if c["kind"] == "grad" else ("core",))
+        for side in sides:
             t = c[side]
             assert t["runs"] >= 1
             assert 0 < t["p10_ms"] <= t["median_ms"] <= t["p90_ms"]
             assert _positive_finite(c["GBps"][side])
+        # native is the faster of TF's two paths, and the case says which it was.
+        fastest = min(("native_unique", "native_fast"), key=lambda k: c[k]["median_ms"])
+        assert c["native"] == c[fastest]
+        assert c["native_path"] == bench.NATIVE_PATHS[fastest]
         assert _positive_finite(c["speedup"])
         assert _positive_finite(c["frac_copy"])
         # The suite checked agreement before timing; the recorded errors say so.
-        assert set(c["max_abs_err"]) >= {"native", "core"}
-        assert all(0 <= e <= 1e-5 for e in c["max_abs_err"].values())
+        assert set(c["max_abs_err"]) >= {"native", "native_unique", "native_fast"} | set(sides[4:])
+        assert all(0 <= e <= (1e-4 if c["kind"] == "grad" else 1e-5) for e in c["max_abs_err"].values())
+    # The gradient case times the fused gradient with and without TF's unique indices.
+    for d in ("zipf", "uniform"):
+        assert _positive_finite(cases[f"grad/{d}"]["fused_per_id"]["median_ms"])
     assert _positive_finite(cases["lookup/zipf"]["speedup_vs_native_tensor"])
 
     # The issues set the targets on Zipf ids; uniform cases carry no verdict.

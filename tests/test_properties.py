@@ -319,6 +319,56 @@ def test_safe_embedding_lookup_sparse(data):
              **(degenerate(params) or dict(stricter=vocab == 0, lenient=vocab == 0)))
 
 
+@given(data=st.data())
+def test_sharded_lookups_match_tf_v1(data):
+    """Lists of shards in both partition strategies, through both v1 drop-ins,
+    against tf.compat.v1.nn: row for row, and an error wherever TF's fails."""
+    params = data.draw(tables(max_vocab=15, min_vocab=1, min_dim=1))
+    vocab = params.shape[0]
+    num_shards = data.draw(st.integers(1, min(vocab, 5)))
+    strategy = data.draw(st.sampled_from(["mod", "div"]))
+    if strategy == "mod":
+        shards = [params[p::num_shards] for p in range(num_shards)]
+    else:
+        shards = np.split(params, np.cumsum(tco.ops.canonical_shard_sizes(vocab, num_shards))[:-1])
+    shards = [tf.constant(s) for s in shards]
+    id_dtype = data.draw(st.sampled_from([tf.int32, tf.int64]))
+    lo, hi = I32 if id_dtype == tf.int32 else I64
+    bag_ids = data.draw(bags(vocab, lo, hi))
+    bag_w = bag_weights(data.draw, bag_ids) if data.draw(st.booleans()) else None
+    combiner = data.draw(st.sampled_from(COMBINERS))
+    max_norm = data.draw(MAX_NORMS)
+    safe = data.draw(st.booleans())
+    if data.draw(st.booleans()):
+        assume(bag_ids or not safe)  # TF's ragged safe lookup raises ValueError for a batch of 0 rows
+        ids, w = ragged_from_bags(bag_ids, id_dtype, bag_w)
+    else:
+        ids, w = sparse_from_bags(bag_ids, id_dtype, bag_w)
+    w_or_1 = bag_w or [[1.0] * len(b) for b in bag_ids]
+    if safe:
+        default_id = data.draw(st.one_of(st.none(), st.integers(0, vocab - 1)))
+        prune = combiner != "sum" and bag_w is not None
+        keep = [[i >= 0 and (not prune or wt > 0) for i, wt in zip(b, ws)] for b, ws in zip(bag_ids, w_or_1)]
+        bounds = row_bounds(params, w_or_1, keep, combiner, max_norm, default_row=default_id is not None)
+        kw = dict(combiner=combiner, default_id=default_id, max_norm=max_norm, partition_strategy=strategy)
+        want_fn = lambda: tf.compat.v1.nn.safe_embedding_lookup_sparse(shards, ids, w, **kw)  # noqa: E731
+        got_fn = lambda: tco.compat.v1.safe_embedding_lookup_sparse(shards, ids, w, **kw)  # noqa: E731
+    else:
+        bounds = row_bounds(params, w_or_1, [[True] * len(b) for b in bag_ids], combiner, max_norm)
+        kw = dict(combiner=combiner, max_norm=max_norm, partition_strategy=strategy)
+        want_fn = lambda: tf.compat.v1.nn.embedding_lookup_sparse(shards, ids, w, **kw)  # noqa: E731
+        got_fn = lambda: tco.compat.v1.embedding_lookup_sparse(shards, ids, w, **kw)  # noqa: E731
+
+    def compare(got, want):
+        assert_same(got, want, bounds[:want.shape[0]])
+
+    # Stricter: an id outside [0, V) (negative ones: outside the safe lookup)
+    # is always an error; TF's "div" arithmetic casts partitions to int32 and
+    # can read some row for a large enough one (docs/tf_contract.md).
+    outside = any(i >= vocab or (i < 0 and not safe) for b in bag_ids for i in b)
+    run_both(want_fn, got_fn, compare, stricter=outside)
+
+
 # ---------------------------------------------------------------------------
 # CTR-first ops
 

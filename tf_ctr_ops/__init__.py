@@ -17,7 +17,7 @@ from tf_ctr_ops.ops import (  # noqa: E402
     safe_embedding_lookup_sparse,
     sparse_embedding,
 )
-from tf_ctr_ops import layers  # noqa: E402,F401  (registers the Keras layers)
+from tf_ctr_ops import compat, layers  # noqa: E402,F401  (compat.v1: the v1 drop-ins; layers: registers Keras layers)
 
 from tf_ctr_ops.strings import (  # noqa: E402
     multi_string_embedding,

@@ -480,18 +480,29 @@ def check_agreement(case, name, got, want, rtol=1e-5, atol=1e-5):
     return float(np.max(np.abs(got - want), initial=0.0))
 
 
-def timed_entry(case, fns, cfg, nbytes, copy, rtol=1e-5, atol=1e-5):
-    """Checks every callable of `fns` against fns["fused"], then times them all: one case's record."""
+def timed_entry(case, fns, cfg, nbytes, copy, rtol=1e-5, atol=1e-5, native_paths=None):
+    """Checks every callable of `fns` against fns["fused"], then times them all: one case's record.
+
+    native_paths: {key of fns: description} when TF has several native ways to
+    compute the case; the fastest of them is the case's "native" (named in
+    "native_path"), the others are kept under their keys.
+    """
     got = fns["fused"]()
     errors = {k: check_agreement(case, f"{k} vs fused", fn(), got, rtol=rtol, atol=atol)
               for k, fn in fns.items() if k != "fused"}
     t = time_interleaved(fns, cfg)
+    native_path = None
+    if native_paths:
+        native_path = min(native_paths, key=lambda k: t[k]["median_ms"])
+        t["native"], errors["native"] = t[native_path], errors[native_path]
     fused_ms = t["fused"]["median_ms"]
     gbps = {k: nbytes / (v["median_ms"] * 1e-3) / 1e9 for k, v in t.items()}
     entry = {"case": case, **t, "bytes": nbytes, "speedup": t["native"]["median_ms"] / fused_ms,
              "GBps": gbps, "frac_copy": gbps["fused"] / copy["best_GBps"], "max_abs_err": errors}
     if "core" in t:
         entry["tf_overhead_ms"] = fused_ms - t["core"]["median_ms"]
+    if native_path:
+        entry["native_path"] = native_paths[native_path]
     return entry
 
 
@@ -725,11 +736,28 @@ class LookupCase:
     kind: str
     container: str          # "sparse" or "ragged": which input the graphs take
     fused: object           # tf.function
-    native: object          # tf.function
+    natives: dict           # key -> (description, tf.function): TF's native ways to the same result
     fused_op: str
     native_op: str
-    core_kwargs: dict       # tf_ctr_ops._core.embedding_lookup arguments of the same lookup
+    core_kwargs: dict       # tf_ctr_ops._core.embedding_lookup arguments of the same lookup; None: no core
     native_tensor: object = None  # tf.nn on a plain Tensor table (TF's fast path), for reference
+    extra: dict = dataclasses.field(default_factory=dict)  # more fused variants, timed beside
+
+
+# TF 2.21's two native paths for an unweighted lookup of one table: with
+# allow_fast_lookup it gathers rows per id with no Unique (and its gradient is
+# dense over the table); without, it may take the Unique + Gather path. Every
+# case is timed against both and compared with the faster.
+NATIVE_PATHS = {"native_unique": "allow_fast_lookup=False", "native_fast": "allow_fast_lookup=True"}
+
+
+def _grad_digest(grad, buckets=1024):
+    """A small digest of an IndexedSlices gradient that does not depend on its
+    index order or on whether rows of one index are merged: per-bucket sums."""
+    import tensorflow as tf
+
+    rows = tf.reduce_sum(tf.reshape(grad.values, [tf.shape(grad.values)[0], -1]), axis=1)
+    return tf.math.unsorted_segment_sum(rows, tf.math.floormod(grad.indices, buckets), buckets)
 
 
 def _lookup_graphs(cfg, fused_table, native_table, tensor_table, vocab):
@@ -737,57 +765,69 @@ def _lookup_graphs(cfg, fused_table, native_table, tensor_table, vocab):
     import tensorflow as tf
 
     import tf_ctr_ops as tco
+    from tf_ctr_ops import ops as tco_ops
 
     sparse_spec = tf.SparseTensorSpec([None, None], tf.int64)
     ragged_spec = tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1,
                                       row_splits_dtype=tf.int64)
     dev, V = cfg.device, vocab
 
-    @tf.function(input_signature=[sparse_spec])
-    def fused_lookup(sp):
-        with tf.device(dev):
-            return tco.embedding_lookup_sparse(fused_table, sp, None, combiner="mean")
+    def graph(fn, spec):
+        @tf.function(input_signature=[spec])
+        def on_device(x):
+            with tf.device(dev):
+                return fn(x)
+        return on_device
 
-    @tf.function(input_signature=[sparse_spec])
-    def native_lookup(sp):
-        with tf.device(dev):
-            return tf.nn.embedding_lookup_sparse(native_table, sp, None, combiner="mean")
+    def natives(lookup, spec):
+        """The native tf.functions of `lookup(x, allow_fast_lookup)`, one per path."""
+        return {key: (label, graph(lambda x, fast=(key == "native_fast"): lookup(x, fast), spec))
+                for key, label in NATIVE_PATHS.items()}
 
-    @tf.function(input_signature=[sparse_spec])
-    def native_lookup_tensor(sp):
-        with tf.device(dev):
-            return tf.nn.embedding_lookup_sparse(tensor_table, sp, None, combiner="mean")
+    def native_sparse(table):
+        return lambda sp, fast: tf.nn.embedding_lookup_sparse(table, sp, None, combiner="mean",
+                                                                allow_fast_lookup=fast)
 
-    @tf.function(input_signature=[sparse_spec])
-    def fused_hash(sp):
-        with tf.device(dev):
-            return tco.hash_embedding(fused_table, sp, combiner="mean")
+    def native_hash(sp, fast):
+        buckets = tf.strings.to_hash_bucket_fast(tf.strings.as_string(sp.values), V)
+        hashed = tf.SparseTensor(sp.indices, buckets, sp.dense_shape)
+        return native_sparse(native_table)(hashed, fast)
 
-    @tf.function(input_signature=[sparse_spec])
-    def native_hash(sp):
-        with tf.device(dev):
-            buckets = tf.strings.to_hash_bucket_fast(tf.strings.as_string(sp.values), V)
-            hashed = tf.SparseTensor(sp.indices, buckets, sp.dense_shape)
-            return tf.nn.embedding_lookup_sparse(native_table, hashed, None, combiner="mean")
+    def with_grad(lookup, table):
+        """The lookup's forward and params gradient (of the sum of its outputs), as a digest."""
+        def run(x, *args):
+            with tf.GradientTape() as tape:
+                out = lookup(x, *args)
+            return _grad_digest(tape.gradient(out, table))
+        return run
 
-    @tf.function(input_signature=[ragged_spec])
-    def fused_ragged(rt):
-        with tf.device(dev):
-            return tco.sparse_embedding(fused_table, rt, combiner="mean")
+    def fused_per_id(sp):  # the fused lookup, its gradient left with one row per id
+        return tco_ops._lookup(tco_ops._read_table(fused_table), sp.values, sp.indices[:, 0], -1, None,
+                               segment_kind="row_ids", combiner="mean", grad_indices="per_id")
 
-    @tf.function(input_signature=[ragged_spec])
-    def native_ragged(rt):
-        with tf.device(dev):
-            return tf.nn.embedding_lookup_sparse(native_table, rt, None, combiner="mean")
-
+    native_tensor = (graph(lambda sp: native_sparse(tensor_table)(sp, True), sparse_spec)
+                     if tensor_table is not None else None)
     return [
-        LookupCase("lookup", "sparse", fused_lookup, native_lookup, "tco.embedding_lookup_sparse",
-                   "tf.nn.embedding_lookup_sparse", {},
-                   native_tensor=native_lookup_tensor if tensor_table is not None else None),
-        LookupCase("hash", "sparse", fused_hash, native_hash, "tco.hash_embedding",
+        LookupCase("lookup", "sparse",
+                   graph(lambda sp: tco.embedding_lookup_sparse(fused_table, sp, None, combiner="mean"),
+                         sparse_spec),
+                   natives(native_sparse(native_table), sparse_spec), "tco.embedding_lookup_sparse",
+                   "tf.nn.embedding_lookup_sparse", {}, native_tensor=native_tensor),
+        LookupCase("hash", "sparse", graph(lambda sp: tco.hash_embedding(fused_table, sp, combiner="mean"),
+                                           sparse_spec),
+                   natives(native_hash, sparse_spec), "tco.hash_embedding",
                    "as_string+to_hash_bucket_fast+tf.nn.embedding_lookup_sparse", {"id_mode": "hash"}),
-        LookupCase("ragged", "ragged", fused_ragged, native_ragged, "tco.sparse_embedding",
+        LookupCase("ragged", "ragged", graph(lambda rt: tco.sparse_embedding(fused_table, rt, combiner="mean"),
+                                             ragged_spec),
+                   natives(native_sparse(native_table), ragged_spec), "tco.sparse_embedding",
                    "tf.nn.embedding_lookup_sparse(ragged)", {"invalid_ids": "skip_padding"}),
+        LookupCase("grad", "sparse",
+                   graph(with_grad(lambda sp: tco.embedding_lookup_sparse(fused_table, sp, None, combiner="mean"),
+                                   fused_table), sparse_spec),
+                   natives(with_grad(native_sparse(native_table), native_table), sparse_spec),
+                   "tco.embedding_lookup_sparse + gradient (unique indices, as TF's)",
+                   "tf.nn.embedding_lookup_sparse + gradient", None,
+                   extra={"fused_per_id": graph(with_grad(fused_per_id, fused_table), sparse_spec)}),
     ]
 
 
@@ -804,7 +844,7 @@ def _table_build_s(vocab, dim, copies):
 def _estimate_lookup(cfg):
     shapes = cfg.shape_list()
     seconds = sum(_table_build_s(v, d, 3) for v, d in group_by_table(shapes))
-    seconds += sum(3 * estimate_case_s(cfg, 3.3, _call_s(s, 5e-8)) for s in shapes)
+    seconds += sum(4 * estimate_case_s(cfg, 4.3, _call_s(s, 5e-8)) for s in shapes)
     return len(shapes), seconds
 
 
@@ -885,14 +925,20 @@ def _lookup_cases(cfg, shape, graphs, params, rng, copy):
     cases = []
     for g in graphs:
         x = sp if g.container == "sparse" else rt
-        fns = {"fused": lambda g=g: g.fused(x).numpy(), "native": lambda g=g: g.native(x).numpy()}
-        core = core_or_none(cfg, lambda g=g: _core.embedding_lookup(params, ids, offsets, combiner="mean",
-                                                                     **g.core_kwargs))
-        if core is not None:
-            fns["core"] = core
+        fns = {"fused": lambda g=g: g.fused(x).numpy()}
+        fns.update({key: (lambda fn=fn: fn(x).numpy()) for key, (_, fn) in g.natives.items()})
+        fns.update({key: (lambda fn=fn: fn(x).numpy()) for key, fn in g.extra.items()})
+        if g.core_kwargs is not None:
+            core = core_or_none(cfg, lambda g=g: _core.embedding_lookup(params, ids, offsets, combiner="mean",
+                                                                         **g.core_kwargs))
+            if core is not None:
+                fns["core"] = core
         if g.native_tensor is not None and shape.headline:
             fns["native_tensor"] = lambda g=g: g.native_tensor(x).numpy()
-        entry = timed_entry(f"{g.kind}/{shape.dist}", fns, cfg, nbytes, copy)
+        # Gradient digests are sums of many rows: float32 summation order shows.
+        tol = 1e-4 if g.kind == "grad" else 1e-5
+        entry = timed_entry(f"{g.kind}/{shape.dist}", fns, cfg, nbytes, copy, rtol=tol, atol=tol,
+                            native_paths={key: label for key, (label, _) in g.natives.items()})
         entry.update({"kind": g.kind, "series": g.kind, "container": g.container, "fused_op": g.fused_op,
                       "native_op": g.native_op, "nnz": nnz, **shape_fields(shape)})
         if "native_tensor" in entry:
@@ -950,6 +996,12 @@ def print_lookup(result):
               "tf_ctr_ops._core on the NumPy data, no TF; TF ovh = fused - core; native_tensor "
               "(headline only) = tf.nn on a plain Tensor table, TF's fast path (no Unique, no "
               "ResourceGather), and the fused speedup over it")
+        print("native = the faster of tf.nn's two paths on a Variable table, both timed: "
+              + ", ".join(f"{k} = {v}" for k, v in NATIVE_PATHS.items()) + "; compared with: "
+              + ", ".join(f"{c['case']} {c['native_path']}" for c in result["cases"] if "native_path" in c))
+        print("grad = forward + params gradient of the sum of the outputs; fused_per_id = the same fused "
+              "lookup with its gradient left at one row per id (no Unique + segment sum): the cost of "
+              "TF's unique gradient indices is fused - fused_per_id")
     cor = result.get("copy_on_read")
     if cor:
         print(f"copy-on-read check: fused lookup/zipf on a Variable in copy-on-read mode (as after any "

@@ -5,7 +5,7 @@ id containers) in place of the TF-native subgraph it replaces.
 """
 
 import tensorflow as tf
-from tensorflow.python.ops import resource_variable_ops
+from tensorflow.python.ops import resource_variable_ops, variables
 
 from tf_ctr_ops._loader import load_op_library
 
@@ -70,8 +70,7 @@ def _check_div_layout(parts):
     sizes = [p.shape[0] for p in parts]
     if any(s is None for s in sizes):
         return  # dynamic sizes: TF's own layout rules apply at run time
-    total, n = sum(sizes), len(sizes)
-    expected = [total // n + (1 if i < total % n else 0) for i in range(n)]
+    expected = canonical_shard_sizes(sum(sizes), len(sizes))
     if sizes != expected:
         raise ValueError(
             f"partition sizes {sizes} do not follow the 'div' layout {expected} that "
@@ -89,7 +88,8 @@ def _weights_values(weights):
 
 
 def _lookup(table, ids, segments, num_rows, weights, *, segment_kind, combiner, id_mode="index",
-            invalid_ids="error", prune_weights=False, default_id=-1, max_norm=None, name=None):
+            invalid_ids="error", prune_weights=False, default_id=-1, max_norm=None, grad_indices="per_id",
+            name=None):
     has_weights = weights is not None
     if not has_weights:
         weights = tf.zeros([0], tf.float32)
@@ -109,6 +109,7 @@ def _lookup(table, ids, segments, num_rows, weights, *, segment_kind, combiner, 
         default_id=default_id,
         max_norm=_max_norm_attr(max_norm),
         has_weights=has_weights,
+        grad_indices=grad_indices,
         name=name,
     )
 
@@ -120,11 +121,28 @@ def _embedding_lookup_grad(op, grad):
         "combiner", "segment_kind", "id_mode", "invalid_ids", "prune_weights", "default_id",
         "max_norm", "has_weights", "num_buckets")}
     attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
-    values, indices, weights_grad = _ops.ctr_embedding_lookup_grad(
+    order = _grad_indices_attr(op)
+    values, indices, weights_grad, merged = _ops.ctr_embedding_lookup_grad(
         grad=grad, params=params, ids=ids, segments=segments, num_rows=num_rows,
-        weights=weights, **attrs)
+        weights=weights, grad_indices=order, **attrs)
+    if order != "per_id":  # the CPU kernel merges the rows; the GPU kernel leaves that to us
+        values, indices = tf.cond(merged, lambda: (values, indices), lambda: _merge_grad_rows(values, indices))
     params_grad = tf.IndexedSlices(values, indices, dense_shape=tf.shape(params, out_type=tf.int64))
     return [params_grad, None, None, None, weights_grad if attrs["has_weights"] else None]
+
+
+def _grad_indices_attr(op):
+    try:
+        return op.get_attr("grad_indices").decode()
+    except ValueError:  # a node built without the attr (by an older graph): its default
+        return "per_id"
+
+
+def _merge_grad_rows(values, indices):
+    """The gradient rows of each table row summed into one, in order of first
+    appearance, as TF's gradient of its Unique + Gather gives them."""
+    unique, position = tf.unique(indices)
+    return tf.math.unsorted_segment_sum(values, position, tf.size(unique)), unique
 
 
 # ---------------------------------------------------------------------------
@@ -177,114 +195,359 @@ def _with_batch_dim(out, ids):
     """Carries the static batch size of the id container over to the output."""
     batch = ids.shape[0] if ids.shape.rank else None
     if batch is not None:
-        out.set_shape([batch, out.shape[1]])
+        out.set_shape([batch] + out.shape[1:].as_list())
     return out
 
 
 # ---------------------------------------------------------------------------
-# Drop-in replacements for tf.nn
+# Drop-in replacements for tf.nn and tf.compat.v1.nn
+#
+# The rules below are those of TF 2.21's tensorflow/python/ops/embedding_ops.py
+# and ragged/ragged_embedding_ops.py, which the drop-ins must match call for
+# call (docs/tf_contract.md); TF's own tests run against them in
+# tests/test_tf_contract.py.
+
+PARTITION_STRATEGIES = ("mod", "div")
+POOLED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+
+
+def _shard_list(params):
+    """The shards of a table as TF's lookups read them.
+
+    Only a list or a PartitionedVariable is a list of shards; anything else
+    (a tuple too) is one table, converted as tf.convert_to_tensor does.
+    """
+    if isinstance(params, (list, variables.PartitionedVariable)):
+        return list(params)
+    return [params]
+
+
+def _read_shard(shard, dtype=None):
+    """A shard's value, converted to `dtype` the way safe_embedding_lookup_sparse does.
+
+    That function converts every shard to the weights' dtype (a tensor of
+    another float type is a ValueError, as convert_to_tensor says), and keeps
+    a resource variable of that dtype as it is.
+    """
+    if dtype is not None and not (resource_variable_ops.is_resource_variable(shard) and shard.dtype == dtype):
+        shard = tf.convert_to_tensor(shard, dtype=dtype)
+    return _read_table(shard)
+
+
+def _check_shards(parts):
+    dtypes = {p.dtype for p in parts}
+    if len(dtypes) > 1:
+        raise TypeError(f"all shards of a table must have one dtype, got {[p.dtype.name for p in parts]}")
+    dtype = parts[0].dtype
+    if dtype not in POOLED_DTYPES:
+        raise TypeError(f"embedding tables must be float16, bfloat16, float32 or float64, got {dtype.name}")
+    for p in parts:
+        if p.shape.rank == 0:
+            raise ValueError(f"an embedding table must have rank >= 1 ([V] or [V, d1, ...]), got shape {p.shape}")
+
+
+def canonical_shard_sizes(total, num_shards):
+    """Rows per shard in TF's layout of `total` rows: the first total % n shards get one more.
+
+    Both partition strategies assume it: "div" gives shard p the next run of
+    ids, "mod" gives it the ids r with r % n == p, and both make these sizes.
+    """
+    return [total // num_shards + (1 if i < total % num_shards else 0) for i in range(num_shards)]
+
+
+def _layout_checks(parts, strategy):
+    """Checks that the shards follow TF's layout; returns run-time assertions for dynamic sizes.
+
+    A list of shards of other sizes would be read by TF with ids landing in
+    other rows than the concatenation suggests (or out of its shard), so it
+    is refused rather than reinterpreted.
+    """
+    sizes = [p.shape[0] if p.shape.rank is not None else None for p in parts]
+    n = len(parts)
+    if all(s is not None for s in sizes):
+        expected = canonical_shard_sizes(sum(sizes), n)
+        if sizes != expected:
+            raise ValueError(
+                f"shard sizes {sizes} do not follow the layout {expected} that partition_strategy="
+                f"{strategy!r} reads a table of {sum(sizes)} rows in {n} shards with")
+        return []
+    dynamic = tf.stack([tf.shape(p, out_type=tf.int64)[0] for p in parts])
+    total = tf.reduce_sum(dynamic)
+    expected = total // n + tf.cast(tf.range(n, dtype=tf.int64) < total % n, tf.int64)
+    return [tf.debugging.assert_equal(
+        dynamic, expected,
+        message=f"shard sizes do not follow the layout partition_strategy={strategy!r} reads {n} shards with")]
+
+
+def _mod_row(shard, local, total, n, minimum):
+    """Row of the concatenated shards that holds local row `local` of shard
+    `shard` in TF's layout: shard p starts at row p * (V // n) + min(p, V % n)."""
+    return shard * (total // n) + minimum(shard, total % n) + local
+
+
+def _merged_rows_mod(ids, total, n):
+    """Row of the concatenated shards holding each id under the "mod" strategy
+    (id r is local row r // n of shard r % n). Ids outside [0, V) are left as
+    they are, so the fused op drops or rejects them with their own value."""
+    total = tf.cast(total, ids.dtype)
+    merged = _mod_row(ids % n, ids // n, total, n, tf.minimum)
+    return tf.where((ids >= 0) & (ids < total), merged, ids)
+
+
+class _MergedShards:
+    """Shards as one table (`table`), with the rows of the concatenation that
+    hold the ids (`rows`) and the default_id (`default_row`)."""
+
+    def __init__(self, parts, strategy):
+        self._mod = None
+        if len(parts) == 1:
+            self.table = parts[0]
+            return
+        if strategy not in PARTITION_STRATEGIES:
+            raise ValueError(f"Unrecognized partition strategy: {strategy}")
+        checks = _layout_checks(parts, strategy)
+        with tf.control_dependencies(checks):
+            self.table = tf.concat(parts, axis=0)
+        if strategy == "mod":  # "div": shard p holds the run of ids after shard p - 1's, as concatenated
+            static = not checks
+            self._mod = (len(parts), sum(p.shape[0] for p in parts) if static else None)
+
+    def rows(self, ids):
+        if self._mod is None:
+            return ids
+        n, total = self._mod
+        return _merged_rows_mod(ids, tf.shape(self.table, out_type=tf.int64)[0] if total is None else total, n)
+
+    def default_row(self, default_id):
+        """The attr value for `default_id` (-1: none)."""
+        if default_id is None:
+            return -1
+        default_id = int(default_id)
+        if self._mod is None or not 0 <= default_id:
+            return default_id
+        n, total = self._mod
+        if total is None:
+            raise ValueError("default_id with 'mod' shards needs their sizes known at graph construction")
+        return _mod_row(default_id % n, default_id // n, total, n, min) if default_id < total else default_id
+
+
+# The drop-ins' params gradient: unique rows in first-appearance order, as TF
+# gives it for variables (eager or in a tf.function) and in every tf.function.
+# (Only for a constant table in eager mode does TF take other paths: sorted
+# unique rows unweighted, dense with allow_fast_lookup; docs/tf_contract.md.)
+_DROP_IN_GRAD_INDICES = "first_appearance"
+
+
+def _ragged_bags(ids, weights, arg_names):
+    if ids.ragged_rank != 1 or ids.flat_values.shape.rank != 1:
+        raise ValueError(f"{arg_names[0]} must be a RaggedTensor of rank 2 with one ragged dimension, "
+                         f"got ragged rank {ids.ragged_rank} and shape {ids.shape}")
+    w = None
+    if weights is not None:
+        if not isinstance(weights, tf.RaggedTensor):
+            raise TypeError(f"{arg_names[0]} must be of the same type as {arg_names[1]}, received "
+                            f"{type(ids).__name__!r} for {arg_names[0]} and {type(weights).__name__!r} "
+                            f"for {arg_names[1]}.")
+        ids.values.shape.assert_is_compatible_with(weights.values.shape)
+        ids.shape.assert_is_compatible_with(weights.shape)
+        w = weights.values
+    return ids, w
+
+
+def _sparse_weights_values(ids, weights):
+    if weights is None:
+        return None
+    if not isinstance(weights, tf.SparseTensor):
+        raise TypeError(f"sp_weights must be either None or SparseTensor,got {type(weights)}")
+    ids.values.shape.assert_is_compatible_with(weights.values.shape)
+    ids.indices.shape.assert_is_compatible_with(weights.indices.shape)
+    ids.dense_shape.shape.assert_is_compatible_with(weights.dense_shape.shape)
+    return weights.values
+
+
+def _lookup_sparse_bags(sp_ids, sp_weights):
+    """embedding_lookup_sparse's bags: the row of each id, as its segment ops take them."""
+    if isinstance(sp_ids, tf.RaggedTensor):
+        ids, w = _ragged_bags(sp_ids, sp_weights, ("sp_ids", "sp_weights"))
+        return _Bags(ids.values, ids.value_rowids(), -1, "row_ids", w)
+    if not isinstance(sp_ids, tf.SparseTensor):
+        raise TypeError(f"sp_ids must be SparseTensor, got {type(sp_ids)}")
+    return _Bags(sp_ids.values, sp_ids.indices[:, 0], -1, "row_ids", _sparse_weights_values(sp_ids, sp_weights))
+
+
+def _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, name, combiner, max_norm):
+    combiner = _check_combiner(combiner or "mean")
+    bags = _lookup_sparse_bags(sp_ids, sp_weights)
+    with tf.name_scope(name or "embedding_lookup_sparse"):
+        parts = [_read_shard(p) for p in _shard_list(params)]
+        if not parts:
+            raise ValueError("Need at least one param")
+        _check_shards(parts)
+        merged = _MergedShards(parts, partition_strategy)
+        return _lookup(merged.table, merged.rows(bags.ids), bags.segments, -1, _weights_values(bags.weights),
+                       segment_kind="row_ids", combiner=combiner, max_norm=max_norm,
+                       grad_indices=_DROP_IN_GRAD_INDICES)
+
+
+def _in_row_order(rows, ids, weights):
+    """Entries stably sorted by row, when they are not already.
+
+    TF's safe lookup accepts a SparseTensor out of canonical order (its
+    sparse_fill_empty_rows sorts by row); the fused op takes bags in row order.
+    The sort runs only for such input.
+    """
+    tensors = [rows, ids] + ([] if weights is None else [weights])
+    ordered = tf.reduce_all(rows[1:] >= rows[:-1])
+
+    def sort():
+        perm = tf.argsort(rows, stable=True)
+        return [tf.gather(t, perm) for t in tensors]
+
+    out = tf.cond(ordered, lambda: [tf.identity(t) for t in tensors], sort)
+    return out[0], out[1], (out[2] if weights is not None else None)
+
+
+def _safe_sparse_bags(sparse_ids, sparse_weights):
+    """(bags, lead) of safe_embedding_lookup_sparse's SparseTensor ids [d0, ..., dn]:
+    a bag per index of the lead dimensions [d0, ..., dn-1], linearised as
+    sparse_reshape does."""
+    w = None
+    if sparse_weights is not None:
+        if not isinstance(sparse_weights, tf.SparseTensor):
+            raise TypeError(f"sparse_weights must be None or a SparseTensor like sparse_ids, "
+                            f"got {type(sparse_weights)}")
+        # TF rebuilds the weights as SparseTensor(ids.indices, weights.values, ...).
+        sparse_ids.indices.shape[:1].assert_is_compatible_with(sparse_weights.values.shape)
+        w = sparse_weights.values
+    dense_shape = sparse_ids.dense_shape
+    if sparse_ids.shape.rank == 2:
+        rows, num_rows, lead = sparse_ids.indices[:, 0], dense_shape[0], dense_shape[:1]
+    else:
+        lead = dense_shape[:-1]
+        strides = tf.math.cumprod(lead, exclusive=True, reverse=True)
+        rows = tf.reduce_sum(sparse_ids.indices[:, :-1] * strides[tf.newaxis, :], axis=1)
+        num_rows = tf.reduce_prod(lead)
+    rows, ids, w = _in_row_order(rows, sparse_ids.values, w)
+    return _Bags(ids, rows, num_rows, "row_ids", w), lead
+
+
+def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights, combiner, default_id, name,
+                                  partition_strategy, max_norm):
+    if embedding_weights is None:
+        raise ValueError(f"Missing embedding_weights {embedding_weights}.")
+    shards = _shard_list(embedding_weights)
+    if not shards:
+        raise ValueError(f"Missing embedding_weights {embedding_weights}.")
+    dtype = sparse_weights.dtype if sparse_weights is not None else None
+    parts = [_read_shard(w, dtype) for w in shards]
+    _check_shards(parts)
+    combiner = _check_combiner(combiner)
+    with tf.name_scope(name or "embedding_lookup"):
+        merged = _MergedShards(parts, partition_strategy)
+        table = merged.table
+        if isinstance(sparse_ids, tf.RaggedTensor):
+            ids, w = _ragged_bags(sparse_ids, sparse_weights, ("sparse_ids", "sparse_weights"))
+            bags = _Bags(ids.values, ids.row_splits, -1, "row_splits", w)
+        elif isinstance(sparse_ids, tf.SparseTensor):
+            bags, lead = _safe_sparse_bags(sparse_ids, sparse_weights)
+        else:
+            raise TypeError(f"sparse_ids must be a SparseTensor or a RaggedTensor, got {type(sparse_ids)}")
+        weighted = bags.weights is not None
+        result = _lookup(
+            table, merged.rows(bags.ids), bags.segments, bags.num_rows, _weights_values(bags.weights),
+            segment_kind=bags.kind, combiner=combiner, invalid_ids="skip_negative",
+            prune_weights=combiner != "sum" and weighted,
+            default_id=merged.default_row(default_id), max_norm=max_norm,
+            grad_indices=_DROP_IN_GRAD_INDICES)
+        rank = sparse_ids.shape.rank
+        if isinstance(sparse_ids, tf.SparseTensor) and rank != 2:
+            result = tf.reshape(result, tf.concat([lead, tf.shape(table, out_type=tf.int64)[1:]], 0))
+            if rank is not None:
+                result.set_shape([None] * (rank - 1) + table.shape[1:].as_list())
+        return result
 
 
 def embedding_lookup_sparse(params, sp_ids, sp_weights, combiner=None, max_norm=None, name=None,
                             allow_fast_lookup=False):
-    """Fused drop-in for `tf.nn.embedding_lookup_sparse`.
+    """Fused drop-in for `tf.nn.embedding_lookup_sparse` (TF 2.21).
 
-    Same arguments, output shape and values (up to float32 summation order):
-    rows are pooled over `sp_ids.indices[:, 0]`, the output has
-    `max(row) + 1` rows (rows with no ids are zeros), every id must lie in
-    `[0, V)`, and `params` may be a Tensor, a Variable or a list of 'div'
-    partitions. One `CtrEmbeddingLookup` op replaces Unique, Gather and
-    SparseSegment*. `allow_fast_lookup` is accepted for compatibility; the
-    fused op is always the fast path and always gives sparse gradients.
+    Same arguments, output shape, dtype, values (up to summation order) and
+    errors: rows are pooled over `sp_ids.indices[:, 0]` (or the rows of a
+    RaggedTensor), the output has `max(row) + 1` rows (rows with no ids are
+    zeros), every id must lie in `[0, V)`. `params` is a table of any rank >= 1
+    (float16, bfloat16, float32 or float64), a list of shards in the "div"
+    layout, or a PartitionedVariable. One `CtrEmbeddingLookup` op replaces
+    Unique, Gather and SparseSegment*; the params gradient is IndexedSlices
+    with unique indices in first-appearance order, as TF's. `allow_fast_lookup`
+    is accepted and changes nothing: the fused op is always the fast path.
 
     Args:
-      params: `[V, D]` table, or a list of partitions concatenating to one.
-      sp_ids: `tf.SparseTensor` (rank >= 2) or `tf.RaggedTensor` of int ids.
+      params: `[V, ...]` table, a list of shards in TF's "div" layout, or a
+        PartitionedVariable.
+      sp_ids: `tf.SparseTensor` or `tf.RaggedTensor` `[B, (n)]` of int ids.
       sp_weights: `None` or weights in the same container as `sp_ids`.
       combiner: "sum", "mean" (default) or "sqrtn".
       max_norm: if set, rows are clipped to this L2 norm before pooling.
-      name: op name.
+      name: a name scope for the op.
+      allow_fast_lookup: accepted as TF accepts it.
 
     Returns:
-      `[rows, D]` tensor of the params dtype.
+      `[rows] + params.shape[1:]` tensor of the params dtype.
     """
-    del allow_fast_lookup
-    combiner = _check_combiner(combiner or "mean")
-    with tf.name_scope(name or "embedding_lookup_sparse"):
-        table = _as_table(params)
-        if isinstance(sp_ids, tf.RaggedTensor):
-            w = None
-            if sp_weights is not None:
-                if not isinstance(sp_weights, tf.RaggedTensor):
-                    raise TypeError(f"sp_weights must be None or a RaggedTensor, got {type(sp_weights)}")
-                w = sp_weights.flat_values
-            return _lookup(table, sp_ids.flat_values, sp_ids.value_rowids(), -1, _weights_values(w),
-                           segment_kind="row_ids", combiner=combiner, max_norm=max_norm)
-        if not isinstance(sp_ids, tf.SparseTensor):
-            raise TypeError(f"sp_ids must be SparseTensor, got {type(sp_ids)}")
-        w = None
-        if sp_weights is not None:
-            if not isinstance(sp_weights, tf.SparseTensor):
-                raise TypeError(f"sp_weights must be either None or SparseTensor,got {type(sp_weights)}")
-            w = sp_weights.values
-        return _lookup(table, sp_ids.values, sp_ids.indices[:, 0], -1, _weights_values(w),
-                       segment_kind="row_ids", combiner=combiner, max_norm=max_norm)
+    del allow_fast_lookup  # the fused op is always the fast path
+    return _embedding_lookup_sparse(params, sp_ids, sp_weights, "div", name, combiner, max_norm)
 
 
 def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=None, combiner="mean",
                                  default_id=None, max_norm=None, name=None, allow_fast_lookup=False):
-    """Fused drop-in for `tf.nn.safe_embedding_lookup_sparse`.
+    """Fused drop-in for `tf.nn.safe_embedding_lookup_sparse` (TF 2.21).
 
     Negative ids are dropped; with a combiner other than "sum", entries whose
     weight is not positive are dropped too. Rows left empty give zeros, or
-    the row `default_id` when it is given. Ids of rank > 2 pool over the last
-    dimension and the output has shape `dense_shape[:-1] + [D]`. One
-    `CtrEmbeddingLookup` op replaces the sparse_retain / fill_empty_rows /
-    Unique / Gather / SparseSegment* / where chain.
+    the row `default_id` when it is given. SparseTensor ids of rank > 2 pool
+    over the last dimension and the output has shape
+    `dense_shape[:-1] + params.shape[1:]`; they need not be in canonical
+    order. One `CtrEmbeddingLookup` op replaces the sparse_retain /
+    fill_empty_rows / Unique / Gather / SparseSegment* / where chain.
 
     Args:
-      embedding_weights: `[V, D]` table, Variable, or list of 'div' partitions.
-      sparse_ids: `tf.SparseTensor` of int ids, rank >= 2, in canonical order.
-      sparse_weights: `None` or a `tf.SparseTensor` of float weights.
+      embedding_weights: `[V, ...]` table, a list of shards in TF's "div"
+        layout, or a PartitionedVariable; converted to the weights' dtype as
+        TF converts it.
+      sparse_ids: `tf.SparseTensor` of rank >= 2 or `tf.RaggedTensor [B, (n)]` of int ids.
+      sparse_weights: `None` or float weights in the same container.
       combiner: "sum", "mean" (default) or "sqrtn".
       default_id: row for empty rows; `None` gives zeros.
       max_norm: if set, rows are clipped to this L2 norm before pooling.
-      name: op name.
+      name: a name scope for the op.
+      allow_fast_lookup: accepted as TF accepts it.
 
     Returns:
-      A tensor of shape `dense_shape[:-1] + [D]`, of the params dtype.
+      The pooled rows, of the params dtype.
     """
     del allow_fast_lookup
-    combiner = _check_combiner(combiner)
-    if embedding_weights is None or (isinstance(embedding_weights, (list, tuple)) and not embedding_weights):
-        raise ValueError(f"Missing embedding_weights {embedding_weights}.")
-    with tf.name_scope(name or "embedding_lookup"):
-        table = _as_table(embedding_weights)
-        if not isinstance(sparse_ids, tf.SparseTensor):
-            raise TypeError(f"sparse_ids must be a SparseTensor, got {type(sparse_ids)}")
-        dense_shape = sparse_ids.dense_shape
-        rank = sparse_ids.shape.rank
-        if rank == 2:
-            rows, num_rows = sparse_ids.indices[:, 0], dense_shape[0]
-            out_shape = None
-        else:
-            # Linear row index over all but the last dimension, as sparse_reshape makes it.
-            lead = dense_shape[:-1]
-            strides = tf.math.cumprod(lead, exclusive=True, reverse=True)
-            rows = tf.reduce_sum(sparse_ids.indices[:, :-1] * strides[tf.newaxis, :], axis=1)
-            num_rows = tf.reduce_prod(lead)
-            out_shape = tf.concat([lead, tf.shape(table, out_type=tf.int64)[1:]], 0)
-        w = None if sparse_weights is None else sparse_weights.values
-        result = _lookup(
-            table, sparse_ids.values, rows, num_rows, _weights_values(w), segment_kind="row_ids",
-            combiner=combiner, invalid_ids="skip_negative",
-            prune_weights=combiner != "sum" and sparse_weights is not None,
-            default_id=-1 if default_id is None else int(default_id), max_norm=max_norm)
-        if out_shape is not None:
-            result = tf.reshape(result, out_shape)
-            if rank is not None:
-                result.set_shape([None] * (rank - 1) + [table.shape[1]])
-        return result
+    return _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights, combiner, default_id,
+                                         name, "div", max_norm)
+
+
+def embedding_lookup_sparse_v1(params, sp_ids, sp_weights, partition_strategy="mod", name=None, combiner=None,
+                               max_norm=None, allow_fast_lookup=False):
+    """Fused drop-in for `tf.compat.v1.nn.embedding_lookup_sparse`: as
+    `embedding_lookup_sparse`, with a list of shards read in `partition_strategy`'s
+    layout ("mod" by default, as TF's v1 function)."""
+    del allow_fast_lookup
+    return _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, name, combiner, max_norm)
+
+
+def safe_embedding_lookup_sparse_v1(embedding_weights, sparse_ids, sparse_weights=None, combiner="mean",
+                                    default_id=None, name=None, partition_strategy="div", max_norm=None,
+                                    allow_fast_lookup=False):
+    """Fused drop-in for `tf.compat.v1.nn.safe_embedding_lookup_sparse`: as
+    `safe_embedding_lookup_sparse`, with a list of shards read in
+    `partition_strategy`'s layout ("div" by default, as TF's v1 function)."""
+    del allow_fast_lookup
+    return _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights, combiner, default_id,
+                                         name, partition_strategy, max_norm)
 
 
 # ---------------------------------------------------------------------------

@@ -30,6 +30,9 @@ CTR_HD float BitsFloat(uint32_t u) {
 }
 
 CTR_HD float ToFloat(float v) { return v; }
+// A double stays a double: ToFloat reads an element into the type its table
+// is pooled in (AccT below), which is float for every other element type.
+CTR_HD double ToFloat(double v) { return v; }
 CTR_HD float ToFloat(BFloat16 v) { return BitsFloat(static_cast<uint32_t>(v.bits) << 16); }
 CTR_HD float ToFloat(Half v) {
   uint32_t sign = (v.bits & 0x8000u) << 16;
@@ -80,6 +83,29 @@ CTR_HD Half FromFloat<Half>(float f) {
   }
   uint32_t rounded = a + 0xfffu + ((a >> 13) & 1u);
   return Half{static_cast<uint16_t>(sign | ((rounded - (112u << 23)) >> 13))};
+}
+
+// The type rows of a T table are pooled in: float for the 16- and 32-bit
+// types (TF pools half types in float32 too), double for double tables.
+template <typename T>
+struct Accum {
+  using type = float;
+};
+template <>
+struct Accum<double> {
+  using type = double;
+};
+template <typename T>
+using AccT = typename Accum<T>::type;
+
+// Writes a pooled value back as a T: FromFloat for the float-pooled types.
+template <typename T>
+CTR_HD T FromAcc(AccT<T> a) {
+  return FromFloat<T>(a);
+}
+template <>
+CTR_HD double FromAcc<double>(double a) {
+  return a;
 }
 
 }  // namespace ctr

@@ -76,17 +76,17 @@ inline std::string DescribeKeyError(const KeyError& e, int64_t vocab) {
 // CPU pooling. Rows [row_begin, row_end) of the output; bags are CSR offsets.
 
 template <typename T>
-float SquaredNorm(const T* row, int64_t dim) {
-  float s = 0.f;
+AccT<T> SquaredNorm(const T* row, int64_t dim) {
+  AccT<T> s = 0.f;
   for (int64_t d = 0; d < dim; ++d) {
-    float v = ToFloat(row[d]);
+    AccT<T> v = ToFloat(row[d]);
     s += v * v;
   }
   return s;
 }
 
 template <typename T>
-void AccumulateRow(const T* __restrict row, int64_t dim, float scale, float* __restrict acc) {
+void AccumulateRow(const T* __restrict row, int64_t dim, float scale, AccT<T>* __restrict acc) {
   for (int64_t d = 0; d < dim; ++d) acc[d] += scale * ToFloat(row[d]);
 }
 
@@ -99,13 +99,13 @@ float RowClipScale(const T* row, const LookupSpec& s) {
 // depend on the bag, not the element, so they are chosen once: the loop
 // within each then vectorizes, where the per-element branches kept it scalar.
 template <typename T>
-inline void WriteCombinedRow(const float* acc, int64_t dim, float scale, float divisor, T* out) {
+inline void WriteCombinedRow(const AccT<T>* acc, int64_t dim, float scale, float divisor, T* out) {
   if (divisor == 0.f) {
-    for (int64_t d = 0; d < dim; ++d) out[d] = FromFloat<T>(0.f);
+    for (int64_t d = 0; d < dim; ++d) out[d] = FromAcc<T>(0.f);
   } else if (CombineByScale(scale)) {
-    for (int64_t d = 0; d < dim; ++d) out[d] = FromFloat<T>(acc[d] * scale);
+    for (int64_t d = 0; d < dim; ++d) out[d] = FromAcc<T>(acc[d] * scale);
   } else {
-    for (int64_t d = 0; d < dim; ++d) out[d] = FromFloat<T>(acc[d] / divisor);
+    for (int64_t d = 0; d < dim; ++d) out[d] = FromAcc<T>(acc[d] / divisor);
   }
 }
 
@@ -133,7 +133,7 @@ class BagStream {
  public:
   // acc: dim floats of scratch; nonempty (nullable): whether each bag had
   // entries of its own (before default_id).
-  BagStream(const LookupSpec& s, const T* params, float* acc, T* out, uint8_t* nonempty, int64_t first_bag)
+  BagStream(const LookupSpec& s, const T* params, AccT<T>* acc, T* out, uint8_t* nonempty, int64_t first_bag)
       : s_(s), params_(params), acc_(acc), out_(out), nonempty_(nonempty), bag_(first_bag) {
     ResetBag();
   }
@@ -187,7 +187,7 @@ class BagStream {
 
   const LookupSpec& s_;
   const T* params_;
-  float* acc_;
+  AccT<T>* acc_;
   T* out_;
   uint8_t* nonempty_;
   int64_t bag_;  // the bag being accumulated
@@ -202,7 +202,7 @@ class BagStream {
 template <typename T, typename TKey>
 void PoolBagsCpu(const LookupSpec& s, const T* params, const TKey* keys,
                  const float* weights, const int64_t* offsets,
-                 int64_t row_begin, int64_t row_end, float* acc, T* out,
+                 int64_t row_begin, int64_t row_end, AccT<T>* acc, T* out,
                  KeyError* err) {
   BagStream<T> pool(s, params, acc, out, nullptr, row_begin);
   for (int64_t r = row_begin; r < row_end; ++r) {
@@ -241,12 +241,12 @@ int64_t CountBagGradRows(const LookupSpec& s, const VisitBag& visit, int64_t r) 
 // J^T g for the clip x -> x * c / max(|x|, c): identity when |x| <= c, else
 // (c/|x|) (g - x (x.g)/|x|^2). Written into dst scaled by `scale`.
 template <typename T>
-void ClipBackward(const T* x, const float* g, const LookupSpec& s, float scale,
-                  float* dst) {
+void ClipBackward(const T* x, const AccT<T>* g, const LookupSpec& s, float scale,
+                  AccT<T>* dst) {
   const int64_t D = s.dim;
   const float sq = s.max_norm > 0.f ? SquaredNorm(x, D) : 0.f;
   if (ClipIsActive(sq, s.max_norm)) {
-    float xg = 0.f;
+    AccT<T> xg = 0.f;
     for (int64_t d = 0; d < D; ++d) xg += ToFloat(x[d]) * g[d];
     const float c = MaxNormScale(sq, s.max_norm);
     for (int64_t d = 0; d < D; ++d) dst[d] = ClipBackwardElement(ToFloat(x[d]), g[d], xg, sq, c, scale);
@@ -261,12 +261,12 @@ void ClipBackward(const T* x, const float* g, const LookupSpec& s, float scale,
 template <typename T, typename VisitBag>
 void BagGradCpu(const LookupSpec& s, const T* params, const VisitBag& visit,
                 const T* grad_out, const int64_t* grad_offsets, int64_t row_begin,
-                int64_t row_end, float* scratch, T* grad_values, int64_t* grad_indices,
+                int64_t row_end, AccT<T>* scratch, T* grad_values, int64_t* grad_indices,
                 float* grad_weights) {
   const int64_t D = s.dim;
-  float* g = scratch;
-  float* pooled = scratch + D;  // the bag's weighted sum, for weight grads
-  float* tmp = scratch + 2 * D;
+  AccT<T>* g = scratch;
+  AccT<T>* pooled = scratch + D;  // the bag's weighted sum, for weight grads
+  AccT<T>* tmp = scratch + 2 * D;
   for (int64_t r = row_begin; r < row_end; ++r) {
     for (int64_t d = 0; d < D; ++d) g[d] = ToFloat(grad_out[r * D + d]);
     for (int64_t d = 0; d < D; ++d) pooled[d] = 0.f;
@@ -282,23 +282,23 @@ void BagGradCpu(const LookupSpec& s, const T* params, const VisitBag& visit,
     if (!any) {
       if (s.default_id >= 0) {
         ClipBackward(params + s.default_id * D, g, s, 1.f, tmp);
-        for (int64_t d = 0; d < D; ++d) grad_values[k * D + d] = FromFloat<T>(tmp[d]);
+        for (int64_t d = 0; d < D; ++d) grad_values[k * D + d] = FromAcc<T>(tmp[d]);
         grad_indices[k] = s.default_id;
       }
       continue;
     }
     const float scale = CombinerScale(s.combiner, bw);
-    float g_dot_out = 0.f;
+    AccT<T> g_dot_out = 0.f;
     if (grad_weights)
       for (int64_t d = 0; d < D; ++d) g_dot_out += g[d] * pooled[d] * scale;
     visit(r, [&](int64_t row, float w, int64_t entry) {
       const T* p = params + row * D;
       ClipBackward(p, g, s, w * scale, tmp);
-      for (int64_t d = 0; d < D; ++d) grad_values[k * D + d] = FromFloat<T>(tmp[d]);
+      for (int64_t d = 0; d < D; ++d) grad_values[k * D + d] = FromAcc<T>(tmp[d]);
       grad_indices[k++] = row;
       if (grad_weights) {
         const float clip = RowClipScale(p, s);
-        float g_dot_e = 0.f;
+        AccT<T> g_dot_e = 0.f;
         for (int64_t d = 0; d < D; ++d) g_dot_e += g[d] * clip * ToFloat(p[d]);
         grad_weights[entry] = WeightGrad(s.combiner, bw, w, scale, g_dot_e, g_dot_out);
       }

@@ -14,6 +14,7 @@ struct LookupAttrs {
   ctr::LookupSpec spec;  // vocab and dim are filled per call
   bool segments_are_splits = false;
   bool has_weights = false;
+  bool merge_grad_rows = false;  // grad_indices "first_appearance"
 };
 
 inline ctr::Combiner ParseCombiner(const std::string& s) {
@@ -29,7 +30,7 @@ inline ctr::InvalidIds ParseInvalidIds(const std::string& s) {
 }
 
 inline absl::Status ReadLookupAttrs(tensorflow::OpKernelConstruction* c, LookupAttrs* a) {
-  std::string combiner, kind, mode, invalid;
+  std::string combiner, kind, mode, invalid, grad_indices;
   TF_RETURN_IF_ERROR(c->GetAttr("combiner", &combiner));
   TF_RETURN_IF_ERROR(c->GetAttr("segment_kind", &kind));
   TF_RETURN_IF_ERROR(c->GetAttr("id_mode", &mode));
@@ -39,6 +40,8 @@ inline absl::Status ReadLookupAttrs(tensorflow::OpKernelConstruction* c, LookupA
   TF_RETURN_IF_ERROR(c->GetAttr("max_norm", &a->spec.max_norm));
   TF_RETURN_IF_ERROR(c->GetAttr("has_weights", &a->has_weights));
   TF_RETURN_IF_ERROR(c->GetAttr("num_buckets", &a->spec.buckets));
+  TF_RETURN_IF_ERROR(c->GetAttr("grad_indices", &grad_indices));
+  a->merge_grad_rows = grad_indices == "first_appearance";
   if (a->spec.buckets < 0)
     return tensorflow::errors::InvalidArgument("num_buckets must be >= 0, got ", a->spec.buckets);
   a->spec.combiner = ParseCombiner(combiner);
@@ -69,8 +72,8 @@ inline absl::Status ValidateLookupInputs(tensorflow::OpKernelContext* ctx, int f
   const tensorflow::Tensor& segments = ctx->input(first + 2);
   const tensorflow::Tensor& num_rows = ctx->input(first + 3);
   const tensorflow::Tensor& weights = ctx->input(first + 4);
-  if (params.dims() != 2)
-    return InvalidArgument("params must be a matrix [V, D], got shape ", params.shape().DebugString());
+  if (params.dims() < 1)
+    return InvalidArgument("params must have rank >= 1 ([V] or [V, d1, ...]), got a scalar");
   if (ids.dims() != 1)
     return InvalidArgument("ids must be a vector, got shape ", ids.shape().DebugString());
   if (segments.dims() != 1)
@@ -86,8 +89,11 @@ inline absl::Status ValidateLookupInputs(tensorflow::OpKernelContext* ctx, int f
   if (!a->segments_are_splits && segments.NumElements() != ids.NumElements())
     return InvalidArgument("row ids must have one value per id: ids has ", ids.NumElements(),
                            " values, row ids have ", segments.NumElements());
+  // A table [V, d1, ..., dk] is read as [V, d1 * ... * dk]: a bag pools whole
+  // rows, whatever their shape ([V] has rows of one element).
   a->spec.vocab = params.dim_size(0);
-  a->spec.dim = params.dim_size(1);
+  a->spec.dim = 1;
+  for (int i = 1; i < params.dims(); ++i) a->spec.dim *= params.dim_size(i);
   if (a->spec.id_mode == ctr::IdMode::kHash && a->spec.vocab <= 0)
     return InvalidArgument("hash mode needs at least one bucket (table row), got ", a->spec.vocab);
   if (a->spec.default_id >= a->spec.vocab)
@@ -101,6 +107,31 @@ inline absl::Status ValidateLookupInputs(tensorflow::OpKernelContext* ctx, int f
     return InvalidArgument("num_rows must be >= -1, got ", in->num_rows_arg);
   in->weights = a->has_weights ? &weights : nullptr;
   return absl::OkStatus();
+}
+
+// [rows] + params.shape[1:]: the shape of `rows` pooled rows of params.
+inline absl::Status PooledShape(const tensorflow::Tensor& params, int64_t rows,
+                                tensorflow::TensorShape* shape) {
+  TF_RETURN_IF_ERROR(tensorflow::TensorShape::BuildTensorShape({rows}, shape));
+  for (int i = 1; i < params.dims(); ++i) TF_RETURN_IF_ERROR(shape->AddDimWithStatus(params.dim_size(i)));
+  return absl::OkStatus();
+}
+
+inline absl::Status AllocatePooled(tensorflow::OpKernelContext* ctx, int index, const tensorflow::Tensor& params,
+                                   int64_t rows, tensorflow::Tensor** out) {
+  tensorflow::TensorShape shape;
+  TF_RETURN_IF_ERROR(PooledShape(params, rows, &shape));
+  return ctx->allocate_output(index, shape, out);
+}
+
+// The gradient op's incoming grad must have the forward output's shape.
+inline absl::Status CheckPooledGradShape(const tensorflow::Tensor& grad, const tensorflow::Tensor& params,
+                                         int64_t rows) {
+  tensorflow::TensorShape expected;
+  TF_RETURN_IF_ERROR(PooledShape(params, rows, &expected));
+  if (grad.shape() == expected) return absl::OkStatus();
+  return tensorflow::errors::InvalidArgument("grad must have shape ", expected.DebugString(), ", got ",
+                                             grad.shape().DebugString());
 }
 
 // What every lookup kernel (CPU and GPU, forward and gradient) does before its

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "cc/core/lookup.h"
 #include "cc/core/segments.h"
 #include "cc/kernels/lookup_common.h"
@@ -44,7 +45,16 @@ absl::Status BuildOffsets(OpKernelContext* ctx, const LookupAttrs& a, const Look
   if (rows == std::numeric_limits<int64_t>::max())
     return tensorflow::errors::InvalidArgument("num_rows must be < 2^63 - 1, got ", rows);
   TF_RETURN_IF_ERROR(AllocateTemp(ctx, tensorflow::DT_INT64, {rows + 1}, offsets));
-  return CoreStatus(ctr::RowIdsToOffsets(seg, n, rows, offsets->flat<int64_t>().data()));
+  const std::string error = ctr::RowIdsToOffsets(seg, n, rows, offsets->flat<int64_t>().data());
+  if (!error.empty() && in.num_rows_arg < 0) {
+    // The row count came from the last row id, so a larger one before it is
+    // out of order, not out of range: say so.
+    for (int64_t i = 0; i < n; ++i)
+      if (static_cast<int64_t>(seg[i]) >= rows)
+        return tensorflow::errors::InvalidArgument("row ids must be sorted: entry ", i, " has row ", seg[i],
+                                                   ", after which the last entry has row ", rows - 1);
+  }
+  return CoreStatus(error);
 }
 
 // Keeps the bad key of the lowest row across shards, so the error a user sees
@@ -80,7 +90,7 @@ class EmbeddingLookupCpuOp : public LookupKernel {
     const int64_t* offsets = offsets_t.flat<int64_t>().data();
     const int64_t rows = offsets_t.NumElements() - 1;
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {rows, a.spec.dim}, &out));
+    OP_REQUIRES_OK(ctx, AllocatePooled(ctx, 0, *in.params, rows, &out));
 
     using CT = typename CoreType<T>::type;
     const CT* params = CorePtr<T>(*in.params);
@@ -89,7 +99,7 @@ class EmbeddingLookupCpuOp : public LookupKernel {
     CT* dst = CorePtr<T>(out);
     FirstKeyError first_error;
     ParallelFor(ctx, rows, BagCost(in, a.spec, rows), [&](int64_t begin, int64_t end) {
-      std::vector<float> acc(a.spec.dim);
+      std::vector<ctr::AccT<CT>> acc(a.spec.dim);
       ctr::KeyError err;
       ctr::PoolBagsCpu(a.spec, params, ids, weights, offsets, begin, end, acc.data(),
                        dst, &err);
@@ -98,6 +108,74 @@ class EmbeddingLookupCpuOp : public LookupKernel {
     OP_REQUIRES_OK(ctx, first_error.ToStatus(a.spec.vocab));
   }
 };
+
+// The params gradient with one row per table row, in order of first
+// appearance, as TF's gradient of Unique + Gather gives it: outputs 0 and 1,
+// [U, ...] and [U]. Entry e of bag b contributes J^T (c_e g_b), J the clip's
+// Jacobian at the table row and c_e its weight times the bag's combiner
+// scale; J depends on the row only, so each row sums c_e g_b over its
+// entries first (reading the small [B, D] grad, not per-entry rows) and
+// applies ClipBackward once. The default row of an empty bag has c = 1.
+template <typename T, typename VisitBag>
+absl::Status MergedGradRows(OpKernelContext* ctx, const ctr::LookupSpec& s, const Tensor& params,
+                            const Tensor& grad, const VisitBag& visit, int64_t rows, int64_t total) {
+  using CT = typename CoreType<T>::type;
+  std::vector<float> scale(rows);
+  ParallelFor(ctx, rows, 8 * (total / std::max<int64_t>(rows, 1) + 1), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      ctr::BagWeights bw;
+      visit(r, [&](int64_t, float w, int64_t) { bw.Add(w); });
+      scale[r] = ctr::CombinerScale(s.combiner, bw);
+    }
+  });
+  // Entries in bag order, each with its table row's slot (first appearance).
+  absl::flat_hash_map<int64_t, int64_t> slot_of;
+  slot_of.reserve(total);
+  std::vector<int64_t> unique, slot(total), bag(total);
+  std::vector<float> coef(total);
+  int64_t k = 0;
+  auto add = [&](int64_t row, int64_t r, float c) {
+    const auto it = slot_of.try_emplace(row, static_cast<int64_t>(unique.size())).first;
+    if (it->second == static_cast<int64_t>(unique.size())) unique.push_back(row);
+    slot[k] = it->second;
+    bag[k] = r;
+    coef[k++] = c;
+  };
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t first = k;
+    visit(r, [&](int64_t row, float w, int64_t) { add(row, r, w * scale[r]); });
+    if (k == first && s.default_id >= 0) add(s.default_id, r, 1.f);
+  }
+  const int64_t u = static_cast<int64_t>(unique.size());
+  std::vector<int64_t> start(u + 1, 0), order(total);  // entries grouped by slot, in order
+  for (int64_t i = 0; i < total; ++i) ++start[slot[i] + 1];
+  for (int64_t i = 0; i < u; ++i) start[i + 1] += start[i];
+  std::vector<int64_t> cursor(start.begin(), start.end() - 1);
+  for (int64_t i = 0; i < total; ++i) order[cursor[slot[i]]++] = i;
+
+  Tensor *values = nullptr, *indices = nullptr;
+  TF_RETURN_IF_ERROR(AllocatePooled(ctx, 0, params, u, &values));
+  TF_RETURN_IF_ERROR(AllocateOutput(ctx, 1, {u}, &indices));
+  std::copy(unique.begin(), unique.end(), indices->flat<int64_t>().data());
+  const int64_t dim = s.dim;
+  const CT* g = CorePtr<T>(grad);
+  const CT* table = CorePtr<T>(params);
+  CT* out = CorePtr<T>(values);
+  ParallelFor(ctx, u, 2 * dim * (total / std::max<int64_t>(u, 1) + 1) + dim, [&](int64_t begin, int64_t end) {
+    std::vector<ctr::AccT<CT>> sum(dim), dst(dim);
+    for (int64_t i = begin; i < end; ++i) {
+      std::fill(sum.begin(), sum.end(), 0.f);
+      for (int64_t j = start[i]; j < start[i + 1]; ++j) {
+        const int64_t e = order[j];
+        const CT* gb = g + bag[e] * dim;
+        for (int64_t d = 0; d < dim; ++d) sum[d] += coef[e] * ctr::ToFloat(gb[d]);
+      }
+      ctr::ClipBackward(table + unique[i] * dim, sum.data(), s, 1.f, dst.data());
+      for (int64_t d = 0; d < dim; ++d) out[i * dim + d] = ctr::FromAcc<CT>(dst[d]);
+    }
+  });
+  return absl::OkStatus();
+}
 
 template <typename T, typename TId, typename TSeg>
 class EmbeddingLookupGradCpuOp : public LookupKernel {
@@ -113,7 +191,7 @@ class EmbeddingLookupGradCpuOp : public LookupKernel {
     const int64_t* offsets = offsets_t.flat<int64_t>().data();
     const int64_t rows = offsets_t.NumElements() - 1;
     const Tensor& grad = ctx->input(0);
-    OP_REQUIRES_OK(ctx, CheckGradShape(grad, rows, a.spec.dim));
+    OP_REQUIRES_OK(ctx, CheckPooledGradShape(grad, *in.params, rows));
     using CT = typename CoreType<T>::type;
     const TId* ids = in.ids->flat<TId>().data();
     const float* weights = in.weights ? in.weights->flat<float>().data() : nullptr;
@@ -131,14 +209,31 @@ class EmbeddingLookupGradCpuOp : public LookupKernel {
     for (int64_t r = 0; r < rows; ++r) grad_offsets[r + 1] += grad_offsets[r];
     const int64_t total = grad_offsets[rows];
 
-    Tensor *values = nullptr, *indices = nullptr, *weights_grad = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {total, a.spec.dim}, &values));
-    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {total}, &indices));
+    Tensor *weights_grad = nullptr, *merged = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(5).shape(), &weights_grad));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, {}, &merged));
+    merged->scalar<bool>()() = a.merge_grad_rows;
     weights_grad->flat<float>().setZero();
     float* wgrad = weights ? weights_grad->flat<float>().data() : nullptr;
+    if (a.merge_grad_rows) {
+      OP_REQUIRES_OK(ctx, MergedGradRows<T>(ctx, a.spec, *in.params, grad, visit, rows, total));
+      if (wgrad == nullptr) return;
+    }
+    // One row per id (into temporaries when the rows were merged above and
+    // only the weights' gradient, computed alongside, is wanted here).
+    Tensor values_t, indices_t;
+    Tensor *values = &values_t, *indices = &indices_t;
+    if (a.merge_grad_rows) {
+      tensorflow::TensorShape shape;
+      OP_REQUIRES_OK(ctx, PooledShape(*in.params, total, &shape));
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DataTypeToEnum<T>::value, shape, &values_t));
+      OP_REQUIRES_OK(ctx, AllocateTemp(ctx, tensorflow::DT_INT64, {total}, &indices_t));
+    } else {
+      OP_REQUIRES_OK(ctx, AllocatePooled(ctx, 0, *in.params, total, &values));
+      OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {total}, &indices));
+    }
     ParallelFor(ctx, rows, 3 * BagCost(in, a.spec, rows), [&](int64_t begin, int64_t end) {
-      std::vector<float> scratch(3 * a.spec.dim);
+      std::vector<ctr::AccT<CT>> scratch(3 * a.spec.dim);
       ctr::BagGradCpu(a.spec, CorePtr<T>(*in.params), visit, CorePtr<T>(grad),
                       grad_offsets, begin, end, scratch.data(), CorePtr<T>(values),
                       indices->flat<int64_t>().data(), wgrad);
@@ -165,6 +260,7 @@ class EmbeddingLookupGradCpuOp : public LookupKernel {
   REGISTER_LOOKUP_CPU(T, int64_t, int32_t)         \
   REGISTER_LOOKUP_CPU(T, int64_t, int64_t)
 REGISTER_LOOKUP_CPU_IDS(float)
+REGISTER_LOOKUP_CPU_IDS(double)
 REGISTER_LOOKUP_CPU_IDS(Eigen::half)
 REGISTER_LOOKUP_CPU_IDS(Eigen::bfloat16)
 #undef REGISTER_LOOKUP_CPU_IDS

@@ -73,7 +73,7 @@ class EmbeddingLookupGpuOp : public LookupKernel {
     int64_t rows = 0;
     OP_REQUIRES_OK(ctx, DeviceOffsets<TSeg>(ctx, a, in, stream, &offsets, &status, &rows));
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {rows, a.spec.dim}, &out));
+    OP_REQUIRES_OK(ctx, AllocatePooled(ctx, 0, *in.params, rows, &out));
     if (rows == 0 || a.spec.dim == 0) return;
     int64_t* st = status.flat<int64_t>().data();
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::InitStatus(st, stream)));
@@ -104,7 +104,7 @@ class EmbeddingLookupGradGpuOp : public LookupKernel {
     int64_t rows = 0;
     OP_REQUIRES_OK(ctx, DeviceOffsets<TSeg>(ctx, a, in, stream, &offsets, &status, &rows));
     const Tensor& grad = ctx->input(0);
-    OP_REQUIRES_OK(ctx, CheckGradShape(grad, rows, a.spec.dim));
+    OP_REQUIRES_OK(ctx, CheckPooledGradShape(grad, *in.params, rows));
     const TId* ids = in.ids->flat<TId>().data();
     const float* weights = in.weights ? in.weights->flat<float>().data() : nullptr;
     const int64_t* off = offsets.flat<int64_t>().data();
@@ -123,9 +123,13 @@ class EmbeddingLookupGradGpuOp : public LookupKernel {
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ReadInt64(goff + rows, 1, &total, stream)));
 
     Tensor *values = nullptr, *indices = nullptr, *weights_grad = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {total, a.spec.dim}, &values));
+    OP_REQUIRES_OK(ctx, AllocatePooled(ctx, 0, *in.params, total, &values));
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {total}, &indices));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(5).shape(), &weights_grad));
+    // One row per id: the Python gradient merges them (tf.unique + unsorted_segment_sum on the device).
+    Tensor* merged = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, {}, &merged));
+    merged->scalar<bool>()() = false;
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ZeroFill(weights_grad->flat<float>().data(),
                                                         weights_grad->NumElements() * sizeof(float), stream)));
     if (rows == 0) return;
@@ -147,6 +151,7 @@ class EmbeddingLookupGradGpuOp : public LookupKernel {
   REGISTER_KERNEL_BUILDER(Name("CtrEmbeddingLookupGrad")                                               \
                               .Device(DEVICE_GPU)                                                      \
                               .HostMemory("num_rows")                                                  \
+                              .HostMemory("merged")                                                    \
                               .TypeConstraint<T>("T")                                                  \
                               .TypeConstraint<TId>("Tid")                                              \
                               .TypeConstraint<TSeg>("Tseg"),                                           \

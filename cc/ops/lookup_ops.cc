@@ -27,11 +27,23 @@ max_norm: clip each looked-up row to this L2 norm first; <= 0 disables.
 has_weights: whether `weights` holds one float per id (else it is ignored).
 num_buckets: hash mode only: the bucket count of the hash (0: V). A bucket
   outside the table is an InvalidArgument error, as the Gather it replaces says.
+grad_indices: the params gradient's rows: "per_id", one per looked-up id in bag
+  order; "first_appearance", the rows of each table row summed into one, in
+  order of first appearance, as TF's Unique + Gather gives them.
 )doc";
+
+// Output `index` is [rows] + params.shape[1:].
+absl::Status SetPooledOutput(InferenceContext* c, int index, DimensionHandle rows, ShapeHandle params) {
+  ShapeHandle row_shape, out;
+  TF_RETURN_IF_ERROR(c->Subshape(params, 1, &row_shape));
+  TF_RETURN_IF_ERROR(c->Concatenate(c->Vector(rows), row_shape, &out));
+  c->set_output(index, out);
+  return absl::OkStatus();
+}
 
 absl::Status LookupShape(InferenceContext* c) {
   ShapeHandle params, ids, weights;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &params));
+  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &params));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &ids));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &weights));  // segments
   TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 0, &weights));  // num_rows
@@ -48,23 +60,23 @@ absl::Status LookupShape(InferenceContext* c) {
     if (num_rows != nullptr && num_rows->scalar<int64_t>()() >= 0)
       rows = c->MakeDim(num_rows->scalar<int64_t>()());
   }
-  c->set_output(0, c->Matrix(rows, c->Dim(params, 1)));
-  return absl::OkStatus();
+  return SetPooledOutput(c, 0, rows, params);
 }
 
 absl::Status LookupGradShape(InferenceContext* c) {
   ShapeHandle params;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &params));
-  c->set_output(0, c->Matrix(c->UnknownDim(), c->Dim(params, 1)));
+  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(1), 1, &params));
+  TF_RETURN_IF_ERROR(SetPooledOutput(c, 0, c->UnknownDim(), params));
   c->set_output(1, c->Vector(c->UnknownDim()));
   c->set_output(2, c->input(5));
+  c->set_output(3, c->Scalar());
   return absl::OkStatus();
 }
 
 }  // namespace
 
 #define CTR_LOOKUP_ATTRS                                   \
-  Attr("T: {float, half, bfloat16}")                       \
+  Attr("T: {float, half, bfloat16, double}")                       \
       .Attr("Tid: {int32, int64}")                         \
       .Attr("Tseg: {int32, int64}")                        \
       .Attr("combiner: {'sum', 'mean', 'sqrtn'} = 'mean'") \
@@ -75,7 +87,8 @@ absl::Status LookupGradShape(InferenceContext* c) {
       .Attr("default_id: int = -1")                        \
       .Attr("max_norm: float = -1.0")                      \
       .Attr("has_weights: bool = false")                  \
-      .Attr("num_buckets: int = 0")
+      .Attr("num_buckets: int = 0")                        \
+      .Attr("grad_indices: {'per_id', 'first_appearance'} = 'per_id'")
 
 REGISTER_OP("CtrEmbeddingLookup")
     .Input("params: T")
@@ -87,7 +100,8 @@ REGISTER_OP("CtrEmbeddingLookup")
     .CTR_LOOKUP_ATTRS
     .SetShapeFn(LookupShape)
     .Doc(std::string(R"doc(
-Pools rows of `params` [V, D] over bags of ids in one pass: output [B, D].
+Pools rows of `params` [V, ...] over bags of ids in one pass: output [B, ...]
+(a table of any rank >= 1 is read as [V, D], D the product of its other dims).
 
 Replaces tf.nn.embedding_lookup_sparse / safe_embedding_lookup_sparse (Unique,
 Gather, clip_by_norm, SparseSegment* or Mul+SegmentSum+DivNoNan) and, in hash
@@ -106,12 +120,16 @@ REGISTER_OP("CtrEmbeddingLookupGrad")
     .Output("values: T")
     .Output("indices: int64")
     .Output("weights_grad: float")
+    .Output("merged: bool")
     .CTR_LOOKUP_ATTRS
     .SetShapeFn(LookupGradShape)
     .Doc(std::string(R"doc(
 Gradient of CtrEmbeddingLookup: the params gradient as IndexedSlices
-(values [n, D], indices [n]: one row per kept id, plus the default row of bags
-left empty) and the dense gradient of `weights` (zeros when has_weights is false).
+(values [n, ...], indices [n]: one row per kept id, plus the default row of bags
+left empty; or, with grad_indices "first_appearance", one per table row: see
+`merged`) and the dense gradient of `weights` (zeros when has_weights is false).
+merged: whether the kernel merged the rows as grad_indices asks (the CPU
+kernel does; the GPU kernel leaves one row per id, for the caller to merge).
 )doc") + kLookupAttrs);
 
 #undef CTR_LOOKUP_ATTRS

@@ -1,0 +1,368 @@
+"""The drop-ins against TF 2.21's own functions, on the parts of the contract
+issue #24 names: shard lists in both partition strategies, tables of any rank,
+float64, ragged and unordered ids, gradient indices and when errors are raised.
+(TF's own test file runs against them in tests/test_tf_contract.py.)"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_ctr_ops as tco
+from tf_ctr_ops.ops import canonical_shard_sizes
+
+COMBINERS = ["sum", "mean", "sqrtn"]
+V1 = tco.compat.v1
+
+
+def random_sparse(rng, batch, vocab, max_len=4, id_dtype=tf.int64, negative=False):
+    lengths = rng.integers(0, max_len + 1, size=batch)
+    idx = [(r, c) for r in range(batch) for c in range(lengths[r])]
+    ids = rng.integers(-2 if negative else 0, vocab, size=len(idx))
+    return tf.SparseTensor(np.array(idx, np.int64).reshape(-1, 2), tf.constant(ids, id_dtype),
+                           [batch, max(max_len, 1)])
+
+
+def weights_like(rng, sp, low=0.1):
+    w = rng.uniform(low, 2.0, size=int(sp.values.shape[0])).astype(np.float32)
+    return tf.SparseTensor(sp.indices, w, sp.dense_shape)
+
+
+def shards_of(full, num_shards, strategy):
+    """The shards TF's `strategy` reads `full` from (row r of full is id r)."""
+    if strategy == "mod":
+        return [full[p::num_shards] for p in range(num_shards)]
+    sizes = canonical_shard_sizes(len(full), num_shards)
+    return np.split(full, np.cumsum(sizes)[:-1])
+
+
+def close(a, b, tol=1e-5):
+    a, b = tf.convert_to_tensor(a), tf.convert_to_tensor(b)
+    assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
+    np.testing.assert_allclose(tf.cast(a, tf.float64).numpy(), tf.cast(b, tf.float64).numpy(), rtol=tol, atol=tol)
+
+
+# ---------------------------------------------------------------------------
+# Shards
+
+
+@pytest.mark.parametrize("strategy", ["mod", "div"])
+@pytest.mark.parametrize("num_shards", [2, 5])
+@pytest.mark.parametrize("safe", [False, True])
+@pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
+def test_shard_lists_match_tf_row_for_row(rng, strategy, num_shards, safe, id_dtype):
+    full = rng.normal(size=(13, 3)).astype(np.float32)
+    shards = [tf.constant(s) for s in shards_of(full, num_shards, strategy)]
+    sp = random_sparse(rng, 9, 13, id_dtype=id_dtype, negative=safe)
+    w = weights_like(rng, sp, low=-0.5 if safe else 0.1)
+    ours, theirs = ((V1.safe_embedding_lookup_sparse, tf.compat.v1.nn.safe_embedding_lookup_sparse) if safe
+                    else (V1.embedding_lookup_sparse, tf.compat.v1.nn.embedding_lookup_sparse))
+    for comb in COMBINERS:
+        for weights in (None, w):
+            close(ours(shards, sp, weights, combiner=comb, partition_strategy=strategy),
+                  theirs(shards, sp, weights, combiner=comb, partition_strategy=strategy))
+
+
+@pytest.mark.parametrize("strategy", ["mod", "div"])
+def test_default_id_is_read_in_the_shards_layout(rng, strategy):
+    full = rng.normal(size=(13, 2)).astype(np.float32)
+    shards = [tf.constant(s) for s in shards_of(full, 5, strategy)]
+    sp = tf.SparseTensor([[0, 0], [2, 0]], tf.constant([4, -1], tf.int64), [3, 1])  # rows 1, 2 empty
+    for default_id in range(13):
+        close(V1.safe_embedding_lookup_sparse(shards, sp, default_id=default_id, partition_strategy=strategy),
+              full[[4, default_id, default_id]])
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 2])] * 5)
+    def dynamic(*parts):
+        return V1.safe_embedding_lookup_sparse(list(parts), sp, default_id=3, partition_strategy=strategy)
+
+    if strategy == "mod":
+        with pytest.raises(ValueError, match="default_id with 'mod' shards needs their sizes"):
+            dynamic.get_concrete_function()
+    else:
+        close(dynamic(*shards), full[[4, 3, 3]])
+
+
+def test_v1_defaults_are_tfs():
+    full = np.arange(13 * 2, dtype=np.float32).reshape(13, 2)
+    sp = tf.SparseTensor([[0, 0], [1, 0], [2, 0]], tf.constant([1, 7, 12], tf.int64), [3, 1])
+    mod = [tf.constant(s) for s in shards_of(full, 5, "mod")]
+    div = [tf.constant(s) for s in shards_of(full, 5, "div")]
+    close(V1.embedding_lookup_sparse(mod, sp, None), full[[1, 7, 12]])  # v1 default: "mod"
+    close(tco.embedding_lookup_sparse(div, sp, None), full[[1, 7, 12]])  # v2: "div"
+    close(V1.safe_embedding_lookup_sparse(div, sp), full[[1, 7, 12]])  # v1 safe default: "div"
+    close(tco.safe_embedding_lookup_sparse(div, sp), full[[1, 7, 12]])
+
+
+def test_partitioned_variable_in_both_strategies(rng):
+    full = rng.normal(size=(13, 4)).astype(np.float32)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        sp = random_sparse(rng, 6, 13)
+        with tf.compat.v1.variable_scope("pv"):
+            pv = tf.compat.v1.get_variable(
+                "table", shape=[13, 4], initializer=tf.constant(full),
+                partitioner=tf.compat.v1.fixed_size_partitioner(5))
+        outs = [(f(pv, sp, None, partition_strategy=s), g(pv, sp, None, partition_strategy=s))
+                for s in ("mod", "div")
+                for f, g in ((V1.embedding_lookup_sparse, tf.compat.v1.nn.embedding_lookup_sparse),
+                             (V1.safe_embedding_lookup_sparse, tf.compat.v1.nn.safe_embedding_lookup_sparse))]
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for ours, theirs in sess.run(outs):
+            np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+
+
+def test_shard_sizes_off_tfs_layout_are_refused():
+    sp = tf.SparseTensor([[0, 0]], tf.constant([3], tf.int64), [1, 1])
+    shards = [tf.zeros([2, 2]), tf.zeros([3, 2])]  # TF's layout of 5 rows in 2 shards is [3, 2]
+    for strategy in ("mod", "div"):
+        with pytest.raises(ValueError, match=r"shard sizes \[2, 3\] do not follow the layout \[3, 2\]"):
+            V1.embedding_lookup_sparse(shards, sp, None, partition_strategy=strategy)
+        with pytest.raises(ValueError, match="do not follow the layout"):
+            V1.safe_embedding_lookup_sparse(shards, sp, partition_strategy=strategy)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 2]), tf.TensorSpec([None, 2])])
+    def dynamic(a, b):
+        return V1.embedding_lookup_sparse([a, b], sp, None, partition_strategy="mod")
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="do not follow the layout"):
+        dynamic(tf.zeros([2, 2]), tf.zeros([3, 2]))
+    close(dynamic(tf.zeros([3, 2]), tf.ones([2, 2])), [[1.0, 1.0]])  # id 3 -> shard 1, row 1
+    with pytest.raises(ValueError, match="Unrecognized partition strategy"):
+        V1.embedding_lookup_sparse([tf.zeros([3, 2]), tf.zeros([2, 2])], sp, None, partition_strategy="hash")
+
+
+@pytest.mark.parametrize("strategy", ["mod", "div"])
+def test_ids_past_the_shards_are_errors_naming_the_id(strategy):
+    shards = [tf.ones([3, 2]), tf.ones([3, 2]), tf.ones([3, 2]), tf.ones([2, 2]), tf.ones([2, 2])]
+    for bad in (13, 15):  # 15 % 5 == 0 and 15 // 5 == 3: past shard 0, whose next rows are shard 1's
+        sp = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([1, bad], tf.int64), [2, 1])
+        with pytest.raises(tf.errors.InvalidArgumentError, match=rf"id {bad} in row 1 is out of range \[0, 13\)"):
+            V1.embedding_lookup_sparse(shards, sp, None, partition_strategy=strategy)
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            tf.compat.v1.nn.embedding_lookup_sparse(shards, sp, None, partition_strategy=strategy)
+
+
+# ---------------------------------------------------------------------------
+# Tables: rank, dtype
+
+
+@pytest.mark.parametrize("shape", [(20,), (20, 3), (20, 2, 3), (20, 1, 2, 2)])
+@pytest.mark.parametrize("safe", [False, True])
+def test_tables_of_any_rank_match_tf(rng, shape, safe):
+    params = tf.Variable(rng.normal(size=shape).astype(np.float32))
+    sp = random_sparse(rng, 7, 20, negative=safe)
+    w = weights_like(rng, sp)
+    # TF's safe lookup needs a default_id for tables not [V, D] (its zeroing
+    # `where` assumes rank 2); ours takes either (test_safe_lookup_zeroes_rows_of_any_shape).
+    kw = dict(default_id=4) if safe else {}
+    ours, theirs = ((tco.safe_embedding_lookup_sparse, tf.nn.safe_embedding_lookup_sparse) if safe
+                    else (tco.embedding_lookup_sparse, tf.nn.embedding_lookup_sparse))
+    for comb in COMBINERS:
+        with tf.GradientTape(persistent=True) as tape:
+            a = ours(params, sp, w, combiner=comb, max_norm=1.5, **kw)
+            b = theirs(params, sp, w, combiner=comb, max_norm=1.5, **kw)
+        close(a, b)
+        assert a.shape.as_list() == b.shape.as_list()
+        close(tf.convert_to_tensor(tape.gradient(a, params)), tf.convert_to_tensor(tape.gradient(b, params)))
+
+
+def test_safe_lookup_zeroes_rows_of_any_shape(rng):
+    params = tf.constant(rng.normal(size=(6, 2, 3)).astype(np.float32))
+    sp = tf.SparseTensor([[0, 0], [0, 1], [2, 0]], tf.constant([1, 4, -1], tf.int64), [3, 2])
+    out = tco.safe_embedding_lookup_sparse(params, sp, combiner="sum")
+    close(out, tf.stack([params[1] + params[4], tf.zeros([2, 3]), tf.zeros([2, 3])]))
+    close(tco.safe_embedding_lookup_sparse(params[:, 0, 0], sp, combiner="sum"),
+          tf.stack([params[1, 0, 0] + params[4, 0, 0], 0.0, 0.0]))
+
+
+def test_static_output_shape_is_tfs(rng):
+    sp = random_sparse(rng, 5, 10)
+    sp3 = tf.sparse.reshape(sp, [5, 2, 2])
+
+    @tf.function
+    def shapes(table):
+        out = []
+        for f, g in ((tco.embedding_lookup_sparse, tf.nn.embedding_lookup_sparse),
+                     (tco.safe_embedding_lookup_sparse, tf.nn.safe_embedding_lookup_sparse)):
+            out.append((f(table, sp, None, default_id=0).shape.as_list() if f is not tco.embedding_lookup_sparse
+                        else f(table, sp, None).shape.as_list(),
+                        g(table, sp, None, default_id=0).shape.as_list() if g is not tf.nn.embedding_lookup_sparse
+                        else g(table, sp, None).shape.as_list()))
+        out.append((tco.safe_embedding_lookup_sparse(table, sp3, default_id=0).shape.as_list(),
+                    tf.nn.safe_embedding_lookup_sparse(table, sp3, default_id=0).shape.as_list()))
+        for a, b in out:
+            assert a == b, out
+        return 0
+
+    shapes(tf.zeros([10, 2, 5]))
+    shapes(tf.zeros([10]))
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_float64_tables_are_pooled_in_double(rng, combiner, weighted):
+    params = tf.Variable(rng.normal(size=(30, 5)) * 1e3 + 1.0)  # float64, beyond float32's digits
+    sp = random_sparse(rng, 10, 30)
+    w = weights_like(rng, sp) if weighted else None
+    with tf.GradientTape(persistent=True) as tape:
+        a = tco.embedding_lookup_sparse(params, sp, w, combiner=combiner)
+        b = tf.nn.embedding_lookup_sparse(params, sp, w, combiner=combiner)
+    assert a.dtype == tf.float64
+    close(a, b, tol=1e-9 if combiner == "sum" else 1e-6)
+    close(tf.convert_to_tensor(tape.gradient(a, params)), tf.convert_to_tensor(tape.gradient(b, params)), tol=1e-6)
+
+
+def test_dtype_rules_and_errors_are_tfs(rng):
+    parts = [np.ones([3, 2], np.float32), np.ones([3, 2], np.float64)]
+    with tf.Graph().as_default():  # as in TF's own test: in eager mode TF fails later, at run time
+        sp = random_sparse(rng, 4, 6)
+        w = weights_like(rng, sp)
+        for fn in (tco.safe_embedding_lookup_sparse, tf.nn.safe_embedding_lookup_sparse):
+            with pytest.raises(TypeError):
+                fn(parts, sp)  # shards of two dtypes
+            with pytest.raises(ValueError):
+                fn([tf.constant(p, tf.float64) for p in parts], sp, w)  # float64 tensors, float32 weights
+            # numpy shards convert to the weights' dtype
+            assert fn(parts, sp, w).dtype == tf.float32
+    sp = random_sparse(rng, 4, 6)
+    with pytest.raises(TypeError, match="float16, bfloat16, float32 or float64"):
+        tco.embedding_lookup_sparse(tf.ones([6, 2], tf.int32), sp, None)
+
+
+# ---------------------------------------------------------------------------
+# Ids: ragged, unordered
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("default_id", [None, 2])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_safe_lookup_takes_ragged_ids_like_tf(rng, combiner, default_id, weighted):
+    params = tf.constant(rng.normal(size=(8, 3)).astype(np.float32))
+    ids = tf.ragged.constant([[1, -1, 3], [], [-2], [5, 5, 0], [7]], tf.int64)
+    w = tf.ragged.constant([[1.0, 2.0, 0.5], [], [1.0], [0.0, -1.0, 2.0], [3.0]]) if weighted else None
+    for ours, theirs in ((tco.safe_embedding_lookup_sparse, tf.nn.safe_embedding_lookup_sparse),
+                         (V1.safe_embedding_lookup_sparse, tf.compat.v1.nn.safe_embedding_lookup_sparse)):
+        close(ours(params, ids, w, combiner=combiner, default_id=default_id),
+              theirs(params, ids, w, combiner=combiner, default_id=default_id))
+
+
+@pytest.mark.parametrize("rank", [2, 3])
+def test_safe_lookup_takes_unordered_sparse_ids_like_tf(rng, rank):
+    params = tf.Variable(rng.normal(size=(10, 3)).astype(np.float32))
+    sp = random_sparse(rng, 12, 10, negative=True)
+    if rank == 3:
+        sp = tf.sparse.reshape(sp, [6, 2, 4])
+    perm = rng.permutation(int(sp.values.shape[0]))
+    shuffled = tf.SparseTensor(tf.gather(sp.indices, perm), tf.gather(sp.values, perm), sp.dense_shape)
+    w = weights_like(rng, shuffled, low=-0.5)
+    for comb in COMBINERS:
+        with tf.GradientTape(persistent=True) as tape:
+            a = tco.safe_embedding_lookup_sparse(params, shuffled, w, combiner=comb, default_id=1)
+            b = tf.nn.safe_embedding_lookup_sparse(params, shuffled, w, combiner=comb, default_id=1)
+        close(a, b)
+        close(tf.convert_to_tensor(tape.gradient(a, params)), tf.convert_to_tensor(tape.gradient(b, params)))
+
+
+def test_unordered_ids_stay_an_error_where_tf_rejects_them():
+    sp = tf.SparseTensor([[1, 0], [0, 0]], tf.constant([1, 2], tf.int64), [2, 1])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sorted"):
+        tco.embedding_lookup_sparse(tf.ones([3, 2]), sp, None)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tf.nn.embedding_lookup_sparse(tf.ones([3, 2]), sp, None)
+
+
+# ---------------------------------------------------------------------------
+# Gradient indices
+
+
+@pytest.mark.parametrize("safe", [False, True])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("in_function", [False, True])
+def test_gradient_indices_are_tfs_unique_first_appearance(rng, safe, weighted, in_function):
+    params = tf.Variable(rng.normal(size=(9, 4)).astype(np.float32))
+    sp = random_sparse(rng, 12, 9, max_len=5)  # many repeated ids
+    w = weights_like(rng, sp) if weighted else None
+    ours, theirs = ((tco.safe_embedding_lookup_sparse, tf.nn.safe_embedding_lookup_sparse) if safe
+                    else (tco.embedding_lookup_sparse, tf.nn.embedding_lookup_sparse))
+
+    def grad(fn):
+        with tf.GradientTape() as tape:
+            out = fn(params, sp, w, combiner="sqrtn")
+        g = tape.gradient(out, params)
+        return g.indices, g.values
+
+    if in_function:
+        grad = tf.function(grad)
+    (ia, va), (ib, vb) = grad(ours), grad(theirs)
+    np.testing.assert_array_equal(ia.numpy(), ib.numpy())
+    np.testing.assert_allclose(va.numpy(), vb.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.float32, tf.float64])
+def test_kernel_merged_gradient_rows_equal_the_python_merge(rng, dtype):
+    """The CPU grad kernel merges rows itself; the GPU kernel leaves one row per
+    id and the gradient function merges them with tf.unique: both the same."""
+    from tf_ctr_ops import ops
+
+    params = tf.Variable(tf.cast(rng.normal(size=(40, 2, 3)), dtype))
+    sp = random_sparse(rng, 30, 40, max_len=8)
+    w = weights_like(rng, sp)
+    grads = {}
+    for order in ("per_id", "first_appearance"):
+        with tf.GradientTape() as tape:
+            out = ops._lookup(ops._read_table(params), sp.values, sp.indices[:, 0], -1, w.values,
+                              segment_kind="row_ids", combiner="sqrtn", default_id=3, grad_indices=order)
+            loss = tf.reduce_sum(out * tf.cast(tf.range(tf.size(out)), dtype)[:, None, None][:tf.shape(out)[0]])
+        grads[order] = tape.gradient(loss, params)
+    python_values, python_indices = ops._merge_grad_rows(grads["per_id"].values, grads["per_id"].indices)
+    np.testing.assert_array_equal(grads["first_appearance"].indices.numpy(), python_indices.numpy())
+    tol = 1e-2 if dtype == tf.float16 else 1e-5
+    close(grads["first_appearance"].values, python_values, tol=tol)
+    assert len(set(python_indices.numpy())) == len(python_indices.numpy())
+
+
+def test_mod_shard_gradients_land_in_their_shards(rng):
+    full = rng.normal(size=(13, 2)).astype(np.float32)
+    shards = [tf.Variable(s) for s in shards_of(full, 5, "mod")]
+    sp = random_sparse(rng, 8, 13)
+    grads = []
+    for fn in (V1.embedding_lookup_sparse, tf.compat.v1.nn.embedding_lookup_sparse):
+        with tf.GradientTape() as tape:
+            out = fn(shards, sp, None, combiner="mean")
+        grads.append([tf.convert_to_tensor(g) for g in tape.gradient(out, shards)])
+    for a, b in zip(*grads):
+        close(a, b)
+
+
+# ---------------------------------------------------------------------------
+# Arguments and early errors
+
+
+def test_v2_signatures_take_allow_fast_lookup_and_name(rng):
+    params = tf.constant(rng.normal(size=(6, 2)).astype(np.float32))
+    sp = random_sparse(rng, 3, 6)
+    for fast in (False, True):
+        close(tco.embedding_lookup_sparse(params, sp, None, "sum", None, "lookup", fast),
+              tf.nn.embedding_lookup_sparse(params, sp, None, "sum", None, "lookup", fast))
+        close(tco.safe_embedding_lookup_sparse(params, sp, None, "sum", 1, None, "lookup", fast),
+              tf.nn.safe_embedding_lookup_sparse(params, sp, None, "sum", 1, None, "lookup", fast))
+    for fn in (tco.embedding_lookup_sparse, tf.nn.embedding_lookup_sparse):
+        with pytest.raises(TypeError):
+            fn(params, sp, None, partition_strategy="mod")
+
+
+def test_mismatched_weights_are_value_errors_at_construction():
+    sp = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.constant([0, 1, 2], tf.int64), [2, 2])
+    w = tf.SparseTensor([[0, 0], [0, 1]], [1.0, 2.0], [1, 2])
+    rt, rw = tf.RaggedTensor.from_sparse(sp), tf.RaggedTensor.from_sparse(w)
+    params = tf.ones([4, 2])
+    for ours, theirs in ((tco.embedding_lookup_sparse, tf.nn.embedding_lookup_sparse),
+                         (tco.safe_embedding_lookup_sparse, tf.nn.safe_embedding_lookup_sparse)):
+        for ids, weights in ((sp, w), (rt, rw)):
+            for fn in (ours, theirs):
+                with pytest.raises(ValueError):
+                    fn(params, ids, weights)
+    for fn in (tco.embedding_lookup_sparse, tf.nn.embedding_lookup_sparse):
+        with pytest.raises(TypeError):
+            fn(params, sp, rw)  # weights of another container
+        with pytest.raises(TypeError):
+            fn(params, rt, w)
