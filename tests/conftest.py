@@ -13,6 +13,12 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
+# tests/third_party/ holds third-party test code that tests/test_tf_contract.py
+# runs against the drop-ins; collected on its own it would test TensorFlow
+# itself. (A conftest.py there would shadow this one: both import as
+# "conftest".)
+collect_ignore_glob = ["third_party/*.py"]
+
 DATA_DIR = Path(os.environ.get("TF_CTR_OPS_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 
 
