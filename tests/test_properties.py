@@ -249,16 +249,20 @@ def pooled_rows(params, sp, sw, combiner, max_norm, batch):
 # Drop-in ops
 
 
-@given(data=st.data())
-def test_embedding_lookup_sparse(data):
-    params = data.draw(tables())
-    vocab = params.shape[0]
+def draw_lookup(data, vocab):
+    """(id dtype, bags of ids over that dtype's range, optional weights, combiner, max_norm)."""
     id_dtype = data.draw(st.sampled_from([tf.int32, tf.int64]))
     lo, hi = I32 if id_dtype == tf.int32 else I64
     bag_ids = data.draw(bags(vocab, lo, hi))
     bag_w = bag_weights(data.draw, bag_ids) if data.draw(st.booleans()) else None
-    combiner = data.draw(st.sampled_from(COMBINERS))
-    max_norm = data.draw(MAX_NORMS)
+    return id_dtype, bag_ids, bag_w, data.draw(st.sampled_from(COMBINERS)), data.draw(MAX_NORMS)
+
+
+@given(data=st.data())
+def test_embedding_lookup_sparse(data):
+    params = data.draw(tables())
+    vocab = params.shape[0]
+    id_dtype, bag_ids, bag_w, combiner, max_norm = draw_lookup(data, vocab)
     container = data.draw(st.sampled_from(["sparse", "ragged"]))
     if container == "sparse":
         ids, w = sparse_from_bags(bag_ids, id_dtype, bag_w, width=data.draw(st.integers(0, 3)) + 5)
@@ -332,12 +336,7 @@ def test_sharded_lookups_match_tf_v1(data):
     else:
         shards = np.split(params, np.cumsum(tco.ops.canonical_shard_sizes(vocab, num_shards))[:-1])
     shards = [tf.constant(s) for s in shards]
-    id_dtype = data.draw(st.sampled_from([tf.int32, tf.int64]))
-    lo, hi = I32 if id_dtype == tf.int32 else I64
-    bag_ids = data.draw(bags(vocab, lo, hi))
-    bag_w = bag_weights(data.draw, bag_ids) if data.draw(st.booleans()) else None
-    combiner = data.draw(st.sampled_from(COMBINERS))
-    max_norm = data.draw(MAX_NORMS)
+    id_dtype, bag_ids, bag_w, combiner, max_norm = draw_lookup(data, vocab)
     safe = data.draw(st.booleans())
     if data.draw(st.booleans()):
         assume(bag_ids or not safe)  # TF's ragged safe lookup raises ValueError for a batch of 0 rows
