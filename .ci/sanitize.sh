@@ -63,7 +63,7 @@ export TF_CTR_OPS_CONCURRENCY_ITERS="${TF_CTR_OPS_CONCURRENCY_ITERS:-10}"
 # meaningless under ASan); the GPU core tests skip themselves without CUDA.
 TESTS=(tests/test_lookup.py tests/test_strings.py tests/test_layers.py tests/test_string_layers.py
        tests/test_properties.py tests/test_concurrency.py tests/test_limits.py tests/test_fuzz.py
-       tests/test_gpu_core.py tests/test_gpu_strings_core.py tests/test_string_tensors.py)
+       tests/test_gpu_core.py tests/test_gpu_strings_core.py tests/test_string_tensors.py tests/test_vocab.py)
 # The Grappler patterns (one test file per family) run their C++ too.
 for t in tests/test_rewrite*.py; do [ -f "$t" ] && TESTS+=("$t"); done
 if [ "$#" -gt 0 ]; then TESTS=("$@"); fi

@@ -53,7 +53,12 @@ def test_tf1_feature_column_model_keeps_tables_assets_and_signatures(tmp_path, r
     fused_ops = {m["fused_op"] for m in report["signatures"]["predict"]["matches"]}
     assert "CtrEmbeddingLookup" in fused_ops, report["signatures"]["predict"]
     # ParseExample's sparse ids are in order: the fused safe lookups add no sort.
-    assert "SparseReorder" not in report["signatures"]["predict"]["op_counts_after"]
+    after_ops = report["signatures"]["predict"]["op_counts_after"]
+    assert "SparseReorder" not in after_ops
+    # Nor a SparseReshape of rank-2 ids, which moves nothing, nor the final
+    # reshape to [B, D] of each of the four lookups.
+    assert "SparseReshape" not in after_ops, after_ops
+    assert after_ops.get("Reshape", 0) <= report["signatures"]["predict"]["op_counts_before"]["Reshape"] - 4
     left = {s["reason"].split(" (")[0] for s in report["signatures"]["predict"]["skips"]}
     assert {"no pattern fuses LookupTableFindV2 yet", "no pattern fuses Bucketize yet"} <= left, left
 

@@ -24,6 +24,7 @@ from tf_ctr_ops.strings import (  # noqa: E402
     pack_strings,
     string_embedding,
 )
+from tf_ctr_ops.vocab import vocab_embedding  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -35,4 +36,5 @@ __all__ = [
     "pack_strings",
     "string_embedding",
     "multi_string_embedding",
+    "vocab_embedding",
 ]

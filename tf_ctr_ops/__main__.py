@@ -35,8 +35,8 @@ def optimize_main(argv):
     parser.add_argument("--signature", metavar="KEY", nargs="+", action="extend", dest="signatures",
                         help="rewrite only these signatures (others are copied unchanged); default all")
     parser.add_argument("--serving-device", choices=("cpu", "gpu"), default=None,
-                        help="where DST will be served: 'cpu' reads string inputs in place (no pack copy, "
-                        "CPU-only ops); default: a model that serves on either")
+                        help="where DST will be served: 'cpu' reads string inputs in place (no pack copy) "
+                        "and fuses vocabulary lookups (CPU-only ops); default: a model that serves on either")
     args = parser.parse_args(argv)
 
     if args.inputs and not args.verify:

@@ -866,9 +866,11 @@ def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, veri
       serving_device: where `dst` will be served: "cpu" makes the
         concatenated string embedding read its string tensors in place
         (`CtrConcatStringTensorEmbedding`, CPU only), with no `CtrPackStrings`
-        copy before it; "gpu" or None (the default: either) keep the pack,
-        which is the GPU path's one host-to-device copy. A node placed on a
-        device follows its placement.
+        copy before it, and fuses vocabulary lookups into embeddings
+        (`CtrVocabEmbedding`, CPU only: lookup tables live on the host);
+        "gpu" or None (the default: either) keep the pack, which is the GPU
+        path's one host-to-device copy, and the native lookups. A node placed
+        on a device follows its placement.
       inputs_file: an .npz of input arrays (named INPUT, or SIGNATURE/INPUT),
         or a TFRecord file of serialized tf.Examples for signatures whose one
         input is such a string.

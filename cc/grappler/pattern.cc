@@ -328,6 +328,24 @@ bool IsFirstElementSlice(const GraphIndex& g, const NodeDef* slice) {
          IntAttr(*slice, "new_axis_mask", 0) == 0;
 }
 
+bool IsFirstColumn(const GraphIndex& g, const NodeDef* slice) {
+  std::vector<int64_t> begin, end, strides;
+  return IsOp(slice, "StridedSlice") && ConstIntVector(g.Producer(*slice, 1), &begin) &&
+         ConstIntVector(g.Producer(*slice, 2), &end) && ConstIntVector(g.Producer(*slice, 3), &strides) &&
+         begin.size() == 2 && end.size() == 2 && strides == std::vector<int64_t>{1, 1} && begin[1] == 0 &&
+         end[1] == 1 && (IntAttr(*slice, "begin_mask", 0) & 1) && (IntAttr(*slice, "end_mask", 0) & 1) &&
+         IntAttr(*slice, "shrink_axis_mask", 0) == 2 && IntAttr(*slice, "ellipsis_mask", 0) == 0 &&
+         IntAttr(*slice, "new_axis_mask", 0) == 0;
+}
+
+bool IsSelect(const NodeDef* node) { return IsOp(node, "Select") || IsOp(node, "SelectV2"); }
+
+bool HasControlInputs(const NodeDef& node) {
+  for (const auto& in : node.input())
+    if (!in.empty() && in[0] == '^') return true;
+  return false;
+}
+
 bool ConstString(const NodeDef* node, std::string* out) {
   if (!IsOp(node, "Const")) return false;
   auto it = node->attr().find("value");

@@ -178,6 +178,10 @@ bool IsSqueezeOfAxis(const tensorflow::NodeDef* node, int64_t axis, int rank);
 // Whether `slice` is x[0] of a vector, as Python indexing emits it
 // (StridedSlice [0:1:1], shrinking axis 0, no other masks).
 bool IsFirstElementSlice(const GraphIndex& g, const tensorflow::NodeDef* slice);
+// x[:, 0] of a [N, 2+] tensor, as Python slicing emits it.
+bool IsFirstColumn(const GraphIndex& g, const tensorflow::NodeDef* slice);
+bool IsSelect(const tensorflow::NodeDef* node);  // Select or SelectV2
+bool HasControlInputs(const tensorflow::NodeDef& node);
 std::string Describe(const tensorflow::NodeDef& node);  // "name (Op)"
 // Follows Identity nodes up to the first other producer, collecting them
 // (tf.nn.embedding_lookup ends in an Identity).

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "cc/grappler/gathered_rows.h"
+#include "cc/grappler/keras_gather.h"
 #include "cc/grappler/pattern.h"
 #include "cc/grappler/split_source.h"
 #include "tensorflow/core/framework/attr_value.pb.h"
@@ -63,110 +64,6 @@ struct HashedKeys {
   }
 };
 
-// Keras 3's take() wraps negative indices: SelectV2(Less(h, 0), AddV2(h, n), h).
-// A hash bucket is never negative, so the select always yields h.
-const NodeDef* UnwrapNegativeIndexFix(const GraphIndex& g, const NodeDef* select, HashedKeys* keys) {
-  if (!IsOp(select, "SelectV2")) return select;
-  const NodeDef* less = g.Producer(*select, 0);
-  const NodeDef* add = g.Producer(*select, 1);
-  int h_port = 0, port = 0;
-  const NodeDef* h = g.Producer(*select, 2, &h_port);
-  int64_t zero = -1;
-  if (!IsOp(less, "Less") || !IsOp(add, "AddV2") || h == nullptr || h_port != 0) return select;
-  if (g.Producer(*less, 0, &port) != h || port != 0 || !ConstScalarInt(g.Producer(*less, 1), &zero) || zero != 0)
-    return select;
-  // AddV2 commutes, and Grappler's canonicalization may put the constant first.
-  int port1 = 0;
-  const bool adds_h = (g.Producer(*add, 0, &port) == h && port == 0) || (g.Producer(*add, 1, &port1) == h && port1 == 0);
-  if (!adds_h) return select;
-  keys->wrap = {select, less, add};
-  return h;
-}
-
-// Keras' Flatten of the gathered rows (through the Identity that
-// tf.nn.embedding_lookup ends in), or a Squeeze of their axis 1: `reshape`
-// is the node whose [B, D] output the fused op's equals (the Squeeze has no
-// shape, slice or pack).
-struct FlattenOfRows {
-  std::vector<std::string> identities;
-  std::string shape, slice, pack, reshape;
-  bool found() const { return !reshape.empty(); }
-};
-
-bool HasControlInputs(const NodeDef& n) {
-  for (const auto& in : n.input())
-    if (!in.empty() && in[0] == '^') return true;
-  return false;
-}
-
-// Reshape(rows, [b, D]) with a constant shape: Keras' Flatten once Grappler
-// has folded its Shape(rows)[0] (a function specialized to its call's batch,
-// as online rewriting sees it), b that known batch, or -1 with D > 0 (a -1
-// beside a 0 fails on an empty batch, where the fused op would not).
-bool IsConstantFlatten(RewriteContext* ctx, const NodeDef& gather, const NodeDef& rows, const NodeDef* reshape) {
-  std::vector<int64_t> shape;
-  if (!IsOp(reshape, "Reshape") || ctx->index().Producer(*reshape, 0) != &rows || HasControlInputs(*reshape) ||
-      ctx->MustKeep(reshape->name()))
-    return false;
-  if (!ConstIntVector(ctx->index().Producer(*reshape, 1), &shape) || shape.size() != 2) return false;
-  const int64_t batch = ctx->Dim(gather, 0, 0), dim = ctx->Dim(gather, 0, 2);
-  return dim >= 0 && shape[1] == dim && ((shape[0] == -1 && dim > 0) || (batch >= 0 && shape[0] == batch));
-}
-
-// Whether the gather's [B, 1, D] output feeds nothing but a Flatten to
-// [B, D] (D a known constant): then the Flatten's output is exactly the
-// fused op's, bit for bit. Control edges on the gather stay valid (the
-// fused node takes its name); the nodes in between must have none.
-bool MatchFlatten(RewriteContext* ctx, const NodeDef& gather, FlattenOfRows* f) {
-  const GraphIndex& g = ctx->index();
-  if (ctx->MustKeep(gather.name())) return false;
-  if (ctx->Rank(gather, 0) != 3 || ctx->Dim(gather, 0, 1) != 1) return false;
-  const NodeDef* rows = &gather;
-  std::vector<std::string> identities;
-  while (g.DataConsumers(rows->name()) == 1) {
-    const NodeDef* next = g.DataReaders(rows->name())[0];
-    if (!IsOp(next, "Identity")) break;  // a Squeeze, say
-    if (ctx->MustKeep(next->name()) || HasControlInputs(*next)) return false;
-    if (rows != &gather && g.ControlConsumers(rows->name()) != 0) return false;
-    identities.push_back(next->name());
-    rows = next;
-  }
-  if (rows != &gather && g.ControlConsumers(rows->name()) != 0) return false;
-  if (g.DataConsumers(rows->name()) == 1) {
-    const NodeDef* squeeze = g.DataReaders(rows->name())[0];
-    if (IsConstantFlatten(ctx, gather, *rows, squeeze)) {
-      *f = FlattenOfRows{identities, "", "", "", squeeze->name()};
-      return true;
-    }
-    if (!IsSqueezeOfAxis(squeeze, 1, 3) || g.Producer(*squeeze, 0) != rows || HasControlInputs(*squeeze) ||
-        ctx->MustKeep(squeeze->name()))
-      return false;
-    *f = FlattenOfRows{identities, "", "", "", squeeze->name()};
-    return true;
-  }
-  if (g.DataConsumers(rows->name()) != 2) return false;
-  const NodeDef *shape = nullptr, *reshape = nullptr;
-  for (const NodeDef* r : g.DataReaders(rows->name())) {
-    if (IsOp(r, "Shape") && g.Producer(*r, 0) == rows) shape = r;
-    if (IsOp(r, "Reshape") && g.Producer(*r, 0) == rows) reshape = r;
-  }
-  if (shape == nullptr || reshape == nullptr) return false;
-  const NodeDef* pack = g.Producer(*reshape, 1);
-  if (!IsOp(pack, "Pack") || IntAttr(*pack, "axis", 0) != 0 || pack->input_size() != 2) return false;
-  const NodeDef* slice = g.Producer(*pack, 0);
-  if (!IsFirstElementSlice(g, slice) || g.Producer(*slice, 0) != shape) return false;
-  int64_t dim = -1;
-  if (!ConstScalarInt(g.Producer(*pack, 1), &dim) || dim < 0 || ctx->Dim(gather, 0, 2) != dim) return false;
-  for (const NodeDef* n : {shape, slice, pack})
-    if (g.DataConsumers(n->name()) != 1 || g.ControlConsumers(n->name()) != 0 || ctx->MustKeep(n->name()))
-      return false;
-  for (const NodeDef* n : {shape, slice, pack, reshape})
-    if (HasControlInputs(*n)) return false;  // ordered after something: keep it simple, keep it
-  if (ctx->MustKeep(reshape->name())) return false;
-  *f = FlattenOfRows{identities, shape->name(), slice->name(), pack->name(), reshape->name()};
-  return true;
-}
-
 bool IsIndexCast(const NodeDef* n) {
   return IsOp(n, "Cast") && TypeAttr(*n, "SrcT") == tensorflow::DT_INT64 && IsIndexDtype(TypeAttr(*n, "DstT"));
 }
@@ -183,7 +80,7 @@ class HashGatherPattern : public NamedPattern<kName> {
     if (!resource && !IsOp(&anchor, "GatherV2")) return false;
     const GraphIndex& g = ctx->index();
     HashedKeys keys;
-    const NodeDef* h = UnwrapNegativeIndexFix(g, g.Producer(anchor, 1), &keys);
+    const NodeDef* h = UnwrapNegativeIndexFix(g, g.Producer(anchor, 1), &keys.wrap);
     if (IsIndexCast(h)) {
       keys.cast = h;
       h = g.Producer(*h, 0);
@@ -222,7 +119,7 @@ class HashGatherPattern : public NamedPattern<kName> {
     const int64_t buckets = IntAttr(*h, "num_buckets", 0);
     if (keys.cast != nullptr && TypeAttr(*keys.cast, "DstT") == tensorflow::DT_INT32 && buckets > INT32_MAX)
       return Skip(ctx, anchor, "hash buckets do not fit the int32 cast");
-    if (!keys.wrap.empty() && !WrapIsScalarShift(ctx, keys))
+    if (!keys.wrap.empty() && !WrapShiftIsScalar(ctx, keys.wrap))
       return Skip(ctx, anchor, "the negative-index wrap may broadcast (its shift is not known to be a scalar)");
     std::string why;
     if (!OnlyFeedsTheGather(g, keys, &why)) return Skip(ctx, anchor, why);
@@ -231,7 +128,7 @@ class HashGatherPattern : public NamedPattern<kName> {
     if (rank != 1 && rank != 2)
       return Skip(ctx, anchor, "ids of rank " + std::to_string(rank) + " (only [B] and [B, 1] fuse)");
     if (rank == 2 && ctx->Dim(*h, 0, 1) != 1) return Skip(ctx, anchor, "ids are [B, N] with N not known to be 1");
-    const int table_rank = TableRank(ctx, anchor, resource, rank);
+    const int table_rank = GatherTableRank(ctx, anchor, resource, rank);
     if (table_rank != 2)
       return Skip(ctx, anchor,
                   table_rank < 0 ? "cannot prove the table is a matrix (rank unknown)" : "the table is not a matrix");
@@ -249,32 +146,6 @@ class HashGatherPattern : public NamedPattern<kName> {
   }
 
  private:
-  // A gather's output has rank ids + table - 1; the variable's declared shape
-  // is the fallback.
-  static int TableRank(RewriteContext* ctx, const NodeDef& gather, bool resource, int ids_rank) {
-    const int out = ctx->Rank(gather, 0);
-    if (out >= 0) return out - ids_rank + 1;
-    int port = 0;
-    const NodeDef* table = ctx->index().Producer(gather, 0, &port);
-    if (!resource) return table == nullptr ? -1 : ctx->Rank(*table, port);
-    NodeDef read;
-    read.set_op("ReadVariableOp");
-    read.add_input(gather.input(0));
-    return ctx->Rank(read, 0);
-  }
-
-  // SelectV2 broadcasts: the wrap yields h itself only when AddV2(h, n) has
-  // h's shape, that is when n is a scalar.
-  static bool WrapIsScalarShift(RewriteContext* ctx, const HashedKeys& keys) {
-    const NodeDef& add = *keys.wrap[2];
-    const GraphIndex& g = ctx->index();
-    const NodeDef* h = keys.cast != nullptr ? keys.cast : keys.hash;
-    int port = 0;
-    const NodeDef* shift = g.Producer(add, 0, &port);
-    if (shift == h) shift = g.Producer(add, 1, &port);
-    return shift != nullptr && ctx->Rank(*shift, port) == 0;
-  }
-
   // Each intermediate between the strings and the gather feeds only the next
   // one (the gradient of a gather reads its indices, so training graphs keep them).
   static bool OnlyFeedsTheGather(const GraphIndex& g, const HashedKeys& keys, std::string* why) {
@@ -304,94 +175,9 @@ class HashGatherPattern : public NamedPattern<kName> {
     }
     // The wrap's other operands (the table's row count, the constant 0) lose their reader.
     for (const NodeDef* n : keys.wrap)
-      for (int i = 0; i < n->input_size(); ++i) RemoveIfDead(ctx, ctx->index().Producer(*n, i), anchor.name(), 4);
+      for (int i = 0; i < n->input_size(); ++i) RemoveIfDeadShapeMath(ctx, ctx->index().Producer(*n, i), anchor.name(), 4);
     record.replaced.push_back(Describe(anchor));
     return record;
-  }
-
-  // Removes `node` when the absorbed nodes were its only readers, and its own
-  // inputs after it, down to `depth` levels: shape arithmetic only.
-  static void RemoveIfDead(RewriteContext* ctx, const NodeDef* node, const std::string& fused, int depth) {
-    static const char* kPure[] = {"Const", "Cast", "StridedSlice", "Shape"};
-    if (node == nullptr || depth == 0 || ctx->index().DataConsumers(node->name()) != 1) return;
-    bool pure = false;
-    for (const char* op : kPure) pure |= node->op() == op;
-    if (!pure || HasControlInputs(*node)) return;  // ordered after something: keep it simple, keep it
-    ctx->Remove(node->name(), fused);
-    for (int i = 0; i < node->input_size(); ++i) RemoveIfDead(ctx, ctx->index().Producer(*node, i), fused, depth - 1);
-  }
-
-  // Flattens [B, 1] keys to [B] (a Reshape to [-1]).
-  static std::string Flat(RewriteContext* ctx, const std::string& base, const std::string& input, DataType t,
-                          int rank, const std::string& device) {
-    if (rank == 1) return input;
-    NodeDef* shape = ctx->AddNode(base + "/ctr_flat_shape", "Const", device);
-    (*shape->mutable_attr())["dtype"].set_type(tensorflow::DT_INT32);
-    auto* v = (*shape->mutable_attr())["value"].mutable_tensor();
-    v->set_dtype(tensorflow::DT_INT32);
-    v->mutable_tensor_shape()->add_dim()->set_size(1);
-    v->add_int_val(-1);
-    NodeDef* reshape = ctx->AddNode(base + "/ctr_flat", "Reshape", device);
-    reshape->add_input(input);
-    reshape->add_input(shape->name());
-    (*reshape->mutable_attr())["T"].set_type(t);
-    (*reshape->mutable_attr())["Tshape"].set_type(tensorflow::DT_INT32);
-    return reshape->name();
-  }
-
-  // The Flatten's readers read the fused [B, D] output instead; its nodes,
-  // and the constants only they read, go.
-  static void AbsorbFlatten(RewriteContext* ctx, const std::string& fused, const FlattenOfRows& f,
-                            MatchRecord* record) {
-    const GraphIndex& g = ctx->index();
-    std::set<std::string> replaced, consts;
-    for (const std::string& name : {f.shape, f.slice, f.pack, f.reshape})
-      if (!name.empty()) replaced.insert(name);
-    replaced.insert(f.identities.begin(), f.identities.end());
-    for (const std::string& name : replaced) {
-      const NodeDef* n = g.Node(name);
-      record->replaced.push_back(Describe(*n));
-      for (int i = 0; i < n->input_size(); ++i) {
-        const NodeDef* in = g.Producer(*n, i);
-        if (IsOp(in, "Const")) consts.insert(in->name());
-      }
-    }
-    ctx->RedirectDataEdges(f.reshape, 0, TensorName(fused, 0));
-    ctx->RedirectControlEdges(f.reshape, fused);
-    RemoveDeadNodes(ctx, consts, replaced, fused);
-    for (const std::string& name : replaced) ctx->Remove(name, fused);
-  }
-
-  // Turns the anchor into the fused node (rank 1, or rank 2 read only by a
-  // Flatten), or into ExpandDims of a new fused node (rank 2), keeping the
-  // anchor's name for its consumers. Returns the fused node, inputs and
-  // attributes still to fill.
-  static NodeDef* BecomeOutput(RewriteContext* ctx, const NodeDef& anchor, const std::string& op, DataType T,
-                               int rank, const FlattenOfRows& flatten, MatchRecord* record) {
-    const std::string name = anchor.name(), device = anchor.device();
-    const NodeDef old = anchor;
-    NodeDef* fused;
-    if (flatten.found()) AbsorbFlatten(ctx, name, flatten, record);
-    if (rank == 1 || flatten.found()) {
-      fused = ctx->Mutable(name);
-      fused->clear_input();
-      fused->clear_attr();
-      fused->set_op(op);
-    } else {
-      fused = ctx->AddNode(name + "/ctr_fused", op, device);
-      const std::string axis = AddInt64Scalar(ctx, name + "/ctr_axis", 1, device);
-      NodeDef* expand = ctx->Mutable(name);
-      expand->clear_input();
-      expand->clear_attr();
-      expand->set_op("ExpandDims");
-      expand->add_input(fused->name());
-      expand->add_input(axis);
-      (*expand->mutable_attr())["T"].set_type(T);
-      (*expand->mutable_attr())["Tdim"].set_type(tensorflow::DT_INT64);
-      fused = ctx->Mutable(fused->name());  // AddNode may have moved it
-    }
-    CopyControlInputs(old, fused);
-    return fused;
   }
 
   void RewriteStrings(const NodeDef& anchor_in, const HashedKeys& keys, bool resource, DataType T, int rank,
@@ -405,9 +191,9 @@ class HashGatherPattern : public NamedPattern<kName> {
     MatchRecord record = Absorb(ctx, anchor, keys, "CtrStringEmbedding");
 
     const std::string table = Table(ctx, anchor, resource, T);
-    const std::string flat_strings = Flat(ctx, anchor.name(), strings, tensorflow::DT_STRING, rank, "");
+    const std::string flat_strings = FlattenKeys(ctx, anchor.name(), strings, tensorflow::DT_STRING, rank, "");
 
-    NodeDef* fused = BecomeOutput(ctx, anchor, "CtrStringEmbedding", T, rank, flatten, &record);
+    NodeDef* fused = BecomeGatherOutput(ctx, anchor, "CtrStringEmbedding", T, rank, flatten, &record);
     FusedStrings f{table, flat_strings, T};
     f.id_mode = "hash";
     f.num_buckets = buckets;  // whole strings (empty delimiter), each kept, summed alone: the gathered row
@@ -430,7 +216,7 @@ class HashGatherPattern : public NamedPattern<kName> {
     MatchRecord record = Absorb(ctx, anchor, keys, "CtrEmbeddingLookup");
 
     const std::string table = Table(ctx, anchor, resource, T);
-    const std::string flat = Flat(ctx, base, int_keys, kt, rank, device);
+    const std::string flat = FlattenKeys(ctx, base, int_keys, kt, rank, device);
     NodeDef* size = ctx->AddNode(base + "/ctr_num_keys", "Size", device);
     size->add_input(flat);
     (*size->mutable_attr())["T"].set_type(kt);
@@ -452,7 +238,7 @@ class HashGatherPattern : public NamedPattern<kName> {
     const std::string num_rows = AddInt64Scalar(ctx, base + "/ctr_num_rows", -1, device);
     const std::string weights = AddEmptyFloatVector(ctx, base + "/ctr_no_weights", device);
 
-    NodeDef* fused = BecomeOutput(ctx, anchor, "CtrEmbeddingLookup", T, rank, flatten, &record);
+    NodeDef* fused = BecomeGatherOutput(ctx, anchor, "CtrEmbeddingLookup", T, rank, flatten, &record);
     for (const NodeDef& n : absorbed) CopyControlInputs(n, fused);
     for (const std::string& in : {table, flat, splits, num_rows, weights}) fused->add_input(in);
     auto& attr = *fused->mutable_attr();

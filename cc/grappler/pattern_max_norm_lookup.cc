@@ -30,8 +30,6 @@ using tensorflow::NodeDef;
 
 constexpr char kName[] = "max_norm_lookup";
 
-bool IsSelect(const NodeDef* n) { return IsOp(n, "Select") || IsOp(n, "SelectV2"); }
-
 // The clip's nodes, found from its output.
 struct Clip {
   float max_norm = 0.f;

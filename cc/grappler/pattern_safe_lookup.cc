@@ -17,7 +17,11 @@
 //           with invalid_ids = skip_negative, prune_weights when the weights are pruned, default_id
 //   Reshape(out, ...)                                                      (kept)
 //
-// SparseReshape stays: it linearizes ids of rank > 2 exactly as TF does.
+// SparseReshape stays: it linearizes ids of rank > 2 exactly as TF does. For
+// ids of rank 2 straight from ParseExample (feature columns) it moves
+// nothing: the fused op reads ParseExample's outputs, and the final Reshape
+// to [shape[0], D], which the fused output already has, goes too (eleven
+// small ops per feature).
 // SparseReorder (a pass-through for ids in canonical order) stands in for the
 // row sort SparseFillEmptyRows does for unordered ids; the fused op needs
 // sorted rows. Where the ids are canonical by construction (ParseExample's
@@ -39,8 +43,6 @@ namespace {
 using tensorflow::NodeDef;
 
 constexpr char kName[] = "safe_lookup";
-
-bool IsSelect(const NodeDef* n) { return IsOp(n, "Select") || IsOp(n, "SelectV2"); }
 
 // Follows Identity nodes from tensor `name` up to the first other producer's
 // tensor, collecting the identities.
@@ -133,17 +135,6 @@ bool IsTrueLike(const GraphIndex& g, const NodeDef* n, const std::string& w, std
   return true;
 }
 
-// x[:, 0] of a [N, 2+] tensor, as Python slicing emits it.
-bool IsFirstColumn(const GraphIndex& g, const NodeDef* slice) {
-  std::vector<int64_t> begin, end, strides;
-  return IsOp(slice, "StridedSlice") && ConstIntVector(g.Producer(*slice, 1), &begin) &&
-         ConstIntVector(g.Producer(*slice, 2), &end) && ConstIntVector(g.Producer(*slice, 3), &strides) &&
-         begin.size() == 2 && end.size() == 2 && strides == std::vector<int64_t>{1, 1} && begin[1] == 0 &&
-         end[1] == 1 && (IntAttr(*slice, "begin_mask", 0) & 1) && (IntAttr(*slice, "end_mask", 0) & 1) &&
-         IntAttr(*slice, "shrink_axis_mask", 0) == 2 && IntAttr(*slice, "ellipsis_mask", 0) == 0 &&
-         IntAttr(*slice, "new_axis_mask", 0) == 0;
-}
-
 // Everything the rewrite needs, found from the pooled lookup.
 struct Safe {
   const NodeDef* fill = nullptr;
@@ -157,9 +148,14 @@ struct Safe {
   std::vector<const NodeDef*> absorbed;
 };
 
+// The sparse ids the fused op reads.
+struct SparseIds {
+  std::string indices, shape;
+  bool rank2 = false;  // read before a SparseReshape that moves nothing
+};
+
 class SafeLookupPattern : public NamedPattern<kName> {
  public:
-
   // Anchored at the zeroing Select when default_id is None, else at the
   // pooled lookup itself.
   bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
@@ -362,12 +358,12 @@ class SafeLookupPattern : public NamedPattern<kName> {
     return n->name();
   }
 
-  static std::string AddReorder(RewriteContext* ctx, const std::string& base, const NodeDef& sr,
+  static std::string AddReorder(RewriteContext* ctx, const std::string& base, const SparseIds& sp,
                                 const std::string& values, tensorflow::DataType dtype, const std::string& device) {
     NodeDef* n = ctx->AddNode(base, "SparseReorder", device);
-    n->add_input(TensorName(sr.name(), 0));
+    n->add_input(sp.indices);
     n->add_input(values);
-    n->add_input(TensorName(sr.name(), 1));
+    n->add_input(sp.shape);
     (*n->mutable_attr())["T"].set_type(dtype);
     return n->name();
   }
@@ -383,27 +379,102 @@ class SafeLookupPattern : public NamedPattern<kName> {
     return false;
   }
 
+  // Whether `sr` reshapes ids of rank 2 to [prod(shape[:1]), shape[1]], as
+  // safe_embedding_lookup_sparse does for every rank: then it moves nothing.
+  static bool IsRank2Identity(RewriteContext* ctx, const NodeDef& sr) {
+    const GraphIndex& g = ctx->index();
+    int port = 0;
+    const NodeDef* shape = g.Producer(sr, 1, &port);
+    if (shape == nullptr || ctx->Rank(*shape, port) != 1 || ctx->Dim(*shape, port, 0) != 2) return false;
+    const NodeDef* pack = g.Producer(sr, 2);
+    if (!IsOp(pack, "Pack") || pack->input_size() != 2 || IntAttr(*pack, "axis", 0) != 0) return false;
+    const NodeDef* prod = g.Producer(*pack, 0);
+    const NodeDef* last = g.Producer(*pack, 1);
+    if (!IsOp(prod, "Prod") || !ConstVectorOrScalarIs(g.Producer(*prod, 1), 0)) return false;
+    const NodeDef* head = g.Producer(*prod, 0);
+    if (!IsOp(head, "Slice") || head->input(0) != sr.input(1) || !ConstVectorOrScalarIs(g.Producer(*head, 1), 0) ||
+        !ConstVectorOrScalarIs(g.Producer(*head, 2), 1))
+      return false;
+    return IsOp(last, "GatherV2") && last->input(0) == sr.input(1) &&
+           ConstVectorOrScalarIs(g.Producer(*last, 1), 1) && ConstVectorOrScalarIs(g.Producer(*last, 2), 0) &&
+           IntAttr(*last, "batch_dims", 0) == 0;
+  }
+
+  static bool ConstVectorOrScalarIs(const NodeDef* node, int64_t want) {
+    int64_t v = 0;
+    std::vector<int64_t> vs;
+    return (ConstScalarInt(node, &v) && v == want) || (ConstIntVector(node, &vs) && vs == std::vector<int64_t>{want});
+  }
+
+  // The final Reshape(out, concat(Cast(shape)[:1], Shape(out)[1:])) of the
+  // safe lookup for ids of rank 2, where `shape` is theirs: [shape[0], D],
+  // which the fused op already has (its row count is shape[0]). Returns the
+  // Reshape and the nodes only it reads, or an empty vector.
+  static std::vector<const NodeDef*> IdentityFinalReshape(RewriteContext* ctx, const std::string& out,
+                                                          const std::string& shape) {
+    const GraphIndex& g = ctx->index();
+    for (const NodeDef* reshape : g.DataReaders(out)) {
+      if (!IsOp(reshape, "Reshape") || reshape->input(0) != out || ctx->MustKeep(reshape->name())) continue;
+      const NodeDef* concat = g.Producer(*reshape, 1);
+      if (!IsOp(concat, "ConcatV2") || IntAttr(*concat, "N", 0) != 2 ||
+          !ConstVectorOrScalarIs(g.Producer(*concat, 2), 0))
+        continue;
+      const NodeDef* head = g.Producer(*concat, 0);
+      const NodeDef* tail = g.Producer(*concat, 1);
+      if (!IsOp(head, "Slice") || !IsOp(tail, "Slice")) continue;
+      const NodeDef* cast = g.Producer(*head, 0);
+      const NodeDef* of_out = g.Producer(*tail, 0);
+      std::vector<int64_t> tail_size;
+      if (!IsOp(cast, "Cast") || cast->input(0) != shape || !ConstVectorOrScalarIs(g.Producer(*head, 1), 0) ||
+          !ConstVectorOrScalarIs(g.Producer(*head, 2), 1))
+        continue;
+      if (!IsOp(of_out, "Shape") || of_out->input(0) != out || !ConstVectorOrScalarIs(g.Producer(*tail, 1), 1) ||
+          !ConstIntVector(g.Producer(*tail, 2), &tail_size) || tail_size != std::vector<int64_t>{-1})
+        continue;
+      std::vector<const NodeDef*> nodes = {reshape};
+      for (const NodeDef* n : {concat, head, tail, cast, of_out}) {
+        if (g.DataConsumers(n->name()) != 1 || g.ControlConsumers(n->name()) != 0 || HasControlInputs(*n) ||
+            ctx->MustKeep(n->name()))
+          break;
+        nodes.push_back(n);
+      }
+      if (HasControlInputs(*reshape)) continue;
+      return nodes;
+    }
+    return {};
+  }
+
+  // Where the fused op reads the sparse ids: the SparseReshape's outputs, or
+  // its inputs when it moves nothing and they come from ParseExample (ids
+  // from a split keep the reshape, which the string patterns fuse further).
+  static SparseIds ReshapedIds(RewriteContext* ctx, const NodeDef& sr) {
+    if (CanonicalBySource(ctx->index(), sr) && IsRank2Identity(ctx, sr))
+      return SparseIds{sr.input(0), sr.input(1), true};
+    return SparseIds{TensorName(sr.name(), 0), TensorName(sr.name(), 1), false};
+  }
+
   static void Fuse(const NodeDef& pool_node, RewriteContext* ctx, const Safe& s) {
     const NodeDef pool = pool_node;
     const std::string out_name = s.out->name();
     const std::string base = out_name + "/ctr_safe";
     // The sparse bookkeeping stays where SparseReshape runs (host-only ops).
     const std::string sparse_device = s.reshape->device();
-    std::string indices = TensorName(s.reshape->name(), 0), ids = s.ids, weights = pool.input(4);
+    const SparseIds sp = ReshapedIds(ctx, *s.reshape);
+    const std::vector<const NodeDef*> final_reshape =
+        sp.rank2 ? IdentityFinalReshape(ctx, out_name, s.reshape->input(1)) : std::vector<const NodeDef*>{};
+    std::string indices = sp.indices, ids = s.ids, weights = pool.input(4);
     if (!CanonicalBySource(ctx->index(), *s.reshape)) {
-      const std::string reorder =
-          AddReorder(ctx, base + "/ids", *s.reshape, s.ids, TypeAttr(pool, "Tid"), sparse_device);
+      const std::string reorder = AddReorder(ctx, base + "/ids", sp, s.ids, TypeAttr(pool, "Tid"), sparse_device);
       indices = TensorName(reorder, 0);
       ids = TensorName(reorder, 1);
       if (s.fill_w)
-        weights = TensorName(AddReorder(ctx, base + "/weights", *s.reshape, s.weights, tensorflow::DT_FLOAT,
-                                        sparse_device), 1);
+        weights = TensorName(AddReorder(ctx, base + "/weights", sp, s.weights, tensorflow::DT_FLOAT, sparse_device),
+                             1);
     } else if (s.fill_w) {
       weights = s.weights;
     }
     const std::string rows = AddStridedSlice(ctx, base + "/rows", indices, {0, 0}, {0, 1}, 1, 1, 2, sparse_device);
-    const std::string num_rows = AddStridedSlice(ctx, base + "/num_rows", TensorName(s.reshape->name(), 1), {0}, {1},
-                                                 0, 0, 1, sparse_device);
+    const std::string num_rows = AddStridedSlice(ctx, base + "/num_rows", sp.shape, {0}, {1}, 0, 0, 1, sparse_device);
 
     MatchRecord record{kName, out_name, "CtrEmbeddingLookup", {}};
     AbsorbNodes(ctx, Unique(s.absorbed), out_name, &record);
@@ -421,7 +492,64 @@ class SafeLookupPattern : public NamedPattern<kName> {
     attr["invalid_ids"].set_s("skip_negative");
     attr["prune_weights"].set_b(s.prune_weights);
     attr["default_id"].set_i(s.default_id);
+    if (!final_reshape.empty()) DropFinalReshape(ctx, final_reshape, out_name, &record);
+    if (sp.rank2) DropUnreadReshape(ctx, *s.reshape, Unique(s.absorbed), out_name, &record);
     ctx->Matched(record);
+  }
+
+  // The SparseReshape the fused op no longer reads, and its shape arithmetic,
+  // when nothing else reads them.
+  static void DropUnreadReshape(RewriteContext* ctx, const NodeDef& sr, const std::vector<const NodeDef*>& absorbed,
+                                const std::string& fused, MatchRecord* record) {
+    const GraphIndex& g = ctx->index();
+    if (ctx->MustKeep(sr.name()) || g.ControlConsumers(sr.name()) != 0 || HasControlInputs(sr)) return;
+    for (const NodeDef* reader : g.DataReaders(sr.name()))
+      if (std::find(absorbed.begin(), absorbed.end(), reader) == absorbed.end()) return;
+    // Each goes only with its one reader.
+    auto only_read_by = [&](const NodeDef* n, const NodeDef* reader) {
+      return n != nullptr && g.DataConsumers(n->name()) == 1 && g.DataReaders(n->name())[0] == reader &&
+             g.ControlConsumers(n->name()) == 0 && !HasControlInputs(*n) && !ctx->MustKeep(n->name());
+    };
+    std::vector<const NodeDef*> dead = {&sr};
+    const NodeDef* pack = g.Producer(sr, 2);
+    if (only_read_by(pack, &sr)) {
+      dead.push_back(pack);
+      const NodeDef* prod = g.Producer(*pack, 0);
+      const NodeDef* last = g.Producer(*pack, 1);
+      if (only_read_by(last, pack)) dead.push_back(last);
+      if (only_read_by(prod, pack)) {
+        dead.push_back(prod);
+        const NodeDef* head = g.Producer(*prod, 0);
+        if (only_read_by(head, prod)) dead.push_back(head);
+      }
+    }
+    for (const NodeDef* n : dead) record->replaced.push_back(Describe(*n));
+    RemoveWithConsts(ctx, dead, fused);
+  }
+
+  static void DropFinalReshape(RewriteContext* ctx, const std::vector<const NodeDef*>& nodes, const std::string& out,
+                               MatchRecord* record) {
+    const std::string reshape = nodes[0]->name();
+    for (const NodeDef* n : nodes) record->replaced.push_back(Describe(*n));
+    ctx->RedirectDataEdges(reshape, 0, TensorName(out, 0));
+    ctx->RedirectControlEdges(reshape, out);
+    RemoveWithConsts(ctx, nodes, out);
+  }
+
+  // Removes `nodes` and the constants only one of them reads.
+  static void RemoveWithConsts(RewriteContext* ctx, const std::vector<const NodeDef*>& nodes,
+                               const std::string& fused) {
+    const GraphIndex& g = ctx->index();
+    std::vector<std::string> consts;
+    for (const NodeDef* n : nodes)
+      for (int i = 0; i < n->input_size(); ++i) {
+        const NodeDef* c = g.Producer(*n, i);
+        if (IsOp(c, "Const") && g.DataConsumers(c->name()) == 1 && g.ControlConsumers(c->name()) == 0 &&
+            !ctx->MustKeep(c->name()))
+          consts.push_back(c->name());
+      }
+    for (const NodeDef* n : nodes) ctx->Remove(n->name(), fused);
+    for (const std::string& c : consts) ctx->Remove(c, fused);
   }
 };
 

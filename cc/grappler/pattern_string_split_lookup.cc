@@ -37,17 +37,6 @@ using tensorflow::NodeDef;
 
 constexpr char kName[] = "string_split_lookup";
 
-// x[:, 0] of a [N, 2] tensor, as Python slicing emits it.
-bool IsFirstColumn(const GraphIndex& g, const NodeDef& slice) {
-  std::vector<int64_t> begin, end, strides;
-  return IsOp(&slice, "StridedSlice") && ConstIntVector(g.Producer(slice, 1), &begin) &&
-         ConstIntVector(g.Producer(slice, 2), &end) && ConstIntVector(g.Producer(slice, 3), &strides) &&
-         begin.size() == 2 && end.size() == 2 && strides == std::vector<int64_t>{1, 1} && begin[1] == 0 &&
-         end[1] == 1 && (IntAttr(slice, "begin_mask", 0) & 1) && (IntAttr(slice, "end_mask", 0) & 1) &&
-         IntAttr(slice, "shrink_axis_mask", 0) == 2 && IntAttr(slice, "ellipsis_mask", 0) == 0 &&
-         IntAttr(slice, "new_axis_mask", 0) == 0;
-}
-
 bool ConstVectorIs(const NodeDef* node, const std::vector<int64_t>& want) {
   std::vector<int64_t> v;
   return ConstIntVector(node, &v) && v == want;
@@ -114,7 +103,7 @@ class StringSplitLookupPattern : public NamedPattern<kName> {
       return false;
     const GraphIndex& g = ctx->index();
     const NodeDef* slice = g.Producer(anchor, 2);
-    if (slice == nullptr || !IsFirstColumn(g, *slice)) return false;
+    if (slice == nullptr || !IsFirstColumn(g, slice)) return false;
     SplitLookup m;
     std::string why;
     if (!UnwrapSafe(g, anchor, *slice, &m, &why)) return why.empty() ? false : Skip(ctx, anchor, why);

@@ -1,0 +1,198 @@
+// Helpers for patterns whose anchor is a Keras Embedding's gather: see keras_gather.h.
+#include "cc/grappler/keras_gather.h"
+
+#include <set>
+
+#include "cc/grappler/split_source.h"
+#include "tensorflow/core/framework/attr_value.pb.h"
+#include "tensorflow/core/framework/tensor.pb.h"
+#include "tensorflow/core/framework/tensor_shape.pb.h"
+
+namespace tf_ctr {
+namespace grappler {
+
+using tensorflow::DataType;
+using tensorflow::NodeDef;
+
+const NodeDef* UnwrapNegativeIndexFix(const GraphIndex& g, const NodeDef* select, std::vector<const NodeDef*>* wrap) {
+  if (!IsOp(select, "SelectV2")) return select;
+  const NodeDef* less = g.Producer(*select, 0);
+  const NodeDef* add = g.Producer(*select, 1);
+  int h_port = 0, port = 0;
+  const NodeDef* h = g.Producer(*select, 2, &h_port);
+  int64_t zero = -1;
+  if (!IsOp(less, "Less") || !IsOp(add, "AddV2") || h == nullptr || h_port != 0) return select;
+  if (g.Producer(*less, 0, &port) != h || port != 0 || !ConstScalarInt(g.Producer(*less, 1), &zero) || zero != 0)
+    return select;
+  // AddV2 commutes, and Grappler's canonicalization may put the constant first.
+  int port1 = 0;
+  const bool adds_h = (g.Producer(*add, 0, &port) == h && port == 0) || (g.Producer(*add, 1, &port1) == h && port1 == 0);
+  if (!adds_h) return select;
+  *wrap = {select, less, add};
+  return h;
+}
+
+bool WrapShiftIsScalar(RewriteContext* ctx, const std::vector<const NodeDef*>& wrap) {
+  const GraphIndex& g = ctx->index();
+  const NodeDef* ids = g.Producer(*wrap[0], 2);
+  const NodeDef& add = *wrap[2];
+  int port = 0;
+  const NodeDef* shift = g.Producer(add, 0, &port);
+  if (shift == ids) shift = g.Producer(add, 1, &port);
+  return shift != nullptr && ctx->Rank(*shift, port) == 0;
+}
+
+// Reshape(rows, [b, D]) with a constant shape: Keras' Flatten once Grappler
+// has folded its Shape(rows)[0] (a function specialized to its call's batch,
+// as online rewriting sees it), b that known batch, or -1 with D > 0 (a -1
+// beside a 0 fails on an empty batch, where the fused op would not).
+static bool IsConstantFlatten(RewriteContext* ctx, const NodeDef& gather, const NodeDef& rows, const NodeDef* reshape) {
+  std::vector<int64_t> shape;
+  if (!IsOp(reshape, "Reshape") || ctx->index().Producer(*reshape, 0) != &rows || HasControlInputs(*reshape) ||
+      ctx->MustKeep(reshape->name()))
+    return false;
+  if (!ConstIntVector(ctx->index().Producer(*reshape, 1), &shape) || shape.size() != 2) return false;
+  const int64_t batch = ctx->Dim(gather, 0, 0), dim = ctx->Dim(gather, 0, 2);
+  return dim >= 0 && shape[1] == dim && ((shape[0] == -1 && dim > 0) || (batch >= 0 && shape[0] == batch));
+}
+
+bool MatchFlatten(RewriteContext* ctx, const NodeDef& gather, FlattenOfRows* f) {
+  const GraphIndex& g = ctx->index();
+  if (ctx->MustKeep(gather.name())) return false;
+  if (ctx->Rank(gather, 0) != 3 || ctx->Dim(gather, 0, 1) != 1) return false;
+  const NodeDef* rows = &gather;
+  std::vector<std::string> identities;
+  while (g.DataConsumers(rows->name()) == 1) {
+    const NodeDef* next = g.DataReaders(rows->name())[0];
+    if (!IsOp(next, "Identity")) break;  // a Squeeze, say
+    if (ctx->MustKeep(next->name()) || HasControlInputs(*next)) return false;
+    if (rows != &gather && g.ControlConsumers(rows->name()) != 0) return false;
+    identities.push_back(next->name());
+    rows = next;
+  }
+  if (rows != &gather && g.ControlConsumers(rows->name()) != 0) return false;
+  if (g.DataConsumers(rows->name()) == 1) {
+    const NodeDef* squeeze = g.DataReaders(rows->name())[0];
+    if (IsConstantFlatten(ctx, gather, *rows, squeeze)) {
+      *f = FlattenOfRows{identities, "", "", "", squeeze->name()};
+      return true;
+    }
+    if (!IsSqueezeOfAxis(squeeze, 1, 3) || g.Producer(*squeeze, 0) != rows || HasControlInputs(*squeeze) ||
+        ctx->MustKeep(squeeze->name()))
+      return false;
+    *f = FlattenOfRows{identities, "", "", "", squeeze->name()};
+    return true;
+  }
+  if (g.DataConsumers(rows->name()) != 2) return false;
+  const NodeDef *shape = nullptr, *reshape = nullptr;
+  for (const NodeDef* r : g.DataReaders(rows->name())) {
+    if (IsOp(r, "Shape") && g.Producer(*r, 0) == rows) shape = r;
+    if (IsOp(r, "Reshape") && g.Producer(*r, 0) == rows) reshape = r;
+  }
+  if (shape == nullptr || reshape == nullptr) return false;
+  const NodeDef* pack = g.Producer(*reshape, 1);
+  if (!IsOp(pack, "Pack") || IntAttr(*pack, "axis", 0) != 0 || pack->input_size() != 2) return false;
+  const NodeDef* slice = g.Producer(*pack, 0);
+  if (!IsFirstElementSlice(g, slice) || g.Producer(*slice, 0) != shape) return false;
+  int64_t dim = -1;
+  if (!ConstScalarInt(g.Producer(*pack, 1), &dim) || dim < 0 || ctx->Dim(gather, 0, 2) != dim) return false;
+  for (const NodeDef* n : {shape, slice, pack})
+    if (g.DataConsumers(n->name()) != 1 || g.ControlConsumers(n->name()) != 0 || ctx->MustKeep(n->name()))
+      return false;
+  for (const NodeDef* n : {shape, slice, pack, reshape})
+    if (HasControlInputs(*n)) return false;  // ordered after something: keep it simple, keep it
+  if (ctx->MustKeep(reshape->name())) return false;
+  *f = FlattenOfRows{identities, shape->name(), slice->name(), pack->name(), reshape->name()};
+  return true;
+}
+
+int GatherTableRank(RewriteContext* ctx, const NodeDef& gather, bool resource, int ids_rank) {
+  const int out = ctx->Rank(gather, 0);
+  if (out >= 0) return out - ids_rank + 1;
+  int port = 0;
+  const NodeDef* table = ctx->index().Producer(gather, 0, &port);
+  if (!resource) return table == nullptr ? -1 : ctx->Rank(*table, port);
+  NodeDef read;
+  read.set_op("ReadVariableOp");
+  read.add_input(gather.input(0));
+  return ctx->Rank(read, 0);
+}
+
+void RemoveIfDeadShapeMath(RewriteContext* ctx, const NodeDef* node, const std::string& fused, int depth) {
+  static const char* kPure[] = {"Const", "Cast", "StridedSlice", "Shape"};
+  if (node == nullptr || depth == 0 || ctx->index().DataConsumers(node->name()) != 1) return;
+  bool pure = false;
+  for (const char* op : kPure) pure |= node->op() == op;
+  if (!pure || HasControlInputs(*node)) return;  // ordered after something: keep it simple, keep it
+  ctx->Remove(node->name(), fused);
+  for (int i = 0; i < node->input_size(); ++i) RemoveIfDeadShapeMath(ctx, ctx->index().Producer(*node, i), fused, depth - 1);
+}
+
+std::string FlattenKeys(RewriteContext* ctx, const std::string& base, const std::string& input, DataType t,
+                        int rank, const std::string& device) {
+  if (rank == 1) return input;
+  NodeDef* shape = ctx->AddNode(base + "/ctr_flat_shape", "Const", device);
+  (*shape->mutable_attr())["dtype"].set_type(tensorflow::DT_INT32);
+  auto* v = (*shape->mutable_attr())["value"].mutable_tensor();
+  v->set_dtype(tensorflow::DT_INT32);
+  v->mutable_tensor_shape()->add_dim()->set_size(1);
+  v->add_int_val(-1);
+  NodeDef* reshape = ctx->AddNode(base + "/ctr_flat", "Reshape", device);
+  reshape->add_input(input);
+  reshape->add_input(shape->name());
+  (*reshape->mutable_attr())["T"].set_type(t);
+  (*reshape->mutable_attr())["Tshape"].set_type(tensorflow::DT_INT32);
+  return reshape->name();
+}
+
+void AbsorbFlatten(RewriteContext* ctx, const std::string& fused, const FlattenOfRows& f,
+                          MatchRecord* record) {
+  const GraphIndex& g = ctx->index();
+  std::set<std::string> replaced, consts;
+  for (const std::string& name : {f.shape, f.slice, f.pack, f.reshape})
+    if (!name.empty()) replaced.insert(name);
+  replaced.insert(f.identities.begin(), f.identities.end());
+  for (const std::string& name : replaced) {
+    const NodeDef* n = g.Node(name);
+    record->replaced.push_back(Describe(*n));
+    for (int i = 0; i < n->input_size(); ++i) {
+      const NodeDef* in = g.Producer(*n, i);
+      if (IsOp(in, "Const")) consts.insert(in->name());
+    }
+  }
+  ctx->RedirectDataEdges(f.reshape, 0, TensorName(fused, 0));
+  ctx->RedirectControlEdges(f.reshape, fused);
+  RemoveDeadNodes(ctx, consts, replaced, fused);
+  for (const std::string& name : replaced) ctx->Remove(name, fused);
+}
+
+NodeDef* BecomeGatherOutput(RewriteContext* ctx, const NodeDef& anchor, const std::string& op, DataType T,
+                             int rank, const FlattenOfRows& flatten, MatchRecord* record) {
+  const std::string name = anchor.name(), device = anchor.device();
+  const NodeDef old = anchor;
+  NodeDef* fused;
+  if (flatten.found()) AbsorbFlatten(ctx, name, flatten, record);
+  if (rank == 1 || flatten.found()) {
+    fused = ctx->Mutable(name);
+    fused->clear_input();
+    fused->clear_attr();
+    fused->set_op(op);
+  } else {
+    fused = ctx->AddNode(name + "/ctr_fused", op, device);
+    const std::string axis = AddInt64Scalar(ctx, name + "/ctr_axis", 1, device);
+    NodeDef* expand = ctx->Mutable(name);
+    expand->clear_input();
+    expand->clear_attr();
+    expand->set_op("ExpandDims");
+    expand->add_input(fused->name());
+    expand->add_input(axis);
+    (*expand->mutable_attr())["T"].set_type(T);
+    (*expand->mutable_attr())["Tdim"].set_type(tensorflow::DT_INT64);
+    fused = ctx->Mutable(fused->name());  // AddNode may have moved it
+  }
+  CopyControlInputs(old, fused);
+  return fused;
+}
+
+}  // namespace grappler
+}  // namespace tf_ctr

@@ -1,0 +1,67 @@
+// A Keras Embedding's gather, as patterns that replace it see it: Keras 3's
+// take() wraps negative indices before the gather, and a Flatten of the
+// [B, 1, D] rows often follows it. A pattern that turns the gather into a
+// fused op absorbs both where exact.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cc/grappler/pattern.h"
+#include "tensorflow/core/framework/node_def.pb.h"
+#include "tensorflow/core/framework/types.pb.h"
+
+namespace tf_ctr {
+namespace grappler {
+
+// Keras 3's take() wraps negative indices: SelectV2(Less(h, 0), AddV2(h, n), h).
+// Returns h and sets `wrap` to {select, less, add} when `select` is that
+// wrap; returns `select` itself otherwise.
+const tensorflow::NodeDef* UnwrapNegativeIndexFix(const GraphIndex& g, const tensorflow::NodeDef* select,
+                                                  std::vector<const tensorflow::NodeDef*>* wrap);
+// SelectV2 broadcasts: the wrap keeps h's shape only when the shift n is a scalar.
+bool WrapShiftIsScalar(RewriteContext* ctx, const std::vector<const tensorflow::NodeDef*>& wrap);
+
+// Keras' Flatten of the gathered rows (through the Identity that
+// tf.nn.embedding_lookup ends in), or a Squeeze of their axis 1: `reshape`
+// is the node whose [B, D] output the fused op's equals (the Squeeze has no
+// shape, slice or pack).
+struct FlattenOfRows {
+  std::vector<std::string> identities;
+  std::string shape, slice, pack, reshape;
+  bool found() const { return !reshape.empty(); }
+};
+
+// Whether the gather's [B, 1, D] output feeds nothing but a Flatten to
+// [B, D] (D a known constant): then the Flatten's output is exactly the
+// fused op's, bit for bit. Control edges on the gather stay valid (the
+// fused node takes its name); the nodes in between must have none.
+bool MatchFlatten(RewriteContext* ctx, const tensorflow::NodeDef& gather, FlattenOfRows* f);
+
+// The rank of the table a gather reads: its output has rank ids + table - 1;
+// the variable's declared shape is the fallback. -1 when unknown.
+int GatherTableRank(RewriteContext* ctx, const tensorflow::NodeDef& gather, bool resource, int ids_rank);
+
+// Removes `node` when the absorbed nodes were its only readers, and its own
+// inputs after it, down to `depth` levels: shape arithmetic only.
+void RemoveIfDeadShapeMath(RewriteContext* ctx, const tensorflow::NodeDef* node, const std::string& fused,
+                           int depth);
+
+// Flattens [B, 1] keys to [B] (a Reshape to [-1]); rank-1 keys stay as they are.
+std::string FlattenKeys(RewriteContext* ctx, const std::string& base, const std::string& input,
+                        tensorflow::DataType t, int rank, const std::string& device);
+
+// The Flatten's readers read the fused [B, D] output instead; its nodes,
+// and the constants only they read, go.
+void AbsorbFlatten(RewriteContext* ctx, const std::string& fused, const FlattenOfRows& f, MatchRecord* record);
+
+// Turns the gather `anchor` into the fused node (rank 1, or rank 2 read only
+// by a Flatten), or into ExpandDims of a new fused node (rank 2), keeping the
+// anchor's name for its consumers. Returns the fused node, inputs and
+// attributes still to fill.
+tensorflow::NodeDef* BecomeGatherOutput(RewriteContext* ctx, const tensorflow::NodeDef& anchor,
+                                        const std::string& op, tensorflow::DataType T, int rank,
+                                        const FlattenOfRows& flatten, MatchRecord* record);
+
+}  // namespace grappler
+}  // namespace tf_ctr

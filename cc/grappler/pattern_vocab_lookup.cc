@@ -1,0 +1,298 @@
+// Pattern: a vocabulary lookup feeding an embedding gather -- Keras'
+// StringLookup / IntegerLookup + Embedding, and tf.gather(params,
+// table.lookup(keys)):
+//
+//   ids = LookupTableFindV2(table, keys, default)
+//   [num_oov_indices=0: Keras asserts that every key is in the vocabulary,
+//      w = Where(Equal(ids, m))
+//      Assert(Equal(Size(w), 0), [StringFormat(GatherNd(keys, w))])
+//    and reads ids through an Identity that waits on the Assert]
+//   [Keras 3: SelectV2(Less(ids, 0), AddV2(ids, V), ids)]
+//   {ResourceGather | GatherV2}(params, ids)     [+ Keras' Flatten]
+//
+// becomes CtrVocabEmbedding(table, keys, default, params): the find, the
+// check (missing_key "error", missing_id m) and the wrap in one CPU op, with
+// Keras' Flatten absorbed as the hashed gather absorbs it. The Assert goes:
+// the fused op raises the error it raised (naming the first missing key and
+// its row), and what waited on the Assert waits on the fused op and on what
+// the Assert waited on, so no ordering the graph had is lost and the fused
+// lookups of a model stay free to run in parallel.
+//
+// Lookup tables live on the host, so the fused op runs on the CPU: it is
+// only used when the graph is served on the CPU (a GPU server would copy the
+// whole embedding table to the host on every call).
+#include <string>
+#include <vector>
+
+#include "cc/grappler/keras_gather.h"
+#include "cc/grappler/pattern.h"
+#include "tensorflow/core/framework/attr_value.pb.h"
+
+namespace tf_ctr {
+namespace grappler {
+namespace {
+
+using tensorflow::DataType;
+using tensorflow::NodeDef;
+
+constexpr char kName[] = "vocab_lookup";
+constexpr char kFusedOp[] = "CtrVocabEmbedding";
+
+// What the gather reads, traced back to the table.
+struct VocabIds {
+  const NodeDef* find = nullptr;
+  std::vector<const NodeDef*> identities;  // between the find (or its wrap) and the gather
+  std::vector<const NodeDef*> wrap;        // Keras' negative-index wrap: SelectV2, Less, AddV2
+  const NodeDef* assert_node = nullptr;    // Keras' vocabulary check, when there is one
+  std::vector<const NodeDef*> check;       // the check's other nodes
+  int64_t missing_id = -1;
+};
+
+bool ConstScalarIs(const NodeDef* node, int64_t want) {
+  int64_t v = 0;
+  return ConstScalarInt(node, &v) && v == want;
+}
+
+// Keras' num_oov_indices=0 check on `find`'s ids: Assert(Equal(Size(w), 0),
+// [StringFormat(GatherNd(keys, w))]), w = Where(Equal(ids, m)). Sets the
+// check's nodes and m.
+bool MatchVocabCheck(const GraphIndex& g, const NodeDef& assert_node, const NodeDef& find, VocabIds* ids) {
+  if (!IsOp(&assert_node, "Assert") || assert_node.input_size() < 2) return false;
+  const NodeDef* is_empty = g.Producer(assert_node, 0);
+  if (!IsOp(is_empty, "Equal") || !ConstScalarIs(g.Producer(*is_empty, 1), 0)) return false;
+  const NodeDef* size = g.Producer(*is_empty, 0);
+  if (!IsOp(size, "Size")) return false;
+  const NodeDef* where = g.Producer(*size, 0);
+  if (!IsOp(where, "Where")) return false;
+  const NodeDef* missing = g.Producer(*where, 0);
+  int port = -1;
+  if (!IsOp(missing, "Equal") || g.Producer(*missing, 0, &port) != &find || port != 0) return false;
+  if (!ConstScalarInt(g.Producer(*missing, 1), &ids->missing_id)) return false;
+  std::vector<const NodeDef*> nodes = {is_empty, size, where, missing};
+  int formats = 0;
+  for (int i = 1; i < assert_node.input_size() && assert_node.input(i)[0] != '^'; ++i, ++formats) {
+    const NodeDef* format = g.Producer(assert_node, i);
+    if (!IsOp(format, "StringFormat") || format->input_size() != 1) return false;
+    const NodeDef* gather = g.Producer(*format, 0);
+    if (!IsOp(gather, "GatherNd") || gather->input(0) != find.input(1) || g.Producer(*gather, 1) != where)
+      return false;
+    nodes.push_back(format);
+    nodes.push_back(gather);
+  }
+  // Every node of the check serves the check alone: one reader each, but the
+  // Where, which the Size and each GatherNd read.
+  for (const NodeDef* n : nodes) {
+    const int readers = n == where ? 1 + formats : 1;
+    if (HasControlInputs(*n) || g.ControlConsumers(n->name()) != 0 || g.DataConsumers(n->name()) != readers)
+      return false;
+  }
+  ids->assert_node = &assert_node;
+  ids->check = nodes;
+  return true;
+}
+
+class VocabLookupPattern : public NamedPattern<kName> {
+ public:
+  bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
+    const bool resource = IsOp(&anchor, "ResourceGather");
+    if (!resource && !IsOp(&anchor, "GatherV2")) return false;
+    const GraphIndex& g = ctx->index();
+    VocabIds ids;
+    const NodeDef* x = UnwrapNegativeIndexFix(g, g.Producer(anchor, 1), &ids.wrap);
+    while (IsOp(x, "Identity")) {
+      ids.identities.push_back(x);
+      x = g.Producer(*x, 0);
+    }
+    if (!IsOp(x, "LookupTableFindV2")) return false;
+    ids.find = x;
+
+    // The subgraph has the right shape; now every condition for exactness.
+    if (!ServedOnCpu(ctx, anchor))
+      return Skip(ctx, anchor, "CtrVocabEmbedding runs on the CPU (lookup tables live on the host): "
+                               "rewrite with serving_device='cpu' for a CPU server");
+    const DataType T = resource ? TypeAttr(anchor, "dtype") : TypeAttr(anchor, "Tparams");
+    if (!IsEmbeddingDtype(T) && T != tensorflow::DT_DOUBLE)
+      return Skip(ctx, anchor, "table dtype " + tensorflow::DataType_Name(T) + " is not a float type");
+    if (TypeAttr(*ids.find, "Tout") != tensorflow::DT_INT64)
+      return Skip(ctx, anchor, "the table's values are not int64");
+    const DataType key_type = TypeAttr(*ids.find, "Tin");
+    if (key_type != tensorflow::DT_STRING && key_type != tensorflow::DT_INT64)
+      return Skip(ctx, anchor, "keys are " + tensorflow::DataType_Name(key_type));
+    if (IntAttr(anchor, "batch_dims", 0) != 0) return Skip(ctx, anchor, "Gather has batch_dims != 0");
+    if (!resource) {
+      int64_t axis = -1;
+      if (!ConstScalarInt(g.Producer(anchor, 2), &axis) || axis != 0)
+        return Skip(ctx, anchor, "GatherV2 axis is not a constant 0");
+    }
+    if (!ids.wrap.empty() && !WrapShiftIsRowCount(ctx, ids, anchor, resource))
+      return Skip(ctx, anchor, "cannot prove that the negative-index wrap adds the table's row count");
+    std::string why;
+    if (!MatchWaits(g, &ids, &why) || !OnlyFeedsTheGather(ctx, ids, &why)) return Skip(ctx, anchor, why);
+    for (const NodeDef* n : ids.check)
+      if (ctx->FetchedOrFed(n->name())) return Skip(ctx, anchor, "the caller reads " + Describe(*n));
+    const int rank = ctx->Rank(*ids.find, 0);
+    FlattenOfRows flatten;
+    if (rank == 2 && ctx->Dim(*ids.find, 0, 1) == 1) MatchFlatten(ctx, anchor, &flatten);
+
+    Replace(anchor, ids, resource, T, flatten, ctx);
+    return true;
+  }
+
+ private:
+  static bool ServedOnCpu(RewriteContext* ctx, const NodeDef& anchor) {
+    const std::string& placed = anchor.device();
+    if (placed.find("GPU") != std::string::npos || placed.find("gpu") != std::string::npos) return false;
+    return ctx->serving_device() == "CPU" || placed.find("CPU") != std::string::npos ||
+           placed.find("cpu") != std::string::npos;
+  }
+
+  // The value of an integer scalar known before run time, or -1: a constant,
+  // or Keras' Cast(Shape(params)[0]) with that dim known (Grappler may have
+  // folded the Shape into a constant vector).
+  static int64_t KnownScalar(RewriteContext* ctx, const NodeDef* node) {
+    const GraphIndex& g = ctx->index();
+    int64_t value = -1;
+    if (ConstScalarInt(node, &value)) return value;
+    if (IsOp(node, "Cast")) return KnownScalar(ctx, g.Producer(*node, 0));
+    if (!IsFirstElementSlice(g, node)) return -1;
+    int port = 0;
+    const NodeDef* shape = g.Producer(*node, 0, &port);
+    std::vector<int64_t> dims;
+    if (ConstIntVector(shape, &dims)) return dims.empty() ? -1 : dims[0];
+    if (!IsOp(shape, "Shape")) return -1;
+    const NodeDef* of = g.Producer(*shape, 0, &port);
+    return of == nullptr ? -1 : ctx->Dim(*of, port, 0);
+  }
+
+  // Table values and defaults may be negative, so the wrap is exact only
+  // when it adds what the fused op's own wrap adds: the table's row count.
+  static bool WrapShiftIsRowCount(RewriteContext* ctx, const VocabIds& ids, const NodeDef& gather, bool resource) {
+    const GraphIndex& g = ctx->index();
+    const NodeDef* wrapped = g.Producer(*ids.wrap[0], 2);
+    const NodeDef* shift = g.Producer(*ids.wrap[2], 0);
+    if (shift == wrapped) shift = g.Producer(*ids.wrap[2], 1);
+    const int64_t n = KnownScalar(ctx, shift);
+    int64_t rows = -1;
+    if (resource) {
+      NodeDef read;  // the variable's declared shape
+      read.set_op("ReadVariableOp");
+      read.add_input(gather.input(0));
+      rows = ctx->Dim(read, 0, 0);
+    } else {
+      int port = 0;
+      const NodeDef* params = g.Producer(gather, 0, &port);
+      rows = params == nullptr ? -1 : ctx->Dim(*params, port, 0);
+    }
+    return rows >= 0 && n == rows;
+  }
+
+  // The only thing the ids may wait on is Keras' check of these ids.
+  static bool MatchWaits(const GraphIndex& g, VocabIds* ids, std::string* why) {
+    for (const NodeDef* identity : ids->identities) {
+      for (const std::string& in : identity->input()) {
+        if (in.empty() || in[0] != '^') continue;
+        const NodeDef* waited = g.Node(in.substr(1));
+        if (ids->assert_node != nullptr || waited == nullptr || !MatchVocabCheck(g, *waited, *ids->find, ids)) {
+          *why = Describe(*identity) + " waits on " + in.substr(1) + ", which is not the vocabulary check";
+          return false;
+        }
+      }
+    }
+    return true;
+  }
+
+  // Each intermediate feeds only the next one (a training graph's gather
+  // gradient reads the ids too), and the find feeds only them and the check.
+  // What waits on the find (automatic control dependencies) waits on the
+  // fused op, which does the find.
+  static bool OnlyFeedsTheGather(RewriteContext* ctx, const VocabIds& ids, std::string* why) {
+    const GraphIndex& g = ctx->index();
+    auto only = [&](const NodeDef* n, int readers) {
+      // A function keeps its stateful ops (the find): as a NoOp once fused.
+      if (g.DataConsumers(n->name()) == readers && !ctx->FetchedOrFed(n->name())) return true;
+      *why = "intermediate " + Describe(*n) + " has another consumer";
+
+      return false;
+    };
+    for (const NodeDef* n : ids.wrap)
+      if (!only(n, 1)) return false;
+    const int index_readers = ids.wrap.empty() ? 1 : 3;  // the wrap reads the index three times
+    const NodeDef* last = ids.identities.empty() ? ids.find : ids.identities.front();
+    for (const NodeDef* n : ids.identities)
+      if (!only(n, n == last ? index_readers : 1)) return false;
+    const int check_readers = ids.assert_node != nullptr ? 1 : 0;
+    if (!only(ids.find, (ids.identities.empty() ? index_readers : 1) + check_readers)) return false;
+    return true;
+  }
+
+  static void RemoveIfDeadConst(RewriteContext* ctx, const NodeDef* node, const std::string& fused) {
+    if (IsOp(node, "Const")) RemoveIfDeadShapeMath(ctx, node, fused, 1);
+  }
+
+  // What waited on the Assert waits on the fused op and on what the Assert
+  // waited on.
+  static void BypassAssert(RewriteContext* ctx, const NodeDef& assert_node, const std::vector<std::string>& absorbed,
+                           const std::string& fused) {
+    std::vector<std::string> waits;
+    AppendControlInputs(assert_node, &waits);
+    for (const NodeDef* reader : ctx->index().ControlReaders(assert_node.name())) {
+      bool is_absorbed = false;
+      for (const std::string& a : absorbed) is_absorbed |= a == reader->name();
+      if (!is_absorbed && !waits.empty()) AddControlInputsOnce(waits, ctx->Mutable(reader->name()));
+    }
+    ctx->RedirectControlEdges(assert_node.name(), fused);
+  }
+
+  void Replace(const NodeDef& anchor_in, const VocabIds& ids, bool resource, DataType T, const FlattenOfRows& flatten,
+               RewriteContext* ctx) const {
+    const NodeDef anchor = anchor_in;  // the graph changes under the reference
+    const NodeDef find = *ids.find;
+    const std::string name = anchor.name(), device = anchor.device();
+    MatchRecord record{kName, name, kFusedOp, {}};
+    std::vector<const NodeDef*> absorbed = ids.wrap;
+    absorbed.insert(absorbed.end(), ids.identities.begin(), ids.identities.end());
+    absorbed.insert(absorbed.end(), ids.check.begin(), ids.check.end());
+    if (ids.assert_node != nullptr) absorbed.push_back(ids.assert_node);
+    absorbed.push_back(ids.find);
+    std::vector<std::string> absorbed_names;
+    for (const NodeDef* n : absorbed) absorbed_names.push_back(n->name());
+    const bool checked = ids.assert_node != nullptr;
+    const int64_t missing_id = ids.missing_id;
+    if (checked) BypassAssert(ctx, *ids.assert_node, absorbed_names, name);
+    for (const NodeDef* n : absorbed) {
+      record.replaced.push_back(Describe(*n));
+      if (n != ids.assert_node) ctx->RedirectControlEdges(n->name(), name);
+    }
+    for (const NodeDef* n : ids.wrap)
+      for (int i = 0; i < n->input_size(); ++i)
+        RemoveIfDeadShapeMath(ctx, ctx->index().Producer(*n, i), name, 4);
+    for (const NodeDef* n : ids.check)
+      for (int i = 0; i < n->input_size(); ++i)
+        RemoveIfDeadConst(ctx, ctx->index().Producer(*n, i), name);
+    for (const std::string& n : absorbed_names) ctx->Remove(n, name);
+    record.replaced.push_back(Describe(anchor));
+
+    const std::string params = resource ? AddReadVariable(ctx, name + "/ctr_table", anchor.input(0), T, device)
+                                        : anchor.input(0);
+    const std::string keys =
+        flatten.found() ? FlattenKeys(ctx, name, find.input(1), TypeAttr(find, "Tin"), 2, device) : find.input(1);
+    // The fused op's output has the keys' rank + 1, as the gather's: it takes
+    // the gather's place whatever that rank (passed as 1).
+    NodeDef* fused = BecomeGatherOutput(ctx, anchor, kFusedOp, T, 1, flatten, &record);
+    for (const std::string& in : {find.input(0), keys, find.input(2), params}) fused->add_input(in);
+    CopyControlInputs(find, fused);
+    auto& attr = *fused->mutable_attr();
+    attr["T"].set_type(T);
+    attr["Tkey"].set_type(TypeAttr(find, "Tin"));
+    attr["missing_key"].set_s(checked ? "error" : "default");
+    attr["missing_id"].set_i(missing_id);
+    attr["wrap_negative_ids"].set_b(!ids.wrap.empty());
+    ctx->Matched(record);
+  }
+};
+
+REGISTER_CTR_FUSION_PATTERN(VocabLookupPattern);
+
+}  // namespace
+}  // namespace grappler
+}  // namespace tf_ctr

@@ -1,0 +1,143 @@
+"""The vocab_lookup pattern on Keras models written as keras-io writes them:
+StringLookup / IntegerLookup + Embedding become CtrVocabEmbedding, served on
+the CPU. Every rewritten SavedModel is served in a fresh process and compared
+with the original, including on keys out of the vocabulary."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_ctr_ops  # noqa: F401
+from conftest import serve_in_fresh_process
+from tf_ctr_ops import rewrite
+
+WORDS = [f"w{i}" for i in range(30)]
+NUMBERS = [3, 5, 7, 11, 13]
+
+
+def export(path, num_oov, pooled=False):
+    """A StringLookup (num_oov OOV slots) + Embedding + Flatten, an
+    IntegerLookup + Embedding, and, when pooled, a [B, 4] StringLookup +
+    Embedding + GlobalAveragePooling1D."""
+    import keras
+
+    keras.utils.set_random_seed(1)
+    word = keras.Input(shape=(1,), dtype="string", name="word")
+    number = keras.Input(shape=(1,), dtype="int64", name="number")
+    inputs, parts = [word, number], []
+    ids = keras.layers.StringLookup(vocabulary=WORDS, mask_token=None, num_oov_indices=num_oov)(word)
+    parts.append(keras.layers.Flatten()(keras.layers.Embedding(len(WORDS) + num_oov, 4)(ids)))
+    nums = keras.layers.IntegerLookup(vocabulary=NUMBERS, mask_token=None, num_oov_indices=num_oov)(number)
+    parts.append(keras.ops.squeeze(keras.layers.Embedding(len(NUMBERS) + num_oov, 4)(nums), axis=1))
+    if pooled:
+        tags = keras.Input(shape=(4,), dtype="string", name="tags")
+        inputs.append(tags)
+        tag_ids = keras.layers.StringLookup(vocabulary=WORDS, mask_token=None, num_oov_indices=num_oov)(tags)
+        parts.append(keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(len(WORDS) + num_oov, 4)(tag_ids)))
+    out = keras.layers.Dense(1)(keras.layers.Concatenate()(parts))
+    keras.Model(inputs, out).export(path, verbose=False)
+
+
+def inputs(rng, batch, oov=False, pooled=False):
+    words = np.array(WORDS + (["never-seen"] if oov else []), object)
+    feeds = {"word": words[rng.integers(0, len(words), size=(batch, 1))],
+             "number": np.array(NUMBERS + ([99] if oov else []), np.int64)[rng.integers(0, len(NUMBERS) + oov,
+                                                                                       size=(batch, 1))]}
+    if pooled:
+        feeds["tags"] = words[rng.integers(0, len(words), size=(batch, 4))]
+    return feeds
+
+
+def serve(path, feeds):
+    fn = tf.saved_model.load(str(path)).signatures["serving_default"]
+    return {k: v.numpy() for k, v in fn(**{k: tf.constant(v) for k, v in feeds.items()}).items()}
+
+
+def rewritten(tmp_path, num_oov, pooled=False, serving_device="cpu"):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    export(str(src), num_oov, pooled)
+    report = rewrite.optimize_saved_model(src, dst, runs=1, serving_device=serving_device)
+    return src, dst, report.signatures["serving_default"]
+
+
+@pytest.mark.parametrize("num_oov", [0, 1, 2])
+def test_lookups_and_embeddings_fuse_and_serve_the_same(tmp_path, rng, num_oov):
+    src, dst, sig = rewritten(tmp_path, num_oov, pooled=True)
+    fused = [m for m in sig.matches if m["fused_op"] == "CtrVocabEmbedding"]
+    if num_oov > 1:
+        # Keras hashes keys into its several OOV slots: not a plain table lookup.
+        assert not fused, sig.matches
+    else:
+        assert len(fused) == 3, sig.matches
+        replaced = " ".join(" ".join(m["replaced"]) for m in fused)
+        assert ("Assert" in replaced) == (num_oov == 0)
+        assert not any("LookupTableFindV2" in s["reason"] for s in sig.skips), sig.skips
+    assert sig.outputs_match
+    for batch in (0, 1, 17):
+        feeds = inputs(rng, batch, oov=num_oov > 0, pooled=True)
+        want = serve(src, feeds)
+        got = serve_in_fresh_process(dst, "serving_default", feeds, tmp_path)
+        np.testing.assert_allclose(got["output_0"], want["output_0"], rtol=1e-6, atol=1e-6)
+
+
+def test_out_of_vocabulary_key_still_fails_and_names_it(tmp_path, rng):
+    src, dst, sig = rewritten(tmp_path, num_oov=0)
+    assert len(sig.matches) == 2
+    feeds = inputs(rng, 4)
+    feeds["word"][2, 0] = "never-seen"
+    with pytest.raises(tf.errors.InvalidArgumentError, match="never-seen"):
+        serve(src, feeds)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"key 'never-seen' in row 2 is not in the vocabulary"):
+        serve(dst, feeds)
+
+
+def test_left_native_unless_served_on_the_cpu(tmp_path):
+    for device in (None, "gpu"):
+        _, _, sig = rewritten(tmp_path / str(device), num_oov=1, serving_device=device)
+        assert not sig.matches
+        reasons = [s["reason"] for s in sig.skips if s["pattern"] == "vocab_lookup"]
+        assert len(reasons) == 2 and all("serving_device='cpu'" in r for r in reasons), sig.skips
+
+
+class TakeFromTable(tf.Module):
+    """tf.lookup + keras.ops.take, with ids the table makes negative, and the
+    same gather behind a wrap that adds `shift` instead of the row count."""
+
+    def __init__(self, shift=None):
+        super().__init__()
+        keys = tf.constant(WORDS)
+        values = tf.range(len(WORDS), dtype=tf.int64) - 10  # ids -10..19
+        self.table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(keys, values), -1)
+        self.params = tf.Variable(np.random.default_rng(3).normal(size=(len(WORDS), 4)).astype(np.float32))
+        self.shift = shift
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def serve(self, keys):
+        import keras
+
+        ids = self.table.lookup(keys)
+        if self.shift is not None:
+            return tf.gather(self.params, tf.where(ids < 0, ids + self.shift, ids))
+        return keras.ops.take(self.params, ids, axis=0)
+
+
+@pytest.mark.parametrize("shift", [None, 5])
+def test_negative_ids_wrap_only_by_the_row_count(tmp_path, rng, shift):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    module = TakeFromTable(shift)
+    tf.saved_model.save(module, str(src), signatures={"serving_default": module.serve})
+    # Ids -10..19 and -1; a wrap by 5 leaves the gather in range only from -5 up.
+    words = np.array((WORDS if shift is None else WORDS[5:]) + ["never-seen"], object)
+    keys = words[rng.integers(0, len(words), size=64)]
+    report = rewrite.optimize_saved_model(src, dst, runs=1, serving_device="cpu",
+                                          sample_inputs={"serving_default": {"keys": keys}})
+    sig = report.signatures["serving_default"]
+    assert sig.outputs_match
+    if shift is None:
+        assert [m["fused_op"] for m in sig.matches] == ["CtrVocabEmbedding"], sig.skips
+    else:
+        assert not sig.matches
+        assert any("row count" in s["reason"] for s in sig.skips), sig.skips
+    want = serve(src, {"keys": keys})
+    got = serve_in_fresh_process(dst, "serving_default", {"keys": keys}, tmp_path)
+    np.testing.assert_array_equal(got["output_0"], want["output_0"])

@@ -1,0 +1,80 @@
+"""Vocabulary embedding: a lookup-table find and the gather of its rows in one op.
+
+This is what StringLookup / IntegerLookup + Embedding and the vocabulary
+feature columns compute; the rewrite fuses their subgraphs into it.
+"""
+
+import tensorflow as tf
+
+from tf_ctr_ops._loader import load_op_library
+from tf_ctr_ops.ops import _read_table
+
+_ops = load_op_library()
+
+MISSING_KEY = ("default", "error")
+
+
+def vocab_embedding(table, keys, params, missing_key="default", wrap_negative_ids=False, name=None):
+    """Rows of `params` for `keys`, found in a key -> row-id lookup table.
+
+    Equal to `tf.gather(params, table.lookup(keys))`, in one op:
+
+    Args:
+      table: a `tf.lookup` table whose values are int64 row ids
+        (`tf.lookup.StaticHashTable`, the table of a `StringLookup` or
+        `IntegerLookup` layer's `lookup_table`).
+      keys: string or int64 keys of any shape, the table's key dtype.
+      params: the [V, ...] embedding table: a Tensor or a Variable.
+      missing_key: "default": a key the table lacks reads the row of the
+        table's default value. "error": a key whose id is the default value is
+        an InvalidArgument naming the key and its row (StringLookup with
+        `num_oov_indices=0` asserts that every key is in its vocabulary).
+      wrap_negative_ids: a negative id i reads row V + i, as a Keras
+        Embedding's gather does.
+      name: the op's name.
+
+    Returns:
+      keys.shape + params.shape[1:]. Its gradient reaches `params` as
+      IndexedSlices, one row per key. An id outside [0, V) (after the wrap) is
+      an InvalidArgument naming the key, the id and the row.
+    """
+    if missing_key not in MISSING_KEY:
+        raise ValueError(f"missing_key must be one of {MISSING_KEY}, got {missing_key!r}")
+    if table.value_dtype != tf.int64:
+        raise TypeError(f"the table's values must be int64 row ids, got {table.value_dtype.name}")
+    keys = tf.convert_to_tensor(keys)
+    if keys.dtype != table.key_dtype:
+        raise TypeError(f"keys must have the table's key dtype {table.key_dtype.name}, got {keys.dtype.name}")
+    default = _default_value(table)
+    missing_id = -1
+    if missing_key == "error":
+        missing_id = tf.get_static_value(default)
+        if missing_id is None:
+            raise ValueError("missing_key='error' needs a table whose default value is a constant")
+    out, _ = _ops.ctr_vocab_embedding(table_handle=table.resource_handle, keys=keys, default_value=default,
+                                      params=_read_table(params), missing_key=missing_key, missing_id=int(missing_id),
+                                      wrap_negative_ids=bool(wrap_negative_ids), name=name)
+    return out
+
+
+def _default_value(table):
+    # Static tables expose it; the mutable ones (DenseHashTable, MutableHashTable) keep it private.
+    value = getattr(table, "default_value", None)
+    if value is None:
+        value = getattr(table, "_default_value", None)
+    if value is None:
+        raise TypeError(f"table must be a tf.lookup table with a default value, got {type(table).__name__}")
+    value = tf.cast(value, tf.int64)
+    if value.shape.rank not in (None, 0):
+        raise ValueError(f"the table's default value must be a scalar row id, got shape {value.shape}")
+    return value
+
+
+@tf.RegisterGradient("CtrVocabEmbedding")
+def _vocab_embedding_grad(op, grad, _rows_grad):
+    params = op.inputs[3]
+    rows = tf.reshape(op.outputs[1], [-1])
+    row_shape = tf.shape(params)[1:]
+    values = tf.reshape(grad, tf.concat([[-1], row_shape], axis=0))
+    params_grad = tf.IndexedSlices(values, rows, dense_shape=tf.shape(params, out_type=tf.int64))
+    return [None, None, None, params_grad]
