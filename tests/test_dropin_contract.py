@@ -309,7 +309,7 @@ def test_kernel_merged_gradient_rows_equal_the_python_merge(rng, dtype):
     grads = {}
     for order in ("per_id", "first_appearance"):
         with tf.GradientTape() as tape:
-            out = ops._lookup(ops._read_table(params), sp.values, sp.indices[:, 0], -1, w.values,
+            out = ops._lookup(ops.read_table(params), sp.values, sp.indices[:, 0], -1, w.values,
                               segment_kind="row_ids", combiner="sqrtn", default_id=3, grad_indices=order)
             loss = tf.reduce_sum(out * tf.cast(tf.range(tf.size(out)), dtype)[:, None, None][:tf.shape(out)[0]])
         grads[order] = tape.gradient(loss, params)

@@ -802,7 +802,7 @@ def _lookup_graphs(cfg, fused_table, native_table, tensor_table, vocab):
         return run
 
     def fused_per_id(sp):  # the fused lookup, its gradient left with one row per id
-        return tco_ops._lookup(tco_ops._read_table(fused_table), sp.values, sp.indices[:, 0], -1, None,
+        return tco_ops._lookup(tco_ops.read_table(fused_table), sp.values, sp.indices[:, 0], -1, None,
                                segment_kind="row_ids", combiner="mean", grad_indices="per_id")
 
     native_tensor = (graph(lambda sp: native_sparse(tensor_table)(sp, True), sparse_spec)

@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 from keras import constraints, initializers, regularizers
 
+from tf_ctr_ops import _args
 from tf_ctr_ops import ops as _ops
 from tf_ctr_ops import strings as _strings
 
@@ -83,7 +84,7 @@ def _check_positive_int(value, name):
 def _check_max_norm(max_norm):
     if max_norm is None:
         return None
-    _ops._max_norm_attr(max_norm)  # raises a clear ValueError if not > 0
+    _args.max_norm_attr(max_norm)  # raises a clear ValueError if not > 0
     return float(max_norm)
 
 
@@ -104,7 +105,7 @@ class _PooledEmbeddingBase(keras.layers.Layer):
         super().__init__(**kwargs)
         self._rows = _check_positive_int(rows, self._rows_arg)
         self.output_dim = _check_positive_int(output_dim, "output_dim")
-        self.combiner = _ops._check_combiner(combiner)
+        self.combiner = _args.check_combiner(combiner)
         self.max_norm = _check_max_norm(max_norm)
         self.embeddings_initializer = initializers.get(embeddings_initializer)
         self.embeddings_regularizer = regularizers.get(embeddings_regularizer)
@@ -138,7 +139,7 @@ class _PooledEmbeddingBase(keras.layers.Layer):
 
     def call(self, inputs, weights=None):
         inputs, weights = _as_container(inputs), _as_container(weights)
-        table = self._embeddings  # read without copy-on-read copies (ops._read_table)
+        table = self._embeddings  # read without copy-on-read copies (_args.read_table)
         outputs = self._lookup(table, inputs, weights)
         if outputs.dtype != self.compute_dtype:
             outputs = tf.cast(outputs, self.compute_dtype)
@@ -342,9 +343,9 @@ class StringEmbedding(_PooledEmbeddingBase):
                          embeddings_initializer=embeddings_initializer,
                          embeddings_regularizer=embeddings_regularizer,
                          embeddings_constraint=embeddings_constraint, max_norm=max_norm, **kwargs)
-        _strings._check_delimiter(delimiter)
+        _args.check_delimiter(delimiter)
         self.delimiter = delimiter
-        self.id_mode = _strings._check_id_mode(id_mode)
+        self.id_mode = _args.check_id_mode(id_mode)
         self.skip_empty = bool(skip_empty)
 
     @property
@@ -405,13 +406,13 @@ class MultiStringEmbedding(keras.layers.Layer):
         if n == 0:
             raise ValueError("`num_buckets` must list at least one feature")
         self.output_dims = [_check_positive_int(d, "output_dims")
-                            for d in _strings._per_feature(output_dims, n, "output_dims")]
-        self.delimiters = _strings._per_feature(delimiters, n, "delimiters")
+                            for d in _args.per_feature(output_dims, n, "output_dims")]
+        self.delimiters = _args.per_feature(delimiters, n, "delimiters")
         for d in self.delimiters:
-            _strings._check_delimiter(d)
-        self.combiners = [_ops._check_combiner(c) for c in _strings._per_feature(combiners, n, "combiners")]
-        self.id_modes = [_strings._check_id_mode(m) for m in _strings._per_feature(id_modes, n, "id_modes")]
-        self.skip_empty = [bool(s) for s in _strings._per_feature(skip_empty, n, "skip_empty")]
+            _args.check_delimiter(d)
+        self.combiners = [_args.check_combiner(c) for c in _args.per_feature(combiners, n, "combiners")]
+        self.id_modes = [_args.check_id_mode(m) for m in _args.per_feature(id_modes, n, "id_modes")]
+        self.skip_empty = [bool(s) for s in _args.per_feature(skip_empty, n, "skip_empty")]
         self.embeddings_initializer = initializers.get(embeddings_initializer)
         self.max_norm = _check_max_norm(max_norm)
         self.concat = bool(concat)

@@ -7,74 +7,22 @@ id containers) in place of the TF-native subgraph it replaces.
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops, variables
 
+from tf_ctr_ops import strings
+from tf_ctr_ops._args import (  # noqa: F401  (COMBINERS, canonical_shard_sizes: part of this module's API)
+    COMBINERS,
+    as_table,
+    canonical_shard_sizes,
+    check_combiner,
+    max_norm_attr,
+    read_table,
+)
 from tf_ctr_ops._loader import load_op_library
 
 _ops = load_op_library()
 
-COMBINERS = ("sum", "mean", "sqrtn")
-
 
 # ---------------------------------------------------------------------------
 # Argument normalisation
-
-
-def _check_combiner(combiner):
-    if combiner not in COMBINERS:
-        raise ValueError(f"combiner must be one of 'mean', 'sqrtn' or 'sum', got {combiner!r}")
-    return combiner
-
-
-def _max_norm_attr(max_norm):
-    if max_norm is None:
-        return -1.0
-    max_norm = float(max_norm)
-    if not max_norm > 0:
-        raise ValueError(f"max_norm must be positive or None, got {max_norm}")
-    return max_norm
-
-
-def _as_table(params, dtype=None):
-    """One [V, D] tensor from a Tensor, a Variable or a list of 'div' partitions.
-
-    For the 'div' strategy of tf.nn's v2 lookups, partition p holds the ids
-    that follow those of partition p - 1, so concatenating the partitions in
-    order keeps every id's row: ids need no remapping.
-    """
-    if type(params).__name__ == "PartitionedVariable":  # tf.compat.v1 partitioned variables
-        params = list(params)
-    if isinstance(params, (list, tuple)):
-        if not params:
-            raise ValueError("Missing embedding_weights: an empty list of partitions was given")
-        parts = [_read_table(p, dtype) for p in params]
-        if len(parts) == 1:
-            return parts[0]
-        _check_div_layout(parts)
-        return tf.concat(parts, axis=0)
-    return _read_table(params, dtype)
-
-
-def _read_table(table, dtype=None):
-    """A table's value; a resource variable is read without a copy.
-
-    After a sparse read or a sparse optimizer update a variable is in
-    copy-on-read mode, where a plain read copies the whole table on every
-    call. Like tf.nn's own lookups, read_value_no_copy() leaves that mode.
-    """
-    var = getattr(table, "_value", table)  # a Keras 3 variable wraps a tf.Variable
-    if isinstance(var, resource_variable_ops.BaseResourceVariable) and dtype in (None, var.dtype):
-        return var.read_value_no_copy()
-    return tf.convert_to_tensor(table, dtype=dtype)
-
-
-def _check_div_layout(parts):
-    sizes = [p.shape[0] for p in parts]
-    if any(s is None for s in sizes):
-        return  # dynamic sizes: TF's own layout rules apply at run time
-    expected = canonical_shard_sizes(sum(sizes), len(sizes))
-    if sizes != expected:
-        raise ValueError(
-            f"partition sizes {sizes} do not follow the 'div' layout {expected} that "
-            "tf.nn.embedding_lookup_sparse assumes for a list of partitions")
 
 
 def _ids_tensor(values):
@@ -101,13 +49,13 @@ def _lookup(table, ids, segments, num_rows, weights, *, segment_kind, combiner, 
         segments=segments,
         num_rows=tf.cast(num_rows, tf.int64),
         weights=weights,
-        combiner=_check_combiner(combiner),
+        combiner=check_combiner(combiner),
         segment_kind=segment_kind,
         id_mode=id_mode,
         invalid_ids=invalid_ids,
         prune_weights=prune_weights,
         default_id=default_id,
-        max_norm=_max_norm_attr(max_norm),
+        max_norm=max_norm_attr(max_norm),
         has_weights=has_weights,
         grad_indices=grad_indices,
         name=name,
@@ -231,7 +179,7 @@ def _read_shard(shard, dtype=None):
     """
     if dtype is not None and not (resource_variable_ops.is_resource_variable(shard) and shard.dtype == dtype):
         shard = tf.convert_to_tensor(shard, dtype=dtype)
-    return _read_table(shard)
+    return read_table(shard)
 
 
 def _check_shards(parts):
@@ -244,15 +192,6 @@ def _check_shards(parts):
     for p in parts:
         if p.shape.rank == 0:
             raise ValueError(f"an embedding table must have rank >= 1 ([V] or [V, d1, ...]), got shape {p.shape}")
-
-
-def canonical_shard_sizes(total, num_shards):
-    """Rows per shard in TF's layout of `total` rows: the first total % n shards get one more.
-
-    Both partition strategies assume it: "div" gives shard p the next run of
-    ids, "mod" gives it the ids r with r % n == p, and both make these sizes.
-    """
-    return [total // num_shards + (1 if i < total % num_shards else 0) for i in range(num_shards)]
 
 
 def _layout_checks(parts, strategy):
@@ -376,7 +315,7 @@ def _lookup_sparse_bags(sp_ids, sp_weights):
 
 
 def _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, name, combiner, max_norm):
-    combiner = _check_combiner(combiner or "mean")
+    combiner = check_combiner(combiner or "mean")
     bags = _lookup_sparse_bags(sp_ids, sp_weights)
     with tf.name_scope(name or "embedding_lookup_sparse"):
         parts = [_read_shard(p) for p in _shard_list(params)]
@@ -441,7 +380,7 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
     dtype = sparse_weights.dtype if sparse_weights is not None else None
     parts = [_read_shard(w, dtype) for w in shards]
     _check_shards(parts)
-    combiner = _check_combiner(combiner)
+    combiner = check_combiner(combiner)
     with tf.name_scope(name or "embedding_lookup"):
         merged = _MergedShards(parts, partition_strategy)
         table = merged.table
@@ -573,7 +512,7 @@ def sparse_embedding(params, ids, weights=None, combiner="mean", max_norm=None, 
         padding, naming the row and the id.
     """
     with tf.name_scope(name or "sparse_embedding"):
-        table = _as_table(params)
+        table = as_table(params)
         bags = _bags_from_container(ids, weights, -1)
         out = _lookup(table, bags.ids, bags.segments, bags.num_rows, _weights_values(bags.weights),
                       segment_kind=bags.kind, combiner=combiner, invalid_ids="skip_padding",
@@ -601,14 +540,17 @@ def hash_embedding(params, keys, weights=None, combiner="mean", max_norm=None, n
       `[B, D]` tensor of the params dtype.
     """
     with tf.name_scope(name or "hash_embedding"):
-        table = _as_table(params)
+        table = as_table(params)
         dense = not isinstance(keys, (tf.RaggedTensor, tf.SparseTensor))
         if dense:
             keys = tf.convert_to_tensor(keys)
         if keys.dtype == tf.string:
-            from tf_ctr_ops import strings  # the packed-string path owns string keys
-
-            return strings.hash_string_keys(table, keys, weights, combiner, max_norm)
+            if weights is None:  # the packed-string path owns unweighted string keys
+                return strings.hash_string_keys(table, keys, combiner, max_norm)
+            # Weighted string keys: hash with TF, then the fused weighted lookup.
+            keys, weights = strings.string_key_bags(keys, weights)
+            buckets = tf.strings.to_hash_bucket_fast(keys.values, tf.shape(table, out_type=tf.int64)[0])
+            return sparse_embedding(table, keys.with_values(buckets), weights, combiner=combiner, max_norm=max_norm)
         bags = _bags_from_container(keys, weights, -1)
         out = _lookup(table, bags.ids, bags.segments, bags.num_rows, _weights_values(bags.weights),
                       segment_kind=bags.kind, combiner=combiner, id_mode="hash",

@@ -7,33 +7,19 @@ copy of the GPU path) instead of a string allocation per token.
 
 import tensorflow as tf
 
-from tf_ctr_ops.ops import COMBINERS, _as_table, _check_combiner, _max_norm_attr
+from tf_ctr_ops._args import (
+    COMBINERS,
+    ID_MODES,
+    as_table,
+    check_combiner,
+    check_delimiter,
+    check_id_mode,
+    max_norm_attr,
+    per_feature,
+)
 from tf_ctr_ops._loader import load_op_library
 
 _ops = load_op_library()
-
-ID_MODES = ("hash", "index", "mod")
-MAX_DELIMITER_BYTES = 16
-
-
-def _check_id_mode(id_mode):
-    if id_mode not in ID_MODES:
-        raise ValueError(f"id_mode must be one of {ID_MODES}, got {id_mode!r}")
-    return id_mode
-
-
-def _check_delimiter(delimiter):
-    """The delimiter attr: None means each whole string is one token."""
-    if delimiter is None:
-        return b""
-    if isinstance(delimiter, str):
-        delimiter = delimiter.encode("utf-8")
-    if not isinstance(delimiter, bytes) or not delimiter:
-        raise ValueError(f"delimiter must be a non-empty string, or None for whole-string tokens, got "
-                         f"{delimiter!r}")
-    if len(delimiter) > MAX_DELIMITER_BYTES:
-        raise ValueError(f"delimiter must be at most {MAX_DELIMITER_BYTES} bytes, got {len(delimiter)}")
-    return delimiter
 
 
 def _string_vector(strings):
@@ -78,8 +64,8 @@ def _string_op(table, packed, bag_splits, *, delimiter, combiner, id_mode, skip_
     return _ops.ctr_string_embedding(
         params=table, bytes=data, row_splits=tf.cast(row_splits, tf.int64),
         bag_splits=tf.zeros([0], tf.int64) if bag_splits is None else tf.cast(bag_splits, tf.int64),
-        delimiter=delimiter, combiner=_check_combiner(combiner), id_mode=_check_id_mode(id_mode),
-        skip_empty=bool(skip_empty), max_norm=_max_norm_attr(max_norm), bagged=bag_splits is not None,
+        delimiter=delimiter, combiner=check_combiner(combiner), id_mode=check_id_mode(id_mode),
+        skip_empty=bool(skip_empty), max_norm=max_norm_attr(max_norm), bagged=bag_splits is not None,
         invalid_ids=_check_string_invalid_ids(invalid_ids), default_id=-1 if default_id is None else int(default_id))
 
 
@@ -121,20 +107,13 @@ def string_embedding(strings, params, delimiter=",", combiner="mean", id_mode="h
         `to_number` rejects, and in index mode for an id outside `[0, V)`
         (or `>= V` with "skip_negative"), naming the row and the token.
     """
-    delimiter = _check_delimiter(delimiter)
+    delimiter = check_delimiter(delimiter)
     with tf.name_scope(name or "string_embedding"):
-        table = _as_table(params)
+        table = as_table(params)
         packed = strings if _is_packed(strings) else pack_strings(strings)
         return _string_op(table, packed, None, delimiter=delimiter, combiner=combiner, id_mode=id_mode,
                           skip_empty=skip_empty, max_norm=max_norm, invalid_ids=invalid_ids,
                           default_id=default_id)
-
-
-def _per_feature(value, n, what):
-    values = list(value) if isinstance(value, (list, tuple)) else [value] * n
-    if len(values) != n:
-        raise ValueError(f"{what} must be one value or a list of {n} (one per feature), got {len(values)}")
-    return values
 
 
 def multi_string_embedding(features, tables, delimiters=",", combiners="mean", id_modes="hash",
@@ -159,13 +138,13 @@ def multi_string_embedding(features, tables, delimiters=",", combiners="mean", i
     if n == 0 or len(tables) != n:
         raise ValueError(f"features and tables must be non-empty lists of equal length, got {n} features "
                          f"and {len(tables)} tables")
-    delimiters = [_check_delimiter(d) for d in _per_feature(delimiters, n, "delimiters")]
-    combiners = [_check_combiner(c) for c in _per_feature(combiners, n, "combiners")]
-    id_modes = [_check_id_mode(m) for m in _per_feature(id_modes, n, "id_modes")]
-    skip_empty = [bool(s) for s in _per_feature(skip_empty, n, "skip_empty")]
-    max_norms = [_max_norm_attr(m) for m in _per_feature(max_norms, n, "max_norms")]
+    delimiters = [check_delimiter(d) for d in per_feature(delimiters, n, "delimiters")]
+    combiners = [check_combiner(c) for c in per_feature(combiners, n, "combiners")]
+    id_modes = [check_id_mode(m) for m in per_feature(id_modes, n, "id_modes")]
+    skip_empty = [bool(s) for s in per_feature(skip_empty, n, "skip_empty")]
+    max_norms = [max_norm_attr(m) for m in per_feature(max_norms, n, "max_norms")]
     with tf.name_scope(name or "multi_string_embedding"):
-        tables = [_as_table(t) for t in tables]
+        tables = [as_table(t) for t in tables]
         features = [_string_vector(f) for f in features]
         _check_same_batch(features)
         # One pack straight from the N feature tensors: a string concat first
@@ -193,28 +172,34 @@ def _check_same_batch(features):
         raise ValueError(f"features must share one batch size, got {sizes}")
 
 
-def hash_string_keys(table, keys, weights, combiner, max_norm):
-    """hash_embedding for string keys: bags of whole-string tokens."""
+def string_key_bags(keys, weights=None):
+    """String keys as a RaggedTensor [B, (n)], and their weights alike: a
+    SparseTensor [B, N] as it is, a dense [B, N] tensor without its "" padding."""
     if isinstance(keys, tf.SparseTensor):
         keys = tf.RaggedTensor.from_sparse(keys)
         weights = None if weights is None else tf.RaggedTensor.from_sparse(weights)
     elif not isinstance(keys, tf.RaggedTensor):
-        keys = tf.convert_to_tensor(keys)
-        if keys.shape.rank != 2:
-            raise ValueError(f"dense keys must be [B, N], got shape {keys.shape}")
-        if weights is None:
-            return _dense_hash_string_keys(table, keys, combiner, max_norm)
+        keys = _dense_string_keys(keys)
         mask = tf.not_equal(keys, "")  # dense string keys are padded with ""
         keys = tf.ragged.boolean_mask(keys, mask)
         weights = None if weights is None else tf.ragged.boolean_mask(weights, mask)
     if keys.ragged_rank != 1:
         raise ValueError(f"keys must be a RaggedTensor [B, (n)], got ragged rank {keys.ragged_rank}")
-    if weights is not None:
-        # Weighted string keys: hash with TF, then the fused weighted lookup.
-        from tf_ctr_ops.ops import sparse_embedding
+    return keys, weights
 
-        buckets = tf.strings.to_hash_bucket_fast(keys.values, tf.shape(table, out_type=tf.int64)[0])
-        return sparse_embedding(table, keys.with_values(buckets), weights, combiner=combiner, max_norm=max_norm)
+
+def _dense_string_keys(keys):
+    keys = tf.convert_to_tensor(keys)
+    if keys.shape.rank != 2:
+        raise ValueError(f"dense keys must be [B, N], got shape {keys.shape}")
+    return keys
+
+
+def hash_string_keys(table, keys, combiner, max_norm):
+    """hash_embedding for unweighted string keys: bags of whole-string tokens."""
+    if not isinstance(keys, (tf.SparseTensor, tf.RaggedTensor)):
+        return _dense_hash_string_keys(table, _dense_string_keys(keys), combiner, max_norm)
+    keys, _ = string_key_bags(keys)
     return _string_op(table, pack_strings(keys.values), keys.row_splits, delimiter=b"", combiner=combiner,
                       id_mode="hash", skip_empty=False, max_norm=max_norm)
 

@@ -7,7 +7,7 @@ feature columns compute; the rewrite fuses their subgraphs into it.
 import tensorflow as tf
 
 from tf_ctr_ops._loader import load_op_library
-from tf_ctr_ops.ops import _read_table
+from tf_ctr_ops._args import read_table
 
 _ops = load_op_library()
 
@@ -52,7 +52,7 @@ def vocab_embedding(table, keys, params, missing_key="default", wrap_negative_id
         if missing_id is None:
             raise ValueError("missing_key='error' needs a table whose default value is a constant")
     out, _ = _ops.ctr_vocab_embedding(table_handle=table.resource_handle, keys=keys, default_value=default,
-                                      params=_read_table(params), missing_key=missing_key, missing_id=int(missing_id),
+                                      params=read_table(params), missing_key=missing_key, missing_id=int(missing_id),
                                       wrap_negative_ids=bool(wrap_negative_ids), name=name)
     return out
 

@@ -1,0 +1,110 @@
+"""Argument checks and table reads shared by the op wrappers and the layers.
+
+One home for each rule, so that `ops`, `strings`, `vocab` and `layers` agree
+on them and import one way: every one of them imports this module, and it
+imports none of them.
+"""
+
+import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
+
+COMBINERS = ("sum", "mean", "sqrtn")
+ID_MODES = ("hash", "index", "mod")
+MAX_DELIMITER_BYTES = 16
+
+
+def check_combiner(combiner):
+    if combiner not in COMBINERS:
+        raise ValueError(f"combiner must be one of 'mean', 'sqrtn' or 'sum', got {combiner!r}")
+    return combiner
+
+
+def max_norm_attr(max_norm):
+    """The max_norm attr: -1 (off) for None, else a positive float."""
+    if max_norm is None:
+        return -1.0
+    max_norm = float(max_norm)
+    if not max_norm > 0:
+        raise ValueError(f"max_norm must be positive or None, got {max_norm}")
+    return max_norm
+
+
+def check_id_mode(id_mode):
+    if id_mode not in ID_MODES:
+        raise ValueError(f"id_mode must be one of {ID_MODES}, got {id_mode!r}")
+    return id_mode
+
+
+def check_delimiter(delimiter):
+    """The delimiter attr: None means each whole string is one token."""
+    if delimiter is None:
+        return b""
+    if isinstance(delimiter, str):
+        delimiter = delimiter.encode("utf-8")
+    if not isinstance(delimiter, bytes) or not delimiter:
+        raise ValueError(f"delimiter must be a non-empty string, or None for whole-string tokens, got "
+                         f"{delimiter!r}")
+    if len(delimiter) > MAX_DELIMITER_BYTES:
+        raise ValueError(f"delimiter must be at most {MAX_DELIMITER_BYTES} bytes, got {len(delimiter)}")
+    return delimiter
+
+
+def per_feature(value, n, what):
+    """One value per feature: a list of n, or one value for all."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value] * n
+    if len(values) != n:
+        raise ValueError(f"{what} must be one value or a list of {n} (one per feature), got {len(values)}")
+    return values
+
+
+def canonical_shard_sizes(total, num_shards):
+    """Rows per shard in TF's layout of `total` rows: the first total % n shards get one more.
+
+    Both partition strategies assume it: "div" gives shard p the next run of
+    ids, "mod" gives it the ids r with r % n == p, and both make these sizes.
+    """
+    return [total // num_shards + (1 if i < total % num_shards else 0) for i in range(num_shards)]
+
+
+def check_div_layout(parts):
+    sizes = [p.shape[0] for p in parts]
+    if any(s is None for s in sizes):
+        return  # dynamic sizes: TF's own layout rules apply at run time
+    expected = canonical_shard_sizes(sum(sizes), len(sizes))
+    if sizes != expected:
+        raise ValueError(
+            f"partition sizes {sizes} do not follow the 'div' layout {expected} that "
+            "tf.nn.embedding_lookup_sparse assumes for a list of partitions")
+
+
+def read_table(table, dtype=None):
+    """A table's value; a resource variable is read without a copy.
+
+    After a sparse read or a sparse optimizer update a variable is in
+    copy-on-read mode, where a plain read copies the whole table on every
+    call. Like tf.nn's own lookups, read_value_no_copy() leaves that mode.
+    """
+    var = getattr(table, "_value", table)  # a Keras 3 variable wraps a tf.Variable
+    if isinstance(var, resource_variable_ops.BaseResourceVariable) and dtype in (None, var.dtype):
+        return var.read_value_no_copy()
+    return tf.convert_to_tensor(table, dtype=dtype)
+
+
+def as_table(params, dtype=None):
+    """One [V, D] tensor from a Tensor, a Variable or a list of 'div' partitions.
+
+    For the 'div' strategy of tf.nn's v2 lookups, partition p holds the ids
+    that follow those of partition p - 1, so concatenating the partitions in
+    order keeps every id's row: ids need no remapping.
+    """
+    if type(params).__name__ == "PartitionedVariable":  # tf.compat.v1 partitioned variables
+        params = list(params)
+    if isinstance(params, (list, tuple)):
+        if not params:
+            raise ValueError("Missing embedding_weights: an empty list of partitions was given")
+        parts = [read_table(p, dtype) for p in params]
+        if len(parts) == 1:
+            return parts[0]
+        check_div_layout(parts)
+        return tf.concat(parts, axis=0)
+    return read_table(params, dtype)
