@@ -3,11 +3,11 @@
 // the core loops in cc/core/lookup.h.
 #include <algorithm>
 #include <limits>
-#include <mutex>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "cc/core/lookup.h"
+#include "cc/core/lowest_row_error.h"
 #include "cc/core/segments.h"
 #include "cc/kernels/lookup_common.h"
 #include "cc/kernels/tf_types.h"
@@ -57,25 +57,6 @@ absl::Status BuildOffsets(OpKernelContext* ctx, const LookupAttrs& a, const Look
   return CoreStatus(error);
 }
 
-// Keeps the bad key of the lowest row across shards, so the error a user sees
-// does not depend on thread scheduling.
-class FirstKeyError {
- public:
-  void Offer(const ctr::KeyError& e) {
-    if (!e.found()) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!error_.found() || e.row < error_.row) error_ = e;
-  }
-  absl::Status ToStatus(int64_t vocab) const {
-    return error_.found() ? tensorflow::errors::InvalidArgument(ctr::DescribeKeyError(error_, vocab))
-                          : absl::OkStatus();
-  }
-
- private:
-  std::mutex mu_;
-  ctr::KeyError error_;
-};
-
 template <typename T, typename TId, typename TSeg>
 class EmbeddingLookupCpuOp : public LookupKernel {
  public:
@@ -97,7 +78,7 @@ class EmbeddingLookupCpuOp : public LookupKernel {
     const TId* ids = in.ids->flat<TId>().data();
     const float* weights = in.weights ? in.weights->flat<float>().data() : nullptr;
     CT* dst = CorePtr<T>(out);
-    FirstKeyError first_error;
+    ctr::LowestRowError<ctr::KeyError> first_error;
     ParallelFor(ctx, rows, BagCost(in, a.spec, rows), [&](int64_t begin, int64_t end) {
       std::vector<ctr::AccT<CT>> acc(a.spec.dim);
       ctr::KeyError err;
@@ -105,7 +86,8 @@ class EmbeddingLookupCpuOp : public LookupKernel {
                        dst, &err);
       first_error.Offer(err);
     });
-    OP_REQUIRES_OK(ctx, first_error.ToStatus(a.spec.vocab));
+    OP_REQUIRES(ctx, !first_error.found(),
+                tensorflow::errors::InvalidArgument(ctr::DescribeKeyError(first_error.error(), a.spec.vocab)));
   }
 };
 

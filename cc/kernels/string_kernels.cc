@@ -2,9 +2,9 @@
 // bytes on TF's intra-op pool (cc/core/strings.h does the per-token work).
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 #include <vector>
 
+#include "cc/core/lowest_row_error.h"
 #include "cc/core/segments.h"
 #include "cc/core/strings.h"
 #include "cc/kernels/string_common.h"
@@ -95,23 +95,13 @@ REGISTER_KERNEL_BUILDER(Name("CtrPackStrings")
                         PackStringsOp);
 #endif
 
-// Keeps the rejected token of the lowest row, independent of scheduling.
-class FirstTokenError {
- public:
-  void Offer(const ctr::TokenError& e) {
-    if (!e.found()) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!error_.found() || e.row < error_.row) error_ = e;
-  }
-  absl::Status ToStatus(const uint8_t* bytes, int64_t vocab, const std::string& prefix = "") const {
-    if (!error_.found()) return absl::OkStatus();
-    return tensorflow::errors::InvalidArgument(prefix, ctr::DescribeTokenError(error_, bytes, vocab));
-  }
+using FirstTokenError = ctr::LowestRowError<ctr::TokenError>;
 
- private:
-  std::mutex mu_;
-  ctr::TokenError error_;
-};
+absl::Status TokenErrorStatus(const FirstTokenError& first, const uint8_t* bytes, int64_t vocab,
+                              const std::string& prefix = "") {
+  if (!first.found()) return absl::OkStatus();
+  return tensorflow::errors::InvalidArgument(prefix, ctr::DescribeTokenError(first.error(), bytes, vocab));
+}
 
 // The validated inputs of one string embedding: bytes, string and bag splits.
 struct StringInputs {
@@ -171,7 +161,7 @@ class StringEmbeddingCpuOp : public StringKernel {
                                          trim ? nonempty.data() : nullptr);
                   first.Offer(err);
                 });
-    OP_REQUIRES_OK(ctx, first.ToStatus(in.bytes, spec.lookup.vocab));
+    OP_REQUIRES_OK(ctx, TokenErrorStatus(first, in.bytes, spec.lookup.vocab));
     if (!trim) return;
     int64_t rows = in.num_bags;
     while (rows > 0 && !nonempty[rows - 1]) --rows;
@@ -260,7 +250,7 @@ class MultiStringEmbeddingCpuOp : public MultiStringKernel {
     };
     ParallelForBytes(ctx, s, num_strings, StringBagCost(specs[0], bytes.NumElements(), num_strings), pool_rows);
     for (int f = 0; f < n; ++f)
-      OP_REQUIRES_OK(ctx, first[f].ToStatus(b, specs[f].lookup.vocab, "feature " + std::to_string(f) + ": "));
+      OP_REQUIRES_OK(ctx, TokenErrorStatus(first[f], b, specs[f].lookup.vocab, "feature " + std::to_string(f) + ": "));
   }
 };
 
@@ -319,7 +309,7 @@ class ConcatStringEmbeddingCpuOp : public ConcatStringKernel {
         ctr::CheckBagTokens(visit, common, first[f + 1] - first[f]);
         errors[f].Offer(err);
       }
-      OP_REQUIRES_OK(ctx, errors[f].ToStatus(b, specs[f].lookup.vocab, "feature " + std::to_string(f) + ": "));
+      OP_REQUIRES_OK(ctx, TokenErrorStatus(errors[f], b, specs[f].lookup.vocab, "feature " + std::to_string(f) + ": "));
     }
   }
 

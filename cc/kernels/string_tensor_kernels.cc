@@ -5,10 +5,10 @@
 // on one thread before the pooling starts. Per-token work is the core's
 // (cc/core/strings.h), unchanged, so outputs and errors are the packed op's.
 #include <algorithm>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "cc/core/lowest_row_error.h"
 #include "cc/core/strings.h"
 #include "cc/kernels/string_common.h"
 #include "cc/kernels/string_runs.h"
@@ -56,20 +56,15 @@ class FirstBadToken {
     if (!e.found()) return;
     ctr::TokenError at = e;
     at.row += row_base;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (row_ >= 0 && row_ <= at.row) return;
-    row_ = at.row;
-    message_ = ctr::DescribeTokenError(at, bytes, vocab);
+    first_.Offer(ctr::DescribedError{at.row, ctr::DescribeTokenError(at, bytes, vocab)});
   }
   absl::Status ToStatus(int feature) const {
-    if (row_ < 0) return absl::OkStatus();
-    return tensorflow::errors::InvalidArgument("feature ", feature, ": ", message_);
+    if (!first_.found()) return absl::OkStatus();
+    return tensorflow::errors::InvalidArgument("feature ", feature, ": ", first_.error().message);
   }
 
  private:
-  std::mutex mu_;
-  int64_t row_ = -1;
-  std::string message_;
+  ctr::LowestRowError<ctr::DescribedError> first_;
 };
 
 // A feature's ParallelFor weight per row: the mean bytes of its first strings

@@ -8,10 +8,10 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "cc/core/lowest_row_error.h"
 #include "cc/core/fingerprint.h"
 #include "cc/core/lookup.h"
 #include "cc/core/parse.h"
@@ -55,21 +55,17 @@ py::array RunLookup(const ctr::LookupSpec& spec, const py::array& params, const 
   T* dst = static_cast<T*>(out.mutable_data());
   const T* p = static_cast<const T*>(params.data());
   const TKey* k = static_cast<const TKey*>(keys.data());
-  ctr::KeyError first;
+  ctr::LowestRowError<ctr::KeyError> first;
   {
     py::gil_scoped_release release;
-    std::mutex mu;
     ParallelRanges(rows, threads, [&](int64_t b, int64_t e) {
       std::vector<float> acc(spec.dim);
       ctr::KeyError err;
       ctr::PoolBagsCpu(spec, p, k, weights, offsets.data(), b, e, acc.data(), dst, &err);
-      if (err.found()) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!first.found() || err.row < first.row) first = err;
-      }
+      first.Offer(err);
     });
   }
-  if (first.found()) throw py::value_error(ctr::DescribeKeyError(first, spec.vocab));
+  if (first.found()) throw py::value_error(ctr::DescribeKeyError(first.error(), spec.vocab));
   return out;
 }
 
@@ -126,21 +122,17 @@ py::array RunStringEmbedding(const ctr::StringSpec& spec, const py::array& param
   py::array out(params.dtype(), std::vector<py::ssize_t>{bags, spec.lookup.dim});
   T* dst = static_cast<T*>(out.mutable_data());
   const T* p = static_cast<const T*>(params.data());
-  ctr::TokenError first;
+  ctr::LowestRowError<ctr::TokenError> first;
   {
     py::gil_scoped_release release;
-    std::mutex mu;
     ParallelRanges(bags, threads, [&](int64_t b, int64_t e) {
       std::vector<float> acc(spec.lookup.dim);
       ctr::TokenError err;
       ctr::PoolStringBagsCpu(spec, p, bytes, num_bytes, splits.data(), bag_splits, b, e, acc.data(), dst, &err);
-      if (err.found()) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!first.found() || err.row < first.row) first = err;
-      }
+      first.Offer(err);
     });
   }
-  if (first.found()) throw py::value_error(ctr::DescribeTokenError(first, bytes, spec.lookup.vocab));
+  if (first.found()) throw py::value_error(ctr::DescribeTokenError(first.error(), bytes, spec.lookup.vocab));
   return out;
 }
 
