@@ -3,12 +3,19 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 
+#include "cc/core/enum_names.h"
 #include "cc/core/hd.h"
 
 namespace ctr {
 
 enum class Combiner : int32_t { kSum = 0, kMean = 1, kSqrtn = 2 };
+inline constexpr EnumName<Combiner> kCombinerNames[] = {
+    {"sum", Combiner::kSum}, {"mean", Combiner::kMean}, {"sqrtn", Combiner::kSqrtn}};
+inline std::string ParseCombiner(const std::string& s, Combiner* out) {
+  return ParseEnum("combiner", kCombinerNames, s, out);
+}
 
 // Running sums a bag needs for its final scale.
 struct BagWeights {

@@ -15,6 +15,8 @@
 namespace ctr {
 
 enum class IdMode : int32_t { kIndex = 0, kHash = 1 };
+inline constexpr EnumName<IdMode> kIdModeNames[] = {{"index", IdMode::kIndex}, {"hash", IdMode::kHash}};
+inline std::string ParseIdMode(const std::string& s, IdMode* out) { return ParseEnum("id_mode", kIdModeNames, s, out); }
 
 // What happens to ids that are not table rows, by API:
 //   kError        every id outside [0, V) is an error (tf.nn.embedding_lookup_sparse)
@@ -22,6 +24,12 @@ enum class IdMode : int32_t { kIndex = 0, kHash = 1 };
 //   kSkipPadding  -1 is padding and dropped (in hash mode too), anything else
 //                 outside [0, V) is an error
 enum class InvalidIds : int32_t { kError = 0, kSkipNegative = 1, kSkipPadding = 2 };
+inline constexpr EnumName<InvalidIds> kInvalidIdsNames[] = {
+    {"error", InvalidIds::kError}, {"skip_negative", InvalidIds::kSkipNegative},
+    {"skip_padding", InvalidIds::kSkipPadding}};
+inline std::string ParseInvalidIds(const std::string& s, InvalidIds* out) {
+  return ParseEnum("invalid_ids", kInvalidIdsNames, s, out);
+}
 
 struct LookupSpec {
   int64_t vocab = 0;  // table rows

@@ -25,6 +25,11 @@ enum class TokenMode : int32_t {
   kIndex = 1,  // to_number(token, int64), must lie in [0, V)
   kMod = 2,    // to_number(token, int64) floor-mod V
 };
+inline constexpr EnumName<TokenMode> kTokenModeNames[] = {
+    {"hash", TokenMode::kHash}, {"index", TokenMode::kIndex}, {"mod", TokenMode::kMod}};
+inline std::string ParseTokenMode(const std::string& s, TokenMode* out) {
+  return ParseEnum("id_mode", kTokenModeNames, s, out);
+}
 
 constexpr int64_t kMaxDelimiterBytes = 16;
 

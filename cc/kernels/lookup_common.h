@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cc/core/lookup.h"
+#include "cc/kernels/tf_types.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace tf_ctr {
@@ -16,18 +17,6 @@ struct LookupAttrs {
   bool has_weights = false;
   bool merge_grad_rows = false;  // grad_indices "first_appearance"
 };
-
-inline ctr::Combiner ParseCombiner(const std::string& s) {
-  if (s == "sum") return ctr::Combiner::kSum;
-  if (s == "sqrtn") return ctr::Combiner::kSqrtn;
-  return ctr::Combiner::kMean;  // the op def restricts the values
-}
-
-inline ctr::InvalidIds ParseInvalidIds(const std::string& s) {
-  if (s == "skip_negative") return ctr::InvalidIds::kSkipNegative;
-  if (s == "skip_padding") return ctr::InvalidIds::kSkipPadding;
-  return ctr::InvalidIds::kError;
-}
 
 inline absl::Status ReadLookupAttrs(tensorflow::OpKernelConstruction* c, LookupAttrs* a) {
   std::string combiner, kind, mode, invalid, grad_indices;
@@ -44,9 +33,9 @@ inline absl::Status ReadLookupAttrs(tensorflow::OpKernelConstruction* c, LookupA
   a->merge_grad_rows = grad_indices == "first_appearance";
   if (a->spec.buckets < 0)
     return tensorflow::errors::InvalidArgument("num_buckets must be >= 0, got ", a->spec.buckets);
-  a->spec.combiner = ParseCombiner(combiner);
-  a->spec.id_mode = mode == "hash" ? ctr::IdMode::kHash : ctr::IdMode::kIndex;
-  a->spec.invalid_ids = ParseInvalidIds(invalid);
+  TF_RETURN_IF_ERROR(CoreStatus(ctr::ParseCombiner(combiner, &a->spec.combiner)));
+  TF_RETURN_IF_ERROR(CoreStatus(ctr::ParseIdMode(mode, &a->spec.id_mode)));
+  TF_RETURN_IF_ERROR(CoreStatus(ctr::ParseInvalidIds(invalid, &a->spec.invalid_ids)));
   a->segments_are_splits = kind == "row_splits";
   if (a->spec.default_id < -1)
     return tensorflow::errors::InvalidArgument("default_id must be >= -1, got ", a->spec.default_id);

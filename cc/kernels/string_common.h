@@ -16,19 +16,13 @@
 
 namespace tf_ctr {
 
-inline ctr::TokenMode ParseTokenMode(const std::string& s) {
-  if (s == "index") return ctr::TokenMode::kIndex;
-  if (s == "mod") return ctr::TokenMode::kMod;
-  return ctr::TokenMode::kHash;
-}
-
 // One feature's spec from attribute values (vocab and dim are set per call).
 inline absl::Status MakeStringSpec(const std::string& combiner, const std::string& mode,
                                    const std::string& delimiter, bool skip_empty, float max_norm,
                                    ctr::StringSpec* s) {
-  s->lookup.combiner = ParseCombiner(combiner);
+  TF_RETURN_IF_ERROR(CoreStatus(ctr::ParseCombiner(combiner, &s->lookup.combiner)));
   s->lookup.max_norm = max_norm;
-  s->mode = ParseTokenMode(mode);
+  TF_RETURN_IF_ERROR(CoreStatus(ctr::ParseTokenMode(mode, &s->mode)));
   s->skip_empty = skip_empty;
   return CoreStatus(ctr::SetDelimiter(s, delimiter));
 }
@@ -81,13 +75,9 @@ inline absl::Status ReadMultiStringAttrs(tensorflow::OpKernelConstruction* c,
           ", skip_empty ", skip_empty.size(), ", max_norms ", max_norms.size());
   specs->resize(n);
   for (int i = 0; i < n; ++i) {
-    for (const std::string* v : {&combiners[i]})
-      if (*v != "sum" && *v != "mean" && *v != "sqrtn")
-        return tensorflow::errors::InvalidArgument("feature ", i, ": unknown combiner '", *v, "'");
-    if (modes[i] != "hash" && modes[i] != "index" && modes[i] != "mod")
-      return tensorflow::errors::InvalidArgument("feature ", i, ": unknown id_mode '", modes[i], "'");
-    TF_RETURN_IF_ERROR(MakeStringSpec(combiners[i], modes[i], delimiters[i], skip_empty[i],
-                                      max_norms[i], &(*specs)[i]));
+    const absl::Status made =
+        MakeStringSpec(combiners[i], modes[i], delimiters[i], skip_empty[i], max_norms[i], &(*specs)[i]);
+    if (!made.ok()) return tensorflow::errors::InvalidArgument("feature ", i, ": ", made.message());
     if (!buckets.empty()) {
       if (buckets[i] < 0)
         return tensorflow::errors::InvalidArgument("feature ", i, ": num_buckets must be >= 0, got ", buckets[i]);

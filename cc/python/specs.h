@@ -13,31 +13,9 @@
 
 namespace tf_ctr_py {
 
-inline ctr::Combiner ParseCombiner(const std::string& s) {
-  if (s == "sum") return ctr::Combiner::kSum;
-  if (s == "mean") return ctr::Combiner::kMean;
-  if (s == "sqrtn") return ctr::Combiner::kSqrtn;
-  throw pybind11::value_error("combiner must be 'sum', 'mean' or 'sqrtn', got '" + s + "'");
-}
-
-inline ctr::IdMode ParseIdMode(const std::string& s) {
-  if (s == "index") return ctr::IdMode::kIndex;
-  if (s == "hash") return ctr::IdMode::kHash;
-  throw pybind11::value_error("id_mode must be 'index' or 'hash', got '" + s + "'");
-}
-
-inline ctr::InvalidIds ParseInvalidIds(const std::string& s) {
-  if (s == "error") return ctr::InvalidIds::kError;
-  if (s == "skip_negative") return ctr::InvalidIds::kSkipNegative;
-  if (s == "skip_padding") return ctr::InvalidIds::kSkipPadding;
-  throw pybind11::value_error("invalid_ids must be 'error', 'skip_negative' or 'skip_padding', got '" + s + "'");
-}
-
-inline ctr::TokenMode ParseTokenMode(const std::string& s) {
-  if (s == "hash") return ctr::TokenMode::kHash;
-  if (s == "index") return ctr::TokenMode::kIndex;
-  if (s == "mod") return ctr::TokenMode::kMod;
-  throw pybind11::value_error("id_mode must be 'hash', 'index' or 'mod', got '" + s + "'");
+// A core parser's message as the ValueError of the binding.
+inline void Require(const std::string& error) {
+  if (!error.empty()) throw pybind11::value_error(error);
 }
 
 inline ctr::LookupSpec MakeLookupSpec(int64_t vocab, int64_t dim, const std::string& combiner,
@@ -47,9 +25,9 @@ inline ctr::LookupSpec MakeLookupSpec(int64_t vocab, int64_t dim, const std::str
   ctr::LookupSpec spec;
   spec.vocab = vocab;
   spec.dim = dim;
-  spec.combiner = ParseCombiner(combiner);
-  spec.id_mode = ParseIdMode(id_mode);
-  spec.invalid_ids = ParseInvalidIds(invalid_ids);
+  Require(ctr::ParseCombiner(combiner, &spec.combiner));
+  Require(ctr::ParseIdMode(id_mode, &spec.id_mode));
+  Require(ctr::ParseInvalidIds(invalid_ids, &spec.invalid_ids));
   spec.prune_weights = prune_weights;
   spec.default_id = default_id;
   spec.max_norm = max_norm;
@@ -70,15 +48,14 @@ inline ctr::StringSpec MakeStringSpec(int64_t vocab, int64_t dim, const std::str
   ctr::StringSpec s;
   s.lookup.vocab = vocab;
   s.lookup.dim = dim;
-  s.lookup.combiner = ParseCombiner(combiner);
+  Require(ctr::ParseCombiner(combiner, &s.lookup.combiner));
   s.lookup.max_norm = max_norm;
   s.lookup.default_id = default_id;
-  s.mode = ParseTokenMode(id_mode);
+  Require(ctr::ParseTokenMode(id_mode, &s.mode));
   s.skip_empty = skip_empty;
   s.buckets = num_buckets;
   s.skip_negative = invalid_ids == "skip_negative";
-  const std::string err = ctr::SetDelimiter(&s, delimiter);
-  if (!err.empty()) throw pybind11::value_error(err);
+  Require(ctr::SetDelimiter(&s, delimiter));
   if (vocab <= 0 && s.mode != ctr::TokenMode::kIndex)
     throw pybind11::value_error("hash and mod modes need at least one table row");
   if (default_id < -1 || default_id >= vocab) throw pybind11::value_error("default_id out of range");
