@@ -1,6 +1,7 @@
 // Host/device portability. Every per-element function in cc/core is compiled
 // both by g++ (CPU kernels, the pybind core) and by nvcc (cuda/), so the CPU
-// tests exercise exactly the logic the GPU runs.
+// tests exercise exactly the logic the GPU runs. The *_cpu.h headers hold
+// the host-only loops built on those rules; cuda/ never includes them.
 #pragma once
 
 #if defined(__CUDACC__)

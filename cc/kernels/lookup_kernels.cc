@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "cc/core/lookup.h"
+#include "cc/core/lookup_cpu.h"
 #include "cc/core/lowest_row_error.h"
 #include "cc/core/segments.h"
 #include "cc/kernels/lookup_common.h"

@@ -7,6 +7,7 @@
 #include "cc/core/lowest_row_error.h"
 #include "cc/core/segments.h"
 #include "cc/core/strings.h"
+#include "cc/core/strings_cpu.h"
 #include "cc/kernels/string_common.h"
 #include "cc/kernels/string_runs.h"
 #include "cc/kernels/tf_types.h"

@@ -11,12 +11,14 @@
 #include <thread>
 #include <vector>
 
-#include "cc/core/lowest_row_error.h"
 #include "cc/core/fingerprint.h"
 #include "cc/core/lookup.h"
+#include "cc/core/lookup_cpu.h"
+#include "cc/core/lowest_row_error.h"
 #include "cc/core/parse.h"
 #include "cc/core/segments.h"
 #include "cc/core/strings.h"
+#include "cc/core/strings_cpu.h"
 #include "cc/python/specs.h"
 #ifdef CTR_WITH_CUDA
 #include "cc/python/gpu_bindings.h"

@@ -1,0 +1,267 @@
+// The CPU loops of the fused lookup: pooling bags of keys (with prefetching
+// and the row clip) and their gradient, on the rules of lookup.h. Host only:
+// cuda/ has its own loops on the same rules.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cc/core/lookup.h"
+
+namespace ctr {
+
+// ---------------------------------------------------------------------------
+// CPU pooling. Rows [row_begin, row_end) of the output; bags are CSR offsets.
+
+template <typename T>
+AccT<T> SquaredNorm(const T* row, int64_t dim) {
+  AccT<T> s = 0.f;
+  for (int64_t d = 0; d < dim; ++d) {
+    AccT<T> v = ToFloat(row[d]);
+    s += v * v;
+  }
+  return s;
+}
+
+template <typename T>
+void AccumulateRow(const T* __restrict row, int64_t dim, float scale, AccT<T>* __restrict acc) {
+  for (int64_t d = 0; d < dim; ++d) acc[d] += scale * ToFloat(row[d]);
+}
+
+template <typename T>
+float RowClipScale(const T* row, const LookupSpec& s) {
+  return s.max_norm > 0.f ? MaxNormScale(SquaredNorm(row, s.dim), s.max_norm) : 1.f;
+}
+
+// out[d] = CombineElement(acc[d], scale, divisor) for a whole row. Its cases
+// depend on the bag, not the element, so they are chosen once: the loop
+// within each then vectorizes, where the per-element branches kept it scalar.
+template <typename T>
+inline void WriteCombinedRow(const AccT<T>* acc, int64_t dim, float scale, float divisor, T* out) {
+  if (divisor == 0.f) {
+    for (int64_t d = 0; d < dim; ++d) out[d] = FromAcc<T>(0.f);
+  } else if (CombineByScale(scale)) {
+    for (int64_t d = 0; d < dim; ++d) out[d] = FromAcc<T>(acc[d] * scale);
+  } else {
+    for (int64_t d = 0; d < dim; ++d) out[d] = FromAcc<T>(acc[d] / divisor);
+  }
+}
+
+// Starts loading a table row into cache. Rows are random accesses into a
+// table far larger than cache; issuing several before using any overlaps
+// their memory latency, which dominates pooling.
+template <typename T>
+inline void PrefetchRow(const T* row, int64_t dim) {
+  const char* p = reinterpret_cast<const char*>(row);
+  const int64_t bytes = dim * static_cast<int64_t>(sizeof(T));
+  for (int64_t off = 0; off < bytes && off < 512; off += 64) __builtin_prefetch(p + off, 0, 1);
+}
+
+// Pools the bags [first_bag, ...) of one range in float32 from a stream of
+// entries in bag order: Add(bag, row, weight) for each looked-up row, then
+// FinishBefore(row_end). Shared by every CPU pooling loop.
+//
+// Rows are random accesses into a table far larger than cache, so memory
+// latency dominates. Each row is prefetched when its entry arrives and summed
+// kPrefetchDistance entries later, across bag boundaries: resolving the next
+// keys (hashing, parsing) overlaps the loads in flight, and bags of a single
+// id, the commonest CTR feature, overlap as well as long ones.
+template <typename T>
+class BagStream {
+ public:
+  // acc: dim floats of scratch; nonempty (nullable): whether each bag had
+  // entries of its own (before default_id).
+  BagStream(const LookupSpec& s, const T* params, AccT<T>* acc, T* out, uint8_t* nonempty, int64_t first_bag)
+      : s_(s), params_(params), acc_(acc), out_(out), nonempty_(nonempty), bag_(first_bag) {
+    ResetBag();
+  }
+
+  void Add(int64_t bag, int64_t row, float w) {
+    const T* p = params_ + row * s_.dim;
+    PrefetchRow(p, s_.dim);
+    ring_[head_ % kRing] = Entry{bag, p, w};
+    if (++head_ - tail_ > kPrefetchDistance) Consume();
+  }
+
+  // Writes every bag before end: the last entries, then bags left empty.
+  void FinishBefore(int64_t end) {
+    while (tail_ < head_) Consume();
+    FinishBagsBefore(end);
+  }
+
+ private:
+  static constexpr int kPrefetchDistance = 8;
+  static constexpr int kRing = 16;  // a power of two > kPrefetchDistance
+  struct Entry {
+    int64_t bag;
+    const T* row;
+    float weight;
+  };
+
+  void Consume() {
+    const Entry e = ring_[tail_++ % kRing];
+    FinishBagsBefore(e.bag);
+    Accumulate(e.row, e.weight);
+    any_ = true;
+  }
+  void Accumulate(const T* row, float w) {
+    AccumulateRow(row, s_.dim, w * RowClipScale(row, s_), acc_);
+    bw_.Add(w);
+  }
+  void FinishBagsBefore(int64_t bag) {
+    for (; bag_ < bag; ++bag_) {
+      if (nonempty_) nonempty_[bag_] = any_;
+      if (!any_ && s_.default_id >= 0) Accumulate(params_ + s_.default_id * s_.dim, 1.f);
+      WriteCombinedRow(acc_, s_.dim, CombinerScale(s_.combiner, bw_), CombinerDivisor(s_.combiner, bw_),
+                       out_ + bag_ * s_.dim);
+      ResetBag();
+    }
+  }
+  void ResetBag() {
+    for (int64_t d = 0; d < s_.dim; ++d) acc_[d] = 0.f;
+    bw_ = BagWeights();
+    any_ = false;
+  }
+
+  const LookupSpec& s_;
+  const T* params_;
+  AccT<T>* acc_;
+  T* out_;
+  uint8_t* nonempty_;
+  int64_t bag_;  // the bag being accumulated
+  BagWeights bw_;
+  bool any_ = false;
+  uint64_t head_ = 0, tail_ = 0;
+  Entry ring_[kRing];
+};
+
+// Pools bags [row_begin, row_end). acc is caller scratch of spec.dim floats.
+// On a bad key, records it in *err (first one in this range) and stops.
+template <typename T, typename TKey>
+void PoolBagsCpu(const LookupSpec& s, const T* params, const TKey* keys,
+                 const float* weights, const int64_t* offsets,
+                 int64_t row_begin, int64_t row_end, AccT<T>* acc, T* out,
+                 KeyError* err) {
+  BagStream<T> pool(s, params, acc, out, nullptr, row_begin);
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
+      const int64_t row = ResolveKey(keys[i], s);
+      if (row == kSkipKey) continue;
+      // Pruned entries are dropped before their ids are checked, as
+      // safe_embedding_lookup_sparse drops them before its lookup.
+      const float w = weights ? weights[i] : 1.f;
+      if (!KeepWeight(w, s)) continue;
+      if (row == kBadKey) {
+        err->row = r;
+        err->key = static_cast<int64_t>(keys[i]);
+        return;
+      }
+      pool.Add(r, row, w);
+    }
+  }
+  pool.FinishBefore(row_end);
+}
+
+// ---------------------------------------------------------------------------
+// Gradient. For every kept entry of every bag (plus the default row of bags
+// left empty) one row of d(loss)/d(params) and its table index; and the dense
+// gradient of each weight. Written once over a bag visitor so the id and the
+// string ops share it: visit(r, fn) calls fn(table_row, weight, entry) for
+// every kept entry of bag r, entry being the index of its weight.
+
+template <typename VisitBag>
+int64_t CountBagGradRows(const LookupSpec& s, const VisitBag& visit, int64_t r) {
+  int64_t n = 0;
+  visit(r, [&](int64_t, float, int64_t) { ++n; });
+  return (n == 0 && s.default_id >= 0) ? 1 : n;
+}
+
+// J^T g for the clip x -> x * c / max(|x|, c): identity when |x| <= c, else
+// (c/|x|) (g - x (x.g)/|x|^2). Written into dst scaled by `scale`.
+template <typename T>
+void ClipBackward(const T* x, const AccT<T>* g, const LookupSpec& s, float scale,
+                  AccT<T>* dst) {
+  const int64_t D = s.dim;
+  const float sq = s.max_norm > 0.f ? SquaredNorm(x, D) : 0.f;
+  if (ClipIsActive(sq, s.max_norm)) {
+    AccT<T> xg = 0.f;
+    for (int64_t d = 0; d < D; ++d) xg += ToFloat(x[d]) * g[d];
+    const float c = MaxNormScale(sq, s.max_norm);
+    for (int64_t d = 0; d < D; ++d) dst[d] = ClipBackwardElement(ToFloat(x[d]), g[d], xg, sq, c, scale);
+    return;
+  }
+  for (int64_t d = 0; d < D; ++d) dst[d] = scale * g[d];
+}
+
+// Fills the gradient rows of bags [row_begin, row_end). grad_offsets[r] is the
+// first output row of bag r. scratch holds 3 * dim floats. grad_weights
+// (nullable) must be zeroed by the caller: pruned entries keep a zero.
+template <typename T, typename VisitBag>
+void BagGradCpu(const LookupSpec& s, const T* params, const VisitBag& visit,
+                const T* grad_out, const int64_t* grad_offsets, int64_t row_begin,
+                int64_t row_end, AccT<T>* scratch, T* grad_values, int64_t* grad_indices,
+                float* grad_weights) {
+  const int64_t D = s.dim;
+  AccT<T>* g = scratch;
+  AccT<T>* pooled = scratch + D;  // the bag's weighted sum, for weight grads
+  AccT<T>* tmp = scratch + 2 * D;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    for (int64_t d = 0; d < D; ++d) g[d] = ToFloat(grad_out[r * D + d]);
+    for (int64_t d = 0; d < D; ++d) pooled[d] = 0.f;
+    BagWeights bw;
+    bool any = false;
+    visit(r, [&](int64_t row, float w, int64_t) {
+      const T* p = params + row * D;
+      if (grad_weights) AccumulateRow(p, D, w * RowClipScale(p, s), pooled);
+      bw.Add(w);
+      any = true;
+    });
+    int64_t k = grad_offsets[r];
+    if (!any) {
+      if (s.default_id >= 0) {
+        ClipBackward(params + s.default_id * D, g, s, 1.f, tmp);
+        for (int64_t d = 0; d < D; ++d) grad_values[k * D + d] = FromAcc<T>(tmp[d]);
+        grad_indices[k] = s.default_id;
+      }
+      continue;
+    }
+    const float scale = CombinerScale(s.combiner, bw);
+    AccT<T> g_dot_out = 0.f;
+    if (grad_weights)
+      for (int64_t d = 0; d < D; ++d) g_dot_out += g[d] * pooled[d] * scale;
+    visit(r, [&](int64_t row, float w, int64_t entry) {
+      const T* p = params + row * D;
+      ClipBackward(p, g, s, w * scale, tmp);
+      for (int64_t d = 0; d < D; ++d) grad_values[k * D + d] = FromAcc<T>(tmp[d]);
+      grad_indices[k++] = row;
+      if (grad_weights) {
+        const float clip = RowClipScale(p, s);
+        AccT<T> g_dot_e = 0.f;
+        for (int64_t d = 0; d < D; ++d) g_dot_e += g[d] * clip * ToFloat(p[d]);
+        grad_weights[entry] = WeightGrad(s.combiner, bw, w, scale, g_dot_e, g_dot_out);
+      }
+    });
+  }
+}
+
+// The bag visitor of the id lookup: kept, valid keys with their weights.
+// Bad keys were rejected by the forward pass, so they are simply skipped.
+template <typename TKey>
+struct KeyBagVisitor {
+  const LookupSpec& s;
+  const TKey* keys;
+  const float* weights;
+  const int64_t* offsets;
+  template <typename Fn>
+  void operator()(int64_t r, Fn fn) const {
+    for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
+      const int64_t row = ResolveKey(keys[i], s);
+      const float w = weights ? weights[i] : 1.f;
+      if (row >= 0 && KeepWeight(w, s)) fn(row, w, i);
+    }
+  }
+};
+
+}  // namespace ctr
