@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 #include <sstream>
+#include <unordered_set>
 
 namespace tf_ctr {
 namespace grappler {
@@ -185,6 +186,20 @@ const std::vector<const tensorflow::NodeDef*>& GraphIndex::ControlReaders(const 
   static const auto* none = new std::vector<const tensorflow::NodeDef*>();
   auto it = entries_.find(node);
   return it == entries_.end() ? *none : it->second.control_readers;
+}
+
+std::vector<std::pair<const tensorflow::NodeDef*, int>> GraphIndex::PortReaders(const std::string& node,
+                                                                                 int port) const {
+  std::vector<std::pair<const tensorflow::NodeDef*, int>> out;
+  std::unordered_set<const tensorflow::NodeDef*> seen;  // a reader of several inputs is listed once per edge
+  for (const tensorflow::NodeDef* r : DataReaders(node)) {
+    if (!seen.insert(r).second) continue;
+    for (int i = 0; i < r->input_size(); ++i) {
+      const TensorId id = ParseTensorName(r->input(i));
+      if (id.node == node && id.port == port) out.emplace_back(r, i);
+    }
+  }
+  return out;
 }
 
 int GraphIndex::ControlConsumers(const std::string& node) const {

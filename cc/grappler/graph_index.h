@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "tensorflow/core/framework/graph.pb.h"
@@ -47,6 +48,8 @@ class GraphIndex {
   const std::vector<const tensorflow::NodeDef*>& DataReaders(const std::string& node) const;
   const std::vector<const tensorflow::NodeDef*>& ControlReaders(const std::string& node) const;
   int ControlConsumers(const std::string& node) const;
+  // Each (reader, input index) reading output `port` of `node`, in reader order.
+  std::vector<std::pair<const tensorflow::NodeDef*, int>> PortReaders(const std::string& node, int port) const;
 
   // Brings the index up to date after a rewrite: `removed` nodes leave it,
   // `added` ones join it, and `changed` ones (edited in place, inputs

@@ -181,19 +181,6 @@ bool ColumnsOfOneMatrix(RewriteContext* ctx, const std::vector<std::string>& str
   return !sources->empty();
 }
 
-// Readers of each tensor: (node, input index).
-using Readers = std::map<std::string, std::vector<std::pair<const NodeDef*, int>>>;
-
-Readers ReadersOf(const GraphIndex& g) {
-  Readers readers;
-  for (const NodeDef* n : g.nodes())
-    for (int i = 0; i < n->input_size(); ++i) {
-      const TensorId t = ParseTensorName(n->input(i));
-      if (t.port >= 0) readers[TensorName(t.node, t.port)].emplace_back(n, i);
-    }
-  return readers;
-}
-
 // x[0] of Shape(tensor), as Python indexing emits it.
 bool IsFirstDimOf(const GraphIndex& g, const NodeDef* slice, const std::string& tensor) {
   if (!IsFirstElementSlice(g, slice)) return false;
@@ -230,16 +217,15 @@ bool KeepsDim0(RewriteContext* ctx, const NodeDef& reader, int input, const std:
 
 // Ids of dim 0 of `tensor` found downstream: each tensor that keeps it (two
 // features reaching the same one share their batch) and its inferred dim 0.
-void ReaderDim0Ids(RewriteContext* ctx, const Readers& readers, const std::string& tensor, int depth,
-                   std::vector<std::string>* ids) {
-  auto it = readers.find(tensor);
-  if (it == readers.end() || depth == 0) return;
-  for (const auto& [reader, input] : it->second) {
+void ReaderDim0Ids(RewriteContext* ctx, const std::string& tensor, int depth, std::vector<std::string>* ids) {
+  if (depth == 0) return;
+  const TensorId t = ParseTensorName(tensor);
+  for (const auto& [reader, input] : ctx->index().PortReaders(t.node, t.port)) {
     if (!KeepsDim0(ctx, *reader, input, tensor)) continue;
     const std::string out = TensorName(reader->name(), 0);
     ids->push_back("@" + out);
     if (!ctx->Added(reader->name()) && ctx->Rank(*reader, 0) >= 1) AddBatchId(ctx->Dim(*reader, 0, 0), ids);
-    ReaderDim0Ids(ctx, readers, out, depth - 1, ids);
+    ReaderDim0Ids(ctx, out, depth - 1, ids);
   }
 }
 
@@ -267,12 +253,11 @@ class GroupStringsPattern : public NamedPattern<kName> {
     const bool joins = AsFeature(ctx, anchor, &self, &why);
     // Grouping needs a second feature; a lone one is simply left as it is.
     std::vector<Feature> features;
-    const Readers readers = ReadersOf(ctx->index());
     for (const auto& n : ctx->index().nodes()) {
       Feature f;
       std::string unused;
       if (IsShaped(*n) && AsFeature(ctx, *n, &f, &unused)) {
-        ReaderDim0Ids(ctx, readers, n->name(), kDepth, &f.batch);
+        ReaderDim0Ids(ctx, n->name(), kDepth, &f.batch);
         if (VLOG_IS_ON(2)) {
           std::string dims;
           for (const std::string& id : f.batch) dims += " " + id;

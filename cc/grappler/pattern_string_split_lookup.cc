@@ -54,19 +54,10 @@ bool TakesFirstElement(const GraphIndex& g, const NodeDef* node) {
 }
 
 // The distinct nodes reading output `port` of `node` through data edges.
-std::vector<const NodeDef*> ReadersOf(const GraphIndex& g, const std::string& node, int port) {
+std::vector<const NodeDef*> DistinctPortReaders(const GraphIndex& g, const std::string& node, int port) {
   std::vector<const NodeDef*> out;
-  std::set<const NodeDef*> seen;
-  for (const NodeDef* r : g.DataReaders(node)) {
-    if (!seen.insert(r).second) continue;
-    for (const auto& in : r->input()) {
-      const TensorId id = ParseTensorName(in);
-      if (id.node == node && id.port == port) {
-        out.push_back(r);
-        break;
-      }
-    }
-  }
+  for (const auto& [reader, input] : g.PortReaders(node, port))
+    if (out.empty() || out.back() != reader) out.push_back(reader);
   return out;
 }
 
@@ -275,7 +266,7 @@ class StringSplitLookupPattern : public NamedPattern<kName> {
       }
     }
     const std::string shape = TensorName(ind.node, 2);
-    for (const NodeDef* reader : ReadersOf(g, ind.node, 2)) {
+    for (const NodeDef* reader : DistinctPortReaders(g, ind.node, 2)) {
       if (m->consumed.count(reader->name())) continue;
       if (!m->safe || !ReadsOnlyFirstElement(g, *reader, shape)) {
         *why = "intermediate " + Describe(*g.Node(ind.node)) + " has another consumer (" + Describe(*reader) +
@@ -296,7 +287,7 @@ class StringSplitLookupPattern : public NamedPattern<kName> {
       if (SameTensor(reader.input(i), shape)) return false;
     if (TakesFirstElement(g, &reader)) return true;
     if (!IsOp(&reader, "Cast")) return false;
-    const std::vector<const NodeDef*> users = ReadersOf(g, reader.name(), 0);
+    const std::vector<const NodeDef*> users = DistinctPortReaders(g, reader.name(), 0);
     if (users.empty() || g.DataConsumers(reader.name()) != static_cast<int>(users.size())) return false;
     for (const NodeDef* u : users)
       if (!TakesFirstElement(g, u) || !SameTensor(u->input(0), reader.name())) return false;

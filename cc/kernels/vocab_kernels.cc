@@ -20,6 +20,7 @@ using tensorflow::Tensor;
 namespace {
 
 constexpr size_t kMaxQuotedKey = 64;
+constexpr uint64_t kInlineCopyBytes = 256 << 10;
 
 std::string QuoteKey(const Tensor& keys, int64_t i) {
   if (keys.dtype() == tensorflow::DT_STRING) {
@@ -104,9 +105,16 @@ class VocabEmbeddingOp : public tensorflow::OpKernel {
     const T* src = params.flat<T>().data();
     T* dst = out->flat<T>().data();
     const int64_t* r = rows.flat<int64_t>().data();
-    ParallelFor(ctx, n, static_cast<int64_t>(bytes) * 2, [&](int64_t begin, int64_t end) {
+    auto copy = [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) std::memcpy(dst + i * width, src + r[i] * width, bytes);
-    });
+    };
+    // A serving batch of one feature is a few dozen KB: handing it to the
+    // thread pool costs more than the copy.
+    if (static_cast<uint64_t>(n) * bytes <= kInlineCopyBytes) {
+      copy(0, n);
+    } else {
+      ParallelFor(ctx, n, static_cast<int64_t>(bytes) * 2, copy);
+    }
   }
 
   bool missing_is_error_ = false;

@@ -1,0 +1,277 @@
+#include "cc/grappler/node_match.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <unordered_set>
+
+#include "tensorflow/core/framework/attr_value.pb.h"
+#include "tensorflow/core/framework/tensor.pb.h"
+#include "tensorflow/core/framework/tensor_shape.pb.h"
+
+namespace tf_ctr {
+namespace grappler {
+
+using tensorflow::NodeDef;
+
+bool IsOp(const NodeDef* node, const char* op) { return node != nullptr && node->op() == op; }
+
+tensorflow::DataType TypeAttr(const NodeDef& node, const char* name) {
+  auto it = node.attr().find(name);
+  return it == node.attr().end() ? tensorflow::DT_INVALID : it->second.type();
+}
+
+int64_t IntAttr(const NodeDef& node, const char* name, int64_t fallback) {
+  auto it = node.attr().find(name);
+  return it == node.attr().end() ? fallback : it->second.i();
+}
+
+bool BoolAttr(const NodeDef& node, const char* name, bool fallback) {
+  auto it = node.attr().find(name);
+  return it == node.attr().end() ? fallback : it->second.b();
+}
+
+std::string StringAttr(const NodeDef& node, const char* name) {
+  auto it = node.attr().find(name);
+  return it == node.attr().end() ? std::string() : it->second.s();
+}
+
+bool ConstScalarInt(const NodeDef* node, int64_t* value) {
+  if (!IsOp(node, "Const")) return false;
+  auto it = node->attr().find("value");
+  if (it == node->attr().end()) return false;
+  const tensorflow::TensorProto& t = it->second.tensor();
+  if (t.tensor_shape().dim_size() != 0) return false;
+  if (!t.tensor_content().empty()) {
+    if (t.dtype() == tensorflow::DT_INT32 && t.tensor_content().size() == 4) {
+      int32_t v;
+      memcpy(&v, t.tensor_content().data(), 4);
+      *value = v;
+      return true;
+    }
+    if (t.dtype() == tensorflow::DT_INT64 && t.tensor_content().size() == 8) {
+      memcpy(value, t.tensor_content().data(), 8);
+      return true;
+    }
+    return false;
+  }
+  // TF compresses a zero scalar to no values at all.
+  if (t.dtype() == tensorflow::DT_INT32 && t.int_val_size() <= 1) {
+    *value = t.int_val_size() ? t.int_val(0) : 0;
+    return true;
+  }
+  if (t.dtype() == tensorflow::DT_INT64 && t.int64_val_size() <= 1) {
+    *value = t.int64_val_size() ? t.int64_val(0) : 0;
+    return true;
+  }
+  return false;
+}
+
+bool IsFirstElementSlice(const GraphIndex& g, const NodeDef* slice) {
+  std::vector<int64_t> begin, end, strides;
+  return IsOp(slice, "StridedSlice") && ConstIntVector(g.Producer(*slice, 1), &begin) &&
+         ConstIntVector(g.Producer(*slice, 2), &end) && ConstIntVector(g.Producer(*slice, 3), &strides) &&
+         begin == std::vector<int64_t>{0} && end == std::vector<int64_t>{1} && strides == std::vector<int64_t>{1} &&
+         IntAttr(*slice, "shrink_axis_mask", 0) == 1 && IntAttr(*slice, "begin_mask", 0) == 0 &&
+         IntAttr(*slice, "end_mask", 0) == 0 && IntAttr(*slice, "ellipsis_mask", 0) == 0 &&
+         IntAttr(*slice, "new_axis_mask", 0) == 0;
+}
+
+bool IsFirstColumn(const GraphIndex& g, const NodeDef* slice) {
+  std::vector<int64_t> begin, end, strides;
+  return IsOp(slice, "StridedSlice") && ConstIntVector(g.Producer(*slice, 1), &begin) &&
+         ConstIntVector(g.Producer(*slice, 2), &end) && ConstIntVector(g.Producer(*slice, 3), &strides) &&
+         begin.size() == 2 && end.size() == 2 && strides == std::vector<int64_t>{1, 1} && begin[1] == 0 &&
+         end[1] == 1 && (IntAttr(*slice, "begin_mask", 0) & 1) && (IntAttr(*slice, "end_mask", 0) & 1) &&
+         IntAttr(*slice, "shrink_axis_mask", 0) == 2 && IntAttr(*slice, "ellipsis_mask", 0) == 0 &&
+         IntAttr(*slice, "new_axis_mask", 0) == 0;
+}
+
+bool IsSelect(const NodeDef* node) { return IsOp(node, "Select") || IsOp(node, "SelectV2"); }
+
+bool HasControlInputs(const NodeDef& node) {
+  for (const auto& in : node.input())
+    if (!in.empty() && in[0] == '^') return true;
+  return false;
+}
+
+bool ConstString(const NodeDef* node, std::string* out) {
+  if (!IsOp(node, "Const")) return false;
+  auto it = node->attr().find("value");
+  if (it == node->attr().end()) return false;
+  const tensorflow::TensorProto& t = it->second.tensor();
+  if (t.dtype() != tensorflow::DT_STRING || t.tensor_shape().dim_size() != 0 || t.string_val_size() != 1) return false;
+  *out = t.string_val(0);
+  return true;
+}
+
+bool IsSqueezeOfAxis(const NodeDef* node, int64_t axis, int rank) {
+  if (!IsOp(node, "Squeeze")) return false;
+  const auto it = node->attr().find("squeeze_dims");
+  if (it == node->attr().end() || it->second.list().i_size() != 1) return false;
+  const int64_t d = it->second.list().i(0);
+  return (d < 0 ? d + rank : d) == axis;
+}
+
+bool ConstIntVector(const NodeDef* node, std::vector<int64_t>* out) {
+  if (!IsOp(node, "Const")) return false;
+  auto it = node->attr().find("value");
+  if (it == node->attr().end()) return false;
+  const tensorflow::TensorProto& t = it->second.tensor();
+  if (t.tensor_shape().dim_size() != 1) return false;
+  const int64_t n = t.tensor_shape().dim(0).size();
+  const bool is32 = t.dtype() == tensorflow::DT_INT32;
+  if (!is32 && t.dtype() != tensorflow::DT_INT64) return false;
+  out->clear();
+  if (!t.tensor_content().empty()) {
+    const std::string& bytes = t.tensor_content();
+    const size_t width = is32 ? 4 : 8;
+    if (bytes.size() != static_cast<size_t>(n) * width) return false;
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t v = 0;
+      if (is32) {
+        int32_t v32;
+        memcpy(&v32, bytes.data() + i * width, 4);  // little-endian hosts only, as TF itself
+        v = v32;
+      } else {
+        memcpy(&v, bytes.data() + i * width, 8);
+      }
+      out->push_back(v);
+    }
+    return true;
+  }
+  // TF compresses repeated trailing values: fewer values than elements repeat
+  // the last one, and none at all means zeros.
+  const int given = is32 ? t.int_val_size() : t.int64_val_size();
+  if (given > n) return false;
+  for (int64_t i = 0; i < n; ++i) {
+    if (given == 0) {
+      out->push_back(0);
+    } else {
+      const int j = static_cast<int>(std::min<int64_t>(i, given - 1));
+      out->push_back(is32 ? t.int_val(j) : t.int64_val(j));
+    }
+  }
+  return true;
+}
+
+std::string Describe(const NodeDef& node) { return node.name() + " (" + node.op() + ")"; }
+
+const NodeDef* SkipIdentities(const GraphIndex& g, const NodeDef* node, std::vector<const NodeDef*>* identities) {
+  while (IsOp(node, "Identity")) {
+    identities->push_back(node);
+    node = g.Producer(*node, 0);
+  }
+  return node;
+}
+
+bool IsEmbeddingDtype(tensorflow::DataType t) {
+  return t == tensorflow::DT_FLOAT || t == tensorflow::DT_HALF || t == tensorflow::DT_BFLOAT16;
+}
+
+bool IsIndexDtype(tensorflow::DataType t) { return t == tensorflow::DT_INT32 || t == tensorflow::DT_INT64; }
+
+void KeepAsIdentity(RewriteContext* ctx, const std::string& name, const std::string& output,
+                    const tensorflow::AttrValue& t) {
+  NodeDef* kept = ctx->Mutable(name);
+  const std::string device = kept->device();
+  kept->Clear();
+  kept->set_name(name);
+  kept->set_op("Identity");
+  kept->set_device(device);
+  kept->add_input(output);
+  (*kept->mutable_attr())["T"] = t;
+}
+
+void CopyControlInputs(const NodeDef& from, NodeDef* to) {
+  for (const auto& in : from.input())
+    if (!in.empty() && in[0] == '^') to->add_input(in);
+}
+
+void AppendControlInputs(const NodeDef& from, std::vector<std::string>* controls) {
+  for (const auto& in : from.input())
+    if (!in.empty() && in[0] == '^') controls->push_back(in);
+}
+
+void AddControlInputsOnce(const std::vector<std::string>& controls, NodeDef* to) {
+  std::set<std::string> have(to->input().begin(), to->input().end());
+  for (const std::string& c : controls)
+    if (have.insert(c).second) to->add_input(c);
+}
+
+// A Const node of an integer dtype, shaped [] (size < 0) or [size]: its value
+// proto for the caller to fill, and its name in *name.
+static tensorflow::TensorProto* AddIntConst(RewriteContext* ctx, const std::string& base, tensorflow::DataType dtype,
+                                            int64_t size, const std::string& device, std::string* name) {
+  NodeDef* n = ctx->AddNode(base, "Const", device);
+  (*n->mutable_attr())["dtype"].set_type(dtype);
+  tensorflow::TensorProto* t = (*n->mutable_attr())["value"].mutable_tensor();
+  t->set_dtype(dtype);
+  auto* shape = t->mutable_tensor_shape();
+  if (size >= 0) shape->add_dim()->set_size(size);
+  *name = n->name();
+  return t;
+}
+
+std::string AddInt64Scalar(RewriteContext* ctx, const std::string& base, int64_t value, const std::string& device) {
+  std::string name;
+  AddIntConst(ctx, base, tensorflow::DT_INT64, -1, device, &name)->add_int64_val(value);
+  return name;
+}
+
+template <typename Int>
+static std::string AddIntVector(RewriteContext* ctx, const std::string& base, const std::vector<Int>& values,
+                                const std::string& device) {
+  constexpr bool kInt64 = sizeof(Int) == 8;
+  std::string name;
+  tensorflow::TensorProto* t = AddIntConst(ctx, base, kInt64 ? tensorflow::DT_INT64 : tensorflow::DT_INT32,
+                                           static_cast<int64_t>(values.size()), device, &name);
+  for (Int v : values) {
+    if constexpr (kInt64) {
+      t->add_int64_val(v);
+    } else {
+      t->add_int_val(v);
+    }
+  }
+  return name;
+}
+
+std::string AddInt64Vector(RewriteContext* ctx, const std::string& base, const std::vector<int64_t>& values,
+                           const std::string& device) {
+  return AddIntVector(ctx, base, values, device);
+}
+
+std::string AddInt32Vector(RewriteContext* ctx, const std::string& base, const std::vector<int32_t>& values,
+                           const std::string& device) {
+  return AddIntVector(ctx, base, values, device);
+}
+
+std::string AddEmptyFloatVector(RewriteContext* ctx, const std::string& base, const std::string& device) {
+  NodeDef* n = ctx->AddNode(base, "Const", device);
+  (*n->mutable_attr())["dtype"].set_type(tensorflow::DT_FLOAT);
+  tensorflow::TensorProto* t = (*n->mutable_attr())["value"].mutable_tensor();
+  t->set_dtype(tensorflow::DT_FLOAT);
+  t->mutable_tensor_shape()->add_dim()->set_size(0);
+  return n->name();
+}
+
+std::string AddCast(RewriteContext* ctx, const std::string& base, const std::string& input,
+                    tensorflow::DataType from, tensorflow::DataType to, const std::string& device) {
+  NodeDef* n = ctx->AddNode(base, "Cast", device);
+  n->add_input(input);
+  (*n->mutable_attr())["SrcT"].set_type(from);
+  (*n->mutable_attr())["DstT"].set_type(to);
+  (*n->mutable_attr())["Truncate"].set_b(false);
+  return n->name();
+}
+
+std::string AddReadVariable(RewriteContext* ctx, const std::string& base, const std::string& resource,
+                            tensorflow::DataType dtype, const std::string& device) {
+  NodeDef* n = ctx->AddNode(base, "ReadVariableOp", device);
+  n->add_input(resource);
+  (*n->mutable_attr())["dtype"].set_type(dtype);
+  return n->name();
+}
+
+}  // namespace grappler
+}  // namespace tf_ctr

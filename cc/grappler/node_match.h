@@ -1,0 +1,72 @@
+// Node predicates, attribute access and node builders shared by the fusion
+// patterns: what a pattern asks of a node, and the small nodes it adds.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cc/grappler/graph_index.h"
+#include "cc/grappler/rewrite_context.h"
+#include "tensorflow/core/framework/attr_value.pb.h"
+#include "tensorflow/core/framework/node_def.pb.h"
+#include "tensorflow/core/framework/types.pb.h"
+
+namespace tf_ctr {
+namespace grappler {
+
+// Node predicates and attribute access shared by patterns.
+
+bool IsOp(const tensorflow::NodeDef* node, const char* op);
+tensorflow::DataType TypeAttr(const tensorflow::NodeDef& node, const char* name);
+int64_t IntAttr(const tensorflow::NodeDef& node, const char* name, int64_t fallback);
+bool BoolAttr(const tensorflow::NodeDef& node, const char* name, bool fallback);
+std::string StringAttr(const tensorflow::NodeDef& node, const char* name);
+// Values of an int32/int64 Const vector (either proto encoding), or false.
+bool ConstIntVector(const tensorflow::NodeDef* node, std::vector<int64_t>* out);
+// Value of a scalar integer Const, or false.
+bool ConstScalarInt(const tensorflow::NodeDef* node, int64_t* value);
+// Value of a scalar string Const, or false.
+bool ConstString(const tensorflow::NodeDef* node, std::string* out);
+// Whether `node` is a Squeeze of exactly one axis, `axis` of a rank-`rank`
+// input (a negative squeeze_dims entry counts from the end).
+bool IsSqueezeOfAxis(const tensorflow::NodeDef* node, int64_t axis, int rank);
+// Whether `slice` is x[0] of a vector, as Python indexing emits it
+// (StridedSlice [0:1:1], shrinking axis 0, no other masks).
+bool IsFirstElementSlice(const GraphIndex& g, const tensorflow::NodeDef* slice);
+// x[:, 0] of a [N, 2+] tensor, as Python slicing emits it.
+bool IsFirstColumn(const GraphIndex& g, const tensorflow::NodeDef* slice);
+bool IsSelect(const tensorflow::NodeDef* node);  // Select or SelectV2
+bool HasControlInputs(const tensorflow::NodeDef& node);
+std::string Describe(const tensorflow::NodeDef& node);  // "name (Op)"
+// Follows Identity nodes up to the first other producer, collecting them
+// (tf.nn.embedding_lookup ends in an Identity).
+const tensorflow::NodeDef* SkipIdentities(const GraphIndex& g, const tensorflow::NodeDef* node,
+                                          std::vector<const tensorflow::NodeDef*>* identities);
+bool IsEmbeddingDtype(tensorflow::DataType t);
+bool IsIndexDtype(tensorflow::DataType t);
+// Copies the control inputs ("^x") of `from` onto `to`.
+void CopyControlInputs(const tensorflow::NodeDef& from, tensorflow::NodeDef* to);
+// Appends the control inputs ("^x") of `from` to `controls`.
+void AppendControlInputs(const tensorflow::NodeDef& from, std::vector<std::string>* controls);
+// Adds each of `controls` that `to` lacks, after its other inputs.
+void AddControlInputsOnce(const std::vector<std::string>& controls, tensorflow::NodeDef* to);
+// Turns the node `name`, which the graph must keep (fetched), into an
+// Identity of `output` of dtype `t`: a replaced node keeps its name.
+void KeepAsIdentity(RewriteContext* ctx, const std::string& name, const std::string& output,
+                    const tensorflow::AttrValue& t);
+
+// Node builders for the inputs fused ops need; each returns the new node's name.
+std::string AddInt64Scalar(RewriteContext* ctx, const std::string& base, int64_t value, const std::string& device);
+std::string AddInt64Vector(RewriteContext* ctx, const std::string& base, const std::vector<int64_t>& values,
+                           const std::string& device);
+std::string AddInt32Vector(RewriteContext* ctx, const std::string& base, const std::vector<int32_t>& values,
+                           const std::string& device);
+std::string AddEmptyFloatVector(RewriteContext* ctx, const std::string& base, const std::string& device);
+std::string AddCast(RewriteContext* ctx, const std::string& base, const std::string& input,
+                    tensorflow::DataType from, tensorflow::DataType to, const std::string& device);
+std::string AddReadVariable(RewriteContext* ctx, const std::string& base, const std::string& resource,
+                            tensorflow::DataType dtype, const std::string& device);
+
+}  // namespace grappler
+}  // namespace tf_ctr

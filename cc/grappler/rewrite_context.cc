@@ -1,0 +1,264 @@
+#include "cc/grappler/rewrite_context.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <unordered_set>
+
+#include "cc/grappler/node_match.h"
+#include "tensorflow/core/framework/attr_value.pb.h"
+#include "tensorflow/core/framework/tensor.pb.h"
+#include "tensorflow/core/framework/tensor_shape.pb.h"
+#include "tensorflow/core/platform/logging.h"
+
+namespace tf_ctr {
+namespace grappler {
+
+using tensorflow::NodeDef;
+
+RewriteContext::RewriteContext(tensorflow::GraphDef* graph, std::vector<std::string> fetch,
+                               std::set<std::string> preserve, const tensorflow::grappler::GraphProperties* properties)
+    : graph_(graph), fetch_(std::move(fetch)), properties_(properties), preserve_(std::move(preserve)) {
+  index_ = std::make_unique<GraphIndex>(*graph_, fetch_);
+  const char* check = std::getenv("TF_CTR_OPS_CHECK_INDEX");
+  check_index_ = check != nullptr && check[0] != '\0' && check[0] != '0';
+}
+
+void RewriteContext::Touch(NodeDef* node) {
+  changed_.insert(node->name());
+  if (!pending_.count(node->name())) touched_.emplace(node->name(), node);
+}
+
+NodeDef* RewriteContext::Mutable(const std::string& name) {
+  // Indexed nodes belong to graph_, which this context may change.
+  if (const NodeDef* n = index_->Node(name)) {
+    NodeDef* node = const_cast<NodeDef*>(n);
+    Touch(node);
+    return node;
+  }
+  auto it = pending_.find(name);
+  return it == pending_.end() ? nullptr : it->second;
+}
+
+std::vector<NodeDef*> RewriteContext::PossibleReaders(const std::string& from, bool control) {
+  std::vector<NodeDef*> out;
+  std::unordered_set<const NodeDef*> seen;
+  auto add = [&](NodeDef* n) {
+    if (seen.insert(n).second) out.push_back(n);
+  };
+  for (const NodeDef* n : control ? index_->ControlReaders(from) : index_->DataReaders(from))
+    add(const_cast<NodeDef*>(n));  // indexed nodes belong to graph_
+  for (auto& [name, n] : touched_) add(n);
+  for (auto& [name, n] : pending_) add(n);
+  return out;
+}
+
+NodeDef* RewriteContext::AddNode(const std::string& base, const std::string& op, const std::string& device) {
+  std::string name = base;
+  for (int i = 1; index_->Node(name) != nullptr || pending_.count(name) > 0; ++i)
+    name = base + "_" + std::to_string(i);
+  NodeDef* n = graph_->add_node();
+  added_.insert(name);
+  pending_[name] = n;
+  n->set_name(name);
+  n->set_op(op);
+  n->set_device(device);
+  return n;
+}
+
+void RewriteContext::RedirectControlEdges(const std::string& from, const std::string& to) {
+  const std::string old_edge = "^" + from, new_edge = "^" + to;
+  for (NodeDef* n : PossibleReaders(from, /*control=*/true)) {
+    if (n->name() == to) continue;
+    bool has_old = false;
+    for (const auto& in : n->input()) has_old |= in == old_edge;
+    if (!has_old) continue;
+    Touch(n);
+    bool has_new = false;
+    for (const auto& in : n->input()) has_new |= in == new_edge;
+    auto* inputs = n->mutable_input();
+    for (int i = 0; i < inputs->size(); ++i) {
+      if (inputs->Get(i) != old_edge) continue;
+      if (has_new) {
+        inputs->DeleteSubrange(i--, 1);
+      } else {
+        *inputs->Mutable(i) = new_edge;
+        has_new = true;
+      }
+    }
+  }
+}
+
+void RewriteContext::RedirectDataEdges(const std::string& from, int port, const std::string& to) {
+  for (NodeDef* n : PossibleReaders(from, /*control=*/false)) {
+    auto* inputs = n->mutable_input();
+    for (int i = 0; i < inputs->size(); ++i) {
+      const std::string& in = inputs->Get(i);
+      if (in.compare(0, from.size(), from) != 0) continue;  // cheap test before parsing
+      const TensorId t = ParseTensorName(in);
+      if (t.node == from && t.port == port) {
+        *inputs->Mutable(i) = to;
+        Touch(n);
+      }
+    }
+  }
+}
+
+void RewriteContext::DropStaleShapes() {
+  for (auto& n : *graph_->mutable_node()) {
+    n.mutable_attr()->erase("_ctr_output_shapes");
+    if (changed_.count(n.name())) n.mutable_attr()->erase("_output_shapes");
+  }
+}
+
+bool RewriteContext::MustKeep(const std::string& name) const {
+  return preserve_.count(name) || FetchedOrFed(name);
+}
+
+bool RewriteContext::FetchedOrFed(const std::string& name) const {
+  if (fed_.count(name)) return true;
+  for (const std::string& f : fetch_)
+    if (ParseTensorName(f).node == name) return true;
+  return false;
+}
+
+void RewriteContext::Remove(const std::string& name, const std::string& replaced_by) {
+  if (preserve_.count(name)) {
+    kept_as_noop_.emplace_back(name, replaced_by);
+  } else {
+    removed_.insert(name);
+  }
+}
+
+void RewriteContext::Commit() {
+  for (const auto& [name, fused] : kept_as_noop_) {
+    NodeDef* n = Mutable(name);
+    if (n == nullptr) continue;
+    const std::string device = n->device();
+    n->Clear();
+    n->set_name(name);
+    n->set_op("NoOp");
+    n->set_device(device);
+    n->add_input("^" + fused);
+  }
+  kept_as_noop_.clear();
+  std::vector<const NodeDef*> removed, added, changed;
+  for (const std::string& name : removed_) {
+    auto p = pending_.find(name);
+    const NodeDef* n = p != pending_.end() ? p->second : index_->Node(name);
+    if (n == nullptr) continue;
+    doomed_.insert(n);
+    if (p != pending_.end()) {
+      pending_.erase(p);  // added and dropped by the same rewrite: never indexed
+    } else {
+      removed.push_back(n);
+    }
+    touched_.erase(name);
+  }
+  removed_.clear();
+  for (const auto& [name, n] : pending_) added.push_back(n);
+  for (const auto& [name, n] : touched_) changed.push_back(n);
+  index_->Update(removed, added, changed);
+  pending_.clear();
+  touched_.clear();
+  if (check_index_) {
+    // The graph less the removed nodes awaiting Compact, indexed from scratch.
+    tensorflow::GraphDef live;
+    for (const auto& n : graph_->node())
+      if (!doomed_.count(&n)) *live.add_node() = n;
+    const std::string difference = index_->Difference(GraphIndex(live, fetch_));
+    if (!difference.empty()) LOG(FATAL) << "CtrFusionOptimizer: index out of date: " << difference;
+  }
+}
+
+void RewriteContext::Compact() {
+  if (doomed_.empty()) return;
+  // Compacts in place, in order: only pointers move, no node is copied, so
+  // the index's pointers to the nodes kept stay valid.
+  auto* nodes = graph_->mutable_node();
+  int kept = 0;
+  for (int i = 0; i < nodes->size(); ++i)
+    if (!doomed_.count(&nodes->Get(i))) nodes->SwapElements(kept++, i);
+  nodes->DeleteSubrange(kept, nodes->size() - kept);
+  doomed_.clear();
+  if (check_index_) {
+    const std::string difference = index_->Difference(GraphIndex(*graph_, fetch_));
+    if (!difference.empty()) LOG(FATAL) << "CtrFusionOptimizer: index out of date: " << difference;
+  }
+}
+
+// The static shape of an output: Grappler's inference first, then the
+// `_output_shapes` attribute graphs exported with add_shapes carry.
+static const tensorflow::TensorShapeProto* KnownShape(const tensorflow::grappler::GraphProperties* props,
+                                                      const NodeDef& node, int port) {
+  if (props && props->HasOutputProperties(node.name())) {
+    const auto& out = props->GetOutputProperties(node.name());
+    if (port < static_cast<int>(out.size()) && !out[port].shape().unknown_rank()) return &out[port].shape();
+  }
+  // Grappler's item builder erases `_output_shapes`; offline rewriting copies
+  // them to `_ctr_output_shapes` first (tf_ctr_ops.rewrite).
+  for (const char* key : {"_ctr_output_shapes", "_output_shapes"}) {
+    auto it = node.attr().find(key);
+    if (it != node.attr().end() && port < it->second.list().shape_size() &&
+        !it->second.list().shape(port).unknown_rank())
+      return &it->second.list().shape(port);
+  }
+  return nullptr;
+}
+
+// The declared shape of the variable behind a resource handle: `_handle_shapes`
+// on a captured handle, or a VarHandleOp's `shape`, looking through Identity.
+static const tensorflow::TensorShapeProto* HandleShape(const GraphIndex& g, const NodeDef* handle) {
+  while (IsOp(handle, "Identity")) handle = g.Producer(*handle, 0);
+  if (handle == nullptr) return nullptr;
+  auto it = handle->attr().find("_handle_shapes");
+  if (it != handle->attr().end() && it->second.list().shape_size() == 1 && !it->second.list().shape(0).unknown_rank())
+    return &it->second.list().shape(0);
+  if (IsOp(handle, "VarHandleOp")) {
+    it = handle->attr().find("shape");
+    if (it != handle->attr().end() && !it->second.shape().unknown_rank()) return &it->second.shape();
+  }
+  return nullptr;
+}
+
+int RewriteContext::Rank(const NodeDef& node, int port) const {
+  const tensorflow::TensorShapeProto* s = KnownShape(Added(node.name()) ? nullptr : properties_, node, port);
+  if (s) return s->dim_size();
+  // Shape-preserving ops pass the rank of their input through.
+  if (node.op() == "Identity" || node.op() == "Cast") {
+    const NodeDef* in = index_->Producer(node, 0, &port);
+    return in ? Rank(*in, port) : -1;
+  }
+  if (node.op() == "ReadVariableOp") {
+    s = HandleShape(*index_, index_->Producer(node, 0));
+    return s ? s->dim_size() : -1;
+  }
+  return -1;
+}
+
+int64_t RewriteContext::Dim(const NodeDef& node, int port, int dim) const {
+  const tensorflow::TensorShapeProto* s = KnownShape(Added(node.name()) ? nullptr : properties_, node, port);
+  int64_t size = (s && dim < s->dim_size()) ? s->dim(dim).size() : -1;
+  if (size < 0 && node.op() == "ReadVariableOp") {
+    // A variable's value has its declared shape.
+    const tensorflow::TensorShapeProto* declared = HandleShape(*index_, index_->Producer(node, 0));
+    if (declared && dim < declared->dim_size() && declared->dim(dim).size() >= 0) return declared->dim(dim).size();
+  }
+  if (size >= 0) return size;
+  // Inference may know the rank but not the size that Python's set_shape recorded.
+  auto it = node.attr().find("_output_shapes");
+  if (it != node.attr().end() && port < it->second.list().shape_size()) {
+    const auto& recorded = it->second.list().shape(port);
+    // An unknown recorded size keeps inference's symbolic id.
+    if (!recorded.unknown_rank() && dim < recorded.dim_size() && recorded.dim(dim).size() >= 0)
+      size = recorded.dim(dim).size();
+  }
+  return size;
+}
+
+void RewriteContext::Skipped(const std::string& pattern, const std::string& node, const std::string& reason) {
+  skips_.push_back(SkipRecord{pattern, node, reason});
+}
+
+}  // namespace grappler
+}  // namespace tf_ctr

@@ -1,0 +1,122 @@
+// The rewrite engine of CtrFusionOptimizer: a context over the graph being
+// optimized through which every pattern reads (the graph index, inferred
+// shapes) and changes it (added, mutated and removed nodes, redirected
+// edges), committed incrementally after each rewrite.
+#pragma once
+
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "cc/grappler/graph_index.h"
+#include "tensorflow/core/framework/graph.pb.h"
+#include "tensorflow/core/framework/node_def.pb.h"
+#include "tensorflow/core/grappler/costs/graph_properties.h"
+
+namespace tf_ctr {
+namespace grappler {
+
+struct MatchRecord {
+  std::string pattern;
+  std::string fused_node;
+  std::string fused_op;
+  std::vector<std::string> replaced;  // "name (Op)"
+};
+
+struct SkipRecord {
+  std::string pattern;
+  std::string node;
+  std::string reason;
+};
+
+class RewriteContext {
+ public:
+  RewriteContext(tensorflow::GraphDef* graph, std::vector<std::string> fetch, std::set<std::string> preserve,
+                 const tensorflow::grappler::GraphProperties* properties);
+
+  const GraphIndex& index() const { return *index_; }
+  // A node fetched here counts as changed: its recorded shapes are dropped by
+  // DropStaleShapes (a re-pointed reader may produce another shape).
+  tensorflow::NodeDef* Mutable(const std::string& name);
+  // Adds a node with a name derived from `base` that is unique in the graph.
+  tensorflow::NodeDef* AddNode(const std::string& base, const std::string& op, const std::string& device);
+  // Drops a node the fused node `replaced_by` absorbed. A node the graph must
+  // keep (a function's control output, say) becomes a NoOp that waits on it.
+  void Remove(const std::string& name, const std::string& replaced_by);
+  // Points control edges from `from` at `to` instead (automatic control
+  // dependencies on a stateful op the fused node replaces keep their order).
+  void RedirectControlEdges(const std::string& from, const std::string& to);
+  // Points every data input reading output `port` of `from` at tensor `to`.
+  void RedirectDataEdges(const std::string& from, int port, const std::string& to);
+  // Whether the graph must keep a node of this name (fetched, or preserved).
+  bool MustKeep(const std::string& name) const;
+  // Whether the caller sees its outputs (fetched) or replaces them (fed). A
+  // preserved node that is neither (a function's stateful op, kept as an
+  // Identity once fused) may go: Remove keeps its name as a NoOp.
+  bool FetchedOrFed(const std::string& name) const;
+  void SetFed(std::set<std::string> fed) { fed_ = std::move(fed); }
+  // The device type the rewritten graph is to be served on ("CPU", "GPU"),
+  // or empty: either, so rewrites keep what both need.
+  void SetServingDevice(std::string type) { serving_device_ = std::move(type); }
+  const std::string& serving_device() const { return serving_device_; }
+  // Applies removals and brings the index up to date (with the nodes this
+  // rewrite removed, added or changed); call after each rewrite.
+  void Commit();
+  // Deletes the nodes removed since the last Compact from the graph (they
+  // already left the index at Commit); call once per sweep over the graph.
+  void Compact();
+  // Erases the shapes recorded before the rewrite where they may no longer
+  // hold: `_output_shapes` of every changed node (the importer rejects a
+  // stale one when the graph is loaded) and the offline copy
+  // `_ctr_output_shapes` everywhere. Call once, after the last pattern.
+  void DropStaleShapes();
+
+  // Static rank / dim `dim` of output `port` of `node`, -1 when unknown. A
+  // dim may also be a symbolic id (< -1) of Grappler's shape inference: two
+  // equal ids are one size. Nodes that rewrites added have no inferred shapes.
+  int Rank(const tensorflow::NodeDef& node, int port) const;
+  int64_t Dim(const tensorflow::NodeDef& node, int port, int dim) const;
+  bool Added(const std::string& name) const { return added_.count(name) > 0; }
+
+  void Matched(MatchRecord record) { matches_.push_back(std::move(record)); }
+  void Skipped(const std::string& pattern, const std::string& node, const std::string& reason);
+
+  void ForgetSkips() { skips_.clear(); }
+  const std::vector<MatchRecord>& matches() const { return matches_; }
+  const std::vector<SkipRecord>& skips() const { return skips_; }
+
+ private:
+  // Every node that may read `from`: its indexed data or control readers, and
+  // the nodes added or changed since the last Commit.
+  std::vector<tensorflow::NodeDef*> PossibleReaders(const std::string& from, bool control);
+  void Touch(tensorflow::NodeDef* node);
+
+  tensorflow::GraphDef* graph_;
+  std::vector<std::string> fetch_;
+  const tensorflow::grappler::GraphProperties* properties_;
+  std::unique_ptr<GraphIndex> index_;
+  std::set<std::string> preserve_;
+  std::set<std::string> fed_;
+  std::string serving_device_;
+  std::set<std::string> removed_;
+  std::set<std::string> changed_;  // fetched through Mutable or re-pointed, over the whole run
+  // Indexed nodes changed since the last Commit, which the index still
+  // describes as they were.
+  std::unordered_map<std::string, tensorflow::NodeDef*> touched_;
+  std::unordered_set<const tensorflow::NodeDef*> doomed_;  // removed, awaiting Compact
+  bool check_index_ = false;  // TF_CTR_OPS_CHECK_INDEX: each Commit compared with a rebuild
+  // Nodes rewrites added: inferred shapes under their names (a removed
+  // original node's) do not describe them.
+  std::set<std::string> added_;
+  // Nodes added since the last Commit, which the index does not know yet.
+  std::unordered_map<std::string, tensorflow::NodeDef*> pending_;
+  std::vector<std::pair<std::string, std::string>> kept_as_noop_;  // (name, fused)
+  std::vector<MatchRecord> matches_;
+  std::vector<SkipRecord> skips_;
+};
+
+}  // namespace grappler
+}  // namespace tf_ctr
