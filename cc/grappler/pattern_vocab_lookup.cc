@@ -211,7 +211,6 @@ class VocabLookupPattern : public NamedPattern<kName> {
       // A function keeps its stateful ops (the find): as a NoOp once fused.
       if (g.DataConsumers(n->name()) == readers && !ctx->FetchedOrFed(n->name())) return true;
       *why = "intermediate " + Describe(*n) + " has another consumer";
-
       return false;
     };
     for (const NodeDef* n : ids.wrap)
@@ -221,8 +220,7 @@ class VocabLookupPattern : public NamedPattern<kName> {
     for (const NodeDef* n : ids.identities)
       if (!only(n, n == last ? index_readers : 1)) return false;
     const int check_readers = ids.assert_node != nullptr ? 1 : 0;
-    if (!only(ids.find, (ids.identities.empty() ? index_readers : 1) + check_readers)) return false;
-    return true;
+    return only(ids.find, (ids.identities.empty() ? index_readers : 1) + check_readers);
   }
 
   static void RemoveIfDeadConst(RewriteContext* ctx, const NodeDef* node, const std::string& fused) {
@@ -276,8 +274,8 @@ class VocabLookupPattern : public NamedPattern<kName> {
                                         : anchor.input(0);
     const std::string keys =
         flatten.found() ? FlattenKeys(ctx, name, find.input(1), TypeAttr(find, "Tin"), 2, device) : find.input(1);
-    // The fused op's output has the keys' rank + 1, as the gather's: it takes
-    // the gather's place whatever that rank (passed as 1).
+    // The fused op's output has the gather's shape, keys.shape + params.shape[1:],
+    // whatever the keys' rank: it takes the gather's place (rank passed as 1).
     NodeDef* fused = BecomeGatherOutput(ctx, anchor, kFusedOp, T, 1, flatten, &record);
     for (const std::string& in : {find.input(0), keys, find.input(2), params}) fused->add_input(in);
     CopyControlInputs(find, fused);

@@ -1,9 +1,11 @@
 // CPU kernel of CtrVocabEmbedding: the table's own Find (whatever table type
 // the graph built), one pass of checks in key order, so the error names the
 // first bad key, then the row copies on TF's intra-op pool.
+#include <algorithm>
 #include <cstring>
 #include <string>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "cc/core/vocab.h"
 #include "cc/kernels/tf_types.h"
