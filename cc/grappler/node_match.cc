@@ -1,6 +1,7 @@
 #include "cc/grappler/node_match.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <unordered_set>
@@ -153,6 +154,16 @@ bool ConstIntVector(const NodeDef* node, std::vector<int64_t>* out) {
     }
   }
   return true;
+}
+
+std::string DeviceType(const std::string& device) {
+  const size_t at = device.rfind("device:");
+  const size_t begin = at == std::string::npos ? device.rfind('/') : at + 6;
+  if (begin == std::string::npos) return "";
+  const size_t end = device.find(':', begin + 1);
+  std::string type = device.substr(begin + 1, end == std::string::npos ? std::string::npos : end - begin - 1);
+  for (char& c : type) c = static_cast<char>(toupper(static_cast<unsigned char>(c)));
+  return type;
 }
 
 std::string Describe(const NodeDef& node) { return node.name() + " (" + node.op() + ")"; }

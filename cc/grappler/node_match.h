@@ -38,6 +38,9 @@ bool IsFirstElementSlice(const GraphIndex& g, const tensorflow::NodeDef* slice);
 bool IsFirstColumn(const GraphIndex& g, const tensorflow::NodeDef* slice);
 bool IsSelect(const tensorflow::NodeDef* node);  // Select or SelectV2
 bool HasControlInputs(const tensorflow::NodeDef& node);
+// The device type in a device name ("/job:x/device:GPU:0" -> "GPU"), or
+// empty for an unplaced node.
+std::string DeviceType(const std::string& device);
 std::string Describe(const tensorflow::NodeDef& node);  // "name (Op)"
 // Follows Identity nodes up to the first other producer, collecting them
 // (tf.nn.embedding_lookup ends in an Identity).

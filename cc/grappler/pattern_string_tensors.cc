@@ -29,18 +29,6 @@ using tensorflow::NodeDef;
 constexpr char kName[] = "string_tensors";
 constexpr char kFusedOp[] = "CtrConcatStringTensorEmbedding";
 
-// The device type in a device name ("/job:x/device:GPU:0" -> "GPU"), or
-// empty for an unplaced node.
-std::string DeviceType(const std::string& device) {
-  const size_t at = device.rfind("device:");
-  const size_t begin = at == std::string::npos ? device.rfind('/') : at + 6;
-  if (begin == std::string::npos) return "";
-  const size_t end = device.find(':', begin + 1);
-  std::string type = device.substr(begin + 1, end == std::string::npos ? std::string::npos : end - begin - 1);
-  for (char& c : type) c = static_cast<char>(toupper(static_cast<unsigned char>(c)));
-  return type;
-}
-
 class StringTensorsPattern : public NamedPattern<kName> {
  public:
   int Stage() const override { return 3; }

@@ -140,10 +140,8 @@ class VocabLookupPattern : public NamedPattern<kName> {
 
  private:
   static bool ServedOnCpu(RewriteContext* ctx, const NodeDef& anchor) {
-    const std::string& placed = anchor.device();
-    if (placed.find("GPU") != std::string::npos || placed.find("gpu") != std::string::npos) return false;
-    return ctx->serving_device() == "CPU" || placed.find("CPU") != std::string::npos ||
-           placed.find("cpu") != std::string::npos;
+    const std::string placed = DeviceType(anchor.device());
+    return (placed.empty() ? ctx->serving_device() : placed) == "CPU";
   }
 
   // The value of an integer scalar known before run time, or -1: a constant,
