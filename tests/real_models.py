@@ -1,5 +1,5 @@
 """SavedModels for the rewrite's tests beside the real model styles of
-tf_ctr_ops/bench_models.py (a Keras lookup model, an Estimator-style TF1
+tf_ctr_ops/bench/models.py (a Keras lookup model, an Estimator-style TF1
 feature-column model):
 
 - a minimal TF1 model with one StaticHashTable;

@@ -14,7 +14,7 @@ import tf_ctr_ops  # noqa: F401
 from conftest import fresh_process_env, serve_in_fresh_process
 from real_models import save_split_safe_lookup_model, save_tf1_table_model
 from tf_ctr_ops import _saved_model_files, rewrite
-from tf_ctr_ops.bench_models import (export_keras_lookup_model, keras_lookup_inputs, save_tf1_feature_column_model,
+from tf_ctr_ops.bench.models import (export_keras_lookup_model, keras_lookup_inputs, save_tf1_feature_column_model,
                                      tf_examples)
 
 

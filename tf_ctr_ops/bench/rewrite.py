@@ -33,7 +33,8 @@ import time
 
 import numpy as np
 
-from tf_ctr_ops.bench import check_agreement, suite, time_interleaved
+from tf_ctr_ops.bench.harness import check_agreement, keyword_call, served_graph_call, suite, time_interleaved
+from tf_ctr_ops.bench.models import model_style_suite
 
 HASHED, LISTS = 20, 6
 LIST_DELIMITER = "|"
@@ -153,27 +154,6 @@ def build_floor_model(cfg, dim):
     return keras.Model(inputs, mlp_head(NoFeatures(name="no_features")(inputs)))
 
 
-def keyword_call(sig, feeds):
-    """sig(**feeds), the public Python call, as a numpy array."""
-    (key,) = sig.structured_outputs
-    return lambda: sig(**feeds)[key].numpy()
-
-
-def served_graph_call(sig, feeds):
-    """The signature's graph run on the flat tensors of `feeds`, as a numpy
-    array: the keyword call less its per-call binding in Python, which is
-    done here once. None where this TF's ConcreteFunction lacks the private
-    entry points (the suite then times the keyword call alone)."""
-    try:
-        function_type, call_flat = sig.function_type, sig._call_flat
-        flat = function_type.unpack_inputs(function_type.bind(**feeds))
-    except AttributeError:
-        return None
-    (key,) = sig.structured_outputs
-    captured = sig.captured_inputs
-    return lambda: call_flat(flat, captured)[key].numpy()
-
-
 def embedding_speedup(t):
     """(native - floor) / (rewritten - floor) from medians; None when the
     rewritten model is not measurably above the floor."""
@@ -189,14 +169,12 @@ def _fmt(s):
 @suite("rewrite")
 def rewrite_suite(cfg):
     """A TF-native 26-feature CTR SavedModel served before and after optimize_saved_model
-    (with --model, a real model style: tf_ctr_ops/bench_models.py)."""
+    (with --model, a real model style: tf_ctr_ops/bench/models.py)."""
     import tensorflow as tf
 
     from tf_ctr_ops import rewrite
 
     if cfg.model:
-        from tf_ctr_ops.bench_models import model_style_suite
-
         return model_style_suite(cfg, cfg.model)
     if cfg.features:
         return rewrite_time_suite(cfg)

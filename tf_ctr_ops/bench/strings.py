@@ -19,11 +19,11 @@ import time
 
 import numpy as np
 
-from tf_ctr_ops.bench import (_call_s, _print_copy, _si, _table_build_s, core_or_none, estimate_case_s,
-                              group_by_table, host_table_copies, make_bags, measure_copy_bandwidth,
-                              memory_shortfall, print_table, print_targets, progress, progress_label,
-                              random_table, shape_fields, skip_note, skip_table_group, suite, targets_at_headline,
-                              timed_entry)
+from tf_ctr_ops.bench.harness import (call_s, core_or_none, estimate_case_s, group_by_table, host_table_copies,
+                                      make_bags, measure_copy_bandwidth, memory_shortfall, progress, progress_label,
+                                      random_table, shape_fields, si, skip_note, skip_table_group, suite,
+                                      table_build_s, targets_at_headline, timed_entry)
+from tf_ctr_ops.bench.report import print_copy, print_table, print_targets
 
 STRING_TARGETS = {  # series -> (label, minimum fused speedup over native), at the headline shape
     "string/index": ("string_embedding vs split + to_number + tf.nn.embedding_lookup_sparse(sqrtn)", 6.0),
@@ -50,12 +50,12 @@ def _composition(tf, table, strings, id_mode, vocab):
 
 
 def _string_call_s(shape):
-    return _call_s(shape, 3e-7)
+    return call_s(shape, 3e-7)
 
 
 def _estimate_string(cfg):
     shapes = cfg.shape_list()
-    seconds = sum(_table_build_s(v, d, 3) for v, d in group_by_table(shapes))
+    seconds = sum(table_build_s(v, d, 3) for v, d in group_by_table(shapes))
     seconds += sum(len(ID_MODES) * estimate_case_s(cfg, 3, _string_call_s(s)) for s in shapes)
     return len(shapes), seconds
 
@@ -70,7 +70,7 @@ def string_suite(cfg):
     copy = measure_copy_bandwidth(cfg)
     print(f"string suite: {len(shapes)} shapes on {cfg.device}; comma-delimited ids, ~n per row "
           "(uniform in [1, 2n - 1])")
-    _print_copy(copy, cfg)
+    print_copy(copy, cfg)
     cases, skipped = [], []
     for (V, D), group in group_by_table(shapes).items():
         reason = memory_shortfall(V * D * 4 * host_table_copies(cfg, 1, 2))
@@ -83,7 +83,7 @@ def string_suite(cfg):
             fused_table = tf.Variable(params, name="fused_table")
             native_table = tf.Variable(params, name="native_table")
         graphs = _string_graphs(cfg, fused_table, native_table, V)
-        print(f"table V={_si(V)} D={D}: setup {time.perf_counter() - t0:.1f}s")
+        print(f"table V={si(V)} D={D}: setup {time.perf_counter() - t0:.1f}s")
         for shape in group:
             progress_label(f"string {shape.label()} {shape.dist}")
             cases += _string_cases(cfg, shape, graphs, params, rng, copy)
@@ -164,7 +164,7 @@ def multi_shapes(cfg):
 
 def _estimate_multi(cfg):
     shapes = multi_shapes(cfg)
-    seconds = sum(_table_build_s(s.vocab * MULTI_FEATURES, s.dim, 3)
+    seconds = sum(table_build_s(s.vocab * MULTI_FEATURES, s.dim, 3)
                   + estimate_case_s(cfg, 3, MULTI_FEATURES * _string_call_s(s)) for s in shapes)
     return len(shapes), seconds
 
@@ -175,8 +175,8 @@ def multi_suite(cfg, features=MULTI_FEATURES):
     shapes = multi_shapes(cfg)
     copy = measure_copy_bandwidth(cfg)
     print(f"multi suite: {features} features, {len(shapes)} shapes on {cfg.device}, at most "
-          f"{_si(MULTI_MAX_VOCAB)} rows per feature")
-    _print_copy(copy, cfg)
+          f"{si(MULTI_MAX_VOCAB)} rows per feature")
+    print_copy(copy, cfg)
     rng = np.random.default_rng(cfg.seed + 1)
     cases, skipped = [], []
     for shape in shapes:
@@ -260,12 +260,3 @@ def _multi_cases(cfg, shape, features, rng, copy):
                    "speedup_vs_grouped": concat["grouped"]["median_ms"] / concat["fused"]["median_ms"]})
     return [entry, concat]
 
-
-# The helpers' older names, for suites written against them.
-def _timed_entry(case, fns, cfg, nbytes, copy):
-    return timed_entry(case, fns, cfg, nbytes, copy, rtol=1e-4, atol=1e-5)
-
-
-def print_cases(result):
-    print_table(result)
-    print_targets(result)

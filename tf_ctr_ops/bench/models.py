@@ -26,6 +26,8 @@ import time
 
 import numpy as np
 
+from tf_ctr_ops.bench.harness import check_agreement, keyword_call, served_graph_call, time_interleaved
+
 MODELS = ("keras-lookup", "tf1-feature-columns")
 TARGET = 1.5  # rewritten vs native serving latency at batch 1024
 SERVE_BATCHES = (1024, 1)
@@ -176,8 +178,6 @@ def model_style_suite(cfg, name):
     import tensorflow as tf
 
     from tf_ctr_ops import rewrite
-    from tf_ctr_ops.bench import check_agreement, time_interleaved
-    from tf_ctr_ops.bench_rewrite import keyword_call, served_graph_call
 
     if name not in MODELS:
         raise ValueError(f"--model must be one of {MODELS}, got {name!r}")
