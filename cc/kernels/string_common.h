@@ -181,51 +181,6 @@ inline absl::Status AllocatePooled(tensorflow::OpKernelContext* ctx, tensorflow:
   return absl::OkStatus();
 }
 
-// Runs fn(begin, end) over the rows [0, n) on TF's intra-op pool, in shards
-// of about equal weight rather than equal rows: prefix(r) is the weight of
-// rows [0, r), non-decreasing. A grouped op's rows range from one short key to
-// long id lists (in feature order), and equal row counts would leave one
-// thread with all the lists.
-inline void ParallelForWeighted(tensorflow::OpKernelContext* ctx, int64_t n, int64_t cost_per_row,
-                                const std::function<int64_t(int64_t)>& prefix,
-                                const std::function<void(int64_t, int64_t)>& fn) {
-  if (n <= 0) return;
-  const int64_t threads = ctx->device()->tensorflow_cpu_worker_threads()->num_threads;
-  const int64_t k = std::min<int64_t>(n, std::max<int64_t>(1, 4 * threads));
-  std::vector<int64_t> bounds(k + 1, n);
-  bounds[0] = 0;
-  const int64_t total = prefix(n);
-  for (int64_t j = 1; j < k; ++j) {
-    int64_t lo = bounds[j - 1], hi = n;  // first row whose prefix weight reaches j / k of the total
-    const int64_t goal = static_cast<int64_t>(static_cast<double>(total) * j / k);
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (prefix(mid) < goal) lo = mid + 1; else hi = mid;
-    }
-    bounds[j] = lo;
-  }
-  ParallelFor(ctx, k, std::max<int64_t>(1, cost_per_row * n / k), [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j)
-      if (bounds[j] < bounds[j + 1]) fn(bounds[j], bounds[j + 1]);
-  });
-}
-
-// A string row weighs its bytes plus a fixed share for its bag's output.
-constexpr int64_t kStringRowWeight = 16;
-
-// ParallelForWeighted over the rows of validated string splits, by bytes.
-inline void ParallelForBytes(tensorflow::OpKernelContext* ctx, const int64_t* splits, int64_t n,
-                             int64_t cost_per_row, const std::function<void(int64_t, int64_t)>& fn) {
-  ParallelForWeighted(ctx, n, cost_per_row, [&](int64_t r) { return splits[r] - splits[0] + r * kStringRowWeight; },
-                      fn);
-}
-
-// ParallelFor's cost per bag of `bags` holding `bytes` in all.
-inline int64_t StringBagCost(const ctr::StringSpec& s, int64_t bytes, int64_t bags) {
-  const int64_t avg_bytes = bags > 0 ? bytes / bags + 1 : 1;
-  return avg_bytes * 12 + (avg_bytes / 4 + 1) * s.lookup.dim * 2;
-}
-
 inline absl::Status CheckVector(const tensorflow::Tensor& t, const char* what) {
   if (t.dims() != 1)
     return tensorflow::errors::InvalidArgument(what, " must be a vector, got shape ",
@@ -292,18 +247,11 @@ class ConcatStringKernel : public MultiStringKernel {
     return ctx->input(num_features() + string_inputs_ + j);
   }
 
-  // Each dense input's rows into its columns of plan.out.
-  template <typename T>
-  void CopyDense(tensorflow::OpKernelContext* ctx, const Plan& plan) const {
-    T* dst = plan.out->flat<T>().data();
-    const int64_t width = plan.width();
-    for (int j = 0; j < num_dense(); ++j) {
-      const tensorflow::Tensor& d = dense(ctx, j);
-      const int64_t w = d.dim_size(1);
-      const T* src = d.flat<T>().data();
-      T* to = dst + plan.columns[num_features() + j];
-      for (int64_t r = 0; r < plan.rows && w > 0; ++r) std::memcpy(to + r * width, src + r * w, w * sizeof(T));
-    }
+  // The dense inputs, in input order.
+  std::vector<const tensorflow::Tensor*> DenseInputs(tensorflow::OpKernelContext* ctx) const {
+    std::vector<const tensorflow::Tensor*> out;
+    for (int j = 0; j < num_dense(); ++j) out.push_back(&dense(ctx, j));
+    return out;
   }
 
   // Each feature's first string (and, at N, the total), from input_splits.

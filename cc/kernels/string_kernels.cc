@@ -9,6 +9,7 @@
 #include "cc/core/strings.h"
 #include "cc/core/strings_cpu.h"
 #include "cc/kernels/string_common.h"
+#include "cc/kernels/string_cpu.h"
 #include "cc/kernels/string_runs.h"
 #include "cc/kernels/tf_types.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -278,7 +279,7 @@ class ConcatStringEmbeddingCpuOp : public ConcatStringKernel {
     const std::vector<int64_t>& columns = plan.columns;
     const int64_t common = plan.rows, width = plan.width();
     Tensor* out = plan.out;
-    CopyDense<T>(ctx, plan);
+    CopyDenseColumns<T>(DenseInputs(ctx), plan.columns.data() + num_features(), plan.rows, plan.out);
     auto* dst = CorePtr<T>(out);
     int64_t max_dim = 0;
     for (const auto& sp : specs) max_dim = std::max(max_dim, sp.lookup.dim);

@@ -12,6 +12,7 @@
 #include "cc/core/strings.h"
 #include "cc/core/strings_cpu.h"
 #include "cc/kernels/string_common.h"
+#include "cc/kernels/string_cpu.h"
 #include "cc/kernels/string_runs.h"
 #include "cc/kernels/tf_types.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -104,7 +105,7 @@ class ConcatStringTensorEmbeddingCpuOp : public ConcatStringKernel {
       *rows = trimmed(f) ? RowsThroughLastToken(p.specs[f], runs[f]) : runs[f].count;
       return absl::OkStatus();
     }, &plan));
-    CopyDense<T>(ctx, plan);
+    CopyDenseColumns<T>(DenseInputs(ctx), plan.columns.data() + num_features(), plan.rows, plan.out);
     std::vector<FirstBadToken> errors(n);
     Pool(ctx, runs, plan, &errors);
     for (int f = 0; f < n; ++f) {
