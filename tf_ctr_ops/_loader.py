@@ -8,6 +8,7 @@ worse. We compare versions first and raise a clear ImportError instead.
 import os
 
 _LIB = None
+_CLIB = None
 
 
 def _not_built_error():
@@ -40,6 +41,10 @@ def check_tensorflow_version(installed, built):
         )
 
 
+def library_path():
+    return os.path.join(os.path.dirname(__file__), "_tf_ctr_ops.so")
+
+
 def load_op_library():
     global _LIB
     if _LIB is None:
@@ -47,8 +52,20 @@ def load_op_library():
 
         info = build_info()
         check_tensorflow_version(tf.__version__, info.TF_VERSION)
-        path = os.path.join(os.path.dirname(__file__), "_tf_ctr_ops.so")
+        path = library_path()
         if not os.path.exists(path):
             raise _not_built_error()
         _LIB = tf.load_op_library(path)
     return _LIB
+
+
+def c_library():
+    """The op library as a ctypes handle, for its few C entry points
+    (loaded by TensorFlow first, so this shares TensorFlow's copy)."""
+    global _CLIB
+    if _CLIB is None:
+        import ctypes
+
+        load_op_library()
+        _CLIB = ctypes.CDLL(library_path())
+    return _CLIB

@@ -32,7 +32,7 @@ from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config
 from tensorflow.python.eager import context
 from tensorflow.python.grappler import tf_optimizer
 
-from tf_ctr_ops import _errors, _model_inputs, _partitioned
+from tf_ctr_ops import _errors, _loader, _model_inputs, _partitioned
 from tf_ctr_ops import _saved_model_files as _files
 from tf_ctr_ops._loader import load_op_library
 
@@ -238,12 +238,42 @@ def optimize_graph_def(graph_def, fetches, handle_shapes=None, serving_device=No
     graph_def = type(graph_def).FromString(graph_def.SerializeToString())
     _annotate_handle_shapes(graph_def, handle_shapes or {})
     _annotate_called_handle_shapes(graph_def)
-    meta = meta_graph_pb2.MetaGraphDef()
-    meta.graph_def.CopyFrom(graph_def)
-    fetch = meta_graph_pb2.CollectionDef()
-    fetch.node_list.value.extend(fetches)
-    meta.collection_def["train_op"].CopyFrom(fetch)
-    return optimize_meta_graph(meta, serving_device, disabled_patterns)
+    _keep_recorded_shapes(graph_def)
+    with tempfile.TemporaryDirectory() as tmp:
+        report_file = os.path.join(tmp, "report.jsonl")
+        config = _add_fusion_optimizer(config_pb2.ConfigProto(), report_file=report_file, only=True,
+                                       serving_device=serving_device, disabled_patterns=disabled_patterns)
+        optimized = _run_offline_driver(graph_def, fetches, config.graph_options.rewrite_options.custom_optimizers[0])
+        report = read_report(report_file)
+    report["skip"].extend(_unfused_feature_records(optimized))
+    return optimized, report
+
+
+def _run_offline_driver(graph_def, fetches, optimizer_config):
+    """The op library's offline driver (cc/grappler/offline_rewrite.cc): the
+    optimizer over the graph and the functions it calls, as the meta optimizer
+    runs it with only this pass, without the meta optimizer's own costs."""
+    import ctypes
+
+    lib = _loader.c_library()
+    run = lib.TfCtrOptimizeGraphDef
+    run.restype = ctypes.c_int
+    run.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+                    ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_void_p)]
+    lib.TfCtrFreeBuffer.argtypes = [ctypes.c_void_p]
+    graph = graph_def.SerializeToString()
+    config = optimizer_config.SerializeToString()
+    out, size, error = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_void_p()
+    rc = run(graph, len(graph), "\n".join(fetches).encode(), config, len(config), ctypes.byref(out),
+             ctypes.byref(size), ctypes.byref(error))
+    try:
+        if rc != 0:
+            message = ctypes.string_at(error.value).decode(errors="replace") if error.value else "unknown error"
+            raise RuntimeError(f"CtrFusionOptimizer failed: {message}")
+        return type(graph_def).FromString(ctypes.string_at(out.value, size.value))
+    finally:
+        lib.TfCtrFreeBuffer(out)
+        lib.TfCtrFreeBuffer(error)
 
 
 # Feature ops no pattern fuses yet: what a rewrite leaves of them is reported,

@@ -21,6 +21,7 @@
 #include "tensorflow/core/grappler/grappler_item.h"
 #include "tensorflow/core/grappler/optimizers/custom_graph_optimizer.h"
 #include "tensorflow/core/grappler/optimizers/custom_graph_optimizer_registry.h"
+#include "tensorflow/core/platform/env.h"
 #include "tensorflow/core/platform/errors.h"
 #include "tensorflow/core/platform/logging.h"
 #include "tensorflow/core/protobuf/rewriter_config.pb.h"
@@ -97,14 +98,18 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
 
   absl::Status Optimize(tensorflow::grappler::Cluster* cluster, const tensorflow::grappler::GrapplerItem& item,
                         tensorflow::GraphDef* optimized) override {
+    const uint64_t t_start = tensorflow::Env::Default()->NowMicros();
     *optimized = item.graph;
     tensorflow::grappler::GraphProperties properties(item);
     // Feeds are trusted to match their placeholders' declared shapes: TF
     // checks them when a function or session is called. Without shapes,
     // patterns that need them skip with a reason.
-    const absl::Status shapes_status = properties.InferStatically(/*assume_valid_feeds=*/true);
+    const absl::Status shapes_status = properties.InferStatically(
+        /*assume_valid_feeds=*/true, /*aggressive_shape_inference=*/false,
+        /*include_input_tensor_values=*/false, /*include_output_tensor_values=*/false);
     if (!shapes_status.ok()) VLOG(1) << "CtrFusionOptimizer: no static shapes for " << item.id << ": " << shapes_status;
     const bool have_shapes = shapes_status.ok();
+    VLOG(2) << "CtrFusionOptimizer: shapes " << (tensorflow::Env::Default()->NowMicros() - t_start) / 1000 << " ms";
     const auto& keep = item.NodesToPreserve();
     RewriteContext ctx(optimized, item.fetch, std::set<std::string>(keep.begin(), keep.end()),
                        have_shapes ? &properties : nullptr);
@@ -125,9 +130,11 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
       if (!changed || pass == kMaxPasses - 1) break;
       ctx.ForgetSkips();  // a later pass re-examines them with the new graph
     }
+    VLOG(2) << "CtrFusionOptimizer: patterns done " << (tensorflow::Env::Default()->NowMicros() - t_start) / 1000 << " ms";
     ctx.DropStaleShapes();
     if (FullyPlaced(item.graph)) PlaceAddedNodes(optimized);
     Report(item.id, ctx);
+    VLOG(2) << "CtrFusionOptimizer: total " << (tensorflow::Env::Default()->NowMicros() - t_start) / 1000 << " ms";
     return absl::OkStatus();
   }
 
@@ -184,6 +191,7 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
     bool changed = false;
     for (const auto& pattern : RegisteredPatterns()) {
       if (pattern->Stage() != stage || disabled.count(pattern->name())) continue;
+      const uint64_t t0 = tensorflow::Env::Default()->NowMicros();
       std::vector<std::string> names;
       names.reserve(graph->node_size());
       for (const auto& n : graph->node()) names.push_back(n.name());
@@ -195,6 +203,7 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
         }
       }
       ctx->Compact();
+      VLOG(2) << "CtrFusionOptimizer: " << pattern->name() << " " << (tensorflow::Env::Default()->NowMicros() - t0) / 1000 << " ms";
     }
     return changed;
   }

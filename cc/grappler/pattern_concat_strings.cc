@@ -55,7 +55,7 @@ constexpr char kName[] = "concat_strings";
 struct Part {
   std::string dense;  // the tensor of a dense input; empty for a feature
   std::string group;  // the grouped op a feature comes from, if any
-  std::vector<NodeDef> nodes;
+  std::vector<const NodeDef*> nodes;
   std::string table;
   std::string strings;  // the tensor its pack read; empty when a column of `matrix`
   std::string matrix;
@@ -71,13 +71,15 @@ struct Part {
 // What the rewrite removes and where it finds the features.
 struct Sources {
   std::vector<Part> parts;
-  std::vector<NodeDef> removed;  // copies: the graph changes under the index
+  // Pointers into the graph: Fuse renames no node and removes none before
+  // Commit, and adding nodes does not move the others.
+  std::vector<const NodeDef*> removed;
   bool placed = false;           // emb_device and pack_device set, by the first feature
   std::string emb_device, pack_device;
 };
 
-void Once(const NodeDef& node, std::set<std::string>* seen, std::vector<NodeDef>* nodes) {
-  if (seen->insert(node.name()).second) nodes->push_back(node);
+void Once(const NodeDef* node, std::set<std::string>* seen, std::vector<const NodeDef*>* nodes) {
+  if (seen->insert(node->name()).second) nodes->push_back(node);
 }
 
 class ConcatStringsPattern : public NamedPattern<kName> {
@@ -127,7 +129,7 @@ class ConcatStringsPattern : public NamedPattern<kName> {
       // The axis constant goes with the concatenation where nothing else reads it.
       const NodeDef* axis_const = g.Producer(anchor, n);
       if (g.DataConsumers(axis_const->name()) == 1 && g.ControlConsumers(axis_const->name()) == 0)
-        src.removed.push_back(*axis_const);
+        src.removed.push_back(axis_const);
     }
     Fuse(ctx, anchor, src, stack ? width : 0);
     return true;
@@ -141,14 +143,14 @@ class ConcatStringsPattern : public NamedPattern<kName> {
   // preserved may go: online, a function's gather (stateful) is kept as an
   // Identity of the fused lookup, and becomes a NoOp here.
   static const NodeDef* ProducerBehindIdentities(RewriteContext* ctx, const NodeDef& node, int k, int* port,
-                                                 std::vector<NodeDef>* identities, bool* shared = nullptr) {
+                                                 std::vector<const NodeDef*>* identities, bool* shared = nullptr) {
     const GraphIndex& g = ctx->index();
     const NodeDef* p = g.Producer(node, k, port);
     while (IsOp(p, "Identity")) {
       if (shared)
         *shared |= g.Consumers(p->name(), 0) != 1 || g.ControlConsumers(p->name()) != 0 ||
                    ctx->FetchedOrFed(p->name());
-      if (identities) identities->push_back(*p);
+      if (identities) identities->push_back(p);
       p = g.Producer(*p, 0, port);
     }
     return p;
@@ -223,7 +225,7 @@ class ConcatStringsPattern : public NamedPattern<kName> {
       }
       if (!part.dense.empty()) continue;
       ++features;
-      for (const NodeDef& node : part.nodes) Once(node, &seen, &src->removed);
+      for (const NodeDef* node : part.nodes) Once(node, &seen, &src->removed);
     }
     if (features == 0) {
       if (why->empty()) *why = "no string embedding it could take over";
@@ -245,7 +247,7 @@ class ConcatStringsPattern : public NamedPattern<kName> {
                         Sources* src, Part* part, std::string* why) {
     const GraphIndex& g = ctx->index();
     int port = 0;
-    std::vector<NodeDef> identities;
+    std::vector<const NodeDef*> identities;
     bool shared = false;
     const NodeDef* p = ProducerBehindIdentities(ctx, concat, k, &port, &identities, &shared);
     if (!IsOp(p, "CtrStringEmbedding") && !IsOp(p, "CtrMultiStringEmbedding")) return false;  // plain dense
@@ -268,7 +270,7 @@ class ConcatStringsPattern : public NamedPattern<kName> {
       *why = where + ": " + *why;
     } else {
       if (IsOp(p, "CtrStringEmbedding")) {
-        part->nodes.push_back(*g.Producer(*p, 3));
+        part->nodes.push_back(g.Producer(*p, 3));
       } else {
         GroupMember(*p, *pack, port, part);
         part->group = p->name();
@@ -277,8 +279,8 @@ class ConcatStringsPattern : public NamedPattern<kName> {
       const NodeDef* table = g.Producer(*p, IsOp(p, "CtrStringEmbedding") ? 0 : port, &table_port);
       part->width = StaticWidth(ctx, table, table_port);
       part->nodes.insert(part->nodes.end(), identities.begin(), identities.end());
-      part->nodes.push_back(*p);
-      part->nodes.push_back(*pack);
+      part->nodes.push_back(p);
+      part->nodes.push_back(pack);
       if (!src->placed) {
         src->placed = true;
         src->emb_device = p->device();
@@ -357,7 +359,7 @@ class ConcatStringsPattern : public NamedPattern<kName> {
     MatchRecord record{kName, "", "CtrConcatStringEmbedding", {}};
     std::vector<std::string> controls;
     AppendControlInputs(concat, &controls);
-    for (const NodeDef& r : src.removed) AppendControlInputs(r, &controls);
+    for (const NodeDef* r : src.removed) AppendControlInputs(*r, &controls);
 
     std::vector<const Part*> features, dense;
     for (const Part& p : src.parts) (p.dense.empty() ? features : dense).push_back(&p);
@@ -397,10 +399,10 @@ class ConcatStringsPattern : public NamedPattern<kName> {
     const std::string op_name = op->name();
     record.fused_node = op_name;
 
-    for (const NodeDef& r : src.removed) {
-      record.replaced.push_back(Describe(r));
-      ctx->RedirectControlEdges(r.name(), op_name);
-      ctx->Remove(r.name(), op_name);
+    for (const NodeDef* r : src.removed) {
+      record.replaced.push_back(Describe(*r));
+      ctx->RedirectControlEdges(r->name(), op_name);
+      ctx->Remove(r->name(), op_name);
     }
     record.replaced.push_back(Describe(concat));
     std::string output = TensorName(op_name, 0);
