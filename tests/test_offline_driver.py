@@ -1,0 +1,116 @@
+"""The offline driver (cc/grappler/offline_rewrite.cc) against the path it
+replaces: Grappler's meta optimizer running CtrFusionOptimizer alone over a
+MetaGraphDef whose "train_op" collection names the fetches.
+
+Both must fuse the same subgraphs into the same ops, in the graph and in the
+functions it calls, and the driver's graph must compute what the native one
+computes.
+"""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import meta_graph_pb2
+
+import tf_ctr_ops  # noqa: F401  (registers the ops and the optimizer)
+from tf_ctr_ops import rewrite
+
+V, D = 50, 4
+
+
+def _feature_model():
+    """A Keras-style model: hashed single keys, a split id list, a sum of both,
+    called through an inner tf.function (so part of it lives in the library)."""
+    table_a = tf.Variable(tf.random.stateless_normal([V, D], seed=[1, 2]))
+    table_b = tf.Variable(tf.random.stateless_normal([V, D], seed=[3, 4]))
+
+    @tf.function
+    def id_list(ids):
+        sp = tf.strings.split(ids, "|").to_sparse()
+        hashed = tf.sparse.SparseTensor(sp.indices, tf.strings.to_hash_bucket_fast(sp.values, V), sp.dense_shape)
+        return tf.nn.safe_embedding_lookup_sparse(table_b, hashed, combiner="mean")
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.string)])
+    def serve(keys, ids):
+        a = tf.gather(table_a, tf.strings.to_hash_bucket_fast(keys, V))
+        return tf.concat([a, id_list(ids)], axis=1)
+
+    return serve, (table_a, table_b)
+
+
+def _meta_path(graph_def, fetches, handle_shapes):
+    """The meta-optimizer path, as optimize_graph_def ran it before the driver."""
+    graph_def = type(graph_def).FromString(graph_def.SerializeToString())
+    rewrite._annotate_handle_shapes(graph_def, handle_shapes)
+    rewrite._annotate_called_handle_shapes(graph_def)
+    meta = meta_graph_pb2.MetaGraphDef()
+    meta.graph_def.CopyFrom(graph_def)
+    meta.collection_def["train_op"].node_list.value.extend(fetches)
+    return rewrite.optimize_meta_graph(meta, serving_device="cpu")
+
+
+def _fused(report):
+    return collections.Counter((m["pattern"], m["fused_op"]) for m in report["match"])
+
+
+def test_driver_fuses_what_the_meta_optimizer_fuses():
+    serve, _ = _feature_model()
+    concrete = serve.get_concrete_function()
+    graph_def = concrete.graph.as_graph_def(add_shapes=True)
+    fetches = [t.name for t in concrete.outputs]
+    shapes = rewrite.captured_handle_shapes(concrete)
+
+    driver_graph, driver_report = rewrite.optimize_graph_def(graph_def, fetches, shapes, serving_device="cpu")
+    meta_graph, meta_report = _meta_path(graph_def, fetches, shapes)
+
+    assert _fused(driver_report), "nothing fused: the comparison would prove nothing"
+    assert _fused(driver_report) == _fused(meta_report)
+    fused_ops = {op for op, n in rewrite.op_counts(driver_graph, library=True).items() if op.startswith("Ctr") and n}
+    assert fused_ops == {op for op, n in rewrite.op_counts(meta_graph, library=True).items()
+                         if op.startswith("Ctr") and n}
+    # The driver leaves no Grappler item state behind: no recorded shape it
+    # copied for the optimizer, in the graph or the library.
+    nodes = list(driver_graph.node) + [n for f in driver_graph.library.function for n in f.node_def]
+    assert not [n.name for n in nodes if "_ctr_output_shapes" in n.attr]
+
+
+def test_driver_graph_computes_the_native_result(tmp_path):
+    serve, tables = _feature_model()
+    module = tf.Module()
+    module.tables = tables
+    tf.saved_model.save(module, str(tmp_path), signatures={"serving_default": serve})
+    loaded = tf.saved_model.load(str(tmp_path))  # owns the variables the signature reads
+    signature = loaded.signatures["serving_default"]
+    keys = tf.constant(["a", "bb", "", "zz", "q"])
+    ids = tf.constant(["1|2", "", "7", "x|y|z", "3||4"])
+    want = serve(keys, ids).numpy()
+    optimized, report = rewrite.optimize_concrete_function(signature, serving_device="cpu")
+    assert {m["fused_op"] for m in report["match"]} >= {"CtrStringEmbedding"}
+    got = rewrite._rebuild_function(signature, optimized, "served_by_driver")(keys=keys, ids=ids)
+    np.testing.assert_allclose(np.asarray(tf.nest.flatten(got)[0]), want, rtol=1e-6, atol=1e-6)
+
+
+def test_driver_reports_a_bad_graph_as_an_error():
+    dangling = tf.compat.v1.GraphDef()
+    node = dangling.node.add()
+    node.name, node.op = "x", "NoOp"
+    node.input.append("y:0")
+    with pytest.raises(RuntimeError, match="Non-existent input y:0 in node x"):
+        rewrite.optimize_graph_def(dangling, ["x"])
+    with pytest.raises(RuntimeError, match="not a serialized GraphDef"):
+        rewrite._run_offline_driver(_NotAGraph(), ["x:0"], _optimizer_config())
+
+
+class _NotAGraph:
+    """Bytes that do not parse as a GraphDef, with the method the driver calls."""
+
+    @staticmethod
+    def SerializeToString():
+        return b"\xff\xff\xff\xff"
+
+
+def _optimizer_config():
+    config = rewrite._add_fusion_optimizer(tf.compat.v1.ConfigProto(), only=True)
+    return config.graph_options.rewrite_options.custom_optimizers[0]
