@@ -74,40 +74,63 @@ GraphIndex::Entry* GraphIndex::AddEntry(const tensorflow::NodeDef* node) {
   return &e;
 }
 
+void GraphIndex::LinkInput(const tensorflow::NodeDef* reader, const Input& in) {
+  auto it = entries_.find(in.node);
+  if (it == entries_.end()) return;  // a dangling input: no node to count it for
+  Entry& producer = it->second;
+  if (in.port < 0) {
+    producer.control_readers.push_back(reader);
+    return;
+  }
+  producer.readers.push_back(reader);
+  if (static_cast<int>(producer.port_consumers.size()) <= in.port) producer.port_consumers.resize(in.port + 1, 0);
+  ++producer.port_consumers[in.port];
+  ++producer.data_consumers;
+}
+
+void GraphIndex::UnlinkInput(const tensorflow::NodeDef* reader, const Input& in) {
+  auto it = entries_.find(in.node);
+  if (it == entries_.end()) return;
+  Entry& producer = it->second;
+  if (in.port < 0) {
+    Drop(&producer.control_readers, reader);
+    return;
+  }
+  Drop(&producer.readers, reader);
+  if (in.port < static_cast<int>(producer.port_consumers.size())) --producer.port_consumers[in.port];
+  --producer.data_consumers;
+}
+
 void GraphIndex::Link(Entry* reader) {
   reader->inputs.clear();
   reader->inputs.reserve(reader->node->input_size());
   for (const auto& in : reader->node->input()) {
     const TensorView id = ParseTensorView(in);
     reader->inputs.push_back(Input{std::string(id.node), id.port});
-    auto it = entries_.find(reader->inputs.back().node);
-    if (it == entries_.end()) continue;  // a dangling input: no node to count it for
-    Entry& producer = it->second;
-    if (id.port < 0) {
-      producer.control_readers.push_back(reader->node);
-      continue;
-    }
-    producer.readers.push_back(reader->node);
-    if (static_cast<int>(producer.port_consumers.size()) <= id.port) producer.port_consumers.resize(id.port + 1, 0);
-    ++producer.port_consumers[id.port];
-    ++producer.data_consumers;
+    LinkInput(reader->node, reader->inputs.back());
   }
 }
 
 void GraphIndex::Unlink(Entry* reader) {
-  for (const Input& in : reader->inputs) {
-    auto it = entries_.find(in.node);
-    if (it == entries_.end()) continue;
-    Entry& producer = it->second;
-    if (in.port < 0) {
-      Drop(&producer.control_readers, reader->node);
-      continue;
-    }
-    Drop(&producer.readers, reader->node);
-    if (in.port < static_cast<int>(producer.port_consumers.size())) --producer.port_consumers[in.port];
-    --producer.data_consumers;
-  }
+  for (const Input& in : reader->inputs) UnlinkInput(reader->node, in);
   reader->inputs.clear();
+}
+
+void GraphIndex::Relink(Entry* reader) {
+  const auto& inputs = reader->node->input();
+  if (static_cast<int>(reader->inputs.size()) != inputs.size()) {
+    Unlink(reader);
+    Link(reader);
+    return;
+  }
+  for (int i = 0; i < inputs.size(); ++i) {
+    const TensorView id = ParseTensorView(inputs.Get(i));
+    Input& old = reader->inputs[i];
+    if (old.port == id.port && old.node == id.node) continue;
+    UnlinkInput(reader->node, old);
+    old = Input{std::string(id.node), id.port};
+    LinkInput(reader->node, old);
+  }
 }
 
 void GraphIndex::Update(const std::vector<const tensorflow::NodeDef*>& removed,
@@ -119,16 +142,14 @@ void GraphIndex::Update(const std::vector<const tensorflow::NodeDef*>& removed,
     Unlink(&it->second);
     entries_.erase(it);
   }
-  std::vector<Entry*> relink;
+  // Added nodes get entries first: a changed node may now read one.
+  std::vector<Entry*> linked;
+  for (const tensorflow::NodeDef* n : added) linked.push_back(AddEntry(n));
   for (const tensorflow::NodeDef* n : changed) {
     auto it = entries_.find(n->name());
-    if (it == entries_.end()) continue;
-    Unlink(&it->second);
-    relink.push_back(&it->second);
+    if (it != entries_.end()) Relink(&it->second);
   }
-  // All added nodes join before any is linked: they may read each other.
-  for (const tensorflow::NodeDef* n : added) relink.push_back(AddEntry(n));
-  for (Entry* e : relink) Link(e);
+  for (Entry* e : linked) Link(e);
   order_valid_ = false;
 }
 

@@ -78,6 +78,12 @@ class GraphIndex {
   Entry* AddEntry(const tensorflow::NodeDef* node);
   void Link(Entry* reader);    // counts the reader's inputs at their producers
   void Unlink(Entry* reader);  // takes those counts back
+  // Link after the reader's inputs changed, touching only the inputs that
+  // did: a concatenation of N features is relinked once per rewrite of one of
+  // them, and relinking all N inputs each time made the rewrite quadratic.
+  void Relink(Entry* reader);
+  void LinkInput(const tensorflow::NodeDef* reader, const Input& in);
+  void UnlinkInput(const tensorflow::NodeDef* reader, const Input& in);
 
   const tensorflow::GraphDef& graph_;
   std::unordered_map<std::string, Entry> entries_;
