@@ -690,6 +690,20 @@ def make_bags(cfg, dist, rng):
     return {"ids": ids, "offsets": offsets, "indices": indices, "nnz": nnz}
 
 
+def twin_tables(cfg, params):
+    """`params` as two Variables on cfg.device, the fused side's and the native side's.
+
+    One per side: tf.nn's Variable path gathers with ResourceGather, which
+    switches its Variable to copy-on-read mode, after which every plain read
+    (what the fused ops do) copies the whole table. Sharing one Variable would
+    charge that copy to the fused side depending on run order.
+    """
+    import tensorflow as tf
+
+    with tf.device(cfg.device):
+        return tf.Variable(params, name="fused_table"), tf.Variable(params, name="native_table")
+
+
 def random_table(rng, vocab, dim):
     """[V, D] float32 standard normal * 0.05, generated in chunks (a 1e7-row table is GiBs)."""
     params = np.empty((vocab, dim), np.float32)

@@ -20,7 +20,8 @@ import numpy as np
 from tf_ctr_ops.bench.harness import (call_s, check_agreement, core_or_none, estimate_case_s, group_by_table,
                                       host_table_copies, make_bags, measure_copy_bandwidth, memory_shortfall,
                                       progress, progress_label, random_table, shape_fields, si, skip_table_group,
-                                      suite, table_build_s, targets_at_headline, time_interleaved, timed_entry)
+                                      suite, table_build_s, targets_at_headline, time_interleaved, timed_entry,
+                                      twin_tables)
 from tf_ctr_ops.bench.report import fmt_t, print_copy, print_table, print_targets
 
 LOOKUP_TARGETS = {  # series -> (label, minimum fused speedup over native), at the headline shape
@@ -168,14 +169,10 @@ def lookup_suite(cfg):
             continue
         t0 = time.perf_counter()
         params = random_table(rng, V, D)
-        # One Variable per side: tf.nn's Variable path gathers with ResourceGather, which
-        # switches its Variable to copy-on-read mode, after which every plain read (what
-        # the fused op does) copies the whole table. Sharing one Variable would charge
-        # that copy to the fused side depending on run order; it is measured on its own
-        # below (copy_on_read). A plain Tensor table shows TF's best native path.
+        # The copy-on-read cost twin_tables avoids is measured on its own below
+        # (copy_on_read). A plain Tensor table shows TF's best native path.
+        fused_table, native_table = twin_tables(cfg, params)
         with tf.device(cfg.device):
-            fused_table = tf.Variable(params, name="fused_table")
-            native_table = tf.Variable(params, name="native_table")
             tensor_table = tf.constant(params) if with_headline else None
         graphs = _lookup_graphs(cfg, fused_table, native_table, tensor_table, V)
         print(f"table V={si(V)} D={D}: {table_bytes / 2**20:.0f} MiB float32 (tf.Variable), "

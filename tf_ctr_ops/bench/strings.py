@@ -22,7 +22,7 @@ import numpy as np
 from tf_ctr_ops.bench.harness import (call_s, core_or_none, estimate_case_s, group_by_table, host_table_copies,
                                       make_bags, measure_copy_bandwidth, memory_shortfall, progress, progress_label,
                                       random_table, shape_fields, si, skip_note, skip_table_group, suite,
-                                      table_build_s, targets_at_headline, timed_entry)
+                                      table_build_s, targets_at_headline, timed_entry, twin_tables)
 from tf_ctr_ops.bench.report import print_copy, print_table, print_targets
 
 STRING_TARGETS = {  # series -> (label, minimum fused speedup over native), at the headline shape
@@ -79,9 +79,7 @@ def string_suite(cfg):
             continue
         t0 = time.perf_counter()
         params = random_table(rng, V, D)
-        with tf.device(cfg.device):
-            fused_table = tf.Variable(params, name="fused_table")
-            native_table = tf.Variable(params, name="native_table")
+        fused_table, native_table = twin_tables(cfg, params)
         graphs = _string_graphs(cfg, fused_table, native_table, V)
         print(f"table V={si(V)} D={D}: setup {time.perf_counter() - t0:.1f}s")
         for shape in group:
