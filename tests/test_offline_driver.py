@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
+from tensorflow.python.framework import meta_graph
 
 import tf_ctr_ops  # noqa: F401  (registers the ops and the optimizer)
 from tf_ctr_ops import rewrite
@@ -90,6 +91,87 @@ def test_driver_graph_computes_the_native_result(tmp_path):
     assert {m["fused_op"] for m in report["match"]} >= {"CtrStringEmbedding"}
     got = rewrite._rebuild_function(signature, optimized, "served_by_driver")(keys=keys, ids=ids)
     np.testing.assert_allclose(np.asarray(tf.nest.flatten(got)[0]), want, rtol=1e-6, atol=1e-6)
+
+
+def _library_model():
+    """Functions with what the body conversion must carry: list and
+    multi-output ops read past their first output, a call of another
+    function, a stateful op (a control output), several outputs."""
+    table = tf.Variable(tf.random.stateless_normal([V, D], seed=[5, 6]))
+    calls = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function
+    def inner(ids, pairs):
+        calls.assign_add(1)
+        _, second = tf.split(pairs, 2, axis=1)
+        unique_ids, positions = tf.unique(ids)
+        sp = tf.strings.split(ids, "|").to_sparse()
+        hashed = tf.sparse.SparseTensor(sp.indices, tf.strings.to_hash_bucket_fast(sp.values, V), sp.dense_shape)
+        pooled = tf.nn.safe_embedding_lookup_sparse(table, hashed, combiner="sum")
+        return pooled, second, tf.size(unique_ids) + tf.reduce_sum(positions)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([None, 2], tf.string)])
+    def serve(ids, pairs):
+        pooled, second, count = inner(ids, pairs)
+        keys = tf.gather(table, tf.strings.to_hash_bucket_fast(tf.squeeze(second, 1), V))
+        return pooled + keys, count
+
+    return serve, (table, calls)
+
+
+def _without_handle_data(signature):
+    signature = type(signature).FromString(signature.SerializeToString())
+    for arg in list(signature.input_arg) + list(signature.output_arg):
+        arg.ClearField("handle_data")
+    return signature
+
+
+def _strip_default_attrs(graph_def):
+    """The graph as SavedModels store it: attrs at their default left out."""
+    meta = meta_graph_pb2.MetaGraphDef()
+    meta.graph_def.CopyFrom(graph_def)
+    meta_graph.strip_graph_default_valued_attrs(meta)
+    return meta.graph_def
+
+
+@pytest.mark.parametrize("model, stripped", [(_library_model, False), (_feature_model, False), (_library_model, True)],
+                         ids=["library", "features", "library-stripped-defaults"])
+def test_function_bodies_convert_as_grapplers_own_conversion(model, stripped, monkeypatch):
+    """The driver's FunctionDef <-> item conversion (cc/grappler/function_item)
+    against Grappler's MakeGrapplerFunctionItem / MakeFunctionDef: the same
+    optimized bodies, outputs and control outputs. Grappler's rebuilds the
+    signature and drops the resource arguments' handle data; the driver keeps
+    the signature, which is how the two runs are told apart."""
+    serve, variables = model()  # noqa: F841  (the function reads them)
+    concrete = serve.get_concrete_function()
+    graph_def = concrete.graph.as_graph_def(add_shapes=True)
+    if stripped:
+        graph_def = _strip_default_attrs(graph_def)
+    fetches = [t.name for t in concrete.outputs]
+    shapes = rewrite.captured_handle_shapes(concrete)
+
+    def optimized(grappler_items):
+        monkeypatch.setenv("TF_CTR_OPS_GRAPPLER_FUNCTION_ITEMS", grappler_items)
+        graph, report = rewrite.optimize_graph_def(graph_def, fetches, shapes, serving_device="cpu")
+        return {f.signature.name: f for f in graph.library.function}, report
+
+    ours, our_report = optimized("0")
+    grapplers, grappler_report = optimized("1")
+    assert _fused(our_report) and _fused(our_report) == _fused(grappler_report)
+    assert ours.keys() == grapplers.keys()
+    original = {f.signature.name: f for f in graph_def.library.function}
+    kept_handle_data = 0
+    for name, f in ours.items():
+        g = grapplers[name]
+        assert {n.name: n for n in f.node_def} == {n.name: n for n in g.node_def}, name
+        assert dict(f.ret) == dict(g.ret) and dict(f.control_ret) == dict(g.control_ret), name
+        assert _without_handle_data(f.signature) == _without_handle_data(g.signature), name
+        assert f.signature == original[name].signature, name
+        kept_handle_data += sum(len(a.handle_data) > 0 for a in f.signature.input_arg)
+        assert not any(len(a.handle_data) for a in g.signature.input_arg)
+    assert kept_handle_data, "no resource argument with handle data: the two runs cannot be told apart"
+    if model is _library_model:
+        assert any(f.control_ret for f in ours.values()), "the assign_add is no control output: nothing checked"
 
 
 def test_driver_reports_a_bad_graph_as_an_error():

@@ -15,7 +15,9 @@ Every rewrite preserves semantics exactly; a subgraph the fused op would not
 reproduce is left alone and the reason is reported.
 """
 
+import contextlib
 import dataclasses
+import gc
 import json
 import os
 import pickle
@@ -221,6 +223,20 @@ def _keep_recorded_shapes(graph_def):
             node.attr["_ctr_output_shapes"].CopyFrom(node.attr["_output_shapes"])
 
 
+@contextlib.contextmanager
+def _gc_paused():
+    """Python's cycle collector off while a large graph is handled: the node
+    wrappers a rewrite creates trigger full collections over everything the
+    process holds (0.2 s of a 1,000-feature rewrite), and form no cycles."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def optimize_graph_def(graph_def, fetches, handle_shapes=None, serving_device=None, disabled_patterns=()):
     """Runs CtrFusionOptimizer alone over a GraphDef.
 
@@ -235,6 +251,11 @@ def optimize_graph_def(graph_def, fetches, handle_shapes=None, serving_device=No
       `(optimized GraphDef, report dict)` with the report's "match", "skip"
       and "graph" records.
     """
+    with _gc_paused():
+        return _optimize_graph_def(graph_def, fetches, handle_shapes, serving_device, disabled_patterns)
+
+
+def _optimize_graph_def(graph_def, fetches, handle_shapes, serving_device, disabled_patterns):
     graph_def = type(graph_def).FromString(graph_def.SerializeToString())
     _annotate_handle_shapes(graph_def, handle_shapes or {})
     _annotate_called_handle_shapes(graph_def)

@@ -192,11 +192,13 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
     for (const auto& pattern : RegisteredPatterns()) {
       if (pattern->Stage() != stage || disabled.count(pattern->name())) continue;
       const uint64_t t0 = tensorflow::Env::Default()->NowMicros();
-      std::vector<std::string> names;
-      names.reserve(graph->node_size());
-      for (const auto& n : graph->node()) names.push_back(n.name());
-      for (const auto& name : names) {
-        const tensorflow::NodeDef* node = ctx->index().Node(name);
+      // Nodes a rewrite removes stay allocated until Compact, so the names
+      // are read through them; a name's node may be a replacement by then.
+      std::vector<const tensorflow::NodeDef*> nodes;
+      nodes.reserve(graph->node_size());
+      for (const auto& n : graph->node()) nodes.push_back(&n);
+      for (const tensorflow::NodeDef* n : nodes) {
+        const tensorflow::NodeDef* node = ctx->index().Node(n->name());
         if (node != nullptr && pattern->Rewrite(*node, ctx)) {
           ctx->Commit();
           changed = true;

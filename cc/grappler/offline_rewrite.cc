@@ -9,8 +9,10 @@
 // whose "train_op" collection names the fetches: the fetches' nodes, recorded
 // `_output_shapes` erased (the Python side keeps a copy the optimizer reads)
 // and colocation constraints dropped, user placement kept. Function bodies
-// become items through Grappler's own MakeGrapplerFunctionItem and go back
-// through MakeFunctionDef, as in the meta optimizer.
+// become items as Grappler's MakeGrapplerFunctionItem makes them, through
+// function_item.h (Grappler's own conversion for the functions it does not
+// take, or with TF_CTR_OPS_GRAPPLER_FUNCTION_ITEMS=1, which tests compare it
+// with).
 //
 // Called from Python through ctypes (tf_ctr_ops.rewrite), so it uses a C ABI
 // and hands back malloc'd buffers that TfCtrFreeBuffer frees.
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "cc/grappler/function_item.h"
 #include "tensorflow/core/framework/function.h"
 #include "tensorflow/core/framework/function.pb.h"
 #include "tensorflow/core/framework/graph.pb.h"
@@ -77,9 +80,41 @@ tensorflow::grappler::GrapplerItem MainItem(GraphDef graph, const std::vector<st
   return item;
 }
 
-// Optimizes every function `graph` reaches, in place in its library. A
-// function whose body Grappler cannot make an item of (a parametrized one,
-// typed only by its callers) stays as it is, as the meta optimizer leaves it.
+bool UseGrapplerFunctionItems() {
+  const char* v = std::getenv("TF_CTR_OPS_GRAPPLER_FUNCTION_ITEMS");
+  return v != nullptr && std::string(v) == "1";
+}
+
+// `fdef` optimized through Grappler's own function item; false where
+// Grappler cannot make an item of it (a parametrized function, typed only by
+// its callers), which the meta optimizer leaves as it is.
+absl::Status OptimizeWithGrapplerItem(tensorflow::grappler::CustomGraphOptimizer* optimizer, const FunctionDef& fdef,
+                                      const FunctionLibraryDefinition& flib, int producer, FunctionDef* optimized,
+                                      bool* done) {
+  tensorflow::grappler::GrapplerFunctionItem item;
+  *done = tensorflow::grappler::MakeGrapplerFunctionItem(fdef, flib, producer, &item).ok();
+  if (!*done) return absl::OkStatus();
+  item.optimization_options().allow_pruning_stateful_and_dataset_ops = false;
+  GraphDef body;
+  TF_RETURN_IF_ERROR(optimizer->Optimize(nullptr, item, &body));
+  item.SwapFunctionBody(std::move(body));
+  return tensorflow::grappler::MakeFunctionDef(item, flib, optimized);
+}
+
+absl::Status OptimizeFunction(tensorflow::grappler::CustomGraphOptimizer* optimizer, const FunctionDef& fdef,
+                              const FunctionLibraryDefinition& flib, int producer, FunctionDef* optimized,
+                              bool* done) {
+  tensorflow::grappler::GrapplerItem item;
+  FunctionBodyNames names;
+  if (UseGrapplerFunctionItems() || !MakeFunctionBodyItem(fdef, flib, producer, &item, &names).ok())
+    return OptimizeWithGrapplerItem(optimizer, fdef, flib, producer, optimized, done);
+  GraphDef body;
+  TF_RETURN_IF_ERROR(optimizer->Optimize(nullptr, item, &body));
+  *done = true;
+  return FunctionWithBody(fdef, names, flib, &body, optimized);
+}
+
+// Optimizes every function `graph` reaches, in place in its library.
 absl::Status OptimizeFunctions(tensorflow::grappler::CustomGraphOptimizer* optimizer, GraphDef* graph) {
   FunctionLibraryDefinition flib(tensorflow::OpRegistry::Global(), graph->library());
   const FunctionLibraryDefinition reachable = flib.ReachableDefinitions(*graph);
@@ -90,19 +125,13 @@ absl::Status OptimizeFunctions(tensorflow::grappler::CustomGraphOptimizer* optim
   for (const std::string& name : names) {
     const FunctionDef* fdef = flib.Find(name);
     if (fdef == nullptr) continue;
-    const uint64_t t0 = tensorflow::Env::Default()->NowMicros();
-    tensorflow::grappler::GrapplerFunctionItem item;
-    if (!tensorflow::grappler::MakeGrapplerFunctionItem(*fdef, flib, producer, &item).ok()) continue;
-    const uint64_t t1 = tensorflow::Env::Default()->NowMicros();
-    item.optimization_options().allow_pruning_stateful_and_dataset_ops = false;
-    GraphDef body;
-    TF_RETURN_IF_ERROR(optimizer->Optimize(nullptr, item, &body));
+    const uint64_t start = tensorflow::Env::Default()->NowMicros();
     FunctionDef optimized;
-    item.SwapFunctionBody(std::move(body));
-    TF_RETURN_IF_ERROR(tensorflow::grappler::MakeFunctionDef(item, flib, &optimized));
-    TF_RETURN_IF_ERROR(flib.ReplaceFunction(name, optimized));
-    VLOG(2) << "CtrFusionOptimizer: function " << name << ": item " << (t1 - t0) / 1000 << " ms, total "
-            << (tensorflow::Env::Default()->NowMicros() - t0) / 1000 << " ms";
+    bool done = false;
+    TF_RETURN_IF_ERROR(OptimizeFunction(optimizer, *fdef, flib, producer, &optimized, &done));
+    if (done) TF_RETURN_IF_ERROR(flib.ReplaceFunction(name, optimized));
+    VLOG(2) << "CtrFusionOptimizer: function " << name << ": " << (tensorflow::Env::Default()->NowMicros() - start) / 1000
+            << " ms";
   }
   *graph->mutable_library() = flib.ToProto();
   return absl::OkStatus();
