@@ -333,6 +333,26 @@ def test_offline_lookup_is_one_fused_op(rng, table, combiner):
     assert_same(got, f(ids))
 
 
+def test_fused_reads_of_a_variable_leave_copy_on_read_mode(rng, table):
+    """A variable read sparsely (a gather left native, a sparse optimizer
+    update) is in copy-on-read mode, where a plain ReadVariableOp copies the
+    whole table at every call. The rewrite's reads leave that mode first, as
+    tf.nn's lookups and read_value_no_copy() do; and a table read after a
+    sparse read gives the same rows."""
+    f = lambda sp: tf.nn.embedding_lookup_sparse(table, sp, None, combiner="sum")  # noqa: E731
+    cf, graph, report, counts = offline(f, SPARSE_SPEC)
+    reads = [n for n in graph.node if n.op == "ReadVariableOp"]
+    disables = {n.name: n for n in graph.node if n.op == "DisableCopyOnRead"}
+    assert reads and counts.get("CtrEmbeddingLookup") == 1
+    for read in reads:
+        waits = [disables[i[1:]] for i in read.input if i.startswith("^") and i[1:] in disables]
+        assert [w.input[0] for w in waits] == [read.input[0]], read
+    table.sparse_read(tf.constant([0], tf.int64))  # copy-on-read from here on
+    ids = random_sparse_ids(rng)
+    [got] = run_graph_def(cf, graph, ids)
+    assert_same(got, f(ids))
+
+
 def unique_gather_mean(table, also):
     def f(sp):
         unique, idx = tf.unique(sp.values)

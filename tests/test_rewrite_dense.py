@@ -696,3 +696,165 @@ def test_keras_training_step_online_gradients_match(rng):
     assert stats["rewrites"] == 0 and stats["skips"] > 0  # the backward pass reads the hashed ids
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Padded ids: mean or sum of the gathered rows over a fixed-length id axis
+# (Keras' Embedding + GlobalAveragePooling1D, reduce_mean/sum(..., axis=1))
+
+L = 5
+
+
+def padded_ids(rng, rows=30, length=L, dtype=np.int64, vocab=V):
+    ids = rng.integers(0, vocab, size=(rows, length)).astype(dtype)
+    ids[::3, -2:] = 0  # padding, as Keras pads sequences
+    return tf.constant(ids)
+
+
+def padded_pool(table, reduce=tf.reduce_mean, axis=1, keepdims=False):
+    return lambda ids: reduce(tf.nn.embedding_lookup(table, ids), axis=axis, keepdims=keepdims)
+
+
+@pytest.mark.parametrize("reduce", [tf.reduce_mean, tf.reduce_sum], ids=["mean", "sum"])
+@pytest.mark.parametrize("dtype", [tf.int64, tf.int32])
+@pytest.mark.parametrize("axis", [1, -2, [1]])
+def test_offline_padded_pool_is_one_fused_op(rng, table, reduce, dtype, axis):
+    f = padded_pool(table, reduce, axis)
+    cf, graph, report, counts = offline(f, tf.TensorSpec([None, L], dtype))
+    [match] = report["match"]
+    assert match["pattern"] == "dense_reduce_lookup" and match["fused_op"] == "CtrEmbeddingLookup"
+    assert fused_ops(graph) == {"CtrEmbeddingLookup": 1}
+    assert not {"Mean", "Sum", "ResourceGather", "GatherV2"} & set(counts), counts
+    [node] = [n for n in graph.node if n.op == "CtrEmbeddingLookup"]
+    assert node.attr["segment_kind"].s == b"row_splits"
+    assert node.attr["combiner"].s == (b"mean" if reduce is tf.reduce_mean else b"sum")
+    for ids in (padded_ids(rng, dtype=dtype.as_numpy_dtype), tf.zeros([0, L], dtype),
+                padded_ids(rng, rows=2000, dtype=dtype.as_numpy_dtype)):
+        [got] = run_graph_def(cf, graph, ids)
+        np.testing.assert_allclose(got, f(ids), rtol=1e-6, atol=1e-6)
+        assert got.shape == (ids.shape[0], D)
+
+
+def test_online_padded_pool_and_constant_table(rng, table):
+    for params in (table, tf.constant(table.numpy())):
+        f = padded_pool(params)
+        ids = padded_ids(rng)
+        got, stats = run_online(f, ids)
+        assert stats["rewrites"] == 1
+        np.testing.assert_allclose(got, f(ids), rtol=1e-6, atol=1e-6)
+
+
+def test_padded_pool_bad_ids_stay_errors(rng, table):
+    """Ids outside the table fail as the gather fails, naming the value."""
+    cf, graph, _, counts = offline(padded_pool(table), tf.TensorSpec([None, L], tf.int64))
+    assert counts.get("CtrEmbeddingLookup") == 1
+    for bad in (V, -1, 2**40):
+        ids = padded_ids(rng).numpy()
+        ids[7, 2] = bad
+        with pytest.raises(tf.errors.InvalidArgumentError, match=str(bad)):
+            run_graph_def(cf, graph, tf.constant(ids))
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            padded_pool(table)(tf.constant(ids))
+
+
+def test_padded_pool_of_hashed_int_keys_is_hash_mode(rng, table):
+    f = lambda k: tf.reduce_mean(tf.nn.embedding_lookup(table, tf.strings.to_hash_bucket_fast(tf.strings.as_string(k), V)), axis=1)  # noqa: E731,E501
+    cf, graph, report, counts = offline(f, tf.TensorSpec([None, L], tf.int64))
+    assert [m["pattern"] for m in report["match"]] == ["dense_reduce_lookup"]
+    assert not {"AsString", "StringToHashBucketFast"} & set(counts), counts
+    keys = tf.constant(rng.integers(-10**12, 10**12, size=(40, L)))
+    [got] = run_graph_def(cf, graph, keys)
+    np.testing.assert_allclose(got, f(keys), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("keepdims", "keeps the reduced axis"),
+    ("axis0", "does not reduce the id axis"),
+    ("both_axes", "does not reduce the id axis"),
+    ("unknown_length", "not a known constant"),
+    ("empty_axis", "id axis is empty"),
+    ("half", "not float32"),
+    ("rows_read_twice", "has another consumer"),
+])
+def test_padded_pool_left_alone_with_reason(rng, case, reason):
+    dtype = np.float16 if case == "half" else np.float32
+    params = tf.Variable(rng.normal(size=(V, D)).astype(dtype))
+    length = {"unknown_length": None, "empty_axis": 0}.get(case, L)
+
+    def f(ids):
+        rows = tf.nn.embedding_lookup(params, ids)
+        if case == "keepdims":
+            return tf.reduce_mean(rows, axis=1, keepdims=True)
+        if case == "axis0":
+            return tf.reduce_mean(rows, axis=0)
+        if case == "both_axes":
+            return tf.reduce_mean(rows, axis=[0, 1])
+        if case == "rows_read_twice":
+            return tf.reduce_mean(rows, axis=1) + tf.reduce_max(rows, axis=1)
+        return tf.reduce_mean(rows, axis=1)
+
+    cf, graph, report, counts = offline(f, tf.TensorSpec([None, length], tf.int64))
+    assert "CtrEmbeddingLookup" not in counts
+    assert any(s["pattern"] == "dense_reduce_lookup" and reason in s["reason"] for s in report["skip"]), report["skip"]
+    ids = tf.constant(rng.integers(0, V, size=(6, 0 if case == "empty_axis" else L)))
+    [got] = run_graph_def(cf, graph, ids)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(f(ids)))
+
+
+def keras_sequence_model(mask_zero=False):
+    import keras
+
+    keras.utils.set_random_seed(3)
+    ids = keras.Input(shape=(L,), dtype="int32", name="history")
+    rows = keras.layers.Embedding(V, D, mask_zero=mask_zero, name="history_embedding")(ids)
+    pooled = keras.layers.GlobalAveragePooling1D()(rows)
+    return keras.Model(ids, keras.layers.Dense(1, name="head")(pooled))
+
+
+def test_keras_embedding_global_average_pooling_saved_model(tmp_path, rng):
+    """Keras' Embedding + GlobalAveragePooling1D, exported, rewritten, loaded
+    in a fresh process by the rewrite's own check, and served here."""
+    model = keras_sequence_model()
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    model.export(str(src), verbose=False)
+    samples = {"history": padded_ids(rng, dtype=np.int32).numpy()}
+    report = rewrite.optimize_saved_model(src, dst, sample_inputs={"serving_default": samples, "serve": samples})
+    assert report.ok and report.verified
+    sig = report.signatures["serving_default"]
+    assert [m["pattern"] for m in sig.matches] == ["dense_reduce_lookup"]
+    assert not {"Mean", "ResourceGather", "GatherV2"} & set(sig.op_counts_after), sig.op_counts_after
+    feeds = {"history": padded_ids(rng, rows=64, dtype=np.int32)}
+    got = tf.saved_model.load(str(dst)).signatures["serving_default"](**feeds)
+    want = tf.saved_model.load(str(src)).signatures["serving_default"](**feeds)
+    assert_model_close(got["output_0"], want["output_0"])
+
+
+def test_keras_masked_mean_is_left_native(rng):
+    """mask_zero=True pools with the mask (a masked mean); that form is not
+    this pattern's and must come out unchanged."""
+    model = keras_sequence_model(mask_zero=True)
+    ids = padded_ids(rng, dtype=np.int32)
+    want = model(ids)
+    got, stats = run_online(lambda x: model(x), ids)
+    assert_model_close(got, want)
+
+
+def test_keras_sequence_training_step_online_gradients_match(rng):
+    """Training online: Grappler folds the shape the mean's gradient reads
+    into a constant of the call's batch, and the gather's gradient reads the
+    table and the ids, so nothing but the mean reads the rows: the forward
+    pass is fused, and the gradients stay TF's. (Where the rows' shape is
+    read, the form stays: test_padded_pool_left_alone_with_reason.)"""
+    model = keras_sequence_model()
+    ids = padded_ids(rng, dtype=np.int32)
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x))
+        return [tf.convert_to_tensor(g) for g in tape.gradient(loss, model.trainable_variables)]
+
+    want = step(ids)
+    got, stats = run_online(step, ids)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    assert stats["rewrites"] == 1, stats

@@ -278,8 +278,16 @@ std::string AddCast(RewriteContext* ctx, const std::string& base, const std::str
 
 std::string AddReadVariable(RewriteContext* ctx, const std::string& base, const std::string& resource,
                             tensorflow::DataType dtype, const std::string& device) {
+  // A variable read sparsely (a ResourceGather left in the graph, a sparse
+  // optimizer update) is in copy-on-read mode, where a plain read copies the
+  // whole table on every call; tf.nn's lookups leave that mode first, and so
+  // does this read.
+  NodeDef* no_copy = ctx->AddNode(base + "/disable_copy_on_read", "DisableCopyOnRead", device);
+  no_copy->add_input(resource);
+  const std::string no_copy_name = no_copy->name();
   NodeDef* n = ctx->AddNode(base, "ReadVariableOp", device);
   n->add_input(resource);
+  n->add_input("^" + no_copy_name);
   (*n->mutable_attr())["dtype"].set_type(dtype);
   return n->name();
 }

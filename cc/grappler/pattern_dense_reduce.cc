@@ -1,0 +1,153 @@
+// Pattern: the mean or sum of gathered rows over a fixed-length id axis --
+// Keras' Embedding + GlobalAveragePooling1D over padded ids, and
+// tf.reduce_mean / reduce_sum(tf.nn.embedding_lookup(table, ids), axis=1):
+//
+//   rows = {ResourceGather | GatherV2}(table, ids [B, L]) [-> Identity]   [B, L, D]
+//   {Mean | Sum}(rows, axis 1)                                              [B, D]
+//
+// becomes CtrEmbeddingLookup(table, Reshape(ids, [-1]), Range(0, B * L + 1,
+// L)) in row_splits mode, combiner mean or sum: every bag holds its row's L
+// ids, padding included, as the reduction counts them, and the fused op adds
+// them in the same order. (Keras 3's negative-index wrap before the gather,
+// if any, stays: the fused op reads the wrapped ids.)
+//
+// Exact only where: L is a known constant >= 1 (over an empty axis TF's mean
+// is 0 / 0 = NaN, the fused op's 0); the table is a float32 matrix (TF
+// reduces half types in their own precision, the fused op in float32); the
+// rows have no other reader (a gradient's Shape of them, say); the reduced
+// axis is dropped.
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cc/grappler/gathered_rows.h"
+#include "cc/grappler/keras_gather.h"
+#include "cc/grappler/pattern.h"
+#include "cc/grappler/split_source.h"
+
+namespace tf_ctr {
+namespace grappler {
+namespace {
+
+using tensorflow::DataType;
+using tensorflow::NodeDef;
+
+constexpr char kName[] = "dense_reduce_lookup";
+
+// Whether `axes` is the constant axis 1 of a rank-3 tensor (1 or -2, as a
+// scalar or a one-element vector).
+bool IsAxisOne(const NodeDef* axes) {
+  std::vector<int64_t> values;
+  int64_t axis = 0;
+  if (ConstScalarInt(axes, &axis)) values = {axis};
+  else if (!ConstIntVector(axes, &values)) return false;
+  return values.size() == 1 && (values[0] == 1 || values[0] == -2);
+}
+
+// Range(0, size(keys) + 1, length) as int64: the row splits of bags of
+// `length` consecutive keys.
+std::string FixedLengthSplits(RewriteContext* ctx, const std::string& base, const std::string& keys,
+                              DataType key_type, int64_t length, const std::string& device) {
+  NodeDef* size = ctx->AddNode(base + "/size", "Size", device);
+  size->add_input(keys);
+  (*size->mutable_attr())["T"].set_type(key_type);
+  (*size->mutable_attr())["out_type"].set_type(tensorflow::DT_INT64);
+  NodeDef* limit = ctx->AddNode(base + "/limit", "AddV2", device);
+  limit->add_input(size->name());
+  limit->add_input(AddInt64Scalar(ctx, base + "/one", 1, device));
+  (*limit->mutable_attr())["T"].set_type(tensorflow::DT_INT64);
+  NodeDef* range = ctx->AddNode(base, "Range", device);
+  range->add_input(AddInt64Scalar(ctx, base + "/start", 0, device));
+  range->add_input(limit->name());
+  range->add_input(AddInt64Scalar(ctx, base + "/length", length, device));
+  (*range->mutable_attr())["Tidx"].set_type(tensorflow::DT_INT64);
+  return range->name();
+}
+
+class DenseReduceLookupPattern : public NamedPattern<kName> {
+ public:
+  // After the first stage: a vocabulary lookup's gather goes to vocab_lookup
+  // first, which also absorbs the table's find and Keras' checks; its
+  // pooling then stays native.
+  int Stage() const override { return 1; }
+
+  bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
+    const bool mean = IsOp(&anchor, "Mean");
+    if (!mean && !IsOp(&anchor, "Sum")) return false;
+    const GraphIndex& g = ctx->index();
+    std::vector<const NodeDef*> identities;
+    const NodeDef* gather = SkipIdentities(g, g.Producer(anchor, 0), &identities);
+    const bool resource = IsOp(gather, "ResourceGather");
+    if (!resource && !IsOp(gather, "GatherV2")) return false;
+    int ids_port = 0;
+    const NodeDef* ids = g.Producer(*gather, 1, &ids_port);
+    if (ids == nullptr || ctx->Rank(*ids, ids_port) != 2) return false;  // not padded ids [B, L]
+
+    // The subgraph has the right shape; now every condition for exactness.
+    if (!IsAxisOne(g.Producer(anchor, 1))) return Skip(ctx, anchor, "it does not reduce the id axis (1) alone");
+    if (BoolAttr(anchor, "keep_dims", false)) return Skip(ctx, anchor, "it keeps the reduced axis");
+    const DataType T = TypeAttr(anchor, "T");
+    if (T != tensorflow::DT_FLOAT)
+      return Skip(ctx, anchor, "data dtype " + tensorflow::DataType_Name(T) +
+                                   " is not float32 (TF reduces half types in their own precision)");
+    if (IntAttr(*gather, "batch_dims", 0) != 0) return Skip(ctx, anchor, "Gather has batch_dims != 0");
+    if (!resource) {
+      int64_t axis = -1;
+      if (!ConstScalarInt(g.Producer(*gather, 2), &axis) || axis != 0)
+        return Skip(ctx, anchor, "GatherV2 axis is not a constant 0");
+    }
+    const int table_rank = GatherTableRank(ctx, *gather, resource, 2);
+    if (table_rank != 2)
+      return Skip(ctx, anchor,
+                  table_rank < 0 ? "cannot prove the table is a matrix (rank unknown)" : "the table is not a matrix");
+    const int64_t length = ctx->Dim(*ids, ids_port, 1);
+    if (length == 0) return Skip(ctx, anchor, "the id axis is empty (TF's mean over it is 0 / 0)");
+    if (length < 0) return Skip(ctx, anchor, "the length of the id axis is not a known constant");
+    for (const NodeDef* n : identities)
+      if (g.DataConsumers(n->name()) != 1) return Skip(ctx, anchor, OtherConsumer(*n));
+    if (g.DataConsumers(gather->name()) != 1) return Skip(ctx, anchor, OtherConsumer(*gather));
+    const DataType id_type = TypeAttr(*gather, "Tindices");
+    if (!IsIndexDtype(id_type)) return Skip(ctx, anchor, "ids are not int32/int64");
+
+    // Everything checked: from here on the graph changes.
+    const NodeDef reduction = anchor;
+    const std::string name = reduction.name(), device = reduction.device();
+    RowSource src;
+    src.keys = gather->input(1);
+    src.key_type = id_type;
+    SetTableOfGather(*gather, resource, &src);
+    src.absorbed = {gather};
+    src.absorbed.insert(src.absorbed.end(), identities.begin(), identities.end());
+    FuseHashProducer(ctx, &src);
+    const std::string axes = NodeOfInput(reduction.input(1));
+    std::set<std::string> replaced{name};
+    for (const NodeDef* n : src.absorbed) replaced.insert(n->name());
+    RemoveDeadNodes(ctx, {axes}, replaced, name);
+
+    const std::string splits = FixedLengthSplits(ctx, name + "/ctr_splits", src.keys, src.key_type, length, device);
+    src.keys = FlattenKeys(ctx, name, src.keys, src.key_type, 2, device);
+    const std::string num_rows = AddInt64Scalar(ctx, name + "/ctr_num_rows", -1, device);
+    const std::string weights = AddEmptyFloatVector(ctx, name + "/ctr_no_weights", device);
+    const std::string table = TableTensor(ctx, src, name + "/ctr_table");
+    MatchRecord record{kName, name, "CtrEmbeddingLookup", {}};
+    AbsorbSource(ctx, src, name, &record);
+    record.replaced.push_back(Describe(reduction));
+    BecomeFusedLookup(ctx, name, src,
+                      FusedLookup{table, splits, num_rows, weights, T, tensorflow::DT_INT64, mean ? "mean" : "sum",
+                                  false});
+    (*ctx->Mutable(name)->mutable_attr())["segment_kind"].set_s("row_splits");
+    ctx->Matched(record);
+    return true;
+  }
+
+ private:
+  static std::string OtherConsumer(const NodeDef& n) { return "intermediate " + Describe(n) + " has another consumer"; }
+
+  static std::string NodeOfInput(const std::string& input) { return ParseTensorName(input).node; }
+};
+
+REGISTER_CTR_FUSION_PATTERN(DenseReduceLookupPattern);
+
+}  // namespace
+}  // namespace grappler
+}  // namespace tf_ctr
