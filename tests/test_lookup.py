@@ -457,3 +457,83 @@ def test_raw_op_rejects_malformed_inputs():
             continue
         with pytest.raises(tf.errors.InvalidArgumentError, match=pattern):
             call(**kw)
+
+
+# ---------------------------------------------------------------------------
+# String keys (hash mode, CPU): what the rewrite folds a
+# categorical_column_with_hash_bucket's StringToHashBucketFast into.
+
+
+def random_string_keys(rng, batch, max_len=6):
+    """Ragged [batch, (n)] string keys: empty rows, empty strings, NUL bytes, long keys."""
+    alphabet = np.array(list("abcxyz019,|"))
+    rows = []
+    for _ in range(batch):
+        n = 0 if rng.random() < 0.2 else int(rng.integers(1, max_len + 1))
+        row = ["".join(rng.choice(alphabet, size=int(rng.integers(0, 24)))) for _ in range(n)]
+        if n and rng.random() < 0.1:
+            row[0] = "k\x00" + "v" * 40
+        rows.append(row)
+    return tf.ragged.constant(rows, dtype=tf.string, ragged_rank=1) if batch else \
+        tf.RaggedTensor.from_row_splits(tf.constant([], tf.string), tf.constant([0], tf.int64))
+
+
+def string_key_lookup(params, keys, weights, combiner, max_norm, num_buckets, segment_kind):
+    segments = keys.row_splits if segment_kind == "row_splits" else keys.value_rowids()
+    return tco.ops._ops.ctr_embedding_lookup(
+        params=params, ids=keys.values, segments=segments, num_rows=tf.constant(keys.nrows(), tf.int64),
+        weights=tf.zeros([0]) if weights is None else weights, combiner=combiner, segment_kind=segment_kind,
+        id_mode="hash", num_buckets=num_buckets, max_norm=max_norm or -1.0, has_weights=weights is not None)
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("max_norm", [None, 0.8])
+@pytest.mark.parametrize("segment_kind", ["row_splits", "row_ids"])
+@pytest.mark.parametrize("batch", [0, 1, 300])
+def test_string_keys_hash_like_to_hash_bucket_fast(rng, combiner, weighted, max_norm, segment_kind, batch):
+    params = table(rng, 61, 8)
+    keys = random_string_keys(rng, batch)
+    weights = tf.constant(rng.uniform(0.1, 2.0, size=int(keys.values.shape[0])), tf.float32) if weighted else None
+    for num_buckets in (0, 40):  # 0: as many buckets as table rows
+        buckets = tf.strings.to_hash_bucket_fast(keys.values, num_buckets or 61)
+        sp_w = None if weights is None else keys.with_values(weights).to_sparse()
+
+        def want_fn(p):
+            if batch == 0:
+                return tf.zeros([0, 8])
+            return tf.nn.embedding_lookup_sparse(p, keys.with_values(buckets).to_sparse(), sp_w, combiner=combiner,
+                                                 max_norm=max_norm)
+
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(params)
+            got = string_key_lookup(params, keys, weights, combiner, max_norm, num_buckets, segment_kind)
+            want = want_fn(params)
+            # embedding_lookup_sparse ends at the last nonempty bag; the rest pool to zeros.
+            want = tf.pad(want, [[0, batch - want.shape[0]], [0, 0]])
+            loss_got, loss_want = tf.reduce_sum(got * got), tf.reduce_sum(want * want)
+        assert_close(got, want)
+        if batch:
+            assert_close(tf.convert_to_tensor(tape.gradient(loss_got, params)),
+                         tf.convert_to_tensor(tape.gradient(loss_want, params)))
+
+
+def test_string_key_bucket_outside_the_table_names_row_and_key(rng):
+    params = table(rng, 10, 4)
+    keys = tf.ragged.constant([[], ["a"], ["b", "c", "d", "e", "f", "g"]])
+    # 1000 buckets over 10 rows: some key lands outside, as a Gather after the hash would reject it.
+    buckets = tf.strings.to_hash_bucket_fast(keys.values, 1000).numpy()
+    bad = int(np.argmax(buckets >= 10))
+    row = int(keys.value_rowids().numpy()[bad])
+    key = keys.values.numpy()[bad].decode()
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=f'key "{key}" in row {row} hashes to bucket {buckets[bad]}, out of range \\[0, 10\\)'):
+        string_key_lookup(params, keys, None, "sum", None, 1000, "row_splits")
+
+
+def test_string_keys_are_never_table_rows(rng):
+    keys = tf.ragged.constant([["1"]])
+    with pytest.raises(tf.errors.InvalidArgumentError, match='string ids are keys to hash: they need id_mode "hash"'):
+        tco.ops._ops.ctr_embedding_lookup(params=table(rng, 4, 2), ids=keys.values, segments=keys.row_splits,
+                                          num_rows=tf.constant(-1, tf.int64), weights=tf.zeros([0]),
+                                          combiner="sum", segment_kind="row_splits", id_mode="index")

@@ -553,3 +553,86 @@ def test_offline_safe_lookup_of_parsed_ids_needs_no_reorder(rng, big_table, comb
     examples = serialized_examples(rng)
     [got] = run_graph_def(cf, graph, examples)
     assert_close(got, f(examples))
+
+
+# ---------------------------------------------------------------------------
+# categorical_column_with_hash_bucket: the hash of parsed string keys folds
+# into the fused lookup where the graph is served on a CPU (string_keys).
+
+
+def serialized_string_examples(rng, rows=40):
+    out = []
+    for r in range(rows):
+        n = int(rng.integers(0, 5)) if r % 7 else 0
+        keys = [f"{rng.integers(0, 10_000):08x}".encode() for _ in range(n)]
+        if n and r % 5 == 0:
+            keys[0] = b""  # an empty string is a key like any other
+        feature = {"cat": tf.train.Feature(bytes_list=tf.train.BytesList(value=keys))} if r % 11 != 3 else {}
+        out.append(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    return tf.constant(out)
+
+
+def hashed_column_fn(table, combiner, buckets=V, also_read_buckets=False):
+    spec = {"cat": tf.io.VarLenFeature(tf.string)}
+
+    def f(serialized):
+        parsed = tf.io.parse_example(serialized, spec)["cat"]
+        ids = tf.SparseTensor(parsed.indices, tf.strings.to_hash_bucket_fast(parsed.values, buckets),
+                              parsed.dense_shape)
+        out = tf.nn.safe_embedding_lookup_sparse(table, ids, None, combiner=combiner)
+        return (out, tf.reduce_sum(ids.values)) if also_read_buckets else out
+    return f
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_hashed_string_keys_fold_into_the_lookup_on_cpu(rng, big_table, combiner):
+    f = hashed_column_fn(big_table, combiner)
+    cf = tf.function(f).get_concrete_function(tf.TensorSpec([None], tf.string))
+    graph, report = rewrite.optimize_concrete_function(cf, serving_device="cpu")
+    counts = rewrite.op_counts(graph, library=True)
+    assert patterns(report)[-1] == "string_keys", report
+    assert counts.get("CtrEmbeddingLookup") == 1 and "StringToHashBucketFast" not in counts, counts
+    [fused] = [n for n in graph.node if n.op == "CtrEmbeddingLookup"]
+    assert fused.attr["Tid"].type == tf.string.as_datatype_enum and fused.attr["id_mode"].s == b"hash"
+    examples = serialized_string_examples(rng)
+    [got] = run_graph_def(cf, graph, examples)
+    assert_close(got, f(examples))
+
+
+@pytest.mark.parametrize("serving_device", [None, "gpu"])
+def test_hashed_string_keys_stay_hashed_off_cpu(big_table, serving_device):
+    # Without a serving device (or for a GPU) the buckets are what the lookup beside its table reads.
+    cf = tf.function(hashed_column_fn(big_table, "mean")).get_concrete_function(tf.TensorSpec([None], tf.string))
+    graph, report = rewrite.optimize_concrete_function(cf, serving_device=serving_device)
+    counts = rewrite.op_counts(graph, library=True)
+    assert "string_keys" not in patterns(report), report
+    assert counts.get("CtrEmbeddingLookup") == 1 and counts.get("StringToHashBucketFast") == 1, counts
+
+
+def test_hashed_string_keys_read_elsewhere_stay_with_reason(rng, big_table):
+    f = hashed_column_fn(big_table, "sum", also_read_buckets=True)
+    cf = tf.function(f).get_concrete_function(tf.TensorSpec([None], tf.string))
+    graph, report = rewrite.optimize_concrete_function(cf, serving_device="cpu")
+    assert "string_keys" not in patterns(report), report
+    reasons = [s["reason"] for s in report["skip"] if s["pattern"] == "string_keys"]
+    assert reasons and "StringToHashBucketFast) has another consumer" in reasons[0], report["skip"]
+    examples = serialized_string_examples(rng)
+    got = run_graph_def(cf, graph, examples)
+    for g, w in zip(got, f(examples)):
+        assert_close(g, w)
+
+
+def test_hashed_string_key_outside_the_table_errors_like_the_gather(big_table):
+    # More buckets than rows: TF's Gather rejects the bucket, and so does the fused op.
+    f = hashed_column_fn(big_table, "sum", buckets=100 * V)
+    cf = tf.function(f).get_concrete_function(tf.TensorSpec([None], tf.string))
+    graph, report = rewrite.optimize_concrete_function(cf, serving_device="cpu")
+    assert patterns(report)[-1] == "string_keys", report
+    keys = [f"k{i}".encode() for i in range(50)]
+    bad = next(k for k in keys if tf.strings.to_hash_bucket_fast(k, 100 * V).numpy() >= V)
+    example = tf.train.Example(features=tf.train.Features(feature={
+        "cat": tf.train.Feature(bytes_list=tf.train.BytesList(value=[bad]))})).SerializeToString()
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        f(tf.constant([example]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f'key "{bad.decode()}" in row 0 hashes to bucket'):
+        run_graph_def(cf, graph, tf.constant([example]))

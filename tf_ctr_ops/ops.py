@@ -26,7 +26,7 @@ _ops = load_op_library()
 
 
 def _ids_tensor(values):
-    if values.dtype not in (tf.int32, tf.int64):
+    if values.dtype not in (tf.int32, tf.int64, tf.string):  # strings: hash mode's keys
         values = tf.cast(values, tf.int64)
     return values
 

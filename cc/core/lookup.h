@@ -70,7 +70,8 @@ CTR_HD bool KeepWeight(float w, const LookupSpec& s) {
 // The first bad key found, reported as (bag row, key value).
 struct KeyError {
   int64_t row = -1;
-  int64_t key = 0;
+  int64_t key = 0;     // the integer key, or a string key's bucket
+  int64_t entry = -1;  // its index among the keys (a string key's message names it)
   bool found() const { return row >= 0; }
 };
 

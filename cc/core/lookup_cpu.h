@@ -6,11 +6,41 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "cc/core/lookup.h"
 
 namespace ctr {
+
+// ---------------------------------------------------------------------------
+// Keys of the CPU loops: integers (ResolveKey's rules, shared with cuda/), or
+// strings (any type with data() and size(), such as tensorflow::tstring),
+// which only the CPU reads: hash mode hashes a string key as itself, as
+// tf.strings.to_hash_bucket_fast does. A string is never a table row, so
+// index mode rejects every one (the kernels refuse that mode up front).
+
+template <typename TKey>
+inline int64_t ResolveCpuKey(const TKey& key, const LookupSpec& s) {
+  if constexpr (std::is_arithmetic_v<TKey>) {
+    return ResolveKey(key, s);
+  } else {
+    if (s.id_mode != IdMode::kHash) return kBadKey;
+    const int64_t b = HashBucket(reinterpret_cast<const uint8_t*>(key.data()), key.size(),
+                                 s.buckets > 0 ? s.buckets : s.vocab);
+    return b < s.vocab ? b : kBadKey;
+  }
+}
+
+// What a KeyError records of a rejected key: the key, or a string's bucket.
+template <typename TKey>
+inline int64_t ErrorKeyValue(const TKey& key, const LookupSpec& s) {
+  if constexpr (std::is_arithmetic_v<TKey>) {
+    return static_cast<int64_t>(key);
+  } else {
+    return HashBucket(reinterpret_cast<const uint8_t*>(key.data()), key.size(), s.buckets > 0 ? s.buckets : s.vocab);
+  }
+}
 
 // ---------------------------------------------------------------------------
 // CPU pooling. Rows [row_begin, row_end) of the output; bags are CSR offsets.
@@ -147,7 +177,7 @@ void PoolBagsCpu(const LookupSpec& s, const T* params, const TKey* keys,
   BagStream<T> pool(s, params, acc, out, nullptr, row_begin);
   for (int64_t r = row_begin; r < row_end; ++r) {
     for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
-      const int64_t row = ResolveKey(keys[i], s);
+      const int64_t row = ResolveCpuKey(keys[i], s);
       if (row == kSkipKey) continue;
       // Pruned entries are dropped before their ids are checked, as
       // safe_embedding_lookup_sparse drops them before its lookup.
@@ -155,7 +185,8 @@ void PoolBagsCpu(const LookupSpec& s, const T* params, const TKey* keys,
       if (!KeepWeight(w, s)) continue;
       if (row == kBadKey) {
         err->row = r;
-        err->key = static_cast<int64_t>(keys[i]);
+        err->key = ErrorKeyValue(keys[i], s);
+        err->entry = i;
         return;
       }
       pool.Add(r, row, w);
@@ -257,7 +288,7 @@ struct KeyBagVisitor {
   template <typename Fn>
   void operator()(int64_t r, Fn fn) const {
     for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
-      const int64_t row = ResolveKey(keys[i], s);
+      const int64_t row = ResolveCpuKey(keys[i], s);
       const float w = weights ? weights[i] : 1.f;
       if (row >= 0 && KeepWeight(w, s)) fn(row, w, i);
     }

@@ -1,11 +1,17 @@
 // CPU kernels of CtrEmbeddingLookup and CtrEmbeddingLookupGrad: bag offsets
 // are built once, then bags are pooled in parallel on TF's intra-op pool by
-// the core loops in cc/core/lookup.h.
+// the core loops in cc/core/lookup.h. Only these take string keys (hash
+// mode): they are host memory, and hashing them inside the pooling loop
+// overlaps it with the row loads, where a StringToHashBucketFast before the
+// lookup is a pass of its own.
 #include <algorithm>
 #include <limits>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/escaping.h"
 #include "cc/core/lookup.h"
 #include "cc/core/lookup_cpu.h"
 #include "cc/core/lowest_row_error.h"
@@ -58,6 +64,32 @@ absl::Status BuildOffsets(OpKernelContext* ctx, const LookupAttrs& a, const Look
   return CoreStatus(error);
 }
 
+template <typename TId>
+constexpr bool kStringKeys = std::is_same_v<TId, tensorflow::tstring>;
+
+// A string is a key to hash, never a table row.
+template <typename TId>
+absl::Status CheckKeyMode(const LookupAttrs& a) {
+  if (kStringKeys<TId> && a.spec.id_mode != ctr::IdMode::kHash)
+    return tensorflow::errors::InvalidArgument("string ids are keys to hash: they need id_mode \"hash\"");
+  return absl::OkStatus();
+}
+
+// The message of a rejected key; a string key is named with its bucket (the
+// id a Gather after tf.strings.to_hash_bucket_fast would reject).
+template <typename TId>
+std::string DescribeLookupKeyError(const ctr::KeyError& e, const ctr::LookupSpec& s, const Tensor& ids) {
+  if constexpr (kStringKeys<TId>) {
+    constexpr size_t kShown = 64;
+    const tensorflow::tstring& key = ids.flat<TId>()(e.entry);
+    const absl::string_view shown(key.data(), std::min(key.size(), kShown));
+    return "key \"" + absl::CEscape(shown) + (key.size() > kShown ? "...\"" : "\"") + " in row " +
+           std::to_string(e.row) + " hashes to bucket " + std::to_string(e.key) + ", out of range [0, " +
+           std::to_string(s.vocab) + ")";
+  }
+  return ctr::DescribeKeyError(e, s.vocab);
+}
+
 template <typename T, typename TId, typename TSeg>
 class EmbeddingLookupCpuOp : public LookupKernel {
  public:
@@ -67,6 +99,7 @@ class EmbeddingLookupCpuOp : public LookupKernel {
     LookupAttrs a;
     LookupInputs in;
     OP_REQUIRES_OK(ctx, BindInputs(ctx, 0, &a, &in));
+    OP_REQUIRES_OK(ctx, CheckKeyMode<TId>(a));
     Tensor offsets_t;
     OP_REQUIRES_OK(ctx, BuildOffsets<TSeg>(ctx, a, in, &offsets_t));
     const int64_t* offsets = offsets_t.flat<int64_t>().data();
@@ -88,7 +121,7 @@ class EmbeddingLookupCpuOp : public LookupKernel {
       first_error.Offer(err);
     });
     OP_REQUIRES(ctx, !first_error.found(),
-                tensorflow::errors::InvalidArgument(ctr::DescribeKeyError(first_error.error(), a.spec.vocab)));
+                tensorflow::errors::InvalidArgument(DescribeLookupKeyError<TId>(first_error.error(), a.spec, *in.ids)));
   }
 };
 
@@ -169,6 +202,7 @@ class EmbeddingLookupGradCpuOp : public LookupKernel {
     LookupAttrs a;
     LookupInputs in;
     OP_REQUIRES_OK(ctx, BindInputs(ctx, 1, &a, &in));
+    OP_REQUIRES_OK(ctx, CheckKeyMode<TId>(a));
     Tensor offsets_t;
     OP_REQUIRES_OK(ctx, BuildOffsets<TSeg>(ctx, a, in, &offsets_t));
     const int64_t* offsets = offsets_t.flat<int64_t>().data();
@@ -241,7 +275,9 @@ class EmbeddingLookupGradCpuOp : public LookupKernel {
   REGISTER_LOOKUP_CPU(T, int32_t, int32_t)         \
   REGISTER_LOOKUP_CPU(T, int32_t, int64_t)         \
   REGISTER_LOOKUP_CPU(T, int64_t, int32_t)         \
-  REGISTER_LOOKUP_CPU(T, int64_t, int64_t)
+  REGISTER_LOOKUP_CPU(T, int64_t, int64_t)         \
+  REGISTER_LOOKUP_CPU(T, tensorflow::tstring, int32_t) \
+  REGISTER_LOOKUP_CPU(T, tensorflow::tstring, int64_t)
 REGISTER_LOOKUP_CPU_IDS(float)
 REGISTER_LOOKUP_CPU_IDS(double)
 REGISTER_LOOKUP_CPU_IDS(Eigen::half)

@@ -16,8 +16,10 @@ constexpr char kLookupAttrs[] = R"doc(
 combiner: "sum", "mean" or "sqrtn", as tf.nn.embedding_lookup_sparse defines them.
 segment_kind: "row_splits" when `segments` are ragged row_splits [B+1];
   "row_ids" when they are the sorted row of each id [nnz] (SparseTensor indices[:, 0]).
-id_mode: "index": ids are table rows. "hash": ids are integer keys, hashed to
-  Fingerprint64(as_string(key)) % V, bit-exact with tf.strings.to_hash_bucket_fast.
+id_mode: "index": ids are table rows. "hash": ids are keys, hashed to
+  Fingerprint64(as_string(key)) % V for integers and Fingerprint64(key) % V
+  for strings, bit-exact with tf.strings.to_hash_bucket_fast. String ids
+  (CPU only) need "hash".
 invalid_ids: what happens to ids outside [0, V) in index mode: "error" (InvalidArgument
   naming the row and the id), "skip_negative" (negative ids are dropped), or
   "skip_padding" (-1 is dropped, anything else is an error).
@@ -77,7 +79,7 @@ absl::Status LookupGradShape(InferenceContext* c) {
 
 #define CTR_LOOKUP_ATTRS                                   \
   Attr("T: {float, half, bfloat16, double}")                       \
-      .Attr("Tid: {int32, int64}")                         \
+      .Attr("Tid: {int32, int64, string}")                 \
       .Attr("Tseg: {int32, int64}")                        \
       .Attr("combiner: {'sum', 'mean', 'sqrtn'} = 'mean'") \
       .Attr("segment_kind: {'row_splits', 'row_ids'}")     \
