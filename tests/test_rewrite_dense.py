@@ -829,23 +829,85 @@ def test_keras_embedding_global_average_pooling_saved_model(tmp_path, rng):
     assert_model_close(got["output_0"], want["output_0"])
 
 
-def test_keras_masked_mean_is_left_native(rng):
-    """mask_zero=True pools with the mask (a masked mean); that form is not
-    this pattern's and must come out unchanged."""
+def masked_ids(rng, rows=30, dtype=np.int32):
+    """Padded ids with rows of padding only (a masked mean of nothing: NaN)."""
+    ids = padded_ids(rng, rows=rows, dtype=dtype).numpy()
+    ids[1::4] = 0
+    return tf.constant(ids)
+
+
+def masked_sum(params, mask_of=None):
+    """The masked pooling Keras' GlobalAveragePooling1D does, written in TF."""
+    def f(ids):
+        rows = tf.nn.embedding_lookup(params, ids)
+        mask = tf.not_equal(ids if mask_of is None else mask_of(ids), 0)
+        return tf.reduce_sum(tf.where(tf.expand_dims(mask, -1), rows, 0.0), axis=1)
+    return f
+
+
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
+def test_masked_sum_is_the_fused_sum_of_unmasked_rows(rng, dtype):
+    params = tf.Variable(rng.normal(size=(V, D)).astype(np.float32))
+    params[0].assign(np.full(D, np.inf, np.float32))  # the padding row: selected away, never 0 * inf
+    f = masked_sum(params)
+    cf, graph, report, counts = offline(f, tf.TensorSpec([None, L], dtype))
+    assert [m["pattern"] for m in report["match"]] == ["dense_reduce_lookup"], report
+    assert fused_ops(graph) == {"CtrEmbeddingLookup": 1}
+    assert not {"Sum", "SelectV2", "ResourceGather", "GatherV2"} & set(counts), counts
+    [node] = [n for n in graph.node if n.op == "CtrEmbeddingLookup"]
+    assert node.attr["has_weights"].b and node.attr["prune_weights"].b and node.attr["combiner"].s == b"sum"
+    for ids in (masked_ids(rng, dtype=dtype.as_numpy_dtype), tf.zeros([0, L], dtype),
+                masked_ids(rng, rows=2000, dtype=dtype.as_numpy_dtype)):
+        [got] = run_graph_def(cf, graph, ids)
+        np.testing.assert_allclose(got, f(ids), rtol=1e-6, atol=1e-6)
+    bad = masked_ids(rng).numpy()
+    bad[3, 1] = V
+    with pytest.raises(tf.errors.InvalidArgumentError, match=str(V)):
+        run_graph_def(cf, graph, tf.constant(bad))
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        f(tf.constant(bad))
+
+
+def test_mask_of_other_ids_is_left_alone_with_reason(rng, table):
+    f = masked_sum(table, mask_of=lambda ids: ids - 1)
+    cf, graph, report, counts = offline(f, tf.TensorSpec([None, L], tf.int64))
+    assert "CtrEmbeddingLookup" not in counts
+    assert any(s["pattern"] == "dense_reduce_lookup" and "the mask does not compare the gathered ids with 0"
+               in s["reason"] for s in report["skip"]), report["skip"]
+    ids = masked_ids(rng, dtype=np.int64)
+    [got] = run_graph_def(cf, graph, ids)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(f(ids)))
+
+
+def test_keras_masked_mean_saved_model(tmp_path, rng):
+    """mask_zero=True: GlobalAveragePooling1D sums the unmasked rows (the fused
+    op, the mask as pruned weights) and divides by their count (kept).
+    Exported, rewritten, checked in a fresh process, served here; rows of
+    padding only stay NaN, as Keras gives them."""
     model = keras_sequence_model(mask_zero=True)
-    ids = padded_ids(rng, dtype=np.int32)
-    want = model(ids)
-    got, stats = run_online(lambda x: model(x), ids)
-    assert_model_close(got, want)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    model.export(str(src), verbose=False)
+    samples = {"history": padded_ids(rng, dtype=np.int32).numpy()}
+    report = rewrite.optimize_saved_model(src, dst, sample_inputs={"serving_default": samples, "serve": samples})
+    assert report.ok and report.verified
+    sig = report.signatures["serving_default"]
+    assert [m["pattern"] for m in sig.matches] == ["dense_reduce_lookup"], sig.matches
+    assert not {"ResourceGather", "GatherV2"} & set(sig.op_counts_after), sig.op_counts_after
+    feeds = {"history": masked_ids(rng, rows=64)}
+    got = tf.saved_model.load(str(dst)).signatures["serving_default"](**feeds)["output_0"]
+    want = tf.saved_model.load(str(src)).signatures["serving_default"](**feeds)["output_0"]
+    assert np.isnan(want.numpy()[1::4]).all()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)  # NaN where NaN
 
 
-def test_keras_sequence_training_step_online_gradients_match(rng):
+@pytest.mark.parametrize("mask_zero", [False, True])
+def test_keras_sequence_training_step_online_gradients_match(rng, mask_zero):
     """Training online: Grappler folds the shape the mean's gradient reads
     into a constant of the call's batch, and the gather's gradient reads the
     table and the ids, so nothing but the mean reads the rows: the forward
     pass is fused, and the gradients stay TF's. (Where the rows' shape is
     read, the form stays: test_padded_pool_left_alone_with_reason.)"""
-    model = keras_sequence_model()
+    model = keras_sequence_model(mask_zero=mask_zero)
     ids = padded_ids(rng, dtype=np.int32)
 
     def step(x):

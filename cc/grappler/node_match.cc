@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "tensorflow/core/framework/attr_value.pb.h"
+#include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor.pb.h"
 #include "tensorflow/core/framework/tensor_shape.pb.h"
 
@@ -35,6 +36,21 @@ bool BoolAttr(const NodeDef& node, const char* name, bool fallback) {
 std::string StringAttr(const NodeDef& node, const char* name) {
   auto it = node.attr().find(name);
   return it == node.attr().end() ? std::string() : it->second.s();
+}
+
+bool IsZeroScalar(const GraphIndex& g, const NodeDef* node) {
+  while (IsOp(node, "Cast")) node = g.Producer(*node, 0);
+  if (!IsOp(node, "Const")) return false;
+  auto it = node->attr().find("value");
+  tensorflow::Tensor t;
+  if (it == node->attr().end() || !t.FromProto(it->second.tensor()) || t.dims() != 0) return false;
+  switch (t.dtype()) {
+    case tensorflow::DT_FLOAT: return t.scalar<float>()() == 0.f;
+    case tensorflow::DT_DOUBLE: return t.scalar<double>()() == 0.0;
+    case tensorflow::DT_INT32: return t.scalar<int32_t>()() == 0;
+    case tensorflow::DT_INT64: return t.scalar<int64_t>()() == 0;
+    default: return false;
+  }
 }
 
 bool ConstScalarInt(const NodeDef* node, int64_t* value) {

@@ -26,6 +26,9 @@ std::string StringAttr(const tensorflow::NodeDef& node, const char* name);
 bool ConstIntVector(const tensorflow::NodeDef* node, std::vector<int64_t>* out);
 // Value of a scalar integer Const, or false.
 bool ConstScalarInt(const tensorflow::NodeDef* node, int64_t* value);
+// Whether `node` is a scalar Const of a real or integer type equal to zero
+// (either sign), seen through Cast nodes (Keras casts its constants).
+bool IsZeroScalar(const GraphIndex& g, const tensorflow::NodeDef* node);
 // Value of a scalar string Const, or false.
 bool ConstString(const tensorflow::NodeDef* node, std::string* out);
 // Whether `node` is a Squeeze of exactly one axis, `axis` of a rank-`rank`

@@ -11,6 +11,18 @@
 // them in the same order. (Keras 3's negative-index wrap before the gather,
 // if any, stays: the fused op reads the wrapped ids.)
 //
+// Keras' masked mean (Embedding(mask_zero=True) + GlobalAveragePooling1D)
+// sums the rows of the ids that are not 0 and divides by their count:
+//
+//   mask = NotEqual(h, 0)     h: the ids, or their value before the wrap
+//   Sum(SelectV2(ExpandDims(mask, -1), rows, 0), axis 1) / Sum(Cast(ExpandDims(mask, -1)), axis 1)
+//
+// The Sum becomes the same CtrEmbeddingLookup (sum) with the mask as
+// weights, 1 or 0, and prune_weights: a masked id is dropped, not added as
+// 0 * row (a row of inf would give NaN where the Select gives 0). Its id is
+// 0, which the Gather accepts, so dropping it unchecked changes no error.
+// The count and the division stay (an all-masked row is 0 / 0 = NaN in both).
+//
 // Exact only where: L is a known constant >= 1 (over an empty axis TF's mean
 // is 0 / 0 = NaN, the fused op's 0); the table is a float32 matrix (TF
 // reduces half types in their own precision, the fused op in float32); the
@@ -64,6 +76,42 @@ std::string FixedLengthSplits(RewriteContext* ctx, const std::string& base, cons
   return range->name();
 }
 
+// Keras' mask select: SelectV2(ExpandDims(mask [B, L], -1 or 2), rows, 0).
+struct MaskedRows {
+  const NodeDef* select = nullptr;
+  std::string mask;       // the bool [B, L] tensor
+  std::string mask_of;    // the ids it compares with 0
+  std::string zero;       // the Select's else constant
+  bool found() const { return select != nullptr; }
+};
+
+bool MatchMaskSelect(const GraphIndex& g, const NodeDef* select, MaskedRows* m) {
+  if (!IsOp(select, "SelectV2")) return false;
+  const NodeDef* expand = g.Producer(*select, 0);
+  int64_t axis = 0;
+  if (!IsOp(expand, "ExpandDims") || !ConstScalarInt(g.Producer(*expand, 1), &axis) || (axis != 2 && axis != -1))
+    return false;
+  if (!IsZeroScalar(g, g.Producer(*select, 2))) return false;
+  int mask_port = 0;
+  const NodeDef* ne = g.Producer(*expand, 0, &mask_port);
+  if (!IsOp(ne, "NotEqual") || mask_port != 0) return false;
+  for (int side = 0; side < 2; ++side) {
+    if (!IsZeroScalar(g, g.Producer(*ne, 1 - side))) continue;
+    m->select = select;
+    m->mask = expand->input(0);
+    m->mask_of = ne->input(side);
+    m->zero = ParseTensorName(select->input(2)).node;
+    return true;
+  }
+  return false;
+}
+
+// Whether two input strings name the same tensor ("x" and "x:0" do).
+bool SameTensor(const std::string& a, const std::string& b) {
+  const auto ta = ParseTensorName(a), tb = ParseTensorName(b);
+  return ta.node == tb.node && ta.port == tb.port;
+}
+
 class DenseReduceLookupPattern : public NamedPattern<kName> {
  public:
   // After the first stage: a vocabulary lookup's gather goes to vocab_lookup
@@ -75,8 +123,11 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     const bool mean = IsOp(&anchor, "Mean");
     if (!mean && !IsOp(&anchor, "Sum")) return false;
     const GraphIndex& g = ctx->index();
+    MaskedRows masked;
+    const NodeDef* input = g.Producer(anchor, 0);
+    if (!mean && MatchMaskSelect(g, input, &masked)) input = g.Producer(*input, 1);
     std::vector<const NodeDef*> identities;
-    const NodeDef* gather = SkipIdentities(g, g.Producer(anchor, 0), &identities);
+    const NodeDef* gather = SkipIdentities(g, input, &identities);
     const bool resource = IsOp(gather, "ResourceGather");
     if (!resource && !IsOp(gather, "GatherV2")) return false;
     int ids_port = 0;
@@ -106,6 +157,17 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     for (const NodeDef* n : identities)
       if (g.DataConsumers(n->name()) != 1) return Skip(ctx, anchor, OtherConsumer(*n));
     if (g.DataConsumers(gather->name()) != 1) return Skip(ctx, anchor, OtherConsumer(*gather));
+    if (masked.found()) {
+      if (g.DataConsumers(masked.select->name()) != 1) return Skip(ctx, anchor, OtherConsumer(*masked.select));
+      // The masked ids must be 0 where the Gather reads them: the mask
+      // compares the gathered ids, or the ids Keras' wrap maps to them.
+      std::vector<const NodeDef*> wrap;
+      const NodeDef* ids_node = g.Node(ParseTensorName(gather->input(1)).node);
+      UnwrapNegativeIndexFix(g, ids_node, &wrap);
+      const bool same = SameTensor(masked.mask_of, gather->input(1)) ||
+                        (!wrap.empty() && SameTensor(masked.mask_of, wrap[0]->input(2)));
+      if (!same) return Skip(ctx, anchor, "the mask does not compare the gathered ids with 0");
+    }
     const DataType id_type = TypeAttr(*gather, "Tindices");
     if (!IsIndexDtype(id_type)) return Skip(ctx, anchor, "ids are not int32/int64");
 
@@ -121,21 +183,33 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     FuseHashProducer(ctx, &src);
     const std::string axes = NodeOfInput(reduction.input(1));
     std::set<std::string> replaced{name};
+    std::set<std::string> dead{axes};
+    const MaskedRows mask = masked;
+    if (mask.found()) {
+      src.absorbed.push_back(mask.select);
+      dead.insert(mask.zero);
+    }
     for (const NodeDef* n : src.absorbed) replaced.insert(n->name());
-    RemoveDeadNodes(ctx, {axes}, replaced, name);
+    RemoveDeadNodes(ctx, dead, replaced, name);
 
     const std::string splits = FixedLengthSplits(ctx, name + "/ctr_splits", src.keys, src.key_type, length, device);
     src.keys = FlattenKeys(ctx, name, src.keys, src.key_type, 2, device);
     const std::string num_rows = AddInt64Scalar(ctx, name + "/ctr_num_rows", -1, device);
-    const std::string weights = AddEmptyFloatVector(ctx, name + "/ctr_no_weights", device);
+    const std::string weights =
+        mask.found() ? AddCast(ctx, name + "/ctr_mask_weights",
+                               FlattenKeys(ctx, name + "/ctr_mask", mask.mask, tensorflow::DT_BOOL, 2, device),
+                               tensorflow::DT_BOOL, tensorflow::DT_FLOAT, device)
+                     : AddEmptyFloatVector(ctx, name + "/ctr_no_weights", device);
     const std::string table = TableTensor(ctx, src, name + "/ctr_table");
     MatchRecord record{kName, name, "CtrEmbeddingLookup", {}};
     AbsorbSource(ctx, src, name, &record);
     record.replaced.push_back(Describe(reduction));
     BecomeFusedLookup(ctx, name, src,
                       FusedLookup{table, splits, num_rows, weights, T, tensorflow::DT_INT64, mean ? "mean" : "sum",
-                                  false});
-    (*ctx->Mutable(name)->mutable_attr())["segment_kind"].set_s("row_splits");
+                                  mask.found()});
+    auto& attr = *ctx->Mutable(name)->mutable_attr();
+    attr["segment_kind"].set_s("row_splits");
+    attr["prune_weights"].set_b(mask.found());  // masked ids are dropped, not added as 0 * row
     ctx->Matched(record);
     return true;
   }
