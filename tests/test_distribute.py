@@ -1,7 +1,8 @@
 """tf.distribute: the layers train under MirroredStrategy (two logical CPU
 devices) and MultiWorkerMirroredStrategy (two worker processes on
 127.0.0.1), and the result equals single-replica training on the same global
-batches. Each run is its own process (tests/distribute_train.py): logical
+batches; under ParameterServerStrategy the drop-ins train sharded tables as
+tf.nn's lookups do. Each run is its own process (tests/distribute_train.py): logical
 devices and TF_CONFIG must be set before TensorFlow starts."""
 
 import json
@@ -76,3 +77,19 @@ def test_multi_worker_mirrored_strategy_matches_single_replica(single, tmp_path)
     for w, output in zip(workers, outputs):
         assert w.returncode == 0, output[-3000:]
     assert_same_training(np.load(out), single)
+
+
+def test_parameter_server_strategy_with_sharded_tables_matches_tf(tmp_path):
+    """ParameterServerStrategy (an in-process cluster: chief, 2 workers, 2
+    parameter servers, tests/ps_train.py): tables sharded over both parameter
+    servers train through the drop-ins exactly as through tf.nn's lookups."""
+    out = tmp_path / "ps.npz"
+    proc = subprocess.run([sys.executable, str(SCRIPT.with_name("ps_train.py")), str(out)], env=fresh_process_env(),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    z = np.load(out)
+    assert [d.split("/device")[0] for d in z["devices"]] == ["/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"]
+    assert "CtrEmbeddingLookup" in z["ops"] and "ResourceGather" in z["ops"]
+    assert np.abs(z["ours_items"] - z["init_items"]).max() > 1e-3  # the sharded table trained
+    for k in ("items", "history", "dense", "loss"):
+        np.testing.assert_allclose(z[f"ours_{k}"], z[f"tf_{k}"], rtol=1e-5, atol=1e-6, err_msg=k)

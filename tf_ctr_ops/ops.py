@@ -4,7 +4,9 @@ Every public function builds exactly one fused op (plus cheap reshapes of the
 id containers) in place of the TF-native subgraph it replaces.
 """
 
+import numpy as np
 import tensorflow as tf
+from tensorflow.python.distribute import sharded_variable
 from tensorflow.python.ops import resource_variable_ops, variables
 
 from tf_ctr_ops import strings
@@ -270,6 +272,80 @@ class _MergedShards:
         return _mod_row(default_id % n, default_id // n, total, n, min) if default_id < total else default_id
 
 
+def _sharded_variables(params):
+    """The shards of a tf.distribute ShardedVariable (ParameterServerStrategy's
+    partitioned tables; a Keras 3 variable may wrap one), else None."""
+    var = getattr(params, "_value", params)
+    return list(var.variables) if isinstance(var, sharded_variable.ShardedVariable) else None
+
+
+def _default_row(shards, starts, default_id, bags, kept):
+    """[1, ...]: the default row where some bag keeps no entry, else zeros (no read, no gradient)."""
+    if bags.kind == "row_splits":
+        num_rows = tf.size(bags.segments, out_type=tf.int64) - 1
+        row_of = tf.ragged.row_splits_to_segment_ids(bags.segments, out_type=tf.int64)
+    else:
+        num_rows, row_of = tf.cast(bags.num_rows, tf.int64), tf.cast(bags.segments, tf.int64)
+    counts = tf.math.unsorted_segment_sum(tf.cast(kept, tf.int32), row_of, num_rows)
+    p = int(np.searchsorted(starts[1:], default_id, side="right"))
+    shard = shards[p]
+    return tf.cond(tf.reduce_any(counts == 0),
+                   lambda: tf.gather(shard, tf.constant([default_id - starts[p]], tf.int64)),
+                   lambda: tf.zeros(tf.concat([[1], tf.shape(shard)[1:]], 0), shard.dtype))
+
+
+def _sharded_lookup(shards, bags, *, dtype=None, default_id=None, **attrs):
+    """CtrEmbeddingLookup over a ShardedVariable without concatenating its shards.
+
+    As TF's own lookups dispatch a ShardedVariable: the ids are de-duplicated
+    here (on the worker), each shard gathers the rows it holds (a
+    ResourceGather on the shard's device: its parameter server), and the
+    fused op pools the gathered [U, D] rows here. The ids are first checked
+    against the whole table by the same op on a [V, 0] view of it, so
+    dropped, pruned and rejected ids, and the errors naming a row and an id,
+    are those of one table; the gathers wait for that check. Gradients reach
+    each shard as IndexedSlices of its own rows.
+    """
+    if dtype is not None and any(s.dtype != dtype for s in shards):
+        raise ValueError(f"the shards are {shards[0].dtype.name}, the weights {dtype.name}: "
+                         "a table is not converted to another float type")
+    _check_shards(shards)
+    sizes = [s.shape[0] for s in shards]
+    if any(n is None for n in sizes):
+        raise ValueError("a ShardedVariable's shards must have static row counts")
+    _layout_checks(shards, "div")  # TF's lookups read the shards in the "div" layout
+    total = sum(sizes)
+    attrs.update(default_id=-1 if default_id is None else int(default_id))
+    ids = tf.cast(bags.ids, tf.int64)
+    weights = _weights_values(bags.weights)
+    check = _lookup(tf.zeros([total, 0], shards[0].dtype), ids, bags.segments, bags.num_rows, weights,
+                    segment_kind=bags.kind, **attrs)
+    with tf.control_dependencies([check]):
+        # Only the entries the op pools are gathered: each shard's gradient
+        # then has rows for those alone, as with one table.
+        kept = (ids >= 0) & (ids < total)
+        if attrs.get("prune_weights") and weights is not None:
+            kept &= weights > 0
+        positions_kept = tf.where(kept)
+        unique, idx = tf.unique(tf.gather_nd(ids, positions_kept))
+        idx = tf.cast(idx, tf.int64)
+        starts = np.cumsum([0] + sizes[:-1]).astype(np.int64)
+        shard = tf.cast(tf.searchsorted(tf.constant(starts[1:]), unique, side="right"), tf.int32)
+        local = unique - tf.gather(tf.constant(starts), shard)
+        positions = tf.dynamic_partition(tf.range(tf.size(unique)), shard, len(shards))
+        locals_ = tf.dynamic_partition(local, shard, len(shards))
+        rows = tf.dynamic_stitch(positions, [tf.gather(s, ids_p) for s, ids_p in zip(shards, locals_)])
+        if default_id is not None and 0 <= default_id < total:
+            # The default row goes first (the op's attr is static), read only
+            # when a bag is left empty, as TF reads it only to fill one.
+            rows = tf.concat([_default_row(shards, starts, int(default_id), bags, kept), rows], 0)
+            idx += 1
+            attrs["default_id"] = 0
+    # Entries left out read -1, which the op drops (skip modes) or never sees (the check failed first).
+    local_ids = tf.scatter_nd(positions_kept, idx + 1, tf.shape(ids, out_type=tf.int64)) - 1
+    return _lookup(rows, local_ids, bags.segments, bags.num_rows, weights, segment_kind=bags.kind, **attrs)
+
+
 # The drop-ins' params gradient: unique rows in first-appearance order, as TF
 # gives it for variables (eager or in a tf.function) and in every tf.function.
 # (Only for a constant table in eager mode does TF take other paths: sorted
@@ -318,6 +394,10 @@ def _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, nam
     combiner = check_combiner(combiner or "mean")
     bags = _lookup_sparse_bags(sp_ids, sp_weights)
     with tf.name_scope(name or "embedding_lookup_sparse"):
+        shards = _sharded_variables(params)
+        if shards is not None:
+            return _sharded_lookup(shards, bags, combiner=combiner, max_norm=max_norm,
+                                   grad_indices=_DROP_IN_GRAD_INDICES)
         parts = [_read_shard(p) for p in _shard_list(params)]
         if not parts:
             raise ValueError("Need at least one param")
@@ -374,16 +454,15 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
                                   partition_strategy, max_norm):
     if embedding_weights is None:
         raise ValueError(f"Missing embedding_weights {embedding_weights}.")
-    shards = _shard_list(embedding_weights)
+    sharded = _sharded_variables(embedding_weights)
+    shards = sharded or _shard_list(embedding_weights)
     if not shards:
         raise ValueError(f"Missing embedding_weights {embedding_weights}.")
     dtype = sparse_weights.dtype if sparse_weights is not None else None
-    parts = [_read_shard(w, dtype) for w in shards]
+    parts = shards if sharded else [_read_shard(w, dtype) for w in shards]
     _check_shards(parts)
     combiner = check_combiner(combiner)
     with tf.name_scope(name or "embedding_lookup"):
-        merged = _MergedShards(parts, partition_strategy)
-        table = merged.table
         if isinstance(sparse_ids, tf.RaggedTensor):
             ids, w = _ragged_bags(sparse_ids, sparse_weights, ("sparse_ids", "sparse_weights"))
             bags = _Bags(ids.values, ids.row_splits, -1, "row_splits", w)
@@ -392,17 +471,22 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
         else:
             raise TypeError(f"sparse_ids must be a SparseTensor or a RaggedTensor, got {type(sparse_ids)}")
         weighted = bags.weights is not None
-        result = _lookup(
-            table, merged.rows(bags.ids), bags.segments, bags.num_rows, _weights_values(bags.weights),
-            segment_kind=bags.kind, combiner=combiner, invalid_ids="skip_negative",
-            prune_weights=combiner != "sum" and weighted,
-            default_id=merged.default_row(default_id), max_norm=max_norm,
-            grad_indices=_DROP_IN_GRAD_INDICES)
+        attrs = dict(combiner=combiner, invalid_ids="skip_negative", prune_weights=combiner != "sum" and weighted,
+                     max_norm=max_norm, grad_indices=_DROP_IN_GRAD_INDICES)
+        if sharded:
+            result = _sharded_lookup(parts, bags, dtype=dtype, default_id=default_id, **attrs)
+            row_shape = parts[0].shape[1:]
+        else:
+            merged = _MergedShards(parts, partition_strategy)
+            result = _lookup(merged.table, merged.rows(bags.ids), bags.segments, bags.num_rows,
+                             _weights_values(bags.weights), segment_kind=bags.kind,
+                             default_id=merged.default_row(default_id), **attrs)
+            row_shape = merged.table.shape[1:]
         rank = sparse_ids.shape.rank
         if isinstance(sparse_ids, tf.SparseTensor) and rank != 2:
-            result = tf.reshape(result, tf.concat([lead, tf.shape(table, out_type=tf.int64)[1:]], 0))
+            result = tf.reshape(result, tf.concat([lead, tf.shape(result, out_type=tf.int64)[1:]], 0))
             if rank is not None:
-                result.set_shape([None] * (rank - 1) + table.shape[1:].as_list())
+                result.set_shape([None] * (rank - 1) + row_shape.as_list())
         return result
 
 
@@ -421,8 +505,9 @@ def embedding_lookup_sparse(params, sp_ids, sp_weights, combiner=None, max_norm=
     is accepted and changes nothing: the fused op is always the fast path.
 
     Args:
-      params: `[V, ...]` table, a list of shards in TF's "div" layout, or a
-        PartitionedVariable.
+      params: `[V, ...]` table, a list of shards in TF's "div" layout, a
+        PartitionedVariable, or a ShardedVariable (read shard by shard, the
+        rows of each gathered where it lives, never concatenated).
       sp_ids: `tf.SparseTensor` or `tf.RaggedTensor` `[B, (n)]` of int ids.
       sp_weights: `None` or weights in the same container as `sp_ids`.
       combiner: "sum", "mean" (default) or "sqrtn".
@@ -451,8 +536,9 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
 
     Args:
       embedding_weights: `[V, ...]` table, a list of shards in TF's "div"
-        layout, or a PartitionedVariable; converted to the weights' dtype as
-        TF converts it.
+        layout, a PartitionedVariable, or a ShardedVariable (read shard by
+        shard, never concatenated); converted to the weights' dtype as TF
+        converts it (a ShardedVariable must have the weights' dtype).
       sparse_ids: `tf.SparseTensor` of rank >= 2 or `tf.RaggedTensor [B, (n)]` of int ids.
       sparse_weights: `None` or float weights in the same container.
       combiner: "sum", "mean" (default) or "sqrtn".
@@ -497,7 +583,8 @@ def sparse_embedding(params, ids, weights=None, combiner="mean", max_norm=None, 
     """Pooled embedding of bags of ids: `[B, D]`, a zero row for an empty bag.
 
     Args:
-      params: `[V, D]` float32/float16/bfloat16 table (Tensor or Variable).
+      params: `[V, D]` float32/float16/bfloat16 table (Tensor, Variable, or
+        a ShardedVariable, read shard by shard).
       ids: int32/int64 ids as a `tf.RaggedTensor [B, (n)]`, a
         `tf.SparseTensor [B, N]`, or a dense `[B, N]` tensor padded with -1.
       weights: optional float weights in the same container as `ids`.
@@ -512,11 +599,14 @@ def sparse_embedding(params, ids, weights=None, combiner="mean", max_norm=None, 
         padding, naming the row and the id.
     """
     with tf.name_scope(name or "sparse_embedding"):
-        table = as_table(params)
         bags = _bags_from_container(ids, weights, -1)
-        out = _lookup(table, bags.ids, bags.segments, bags.num_rows, _weights_values(bags.weights),
-                      segment_kind=bags.kind, combiner=combiner, invalid_ids="skip_padding",
-                      max_norm=max_norm)
+        attrs = dict(combiner=combiner, invalid_ids="skip_padding", max_norm=max_norm)
+        shards = _sharded_variables(params)
+        if shards is not None:
+            out = _sharded_lookup(shards, bags, **attrs)
+        else:
+            out = _lookup(as_table(params), bags.ids, bags.segments, bags.num_rows, _weights_values(bags.weights),
+                          segment_kind=bags.kind, **attrs)
         return _with_batch_dim(out, ids)
 
 

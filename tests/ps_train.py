@@ -1,0 +1,120 @@
+"""Trains a small CTR model under ParameterServerStrategy, for tests/test_distribute.py.
+
+    python tests/ps_train.py OUT.npz
+
+An in-process cluster on 127.0.0.1 (this process as chief, 2 workers, 2
+parameter servers) trains the same model twice from the same weights through
+a ClusterCoordinator: once with tf_ctr_ops' drop-ins, once with tf.nn's own
+lookups. The embedding tables are ShardedVariables of 2 shards, one per
+parameter server; each step's sparse gradients update each shard where it
+lives. Steps are scheduled one at a time, so both runs see the same batches
+in the same order. Writes both runs' final weights and losses to OUT.npz,
+with the devices of the shards and the op types of the step's graph.
+"""
+
+import os
+import socket
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+VOCAB, DIM, BATCH, STEPS, LR = 60, 4, 16, 6, 0.2
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def in_process_cluster():
+    ports = free_ports(5)
+    spec = tf.train.ClusterSpec({"chief": [f"127.0.0.1:{ports[0]}"],
+                                 "worker": [f"127.0.0.1:{p}" for p in ports[1:3]],
+                                 "ps": [f"127.0.0.1:{p}" for p in ports[3:5]]})
+    servers = [tf.distribute.Server(spec, job_name=job, task_index=i, protocol="grpc", start=True)
+               for job in ("worker", "ps") for i in range(2)]
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(spec, task_type="chief", task_id=0,
+                                                                    rpc_layer="grpc")
+    # Tables (VOCAB rows) in 2 shards; the dense weights whole.
+    strategy = tf.distribute.experimental.ParameterServerStrategy(
+        resolver, variable_partitioner=lambda shape, dtype: [2 if shape[0] == VOCAB else 1] + [1] * (len(shape) - 1))
+    return strategy, servers
+
+
+def batches(seed=5):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(STEPS):
+        lengths = rng.integers(0, 4, size=BATCH)
+        ids = rng.integers(-1, VOCAB, size=int(lengths.sum()))  # -1: dropped by the safe lookup
+        weights = rng.uniform(0.1, 2.0, size=ids.shape).astype(np.float32)
+        # embedding_lookup_sparse ends at the last bag with an id: every bag has one.
+        history_lengths = rng.integers(1, 4, size=BATCH)
+        history = tf.RaggedTensor.from_row_lengths(rng.integers(0, VOCAB, size=int(history_lengths.sum())),
+                                                   history_lengths)
+        labels = rng.integers(0, 2, size=(BATCH, 1)).astype(np.float32)
+        out.append((tf.RaggedTensor.from_row_lengths(ids, lengths).to_sparse(),
+                    tf.RaggedTensor.from_row_lengths(weights, lengths).to_sparse(), history.to_sparse(), labels))
+    return out
+
+
+def train(strategy, coordinator, lookups, init):
+    safe, plain = lookups
+    with strategy.scope():
+        items = tf.Variable(init["items"])
+        history_table = tf.Variable(init["history"])
+        dense = tf.Variable(init["dense"])
+
+    @tf.function
+    def step(ids, weights, history, labels):
+        with tf.GradientTape() as tape:
+            x = tf.concat([safe(items, ids, weights, combiner="sqrtn", default_id=3),
+                           plain(history_table, history, None, combiner="mean")], 1)
+            logits = tf.matmul(x, dense)
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits))
+        shards = items.variables + history_table.variables
+        grads = tape.gradient(loss, shards + [dense])
+        for var, g in zip(shards, grads[:-1]):
+            var.scatter_sub(tf.IndexedSlices(LR * g.values, g.indices, g.dense_shape))
+        dense.assign_sub(LR * grads[-1])
+        return loss
+
+    losses = []
+    for b in batches():
+        result = coordinator.schedule(step, args=b)
+        coordinator.join()
+        losses.append(result.fetch())
+    graph = step.get_concrete_function(*batches()[0]).graph
+    return ({"items": tf.concat(items.variables, 0).numpy(), "history": tf.concat(history_table.variables, 0).numpy(),
+             "dense": dense.numpy(), "loss": np.array(losses)},
+            [v.device for v in items.variables], sorted({op.type for op in graph.get_operations()}))
+
+
+def main(out):
+    strategy, _servers = in_process_cluster()
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    import tf_ctr_ops as tco
+
+    rng = np.random.default_rng(0)
+    init = {"items": rng.normal(size=(VOCAB, DIM)).astype(np.float32),
+            "history": rng.normal(size=(VOCAB, DIM)).astype(np.float32),
+            "dense": rng.normal(size=(2 * DIM, 1)).astype(np.float32)}
+    ours, devices, ops = train(strategy, coordinator,
+                               (tco.safe_embedding_lookup_sparse, tco.embedding_lookup_sparse), init)
+    theirs, _, _ = train(strategy, coordinator,
+                         (tf.nn.safe_embedding_lookup_sparse, tf.nn.embedding_lookup_sparse), init)
+    np.savez(out, devices=np.array(devices), ops=np.array(ops), init_items=init["items"],
+             **{f"ours_{k}": v for k, v in ours.items()}, **{f"tf_{k}": v for k, v in theirs.items()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))

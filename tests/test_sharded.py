@@ -1,0 +1,120 @@
+"""ShardedVariable tables (ParameterServerStrategy's partitioned variables):
+the drop-ins and sparse_embedding gather each shard's rows from the shard and
+pool them in one fused op, never concatenating the shards, and agree with
+TF's own lookups on the same ShardedVariable, forward and per-shard gradients."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.distribute import sharded_variable
+
+import tf_ctr_ops as tco
+
+COMBINERS = ["sum", "mean", "sqrtn"]
+V, D = 23, 4
+
+
+def sharded(rng, sizes=(8, 8, 7), dim=D):
+    table = rng.normal(size=(sum(sizes), dim)).astype(np.float32)
+    starts = np.cumsum((0,) + sizes)
+    return sharded_variable.ShardedVariable([tf.Variable(table[a:b]) for a, b in zip(starts[:-1], starts[1:])])
+
+
+def random_ids(rng, rows, dtype=tf.int64, negatives=False):
+    lengths = rng.integers(0, 5, size=rows)
+    values = rng.integers(-3 if negatives else 0, V, size=int(lengths.sum()))
+    return tf.RaggedTensor.from_row_lengths(tf.constant(values, dtype), lengths).to_sparse()
+
+
+def weights_like(rng, sp):
+    return tf.SparseTensor(sp.indices, tf.constant(rng.uniform(-0.5, 2.0, size=sp.values.shape), tf.float32),
+                           sp.dense_shape)
+
+
+def assert_same_gradients(got, want):
+    for g, w in zip(got, want):
+        assert isinstance(g, tf.IndexedSlices), type(g)  # each shard gets rows of its own
+        # The rows a sparse optimizer updates are TF's (their order may differ).
+        assert set(g.indices.numpy()) == set(w.indices.numpy()), (g.indices, w.indices)
+        np.testing.assert_allclose(tf.convert_to_tensor(g).numpy(), tf.convert_to_tensor(w).numpy(),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def run_both(table, ours, theirs):
+    with tf.GradientTape(persistent=True) as tape:
+        got, want = ours(table), theirs(table)
+        loss_got, loss_want = tf.reduce_sum(got * got), tf.reduce_sum(want * want)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    if got.shape[0]:
+        assert_same_gradients(tape.gradient(loss_got, table.variables), tape.gradient(loss_want, table.variables))
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize("rows", [0, 1, 40, 2000])
+def test_embedding_lookup_sparse_matches_tf_on_shards(rng, combiner, weighted, dtype, rows):
+    table, sp = sharded(rng), random_ids(rng, rows, dtype)
+    w = weights_like(rng, sp) if weighted else None
+    run_both(table, lambda t: tco.embedding_lookup_sparse(t, sp, w, combiner=combiner),
+             lambda t: tf.nn.embedding_lookup_sparse(t, sp, w, combiner=combiner))
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("default_id", [None, 0, 17])
+def test_safe_embedding_lookup_sparse_matches_tf_on_shards(rng, combiner, weighted, default_id):
+    table, sp = sharded(rng), random_ids(rng, 60, negatives=True)
+    w = weights_like(rng, sp) if weighted else None
+    run_both(table, lambda t: tco.safe_embedding_lookup_sparse(t, sp, w, combiner=combiner, default_id=default_id),
+             lambda t: tf.nn.safe_embedding_lookup_sparse(t, sp, w, combiner=combiner, default_id=default_id))
+
+
+def test_max_norm_and_uneven_shards(rng):
+    table, sp = sharded(rng, sizes=(12, 11)), random_ids(rng, 50)
+    run_both(table, lambda t: tco.embedding_lookup_sparse(t, sp, None, combiner="mean", max_norm=0.7),
+             lambda t: tf.nn.embedding_lookup_sparse(t, sp, None, combiner="mean", max_norm=0.7))
+
+
+def test_ids_outside_the_table_name_row_and_id(rng):
+    table = sharded(rng)
+    sp = tf.SparseTensor([[0, 0], [2, 0], [2, 1]], tf.constant([3, 5, V], tf.int64), [3, 2])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"id {V} in row 2 is out of range \\[0, {V}\\)"):
+        tco.embedding_lookup_sparse(table, sp, None)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"id {V} in row 2 is out of range"):
+        tco.safe_embedding_lookup_sparse(table, sp, None)
+
+
+def test_shards_are_never_concatenated(rng):
+    table = sharded(rng)
+
+    @tf.function
+    def lookup(sp):
+        return tco.safe_embedding_lookup_sparse(table, sp, None, combiner="sqrtn")
+
+    graph = lookup.get_concrete_function(tf.SparseTensorSpec([None, None], tf.int64)).graph
+    ops = [op.type for op in graph.get_operations()]
+    assert "ConcatV2" not in ops and ops.count("ResourceGather") == 3, ops
+    reads = [op for op in graph.get_operations() if op.type == "ReadVariableOp"]
+    assert reads == [], reads  # no shard is read whole
+    sp = random_ids(rng, 30, negatives=True)
+    np.testing.assert_allclose(lookup(sp).numpy(), tf.nn.safe_embedding_lookup_sparse(table, sp, None,
+                                                                                       combiner="sqrtn").numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_sparse_embedding_on_shards_is_the_one_table_lookup(rng):
+    table = sharded(rng)
+    whole = tf.concat([v.numpy() for v in table.variables], 0)
+    ids = tf.ragged.constant([[1, 22], [], [-1, 9, 9], [16]], dtype=tf.int64)
+    for container in (ids, ids.to_sparse(), ids.to_tensor(-1)):
+        np.testing.assert_allclose(tco.sparse_embedding(table, container, combiner="sqrtn").numpy(),
+                                   tco.sparse_embedding(whole, container, combiner="sqrtn").numpy(), rtol=1e-6)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="id -2 in row 0"):
+        tco.sparse_embedding(table, tf.constant([[-2, 1]], tf.int64))
+
+
+def test_shards_off_the_div_layout_are_refused(rng):
+    table = sharded(rng, sizes=(5, 18))
+    with pytest.raises(ValueError, match="do not follow the layout"):
+        tco.embedding_lookup_sparse(table, random_ids(rng, 4), None)
