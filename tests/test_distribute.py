@@ -6,7 +6,6 @@ tf.nn's lookups do. Each run is its own process (tests/distribute_train.py): log
 devices and TF_CONFIG must be set before TensorFlow starts."""
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import fresh_process_env
+from ps_train import free_ports
 
 SCRIPT = Path(__file__).with_name("distribute_train.py")
 TIMEOUT_S = 300
@@ -49,16 +49,6 @@ def assert_same_training(got, want):
 
 def test_mirrored_strategy_matches_single_replica(single, tmp_path):
     assert_same_training(train("mirrored", tmp_path / "mirrored.npz"), single)
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def test_multi_worker_mirrored_strategy_matches_single_replica(single, tmp_path):
