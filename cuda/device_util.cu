@@ -68,6 +68,11 @@ std::string CopyToHost(const void* d_src, void* h_dst, size_t bytes, void* strea
   return err.empty() ? Check(cudaStreamSynchronize(st)) : err;
 }
 
+std::string CopyToHostAsync(const void* d_src, void* h_dst, size_t bytes, void* stream) {
+  if (bytes == 0) return "";
+  return Check(cudaMemcpyAsync(h_dst, d_src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)));
+}
+
 std::string CopyDeviceToDevice(const void* d_src, void* d_dst, size_t bytes, void* stream) {
   if (bytes == 0) return "";
   return Check(cudaMemcpyAsync(d_dst, d_src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)));

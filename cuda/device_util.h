@@ -17,6 +17,10 @@ std::string ReadLastAsInt64(const TSeg* d_values, int64_t n, int64_t* h_out, voi
 // Copies bytes device->host and synchronizes (error messages, small reads).
 std::string CopyToHost(const void* d_src, void* h_dst, size_t bytes, void* stream);
 
+// Queues a device->host copy and returns at once: h_dst must be pinned host
+// memory that outlives the copy (an op reads it once the stream is past it).
+std::string CopyToHostAsync(const void* d_src, void* h_dst, size_t bytes, void* stream);
+
 std::string ZeroFill(void* d_ptr, size_t bytes, void* stream);
 
 std::string CopyDeviceToDevice(const void* d_src, void* d_dst, size_t bytes, void* stream);
@@ -31,8 +35,8 @@ std::string CopyRows2D(const void* d_src, size_t src_pitch, void* d_dst, size_t 
 std::string CountThroughLastNonZero(const int64_t* d_counts, int64_t n, int64_t* h_out, void* stream);
 
 // Flags in d_status[0..1] = {index, value} the first string split that is
-// (d_status needs 3 int64: the third is scratch)
 // negative, decreasing or past num_bytes ({-1, 0} when all are valid).
+// d_status needs 3 int64: the third is scratch.
 std::string ValidateStringSplits(const int64_t* d_splits, int64_t n, int64_t num_bytes,
                                  int64_t* d_status, void* stream);
 

@@ -62,11 +62,6 @@ int FragmentsForDim(int64_t dim, int vec, int lanes) {
   return per_lane <= 1 ? 1 : per_lane <= 2 ? 2 : kMaxFragments;
 }
 
-template <typename T>
-bool IsVectorAligned(const T* p) {
-  return reinterpret_cast<uintptr_t>(p) % (kVecWidth * sizeof(T)) == 0;
-}
-
 // Conditions under which a kernel would read outside the table although every
 // key is valid; the CPU path assumes them, here they are checked because a
 // device fault would take down the whole process.
@@ -186,22 +181,6 @@ __device__ Entry ResolveEntry(const LookupSpec& s, const TKey* keys,
   return e;
 }
 
-// acc += f * clip(row) on this tile, where f is the entry's weight and the
-// clip is MaxNormScale of the whole row, as AccumulateRow/RowClipScale do.
-template <typename Tile, typename T>
-__device__ void AddRow(const LookupSpec& s, const T* row, int64_t tile_begin, float f,
-                       const LaneGroup& g, Tile* acc) {
-  Tile x;
-  x.Load(row, s.dim, tile_begin, g);
-  if (s.max_norm > 0.f) {
-    const bool whole_row_loaded = s.dim <= Tile::Width(g);
-    const float squared_norm = whole_row_loaded ? g.Sum(x.SumSquares())
-                                                : RowSquaredNorm<Tile::kVec>(row, s.dim, g);
-    f *= MaxNormScale(squared_norm, s.max_norm);
-  }
-  acc->AddScaled(f, x);
-}
-
 // Pools bag r into out. Returns early, writing nothing, on a bad key: the op
 // fails then, and the CPU path also stops at the first bad key.
 template <typename Tile, typename T, typename TKey>
@@ -211,6 +190,7 @@ __device__ void PoolBag(const LookupSpec& s, const T* params, const TKey* keys,
   const int64_t begin = offsets[r];
   const int64_t end = offsets[r + 1];
   const int64_t dim = s.dim;
+  constexpr int kRows = RowsInFlight<Tile::kFragmentCount>();
   // do/while: a bag is resolved at least once even when dim == 0, so bad keys
   // are still reported for an empty embedding, as on the CPU.
   int64_t tile = 0;
@@ -225,20 +205,98 @@ __device__ void PoolBag(const LookupSpec& s, const T* params, const TKey* keys,
         if (g.rank == 0) RecordLowest(d_status, r);
         return;
       }
-      for (unsigned kept = g.Ballot(mine.row >= 0); kept != 0; kept &= kept - 1) {
-        const int src = LowestBit(kept);
-        const int64_t row = g.Broadcast(mine.row, src);
-        const float w = g.Broadcast(mine.weight, src);
-        AddRow(s, params + row * dim, tile, w, g, &acc);
-        bw.Add(w);
-        any = true;
+      for (unsigned kept = g.Ballot(mine.row >= 0); kept != 0;) {
+        const T* rows[kRows];
+        float f[kRows];
+#pragma unroll
+        for (int u = 0; u < kRows; ++u) {
+          rows[u] = nullptr;
+          f[u] = 0.f;
+          if (kept == 0) continue;
+          const int src = LowestBit(kept);
+          kept &= kept - 1;
+          rows[u] = params + g.Broadcast(mine.row, src) * dim;
+          f[u] = g.Broadcast(mine.weight, src);
+          bw.Add(f[u]);
+          any = true;
+        }
+        AddRows(rows, f, dim, s.max_norm, tile, g, &acc);
       }
     }
     if (!any && s.default_id >= 0) {
-      AddRow(s, params + s.default_id * dim, tile, 1.f, g, &acc);
+      AddRow(params + s.default_id * dim, 1.f, dim, s.max_norm, tile, g, &acc);
       bw.Add(1.f);
     }
     acc.Store(out + r * dim, dim, tile, g, CombinerScale(s.combiner, bw), CombinerDivisor(s.combiner, bw));
+    tile += Tile::Width(g);
+  } while (tile < dim);
+}
+
+// Pools bag r with the whole warp: 32 entries are resolved at once, one per
+// lane, and the kept ones are dealt round-robin to the warp's row groups,
+// kRows each per round; the groups' partial sums are added at the end. For
+// long bags this beats a group per bag: groups of one warp owning bags of
+// different lengths diverge, and each then issues its instructions alone.
+// Same early return on a bad key as PoolBag. Warp-collective.
+template <typename Tile, typename T, typename TKey>
+__device__ void PoolBagWarp(const LookupSpec& s, const T* params, const TKey* keys,
+                            const float* weights, const int64_t* offsets, int64_t r,
+                            const RowGroup& g, T* out, int64_t* d_status) {
+  const int64_t begin = offsets[r];
+  const int64_t end = offsets[r + 1];
+  const int64_t dim = s.dim;
+  const int lane = Lane();
+  constexpr int kRows = RowsInFlight<Tile::kFragmentCount>();
+  int64_t tile = 0;
+  do {
+    Tile acc;
+    acc.Zero();
+    // Weighted bags sum their weights across the warp, 32 at a time: the
+    // order differs from the CPU's by rounding only. Unit weights count.
+    BagWeights bw;
+    int64_t units = 0;
+    bool any = false;
+    for (int64_t base = begin; base < end; base += kWarpSize) {
+      const Entry mine = ResolveEntry(s, keys, weights, base + lane, end);
+      if (__ballot_sync(kFullMask, mine.row == kBadKey) != 0) {
+        if (lane == 0) RecordLowest(d_status, r);
+        return;
+      }
+      const unsigned kept = __ballot_sync(kFullMask, mine.row >= 0);
+      const int n = __popc(kept);
+      if (n == 0) continue;
+      any = true;
+      if (weights == nullptr) {
+        units += n;
+      } else {
+        const float w = mine.row >= 0 ? mine.weight : 0.f;
+        bw.sum += WarpSum(w);
+        bw.sum_sq += WarpSum(w * w);
+      }
+      for (int first = 0; first < n; first += kRows * g.count) {
+        const T* rows[kRows];
+        float f[kRows];
+#pragma unroll
+        for (int u = 0; u < kRows; ++u) {
+          const int k = first + u * g.count + g.index;
+          const int src = k < n ? KthSetLane(kept, k) : 0;
+          const int64_t row = ShuffleInt64(mine.row, src);
+          const float w = __shfl_sync(kFullMask, mine.weight, src);
+          rows[u] = k < n ? params + row * dim : nullptr;
+          f[u] = w;
+        }
+        AddRows(rows, f, dim, s.max_norm, tile, g, &acc);
+      }
+    }
+    if (weights == nullptr) bw = BagWeights::Units(units);
+    SumAcrossGroups(g, &acc);
+    if (!any && s.default_id >= 0) {
+      // Every group holds the whole sum now, so each may add the default row.
+      AddRow(params + s.default_id * dim, 1.f, dim, s.max_norm, tile, g, &acc);
+      bw.Add(1.f);
+    }
+    if (g.index == 0)
+      acc.Store(out + r * dim, dim, tile, g, CombinerScale(s.combiner, bw), CombinerDivisor(s.combiner, bw));
     tile += Tile::Width(g);
   } while (tile < dim);
 }
@@ -247,7 +305,7 @@ __device__ void PoolBag(const LookupSpec& s, const T* params, const TKey* keys,
 // Kernels.
 
 template <IdMode kMode, int kVec, int kFragments, typename T, typename TKey>
-__global__ void __launch_bounds__(kBlockThreads)
+__global__ void __launch_bounds__(kBlockThreads, CTR_LOOKUP_MIN_BLOCKS)
     PoolBagsKernel(const LookupSpec spec, const T* __restrict__ params,
                    const TKey* __restrict__ keys, const float* __restrict__ weights,
                    const int64_t* __restrict__ offsets, int64_t num_rows, int lanes,
@@ -256,6 +314,19 @@ __global__ void __launch_bounds__(kBlockThreads)
   const LaneGroup g = LaneGroup::Make(lanes);
   for (int64_t r = g.Index(); r < num_rows; r += g.Count())
     PoolBag<LaneTile<kVec, kFragments>>(s, params, keys, weights, offsets, r, g, out, d_status);
+}
+
+template <IdMode kMode, int kVec, int kFragments, typename T, typename TKey>
+__global__ void __launch_bounds__(kBlockThreads, CTR_LOOKUP_MIN_BLOCKS)
+    PoolBagsWarpKernel(const LookupSpec spec, const T* __restrict__ params,
+                       const TKey* __restrict__ keys, const float* __restrict__ weights,
+                       const int64_t* __restrict__ offsets, int64_t num_rows, int lanes,
+                       T* __restrict__ out, int64_t* d_status) {
+  const LookupSpec s = WithIdMode<kMode>(spec);
+  const RowGroup g = RowGroup::Make(lanes);
+  const int64_t warps = GridThreads() / kWarpSize;
+  for (int64_t r = GlobalThread() / kWarpSize; r < num_rows; r += warps)
+    PoolBagWarp<LaneTile<kVec, kFragments>>(s, params, keys, weights, offsets, r, g, out, d_status);
 }
 
 // Fills d_status[1] with the first bad key of the lowest bad bag, once all
@@ -344,12 +415,17 @@ __device__ bool SplitIsValid(const TSeg* splits, int64_t i, int64_t num_splits,
   return i != num_splits - 1 || v == nnz;
 }
 
+// Offsets are clamped to [0, nnz] even when the splits are invalid, as the
+// binary search of RowIdsToOffsets keeps them: a pooling kernel queued behind
+// this one, before anyone has read the status, then reads inside the ids
+// (a decreasing pair is an empty bag), and the op fails afterwards.
 template <typename TSeg>
 __global__ void SplitsToOffsetsKernel(const TSeg* __restrict__ splits, int64_t num_splits,
                                       int64_t nnz, int64_t* __restrict__ offsets,
                                       int64_t* d_status) {
   for (int64_t i = GlobalThread(); i < num_splits; i += GridThreads()) {
-    offsets[i] = static_cast<int64_t>(splits[i]);
+    const int64_t v = static_cast<int64_t>(splits[i]);
+    offsets[i] = v < 0 ? 0 : v > nnz ? nnz : v;
     if (!SplitIsValid(splits, i, num_splits, nnz)) RecordLowest(d_status, i);
   }
 }
@@ -462,10 +538,22 @@ __global__ void __launch_bounds__(kBlockThreads)
 // ---------------------------------------------------------------------------
 // Launch helpers.
 
+// Bags at least this long on average (nnz / rows) are pooled a warp per bag
+// (PoolBagWarp); shorter ones a lane group per bag (PoolBag), where a warp
+// pools several bags at once and a short bag leaves few lanes idle.
+constexpr int64_t kWarpPerBagMinLength = 8;
+
 template <IdMode kMode, int kVec, int kFragments, typename T, typename TKey>
 void LaunchPoolBagsKernel(const LookupSpec& s, const T* params, const TKey* keys,
                           const float* weights, const int64_t* offsets, int64_t num_rows,
-                          int lanes, T* out, int64_t* d_status, cudaStream_t stream) {
+                          bool warp_per_bag, T* out, int64_t* d_status, cudaStream_t stream) {
+  if (warp_per_bag) {
+    PoolBagsWarpKernel<kMode, kVec, kFragments>
+        <<<BlocksFor(num_rows, kBlockThreads / kWarpSize), kBlockThreads, 0, stream>>>(
+            s, params, keys, weights, offsets, num_rows, RowGroupLanes(s.dim, kVec), out, d_status);
+    return;
+  }
+  const int lanes = LanesForDim(s.dim, kVec);
   PoolBagsKernel<kMode, kVec, kFragments>
       <<<BlocksFor(num_rows, kBlockThreads / lanes), kBlockThreads, 0, stream>>>(
           s, params, keys, weights, offsets, num_rows, lanes, out, d_status);
@@ -474,32 +562,34 @@ void LaunchPoolBagsKernel(const LookupSpec& s, const T* params, const TKey* keys
 template <IdMode kMode, int kVec, typename T, typename TKey>
 void LaunchPoolBagsForMode(const LookupSpec& s, const T* params, const TKey* keys,
                            const float* weights, const int64_t* offsets, int64_t num_rows,
-                           T* out, int64_t* d_status, cudaStream_t stream) {
-  const int lanes = LanesForDim(s.dim, kVec);
-  switch (FragmentsForDim(s.dim, kVec, lanes)) {
+                           bool warp_per_bag, T* out, int64_t* d_status, cudaStream_t stream) {
+  const int fragments = warp_per_bag ? RowGroupFragments(s.dim, kVec)
+                                     : FragmentsForDim(s.dim, kVec, LanesForDim(s.dim, kVec));
+  switch (fragments) {
     case 1:
-      LaunchPoolBagsKernel<kMode, kVec, 1>(s, params, keys, weights, offsets, num_rows, lanes,
+      LaunchPoolBagsKernel<kMode, kVec, 1>(s, params, keys, weights, offsets, num_rows, warp_per_bag,
                                            out, d_status, stream);
       break;
     case 2:
-      LaunchPoolBagsKernel<kMode, kVec, 2>(s, params, keys, weights, offsets, num_rows, lanes,
+      LaunchPoolBagsKernel<kMode, kVec, 2>(s, params, keys, weights, offsets, num_rows, warp_per_bag,
                                            out, d_status, stream);
       break;
     default:
-      LaunchPoolBagsKernel<kMode, kVec, kMaxFragments>(s, params, keys, weights, offsets,
-                                                       num_rows, lanes, out, d_status, stream);
+      LaunchPoolBagsKernel<kMode, kVec, kMaxFragments>(s, params, keys, weights, offsets, num_rows,
+                                                       warp_per_bag, out, d_status, stream);
   }
 }
 
-// Picks the pooling kernel specialisation at run time: id mode, then
-// fragments per lane; the caller picked the vector width.
+// Picks the pooling kernel specialisation at run time: id mode, bag layout,
+// then fragments per lane; the caller picked the vector width.
 template <int kVec, typename T, typename TKey>
 std::string LaunchPoolBags(const LookupSpec& s, const T* params, const TKey* keys,
                            const float* weights, const int64_t* offsets, int64_t num_rows,
-                           T* out, int64_t* d_status, cudaStream_t stream) {
+                           int64_t nnz, T* out, int64_t* d_status, cudaStream_t stream) {
+  const bool warp_per_bag = nnz >= kWarpPerBagMinLength * num_rows;
   ForIdMode(s.id_mode, [&](auto mode) {
-    LaunchPoolBagsForMode<decltype(mode)::value, kVec>(s, params, keys, weights, offsets,
-                                                       num_rows, out, d_status, stream);
+    LaunchPoolBagsForMode<decltype(mode)::value, kVec>(s, params, keys, weights, offsets, num_rows,
+                                                       warp_per_bag, out, d_status, stream);
   });
   return CheckLaunch("PoolBagsKernel");
 }
@@ -542,15 +632,15 @@ std::string SplitsToOffsets(const TSeg* splits, int64_t num_splits, int64_t nnz,
 template <typename T, typename TKey>
 std::string EmbeddingLookup(const LookupSpec& spec, const T* params, const TKey* keys,
                             const float* weights, const int64_t* offsets, int64_t num_rows,
-                            T* out, int64_t* d_status, void* stream) {
+                            int64_t nnz, T* out, int64_t* d_status, void* stream) {
   std::string err = ValidateSpec(spec);
   if (!err.empty() || num_rows <= 0) return err;
   const cudaStream_t st = AsStream(stream);
-  const bool vectorize =
-      spec.dim % kVecWidth == 0 && IsVectorAligned(params) && IsVectorAligned(out);
-  err = vectorize ? LaunchPoolBags<kVecWidth>(spec, params, keys, weights, offsets, num_rows,
-                                              out, d_status, st)
-                  : LaunchPoolBags<1>(spec, params, keys, weights, offsets, num_rows, out,
+  constexpr int kVec = VecWidth<T>();
+  const bool vectorize = spec.dim % kVec == 0 && IsVectorAligned(params) && IsVectorAligned(out);
+  err = vectorize ? LaunchPoolBags<kVec>(spec, params, keys, weights, offsets, num_rows, nnz, out,
+                                         d_status, st)
+                  : LaunchPoolBags<1>(spec, params, keys, weights, offsets, num_rows, nnz, out,
                                       d_status, st);
   // Hashing maps every key to a bucket, so only index mode can have bad keys.
   if (!err.empty() || spec.id_mode == IdMode::kHash) return err;
@@ -632,8 +722,8 @@ std::string ReadInt64(const int64_t* d_src, int64_t n, int64_t* h_dst, void* str
 
 #define CTR_INSTANTIATE_VALUE_KEY(T, TKey)                                                    \
   template std::string EmbeddingLookup<T, TKey>(const LookupSpec&, const T*, const TKey*,    \
-                                                const float*, const int64_t*, int64_t, T*,   \
-                                                int64_t*, void*);                            \
+                                                const float*, const int64_t*, int64_t,       \
+                                                int64_t, T*, int64_t*, void*);               \
   template std::string LookupGrad<T, TKey>(const LookupSpec&, const T*, const TKey*,         \
                                            const float*, const int64_t*, const T*,           \
                                            const int64_t*, int64_t, T*, int64_t*, float*,    \

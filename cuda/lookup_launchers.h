@@ -29,13 +29,14 @@ template <typename TSeg>
 std::string SplitsToOffsets(const TSeg* splits, int64_t num_splits, int64_t nnz,
                             int64_t* offsets, int64_t* d_status, void* stream);
 
-// Forward pooled lookup: out[num_rows, spec.dim]. A bad key sets *d_status
-// (device int64[2], must be initialised by InitStatus) to {bag row, key} of
-// the lowest bad row.
+// Forward pooled lookup: out[num_rows, spec.dim] from nnz keys. A bad key
+// sets *d_status (device int64[2], must be initialised by InitStatus) to
+// {bag row, key} of the lowest bad row. nnz only chooses the kernel layout
+// (the offsets bound every read).
 template <typename T, typename TKey>
 std::string EmbeddingLookup(const LookupSpec& spec, const T* params,
                             const TKey* keys, const float* weights,
-                            const int64_t* offsets, int64_t num_rows, T* out,
+                            const int64_t* offsets, int64_t num_rows, int64_t nnz, T* out,
                             int64_t* d_status, void* stream);
 
 // Gradient, in three steps because the number of gradient rows depends on the

@@ -9,10 +9,12 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "cc/core/combiner.h"
 #include "cc/core/float_types.h"
 #include "cc/core/lookup.h"
+#include "cc/core/strings.h"
 
 namespace ctr {
 namespace gpu {
@@ -20,14 +22,42 @@ namespace gpu {
 constexpr int kWarpSize = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kBlockThreads = 256;
+// Blocks of kBlockThreads per multiprocessor the pooling kernels are compiled
+// to fit (the second __launch_bounds__ argument): 4 caps them at 64 registers,
+// 32 warps per multiprocessor. They are bound by memory latency, so warps in
+// flight beat registers: on an H200, with no cap the lookup took 77-128
+// registers and the string kernel 168, and ran 1.2-2.6x and 2.3x slower
+// (tools/bench_core_gpu.py, D = 32; a few spilled registers cost less).
+#ifndef CTR_LOOKUP_MIN_BLOCKS
+#define CTR_LOOKUP_MIN_BLOCKS 4
+#endif
+#ifndef CTR_STRING_MIN_BLOCKS
+#define CTR_STRING_MIN_BLOCKS 4
+#endif
 // Grid-stride loops handle the rest, so any 64-bit count gets a valid grid.
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;
 // Most fragments (kVec elements each) one lane accumulates in registers. Wider
 // rows are pooled in several dim tiles, each resolving the bag's keys or
 // tokens again: rare in CTR models, and it bounds register use.
 constexpr int kMaxFragments = 4;
-// Elements per vector load: one float4, or 8 bytes of four 16-bit values.
-constexpr int kVecWidth = 4;
+// A vector load is 16 bytes, the widest one instruction moves: 4 floats or 8
+// 16-bit values. Narrower loads of 16-bit rows moved half the bytes per
+// instruction, so fp16 tables were no faster than fp32 ones.
+constexpr int kVecBytes = 16;
+template <typename T>
+constexpr int VecWidth() {
+  return kVecBytes / static_cast<int>(sizeof(T));
+}
+// Rows one lane group loads before it adds the first of them. The loop over a
+// bag's rows is bound by memory latency, not bandwidth, unless several loads
+// are in flight; wide tiles get fewer, since every loaded fragment holds
+// registers until it is added.
+template <int kFragments>
+constexpr int RowsInFlight() {
+  return kFragments >= kMaxFragments ? 1 : 4 / kFragments;
+}
+
+inline bool IsVectorAligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kVecBytes == 0; }
 
 // ---------------------------------------------------------------------------
 // Host helpers.
@@ -42,11 +72,90 @@ inline std::string CudaError(const char* what, cudaError_t e) {
 inline std::string CheckLaunch(const char* kernel) { return CudaError(kernel, cudaGetLastError()); }
 
 // ---------------------------------------------------------------------------
+// A warp that owns one bag, split into row groups.
+
+__device__ __forceinline__ int Lane() { return static_cast<int>(threadIdx.x) & (kWarpSize - 1); }
+
+__device__ __forceinline__ int64_t ShuffleInt64(int64_t v, int src) {
+  return __shfl_sync(kFullMask, v, src);
+}
+
+// The lane holding the k-th set bit of a warp ballot. Usually every entry of
+// a batch is kept, so the bits are contiguous from 0 and the answer is k; the
+// popcount search is for batches with skipped entries.
+__device__ __forceinline__ int KthSetLane(unsigned kept, int k) {
+  return (kept & (kept + 1u)) == 0u ? k : NthSetBit(kept, k);
+}
+
+// Lanes per row group: the smallest power of two that gives every lane at
+// most one fragment of the row, so narrow rows pool several entries at once.
+__host__ __device__ inline int RowGroupLanes(int64_t dim, int vec) {
+  const int64_t fragments = (dim + vec - 1) / vec;
+  int lanes = 1;
+  while (lanes < kWarpSize && lanes < fragments) lanes *= 2;
+  return lanes;
+}
+
+// Fragments per lane (1, 2 or kMaxFragments) covering dim in one tile if
+// possible; every accumulator register costs occupancy.
+inline int RowGroupFragments(int64_t dim, int vec) {
+  const int lanes = RowGroupLanes(dim, vec);
+  const int64_t per_lane = (dim + int64_t{vec} * lanes - 1) / (int64_t{vec} * lanes);
+  return per_lane <= 1 ? 1 : per_lane <= 2 ? 2 : kMaxFragments;
+}
+
+// The lanes of a warp that add one row together. Groups are aligned, so a
+// shuffle of `lanes` width never crosses into another group.
+struct RowGroup {
+  int lanes;      // 1, 2, 4, ..., 32
+  int rank;       // this lane's index inside the group
+  int index;      // this group's index inside the warp
+  int count;      // groups per warp
+  unsigned mask;  // the group's warp lanes
+
+  __device__ static RowGroup Make(int lanes) {
+    RowGroup g;
+    const int lane = Lane();
+    g.lanes = lanes;
+    g.rank = lane & (lanes - 1);
+    g.index = lane / lanes;
+    g.count = kWarpSize / lanes;
+    const unsigned low = lanes == kWarpSize ? kFullMask : (1u << lanes) - 1u;
+    g.mask = low << (lane - g.rank);
+    return g;
+  }
+
+  __device__ float Sum(float v) const {
+    for (int offset = lanes / 2; offset > 0; offset /= 2)
+      v += __shfl_xor_sync(mask, v, offset, lanes);
+    return v;
+  }
+};
+
+// Lanes of equal rank in every group add up their partial bags. The whole
+// warp must call it.
+template <typename Tile>
+__device__ void SumAcrossGroups(const RowGroup& g, Tile* t) {
+  for (int offset = g.lanes; offset < kWarpSize; offset *= 2)
+#pragma unroll
+    for (int j = 0; j < Tile::kFragmentCount; ++j)
+#pragma unroll
+      for (int e = 0; e < Tile::kVec; ++e) t->v[j][e] += __shfl_xor_sync(kFullMask, t->v[j][e], offset);
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+// ---------------------------------------------------------------------------
 // Fragment loads and stores: kVec consecutive elements of a row as floats.
-// The vector forms need 4 * sizeof(T) alignment, which the launchers check.
+// The vector forms need 16-byte alignment, which the launchers check. Table
+// rows are read-only for the whole launch, so they go through the read-only
+// data path.
 
 __device__ __forceinline__ void LoadFragment(const float* p, float (&v)[4]) {
-  const float4 q = *reinterpret_cast<const float4*>(p);
+  const float4 q = __ldg(reinterpret_cast<const float4*>(p));
   v[0] = q.x;
   v[1] = q.y;
   v[2] = q.z;
@@ -54,12 +163,18 @@ __device__ __forceinline__ void LoadFragment(const float* p, float (&v)[4]) {
 }
 
 template <typename T16>
-__device__ __forceinline__ void LoadFragment(const T16* p, float (&v)[4]) {
-  const uint2 q = *reinterpret_cast<const uint2*>(p);
-  v[0] = ToFloat(T16{static_cast<uint16_t>(q.x & 0xffffu)});
-  v[1] = ToFloat(T16{static_cast<uint16_t>(q.x >> 16)});
-  v[2] = ToFloat(T16{static_cast<uint16_t>(q.y & 0xffffu)});
-  v[3] = ToFloat(T16{static_cast<uint16_t>(q.y >> 16)});
+__device__ __forceinline__ void UnpackPair(uint32_t bits, float* v) {
+  v[0] = ToFloat(T16{static_cast<uint16_t>(bits & 0xffffu)});
+  v[1] = ToFloat(T16{static_cast<uint16_t>(bits >> 16)});
+}
+
+template <typename T16>
+__device__ __forceinline__ void LoadFragment(const T16* p, float (&v)[8]) {
+  const uint4 q = __ldg(reinterpret_cast<const uint4*>(p));
+  UnpackPair<T16>(q.x, v);
+  UnpackPair<T16>(q.y, v + 2);
+  UnpackPair<T16>(q.z, v + 4);
+  UnpackPair<T16>(q.w, v + 6);
 }
 
 template <typename T>
@@ -72,10 +187,15 @@ __device__ __forceinline__ void StoreFragment(float* p, const float (&v)[4]) {
 }
 
 template <typename T16>
-__device__ __forceinline__ void StoreFragment(T16* p, const float (&v)[4]) {
-  const uint32_t b0 = FromFloat<T16>(v[0]).bits, b1 = FromFloat<T16>(v[1]).bits;
-  const uint32_t b2 = FromFloat<T16>(v[2]).bits, b3 = FromFloat<T16>(v[3]).bits;
-  *reinterpret_cast<uint2*>(p) = make_uint2(b0 | (b1 << 16), b2 | (b3 << 16));
+__device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
+  return static_cast<uint32_t>(FromFloat<T16>(lo).bits) |
+         (static_cast<uint32_t>(FromFloat<T16>(hi).bits) << 16);
+}
+
+template <typename T16>
+__device__ __forceinline__ void StoreFragment(T16* p, const float (&v)[8]) {
+  *reinterpret_cast<uint4*>(p) = make_uint4(PackPair<T16>(v[0], v[1]), PackPair<T16>(v[2], v[3]),
+                                            PackPair<T16>(v[4], v[5]), PackPair<T16>(v[6], v[7]));
 }
 
 template <typename T>
@@ -109,22 +229,6 @@ struct LaneTile {
       for (int e = 0; e < kVec; ++e) v[j][e] = 0.f;
   }
 
-  // dim is a multiple of kVec on the vector path, so a fragment that starts
-  // inside the row ends inside it.
-  template <typename T, typename Group>
-  __device__ void Load(const T* row, int64_t dim, int64_t tile_begin, const Group& g) {
-#pragma unroll
-    for (int j = 0; j < kFragments; ++j) {
-      const int64_t d = Offset(tile_begin, j, g);
-      if (d < dim) {
-        LoadFragment(row + d, v[j]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) v[j][e] = 0.f;
-      }
-    }
-  }
-
   template <typename T, typename Group>
   __device__ void Store(T* row, int64_t dim, int64_t tile_begin, const Group& g,
                         float scale, float divisor) const {
@@ -139,20 +243,70 @@ struct LaneTile {
     }
   }
 
+  template <typename Row>
+  __device__ void AddScaled(float f, const Row& x) {
+#pragma unroll
+    for (int j = 0; j < kFragments; ++j) {
+      float e_values[kVec];
+      x.Unpack(j, e_values);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) v[j][e] += f * e_values[e];
+    }
+  }
+};
+
+// A lane's slice of one loaded table row (the same fragments as LaneTile),
+// kept as the raw 16-byte words the loads returned and converted to float
+// only when added: a row waiting in registers then holds 4 of them per
+// fragment whatever its type. As floats a 16-bit row held 8, and the rows in
+// flight spilled at the 64-register cap.
+template <typename T, int kVec, int kFragments>
+struct LoadedRow {
+  static constexpr bool kWide = kVec > 1;  // 16-byte words, else one element
+  using Word = std::conditional_t<kWide, uint4, T>;
+  Word w[kFragments];
+
+  // dim is a multiple of kVec on the vector path, so a fragment that starts
+  // inside the row ends inside it.
+  template <typename Group>
+  __device__ void Load(const T* row, int64_t dim, int64_t tile_begin, const Group& g) {
+#pragma unroll
+    for (int j = 0; j < kFragments; ++j) {
+      const int64_t d = LaneTile<kVec, kFragments>::Offset(tile_begin, j, g);
+      if constexpr (kWide) {
+        w[j] = d < dim ? __ldg(reinterpret_cast<const uint4*>(row + d)) : make_uint4(0u, 0u, 0u, 0u);
+      } else {
+        w[j] = d < dim ? row[d] : FromFloat<T>(0.f);
+      }
+    }
+  }
+
+  __device__ void Unpack(int j, float (&v)[kVec]) const {
+    if constexpr (!kWide) {
+      v[0] = ToFloat(w[j]);
+    } else if constexpr (sizeof(T) == 4) {
+      v[0] = __uint_as_float(w[j].x);
+      v[1] = __uint_as_float(w[j].y);
+      v[2] = __uint_as_float(w[j].z);
+      v[3] = __uint_as_float(w[j].w);
+    } else {
+      UnpackPair<T>(w[j].x, v);
+      UnpackPair<T>(w[j].y, v + 2);
+      UnpackPair<T>(w[j].z, v + 4);
+      UnpackPair<T>(w[j].w, v + 6);
+    }
+  }
+
   __device__ float SumSquares() const {
     float s = 0.f;
 #pragma unroll
-    for (int j = 0; j < kFragments; ++j)
+    for (int j = 0; j < kFragments; ++j) {
+      float v[kVec];
+      Unpack(j, v);
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) s += v[j][e] * v[j][e];
+      for (int e = 0; e < kVec; ++e) s += v[e] * v[e];
+    }
     return s;
-  }
-
-  __device__ void AddScaled(float f, const LaneTile& x) {
-#pragma unroll
-    for (int j = 0; j < kFragments; ++j)
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) v[j][e] += f * x.v[j][e];
   }
 };
 
@@ -169,6 +323,42 @@ __device__ float RowSquaredNorm(const T* row, int64_t dim, const Group& g) {
     for (int e = 0; e < kVec; ++e) partial += v[e] * v[e];
   }
   return g.Sum(partial);
+}
+
+// acc += f[u] * clip(rows[u]) on this tile for each row given (a null row is
+// none), the clip being MaxNormScale of the whole row, as AccumulateRow and
+// RowClipScale do on the CPU. Every row is loaded before the first is added,
+// so kRows loads are in flight; rows are added in order, so the sum is the
+// one a row-at-a-time loop gives. Group-collective: which rows are null must
+// be the same in every lane of the group.
+template <int kRows, typename Tile, typename T, typename Group>
+__device__ void AddRows(const T* const (&rows)[kRows], const float (&f)[kRows], int64_t dim,
+                        float max_norm, int64_t tile_begin, const Group& g, Tile* acc) {
+  LoadedRow<T, Tile::kVec, Tile::kFragmentCount> x[kRows];
+#pragma unroll
+  for (int u = 0; u < kRows; ++u)
+    if (rows[u] != nullptr) x[u].Load(rows[u], dim, tile_begin, g);
+#pragma unroll
+  for (int u = 0; u < kRows; ++u) {
+    if (rows[u] == nullptr) continue;
+    float scale = f[u];
+    if (max_norm > 0.f) {
+      const bool whole_row_loaded = dim <= Tile::Width(g);
+      const float squared_norm = whole_row_loaded ? g.Sum(x[u].SumSquares())
+                                                  : RowSquaredNorm<Tile::kVec>(rows[u], dim, g);
+      scale *= MaxNormScale(squared_norm, max_norm);
+    }
+    acc->AddScaled(scale, x[u]);
+  }
+}
+
+// One row: the default row of an empty bag.
+template <typename Tile, typename T, typename Group>
+__device__ void AddRow(const T* row, float f, int64_t dim, float max_norm, int64_t tile_begin,
+                       const Group& g, Tile* acc) {
+  const T* const rows[1] = {row};
+  const float fs[1] = {f};
+  AddRows(rows, fs, dim, max_norm, tile_begin, g, acc);
 }
 
 // |e|^2 and g.e for one table row e and the bag's output gradient g.

@@ -22,9 +22,11 @@
 //      its token.
 //   4. Accumulate: the warp splits into groups of 1..32 lanes (sized from
 //      dim, like the lookup's lane groups); each group adds one token's row at
-//      a time, its lanes splitting dim (float4 / 8-byte half loads when dim %
-//      4 == 0 and the tables are aligned). Group partials are summed with
-//      shuffles at the end of the bag, in float32, then the combiner applies.
+//      a time, its lanes splitting dim (16-byte loads when dim is a multiple
+//      of 4 floats or 8 halves and the tables are aligned), several rows
+//      loaded before the first is added (RowsInFlight). Group partials are
+//      summed with shuffles at the end of the bag, in float32, then the
+//      combiner applies.
 //      Summation order therefore differs from the CPU's by rounding only.
 //
 // Errors: a bad token (not a number, or outside [0, V) in index mode) is never
@@ -60,6 +62,9 @@ namespace gpu {
 namespace {
 
 constexpr int kWarpsPerBlock = kBlockThreads / kWarpSize;
+// Chunks of a string whose bytes are loaded together (one byte per lane each,
+// packed in a 32-bit register).
+constexpr int kChunksAhead = 4;
 
 static_assert(kSplitChunk == kWarpSize, "a chunk is one byte per lane");
 
@@ -69,27 +74,6 @@ static_assert(kSplitChunk == kWarpSize, "a chunk is one byte per lane");
 unsigned int BlocksForBags(int64_t bags) {
   const int64_t blocks = (bags + kWarpsPerBlock - 1) / kWarpsPerBlock;
   return static_cast<unsigned int>(std::min(std::max<int64_t>(blocks, 1), kMaxBlocks));
-}
-
-// Lanes per token group: the smallest power of two that gives every lane at
-// most one fragment of the row, so narrow rows pool several tokens at once.
-__host__ __device__ inline int LanesForDim(int64_t dim, int vec) {
-  const int64_t fragments = (dim + vec - 1) / vec;
-  int lanes = 1;
-  while (lanes < kWarpSize && lanes < fragments) lanes *= 2;
-  return lanes;
-}
-
-// Fragments per lane (1, 2 or kMaxFragments) covering dim in one tile if
-// possible; every accumulator register costs occupancy.
-int FragmentsForDim(int64_t dim, int vec) {
-  const int lanes = LanesForDim(dim, vec);
-  const int64_t per_lane = (dim + int64_t{vec} * lanes - 1) / (int64_t{vec} * lanes);
-  return per_lane <= 1 ? 1 : per_lane <= 2 ? 2 : kMaxFragments;
-}
-
-bool IsVectorAligned(const void* p, size_t elem_bytes) {
-  return reinterpret_cast<uintptr_t>(p) % (kVecWidth * elem_bytes) == 0;
 }
 
 // What the kernels need of a spec to stay inside the table and the buffers;
@@ -110,8 +94,9 @@ std::string ValidateSpec(const StringSpec& s) {
   return "";
 }
 
-// Calls launch(vec, fragments) with both as compile-time constants.
-template <typename Launch>
+// Calls launch(vec, fragments) with both as compile-time constants; vec is
+// VecWidth<T>() when vectorized, else 1.
+template <typename T, typename Launch>
 void ForTileShape(bool vectorize, int fragments, Launch&& launch) {
   auto with_vec = [&](auto vec) {
     switch (fragments) {
@@ -126,7 +111,7 @@ void ForTileShape(bool vectorize, int fragments, Launch&& launch) {
     }
   };
   if (vectorize) {
-    with_vec(std::integral_constant<int, kVecWidth>{});
+    with_vec(std::integral_constant<int, VecWidth<T>()>{});
   } else {
     with_vec(std::integral_constant<int, 1>{});
   }
@@ -135,7 +120,6 @@ void ForTileShape(bool vectorize, int fragments, Launch&& launch) {
 // ---------------------------------------------------------------------------
 // Device helpers.
 
-__device__ __forceinline__ int Lane() { return static_cast<int>(threadIdx.x) & (kWarpSize - 1); }
 
 __device__ __forceinline__ int64_t GlobalWarp() {
   return (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
@@ -185,10 +169,6 @@ __device__ __forceinline__ Resolved Resolve(const StringSpec& s, const uint8_t* 
   return r;
 }
 
-__device__ __forceinline__ int64_t ShuffleInt64(int64_t v, int src) {
-  return __shfl_sync(kFullMask, v, src);
-}
-
 // Up to 32 tokens of one bag, in bag order: lane l < count holds token l.
 struct TokenSlots {
   int count = 0;      // warp-uniform
@@ -196,40 +176,77 @@ struct TokenSlots {
   int64_t len = 0;
 };
 
+// A warp's token queue: room for a full batch and the tokens of one more
+// chunk (at most 32), in shared memory (2 x 32 x 16 bytes per warp).
+struct QueueStorage {
+  int64_t begin[2 * kWarpSize];
+  int64_t len[2 * kWarpSize];
+};
+
+__device__ __forceinline__ QueueStorage& WarpQueue() {
+  __shared__ QueueStorage queues[kWarpsPerBlock];
+  return queues[threadIdx.x / kWarpSize];
+}
+
 // Packs tokens into TokenSlots and hands every full batch (and the last one)
 // to flush(const TokenSlots&), which returns false to stop the bag.
+// Warp-collective.
 template <typename Flush>
 struct TokenQueue {
   Flush& flush;
-  TokenSlots slots;
+  QueueStorage& q;
+  int count = 0;  // tokens waiting; warp-uniform
 
   // Appends the tokens of the lanes in `held`, lane order being bag order;
-  // each of those lanes passes its own token as (begin, len).
+  // each of those lanes passes its own token as (begin, len). A token's slot
+  // is the number waiting plus its rank among the holders, so each holder
+  // stores its own: with shuffles, each slot's lane had to read its source
+  // from a bit search (NthSetBit) of the holders, twice per chunk.
   __device__ bool Push(unsigned held, int64_t begin, int64_t len) {
+    if (held == 0) return true;
     const int lane = Lane();
-    while (held != 0) {
-      const int waiting = BitCount(held);
-      const int take = min(waiting, kWarpSize - slots.count);
-      const int q = lane - slots.count;
-      const bool mine = q >= 0 && q < take;
-      const int src = mine ? NthSetBit(held, q) : lane;
-      const int64_t b = ShuffleInt64(begin, src);
-      const int64_t n = ShuffleInt64(len, src);
-      if (mine) {
-        slots.begin = b;
-        slots.len = n;
-      }
-      slots.count += take;
-      held = take < waiting ? held & ~BitsBelow(NthSetBit(held, take)) : 0u;
-      if (slots.count == kWarpSize && !Drain()) return false;
+    if ((held >> lane) & 1u) {
+      const int slot = count + BitCount(held & BitsBelow(lane));
+      q.begin[slot] = begin;
+      q.len[slot] = len;
     }
-    return true;
+    count += BitCount(held);
+    if (count < kWarpSize) return true;
+    __syncwarp();
+    TokenSlots t;
+    t.count = kWarpSize;
+    t.begin = q.begin[lane];
+    t.len = q.len[lane];
+    // The rest, fewer than 32, move to the front: lane l moves slot 32 + l
+    // to slot l, which only it has read.
+    const int rest = count - kWarpSize;
+    if (lane < rest) {
+      q.begin[lane] = q.begin[kWarpSize + lane];
+      q.len[lane] = q.len[kWarpSize + lane];
+    }
+    count = rest;
+    return FlushBatch(t);
   }
 
   __device__ bool Drain() {
-    if (slots.count == 0) return true;
-    const bool go_on = flush(slots);
-    slots.count = 0;
+    if (count == 0) return true;
+    __syncwarp();
+    TokenSlots t;
+    t.count = count;
+    const int lane = Lane();
+    if (lane < count) {
+      t.begin = q.begin[lane];
+      t.len = q.len[lane];
+    }
+    count = 0;
+    return FlushBatch(t);
+  }
+
+ private:
+  // Slots read by one lane above are the next pushes' to write by another.
+  __device__ bool FlushBatch(const TokenSlots& t) {
+    const bool go_on = flush(t);
+    __syncwarp();
     return go_on;
   }
 };
@@ -242,7 +259,7 @@ __device__ bool VisitBagTokens(const StringSpec& s, const uint8_t* bytes,
                                int64_t bag, Flush& flush) {
   int64_t first, last;
   BagStrings(bag_splits, bag, &first, &last);
-  TokenQueue<Flush> queue{flush};
+  TokenQueue<Flush> queue{flush, WarpQueue()};
   const int lane = Lane();
   const int64_t dl = s.delim_len;
   if (dl == 0) {
@@ -264,16 +281,34 @@ __device__ bool VisitBagTokens(const StringSpec& s, const uint8_t* bytes,
     const uint8_t* str = bytes + str_begin;
     int64_t token_start = 0;
     // A delimiter must fit before the end, so chunks past len - dl hold none.
-    for (int64_t c = 0; c + dl <= len; c += kWarpSize) {
-      const int64_t i = c + lane;
-      const bool candidate = i + dl <= len && DelimiterAt(str, i, s.delim, dl);
-      const uint32_t accepted =
-          AcceptDelimiters(__ballot_sync(kFullMask, candidate), c, dl, token_start);
-      const bool ends_token = (accepted >> lane) & 1u;
-      const int64_t start = ends_token ? TokenStartAt(accepted, lane, c, dl, token_start) : i;
-      const bool keep = ends_token && !(s.skip_empty && start == i);
-      token_start = NextTokenStart(accepted, c, dl, token_start);
-      if (!queue.Push(__ballot_sync(kFullMask, keep), str_begin + start, i - start)) return false;
+    // Each lane loads its byte of the next kChunksAhead chunks before the
+    // first is split, so their memory round trips overlap: one chunk at a
+    // time, splitting was bound by a round trip per 32 bytes. The bytes stay
+    // packed in one register; a longer delimiter's other bytes are read
+    // where the loads just brought them (L1).
+    for (int64_t group = 0; group + dl <= len; group += kChunksAhead * kWarpSize) {
+      uint32_t ahead = 0;
+#pragma unroll
+      for (int k = 0; k < kChunksAhead; ++k) {
+        const int64_t i = group + k * kWarpSize + lane;
+        if (i < len) ahead |= static_cast<uint32_t>(__ldg(str + i)) << (8 * k);
+      }
+#pragma unroll 1
+      for (int k = 0; k < kChunksAhead; ++k) {
+        const int64_t c = group + k * kWarpSize;
+        if (c + dl > len) break;
+        const int64_t i = c + lane;
+        const uint8_t byte = static_cast<uint8_t>(ahead >> (8 * k));
+        const bool candidate =
+            i + dl <= len && (dl == 1 ? byte == s.delim[0] : DelimiterAt(str, i, s.delim, dl));
+        const uint32_t accepted =
+            AcceptDelimiters(__ballot_sync(kFullMask, candidate), c, dl, token_start);
+        const bool ends_token = (accepted >> lane) & 1u;
+        const int64_t start = ends_token ? TokenStartAt(accepted, lane, c, dl, token_start) : i;
+        const bool keep = ends_token && !(s.skip_empty && start == i);
+        token_start = NextTokenStart(accepted, c, dl, token_start);
+        if (!queue.Push(__ballot_sync(kFullMask, keep), str_begin + start, i - start)) return false;
+      }
     }
     // The token after the last delimiter; every lane holds the same one.
     const bool keep_last = !(s.skip_empty && token_start == len);
@@ -297,63 +332,6 @@ __device__ __forceinline__ unsigned ResolveSlots(const StringSpec& s, const uint
   return __ballot_sync(kFullMask, holds && *row >= 0);
 }
 
-// The lanes of a warp that add one token's row together. Groups are aligned,
-// so a shuffle of `lanes` width never crosses into another group.
-struct TokenGroup {
-  int lanes;      // 1, 2, 4, ..., 32
-  int rank;       // this lane's index inside the group
-  int index;      // this group's index inside the warp
-  int count;      // groups per warp
-  unsigned mask;  // the group's warp lanes
-
-  __device__ static TokenGroup Make(int lanes) {
-    TokenGroup g;
-    const int lane = Lane();
-    g.lanes = lanes;
-    g.rank = lane & (lanes - 1);
-    g.index = lane / lanes;
-    g.count = kWarpSize / lanes;
-    const unsigned low = lanes == kWarpSize ? kFullMask : (1u << lanes) - 1u;
-    g.mask = low << (lane - g.rank);
-    return g;
-  }
-
-  __device__ float Sum(float v) const {
-    for (int offset = lanes / 2; offset > 0; offset /= 2)
-      v += __shfl_xor_sync(mask, v, offset, lanes);
-    return v;
-  }
-};
-
-// Lanes of equal rank in every group add up their partial bags. The whole
-// warp must call it.
-template <typename Tile>
-__device__ void SumAcrossGroups(const TokenGroup& g, Tile* t) {
-  for (int offset = g.lanes; offset < kWarpSize; offset *= 2)
-#pragma unroll
-    for (int j = 0; j < Tile::kFragmentCount; ++j)
-#pragma unroll
-      for (int e = 0; e < Tile::kVec; ++e) t->v[j][e] += __shfl_xor_sync(kFullMask, t->v[j][e], offset);
-}
-
-// acc += clip(row) on this tile, the clip being MaxNormScale of the whole
-// row, as BagPool::Add does with weight 1. Group-collective.
-template <typename Tile, typename T>
-__device__ void AddRow(const StringSpec& s, const T* row, int64_t tile_begin,
-                       const TokenGroup& g, Tile* acc) {
-  const int64_t dim = s.lookup.dim;
-  Tile x;
-  x.Load(row, dim, tile_begin, g);
-  float f = 1.f;
-  if (s.lookup.max_norm > 0.f) {
-    const bool whole_row_loaded = dim <= Tile::Width(g);
-    const float squared_norm = whole_row_loaded ? g.Sum(x.SumSquares())
-                                                : RowSquaredNorm<Tile::kVec>(row, dim, g);
-    f = MaxNormScale(squared_norm, s.lookup.max_norm);
-  }
-  acc->AddScaled(f, x);
-}
-
 // Pools bag `bag` into out_row. On a bad token it records the bag in
 // d_status and returns without writing: the op fails, and the CPU also stops
 // there. The bag index is also the error row (MultiStringEmbedding passes
@@ -361,16 +339,16 @@ __device__ void AddRow(const StringSpec& s, const T* row, int64_t tile_begin,
 template <typename Tile, typename T>
 __device__ void PoolBag(const StringSpec& s, const T* params, const uint8_t* bytes,
                         const int64_t* string_splits, const int64_t* bag_splits, int64_t bag,
-                        const TokenGroup& g, T* out_row, int64_t* d_status) {
+                        const RowGroup& g, T* out_row, int64_t* d_status) {
   const int64_t dim = s.lookup.dim;
+  constexpr int kRows = RowsInFlight<Tile::kFragmentCount>();
   // do/while: a bag is split at least once even when dim == 0, so bad tokens
   // are still reported for an empty embedding, as on the CPU.
   int64_t tile = 0;
   do {
     Tile acc;
     acc.Zero();
-    BagWeights bw;
-    bool any = false;
+    int64_t kept_tokens = 0;  // every token weighs 1: BagWeights::Units at the end
     auto flush = [&](const TokenSlots& t) {
       int64_t row, value;
       unsigned bad;
@@ -379,24 +357,33 @@ __device__ void PoolBag(const StringSpec& s, const T* params, const uint8_t* byt
         if (Lane() == 0) RecordLowestRow(d_status, bag);
         return false;
       }
-      // Round by round, group k takes the kept token of rank base + k (with
-      // nothing skipped, token base + k); a group's row address only ever
+      // Round by round, group k takes the kept tokens of rank base + k,
+      // base + k + groups, ... (kRows of them, loaded together; with nothing
+      // skipped, the rank is the token); a group's row address only ever
       // comes from a token that resolved to a row.
       const int n = BitCount(kept);
-      for (int base = 0; base < n; base += g.count) {
-        const int k = base + g.index;
-        const int64_t mine = ShuffleInt64(row, k < n ? NthSetBit(kept, k) : 0);
-        if (k < n) AddRow(s, params + mine * dim, tile, g, &acc);
+      for (int base = 0; base < n; base += kRows * g.count) {
+        const T* rows[kRows];
+        float f[kRows];
+#pragma unroll
+        for (int u = 0; u < kRows; ++u) {
+          const int k = base + u * g.count + g.index;
+          const int64_t mine = ShuffleInt64(row, k < n ? KthSetLane(kept, k) : 0);
+          rows[u] = k < n ? params + mine * dim : nullptr;
+          f[u] = 1.f;
+        }
+        AddRows(rows, f, dim, s.lookup.max_norm, tile, g, &acc);
       }
-      for (int k = 0; k < n; ++k) bw.Add(1.f);
-      any = any || n > 0;
+      kept_tokens += n;
       return true;
     };
     if (!VisitBagTokens(s, bytes, string_splits, bag_splits, bag, flush)) return;
+    const bool any = kept_tokens > 0;
+    BagWeights bw = BagWeights::Units(kept_tokens);
     SumAcrossGroups(g, &acc);
     if (!any && s.lookup.default_id >= 0) {
       // Every group holds the whole sum now, so each may add the default row.
-      AddRow(s, params + s.lookup.default_id * dim, tile, g, &acc);
+      AddRow(params + s.lookup.default_id * dim, 1.f, dim, s.lookup.max_norm, tile, g, &acc);
       bw.Add(1.f);
     }
     if (g.index == 0 && out_row != nullptr) acc.Store(out_row, dim, tile, g, CombinerScale(s.lookup.combiner, bw),
@@ -430,7 +417,7 @@ __device__ void FillTokenError(const StringSpec& s, const uint8_t* bytes,
 // dst = ClipBackward(row, grad_row) * scale, one gradient row. Group-collective.
 template <typename T>
 __device__ void WriteTokenGradRow(const StringSpec& s, const T* row, const T* grad_row,
-                                  float scale, T* dst, const TokenGroup& g) {
+                                  float scale, T* dst, const RowGroup& g) {
   const RowDots dots = s.lookup.max_norm > 0.f ? ComputeRowDots(row, grad_row, s.lookup.dim, g) : RowDots{};
   WriteClipBackward(s.lookup, row, grad_row, dots, scale, dst, g);
 }
@@ -442,21 +429,20 @@ __device__ void WriteTokenGradRow(const StringSpec& s, const T* row, const T* gr
 template <typename T>
 __device__ void GradBag(const StringSpec& s, const T* params, const uint8_t* bytes,
                         const int64_t* string_splits, const int64_t* bag_splits, int64_t bag,
-                        const T* grad_out, const int64_t* grad_offsets, const TokenGroup& g,
+                        const T* grad_out, const int64_t* grad_offsets, const RowGroup& g,
                         T* grad_values, int64_t* grad_indices) {
   const int64_t dim = s.lookup.dim;
   const T* grad_row = grad_out + bag * dim;
-  BagWeights bw;
-  bool any = false;
+  int64_t kept_tokens = 0;
   auto count = [&](const TokenSlots& t) {
     int64_t row, value;
     unsigned bad;
-    const int kept = BitCount(ResolveSlots(s, bytes, t, &row, &value, &bad));
-    for (int k = 0; k < kept; ++k) bw.Add(1.f);
-    any = any || kept > 0;
+    kept_tokens += BitCount(ResolveSlots(s, bytes, t, &row, &value, &bad));
     return true;
   };
   VisitBagTokens(s, bytes, string_splits, bag_splits, bag, count);
+  const bool any = kept_tokens > 0;
+  const BagWeights bw = BagWeights::Units(kept_tokens);
 
   int64_t next = grad_offsets[bag];
   if (!any) {
@@ -475,7 +461,7 @@ __device__ void GradBag(const StringSpec& s, const T* params, const uint8_t* byt
     const int n = BitCount(kept);
     for (int base = 0; base < n; base += g.count) {
       const int q = base + g.index;  // this group's token, by rank among the kept
-      const int64_t mine = ShuffleInt64(row, q < n ? NthSetBit(kept, q) : 0);
+      const int64_t mine = ShuffleInt64(row, q < n ? KthSetLane(kept, q) : 0);
       if (q >= n) continue;
       WriteTokenGradRow(s, params + mine * dim, grad_row, scale, grad_values + (next + q) * dim, g);
       if (g.rank == 0) grad_indices[next + q] = mine;
@@ -494,12 +480,12 @@ __global__ void InitTokenStatusKernel(int64_t* d_status) {
 }
 
 template <int kVec, int kFragments, typename T>
-__global__ void __launch_bounds__(kBlockThreads)
+__global__ void __launch_bounds__(kBlockThreads, CTR_STRING_MIN_BLOCKS)
     PoolStringsKernel(const StringSpec s, const T* __restrict__ params,
                       const uint8_t* __restrict__ bytes, const int64_t* __restrict__ string_splits,
                       const int64_t* __restrict__ bag_splits, int64_t num_bags, int lanes,
                       T* __restrict__ out, int64_t* d_status) {
-  const TokenGroup g = TokenGroup::Make(lanes);
+  const RowGroup g = RowGroup::Make(lanes);
   for (int64_t r = GlobalWarp(); r < num_bags; r += GridWarps())
     PoolBag<LaneTile<kVec, kFragments>>(s, params, bytes, string_splits, bag_splits, r, g,
                                         out + r * s.lookup.dim, d_status);
@@ -507,7 +493,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 // The tile shape is the widest any feature needs.
 template <int kVec, int kFragments, typename T>
-__global__ void __launch_bounds__(kBlockThreads)
+__global__ void __launch_bounds__(kBlockThreads, CTR_STRING_MIN_BLOCKS)
     MultiPoolStringsKernel(const FeatureDesc* __restrict__ features, int64_t num_rows,
                            int64_t batch, const uint8_t* __restrict__ bytes,
                            const int64_t* __restrict__ string_splits, int64_t* d_status) {
@@ -518,7 +504,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     const FeatureDesc& desc = features[f];
     const int64_t r = row - f * batch;
     if (r >= desc.num_strings) continue;
-    const TokenGroup g = TokenGroup::Make(LanesForDim(desc.spec.lookup.dim, kVec));
+    const RowGroup g = RowGroup::Make(RowGroupLanes(desc.spec.lookup.dim, kVec));
     // Bags are single strings: the bag is the string's index.
     T* out_row = r < desc.out_rows ? static_cast<T*>(desc.out) + r * desc.out_stride : nullptr;
     PoolBag<LaneTile<kVec, kFragments>>(desc.spec, static_cast<const T*>(desc.params), bytes,
@@ -575,7 +561,7 @@ __global__ void __launch_bounds__(kBlockThreads)
                      const int64_t* __restrict__ bag_splits, int64_t num_bags,
                      const T* __restrict__ grad_out, const int64_t* __restrict__ grad_offsets,
                      int lanes, T* __restrict__ grad_values, int64_t* __restrict__ grad_indices) {
-  const TokenGroup g = TokenGroup::Make(lanes);
+  const RowGroup g = RowGroup::Make(lanes);
   for (int64_t r = GlobalWarp(); r < num_bags; r += GridWarps())
     GradBag(s, params, bytes, string_splits, bag_splits, r, grad_out, grad_offsets, g,
             grad_values, grad_indices);
@@ -604,11 +590,11 @@ std::string StringEmbedding(const StringSpec& spec, const T* params, const uint8
   if (!err.empty() || num_bags == 0) return err;
   const cudaStream_t st = AsStream(stream);
   const int64_t dim = spec.lookup.dim;
-  const bool vectorize = dim % kVecWidth == 0 && IsVectorAligned(params, sizeof(T)) &&
-                         IsVectorAligned(out, sizeof(T));
-  const int vec = vectorize ? kVecWidth : 1;
-  const int lanes = LanesForDim(dim, vec);
-  ForTileShape(vectorize, FragmentsForDim(dim, vec), [&](auto v, auto frags) {
+  constexpr int kVec = VecWidth<T>();
+  const bool vectorize = dim % kVec == 0 && IsVectorAligned(params) && IsVectorAligned(out);
+  const int vec = vectorize ? kVec : 1;
+  const int lanes = RowGroupLanes(dim, vec);
+  ForTileShape<T>(vectorize, RowGroupFragments(dim, vec), [&](auto v, auto frags) {
     PoolStringsKernel<decltype(v)::value, decltype(frags)::value, T>
         <<<BlocksForBags(num_bags), kBlockThreads, 0, st>>>(
             spec, params, bytes, string_splits, bag_splits, num_bags, lanes, out, d_status);
@@ -645,15 +631,15 @@ std::string MultiStringEmbedding(const FeatureDesc* h_features, FeatureDesc* d_f
     const std::string err = ValidateSpec(d.spec);
     if (!err.empty()) return "feature " + std::to_string(f) + ": " + err;
     const int64_t dim = d.spec.lookup.dim;
-    vectorize = vectorize && dim % kVecWidth == 0 && d.out_stride % kVecWidth == 0 &&
-                IsVectorAligned(d.params, sizeof(T)) && IsVectorAligned(d.out, sizeof(T));
+    vectorize = vectorize && dim % VecWidth<T>() == 0 && d.out_stride % VecWidth<T>() == 0 &&
+                IsVectorAligned(d.params) && IsVectorAligned(d.out);
     can_fail = can_fail || d.spec.mode != TokenMode::kHash;
   }
   const int64_t num_rows = num_features * batch;
   if (num_rows == 0) return "";
-  const int vec = vectorize ? kVecWidth : 1;
+  const int vec = vectorize ? VecWidth<T>() : 1;
   for (int64_t f = 0; f < num_features; ++f)
-    fragments = std::max(fragments, FragmentsForDim(h_features[f].spec.lookup.dim, vec));
+    fragments = std::max(fragments, RowGroupFragments(h_features[f].spec.lookup.dim, vec));
   const cudaStream_t st = AsStream(stream);
   // From pageable memory this returns once h_features is staged, so the caller
   // may free it; from pinned memory it must outlive the copy.
@@ -662,7 +648,7 @@ std::string MultiStringEmbedding(const FeatureDesc* h_features, FeatureDesc* d_f
       cudaMemcpyAsync(d_features, h_features, static_cast<size_t>(num_features) * sizeof(FeatureDesc),
                       cudaMemcpyHostToDevice, st));
   if (!err.empty()) return err;
-  ForTileShape(vectorize, fragments, [&](auto v, auto frags) {
+  ForTileShape<T>(vectorize, fragments, [&](auto v, auto frags) {
     MultiPoolStringsKernel<decltype(v)::value, decltype(frags)::value, T>
         <<<BlocksForBags(num_rows), kBlockThreads, 0, st>>>(d_features, num_rows, batch, bytes,
                                                             string_splits, d_status);
@@ -693,7 +679,7 @@ std::string StringGrad(const StringSpec& spec, const T* params, const uint8_t* b
   std::string err = ValidateSpec(spec);
   if (err.empty()) err = CheckBags(num_bags);
   if (!err.empty() || num_bags == 0) return err;
-  const int lanes = LanesForDim(spec.lookup.dim, 1);
+  const int lanes = RowGroupLanes(spec.lookup.dim, 1);
   StringGradKernel<<<BlocksForBags(num_bags), kBlockThreads, 0, AsStream(stream)>>>(
       spec, params, bytes, string_splits, bag_splits, num_bags, grad_out, grad_offsets, lanes,
       grad_values, grad_indices);

@@ -160,6 +160,11 @@ def reference_grad(table, keys, offsets, grad_out, weights, combiner="mean", id_
 # Inputs.
 
 
+# Longest bag of the random batches: short bags (mean under 8) are pooled a
+# lane group per bag, long ones a warp per bag (cuda/lookup_kernels.cu).
+BAG_LENGTHS = [9, 40]
+
+
 def random_offsets(rng, batch, max_len, empty_frac=0.2):
     lengths = rng.integers(0, max_len + 1, size=batch)
     lengths[rng.random(batch) < empty_frac] = 0
@@ -204,12 +209,13 @@ CONFIGS = [
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("key_dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "w%d-p%d-n%g-d%d-%s" % c)
-def test_lookup_matches_cpu(rng, combiner, id_mode, dtype, key_dtype, config):
+@pytest.mark.parametrize("max_len", BAG_LENGTHS)
+def test_lookup_matches_cpu(rng, combiner, id_mode, dtype, key_dtype, config, max_len):
     weighted, prune, max_norm, default_id, invalid_ids = config
     vocab, dim = 211, 16
     values = random_table(rng, vocab, dim)
     device_table, _, cpu_table = encode_table(values, dtype)
-    offsets = random_offsets(rng, 96, 12)
+    offsets = random_offsets(rng, 96, max_len)
     keys = random_keys(rng, int(offsets[-1]), vocab, id_mode, invalid_ids, key_dtype)
     weights = rng.uniform(-1.0, 2.0, size=len(keys)).astype(np.float32) if weighted else None
     opts = dict(combiner=combiner, id_mode=id_mode, invalid_ids=invalid_ids, prune_weights=prune,
@@ -219,19 +225,21 @@ def test_lookup_matches_cpu(rng, combiner, id_mode, dtype, key_dtype, config):
     assert_close(got, want, dtype)
 
 
-# Covers every group size (4..32 lanes), the float4 / 8-byte and scalar paths,
-# 1, 2 and 4 fragments per lane, and dims needing several tiles (> 512 on the
-# vector path, > 128 on the scalar one).
+# Covers every group size (1..32 lanes), the 16-byte and scalar paths, 1, 2
+# and 4 fragments per lane, and dims needing several tiles (> 512 floats or
+# > 1024 halves on the vector path, > 128 on the scalar one), for both bag
+# layouts.
 @pytest.mark.parametrize("dim", [1, 2, 3, 4, 7, 8, 12, 16, 31, 32, 64, 100, 128, 129, 200, 256, 260,
                                  512, 516, 1000, 2048])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("misalign", [False, True])
 @pytest.mark.parametrize("max_norm", [-1.0, 4.0])
-def test_lookup_dims_and_alignment(rng, dim, dtype, misalign, max_norm):
+@pytest.mark.parametrize("max_len", BAG_LENGTHS)
+def test_lookup_dims_and_alignment(rng, dim, dtype, misalign, max_norm, max_len):
     vocab = 64
     values = random_table(rng, vocab, dim)
     device_table, _, cpu_table = encode_table(values, dtype)
-    offsets = random_offsets(rng, 40, 9)
+    offsets = random_offsets(rng, 40, max_len)
     keys = rng.integers(0, vocab, size=int(offsets[-1])).astype(np.int64)
     weights = rng.uniform(0.1, 2.0, size=len(keys)).astype(np.float32)
     opts = dict(combiner="sqrtn", max_norm=float(max_norm * np.sqrt(dim) / 4), default_id=1)
@@ -286,10 +294,11 @@ def test_long_bags(rng, id_mode, combiner, max_norm):
 @pytest.mark.parametrize("key_dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("invalid_ids,bad_id", [("error", -1), ("error", 50), ("skip_negative", 50),
                                                 ("skip_padding", -2), ("skip_padding", 50)])
-def test_bad_ids_raise_like_cpu(rng, key_dtype, invalid_ids, bad_id):
+@pytest.mark.parametrize("max_len", BAG_LENGTHS)
+def test_bad_ids_raise_like_cpu(rng, key_dtype, invalid_ids, bad_id, max_len):
     vocab = 50
     values = random_table(rng, vocab, 8)
-    lengths = rng.integers(6, 40, size=300)  # room for the bad ids planted below
+    lengths = rng.integers(6, max_len, size=300)  # room for the bad ids planted below
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     keys = rng.integers(0, vocab, size=int(offsets[-1])).astype(key_dtype)
     weights = rng.uniform(-1.0, 1.0, size=len(keys)).astype(np.float32)
@@ -375,6 +384,18 @@ def test_row_splits_to_offsets(rng, dtype):
     ]:
         with pytest.raises(ValueError, match=message):
             gpu_splits_to_offsets(bad, nnz)
+
+
+def test_offsets_stay_inside_the_ids_whatever_the_splits(dtype=np.int64):
+    # The TF kernel queues the pooling behind the offsets before it reads the
+    # status, so even rejected splits must give offsets in [0, nnz].
+    splits = np.array([0, -5, 9, 2, 1 << 40], dtype)
+    buf = upload(splits)
+    offsets = Buffer(backend, len(splits) * 8)
+    status = Buffer(backend, 16)
+    with pytest.raises(ValueError):
+        core.gpu_row_splits_to_offsets(buf.ptr, "int64", len(splits), 6, offsets.ptr, status.ptr)
+    np.testing.assert_array_equal(offsets.read(np.int64, (len(splits),)), [0, 0, 6, 2, 6])
 
 
 # ---------------------------------------------------------------------------

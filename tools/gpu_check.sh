@@ -8,13 +8,13 @@
 #   2. runs the three GPU test files; a skipped test fails the run, since a
 #      skipped GPU test is not a GPU test passed;
 #   3. runs them under compute-sanitizer memcheck and racecheck
-#      (.ci/compute_sanitizer.sh).
+#      (.ci/compute_sanitizer.sh);
+#   4. runs the core-level GPU benchmark (tools/bench_core_gpu.py): lookup and
+#      string_embedding times against the copy bandwidth of the same run.
 #
 #   bash tools/gpu_check.sh                 # everything
-#   SANITIZE=0 bash tools/gpu_check.sh      # build and tests only
-#
-# The core-level GPU benchmark of issue #25 (lookup and string_embedding
-# throughput against the copy bandwidth of the same run) is not written yet.
+#   SANITIZE=0 BENCH=0 bash tools/gpu_check.sh      # build and tests only
+#   BENCH_ARGS="--json bench.json" bash tools/gpu_check.sh
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -37,5 +37,10 @@ fi
 
 if [ "${SANITIZE:-1}" != "0" ]; then
   PYTHON="$PYTHON" bash .ci/compute_sanitizer.sh
+fi
+if [ "${BENCH:-1}" != "0" ]; then
+  echo "+ python tools/bench_core_gpu.py ${BENCH_ARGS:-}"
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
+  "$PYTHON" tools/bench_core_gpu.py ${BENCH_ARGS:-}
 fi
 echo "+ tools/gpu_check.sh passed"

@@ -126,9 +126,11 @@ inline absl::Status CheckPooledGradShape(const tensorflow::Tensor& grad, const t
 // What every lookup kernel (CPU and GPU, forward and gradient) does before its
 // device work: the attributes are read once, and each call binds them to its
 // validated inputs.
-class LookupKernel : public tensorflow::OpKernel {
+// Base is OpKernel, or AsyncOpKernel for the GPU forward kernel.
+template <typename Base>
+class LookupKernelOn : public Base {
  public:
-  explicit LookupKernel(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
+  explicit LookupKernelOn(tensorflow::OpKernelConstruction* c) : Base(c) {
     OP_REQUIRES_OK(c, ReadLookupAttrs(c, &attrs_));
   }
 
@@ -142,6 +144,7 @@ class LookupKernel : public tensorflow::OpKernel {
  private:
   LookupAttrs attrs_;
 };
+using LookupKernel = LookupKernelOn<tensorflow::OpKernel>;
 
 // Rough cost of pooling one bag, for the thread pool's sharding.
 inline int64_t BagCost(const LookupInputs& in, const ctr::LookupSpec& spec, int64_t num_rows) {

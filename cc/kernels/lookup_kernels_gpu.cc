@@ -1,7 +1,21 @@
 // GPU kernels of CtrEmbeddingLookup and its gradient: validation of shapes
 // and attributes is shared with the CPU kernels; the work is launched in
-// cuda/lookup_kernels.cu. Bad ids are detected on the device and read back
-// (one small synchronous copy) to raise the same InvalidArgument as the CPU.
+// cuda/lookup_kernels.cu.
+//
+// The forward kernel is asynchronous. Bad row ids, splits and ids are found on
+// the device, where each check writes the lowest bad entry into a status
+// word; the op queues the offsets and the pooling back to back (the offsets
+// are kept inside the ids even when invalid, so the pooling never reads out
+// of bounds), then one copy of the status words into pinned memory, and
+// checks them in an EventMgr callback once the stream reaches it, raising the
+// CPU kernel's InvalidArgument. A synchronous read would block the compute
+// thread and drain the stream on every call, which serializes a served model
+// of many features. Checking ids on the host first is no option: they live
+// on the device. The one read left is the bag count of row ids given without
+// num_rows (the output's shape needs it), as in TF's own segment kernels.
+//
+// The gradient needs the number of gradient rows to size its outputs, so it
+// reads that back synchronously; training steps pay it once per table.
 #ifdef CTR_WITH_CUDA
 
 #include <limits>
@@ -20,11 +34,10 @@ using tensorflow::DEVICE_GPU;
 using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 
-// Builds CSR offsets on the device; returns the bag count in *rows.
+// The bag count: num_rows, the splits' length, or (row ids without num_rows)
+// the last row id + 1, read back synchronously.
 template <typename TSeg>
-absl::Status DeviceOffsets(OpKernelContext* ctx, const LookupAttrs& a, const LookupInputs& in, void* stream,
-                           Tensor* offsets, Tensor* status, int64_t* rows) {
-  const TSeg* seg = in.segments->flat<TSeg>().data();
+absl::Status BagCount(const LookupAttrs& a, const LookupInputs& in, void* stream, int64_t* rows) {
   const int64_t n = in.segments->NumElements();
   if (a.segments_are_splits) {
     *rows = n - 1;
@@ -34,7 +47,8 @@ absl::Status DeviceOffsets(OpKernelContext* ctx, const LookupAttrs& a, const Loo
     *rows = 0;
   } else {
     int64_t last = 0;
-    TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::ReadLastAsInt64(seg, n, &last, stream)));
+    TF_RETURN_IF_ERROR(
+        LaunchStatus(ctr::gpu::ReadLastAsInt64(in.segments->flat<TSeg>().data(), n, &last, stream)));
     if (last < 0 || last == std::numeric_limits<int64_t>::max())
       return tensorflow::errors::InvalidArgument("row id ", last, " of entry ", n - 1,
                                                  " is out of range [0, 2^63 - 1)");
@@ -42,51 +56,91 @@ absl::Status DeviceOffsets(OpKernelContext* ctx, const LookupAttrs& a, const Loo
   }
   if (*rows == std::numeric_limits<int64_t>::max())
     return tensorflow::errors::InvalidArgument("num_rows must be < 2^63 - 1, got ", *rows);
-  TF_RETURN_IF_ERROR(DeviceScratch(ctx, *rows + 1, offsets));
-  TF_RETURN_IF_ERROR(DeviceScratch(ctx, 2, status));
-  int64_t* st = status->flat<int64_t>().data();
-  int64_t* off = offsets->flat<int64_t>().data();
-  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::InitStatus(st, stream)));
-  TF_RETURN_IF_ERROR(LaunchStatus(a.segments_are_splits
-                                      ? ctr::gpu::SplitsToOffsets(seg, n, in.nnz(), off, st, stream)
-                                      : ctr::gpu::RowIdsToOffsets(seg, n, *rows, off, st, stream)));
-  int64_t h[2];
-  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::ReadInt64(st, 2, h, stream)));
-  if (h[0] >= 0)
-    return tensorflow::errors::InvalidArgument(
-        a.segments_are_splits ? "invalid row_splits" : "row ids must be sorted and in [0, rows)", ": entry ", h[0],
-        " has value ", h[1], " (", in.nnz(), " ids, ", *rows, " rows)");
   return absl::OkStatus();
 }
 
-template <typename T, typename TId, typename TSeg>
-class EmbeddingLookupGpuOp : public LookupKernel {
- public:
-  using LookupKernel::LookupKernel;
+// Queues CSR offsets [rows + 1] built from the row ids or splits, with their
+// check recording {entry, value} of the first bad one in d_status[0..1].
+template <typename TSeg>
+absl::Status QueueOffsets(OpKernelContext* ctx, const LookupAttrs& a, const LookupInputs& in, int64_t rows,
+                          void* stream, int64_t* d_status, Tensor* offsets) {
+  TF_RETURN_IF_ERROR(DeviceScratch(ctx, rows + 1, offsets));
+  const TSeg* seg = in.segments->flat<TSeg>().data();
+  const int64_t n = in.segments->NumElements();
+  int64_t* off = offsets->flat<int64_t>().data();
+  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::InitStatus(d_status, stream)));
+  return LaunchStatus(a.segments_are_splits ? ctr::gpu::SplitsToOffsets(seg, n, in.nnz(), off, d_status, stream)
+                                            : ctr::gpu::RowIdsToOffsets(seg, n, rows, off, d_status, stream));
+}
 
-  void Compute(OpKernelContext* ctx) override {
+// The error an offsets status {entry, value} read back stands for.
+absl::Status OffsetsError(const LookupAttrs& a, const LookupInputs& in, int64_t rows, const int64_t* h) {
+  if (h[0] < 0) return absl::OkStatus();
+  return tensorflow::errors::InvalidArgument(
+      a.segments_are_splits ? "invalid row_splits" : "row ids must be sorted and in [0, rows)", ": entry ", h[0],
+      " has value ", h[1], " (", in.nnz(), " ids, ", rows, " rows)");
+}
+
+// Offsets for the gradient, checked at once (it reads back anyway).
+template <typename TSeg>
+absl::Status DeviceOffsets(OpKernelContext* ctx, const LookupAttrs& a, const LookupInputs& in, void* stream,
+                           Tensor* offsets, int64_t* rows) {
+  TF_RETURN_IF_ERROR(BagCount<TSeg>(a, in, stream, rows));
+  Tensor status;
+  TF_RETURN_IF_ERROR(DeviceScratch(ctx, 2, &status));
+  int64_t* st = status.flat<int64_t>().data();
+  TF_RETURN_IF_ERROR(QueueOffsets<TSeg>(ctx, a, in, *rows, stream, st, offsets));
+  int64_t h[2];
+  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::ReadInt64(st, 2, h, stream)));
+  return OffsetsError(a, in, *rows, h);
+}
+
+template <typename T, typename TId, typename TSeg>
+class EmbeddingLookupGpuOp : public LookupKernelOn<tensorflow::AsyncOpKernel> {
+ public:
+  using LookupKernelOn::LookupKernelOn;
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     LookupAttrs a;
     LookupInputs in;
-    OP_REQUIRES_OK(ctx, BindInputs(ctx, 0, &a, &in));
+    OP_REQUIRES_OK_ASYNC(ctx, BindInputs(ctx, 0, &a, &in), done);
     void* stream = GpuStream(ctx);
-    Tensor offsets, status;
     int64_t rows = 0;
-    OP_REQUIRES_OK(ctx, DeviceOffsets<TSeg>(ctx, a, in, stream, &offsets, &status, &rows));
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, AllocatePooled(ctx, 0, *in.params, rows, &out));
-    if (rows == 0 || a.spec.dim == 0) return;
+    OP_REQUIRES_OK_ASYNC(ctx, BagCount<TSeg>(a, in, stream, &rows), done);
+    // Status words: the offsets' {entry, value}, then the ids' {row, id}.
+    Tensor status, offsets, host_status;
+    OP_REQUIRES_OK_ASYNC(ctx, DeviceScratch(ctx, 4, &status), done);
+    OP_REQUIRES_OK_ASYNC(ctx, HostScratch(ctx, 4, &host_status), done);
     int64_t* st = status.flat<int64_t>().data();
-    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::InitStatus(st, stream)));
-    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::EmbeddingLookup(
-                            a.spec, CorePtr<T>(*in.params), in.ids->flat<TId>().data(),
-                            in.weights ? in.weights->flat<float>().data() : nullptr,
-                            offsets.flat<int64_t>().data(), rows, CorePtr<T>(out), st, stream)));
-    int64_t h[2];
-    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ReadInt64(st, 2, h, stream)));
-    ctr::KeyError err;
-    err.row = h[0];
-    err.key = h[1];
-    OP_REQUIRES(ctx, !err.found(), tensorflow::errors::InvalidArgument(ctr::DescribeKeyError(err, a.spec.vocab)));
+    OP_REQUIRES_OK_ASYNC(ctx, QueueOffsets<TSeg>(ctx, a, in, rows, stream, st, &offsets), done);
+    OP_REQUIRES_OK_ASYNC(ctx, LaunchStatus(ctr::gpu::InitStatus(st + 2, stream)), done);
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, AllocatePooled(ctx, 0, *in.params, rows, &out), done);
+    if (rows > 0 && a.spec.dim > 0)
+      OP_REQUIRES_OK_ASYNC(ctx,
+                           LaunchStatus(ctr::gpu::EmbeddingLookup(
+                               a.spec, CorePtr<T>(*in.params), in.ids->flat<TId>().data(),
+                               in.weights ? in.weights->flat<float>().data() : nullptr,
+                               offsets.flat<int64_t>().data(), rows, in.nnz(), CorePtr<T>(out), st + 2,
+                               stream)),
+                           done);
+    OP_REQUIRES_OK_ASYNC(ctx,
+                         LaunchStatus(ctr::gpu::CopyToHostAsync(st, host_status.flat<int64_t>().data(),
+                                                                4 * sizeof(int64_t), stream)),
+                         done);
+    // Device scratch may be freed now: TF's GPU allocator orders reuse on
+    // this stream. The pinned words must live until the callback reads them.
+    const int64_t vocab = a.spec.vocab;
+    ThenExecute(ctx, [ctx, done, host_status, a, in, rows, vocab]() {
+      const int64_t* h = host_status.flat<int64_t>().data();
+      OP_REQUIRES_OK_ASYNC(ctx, OffsetsError(a, in, rows, h), done);
+      ctr::KeyError err;
+      err.row = h[2];
+      err.key = h[3];
+      OP_REQUIRES_ASYNC(ctx, !err.found(), tensorflow::errors::InvalidArgument(ctr::DescribeKeyError(err, vocab)),
+                        done);
+      done();
+    });
   }
 };
 
@@ -100,9 +154,9 @@ class EmbeddingLookupGradGpuOp : public LookupKernel {
     LookupInputs in;
     OP_REQUIRES_OK(ctx, BindInputs(ctx, 1, &a, &in));
     void* stream = GpuStream(ctx);
-    Tensor offsets, status;
+    Tensor offsets;
     int64_t rows = 0;
-    OP_REQUIRES_OK(ctx, DeviceOffsets<TSeg>(ctx, a, in, stream, &offsets, &status, &rows));
+    OP_REQUIRES_OK(ctx, DeviceOffsets<TSeg>(ctx, a, in, stream, &offsets, &rows));
     const Tensor& grad = ctx->input(0);
     OP_REQUIRES_OK(ctx, CheckPooledGradShape(grad, *in.params, rows));
     const TId* ids = in.ids->flat<TId>().data();

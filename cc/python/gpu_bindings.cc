@@ -73,7 +73,7 @@ void GpuEmbeddingLookup(uintptr_t params_ptr, const std::string& params_dtype, i
       status = LaunchWithStatus(d_status, stream, [&] {
         return ctr::gpu::EmbeddingLookup<T, TKey>(
             spec, DevicePtr<const T>(params_ptr), DevicePtr<const TKey>(keys_ptr),
-            DevicePtr<const float>(weights_ptr), DevicePtr<const int64_t>(offsets_ptr), num_rows,
+            DevicePtr<const float>(weights_ptr), DevicePtr<const int64_t>(offsets_ptr), num_rows, nnz,
             DevicePtr<T>(out_ptr), d_status, StreamPtr(stream));
       });
     });
