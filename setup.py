@@ -172,7 +172,9 @@ class Toolchain:
         self.sanitize = os.environ.get("TF_CTR_OPS_SANITIZE", "").strip()
         common = ["-std=c++17", "-fPIC", f"-I{ROOT}", "-Wall", "-Wno-sign-compare",
                   "-Wno-deprecated-declarations", "-Wno-unused-function"]
-        common += ["-O1", "-g", "-fno-omit-frame-pointer", f"-fsanitize={self.sanitize}"] if self.sanitize else ["-O3"]
+        # -g1: line tables are all a sanitizer report needs; full debug info
+        # of TF's headers only lengthens the build.
+        common += ["-O1", "-g1", "-fno-omit-frame-pointer", f"-fsanitize={self.sanitize}"] if self.sanitize else ["-O3"]
         if cuda:
             common += ["-DCTR_WITH_CUDA=1", f"-I{cuda['home'] / 'include'}"]
         self.cxx_core = common
