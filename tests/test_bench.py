@@ -444,3 +444,21 @@ def test_all_runs_suites_registered_elsewhere(monkeypatch, tmp_path):
     assert {s[1:] for s in seen} == {(4096, "/CPU:0")}
     rows = [ln for ln in md.read_text().splitlines() if ln.startswith("| rewrite/x") or ln.startswith("| zeta/x")]
     assert rows[0] == "| rewrite/x | B=4096 V=1M D=32 ids~50 | 2 | 6 | 3.00x |  |  |" and len(rows) == 2
+
+
+def test_table_suite_quick(tmp_path):
+    from tf_ctr_ops.bench.table import NATIVE_TABLES
+
+    results = bench.main(["table", *TINY, "--json", str(tmp_path / "t.json")])
+    res = results["suites"]["table"]
+    assert {(c["series"], c["dist"]) for c in res["cases"]} == {
+        ("pooled", "zipf"), ("pooled", "uniform"), ("find", "zipf"), ("find", "uniform")}
+    for c in res["cases"]:
+        assert _positive_finite(c["speedup"]) and c["native_path"] in NATIVE_TABLES.values()
+        assert all(_positive_finite(v) for v in c["keys_per_s"].values())
+        assert c["resident_keys"] == 500 and c["keys"] > 0
+    insert = res["inserts"][0]
+    assert insert["keys"] == 500 and _positive_finite(insert["speedup"])
+    assert all(_positive_finite(insert[k]["keys_per_s"]) for k in ("fused", *NATIVE_TABLES))
+    assert {t["target"][:3] for t in res["targets"]} == {"(a)", "(b)"}
+    assert json.loads((tmp_path / "t.json").read_text())["suites"]["table"]["inserts"][0]["keys"] == 500

@@ -152,3 +152,24 @@ def test_generated_criteo_has_criteo_shape(criteo):
     assert distinct[8] <= 3 + 1 and distinct[2] > 500  # C9 has 3 values (+ missing), C3 ~10M
     missing = (data.categorical == criteo.MISSING).mean(0)
     assert missing[21] > 0.6 and missing[0] == 0  # C22 is mostly missing, C1 never
+
+
+def check_hash_table_run(out):
+    check_quality(out)
+    assert "26 HashTableEmbedding fields" in out, out
+    keys, distinct = re.search(r"tables +([\d,]+) keys with a row \(([\d,]+) distinct", out).groups()
+    assert 0 < int(keys.replace(",", "")) <= int(distinct.replace(",", "")), out
+    assert number_after(r"a fresh process served [\d,]+ rows, max \|diff\| vs in-process ", out) <= 1e-6, out
+    assert "serving inserted nothing" in out, out
+
+
+def test_criteo_hash_table_generated(tmp_path):
+    out = run_example("criteo_hash_table.py", "--smoke", "--admit-after", "2", cwd=tmp_path)
+    check_hash_table_run(out)
+
+
+def test_criteo_hash_table_real_sample(tmp_path):
+    path = data_file("criteo_sample.txt")
+    out = run_example("criteo_hash_table.py", "--smoke", "--data", path, cwd=tmp_path)
+    assert "(200 rows): 160 train / 40 held out" in out, out
+    check_hash_table_run(out)

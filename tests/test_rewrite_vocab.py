@@ -143,3 +143,47 @@ def test_negative_ids_wrap_only_by_the_row_count(tmp_path, rng, shift):
     want = serve(src, {"keys": keys})
     got = serve_in_fresh_process(dst, "serving_default", {"keys": keys}, tmp_path)
     np.testing.assert_array_equal(got["output_0"], want["output_0"])
+
+
+def _mutable_table_model(path, kind):
+    """A TF2 module serving from a tf.lookup.experimental MutableHashTable or
+    DenseHashTable (key -> row, -1 for unknown keys, as TFRA-style key tables
+    are written): a gather of each example's first key's row, and a mean over
+    its -1-padded keys with tf.nn.safe_embedding_lookup_sparse."""
+    m = tf.Module()
+    if kind == "mutable":
+        m.table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1)
+    else:
+        m.table = tf.lookup.experimental.DenseHashTable(tf.int64, tf.int64, default_value=-1, empty_key=-2,
+                                                        deleted_key=-3)
+    m.table.insert(tf.constant([10, 20, 30, 10**12], tf.int64), tf.constant([0, 1, 2, 3], tf.int64))
+    m.values = tf.Variable(tf.random.stateless_normal([4, 4], seed=[1, 2]))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int64)])
+    def serve(keys):
+        bags = tf.RaggedTensor.from_tensor(keys, padding=-1)
+        rows = bags.with_flat_values(m.table.lookup(bags.flat_values))
+        pooled = tf.nn.safe_embedding_lookup_sparse(m.values, rows.to_sparse(), None, combiner="mean")
+        first = tf.gather(m.values, m.table.lookup(keys[:, 0]))
+        return {"pooled": pooled, "first": first}
+
+    m.serve = serve
+    tf.saved_model.save(m, str(path), signatures={"serving_default": serve})
+
+
+@pytest.mark.parametrize("kind", ["mutable", "dense"])
+def test_mutable_hash_table_lookups_fuse_and_serve_the_same(tmp_path, kind):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _mutable_table_model(src, kind)
+    feeds = {"keys": np.array([[10, 20, -1], [30, 10**12, 20], [30, -1, -1]], np.int64)}
+    report = rewrite.optimize_saved_model(src, dst, runs=1, serving_device="cpu",
+                                          sample_inputs={"serving_default": feeds})
+    sig = report.signatures["serving_default"]
+    fused = [m["fused_op"] for m in sig.matches]
+    # The gather takes the table's own find into one op; the pooled lookup keeps the find.
+    assert fused.count("CtrVocabEmbedding") == 1 and "CtrEmbeddingLookup" in fused, sig.matches
+    assert report.ok and sig.outputs_match
+    got = serve_in_fresh_process(dst, "serving_default", feeds, tmp_path)
+    want = serve(src, feeds)
+    for k in ("pooled", "first"):
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-6)

@@ -17,10 +17,11 @@ import tensorflow as tf
 from keras import constraints, initializers, regularizers
 
 from tf_ctr_ops import _args
+from tf_ctr_ops import hash_table as _hash_table
 from tf_ctr_ops import ops as _ops
 from tf_ctr_ops import strings as _strings
 
-__all__ = ["SparseEmbedding", "HashEmbedding", "StringEmbedding", "MultiStringEmbedding"]
+__all__ = ["SparseEmbedding", "HashEmbedding", "StringEmbedding", "MultiStringEmbedding", "HashTableEmbedding"]
 
 _CONTAINERS_DOC = """
     Inputs:
@@ -450,5 +451,124 @@ class MultiStringEmbedding(keras.layers.Layer):
             "combiners": self.combiners, "id_modes": self.id_modes, "skip_empty": self.skip_empty,
             "embeddings_initializer": initializers.serialize(self.embeddings_initializer),
             "max_norm": self.max_norm, "concat": self.concat,
+        })
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tf_ctr_ops")
+class EmptyHashTable(initializers.Initializer):
+    """Initializer of a `HashTableEmbedding`'s `table` weight: no keys."""
+
+    def __init__(self, num_slots, capacity):
+        self.num_slots, self.capacity = int(num_slots), int(capacity)
+
+    def __call__(self, shape, dtype=None):
+        return _hash_table.empty_table(self.num_slots, self.capacity)
+
+    def get_config(self):
+        return {"num_slots": self.num_slots, "capacity": self.capacity}
+
+
+@keras.saving.register_keras_serializable(package="tf_ctr_ops")
+class HashTableEmbedding(keras.layers.Layer):
+    """Pooled embedding of raw keys, each with a row of its own.
+
+    A key (a user id, an item id, any int64 or string) gets the next free row
+    of the `[capacity, output_dim]` table the first time the layer sees it in
+    training (`training=True`, as `fit` calls it); in inference the table is
+    only read and a key without a row is left out of its bag. Two keys never
+    share a row, unlike `HashEmbedding`'s buckets.
+
+    Example:
+
+    >>> user_items = keras.Input(shape=(None,), dtype="int64")
+    >>> HashTableEmbedding(8, capacity=1000)(user_items).shape
+    (None, 8)
+
+    Args:
+        output_dim: Embedding width.
+        capacity: Rows of the table; keys beyond it read no row (counted as
+            dropped in `statistics()`).
+        combiner: "sum", "mean" or "sqrtn".
+        key_dtype: "int64" (int32 keys are accepted too) or "string" (keys
+            kept as their 64-bit fingerprints).
+        embeddings_initializer: Initializer of the rows.
+        admit_after: A key gets a row on its admit_after-th sighting in
+            training (each occurrence counts).
+        eviction: None (a full table drops new keys), "lru" or "lfu": evict
+            the least recently / least often seen keys (see `tco.HashTable`);
+            their rows are reset by `embeddings_initializer`.
+        num_slots: Hash slots, a power of two (default: >= 2 x capacity).
+        max_norm: If set, rows are clipped to this L2 norm before pooling.
+
+    The weights are `table` (int64 slots, non-trainable, kept on the CPU) and
+    `embeddings`. Inputs and weights: as `SparseEmbedding`, with -1 (or "")
+    as the padding of dense keys.
+    """
+
+    def __init__(self, output_dim, capacity, combiner="mean", key_dtype="int64", embeddings_initializer="uniform",
+                 admit_after=1, eviction=None, num_slots=None, max_norm=None, **kwargs):
+        super().__init__(**kwargs)
+        self.output_dim = _check_positive_int(output_dim, "output_dim")
+        self.capacity, self.num_slots, self.admit_after = _hash_table.check_table_args(
+            capacity, num_slots, admit_after)
+        self.combiner = _args.check_combiner(combiner)
+        self.key_dtype = _hash_table.check_key_dtype(key_dtype)
+        self.eviction = _hash_table.check_eviction(eviction)
+        self.embeddings_initializer = initializers.get(embeddings_initializer)
+        self.max_norm = _check_max_norm(max_norm)
+        self.autocast = False
+
+    def build(self, input_shape=None):
+        if self.built:
+            return
+        with tf.device("/CPU:0"):  # the find kernel runs where the table lives
+            self.table = self.add_weight(shape=_hash_table.table_shape(self.num_slots, self.capacity), dtype="int64",
+                                         initializer=EmptyHashTable(self.num_slots, self.capacity), name="table",
+                                         trainable=False)
+        self.embeddings = self.add_weight(shape=(self.capacity, self.output_dim),
+                                          initializer=self.embeddings_initializer, name="embeddings",
+                                          trainable=True)
+        self.built = True
+
+    @property
+    def values(self):
+        return self.embeddings
+
+    @property
+    def dim(self):
+        return self.output_dim
+
+    def row_initializer(self, shape, dtype=None):
+        return self.embeddings_initializer(shape, dtype=dtype)
+
+    def statistics(self):
+        """A dict of scalar tensors: size, occupied slots, dropped inserts, load factor."""
+        return _hash_table.table_statistics(self.table, self.capacity)
+
+    def export(self):
+        """(keys, rows' values) of every key with a row, in insertion order."""
+        return _hash_table.export_rows(self.table, self.embeddings, self.num_slots)
+
+    def call(self, inputs, weights=None, training=None):
+        outputs = _hash_table.hash_table_embedding(self, _as_container(inputs), _as_container(weights),
+                                                   combiner=self.combiner, max_norm=self.max_norm,
+                                                   insert=bool(training))
+        if outputs.dtype != self.compute_dtype:
+            outputs = tf.cast(outputs, self.compute_dtype)
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        batch = input_shape[0] if input_shape is not None and len(input_shape) else None
+        return (batch, self.output_dim)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "output_dim": self.output_dim, "capacity": self.capacity, "combiner": self.combiner,
+            "key_dtype": self.key_dtype.name,
+            "embeddings_initializer": initializers.serialize(self.embeddings_initializer),
+            "admit_after": self.admit_after, "eviction": self.eviction, "num_slots": self.num_slots,
+            "max_norm": self.max_norm,
         })
         return config

@@ -1,0 +1,147 @@
+// Key-to-row hash table (CtrHashTableFind): the layout and the per-key rules,
+// host/device so that a GPU kernel can probe the same table the CPU builds.
+//
+// The whole table is one int64 tensor of shape [kHeaderRows + S + F, kColumns],
+// held in an ordinary variable so that checkpoints, SavedModels, tf.distribute
+// and serving see plain tensors and need no custom resource:
+//   header (kHeaderCells cells, see HeaderCell);
+//   S slots of (key, entry, last_seen, count), S a power of two, linear probing;
+//   F = FreeListRows(capacity) rows holding the stack of rows freed by eviction.
+// An entry >= 0 is the key's row of the value matrix. kEmptyEntry marks a
+// free slot, so every int64 value is a valid key. An entry <= -2 is a key
+// seen -entry - 1 times that the admission filter has not let in yet.
+// last_seen is the inserting call that last saw the key (the header's clock),
+// count how many times inserting calls saw it: the LRU and LFU scores.
+#pragma once
+
+#include <cstdint>
+
+#include "cc/core/hd.h"
+
+namespace ctr {
+
+constexpr int64_t kColumns = 4;
+constexpr int64_t kHeaderRows = 2;
+constexpr int64_t kEmptyEntry = -1;
+constexpr int64_t kNoRow = -1;
+
+enum HeaderCell : int64_t {
+  kNextRow = 0,     // rows handed out from the never-used ones
+  kOccupied = 1,    // slots holding a key (with a row or waiting for admission)
+  kDropped = 2,     // keys refused a row or a slot because the table was full
+  kEvicted = 3,     // keys evicted to make room
+  kFreeCount = 4,   // rows on the free stack
+  kClock = 5,       // inserting calls so far
+};
+
+enum SlotColumn : int64_t { kKey = 0, kEntry = 1, kLastSeen = 2, kCount = 3 };
+
+CTR_HD int64_t FreeListRows(int64_t capacity) { return (capacity + kColumns - 1) / kColumns; }
+
+// Slots are claimed only while under 3/4 of them are occupied, so a probe
+// always ends at an empty slot, after a few steps on average.
+CTR_HD bool CanClaimSlot(int64_t occupied, int64_t num_slots) { return occupied < num_slots - num_slots / 4; }
+
+// SplitMix64's finalizer: consecutive ids (the common case) land far apart.
+CTR_HD uint64_t MixKey(uint64_t key) {
+  key ^= key >> 30;
+  key *= 0xbf58476d1ce4e5b9ULL;
+  key ^= key >> 27;
+  key *= 0x94d049bb133111ebULL;
+  key ^= key >> 31;
+  return key;
+}
+
+CTR_HD int64_t* SlotAt(int64_t* slots, int64_t s) { return slots + kColumns * s; }
+CTR_HD const int64_t* SlotAt(const int64_t* slots, int64_t s) { return slots + kColumns * s; }
+
+// Where the probe for `key` starts.
+CTR_HD int64_t HomeSlot(int64_t key, int64_t num_slots) {
+  return static_cast<int64_t>(MixKey(static_cast<uint64_t>(key)) & (static_cast<uint64_t>(num_slots) - 1));
+}
+
+// The slot holding `key`, else the empty slot where it would go, probing from
+// `home`. `slots` points at the first slot; num_slots is a power of two and
+// the table always has an empty slot (CanClaimSlot), so the probe ends.
+CTR_HD int64_t ProbeSlotFrom(const int64_t* slots, int64_t num_slots, int64_t key, int64_t home) {
+  const int64_t mask = num_slots - 1;
+  int64_t s = home;
+  for (int64_t step = 0; step < num_slots; ++step) {
+    const int64_t* slot = SlotAt(slots, s);
+    if (slot[kEntry] == kEmptyEntry || slot[kKey] == key) return s;
+    s = (s + 1) & mask;
+  }
+  return -1;  // unreachable for a table built by these rules; a corrupt one reads as "absent"
+}
+
+CTR_HD int64_t ProbeSlot(const int64_t* slots, int64_t num_slots, int64_t key) {
+  return ProbeSlotFrom(slots, num_slots, key, HomeSlot(key, num_slots));
+}
+
+// Whether a key whose probe starts at `home` may sit at slot `at` once slot
+// `hole` is emptied: only if `hole` is not on its probe path from home to at.
+CTR_HD bool StaysAfterHole(int64_t home, int64_t hole, int64_t at) {
+  return hole <= at ? (home > hole && home <= at) : (home > hole || home <= at);
+}
+
+// Empties slot s of a linear-probing table, moving later keys of the same
+// probe run back so that every key stays reachable from its home slot (no
+// tombstones: the table never degrades).
+CTR_HD void DeleteSlot(int64_t* slots, int64_t num_slots, int64_t s) {
+  const int64_t mask = num_slots - 1;
+  int64_t hole = s;
+  for (int64_t at = (s + 1) & mask; at != s; at = (at + 1) & mask) {
+    const int64_t* next = SlotAt(slots, at);
+    if (next[kEntry] == kEmptyEntry) break;
+    if (StaysAfterHole(HomeSlot(next[kKey], num_slots), hole, at)) continue;
+    int64_t* dst = SlotAt(slots, hole);
+    for (int64_t c = 0; c < kColumns; ++c) dst[c] = next[c];
+    hole = at;
+  }
+  int64_t* emptied = SlotAt(slots, hole);
+  emptied[kKey] = 0;
+  emptied[kEntry] = kEmptyEntry;
+  emptied[kLastSeen] = 0;
+  emptied[kCount] = 0;
+}
+
+CTR_HD int64_t RowOfEntry(int64_t entry) { return entry >= 0 ? entry : kNoRow; }
+
+// How often the admission filter has seen a key that has no row yet.
+CTR_HD int64_t TimesSeen(int64_t entry) { return entry <= -2 ? -entry - 1 : 0; }
+CTR_HD int64_t PendingEntry(int64_t times_seen) { return -times_seen - 1; }
+
+// Whether this sighting of a key whose entry is `entry` earns it a row:
+// its admit_after-th sighting does (admit_after 1: the first).
+CTR_HD bool AdmitsKey(int64_t entry, int64_t admit_after) { return TimesSeen(entry) + 1 >= admit_after; }
+
+// Whether `key` is the padding of dense keys (never inserted, reads no row).
+CTR_HD bool IsPaddingKey(int64_t key, bool dense_padding) { return dense_padding && key == -1; }
+
+enum class Eviction { kNone, kLru, kLfu };
+
+// A slot's eviction order (lower goes first): LRU by last use, then by use
+// count; LFU by use count, then by last use. Ties go by row.
+struct EvictionScore {
+  int64_t first, second, row;
+  CTR_HD bool operator<(const EvictionScore& o) const {
+    if (first != o.first) return first < o.first;
+    if (second != o.second) return second < o.second;
+    return row < o.row;
+  }
+};
+
+CTR_HD EvictionScore ScoreOf(const int64_t* slot, Eviction policy) {
+  return policy == Eviction::kLfu ? EvictionScore{slot[kCount], slot[kLastSeen], slot[kEntry]}
+                                  : EvictionScore{slot[kLastSeen], slot[kCount], slot[kEntry]};
+}
+
+// Keys seen by the running call (last_seen == clock) are never evicted: their
+// rows may already be in this call's output. To free a row, only keys with a
+// row go; to free a slot, keys waiting for admission may go too.
+CTR_HD bool Evictable(const int64_t* slot, int64_t clock, bool rows_only) {
+  const int64_t entry = slot[kEntry];
+  return (rows_only ? entry >= 0 : entry != kEmptyEntry) && slot[kLastSeen] < clock;
+}
+
+}  // namespace ctr

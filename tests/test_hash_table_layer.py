@@ -1,0 +1,65 @@
+"""The HashTableEmbedding Keras layer: trains with inserts (only touched rows
+change), infers without, saves as .keras and exports a SavedModel served in a
+fresh process."""
+
+import keras
+import numpy as np
+import pytest
+
+from tf_ctr_ops.layers import HashTableEmbedding
+from conftest import serve_in_fresh_process
+
+
+def _keras_model(capacity=1000, admit_after=1):
+    keys = keras.Input(shape=(None,), dtype="int64", name="keys")
+    x = HashTableEmbedding(8, capacity=capacity, combiner="mean", admit_after=admit_after, name="ids")(keys)
+    out = keras.layers.Dense(1, activation="sigmoid")(x)
+    return keras.Model(keys, out)
+
+
+def _click_data(rng, n=512):
+    keys = rng.integers(0, 300, size=(n, 5)).astype(np.int64) * 1_000_003
+    keys[rng.random(keys.shape) < 0.2] = -1
+    labels = (keys[:, 0] % 2 == 0).astype(np.float32)
+    return keys, labels
+
+
+def test_keras_layer_trains_only_touched_rows_with_adam(rng):
+    model = _keras_model()
+    layer = model.get_layer("ids")
+    keys, labels = _click_data(rng)
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="binary_crossentropy")
+    before = layer.embeddings.numpy().copy()
+    history = model.fit(keys, labels, batch_size=64, epochs=3, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    size = int(layer.statistics()["size"])
+    assert size == np.unique(keys[keys != -1]).size
+    after = layer.embeddings.numpy()
+    assert not np.allclose(after[:size], before[:size])
+    np.testing.assert_array_equal(after[size:], before[size:])  # rows no key owns are never updated
+    frozen = int(layer.statistics()["size"])
+    model.predict(np.array([[123456789, -1]], np.int64), verbose=0)
+    assert int(layer.statistics()["size"]) == frozen, "inference must not insert"
+
+
+def test_keras_layer_saves_and_exports(rng, tmp_path):
+    model = _keras_model(admit_after=2)
+    keys, labels = _click_data(rng, 256)
+    model.compile(optimizer="adagrad", loss="binary_crossentropy")
+    model.fit(keys, labels, batch_size=64, epochs=1, verbose=0)
+    request = keys[:16]
+    want = model.predict(request, verbose=0)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    np.testing.assert_allclose(loaded.predict(request, verbose=0), want, rtol=1e-5)
+    assert loaded.get_layer("ids").get_config()["admit_after"] == 2
+    model.export(str(tmp_path / "export"))
+    got = serve_in_fresh_process(tmp_path / "export", "serve", {"keys": request}, tmp_path)
+    np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-5)
+
+
+def test_layer_config_errors():
+    with pytest.raises(ValueError, match="capacity"):
+        HashTableEmbedding(4, capacity=0)
+    with pytest.raises(ValueError, match="combiner"):
+        HashTableEmbedding(4, capacity=10, combiner="max")

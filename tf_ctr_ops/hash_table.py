@@ -1,0 +1,246 @@
+"""Key-to-row hash-table embedding: every key gets its own row of a value matrix.
+
+    table = tco.HashTable(dim=16, capacity=1_000_000)
+    y = tco.hash_table_embedding(table, raw_ids, combiner="mean", insert=True)
+
+Unlike `hash_embedding` (hash buckets, where unrelated keys collide and
+share a row), a `HashTable` maps each key to a row of its own, the first time
+the key is seen with `insert=True` (training). Without `insert` (serving), a
+key the table lacks reads no row: it is left out of its bag, as
+`safe_embedding_lookup_sparse` leaves out ids the table does not have.
+
+The table is two ordinary variables: `table` (int64 slots, on the CPU) and
+`values` ([capacity, dim], trainable). Checkpoints, SavedModels and
+`model.export` store them as they store any variable, and a loaded model
+needs nothing but the op library. The pooling is `CtrEmbeddingLookup`'s, so
+the gradient reaches `values` as `tf.IndexedSlices` of the looked-up rows and
+every optimizer updates (and keeps slots for) only those rows.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from tf_ctr_ops import ops as _lookup_ops
+from tf_ctr_ops._args import read_table
+from tf_ctr_ops._loader import load_op_library
+
+_ops = load_op_library()
+
+tf.no_gradient("CtrHashTableFind")
+
+# The table layout of cc/core/hash_table.h.
+HEADER_ROWS = 2
+COLUMNS = 4  # key, entry, last_seen, count
+NEXT_ROW, OCCUPIED, DROPPED, EVICTED, FREE_COUNT, CLOCK = range(6)  # header cells
+EMPTY_ENTRY = -1
+KEY_DTYPES = (tf.int64, tf.string)
+EVICTIONS = ("none", "lru", "lfu")
+
+
+def default_num_slots(capacity):
+    """The slot count for `capacity` rows: a power of two, at most half full of rows."""
+    return 1 << max(1, int(2 * max(capacity, 1) - 1).bit_length())
+
+
+def free_list_rows(capacity):
+    return -(-capacity // COLUMNS)
+
+
+def check_eviction(eviction):
+    eviction = "none" if eviction is None else eviction
+    if eviction not in EVICTIONS:
+        raise ValueError(f"eviction must be one of {EVICTIONS} (or None), got {eviction!r}")
+    return eviction
+
+
+def check_table_args(capacity, num_slots, admit_after):
+    """Validated (capacity, num_slots, admit_after)."""
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
+        raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
+    capacity = int(capacity)
+    num_slots = default_num_slots(capacity) if num_slots is None else num_slots
+    if isinstance(num_slots, bool) or not isinstance(num_slots, (int, np.integer)) or num_slots < 1 \
+            or num_slots & (num_slots - 1):
+        raise ValueError(f"num_slots must be a power of two, got {num_slots!r}")
+    if num_slots < capacity + capacity // 3 + 1:  # rows must fit under the 3/4 slot limit
+        raise ValueError(f"num_slots {num_slots} is too small for capacity {capacity}: it must hold "
+                         f"the rows at under 3/4 load (default: {default_num_slots(capacity)})")
+    if isinstance(admit_after, bool) or not isinstance(admit_after, (int, np.integer)) or admit_after < 1:
+        raise ValueError(f"admit_after must be an integer >= 1, got {admit_after!r}")
+    return capacity, int(num_slots), int(admit_after)
+
+
+def table_shape(num_slots, capacity):
+    return [HEADER_ROWS + num_slots + free_list_rows(capacity), COLUMNS]
+
+
+def empty_table(num_slots, capacity):
+    """The int64 table tensor (table_shape) of a table with no keys."""
+    table = np.zeros(table_shape(num_slots, capacity), np.int64)
+    table[HEADER_ROWS:HEADER_ROWS + num_slots, 1] = EMPTY_ENTRY
+    return tf.constant(table)
+
+
+def check_key_dtype(key_dtype):
+    key_dtype = tf.as_dtype(key_dtype)
+    if key_dtype not in KEY_DTYPES:
+        raise ValueError(f"key_dtype must be tf.int64 or tf.string, got {key_dtype.name}")
+    return key_dtype
+
+
+class HashTable(tf.Module):
+    """A key-to-row table: the `values` row of each key it has seen.
+
+    Args:
+      dim: the embedding width.
+      capacity: the rows of `values`; keys beyond it are dropped (they read no
+        row) and counted in `statistics()["dropped"]`.
+      key_dtype: tf.int64 (int32 keys are accepted too) or tf.string. String
+        keys are stored as their 64-bit `to_hash_bucket_fast` fingerprint.
+      dtype: the values' dtype.
+      initializer: initializer of `values` (a callable taking shape and dtype);
+        every row starts with its value, so a key inserted later starts there
+        too. Default: truncated normal, stddev 1/sqrt(dim).
+      admit_after: a key gets a row the admit_after-th time it is inserted;
+        until then it reads no row (filters out one-off keys).
+      eviction: when all rows are taken, "lru" evicts the keys least recently
+        seen by inserting calls, "lfu" the least often seen (capacity/16 at a
+        time; never a key of the running call), and their rows go to new keys,
+        reset by `initializer`. None (default): new keys are dropped.
+      num_slots: hash slots, a power of two (default: >= 2 x capacity).
+    """
+
+    def __init__(self, dim, capacity, key_dtype=tf.int64, dtype=tf.float32, initializer=None, admit_after=1,
+                 eviction=None, num_slots=None, name="hash_table"):
+        super().__init__(name=name)
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+            raise ValueError(f"dim must be a positive integer, got {dim!r}")
+        self.dim = int(dim)
+        self.capacity, self.num_slots, self.admit_after = check_table_args(capacity, num_slots, admit_after)
+        self.key_dtype = check_key_dtype(key_dtype)
+        self.eviction = check_eviction(eviction)
+        if initializer is None:
+            initializer = tf.keras.initializers.TruncatedNormal(stddev=1.0 / np.sqrt(self.dim))
+        self.row_initializer = initializer
+        with self.name_scope:
+            with tf.device("/CPU:0"):  # the find kernel runs where the table lives
+                self.table = tf.Variable(empty_table(self.num_slots, self.capacity), trainable=False, name="table")
+            self.values = tf.Variable(initializer([self.capacity, self.dim], dtype=dtype), name="values")
+
+    def find(self, keys, insert=False):
+        """The row of each key (any shape), -1 for keys without one."""
+        return find_rows(self, tf.convert_to_tensor(keys), insert=insert)
+
+    def size(self):
+        """Keys that have a row."""
+        return table_statistics(self.table, self.capacity)["size"]
+
+    def statistics(self):
+        """A dict of scalar tensors: size, occupied slots, dropped, evicted, load factor."""
+        return table_statistics(self.table, self.capacity)
+
+    def export(self):
+        """(keys, values) of every key with a row; string keys as their fingerprints."""
+        return export_rows(self.table, self.values, self.num_slots)
+
+    def insert_rows(self, keys, values):
+        """Inserts `keys` (int64 fingerprints for string tables) with their `values`
+        rows, as `export()` gives them: loads one table into another of any capacity."""
+        keys = tf.convert_to_tensor(keys, tf.int64)
+        rows, _ = _find(self.table, keys, self.capacity, insert=True, admit_after=1)
+        kept = rows >= 0
+        self.values.scatter_update(tf.IndexedSlices(tf.boolean_mask(values, kept), tf.boolean_mask(rows, kept)))
+        return tf.reduce_sum(tf.cast(kept, tf.int64))
+
+
+def _find(table_var, keys, capacity, insert, admit_after, dense_padding=False, eviction="none"):
+    """(rows, reused_rows): see CtrHashTableFind."""
+    return _ops.ctr_hash_table_find(table=table_var.handle, keys=keys, capacity=capacity, insert=bool(insert),
+                                    admit_after=admit_after, dense_padding=dense_padding, eviction=eviction)
+
+
+def _find_and_reset(table, ids, insert, dense_padding=False):
+    """Rows of ids; rows that eviction handed to new keys get fresh initial values first."""
+    rows, reused = _find(_variable(table.table), ids, table.capacity, insert, table.admit_after,
+                         dense_padding=dense_padding, eviction=table.eviction if insert else "none")
+    if insert and table.eviction != "none":
+        values = _variable(table.values)
+        fresh = table.row_initializer(tf.stack([tf.size(reused), table.dim]), dtype=values.dtype)
+        with tf.control_dependencies([values.scatter_update(tf.IndexedSlices(fresh, reused))]):
+            rows = tf.identity(rows)
+    return rows
+
+
+def _variable(v):
+    return getattr(v, "_value", v)  # a Keras 3 variable wraps a tf.Variable
+
+
+def _int_keys(keys, key_dtype, dense):
+    """Keys as int64 (strings as fingerprints, dense "" as the -1 padding)."""
+    if keys.dtype == tf.string:
+        if key_dtype != tf.string:
+            raise TypeError("string keys need a table with key_dtype=tf.string")
+        ids = tf.strings.to_hash_bucket_fast(keys, np.iinfo(np.int64).max)
+        return tf.where(tf.equal(keys, ""), tf.constant(-1, tf.int64), ids) if dense else ids
+    if key_dtype == tf.string:
+        raise TypeError(f"a table with key_dtype=tf.string takes string keys, got {keys.dtype.name}")
+    if keys.dtype not in (tf.int32, tf.int64):
+        raise TypeError(f"keys must be int32, int64 or string, got {keys.dtype.name}")
+    return keys
+
+
+def find_rows(table, keys, insert=False):
+    """Rows of dense `keys` of any shape in `table` (a HashTable or a layer with its attributes)."""
+    ids = _int_keys(keys, table.key_dtype, dense=False)
+    return _find_and_reset(table, ids, insert)
+
+
+def hash_table_embedding(table, keys, weights=None, combiner="mean", max_norm=None, insert=False, name=None):
+    """Pooled embedding of raw keys, each with a row of its own in `table`.
+
+    Args:
+      table: a `HashTable` or a `layers.HashTableEmbedding` (built).
+      keys: int32/int64 (or, for string tables, string) keys as a
+        `tf.RaggedTensor [B, (n)]`, a `tf.SparseTensor [B, N]`, or a dense
+        `[B, N]` tensor padded with -1 (or "").
+      weights: optional float weights in the same container as `keys`.
+      combiner: "sum", "mean" or "sqrtn", over the keys that have a row.
+      max_norm: if set, rows are clipped to this L2 norm before pooling.
+      insert: give keys without a row a new one (training). Without it the
+        table is only read, and keys without a row are left out of their bag.
+
+    Returns:
+      `[B, dim]`, a zero row for a bag with no key that has a row.
+    """
+    with tf.name_scope(name or "hash_table_embedding"):
+        dense = not isinstance(keys, (tf.RaggedTensor, tf.SparseTensor))
+        if dense:
+            keys = tf.convert_to_tensor(keys)
+        bags = _lookup_ops._bags_from_container(keys, weights, -1)
+        ids = _int_keys(bags.ids, table.key_dtype, dense)
+        rows = _find_and_reset(table, ids, insert, dense_padding=dense)
+        out = _lookup_ops._lookup(read_table(table.values), rows, bags.segments, bags.num_rows,
+                                  _lookup_ops._weights_values(bags.weights), segment_kind=bags.kind,
+                                  combiner=combiner, invalid_ids="skip_negative", max_norm=max_norm)
+        return _lookup_ops._with_batch_dim(out, keys)
+
+
+def table_statistics(table_var, capacity):
+    header = tf.reshape(tf.convert_to_tensor(_variable(table_var))[:HEADER_ROWS], [-1])
+    size = header[NEXT_ROW] - header[FREE_COUNT]
+    return {
+        "size": size,
+        "occupied": header[OCCUPIED],
+        "dropped": header[DROPPED],
+        "evicted": header[EVICTED],
+        "load_factor": tf.cast(size, tf.float64) / float(capacity),
+    }
+
+
+def export_rows(table_var, values_var, num_slots):
+    slots = tf.convert_to_tensor(_variable(table_var))[HEADER_ROWS:HEADER_ROWS + num_slots]
+    with_row = slots[:, 1] >= 0
+    keys = tf.boolean_mask(slots[:, 0], with_row)
+    rows = tf.boolean_mask(slots[:, 1], with_row)
+    order = tf.argsort(rows)  # in row order: the order the keys were inserted
+    return tf.gather(keys, order), tf.gather(tf.convert_to_tensor(_variable(values_var)), tf.gather(rows, order))
