@@ -4,12 +4,13 @@ admission, concurrency, checkpoints and SavedModels served in a fresh process.""
 
 import threading
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tf_ctr_ops as tco
-from tf_ctr_ops.hash_table import HashTable, default_num_slots, hash_table_embedding, table_shape
+from tf_ctr_ops.hash_table import HashTable, default_num_slots, hash_table_embedding, optimizer_slots, table_shape
 from conftest import serve_in_fresh_process
 
 
@@ -424,3 +425,26 @@ def test_pending_keys_are_evicted_for_slots():
     assert stats["occupied"] <= 6 and stats["evicted"] > 0
     # key 54 waits (seen once); here its 2nd sighting waits and its 3rd gets the first row
     np.testing.assert_array_equal(table.find([54, 54], insert=True).numpy(), [-1, 0])
+
+
+@pytest.mark.parametrize("make_optimizer, slot_after", [
+    (lambda: keras.optimizers.SGD(learning_rate=0.5, momentum=0.9), lambda g: -0.5 * g),
+    (lambda: keras.optimizers.Adagrad(learning_rate=0.5, initial_accumulator_value=0.25), lambda g: 0.25 + g * g),
+])
+def test_eviction_resets_the_optimizer_slots_of_reused_rows(make_optimizer, slot_after):
+    table = HashTable(dim=2, capacity=16, eviction="lru")
+    optimizer = make_optimizer()
+    optimizer.build([table.values])
+    table.reset_slots_of(optimizer)
+    table.find(np.arange(16), insert=True)
+    (slot, _), = optimizer_slots(optimizer, table.values)
+    slot.assign(np.full([16, 2], 100.0, np.float32))
+    keys = tf.ragged.constant([[500]], dtype=tf.int64)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(hash_table_embedding(table, keys, combiner="sum", insert=True) * [[3.0, -1.0]])
+    grad = tape.gradient(loss, table.values)
+    optimizer.apply_gradients([(grad, table.values)])
+    row = int(table.find([500])[0])
+    np.testing.assert_allclose(slot.numpy()[row], slot_after(np.array([3.0, -1.0])), rtol=1e-5)
+    others = np.delete(slot.numpy(), row, axis=0)
+    assert (np.abs(others) > 50).all(), "only the reused row's slots restart"

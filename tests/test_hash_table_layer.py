@@ -63,3 +63,18 @@ def test_layer_config_errors():
         HashTableEmbedding(4, capacity=0)
     with pytest.raises(ValueError, match="combiner"):
         HashTableEmbedding(4, capacity=10, combiner="max")
+
+
+def test_keras_layer_evicts_while_training(rng):
+    keys = keras.Input(shape=(None,), dtype="int64", name="keys")
+    layer = HashTableEmbedding(4, capacity=64, eviction="lfu", embeddings_initializer="zeros", name="ids")
+    model = keras.Model(keys, keras.layers.Dense(1, activation="sigmoid")(layer(keys)))
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy")
+    layer.reset_slots_of(model.optimizer)
+    data, labels = _click_data(rng, 512)  # 300 distinct keys into 64 rows
+    model.fit(data, labels, batch_size=32, epochs=2, verbose=0)
+    stats = {k: float(v) for k, v in layer.statistics().items()}
+    assert stats["evicted"] > 0 and stats["size"] == 64
+    kept, values = layer.export()
+    assert np.unique(kept.numpy()).size == 64 and np.isfinite(values.numpy()).all()
+    assert layer.get_config()["eviction"] == "lfu"

@@ -17,6 +17,8 @@ the gradient reaches `values` as `tf.IndexedSlices` of the looked-up rows and
 every optimizer updates (and keeps slots for) only those rows.
 """
 
+import weakref
+
 import numpy as np
 import tensorflow as tf
 
@@ -77,8 +79,16 @@ def table_shape(num_slots, capacity):
 def empty_table(num_slots, capacity):
     """The int64 table tensor (table_shape) of a table with no keys."""
     table = np.zeros(table_shape(num_slots, capacity), np.int64)
-    table[HEADER_ROWS:HEADER_ROWS + num_slots, 1] = EMPTY_ENTRY
+    slots = np.zeros(num_slots * COLUMNS, np.int64)  # the slot rows, read flat: pairs, then stats
+    slots[1:2 * num_slots:2] = EMPTY_ENTRY
+    table[HEADER_ROWS:HEADER_ROWS + num_slots] = slots.reshape(num_slots, COLUMNS)
     return tf.constant(table)
+
+
+def slot_pairs(table, num_slots):
+    """The (key, entry) of every slot: [num_slots, 2] (cc/core/hash_table.h)."""
+    region = tf.reshape(table[HEADER_ROWS:HEADER_ROWS + num_slots], [-1])
+    return tf.reshape(region[:2 * num_slots], [num_slots, 2])
 
 
 def check_key_dtype(key_dtype):
@@ -122,10 +132,20 @@ class HashTable(tf.Module):
         if initializer is None:
             initializer = tf.keras.initializers.TruncatedNormal(stddev=1.0 / np.sqrt(self.dim))
         self.row_initializer = initializer
+        self._slot_optimizer = _SlotOptimizer()
         with self.name_scope:
             with tf.device("/CPU:0"):  # the find kernel runs where the table lives
                 self.table = tf.Variable(empty_table(self.num_slots, self.capacity), trainable=False, name="table")
             self.values = tf.Variable(initializer([self.capacity, self.dim], dtype=dtype), name="values")
+
+    def reset_slots_of(self, optimizer):
+        """With eviction: also reset the rows of `optimizer`'s slots (momentums,
+        accumulators, ...) of `values` when a row goes to a new key. Keras 3
+        optimizers; build the optimizer (or take a step) first."""
+        self._slot_optimizer.set(optimizer)
+
+    def slot_optimizer(self):
+        return self._slot_optimizer.get()
 
     def find(self, keys, insert=False):
         """The row of each key (any shape), -1 for keys without one."""
@@ -160,15 +180,55 @@ def _find(table_var, keys, capacity, insert, admit_after, dense_padding=False, e
 
 
 def _find_and_reset(table, ids, insert, dense_padding=False):
-    """Rows of ids; rows that eviction handed to new keys get fresh initial values first."""
+    """Rows of ids; rows that eviction handed to new keys get fresh initial
+    values (and optimizer slots, see reset_slots_of) first."""
     rows, reused = _find(_variable(table.table), ids, table.capacity, insert, table.admit_after,
                          dense_padding=dense_padding, eviction=table.eviction if insert else "none")
     if insert and table.eviction != "none":
         values = _variable(table.values)
-        fresh = table.row_initializer(tf.stack([tf.size(reused), table.dim]), dtype=values.dtype)
-        with tf.control_dependencies([values.scatter_update(tf.IndexedSlices(fresh, reused))]):
+        shape = tf.stack([tf.size(reused), table.dim])
+        resets = [values.scatter_update(tf.IndexedSlices(table.row_initializer(shape, dtype=values.dtype), reused))]
+        for slot, initial in optimizer_slots(table.slot_optimizer(), table.values):
+            slot = _variable(slot)
+            resets.append(slot.scatter_update(tf.IndexedSlices(tf.fill(shape, tf.cast(initial, slot.dtype)), reused)))
+        with tf.control_dependencies(resets):
             rows = tf.identity(rows)
     return rows
+
+
+def optimizer_slots(optimizer, variable):
+    """[(slot variable, its initial value)] of the rows of `variable` in a Keras 3 optimizer.
+
+    Keras names the slots of a variable `{variable.path with '_' for '/'}_{slot}`
+    with the variable's shape; accumulators (Adagrad, Ftrl) start at the
+    optimizer's initial_accumulator_value, every other slot at 0.
+    """
+    if optimizer is None:
+        return []
+    if hasattr(variable, "path"):  # a Keras variable
+        prefix = variable.path.replace("/", "_") + "_"
+    else:  # a tf.Variable, as Keras names its slots
+        prefix = str(variable.name).replace("/", "_").replace(":", "_") + "_"
+    slots = []
+    for slot in getattr(optimizer, "variables", []):
+        if tuple(slot.shape) == tuple(variable.shape) and slot.name.startswith(prefix):
+            accumulator = slot.name.endswith("_accumulator")
+            slots.append((slot, getattr(optimizer, "initial_accumulator_value", 0.0) if accumulator else 0.0))
+    return slots
+
+
+class _SlotOptimizer:
+    """The optimizer whose slots an evicting table resets, held weakly: not a
+    dependency of the table's checkpoints, and never keeps the optimizer alive."""
+
+    def __init__(self):
+        self._ref = None
+
+    def set(self, optimizer):
+        self._ref = None if optimizer is None else weakref.ref(optimizer)
+
+    def get(self):
+        return None if self._ref is None else self._ref()
 
 
 def _variable(v):
@@ -238,7 +298,7 @@ def table_statistics(table_var, capacity):
 
 
 def export_rows(table_var, values_var, num_slots):
-    slots = tf.convert_to_tensor(_variable(table_var))[HEADER_ROWS:HEADER_ROWS + num_slots]
+    slots = slot_pairs(tf.convert_to_tensor(_variable(table_var)), num_slots)
     with_row = slots[:, 1] >= 0
     keys = tf.boolean_mask(slots[:, 0], with_row)
     rows = tf.boolean_mask(slots[:, 1], with_row)

@@ -518,6 +518,16 @@ class HashTableEmbedding(keras.layers.Layer):
         self.embeddings_initializer = initializers.get(embeddings_initializer)
         self.max_norm = _check_max_norm(max_norm)
         self.autocast = False
+        self._slot_optimizer = _hash_table._SlotOptimizer()
+
+    def reset_slots_of(self, optimizer):
+        """With eviction: also reset the optimizer's slots (momentums,
+        accumulators, ...) of a row given to a new key, e.g.
+        `layer.reset_slots_of(model.optimizer)` after `compile`."""
+        self._slot_optimizer.set(optimizer)
+
+    def slot_optimizer(self):
+        return self._slot_optimizer.get()
 
     def build(self, input_shape=None):
         if self.built:

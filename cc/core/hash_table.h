@@ -4,8 +4,11 @@
 // The whole table is one int64 tensor of shape [kHeaderRows + S + F, kColumns],
 // held in an ordinary variable so that checkpoints, SavedModels, tf.distribute
 // and serving see plain tensors and need no custom resource:
-//   header (kHeaderCells cells, see HeaderCell);
-//   S slots of (key, entry, last_seen, count), S a power of two, linear probing;
+//   header (kHeaderRows rows, cells named by HeaderCell);
+//   S rows of slots, S a power of two >= 2, linear probing: read flat, the
+//     first 2S cells are each slot's (key, entry), what a find reads, and the
+//     next 2S its (last_seen, count), which only inserting calls touch; kept
+//     apart so that a find's cache lines hold keys only;
 //   F = FreeListRows(capacity) rows holding the stack of rows freed by eviction.
 // An entry >= 0 is the key's row of the value matrix. kEmptyEntry marks a
 // free slot, so every int64 value is a valid key. An entry <= -2 is a key
@@ -34,7 +37,19 @@ enum HeaderCell : int64_t {
   kClock = 5,       // inserting calls so far
 };
 
-enum SlotColumn : int64_t { kKey = 0, kEntry = 1, kLastSeen = 2, kCount = 3 };
+// Cells of a slot's pair (key, entry) and of its stats (last_seen, count).
+enum PairCell : int64_t { kKey = 0, kEntry = 1 };
+enum StatsCell : int64_t { kLastSeen = 0, kCount = 1 };
+
+// A table's slots: pairs [S, 2] and stats [S, 2], laid out as described above.
+struct Slots {
+  int64_t* pairs;
+  int64_t* stats;
+  int64_t num_slots;
+};
+CTR_HD Slots SlotsOf(int64_t* first_slot_row, int64_t num_slots) {
+  return {first_slot_row, first_slot_row + 2 * num_slots, num_slots};
+}
 
 CTR_HD int64_t FreeListRows(int64_t capacity) { return (capacity + kColumns - 1) / kColumns; }
 
@@ -52,8 +67,9 @@ CTR_HD uint64_t MixKey(uint64_t key) {
   return key;
 }
 
-CTR_HD int64_t* SlotAt(int64_t* slots, int64_t s) { return slots + kColumns * s; }
-CTR_HD const int64_t* SlotAt(const int64_t* slots, int64_t s) { return slots + kColumns * s; }
+CTR_HD int64_t* PairAt(int64_t* pairs, int64_t s) { return pairs + 2 * s; }
+CTR_HD const int64_t* PairAt(const int64_t* pairs, int64_t s) { return pairs + 2 * s; }
+CTR_HD int64_t* StatsAt(const Slots& t, int64_t s) { return t.stats + 2 * s; }
 
 // Where the probe for `key` starts.
 CTR_HD int64_t HomeSlot(int64_t key, int64_t num_slots) {
@@ -61,21 +77,21 @@ CTR_HD int64_t HomeSlot(int64_t key, int64_t num_slots) {
 }
 
 // The slot holding `key`, else the empty slot where it would go, probing from
-// `home`. `slots` points at the first slot; num_slots is a power of two and
-// the table always has an empty slot (CanClaimSlot), so the probe ends.
-CTR_HD int64_t ProbeSlotFrom(const int64_t* slots, int64_t num_slots, int64_t key, int64_t home) {
+// `home` through the slots' pairs; num_slots is a power of two and the table
+// always has an empty slot (CanClaimSlot), so the probe ends.
+CTR_HD int64_t ProbeSlotFrom(const int64_t* pairs, int64_t num_slots, int64_t key, int64_t home) {
   const int64_t mask = num_slots - 1;
   int64_t s = home;
   for (int64_t step = 0; step < num_slots; ++step) {
-    const int64_t* slot = SlotAt(slots, s);
-    if (slot[kEntry] == kEmptyEntry || slot[kKey] == key) return s;
+    const int64_t* pair = PairAt(pairs, s);
+    if (pair[kEntry] == kEmptyEntry || pair[kKey] == key) return s;
     s = (s + 1) & mask;
   }
   return -1;  // unreachable for a table built by these rules; a corrupt one reads as "absent"
 }
 
-CTR_HD int64_t ProbeSlot(const int64_t* slots, int64_t num_slots, int64_t key) {
-  return ProbeSlotFrom(slots, num_slots, key, HomeSlot(key, num_slots));
+CTR_HD int64_t ProbeSlot(const int64_t* pairs, int64_t num_slots, int64_t key) {
+  return ProbeSlotFrom(pairs, num_slots, key, HomeSlot(key, num_slots));
 }
 
 // Whether a key whose probe starts at `home` may sit at slot `at` once slot
@@ -87,22 +103,23 @@ CTR_HD bool StaysAfterHole(int64_t home, int64_t hole, int64_t at) {
 // Empties slot s of a linear-probing table, moving later keys of the same
 // probe run back so that every key stays reachable from its home slot (no
 // tombstones: the table never degrades).
-CTR_HD void DeleteSlot(int64_t* slots, int64_t num_slots, int64_t s) {
-  const int64_t mask = num_slots - 1;
+CTR_HD void DeleteSlot(const Slots& t, int64_t s) {
+  const int64_t mask = t.num_slots - 1;
   int64_t hole = s;
   for (int64_t at = (s + 1) & mask; at != s; at = (at + 1) & mask) {
-    const int64_t* next = SlotAt(slots, at);
+    const int64_t* next = PairAt(t.pairs, at);
     if (next[kEntry] == kEmptyEntry) break;
-    if (StaysAfterHole(HomeSlot(next[kKey], num_slots), hole, at)) continue;
-    int64_t* dst = SlotAt(slots, hole);
-    for (int64_t c = 0; c < kColumns; ++c) dst[c] = next[c];
+    if (StaysAfterHole(HomeSlot(next[kKey], t.num_slots), hole, at)) continue;
+    for (int64_t c = 0; c < 2; ++c) {
+      PairAt(t.pairs, hole)[c] = next[c];
+      StatsAt(t, hole)[c] = StatsAt(t, at)[c];
+    }
     hole = at;
   }
-  int64_t* emptied = SlotAt(slots, hole);
-  emptied[kKey] = 0;
-  emptied[kEntry] = kEmptyEntry;
-  emptied[kLastSeen] = 0;
-  emptied[kCount] = 0;
+  PairAt(t.pairs, hole)[kKey] = 0;
+  PairAt(t.pairs, hole)[kEntry] = kEmptyEntry;
+  StatsAt(t, hole)[kLastSeen] = 0;
+  StatsAt(t, hole)[kCount] = 0;
 }
 
 CTR_HD int64_t RowOfEntry(int64_t entry) { return entry >= 0 ? entry : kNoRow; }
@@ -131,17 +148,19 @@ struct EvictionScore {
   }
 };
 
-CTR_HD EvictionScore ScoreOf(const int64_t* slot, Eviction policy) {
-  return policy == Eviction::kLfu ? EvictionScore{slot[kCount], slot[kLastSeen], slot[kEntry]}
-                                  : EvictionScore{slot[kLastSeen], slot[kCount], slot[kEntry]};
+CTR_HD EvictionScore ScoreOf(const Slots& t, int64_t s, Eviction policy) {
+  const int64_t* stats = StatsAt(t, s);
+  const int64_t row = PairAt(t.pairs, s)[kEntry];
+  return policy == Eviction::kLfu ? EvictionScore{stats[kCount], stats[kLastSeen], row}
+                                  : EvictionScore{stats[kLastSeen], stats[kCount], row};
 }
 
 // Keys seen by the running call (last_seen == clock) are never evicted: their
 // rows may already be in this call's output. To free a row, only keys with a
 // row go; to free a slot, keys waiting for admission may go too.
-CTR_HD bool Evictable(const int64_t* slot, int64_t clock, bool rows_only) {
-  const int64_t entry = slot[kEntry];
-  return (rows_only ? entry >= 0 : entry != kEmptyEntry) && slot[kLastSeen] < clock;
+CTR_HD bool Evictable(const Slots& t, int64_t s, int64_t clock, bool rows_only) {
+  const int64_t entry = PairAt(t.pairs, s)[kEntry];
+  return (rows_only ? entry >= 0 : entry != kEmptyEntry) && StatsAt(t, s)[kLastSeen] < clock;
 }
 
 }  // namespace ctr

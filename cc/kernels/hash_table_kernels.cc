@@ -24,7 +24,7 @@ namespace {
 constexpr int64_t kProbeCost = 40;
 // Keys are probed in groups: the group's home slots are prefetched first, so
 // the cache misses of a large table overlap instead of coming one by one.
-constexpr int64_t kProbeGroup = 16;
+constexpr int64_t kProbeGroup = 32;
 // Eviction frees this share of the capacity at once, so that a full table
 // scans its slots once per capacity/16 new keys, not once per key.
 constexpr int64_t kEvictionBatchDivisor = 16;
@@ -32,27 +32,27 @@ constexpr int64_t kEvictionBatchDivisor = 16;
 // The table tensor's parts (cc/core/hash_table.h).
 struct TableView {
   int64_t* header = nullptr;
-  int64_t* slots = nullptr;
+  ctr::Slots slots{};
   int64_t* free_rows = nullptr;
-  int64_t num_slots = 0;
 };
 
 absl::Status ViewTable(Tensor* table, int64_t capacity, TableView* view) {
   const bool matrix = table->dtype() == tensorflow::DT_INT64 && table->dims() == 2 &&
                       table->dim_size(1) == ctr::kColumns;
   const int64_t slots = matrix ? table->dim_size(0) - ctr::kHeaderRows - ctr::FreeListRows(capacity) : 0;
-  if (!matrix || slots < 1 || (slots & (slots - 1)) != 0) {
+  if (!matrix || slots < 2 || (slots & (slots - 1)) != 0) {
     return tensorflow::errors::InvalidArgument(
         "table must be an int64 variable of shape [", ctr::kHeaderRows, " + S + ", ctr::FreeListRows(capacity),
         ", ", ctr::kColumns, "] for capacity ", capacity,
-        ", S a power of two (tf_ctr_ops.HashTable builds it), got ", tensorflow::DataTypeString(table->dtype()),
+        ", S a power of two >= 2 (tf_ctr_ops.HashTable builds it), got ", tensorflow::DataTypeString(table->dtype()),
         " ", table->shape().DebugString());
   }
   if (capacity > slots) {
     return tensorflow::errors::InvalidArgument("capacity ", capacity, " exceeds the table's ", slots, " slots");
   }
   int64_t* data = table->flat<int64_t>().data();
-  *view = {data, data + ctr::kColumns * ctr::kHeaderRows, data + ctr::kColumns * (ctr::kHeaderRows + slots), slots};
+  *view = {data, ctr::SlotsOf(data + ctr::kColumns * ctr::kHeaderRows, slots),
+           data + ctr::kColumns * (ctr::kHeaderRows + slots)};
   // The header indexes the free stack: a table assigned garbage must not move it out of bounds.
   const int64_t* h = view->header;
   if (h[ctr::kNextRow] < 0 || h[ctr::kNextRow] > capacity || h[ctr::kFreeCount] < 0 ||
@@ -89,18 +89,19 @@ void FindRows(OpKernelContext* ctx, const TableView& t, const Key* keys, int64_t
     for (int64_t g = begin; g < end; g += kProbeGroup) {
       const int64_t count = std::min(kProbeGroup, end - g);
       for (int64_t j = 0; j < count; ++j) {
-        home[j] = ctr::HomeSlot(keys[g + j], t.num_slots);
-        __builtin_prefetch(ctr::SlotAt(t.slots, home[j]));
+        home[j] = ctr::HomeSlot(keys[g + j], t.slots.num_slots);
+        __builtin_prefetch(ctr::PairAt(t.slots.pairs, home[j]));
       }
       for (int64_t j = 0; j < count; ++j) {
         const int64_t key = keys[g + j];
-        const int64_t s = ctr::ProbeSlotFrom(t.slots, t.num_slots, key, home[j]);
-        int64_t* slot = s >= 0 ? ctr::SlotAt(t.slots, s) : nullptr;
-        const bool found = slot != nullptr && slot[ctr::kEntry] >= 0 && !ctr::IsPaddingKey(key, dense_padding);
-        rows[g + j] = found ? slot[ctr::kEntry] : ctr::kNoRow;
+        const int64_t s = ctr::ProbeSlotFrom(t.slots.pairs, t.slots.num_slots, key, home[j]);
+        const int64_t entry = s >= 0 ? ctr::PairAt(t.slots.pairs, s)[ctr::kEntry] : ctr::kEmptyEntry;
+        const bool found = entry >= 0 && !ctr::IsPaddingKey(key, dense_padding);
+        rows[g + j] = found ? entry : ctr::kNoRow;
         if (found && clock > 0) {
-          __atomic_store_n(&slot[ctr::kLastSeen], clock, __ATOMIC_RELAXED);
-          __atomic_fetch_add(&slot[ctr::kCount], 1, __ATOMIC_RELAXED);
+          int64_t* stats = ctr::StatsAt(t.slots, s);
+          __atomic_store_n(&stats[ctr::kLastSeen], clock, __ATOMIC_RELAXED);
+          __atomic_fetch_add(&stats[ctr::kCount], 1, __ATOMIC_RELAXED);
         }
       }
     }
@@ -134,41 +135,42 @@ class Inserter {
 
  private:
   int64_t Insert(int64_t key) {
-    int64_t s = ctr::ProbeSlot(t_.slots, t_.num_slots, key);
-    int64_t* slot = s >= 0 ? ctr::SlotAt(t_.slots, s) : nullptr;
-    if (slot != nullptr && slot[ctr::kEntry] >= 0) {  // inserted by an earlier key of this call
-      Touch(slot);
-      return slot[ctr::kEntry];
+    const ctr::Slots& t = t_.slots;
+    int64_t s = ctr::ProbeSlot(t.pairs, t.num_slots, key);
+    int64_t entry = s >= 0 ? ctr::PairAt(t.pairs, s)[ctr::kEntry] : ctr::kEmptyEntry;
+    if (entry >= 0) {  // inserted by an earlier key of this call
+      Touch(s);
+      return entry;
     }
-    const int64_t entry = slot == nullptr ? ctr::kEmptyEntry : slot[ctr::kEntry];
     const bool admitted = ctr::AdmitsKey(entry, rules_.admit_after);
     const bool new_slot = entry == ctr::kEmptyEntry;
     const bool needs_row = admitted && !RowAvailable();
     if ((needs_row || (new_slot && !SlotAvailable())) && Evict(/*rows_only=*/needs_row)) {
-      s = ctr::ProbeSlot(t_.slots, t_.num_slots, key);  // eviction moved keys
-      slot = s >= 0 ? ctr::SlotAt(t_.slots, s) : nullptr;
+      s = ctr::ProbeSlot(t.pairs, t.num_slots, key);  // eviction moved keys
     }
-    if (slot == nullptr || (new_slot && !SlotAvailable()) || (admitted && !RowAvailable())) {
+    if (s < 0 || (new_slot && !SlotAvailable()) || (admitted && !RowAvailable())) {
       ++h_[ctr::kDropped];
       return ctr::kNoRow;
     }
+    int64_t* pair = ctr::PairAt(t.pairs, s);
     if (new_slot) {
-      slot[ctr::kKey] = key;
-      slot[ctr::kCount] = 0;
+      pair[ctr::kKey] = key;
+      ctr::StatsAt(t, s)[ctr::kCount] = 0;
       ++h_[ctr::kOccupied];
     }
-    slot[ctr::kEntry] = admitted ? TakeRow() : ctr::PendingEntry(ctr::TimesSeen(entry) + 1);
-    Touch(slot);
-    return ctr::RowOfEntry(slot[ctr::kEntry]);
+    pair[ctr::kEntry] = admitted ? TakeRow() : ctr::PendingEntry(ctr::TimesSeen(entry) + 1);
+    Touch(s);
+    return ctr::RowOfEntry(pair[ctr::kEntry]);
   }
 
-  void Touch(int64_t* slot) const {
-    slot[ctr::kLastSeen] = h_[ctr::kClock];
-    ++slot[ctr::kCount];
+  void Touch(int64_t s) const {
+    int64_t* stats = ctr::StatsAt(t_.slots, s);
+    stats[ctr::kLastSeen] = h_[ctr::kClock];
+    ++stats[ctr::kCount];
   }
 
   bool RowAvailable() const { return h_[ctr::kFreeCount] > 0 || h_[ctr::kNextRow] < rules_.capacity; }
-  bool SlotAvailable() const { return ctr::CanClaimSlot(h_[ctr::kOccupied], t_.num_slots); }
+  bool SlotAvailable() const { return ctr::CanClaimSlot(h_[ctr::kOccupied], t_.slots.num_slots); }
 
   int64_t TakeRow() {
     if (h_[ctr::kFreeCount] > 0) {
@@ -183,12 +185,12 @@ class Inserter {
   // not seen (with rows_only, only keys holding a row); false when none can go.
   bool Evict(bool rows_only) {
     if (rules_.eviction == ctr::Eviction::kNone) return false;
+    const ctr::Slots& t = t_.slots;
     const int64_t clock = h_[ctr::kClock];
     std::vector<std::pair<ctr::EvictionScore, int64_t>> candidates;
-    for (int64_t s = 0; s < t_.num_slots; ++s) {
-      const int64_t* slot = ctr::SlotAt(t_.slots, s);
-      if (ctr::Evictable(slot, clock, rows_only)) {
-        candidates.emplace_back(ctr::ScoreOf(slot, rules_.eviction), slot[ctr::kKey]);
+    for (int64_t s = 0; s < t.num_slots; ++s) {
+      if (ctr::Evictable(t, s, clock, rows_only)) {
+        candidates.emplace_back(ctr::ScoreOf(t, s, rules_.eviction), ctr::PairAt(t.pairs, s)[ctr::kKey]);
       }
     }
     if (candidates.empty()) return false;
@@ -201,10 +203,10 @@ class Inserter {
     for (auto it = cut; it != candidates.begin() && h_[ctr::kFreeCount] < rules_.capacity;) {
       --it;
       // Keys, not slots: each deletion may move the others' slots.
-      const int64_t s = ctr::ProbeSlot(t_.slots, t_.num_slots, it->second);
-      const int64_t entry = ctr::SlotAt(t_.slots, s)[ctr::kEntry];
+      const int64_t s = ctr::ProbeSlot(t.pairs, t.num_slots, it->second);
+      const int64_t entry = ctr::PairAt(t.pairs, s)[ctr::kEntry];
       if (entry >= 0) t_.free_rows[h_[ctr::kFreeCount]++] = entry;
-      ctr::DeleteSlot(t_.slots, t_.num_slots, s);
+      ctr::DeleteSlot(t, s);
       --h_[ctr::kOccupied];
       ++h_[ctr::kEvicted];
     }
