@@ -21,7 +21,7 @@ cd "$ROOT"
 PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
 CS="${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")}"
 TOOLS="${TOOLS:-memcheck racecheck}"
-TESTS=(tests/test_gpu_core.py tests/test_gpu_strings_core.py)
+TESTS=(tests/test_gpu_core.py tests/test_gpu_strings_core.py tests/test_gpu_hash_table.py)
 [ -x "$CS" ] || { echo "compute-sanitizer not found (set COMPUTE_SANITIZER or CUDA_HOME)" >&2; exit 1; }
 
 # Skipped GPU tests would make a silent pass: require a CUDA core and a device.

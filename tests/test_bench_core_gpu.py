@@ -37,3 +37,22 @@ def test_packing_edge_values(bench):
     raw, splits = bench.pack_decimal(ids, offsets)
     assert raw.tobytes().decode() == "0" + "9,10,99,100," + str(2**62) + "7"
     np.testing.assert_array_equal(splits, [0, 1, len("09,10,99,100," + str(2**62)), len(raw)])
+
+
+def test_table_benchmark_builds_the_table_it_times():
+    """tools/bench_table_gpu.py's host side: its table holds every resident key
+    (rows in insertion order) and its queries are resident keys."""
+    from core_helpers import load_core
+
+    core = load_core()  # the CPU find is in every build of the core
+    spec = importlib.util.spec_from_file_location(
+        "bench_table_gpu", os.path.join(os.path.dirname(__file__), "..", "tools", "bench_table_gpu.py"))
+    table_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table_bench)
+    rng = np.random.default_rng(3)
+    keys = rng.choice(np.int64(1) << 62, size=5000, replace=False).astype(np.int64)
+    table = table_bench.build_table(core, keys, keys.size)
+    np.testing.assert_array_equal(core.hash_table_find(table, keys, keys.size)[0], np.arange(keys.size))
+    for dist in ("uniform", "zipf"):
+        q = table_bench.queries(rng, keys, 2000, dist)
+        assert np.isin(q, keys).all()

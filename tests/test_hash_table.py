@@ -448,3 +448,35 @@ def test_eviction_resets_the_optimizer_slots_of_reused_rows(make_optimizer, slot
     np.testing.assert_allclose(slot.numpy()[row], slot_after(np.array([3.0, -1.0])), rtol=1e-5)
     others = np.delete(slot.numpy(), row, axis=0)
     assert (np.abs(others) > 50).all(), "only the reused row's slots restart"
+
+
+@pytest.mark.parametrize("eviction, admit_after", [("none", 1), ("lru", 1), ("lfu", 2)])
+def test_core_module_builds_the_same_table_as_the_op(rng, eviction, admit_after):
+    """_core.hash_table_find (what the GPU tests build their tables with) runs
+    the op's loops: same rows, same reused rows, the same table bit for bit."""
+    from tf_ctr_ops import _core
+
+    table = HashTable(dim=2, capacity=40, eviction=None if eviction == "none" else eviction,
+                      admit_after=admit_after)
+    mirror = table.table.numpy().copy()
+    for step in range(25):
+        keys = rng.integers(-60, 60, size=rng.integers(0, 20)).astype(np.int64)
+        rows, reused = _find_op(table, keys)
+        core_rows, core_reused = _core.hash_table_find(mirror, keys, 40, insert=True, admit_after=admit_after,
+                                                       eviction=eviction)
+        np.testing.assert_array_equal(core_rows, rows, err_msg=f"step {step}")
+        np.testing.assert_array_equal(core_reused, reused)
+        np.testing.assert_array_equal(mirror, table.table.numpy())
+    probe = rng.integers(-70, 70, size=50)
+    np.testing.assert_array_equal(_core.hash_table_find(mirror, probe, 40)[0], table.find(probe).numpy())
+    with pytest.raises(ValueError, match="corrupt"):
+        bad = mirror.copy()
+        bad[1, 0] = 10**6  # the free-stack count
+        _core.hash_table_find(bad, probe, 40, insert=True)
+
+
+def _find_op(table, keys):
+    from tf_ctr_ops.hash_table import _find
+    rows, reused = _find(table.table, tf.constant(keys, tf.int64), table.capacity, insert=True,
+                         admit_after=table.admit_after, eviction=table.eviction)
+    return rows.numpy(), reused.numpy()

@@ -5,12 +5,13 @@
 #
 #   1. builds tf_ctr_ops._core with CUDA in place (TF_CTR_OPS_CORE_ONLY=1;
 #      sm_90 unless TF_CTR_OPS_CUDA_ARCHS says otherwise);
-#   2. runs the three GPU test files; a skipped test fails the run, since a
+#   2. runs the four GPU test files; a skipped test fails the run, since a
 #      skipped GPU test is not a GPU test passed;
 #   3. runs them under compute-sanitizer memcheck and racecheck
 #      (.ci/compute_sanitizer.sh);
-#   4. runs the core-level GPU benchmark (tools/bench_core_gpu.py): lookup and
-#      string_embedding times against the copy bandwidth of the same run.
+#   4. runs the core-level GPU benchmarks: tools/bench_core_gpu.py (lookup and
+#      string_embedding times against the copy bandwidth of the same run) and
+#      tools/bench_table_gpu.py (hash-table finds per second).
 #
 #   bash tools/gpu_check.sh                 # everything
 #   SANITIZE=0 BENCH=0 bash tools/gpu_check.sh      # build and tests only
@@ -24,7 +25,7 @@ export TF_CTR_OPS_CORE_ONLY=1 TF_CTR_OPS_CUDA=1 TF_CTR_OPS_CUDA_ARCHS="${TF_CTR_
 echo "+ build tf_ctr_ops._core (CUDA, sm_${TF_CTR_OPS_CUDA_ARCHS})"
 "$PYTHON" setup.py -q build_ext --inplace
 
-TESTS=(tests/test_gpu_core.py tests/test_gpu_strings_core.py tests/test_gpu_bindings_host.py)
+TESTS=(tests/test_gpu_core.py tests/test_gpu_strings_core.py tests/test_gpu_hash_table.py tests/test_gpu_bindings_host.py)
 echo "+ pytest ${TESTS[*]}"
 log="$(mktemp)"
 "$PYTHON" -m pytest -q -rs -p no:cacheprovider "${TESTS[@]}" 2>&1 | tee "$log"
@@ -42,5 +43,7 @@ if [ "${BENCH:-1}" != "0" ]; then
   echo "+ python tools/bench_core_gpu.py ${BENCH_ARGS:-}"
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
   "$PYTHON" tools/bench_core_gpu.py ${BENCH_ARGS:-}
+  echo "+ python tools/bench_table_gpu.py"
+  "$PYTHON" tools/bench_table_gpu.py
 fi
 echo "+ tools/gpu_check.sh passed"

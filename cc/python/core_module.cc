@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cc/core/fingerprint.h"
+#include "cc/core/hash_table_cpu.h"
 #include "cc/core/lookup.h"
 #include "cc/core/lookup_cpu.h"
 #include "cc/core/lowest_row_error.h"
@@ -172,6 +173,42 @@ py::array StringEmbedding(py::array params, py::array_t<uint8_t, py::array::c_st
   throw py::type_error("params must be float32 or float16, got " + kind);
 }
 
+// CtrHashTableFind on a NumPy table, updated in place with insert: (rows, reused_rows).
+py::tuple HashTableFind(py::array table, py::array_t<int64_t, py::array::c_style | py::array::forcecast> keys,
+                        int64_t capacity, bool insert, int64_t admit_after, bool dense_padding,
+                        const std::string& eviction, int threads) {
+  if (!table.dtype().is(py::dtype::of<int64_t>()) || table.ndim() != 2 ||
+      !(table.flags() & py::array::c_style) || !table.writeable()) {
+    throw py::type_error("table must be a writable C-contiguous int64 array [2 + S + ceil(capacity / 4), 4]");
+  }
+  if (admit_after < 1) throw py::value_error("admit_after must be >= 1");
+  if (eviction != "none" && eviction != "lru" && eviction != "lfu")
+    throw py::value_error("eviction must be 'none', 'lru' or 'lfu', got '" + eviction + "'");
+  ctr::TableView view;
+  const std::string error = ctr::ViewTable(static_cast<int64_t*>(table.mutable_data()), table.shape(0),
+                                           table.shape(1), capacity, &view);
+  if (!error.empty()) throw py::value_error(error);
+  const int64_t n = keys.size();
+  py::array_t<int64_t> rows(n);
+  std::vector<int64_t> reused;
+  {
+    py::gil_scoped_release nogil;
+    const int num_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+    auto parallel_for = [num_threads](int64_t count, auto&& fn) { ParallelRanges(count, num_threads, fn); };
+    const int64_t clock = insert ? ++view.header[ctr::kClock] : 0;
+    ctr::FindRows(view, keys.data(), n, dense_padding, clock, rows.mutable_data(), parallel_for);
+    if (insert) {
+      const ctr::InsertRules rules{capacity, admit_after, dense_padding, ctr::ParseEviction(eviction)};
+      ctr::Inserter inserter(view, rules);
+      inserter.InsertMissing(keys.data(), n, rows.mutable_data());
+      reused = inserter.reused_rows();
+    }
+  }
+  py::array_t<int64_t> reused_rows(static_cast<py::ssize_t>(reused.size()));
+  std::copy(reused.begin(), reused.end(), reused_rows.mutable_data());
+  return py::make_tuple(rows, reused_rows);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -194,6 +231,11 @@ PYBIND11_MODULE(_core, m) {
         py::arg("threads") = 0, py::arg("num_buckets") = 0, py::arg("invalid_ids") = "error",
         py::arg("default_id") = -1,
         "Pooled tokens of packed strings: bytes uint8, string_splits int64 byte offsets [S+1].");
+  m.def("hash_table_find", &HashTableFind, py::arg("table"), py::arg("keys"), py::arg("capacity"),
+        py::arg("insert") = false, py::arg("admit_after") = 1, py::arg("dense_padding") = false,
+        py::arg("eviction") = "none", py::arg("threads") = 0,
+        "CtrHashTableFind on a NumPy table (cc/core/hash_table.h layout), updated in place with insert: "
+        "(rows, reused_rows).");
   m.def("fingerprint64", [](const py::bytes& b) {
     const std::string s = b;
     return ctr::fp::Fingerprint64(reinterpret_cast<const uint8_t*>(s.data()), s.size());

@@ -14,10 +14,12 @@
 #include <string>
 
 #include "cc/core/float_types.h"
+#include "cc/core/hash_table.h"
 #include "cc/core/lookup.h"
 #include "cc/core/segments.h"
 #include "cc/python/specs.h"
 #include "cc/python/gpu_common.h"
+#include "cuda/hash_table_launchers.h"
 #include "cuda/lookup_launchers.h"
 
 namespace py = pybind11;
@@ -186,7 +188,30 @@ int64_t GpuEmbeddingLookupGrad(
 
 }  // namespace
 
+// The hash-table find on device pointers; the table is laid out as
+// cc/core/hash_table.h says (table_rows rows of kColumns int64 for capacity).
+void GpuHashTableFind(uintptr_t table_ptr, int64_t table_rows, int64_t capacity, uintptr_t keys_ptr, int64_t n,
+                      bool dense_padding, uintptr_t rows_ptr, uintptr_t stream) {
+  const int64_t num_slots = table_rows - ctr::kHeaderRows - ctr::FreeListRows(capacity);
+  if (capacity < 0 || num_slots < 2 || (num_slots & (num_slots - 1)) != 0 || capacity > num_slots)
+    throw py::value_error("table_rows " + std::to_string(table_rows) + " is not a table of capacity " +
+                          std::to_string(capacity) + " with a power-of-two slot count >= capacity");
+  if (n < 0) throw py::value_error("n must be >= 0");
+  RequirePointer(table_ptr, true, "table_ptr");
+  RequirePointer(keys_ptr, n > 0, "keys_ptr");
+  RequirePointer(rows_ptr, n > 0, "rows_ptr");
+  const int64_t* slot_rows = DevicePtr<const int64_t>(table_ptr) + ctr::kColumns * ctr::kHeaderRows;
+  py::gil_scoped_release nogil;
+  Check(ctr::gpu::HashTableFind(slot_rows, num_slots, DevicePtr<const int64_t>(keys_ptr), n, dense_padding,
+                                DevicePtr<int64_t>(rows_ptr), StreamPtr(stream)));
+}
+
 void RegisterGpuBindings(py::module_& m) {
+  m.def("gpu_hash_table_find", &GpuHashTableFind, py::arg("table_ptr"), py::arg("table_rows"),
+        py::arg("capacity"), py::arg("keys_ptr"), py::arg("n"), py::arg("dense_padding") = false,
+        py::arg("rows_ptr") = 0, py::arg("stream") = 0,
+        "Rows of int64 keys [n] in an int64 hash table [table_rows, 4] (hash_table_find's layout) on the "
+        "device: rows int64 [n], -1 for a key without a row. Asynchronous on the stream.");
   m.def("gpu_embedding_lookup", &GpuEmbeddingLookup, py::arg("params_ptr"),
         py::arg("params_dtype"), py::arg("vocab"), py::arg("dim"), py::arg("keys_ptr"),
         py::arg("keys_dtype"), py::arg("nnz"), py::arg("weights_ptr"), py::arg("offsets_ptr"),

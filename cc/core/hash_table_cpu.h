@@ -1,0 +1,205 @@
+// The CPU loops of the key-to-row hash table (CtrHashTableFind and the core
+// module's hash_table_find): finding keys, inserting them with admission and
+// eviction, on the rules of hash_table.h. Host only; framework-free.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cc/core/hash_table.h"
+
+namespace ctr {
+
+// Keys are probed in groups: the group's home slots are prefetched first, so
+// the cache misses of a large table overlap instead of coming one by one.
+constexpr int64_t kProbeGroup = 32;
+// Eviction frees this share of the capacity at once, so that a full table
+// scans its slots once per capacity/16 new keys, not once per key.
+constexpr int64_t kEvictionBatchDivisor = 16;
+
+// A table tensor's parts.
+struct TableView {
+  int64_t* header = nullptr;
+  Slots slots{};
+  int64_t* free_rows = nullptr;
+};
+
+// Views an int64 [rows, cols] table of `capacity` rows of values; an error
+// message (empty on success) says what is wrong with it. The header is
+// checked too: it indexes the free stack, so a table assigned garbage must
+// not move it out of bounds.
+inline std::string ViewTable(int64_t* data, int64_t rows, int64_t cols, int64_t capacity, TableView* view) {
+  const int64_t slots = cols == kColumns ? rows - kHeaderRows - FreeListRows(capacity) : 0;
+  if (capacity < 0 || slots < 2 || (slots & (slots - 1)) != 0) {
+    return "table must be an int64 variable of shape [" + std::to_string(kHeaderRows) + " + S + " +
+           std::to_string(FreeListRows(capacity)) + ", " + std::to_string(kColumns) + "] for capacity " +
+           std::to_string(capacity) + ", S a power of two >= 2 (tf_ctr_ops.HashTable builds it), got [" +
+           std::to_string(rows) + ", " + std::to_string(cols) + "]";
+  }
+  if (capacity > slots) {
+    return "capacity " + std::to_string(capacity) + " exceeds the table's " + std::to_string(slots) + " slots";
+  }
+  *view = {data, SlotsOf(data + kColumns * kHeaderRows, slots), data + kColumns * (kHeaderRows + slots)};
+  const int64_t* h = view->header;
+  if (h[kNextRow] < 0 || h[kNextRow] > capacity || h[kFreeCount] < 0 || h[kFreeCount] > h[kNextRow] ||
+      h[kOccupied] < 0 || h[kOccupied] > slots || h[kClock] < 0) {
+    return "corrupt hash table header: " + std::to_string(h[kNextRow]) + " rows handed out, " +
+           std::to_string(h[kFreeCount]) + " free, " + std::to_string(h[kOccupied]) + " slots occupied, clock " +
+           std::to_string(h[kClock]) + " (capacity " + std::to_string(capacity) + ", " + std::to_string(slots) +
+           " slots)";
+  }
+  return "";
+}
+
+// Rows of `keys` (kNoRow for none). With clock > 0 (an inserting call), each
+// found key is stamped as seen by this call and its use count goes up: the
+// scores eviction reads. Threads may stamp one slot at once, hence atomics.
+// parallel_for(n, fn) runs fn(begin, end) over [0, n), on threads or not.
+template <typename Key, typename ParallelFor>
+void FindRows(const TableView& t, const Key* keys, int64_t n, bool dense_padding, int64_t clock, int64_t* rows,
+              ParallelFor&& parallel_for) {
+  parallel_for(n, [&](int64_t begin, int64_t end) {
+    int64_t home[kProbeGroup];
+    for (int64_t g = begin; g < end; g += kProbeGroup) {
+      const int64_t count = std::min(kProbeGroup, end - g);
+      for (int64_t j = 0; j < count; ++j) {
+        home[j] = HomeSlot(keys[g + j], t.slots.num_slots);
+        __builtin_prefetch(PairAt(t.slots.pairs, home[j]));
+      }
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t key = keys[g + j];
+        const int64_t s = ProbeSlotFrom(t.slots.pairs, t.slots.num_slots, key, home[j]);
+        const int64_t entry = s >= 0 ? PairAt(t.slots.pairs, s)[kEntry] : kEmptyEntry;
+        const bool found = entry >= 0 && !IsPaddingKey(key, dense_padding);
+        rows[g + j] = found ? entry : kNoRow;
+        if (found && clock > 0) {
+          int64_t* stats = StatsAt(t.slots, s);
+          __atomic_store_n(&stats[kLastSeen], clock, __ATOMIC_RELAXED);
+          __atomic_fetch_add(&stats[kCount], 1, __ATOMIC_RELAXED);
+        }
+      }
+    }
+  });
+}
+
+struct InsertRules {
+  int64_t capacity;
+  int64_t admit_after;
+  bool dense_padding;
+  Eviction eviction;
+};
+
+// Inserts of one call: rows for the keys FindRows left without one.
+class Inserter {
+ public:
+  Inserter(const TableView& t, const InsertRules& rules) : t_(t), rules_(rules), h_(t.header) {}
+
+  template <typename Key>
+  void InsertMissing(const Key* keys, int64_t n, int64_t* rows) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t key = keys[i];
+      if (rows[i] != kNoRow || IsPaddingKey(key, rules_.dense_padding)) continue;
+      rows[i] = Insert(key);
+    }
+  }
+
+  // Rows freed by eviction and handed to new keys in this call: their values
+  // are the evicted keys' and must be reset.
+  const std::vector<int64_t>& reused_rows() const { return reused_; }
+
+ private:
+  int64_t Insert(int64_t key) {
+    const Slots& t = t_.slots;
+    int64_t s = ProbeSlot(t.pairs, t.num_slots, key);
+    int64_t entry = s >= 0 ? PairAt(t.pairs, s)[kEntry] : kEmptyEntry;
+    if (entry >= 0) {  // inserted by an earlier key of this call
+      Touch(s);
+      return entry;
+    }
+    const bool admitted = AdmitsKey(entry, rules_.admit_after);
+    const bool new_slot = entry == kEmptyEntry;
+    const bool needs_row = admitted && !RowAvailable();
+    if ((needs_row || (new_slot && !SlotAvailable())) && Evict(/*rows_only=*/needs_row)) {
+      s = ProbeSlot(t.pairs, t.num_slots, key);  // eviction moved keys
+    }
+    if (s < 0 || (new_slot && !SlotAvailable()) || (admitted && !RowAvailable())) {
+      ++h_[kDropped];
+      return kNoRow;
+    }
+    int64_t* pair = PairAt(t.pairs, s);
+    if (new_slot) {
+      pair[kKey] = key;
+      StatsAt(t, s)[kCount] = 0;
+      ++h_[kOccupied];
+    }
+    pair[kEntry] = admitted ? TakeRow() : PendingEntry(TimesSeen(entry) + 1);
+    Touch(s);
+    return RowOfEntry(pair[kEntry]);
+  }
+
+  void Touch(int64_t s) const {
+    int64_t* stats = StatsAt(t_.slots, s);
+    stats[kLastSeen] = h_[kClock];
+    ++stats[kCount];
+  }
+
+  bool RowAvailable() const { return h_[kFreeCount] > 0 || h_[kNextRow] < rules_.capacity; }
+  bool SlotAvailable() const { return CanClaimSlot(h_[kOccupied], t_.slots.num_slots); }
+
+  int64_t TakeRow() {
+    if (h_[kFreeCount] > 0) {
+      const int64_t row = t_.free_rows[--h_[kFreeCount]];
+      reused_.push_back(row);
+      return row;
+    }
+    return h_[kNextRow]++;
+  }
+
+  // Evicts up to capacity/16 keys with the lowest scores that this call has
+  // not seen (with rows_only, only keys holding a row); false when none can go.
+  bool Evict(bool rows_only) {
+    if (rules_.eviction == Eviction::kNone) return false;
+    const Slots& t = t_.slots;
+    const int64_t clock = h_[kClock];
+    std::vector<std::pair<EvictionScore, int64_t>> candidates;
+    for (int64_t s = 0; s < t.num_slots; ++s) {
+      if (Evictable(t, s, clock, rows_only)) {
+        candidates.emplace_back(ScoreOf(t, s, rules_.eviction), PairAt(t.pairs, s)[kKey]);
+      }
+    }
+    if (candidates.empty()) return false;
+    const int64_t want = std::max<int64_t>(1, rules_.capacity / kEvictionBatchDivisor);
+    const auto cut = candidates.begin() + std::min<int64_t>(want, candidates.size());
+    std::nth_element(candidates.begin(), cut - 1, candidates.end());
+    // Pushed highest score first, so new keys take the lowest-scored key's row
+    // first: a deterministic order that tests can replay.
+    std::sort(candidates.begin(), cut);
+    for (auto it = cut; it != candidates.begin() && h_[kFreeCount] < rules_.capacity;) {
+      --it;
+      // Keys, not slots: each deletion may move the others' slots.
+      const int64_t s = ProbeSlot(t.pairs, t.num_slots, it->second);
+      const int64_t entry = PairAt(t.pairs, s)[kEntry];
+      if (entry >= 0) t_.free_rows[h_[kFreeCount]++] = entry;
+      DeleteSlot(t, s);
+      --h_[kOccupied];
+      ++h_[kEvicted];
+    }
+    return true;
+  }
+
+  const TableView& t_;
+  const InsertRules& rules_;
+  int64_t* h_;
+  std::vector<int64_t> reused_;
+};
+
+inline Eviction ParseEviction(const std::string& name) {
+  if (name == "lru") return Eviction::kLru;
+  if (name == "lfu") return Eviction::kLfu;
+  return Eviction::kNone;
+}
+
+}  // namespace ctr
