@@ -480,3 +480,19 @@ def _find_op(table, keys):
     rows, reused = _find(table.table, tf.constant(keys, tf.int64), table.capacity, insert=True,
                          admit_after=table.admit_after, eviction=table.eviction)
     return rows.numpy(), reused.numpy()
+
+
+def test_restore_into_a_table_of_another_capacity(rng, tmp_path):
+    saved = HashTable(dim=3, capacity=100, eviction="lru")
+    keys = rng.choice(10**9, 60, replace=False).astype(np.int64)
+    saved.find(keys, insert=True)
+    saved.values.assign(rng.normal(size=(100, 3)).astype(np.float32))
+    path = tf.train.Checkpoint(emb=saved).save(str(tmp_path / "ckpt"))
+    for capacity, fits in ((1000, 60), (25, 25)):
+        resized = HashTable(dim=3, capacity=capacity)
+        assert int(resized.restore_resized(path, "emb")) == fits
+        rows = resized.find(keys).numpy()
+        assert (rows >= 0).sum() == fits
+        kept = rows >= 0
+        np.testing.assert_allclose(resized.values.numpy()[rows[kept]],
+                                   saved.values.numpy()[saved.find(keys).numpy()[kept]])

@@ -160,7 +160,7 @@ class HashTable(tf.Module):
         return table_statistics(self.table, self.capacity)
 
     def export(self):
-        """(keys, values) of every key with a row; string keys as their fingerprints."""
+        """(keys, values) of every key with a row, in row order; string keys as their fingerprints."""
         return export_rows(self.table, self.values, self.num_slots)
 
     def insert_rows(self, keys, values):
@@ -171,6 +171,15 @@ class HashTable(tf.Module):
         kept = rows >= 0
         self.values.scatter_update(tf.IndexedSlices(tf.boolean_mask(values, kept), tf.boolean_mask(rows, kept)))
         return tf.reduce_sum(tf.cast(kept, tf.int64))
+
+    def restore_resized(self, checkpoint_path, name):
+        """Inserts the keys and values of the HashTable saved as `name` in a
+        tf.train.Checkpoint (`tf.train.Checkpoint(name=table).save(...)`) whatever
+        its capacity: the way to grow or shrink a table. Returns how many fit."""
+        reader = tf.train.load_checkpoint(checkpoint_path)
+        table = reader.get_tensor(f"{name}/table/.ATTRIBUTES/VARIABLE_VALUE")
+        values = reader.get_tensor(f"{name}/values/.ATTRIBUTES/VARIABLE_VALUE")
+        return self.insert_rows(*rows_of_tensors(table, values))
 
 
 def _find(table_var, keys, capacity, insert, admit_after, dense_padding=False, eviction="none"):
@@ -297,10 +306,18 @@ def table_statistics(table_var, capacity):
     }
 
 
+def rows_of_tensors(table, values):
+    """(keys, values) of every key with a row, from a table tensor and its
+    values (a checkpoint's, of any capacity), in row order."""
+    capacity = int(values.shape[0])
+    num_slots = int(table.shape[0]) - HEADER_ROWS - free_list_rows(capacity)
+    return export_rows(tf.constant(table), tf.constant(values), num_slots)
+
+
 def export_rows(table_var, values_var, num_slots):
     slots = slot_pairs(tf.convert_to_tensor(_variable(table_var)), num_slots)
     with_row = slots[:, 1] >= 0
     keys = tf.boolean_mask(slots[:, 0], with_row)
     rows = tf.boolean_mask(slots[:, 1], with_row)
-    order = tf.argsort(rows)  # in row order: the order the keys were inserted
+    order = tf.argsort(rows)  # in row order (insertion order, until eviction reuses rows)
     return tf.gather(keys, order), tf.gather(tf.convert_to_tensor(_variable(values_var)), tf.gather(rows, order))

@@ -44,7 +44,7 @@ def _shapes(cfg):
 
 def _estimate(cfg):
     shapes = _shapes(cfg)
-    return len(shapes), sum(3 * cfg.budget_s * 3 + s.vocab * 3e-6 for s in shapes)
+    return len(shapes) + 1, sum(3 * cfg.budget_s * 3 + s.vocab * 3e-6 for s in shapes) + 4 * cfg.budget_s
 
 
 @suite("table", estimate=_estimate)
@@ -74,6 +74,9 @@ def table_suite(cfg):
             progress(f"table {shape.label()} {shape.dist}")
         del tables
         gc.collect()
+    progress_label("table train")
+    cases.append(_train_case(cfg, rng, copy))
+    progress("table train")
     targets = _targets(cases, threads)
     result = {"suite": "table", "config": dataclasses.asdict(cfg), "copy_bandwidth": copy, "cases": cases,
               "inserts": inserts, "targets": targets, "skipped": skipped, "threads": threads}
@@ -117,17 +120,7 @@ def _build_tables(cfg, rng, n_keys, dim):
 
     def native_insert_fn(table):
         size = tf.Variable(0, dtype=tf.int64, trainable=False)
-
-        @tf.function(input_signature=chunk_spec)
-        def insert(k):
-            missing = tf.boolean_mask(k, tf.reshape(table.lookup(k) < 0, [-1]))
-            new, _ = tf.unique(missing)
-            n = tf.size(new, out_type=tf.int64)
-            table.insert(new, tf.range(size, size + n))
-            size.assign_add(n)
-            return table.lookup(k)
-
-        return insert
+        return tf.function(lambda k: native_find_or_insert(table, size, k), input_signature=chunk_spec)
 
     fns = {"fused": fused_insert, "native_mutable": native_insert_fn(mutable),
            "native_dense": native_insert_fn(dense)}
@@ -146,6 +139,19 @@ def _build_tables(cfg, rng, n_keys, dim):
     record["speedup"] = min(record[k]["s"] for k in NATIVE_TABLES) / record["fused"]["s"]
     return {"fused": fused, "mutable": mutable, "dense": dense, "native_values": native_values, "keys": keys,
             "insert": record}
+
+
+def native_find_or_insert(table, size, keys):
+    """TF's find-or-insert of 1-D keys in a tf.lookup table: the keys it lacks
+    get rows size, size + 1, ... in order of first appearance."""
+    import tensorflow as tf
+
+    missing = tf.boolean_mask(keys, tf.reshape(table.lookup(keys) < 0, [-1]))
+    new, _ = tf.unique(missing)
+    n = tf.size(new, out_type=tf.int64)
+    table.insert(new, tf.range(size, size + n))
+    size.assign_add(n)
+    return table.lookup(keys)
 
 
 def _fmt_rates(record):
@@ -216,3 +222,82 @@ def _targets(cases, threads):
                         "dist": c["dist"], "shape": c["shape"], "min_speedup": 1.0,
                         "speedup": per_core / FIND_TARGET_PER_CORE, "met": bool(per_core >= FIND_TARGET_PER_CORE)})
     return out
+
+
+TRAIN_FEATURES = 26
+TRAIN_HIDDEN = 64
+TRAIN_LR = 0.05
+
+
+def _train_case(cfg, rng, copy):
+    """One SGD step of a DeepFM-style model (26 single-key features, each a
+    table of raw int64 keys, FM + MLP) with find-or-insert: HashTable +
+    hash_table_embedding against MutableHashTable (TF's find-or-insert
+    composition) + tf.nn.embedding_lookup. Both start from the same values,
+    so their first losses must agree."""
+    import tensorflow as tf
+
+    import tf_ctr_ops as tco
+
+    batch, dim = max(1, cfg.batch // 4), min(cfg.dim, 16)
+    key_space = min(cfg.vocab, 100_000)
+    raw = [rng.choice(np.int64(1) << 62, size=key_space, replace=False) for _ in range(TRAIN_FEATURES)]
+    params = [random_table(rng, key_space, dim) for _ in range(TRAIN_FEATURES)]
+    w1 = rng.normal(0, 0.05, (TRAIN_FEATURES * dim, TRAIN_HIDDEN)).astype(np.float32)
+    w2 = rng.normal(0, 0.05, (TRAIN_HIDDEN, 1)).astype(np.float32)
+    ranks = np.stack([np.minimum(rng.zipf(cfg.zipf_a, batch) - 1, key_space - 1) for _ in range(TRAIN_FEATURES)], 1)
+    keys = tf.constant(np.stack([raw[f][ranks[:, f]] for f in range(TRAIN_FEATURES)], 1))
+    labels = tf.constant(rng.integers(0, 2, (batch, 1)).astype(np.float32))
+
+    def head(embs, dense_vars):
+        x = tf.stack(embs, axis=1)  # [B, F, D]
+        fm = 0.5 * tf.reduce_sum(tf.square(tf.reduce_sum(x, 1)) - tf.reduce_sum(tf.square(x), 1), 1, keepdims=True)
+        mlp = tf.nn.relu(tf.reshape(x, [-1, TRAIN_FEATURES * dim]) @ dense_vars[0]) @ dense_vars[1]
+        return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, fm + mlp))
+
+    def sgd(pairs):
+        for grad, var in pairs:
+            if isinstance(grad, tf.IndexedSlices):
+                var.scatter_sub(tf.IndexedSlices(TRAIN_LR * grad.values, grad.indices))
+            else:
+                var.assign_sub(TRAIN_LR * grad)
+
+    with tf.device(cfg.device):
+        tables = [tco.HashTable(dim=dim, capacity=key_space, initializer=lambda shape, dtype, p=p: p)
+                  for p in params]
+        fused_dense = [tf.Variable(w1), tf.Variable(w2)]
+        native_values = [tf.Variable(p) for p in params]
+        native_dense = [tf.Variable(w1), tf.Variable(w2)]
+        native_tables = [tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1)
+                         for _ in range(TRAIN_FEATURES)]
+        sizes = [tf.Variable(0, dtype=tf.int64) for _ in range(TRAIN_FEATURES)]
+
+    @tf.function
+    def fused_step(k):
+        with tf.device(cfg.device):
+            with tf.GradientTape() as tape:
+                embs = [tco.hash_table_embedding(t, k[:, f:f + 1], combiner="sum", insert=True)
+                        for f, t in enumerate(tables)]
+                loss = head(embs, fused_dense)
+            variables = [t.values for t in tables] + fused_dense
+            sgd(zip(tape.gradient(loss, variables), variables))
+            return loss
+
+    @tf.function
+    def native_step(k):
+        with tf.device(cfg.device):
+            rows = [native_find_or_insert(t, n, k[:, f]) for f, (t, n) in enumerate(zip(native_tables, sizes))]
+            with tf.GradientTape() as tape:
+                embs = [tf.nn.embedding_lookup(v, r) for v, r in zip(native_values, rows)]
+                loss = head(embs, native_dense)
+            variables = native_values + native_dense
+            sgd(zip(tape.gradient(loss, variables), variables))
+            return loss
+
+    fns = {"fused": lambda: fused_step(keys).numpy(), "native": lambda: native_step(keys).numpy()}
+    nbytes = batch * TRAIN_FEATURES * dim * 4 * 3  # rows read, gradient rows written, updated
+    entry = timed_entry("table/train-step-zipf", fns, cfg, nbytes, copy, rtol=1e-4, atol=1e-5)
+    entry.update({"series": "train", "dist": "zipf", "headline": False, "keys": batch * TRAIN_FEATURES,
+                  "shape": f"B={batch}, {TRAIN_FEATURES} features x {si(key_space)} keys D={dim}"})
+    entry["keys_per_s"] = {k: batch * TRAIN_FEATURES / (entry[k]["median_ms"] * 1e-3) for k in ("fused", "native")}
+    return entry
