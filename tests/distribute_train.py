@@ -3,6 +3,7 @@
     python tests/distribute_train.py single OUT.npz
     python tests/distribute_train.py mirrored OUT.npz          # 2 logical CPU devices
     TF_CONFIG=... python tests/distribute_train.py multiworker OUT.npz
+    python tests/distribute_train.py mirrored OUT.npz table    # the hash-table model
 
 Every run starts from the same weights and sees the same global batches in
 the same order, so the trained weights must agree across strategies up to
@@ -61,6 +62,26 @@ def build_model():
     return keras.Model({"item_ids": item_ids, "user": user, "genres": genres}, out)
 
 
+def build_table_model():
+    """A HashTableEmbedding of raw user keys beside a SparseEmbedding. Its
+    rows start at zero, so a key's vector does not depend on which row the
+    replicas' inserts gave it: runs compare key -> vector (export())."""
+    import keras
+
+    from tf_ctr_ops import layers
+
+    keras.utils.set_random_seed(3)
+    item_ids = keras.Input((4,), dtype="int64", name="item_ids")
+    user = keras.Input((1,), dtype="int64", name="user")
+    parts = [
+        layers.SparseEmbedding(50, DIM, combiner="mean", name="items")(item_ids),
+        layers.HashTableEmbedding(DIM, capacity=GLOBAL_BATCH * STEPS, combiner="sum", embeddings_initializer="zeros",
+                                  name="users")(user),
+    ]
+    out = keras.layers.Dense(1, activation="sigmoid", name="ctr")(keras.layers.Concatenate()(parts))
+    return keras.Model({"item_ids": item_ids, "user": user}, out)
+
+
 def strategy_for(mode):
     if mode == "single":
         return tf.distribute.get_strategy()  # the default strategy: one replica
@@ -73,13 +94,15 @@ def strategy_for(mode):
     raise SystemExit(f"unknown mode {mode!r}")
 
 
-def main(mode, out):
+def main(mode, out, model_kind="layers"):
     strategy = strategy_for(mode)
     import tf_ctr_ops  # noqa: F401  (after the device setup: it runs no op)
 
     import keras
 
     x, y = data()
+    if model_kind == "table":
+        x = {"item_ids": x["item_ids"], "user": x["user"]}
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
     options = tf.data.Options()
     # Each worker reads every global batch and keeps its replicas' slices of
@@ -87,7 +110,7 @@ def main(mode, out):
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     dataset = strategy.experimental_distribute_dataset(dataset.with_options(options))
     with strategy.scope():
-        model = build_model()
+        model = build_table_model() if model_kind == "table" else build_model()
         optimizer = keras.optimizers.Adagrad(0.5)
         optimizer.build(model.trainable_variables)
     initial = {f"i{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
@@ -113,7 +136,15 @@ def main(mode, out):
             total += float(step(features, labels))
         history["loss"].append(total / STEPS)
     chief = mode != "multiworker" or json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0
-    if chief:
+    if chief and model_kind == "table":
+        users = model.get_layer("users")
+        keys, values = (np.asarray(t) for t in users.export())
+        order = np.argsort(keys)
+        weights = {"w_items": model.get_layer("items").get_weights()[0], "w_ctr": model.get_layer("ctr").get_weights()[0],
+                   "keys": keys[order], "user_vectors": values[order],
+                   "table_size": int(users.statistics()["size"])}
+        np.savez(out, loss=np.array(history["loss"]), replicas=strategy.num_replicas_in_sync, **weights)
+    elif chief:
         weights = {f"w{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
         np.savez(out, loss=np.array(history["loss"]), replicas=strategy.num_replicas_in_sync, **weights,
                  **initial)

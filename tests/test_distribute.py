@@ -20,8 +20,8 @@ SCRIPT = Path(__file__).with_name("distribute_train.py")
 TIMEOUT_S = 300
 
 
-def train(mode, out, env=None, wait=True):
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), mode, str(out)], env=env or fresh_process_env(),
+def train(mode, out, env=None, wait=True, model="layers"):
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), mode, str(out), model], env=env or fresh_process_env(),
                             cwd=out.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if not wait:
         return proc
@@ -83,3 +83,30 @@ def test_parameter_server_strategy_with_sharded_tables_matches_tf(tmp_path):
     assert np.abs(z["ours_items"] - z["init_items"]).max() > 1e-3  # the sharded table trained
     for k in ("items", "history", "dense", "loss"):
         np.testing.assert_allclose(z[f"ours_{k}"], z[f"tf_{k}"], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_hash_table_layer_under_mirrored_strategy_matches_single_replica(tmp_path):
+    """Both replicas find and insert in the one table (it is not mirrored), so
+    every key has one row; trained key -> vector maps equal one replica's."""
+    want = train("single", tmp_path / "single_table.npz", model="table")
+    got = train("mirrored", tmp_path / "mirrored_table.npz", model="table")
+    assert int(got["replicas"]) == 2 and int(want["replicas"]) == 1
+    assert int(got["table_size"]) == int(want["table_size"]) == np.unique(got["keys"]).size > 100
+    np.testing.assert_array_equal(got["keys"], want["keys"])
+    assert np.abs(want["user_vectors"]).max() > 1e-3  # the table's rows trained
+    for k in ("user_vectors", "w_items", "w_ctr", "loss"):
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_hash_tables_refuse_multi_worker_strategies(tmp_path):
+    """A worker of another process would insert into a table of its own."""
+    script = ("import json, os, sys\n"
+              "os.environ['TF_CONFIG'] = json.dumps({'cluster': {'worker': [sys.argv[1]]},"
+              " 'task': {'type': 'worker', 'index': 0}})\n"
+              "import tensorflow as tf, tf_ctr_ops as tco\n"
+              "with tf.distribute.MultiWorkerMirroredStrategy().scope():\n"
+              "    tco.HashTable(dim=2, capacity=4)\n")
+    proc = subprocess.run([sys.executable, "-c", script, f"127.0.0.1:{free_ports(1)[0]}"], env=fresh_process_env(),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode != 0 and "NotImplementedError: hash tables train under MirroredStrategy" in proc.stderr, \
+        proc.stderr[-2000:]

@@ -496,3 +496,17 @@ def test_restore_into_a_table_of_another_capacity(rng, tmp_path):
         kept = rows >= 0
         np.testing.assert_allclose(resized.values.numpy()[rows[kept]],
                                    saved.values.numpy()[saved.find(keys).numpy()[kept]])
+
+
+def test_a_mirrored_strategy_shares_one_table_and_refuses_eviction():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        table = HashTable(dim=2, capacity=8)
+        evicting = HashTable(dim=2, capacity=8, eviction="lru")
+    assert type(table.table).__name__ == "ResourceVariable"  # one copy, not a MirroredVariable
+    assert "Mirrored" in type(table.values).__name__
+    keys = tf.ragged.constant([[3, 4]], dtype=tf.int64)
+    strategy.run(tf.function(lambda: hash_table_embedding(table, keys, insert=True)))
+    assert int(table.size()) == 2
+    with pytest.raises(NotImplementedError, match="eviction"):
+        strategy.run(tf.function(lambda: hash_table_embedding(evicting, keys, insert=True)))

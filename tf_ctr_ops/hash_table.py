@@ -21,6 +21,7 @@ import weakref
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
 
 from tf_ctr_ops import ops as _lookup_ops
 from tf_ctr_ops._args import read_table
@@ -134,8 +135,8 @@ class HashTable(tf.Module):
         self.row_initializer = initializer
         self._slot_optimizer = _SlotOptimizer()
         with self.name_scope:
-            with tf.device("/CPU:0"):  # the find kernel runs where the table lives
-                self.table = tf.Variable(empty_table(self.num_slots, self.capacity), trainable=False, name="table")
+            self.table = create_table_variable(  # the find kernel runs where the table lives
+                lambda: tf.Variable(empty_table(self.num_slots, self.capacity), trainable=False, name="table"))
             self.values = tf.Variable(initializer([self.capacity, self.dim], dtype=dtype), name="values")
 
     def reset_slots_of(self, optimizer):
@@ -194,6 +195,7 @@ def _find_and_reset(table, ids, insert, dense_padding=False):
     rows, reused = _find(_variable(table.table), ids, table.capacity, insert, table.admit_after,
                          dense_padding=dense_padding, eviction=table.eviction if insert else "none")
     if insert and table.eviction != "none":
+        check_eviction_outside_replicas(table.eviction)
         values = _variable(table.values)
         shape = tf.stack([tf.size(reused), table.dim])
         resets = [values.scatter_update(tf.IndexedSlices(table.row_initializer(shape, dtype=values.dtype), reused))]
@@ -224,6 +226,39 @@ def optimizer_slots(optimizer, variable):
             accumulator = slot.name.endswith("_accumulator")
             slots.append((slot, getattr(optimizer, "initial_accumulator_value", 0.0) if accumulator else 0.0))
     return slots
+
+
+def _one_copy_creator(next_creator, **kwargs):
+    """Creates a table variable as one plain variable even under a
+    tf.distribute strategy, which would make a copy per replica: replicas
+    that inserted into copies of their own would give one key different rows.
+    All replicas find and insert in the one table (on the CPU), whose lock
+    serializes their inserts."""
+    if not tf.distribute.has_strategy():
+        return next_creator(**kwargs)
+    strategy = tf.distribute.get_strategy()
+    if not isinstance(strategy, (tf.distribute.MirroredStrategy, tf.distribute.OneDeviceStrategy)):
+        # Workers in other processes would each insert into a table of their own.
+        raise NotImplementedError(
+            f"hash tables train under MirroredStrategy and OneDeviceStrategy (one process), not yet under "
+            f"{type(strategy).__name__}: its workers would each give a key a row of their own")
+    kwargs.pop("synchronization", None)
+    kwargs.pop("aggregation", None)
+    kwargs.pop("experimental_enable_variable_lifting", None)
+    return resource_variable_ops.ResourceVariable(**kwargs)
+
+
+def create_table_variable(create):
+    """create() (which makes the table variable) on the CPU, as one copy; see _one_copy_creator."""
+    with tf.device("/CPU:0"), tf.variable_creator_scope(_one_copy_creator):
+        return create()
+
+
+def check_eviction_outside_replicas(eviction):
+    """Eviction resets rows of the values, which a replica cannot assign on its own."""
+    if eviction != "none" and tf.distribute.has_strategy():
+        raise NotImplementedError("hash tables with eviction do not train under a tf.distribute strategy yet: "
+                                  "the rows given to new keys cannot be reset from one replica")
 
 
 class _SlotOptimizer:

@@ -532,10 +532,9 @@ class HashTableEmbedding(keras.layers.Layer):
     def build(self, input_shape=None):
         if self.built:
             return
-        with tf.device("/CPU:0"):  # the find kernel runs where the table lives
-            self.table = self.add_weight(shape=_hash_table.table_shape(self.num_slots, self.capacity), dtype="int64",
-                                         initializer=EmptyHashTable(self.num_slots, self.capacity), name="table",
-                                         trainable=False)
+        self.table = _hash_table.create_table_variable(lambda: self.add_weight(
+            shape=_hash_table.table_shape(self.num_slots, self.capacity), dtype="int64",
+            initializer=EmptyHashTable(self.num_slots, self.capacity), name="table", trainable=False))
         self.embeddings = self.add_weight(shape=(self.capacity, self.output_dim),
                                           initializer=self.embeddings_initializer, name="embeddings",
                                           trainable=True)
