@@ -285,29 +285,39 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    keras.utils.set_random_seed(args.seed)
-    t_start = time.perf_counter()
-
+def load_split(args):
+    """(train, held-out) Data from --data or generated, with the `data` line printed."""
     data = load_criteo(args.data, args.rows) if args.data else generate_criteo(args.rows or 60_000, args.seed)
     train_rows, test_rows = stratified_split(data.labels, holdout=0.2, seed=args.seed)
     train, test = data.take(train_rows), data.take(test_rows)
     print(f"data      {data.source}: {len(train):,} train / {len(test):,} held out, "
           f"{len(DENSE)} counts + {len(CATEGORICAL)} categorical fields, CTR {data.labels.mean():.3f}")
+    return train, test
 
-    buckets = [num_buckets(c, args.max_buckets) for c in CRITEO_CARDINALITIES]
-    model = deepfm(fused_field, buckets)
+
+def train_and_evaluate(model, train, test, args, field_layer):
+    """Trains with Adam and prints the `train` and `quality` lines (held-out logloss and AUC)."""
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="binary_crossentropy")
     t0 = time.perf_counter()
     model.fit(train.dataset(args.batch_size, shuffle_seed=args.seed), epochs=args.epochs, shuffle=False, verbose=0)
     train_s = time.perf_counter() - t0
     probs = model.predict(test.dataset(4096), verbose=0)[:, 0]
     baseline = logloss(test.labels, np.full(len(test), train.labels.mean()))
-    print(f"train     {args.epochs} epoch(s) in {train_s:.1f} s: 26 HashEmbedding fields, "
+    print(f"train     {args.epochs} epoch(s) in {train_s:.1f} s: 26 {field_layer} fields, "
           f"{model.count_params():,} parameters")
     print(f"quality   held-out logloss {logloss(test.labels, probs):.4f} (constant CTR: {baseline:.4f}), "
           f"AUC {roc_auc(test.labels, probs):.4f}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    keras.utils.set_random_seed(args.seed)
+    t_start = time.perf_counter()
+    train, test = load_split(args)
+
+    buckets = [num_buckets(c, args.max_buckets) for c in CRITEO_CARDINALITIES]
+    model = deepfm(fused_field, buckets)
+    train_and_evaluate(model, train, test, args, "HashEmbedding")
 
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or tmp

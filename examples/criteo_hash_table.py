@@ -28,8 +28,7 @@ import numpy as np  # noqa: E402
 import tf_ctr_ops  # noqa: E402,F401  (loads the op library before any SavedModel using it)
 from tf_ctr_ops.layers import HashTableEmbedding  # noqa: E402
 from criteo_deepfm import (CATEGORICAL, CRITEO_CARDINALITIES, as_tensors, batch_of, deepfm,  # noqa: E402
-                           generate_criteo, load_criteo, serve_in_fresh_process)
-from ctr_metrics import logloss, roc_auc, stratified_split  # noqa: E402  (examples/, beside this file)
+                           load_split, serve_in_fresh_process, train_and_evaluate)
 
 
 def table_field(capacities, admit_after):
@@ -65,23 +64,11 @@ def main(argv=None):
     args = parse_args(argv)
     keras.utils.set_random_seed(args.seed)
     t_start = time.perf_counter()
-    data = load_criteo(args.data, args.rows) if args.data else generate_criteo(args.rows or 60_000, args.seed)
-    train_rows, test_rows = stratified_split(data.labels, holdout=0.2, seed=args.seed)
-    train, test = data.take(train_rows), data.take(test_rows)
-    print(f"data      {data.source}: {len(train):,} train / {len(test):,} held out, CTR {data.labels.mean():.3f}")
+    train, test = load_split(args)
 
     capacities = {name: int(min(max(c, 16), args.max_capacity)) for name, c in zip(CATEGORICAL, CRITEO_CARDINALITIES)}
     model = deepfm(table_field(capacities, args.admit_after), [0] * len(CATEGORICAL))
-    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="binary_crossentropy")
-    t0 = time.perf_counter()
-    model.fit(train.dataset(args.batch_size, shuffle_seed=args.seed), epochs=args.epochs, shuffle=False, verbose=0)
-    train_s = time.perf_counter() - t0
-    probs = model.predict(test.dataset(4096), verbose=0)[:, 0]
-    baseline = logloss(test.labels, np.full(len(test), train.labels.mean()))
-    print(f"train     {args.epochs} epoch(s) in {train_s:.1f} s: 26 HashTableEmbedding fields, "
-          f"{model.count_params():,} parameters")
-    print(f"quality   held-out logloss {logloss(test.labels, probs):.4f} (constant CTR: {baseline:.4f}), "
-          f"AUC {roc_auc(test.labels, probs):.4f}")
+    train_and_evaluate(model, train, test, args, "HashTableEmbedding")
 
     tables = [model.get_layer(f"embed_{name}") for name in CATEGORICAL]
     stats = [{k: float(v) for k, v in t.statistics().items()} for t in tables]

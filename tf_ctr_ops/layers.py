@@ -96,7 +96,18 @@ def _as_container(x):
     return tf.convert_to_tensor(x)
 
 
-class _PooledEmbeddingBase(keras.layers.Layer):
+class _PooledOutput:
+    """The [batch, output_dim] output of a pooled embedding layer, in its compute dtype."""
+
+    def _in_compute_dtype(self, outputs):
+        return outputs if outputs.dtype == self.compute_dtype else tf.cast(outputs, self.compute_dtype)
+
+    def compute_output_shape(self, input_shape):
+        batch = input_shape[0] if input_shape is not None and len(input_shape) else None
+        return (batch, self.output_dim)
+
+
+class _PooledEmbeddingBase(_PooledOutput, keras.layers.Layer):
     """Shared table, config and casting of the pooled embedding layers."""
 
     _rows_arg = None  # name of the constructor argument giving the table rows
@@ -141,14 +152,7 @@ class _PooledEmbeddingBase(keras.layers.Layer):
     def call(self, inputs, weights=None):
         inputs, weights = _as_container(inputs), _as_container(weights)
         table = self._embeddings  # read without copy-on-read copies (_args.read_table)
-        outputs = self._lookup(table, inputs, weights)
-        if outputs.dtype != self.compute_dtype:
-            outputs = tf.cast(outputs, self.compute_dtype)
-        return outputs
-
-    def compute_output_shape(self, input_shape):
-        batch = input_shape[0] if input_shape is not None and len(input_shape) else None
-        return (batch, self.output_dim)
+        return self._in_compute_dtype(self._lookup(table, inputs, weights))
 
     def get_config(self):
         config = super().get_config()
@@ -470,7 +474,7 @@ class EmptyHashTable(initializers.Initializer):
 
 
 @keras.saving.register_keras_serializable(package="tf_ctr_ops")
-class HashTableEmbedding(keras.layers.Layer):
+class HashTableEmbedding(_PooledOutput, keras.layers.Layer):
     """Pooled embedding of raw keys, each with a row of its own.
 
     A key (a user id, an item id, any int64 or string) gets the next free row
@@ -560,16 +564,9 @@ class HashTableEmbedding(keras.layers.Layer):
         return _hash_table.export_rows(self.table, self.embeddings, self.num_slots)
 
     def call(self, inputs, weights=None, training=None):
-        outputs = _hash_table.hash_table_embedding(self, _as_container(inputs), _as_container(weights),
-                                                   combiner=self.combiner, max_norm=self.max_norm,
-                                                   insert=bool(training))
-        if outputs.dtype != self.compute_dtype:
-            outputs = tf.cast(outputs, self.compute_dtype)
-        return outputs
-
-    def compute_output_shape(self, input_shape):
-        batch = input_shape[0] if input_shape is not None and len(input_shape) else None
-        return (batch, self.output_dim)
+        return self._in_compute_dtype(_hash_table.hash_table_embedding(
+            self, _as_container(inputs), _as_container(weights), combiner=self.combiner, max_norm=self.max_norm,
+            insert=bool(training)))
 
     def get_config(self):
         config = super().get_config()
