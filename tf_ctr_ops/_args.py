@@ -6,6 +6,7 @@ imports none of them.
 """
 
 import tensorflow as tf
+from tensorflow.python.distribute import sharded_variable
 from tensorflow.python.ops import resource_variable_ops
 
 COMBINERS = ("sum", "mean", "sqrtn")
@@ -90,8 +91,44 @@ def read_table(table, dtype=None):
     return tf.convert_to_tensor(table, dtype=dtype)
 
 
-def as_table(params, dtype=None):
+def _on_host(var):
+    device = tf.DeviceSpec.from_string(var.device or "")
+    if device.device_type is not None:
+        return device.device_type == "CPU"
+    return not tf.config.list_logical_devices("GPU")  # left to the placer: the host is all there is
+
+
+def in_place_variable(table, dtype=None):
+    """The resource variable a fused lookup reads in place, or None.
+
+    CtrResourceEmbeddingLookup reads a variable on the host under its lock
+    (no dense read, so no copy of the table when an optimizer's sparse
+    update follows). It has no GPU kernel: a variable elsewhere is read.
+    A mirrored variable gives its replica's variable (`handle`).
+    """
+    var = getattr(table, "_value", table)  # a Keras 3 variable wraps a tf.Variable
+    if not resource_variable_ops.is_resource_variable(var) or dtype not in (None, var.dtype):
+        return None
+    if isinstance(var, sharded_variable.ShardedVariable):
+        return None
+    try:
+        var.handle  # a distributed variable has one in a replica context only
+    except ValueError:
+        return None
+    return var if _on_host(var) else None
+
+
+def table_operand(table, dtype=None):
+    """What a fused lookup takes for one table: the variable it reads in place, else its value."""
+    var = in_place_variable(table, dtype)
+    return var if var is not None else read_table(table, dtype)
+
+
+def as_table(params, dtype=None, in_place=False):
     """One [V, D] tensor from a Tensor, a Variable or a list of 'div' partitions.
+
+    in_place: a single variable is returned as it is where the fused lookup
+    reads it in place (`table_operand`).
 
     For the 'div' strategy of tf.nn's v2 lookups, partition p holds the ids
     that follow those of partition p - 1, so concatenating the partitions in
@@ -102,9 +139,9 @@ def as_table(params, dtype=None):
     if isinstance(params, (list, tuple)):
         if not params:
             raise ValueError("Missing embedding_weights: an empty list of partitions was given")
+        if len(params) == 1:
+            return as_table(params[0], dtype, in_place)
         parts = [read_table(p, dtype) for p in params]
-        if len(parts) == 1:
-            return parts[0]
         check_div_layout(parts)
         return tf.concat(parts, axis=0)
-    return read_table(params, dtype)
+    return table_operand(params, dtype) if in_place else read_table(params, dtype)

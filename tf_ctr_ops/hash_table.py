@@ -24,7 +24,7 @@ import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
 from tf_ctr_ops import ops as _lookup_ops
-from tf_ctr_ops._args import read_table
+from tf_ctr_ops._args import table_operand
 from tf_ctr_ops._loader import load_op_library
 
 _ops = load_op_library()
@@ -323,7 +323,7 @@ def hash_table_embedding(table, keys, weights=None, combiner="mean", max_norm=No
         bags = _lookup_ops._bags_from_container(keys, weights, -1)
         ids = _int_keys(bags.ids, table.key_dtype, dense)
         rows = _find_and_reset(table, ids, insert, dense_padding=dense)
-        out = _lookup_ops._lookup(read_table(table.values), rows, bags.segments, bags.num_rows,
+        out = _lookup_ops._lookup(table_operand(table.values), rows, bags.segments, bags.num_rows,
                                   _lookup_ops._weights_values(bags.weights), segment_kind=bags.kind,
                                   combiner=combiner, invalid_ids="skip_negative", max_norm=max_norm)
         return _lookup_ops._with_batch_dim(out, keys)

@@ -15,8 +15,10 @@ from tf_ctr_ops._args import (  # noqa: F401  (COMBINERS, canonical_shard_sizes:
     as_table,
     canonical_shard_sizes,
     check_combiner,
+    in_place_variable,
     max_norm_attr,
     read_table,
+    table_operand,
 )
 from tf_ctr_ops._loader import load_op_library
 
@@ -40,13 +42,13 @@ def _weights_values(weights):
 def _lookup(table, ids, segments, num_rows, weights, *, segment_kind, combiner, id_mode="index",
             invalid_ids="error", prune_weights=False, default_id=-1, max_norm=None, grad_indices="per_id",
             name=None):
+    """The fused op over `table`: a tensor, or a variable (`table_operand`) read in place."""
     has_weights = weights is not None
     if not has_weights:
         weights = tf.zeros([0], tf.float32)
     if segments.dtype not in (tf.int32, tf.int64):
         segments = tf.cast(segments, tf.int64)
-    return _ops.ctr_embedding_lookup(
-        params=table,
+    args = dict(
         ids=_ids_tensor(ids),
         segments=segments,
         num_rows=tf.cast(num_rows, tf.int64),
@@ -62,23 +64,45 @@ def _lookup(table, ids, segments, num_rows, weights, *, segment_kind, combiner, 
         grad_indices=grad_indices,
         name=name,
     )
+    var = in_place_variable(table)
+    if var is None:
+        return _ops.ctr_embedding_lookup(params=read_table(table), **args)
+    # As ResourceVariable.sparse_read does: the tape (or the graph) records
+    # that the variable was read, so its gradient is taken through the handle.
+    resource_variable_ops.variable_accessed(var)
+    return _ops.ctr_resource_embedding_lookup(params=var.handle, T=var.dtype, **args)
 
 
-@tf.RegisterGradient("CtrEmbeddingLookup")
-def _embedding_lookup_grad(op, grad):
-    params, ids, segments, num_rows, weights = op.inputs
+def _lookup_grad_attrs(op):
     attrs = {k: op.get_attr(k) for k in (
         "combiner", "segment_kind", "id_mode", "invalid_ids", "prune_weights", "default_id",
         "max_norm", "has_weights", "num_buckets")}
-    attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
+    return {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
+
+
+def _lookup_grads(op, grad, grad_op, table_shape):
+    params, ids, segments, num_rows, weights = op.inputs
+    attrs = _lookup_grad_attrs(op)
     order = _grad_indices_attr(op)
-    values, indices, weights_grad, merged = _ops.ctr_embedding_lookup_grad(
+    values, indices, weights_grad, merged = grad_op(
         grad=grad, params=params, ids=ids, segments=segments, num_rows=num_rows,
         weights=weights, grad_indices=order, **attrs)
     if order != "per_id":  # the CPU kernel merges the rows; the GPU kernel leaves that to us
         values, indices = tf.cond(merged, lambda: (values, indices), lambda: _merge_grad_rows(values, indices))
-    params_grad = tf.IndexedSlices(values, indices, dense_shape=tf.shape(params, out_type=tf.int64))
+    params_grad = tf.IndexedSlices(values, indices, dense_shape=table_shape(params))
     return [params_grad, None, None, None, weights_grad if attrs["has_weights"] else None]
+
+
+@tf.RegisterGradient("CtrEmbeddingLookup")
+def _embedding_lookup_grad(op, grad):
+    return _lookup_grads(op, grad, _ops.ctr_embedding_lookup_grad, lambda p: tf.shape(p, out_type=tf.int64))
+
+
+@tf.RegisterGradient("CtrResourceEmbeddingLookup")
+def _resource_embedding_lookup_grad(op, grad):
+    """The variable's gradient, IndexedSlices of its rows, as ResourceGather's."""
+    return _lookup_grads(op, grad, _ops.ctr_resource_embedding_lookup_grad,
+                         lambda handle: resource_variable_ops.variable_shape(handle, tf.int64))
 
 
 def _grad_indices_attr(op):
@@ -172,16 +196,17 @@ def _shard_list(params):
     return [params]
 
 
-def _read_shard(shard, dtype=None):
+def _read_shard(shard, dtype=None, in_place=False):
     """A shard's value, converted to `dtype` the way safe_embedding_lookup_sparse does.
 
     That function converts every shard to the weights' dtype (a tensor of
     another float type is a ValueError, as convert_to_tensor says), and keeps
-    a resource variable of that dtype as it is.
+    a resource variable of that dtype as it is. in_place: a variable the fused
+    op can read in place is returned itself (the table is one shard).
     """
     if dtype is not None and not (resource_variable_ops.is_resource_variable(shard) and shard.dtype == dtype):
         shard = tf.convert_to_tensor(shard, dtype=dtype)
-    return read_table(shard)
+    return table_operand(shard) if in_place else read_table(shard)
 
 
 def _check_shards(parts):
@@ -398,7 +423,8 @@ def _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, nam
         if shards is not None:
             return _sharded_lookup(shards, bags, combiner=combiner, max_norm=max_norm,
                                    grad_indices=_DROP_IN_GRAD_INDICES)
-        parts = [_read_shard(p) for p in _shard_list(params)]
+        shards = _shard_list(params)
+        parts = [_read_shard(p, in_place=len(shards) == 1) for p in shards]
         if not parts:
             raise ValueError("Need at least one param")
         _check_shards(parts)
@@ -459,7 +485,7 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
     if not shards:
         raise ValueError(f"Missing embedding_weights {embedding_weights}.")
     dtype = sparse_weights.dtype if sparse_weights is not None else None
-    parts = shards if sharded else [_read_shard(w, dtype) for w in shards]
+    parts = shards if sharded else [_read_shard(w, dtype, in_place=len(shards) == 1) for w in shards]
     _check_shards(parts)
     combiner = check_combiner(combiner)
     with tf.name_scope(name or "embedding_lookup"):
@@ -605,7 +631,7 @@ def sparse_embedding(params, ids, weights=None, combiner="mean", max_norm=None, 
         if shards is not None:
             out = _sharded_lookup(shards, bags, **attrs)
         else:
-            out = _lookup(as_table(params), bags.ids, bags.segments, bags.num_rows, _weights_values(bags.weights),
+            out = _lookup(as_table(params, in_place=True), bags.ids, bags.segments, bags.num_rows, _weights_values(bags.weights),
                           segment_kind=bags.kind, **attrs)
         return _with_batch_dim(out, ids)
 
@@ -630,11 +656,12 @@ def hash_embedding(params, keys, weights=None, combiner="mean", max_norm=None, n
       `[B, D]` tensor of the params dtype.
     """
     with tf.name_scope(name or "hash_embedding"):
-        table = as_table(params)
+        table = as_table(params, in_place=True)
         dense = not isinstance(keys, (tf.RaggedTensor, tf.SparseTensor))
         if dense:
             keys = tf.convert_to_tensor(keys)
         if keys.dtype == tf.string:
+            table = read_table(table)
             if weights is None:  # the packed-string path owns unweighted string keys
                 return strings.hash_string_keys(table, keys, combiner, max_norm)
             # Weighted string keys: hash with TF, then the fused weighted lookup.

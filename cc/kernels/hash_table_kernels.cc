@@ -5,11 +5,11 @@
 // ones in key order, so that rows are assigned in order of first appearance
 // whatever the thread count.
 #include <algorithm>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "cc/core/hash_table_cpu.h"
+#include "cc/kernels/table_input.h"
 #include "cc/kernels/tf_types.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -32,18 +32,6 @@ absl::Status ViewTable(Tensor* table, int64_t capacity, ctr::TableView* view) {
   }
   return CoreStatus(ctr::ViewTable(table->flat<int64_t>().data(), table->dim_size(0), table->dim_size(1), capacity,
                                    view));
-}
-
-// Writes in place would change tensors that earlier reads of the variable
-// still hold; copy the buffer first if anyone else references it.
-absl::Status MakeTableExclusive(OpKernelContext* ctx, tensorflow::Var* var) {
-  Tensor* table = var->tensor();
-  if (table->RefCountIsOne()) return absl::OkStatus();
-  Tensor copy;
-  TF_RETURN_IF_ERROR(ctx->allocate_temp(table->dtype(), table->shape(), &copy));
-  std::memcpy(copy.data(), table->data(), table->TotalBytes());
-  *table = copy;
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -82,7 +70,8 @@ class HashTableFindOp : public tensorflow::OpKernel {
       return;
     }
     tensorflow::mutex_lock lock(*var->mu());
-    OP_REQUIRES_OK(ctx, MakeTableExclusive(ctx, var.get()));
+    // Writes in place would change the tensors earlier reads still hold.
+    OP_REQUIRES_OK(ctx, UnshareBuffer(ctx, var->tensor()));
     OP_REQUIRES_OK(ctx, ViewTable(var->tensor(), rules_.capacity, &table));
     const int64_t clock = ++table.header[ctr::kClock];
     ctr::FindRows(table, key_data, n, rules_.dense_padding, clock, row_data, parallel_for);

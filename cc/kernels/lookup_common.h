@@ -53,10 +53,10 @@ struct LookupInputs {
   int64_t nnz() const { return ids->NumElements(); }
 };
 
+// `params` is the table (input `first`, or the variable it names).
 inline absl::Status ValidateLookupInputs(tensorflow::OpKernelContext* ctx, int first,
-                                         LookupAttrs* a, LookupInputs* in) {
+                                         const tensorflow::Tensor& params, LookupAttrs* a, LookupInputs* in) {
   using tensorflow::errors::InvalidArgument;
-  const tensorflow::Tensor& params = ctx->input(first);
   const tensorflow::Tensor& ids = ctx->input(first + 1);
   const tensorflow::Tensor& segments = ctx->input(first + 2);
   const tensorflow::Tensor& num_rows = ctx->input(first + 3);
@@ -135,10 +135,12 @@ class LookupKernelOn : public Base {
   }
 
  protected:
-  // `first`: the index of `params` (the gradient op has `grad` in front).
-  absl::Status BindInputs(tensorflow::OpKernelContext* ctx, int first, LookupAttrs* a, LookupInputs* in) const {
+  // `first`: the index of `params` (the gradient op has `grad` in front);
+  // `params`: the table it gives (TableInput).
+  absl::Status BindInputs(tensorflow::OpKernelContext* ctx, int first, const tensorflow::Tensor& params,
+                          LookupAttrs* a, LookupInputs* in) const {
     *a = attrs_;
-    return ValidateLookupInputs(ctx, first, a, in);
+    return ValidateLookupInputs(ctx, first, params, a, in);
   }
 
  private:

@@ -17,6 +17,7 @@
 #include "cc/core/lowest_row_error.h"
 #include "cc/core/segments.h"
 #include "cc/kernels/lookup_common.h"
+#include "cc/kernels/table_input.h"
 #include "cc/kernels/tf_types.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
@@ -96,9 +97,11 @@ class EmbeddingLookupCpuOp : public LookupKernel {
   using LookupKernel::LookupKernel;
 
   void Compute(OpKernelContext* ctx) override {
+    TableInput table;
+    OP_REQUIRES_OK(ctx, table.Bind<T>(ctx, 0));
     LookupAttrs a;
     LookupInputs in;
-    OP_REQUIRES_OK(ctx, BindInputs(ctx, 0, &a, &in));
+    OP_REQUIRES_OK(ctx, BindInputs(ctx, 0, table.tensor(), &a, &in));
     OP_REQUIRES_OK(ctx, CheckKeyMode<TId>(a));
     Tensor offsets_t;
     OP_REQUIRES_OK(ctx, BuildOffsets<TSeg>(ctx, a, in, &offsets_t));
@@ -199,9 +202,11 @@ class EmbeddingLookupGradCpuOp : public LookupKernel {
   using LookupKernel::LookupKernel;
 
   void Compute(OpKernelContext* ctx) override {
+    TableInput table;
+    OP_REQUIRES_OK(ctx, table.Bind<T>(ctx, 1));
     LookupAttrs a;
     LookupInputs in;
-    OP_REQUIRES_OK(ctx, BindInputs(ctx, 1, &a, &in));
+    OP_REQUIRES_OK(ctx, BindInputs(ctx, 1, table.tensor(), &a, &in));
     OP_REQUIRES_OK(ctx, CheckKeyMode<TId>(a));
     Tensor offsets_t;
     OP_REQUIRES_OK(ctx, BuildOffsets<TSeg>(ctx, a, in, &offsets_t));
@@ -258,19 +263,16 @@ class EmbeddingLookupGradCpuOp : public LookupKernel {
   }
 };
 
-#define REGISTER_LOOKUP_CPU(T, TId, TSeg)                                   \
-  REGISTER_KERNEL_BUILDER(Name("CtrEmbeddingLookup")                        \
-                              .Device(DEVICE_CPU)                           \
-                              .TypeConstraint<T>("T")                       \
-                              .TypeConstraint<TId>("Tid")                   \
-                              .TypeConstraint<TSeg>("Tseg"),                \
-                          EmbeddingLookupCpuOp<T, TId, TSeg>);              \
-  REGISTER_KERNEL_BUILDER(Name("CtrEmbeddingLookupGrad")                    \
-                              .Device(DEVICE_CPU)                           \
-                              .TypeConstraint<T>("T")                       \
-                              .TypeConstraint<TId>("Tid")                   \
-                              .TypeConstraint<TSeg>("Tseg"),                \
-                          EmbeddingLookupGradCpuOp<T, TId, TSeg>);
+// The Resource ops share the kernels: TableInput reads either input.
+#define REGISTER_LOOKUP_CPU_OP(OP, T, TId, TSeg, KERNEL)                            \
+  REGISTER_KERNEL_BUILDER(                                                           \
+      Name(OP).Device(DEVICE_CPU).TypeConstraint<T>("T").TypeConstraint<TId>("Tid").TypeConstraint<TSeg>("Tseg"), \
+      KERNEL<T, TId, TSeg>);
+#define REGISTER_LOOKUP_CPU(T, TId, TSeg)                                                          \
+  REGISTER_LOOKUP_CPU_OP("CtrEmbeddingLookup", T, TId, TSeg, EmbeddingLookupCpuOp)                 \
+  REGISTER_LOOKUP_CPU_OP("CtrResourceEmbeddingLookup", T, TId, TSeg, EmbeddingLookupCpuOp)         \
+  REGISTER_LOOKUP_CPU_OP("CtrEmbeddingLookupGrad", T, TId, TSeg, EmbeddingLookupGradCpuOp)         \
+  REGISTER_LOOKUP_CPU_OP("CtrResourceEmbeddingLookupGrad", T, TId, TSeg, EmbeddingLookupGradCpuOp)
 #define REGISTER_LOOKUP_CPU_IDS(T)                 \
   REGISTER_LOOKUP_CPU(T, int32_t, int32_t)         \
   REGISTER_LOOKUP_CPU(T, int32_t, int64_t)         \
@@ -284,5 +286,6 @@ REGISTER_LOOKUP_CPU_IDS(Eigen::half)
 REGISTER_LOOKUP_CPU_IDS(Eigen::bfloat16)
 #undef REGISTER_LOOKUP_CPU_IDS
 #undef REGISTER_LOOKUP_CPU
+#undef REGISTER_LOOKUP_CPU_OP
 
 }  // namespace tf_ctr

@@ -103,7 +103,7 @@ class EmbeddingLookupGpuOp : public LookupKernelOn<tensorflow::AsyncOpKernel> {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     LookupAttrs a;
     LookupInputs in;
-    OP_REQUIRES_OK_ASYNC(ctx, BindInputs(ctx, 0, &a, &in), done);
+    OP_REQUIRES_OK_ASYNC(ctx, BindInputs(ctx, 0, ctx->input(0), &a, &in), done);
     void* stream = GpuStream(ctx);
     int64_t rows = 0;
     OP_REQUIRES_OK_ASYNC(ctx, BagCount<TSeg>(a, in, stream, &rows), done);
@@ -152,7 +152,7 @@ class EmbeddingLookupGradGpuOp : public LookupKernel {
   void Compute(OpKernelContext* ctx) override {
     LookupAttrs a;
     LookupInputs in;
-    OP_REQUIRES_OK(ctx, BindInputs(ctx, 1, &a, &in));
+    OP_REQUIRES_OK(ctx, BindInputs(ctx, 1, ctx->input(1), &a, &in));
     void* stream = GpuStream(ctx);
     Tensor offsets;
     int64_t rows = 0;

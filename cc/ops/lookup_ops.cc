@@ -43,9 +43,23 @@ absl::Status SetPooledOutput(InferenceContext* c, int index, DimensionHandle row
   return absl::OkStatus();
 }
 
+// The table's shape: input `index` itself, or, for the Resource ops, the
+// shape its variable handle carries (unknown when it carries none).
+absl::Status TableShape(InferenceContext* c, int index, bool resource, ShapeHandle* params) {
+  if (!resource) return c->WithRankAtLeast(c->input(index), 1, params);
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(index), 0, params));
+  const auto* handle_data = c->input_handle_shapes_and_types(index);
+  if (handle_data == nullptr || handle_data->empty()) {
+    *params = c->UnknownShape();
+    return absl::OkStatus();
+  }
+  return c->WithRankAtLeast((*handle_data)[0].shape, 1, params);
+}
+
+template <bool kResource>
 absl::Status LookupShape(InferenceContext* c) {
   ShapeHandle params, ids, weights;
-  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &params));
+  TF_RETURN_IF_ERROR(TableShape(c, 0, kResource, &params));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &ids));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &weights));  // segments
   TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 0, &weights));  // num_rows
@@ -65,9 +79,10 @@ absl::Status LookupShape(InferenceContext* c) {
   return SetPooledOutput(c, 0, rows, params);
 }
 
+template <bool kResource>
 absl::Status LookupGradShape(InferenceContext* c) {
   ShapeHandle params;
-  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(1), 1, &params));
+  TF_RETURN_IF_ERROR(TableShape(c, 1, kResource, &params));
   TF_RETURN_IF_ERROR(SetPooledOutput(c, 0, c->UnknownDim(), params));
   c->set_output(1, c->Vector(c->UnknownDim()));
   c->set_output(2, c->input(5));
@@ -92,15 +107,18 @@ absl::Status LookupGradShape(InferenceContext* c) {
       .Attr("num_buckets: int = 0")                        \
       .Attr("grad_indices: {'per_id', 'first_appearance'} = 'per_id'")
 
+// Each op has a form reading its table from a variable (PARAMS "resource").
+#define CTR_LOOKUP_SIGNATURE(PARAMS)                                                                    \
+  Input("params: " PARAMS).Input("ids: Tid").Input("segments: Tseg").Input("num_rows: int64").Input(  \
+      "weights: float").Output("output: T").CTR_LOOKUP_ATTRS
+#define CTR_LOOKUP_GRAD_SIGNATURE(PARAMS)                                                               \
+  Input("grad: T").Input("params: " PARAMS).Input("ids: Tid").Input("segments: Tseg").Input(          \
+      "num_rows: int64").Input("weights: float").Output("values: T").Output("indices: int64").Output( \
+      "weights_grad: float").Output("merged: bool").CTR_LOOKUP_ATTRS
+
 REGISTER_OP("CtrEmbeddingLookup")
-    .Input("params: T")
-    .Input("ids: Tid")
-    .Input("segments: Tseg")
-    .Input("num_rows: int64")
-    .Input("weights: float")
-    .Output("output: T")
-    .CTR_LOOKUP_ATTRS
-    .SetShapeFn(LookupShape)
+    .CTR_LOOKUP_SIGNATURE("T")
+    .SetShapeFn(LookupShape<false>)
     .Doc(std::string(R"doc(
 Pools rows of `params` [V, ...] over bags of ids in one pass: output [B, ...]
 (a table of any rank >= 1 is read as [V, D], D the product of its other dims).
@@ -113,18 +131,8 @@ as tf.math.segment_sum does. Ignored for row_splits.
 )doc") + kLookupAttrs);
 
 REGISTER_OP("CtrEmbeddingLookupGrad")
-    .Input("grad: T")
-    .Input("params: T")
-    .Input("ids: Tid")
-    .Input("segments: Tseg")
-    .Input("num_rows: int64")
-    .Input("weights: float")
-    .Output("values: T")
-    .Output("indices: int64")
-    .Output("weights_grad: float")
-    .Output("merged: bool")
-    .CTR_LOOKUP_ATTRS
-    .SetShapeFn(LookupGradShape)
+    .CTR_LOOKUP_GRAD_SIGNATURE("T")
+    .SetShapeFn(LookupGradShape<false>)
     .Doc(std::string(R"doc(
 Gradient of CtrEmbeddingLookup: the params gradient as IndexedSlices
 (values [n, ...], indices [n]: one row per kept id, plus the default row of bags
@@ -134,6 +142,26 @@ merged: whether the kernel merged the rows as grad_indices asks (the CPU
 kernel does; the GPU kernel leaves one row per id, for the caller to merge).
 )doc") + kLookupAttrs);
 
+REGISTER_OP("CtrResourceEmbeddingLookup")
+    .CTR_LOOKUP_SIGNATURE("resource")
+    .SetShapeFn(LookupShape<true>)
+    .Doc(std::string(R"doc(
+CtrEmbeddingLookup of the table in a resource variable of T (on the host),
+read in place under the variable's lock as ResourceGather reads it. A
+ReadVariableOp would hand out the variable's buffer, and the next sparse
+update of the table (an optimizer's) would then copy all of it.
+)doc") + kLookupAttrs);
+
+REGISTER_OP("CtrResourceEmbeddingLookupGrad")
+    .CTR_LOOKUP_GRAD_SIGNATURE("resource")
+    .SetShapeFn(LookupGradShape<true>)
+    .Doc(std::string(R"doc(
+CtrEmbeddingLookupGrad of CtrResourceEmbeddingLookup: the table is read in
+place from its variable.
+)doc") + kLookupAttrs);
+
+#undef CTR_LOOKUP_GRAD_SIGNATURE
+#undef CTR_LOOKUP_SIGNATURE
 #undef CTR_LOOKUP_ATTRS
 
 }  // namespace tensorflow
