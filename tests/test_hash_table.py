@@ -510,3 +510,91 @@ def test_a_mirrored_strategy_shares_one_table_and_refuses_eviction():
     assert int(table.size()) == 2
     with pytest.raises(NotImplementedError, match="eviction"):
         strategy.run(tf.function(lambda: hash_table_embedding(evicting, keys, insert=True)))
+
+
+# ---------------------------------------------------------------------------
+# Slots: multi_hash_table_embedding
+
+
+def _twin_tables(n=2, capacity=200, key_dtype=tf.int64):
+    init = lambda shape, dtype: tf.random.stateless_normal(shape, [3, 4], dtype=dtype)  # noqa: E731
+    return [HashTable(dim=5, capacity=capacity, key_dtype=key_dtype, initializer=init) for _ in range(n)]
+
+
+def _slot_features(rng, batch):
+    """A ragged, a dense -1-padded and a sparse feature of one batch (-1 is a key in the first)."""
+    ragged = random_keys(rng, batch, 4, KEY_SPACE)
+    dense = rng.choice(KEY_SPACE[:60], size=(batch, 3))
+    dense[rng.random(dense.shape) < 0.3] = -1
+    sparse = random_keys(rng, batch, 3, KEY_SPACE[40:]).to_sparse()
+    return [ragged, tf.constant(dense), sparse]
+
+
+def _weights_like(rng, keys):
+    if isinstance(keys, tf.RaggedTensor):
+        return keys.with_flat_values(tf.constant(rng.uniform(0.5, 2, keys.flat_values.shape[0]), tf.float32))
+    if isinstance(keys, tf.SparseTensor):
+        return tf.SparseTensor(keys.indices, tf.constant(rng.uniform(0.5, 2, keys.values.shape[0]), tf.float32),
+                               keys.dense_shape)
+    return tf.constant(rng.uniform(0.5, 2, keys.shape), tf.float32)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("batch", [0, 7, 300])
+def test_slots_match_one_call_per_feature(rng, weighted, batch):
+    ours, theirs = _twin_tables()
+    features = _slot_features(rng, batch)
+    weights = [_weights_like(rng, f) if weighted and i != 1 else None for i, f in enumerate(features)]
+    combiners = ["mean", "sqrtn", "mean"]
+    for step in range(2):  # the second step finds the rows the first inserted
+        with tf.GradientTape(persistent=True) as tape:
+            got = tco.multi_hash_table_embedding(ours, features, weights, combiners=combiners, max_norms=2.0,
+                                                 insert=True)
+            want = [hash_table_embedding(theirs, f, w, combiner=c, max_norm=2.0, insert=True)
+                    for f, w, c in zip(features, weights, combiners)]
+            loss_got = sum(tf.reduce_sum(g * (k + 1)) for k, g in enumerate(got))
+            loss_want = sum(tf.reduce_sum(w * (k + 1)) for k, w in enumerate(want))
+        for g, w in zip(got, want):
+            assert g.shape.as_list() == [batch, 5]
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(ours.export()[0], theirs.export()[0])  # the same rows for the same keys
+        np.testing.assert_allclose(tf.convert_to_tensor(tape.gradient(loss_got, ours.values)),
+                                   tf.convert_to_tensor(tape.gradient(loss_want, theirs.values)), rtol=1e-5, atol=1e-6)
+
+
+def test_slots_of_one_table_are_one_find_and_one_lookup(rng):
+    table = _twin_tables(1)[0]
+    spec = tf.TensorSpec([None, 2], tf.int64)
+    graph = tf.function(lambda a, b, c, d: tco.multi_hash_table_embedding(table, [a, b, c, d], insert=True)
+                        ).get_concrete_function(spec, spec, spec, spec).graph
+    types = [op.type for op in graph.get_operations()]
+    assert types.count("CtrHashTableFind") == 1
+    assert types.count("CtrResourceEmbeddingLookup") == 1
+
+
+def test_slots_over_several_tables_and_string_keys(rng):
+    a, b = _twin_tables(2, key_dtype=tf.string)
+    ref_a, ref_b = _twin_tables(2, key_dtype=tf.string)
+    words = np.array([f"w{i}" for i in range(30)])
+    features = [tf.ragged.constant([list(rng.choice(words, k)) for k in rng.integers(0, 4, 6)], dtype=tf.string)
+                for _ in range(4)]
+    got = tco.multi_hash_table_embedding([a, b, a, b], features, combiners="sum", insert=True)
+    want = [hash_table_embedding(t, f, combiner="sum", insert=True)
+            for t, f in zip([ref_a, ref_b, ref_a, ref_b], features)]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6)
+    np.testing.assert_array_equal(a.export()[0], ref_a.export()[0])
+    np.testing.assert_array_equal(b.export()[0], ref_b.export()[0])
+
+
+def test_slots_reject_mismatched_batches_and_arguments(rng):
+    table = _twin_tables(1)[0]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="feature 1 has another batch size"):
+        tco.multi_hash_table_embedding(table, [tf.constant([[1]], tf.int64), tf.constant([[1], [2]], tf.int64)])
+    sparse = tf.SparseTensor([[3, 0]], tf.constant([1], tf.int64), [2, 1])  # a row outside its batch
+    with pytest.raises(tf.errors.InvalidArgumentError, match="row id outside its batch"):
+        tco.multi_hash_table_embedding(table, [tf.constant([[1], [2]], tf.int64), sparse])
+    with pytest.raises(ValueError, match="tables must be one value or a list of 2"):
+        tco.multi_hash_table_embedding([table] * 3, [tf.constant([[1]], tf.int64)] * 2)
+    with pytest.raises(ValueError, match="non-empty"):
+        tco.multi_hash_table_embedding(table, [])

@@ -78,3 +78,31 @@ def test_keras_layer_evicts_while_training(rng):
     kept, values = layer.export()
     assert np.unique(kept.numpy()).size == 64 and np.isfinite(values.numpy()).all()
     assert layer.get_config()["eviction"] == "lfu"
+
+
+def test_slots_share_one_table_train_save_and_export(rng, tmp_path):
+    """Two features (slots) through one layer: one table, the same rows as
+    two calls of the layer, and .keras / SavedModel round trips."""
+    user = keras.Input(shape=(None,), dtype="int64", name="user")
+    item = keras.Input(shape=(None,), dtype="int64", name="item")
+    layer = HashTableEmbedding(4, capacity=500, combiner="sum", name="ids")
+    u, i = layer([user, item])
+    assert u.shape == (None, 4) and i.shape == (None, 4)
+    out = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Concatenate()([u, i]))
+    model = keras.Model([user, item], out)
+    keys, labels = _click_data(rng, 256)
+    inputs = [keys[:, :3], keys[:, 3:] + 7]
+    model.compile(optimizer="adagrad", loss="binary_crossentropy")
+    model.fit(inputs, labels, batch_size=64, epochs=1, verbose=0)
+    seen = np.concatenate([inputs[0].reshape(64 * 4, 3), inputs[1].reshape(64 * 4, 2)], 1)
+    assert int(layer.statistics()["size"]) == np.unique(seen[seen != -1]).size
+    # Inference: the slots read what one call per feature reads.
+    request = [inputs[0][:16], inputs[1][:16]]
+    np.testing.assert_allclose(layer(request[0]), model.get_layer("ids")(request)[0], rtol=1e-6)
+    want = model.predict(request, verbose=0)
+    model.save(tmp_path / "m.keras")
+    np.testing.assert_allclose(keras.models.load_model(tmp_path / "m.keras").predict(request, verbose=0), want,
+                               rtol=1e-5)
+    model.export(str(tmp_path / "export"))
+    got = serve_in_fresh_process(tmp_path / "export", "serve", {"user": request[0], "item": request[1]}, tmp_path)
+    np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-5)

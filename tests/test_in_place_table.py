@@ -151,8 +151,13 @@ def test_out_of_range_ids_name_row_and_id():
 
 
 def test_concurrent_lookups_and_scatter_updates():
-    """Readers under the variable's shared lock, writers under its exclusive
-    one: every read sees whole updates (all columns of a row agree)."""
+    """Lookups run while an optimizer-style scatter updates the table.
+
+    TF runs sparse updates of plain-data variables under the variable's
+    shared lock (Hogwild), so a lookup, like ResourceGather, may see a row
+    half updated: what must hold is that every read lies between the states
+    before and after the updates, and that the table ends exact.
+    """
     var = tf.Variable(np.zeros((V, D), np.float32))
     ids = tf.ragged.constant([list(range(V))], dtype=tf.int64)
     lookup = tf.function(lambda: tco.sparse_embedding(var, ids, combiner="sum"))
@@ -163,7 +168,7 @@ def test_concurrent_lookups_and_scatter_updates():
         try:
             for _ in range(steps):
                 row = lookup().numpy()[0]
-                if not np.all(row == row[0]):
+                if not np.all((row >= 0) & (row <= steps * V)):
                     errors.append(row)
         except Exception as e:  # noqa: BLE001  (reported below)
             errors.append(e)

@@ -25,7 +25,7 @@ from tf_ctr_ops.strings import (  # noqa: E402
     string_embedding,
 )
 from tf_ctr_ops.vocab import vocab_embedding  # noqa: E402
-from tf_ctr_ops.hash_table import HashTable, hash_table_embedding  # noqa: E402
+from tf_ctr_ops.hash_table import HashTable, hash_table_embedding, multi_hash_table_embedding  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -40,4 +40,5 @@ __all__ = [
     "vocab_embedding",
     "HashTable",
     "hash_table_embedding",
+    "multi_hash_table_embedding",
 ]

@@ -24,7 +24,7 @@ import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
 from tf_ctr_ops import ops as _lookup_ops
-from tf_ctr_ops._args import table_operand
+from tf_ctr_ops._args import check_combiner, per_feature, table_operand
 from tf_ctr_ops._loader import load_op_library
 
 _ops = load_op_library()
@@ -327,6 +327,132 @@ def hash_table_embedding(table, keys, weights=None, combiner="mean", max_norm=No
                                   _lookup_ops._weights_values(bags.weights), segment_kind=bags.kind,
                                   combiner=combiner, invalid_ids="skip_negative", max_norm=max_norm)
         return _lookup_ops._with_batch_dim(out, keys)
+
+
+def multi_hash_table_embedding(tables, features, weights=None, combiners="mean", max_norms=None, insert=False,
+                               name=None):
+    """The slots form of `hash_table_embedding`: N features, one find per table.
+
+    HugeCTR's slots: the keys of all features that share a table are found
+    (and inserted) by one `CtrHashTableFind`, and features that also share a
+    combiner and max_norm are pooled by one `CtrEmbeddingLookup` over N x B
+    bags, however many features there are.
+
+    Args:
+      tables: one `HashTable` (or built `layers.HashTableEmbedding`) that
+        every feature reads, or a list of N.
+      features: list of N key containers as `hash_table_embedding` takes
+        them, all with the same batch size B.
+      weights: None, or a list of N (entries may be None).
+      combiners, max_norms: one value for all features, or a list of N.
+      insert: as in `hash_table_embedding`.
+
+    Returns:
+      List of N `[B, dim]` tensors: what `hash_table_embedding` gives for each
+      feature when called on the features in order (new keys get rows in that
+      order). With eviction, one call never evicts a key of any of its features.
+    """
+    features = list(features)
+    n = len(features)
+    if n == 0:
+        raise ValueError("features must be a non-empty list")
+    tables = per_feature(tables, n, "tables")
+    weights = per_feature(weights, n, "weights")
+    combiners = [check_combiner(c) for c in per_feature(combiners, n, "combiners")]
+    max_norms = per_feature(max_norms, n, "max_norms")
+    with tf.name_scope(name or "multi_hash_table_embedding"):
+        slots = [_slot(keys, w, t.key_dtype) for keys, w, t in zip(features, weights, tables)]
+        batch = _common_batch_size([slot.keys for slot in slots])
+        outputs = [None] * n
+        for members in _grouped(range(n), lambda i: id(tables[i])):
+            table = tables[members[0]]
+            _find_slot_rows(table, [slots[i] for i in members], insert)
+            for pooled in _grouped(members, lambda i: (combiners[i], max_norms[i])):
+                outs = _pool_slots(table, [slots[i] for i in pooled], batch, combiners[pooled[0]],
+                                   max_norms[pooled[0]])
+                for i, out in zip(pooled, outs):
+                    outputs[i] = _lookup_ops._with_batch_dim(out, slots[i].keys)
+        return outputs
+
+
+class _Slot:
+    """One feature's keys (as int64 ids), their bags' row ids in [0, B), and weights."""
+
+    def __init__(self, keys, ids, row_ids, weights):
+        self.keys, self.ids, self.row_ids, self.weights = keys, ids, row_ids, weights
+        self.rows = None  # the table's rows of ids, once found
+
+
+def _slot(keys, weights, key_dtype):
+    dense = not isinstance(keys, (tf.RaggedTensor, tf.SparseTensor))
+    keys = tf.convert_to_tensor(keys) if dense else keys
+    bags = _lookup_ops._bags_from_container(keys, weights, -1)
+    ids = _int_keys(bags.ids, key_dtype, dense)
+    row_ids = _row_ids(bags, _batch_size(keys))
+    w = None if bags.weights is None else tf.cast(bags.weights, tf.float32)
+    if dense:
+        # Dense padding (-1, "") is dropped here rather than by the find's
+        # dense_padding, which would make -1 padding in every feature the
+        # find reads: in ragged and sparse features -1 is a key.
+        keep = tf.not_equal(ids, -1)
+        ids, row_ids = tf.boolean_mask(ids, keep), tf.boolean_mask(row_ids, keep)
+        w = None if w is None else tf.boolean_mask(w, keep)
+    return _Slot(keys, ids, row_ids, w)
+
+
+def _grouped(indices, key):
+    """Indices grouped by key, groups in order of their first index."""
+    groups = {}
+    for i in indices:
+        groups.setdefault(key(i), []).append(i)
+    return list(groups.values())
+
+
+def _batch_size(keys):
+    if isinstance(keys, tf.RaggedTensor):
+        return keys.nrows(out_type=tf.int64)
+    if isinstance(keys, tf.SparseTensor):
+        return keys.dense_shape[0]
+    return tf.shape(keys, out_type=tf.int64)[0]
+
+
+def _common_batch_size(containers):
+    """B, checked equal across the features (bag f * B + b is feature f's row b)."""
+    sizes = [_batch_size(c) for c in containers]
+    checks = [tf.debugging.assert_equal(size, sizes[0], message=f"feature {i} has another batch size than feature 0")
+              for i, size in enumerate(sizes[1:], 1)]
+    with tf.control_dependencies(checks):
+        return tf.identity(sizes[0])
+
+
+def _row_ids(bags, batch):
+    """Each key's bag as a row id in [0, B); sparse rows are checked against B."""
+    if bags.kind == "row_splits":
+        return tf.ragged.row_splits_to_segment_ids(tf.cast(bags.segments, tf.int64), out_type=tf.int64)
+    rows = tf.cast(bags.segments, tf.int64)
+    check = tf.debugging.assert_less(rows, batch, message="a sparse feature has a row id outside its batch")
+    with tf.control_dependencies([check]):
+        return tf.identity(rows)
+
+
+def _find_slot_rows(table, slots, insert):
+    """One find of all the slots' keys, in feature order; sets each slot's rows."""
+    rows = _find_and_reset(table, tf.concat([s.ids for s in slots], 0), insert)
+    sizes = tf.stack([tf.size(s.ids, out_type=tf.int64) for s in slots])
+    for slot, slot_rows in zip(slots, tf.split(rows, sizes, num=len(slots))):
+        slot.rows = slot_rows
+
+
+def _pool_slots(table, slots, batch, combiner, max_norm):
+    """One lookup over the slots' bags, feature-major: [k * B, dim], split in k."""
+    segments = tf.concat([s.row_ids + k * batch for k, s in enumerate(slots)], 0)
+    weights = None
+    if any(s.weights is not None for s in slots):
+        weights = tf.concat([tf.ones_like(s.ids, tf.float32) if s.weights is None else s.weights for s in slots], 0)
+    out = _lookup_ops._lookup(table_operand(table.values), tf.concat([s.rows for s in slots], 0), segments,
+                              len(slots) * batch, weights, segment_kind="row_ids", combiner=combiner,
+                              invalid_ids="skip_negative", max_norm=max_norm)
+    return tf.split(out, len(slots), axis=0)
 
 
 def table_statistics(table_var, capacity):

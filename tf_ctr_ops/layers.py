@@ -508,6 +508,10 @@ class HashTableEmbedding(_PooledOutput, keras.layers.Layer):
     The weights are `table` (int64 slots, non-trainable, kept on the CPU) and
     `embeddings`. Inputs and weights: as `SparseEmbedding`, with -1 (or "")
     as the padding of dense keys.
+
+    Slots: called on a list of N features (of one batch size), the layer
+    returns N outputs of its one table, found and pooled by one op each
+    (`tco.multi_hash_table_embedding`), as HugeCTR's slots share a table.
     """
 
     def __init__(self, output_dim, capacity, combiner="mean", key_dtype="int64", embeddings_initializer="uniform",
@@ -564,9 +568,21 @@ class HashTableEmbedding(_PooledOutput, keras.layers.Layer):
         return _hash_table.export_rows(self.table, self.embeddings, self.num_slots)
 
     def call(self, inputs, weights=None, training=None):
+        if isinstance(inputs, (list, tuple)):  # slots: features sharing this table
+            weights = [None] * len(inputs) if weights is None else [_as_container(w) for w in weights]
+            outputs = _hash_table.multi_hash_table_embedding(
+                self, [_as_container(x) for x in inputs], weights, combiners=self.combiner,
+                max_norms=self.max_norm, insert=bool(training))
+            return [self._in_compute_dtype(out) for out in outputs]
         return self._in_compute_dtype(_hash_table.hash_table_embedding(
             self, _as_container(inputs), _as_container(weights), combiner=self.combiner, max_norm=self.max_norm,
             insert=bool(training)))
+
+    def compute_output_shape(self, input_shape):
+        if isinstance(input_shape, (list, tuple)) and input_shape and all(
+                isinstance(s, (list, tuple)) for s in input_shape):
+            return [_PooledOutput.compute_output_shape(self, s) for s in input_shape]
+        return super().compute_output_shape(input_shape)
 
     def get_config(self):
         config = super().get_config()
