@@ -343,7 +343,7 @@ setup(
     install_requires=install_requires(),
     extras_require={
         # atheris (tests/test_fuzz.py) has wheels for CPython >= 3.11 on Linux x86-64 only.
-        "test": ["pytest>=7", "hypothesis>=6",
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6",
                  "atheris; python_version >= '3.11' and platform_system == 'Linux' and platform_machine == 'x86_64'"],
         "plot": ["matplotlib"],
     },

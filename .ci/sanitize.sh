@@ -78,10 +78,15 @@ if [ "$#" -gt 0 ]; then TESTS=("$@"); fi
 # The real-data samples live next to the checkout, not next to the copy.
 export TF_CTR_OPS_DATA="${TF_CTR_OPS_DATA:-$ROOT/../shared/data}"
 
-echo "+ pytest ${TESTS[*]}"
+# Two test processes (pytest-xdist, from the test extra) where installed: the
+# stage is CPU-bound and CI has two cores.
+PARALLEL=()
+if "$PYTHON" -c "import xdist" 2>/dev/null; then PARALLEL=(-n "${TF_CTR_OPS_TEST_PROCESSES:-2}"); fi
+
+echo "+ pytest ${PARALLEL[*]} ${TESTS[*]}"
 # -p no:cacheprovider: the copy is thrown away; -rs: list skips with reasons.
 rc=0
-"$PYTHON" -m pytest -q -rs -p no:cacheprovider "${TESTS[@]}" || rc=$?
+"$PYTHON" -m pytest -q -rs -p no:cacheprovider "${PARALLEL[@]}" "${TESTS[@]}" || rc=$?
 if compgen -G "$REPORTS/*" >/dev/null; then
   for f in "$REPORTS"/*; do echo "=== $f"; head -c 20000 "$f"; done
   echo "sanitizer reports above: stage failed" >&2
