@@ -5,6 +5,8 @@ Each rewritten graph must compute what the TF-native graph computes; the
 negative cases must stay unrewritten with a reason and still compute it.
 """
 
+import textwrap
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -636,3 +638,56 @@ def test_hashed_string_key_outside_the_table_errors_like_the_gather(big_table):
         f(tf.constant([example]))
     with pytest.raises(tf.errors.InvalidArgumentError, match=f'key "{bad.decode()}" in row 0 hashes to bucket'):
         run_graph_def(cf, graph, tf.constant([example]))
+
+
+PARTITIONS_ON_TWO_DEVICES = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    from tf_ctr_ops import rewrite
+
+    rng = np.random.default_rng(0)
+    sizes, same = (4, 3, 3), sys.argv[1] == "same"
+    parts = []
+    for p, n in enumerate(sizes):
+        with tf.device("/CPU:0" if same else f"/CPU:{p % 2}"):
+            parts.append(tf.Variable(rng.normal(size=(n, 4)).astype(np.float32)))
+    module = tf.Module()
+    module.parts = parts
+    module.serve = tf.function(
+        lambda ids: tf.compat.v1.nn.embedding_lookup(module.parts, ids, partition_strategy="mod"),
+        input_signature=[tf.TensorSpec([None], tf.int64, name="ids")])
+    options = tf.saved_model.SaveOptions(
+        experimental_variable_policy=tf.saved_model.experimental.VariablePolicy.SAVE_VARIABLE_DEVICES)
+    tf.saved_model.save(module, "src", signatures={"serving_default": module.serve}, options=options)
+    inputs = {"ids": np.array([0, 9, 4, 4, 7], np.int64)}
+    report = rewrite.optimize_saved_model("src", "dst", sample_inputs={"serving_default": inputs}, runs=2)
+    sig = report.signatures["serving_default"]
+    print(json.dumps({"ok": report.ok, "match": bool(sig.outputs_match),
+                      "merged": [m["pattern"] for m in sig.matches].count("partitioned_table"),
+                      "skips": [s["reason"] for s in sig.skips if s["pattern"] == "partitioned_table"]}))
+""")
+
+
+@pytest.mark.parametrize("placement", ["same", "two"])
+def test_partitions_on_different_devices_are_never_merged(tmp_path, placement):
+    """Partitions saved with their devices (SAVE_VARIABLE_DEVICES) on two
+    devices stay partitioned; on one device they merge."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import fresh_process_env
+
+    run = subprocess.run([sys.executable, "-c", PARTITIONS_ON_TWO_DEVICES, placement], cwd=tmp_path,
+                         env=fresh_process_env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["ok"] and result["match"], result
+    if placement == "same":
+        assert result["merged"] == 1 and not result["skips"], result
+    else:
+        assert result["merged"] == 0, result
+        assert any("different devices (/device:CPU:0, /device:CPU:1)" in r for r in result["skips"]), result

@@ -212,9 +212,15 @@ def _remove_dead(body, candidates, replaced_by):
             fdef.signature.control_output.extend(outputs)
 
 
-def merge_partitioned_tables(graph_def, concrete_function):
+def merge_partitioned_tables(graph_def, concrete_function, saved_devices=()):
     """Rewrites partitioned lookups in the functions `graph_def` calls into
     gathers from merged variables.
+
+    Partitions on different devices are never merged: one variable would
+    move the whole table onto one device. `saved_devices` are the variable
+    devices the SavedModel records (`saved_variable_devices`): TF's loader
+    does not restore them, so two or more of them leave every partitioned
+    lookup alone.
 
     Returns (graph_def, {placeholder name: merged variable}, match records,
     skip records). `graph_def` is modified in place.
@@ -259,6 +265,12 @@ def merge_partitioned_tables(graph_def, concrete_function):
             if reshape is None:
                 skips.append({"pattern": PATTERN, "node": stitch.name,
                               "reason": "the stitched rows are not reshaped back to ids.shape + [D] alone"})
+                continue
+            devices = saved_devices if len(saved_devices) > 1 else _devices(part_vars[a].device for a in parts)
+            if len(devices) > 1:
+                skips.append({"pattern": PATTERN, "node": stitch.name,
+                              "reason": f"the partitions sit on different devices ({', '.join(devices)}): "
+                                        "merging them would put the whole table on one"})
                 continue
             key = (strategy, tuple(id(part_vars[a].handle) for a in parts))
             if key not in merged:
@@ -314,6 +326,26 @@ def merge_partitioned_tables(graph_def, concrete_function):
                             "replaced": removed + [f"{reshape.name} (Reshape)"], "strategy": strategy,
                             "partitions": len(parts)})
     return graph_def, placeholders, matches, skips
+
+
+def _devices(names):
+    """The distinct devices of `names`, in one spelling ("" and this process's
+    own job and task left out)."""
+    found = set()
+    for name in names:
+        spec = tf.DeviceSpec.from_string(name or "")
+        if spec.job in (None, "localhost"):
+            spec = spec.replace(job=None, replica=None, task=None)
+        if spec.to_string():
+            found.add(spec.to_string())
+    return sorted(found)
+
+
+def saved_variable_devices(proto):
+    """The distinct variable devices a SavedModel records
+    (SaveOptions(experimental_variable_policy=SAVE_VARIABLE_DEVICES))."""
+    return _devices(node.variable.device for meta in proto.meta_graphs for node in meta.object_graph_def.nodes
+                    if node.WhichOneof("kind") == "variable")
 
 
 def _subgraph_above(body, name, allowed):

@@ -821,8 +821,8 @@ def _tf2_builder(loaded, proto, available, selected, serving_device):
             graph_def = original.graph.as_graph_def(add_shapes=True)
             merged, part_matches, part_skips = {}, [], []
             if _partitioned.PATTERN not in disabled:
-                graph_def, merged, part_matches, part_skips = _partitioned.merge_partitioned_tables(graph_def,
-                                                                                                    original)
+                graph_def, merged, part_matches, part_skips = _partitioned.merge_partitioned_tables(
+                    graph_def, original, _partitioned.saved_variable_devices(proto))
             optimized, records = optimize_graph_def(
                 graph_def, [t.name for t in original.outputs],
                 dict(captured_handle_shapes(original), **{k: v.shape for k, v in merged.items()}),
