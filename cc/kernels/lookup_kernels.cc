@@ -254,7 +254,7 @@ class EmbeddingLookupGradCpuOp : public LookupKernel {
       OP_REQUIRES_OK(ctx, AllocatePooled(ctx, 0, *in.params, total, &values));
       OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {total}, &indices));
     }
-    ParallelFor(ctx, rows, 3 * BagCost(in, a.spec, rows), [&](int64_t begin, int64_t end) {
+    ParallelFor(ctx, rows, BagCost(in, a.spec, rows), [&](int64_t begin, int64_t end) {
       std::vector<ctr::AccT<CT>> scratch(3 * a.spec.dim);
       ctr::BagGradCpu(a.spec, CorePtr<T>(*in.params), visit, CorePtr<T>(grad),
                       grad_offsets, begin, end, scratch.data(), CorePtr<T>(values),
