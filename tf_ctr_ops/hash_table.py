@@ -362,7 +362,7 @@ def multi_hash_table_embedding(tables, features, weights=None, combiners="mean",
     max_norms = per_feature(max_norms, n, "max_norms")
     with tf.name_scope(name or "multi_hash_table_embedding"):
         slots = [_slot(keys, w, t.key_dtype) for keys, w, t in zip(features, weights, tables)]
-        batch = _common_batch_size([slot.keys for slot in slots])
+        batch = _common_batch_size([slot.batch for slot in slots])
         outputs = [None] * n
         for members in _grouped(range(n), lambda i: id(tables[i])):
             table = tables[members[0]]
@@ -376,10 +376,10 @@ def multi_hash_table_embedding(tables, features, weights=None, combiners="mean",
 
 
 class _Slot:
-    """One feature's keys (as int64 ids), their bags' row ids in [0, B), and weights."""
+    """One feature's keys (as int64 ids), their bags' row ids in [0, B), weights and B."""
 
-    def __init__(self, keys, ids, row_ids, weights):
-        self.keys, self.ids, self.row_ids, self.weights = keys, ids, row_ids, weights
+    def __init__(self, keys, ids, row_ids, weights, batch):
+        self.keys, self.ids, self.row_ids, self.weights, self.batch = keys, ids, row_ids, weights, batch
         self.rows = None  # the table's rows of ids, once found
 
 
@@ -388,7 +388,8 @@ def _slot(keys, weights, key_dtype):
     keys = tf.convert_to_tensor(keys) if dense else keys
     bags = _lookup_ops._bags_from_container(keys, weights, -1)
     ids = _int_keys(bags.ids, key_dtype, dense)
-    row_ids = _row_ids(bags, _batch_size(keys))
+    batch = _batch_size(keys)
+    row_ids = _row_ids(bags, batch)
     w = None if bags.weights is None else tf.cast(bags.weights, tf.float32)
     if dense:
         # Dense padding (-1, "") is dropped here rather than by the find's
@@ -397,7 +398,7 @@ def _slot(keys, weights, key_dtype):
         keep = tf.not_equal(ids, -1)
         ids, row_ids = tf.boolean_mask(ids, keep), tf.boolean_mask(row_ids, keep)
         w = None if w is None else tf.boolean_mask(w, keep)
-    return _Slot(keys, ids, row_ids, w)
+    return _Slot(keys, ids, row_ids, w, batch)
 
 
 def _grouped(indices, key):
@@ -416,9 +417,8 @@ def _batch_size(keys):
     return tf.shape(keys, out_type=tf.int64)[0]
 
 
-def _common_batch_size(containers):
+def _common_batch_size(sizes):
     """B, checked equal across the features (bag f * B + b is feature f's row b)."""
-    sizes = [_batch_size(c) for c in containers]
     checks = [tf.debugging.assert_equal(size, sizes[0], message=f"feature {i} has another batch size than feature 0")
               for i, size in enumerate(sizes[1:], 1)]
     with tf.control_dependencies(checks):
