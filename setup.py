@@ -12,6 +12,7 @@ CUDA: see `find_cuda_toolkit`. Environment switches:
   TF_CTR_OPS_CUDA_ARCHS=80;90 GPU architectures (default 80;90, PTX for the last)
   TF_CTR_OPS_SANITIZE=address,undefined   build with ASan/UBSan
   TF_CTR_OPS_JOBS=N           parallel compile jobs (default: CPU count)
+  TF_CTR_OPS_PCH=0            do not precompile cc/tf_pch.h (slower, same code)
   TF_CTR_OPS_CORE_ONLY=1      build tf_ctr_ops._core alone, without TensorFlow (a GPU
                               machine testing the CUDA kernels: tools/gpu_check.sh)
 """
@@ -30,6 +31,7 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 VERSION = "0.1.0"
+PCH_HEADER = "cc/tf_pch.h"
 
 
 def log(msg):
@@ -217,19 +219,53 @@ class Toolchain:
             return [str(self.cuda["nvcc"]), "-std=c++17", "-O3", f"-I{ROOT}", "--expt-relaxed-constexpr",
                     "-Xcompiler", host, *gencode, "-c", str(ROOT / src), "-o", str(obj)]
         flags = self.cxx_tf if flavor == "tf" else self.cxx_core + pybind_includes()
+        if flavor == "tf" and self.pch:
+            flags = [*flags, "-Winvalid-pch", "-include", str(self.pch)]
         return ["g++", *flags, "-c", str(ROOT / src), "-o", str(obj)]
 
-    def compile(self, srcs, flavor):
-        objs, jobs = [], []
-        for src in srcs:
-            obj = self._obj(src, flavor)
-            obj.parent.mkdir(parents=True, exist_ok=True)
-            objs.append(obj)
-            if self._stale(src, obj):
-                jobs.append((src, obj))
+    def _precompiled_header(self):
+        """Where cc/tf_pch.h's precompiled copy goes, or None when off.
+
+        g++ uses `X.gch` in place of `X` when a file is -include'd and both sit
+        side by side, so the header is copied into the variant's build folder
+        and compiled there; with other flags g++ would ignore the .gch (and say
+        so: -Winvalid-pch) and parse the headers as usual."""
+        if os.environ.get("TF_CTR_OPS_PCH", "1").strip() == "0":
+            return None
+        return self._obj(PCH_HEADER, "tf").with_suffix("")
+
+    def _precompile(self):
+        gch = self.pch.with_name(self.pch.name + ".gch")
+        if gch.exists() and gch.stat().st_mtime >= (ROOT / PCH_HEADER).stat().st_mtime:
+            return
+        self.pch.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ROOT / PCH_HEADER, self.pch)
+        run(["g++", *self.cxx_tf, "-x", "c++-header", str(self.pch), "-o", str(gch)], f"precompile {PCH_HEADER}")
+
+    def compile(self, srcs_by_flavor):
+        """Compiles the stale objects of every flavor ("cuda", "tf", "core") in
+        one pool, so that nvcc and the core module overlap the op library
+        instead of running after it; returns each flavor's objects."""
+        objs, jobs = {}, []
+        for flavor, srcs in srcs_by_flavor.items():
+            objs[flavor] = [self._obj(src, flavor) for src in srcs]
+            for src, obj in zip(srcs, objs[flavor]):
+                obj.parent.mkdir(parents=True, exist_ok=True)
+                if self._stale(src, obj):
+                    jobs.append((src, obj, flavor))
+        self.pch = self._precompiled_header() if any(f == "tf" for _, _, f in jobs) else None
+        # The TF files wait for the precompiled header: the others go first.
+        jobs.sort(key=lambda job: job[2] == "tf")
         workers = int(os.environ.get("TF_CTR_OPS_JOBS", os.cpu_count() or 2))
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = {pool.submit(run, self._cmd(src, obj, flavor), f"compile {src}"): src for src, obj in jobs}
+            pch_ready = pool.submit(self._precompile) if self.pch else None
+
+            def build(src, obj, flavor):
+                if flavor == "tf" and pch_ready:
+                    pch_ready.result()
+                run(self._cmd(src, obj, flavor), f"compile {src}")
+
+            futures = [pool.submit(build, *job) for job in jobs]
             for f in concurrent.futures.as_completed(futures):
                 f.result()
         return objs
@@ -287,8 +323,6 @@ class BuildCtrOps(build_ext):
         self.tf = NO_TENSORFLOW if core_only() else tensorflow_config()
         self.cuda = cuda_choice(self.tf["cuda_version"])
         self.toolchain = Toolchain(self.tf, self.cuda, self.build_temp)
-        cuda_srcs = sources("cuda/*.cu") if self.cuda else []
-        self.cuda_objs = self.toolchain.compile(cuda_srcs, "cuda")
         for where in {Path(self.get_ext_fullpath(e.name)).parent for e in self.extensions}:
             where.mkdir(parents=True, exist_ok=True)
             write_build_info(self.tf, self.cuda, where / "_build_info.py")
@@ -299,21 +333,27 @@ class BuildCtrOps(build_ext):
             return os.path.join(*fullname.split(".")) + ".so"  # loaded by tf.load_op_library
         return super().get_ext_filename(fullname)
 
-    def build_extension(self, ext):
-        out = Path(self.get_ext_fullpath(ext.name))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if ext.name.endswith("_tf_ctr_ops"):
+    def _flavor(self, ext):
+        return "tf" if ext.name.endswith("_tf_ctr_ops") else "core"
+
+    def _sources(self, flavor):
+        if flavor == "cuda":
+            return sources("cuda/*.cu") if self.cuda else []
+        if flavor == "tf":
             srcs = sources("cc/ops/*.cc") + sources("cc/kernels/*.cc") + sources("cc/grappler/*.cc")
-            if not self.cuda:
-                srcs = [s for s in srcs if not s.endswith("_gpu.cc")]
-            objs = self.toolchain.compile(srcs, "tf")
-            self.toolchain.link(objs + self.cuda_objs, out, self.tf["link_flags"])
-        else:
-            srcs = sources("cc/python/*.cc")
-            if not self.cuda:
-                srcs = [s for s in srcs if "gpu" not in s]
-            objs = self.toolchain.compile(srcs, "core")
-            self.toolchain.link(objs + self.cuda_objs, out, [])
+            return srcs if self.cuda else [s for s in srcs if not s.endswith("_gpu.cc")]
+        srcs = sources("cc/python/*.cc")
+        return srcs if self.cuda else [s for s in srcs if "gpu" not in s]
+
+    def build_extensions(self):
+        flavors = ["cuda"] + [self._flavor(e) for e in self.extensions]
+        objs = self.toolchain.compile({f: self._sources(f) for f in flavors})
+        for ext in self.extensions:
+            out = Path(self.get_ext_fullpath(ext.name))
+            out.parent.mkdir(parents=True, exist_ok=True)
+            flavor = self._flavor(ext)
+            extra = self.tf["link_flags"] if flavor == "tf" else []
+            self.toolchain.link(objs[flavor] + objs["cuda"], out, extra)
 
 
 def install_requires():

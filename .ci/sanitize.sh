@@ -86,7 +86,7 @@ if "$PYTHON" -c "import xdist" 2>/dev/null; then PARALLEL=(-n "${TF_CTR_OPS_TEST
 echo "+ pytest ${PARALLEL[*]} ${TESTS[*]}"
 # -p no:cacheprovider: the copy is thrown away; -rs: list skips with reasons.
 rc=0
-"$PYTHON" -m pytest -q -rs -p no:cacheprovider "${PARALLEL[@]}" "${TESTS[@]}" || rc=$?
+"$PYTHON" -m pytest -q -rs -p no:cacheprovider --durations=15 "${PARALLEL[@]}" "${TESTS[@]}" || rc=$?
 if compgen -G "$REPORTS/*" >/dev/null; then
   for f in "$REPORTS"/*; do echo "=== $f"; head -c 20000 "$f"; done
   echo "sanitizer reports above: stage failed" >&2
