@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import tf_ctr_ops as tco
+from tf_ctr_ops import ops as tco_ops
 from tf_ctr_ops import _core
 
 COMBINERS = ["sum", "mean", "sqrtn"]
@@ -324,6 +325,93 @@ def test_sparse_embedding_zero_batch(rng):
     assert out.shape == (0, 4)
     out = tco.sparse_embedding(params, tf.RaggedTensor.from_row_splits(tf.zeros([0], tf.int64), [0]))
     assert out.shape == (0, 4)
+
+
+# ---------------------------------------------------------------------------
+# Bags of one id: the CPU kernels copy the row forward and pass the upstream
+# gradient on as the values backward. Weights of 1.0 take the general path,
+# whose results these must equal bit for bit.
+
+
+def lookup_and_grad(params, ids, weights=None, lookup=tco.sparse_embedding, **kw):
+    with tf.GradientTape() as tape:
+        tape.watch(params)
+        out = lookup(params, ids, weights, **kw)
+        upstream = tf.cast(tf.reshape(tf.range(tf.size(out), dtype=tf.float32) % 7 - 3, tf.shape(out)), out.dtype)
+        loss = tf.reduce_sum(out * upstream)
+    grad = tape.gradient(loss, params)
+    return out, grad, upstream
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64, tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
+def test_single_id_bags_copy_rows_and_pass_the_gradient_on(rng, dtype, combiner, id_dtype):
+    params = table(rng, 300, 12, dtype)
+    batch = 1000  # several chunks of the copy loop, and a partial last one
+    ids = tf.constant(rng.integers(0, 300, size=(batch, 1)), id_dtype)
+    out, grad, upstream = lookup_and_grad(params, ids, combiner=combiner)
+    np.testing.assert_array_equal(tf.cast(out, tf.float64).numpy(),
+                                  tf.cast(tf.gather(params, ids[:, 0]), tf.float64).numpy())
+    assert isinstance(grad, tf.IndexedSlices)
+    np.testing.assert_array_equal(grad.indices.numpy(), ids[:, 0].numpy())
+    np.testing.assert_array_equal(tf.cast(grad.values, tf.float64).numpy(), tf.cast(upstream, tf.float64).numpy())
+    ones = tf.ones(ids.shape, tf.float32)
+    out_general, grad_general, _ = lookup_and_grad(params, ids, ones, combiner=combiner)
+    np.testing.assert_array_equal(tf.cast(out, tf.float64).numpy(), tf.cast(out_general, tf.float64).numpy())
+    np.testing.assert_array_equal(tf.cast(grad.values, tf.float64).numpy(),
+                                  tf.cast(grad_general.values, tf.float64).numpy())
+    np.testing.assert_array_equal(grad.indices.numpy(), grad_general.indices.numpy())
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_single_id_bags_mixed_with_other_bags_match_tf(rng, combiner):
+    params = table(rng, 50, 8)
+    # Mostly one id a bag; an empty bag, a bag of two and a padded -1 in
+    # the middle send their range down the general path.
+    dense = rng.integers(0, 50, size=(600, 2))
+    dense[:, 1] = -1
+    dense[250, 1] = 7
+    dense[400] = -1
+    rt = tf.ragged.boolean_mask(tf.constant(dense, tf.int64), dense >= 0)
+    # The raw op: per-id gradient rows, with the default row of empty bags.
+    def lookup(params, rt, weights, **kw):
+        return tco_ops._lookup(params, rt.values, rt.row_splits, -1, weights, segment_kind="row_splits", **kw)
+
+    got, grad, upstream = lookup_and_grad(params, rt, lookup=lookup, combiner=combiner, default_id=3)
+    assert isinstance(grad, tf.IndexedSlices) and grad.indices.shape[0] == 601  # 598 + 2 + the default row
+    with tf.GradientTape() as tape:
+        tape.watch(params)
+        want = tf.nn.safe_embedding_lookup_sparse(params, rt.to_sparse(), None, combiner=combiner, default_id=3)
+        loss = tf.reduce_sum(want * upstream)
+    want_grad = tape.gradient(loss, params)
+    assert_close(got, want)
+    assert_close(tf.convert_to_tensor(grad), tf.convert_to_tensor(want_grad))
+    # Without the bag of two, every bag has one gradient row (the empty one
+    # its default row's): the values are the upstream gradient.
+    rt = tf.ragged.boolean_mask(tf.constant(dense[:, :1], tf.int64), dense[:, :1] >= 0)
+    got, grad, upstream = lookup_and_grad(params, rt, lookup=lookup, combiner=combiner, default_id=3)
+    np.testing.assert_array_equal(grad.values.numpy(), upstream.numpy())
+    want_indices = dense[:, 0].copy()
+    want_indices[400] = 3
+    np.testing.assert_array_equal(grad.indices.numpy(), want_indices)
+    np.testing.assert_array_equal(got.numpy()[400], params.numpy()[3])
+
+
+def test_single_id_bags_with_a_bad_id_name_its_row(rng):
+    params = table(rng, 40, 4)
+    ids = rng.integers(0, 40, size=(900, 1))
+    ids[777, 0] = 41
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id 41 in row 777 .*\[0, 40\)"):
+        tco.sparse_embedding(params, tf.constant(ids, tf.int64))
+
+
+def test_single_string_key_bags_match_to_hash_bucket_fast(rng):
+    params = table(rng, 64, 8)
+    keys = tf.constant(rng.integers(0, 10**6, size=(500, 1)).astype(str).astype(object))
+    got = tco.hash_embedding(params, keys)
+    want = tf.gather(params, tf.strings.to_hash_bucket_fast(keys[:, 0], 64))
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
 def hashed_reference(params, keys_ragged, combiner, weights=None):

@@ -167,6 +167,34 @@ class BagStream {
   Entry ring_[kRing];
 };
 
+// Bags of one unweighted id without a clip, the commonest CTR feature, pool
+// to their row itself: sum, mean and sqrtn all give x for one entry of weight
+// 1, bit for bit. Such a range is a row copy per bag (a chunk of rows
+// prefetched ahead), where the pooling loop spends most of its time on
+// per-bag bookkeeping. Returns false when the range holds any other bag, or
+// a key that is skipped or bad: the caller then pools (and rewrites) it all.
+template <typename T, typename TKey>
+bool CopySingleIdBags(const LookupSpec& s, const T* params, const TKey* keys, const float* weights,
+                      const int64_t* offsets, int64_t row_begin, int64_t row_end, T* out) {
+  if (weights != nullptr || s.max_norm > 0.f) return false;
+  for (int64_t r = row_begin; r < row_end; ++r)
+    if (offsets[r + 1] - offsets[r] != 1) return false;
+  constexpr int64_t kChunk = 32;
+  const int64_t dim = s.dim;
+  const T* rows[kChunk];
+  for (int64_t first = row_begin; first < row_end; first += kChunk) {
+    const int64_t n = std::min(kChunk, row_end - first);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = ResolveCpuKey(keys[offsets[first + i]], s);
+      if (row < 0) return false;
+      rows[i] = params + row * dim;
+      PrefetchRow(rows[i], dim);
+    }
+    for (int64_t i = 0; i < n; ++i) std::memcpy(out + (first + i) * dim, rows[i], dim * sizeof(T));
+  }
+  return true;
+}
+
 // Pools bags [row_begin, row_end). acc is caller scratch of spec.dim floats.
 // On a bad key, records it in *err (first one in this range) and stops.
 template <typename T, typename TKey>
@@ -174,6 +202,7 @@ void PoolBagsCpu(const LookupSpec& s, const T* params, const TKey* keys,
                  const float* weights, const int64_t* offsets,
                  int64_t row_begin, int64_t row_end, AccT<T>* acc, T* out,
                  KeyError* err) {
+  if (CopySingleIdBags(s, params, keys, weights, offsets, row_begin, row_end, out)) return;
   BagStream<T> pool(s, params, acc, out, nullptr, row_begin);
   for (int64_t r = row_begin; r < row_end; ++r) {
     for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
@@ -226,6 +255,42 @@ void ClipBackward(const T* x, const AccT<T>* g, const LookupSpec& s, float scale
   for (int64_t d = 0; d < D; ++d) dst[d] = scale * g[d];
 }
 
+// BagGradCpu without a clip or weight gradients: an entry's row is its bag's
+// gradient times its coefficient (weight times the combiner's scale), as
+// ClipBackward gives it when no clip is active; a coefficient of 1 (any bag
+// of one unweighted id, sums of unweighted ids) is a plain copy, bit for bit.
+template <typename T, typename VisitBag>
+void ScaledBagGradRows(const LookupSpec& s, const VisitBag& visit, const T* grad_out,
+                       const int64_t* grad_offsets, int64_t row_begin, int64_t row_end, T* grad_values,
+                       int64_t* grad_indices) {
+  const int64_t D = s.dim;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const T* g = grad_out + r * D;
+    int64_t k = grad_offsets[r];
+    auto write = [&](int64_t row, float c) {
+      T* dst = grad_values + k * D;
+      if (c == 1.f) {
+        std::memcpy(dst, g, D * sizeof(T));
+      } else {
+        for (int64_t d = 0; d < D; ++d) dst[d] = FromAcc<T>(c * ToFloat(g[d]));
+      }
+      grad_indices[k++] = row;
+    };
+    BagWeights bw;
+    bool any = false;
+    visit(r, [&](int64_t, float w, int64_t) {
+      bw.Add(w);
+      any = true;
+    });
+    if (!any) {
+      if (s.default_id >= 0) write(s.default_id, 1.f);
+      continue;
+    }
+    const float scale = CombinerScale(s.combiner, bw);
+    visit(r, [&](int64_t row, float w, int64_t) { write(row, w * scale); });
+  }
+}
+
 // Fills the gradient rows of bags [row_begin, row_end). grad_offsets[r] is the
 // first output row of bag r. scratch holds 3 * dim floats. grad_weights
 // (nullable) must be zeroed by the caller: pruned entries keep a zero.
@@ -234,6 +299,10 @@ void BagGradCpu(const LookupSpec& s, const T* params, const VisitBag& visit,
                 const T* grad_out, const int64_t* grad_offsets, int64_t row_begin,
                 int64_t row_end, AccT<T>* scratch, T* grad_values, int64_t* grad_indices,
                 float* grad_weights) {
+  if (grad_weights == nullptr && s.max_norm <= 0.f) {
+    ScaledBagGradRows(s, visit, grad_out, grad_offsets, row_begin, row_end, grad_values, grad_indices);
+    return;
+  }
   const int64_t D = s.dim;
   AccT<T>* g = scratch;
   AccT<T>* pooled = scratch + D;  // the bag's weighted sum, for weight grads
