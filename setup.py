@@ -235,12 +235,20 @@ class Toolchain:
         return self._obj(PCH_HEADER, "tf").with_suffix("")
 
     def _precompile(self):
+        # g++ checks a .gch against the flags, not against the headers inside
+        # it: the stamp (TF version and command) makes a new TensorFlow or new
+        # flags rebuild it instead of compiling against stale headers.
         gch = self.pch.with_name(self.pch.name + ".gch")
-        if gch.exists() and gch.stat().st_mtime >= (ROOT / PCH_HEADER).stat().st_mtime:
+        stamp = self.pch.with_name(self.pch.name + ".stamp")
+        cmd = ["g++", *self.cxx_tf, "-x", "c++-header", str(self.pch), "-o", str(gch)]
+        want = "\n".join([self.tf["version"], *cmd])
+        if (gch.exists() and stamp.exists() and stamp.read_text() == want
+                and gch.stat().st_mtime >= (ROOT / PCH_HEADER).stat().st_mtime):
             return
         self.pch.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / PCH_HEADER, self.pch)
-        run(["g++", *self.cxx_tf, "-x", "c++-header", str(self.pch), "-o", str(gch)], f"precompile {PCH_HEADER}")
+        run(cmd, f"precompile {PCH_HEADER}")
+        stamp.write_text(want)
 
     def compile(self, srcs_by_flavor):
         """Compiles the stale objects of every flavor ("cuda", "tf", "core") in
