@@ -504,6 +504,28 @@ def test_criteo_hex_categories_hash_embedding(params):
 # Raw-op attributes the Grappler rewrite relies on
 
 
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_one_token_bags_pass_the_gradient_on(rng, params, combiner):
+    """One token a string (and the default row of an empty one): the params
+    gradient's values are the upstream gradient, one row per string."""
+    V = params.shape[0]
+    ids = rng.integers(0, V, size=300)
+    strings = [str(v) for v in ids]
+    strings[123] = ""
+    table = tf.Variable(params)
+    upstream = tf.constant(rng.normal(size=(300, params.shape[1])).astype(np.float32))
+    with tf.GradientTape() as tape:
+        got = tco.string_embedding(strings, table, combiner=combiner, id_mode="index", invalid_ids="skip_negative",
+                                   default_id=5)
+        loss = tf.reduce_sum(got * upstream)
+    grad = tape.gradient(loss, table)
+    want_indices = ids.copy()
+    want_indices[123] = 5
+    np.testing.assert_array_equal(grad.indices.numpy(), want_indices)
+    np.testing.assert_array_equal(grad.values.numpy(), upstream.numpy())
+    np.testing.assert_array_equal(got.numpy(), tf.gather(params, want_indices).numpy())
+
+
 def test_trim_empty_tail_matches_plain_embedding_lookup_sparse(rng, params):
     from tf_ctr_ops.strings import _ops
 

@@ -291,6 +291,26 @@ void ScaledBagGradRows(const LookupSpec& s, const VisitBag& visit, const T* grad
   }
 }
 
+// Whether each bag's gradient is one row with coefficient 1 (one unweighted
+// entry, or the default row of an empty bag) and no clip, given the bags'
+// gradient-row offsets: then the values are the pooled gradient [B, ...]
+// itself, in bag order, and a kernel can pass it on uncopied.
+inline bool GradIsPooledGrad(const LookupSpec& s, bool weighted, const int64_t* grad_offsets, int64_t rows) {
+  if (weighted || s.max_norm > 0.f || grad_offsets[rows] != rows) return false;
+  for (int64_t r = 0; r < rows; ++r)
+    if (grad_offsets[r + 1] - grad_offsets[r] != 1) return false;
+  return true;
+}
+
+// The table row of each bag's one gradient row (GradIsPooledGrad).
+template <typename VisitBag>
+void OneRowBagIndices(const LookupSpec& s, const VisitBag& visit, int64_t rows, int64_t* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    out[r] = s.default_id;
+    visit(r, [&](int64_t row, float, int64_t) { out[r] = row; });
+  }
+}
+
 // Fills the gradient rows of bags [row_begin, row_end). grad_offsets[r] is the
 // first output row of bag r. scratch holds 3 * dim floats. grad_weights
 // (nullable) must be zeroed by the caller: pruned entries keep a zero.

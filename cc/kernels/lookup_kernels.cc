@@ -196,26 +196,6 @@ absl::Status MergedGradRows(OpKernelContext* ctx, const ctr::LookupSpec& s, cons
   return absl::OkStatus();
 }
 
-// Whether each bag's gradient is one row with coefficient 1 (one unweighted
-// entry, or the default row of an empty bag) and no clip: then the values
-// are the pooled gradient [B, ...] itself, in bag order.
-inline bool GradIsPooledGrad(const ctr::LookupSpec& s, const float* weights, const int64_t* grad_offsets,
-                             int64_t rows) {
-  if (weights != nullptr || s.max_norm > 0.f || grad_offsets[rows] != rows) return false;
-  for (int64_t r = 0; r < rows; ++r)
-    if (grad_offsets[r + 1] - grad_offsets[r] != 1) return false;
-  return true;
-}
-
-// The table row of each bag of one gradient row (GradIsPooledGrad).
-template <typename VisitBag>
-void BagRows(const ctr::LookupSpec& s, const VisitBag& visit, int64_t rows, int64_t* out) {
-  for (int64_t r = 0; r < rows; ++r) {
-    out[r] = s.default_id;
-    visit(r, [&](int64_t row, float, int64_t) { out[r] = row; });
-  }
-}
-
 template <typename T, typename TId, typename TSeg>
 class EmbeddingLookupGradCpuOp : public LookupKernel {
  public:
@@ -260,12 +240,12 @@ class EmbeddingLookupGradCpuOp : public LookupKernel {
     if (a.merge_grad_rows) {
       OP_REQUIRES_OK(ctx, MergedGradRows<T>(ctx, a.spec, *in.params, grad, visit, rows, total));
       if (wgrad == nullptr) return;
-    } else if (GradIsPooledGrad(a.spec, weights, grad_offsets, rows)) {
+    } else if (ctr::GradIsPooledGrad(a.spec, weights != nullptr, grad_offsets, rows)) {
       // As a gather's gradient is the upstream gradient itself, no copy.
       ctx->set_output(0, grad);
       Tensor* indices = nullptr;
       OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {rows}, &indices));
-      BagRows(a.spec, visit, rows, indices->flat<int64_t>().data());
+      ctr::OneRowBagIndices(a.spec, visit, rows, indices->flat<int64_t>().data());
       return;
     }
     // One row per id (into temporaries when the rows were merged above and

@@ -194,6 +194,12 @@ class StringEmbeddingGradCpuOp : public StringKernel {
     for (int64_t r = 0; r < in.num_bags; ++r) grad_offsets[r + 1] += grad_offsets[r];
     const int64_t total = grad_offsets[in.num_bags];
     Tensor *values = nullptr, *indices = nullptr;
+    if (ctr::GradIsPooledGrad(spec.lookup, false, grad_offsets.data(), in.num_bags)) {
+      ctx->set_output(0, grad);  // [num_bags, dim]: one row per bag, as the lookup's
+      OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {total}, &indices));
+      ctr::OneRowBagIndices(spec.lookup, visit, in.num_bags, indices->flat<int64_t>().data());
+      return;
+    }
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {total, spec.lookup.dim}, &values));
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {total}, &indices));
     ParallelFor(ctx, in.num_bags, 2 * cost, [&](int64_t begin, int64_t end) {
