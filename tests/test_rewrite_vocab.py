@@ -84,7 +84,8 @@ def test_lookups_and_embeddings_fuse_and_serve_the_same(tmp_path, rng, num_oov):
 
 def test_out_of_vocabulary_key_still_fails_and_names_it(tmp_path, rng):
     src, dst, sig = rewritten(tmp_path, num_oov=0)
-    assert len(sig.matches) == 2
+    # Both lookups, then the Concatenate that joins them (concat_vocab).
+    assert [m["fused_op"] for m in sig.matches] == ["CtrVocabEmbedding"] * 2 + ["CtrConcatVocabEmbedding"]
     feeds = inputs(rng, 4)
     feeds["word"][2, 0] = "never-seen"
     with pytest.raises(tf.errors.InvalidArgumentError, match="never-seen"):
@@ -187,3 +188,62 @@ def test_mutable_hash_table_lookups_fuse_and_serve_the_same(tmp_path, kind):
     want = serve(src, feeds)
     for k in ("pooled", "first"):
         np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# concat_vocab: the fused lookups a Concatenate joins become one
+# CtrConcatVocabEmbedding, around the other inputs (a numeric column, a
+# multi-hot lookup's Dense, whose Assert Keras chains between the features').
+
+
+def _export_concatenated(path, num_oov):
+    import keras
+
+    keras.utils.set_random_seed(3)
+    words = [keras.Input(shape=(1,), dtype="string", name=f"word{i}") for i in range(3)]
+    number = keras.Input(shape=(1,), dtype="int64", name="number")
+    tags = keras.Input(shape=(2,), dtype="string", name="tags")
+    price = keras.Input(shape=(1,), dtype="float32", name="price")
+    parts = []
+    for i, x in enumerate(words):
+        ids = keras.layers.StringLookup(vocabulary=WORDS, mask_token=None, num_oov_indices=num_oov)(x)
+        parts.append(keras.layers.Flatten()(keras.layers.Embedding(len(WORDS) + num_oov, 2 + i)(ids)))
+        if i == 1:  # the multi-hot lookup between the features
+            hot = keras.layers.StringLookup(vocabulary=WORDS, mask_token=None, num_oov_indices=num_oov,
+                                            output_mode="multi_hot")(tags)
+            parts.append(keras.layers.Dense(3)(hot))
+    nums = keras.layers.IntegerLookup(vocabulary=NUMBERS, mask_token=None, num_oov_indices=num_oov)(number)
+    parts.append(keras.layers.Flatten()(keras.layers.Embedding(len(NUMBERS) + num_oov, 4)(nums)))
+    parts.append(price)
+    out = keras.layers.Dense(1)(keras.layers.Concatenate()(parts))
+    keras.Model(words + [number, tags, price], out).export(path, verbose=False)
+
+
+def _concatenated_inputs(rng, batch, oov=False):
+    words = np.array(WORDS + (["never-seen"] if oov else []), object)
+    feeds = {f"word{i}": words[rng.integers(0, len(words), size=(batch, 1))] for i in range(3)}
+    feeds["number"] = np.array(NUMBERS, np.int64)[rng.integers(0, len(NUMBERS), size=(batch, 1))]
+    feeds["tags"] = np.array(WORDS, object)[rng.integers(0, len(WORDS), size=(batch, 2))]
+    feeds["price"] = rng.normal(size=(batch, 1)).astype(np.float32)
+    return feeds
+
+
+@pytest.mark.parametrize("num_oov", [0, 1])
+def test_concatenated_lookups_become_one_op_and_serve_the_same(tmp_path, rng, num_oov):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _export_concatenated(str(src), num_oov)
+    sig = rewrite.optimize_saved_model(src, dst, runs=1, serving_device="cpu").signatures["serving_default"]
+    (concat,) = [m for m in sig.matches if m["fused_op"] == "CtrConcatVocabEmbedding"]
+    assert sum("CtrVocabEmbedding" in r for r in concat["replaced"]) == 4, concat
+    assert sig.outputs_match
+    feeds = _concatenated_inputs(rng, 23, oov=num_oov > 0)
+    got = serve_in_fresh_process(dst, "serving_default", feeds, tmp_path)
+    np.testing.assert_allclose(got["output_0"], serve(src, feeds)["output_0"], rtol=1e-6, atol=1e-6)
+    for batch in (0, 1, 300):
+        feeds = _concatenated_inputs(rng, batch, oov=num_oov > 0)
+        np.testing.assert_allclose(serve(dst, feeds)["output_0"], serve(src, feeds)["output_0"], rtol=1e-6, atol=1e-6)
+    if num_oov == 0:  # Keras' vocabulary check still fails, naming the key
+        feeds = _concatenated_inputs(rng, 4)
+        feeds["word2"][3, 0] = "never-seen"
+        with pytest.raises(tf.errors.InvalidArgumentError, match="never-seen"):
+            serve(dst, feeds)

@@ -133,3 +133,155 @@ def test_in_a_tf_function_and_empty_batch(rng):
     for n in (0, 1, 9):
         keys = tf.constant(string_keys(rng, (n, 1), oov=0.5).reshape(n, 1))
         np.testing.assert_array_equal(serve(keys), native(table, keys, params))
+
+
+# ---------------------------------------------------------------------------
+# The memo of an initialized table's finds (cc/core/vocab_memo.h): every call
+# after the first answers from it, so each test calls the op again and again.
+
+_ops = tco.vocab._ops
+
+
+def raw_rows(table, keys, params, default):
+    """The op's `rows` output, with the default value given per call."""
+    _, rows = _ops.ctr_vocab_embedding(table_handle=table.resource_handle, keys=keys,
+                                       default_value=tf.constant(default, tf.int64), params=params)
+    return rows.numpy()
+
+
+def test_memoized_finds_match_the_table_call_after_call(rng):
+    table = string_table(default=7)
+    params = tf.constant(rng.normal(size=(40, 3)), tf.float32)
+    serve = tf.function(lambda keys: tco.vocab_embedding(table, keys, params))
+    for n in (5, 300, 0, 1, 2000):  # new keys, out-of-vocabulary ones included, join the memo as they come
+        keys = tf.constant(string_keys(rng, (n,), oov=0.3))
+        np.testing.assert_array_equal(serve(keys), native(table, keys, params))
+    long_keys = tf.constant(["w1" * 40, "w" + "x" * 20, "w2", "w" * 9, ""])  # memcmp, both loads, the byte loop
+    for _ in range(3):
+        np.testing.assert_array_equal(serve(long_keys), native(table, long_keys, params))
+
+
+def test_memoized_missing_keys_take_each_calls_default(rng):
+    table = string_table()
+    params = tf.zeros([40, 2])
+    keys = tf.constant(["w3", "nope", "w0", "nope"])
+    for default in (5, 9, 5):
+        np.testing.assert_array_equal(raw_rows(table, keys, params, default), [3, default, 0, default])
+
+
+@pytest.mark.parametrize("sentinel", [np.iinfo(np.int64).min, np.iinfo(np.int64).min + 1])
+def test_keys_whose_ids_are_the_memos_sentinels_are_not_taken_for_missing(sentinel):
+    # The memo asks the table with these two values as defaults to tell a
+    # missing key from one it has; a key mapped to either must keep its id.
+    values = np.arange(len(VOCAB))
+    values[4] = sentinel
+    table = string_table(default=1, values=values)
+    for _ in range(3):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=rf"id {sentinel} of key 'w4' in row 1 "):
+            tco.vocab_embedding(table, tf.constant(["w0", "w4"]), tf.zeros([40, 2]))
+        np.testing.assert_array_equal(raw_rows(table, tf.constant(["w5", "gone"]), tf.zeros([40, 2]), 3), [5, 3])
+
+
+def test_memoized_integer_keys(rng):
+    table = int_table(default=39)
+    params = tf.constant(rng.normal(size=(40, 2)), tf.float32)
+    for _ in range(3):
+        keys = tf.constant(rng.integers(-20, 420, size=(500,)), tf.int64)  # most are missing
+        np.testing.assert_array_equal(tco.vocab_embedding(table, keys, params), native(table, keys, params))
+
+
+def test_one_kernel_serving_two_tables_keeps_them_apart(rng):
+    # Eager execution reuses one kernel for every call with the same attrs,
+    # whatever table handle each call feeds it.
+    first, second = string_table(default=0), string_table(default=0, values=np.arange(len(VOCAB))[::-1].copy())
+    params = tf.constant(rng.normal(size=(40, 2)), tf.float32)
+    keys = tf.constant(string_keys(rng, (50,), oov=0.1))
+    for table in (first, second, first, second):
+        np.testing.assert_array_equal(tco.vocab_embedding(table, keys, params), native(table, keys, params))
+
+
+def test_tables_that_change_are_asked_every_time():
+    table = tf.lookup.experimental.MutableHashTable(tf.string, tf.int64, default_value=0)
+    params = tf.reshape(tf.range(40, dtype=tf.float32), [40, 1])
+    table.insert(tf.constant(["a", "b"]), tf.constant([1, 2], tf.int64))
+    assert tco.vocab_embedding(table, tf.constant(["a", "b"]), params).numpy().ravel().tolist() == [1, 2]
+    table.insert(tf.constant(["a"]), tf.constant([7], tf.int64))
+    table.remove(tf.constant(["b"]))
+    assert tco.vocab_embedding(table, tf.constant(["a", "b"]), params).numpy().ravel().tolist() == [7, 0]
+
+
+def test_memo_under_concurrent_calls(rng):
+    import concurrent.futures
+
+    table = string_table(default=2)
+    params = tf.constant(rng.normal(size=(40, 4)), tf.float32)
+    serve = tf.function(lambda keys: tco.vocab_embedding(table, keys, params))
+    batches = [tf.constant(string_keys(np.random.default_rng(i), (400,), oov=0.2)) for i in range(16)]
+    serve(batches[0][:1])
+
+    def check(keys):
+        for _ in range(5):
+            np.testing.assert_array_equal(serve(keys), native(table, keys, params))
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        for f in [pool.submit(check, keys) for keys in batches]:
+            f.result()
+
+
+# ---------------------------------------------------------------------------
+# CtrConcatVocabEmbedding: the vocabulary embeddings of a Concatenate, written
+# in place (what the concat_vocab rewrite pattern makes of them).
+
+
+def concat_vocab(tables, keys, params, dense, layout, missing=None, wrap=(False, False, True)):
+    n = len(tables)
+    missing = missing or ["default"] * n
+    return _ops.ctr_concat_vocab_embedding(
+        table_handles=[t.resource_handle for t in tables], keys=keys,
+        default_values=[tf.constant(t.default_value, tf.int64) for t in tables], params=params, dense=dense,
+        missing_keys=missing, missing_ids=[int(t.default_value) for t in tables], wrap_negative_ids=list(wrap), layout=layout)
+
+
+def concat_case(rng, batch):
+    tables = [string_table(default=0), int_table(default=39), string_table(default=-3, values=np.arange(40) - 20)]
+    params = [tf.Variable(rng.normal(size=(40, d)).astype(np.float32)) for d in (3, 2, 4)]
+    keys = [tf.constant(string_keys(rng, (batch,), oov=0.2)), tf.constant(rng.integers(-10, 410, size=(batch,))),
+            tf.constant(string_keys(rng, (batch,), oov=0.2))]
+    dense = [tf.Variable(rng.normal(size=(batch, w)).astype(np.float32)) for w in (1, 5)]
+    return tables, params, keys, dense
+
+
+@pytest.mark.parametrize("batch", [0, 1, 37, 3000])
+def test_concat_op_matches_the_concatenation_of_single_lookups(rng, batch):
+    tables, params, keys, dense = concat_case(rng, batch)
+    layout = [3, 0, 1, 4, 2]  # dense 0, features 0 and 1, dense 1, feature 2
+    upstream = tf.constant(rng.normal(size=(batch, 1 + 3 + 2 + 5 + 4)), tf.float32)
+    results = []
+    for fused in (True, False):
+        with tf.GradientTape() as tape:
+            if fused:
+                out = concat_vocab(tables, keys, params, dense, layout)
+            else:
+                feats = [native(t, k, p, wrap=(i == 2)) for i, (t, k, p) in enumerate(zip(tables, keys, params))]
+                out = tf.concat([dense[0], feats[0], feats[1], dense[1], feats[2]], axis=1)
+            loss = tf.reduce_sum(out * upstream)
+        grads = tape.gradient(loss, params + dense)
+        results.append((out, [tf.convert_to_tensor(g) for g in grads]))
+    (got, got_grads), (want, want_grads) = results
+    np.testing.assert_array_equal(got, want)
+    for g, w in zip(got_grads, want_grads):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
+def test_concat_op_fails_where_the_concatenation_or_a_lookup_fails(rng):
+    tables, params, keys, dense = concat_case(rng, 6)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="dense input 1 must be a \\[6, w\\] matrix"):
+        concat_vocab(tables, keys, params, [dense[0], tf.zeros([5, 2])], [])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="feature 1 must have a \\[6\\] key vector"):
+        concat_vocab(tables, [keys[0], keys[1][:4], keys[2]], params, dense, [])
+    bad = tf.constant(["w1", "w2", "nope", "w3", "nope", "w4"])  # the table's default, -3, marks a missing key
+    with pytest.raises(tf.errors.InvalidArgumentError, match="key 'nope' in row 2 is not in the vocabulary"):
+        concat_vocab(tables, [keys[0], keys[1], bad], params, dense, [],
+                     missing=["default", "default", "error"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="layout"):
+        concat_vocab(tables, keys, params, dense, [0, 0, 1, 2, 3])

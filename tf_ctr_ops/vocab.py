@@ -78,3 +78,28 @@ def _vocab_embedding_grad(op, grad, _rows_grad):
     values = tf.reshape(grad, tf.concat([[-1], row_shape], axis=0))
     params_grad = tf.IndexedSlices(values, rows, dense_shape=tf.shape(params, out_type=tf.int64))
     return [None, None, None, params_grad]
+
+
+@tf.RegisterGradient("CtrConcatVocabEmbedding")
+def _concat_vocab_embedding_grad(op, grad):
+    """IndexedSlices for each feature's table (its rows found again, by the
+    single op on a zero-width view of the table), slices of grad for the dense
+    inputs, None for the handles, keys and defaults."""
+    n, m = op.get_attr("N"), op.get_attr("M")
+    handles, keys, defaults = op.inputs[:n], op.inputs[n:2 * n], op.inputs[2 * n:3 * n]
+    params, dense = op.inputs[3 * n:4 * n], op.inputs[4 * n:]
+    widths = [tf.shape(t)[1] for t in list(params) + list(dense)]
+    starts, column = [None] * (n + m), tf.constant(0)
+    for block in op.get_attr("layout") or range(n + m):
+        starts[block] = column
+        column = column + widths[block]
+    missing, missing_ids, wrap = (op.get_attr(k) for k in ("missing_keys", "missing_ids", "wrap_negative_ids"))
+    out = []
+    for i in range(n):
+        _, rows = _ops.ctr_vocab_embedding(table_handle=handles[i], keys=keys[i], default_value=defaults[i],
+                                           params=params[i][:, :0], missing_key=missing[i].decode(),
+                                           missing_id=missing_ids[i], wrap_negative_ids=wrap[i])
+        values = grad[:, starts[i]:starts[i] + widths[i]]
+        out.append(tf.IndexedSlices(values, rows, dense_shape=tf.shape(params[i], out_type=tf.int64)))
+    dense_grads = [grad[:, starts[n + j]:starts[n + j] + widths[n + j]] for j in range(m)]
+    return [None] * (3 * n) + out + dense_grads

@@ -210,6 +210,18 @@ void KeepAsIdentity(RewriteContext* ctx, const std::string& name, const std::str
   (*kept->mutable_attr())["T"] = t;
 }
 
+void HandOver(RewriteContext* ctx, const NodeDef& node, const std::string& output, const std::string& fused) {
+  const std::string name = node.name();  // `node` may be the one KeepAsIdentity rewrites
+  if (ctx->MustKeep(name)) {
+    const tensorflow::AttrValue t = node.attr().at("T");
+    KeepAsIdentity(ctx, name, output, t);
+    return;
+  }
+  ctx->RedirectDataEdges(name, 0, output);
+  ctx->RedirectControlEdges(name, fused);
+  ctx->Remove(name, fused);
+}
+
 void CopyControlInputs(const NodeDef& from, NodeDef* to) {
   for (const auto& in : from.input())
     if (!in.empty() && in[0] == '^') to->add_input(in);

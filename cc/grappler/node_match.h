@@ -61,6 +61,11 @@ void AddControlInputsOnce(const std::vector<std::string>& controls, tensorflow::
 // Identity of `output` of dtype `t`: a replaced node keeps its name.
 void KeepAsIdentity(RewriteContext* ctx, const std::string& name, const std::string& output,
                     const tensorflow::AttrValue& t);
+// Hands the single-output `node` (attr T) over to `output` of the fused op
+// `fused`: its readers read `output` and what waited on it waits on `fused`,
+// or, where the graph must keep it, it becomes an Identity of `output`.
+void HandOver(RewriteContext* ctx, const tensorflow::NodeDef& node, const std::string& output,
+              const std::string& fused);
 
 // Node builders for the inputs fused ops need; each returns the new node's name.
 std::string AddInt64Scalar(RewriteContext* ctx, const std::string& base, int64_t value, const std::string& device);

@@ -417,13 +417,7 @@ class ConcatStringsPattern : public NamedPattern<kName> {
       (*reshape->mutable_attr())["Tshape"].set_type(tensorflow::DT_INT64);
       output = TensorName(reshape->name(), 0);
     }
-    if (ctx->MustKeep(concat.name())) {
-      KeepAsIdentity(ctx, concat.name(), output, concat.attr().at("T"));
-    } else {
-      ctx->RedirectDataEdges(concat.name(), 0, output);
-      ctx->RedirectControlEdges(concat.name(), op_name);
-      ctx->Remove(concat.name(), op_name);
-    }
+    HandOver(ctx, concat, output, op_name);
     VLOG(1) << "CtrFusionOptimizer: " << (stack_width > 0 ? "stacked " : "concatenated ") << features.size()
             << " string features and " << dense.size() << " other inputs into " << op_name;
     ctx->Matched(record);

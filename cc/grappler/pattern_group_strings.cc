@@ -465,14 +465,7 @@ class GroupStringsPattern : public NamedPattern<kName> {
         ctx->RedirectControlEdges(bags->name(), multi_name);
         ctx->Remove(bags->name(), multi_name);
       }
-      const std::string output = TensorName(multi_name, i);
-      if (ctx->MustKeep(e.name())) {
-        KeepAsIdentity(ctx, e.name(), output, e.attr().at("T"));
-        continue;
-      }
-      ctx->RedirectDataEdges(e.name(), 0, output);
-      ctx->RedirectControlEdges(e.name(), multi_name);
-      ctx->Remove(e.name(), multi_name);
+      HandOver(ctx, e, TensorName(multi_name, i), multi_name);
     }
     AddControlInputsOnce(extra_controls, ctx->Mutable(multi_name));
     VLOG(1) << "CtrFusionOptimizer: grouped " << n << " string features into " << multi_name;

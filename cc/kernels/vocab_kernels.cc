@@ -1,17 +1,27 @@
-// CPU kernel of CtrVocabEmbedding: the table's own Find (whatever table type
-// the graph built), one pass of checks in key order, so the error names the
-// first bad key, then the row copies on TF's intra-op pool.
+// CPU kernel of CtrVocabEmbedding: the find (through a memo for tables that
+// can never change, else the table's own Find, whatever table type the graph
+// built), one pass of checks in key order, so the error names the first bad
+// key, then the row copies on TF's intra-op pool.
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "cc/core/vocab.h"
+#include "cc/core/vocab_memo.h"
 #include "cc/kernels/tf_types.h"
 #include "tensorflow/core/framework/lookup_interface.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/kernels/initializable_lookup_table.h"
 #include "tensorflow/core/kernels/lookup_util.h"
 
 namespace tf_ctr {
@@ -23,6 +33,9 @@ namespace {
 
 constexpr size_t kMaxQuotedKey = 64;
 constexpr uint64_t kInlineCopyBytes = 256 << 10;
+// A memoized find and its checks, in the intra-op pool's cost units (about
+// a cycle each).
+constexpr int64_t kFindCostPerKey = 60;
 
 std::string QuoteKey(const Tensor& keys, int64_t i) {
   if (keys.dtype() == tensorflow::DT_STRING) {
@@ -40,7 +53,189 @@ int64_t RowOf(const Tensor& keys, int64_t i) {
   return i / (keys.NumElements() / keys.dim_size(0));
 }
 
+// Keys probed per prefetch round: enough to overlap the misses of a memo
+// larger than the cache.
+constexpr int64_t kMemoGroup = 16;
+// Keys the table lacks that a memo keeps, besides the table's own: serving
+// traffic repeats its out-of-vocabulary keys too, but they are unbounded.
+constexpr int64_t kMemoMissingKeys = 1 << 16;
+
+std::string_view KeyAt(const tensorflow::tstring* keys, int64_t i) { return {keys[i].data(), keys[i].size()}; }
+int64_t KeyAt(const int64_t* keys, int64_t i) { return keys[i]; }
+
+// The ids of a table's keys, remembered across calls (ctr::VocabMemo) when
+// the table is an initialized InitializableLookupTable (StaticHashTable,
+// the vocabulary feature columns' and Keras lookups' tables): TF lets such a
+// table be initialized once, after which it takes no insert, remove or
+// import with other contents, so what it said of a key it always says. Any
+// other table is asked every time. The memo holds a reference to its table,
+// so a later table at the same address cannot be mistaken for it. Compute
+// may run on several threads at once: lookups share a lock, inserts take it.
+class VocabFinder {
+ public:
+  ~VocabFinder() {
+    if (table_ != nullptr) table_->Unref();
+  }
+
+  absl::Status Find(OpKernelContext* ctx, tensorflow::lookup::LookupInterface* table, const Tensor& keys,
+                    const Tensor& default_value, Tensor* ids) {
+    tensorflow::lookup::InitializableLookupTable* fixed = table->GetInitializableLookupTable();
+    if (fixed == nullptr || !fixed->is_initialized()) return table->Find(ctx, keys, ids, default_value);
+    const int64_t fallback = default_value.scalar<int64_t>()();
+    if (keys.dtype() == tensorflow::DT_STRING) {
+      auto memo = Bind(table, &strings_);
+      return FindMemoized(ctx, table, keys.flat<tensorflow::tstring>().data(), keys, fallback, memo.get(), ids);
+    }
+    auto memo = Bind(table, &ints_);
+    return FindMemoized(ctx, table, keys.flat<int64_t>().data(), keys, fallback, memo.get(), ids);
+  }
+
+ private:
+  // The memo of `table`: one table is memoized at a time; another (a handle
+  // fed at run time) starts afresh. A caller keeps the memo it got alive
+  // while a newer one replaces it.
+  template <typename Key>
+  std::shared_ptr<ctr::VocabMemo<Key>> Bind(tensorflow::lookup::LookupInterface* table,
+                                            std::shared_ptr<ctr::VocabMemo<Key>>* memo) {
+    {
+      std::shared_lock<std::shared_mutex> read(mu_);
+      if (table_ == table && *memo) return *memo;
+    }
+    std::unique_lock<std::shared_mutex> write(mu_);
+    if (table_ != table || !*memo) {
+      if (table_ != nullptr) table_->Unref();
+      table->Ref();
+      table_ = table;
+      strings_.reset();
+      ints_.reset();
+      *memo = std::make_shared<ctr::VocabMemo<Key>>(static_cast<int64_t>(table->size()) + kMemoMissingKeys);
+    }
+    return *memo;
+  }
+
+  template <typename Key, typename Stored>
+  absl::Status FindMemoized(OpKernelContext* ctx, tensorflow::lookup::LookupInterface* table, const Stored* keys,
+                            const Tensor& keys_tensor, int64_t fallback, ctr::VocabMemo<Key>* memo, Tensor* ids) {
+    const int64_t n = keys_tensor.NumElements();
+    int64_t* out = ids->flat<int64_t>().data();
+    std::vector<int64_t> unknown;
+    {
+      std::shared_lock<std::shared_mutex> read(mu_);
+      uint64_t hashes[kMemoGroup];
+      for (int64_t begin = 0; begin < n; begin += kMemoGroup) {
+        const int64_t end = std::min(n, begin + kMemoGroup);
+        for (int64_t i = begin; i < end; ++i) {
+          hashes[i - begin] = ctr::MemoHash(KeyAt(keys, i));
+          memo->Prefetch(hashes[i - begin]);
+        }
+        for (int64_t i = begin; i < end; ++i) {
+          const ctr::Memo known = memo->Find(KeyAt(keys, i), hashes[i - begin], &out[i]);
+          if (known == ctr::Memo::kMissing) out[i] = fallback;
+          if (known == ctr::Memo::kUnknown) unknown.push_back(i);
+        }
+      }
+    }
+    if (unknown.empty()) return absl::OkStatus();
+    return AskTable(ctx, table, keys, keys_tensor.dtype(), fallback, unknown, memo, out);
+  }
+
+  // Finds the keys the memo lacks in the table and remembers them. The
+  // table's answer for a key it lacks is the default it is given, so the
+  // keys that get the first sentinel are asked again with a second: a key
+  // the table lacks gets both, a key it has cannot.
+  template <typename Key, typename Stored>
+  absl::Status AskTable(OpKernelContext* ctx, tensorflow::lookup::LookupInterface* table, const Stored* keys,
+                        tensorflow::DataType key_type, int64_t fallback, const std::vector<int64_t>& unknown,
+                        ctr::VocabMemo<Key>* memo, int64_t* out) {
+    constexpr int64_t kFirst = std::numeric_limits<int64_t>::min(), kSecond = kFirst + 1;
+    std::vector<int64_t> found;
+    TF_RETURN_IF_ERROR(FindSome(ctx, table, keys, key_type, unknown, kFirst, &found));
+    std::vector<int64_t> doubtful;
+    for (size_t j = 0; j < unknown.size(); ++j)
+      if (found[j] == kFirst) doubtful.push_back(unknown[j]);
+    std::vector<int64_t> again;
+    if (!doubtful.empty()) TF_RETURN_IF_ERROR(FindSome(ctx, table, keys, key_type, doubtful, kSecond, &again));
+    std::unique_lock<std::shared_mutex> write(mu_);
+    for (size_t j = 0, d = 0; j < unknown.size(); ++j) {
+      const int64_t i = unknown[j];
+      const bool in_table = found[j] != kFirst || again[d++] != kSecond;
+      out[i] = in_table ? found[j] : fallback;
+      memo->Insert(KeyAt(keys, i), ctr::MemoHash(KeyAt(keys, i)), in_table, found[j]);
+    }
+    return absl::OkStatus();
+  }
+
+  template <typename Stored>
+  static absl::Status FindSome(OpKernelContext* ctx, tensorflow::lookup::LookupInterface* table, const Stored* keys,
+                               tensorflow::DataType key_type, const std::vector<int64_t>& which, int64_t sentinel,
+                               std::vector<int64_t>* ids) {
+    const int64_t m = static_cast<int64_t>(which.size());
+    Tensor some(key_type, tensorflow::TensorShape({m}));
+    Tensor found(tensorflow::DT_INT64, tensorflow::TensorShape({m}));
+    Tensor fallback(tensorflow::DT_INT64, tensorflow::TensorShape({}));
+    fallback.scalar<int64_t>()() = sentinel;
+    Stored* dst = some.flat<Stored>().data();
+    for (int64_t j = 0; j < m; ++j) dst[j] = keys[which[j]];
+    TF_RETURN_IF_ERROR(table->Find(ctx, some, &found, fallback));
+    const int64_t* f = found.flat<int64_t>().data();
+    ids->assign(f, f + m);
+    return absl::OkStatus();
+  }
+
+  std::shared_mutex mu_;
+  tensorflow::lookup::LookupInterface* table_ = nullptr;  // referenced while bound
+  std::shared_ptr<ctr::VocabMemo<std::string_view>> strings_;
+  std::shared_ptr<ctr::VocabMemo<int64_t>> ints_;
+};
+
 }  // namespace
+
+// How a feature turns the ids its table found into rows (the op's attrs).
+struct VocabRules {
+  bool missing_is_error = false;
+  int64_t missing_id = -1;
+  bool wrap_negative = false;
+};
+
+// Turns each found id into the row it reads, in key order so the error names
+// the first bad key.
+absl::Status ResolveRows(const VocabRules& rules, const Tensor& keys, int64_t vocab, Tensor* rows) {
+  auto r = rows->flat<int64_t>();
+  for (int64_t i = 0; i < r.size(); ++i) {
+    const int64_t id = r(i);
+    if (rules.missing_is_error && id == rules.missing_id)
+      return tensorflow::errors::InvalidArgument("key ", QuoteKey(keys, i), " in row ", RowOf(keys, i),
+                                                 " is not in the vocabulary (no out-of-vocabulary id)");
+    const int64_t row = ctr::VocabRow(id, vocab, rules.wrap_negative);
+    if (row < 0)
+      return tensorflow::errors::InvalidArgument("id ", id, " of key ", QuoteKey(keys, i), " in row ",
+                                                 RowOf(keys, i), " is out of range [0, ", vocab, ")");
+    r(i) = row;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckFind(tensorflow::lookup::LookupInterface* table, const Tensor& keys, const Tensor& default_value,
+                       const Tensor& params) {
+  if (table->value_dtype() != tensorflow::DT_INT64)
+    return tensorflow::errors::InvalidArgument("the table's values must be int64 row ids, got ",
+                                               tensorflow::DataTypeString(table->value_dtype()));
+  TF_RETURN_IF_ERROR(table->CheckFindArguments(keys, default_value));
+  if (params.dims() < 1)
+    return tensorflow::errors::InvalidArgument("params must have rank >= 1, got shape ", params.shape().DebugString());
+  return absl::OkStatus();
+}
+
+// Runs fn(begin, end) over [0, n) rows of `bytes` each: inline for a serving
+// batch of a few dozen KB, where the thread pool costs more than the copy.
+template <typename Fn>
+void ForRows(OpKernelContext* ctx, int64_t n, uint64_t bytes, Fn fn) {
+  if (static_cast<uint64_t>(n) * bytes <= kInlineCopyBytes) {
+    fn(0, n);
+  } else {
+    ParallelFor(ctx, n, static_cast<int64_t>(bytes) * 2, fn);
+  }
+}
 
 template <typename T>
 class VocabEmbeddingOp : public tensorflow::OpKernel {
@@ -48,9 +243,9 @@ class VocabEmbeddingOp : public tensorflow::OpKernel {
   explicit VocabEmbeddingOp(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
     std::string missing;
     OP_REQUIRES_OK(c, c->GetAttr("missing_key", &missing));
-    missing_is_error_ = missing == "error";
-    OP_REQUIRES_OK(c, c->GetAttr("wrap_negative_ids", &wrap_negative_));
-    OP_REQUIRES_OK(c, c->GetAttr("missing_id", &missing_id_));
+    rules_.missing_is_error = missing == "error";
+    OP_REQUIRES_OK(c, c->GetAttr("wrap_negative_ids", &rules_.wrap_negative));
+    OP_REQUIRES_OK(c, c->GetAttr("missing_id", &rules_.missing_id));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -60,18 +255,12 @@ class VocabEmbeddingOp : public tensorflow::OpKernel {
     const Tensor& keys = ctx->input(1);
     const Tensor& default_value = ctx->input(2);
     const Tensor& params = ctx->input(3);
-    OP_REQUIRES(ctx, table->value_dtype() == tensorflow::DT_INT64,
-                tensorflow::errors::InvalidArgument("the table's values must be int64 row ids, got ",
-                                                    tensorflow::DataTypeString(table->value_dtype())));
-    OP_REQUIRES_OK(ctx, table->CheckFindArguments(keys, default_value));
-    OP_REQUIRES(ctx, params.dims() >= 1,
-                tensorflow::errors::InvalidArgument("params must have rank >= 1, got shape ",
-                                                    params.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckFind(table, keys, default_value, params));
 
     Tensor* rows = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &rows));
-    OP_REQUIRES_OK(ctx, table->Find(ctx, keys, rows, default_value));
-    OP_REQUIRES_OK(ctx, ResolveRows(keys, params.dim_size(0), rows));
+    OP_REQUIRES_OK(ctx, finder_.Find(ctx, table, keys, default_value, rows));
+    OP_REQUIRES_OK(ctx, ResolveRows(rules_, keys, params.dim_size(0), rows));
 
     tensorflow::TensorShape out_shape = keys.shape();
     for (int d = 1; d < params.dims(); ++d) out_shape.AddDim(params.dim_size(d));
@@ -81,24 +270,6 @@ class VocabEmbeddingOp : public tensorflow::OpKernel {
   }
 
  private:
-  // Turns each found id into the row it reads, in key order so the error
-  // names the first bad key.
-  absl::Status ResolveRows(const Tensor& keys, int64_t vocab, Tensor* rows) const {
-    auto r = rows->flat<int64_t>();
-    for (int64_t i = 0; i < r.size(); ++i) {
-      const int64_t id = r(i);
-      if (missing_is_error_ && id == missing_id_)
-        return tensorflow::errors::InvalidArgument("key ", QuoteKey(keys, i), " in row ", RowOf(keys, i),
-                                                   " is not in the vocabulary (no out-of-vocabulary id)");
-      const int64_t row = ctr::VocabRow(id, vocab, wrap_negative_);
-      if (row < 0)
-        return tensorflow::errors::InvalidArgument("id ", id, " of key ", QuoteKey(keys, i), " in row ",
-                                                   RowOf(keys, i), " is out of range [0, ", vocab, ")");
-      r(i) = row;
-    }
-    return absl::OkStatus();
-  }
-
   static void CopyRows(OpKernelContext* ctx, const Tensor& params, const Tensor& rows, Tensor* out) {
     const int64_t n = rows.NumElements();
     if (n == 0 || params.dim_size(0) == 0) return;
@@ -107,26 +278,139 @@ class VocabEmbeddingOp : public tensorflow::OpKernel {
     const T* src = params.flat<T>().data();
     T* dst = out->flat<T>().data();
     const int64_t* r = rows.flat<int64_t>().data();
-    auto copy = [&](int64_t begin, int64_t end) {
+    ForRows(ctx, n, bytes, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) std::memcpy(dst + i * width, src + r[i] * width, bytes);
-    };
-    // A serving batch of one feature is a few dozen KB: handing it to the
-    // thread pool costs more than the copy.
-    if (static_cast<uint64_t>(n) * bytes <= kInlineCopyBytes) {
-      copy(0, n);
-    } else {
-      ParallelFor(ctx, n, static_cast<int64_t>(bytes) * 2, copy);
-    }
+    });
   }
 
-  bool missing_is_error_ = false;
-  bool wrap_negative_ = false;
-  int64_t missing_id_ = -1;
+  VocabFinder finder_;
+  VocabRules rules_;
 };
 
-#define REGISTER_CPU(T) \
-  REGISTER_KERNEL_BUILDER(Name("CtrVocabEmbedding").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
-                          VocabEmbeddingOp<T>);
+// CtrConcatVocabEmbedding: each feature found and checked as
+// CtrVocabEmbedding does it, in feature order, then every output row written
+// once, block by block in the layout's order.
+template <typename T>
+class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
+ public:
+  explicit ConcatVocabEmbeddingOp(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("N", &n_));
+    OP_REQUIRES_OK(c, c->GetAttr("M", &m_));
+    std::vector<std::string> missing;
+    std::vector<int64_t> missing_ids;
+    std::vector<bool> wrap;
+    OP_REQUIRES_OK(c, c->GetAttr("missing_keys", &missing));
+    OP_REQUIRES_OK(c, c->GetAttr("missing_ids", &missing_ids));
+    OP_REQUIRES_OK(c, c->GetAttr("wrap_negative_ids", &wrap));
+    OP_REQUIRES_OK(c, c->GetAttr("layout", &layout_));
+    OP_REQUIRES(c, static_cast<int>(missing.size()) == n_ && static_cast<int>(missing_ids.size()) == n_ &&
+                       static_cast<int>(wrap.size()) == n_,
+                tensorflow::errors::InvalidArgument("missing_keys, missing_ids and wrap_negative_ids must have N = ",
+                                                    n_, " entries each"));
+    for (int i = 0; i < n_; ++i) {
+      OP_REQUIRES(c, missing[i] == "default" || missing[i] == "error",
+                  tensorflow::errors::InvalidArgument("missing_keys[", i, "] must be 'default' or 'error', got '",
+                                                      missing[i], "'"));
+      rules_.push_back({missing[i] == "error", missing_ids[i], static_cast<bool>(wrap[i])});
+      finders_.push_back(std::make_unique<VocabFinder>());
+    }
+    if (layout_.empty())
+      for (int b = 0; b < n_ + m_; ++b) layout_.push_back(b);
+    std::vector<int64_t> sorted = layout_;
+    std::sort(sorted.begin(), sorted.end());
+    bool permutation = static_cast<int>(sorted.size()) == n_ + m_;
+    for (size_t b = 0; permutation && b < sorted.size(); ++b) permutation = sorted[b] == static_cast<int64_t>(b);
+    OP_REQUIRES(c, permutation,
+                tensorflow::errors::InvalidArgument("layout must order the ", n_ + m_, " column blocks, each once"));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int64_t batch = ctx->input(n_).dims() >= 1 ? ctx->input(n_).dim_size(0) : -1;
+    std::vector<Block> blocks(n_ + m_);
+    std::vector<Tensor> rows(n_);
+    std::vector<tensorflow::core::RefCountPtr<tensorflow::lookup::LookupInterface>> tables(n_);
+    int64_t width = 0;
+    for (int i = 0; i < n_; ++i) {
+      OP_REQUIRES_OK(ctx, Prepare(ctx, i, batch, &tables[i], &rows[i], &blocks[i]));
+      width += blocks[i].width;
+    }
+    // The features' finds are independent, and with the separate ops TF ran
+    // them on its inter-op threads at once: here they share the intra-op pool.
+    // The first failing feature in order gives the error.
+    std::vector<absl::Status> found(n_);
+    ParallelFor(ctx, n_, batch * kFindCostPerKey, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) found[i] = Find(ctx, i, tables[i].get(), &rows[i]);
+    });
+    for (const absl::Status& status : found) OP_REQUIRES_OK(ctx, status);
+    for (int j = 0; j < m_; ++j) {
+      const Tensor& dense = ctx->input(4 * n_ + j);
+      OP_REQUIRES(ctx, dense.dims() == 2 && dense.dim_size(0) == batch,
+                  tensorflow::errors::InvalidArgument("dense input ", j, " must be a [", batch,
+                                                      ", w] matrix, as the keys have ", batch,
+                                                      " rows; got shape ", dense.shape().DebugString()));
+      blocks[n_ + j] = {dense.flat<T>().data(), nullptr, dense.dim_size(1)};
+      width += dense.dim_size(1);
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({batch, width}), &out));
+    T* dst = out->flat<T>().data();
+    ForRows(ctx, batch, width * sizeof(T), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        T* at = dst + r * width;
+        for (int64_t b : layout_) {
+          const Block& block = blocks[b];
+          const int64_t from = block.rows != nullptr ? block.rows[r] : r;
+          std::memcpy(at, block.src + from * block.width, block.width * sizeof(T));
+          at += block.width;
+        }
+      }
+    });
+  }
+
+ private:
+  // A column block: rows[r] of src (a feature), or row r (a dense input).
+  struct Block {
+    const T* src = nullptr;
+    const int64_t* rows = nullptr;
+    int64_t width = 0;
+  };
+
+  // Feature i's table and checks, and its rows' buffer: what cannot run on
+  // several threads at once.
+  absl::Status Prepare(OpKernelContext* ctx, int i, int64_t batch,
+                       tensorflow::core::RefCountPtr<tensorflow::lookup::LookupInterface>* table, Tensor* rows,
+                       Block* block) {
+    TF_RETURN_IF_ERROR(tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, i), table));
+    const Tensor& keys = ctx->input(n_ + i);
+    const Tensor& params = ctx->input(3 * n_ + i);
+    TF_RETURN_IF_ERROR(CheckFind(table->get(), keys, ctx->input(2 * n_ + i), params));
+    if (keys.dims() != 1 || keys.dim_size(0) != batch || params.dims() != 2)
+      return tensorflow::errors::InvalidArgument("feature ", i, " must have a [", batch,
+                                                 "] key vector, as feature 0 has, and a [V, D] table; got keys ",
+                                                 keys.shape().DebugString(), " and params ",
+                                                 params.shape().DebugString());
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT64, keys.shape(), rows));
+    *block = {params.flat<T>().data(), rows->flat<int64_t>().data(), params.dim_size(1)};
+    return absl::OkStatus();
+  }
+
+  absl::Status Find(OpKernelContext* ctx, int i, tensorflow::lookup::LookupInterface* table, Tensor* rows) {
+    const Tensor& keys = ctx->input(n_ + i);
+    TF_RETURN_IF_ERROR(finders_[i]->Find(ctx, table, keys, ctx->input(2 * n_ + i), rows));
+    return ResolveRows(rules_[i], keys, ctx->input(3 * n_ + i).dim_size(0), rows);
+  }
+
+  int n_ = 0, m_ = 0;
+  std::vector<int64_t> layout_;
+  std::vector<VocabRules> rules_;
+  std::vector<std::unique_ptr<VocabFinder>> finders_;
+};
+
+#define REGISTER_CPU(T)                                                                                     \
+  REGISTER_KERNEL_BUILDER(Name("CtrVocabEmbedding").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),       \
+                          VocabEmbeddingOp<T>);                                                                   \
+  REGISTER_KERNEL_BUILDER(Name("CtrConcatVocabEmbedding").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
+                          ConcatVocabEmbeddingOp<T>);
 REGISTER_CPU(float);
 REGISTER_CPU(double);
 REGISTER_CPU(Eigen::half);

@@ -23,6 +23,31 @@ absl::Status VocabEmbeddingShape(InferenceContext* c) {
   return absl::OkStatus();
 }
 
+// [B, sum of the tables' and dense inputs' widths]: B from any key vector or
+// dense input.
+absl::Status ConcatVocabShape(InferenceContext* c) {
+  int n, m;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  TF_RETURN_IF_ERROR(c->GetAttr("M", &m));
+  shape_inference::DimensionHandle width = c->MakeDim(0), rows = c->UnknownDim();
+  ShapeHandle shape;
+  for (int i = 0; i < n; ++i) {
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &shape));
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(n + i), 1, &shape));
+    TF_RETURN_IF_ERROR(c->Merge(rows, c->Dim(shape, 0), &rows));
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(2 * n + i), 0, &shape));
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(3 * n + i), 2, &shape));
+    TF_RETURN_IF_ERROR(c->Add(width, c->Dim(shape, 1), &width));
+  }
+  for (int j = 0; j < m; ++j) {
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(4 * n + j), 2, &shape));
+    TF_RETURN_IF_ERROR(c->Add(width, c->Dim(shape, 1), &width));
+    TF_RETURN_IF_ERROR(c->Merge(rows, c->Dim(shape, 0), &rows));
+  }
+  c->set_output(0, c->Matrix(rows, width));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 REGISTER_OP("CtrVocabEmbedding")
@@ -55,6 +80,36 @@ wrap_negative_ids: a negative id i reads row V + i (keras.ops.take, which a
   Keras Embedding gathers with). Any id still outside [0, V) is an
   InvalidArgument naming the key, the id and the row.
 rows: the row each key read, for the gradient.
+)doc");
+
+REGISTER_OP("CtrConcatVocabEmbedding")
+    .Input("table_handles: N * resource")
+    .Input("keys: Tkeys")
+    .Input("default_values: N * int64")
+    .Input("params: N * T")
+    .Input("dense: M * T")
+    .Output("output: T")
+    .Attr("N: int >= 1")
+    .Attr("M: int >= 0 = 0")
+    .Attr("T: {float, half, bfloat16, double}")
+    .Attr("Tkeys: list({string, int64})")
+    .Attr("missing_keys: list(string)")
+    .Attr("missing_ids: list(int)")
+    .Attr("wrap_negative_ids: list(bool)")
+    .Attr("layout: list(int) = []")
+    .SetShapeFn(ConcatVocabShape)
+    .Doc(R"doc(
+N vocabulary embeddings concatenated along axis 1, as the Concatenate before
+a CTR model's MLP takes them: feature i is CtrVocabEmbedding(table_handles[i],
+keys[i], default_values[i], params[i]) with missing_keys[i], missing_ids[i]
+and wrap_negative_ids[i], keys[i] a [B] vector and params[i] a [V_i, D_i]
+matrix; the output [B, D_1 + ... + D_N + widths of dense] is written in
+place, with no copy of the N gathered outputs. Inputs whose row counts differ
+are an InvalidArgument naming them, where the concatenation fails.
+
+dense: M other [B, w_j] matrices of the concatenation, copied into their columns.
+layout: the order of the output's column blocks: i < N is feature i, N + j
+  dense input j; empty: the features, then the dense inputs.
 )doc");
 
 }  // namespace tensorflow

@@ -76,14 +76,17 @@ def export_keras_lookup_model(path, features=2, vocab=50, dim=8, seed=0):
 
 
 def table_finds(lookups):
-    """feeds -> the vocabulary tables' own finds alone, for the (input,
-    lookup layer) pairs an Embedding reads: the part of the model that
-    CtrVocabEmbedding keeps."""
+    """A concrete function of the model's inputs -> the vocabulary tables'
+    finds alone (TF's LookupTableFindV2), for the (input, lookup layer)
+    pairs an Embedding reads: the finds the fused ops replace with a memo of
+    each table. Timed as the models are (served graph), so the figures
+    compare."""
     import tensorflow as tf
 
     @tf.function
-    def finds(feeds):
-        return [layer.lookup_table.lookup(feeds[name]) for name, layer in lookups]
+    def finds(**feeds):
+        return {"ids": tf.add_n([tf.reshape(layer.lookup_table.lookup(feeds[name]), [-1])
+                                 for name, layer in lookups])}
     return finds
 
 
@@ -223,10 +226,11 @@ def model_style_suite(cfg, name):
                           "speedup": t["native"]["median_ms"] / t["fused"]["median_ms"],
                           "max_abs_err": {"native": err}})
             if finds is not None and batch == max(batches):
-                # What bounds the ratio: the tables' own finds, which the fused ops keep.
+                # What the fused ops do in the tables' place: TF's finds of the same keys.
                 with tf.device(cfg.device):
-                    kept = time_interleaved({"finds": lambda f=feeds: finds(f)}, cfg)["finds"]["median_ms"]
-                cases[-1]["table_finds_ms"] = kept
+                    fn = finds.get_concrete_function(**feeds)
+                    call = served_graph_call(fn, feeds) or keyword_call(fn, feeds)
+                    cases[-1]["table_finds_ms"] = time_interleaved({"finds": call}, cfg)["finds"]["median_ms"]
     left = [s for s in sig.skips if s["pattern"] == "-"]
     targets = [{"target": f"rewritten {name} SavedModel vs the native one, batch {c['batch']}, served graph",
                 "dist": name, "shape": c["shape"], "batch": c["batch"], "min_speedup": TARGET,
@@ -261,9 +265,10 @@ def print_model_style(result):
         print(f"{c['case']:40} rewritten {c['fused']['median_ms']:.3f} ms  native {c['native']['median_ms']:.3f} ms"
               f"  {c['speedup']:.2f}x")
         if "table_finds_ms" in c:
-            kept, fused = c["table_finds_ms"], c["fused"]["median_ms"]
-            print(f"{'':40} of which kept: the vocabulary tables' own finds, {kept:.3f} ms alone "
-                  f"({100 * kept / fused:.0f}% of the rewritten model; the fused ops call the tables' Find as is)")
+            finds, fused = c["table_finds_ms"], c["fused"]["median_ms"]
+            print(f"{'':40} for scale: TF's finds of the same keys in the vocabulary tables alone take "
+                  f"{finds:.3f} ms ({100 * finds / fused:.0f}% of the rewritten model's time; the fused ops "
+                  "find through a memo of each table)")
     for t in result["targets"]:
         print(f"target {t['target']} >= {t['min_speedup']}x: {t['speedup']:.2f}x  "
               f"{'met' if t['met'] else 'NOT MET'}")
