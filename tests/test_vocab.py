@@ -285,3 +285,44 @@ def test_concat_op_fails_where_the_concatenation_or_a_lookup_fails(rng):
                      missing=["default", "default", "error"])
     with pytest.raises(tf.errors.InvalidArgumentError, match="layout"):
         concat_vocab(tables, keys, params, dense, [0, 0, 1, 2, 3])
+
+
+@pytest.mark.parametrize("dtype", [tf.float64, tf.float16, tf.bfloat16])
+def test_concat_op_in_every_table_dtype(rng, dtype):
+    tables, params, keys, dense = concat_case(rng, 9)
+    params = [tf.cast(p, dtype) for p in params]
+    dense = [tf.cast(d, dtype) for d in dense]
+    got = concat_vocab(tables, keys, params, dense, [])
+    feats = [native(t, k, p, wrap=(i == 2)) for i, (t, k, p) in enumerate(zip(tables, keys, params))]
+    want = tf.concat(feats + dense, axis=1)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(tf.cast(got, tf.float32), tf.cast(want, tf.float32))
+
+
+def _byte_keys():
+    from hypothesis import strategies as st
+
+    return st.binary(min_size=0, max_size=40)
+
+
+def test_memo_on_random_byte_keys():
+    """Any bytes (empty, NUL, every length the compare branches on), keys
+    seen first in any call, the memo's growth past its first slots."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=40, deadline=None)
+    @given(vocab=st.lists(_byte_keys(), min_size=1, max_size=1500, unique=True),
+           calls=st.lists(st.lists(st.one_of(st.integers(0, 10**6), _byte_keys()), max_size=60), min_size=1,
+                          max_size=4))
+    def check(vocab, calls):
+        init = tf.lookup.KeyValueTensorInitializer(tf.constant(vocab, tf.string),
+                                                   tf.range(len(vocab), dtype=tf.int64))
+        table = tf.lookup.StaticHashTable(init, len(vocab))  # missing keys read the last row
+        params = tf.reshape(tf.range(len(vocab) + 1, dtype=tf.float32), [-1, 1])
+        for call in [list(range(len(vocab)))] + calls:  # the whole vocabulary first: the memo grows
+            keys = [vocab[k % len(vocab)] if isinstance(k, int) else k for k in call]
+            keys = tf.constant(keys, tf.string) if keys else tf.zeros([0], tf.string)
+            np.testing.assert_array_equal(tco.vocab_embedding(table, keys, params), native(table, keys, params))
+
+    check()
