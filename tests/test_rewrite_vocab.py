@@ -247,3 +247,30 @@ def test_concatenated_lookups_become_one_op_and_serve_the_same(tmp_path, rng, nu
         feeds["word2"][3, 0] = "never-seen"
         with pytest.raises(tf.errors.InvalidArgumentError, match="never-seen"):
             serve(dst, feeds)
+
+
+def test_stacked_lookups_become_one_op_reshaped(tmp_path, rng):
+    """FM-style: the fields' [B, D] embeddings stacked into [B, F, D], a
+    second-order interaction over them, an MLP."""
+    import keras
+
+    keras.utils.set_random_seed(4)
+    words = [keras.Input(shape=(1,), dtype="string", name=f"word{i}") for i in range(3)]
+    rows = [keras.layers.Flatten()(keras.layers.Embedding(len(WORDS), 4)(
+        keras.layers.StringLookup(vocabulary=WORDS, mask_token=None, num_oov_indices=0)(x))) for x in words]
+    fields = keras.ops.stack(rows, axis=1)  # [B, 3, 4]
+    square_of_sum = keras.ops.square(keras.ops.sum(fields, axis=1))
+    sum_of_square = keras.ops.sum(keras.ops.square(fields), axis=1)
+    out = keras.layers.Dense(1)(keras.layers.Concatenate()([square_of_sum - sum_of_square,
+                                                            keras.layers.Flatten()(fields)]))
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    keras.Model(words, out).export(str(src), verbose=False)
+    sig = rewrite.optimize_saved_model(src, dst, runs=1, serving_device="cpu").signatures["serving_default"]
+    assert [m["fused_op"] for m in sig.matches].count("CtrConcatVocabEmbedding") == 1, sig.matches
+    assert sig.outputs_match
+    feeds = {f"word{i}": np.array(WORDS, object)[rng.integers(0, len(WORDS), size=(19, 1))] for i in range(3)}
+    got = serve_in_fresh_process(dst, "serving_default", feeds, tmp_path)
+    np.testing.assert_allclose(got["output_0"], serve(src, feeds)["output_0"], rtol=1e-5, atol=1e-6)
+    for batch in (0, 1):
+        feeds = {f"word{i}": np.array(WORDS, object)[rng.integers(0, len(WORDS), size=(batch, 1))] for i in range(3)}
+        np.testing.assert_allclose(serve(dst, feeds)["output_0"], serve(src, feeds)["output_0"], rtol=1e-5, atol=1e-6)

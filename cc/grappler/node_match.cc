@@ -210,6 +210,17 @@ void KeepAsIdentity(RewriteContext* ctx, const std::string& name, const std::str
   (*kept->mutable_attr())["T"] = t;
 }
 
+std::string ReshapeToStack(RewriteContext* ctx, const std::string& base, const std::string& output, int64_t n,
+                           int64_t width, const tensorflow::AttrValue& t, const std::string& device) {
+  const std::string shape = AddInt64Vector(ctx, base + "/ctr_stack_shape", {-1, n, width}, device);
+  NodeDef* reshape = ctx->AddNode(base + "/ctr_stack", "Reshape", device);
+  reshape->add_input(output);
+  reshape->add_input(shape);
+  (*reshape->mutable_attr())["T"] = t;
+  (*reshape->mutable_attr())["Tshape"].set_type(tensorflow::DT_INT64);
+  return TensorName(reshape->name(), 0);
+}
+
 void HandOver(RewriteContext* ctx, const NodeDef& node, const std::string& output, const std::string& fused) {
   const std::string name = node.name();  // `node` may be the one KeepAsIdentity rewrites
   if (ctx->MustKeep(name)) {

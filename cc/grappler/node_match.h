@@ -68,6 +68,10 @@ void HandOver(RewriteContext* ctx, const tensorflow::NodeDef& node, const std::s
               const std::string& fused);
 
 // Node builders for the inputs fused ops need; each returns the new node's name.
+// `output`, the [B, n * width] concatenation of n features, read as their
+// stack [B, n, width] (a Reshape named base + "/ctr_stack"); its tensor name.
+std::string ReshapeToStack(RewriteContext* ctx, const std::string& base, const std::string& output, int64_t n,
+                           int64_t width, const tensorflow::AttrValue& t, const std::string& device);
 std::string AddInt64Scalar(RewriteContext* ctx, const std::string& base, int64_t value, const std::string& device);
 std::string AddInt64Vector(RewriteContext* ctx, const std::string& base, const std::vector<int64_t>& values,
                            const std::string& device);

@@ -406,17 +406,9 @@ class ConcatStringsPattern : public NamedPattern<kName> {
     }
     record.replaced.push_back(Describe(concat));
     std::string output = TensorName(op_name, 0);
-    if (stack_width > 0) {
-      const int64_t n = static_cast<int64_t>(src.parts.size());
-      const std::string shape = AddInt64Vector(ctx, concat.name() + "/ctr_stack_shape", {-1, n, stack_width},
-                                               src.emb_device);
-      NodeDef* reshape = ctx->AddNode(concat.name() + "/ctr_stack", "Reshape", src.emb_device);
-      reshape->add_input(output);
-      reshape->add_input(shape);
-      (*reshape->mutable_attr())["T"] = concat.attr().at("T");
-      (*reshape->mutable_attr())["Tshape"].set_type(tensorflow::DT_INT64);
-      output = TensorName(reshape->name(), 0);
-    }
+    if (stack_width > 0)
+      output = ReshapeToStack(ctx, concat.name(), output, static_cast<int64_t>(src.parts.size()), stack_width,
+                              concat.attr().at("T"), src.emb_device);
     HandOver(ctx, concat, output, op_name);
     VLOG(1) << "CtrFusionOptimizer: " << (stack_width > 0 ? "stacked " : "concatenated ") << features.size()
             << " string features and " << dense.size() << " other inputs into " << op_name;

@@ -10,6 +10,9 @@
 //   CtrConcatVocabEmbedding(tables, keys, defaults, params, other inputs)
 //
 // in the concatenation's order: each row of the MLP's input is written once.
+// A stack along axis 1 (Pack, as FM-family models gather their fields into
+// [B, F, D]) of features only, all of one known width D, is the same op
+// reshaped to [-1, F, D].
 // TF's ConcatV2 copies one small block per input per row (27 blocks of 64
 // bytes a row in a 26-field model), which at batch 1024 costs as much as the
 // finds themselves.
@@ -56,7 +59,8 @@ class ConcatVocabPattern : public NamedPattern<kName> {
   int Stage() const override { return 2; }
 
   bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
-    if (!IsOp(&anchor, "ConcatV2")) return false;
+    const bool stack = IsOp(&anchor, "Pack");
+    if (!IsOp(&anchor, "ConcatV2") && !stack) return false;
     const GraphIndex& g = ctx->index();
     const int n = static_cast<int>(IntAttr(anchor, "N", 0));
     if (n < 2) return false;
@@ -64,8 +68,10 @@ class ConcatVocabPattern : public NamedPattern<kName> {
     for (int k = 0; k < n; ++k) candidates += IsOp(Behind(g, anchor, k, nullptr), "CtrVocabEmbedding");
     if (candidates < 2) return false;  // one feature has no copy to save
 
-    int64_t axis = 0;
-    if (!ConstScalarInt(g.Producer(anchor, n), &axis) || (axis != 1 && axis != -1))
+    int64_t axis = stack ? IntAttr(anchor, "axis", 0) : 0;
+    if (stack && axis != 1 && axis != -2)
+      return Skip(ctx, anchor, "it does not stack along axis 1 (or -2) of the [B, D] embeddings");
+    if (!stack && (!ConstScalarInt(g.Producer(anchor, n), &axis) || (axis != 1 && axis != -1)))
       return Skip(ctx, anchor, "it does not concatenate along axis 1 (or -1) of the [B, D] embeddings");
     std::vector<Part> parts;
     std::string why;
@@ -85,9 +91,11 @@ class ConcatVocabPattern : public NamedPattern<kName> {
       parts.push_back(part);
     }
     if (features < 2) return Skip(ctx, anchor, why.empty() ? "fewer than two features to take over" : why);
+    int64_t width = 0;
+    if (stack && !CommonWidth(ctx, parts, &width, &why)) return Skip(ctx, anchor, why);
     Edges edges;
     if (!PlanEdges(ctx, anchor, parts, &edges, &why)) return Skip(ctx, anchor, why);
-    Fuse(ctx, anchor, parts, features, edges);
+    Fuse(ctx, anchor, parts, features, edges, width);
     return true;
   }
 
@@ -102,6 +110,24 @@ class ConcatVocabPattern : public NamedPattern<kName> {
       p = g.Producer(*p, 0, &port);
     }
     return port == 0 ? p : nullptr;
+  }
+
+  // A stack ([B, N, D], as FM-family models gather their fields) is the
+  // concatenation read as [B, N, D]: every input a feature, every table's
+  // width D known and equal, as the Pack needs equal shapes.
+  static bool CommonWidth(RewriteContext* ctx, const std::vector<Part>& parts, int64_t* width, std::string* why) {
+    for (size_t k = 0; k < parts.size(); ++k) {
+      int port = 0;
+      const NodeDef* params =
+          parts[k].feature ? ctx->index().Producer(*parts[k].feature, 3, &port) : nullptr;
+      const int64_t d = params ? ctx->Dim(*params, port, 1) : -1;
+      if (d <= 0 || (k > 0 && d != *width)) {
+        *why = "input " + std::to_string(k) + " of the stack is not a feature of the others' known width";
+        return false;
+      }
+      *width = d;
+    }
+    return true;
   }
 
   // The rank of input `i` of `node`: a Reshape to a constant shape (how
@@ -237,8 +263,10 @@ class ConcatVocabPattern : public NamedPattern<kName> {
     }
   }
 
+  // stack_width > 0: the anchor is a Pack of [B, stack_width] features, and
+  // the fused op's output is reshaped to [-1, N, stack_width].
   static void Fuse(RewriteContext* ctx, const NodeDef& concat_in, const std::vector<Part>& parts, int features,
-                   const Edges& edges) {
+                   const Edges& edges, int64_t stack_width) {
     const NodeDef concat = concat_in;  // a copy: the graph changes under the index
     const GraphIndex& g = ctx->index();
     MatchRecord record{kName, "", kFusedOp, {}};
@@ -249,12 +277,12 @@ class ConcatVocabPattern : public NamedPattern<kName> {
         removed.insert(removed.end(), p.identities.begin(), p.identities.end());
         removed.push_back(p.feature);
       }
-    const NodeDef* axis_const = g.Producer(concat, static_cast<int>(parts.size()));
-    if (g.DataConsumers(axis_const->name()) == 1 && g.ControlConsumers(axis_const->name()) == 0 &&
+    const NodeDef* axis_const = stack_width > 0 ? nullptr : g.Producer(concat, static_cast<int>(parts.size()));
+    if (axis_const != nullptr && g.DataConsumers(axis_const->name()) == 1 && g.ControlConsumers(axis_const->name()) == 0 &&
         !ctx->MustKeep(axis_const->name()))
       removed.push_back(axis_const);
     std::vector<std::string> controls = edges.controls;
-    if (std::find(removed.begin(), removed.end(), axis_const) != removed.end())
+    if (axis_const != nullptr && std::find(removed.begin(), removed.end(), axis_const) != removed.end())
       AppendControlInputs(*axis_const, &controls);
     Bypass(ctx, edges);
 
@@ -288,7 +316,10 @@ class ConcatVocabPattern : public NamedPattern<kName> {
       ctx->Remove(r->name(), op_name);
     }
     record.replaced.push_back(Describe(concat));
-    const std::string output = TensorName(op_name, 0);
+    std::string output = TensorName(op_name, 0);
+    if (stack_width > 0)
+      output = ReshapeToStack(ctx, concat.name(), output, static_cast<int64_t>(parts.size()), stack_width,
+                              concat.attr().at("T"), taken[0]->device());
     HandOver(ctx, concat, output, op_name);
     VLOG(1) << "CtrFusionOptimizer: concatenated " << features << " vocabulary embeddings and " << dense
             << " other inputs into " << op_name;
