@@ -7,6 +7,7 @@
 #   .ci/sanitize.sh                 # default test selection (see TESTS below)
 #   PYTHON=.venv/bin/python .ci/sanitize.sh tests/test_strings.py -k hash
 #   KEEP=1 .ci/sanitize.sh          # keep the sanitized build (its path is printed)
+#   MARKERS="not slow" .ci/sanitize.sh tests/test_rewrite_vocab.py   # with its SavedModel tests
 #
 # PYTHON: an interpreter with TensorFlow, pytest, hypothesis (and atheris for
 # the fuzz test) installed; default: .venv/bin/python, else python3.
@@ -68,11 +69,14 @@ TESTS=(tests/test_lookup.py tests/test_strings.py
        tests/test_gpu_core.py tests/test_gpu_strings_core.py tests/test_string_tensors.py tests/test_vocab.py
        tests/test_hash_table.py tests/test_in_place_table.py)
 # The Grappler patterns (one test file per family) run their C++ too. The
-# real-model tests exercise the same patterns through SavedModel writing and
-# fresh processes (TensorFlow's time, not ours): the main suite runs them.
+# real-model tests, and the tests marked saved_model in the others, run the
+# same patterns through SavedModel writing and fresh Python processes, which is
+# mostly TensorFlow's time; each pattern also has in-process tests here, so
+# the main suite runs those.
 for t in tests/test_rewrite*.py; do
   [ -f "$t" ] && [ "$t" != tests/test_rewrite_real_models.py ] && TESTS+=("$t")
 done
+MARKERS="${MARKERS:-not slow and not saved_model}"
 if [ "$#" -gt 0 ]; then TESTS=("$@"); fi
 
 # The real-data samples live next to the checkout, not next to the copy.
@@ -83,10 +87,10 @@ export TF_CTR_OPS_DATA="${TF_CTR_OPS_DATA:-$ROOT/../shared/data}"
 PARALLEL=()
 if "$PYTHON" -c "import xdist" 2>/dev/null; then PARALLEL=(-n "${TF_CTR_OPS_TEST_PROCESSES:-2}"); fi
 
-echo "+ pytest ${PARALLEL[*]} ${TESTS[*]}"
+echo "+ pytest ${PARALLEL[*]} -m '$MARKERS' ${TESTS[*]}"
 # -p no:cacheprovider: the copy is thrown away; -rs: list skips with reasons.
 rc=0
-"$PYTHON" -m pytest -q -rs -p no:cacheprovider --durations=15 "${PARALLEL[@]}" "${TESTS[@]}" || rc=$?
+"$PYTHON" -m pytest -q -rs -p no:cacheprovider --durations=15 "${PARALLEL[@]}" -m "$MARKERS" "${TESTS[@]}" || rc=$?
 if compgen -G "$REPORTS/*" >/dev/null; then
   for f in "$REPORTS"/*; do echo "=== $f"; head -c 20000 "$f"; done
   echo "sanitizer reports above: stage failed" >&2

@@ -293,6 +293,7 @@ def test_checkpoint_round_trip(tmp_path):
     np.testing.assert_array_equal(restored.values.numpy(), table.values.numpy())
 
 
+@pytest.mark.saved_model
 def test_saved_model_serves_in_a_fresh_process(tmp_path):
     table = HashTable(dim=4, capacity=100)
     train_keys = np.array([[4, 8, -1], [15, 16, 23]], np.int64)

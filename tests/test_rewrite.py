@@ -448,6 +448,7 @@ class LookupModule(tf.Module):
         return {"sum": tf.nn.embedding_lookup_sparse(self.table, sp, None, combiner="sum")}
 
 
+@pytest.mark.saved_model
 def test_optimize_saved_model_api(tmp_path, rng):
     module = LookupModule(rng)
     src, dst = tmp_path / "src", tmp_path / "dst"
@@ -485,6 +486,7 @@ def test_optimize_saved_model_api(tmp_path, rng):
             assert_same(new(**inputs)[k], want)
 
 
+@pytest.mark.saved_model
 def test_optimize_saved_model_selected_signature_and_synthesized_inputs(tmp_path, rng):
     module = LookupModule(rng)
     src, dst = tmp_path / "src", tmp_path / "dst"
@@ -552,6 +554,7 @@ SERVE_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.saved_model
 def test_cli_rewrites_keras_savedmodel_served_in_fresh_process(tmp_path, rng):
     model = build_keras_ctr_model()
     src, dst = tmp_path / "keras_src", tmp_path / "keras_dst"

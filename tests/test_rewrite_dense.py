@@ -295,6 +295,7 @@ def test_keras_hashing_embedding_online(rng):
     assert_model_close(got, want)
 
 
+@pytest.mark.saved_model
 def test_keras_hashing_embedding_saved_model(tmp_path, rng):
     model = keras_hash_model()
     src, dst = tmp_path / "src", tmp_path / "dst"
@@ -861,6 +862,7 @@ def test_mask_of_other_ids_is_left_alone_with_reason(rng, table):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(f(ids)))
 
 
+@pytest.mark.saved_model
 @pytest.mark.parametrize("mask_zero", [False, True])
 def test_keras_embedding_global_average_pooling_saved_model(tmp_path, rng, mask_zero):
     """Keras' Embedding + GlobalAveragePooling1D, exported, rewritten, loaded

@@ -355,6 +355,7 @@ def test_keras_model_training_gradients_match_tf(rng):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.saved_model
 def test_keras_saved_model_is_concatenated(tmp_path, rng):
     model = keras_hash_model()
     src, dst = tmp_path / "src", tmp_path / "dst"

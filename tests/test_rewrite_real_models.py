@@ -2,25 +2,40 @@
 rewritten SavedModel is served in a fresh process and compared with the
 original, verification always compares, and nothing broken is written."""
 
+import contextlib
+import io
 import json
-import subprocess
-import sys
+import os
+import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tf_ctr_ops  # noqa: F401
-from conftest import fresh_process_env, serve_in_fresh_process
+from conftest import serve_in_fresh_process
 from real_models import save_split_safe_lookup_model, save_tf1_table_model
 from tf_ctr_ops import _saved_model_files, rewrite
+from tf_ctr_ops.__main__ import main as cli_main
 from tf_ctr_ops.bench.models import (export_keras_lookup_model, keras_lookup_inputs, save_tf1_feature_column_model,
                                      tf_examples)
 
 
 def run_cli(args, cwd):
-    return subprocess.run([sys.executable, "-m", "tf_ctr_ops", "optimize", *args], cwd=cwd, env=fresh_process_env(),
-                          capture_output=True, text=True, timeout=600)
+    """`tf-ctr-ops optimize ARGS` run in `cwd`, in this process (the rewrite
+    still checks its result in a fresh one; test_rewrite.py runs the command
+    itself as a process): its exit status and what it printed."""
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli_main(["optimize", *args])
+            except SystemExit as e:  # argparse's usage errors
+                code = e.code
+    finally:
+        os.chdir(here)
+    return types.SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def outputs(model_dir, key, inputs):

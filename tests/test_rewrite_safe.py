@@ -330,6 +330,7 @@ class SafeModule(tf.Module):
                 "clipped": tf.nn.embedding_lookup_sparse(self.table, sp, None, combiner="sum", max_norm=0.5)}
 
 
+@pytest.mark.saved_model
 def test_saved_model_safe_and_max_norm_served_in_fresh_process(tmp_path, rng):
     import subprocess
     import sys
@@ -397,6 +398,7 @@ def save_and_optimize(tmp_path, module, inputs):
     return report, report.signatures["serving_default"], dst
 
 
+@pytest.mark.saved_model
 @pytest.mark.parametrize("strategy", ["mod", "div"])
 def test_partitioned_table_merged_offline_and_served_in_fresh_process(tmp_path, rng, strategy):
     import subprocess
@@ -475,6 +477,7 @@ def manual_partitioned(parts, also_stitched):
     return f
 
 
+@pytest.mark.saved_model
 @pytest.mark.parametrize("also_stitched", [False, True], ids=["as written", "stitched rows fetched"])
 def test_partitioned_table_written_out(tmp_path, rng, also_stitched):
     module = tf.Module()
@@ -671,6 +674,7 @@ PARTITIONS_ON_TWO_DEVICES = textwrap.dedent("""
 """)
 
 
+@pytest.mark.saved_model
 @pytest.mark.parametrize("placement", ["same", "two"])
 def test_partitions_on_different_devices_are_never_merged(tmp_path, placement):
     """Partitions saved with their devices (SAVE_VARIABLE_DEVICES) on two

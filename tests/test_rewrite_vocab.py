@@ -1,7 +1,8 @@
 """The vocab_lookup pattern on Keras models written as keras-io writes them:
 StringLookup / IntegerLookup + Embedding become CtrVocabEmbedding, served on
 the CPU. Every rewritten SavedModel is served in a fresh process and compared
-with the original, including on keys out of the vocabulary."""
+with the original, including on keys out of the vocabulary; the same patterns
+also run on concrete functions in this process (the sanitizer stage's tests)."""
 
 import numpy as np
 import pytest
@@ -53,6 +54,12 @@ def serve(path, feeds):
     return {k: v.numpy() for k, v in fn(**{k: tf.constant(v) for k, v in feeds.items()}).items()}
 
 
+def _signature(path):
+    """output_0 of the SavedModel's serving_default on feeds, loaded once."""
+    fn = tf.saved_model.load(str(path)).signatures["serving_default"]
+    return lambda feeds: fn(**{k: tf.constant(v) for k, v in feeds.items()})["output_0"].numpy()
+
+
 def rewritten(tmp_path, num_oov, pooled=False, serving_device="cpu"):
     src, dst = tmp_path / "src", tmp_path / "dst"
     export(str(src), num_oov, pooled)
@@ -60,6 +67,7 @@ def rewritten(tmp_path, num_oov, pooled=False, serving_device="cpu"):
     return src, dst, report.signatures["serving_default"]
 
 
+@pytest.mark.saved_model
 @pytest.mark.parametrize("num_oov", [0, 1, 2])
 def test_lookups_and_embeddings_fuse_and_serve_the_same(tmp_path, rng, num_oov):
     src, dst, sig = rewritten(tmp_path, num_oov, pooled=True)
@@ -75,13 +83,14 @@ def test_lookups_and_embeddings_fuse_and_serve_the_same(tmp_path, rng, num_oov):
     assert sig.outputs_match
     feeds = inputs(rng, 17, oov=num_oov > 0, pooled=True)
     got = serve_in_fresh_process(dst, "serving_default", feeds, tmp_path)
-    np.testing.assert_allclose(got["output_0"], serve(src, feeds)["output_0"], rtol=1e-6, atol=1e-6)
+    native, fused = _signature(src), _signature(dst)
+    np.testing.assert_allclose(got["output_0"], native(feeds), rtol=1e-6, atol=1e-6)
     for batch in (0, 1):  # the same rewritten model, loaded here
         feeds = inputs(rng, batch, oov=num_oov > 0, pooled=True)
-        np.testing.assert_allclose(serve(dst, feeds)["output_0"], serve(src, feeds)["output_0"], rtol=1e-6,
-                                   atol=1e-6)
+        np.testing.assert_allclose(fused(feeds), native(feeds), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.saved_model
 def test_out_of_vocabulary_key_still_fails_and_names_it(tmp_path, rng):
     src, dst, sig = rewritten(tmp_path, num_oov=0)
     # Both lookups, then the Concatenate that joins them (concat_vocab).
@@ -94,6 +103,7 @@ def test_out_of_vocabulary_key_still_fails_and_names_it(tmp_path, rng):
         serve(dst, feeds)
 
 
+@pytest.mark.saved_model
 def test_left_native_unless_served_on_the_cpu(tmp_path):
     for device in (None, "gpu"):
         _, _, sig = rewritten(tmp_path / str(device), num_oov=1, serving_device=device)
@@ -124,6 +134,7 @@ class TakeFromTable(tf.Module):
         return keras.ops.take(self.params, ids, axis=0)
 
 
+@pytest.mark.saved_model
 @pytest.mark.parametrize("shift", [None, 5])
 def test_negative_ids_wrap_only_by_the_row_count(tmp_path, rng, shift):
     src, dst = tmp_path / "src", tmp_path / "dst"
@@ -172,6 +183,7 @@ def _mutable_table_model(path, kind):
     tf.saved_model.save(m, str(path), signatures={"serving_default": serve})
 
 
+@pytest.mark.saved_model
 @pytest.mark.parametrize("kind", ["mutable", "dense"])
 def test_mutable_hash_table_lookups_fuse_and_serve_the_same(tmp_path, kind):
     src, dst = tmp_path / "src", tmp_path / "dst"
@@ -228,11 +240,7 @@ def _concatenated_inputs(rng, batch):
     return feeds
 
 
-def _signature(path):
-    fn = tf.saved_model.load(str(path)).signatures["serving_default"]
-    return lambda feeds: fn(**{k: tf.constant(v) for k, v in feeds.items()})["output_0"].numpy()
-
-
+@pytest.mark.saved_model
 def test_concatenated_lookups_become_one_op_and_serve_the_same(tmp_path, rng):
     # num_oov=0: Keras' checks, which it chains, are in the graph (one OOV
     # slot gives the plain lookups, which the tests above concatenate too).
@@ -255,6 +263,7 @@ def test_concatenated_lookups_become_one_op_and_serve_the_same(tmp_path, rng):
         fused(feeds)
 
 
+@pytest.mark.saved_model
 def test_stacked_lookups_become_one_op_reshaped(tmp_path, rng):
     """FM-style: the fields' [B, D] embeddings stacked into [B, F, D], a
     second-order interaction over them, an MLP."""
@@ -281,3 +290,78 @@ def test_stacked_lookups_become_one_op_reshaped(tmp_path, rng):
     for batch in (0, 1):
         feeds = {f"word{i}": np.array(WORDS, object)[rng.integers(0, len(WORDS), size=(batch, 1))] for i in range(3)}
         np.testing.assert_allclose(fused(feeds), native(feeds), rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# The same patterns on a concrete function, rewritten and run in this process
+# (no SavedModel: the sanitizer stage runs these).
+
+
+class InProcessTables:
+    """Two string tables and an int64 one (default -1, as tf.lookup users
+    write them), each gathered from its own variable."""
+
+    def __init__(self, rng, widths=(2, 3, 4)):
+        words = tf.lookup.KeyValueTensorInitializer(tf.constant(WORDS), tf.range(len(WORDS), dtype=tf.int64))
+        numbers = tf.lookup.KeyValueTensorInitializer(tf.constant(NUMBERS, tf.int64),
+                                                      tf.range(len(NUMBERS), dtype=tf.int64))
+        self.tables = [tf.lookup.StaticHashTable(words, -1), tf.lookup.StaticHashTable(words, -1),
+                       tf.lookup.StaticHashTable(numbers, -1)]
+        rows = (len(WORDS), len(WORDS), len(NUMBERS))
+        self.params = [tf.Variable(rng.normal(size=(n, d)).astype(np.float32)) for n, d in zip(rows, widths)]
+        self.specs = [tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.string),
+                      tf.TensorSpec([None], tf.int64)]
+
+    def rows(self, keys):
+        return [tf.gather(p, t.lookup(k)) for p, t, k in zip(self.params, self.tables, keys)]
+
+    def keys(self, rng, batch):
+        words = np.array(WORDS, object)
+        return [tf.constant(words[rng.integers(0, len(WORDS), batch)]),
+                tf.constant(words[rng.integers(0, len(WORDS), batch)]),
+                tf.constant(np.array(NUMBERS, np.int64)[rng.integers(0, len(NUMBERS), batch)])]
+
+
+def _rewritten_in_process(fn, specs):
+    from test_rewrite import run_graph_def
+
+    cf = tf.function(fn).get_concrete_function(*specs)
+    graph, report = rewrite.optimize_concrete_function(cf, serving_device="cpu")
+    return (lambda *args: run_graph_def(cf, graph, *args)), report, rewrite.op_counts(graph, library=True)
+
+
+def test_in_process_concatenated_lookups_fuse_and_fail_alike(rng):
+    t = InProcessTables(rng)
+
+    def f(a, b, c, price):
+        first, second, third = t.rows([a, b, c])
+        return tf.concat([first, price, second, third], axis=1)
+
+    fused, report, counts = _rewritten_in_process(f, [*t.specs, tf.TensorSpec([None, 1], tf.float32)])
+    assert [m["fused_op"] for m in report["match"]] == ["CtrVocabEmbedding"] * 3 + ["CtrConcatVocabEmbedding"]
+    assert counts.get("CtrConcatVocabEmbedding") == 1 and "LookupTableFindV2" not in counts, counts
+    for batch in (0, 1, 37):
+        args = [*t.keys(rng, batch), tf.constant(rng.normal(size=(batch, 1)).astype(np.float32))]
+        [got] = fused(*args)
+        np.testing.assert_array_equal(got.numpy(), f(*args).numpy())
+    args = [*t.keys(rng, 5), tf.zeros([5, 1])]
+    args[2] = tf.constant([3, 5, 8, 7, 3], tf.int64)  # 8 is not in the table: its -1 is out of range
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"-1 is not in \[0, 5\)"):
+        f(*args)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id -1 of key 8 in row 2 is out of range \[0, 5\)"):
+        fused(*args)
+
+
+def test_in_process_stacked_lookups_fuse(rng):
+    t = InProcessTables(rng, widths=(4, 4, 4))
+
+    def f(a, b, c):
+        fields = tf.stack(t.rows([a, b, c]), axis=1)  # [B, 3, 4]
+        return tf.reduce_sum(fields, axis=1) ** 2 - tf.reduce_sum(fields ** 2, axis=1)
+
+    fused, report, counts = _rewritten_in_process(f, t.specs)
+    assert counts.get("CtrConcatVocabEmbedding") == 1 and "Pack" not in counts, counts
+    for batch in (0, 19):
+        args = t.keys(rng, batch)
+        [got] = fused(*args)
+        np.testing.assert_allclose(got.numpy(), f(*args).numpy(), rtol=1e-6, atol=1e-6)
