@@ -80,17 +80,6 @@ inline bool IsWholeStringLookup(const StringSpec& s, const int64_t* bag_splits) 
   return s.delim_len == 0 && s.lookup.max_norm <= 0.f && s.lookup.default_id < 0 && bag_splits == nullptr;
 }
 
-// The common CTR row sizes copied with a constant size, which compiles to a
-// few vector moves; a libc call per row cost more than the copy.
-inline void CopyRowBytes(void* dst, const void* src, size_t n) {
-  switch (n) {
-    case 16: memcpy(dst, src, 16); return;
-    case 32: memcpy(dst, src, 32); return;
-    case 64: memcpy(dst, src, 64); return;
-    default: memcpy(dst, src, n);
-  }
-}
-
 // String r of packed bytes: bytes[splits[r], splits[r + 1]). Where a
 // string lives is the one thing the whole-string copy asks of its input, so
 // a CPU kernel can hand it strings where they already are instead.

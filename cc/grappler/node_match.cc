@@ -53,6 +53,21 @@ bool IsZeroScalar(const GraphIndex& g, const NodeDef* node) {
   }
 }
 
+bool JoinsSideBySide(const GraphIndex& g, const NodeDef& join, std::string* why) {
+  if (IsOp(&join, "Pack")) {
+    const int64_t axis = IntAttr(join, "axis", 0);
+    if (axis == 1 || axis == -2) return true;
+    *why = "it does not stack along axis 1 (or -2) of the [B, D] embeddings";
+    return false;
+  }
+  int64_t axis = 0;
+  const int n = static_cast<int>(IntAttr(join, "N", 0));
+  if (IsOp(&join, "ConcatV2") && ConstScalarInt(g.Producer(join, n), &axis) && (axis == 1 || axis == -1))
+    return true;
+  *why = "it does not concatenate along axis 1 (or -1) of the [B, D] embeddings";
+  return false;
+}
+
 bool ConstScalarInt(const NodeDef* node, int64_t* value) {
   if (!IsOp(node, "Const")) return false;
   auto it = node->attr().find("value");

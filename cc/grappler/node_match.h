@@ -31,6 +31,10 @@ bool ConstScalarInt(const tensorflow::NodeDef* node, int64_t* value);
 bool IsZeroScalar(const GraphIndex& g, const tensorflow::NodeDef* node);
 // Value of a scalar string Const, or false.
 bool ConstString(const tensorflow::NodeDef* node, std::string* out);
+// Whether `join` (a ConcatV2 or Pack of [B, D] matrices) puts its inputs side
+// by side in each row: a ConcatV2 along axis 1 (or -1) by a Const, a Pack
+// along axis 1 (or -2). Else false with the reason in `why`.
+bool JoinsSideBySide(const GraphIndex& g, const tensorflow::NodeDef& join, std::string* why);
 // Whether `node` is a Squeeze of exactly one axis, `axis` of a rank-`rank`
 // input (a negative squeeze_dims entry counts from the end).
 bool IsSqueezeOfAxis(const tensorflow::NodeDef* node, int64_t axis, int rank);

@@ -112,16 +112,9 @@ class ConcatStringsPattern : public NamedPattern<kName> {
       }
       return false;
     }
-    int64_t axis = 0;
-    if (stack) {
-      axis = IntAttr(anchor, "axis", 0);
-      if (axis != 1 && axis != -2)
-        return Skip(ctx, anchor, "it does not stack along axis 1 (or -2) of the [B, D] embeddings");
-    } else if (!ConstScalarInt(g.Producer(anchor, n), &axis) || (axis != 1 && axis != -1)) {
-      return Skip(ctx, anchor, "it does not concatenate along axis 1 (or -1) of the [B, D] embeddings");
-    }
-    Sources src;
     std::string why;
+    if (!JoinsSideBySide(g, anchor, &why)) return Skip(ctx, anchor, why);
+    Sources src;
     if (!CollectParts(ctx, anchor, n, &src, &why)) return Skip(ctx, anchor, why);
     int64_t width = 0;
     if (stack && !CommonWidth(ctx, anchor, &src, &width, &why)) return Skip(ctx, anchor, why);

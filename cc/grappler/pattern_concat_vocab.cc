@@ -68,13 +68,9 @@ class ConcatVocabPattern : public NamedPattern<kName> {
     for (int k = 0; k < n; ++k) candidates += IsOp(Behind(g, anchor, k, nullptr), "CtrVocabEmbedding");
     if (candidates < 2) return false;  // one feature has no copy to save
 
-    int64_t axis = stack ? IntAttr(anchor, "axis", 0) : 0;
-    if (stack && axis != 1 && axis != -2)
-      return Skip(ctx, anchor, "it does not stack along axis 1 (or -2) of the [B, D] embeddings");
-    if (!stack && (!ConstScalarInt(g.Producer(anchor, n), &axis) || (axis != 1 && axis != -1)))
-      return Skip(ctx, anchor, "it does not concatenate along axis 1 (or -1) of the [B, D] embeddings");
-    std::vector<Part> parts;
     std::string why;
+    if (!JoinsSideBySide(g, anchor, &why)) return Skip(ctx, anchor, why);
+    std::vector<Part> parts;
     int features = 0;
     std::string device;
     for (int k = 0; k < n; ++k) {

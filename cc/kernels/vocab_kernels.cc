@@ -14,6 +14,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "cc/core/lookup_cpu.h"
 #include "cc/core/vocab.h"
 #include "cc/core/vocab_memo.h"
 #include "cc/kernels/tf_types.h"
@@ -279,7 +280,7 @@ class VocabEmbeddingOp : public tensorflow::OpKernel {
     T* dst = out->flat<T>().data();
     const int64_t* r = rows.flat<int64_t>().data();
     ForRows(ctx, n, bytes, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) std::memcpy(dst + i * width, src + r[i] * width, bytes);
+      for (int64_t i = begin; i < end; ++i) ctr::CopyRowBytes(dst + i * width, src + r[i] * width, bytes);
     });
   }
 
@@ -360,7 +361,7 @@ class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
         for (int64_t b : layout_) {
           const Block& block = blocks[b];
           const int64_t from = block.rows != nullptr ? block.rows[r] : r;
-          std::memcpy(at, block.src + from * block.width, block.width * sizeof(T));
+          ctr::CopyRowBytes(at, block.src + from * block.width, block.width * sizeof(T));
           at += block.width;
         }
       }
