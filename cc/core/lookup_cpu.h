@@ -14,8 +14,7 @@
 namespace ctr {
 
 // The common CTR row sizes copied with a constant size, which compiles to a
-// few vector moves; a libc call per row cost more than the copy, and its
-// call keeps fewer rows' loads in flight.
+// few vector moves; a libc call per row cost more than the copy.
 inline void CopyRowBytes(void* dst, const void* src, size_t n) {
   switch (n) {
     case 16: std::memcpy(dst, src, 16); return;
