@@ -68,6 +68,15 @@ bool JoinsSideBySide(const GraphIndex& g, const NodeDef& join, std::string* why)
   return false;
 }
 
+const NodeDef* AxisConstOnlyFor(RewriteContext* ctx, const NodeDef& concat) {
+  const GraphIndex& g = ctx->index();
+  const NodeDef* axis = g.Producer(concat, static_cast<int>(IntAttr(concat, "N", 0)));
+  if (axis == nullptr || g.DataConsumers(axis->name()) != 1 || g.ControlConsumers(axis->name()) != 0 ||
+      ctx->MustKeep(axis->name()))
+    return nullptr;
+  return axis;
+}
+
 bool ConstScalarInt(const NodeDef* node, int64_t* value) {
   if (!IsOp(node, "Const")) return false;
   auto it = node->attr().find("value");

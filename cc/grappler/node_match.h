@@ -35,6 +35,9 @@ bool ConstString(const tensorflow::NodeDef* node, std::string* out);
 // by side in each row: a ConcatV2 along axis 1 (or -1) by a Const, a Pack
 // along axis 1 (or -2). Else false with the reason in `why`.
 bool JoinsSideBySide(const GraphIndex& g, const tensorflow::NodeDef& join, std::string* why);
+// The axis Const of ConcatV2 `concat` where only `concat` reads it and the
+// graph need not keep it, so that it goes with the concatenation; else null.
+const tensorflow::NodeDef* AxisConstOnlyFor(RewriteContext* ctx, const tensorflow::NodeDef& concat);
 // Whether `node` is a Squeeze of exactly one axis, `axis` of a rank-`rank`
 // input (a negative squeeze_dims entry counts from the end).
 bool IsSqueezeOfAxis(const tensorflow::NodeDef* node, int64_t axis, int rank);

@@ -118,12 +118,8 @@ class ConcatStringsPattern : public NamedPattern<kName> {
     if (!CollectParts(ctx, anchor, n, &src, &why)) return Skip(ctx, anchor, why);
     int64_t width = 0;
     if (stack && !CommonWidth(ctx, anchor, &src, &width, &why)) return Skip(ctx, anchor, why);
-    if (!stack) {
-      // The axis constant goes with the concatenation where nothing else reads it.
-      const NodeDef* axis_const = g.Producer(anchor, n);
-      if (g.DataConsumers(axis_const->name()) == 1 && g.ControlConsumers(axis_const->name()) == 0)
-        src.removed.push_back(axis_const);
-    }
+    if (const NodeDef* axis_const = stack ? nullptr : AxisConstOnlyFor(ctx, anchor))
+      src.removed.push_back(axis_const);
     Fuse(ctx, anchor, src, stack ? width : 0);
     return true;
   }

@@ -264,7 +264,6 @@ class ConcatVocabPattern : public NamedPattern<kName> {
   static void Fuse(RewriteContext* ctx, const NodeDef& concat_in, const std::vector<Part>& parts, int features,
                    const Edges& edges, int64_t stack_width) {
     const NodeDef concat = concat_in;  // a copy: the graph changes under the index
-    const GraphIndex& g = ctx->index();
     MatchRecord record{kName, "", kFusedOp, {}};
     std::vector<const NodeDef*> taken, removed;
     for (const Part& p : parts)
@@ -273,13 +272,11 @@ class ConcatVocabPattern : public NamedPattern<kName> {
         removed.insert(removed.end(), p.identities.begin(), p.identities.end());
         removed.push_back(p.feature);
       }
-    const NodeDef* axis_const = stack_width > 0 ? nullptr : g.Producer(concat, static_cast<int>(parts.size()));
-    if (axis_const != nullptr && g.DataConsumers(axis_const->name()) == 1 && g.ControlConsumers(axis_const->name()) == 0 &&
-        !ctx->MustKeep(axis_const->name()))
-      removed.push_back(axis_const);
     std::vector<std::string> controls = edges.controls;
-    if (axis_const != nullptr && std::find(removed.begin(), removed.end(), axis_const) != removed.end())
+    if (const NodeDef* axis_const = stack_width > 0 ? nullptr : AxisConstOnlyFor(ctx, concat)) {
+      removed.push_back(axis_const);
       AppendControlInputs(*axis_const, &controls);
+    }
     Bypass(ctx, edges);
 
     NodeDef* op = ctx->AddNode(concat.name() + "/ctr_concat_vocab", kFusedOp, taken[0]->device());
