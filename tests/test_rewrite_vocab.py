@@ -104,12 +104,6 @@ def test_out_of_vocabulary_key_still_fails_and_names_it(tmp_path, rng):
 
 
 @pytest.mark.saved_model
-def test_left_native_unless_served_on_the_cpu(tmp_path):
-    for device in (None, "gpu"):
-        _, _, sig = rewritten(tmp_path / str(device), num_oov=1, serving_device=device)
-        assert not sig.matches
-        reasons = [s["reason"] for s in sig.skips if s["pattern"] == "vocab_lookup"]
-        assert len(reasons) == 2 and all("serving_device='cpu'" in r for r in reasons), sig.skips
 
 
 class TakeFromTable(tf.Module):
@@ -328,6 +322,16 @@ def _rewritten_in_process(fn, specs):
     cf = tf.function(fn).get_concrete_function(*specs)
     graph, report = rewrite.optimize_concrete_function(cf, serving_device="cpu")
     return (lambda *args: run_graph_def(cf, graph, *args)), report, rewrite.op_counts(graph, library=True)
+
+
+def test_left_native_unless_served_on_the_cpu(rng):
+    t = InProcessTables(rng)
+    cf = tf.function(lambda a, b, c: t.rows([a, b, c])).get_concrete_function(*t.specs)
+    for device in (None, "gpu"):
+        _, report = rewrite.optimize_concrete_function(cf, serving_device=device)
+        assert not report["match"], report["match"]
+        reasons = [s["reason"] for s in report["skip"] if s["pattern"] == "vocab_lookup"]
+        assert len(reasons) == 3 and all("serving_device='cpu'" in r for r in reasons), report["skip"]
 
 
 def test_in_process_concatenated_lookups_fuse_and_fail_alike(rng):
