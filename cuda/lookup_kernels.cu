@@ -548,14 +548,14 @@ void LaunchPoolBagsKernel(const LookupSpec& s, const T* params, const TKey* keys
                           const float* weights, const int64_t* offsets, int64_t num_rows,
                           bool warp_per_bag, T* out, int64_t* d_status, cudaStream_t stream) {
   if (warp_per_bag) {
-    PoolBagsWarpKernel<kMode, kVec, kFragments>
-        <<<BlocksFor(num_rows, kBlockThreads / kWarpSize), kBlockThreads, 0, stream>>>(
+    auto* kernel = PoolBagsWarpKernel<kMode, kVec, kFragments, T, TKey>;
+    kernel<<<OneWaveBlocks(kernel, num_rows, kBlockThreads / kWarpSize), kBlockThreads, 0, stream>>>(
             s, params, keys, weights, offsets, num_rows, RowGroupLanes(s.dim, kVec), out, d_status);
     return;
   }
   const int lanes = LanesForDim(s.dim, kVec);
-  PoolBagsKernel<kMode, kVec, kFragments>
-      <<<BlocksFor(num_rows, kBlockThreads / lanes), kBlockThreads, 0, stream>>>(
+  auto* kernel = PoolBagsKernel<kMode, kVec, kFragments, T, TKey>;
+  kernel<<<OneWaveBlocks(kernel, num_rows, kBlockThreads / lanes), kBlockThreads, 0, stream>>>(
           s, params, keys, weights, offsets, num_rows, lanes, out, d_status);
 }
 

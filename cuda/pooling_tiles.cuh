@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -70,6 +71,31 @@ inline std::string CudaError(const char* what, cudaError_t e) {
 }
 
 inline std::string CheckLaunch(const char* kernel) { return CudaError(kernel, cudaGetLastError()); }
+
+// Blocks for a grid-stride pooling kernel over `items` (bags, each taken by a
+// warp or a lane group; items_per_block of them per block at once): no more
+// than fit on the device at once. A block lives as long as its longest bag,
+// so with a block per 8 bags of lengths 1..99 the warps of finished bags sat
+// idle (an H200's ncu: 34% achieved occupancy of 50% possible). In one wave
+// each warp strides over many bags and their lengths average out.
+template <typename Kernel>
+unsigned int OneWaveBlocks(Kernel* kernel, int64_t items, int64_t items_per_block) {
+  const int64_t needed =
+      std::min(std::max<int64_t>((items + items_per_block - 1) / items_per_block, 1), kMaxBlocks);
+  // Per kernel and architecture; a process's GPUs are one architecture in practice.
+  static const int blocks_per_sm = [kernel] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kBlockThreads, 0) != cudaSuccess) n = 0;
+    return n;
+  }();
+  int device = 0, sms = 0;
+  if (blocks_per_sm <= 0 || cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) {
+    cudaGetLastError();  // a failed query must not read as a failed launch
+    return static_cast<unsigned int>(needed);
+  }
+  return static_cast<unsigned int>(std::min<int64_t>(needed, int64_t{sms} * blocks_per_sm));
+}
 
 // ---------------------------------------------------------------------------
 // A warp that owns one bag, split into row groups.

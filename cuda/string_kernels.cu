@@ -595,8 +595,8 @@ std::string StringEmbedding(const StringSpec& spec, const T* params, const uint8
   const int vec = vectorize ? kVec : 1;
   const int lanes = RowGroupLanes(dim, vec);
   ForTileShape<T>(vectorize, RowGroupFragments(dim, vec), [&](auto v, auto frags) {
-    PoolStringsKernel<decltype(v)::value, decltype(frags)::value, T>
-        <<<BlocksForBags(num_bags), kBlockThreads, 0, st>>>(
+    auto* kernel = PoolStringsKernel<decltype(v)::value, decltype(frags)::value, T>;
+    kernel<<<OneWaveBlocks(kernel, num_bags, kWarpsPerBlock), kBlockThreads, 0, st>>>(
             spec, params, bytes, string_splits, bag_splits, num_bags, lanes, out, d_status);
   });
   err = CheckLaunch("PoolStringsKernel");
@@ -649,9 +649,9 @@ std::string MultiStringEmbedding(const FeatureDesc* h_features, FeatureDesc* d_f
                       cudaMemcpyHostToDevice, st));
   if (!err.empty()) return err;
   ForTileShape<T>(vectorize, fragments, [&](auto v, auto frags) {
-    MultiPoolStringsKernel<decltype(v)::value, decltype(frags)::value, T>
-        <<<BlocksForBags(num_rows), kBlockThreads, 0, st>>>(d_features, num_rows, batch, bytes,
-                                                            string_splits, d_status);
+    auto* kernel = MultiPoolStringsKernel<decltype(v)::value, decltype(frags)::value, T>;
+    kernel<<<OneWaveBlocks(kernel, num_rows, kWarpsPerBlock), kBlockThreads, 0, st>>>(
+        d_features, num_rows, batch, bytes, string_splits, d_status);
   });
   err = CheckLaunch("MultiPoolStringsKernel");
   if (!err.empty() || !can_fail) return err;

@@ -8,6 +8,12 @@ device copy bandwidth measured in the same run. TensorFlow is not needed.
 
 Every time is the wall time of one binding call (reset status, launch, status
 read-back and stream sync), the median of --repeat calls after warm-up calls.
+
+"Gather bound": the same ids' rows read by a minimal kernel (a group of lanes
+per id, 16 bytes per lane, 4 rows in flight per group, nothing pooled or
+checked), timed the same way. It is what random row reads of that size cost
+on this GPU, so "lookup / gather" says how much of a lookup's time is the
+pooling rather than the memory system.
 "Effective" bandwidth counts the bytes the call must move at least: each id
 (8 bytes) or packed string byte read once, each looked-up row read once, each
 output row written once, and the offsets. Before timing, each case's output
@@ -119,6 +125,48 @@ def host_to_device(raw, repeat):
         cp.cuda.Device().synchronize()
 
     return time_calls(pinned_copy, repeat, 2), time_calls(pageable_copy, repeat, 2)
+
+
+# The gather bound: rows of `lanes` 16-byte words, read for each id and folded
+# into one word per thread so that the loads stay live; the store is (almost)
+# never taken.
+GATHER_SOURCE = r"""
+extern "C" __global__ void gather_rows(const uint4* __restrict__ table, const long long* __restrict__ ids,
+                                       long long n, int lanes, unsigned* __restrict__ sink) {
+  const long long thread = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const long long groups = (long long)gridDim.x * blockDim.x / lanes;
+  const int rank = threadIdx.x & (lanes - 1);
+  unsigned acc = 0;
+  for (long long i = thread / lanes * 4; i < n; i += groups * 4) {
+    uint4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      v[u] = i + u < n ? __ldg(table + ids[i + u] * lanes + rank) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+"""
+
+
+def gather_bound(table, ids, repeat, warmup):
+    """Seconds to read the rows of `ids` from `table` (rows of 16-byte words,
+    at most 32 per row) with the minimal kernel, launch and sync included."""
+    row_bytes = table.shape[1] * table.dtype.itemsize
+    lanes = row_bytes // 16
+    if row_bytes % 16 or lanes & (lanes - 1) or not 1 <= lanes <= 32:
+        return None
+    kernel = cp.RawKernel(GATHER_SOURCE, "gather_rows")
+    sink = cp.zeros(1, cp.uint32)
+    threads = 256
+    blocks = min(-(-len(ids) * lanes // (4 * threads)), 1 << 20)
+
+    def call():
+        kernel((blocks,), (threads,), (table, ids, np.int64(len(ids)), np.int32(lanes), sink))
+        cp.cuda.Device().synchronize()
+
+    return time_calls(call, repeat, warmup)
 
 
 # ---------------------------------------------------------------------------
@@ -287,6 +335,19 @@ def main():
             if ms(a, dim) and ms(b, dim):
                 ratios.append(f"{label} {ms(a, dim) / ms(b, dim):.2f}x")
         print(f"D={dim}: " + ", ".join(ratios))
+    print()
+    gathers = {}
+    ids = cp.asarray(bench.uniform[0])
+    for dim in dims:
+        cells = []
+        for case, dtype in (("lookup-fp32", "float32"), ("lookup-fp16", "float16")):
+            seconds = gather_bound(bench.table(dim, dtype), ids, args.repeat, args.warmup)
+            if seconds is None or not ms(case, dim):
+                continue
+            gathers[f"{dtype} D={dim}"] = seconds * 1e3
+            cells.append(f"{dtype} {seconds * 1e3:.3f} ms ({case} takes {ms(case, dim) / (seconds * 1e3):.2f}x)")
+        if cells:
+            print(f"gather bound, uniform ids, D={dim}: " + ", ".join(cells))
     if bench.packed is not None:
         raw = bench.packed[0]
         pinned, pageable = host_to_device(raw, max(3, args.repeat // 2))
@@ -296,7 +357,8 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"device": device, "copy_bytes_per_s": copy_bw, "batch": args.batch, "vocab": args.vocab,
                        "results": {f"{c} D={d}": {"ms": r["seconds"] * 1e3, "bytes": r["bytes"]}
-                                   for (c, d), r in results.items()}}, f, indent=1)
+                                   for (c, d), r in results.items()},
+                       "gather_bound_ms": gathers}, f, indent=1)
 
 
 if __name__ == "__main__":
