@@ -50,6 +50,19 @@ def load_core(first=(), last=()):
     raise ImportError(f"tf_ctr_ops._core is not built (looked in {searched}; run the package build first)")
 
 
+def load_table_layout():
+    """tf_ctr_ops/table_layout.py (the hash table's NumPy layout) without
+    importing the package, and so TensorFlow."""
+    if "tf_ctr_ops.table_layout" in sys.modules:
+        return sys.modules["tf_ctr_ops.table_layout"]
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tf_ctr_ops", "table_layout.py")
+    spec = importlib.util.spec_from_file_location("tf_ctr_ops.table_layout", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules["tf_ctr_ops.table_layout"] = module
+    return module
+
+
 def core_or_skip(*needed, without_cuda="no CUDA device: tf_ctr_ops._core was built without CUDA"):
     """The core built with CUDA and the named bindings, else a module-level
     skip (`without_cuda` is the reason given for a core without CUDA)."""

@@ -11,20 +11,13 @@ reachable through CuPy or PyTorch.
 import numpy as np
 import pytest
 
-from core_helpers import Buffer, backend_or_skip, core_or_skip
+from core_helpers import Buffer, backend_or_skip, core_or_skip, load_table_layout
 from core_helpers import upload as upload_to
 
 core = core_or_skip()
 backend = backend_or_skip()
-
-HEADER_ROWS, COLUMNS = 2, 4
-
-
-def empty_table(num_slots, capacity):
-    table = np.zeros((HEADER_ROWS + num_slots + -(-capacity // COLUMNS), COLUMNS), np.int64)
-    slots = table[HEADER_ROWS:HEADER_ROWS + num_slots].reshape(-1)
-    slots[1:2 * num_slots:2] = -1
-    return table
+layout = load_table_layout()
+empty_table = layout.empty_table_array
 
 
 def gpu_find(table, capacity, keys, dense_padding=False):
@@ -79,4 +72,4 @@ def test_bad_tables_are_rejected_before_any_launch():
     with pytest.raises(ValueError, match="not a table"):
         core.gpu_hash_table_find(1, 7, 8, 1, 1, False, 1)  # 7 rows: 2 header + 2 free-list rows leave 3 slots
     with pytest.raises(ValueError, match="must not be 0"):
-        core.gpu_hash_table_find(0, HEADER_ROWS + 16 + 2, 8, 1, 1, False, 1)
+        core.gpu_hash_table_find(0, layout.table_shape(16, 8)[0], 8, 1, 1, False, 1)

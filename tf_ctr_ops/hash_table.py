@@ -26,27 +26,16 @@ from tensorflow.python.ops import resource_variable_ops
 from tf_ctr_ops import ops as _lookup_ops
 from tf_ctr_ops._args import check_combiner, per_feature, table_operand
 from tf_ctr_ops._loader import load_op_library
+from tf_ctr_ops.table_layout import (CLOCK, COLUMNS, DROPPED, EMPTY_ENTRY, EVICTED, FREE_COUNT,  # noqa: F401
+                                     HEADER_ROWS, NEXT_ROW, OCCUPIED, default_num_slots, empty_table_array,
+                                     free_list_rows, table_shape)
 
 _ops = load_op_library()
 
 tf.no_gradient("CtrHashTableFind")
 
-# The table layout of cc/core/hash_table.h.
-HEADER_ROWS = 2
-COLUMNS = 4  # key, entry, last_seen, count
-NEXT_ROW, OCCUPIED, DROPPED, EVICTED, FREE_COUNT, CLOCK = range(6)  # header cells
-EMPTY_ENTRY = -1
 KEY_DTYPES = (tf.int64, tf.string)
 EVICTIONS = ("none", "lru", "lfu")
-
-
-def default_num_slots(capacity):
-    """The slot count for `capacity` rows: a power of two, at most half full of rows."""
-    return 1 << max(1, int(2 * max(capacity, 1) - 1).bit_length())
-
-
-def free_list_rows(capacity):
-    return -(-capacity // COLUMNS)
 
 
 def check_eviction(eviction):
@@ -73,17 +62,9 @@ def check_table_args(capacity, num_slots, admit_after):
     return capacity, int(num_slots), int(admit_after)
 
 
-def table_shape(num_slots, capacity):
-    return [HEADER_ROWS + num_slots + free_list_rows(capacity), COLUMNS]
-
-
 def empty_table(num_slots, capacity):
     """The int64 table tensor (table_shape) of a table with no keys."""
-    table = np.zeros(table_shape(num_slots, capacity), np.int64)
-    slots = np.zeros(num_slots * COLUMNS, np.int64)  # the slot rows, read flat: pairs, then stats
-    slots[1:2 * num_slots:2] = EMPTY_ENTRY
-    table[HEADER_ROWS:HEADER_ROWS + num_slots] = slots.reshape(num_slots, COLUMNS)
-    return tf.constant(table)
+    return tf.constant(empty_table_array(num_slots, capacity))
 
 
 def slot_pairs(table, num_slots):

@@ -20,16 +20,14 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from core_helpers import load_core  # noqa: E402
+from core_helpers import load_core, load_table_layout  # noqa: E402
 
 TARGET_FINDS_PER_S = 1.5e9
-HEADER_ROWS, COLUMNS = 2, 4
 
 
 def build_table(core, keys, capacity):
-    num_slots = 1 << max(1, int(2 * capacity - 1).bit_length())
-    table = np.zeros((HEADER_ROWS + num_slots + -(-capacity // COLUMNS), COLUMNS), np.int64)
-    table[HEADER_ROWS:HEADER_ROWS + num_slots].reshape(-1)[1:2 * num_slots:2] = -1
+    layout = load_table_layout()
+    table = layout.empty_table_array(layout.default_num_slots(capacity), capacity)
     for a in range(0, keys.size, 1 << 20):
         core.hash_table_find(table, keys[a:a + (1 << 20)], capacity, insert=True)
     return table

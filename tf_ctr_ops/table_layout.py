@@ -1,0 +1,34 @@
+"""The key-to-row hash table's tensor layout (cc/core/hash_table.h) in NumPy.
+
+Framework-free, so that the GPU checks, which run without TensorFlow, build
+tables exactly as `tf_ctr_ops.HashTable` does (tests/core_helpers.py loads
+this file on its own).
+"""
+
+import numpy as np
+
+HEADER_ROWS = 2
+COLUMNS = 4  # key, entry, last_seen, count
+NEXT_ROW, OCCUPIED, DROPPED, EVICTED, FREE_COUNT, CLOCK = range(6)  # header cells
+EMPTY_ENTRY = -1
+
+
+def default_num_slots(capacity):
+    """The slot count for `capacity` rows: a power of two, at most half full of rows."""
+    return 1 << max(1, int(2 * max(capacity, 1) - 1).bit_length())
+
+
+def free_list_rows(capacity):
+    return -(-capacity // COLUMNS)
+
+
+def table_shape(num_slots, capacity):
+    return [HEADER_ROWS + num_slots + free_list_rows(capacity), COLUMNS]
+
+
+def empty_table_array(num_slots, capacity):
+    """The int64 table (table_shape) of a table with no keys."""
+    table = np.zeros(table_shape(num_slots, capacity), np.int64)
+    slots = table[HEADER_ROWS:HEADER_ROWS + num_slots].reshape(-1)  # read flat: pairs, then stats
+    slots[1:2 * num_slots:2] = EMPTY_ENTRY
+    return table
