@@ -28,7 +28,9 @@ constexpr int kBlockThreads = 256;
 // 32 warps per multiprocessor. They are bound by memory latency, so warps in
 // flight beat registers: on an H200, with no cap the lookup took 77-128
 // registers and the string kernel 168, and ran 1.2-2.6x and 2.3x slower
-// (tools/bench_core_gpu.py, D = 32; a few spilled registers cost less).
+// (tools/bench_core_gpu.py, D = 32; a few spilled registers cost less). The
+// other way, 6 and 8 blocks (40 and 32 registers) spilled so much that the
+// lookup ran 2.3x and 3.4x slower.
 #ifndef CTR_LOOKUP_MIN_BLOCKS
 #define CTR_LOOKUP_MIN_BLOCKS 4
 #endif
