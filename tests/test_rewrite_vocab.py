@@ -103,9 +103,6 @@ def test_out_of_vocabulary_key_still_fails_and_names_it(tmp_path, rng):
         serve(dst, feeds)
 
 
-@pytest.mark.saved_model
-
-
 class TakeFromTable(tf.Module):
     """tf.lookup + keras.ops.take, with ids the table makes negative, and the
     same gather behind a wrap that adds `shift` instead of the row count."""

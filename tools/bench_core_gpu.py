@@ -9,16 +9,17 @@ device copy bandwidth measured in the same run. TensorFlow is not needed.
 Every time is the wall time of one binding call (reset status, launch, status
 read-back and stream sync), the median of --repeat calls after warm-up calls.
 
-"Gather bound": the same ids' rows read by a minimal kernel (a group of lanes
-per id, 16 bytes per lane, 4 rows in flight per group, nothing pooled or
-checked), timed the same way. It is what random row reads of that size cost
-on this GPU, so "lookup / gather" says how much of a lookup's time is the
-pooling rather than the memory system.
 "Effective" bandwidth counts the bytes the call must move at least: each id
 (8 bytes) or packed string byte read once, each looked-up row read once, each
 output row written once, and the offsets. Before timing, each case's output
 is checked: the string kernels against the lookup of the same ids, and 16-bit
 tables against float32 within their rounding.
+
+"Gather bound": the same ids' rows read by a minimal kernel (a group of lanes
+per id, 16 bytes per lane, 4 rows in flight per group, nothing pooled or
+checked), timed the same way. It is what random row reads of that size cost
+on this GPU, so "lookup / gather" says how much of a lookup's time is the
+pooling rather than the memory system.
 """
 
 import argparse
