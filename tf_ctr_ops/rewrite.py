@@ -302,7 +302,8 @@ def _run_offline_driver(graph_def, fetches, optimizer_config):
 _UNFUSED_FEATURE_OPS = {
     "LookupTableFindV2": "a vocabulary lookup (StringLookup, IntegerLookup, categorical_column_with_vocabulary_*)",
     "OneHot": "a one-hot encoding",
-    "DenseBincount": "a multi-hot or count encoding (CategoryEncoding, multi_hot lookups) or ragged row lengths",
+    "DenseBincount": "a multi-hot or count encoding (CategoryEncoding, multi_hot lookups) not feeding a Dense "
+                     "on a CPU server, or ragged row lengths",
     "SparseBincount": "a multi-hot or count encoding",
     "RaggedBincount": "a multi-hot or count encoding",
     "Bucketize": "a bucketized numeric feature",

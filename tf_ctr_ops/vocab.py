@@ -57,6 +57,52 @@ def vocab_embedding(table, keys, params, missing_key="default", wrap_negative_id
     return out
 
 
+def vocab_multi_hot(table, keys, kernel, binary_output=True, missing_key="default", name=None):
+    """A Dense layer's product with the multi-hot (or count) encoding of
+    vocabulary ids, without the encoding.
+
+    Equal to `tf.matmul(tf.math.bincount(table.lookup(keys), minlength=depth,
+    maxlength=depth, binary_output=binary_output, axis=-1, dtype=kernel.dtype),
+    kernel)` with depth = kernel.shape[0]: what a `StringLookup` /
+    `IntegerLookup` with `output_mode="multi_hot"` (or `"count"`) feeding a
+    `Dense` computes before its bias. Each row sums the kernel rows of its
+    distinct ids (times their counts when `binary_output=False`).
+
+    Args:
+      table: a `tf.lookup` table whose values are int64 ids.
+      keys: [B, L] string or int64 keys, the table's key dtype.
+      kernel: the [depth, units] float32 or float64 matrix: a Tensor or a
+        Variable. Ids >= depth count for nothing, as the bincount drops them.
+      binary_output: True: each distinct id once (multi-hot); False: as often
+        as it occurs (count).
+      missing_key: as `vocab_embedding`'s.
+      name: the op's name.
+
+    Returns:
+      [B, units]. Its gradient reaches `kernel` as MatMul's does. A negative
+      id is an InvalidArgument naming the key, the id and the row.
+    """
+    if missing_key not in MISSING_KEY:
+        raise ValueError(f"missing_key must be one of {MISSING_KEY}, got {missing_key!r}")
+    if table.value_dtype != tf.int64:
+        raise TypeError(f"the table's values must be int64 ids, got {table.value_dtype.name}")
+    keys = tf.convert_to_tensor(keys)
+    if keys.dtype != table.key_dtype:
+        raise TypeError(f"keys must have the table's key dtype {table.key_dtype.name}, got {keys.dtype.name}")
+    if keys.shape.rank is not None and keys.shape.rank != 2:
+        raise ValueError(f"keys must be a [B, L] matrix, got shape {keys.shape}")
+    default = _default_value(table)
+    missing_id = -1
+    if missing_key == "error":
+        missing_id = tf.get_static_value(default)
+        if missing_id is None:
+            raise ValueError("missing_key='error' needs a table whose default value is a constant")
+    out, _ = _ops.ctr_vocab_multi_hot(table_handle=table.resource_handle, keys=keys, default_value=default,
+                                      kernel=read_table(kernel), missing_key=missing_key, missing_id=int(missing_id),
+                                      binary_output=bool(binary_output), name=name)
+    return out
+
+
 def _default_value(table):
     # Static tables expose it; the mutable ones (DenseHashTable, MutableHashTable) keep it private.
     value = getattr(table, "default_value", None)
@@ -103,3 +149,13 @@ def _concat_vocab_embedding_grad(op, grad):
         out.append(tf.IndexedSlices(values, rows, dense_shape=tf.shape(params[i], out_type=tf.int64)))
     dense_grads = [grad[:, starts[n + j]:starts[n + j] + widths[n + j]] for j in range(m)]
     return [None] * (3 * n) + out + dense_grads
+
+
+@tf.RegisterGradient("CtrVocabMultiHot")
+def _vocab_multi_hot_grad(op, grad, _ids_grad):
+    """MatMul's gradient for the kernel, on the encoding rebuilt from the ids."""
+    kernel = op.inputs[3]
+    depth = tf.shape(kernel, out_type=tf.int64)[0]
+    encoding = tf.math.bincount(op.outputs[1], minlength=depth, maxlength=depth,
+                                binary_output=op.get_attr("binary_output"), axis=-1, dtype=kernel.dtype)
+    return [None, None, None, tf.matmul(encoding, grad, transpose_a=True)]

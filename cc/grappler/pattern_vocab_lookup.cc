@@ -26,6 +26,7 @@
 
 #include "cc/grappler/keras_gather.h"
 #include "cc/grappler/pattern.h"
+#include "cc/grappler/vocab_find.h"
 #include "tensorflow/core/framework/attr_value.pb.h"
 
 namespace tf_ctr {
@@ -38,59 +39,6 @@ using tensorflow::NodeDef;
 constexpr char kName[] = "vocab_lookup";
 constexpr char kFusedOp[] = "CtrVocabEmbedding";
 
-// What the gather reads, traced back to the table.
-struct VocabIds {
-  const NodeDef* find = nullptr;
-  std::vector<const NodeDef*> identities;  // between the find (or its wrap) and the gather
-  std::vector<const NodeDef*> wrap;        // Keras' negative-index wrap: SelectV2, Less, AddV2
-  const NodeDef* assert_node = nullptr;    // Keras' vocabulary check, when there is one
-  std::vector<const NodeDef*> check;       // the check's other nodes
-  int64_t missing_id = -1;
-};
-
-bool ConstScalarIs(const NodeDef* node, int64_t want) {
-  int64_t v = 0;
-  return ConstScalarInt(node, &v) && v == want;
-}
-
-// Keras' num_oov_indices=0 check on `find`'s ids: Assert(Equal(Size(w), 0),
-// [StringFormat(GatherNd(keys, w))]), w = Where(Equal(ids, m)). Sets the
-// check's nodes and m.
-bool MatchVocabCheck(const GraphIndex& g, const NodeDef& assert_node, const NodeDef& find, VocabIds* ids) {
-  if (!IsOp(&assert_node, "Assert") || assert_node.input_size() < 2) return false;
-  const NodeDef* is_empty = g.Producer(assert_node, 0);
-  if (!IsOp(is_empty, "Equal") || !ConstScalarIs(g.Producer(*is_empty, 1), 0)) return false;
-  const NodeDef* size = g.Producer(*is_empty, 0);
-  if (!IsOp(size, "Size")) return false;
-  const NodeDef* where = g.Producer(*size, 0);
-  if (!IsOp(where, "Where")) return false;
-  const NodeDef* missing = g.Producer(*where, 0);
-  int port = -1;
-  if (!IsOp(missing, "Equal") || g.Producer(*missing, 0, &port) != &find || port != 0) return false;
-  if (!ConstScalarInt(g.Producer(*missing, 1), &ids->missing_id)) return false;
-  std::vector<const NodeDef*> nodes = {is_empty, size, where, missing};
-  int formats = 0;
-  for (int i = 1; i < assert_node.input_size() && assert_node.input(i)[0] != '^'; ++i, ++formats) {
-    const NodeDef* format = g.Producer(assert_node, i);
-    if (!IsOp(format, "StringFormat") || format->input_size() != 1) return false;
-    const NodeDef* gather = g.Producer(*format, 0);
-    if (!IsOp(gather, "GatherNd") || gather->input(0) != find.input(1) || g.Producer(*gather, 1) != where)
-      return false;
-    nodes.push_back(format);
-    nodes.push_back(gather);
-  }
-  // Every node of the check serves the check alone: one reader each, but the
-  // Where, which the Size and each GatherNd read.
-  for (const NodeDef* n : nodes) {
-    const int readers = n == where ? 1 + formats : 1;
-    if (HasControlInputs(*n) || g.ControlConsumers(n->name()) != 0 || g.DataConsumers(n->name()) != readers)
-      return false;
-  }
-  ids->assert_node = &assert_node;
-  ids->check = nodes;
-  return true;
-}
-
 class VocabLookupPattern : public NamedPattern<kName> {
  public:
   bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
@@ -98,13 +46,7 @@ class VocabLookupPattern : public NamedPattern<kName> {
     if (!resource && !IsOp(&anchor, "GatherV2")) return false;
     const GraphIndex& g = ctx->index();
     VocabIds ids;
-    const NodeDef* x = UnwrapNegativeIndexFix(g, g.Producer(anchor, 1), &ids.wrap);
-    while (IsOp(x, "Identity")) {
-      ids.identities.push_back(x);
-      x = g.Producer(*x, 0);
-    }
-    if (!IsOp(x, "LookupTableFindV2")) return false;
-    ids.find = x;
+    if (!TraceToFind(g, UnwrapNegativeIndexFix(g, g.Producer(anchor, 1), &ids.wrap), &ids)) return false;
 
     // The subgraph has the right shape; now every condition for exactness.
     if (!ServedOnCpu(ctx, anchor))
@@ -127,7 +69,7 @@ class VocabLookupPattern : public NamedPattern<kName> {
     if (!ids.wrap.empty() && !WrapShiftIsRowCount(ctx, ids, anchor, resource))
       return Skip(ctx, anchor, "cannot prove that the negative-index wrap adds the table's row count");
     std::string why;
-    if (!MatchWaits(g, &ids, &why) || !OnlyFeedsTheGather(ctx, ids, &why)) return Skip(ctx, anchor, why);
+    if (!MatchVocabWaits(g, &ids, &why) || !OnlyFeedsTheGather(ctx, ids, &why)) return Skip(ctx, anchor, why);
     for (const NodeDef* n : ids.check)
       if (ctx->FetchedOrFed(n->name())) return Skip(ctx, anchor, "the caller reads " + Describe(*n));
     const int rank = ctx->Rank(*ids.find, 0);
@@ -139,11 +81,6 @@ class VocabLookupPattern : public NamedPattern<kName> {
   }
 
  private:
-  static bool ServedOnCpu(RewriteContext* ctx, const NodeDef& anchor) {
-    const std::string placed = DeviceType(anchor.device());
-    return (placed.empty() ? ctx->serving_device() : placed) == "CPU";
-  }
-
   // The value of an integer scalar known before run time, or -1: a constant,
   // or Keras' Cast(Shape(params)[0]) with that dim known (Grappler may have
   // folded the Shape into a constant vector).
@@ -184,21 +121,6 @@ class VocabLookupPattern : public NamedPattern<kName> {
     return rows >= 0 && n == rows;
   }
 
-  // The only thing the ids may wait on is Keras' check of these ids.
-  static bool MatchWaits(const GraphIndex& g, VocabIds* ids, std::string* why) {
-    for (const NodeDef* identity : ids->identities) {
-      for (const std::string& in : identity->input()) {
-        if (in.empty() || in[0] != '^') continue;
-        const NodeDef* waited = g.Node(in.substr(1));
-        if (ids->assert_node != nullptr || waited == nullptr || !MatchVocabCheck(g, *waited, *ids->find, ids)) {
-          *why = Describe(*identity) + " waits on " + in.substr(1) + ", which is not the vocabulary check";
-          return false;
-        }
-      }
-    }
-    return true;
-  }
-
   // Each intermediate feeds only the next one (a training graph's gather
   // gradient reads the ids too), and the find feeds only them and the check.
   // What waits on the find (automatic control dependencies) waits on the
@@ -221,51 +143,15 @@ class VocabLookupPattern : public NamedPattern<kName> {
     return only(ids.find, (ids.identities.empty() ? index_readers : 1) + check_readers);
   }
 
-  static void RemoveIfDeadConst(RewriteContext* ctx, const NodeDef* node, const std::string& fused) {
-    if (IsOp(node, "Const")) RemoveIfDeadShapeMath(ctx, node, fused, 1);
-  }
-
-  // What waited on the Assert waits on the fused op and on what the Assert
-  // waited on.
-  static void BypassAssert(RewriteContext* ctx, const NodeDef& assert_node, const std::vector<std::string>& absorbed,
-                           const std::string& fused) {
-    std::vector<std::string> waits;
-    AppendControlInputs(assert_node, &waits);
-    for (const NodeDef* reader : ctx->index().ControlReaders(assert_node.name())) {
-      bool is_absorbed = false;
-      for (const std::string& a : absorbed) is_absorbed |= a == reader->name();
-      if (!is_absorbed && !waits.empty()) AddControlInputsOnce(waits, ctx->Mutable(reader->name()));
-    }
-    ctx->RedirectControlEdges(assert_node.name(), fused);
-  }
-
   void Replace(const NodeDef& anchor_in, const VocabIds& ids, bool resource, DataType T, const FlattenOfRows& flatten,
                RewriteContext* ctx) const {
     const NodeDef anchor = anchor_in;  // the graph changes under the reference
     const NodeDef find = *ids.find;
     const std::string name = anchor.name(), device = anchor.device();
     MatchRecord record{kName, name, kFusedOp, {}};
-    std::vector<const NodeDef*> absorbed = ids.wrap;
-    absorbed.insert(absorbed.end(), ids.identities.begin(), ids.identities.end());
-    absorbed.insert(absorbed.end(), ids.check.begin(), ids.check.end());
-    if (ids.assert_node != nullptr) absorbed.push_back(ids.assert_node);
-    absorbed.push_back(ids.find);
-    std::vector<std::string> absorbed_names;
-    for (const NodeDef* n : absorbed) absorbed_names.push_back(n->name());
     const bool checked = ids.assert_node != nullptr;
     const int64_t missing_id = ids.missing_id;
-    if (checked) BypassAssert(ctx, *ids.assert_node, absorbed_names, name);
-    for (const NodeDef* n : absorbed) {
-      record.replaced.push_back(Describe(*n));
-      if (n != ids.assert_node) ctx->RedirectControlEdges(n->name(), name);
-    }
-    for (const NodeDef* n : ids.wrap)
-      for (int i = 0; i < n->input_size(); ++i)
-        RemoveIfDeadShapeMath(ctx, ctx->index().Producer(*n, i), name, 4);
-    for (const NodeDef* n : ids.check)
-      for (int i = 0; i < n->input_size(); ++i)
-        RemoveIfDeadConst(ctx, ctx->index().Producer(*n, i), name);
-    for (const std::string& n : absorbed_names) ctx->Remove(n, name);
+    AbsorbVocabNodes(ctx, ids, name, {}, &record.replaced);
     record.replaced.push_back(Describe(anchor));
 
     const std::string params = resource ? AddReadVariable(ctx, name + "/ctr_table", anchor.input(0), T, device)

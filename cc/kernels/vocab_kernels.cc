@@ -288,6 +288,134 @@ class VocabEmbeddingOp : public tensorflow::OpKernel {
   VocabRules rules_;
 };
 
+// A float converted to an integer type as TF's CPU Cast converts it:
+// truncated toward zero, and a value out of the type's range (the x86
+// conversion's "integer indefinite") the type's lowest value.
+template <typename Int>
+int64_t TruncateToInt(double v) {
+  constexpr double kLimit = -static_cast<double>(std::numeric_limits<Int>::min());  // 2^31 or 2^63
+  return v > -kLimit - 1 && v < kLimit ? static_cast<Int>(v) : std::numeric_limits<Int>::min();
+}
+
+// An int64 id after TF's Casts to each of `casts` in turn: int32 wraps,
+// float32 and float64 round to nearest, floats go back to integers as
+// TruncateToInt does. A float value is held in `real` (every float32 is a
+// double exactly), so no conversion rounds twice.
+int64_t CastId(int64_t id, const tensorflow::DataTypeVector& casts) {
+  bool is_real = false;
+  double real = 0;
+  for (tensorflow::DataType to : casts) {
+    switch (to) {
+      case tensorflow::DT_INT32:
+        id = is_real ? TruncateToInt<int32_t>(real) : static_cast<int32_t>(id);
+        is_real = false;
+        break;
+      case tensorflow::DT_INT64:
+        id = is_real ? TruncateToInt<int64_t>(real) : id;
+        is_real = false;
+        break;
+      case tensorflow::DT_FLOAT:
+        real = is_real ? static_cast<float>(real) : static_cast<float>(id);
+        is_real = true;
+        break;
+      default:  // DT_DOUBLE, the op's only other cast type
+        real = is_real ? real : static_cast<double>(id);
+        is_real = true;
+    }
+  }
+  return is_real ? TruncateToInt<int64_t>(real) : id;
+}
+
+// CtrVocabMultiHot: the find and the missing-key check as CtrVocabEmbedding
+// does them, DenseBincount's rule for the ids (negative: an error; >= depth:
+// dropped), then each output row summed from the kernel rows of its row's
+// distinct ids, in increasing id order: MatMul's dot product over the
+// encoding's columns adds them in that order (and the zero columns add
+// nothing), so the sums agree with it.
+template <typename T>
+class VocabMultiHotOp : public tensorflow::OpKernel {
+ public:
+  explicit VocabMultiHotOp(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
+    std::string missing;
+    OP_REQUIRES_OK(c, c->GetAttr("missing_key", &missing));
+    missing_is_error_ = missing == "error";
+    OP_REQUIRES_OK(c, c->GetAttr("missing_id", &missing_id_));
+    OP_REQUIRES_OK(c, c->GetAttr("binary_output", &binary_));
+    OP_REQUIRES_OK(c, c->GetAttr("id_casts", &casts_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    tensorflow::lookup::LookupInterface* table = nullptr;
+    OP_REQUIRES_OK(ctx, tensorflow::lookup::GetLookupTable("table_handle", ctx, &table));
+    tensorflow::core::ScopedUnref unref(table);
+    const Tensor& keys = ctx->input(1);
+    const Tensor& default_value = ctx->input(2);
+    const Tensor& kernel = ctx->input(3);
+    OP_REQUIRES_OK(ctx, CheckFind(table, keys, default_value, kernel));
+    OP_REQUIRES(ctx, keys.dims() == 2 && kernel.dims() == 2,
+                tensorflow::errors::InvalidArgument("keys must be a [B, L] matrix and kernel a [depth, units] one; got ",
+                                                    keys.shape().DebugString(), " and ",
+                                                    kernel.shape().DebugString()));
+    Tensor* ids = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &ids));
+    OP_REQUIRES_OK(ctx, finder_.Find(ctx, table, keys, default_value, ids));
+    OP_REQUIRES_OK(ctx, CheckIds(keys, ids));
+
+    const int64_t batch = keys.dim_size(0), width = keys.dim_size(1);
+    const int64_t depth = kernel.dim_size(0), units = kernel.dim_size(1);
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({batch, units}), &out));
+    const int64_t* id = ids->flat<int64_t>().data();
+    const T* rows = kernel.flat<T>().data();
+    T* dst = out->flat<T>().data();
+    ParallelFor(ctx, batch, (width + 1) * (units + 8), [&](int64_t begin, int64_t end) {
+      std::vector<int64_t> sorted(width);
+      for (int64_t b = begin; b < end; ++b) {
+        T* at = dst + b * units;
+        std::fill(at, at + units, T(0));
+        std::copy(id + b * width, id + (b + 1) * width, sorted.begin());
+        std::sort(sorted.begin(), sorted.end());
+        for (int64_t j = 0; j < width;) {
+          const int64_t i = sorted[j];
+          int64_t count = 1;
+          while (j + count < width && sorted[j + count] == i) ++count;
+          j += count;
+          if (i >= depth) break;  // sorted: the rest are dropped too
+          const T* row = rows + i * units;
+          const T times = binary_ ? T(1) : static_cast<T>(count);
+          for (int64_t u = 0; u < units; ++u) at[u] += times * row[u];
+        }
+      }
+    });
+  }
+
+ private:
+  // In key order, so the error names the first bad key: a missing key (when
+  // that is an error) in a first pass, as Keras' check runs before the
+  // bincount, then a negative id.
+  absl::Status CheckIds(const Tensor& keys, Tensor* ids) const {
+    auto id = ids->flat<int64_t>();
+    if (missing_is_error_)
+      for (int64_t i = 0; i < id.size(); ++i)
+        if (id(i) == missing_id_)
+          return tensorflow::errors::InvalidArgument("key ", QuoteKey(keys, i), " in row ", RowOf(keys, i),
+                                                     " is not in the vocabulary (no out-of-vocabulary id)");
+    for (int64_t i = 0; i < id.size(); ++i) {
+      if (!casts_.empty()) id(i) = CastId(id(i), casts_);
+      if (id(i) < 0)
+        return tensorflow::errors::InvalidArgument("id ", id(i), " of key ", QuoteKey(keys, i), " in row ",
+                                                   RowOf(keys, i), " is negative: a multi-hot encoding counts ids >= 0");
+    }
+    return absl::OkStatus();
+  }
+
+  VocabFinder finder_;
+  bool missing_is_error_ = false;
+  int64_t missing_id_ = -1;
+  bool binary_ = true;
+  tensorflow::DataTypeVector casts_;
+};
+
 // CtrConcatVocabEmbedding: each feature found and checked as
 // CtrVocabEmbedding does it, in feature order, then every output row written
 // once, block by block in the layout's order.
@@ -417,5 +545,9 @@ REGISTER_CPU(double);
 REGISTER_CPU(Eigen::half);
 REGISTER_CPU(Eigen::bfloat16);
 #undef REGISTER_CPU
+REGISTER_KERNEL_BUILDER(Name("CtrVocabMultiHot").Device(tensorflow::DEVICE_CPU).TypeConstraint<float>("T"),
+                        VocabMultiHotOp<float>);
+REGISTER_KERNEL_BUILDER(Name("CtrVocabMultiHot").Device(tensorflow::DEVICE_CPU).TypeConstraint<double>("T"),
+                        VocabMultiHotOp<double>);
 
 }  // namespace tf_ctr

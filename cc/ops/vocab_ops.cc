@@ -48,6 +48,18 @@ absl::Status ConcatVocabShape(InferenceContext* c) {
   return absl::OkStatus();
 }
 
+// [B, units] from [B, L] keys and a [depth, units] kernel.
+absl::Status VocabMultiHotShape(InferenceContext* c) {
+  ShapeHandle unused, keys, kernel;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 0, &unused));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &keys));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 0, &unused));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 2, &kernel));
+  c->set_output(0, c->Matrix(c->Dim(keys, 0), c->Dim(kernel, 1)));
+  c->set_output(1, keys);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 REGISTER_OP("CtrVocabEmbedding")
@@ -80,6 +92,43 @@ wrap_negative_ids: a negative id i reads row V + i (keras.ops.take, which a
   Keras Embedding gathers with). Any id still outside [0, V) is an
   InvalidArgument naming the key, the id and the row.
 rows: the row each key read, for the gradient.
+)doc");
+
+REGISTER_OP("CtrVocabMultiHot")
+    .Input("table_handle: resource")
+    .Input("keys: Tkey")
+    .Input("default_value: int64")
+    .Input("kernel: T")
+    .Output("output: T")
+    .Output("ids: int64")
+    .Attr("T: {float, double}")
+    .Attr("Tkey: {string, int64}")
+    .Attr("missing_key: {'default', 'error'} = 'default'")
+    .Attr("missing_id: int = -1")
+    .Attr("binary_output: bool = true")
+    .Attr("id_casts: list({int32, int64, float, double}) = []")
+    .SetShapeFn(VocabMultiHotShape)
+    .Doc(R"doc(
+A Dense layer's MatMul over a multi-hot (or count) encoding of vocabulary
+ids, without the encoding: looks the [B, L] `keys` up in a key -> int64
+lookup table and, for each row b, sums the rows of `kernel` [depth, units]
+its ids name: output[b] = sum over the distinct ids i of row b of
+count(i) * kernel[i], with count(i) = 1 when binary_output (multi-hot), else
+the times i occurs in the row. Ids >= depth count for nothing, as
+DenseBincount(size=depth) drops them.
+
+Replaces LookupTableFindV2 + (Keras' vocabulary check) + DenseBincount(ids,
+depth) [+ Cast] + MatMul(encoding, kernel): StringLookup / IntegerLookup with
+output_mode="multi_hot" or "count", or CategoryEncoding, feeding a Dense.
+The sum runs over the ids in increasing order, as MatMul's dot product runs
+over the encoding's columns.
+missing_key: as CtrVocabEmbedding's (Keras' num_oov_indices=0 check).
+id_casts: the types the ids were cast to, in order, before the bincount
+  (Keras' CategoryEncoding casts them to float32 and back to int32): each id
+  goes through the same conversions, as TF's CPU Cast makes them.
+A negative id (after the casts) is an InvalidArgument naming the key, the id
+and the row, as DenseBincount rejects it.
+ids: the ids the bincount counted (after the casts), for the gradient.
 )doc");
 
 REGISTER_OP("CtrConcatVocabEmbedding")

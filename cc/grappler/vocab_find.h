@@ -1,0 +1,55 @@
+// A vocabulary lookup's ids as the patterns that absorb them see them: a
+// LookupTableFindV2, Keras' num_oov_indices=0 check of its ids (an Assert an
+// Identity of the ids waits on), and the Identities between. Shared by the
+// patterns that fuse the find into what reads its ids (vocab_lookup: an
+// embedding gather; vocab_multi_hot: a Dense layer over a multi-hot encoding).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cc/grappler/pattern.h"
+#include "tensorflow/core/framework/node_def.pb.h"
+
+namespace tf_ctr {
+namespace grappler {
+
+struct VocabIds {
+  const tensorflow::NodeDef* find = nullptr;
+  std::vector<const tensorflow::NodeDef*> identities;  // between the find (or its wrap) and the reader
+  std::vector<const tensorflow::NodeDef*> wrap;        // Keras' negative-index wrap: SelectV2, Less, AddV2
+  const tensorflow::NodeDef* assert_node = nullptr;    // Keras' vocabulary check, when there is one
+  std::vector<const tensorflow::NodeDef*> check;       // the check's other nodes
+  int64_t missing_id = -1;
+};
+
+// Keras' num_oov_indices=0 check on `find`'s ids: Assert(Equal(Size(w), 0),
+// [StringFormat(GatherNd(keys, w))]), w = Where(Equal(ids, m)). Sets the
+// check's nodes and m.
+bool MatchVocabCheck(const GraphIndex& g, const tensorflow::NodeDef& assert_node, const tensorflow::NodeDef& find,
+                     VocabIds* ids);
+
+// Follows Identities up from `x` (recording them in ids->identities) to a
+// LookupTableFindV2, which it records; false when there is none.
+bool TraceToFind(const GraphIndex& g, const tensorflow::NodeDef* x, VocabIds* ids);
+
+// The only thing the ids may wait on is Keras' check of these ids.
+bool MatchVocabWaits(const GraphIndex& g, VocabIds* ids, std::string* why);
+
+// The fused op runs on the CPU (lookup tables live on the host): whether
+// `anchor` is placed on one, or unplaced in a graph served on one.
+bool ServedOnCpu(RewriteContext* ctx, const tensorflow::NodeDef& anchor);
+
+// Removes the lookup's nodes (the wrap, the Identities, the check and its
+// Assert, the find) in favour of the fused node `fused`, which does all they
+// did: what waited on the Assert waits on `fused` and on what the Assert
+// waited on, what waited on the others waits on `fused`, and the constants
+// and shape math only they read go too. Appends the removed nodes'
+// descriptions to `replaced`. `extra` names other nodes the caller removes
+// with them (their control edges to the Assert are theirs to drop).
+void AbsorbVocabNodes(RewriteContext* ctx, const VocabIds& ids, const std::string& fused,
+                      const std::vector<std::string>& extra, std::vector<std::string>* replaced);
+
+}  // namespace grappler
+}  // namespace tf_ctr
