@@ -149,6 +149,35 @@ def test_keras_lookups_without_oov_verify_on_vocabulary_values(tmp_path, rng):
                         serve_in_fresh_process(dst, "serving_default", inputs, tmp_path))
 
 
+def test_inputs_read_by_lookups_get_their_tables_vocabularies_in_one_try(tmp_path, rng):
+    # Each try is a call of the original: the search input by input takes
+    # hundreds of them on a model of many lookups.
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    from tf_ctr_ops import _model_inputs
+
+    src = tmp_path / "src"
+    export_keras_lookup_model(str(src), features=6)
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((src / "saved_model.pb").read_bytes())
+    facts = _model_inputs.GraphFacts(proto.meta_graphs, str(src))
+    assert set(facts.input_vocabularies) == {f"s{f}" for f in range(6)} | {"device_id", "tags"}
+    fn = tf.saved_model.load(str(src)).signatures["serving_default"]
+    tries = []
+
+    def run(candidate):
+        tries.append(candidate)
+        try:
+            fn(**{k: tf.constant(v) for k, v in candidate.items()})
+        except tf.errors.InvalidArgumentError as e:
+            return str(e)
+        return None
+
+    inputs, how = _model_inputs.synthesize(fn.structured_input_signature[1], run, facts, rng)
+    assert how == "synthesized (vocabulary values)" and len(tries) == 2, (how, len(tries))
+    assert set(inputs["s3"].ravel()) <= {f"f3v{i}".encode() for i in range(50)} | {f"f3v{i}" for i in range(50)}
+
+
 def test_split_safe_lookup_rewrite_loads_in_a_fresh_process(tmp_path):
     # Its dense_shape readers are re-pointed to a shape of another length:
     # their recorded _output_shapes must not reach the saved graph.

@@ -38,21 +38,9 @@ def vocab_embedding(table, keys, params, missing_key="default", wrap_negative_id
       IndexedSlices, one row per key. An id outside [0, V) (after the wrap) is
       an InvalidArgument naming the key, the id and the row.
     """
-    if missing_key not in MISSING_KEY:
-        raise ValueError(f"missing_key must be one of {MISSING_KEY}, got {missing_key!r}")
-    if table.value_dtype != tf.int64:
-        raise TypeError(f"the table's values must be int64 row ids, got {table.value_dtype.name}")
-    keys = tf.convert_to_tensor(keys)
-    if keys.dtype != table.key_dtype:
-        raise TypeError(f"keys must have the table's key dtype {table.key_dtype.name}, got {keys.dtype.name}")
-    default = _default_value(table)
-    missing_id = -1
-    if missing_key == "error":
-        missing_id = tf.get_static_value(default)
-        if missing_id is None:
-            raise ValueError("missing_key='error' needs a table whose default value is a constant")
+    keys, default, missing_id = _find_args(table, keys, missing_key)
     out, _ = _ops.ctr_vocab_embedding(table_handle=table.resource_handle, keys=keys, default_value=default,
-                                      params=read_table(params), missing_key=missing_key, missing_id=int(missing_id),
+                                      params=read_table(params), missing_key=missing_key, missing_id=missing_id,
                                       wrap_negative_ids=bool(wrap_negative_ids), name=name)
     return out
 
@@ -82,25 +70,31 @@ def vocab_multi_hot(table, keys, kernel, binary_output=True, missing_key="defaul
       [B, units]. Its gradient reaches `kernel` as MatMul's does. A negative
       id is an InvalidArgument naming the key, the id and the row.
     """
+    keys, default, missing_id = _find_args(table, keys, missing_key)
+    if keys.shape.rank is not None and keys.shape.rank != 2:
+        raise ValueError(f"keys must be a [B, L] matrix, got shape {keys.shape}")
+    out, _ = _ops.ctr_vocab_multi_hot(table_handle=table.resource_handle, keys=keys, default_value=default,
+                                      kernel=read_table(kernel), missing_key=missing_key, missing_id=missing_id,
+                                      binary_output=bool(binary_output), name=name)
+    return out
+
+
+def _find_args(table, keys, missing_key):
+    """(keys, default, missing_id) of a find in `table`, checked."""
     if missing_key not in MISSING_KEY:
         raise ValueError(f"missing_key must be one of {MISSING_KEY}, got {missing_key!r}")
     if table.value_dtype != tf.int64:
-        raise TypeError(f"the table's values must be int64 ids, got {table.value_dtype.name}")
+        raise TypeError(f"the table's values must be int64 row ids, got {table.value_dtype.name}")
     keys = tf.convert_to_tensor(keys)
     if keys.dtype != table.key_dtype:
         raise TypeError(f"keys must have the table's key dtype {table.key_dtype.name}, got {keys.dtype.name}")
-    if keys.shape.rank is not None and keys.shape.rank != 2:
-        raise ValueError(f"keys must be a [B, L] matrix, got shape {keys.shape}")
     default = _default_value(table)
     missing_id = -1
     if missing_key == "error":
         missing_id = tf.get_static_value(default)
         if missing_id is None:
             raise ValueError("missing_key='error' needs a table whose default value is a constant")
-    out, _ = _ops.ctr_vocab_multi_hot(table_handle=table.resource_handle, keys=keys, default_value=default,
-                                      kernel=read_table(kernel), missing_key=missing_key, missing_id=int(missing_id),
-                                      binary_output=bool(binary_output), name=name)
-    return out
+    return keys, default, int(missing_id)
 
 
 def _default_value(table):

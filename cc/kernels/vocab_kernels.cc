@@ -198,15 +198,27 @@ struct VocabRules {
   bool wrap_negative = false;
 };
 
+// The missing_key and missing_id attrs of the single ops.
+absl::Status ReadMissingKeyRule(tensorflow::OpKernelConstruction* c, VocabRules* rules) {
+  std::string missing;
+  TF_RETURN_IF_ERROR(c->GetAttr("missing_key", &missing));
+  rules->missing_is_error = missing == "error";
+  return c->GetAttr("missing_id", &rules->missing_id);
+}
+
+// Keras' check of a key the table lacks (num_oov_indices=0).
+absl::Status NotInVocabulary(const Tensor& keys, int64_t i) {
+  return tensorflow::errors::InvalidArgument("key ", QuoteKey(keys, i), " in row ", RowOf(keys, i),
+                                             " is not in the vocabulary (no out-of-vocabulary id)");
+}
+
 // Turns each found id into the row it reads, in key order so the error names
 // the first bad key.
 absl::Status ResolveRows(const VocabRules& rules, const Tensor& keys, int64_t vocab, Tensor* rows) {
   auto r = rows->flat<int64_t>();
   for (int64_t i = 0; i < r.size(); ++i) {
     const int64_t id = r(i);
-    if (rules.missing_is_error && id == rules.missing_id)
-      return tensorflow::errors::InvalidArgument("key ", QuoteKey(keys, i), " in row ", RowOf(keys, i),
-                                                 " is not in the vocabulary (no out-of-vocabulary id)");
+    if (rules.missing_is_error && id == rules.missing_id) return NotInVocabulary(keys, i);
     const int64_t row = ctr::VocabRow(id, vocab, rules.wrap_negative);
     if (row < 0)
       return tensorflow::errors::InvalidArgument("id ", id, " of key ", QuoteKey(keys, i), " in row ",
@@ -242,11 +254,8 @@ template <typename T>
 class VocabEmbeddingOp : public tensorflow::OpKernel {
  public:
   explicit VocabEmbeddingOp(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
-    std::string missing;
-    OP_REQUIRES_OK(c, c->GetAttr("missing_key", &missing));
-    rules_.missing_is_error = missing == "error";
+    OP_REQUIRES_OK(c, ReadMissingKeyRule(c, &rules_));
     OP_REQUIRES_OK(c, c->GetAttr("wrap_negative_ids", &rules_.wrap_negative));
-    OP_REQUIRES_OK(c, c->GetAttr("missing_id", &rules_.missing_id));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -336,10 +345,7 @@ template <typename T>
 class VocabMultiHotOp : public tensorflow::OpKernel {
  public:
   explicit VocabMultiHotOp(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
-    std::string missing;
-    OP_REQUIRES_OK(c, c->GetAttr("missing_key", &missing));
-    missing_is_error_ = missing == "error";
-    OP_REQUIRES_OK(c, c->GetAttr("missing_id", &missing_id_));
+    OP_REQUIRES_OK(c, ReadMissingKeyRule(c, &rules_));
     OP_REQUIRES_OK(c, c->GetAttr("binary_output", &binary_));
     OP_REQUIRES_OK(c, c->GetAttr("id_casts", &casts_));
   }
@@ -395,11 +401,9 @@ class VocabMultiHotOp : public tensorflow::OpKernel {
   // bincount, then a negative id.
   absl::Status CheckIds(const Tensor& keys, Tensor* ids) const {
     auto id = ids->flat<int64_t>();
-    if (missing_is_error_)
+    if (rules_.missing_is_error)
       for (int64_t i = 0; i < id.size(); ++i)
-        if (id(i) == missing_id_)
-          return tensorflow::errors::InvalidArgument("key ", QuoteKey(keys, i), " in row ", RowOf(keys, i),
-                                                     " is not in the vocabulary (no out-of-vocabulary id)");
+        if (id(i) == rules_.missing_id) return NotInVocabulary(keys, i);
     for (int64_t i = 0; i < id.size(); ++i) {
       if (!casts_.empty()) id(i) = CastId(id(i), casts_);
       if (id(i) < 0)
@@ -410,8 +414,7 @@ class VocabMultiHotOp : public tensorflow::OpKernel {
   }
 
   VocabFinder finder_;
-  bool missing_is_error_ = false;
-  int64_t missing_id_ = -1;
+  VocabRules rules_;  // the missing-key rule; ids are never wrapped
   bool binary_ = true;
   tensorflow::DataTypeVector casts_;
 };
