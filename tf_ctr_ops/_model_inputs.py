@@ -103,23 +103,31 @@ def _inputs_from_tfrecord(path, signatures):
 # What the graph knows about valid inputs
 
 
+def _bound_functions(meta_graph):
+    """(function, {argument: object-graph node id}) for each saved concrete
+    function with bound inputs: its last arguments, bound to the objects it
+    captured (constants, resources, variables)."""
+    functions = {f.signature.name: f for f in meta_graph.graph_def.library.function}
+    for name, saved in meta_graph.object_graph_def.concrete_functions.items():
+        fdef = functions.get(name)
+        if fdef is None or not saved.bound_inputs:
+            continue
+        args = [a.name for a in fdef.signature.input_arg]
+        yield fdef, dict(zip(args[len(args) - len(saved.bound_inputs):], saved.bound_inputs))
+
+
 def _captured_constants(meta_graph):
     """{function: {argument: Const node}}: a TF2 SavedModel passes the constants
     a function captured (a vocabulary, say) as its last arguments, bound to
     object-graph constants that name Const nodes of the outer graph."""
     consts = {n.name: n for n in meta_graph.graph_def.node if n.op == "Const"}
-    functions = {f.signature.name: f for f in meta_graph.graph_def.library.function}
     objects = meta_graph.object_graph_def
     out = {}
-    for name, saved in objects.concrete_functions.items():
-        fdef = functions.get(name)
-        if fdef is None or not saved.bound_inputs:
-            continue
-        args = [a.name for a in fdef.signature.input_arg]
-        for arg, node_id in zip(args[len(args) - len(saved.bound_inputs):], saved.bound_inputs):
+    for fdef, bound in _bound_functions(meta_graph):
+        for arg, node_id in bound.items():
             node = objects.nodes[node_id]
             if node.WhichOneof("kind") == "constant" and node.constant.operation in consts:
-                out.setdefault(name, {})[arg] = consts[node.constant.operation]
+                out.setdefault(fdef.signature.name, {})[arg] = consts[node.constant.operation]
     return out
 
 
@@ -191,12 +199,8 @@ def _lookup_vocabularies(meta_graph):
         return None
 
     out = {}
-    for name, saved in objects.concrete_functions.items():
-        fdef = functions.get(name)
-        if fdef is None or not saved.bound_inputs:
-            continue
-        args = [a.name for a in fdef.signature.input_arg]
-        bound = dict(zip(args[len(args) - len(saved.bound_inputs):], saved.bound_inputs))
+    for fdef, bound in _bound_functions(meta_graph):
+        args = {a.name for a in fdef.signature.input_arg}
         for node in fdef.node_def:
             if node.op != "LookupTableFindV2" or len(node.input) < 2:
                 continue
