@@ -4,10 +4,10 @@
 
 An in-process cluster on 127.0.0.1 (this process as chief, 2 workers, 2
 parameter servers) trains the same model twice from the same weights through
-a ClusterCoordinator: once with tf_ctr_ops' drop-ins, once with tf.nn's own
-lookups. The embedding tables are ShardedVariables of 2 shards, one per
-parameter server; each step's sparse gradients update each shard where it
-lives. Steps are scheduled one at a time, so both runs see the same batches
+a ClusterCoordinator: once with tf_ctr_ops' drop-ins and hash_embedding,
+once with tf.nn's own lookups (the keys hashed by TF's ops there). The
+embedding tables are ShardedVariables of 2 shards, one per parameter server;
+each step's sparse gradients update each shard where it lives. Steps are scheduled one at a time, so both runs see the same batches
 in the same order. Writes both runs' final weights and losses to OUT.npz,
 with the devices of the shards and the op types of the step's graph.
 """
@@ -60,27 +60,33 @@ def batches(seed=5):
         history_lengths = rng.integers(1, 4, size=BATCH)
         history = tf.RaggedTensor.from_row_lengths(rng.integers(0, VOCAB, size=int(history_lengths.sum())),
                                                    history_lengths)
+        # Raw keys (user ids, say) hashed into VOCAB buckets: every bag has one, as above.
+        key_lengths = rng.integers(1, 3, size=BATCH)
+        keys = tf.RaggedTensor.from_row_lengths(rng.integers(0, 10**9, size=int(key_lengths.sum())), key_lengths)
         labels = rng.integers(0, 2, size=(BATCH, 1)).astype(np.float32)
         out.append((tf.RaggedTensor.from_row_lengths(ids, lengths).to_sparse(),
-                    tf.RaggedTensor.from_row_lengths(weights, lengths).to_sparse(), history.to_sparse(), labels))
+                    tf.RaggedTensor.from_row_lengths(weights, lengths).to_sparse(), history.to_sparse(),
+                    keys.to_sparse(), labels))
     return out
 
 
 def train(strategy, coordinator, lookups, init):
-    safe, plain = lookups
+    safe, plain, hashed = lookups
     with strategy.scope():
         items = tf.Variable(init["items"])
         history_table = tf.Variable(init["history"])
+        hashed_table = tf.Variable(init["hashed"])
         dense = tf.Variable(init["dense"])
 
     @tf.function
-    def step(ids, weights, history, labels):
+    def step(ids, weights, history, keys, labels):
         with tf.GradientTape() as tape:
             x = tf.concat([safe(items, ids, weights, combiner="sqrtn", default_id=3),
-                           plain(history_table, history, None, combiner="mean")], 1)
+                           plain(history_table, history, None, combiner="mean"),
+                           hashed(hashed_table, keys)], 1)
             logits = tf.matmul(x, dense)
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits))
-        shards = items.variables + history_table.variables
+        shards = items.variables + history_table.variables + hashed_table.variables
         grads = tape.gradient(loss, shards + [dense])
         for var, g in zip(shards, grads[:-1]):
             var.scatter_sub(tf.IndexedSlices(LR * g.values, g.indices, g.dense_shape))
@@ -94,7 +100,7 @@ def train(strategy, coordinator, lookups, init):
         losses.append(result.fetch())
     graph = step.get_concrete_function(*batches()[0]).graph
     return ({"items": tf.concat(items.variables, 0).numpy(), "history": tf.concat(history_table.variables, 0).numpy(),
-             "dense": dense.numpy(), "loss": np.array(losses)},
+             "hashed": tf.concat(hashed_table.variables, 0).numpy(), "dense": dense.numpy(), "loss": np.array(losses)},
             [v.device for v in items.variables], sorted({op.type for op in graph.get_operations()}))
 
 
@@ -106,12 +112,20 @@ def main(out):
     rng = np.random.default_rng(0)
     init = {"items": rng.normal(size=(VOCAB, DIM)).astype(np.float32),
             "history": rng.normal(size=(VOCAB, DIM)).astype(np.float32),
-            "dense": rng.normal(size=(2 * DIM, 1)).astype(np.float32)}
+            "hashed": rng.normal(size=(VOCAB, DIM)).astype(np.float32),
+            "dense": rng.normal(size=(3 * DIM, 1)).astype(np.float32)}
+
+    def tf_hashed(table, keys):  # what hash_embedding computes, in tf.nn's ops
+        buckets = tf.strings.to_hash_bucket_fast(tf.strings.as_string(keys.values), VOCAB)
+        return tf.nn.embedding_lookup_sparse(table, tf.SparseTensor(keys.indices, buckets, keys.dense_shape), None,
+                                             combiner="mean")
+
     ours, devices, ops = train(strategy, coordinator,
-                               (tco.safe_embedding_lookup_sparse, tco.embedding_lookup_sparse), init)
+                               (tco.safe_embedding_lookup_sparse, tco.embedding_lookup_sparse,
+                                lambda table, keys: tco.hash_embedding(table, keys, combiner="mean")), init)
     theirs, _, _ = train(strategy, coordinator,
-                         (tf.nn.safe_embedding_lookup_sparse, tf.nn.embedding_lookup_sparse), init)
-    np.savez(out, devices=np.array(devices), ops=np.array(ops), init_items=init["items"],
+                         (tf.nn.safe_embedding_lookup_sparse, tf.nn.embedding_lookup_sparse, tf_hashed), init)
+    np.savez(out, devices=np.array(devices), ops=np.array(ops), init_items=init["items"], init_hashed=init["hashed"],
              **{f"ours_{k}": v for k, v in ours.items()}, **{f"tf_{k}": v for k, v in theirs.items()})
     return 0
 

@@ -80,8 +80,9 @@ def test_parameter_server_strategy_with_sharded_tables_matches_tf(tmp_path):
     z = np.load(out)
     assert [d.split("/device")[0] for d in z["devices"]] == ["/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"]
     assert "CtrEmbeddingLookup" in z["ops"] and "ResourceGather" in z["ops"]
-    assert np.abs(z["ours_items"] - z["init_items"]).max() > 1e-3  # the sharded table trained
-    for k in ("items", "history", "dense", "loss"):
+    assert np.abs(z["ours_items"] - z["init_items"]).max() > 1e-3  # the sharded tables trained
+    assert np.abs(z["ours_hashed"] - z["init_hashed"]).max() > 1e-3
+    for k in ("items", "history", "hashed", "dense", "loss"):
         np.testing.assert_allclose(z[f"ours_{k}"], z[f"tf_{k}"], rtol=1e-5, atol=1e-6, err_msg=k)
 
 

@@ -118,3 +118,42 @@ def test_shards_off_the_div_layout_are_refused(rng):
     table = sharded(rng, sizes=(5, 18))
     with pytest.raises(ValueError, match="do not follow the layout"):
         tco.embedding_lookup_sparse(table, random_ids(rng, 4), None)
+
+
+@pytest.mark.parametrize("kind", ["int-ragged", "int-sparse", "int-dense", "string-ragged", "string-dense"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_hash_embedding_on_shards_is_the_one_table_lookup(rng, kind, weighted):
+    table = sharded(rng)
+    whole = tf.Variable(tf.concat([v.numpy() for v in table.variables], 0))
+    ids = tf.ragged.constant([[1, 22, 10**12], [], [-7, 9, 9], [16]], dtype=tf.int64)
+    keys = tf.strings.as_string(ids) if kind.startswith("string") else ids
+    w = tf.ragged.constant([[0.5, 2.0, 1.0], [], [1.0, -1.0, 3.0], [0.25]]) if weighted else None
+    if kind.endswith("sparse"):
+        keys, w = keys.to_sparse(), None if w is None else w.to_sparse()
+    elif kind.endswith("dense"):
+        keys = keys.to_tensor("" if kind.startswith("string") else -1)
+        w = None if w is None else w.to_tensor(0.0)
+    with tf.GradientTape(persistent=True) as tape:
+        got = tco.hash_embedding(table, keys, w, combiner="sqrtn")
+        want = tco.hash_embedding(whole, keys, w, combiner="sqrtn")
+        loss_got, loss_want = tf.reduce_sum(got * got), tf.reduce_sum(want * want)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    grads = tape.gradient(loss_got, table.variables)
+    assert all(isinstance(g, tf.IndexedSlices) for g in grads if g is not None)
+    per_shard = np.concatenate([np.zeros(v.shape, np.float32) if g is None else tf.convert_to_tensor(g).numpy()
+                                for g, v in zip(grads, table.variables)])
+    np.testing.assert_allclose(per_shard, tf.convert_to_tensor(tape.gradient(loss_want, whole)).numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_hash_embedding_never_reads_a_shard_whole(rng):
+    table = sharded(rng)
+
+    @tf.function
+    def lookup(ids):
+        return tco.hash_embedding(table, ids, combiner="mean")
+
+    graph = lookup.get_concrete_function(tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1)).graph
+    ops = [op.type for op in graph.get_operations()]
+    assert "ConcatV2" not in ops and ops.count("ResourceGather") == 3, ops
+    assert "ReadVariableOp" not in ops, ops

@@ -644,7 +644,8 @@ def hash_embedding(params, keys, weights=None, combiner="mean", max_norm=None, n
     kernel, with no string tensor. String keys hash as themselves.
 
     Args:
-      params: `[V, D]` table; V is the bucket count.
+      params: `[V, D]` table; V is the bucket count. A ShardedVariable is
+        read shard by shard (the buckets are then hashed by TF's ops).
       keys: int32/int64/string keys as a `tf.RaggedTensor [B, (n)]`, a
         `tf.SparseTensor [B, N]` or a dense `[B, N]` tensor, where dense
         integer keys equal to -1 (and dense empty strings) are padding.
@@ -656,6 +657,9 @@ def hash_embedding(params, keys, weights=None, combiner="mean", max_norm=None, n
       `[B, D]` tensor of the params dtype.
     """
     with tf.name_scope(name or "hash_embedding"):
+        shards = _sharded_variables(params)
+        if shards is not None:
+            return _sharded_hash_embedding(shards, keys, weights, combiner, max_norm)
         table = as_table(params, in_place=True)
         dense = not isinstance(keys, (tf.RaggedTensor, tf.SparseTensor))
         if dense:
@@ -673,3 +677,28 @@ def hash_embedding(params, keys, weights=None, combiner="mean", max_norm=None, n
                       segment_kind=bags.kind, combiner=combiner, id_mode="hash",
                       invalid_ids="skip_padding" if dense else "error", max_norm=max_norm)
         return _with_batch_dim(out, keys)
+
+
+def _sharded_hash_embedding(shards, keys, weights, combiner, max_norm):
+    """hash_embedding over a ShardedVariable: the buckets computed by TF's
+    hashing (the kernel's is bit-identical to it), then sparse_embedding's
+    shard-by-shard lookup, so no shard is read whole. Padding (-1 in dense
+    integer keys, "" in dense string keys) is left out, as the single table's
+    lookup leaves it out."""
+    buckets_of = sum(int(s.shape[0]) for s in shards)
+    if not isinstance(keys, (tf.RaggedTensor, tf.SparseTensor)):
+        keys = tf.convert_to_tensor(keys)
+    dense = not isinstance(keys, (tf.RaggedTensor, tf.SparseTensor))
+    if keys.dtype == tf.string:
+        ragged, weights = strings.string_key_bags(keys, weights)
+        bags = _bags_from_container(ragged.with_values(tf.strings.to_hash_bucket_fast(ragged.values, buckets_of)),
+                                    weights, -1)
+        invalid_ids = "error"
+    else:
+        bags = _bags_from_container(keys, weights, -1)
+        bags.ids = tf.strings.to_hash_bucket_fast(tf.strings.as_string(bags.ids), buckets_of)
+        if dense:  # -1 is padding, never hashed
+            bags.ids = tf.where(tf.equal(tf.reshape(keys, [-1]), -1), tf.constant(-1, tf.int64), bags.ids)
+        invalid_ids = "skip_padding" if dense else "error"
+    out = _sharded_lookup(shards, bags, combiner=combiner, max_norm=max_norm, invalid_ids=invalid_ids)
+    return _with_batch_dim(out, keys)
