@@ -187,6 +187,23 @@ def test_left_alone_with_reasons(rng):
         assert reasons and any(reason in r for r in reasons), (reason, report["skip"])
 
 
+def test_in_process_encoding_that_waits_on_another_op_is_left_alone(rng):
+    e = Encodings(rng)
+
+    def f(k):
+        ids = e.table.lookup(k)
+        with tf.control_dependencies([tf.debugging.assert_less(tf.size(k), 10**6)]):
+            ids = tf.cast(ids, tf.int32)
+        hot = tf.math.bincount(ids, minlength=e.depth, maxlength=e.depth, binary_output=True, axis=-1,
+                               dtype=tf.float32)
+        return tf.matmul(hot, e.kernel)
+
+    _, report, _ = _rewritten_in_process(f, SPEC)
+    assert not report["match"], report["match"]
+    reasons = [s["reason"] for s in report["skip"] if s["pattern"] == "vocab_multi_hot"]
+    assert any("waits on another node" in r for r in reasons), report["skip"]
+
+
 def test_in_process_depth_other_than_the_kernels_is_left_alone(rng):
     e = Encodings(rng)
     k2 = tf.Variable(rng.normal(size=(e.depth, 2)).astype(np.float32))

@@ -171,6 +171,13 @@ class VocabMultiHotPattern : public NamedPattern<kName> {
     const NodeDef* last = g.Producer(*m.bincount, 0);
     if (!CollectSizeMath(g, g.Producer(*m.bincount, 1), last, &m.size_math))
       return Skip(ctx, anchor, "the encoding's size is computed by more than shape math on the ids");
+    // What the encoding's nodes wait on would be lost with them: only the
+    // Identities may wait, on Keras' check (MatchVocabWaits).
+    std::vector<const NodeDef*> encoding = m.casts;
+    encoding.push_back(m.bincount);
+    if (m.to_float != nullptr) encoding.push_back(m.to_float);
+    for (const NodeDef* n : encoding)
+      if (HasControlInputs(*n)) return Skip(ctx, anchor, Describe(*n) + " waits on another node");
     std::string why;
     if (!MatchVocabWaits(g, &m.ids, &why) || !OnlyFeedsTheMatMul(ctx, m, &why)) return Skip(ctx, anchor, why);
     for (const NodeDef* n : m.ids.check)
