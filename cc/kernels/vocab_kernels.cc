@@ -239,6 +239,20 @@ absl::Status CheckFind(tensorflow::lookup::LookupInterface* table, const Tensor&
   return absl::OkStatus();
 }
 
+// The single ops' find: their table (input 0) checked against the keys (1),
+// the default (2) and the table they read (3), and the id of each key in
+// output 1, shaped as the keys.
+absl::Status FindIntoOutput(OpKernelContext* ctx, VocabFinder* finder, Tensor** ids) {
+  tensorflow::lookup::LookupInterface* table = nullptr;
+  TF_RETURN_IF_ERROR(tensorflow::lookup::GetLookupTable("table_handle", ctx, &table));
+  tensorflow::core::ScopedUnref unref(table);
+  const Tensor& keys = ctx->input(1);
+  const Tensor& default_value = ctx->input(2);
+  TF_RETURN_IF_ERROR(CheckFind(table, keys, default_value, ctx->input(3)));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(1, keys.shape(), ids));
+  return finder->Find(ctx, table, keys, default_value, *ids);
+}
+
 // Runs fn(begin, end) over [0, n) rows of `bytes` each: inline for a serving
 // batch of a few dozen KB, where the thread pool costs more than the copy.
 template <typename Fn>
@@ -259,17 +273,10 @@ class VocabEmbeddingOp : public tensorflow::OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    tensorflow::lookup::LookupInterface* table = nullptr;
-    OP_REQUIRES_OK(ctx, tensorflow::lookup::GetLookupTable("table_handle", ctx, &table));
-    tensorflow::core::ScopedUnref unref(table);
     const Tensor& keys = ctx->input(1);
-    const Tensor& default_value = ctx->input(2);
     const Tensor& params = ctx->input(3);
-    OP_REQUIRES_OK(ctx, CheckFind(table, keys, default_value, params));
-
     Tensor* rows = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &rows));
-    OP_REQUIRES_OK(ctx, finder_.Find(ctx, table, keys, default_value, rows));
+    OP_REQUIRES_OK(ctx, FindIntoOutput(ctx, &finder_, &rows));
     OP_REQUIRES_OK(ctx, ResolveRows(rules_, keys, params.dim_size(0), rows));
 
     tensorflow::TensorShape out_shape = keys.shape();
@@ -351,20 +358,14 @@ class VocabMultiHotOp : public tensorflow::OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    tensorflow::lookup::LookupInterface* table = nullptr;
-    OP_REQUIRES_OK(ctx, tensorflow::lookup::GetLookupTable("table_handle", ctx, &table));
-    tensorflow::core::ScopedUnref unref(table);
     const Tensor& keys = ctx->input(1);
-    const Tensor& default_value = ctx->input(2);
     const Tensor& kernel = ctx->input(3);
-    OP_REQUIRES_OK(ctx, CheckFind(table, keys, default_value, kernel));
     OP_REQUIRES(ctx, keys.dims() == 2 && kernel.dims() == 2,
                 tensorflow::errors::InvalidArgument("keys must be a [B, L] matrix and kernel a [depth, units] one; got ",
                                                     keys.shape().DebugString(), " and ",
                                                     kernel.shape().DebugString()));
     Tensor* ids = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &ids));
-    OP_REQUIRES_OK(ctx, finder_.Find(ctx, table, keys, default_value, ids));
+    OP_REQUIRES_OK(ctx, FindIntoOutput(ctx, &finder_, &ids));
     OP_REQUIRES_OK(ctx, CheckIds(keys, ids));
 
     const int64_t batch = keys.dim_size(0), width = keys.dim_size(1);
