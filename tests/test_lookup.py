@@ -367,8 +367,8 @@ def test_single_id_bags_copy_rows_and_pass_the_gradient_on(rng, dtype, combiner,
 @pytest.mark.parametrize("combiner", COMBINERS)
 def test_single_id_bags_mixed_with_other_bags_match_tf(rng, combiner):
     params = table(rng, 50, 8)
-    # Mostly one id a bag; an empty bag, a bag of two and a padded -1 in
-    # the middle send their range down the general path.
+    # Mostly one id a bag, and an empty bag (the copy path takes both); a bag
+    # of two and a padded -1 in the middle send their range down the general path.
     dense = rng.integers(0, 50, size=(600, 2))
     dense[:, 1] = -1
     dense[250, 1] = 7
@@ -396,6 +396,35 @@ def test_single_id_bags_mixed_with_other_bags_match_tf(rng, combiner):
     want_indices[400] = 3
     np.testing.assert_array_equal(grad.indices.numpy(), want_indices)
     np.testing.assert_array_equal(got.numpy()[400], params.numpy()[3])
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64, tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("default_id", [None, 5])
+def test_bags_of_zero_or_one_id_copy_the_row_default_or_zeros(rng, dtype, combiner, default_id):
+    # A missing category (an empty bag) among single ids stays on the copy
+    # path: its default row, or zeros, equal to what the general path
+    # (weights of 1.0) pools, bit for bit, and to TF's safe lookup.
+    params = table(rng, 300, 12, dtype)
+    lengths = (rng.random(1000) < 0.9).astype(np.int64)
+    lengths[:40] = 0  # a whole chunk of empty bags
+    rt = tf.RaggedTensor.from_row_lengths(tf.constant(rng.integers(0, 300, lengths.sum()), tf.int64), lengths)
+    def lookup(params, rt, weights, **kw):  # the raw op, for default_id
+        w = None if weights is None else weights.values
+        return tco_ops._lookup(params, rt.values, rt.row_splits, -1, w, segment_kind="row_splits", **kw)
+
+    kw = {"combiner": combiner, "default_id": -1 if default_id is None else default_id}
+    out, grad, _ = lookup_and_grad(params, rt, lookup=lookup, **kw)
+    ones = tf.ones_like(rt, tf.float32)
+    out_general, grad_general, _ = lookup_and_grad(params, rt, ones, lookup=lookup, **kw)
+    np.testing.assert_array_equal(tf.cast(out, tf.float64).numpy(), tf.cast(out_general, tf.float64).numpy())
+    np.testing.assert_array_equal(tf.cast(tf.convert_to_tensor(grad), tf.float64).numpy(),
+                                  tf.cast(tf.convert_to_tensor(grad_general), tf.float64).numpy())
+    want = tf.nn.safe_embedding_lookup_sparse(params, rt.to_sparse(), None, combiner=combiner, default_id=default_id)
+    np.testing.assert_array_equal(tf.cast(out, tf.float64).numpy(), tf.cast(want, tf.float64).numpy())
+    empty = np.flatnonzero(lengths == 0)
+    row = np.zeros(12) if default_id is None else tf.cast(params[default_id], tf.float64).numpy()
+    np.testing.assert_array_equal(tf.cast(tf.gather(out, empty), tf.float64).numpy(), np.broadcast_to(row, (len(empty), 12)))
 
 
 def test_single_id_bags_with_a_bad_id_name_its_row(rng):
