@@ -343,6 +343,13 @@ def lookup_and_grad(params, ids, weights=None, lookup=tco.sparse_embedding, **kw
     return out, grad, upstream
 
 
+def raw_ragged_lookup(params, rt, weights, **kw):
+    """The fused op itself on a RaggedTensor's bags (for default_id, which
+    the public functions leave to safe_embedding_lookup_sparse)."""
+    w = None if weights is None else weights.values
+    return tco_ops._lookup(params, rt.values, rt.row_splits, -1, w, segment_kind="row_splits", **kw)
+
+
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64, tf.float16, tf.bfloat16])
 @pytest.mark.parametrize("combiner", COMBINERS)
 @pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
@@ -375,10 +382,7 @@ def test_single_id_bags_mixed_with_other_bags_match_tf(rng, combiner):
     dense[400] = -1
     rt = tf.ragged.boolean_mask(tf.constant(dense, tf.int64), dense >= 0)
     # The raw op: per-id gradient rows, with the default row of empty bags.
-    def lookup(params, rt, weights, **kw):
-        return tco_ops._lookup(params, rt.values, rt.row_splits, -1, weights, segment_kind="row_splits", **kw)
-
-    got, grad, upstream = lookup_and_grad(params, rt, lookup=lookup, combiner=combiner, default_id=3)
+    got, grad, upstream = lookup_and_grad(params, rt, lookup=raw_ragged_lookup, combiner=combiner, default_id=3)
     assert isinstance(grad, tf.IndexedSlices) and grad.indices.shape[0] == 601  # 598 + 2 + the default row
     with tf.GradientTape() as tape:
         tape.watch(params)
@@ -390,7 +394,7 @@ def test_single_id_bags_mixed_with_other_bags_match_tf(rng, combiner):
     # Without the bag of two, every bag has one gradient row (the empty one
     # its default row's): the values are the upstream gradient.
     rt = tf.ragged.boolean_mask(tf.constant(dense[:, :1], tf.int64), dense[:, :1] >= 0)
-    got, grad, upstream = lookup_and_grad(params, rt, lookup=lookup, combiner=combiner, default_id=3)
+    got, grad, upstream = lookup_and_grad(params, rt, lookup=raw_ragged_lookup, combiner=combiner, default_id=3)
     np.testing.assert_array_equal(grad.values.numpy(), upstream.numpy())
     want_indices = dense[:, 0].copy()
     want_indices[400] = 3
@@ -409,14 +413,10 @@ def test_bags_of_zero_or_one_id_copy_the_row_default_or_zeros(rng, dtype, combin
     lengths = (rng.random(1000) < 0.9).astype(np.int64)
     lengths[:40] = 0  # a whole chunk of empty bags
     rt = tf.RaggedTensor.from_row_lengths(tf.constant(rng.integers(0, 300, lengths.sum()), tf.int64), lengths)
-    def lookup(params, rt, weights, **kw):  # the raw op, for default_id
-        w = None if weights is None else weights.values
-        return tco_ops._lookup(params, rt.values, rt.row_splits, -1, w, segment_kind="row_splits", **kw)
-
     kw = {"combiner": combiner, "default_id": -1 if default_id is None else default_id}
-    out, grad, _ = lookup_and_grad(params, rt, lookup=lookup, **kw)
+    out, grad, _ = lookup_and_grad(params, rt, lookup=raw_ragged_lookup, **kw)
     ones = tf.ones_like(rt, tf.float32)
-    out_general, grad_general, _ = lookup_and_grad(params, rt, ones, lookup=lookup, **kw)
+    out_general, grad_general, _ = lookup_and_grad(params, rt, ones, lookup=raw_ragged_lookup, **kw)
     np.testing.assert_array_equal(tf.cast(out, tf.float64).numpy(), tf.cast(out_general, tf.float64).numpy())
     np.testing.assert_array_equal(tf.cast(tf.convert_to_tensor(grad), tf.float64).numpy(),
                                   tf.cast(tf.convert_to_tensor(grad_general), tf.float64).numpy())
