@@ -10,7 +10,6 @@ import pytest
 import tensorflow as tf
 
 import tf_ctr_ops  # noqa: F401
-from conftest import serve_in_fresh_process
 from tf_ctr_ops import rewrite
 
 TAGS = [f"t{i}" for i in range(25)]
@@ -64,12 +63,9 @@ def test_keras_encodings_into_dense_fuse_and_serve_the_same(tmp_path, rng, num_o
     replaced = " ".join(" ".join(m["replaced"]) for m in fused)
     assert "DenseBincount" in replaced and "LookupTableFindV2" in replaced
     assert ("Assert" in replaced) == (num_oov == 0)
-    assert sig.outputs_match
-    feeds = inputs(rng, 23, oov=num_oov > 0)
-    got = serve_in_fresh_process(dst, "serving_default", feeds, tmp_path)
+    assert sig.outputs_match  # served in a fresh process by the rewrite's verification
     native, rewritten = _signature(src), _signature(dst)
-    np.testing.assert_allclose(got["output_0"], native(feeds), rtol=1e-5, atol=1e-6)
-    for batch in (0, 1, 300):
+    for batch in (0, 1, 23, 300):
         feeds = inputs(rng, batch, oov=num_oov > 0)
         np.testing.assert_allclose(rewritten(feeds), native(feeds), rtol=1e-5, atol=1e-6)
     if num_oov == 0:
