@@ -4,8 +4,9 @@
 
 An in-process cluster on 127.0.0.1 (this process as chief, 2 workers, 2
 parameter servers) trains the same model twice from the same weights through
-a ClusterCoordinator: once with tf_ctr_ops' drop-ins and hash_embedding,
-once with tf.nn's own lookups (the keys hashed by TF's ops there). The
+a ClusterCoordinator: once with tf_ctr_ops' drop-ins, hash_embedding and
+string_embedding, once with tf.nn's own lookups (the keys hashed, and the
+strings of ids split and parsed, by TF's ops there). The
 embedding tables are ShardedVariables of 2 shards, one per parameter server;
 each step's sparse gradients update each shard where it lives. Steps are scheduled one at a time, so both runs see the same batches
 in the same order. Writes both runs' final weights and losses to OUT.npz,
@@ -63,30 +64,33 @@ def batches(seed=5):
         # Raw keys (user ids, say) hashed into VOCAB buckets: every bag has one, as above.
         key_lengths = rng.integers(1, 3, size=BATCH)
         keys = tf.RaggedTensor.from_row_lengths(rng.integers(0, 10**9, size=int(key_lengths.sum())), key_lengths)
+        # Strings of 0-3 delimited ids ("" pools to zeros), as a CSV column holds them.
+        tags = tf.constant([",".join(map(str, rng.integers(0, VOCAB, size=rng.integers(0, 4)))) for _ in range(BATCH)])
         labels = rng.integers(0, 2, size=(BATCH, 1)).astype(np.float32)
         out.append((tf.RaggedTensor.from_row_lengths(ids, lengths).to_sparse(),
                     tf.RaggedTensor.from_row_lengths(weights, lengths).to_sparse(), history.to_sparse(),
-                    keys.to_sparse(), labels))
+                    keys.to_sparse(), tags, labels))
     return out
 
 
 def train(strategy, coordinator, lookups, init):
-    safe, plain, hashed = lookups
+    safe, plain, hashed, split = lookups
     with strategy.scope():
         items = tf.Variable(init["items"])
         history_table = tf.Variable(init["history"])
         hashed_table = tf.Variable(init["hashed"])
+        tags_table = tf.Variable(init["tags"])
         dense = tf.Variable(init["dense"])
 
     @tf.function
-    def step(ids, weights, history, keys, labels):
+    def step(ids, weights, history, keys, tags, labels):
         with tf.GradientTape() as tape:
             x = tf.concat([safe(items, ids, weights, combiner="sqrtn", default_id=3),
                            plain(history_table, history, None, combiner="mean"),
-                           hashed(hashed_table, keys)], 1)
+                           hashed(hashed_table, keys), split(tags_table, tags)], 1)
             logits = tf.matmul(x, dense)
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits))
-        shards = items.variables + history_table.variables + hashed_table.variables
+        shards = items.variables + history_table.variables + hashed_table.variables + tags_table.variables
         grads = tape.gradient(loss, shards + [dense])
         for var, g in zip(shards, grads[:-1]):
             var.scatter_sub(tf.IndexedSlices(LR * g.values, g.indices, g.dense_shape))
@@ -100,7 +104,8 @@ def train(strategy, coordinator, lookups, init):
         losses.append(result.fetch())
     graph = step.get_concrete_function(*batches()[0]).graph
     return ({"items": tf.concat(items.variables, 0).numpy(), "history": tf.concat(history_table.variables, 0).numpy(),
-             "hashed": tf.concat(hashed_table.variables, 0).numpy(), "dense": dense.numpy(), "loss": np.array(losses)},
+             "hashed": tf.concat(hashed_table.variables, 0).numpy(), "tags": tf.concat(tags_table.variables, 0).numpy(),
+             "dense": dense.numpy(), "loss": np.array(losses)},
             [v.device for v in items.variables], sorted({op.type for op in graph.get_operations()}))
 
 
@@ -113,19 +118,29 @@ def main(out):
     init = {"items": rng.normal(size=(VOCAB, DIM)).astype(np.float32),
             "history": rng.normal(size=(VOCAB, DIM)).astype(np.float32),
             "hashed": rng.normal(size=(VOCAB, DIM)).astype(np.float32),
-            "dense": rng.normal(size=(3 * DIM, 1)).astype(np.float32)}
+            "tags": rng.normal(size=(VOCAB, DIM)).astype(np.float32),
+            "dense": rng.normal(size=(4 * DIM, 1)).astype(np.float32)}
 
     def tf_hashed(table, keys):  # what hash_embedding computes, in tf.nn's ops
         buckets = tf.strings.to_hash_bucket_fast(tf.strings.as_string(keys.values), VOCAB)
         return tf.nn.embedding_lookup_sparse(table, tf.SparseTensor(keys.indices, buckets, keys.dense_shape), None,
                                              combiner="mean")
 
+    def tf_split(table, tags):  # what string_embedding computes, in tf.strings' and tf.nn's ops
+        tokens = tf.strings.split(tags, ",")
+        tokens = tf.ragged.boolean_mask(tokens, tf.strings.length(tokens) > 0)  # "" splits to [""]
+        ids = tokens.with_values(tf.strings.to_number(tokens.values, tf.int64)).to_sparse()
+        return tf.nn.safe_embedding_lookup_sparse(table, ids, None, combiner="mean")
+
     ours, devices, ops = train(strategy, coordinator,
                                (tco.safe_embedding_lookup_sparse, tco.embedding_lookup_sparse,
-                                lambda table, keys: tco.hash_embedding(table, keys, combiner="mean")), init)
+                                lambda table, keys: tco.hash_embedding(table, keys, combiner="mean"),
+                                lambda table, tags: tco.string_embedding(tags, table, id_mode="index")), init)
     theirs, _, _ = train(strategy, coordinator,
-                         (tf.nn.safe_embedding_lookup_sparse, tf.nn.embedding_lookup_sparse, tf_hashed), init)
+                         (tf.nn.safe_embedding_lookup_sparse, tf.nn.embedding_lookup_sparse, tf_hashed, tf_split),
+                         init)
     np.savez(out, devices=np.array(devices), ops=np.array(ops), init_items=init["items"], init_hashed=init["hashed"],
+             init_tags=init["tags"],
              **{f"ours_{k}": v for k, v in ours.items()}, **{f"tf_{k}": v for k, v in theirs.items()})
     return 0
 

@@ -72,7 +72,8 @@ def test_multi_worker_mirrored_strategy_matches_single_replica(single, tmp_path)
 def test_parameter_server_strategy_with_sharded_tables_matches_tf(tmp_path):
     """ParameterServerStrategy (an in-process cluster: chief, 2 workers, 2
     parameter servers, tests/ps_train.py): tables sharded over both parameter
-    servers train through the drop-ins exactly as through tf.nn's lookups."""
+    servers train through the drop-ins, hash_embedding and string_embedding
+    exactly as through tf.nn's lookups."""
     out = tmp_path / "ps.npz"
     proc = subprocess.run([sys.executable, str(SCRIPT.with_name("ps_train.py")), str(out)], env=fresh_process_env(),
                           cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -82,7 +83,8 @@ def test_parameter_server_strategy_with_sharded_tables_matches_tf(tmp_path):
     assert "CtrEmbeddingLookup" in z["ops"] and "ResourceGather" in z["ops"]
     assert np.abs(z["ours_items"] - z["init_items"]).max() > 1e-3  # the sharded tables trained
     assert np.abs(z["ours_hashed"] - z["init_hashed"]).max() > 1e-3
-    for k in ("items", "history", "hashed", "dense", "loss"):
+    assert np.abs(z["ours_tags"] - z["init_tags"]).max() > 1e-3
+    for k in ("items", "history", "hashed", "tags", "dense", "loss"):
         np.testing.assert_allclose(z[f"ours_{k}"], z[f"tf_{k}"], rtol=1e-5, atol=1e-6, err_msg=k)
 
 

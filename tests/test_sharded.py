@@ -157,3 +157,90 @@ def test_hash_embedding_never_reads_a_shard_whole(rng):
     ops = [op.type for op in graph.get_operations()]
     assert "ConcatV2" not in ops and ops.count("ResourceGather") == 3, ops
     assert "ReadVariableOp" not in ops, ops
+
+
+# ---------------------------------------------------------------------------
+# string_embedding: the fused op checks the strings on a [V, 0] view, TF's
+# split and parse give the ids, and each shard is gathered on its own.
+
+
+def random_id_strings(rng, rows, delimiter=",", negatives=False):
+    """Strings of 0-4 ids (one in ten is an empty token, as "1,,2" has), the
+    odd one padded with spaces, as to_number takes them."""
+    out = []
+    for _ in range(rows):
+        tokens = [str(v) for v in rng.integers(-3 if negatives else 0, V, size=rng.integers(0, 5))]
+        tokens = ["" if rng.random() < 0.1 else (f" {t} " if rng.random() < 0.1 else t) for t in tokens]
+        out.append(delimiter.join(tokens))
+    return tf.constant(out if out else np.zeros([0], object), tf.string)
+
+
+@pytest.mark.parametrize("id_mode", ["hash", "index", "mod"])
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("rows", [0, 1, 60])
+def test_string_embedding_on_shards_is_the_one_table_lookup(rng, id_mode, combiner, rows):
+    table = sharded(rng)
+    whole = tf.Variable(tf.concat([v.numpy() for v in table.variables], 0))
+    strings = random_id_strings(rng, rows)
+    with tf.GradientTape(persistent=True) as tape:
+        got = tco.string_embedding(strings, table, combiner=combiner, id_mode=id_mode)
+        want = tco.string_embedding(strings, whole, combiner=combiner, id_mode=id_mode)
+        loss_got, loss_want = tf.reduce_sum(got * got), tf.reduce_sum(want * want)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    if rows:
+        grads = tape.gradient(loss_got, table.variables)
+        assert all(isinstance(g, tf.IndexedSlices) for g in grads if g is not None)
+        per_shard = np.concatenate([np.zeros(v.shape, np.float32) if g is None else tf.convert_to_tensor(g).numpy()
+                                    for g, v in zip(grads, table.variables)])
+        np.testing.assert_allclose(per_shard, tf.convert_to_tensor(tape.gradient(loss_want, whole)).numpy(),
+                                   rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("options", [
+    dict(delimiter="||", skip_empty=False, id_mode="hash"),
+    dict(delimiter=None, id_mode="hash"),
+    dict(delimiter=None, skip_empty=False, id_mode="hash"),
+    dict(invalid_ids="skip_negative", id_mode="index", default_id=20),
+    dict(invalid_ids="skip_negative", id_mode="index", max_norm=0.7, combiner="sum"),
+    dict(id_mode="mod", default_id=3, combiner="sqrtn"),
+])
+def test_string_embedding_options_on_shards(rng, options):
+    table = sharded(rng)
+    whole = tf.concat([v.numpy() for v in table.variables], 0)
+    delimiter = options.get("delimiter", ",")
+    strings = random_id_strings(rng, 50, delimiter or ",", negatives=options["id_mode"] != "index"
+                                or "invalid_ids" in options)
+    if delimiter is None:
+        strings = tf.concat([strings, tf.constant(["", "7", "a,b"])], 0)
+    np.testing.assert_allclose(tco.string_embedding(strings, table, **options).numpy(),
+                               tco.string_embedding(strings, whole, **options).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_string_embedding_on_shards_fails_as_on_one_table(rng):
+    table = sharded(rng)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"token 'x7' in row 1 "):
+        tco.string_embedding(tf.constant(["1,2", "3,x7"]), table, id_mode="index")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"token '23' in row 0 is id 23, out of range"):
+        tco.string_embedding(tf.constant(["23"]), table, id_mode="index")
+    with pytest.raises(ValueError, match="not pack_strings' bytes"):
+        tco.string_embedding(tco.pack_strings(tf.constant(["1"])), table)
+
+
+def test_string_embeddings_never_read_a_shard_whole(rng):
+    table = sharded(rng)
+
+    @tf.function
+    def lookup(strings):
+        return (tco.string_embedding(strings, table, id_mode="mod"),
+                tco.multi_string_embedding([strings, strings], [table, table], id_modes="hash", concat=True))
+
+    graph = lookup.get_concrete_function(tf.TensorSpec([None], tf.string)).graph
+    ops = [op.type for op in graph.get_operations()]
+    assert ops.count("ResourceGather") == 3 * 3 and "ReadVariableOp" not in ops, ops
+    strings = random_id_strings(rng, 20)
+    whole = tf.concat([v.numpy() for v in table.variables], 0)
+    single, grouped = lookup(strings)
+    np.testing.assert_allclose(single.numpy(), tco.string_embedding(strings, whole, id_mode="mod").numpy(),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grouped.numpy(), tco.multi_string_embedding([strings, strings], [whole, whole],
+                                                                          concat=True).numpy(), rtol=1e-5, atol=1e-6)

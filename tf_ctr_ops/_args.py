@@ -98,6 +98,13 @@ def _on_host(var):
     return not tf.config.list_logical_devices("GPU")  # left to the placer: the host is all there is
 
 
+def sharded_variables(params):
+    """The shards of a tf.distribute ShardedVariable (ParameterServerStrategy's
+    partitioned tables; a Keras 3 variable may wrap one), else None."""
+    var = getattr(params, "_value", params)
+    return list(var.variables) if isinstance(var, sharded_variable.ShardedVariable) else None
+
+
 def in_place_variable(table, dtype=None):
     """The resource variable a fused lookup reads in place, or None.
 

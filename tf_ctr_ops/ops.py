@@ -6,7 +6,6 @@ id containers) in place of the TF-native subgraph it replaces.
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.distribute import sharded_variable
 from tensorflow.python.ops import resource_variable_ops, variables
 
 from tf_ctr_ops import strings
@@ -18,6 +17,7 @@ from tf_ctr_ops._args import (  # noqa: F401  (COMBINERS, canonical_shard_sizes:
     in_place_variable,
     max_norm_attr,
     read_table,
+    sharded_variables,
     table_operand,
 )
 from tf_ctr_ops._loader import load_op_library
@@ -297,13 +297,6 @@ class _MergedShards:
         return _mod_row(default_id % n, default_id // n, total, n, min) if default_id < total else default_id
 
 
-def _sharded_variables(params):
-    """The shards of a tf.distribute ShardedVariable (ParameterServerStrategy's
-    partitioned tables; a Keras 3 variable may wrap one), else None."""
-    var = getattr(params, "_value", params)
-    return list(var.variables) if isinstance(var, sharded_variable.ShardedVariable) else None
-
-
 def _default_row(shards, starts, default_id, bags, kept):
     """[1, ...]: the default row where some bag keeps no entry, else zeros (no read, no gradient)."""
     if bags.kind == "row_splits":
@@ -419,7 +412,7 @@ def _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, nam
     combiner = check_combiner(combiner or "mean")
     bags = _lookup_sparse_bags(sp_ids, sp_weights)
     with tf.name_scope(name or "embedding_lookup_sparse"):
-        shards = _sharded_variables(params)
+        shards = sharded_variables(params)
         if shards is not None:
             return _sharded_lookup(shards, bags, combiner=combiner, max_norm=max_norm,
                                    grad_indices=_DROP_IN_GRAD_INDICES)
@@ -480,7 +473,7 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
                                   partition_strategy, max_norm):
     if embedding_weights is None:
         raise ValueError(f"Missing embedding_weights {embedding_weights}.")
-    sharded = _sharded_variables(embedding_weights)
+    sharded = sharded_variables(embedding_weights)
     shards = sharded or _shard_list(embedding_weights)
     if not shards:
         raise ValueError(f"Missing embedding_weights {embedding_weights}.")
@@ -627,7 +620,7 @@ def sparse_embedding(params, ids, weights=None, combiner="mean", max_norm=None, 
     with tf.name_scope(name or "sparse_embedding"):
         bags = _bags_from_container(ids, weights, -1)
         attrs = dict(combiner=combiner, invalid_ids="skip_padding", max_norm=max_norm)
-        shards = _sharded_variables(params)
+        shards = sharded_variables(params)
         if shards is not None:
             out = _sharded_lookup(shards, bags, **attrs)
         else:
@@ -657,7 +650,7 @@ def hash_embedding(params, keys, weights=None, combiner="mean", max_norm=None, n
       `[B, D]` tensor of the params dtype.
     """
     with tf.name_scope(name or "hash_embedding"):
-        shards = _sharded_variables(params)
+        shards = sharded_variables(params)
         if shards is not None:
             return _sharded_hash_embedding(shards, keys, weights, combiner, max_norm)
         table = as_table(params, in_place=True)

@@ -16,6 +16,7 @@ from tf_ctr_ops._args import (
     check_id_mode,
     max_norm_attr,
     per_feature,
+    sharded_variables,
 )
 from tf_ctr_ops._loader import load_op_library
 
@@ -109,11 +110,60 @@ def string_embedding(strings, params, delimiter=",", combiner="mean", id_mode="h
     """
     delimiter = check_delimiter(delimiter)
     with tf.name_scope(name or "string_embedding"):
+        shards = sharded_variables(params)
+        if shards is not None:
+            return _sharded_string_embedding(shards, strings, delimiter=delimiter, combiner=combiner,
+                                             id_mode=id_mode, skip_empty=skip_empty, max_norm=max_norm,
+                                             invalid_ids=invalid_ids, default_id=default_id)
         table = as_table(params)
         packed = strings if _is_packed(strings) else pack_strings(strings)
         return _string_op(table, packed, None, delimiter=delimiter, combiner=combiner, id_mode=id_mode,
                           skip_empty=skip_empty, max_norm=max_norm, invalid_ids=invalid_ids,
                           default_id=default_id)
+
+
+def _sharded_string_embedding(shards, strings, **attrs):
+    """string_embedding over a ShardedVariable, which is never read whole.
+
+    The fused op first runs on a [V, 0] view of the table: it splits and
+    parses every string as on one table and fails the same way, naming the
+    row and the token. TF's split, to_number and to_hash_bucket_fast, whose
+    rules the kernel follows bit for bit (cc/core/parse.h, fingerprint.h),
+    then give the ids, and the sharded lookup gathers each shard's rows on
+    its own device (its parameter server) and pools them here.
+    """
+    from tf_ctr_ops import ops  # here: ops imports this module
+
+    if _is_packed(strings):
+        raise ValueError("a ShardedVariable table takes the strings themselves, not pack_strings' bytes")
+    strings = _string_vector(strings)
+    num_rows = sum(int(s.shape[0]) for s in shards)
+    check = _string_op(tf.zeros([num_rows, 0], shards[0].dtype), pack_strings(strings), None, **attrs)
+    with tf.control_dependencies([check]):
+        tokens = _split_tokens(strings, attrs["delimiter"], attrs["skip_empty"])
+    if attrs["id_mode"] == "hash":
+        ids = tf.strings.to_hash_bucket_fast(tokens.values, num_rows)
+    else:
+        ids = tf.strings.to_number(tokens.values, tf.int64)
+        if attrs["id_mode"] == "mod":
+            ids = tf.math.floormod(ids, num_rows)
+    bags = ops._bags_from_container(tokens.with_values(ids), None, -1)
+    invalid_ids = "skip_negative" if attrs["invalid_ids"] == "skip_negative" else "error"
+    return ops._sharded_lookup(shards, bags, combiner=attrs["combiner"], max_norm=attrs["max_norm"],
+                              invalid_ids=invalid_ids, default_id=attrs["default_id"])
+
+
+def _split_tokens(strings, delimiter, skip_empty):
+    """[B, (n)] tokens as the fused op reads them: split on the whole
+    delimiter (b"": each string is one token), empty tokens dropped when
+    skip_empty."""
+    if delimiter:
+        tokens = tf.strings.split(strings, sep=delimiter)
+    else:
+        tokens = tf.RaggedTensor.from_tensor(tf.expand_dims(strings, 1))
+    if skip_empty:
+        tokens = tf.ragged.boolean_mask(tokens, tf.strings.length(tokens) > 0)
+    return tokens
 
 
 def multi_string_embedding(features, tables, delimiters=",", combiners="mean", id_modes="hash",
@@ -144,6 +194,14 @@ def multi_string_embedding(features, tables, delimiters=",", combiners="mean", i
     skip_empty = [bool(s) for s in per_feature(skip_empty, n, "skip_empty")]
     max_norms = [max_norm_attr(m) for m in per_feature(max_norms, n, "max_norms")]
     with tf.name_scope(name or "multi_string_embedding"):
+        if any(sharded_variables(t) is not None for t in tables):
+            # A sharded table is gathered shard by shard on its own devices:
+            # no grouped op can read it, so each feature is looked up alone.
+            outs = [string_embedding(f, t, delimiter=d or None, combiner=c, id_mode=m, skip_empty=e,
+                                     max_norm=None if mn < 0 else mn)
+                    for f, t, d, c, m, e, mn in zip(features, tables, delimiters, combiners, id_modes,
+                                                    skip_empty, max_norms)]
+            return tf.concat(outs, axis=1) if concat else outs
         tables = [as_table(t) for t in tables]
         features = [_string_vector(f) for f in features]
         _check_same_batch(features)
