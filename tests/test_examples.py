@@ -44,13 +44,16 @@ def check_quality(out):
 def check_criteo_run(out, serve_batch):
     check_quality(out)
     assert number_after(rf"a fresh process served {serve_batch:,} rows, max \|diff\| vs in-process ", out) <= 1e-6
-    # The fused model, the TF-native twin and the rewritten twin are one function.
-    assert number_after(r"all three SavedModels on [\d,]+ rows: max \|diff\| ", out) <= 1e-5, out
+    # The fused model, the TF-native twin and both rewritten models are one function.
+    assert number_after(r"all four SavedModels on [\d,]+ rows: max \|diff\| ", out) <= 1e-5, out
     assert re.search(r"rewrite .*: \d+ subgraph\(s\) fused, \d+ left alone; outputs match", out), out
-    for name in ("native twin", "rewritten twin", "tf-ctr-ops layers"):
+    # The per-field ops of the fused model are grouped into one op per output.
+    assert re.search(r"rewrite +tf-ctr-ops model .*: [1-9]\d* subgraph\(s\) grouped \(.*Ctr(Multi|Concat)String"
+                     r".*\); outputs match", out), out
+    for name in ("native twin", "rewritten twin", "tf-ctr-ops layers", "layers, rewritten"):
         ms = number_after(rf"\n +{name} +", out)
         assert math.isfinite(ms) and ms > 0, out
-    assert len(re.findall(r" ms +\d+\.\d\dx\n", out)) == 2, out  # both speedups against the native twin
+    assert len(re.findall(r" ms +\d+\.\d\dx\n", out)) == 3, out  # each speedup against the native twin
 
 
 # The Criteo examples run once each, on the real sample: CI's main job runs
@@ -61,7 +64,7 @@ def test_criteo_deepfm_real_sample(tmp_path):
     out = run_example("criteo_deepfm.py", "--smoke", "--data", path, "--out", tmp_path / "models", cwd=tmp_path)
     assert "(200 rows): 160 train / 40 held out" in out, out
     check_criteo_run(out, 256)
-    for model in ("deepfm_tf_ctr_ops", "deepfm_native", "deepfm_native_rewritten"):
+    for model in ("deepfm_tf_ctr_ops", "deepfm_native", "deepfm_native_rewritten", "deepfm_tf_ctr_ops_rewritten"):
         assert (tmp_path / "models" / model / "saved_model.pb").exists()
 
 
