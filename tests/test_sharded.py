@@ -40,6 +40,24 @@ def assert_same_gradients(got, want):
                                    rtol=1e-5, atol=1e-6)
 
 
+def assert_same_as_one_table(table, whole, lookup):
+    """lookup(table) on the ShardedVariable equals lookup(whole) on one
+    variable holding its rows: forward, and each shard's IndexedSlices
+    gradient is its slice of the whole table's."""
+    with tf.GradientTape(persistent=True) as tape:
+        got, want = lookup(table), lookup(whole)
+        loss_got, loss_want = tf.reduce_sum(got * got), tf.reduce_sum(want * want)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    if not got.shape[0]:
+        return
+    grads = tape.gradient(loss_got, table.variables)
+    assert all(isinstance(g, tf.IndexedSlices) for g in grads if g is not None)
+    per_shard = np.concatenate([np.zeros(v.shape, np.float32) if g is None else tf.convert_to_tensor(g).numpy()
+                                for g, v in zip(grads, table.variables)])
+    np.testing.assert_allclose(per_shard, tf.convert_to_tensor(tape.gradient(loss_want, whole)).numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
 def run_both(table, ours, theirs):
     with tf.GradientTape(persistent=True) as tape:
         got, want = ours(table), theirs(table)
@@ -133,17 +151,7 @@ def test_hash_embedding_on_shards_is_the_one_table_lookup(rng, kind, weighted):
     elif kind.endswith("dense"):
         keys = keys.to_tensor("" if kind.startswith("string") else -1)
         w = None if w is None else w.to_tensor(0.0)
-    with tf.GradientTape(persistent=True) as tape:
-        got = tco.hash_embedding(table, keys, w, combiner="sqrtn")
-        want = tco.hash_embedding(whole, keys, w, combiner="sqrtn")
-        loss_got, loss_want = tf.reduce_sum(got * got), tf.reduce_sum(want * want)
-    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
-    grads = tape.gradient(loss_got, table.variables)
-    assert all(isinstance(g, tf.IndexedSlices) for g in grads if g is not None)
-    per_shard = np.concatenate([np.zeros(v.shape, np.float32) if g is None else tf.convert_to_tensor(g).numpy()
-                                for g, v in zip(grads, table.variables)])
-    np.testing.assert_allclose(per_shard, tf.convert_to_tensor(tape.gradient(loss_want, whole)).numpy(),
-                               rtol=1e-5, atol=1e-6)
+    assert_same_as_one_table(table, whole, lambda t: tco.hash_embedding(t, keys, w, combiner="sqrtn"))
 
 
 def test_hash_embedding_never_reads_a_shard_whole(rng):
@@ -182,18 +190,8 @@ def test_string_embedding_on_shards_is_the_one_table_lookup(rng, id_mode, combin
     table = sharded(rng)
     whole = tf.Variable(tf.concat([v.numpy() for v in table.variables], 0))
     strings = random_id_strings(rng, rows)
-    with tf.GradientTape(persistent=True) as tape:
-        got = tco.string_embedding(strings, table, combiner=combiner, id_mode=id_mode)
-        want = tco.string_embedding(strings, whole, combiner=combiner, id_mode=id_mode)
-        loss_got, loss_want = tf.reduce_sum(got * got), tf.reduce_sum(want * want)
-    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
-    if rows:
-        grads = tape.gradient(loss_got, table.variables)
-        assert all(isinstance(g, tf.IndexedSlices) for g in grads if g is not None)
-        per_shard = np.concatenate([np.zeros(v.shape, np.float32) if g is None else tf.convert_to_tensor(g).numpy()
-                                    for g, v in zip(grads, table.variables)])
-        np.testing.assert_allclose(per_shard, tf.convert_to_tensor(tape.gradient(loss_want, whole)).numpy(),
-                                   rtol=1e-5, atol=1e-6)
+    assert_same_as_one_table(table, whole,
+                             lambda t: tco.string_embedding(strings, t, combiner=combiner, id_mode=id_mode))
 
 
 @pytest.mark.parametrize("options", [
