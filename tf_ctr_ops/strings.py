@@ -148,9 +148,8 @@ def _sharded_string_embedding(shards, strings, **attrs):
         if attrs["id_mode"] == "mod":
             ids = tf.math.floormod(ids, num_rows)
     bags = ops._bags_from_container(tokens.with_values(ids), None, -1)
-    invalid_ids = "skip_negative" if attrs["invalid_ids"] == "skip_negative" else "error"
     return ops._sharded_lookup(shards, bags, combiner=attrs["combiner"], max_norm=attrs["max_norm"],
-                              invalid_ids=invalid_ids, default_id=attrs["default_id"])
+                              invalid_ids=attrs["invalid_ids"], default_id=attrs["default_id"])
 
 
 def _split_tokens(strings, delimiter, skip_empty):
