@@ -108,12 +108,8 @@ void FuseHashProducer(RewriteContext* ctx, RowSource* src) {
   const NodeDef* hash = g.Node(ParseTensorName(src->keys).node);
   if (!IsOp(hash, "StringToHashBucketFast") || g.DataConsumers(hash->name()) != 1) return;
   const NodeDef* as_string = g.Producer(*hash, 0);
-  if (!IsOp(as_string, "AsString") || g.DataConsumers(as_string->name()) != 1) return;
+  if (as_string == nullptr || !IsPlainAsString(*as_string) || g.DataConsumers(as_string->name()) != 1) return;
   const DataType kt = TypeAttr(*as_string, "T");
-  if (!IsIndexDtype(kt) || IntAttr(*as_string, "precision", -1) != -1 || IntAttr(*as_string, "width", -1) != -1 ||
-      BoolAttr(*as_string, "scientific", false) || BoolAttr(*as_string, "shortest", false) ||
-      !StringAttr(*as_string, "fill").empty())
-    return;
   src->keys = as_string->input(0);
   src->key_type = kt;
   src->id_mode = "hash";

@@ -130,6 +130,12 @@ bool IsFirstColumn(const GraphIndex& g, const NodeDef* slice) {
 
 bool IsSelect(const NodeDef* node) { return IsOp(node, "Select") || IsOp(node, "SelectV2"); }
 
+bool IsPlainAsString(const NodeDef& n) {
+  return IsOp(&n, "AsString") && IsIndexDtype(TypeAttr(n, "T")) && IntAttr(n, "precision", -1) == -1 &&
+         IntAttr(n, "width", -1) == -1 && !BoolAttr(n, "scientific", false) && !BoolAttr(n, "shortest", false) &&
+         StringAttr(n, "fill").empty();
+}
+
 bool HasControlInputs(const NodeDef& node) {
   for (const auto& in : node.input())
     if (!in.empty() && in[0] == '^') return true;

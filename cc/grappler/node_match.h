@@ -47,6 +47,9 @@ bool IsFirstElementSlice(const GraphIndex& g, const tensorflow::NodeDef* slice);
 // x[:, 0] of a [N, 2+] tensor, as Python slicing emits it.
 bool IsFirstColumn(const GraphIndex& g, const tensorflow::NodeDef* slice);
 bool IsSelect(const tensorflow::NodeDef* node);  // Select or SelectV2
+// An AsString of integers with no formatting attrs: the decimal form the
+// kernels' integer hash (HashIntKeyBucket) formats.
+bool IsPlainAsString(const tensorflow::NodeDef& node);
 bool HasControlInputs(const tensorflow::NodeDef& node);
 // The device type in a device name ("/job:x/device:GPU:0" -> "GPU"), or
 // empty for an unplaced node.

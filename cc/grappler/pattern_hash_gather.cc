@@ -68,11 +68,6 @@ bool IsIndexCast(const NodeDef* n) {
   return IsOp(n, "Cast") && TypeAttr(*n, "SrcT") == tensorflow::DT_INT64 && IsIndexDtype(TypeAttr(*n, "DstT"));
 }
 
-bool IsPlainAsString(const NodeDef& n) {
-  return IsIndexDtype(TypeAttr(n, "T")) && IntAttr(n, "precision", -1) == -1 && IntAttr(n, "width", -1) == -1 &&
-         !BoolAttr(n, "scientific", false) && !BoolAttr(n, "shortest", false) && StringAttr(n, "fill").empty();
-}
-
 class HashGatherPattern : public NamedPattern<kName> {
  public:
   bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
