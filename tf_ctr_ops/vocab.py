@@ -6,8 +6,9 @@ feature columns compute; the rewrite fuses their subgraphs into it.
 
 import tensorflow as tf
 
+from tf_ctr_ops import ops
 from tf_ctr_ops._loader import load_op_library
-from tf_ctr_ops._args import read_table
+from tf_ctr_ops._args import check_combiner, max_norm_attr, read_table
 
 _ops = load_op_library()
 
@@ -77,6 +78,65 @@ def vocab_multi_hot(table, keys, kernel, binary_output=True, missing_key="defaul
                                       kernel=read_table(kernel), missing_key=missing_key, missing_id=missing_id,
                                       binary_output=bool(binary_output), name=name)
     return out
+
+
+def vocab_embedding_lookup_sparse(table, sp_keys, params, sp_weights=None, combiner="mean", num_oov_buckets=0,
+                                  default_id=None, max_norm=None, name=None):
+    """Pooled embeddings of the ids a vocabulary table finds for sparse keys.
+
+    Equal to `tf.nn.safe_embedding_lookup_sparse(params, ids, sp_weights,
+    combiner, default_id, max_norm=max_norm)` with `ids = table.lookup(sp_keys)`,
+    in one op: what a `categorical_column_with_vocabulary_list` (or `_file`)
+    under an `embedding_column` computes, and what the rewrite fuses such
+    columns into.
+
+    Args:
+      table: a `tf.lookup` table whose values are int64 row ids
+        (`tf.lookup.StaticHashTable`).
+      sp_keys: string or int64 keys (the table's key dtype) as a
+        `tf.SparseTensor [B, N]` or a `tf.RaggedTensor [B, (n)]`.
+      params: the [V, ...] embedding table: a Tensor or a Variable.
+      sp_weights: optional float weights in the same container as `sp_keys`;
+        for "mean" and "sqrtn", entries whose weight is not > 0 are dropped,
+        as the safe lookup drops them.
+      combiner: "sum", "mean" or "sqrtn".
+      num_oov_buckets: n > 0 looks keys up as `tf.lookup.IdTableWithHashBuckets`
+        (and the vocabulary columns with `num_oov_buckets=n`) do: a key whose
+        found id is the table's default gets `table.size() +
+        to_hash_bucket_fast(key, n)` (integer keys hash as their decimal string).
+      default_id: the row of a bag left empty; None gives zeros.
+      max_norm: if set, rows are clipped to this L2 norm before pooling.
+      name: the op's name.
+
+    Returns:
+      [B] + params.shape[1:]. Negative ids (keys the table lacks, without
+      buckets) are dropped; an id >= V is an InvalidArgument naming the key,
+      the id and the row. Its gradient reaches `params` as IndexedSlices.
+    """
+    if int(num_oov_buckets) < 0:
+        raise ValueError(f"num_oov_buckets must be >= 0, got {num_oov_buckets}")
+    combiner = check_combiner(combiner)
+    with tf.name_scope(name or "vocab_embedding_lookup_sparse"):
+        if isinstance(sp_keys, tf.RaggedTensor):
+            keys, weights = ops._ragged_bags(sp_keys, sp_weights, ("sp_keys", "sp_weights"))
+            bags = ops._Bags(keys.values, keys.row_splits, -1, "row_splits", weights)
+        elif isinstance(sp_keys, tf.SparseTensor):
+            if sp_keys.shape.rank is not None and sp_keys.shape.rank != 2:
+                raise ValueError(f"sp_keys must be a SparseTensor [B, N], got rank {sp_keys.shape.rank}")
+            bags, _ = ops._safe_sparse_bags(sp_keys, sp_weights)
+        else:
+            raise TypeError(f"sp_keys must be a SparseTensor or a RaggedTensor, got {type(sp_keys).__name__}")
+        keys, default, _ = _find_args(table, bags.ids, "default")
+        weights = ops._weights_values(bags.weights)
+        has_weights = weights is not None
+        out, _ = _ops.ctr_vocab_embedding_lookup(
+            table_handle=table.resource_handle, default_value=default, params=read_table(params), keys=keys,
+            segments=tf.cast(bags.segments, tf.int64), num_rows=tf.cast(bags.num_rows, tf.int64),
+            weights=weights if has_weights else tf.zeros([0], tf.float32), combiner=combiner,
+            segment_kind=bags.kind, invalid_ids="skip_negative", prune_weights=has_weights and combiner != "sum",
+            default_id=-1 if default_id is None else int(default_id), max_norm=max_norm_attr(max_norm),
+            has_weights=has_weights, num_oov_buckets=int(num_oov_buckets))
+        return ops._with_batch_dim(out, sp_keys)
 
 
 def _find_args(table, keys, missing_key):
@@ -153,3 +213,17 @@ def _vocab_multi_hot_grad(op, grad, _ids_grad):
     encoding = tf.math.bincount(op.outputs[1], minlength=depth, maxlength=depth,
                                 binary_output=op.get_attr("binary_output"), axis=-1, dtype=kernel.dtype)
     return [None, None, None, tf.matmul(encoding, grad, transpose_a=True)]
+
+
+@tf.RegisterGradient("CtrVocabEmbeddingLookup")
+def _vocab_embedding_lookup_grad(op, grad, _ids_grad):
+    """CtrEmbeddingLookup's gradient on the ids the find gave."""
+    _, _, params, _, segments, num_rows, weights = op.inputs
+    attrs = {k: op.get_attr(k) for k in ("combiner", "segment_kind", "invalid_ids", "prune_weights", "default_id",
+                                         "max_norm", "has_weights")}
+    attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
+    values, indices, weights_grad, _ = _ops.ctr_embedding_lookup_grad(
+        grad=grad, params=params, ids=op.outputs[1], segments=segments, num_rows=num_rows, weights=weights,
+        id_mode="index", grad_indices="per_id", **attrs)
+    params_grad = tf.IndexedSlices(values, indices, dense_shape=tf.shape(params, out_type=tf.int64))
+    return [None, None, params_grad, None, None, None, weights_grad if attrs["has_weights"] else None]

@@ -18,18 +18,23 @@ struct LookupAttrs {
   bool merge_grad_rows = false;  // grad_indices "first_appearance"
 };
 
+// The id attrs (id_mode, num_buckets) and grad_indices are optional: an op
+// whose ids are always table rows (CtrVocabEmbeddingLookup's found ids) has
+// none of them, and reads as index mode.
 inline absl::Status ReadLookupAttrs(tensorflow::OpKernelConstruction* c, LookupAttrs* a) {
-  std::string combiner, kind, mode, invalid, grad_indices;
+  std::string combiner, kind, mode = "index", invalid, grad_indices = "per_id";
   TF_RETURN_IF_ERROR(c->GetAttr("combiner", &combiner));
   TF_RETURN_IF_ERROR(c->GetAttr("segment_kind", &kind));
-  TF_RETURN_IF_ERROR(c->GetAttr("id_mode", &mode));
   TF_RETURN_IF_ERROR(c->GetAttr("invalid_ids", &invalid));
   TF_RETURN_IF_ERROR(c->GetAttr("prune_weights", &a->spec.prune_weights));
   TF_RETURN_IF_ERROR(c->GetAttr("default_id", &a->spec.default_id));
   TF_RETURN_IF_ERROR(c->GetAttr("max_norm", &a->spec.max_norm));
   TF_RETURN_IF_ERROR(c->GetAttr("has_weights", &a->has_weights));
-  TF_RETURN_IF_ERROR(c->GetAttr("num_buckets", &a->spec.buckets));
-  TF_RETURN_IF_ERROR(c->GetAttr("grad_indices", &grad_indices));
+  if (c->HasAttr("id_mode")) {
+    TF_RETURN_IF_ERROR(c->GetAttr("id_mode", &mode));
+    TF_RETURN_IF_ERROR(c->GetAttr("num_buckets", &a->spec.buckets));
+  }
+  if (c->HasAttr("grad_indices")) TF_RETURN_IF_ERROR(c->GetAttr("grad_indices", &grad_indices));
   a->merge_grad_rows = grad_indices == "first_appearance";
   if (a->spec.buckets < 0)
     return tensorflow::errors::InvalidArgument("num_buckets must be >= 0, got ", a->spec.buckets);

@@ -14,8 +14,7 @@
 #include "absl/strings/escaping.h"
 #include "cc/core/lookup.h"
 #include "cc/core/lookup_cpu.h"
-#include "cc/core/lowest_row_error.h"
-#include "cc/core/segments.h"
+#include "cc/kernels/pool_cpu.h"
 #include "cc/kernels/lookup_common.h"
 #include "cc/kernels/table_input.h"
 #include "cc/kernels/tf_types.h"
@@ -27,43 +26,6 @@ namespace tf_ctr {
 using tensorflow::DEVICE_CPU;
 using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
-
-// CSR offsets of the bags, from either segment encoding, in a TF temp tensor:
-// the bag count comes from input values (num_rows, or the last row id), so it
-// is checked, and the offsets are allocated through TF (an impossible size is
-// an error status, not a std::bad_alloc escaping the kernel).
-template <typename TSeg>
-absl::Status BuildOffsets(OpKernelContext* ctx, const LookupAttrs& a, const LookupInputs& in,
-                          Tensor* offsets) {
-  const TSeg* seg = in.segments->flat<TSeg>().data();
-  const int64_t n = in.segments->NumElements();
-  if (a.segments_are_splits) {
-    TF_RETURN_IF_ERROR(CoreStatus(ctr::ValidateRowSplits(seg, n, in.nnz())));
-    TF_RETURN_IF_ERROR(AllocateTemp(ctx, tensorflow::DT_INT64, {n}, offsets));
-    ctr::CopySplits(seg, n, offsets->flat<int64_t>().data());
-    return absl::OkStatus();
-  }
-  if (in.num_rows_arg < 0 && n > 0) {
-    const int64_t last = static_cast<int64_t>(seg[n - 1]);
-    if (last < 0 || last == std::numeric_limits<int64_t>::max())
-      return tensorflow::errors::InvalidArgument("row id ", last, " of entry ", n - 1,
-                                                 " is out of range [0, 2^63 - 1)");
-  }
-  const int64_t rows = ctr::InferNumRows(seg, n, in.num_rows_arg);
-  if (rows == std::numeric_limits<int64_t>::max())
-    return tensorflow::errors::InvalidArgument("num_rows must be < 2^63 - 1, got ", rows);
-  TF_RETURN_IF_ERROR(AllocateTemp(ctx, tensorflow::DT_INT64, {rows + 1}, offsets));
-  const std::string error = ctr::RowIdsToOffsets(seg, n, rows, offsets->flat<int64_t>().data());
-  if (!error.empty() && in.num_rows_arg < 0) {
-    // The row count came from the last row id, so a larger one before it is
-    // out of order, not out of range: say so.
-    for (int64_t i = 0; i < n; ++i)
-      if (static_cast<int64_t>(seg[i]) >= rows)
-        return tensorflow::errors::InvalidArgument("row ids must be sorted: entry ", i, " has row ", seg[i],
-                                                   ", after which the last entry has row ", rows - 1);
-  }
-  return CoreStatus(error);
-}
 
 template <typename TId>
 constexpr bool kStringKeys = std::is_same_v<TId, tensorflow::tstring>;
@@ -103,28 +65,10 @@ class EmbeddingLookupCpuOp : public LookupKernel {
     LookupInputs in;
     OP_REQUIRES_OK(ctx, BindInputs(ctx, 0, table.tensor(), &a, &in));
     OP_REQUIRES_OK(ctx, CheckKeyMode<TId>(a));
-    Tensor offsets_t;
-    OP_REQUIRES_OK(ctx, BuildOffsets<TSeg>(ctx, a, in, &offsets_t));
-    const int64_t* offsets = offsets_t.flat<int64_t>().data();
-    const int64_t rows = offsets_t.NumElements() - 1;
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, AllocatePooled(ctx, 0, *in.params, rows, &out));
-
-    using CT = typename CoreType<T>::type;
-    const CT* params = CorePtr<T>(*in.params);
-    const TId* ids = in.ids->flat<TId>().data();
-    const float* weights = in.weights ? in.weights->flat<float>().data() : nullptr;
-    CT* dst = CorePtr<T>(out);
-    ctr::LowestRowError<ctr::KeyError> first_error;
-    ParallelFor(ctx, rows, BagCost(in, a.spec, rows), [&](int64_t begin, int64_t end) {
-      std::vector<ctr::AccT<CT>> acc(a.spec.dim);
-      ctr::KeyError err;
-      ctr::PoolBagsCpu(a.spec, params, ids, weights, offsets, begin, end, acc.data(),
-                       dst, &err);
-      first_error.Offer(err);
-    });
-    OP_REQUIRES(ctx, !first_error.found(),
-                tensorflow::errors::InvalidArgument(DescribeLookupKeyError<TId>(first_error.error(), a.spec, *in.ids)));
+    ctr::KeyError error;
+    OP_REQUIRES_OK(ctx, (PoolLookupCpu<T, TId, TSeg>(ctx, a, in, &error)));
+    OP_REQUIRES(ctx, !error.found(),
+                tensorflow::errors::InvalidArgument(DescribeLookupKeyError<TId>(error, a.spec, *in.ids)));
   }
 };
 

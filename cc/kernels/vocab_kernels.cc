@@ -14,9 +14,11 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "cc/core/fingerprint.h"
 #include "cc/core/lookup_cpu.h"
 #include "cc/core/vocab.h"
 #include "cc/core/vocab_memo.h"
+#include "cc/kernels/pool_cpu.h"
 #include "cc/kernels/tf_types.h"
 #include "tensorflow/core/framework/lookup_interface.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -239,16 +241,17 @@ absl::Status CheckFind(tensorflow::lookup::LookupInterface* table, const Tensor&
   return absl::OkStatus();
 }
 
-// The single ops' find: their table (input 0) checked against the keys (1),
-// the default (2) and the table they read (3), and the id of each key in
-// output 1, shaped as the keys.
-absl::Status FindIntoOutput(OpKernelContext* ctx, VocabFinder* finder, Tensor** ids) {
+// The single ops' find: their table (input 0) checked against the keys,
+// the default and the table they read (inputs `keys`, `default_value` and
+// `params`), and the id of each key in output 1, shaped as the keys.
+absl::Status FindIntoOutput(OpKernelContext* ctx, VocabFinder* finder, int keys_input, int default_input,
+                            int params_input, Tensor** ids) {
   tensorflow::lookup::LookupInterface* table = nullptr;
   TF_RETURN_IF_ERROR(tensorflow::lookup::GetLookupTable("table_handle", ctx, &table));
   tensorflow::core::ScopedUnref unref(table);
-  const Tensor& keys = ctx->input(1);
-  const Tensor& default_value = ctx->input(2);
-  TF_RETURN_IF_ERROR(CheckFind(table, keys, default_value, ctx->input(3)));
+  const Tensor& keys = ctx->input(keys_input);
+  const Tensor& default_value = ctx->input(default_input);
+  TF_RETURN_IF_ERROR(CheckFind(table, keys, default_value, ctx->input(params_input)));
   TF_RETURN_IF_ERROR(ctx->allocate_output(1, keys.shape(), ids));
   return finder->Find(ctx, table, keys, default_value, *ids);
 }
@@ -276,7 +279,7 @@ class VocabEmbeddingOp : public tensorflow::OpKernel {
     const Tensor& keys = ctx->input(1);
     const Tensor& params = ctx->input(3);
     Tensor* rows = nullptr;
-    OP_REQUIRES_OK(ctx, FindIntoOutput(ctx, &finder_, &rows));
+    OP_REQUIRES_OK(ctx, FindIntoOutput(ctx, &finder_, 1, 2, 3, &rows));
     OP_REQUIRES_OK(ctx, ResolveRows(rules_, keys, params.dim_size(0), rows));
 
     tensorflow::TensorShape out_shape = keys.shape();
@@ -365,7 +368,7 @@ class VocabMultiHotOp : public tensorflow::OpKernel {
                                                     keys.shape().DebugString(), " and ",
                                                     kernel.shape().DebugString()));
     Tensor* ids = nullptr;
-    OP_REQUIRES_OK(ctx, FindIntoOutput(ctx, &finder_, &ids));
+    OP_REQUIRES_OK(ctx, FindIntoOutput(ctx, &finder_, 1, 2, 3, &ids));
     OP_REQUIRES_OK(ctx, CheckIds(keys, ids));
 
     const int64_t batch = keys.dim_size(0), width = keys.dim_size(1);
@@ -539,15 +542,83 @@ class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
   std::vector<std::unique_ptr<VocabFinder>> finders_;
 };
 
+// IdTableWithHashBuckets' ids: a key whose found id is the table's default
+// (not in the vocabulary, as its NotEqual + SelectV2 decide) gets
+// size + to_hash_bucket_fast(key, buckets); integer keys hash as their
+// decimal string, as its AsString makes them.
+void AssignOovBuckets(const Tensor& keys, int64_t fallback, int64_t size, int64_t buckets, int64_t* ids) {
+  const int64_t n = keys.NumElements();
+  if (keys.dtype() == tensorflow::DT_STRING) {
+    const tensorflow::tstring* k = keys.flat<tensorflow::tstring>().data();
+    for (int64_t i = 0; i < n; ++i)
+      if (ids[i] == fallback)
+        ids[i] = size + ctr::HashBucket(reinterpret_cast<const uint8_t*>(k[i].data()), k[i].size(), buckets);
+    return;
+  }
+  const int64_t* k = keys.flat<int64_t>().data();
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] == fallback) ids[i] = size + ctr::HashIntKeyBucket(k[i], buckets);
+}
+
+// CtrVocabEmbeddingLookup: the find (memoized as CtrVocabEmbedding's), the
+// out-of-vocabulary buckets, then CtrEmbeddingLookup's pooling of the found
+// ids, with its checks, on TF's intra-op pool.
+template <typename T, typename TSeg>
+class VocabEmbeddingLookupOp : public LookupKernel {
+ public:
+  explicit VocabEmbeddingLookupOp(tensorflow::OpKernelConstruction* c) : LookupKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("num_oov_buckets", &oov_buckets_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    constexpr int kDefault = 1, kParams = 2, kKeys = 3;
+    const Tensor& params = ctx->input(kParams);
+    const Tensor& keys = ctx->input(kKeys);
+    LookupAttrs a;
+    LookupInputs in;
+    OP_REQUIRES_OK(ctx, BindInputs(ctx, kParams, params, &a, &in));
+    Tensor* ids = nullptr;
+    OP_REQUIRES_OK(ctx, FindIntoOutput(ctx, &finder_, kKeys, kDefault, kParams, &ids));
+    if (oov_buckets_ > 0) OP_REQUIRES_OK(ctx, AddOovBuckets(ctx, keys, ids));
+    in.ids = ids;
+    ctr::KeyError e;
+    OP_REQUIRES_OK(ctx, (PoolLookupCpu<T, int64_t, TSeg>(ctx, a, in, &e)));
+    OP_REQUIRES(ctx, !e.found(),
+                tensorflow::errors::InvalidArgument("id ", e.key, " of key ", QuoteKey(keys, e.entry), " in row ",
+                                                    e.row, " is out of range [0, ", a.spec.vocab, ")"));
+  }
+
+ private:
+  absl::Status AddOovBuckets(OpKernelContext* ctx, const Tensor& keys, Tensor* ids) const {
+    tensorflow::lookup::LookupInterface* table = nullptr;
+    TF_RETURN_IF_ERROR(tensorflow::lookup::GetLookupTable("table_handle", ctx, &table));
+    tensorflow::core::ScopedUnref unref(table);
+    AssignOovBuckets(keys, ctx->input(1).scalar<int64_t>()(), static_cast<int64_t>(table->size()), oov_buckets_,
+                     ids->flat<int64_t>().data());
+    return absl::OkStatus();
+  }
+
+  int64_t oov_buckets_ = 0;
+  VocabFinder finder_;
+};
+
 #define REGISTER_CPU(T)                                                                                     \
   REGISTER_KERNEL_BUILDER(Name("CtrVocabEmbedding").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),       \
                           VocabEmbeddingOp<T>);                                                                   \
   REGISTER_KERNEL_BUILDER(Name("CtrConcatVocabEmbedding").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
                           ConcatVocabEmbeddingOp<T>);
-REGISTER_CPU(float);
-REGISTER_CPU(double);
-REGISTER_CPU(Eigen::half);
-REGISTER_CPU(Eigen::bfloat16);
+#define REGISTER_LOOKUP_CPU(T, TSeg)                                                                    \
+  REGISTER_KERNEL_BUILDER(                                                                               \
+      Name("CtrVocabEmbeddingLookup").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T").TypeConstraint<TSeg>( \
+          "Tseg"),                                                                                       \
+      VocabEmbeddingLookupOp<T, TSeg>);
+#define REGISTER_ALL(T) REGISTER_CPU(T) REGISTER_LOOKUP_CPU(T, int32_t) REGISTER_LOOKUP_CPU(T, int64_t)
+REGISTER_ALL(float);
+REGISTER_ALL(double);
+REGISTER_ALL(Eigen::half);
+REGISTER_ALL(Eigen::bfloat16);
+#undef REGISTER_ALL
+#undef REGISTER_LOOKUP_CPU
 #undef REGISTER_CPU
 REGISTER_KERNEL_BUILDER(Name("CtrVocabMultiHot").Device(tensorflow::DEVICE_CPU).TypeConstraint<float>("T"),
                         VocabMultiHotOp<float>);

@@ -12,14 +12,10 @@ using shape_inference::DimensionHandle;
 using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
 
-constexpr char kLookupAttrs[] = R"doc(
+constexpr char kPoolingAttrs[] = R"doc(
 combiner: "sum", "mean" or "sqrtn", as tf.nn.embedding_lookup_sparse defines them.
 segment_kind: "row_splits" when `segments` are ragged row_splits [B+1];
   "row_ids" when they are the sorted row of each id [nnz] (SparseTensor indices[:, 0]).
-id_mode: "index": ids are table rows. "hash": ids are keys, hashed to
-  Fingerprint64(as_string(key)) % V for integers and Fingerprint64(key) % V
-  for strings, bit-exact with tf.strings.to_hash_bucket_fast. String ids
-  (CPU only) need "hash".
 invalid_ids: what happens to ids outside [0, V) in index mode: "error" (InvalidArgument
   naming the row and the id), "skip_negative" (negative ids are dropped), or
   "skip_padding" (-1 is dropped, anything else is an error).
@@ -27,12 +23,20 @@ prune_weights: drop entries whose weight is not > 0 (safe_embedding_lookup_spars
 default_id: row used for bags left empty; -1 gives zeros.
 max_norm: clip each looked-up row to this L2 norm first; <= 0 disables.
 has_weights: whether `weights` holds one float per id (else it is ignored).
+)doc";
+
+constexpr char kIdAttrs[] = R"doc(
+id_mode: "index": ids are table rows. "hash": ids are keys, hashed to
+  Fingerprint64(as_string(key)) % V for integers and Fingerprint64(key) % V
+  for strings, bit-exact with tf.strings.to_hash_bucket_fast. String ids
+  (CPU only) need "hash".
 num_buckets: hash mode only: the bucket count of the hash (0: V). A bucket
   outside the table is an InvalidArgument error, as the Gather it replaces says.
 grad_indices: the params gradient's rows: "per_id", one per looked-up id in bag
   order; "first_appearance", the rows of each table row summed into one, in
   order of first appearance, as TF's Unique + Gather gives them.
 )doc";
+
 
 // Output `index` is [rows] + params.shape[1:].
 absl::Status SetPooledOutput(InferenceContext* c, int index, DimensionHandle rows, ShapeHandle params) {
@@ -56,27 +60,44 @@ absl::Status TableShape(InferenceContext* c, int index, bool resource, ShapeHand
   return c->WithRankAtLeast((*handle_data)[0].shape, 1, params);
 }
 
-template <bool kResource>
-absl::Status LookupShape(InferenceContext* c) {
-  ShapeHandle params, ids, weights;
-  TF_RETURN_IF_ERROR(TableShape(c, 0, kResource, &params));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &ids));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &weights));  // segments
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 0, &weights));  // num_rows
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 1, &weights));
+// The pooled output of a lookup whose table is input `first`, followed by
+// ids, segments, num_rows and weights.
+absl::Status PooledLookupShape(InferenceContext* c, int first, bool resource) {
+  ShapeHandle params, unused;
+  TF_RETURN_IF_ERROR(TableShape(c, first, resource, &params));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(first + 1), 1, &unused));  // ids
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(first + 2), 1, &unused));  // segments
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(first + 3), 0, &unused));  // num_rows
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(first + 4), 1, &unused));  // weights
   std::string kind;
   TF_RETURN_IF_ERROR(c->GetAttr("segment_kind", &kind));
   DimensionHandle rows = c->UnknownDim();
   if (kind == "row_splits") {
-    DimensionHandle splits = c->Dim(c->input(2), 0);
+    DimensionHandle splits = c->Dim(c->input(first + 2), 0);
     if (c->ValueKnown(splits)) TF_RETURN_IF_ERROR(c->Subtract(splits, 1, &rows));
   } else {
     // A constant num_rows fixes the batch; -1 (infer) leaves it unknown.
-    const Tensor* num_rows = c->input_tensor(3);
+    const Tensor* num_rows = c->input_tensor(first + 3);
     if (num_rows != nullptr && num_rows->scalar<int64_t>()() >= 0)
       rows = c->MakeDim(num_rows->scalar<int64_t>()());
   }
   return SetPooledOutput(c, 0, rows, params);
+}
+
+template <bool kResource>
+absl::Status LookupShape(InferenceContext* c) {
+  return PooledLookupShape(c, 0, kResource);
+}
+
+// CtrVocabEmbeddingLookup: the table handle and default in front of the
+// lookup's inputs; the found ids have the keys' shape.
+absl::Status VocabLookupShape(InferenceContext* c) {
+  ShapeHandle unused;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 0, &unused));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 0, &unused));
+  TF_RETURN_IF_ERROR(PooledLookupShape(c, 2, false));
+  c->set_output(1, c->input(3));
+  return absl::OkStatus();
 }
 
 template <bool kResource>
@@ -92,19 +113,21 @@ absl::Status LookupGradShape(InferenceContext* c) {
 
 }  // namespace
 
-#define CTR_LOOKUP_ATTRS                                   \
-  Attr("T: {float, half, bfloat16, double}")                       \
-      .Attr("Tid: {int32, int64, string}")                 \
-      .Attr("Tseg: {int32, int64}")                        \
-      .Attr("combiner: {'sum', 'mean', 'sqrtn'} = 'mean'") \
-      .Attr("segment_kind: {'row_splits', 'row_ids'}")     \
-      .Attr("id_mode: {'index', 'hash'} = 'index'")        \
+// The attrs of pooling rows, whatever names them.
+#define CTR_POOLING_ATTRS                                                         \
+  Attr("T: {float, half, bfloat16, double}")                                      \
+      .Attr("Tseg: {int32, int64}")                                               \
+      .Attr("combiner: {'sum', 'mean', 'sqrtn'} = 'mean'")                        \
+      .Attr("segment_kind: {'row_splits', 'row_ids'}")                            \
       .Attr("invalid_ids: {'error', 'skip_negative', 'skip_padding'} = 'error'") \
-      .Attr("prune_weights: bool = false")                 \
-      .Attr("default_id: int = -1")                        \
-      .Attr("max_norm: float = -1.0")                      \
-      .Attr("has_weights: bool = false")                  \
-      .Attr("num_buckets: int = 0")                        \
+      .Attr("prune_weights: bool = false")                                        \
+      .Attr("default_id: int = -1")                                               \
+      .Attr("max_norm: float = -1.0")                                             \
+      .Attr("has_weights: bool = false")
+#define CTR_LOOKUP_ATTRS                                 \
+  CTR_POOLING_ATTRS.Attr("Tid: {int32, int64, string}")  \
+      .Attr("id_mode: {'index', 'hash'} = 'index'")      \
+      .Attr("num_buckets: int = 0")                      \
       .Attr("grad_indices: {'per_id', 'first_appearance'} = 'per_id'")
 
 // Each op has a form reading its table from a variable (PARAMS "resource").
@@ -128,7 +151,7 @@ Gather, clip_by_norm, SparseSegment* or Mul+SegmentSum+DivNoNan) and, in hash
 mode, AsString + StringToHashBucketFast before them. Half types accumulate in
 float32. num_rows: the bag count for row_ids segments; -1 takes last row id + 1
 as tf.math.segment_sum does. Ignored for row_splits.
-)doc") + kLookupAttrs);
+)doc") + kPoolingAttrs + kIdAttrs);
 
 REGISTER_OP("CtrEmbeddingLookupGrad")
     .CTR_LOOKUP_GRAD_SIGNATURE("T")
@@ -140,7 +163,7 @@ left empty; or, with grad_indices "first_appearance", one per table row: see
 `merged`) and the dense gradient of `weights` (zeros when has_weights is false).
 merged: whether the kernel merged the rows as grad_indices asks (the CPU
 kernel does; the GPU kernel leaves one row per id, for the caller to merge).
-)doc") + kLookupAttrs);
+)doc") + kPoolingAttrs + kIdAttrs);
 
 REGISTER_OP("CtrResourceEmbeddingLookup")
     .CTR_LOOKUP_SIGNATURE("resource")
@@ -150,7 +173,7 @@ CtrEmbeddingLookup of the table in a resource variable of T (on the host),
 read in place under the variable's lock as ResourceGather reads it. A
 ReadVariableOp would hand out the variable's buffer, and the next sparse
 update of the table (an optimizer's) would then copy all of it.
-)doc") + kLookupAttrs);
+)doc") + kPoolingAttrs + kIdAttrs);
 
 REGISTER_OP("CtrResourceEmbeddingLookupGrad")
     .CTR_LOOKUP_GRAD_SIGNATURE("resource")
@@ -158,10 +181,46 @@ REGISTER_OP("CtrResourceEmbeddingLookupGrad")
     .Doc(std::string(R"doc(
 CtrEmbeddingLookupGrad of CtrResourceEmbeddingLookup: the table is read in
 place from its variable.
-)doc") + kLookupAttrs);
+)doc") + kPoolingAttrs + kIdAttrs);
+
+REGISTER_OP("CtrVocabEmbeddingLookup")
+    .Input("table_handle: resource")
+    .Input("default_value: int64")
+    .Input("params: T")
+    .Input("keys: Tkey")
+    .Input("segments: Tseg")
+    .Input("num_rows: int64")
+    .Input("weights: float")
+    .Output("output: T")
+    .Output("ids: int64")
+    .CTR_POOLING_ATTRS
+    .Attr("Tkey: {string, int64}")  // TF has no int32 -> int64 table
+    .Attr("num_oov_buckets: int >= 0 = 0")
+    .SetShapeFn(VocabLookupShape)
+    .Doc(std::string(R"doc(
+Looks each of `keys` [nnz] up in a key -> int64 lookup table (a
+tf.lookup.StaticHashTable, as the vocabulary feature columns build) and pools
+the rows of `params` [V, ...] the found ids name over bags, as
+CtrEmbeddingLookup pools ids: output [B, ...], in one op.
+
+Replaces LookupTableFindV2 (and the out-of-vocabulary buckets that
+IdTableWithHashBuckets adds with NotEqual, StringToHashBucketFast,
+LookupTableSizeV2, AddV2 and SelectV2) before a fused lookup, as the
+vocabulary feature columns under an embedding column and
+tf.nn.safe_embedding_lookup_sparse(params, table.lookup(sp_keys)) build it.
+num_oov_buckets: 0: a key the table lacks gets `default_value` as its id (a
+  negative one is then what invalid_ids says). n > 0: a key whose found id
+  equals `default_value` gets table.size() + to_hash_bucket_fast(key, n)
+  instead (integer keys hash as their decimal string, as
+  index_table_from_tensor hashes them).
+ids: the id each key found (after the buckets), for the gradient, which is
+  CtrEmbeddingLookupGrad's on these ids.
+A found id >= V is an InvalidArgument naming the key, its id and its row.
+)doc") + kPoolingAttrs);
 
 #undef CTR_LOOKUP_GRAD_SIGNATURE
 #undef CTR_LOOKUP_SIGNATURE
 #undef CTR_LOOKUP_ATTRS
+#undef CTR_POOLING_ATTRS
 
 }  // namespace tensorflow

@@ -1,0 +1,273 @@
+"""The vocab_sparse_lookup pattern: vocabulary lookups feeding a fused sparse
+lookup (the TF1 vocabulary feature columns under embedding columns, with and
+without out-of-vocabulary buckets, and TF2's StaticVocabularyTable before a
+safe_embedding_lookup_sparse) become CtrVocabEmbeddingLookup, served on the
+CPU. Each rewritten SavedModel is served in a fresh process by the rewrite's
+own verification, which these tests require to have compared and matched,
+and loaded here and compared again on inputs with keys out of every
+vocabulary, missing features and empty batches."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_ctr_ops  # noqa: F401
+from conftest import serve_in_fresh_process
+from tf_ctr_ops import rewrite
+
+DEVICES = ["phone", "tablet", "desktop"]
+COUNTRIES = ["de", "fr", "us", "jp", "br"]
+SIZES = [1, 2, 4, 8, 16]
+
+
+def save_tf1_vocabulary_model(path, work_dir):
+    """Estimator-style TF1 SavedModel: vocabulary-list (string, with OOV
+    buckets), vocabulary-file, integer vocabulary-list (with an OOV bucket)
+    and weighted vocabulary columns under embedding columns, one signature
+    on serialized tf.Examples."""
+    fc = tf.compat.v1.feature_column
+    vocab_file = work_dir / "countries.txt"
+    vocab_file.write_text("\n".join(COUNTRIES) + "\n")
+    with tf.Graph().as_default():
+        tf.compat.v1.set_random_seed(3)
+        serialized = tf.compat.v1.placeholder(tf.string, [None], name="examples")
+        columns = [
+            fc.embedding_column(fc.categorical_column_with_vocabulary_list("device", DEVICES, num_oov_buckets=2),
+                                4, combiner="sqrtn"),
+            fc.embedding_column(fc.categorical_column_with_vocabulary_file("country", str(vocab_file),
+                                                                           vocabulary_size=len(COUNTRIES)), 3),
+            fc.embedding_column(fc.categorical_column_with_vocabulary_list("size", SIZES, dtype=tf.int64,
+                                                                           num_oov_buckets=1), 2, combiner="sum"),
+            fc.embedding_column(fc.weighted_categorical_column(
+                fc.categorical_column_with_vocabulary_list("tag", COUNTRIES), "tag_weight"), 3, combiner="mean"),
+        ]
+        features = tf.compat.v1.io.parse_example(serialized, fc.make_parse_example_spec(columns))
+        net = fc.input_layer(features, columns)
+        logits = tf.matmul(net, tf.compat.v1.get_variable("w", [net.shape[1], 1]))
+        main_op = tf.group(tf.compat.v1.tables_initializer(), tf.compat.v1.local_variables_initializer())
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.tables_initializer()])
+            builder = tf.compat.v1.saved_model.Builder(str(path))
+            builder.add_meta_graph_and_variables(
+                sess, ["serve"], main_op=main_op,
+                signature_def_map={"serving_default": tf.compat.v1.saved_model.predict_signature_def(
+                    {"examples": serialized}, {"logits": logits, "net": net})},
+                assets_collection=tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.ASSET_FILEPATHS))
+            builder.save()
+
+
+def examples(rng, n):
+    """Serialized tf.Examples with the gaps of real logs: unknown devices,
+    sizes and countries, missing features, several tags with weights."""
+    def strings(values):
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v.encode() for v in values]))
+
+    def ints(values):
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+
+    def floats(values):
+        return tf.train.Feature(float_list=tf.train.FloatList(value=values))
+
+    out = []
+    for _ in range(n):
+        f = {}
+        if rng.random() < 0.9:
+            f["device"] = strings([DEVICES[rng.integers(0, 3)] if rng.random() < 0.8 else f"d{rng.integers(0, 99)}"])
+        f["country"] = strings([COUNTRIES[rng.integers(0, 5)] if rng.random() < 0.8 else "xx"])
+        f["size"] = ints([int(rng.choice(SIZES)) if rng.random() < 0.8 else int(rng.integers(-5, 99))])
+        tags = [COUNTRIES[rng.integers(0, 5)] if rng.random() < 0.9 else "zz" for _ in range(rng.integers(0, 4))]
+        f["tag"] = strings(tags)
+        f["tag_weight"] = floats(list(rng.uniform(0.1, 2.0, len(tags))))
+        out.append(tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString())
+    return np.array(out, dtype=object)
+
+
+def serve(path, feeds, key="serving_default"):
+    fn = tf.saved_model.load(str(path)).signatures[key]
+    return {k: v.numpy() for k, v in fn(**{k: tf.constant(v) for k, v in feeds.items()}).items()}
+
+
+def fused_counts(report, key="serving_default"):
+    return report.signatures[key].op_counts_after
+
+
+@pytest.mark.saved_model
+def test_tf1_vocabulary_columns_become_one_op_each(tmp_path, rng):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    save_tf1_vocabulary_model(src, tmp_path)
+    report = rewrite.optimize_saved_model(src, dst, runs=1, serving_device="cpu")
+    sig = report.signatures["serving_default"]
+    assert report.tf1 and sig.outputs_match and sig.inputs.startswith("synthesized"), sig.inputs
+    counts = fused_counts(report)
+    assert counts.get("CtrVocabEmbeddingLookup") == 4, counts
+    for gone in ("LookupTableFindV2", "StringToHashBucketFast", "LookupTableSizeV2", "SelectV2", "AsString"):
+        assert gone not in counts, (gone, counts)
+    fused = [m for m in sig.matches if m["pattern"] == "vocab_sparse_lookup"]
+    assert len(fused) == 4 and all(any("LookupTableFindV2" in r for r in m["replaced"]) for m in fused)
+
+    for batch in (0, 1, 50):
+        feeds = {"examples": examples(rng, batch)}
+        want, got = serve(src, feeds), serve(dst, feeds)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+    feeds = {"examples": examples(rng, 20)}
+    fresh = serve_in_fresh_process(dst, "serving_default", feeds, tmp_path)
+    want = serve(src, feeds)
+    for k in want:
+        np.testing.assert_allclose(fresh[k], want[k], rtol=1e-5, atol=1e-6)
+
+
+class OovModule(tf.Module):
+    """TF2: StaticVocabularyTable + safe_embedding_lookup_sparse over sparse
+    keys given as their three tensors; `also_ids` returns the found ids too."""
+
+    def __init__(self, rng, also_ids=False):
+        super().__init__()
+        init = tf.lookup.KeyValueTensorInitializer(COUNTRIES, tf.range(5, dtype=tf.int64))
+        self.table = tf.lookup.StaticVocabularyTable(init, num_oov_buckets=3)
+        self.params = tf.Variable(rng.normal(size=(8, 4)), dtype=tf.float32)
+        self.also_ids = also_ids
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.int64), tf.TensorSpec([None], tf.string),
+                                  tf.TensorSpec([2], tf.int64)])
+    def __call__(self, indices, values, shape):
+        ids = self.table.lookup(tf.SparseTensor(indices, values, shape))
+        out = {"pooled": tf.nn.safe_embedding_lookup_sparse(self.params, ids, combiner="sqrtn")}
+        if self.also_ids:
+            out["ids"] = ids.values
+        return out
+
+
+def sparse_feeds(rng, batch):
+    indices, values = [], []
+    for b in range(batch):
+        for j in range(int(rng.integers(0, 3))):
+            indices.append([b, j])
+            values.append(COUNTRIES[rng.integers(0, 5)] if rng.random() < 0.7 else f"c{rng.integers(0, 50)}")
+    return {"indices": np.array(indices, np.int64).reshape(-1, 2), "values": np.array(values, object),
+            "shape": np.array([batch, 3], np.int64)}
+
+
+def save_module(module, path):
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.__call__})
+
+
+def rewrite_module(rng, src, dst, serving_device="cpu"):
+    """The rewrite verified on sparse keys the tests build: synthesized
+    indices would not be a SparseTensor's."""
+    return rewrite.optimize_saved_model(src, dst, runs=1, serving_device=serving_device,
+                                        sample_inputs={"serving_default": sparse_feeds(rng, 16)})
+
+
+@pytest.mark.saved_model
+def test_static_vocabulary_table_before_a_safe_lookup(tmp_path, rng):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    save_module(OovModule(rng), src)
+    report = rewrite_module(rng, src, dst)
+    sig = report.signatures["serving_default"]
+    assert sig.outputs_match, sig
+    counts = fused_counts(report)
+    assert counts.get("CtrVocabEmbeddingLookup") == 1 and "LookupTableFindV2" not in counts, counts
+    for batch in (0, 1, 40):
+        feeds = sparse_feeds(rng, batch)
+        np.testing.assert_allclose(serve(dst, feeds)["pooled"], serve(src, feeds)["pooled"], rtol=1e-5, atol=1e-6)
+
+
+def _rewritten_in_process(fn, serving_device="cpu"):
+    """fn(indices, values, shape) optimized in this process: (run, report, op counts)."""
+    from test_rewrite import run_graph_def
+
+    specs = [tf.TensorSpec([None, 2], tf.int64), tf.TensorSpec([None], fn.key_dtype), tf.TensorSpec([2], tf.int64)]
+    cf = tf.function(fn).get_concrete_function(*specs)
+    graph, report = rewrite.optimize_concrete_function(cf, serving_device=serving_device)
+
+    def run(feeds):
+        out = run_graph_def(cf, graph, feeds["indices"], feeds["values"], feeds["shape"])
+        return out[0] if len(out) == 1 else out
+
+    return run, report, rewrite.op_counts(graph, library=True)
+
+
+class Lookups:
+    """safe_embedding_lookup_sparse over a vocabulary table's ids of sparse
+    keys: a StaticVocabularyTable (OOV buckets) of strings, or a
+    StaticHashTable of int64 keys (missing keys dropped)."""
+
+    def __init__(self, rng, key_dtype=tf.string, also_ids=False, combiner="sqrtn"):
+        self.key_dtype, self.also_ids, self.combiner = key_dtype, also_ids, combiner
+        if key_dtype == tf.string:
+            init = tf.lookup.KeyValueTensorInitializer(COUNTRIES, tf.range(5, dtype=tf.int64))
+            self.table = tf.lookup.StaticVocabularyTable(init, num_oov_buckets=3)
+        else:
+            init = tf.lookup.KeyValueTensorInitializer(tf.constant(SIZES, tf.int64), tf.range(5, dtype=tf.int64))
+            self.table = tf.lookup.StaticHashTable(init, -1)
+        self.params = tf.Variable(rng.normal(size=(8, 4)), dtype=tf.float32)
+
+    def __call__(self, indices, values, shape):
+        ids = self.table.lookup(tf.SparseTensor(indices, values, shape))
+        pooled = tf.nn.safe_embedding_lookup_sparse(self.params, ids, combiner=self.combiner)
+        return (pooled, ids.values) if self.also_ids else pooled
+
+    def feeds(self, rng, batch):
+        feeds = sparse_feeds(rng, batch)
+        if self.key_dtype == tf.int64:
+            n = len(feeds["values"])
+            feeds["values"] = np.where(rng.random(n) < 0.7, np.array(SIZES)[rng.integers(0, 5, n)],
+                                       rng.integers(-3, 40, n)).astype(np.int64)
+        return {k: tf.constant(v) for k, v in feeds.items()}
+
+
+@pytest.mark.parametrize("key_dtype", [tf.string, tf.int64])
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_in_process_lookups_fuse_and_match(rng, key_dtype, combiner):
+    lookups = Lookups(rng, key_dtype, combiner=combiner)
+    run, report, counts = _rewritten_in_process(lookups)
+    assert counts.get("CtrVocabEmbeddingLookup") == 1, counts
+    for gone in ("LookupTableFindV2", "StringToHashBucketFast", "SelectV2"):
+        assert gone not in counts, (gone, counts)
+    for batch in (0, 1, 30):
+        feeds = lookups.feeds(rng, batch)
+        np.testing.assert_allclose(run(feeds).numpy(), lookups(**feeds).numpy(), rtol=1e-5, atol=1e-6)
+    # Keys out of row order: the reorder the safe lookup adds permutes the keys.
+    feeds = lookups.feeds(rng, 12)
+    perm = rng.permutation(len(feeds["values"]))
+    shuffled = {"indices": tf.gather(feeds["indices"], perm), "values": tf.gather(feeds["values"], perm),
+                "shape": feeds["shape"]}
+    np.testing.assert_allclose(run(shuffled).numpy(), lookups(**shuffled).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_in_process_ids_past_the_table_fail_as_the_gather_does(rng):
+    lookups = Lookups(rng)
+    lookups.params = tf.Variable(tf.zeros([6, 4]))  # no rows for buckets 6 and 7
+    run, _, counts = _rewritten_in_process(lookups)
+    assert counts.get("CtrVocabEmbeddingLookup") == 1, counts
+    keys = {"indices": tf.constant([[0, 0], [1, 0]], tf.int64), "values": tf.constant(["de", "nowhere"]),
+            "shape": tf.constant([2, 1], tf.int64)}
+    bucket = 5 + tf.strings.to_hash_bucket_fast("nowhere", 3).numpy()
+    if bucket < 6:
+        keys["values"] = tf.constant(["de", "elsewhere"])
+        bucket = 5 + tf.strings.to_hash_bucket_fast("elsewhere", 3).numpy()
+    assert bucket >= 6
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        lookups(**keys)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"id {bucket} of key '.*' in row 1 is out of range"):
+        run(keys)
+
+
+def test_ids_the_caller_reads_keep_the_find(rng):
+    lookups = Lookups(rng, also_ids=True)
+    run, report, counts = _rewritten_in_process(lookups)
+    assert "CtrVocabEmbeddingLookup" not in counts, counts
+    assert any(s["pattern"] == "vocab_sparse_lookup" and "another consumer" in s["reason"] for s in report["skip"]), \
+        report["skip"]
+    feeds = lookups.feeds(rng, 10)
+    got, want = run(feeds), lookups(**feeds)
+    np.testing.assert_array_equal(got[1].numpy(), want[1].numpy())
+
+
+@pytest.mark.parametrize("serving_device", ["gpu", None])
+def test_not_fused_unless_served_on_the_cpu(rng, serving_device):
+    _, report, counts = _rewritten_in_process(Lookups(rng), serving_device)
+    assert "CtrVocabEmbeddingLookup" not in counts, counts
+    assert any(s["pattern"] == "vocab_sparse_lookup" and "runs on the CPU" in s["reason"] for s in report["skip"]), \
+        report["skip"]

@@ -1,0 +1,215 @@
+"""CtrVocabEmbeddingLookup (tco.vocab_embedding_lookup_sparse) against the TF
+composition it replaces: tf.nn.safe_embedding_lookup_sparse over the ids a
+vocabulary table finds, with IdTableWithHashBuckets' out-of-vocabulary
+buckets where asked (what the vocabulary feature columns build), forward and
+gradient."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.ops import lookup_ops
+
+import tf_ctr_ops as tco
+
+VOCAB = [f"w{i}" for i in range(30)]
+INT_VOCAB = np.arange(0, 300, 10, dtype=np.int64)
+
+
+def table_of(keys, default=-1):
+    init = tf.lookup.KeyValueTensorInitializer(keys, tf.range(len(keys), dtype=tf.int64))
+    return tf.lookup.StaticHashTable(init, default)
+
+
+def native(table, sp_keys, params, sp_weights=None, combiner="mean", oov=0, default_id=None, max_norm=None):
+    finder = lookup_ops.IdTableWithHashBuckets(table, oov) if oov else table
+    ids = finder.lookup(sp_keys)
+    return tf.nn.safe_embedding_lookup_sparse(params, ids, sp_weights, combiner=combiner, default_id=default_id,
+                                              max_norm=max_norm)
+
+
+def sparse_keys(rng, batch, vocab, width=4, missing=0.2, empty_rows=0.2, unknown="never-seen"):
+    """[batch, width] keys: rows left empty, keys out of the vocabulary."""
+    indices, values = [], []
+    for b in range(batch):
+        if rng.random() < empty_rows:
+            continue
+        for j in range(int(rng.integers(1, width + 1))):
+            indices.append([b, j])
+            values.append(unknown if rng.random() < missing else vocab[rng.integers(0, len(vocab))])
+    dtype = tf.string if isinstance(unknown, str) else tf.int64
+    return tf.SparseTensor(tf.constant(np.array(indices, np.int64).reshape(-1, 2)),
+                           tf.constant(np.array(values, object if dtype == tf.string else np.int64), dtype),
+                           [batch, width])
+
+
+def weights_like(rng, keys, low=-0.5):
+    n = int(keys.values.shape[0])
+    return tf.SparseTensor(keys.indices, tf.constant(rng.uniform(low, 2.0, n), tf.float32), keys.dense_shape)
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+@pytest.mark.parametrize("oov", [0, 1, 3])
+@pytest.mark.parametrize("key_type", ["string", "int64"])
+def test_matches_safe_lookup_of_the_found_ids(rng, combiner, oov, key_type):
+    vocab, unknown = (VOCAB, "never-seen") if key_type == "string" else (INT_VOCAB, 12345)
+    table = table_of(tf.constant(vocab))
+    params = tf.constant(rng.normal(size=(len(vocab) + oov, 5)), tf.float32)
+    keys = sparse_keys(rng, 40, vocab, unknown=unknown)
+    got = tco.vocab_embedding_lookup_sparse(table, keys, params, combiner=combiner, num_oov_buckets=oov)
+    np.testing.assert_allclose(got.numpy(), native(table, keys, params, combiner=combiner, oov=oov).numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_weights_default_id_and_max_norm(rng, combiner):
+    table = table_of(tf.constant(VOCAB))
+    params = tf.constant(rng.normal(size=(len(VOCAB) + 2, 6)) * 3, tf.float32)
+    keys = sparse_keys(rng, 50, VOCAB)
+    weights = weights_like(rng, keys)  # some not > 0: dropped, as the safe lookup drops them
+    got = tco.vocab_embedding_lookup_sparse(table, keys, params, weights, combiner=combiner, num_oov_buckets=2,
+                                            default_id=3, max_norm=1.5)
+    want = native(table, keys, params, weights, combiner=combiner, oov=2, default_id=3, max_norm=1.5)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gradients_match(rng, weighted):
+    table = table_of(tf.constant(VOCAB))
+    params = tf.Variable(rng.normal(size=(len(VOCAB) + 1, 4)), dtype=tf.float32)
+    keys = sparse_keys(rng, 30, VOCAB)
+    w = tf.Variable(rng.uniform(0.1, 2.0, int(keys.values.shape[0])), dtype=tf.float32)
+    upstream = tf.constant(rng.normal(size=(30, 4)), tf.float32)
+
+    def grads(fn):
+        with tf.GradientTape() as tape:
+            sp_weights = tf.SparseTensor(keys.indices, w, keys.dense_shape) if weighted else None
+            loss = tf.reduce_sum(fn(table, keys, params, sp_weights, combiner="sqrtn", oov=1) * upstream)
+        g_params, g_w = tape.gradient(loss, [params, w])
+        assert isinstance(g_params, tf.IndexedSlices)
+        return tf.convert_to_tensor(g_params).numpy(), None if g_w is None else tf.convert_to_tensor(g_w).numpy()
+
+    def fused(table, keys, params, sp_weights, combiner, oov):
+        return tco.vocab_embedding_lookup_sparse(table, keys, params, sp_weights, combiner=combiner,
+                                                 num_oov_buckets=oov)
+
+    got, want = grads(fused), grads(native)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+    if weighted:
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+    else:
+        assert got[1] is None and want[1] is None
+
+
+def test_ragged_keys_and_empty_strings(rng):
+    table = table_of(tf.constant(VOCAB + [""]))  # the empty string is a word of this vocabulary
+    params = tf.constant(rng.normal(size=(len(VOCAB) + 3, 3)), tf.float32)
+    keys = tf.ragged.constant([["w1", "", "zz"], [], ["", ""], ["w29"]])
+    got = tco.vocab_embedding_lookup_sparse(table, keys, params, num_oov_buckets=2)
+    want = native(table, keys.to_sparse(), params, oov=2)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("batch", [0, 1, 5000])
+def test_batch_sizes(rng, batch):
+    table = table_of(tf.constant(VOCAB))
+    params = tf.constant(rng.normal(size=(len(VOCAB) + 1, 8)), tf.float32)
+    keys = sparse_keys(rng, batch, VOCAB)
+    got = tco.vocab_embedding_lookup_sparse(table, keys, params, num_oov_buckets=1)
+    assert got.shape == (batch, 8)
+    np.testing.assert_allclose(got.numpy(), native(table, keys, params, oov=1).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_keys_out_of_order_are_pooled_per_row(rng):
+    table = table_of(tf.constant(VOCAB))
+    params = tf.constant(rng.normal(size=(len(VOCAB), 3)), tf.float32)
+    keys = tf.SparseTensor([[2, 0], [0, 0], [2, 1], [0, 1]], ["w1", "w2", "w3", "w4"], [3, 2])
+    got = tco.vocab_embedding_lookup_sparse(table, keys, params)
+    want = native(table, tf.sparse.reorder(keys), params)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [tf.float64, tf.float16, tf.bfloat16])
+def test_table_dtypes(rng, dtype):
+    table = table_of(tf.constant(VOCAB))
+    params = tf.constant(rng.normal(size=(len(VOCAB) + 1, 4)), dtype)
+    keys = sparse_keys(rng, 20, VOCAB)
+    got = tco.vocab_embedding_lookup_sparse(table, keys, params, num_oov_buckets=1)
+    want = native(table, keys, tf.cast(params, tf.float32), oov=1)
+    assert got.dtype == dtype
+    tol = 1e-6 if dtype == tf.float64 else 2e-2
+    np.testing.assert_allclose(tf.cast(got, tf.float32).numpy(), want.numpy(), rtol=tol, atol=tol)
+
+
+def test_in_a_tf_function_with_int32_segments(rng):
+    table = table_of(tf.constant(VOCAB))
+    params = tf.constant(rng.normal(size=(len(VOCAB), 3)), tf.float32)
+
+    @tf.function(input_signature=[tf.SparseTensorSpec([None, None], tf.string)])
+    def serve(keys):
+        return tco.vocab_embedding_lookup_sparse(table, keys, params)
+
+    keys = sparse_keys(rng, 12, VOCAB)
+    np.testing.assert_allclose(serve(keys).numpy(), native(table, keys, params).numpy(), rtol=1e-6)
+    # The raw op with int32 row ids, as a graph may feed them.
+    out, ids = tco.vocab._ops.ctr_vocab_embedding_lookup(
+        table_handle=table.resource_handle, default_value=tf.constant(-1, tf.int64), params=params,
+        keys=keys.values, segments=tf.cast(keys.indices[:, 0], tf.int32), num_rows=tf.constant(12, tf.int64),
+        weights=tf.zeros([0]), segment_kind="row_ids", invalid_ids="skip_negative")
+    np.testing.assert_allclose(out.numpy(), native(table, keys, params).numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(ids.numpy(), table.lookup(keys.values).numpy())
+
+
+def test_id_out_of_range_names_the_key_its_id_and_row(rng):
+    table = table_of(tf.constant(VOCAB))
+    params = tf.zeros([len(VOCAB), 2])  # no row for the bucket
+    keys = tf.SparseTensor([[0, 0], [3, 0], [3, 1]], ["w0", "w2", "nope"], [4, 2])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id 30 of key 'nope' in row 3 is out of range \[0, 30\)"):
+        tco.vocab_embedding_lookup_sparse(table, keys, params, num_oov_buckets=1)
+
+
+def test_table_values_past_the_params_are_an_error(rng):
+    init = tf.lookup.KeyValueTensorInitializer(["a", "b"], tf.constant([0, 7], tf.int64))
+    table = tf.lookup.StaticHashTable(init, -1)
+    keys = tf.SparseTensor([[0, 0], [1, 0]], ["a", "b"], [2, 1])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id 7 of key 'b' in row 1"):
+        tco.vocab_embedding_lookup_sparse(table, keys, tf.zeros([3, 2]))
+
+
+def test_bad_arguments():
+    table = table_of(tf.constant(VOCAB))
+    keys = tf.SparseTensor([[0, 0]], tf.constant([5], tf.int64), [1, 1])
+    with pytest.raises(TypeError, match="key dtype"):
+        tco.vocab_embedding_lookup_sparse(table, keys, tf.zeros([30, 2]))
+    with pytest.raises(ValueError, match="num_oov_buckets must be >= 0"):
+        tco.vocab_embedding_lookup_sparse(table, keys, tf.zeros([30, 2]), num_oov_buckets=-1)
+    with pytest.raises(TypeError, match="SparseTensor or a RaggedTensor"):
+        tco.vocab_embedding_lookup_sparse(table, tf.constant([["w1"]]), tf.zeros([30, 2]))
+    with pytest.raises(ValueError, match="combiner"):
+        tco.vocab_embedding_lookup_sparse(table, tf.SparseTensor([[0, 0]], ["w1"], [1, 1]), tf.zeros([30, 2]),
+                                          combiner="max")
+
+
+def test_bad_segments_are_an_error_not_a_crash():
+    table = table_of(tf.constant(VOCAB))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sorted|out of range|one value per id"):
+        tco.vocab._ops.ctr_vocab_embedding_lookup(
+            table_handle=table.resource_handle, default_value=tf.constant(-1, tf.int64), params=tf.zeros([30, 2]),
+            keys=tf.constant(["w1", "w2"]), segments=tf.constant([5, 1], tf.int64), num_rows=tf.constant(2, tf.int64),
+            weights=tf.zeros([0]), segment_kind="row_ids")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="row_splits"):
+        tco.vocab._ops.ctr_vocab_embedding_lookup(
+            table_handle=table.resource_handle, default_value=tf.constant(-1, tf.int64), params=tf.zeros([30, 2]),
+            keys=tf.constant(["w1", "w2"]), segments=tf.constant([0, 3], tf.int64),
+            num_rows=tf.constant(-1, tf.int64), weights=tf.zeros([0]), segment_kind="row_splits")
+
+
+def test_static_vocabulary_table_is_the_same_lookup(rng):
+    # TF2's StaticVocabularyTable assigns its buckets as IdTableWithHashBuckets does.
+    vocab = tf.constant(VOCAB)
+    oov_table = tf.lookup.StaticVocabularyTable(
+        tf.lookup.KeyValueTensorInitializer(vocab, tf.range(30, dtype=tf.int64)), num_oov_buckets=4)
+    params = tf.constant(rng.normal(size=(34, 3)), tf.float32)
+    keys = sparse_keys(rng, 25, VOCAB, missing=0.5)
+    want = tf.nn.safe_embedding_lookup_sparse(params, oov_table.lookup(keys))
+    got = tco.vocab_embedding_lookup_sparse(table_of(vocab), keys, params, num_oov_buckets=4)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
