@@ -77,11 +77,12 @@ def test_tf1_feature_column_model_keeps_tables_assets_and_signatures(tmp_path, r
     assert "SparseReshape" not in after_ops, after_ops
     assert after_ops.get("Reshape", 0) <= report["signatures"]["predict"]["op_counts_before"]["Reshape"] - 4
     # The vocabulary embedding columns' finds (with the device column's OOV
-    # bucket) fold into their lookups; the indicator column's find stays.
-    assert after_ops.get("CtrVocabEmbeddingLookup") == 2, after_ops
-    assert after_ops.get("LookupTableFindV2") == 1, after_ops
-    left = {s["reason"].split(" (")[0] for s in report["signatures"]["predict"]["skips"]}
-    assert {"no pattern fuses LookupTableFindV2 yet", "no pattern fuses Bucketize yet"} <= left, left
+    # bucket) fold into their lookups, the indicator column is one op; the
+    # bucketized column stays, with its OneHot.
+    assert after_ops.get("CtrVocabEmbeddingLookup") == 2 and after_ops.get("CtrVocabIndicator") == 1, after_ops
+    assert "LookupTableFindV2" not in after_ops and after_ops.get("OneHot") == 1, after_ops
+    left = {s["reason"].split(" (")[0] for s in report["signatures"]["predict"]["skips"] if s["pattern"] == "-"}
+    assert left == {"no pattern fuses Bucketize yet", "no pattern fuses OneHot yet"}, left
     # The two hashed columns' hashes fold into their lookups, and the
     # vocabulary column's OOV hash into its vocabulary lookup.
     assert "StringToHashBucketFast" not in after_ops, after_ops

@@ -23,8 +23,9 @@ SIZES = [1, 2, 4, 8, 16]
 def save_tf1_vocabulary_model(path, work_dir):
     """Estimator-style TF1 SavedModel: vocabulary-list (string, with OOV
     buckets), vocabulary-file, integer vocabulary-list (with an OOV bucket)
-    and weighted vocabulary columns under embedding columns, one signature
-    on serialized tf.Examples."""
+    and weighted vocabulary columns under embedding columns, and indicator
+    columns of an integer vocabulary-list (OOV buckets) and of the
+    vocabulary file, one signature on serialized tf.Examples."""
     fc = tf.compat.v1.feature_column
     vocab_file = work_dir / "countries.txt"
     vocab_file.write_text("\n".join(COUNTRIES) + "\n")
@@ -40,6 +41,12 @@ def save_tf1_vocabulary_model(path, work_dir):
                                                                            num_oov_buckets=1), 2, combiner="sum"),
             fc.embedding_column(fc.weighted_categorical_column(
                 fc.categorical_column_with_vocabulary_list("tag", COUNTRIES), "tag_weight"), 3, combiner="mean"),
+            fc.indicator_column(fc.categorical_column_with_vocabulary_list("size", SIZES, dtype=tf.int64,
+                                                                           num_oov_buckets=2)),
+            # Not the embedding's column: an equal one would share its find with it.
+            fc.indicator_column(fc.categorical_column_with_vocabulary_file("country", str(vocab_file),
+                                                                           vocabulary_size=len(COUNTRIES),
+                                                                           num_oov_buckets=1)),
         ]
         features = tf.compat.v1.io.parse_example(serialized, fc.make_parse_example_spec(columns))
         net = fc.input_layer(features, columns)
@@ -99,11 +106,12 @@ def test_tf1_vocabulary_columns_become_one_op_each(tmp_path, rng):
     sig = report.signatures["serving_default"]
     assert report.tf1 and sig.outputs_match and sig.inputs.startswith("synthesized"), sig.inputs
     counts = fused_counts(report)
-    assert counts.get("CtrVocabEmbeddingLookup") == 4, counts
-    for gone in ("LookupTableFindV2", "StringToHashBucketFast", "LookupTableSizeV2", "SelectV2", "AsString"):
+    assert counts.get("CtrVocabEmbeddingLookup") == 4 and counts.get("CtrVocabIndicator") == 2, counts
+    for gone in ("LookupTableFindV2", "StringToHashBucketFast", "LookupTableSizeV2", "SelectV2", "AsString",
+                 "SparseToDense", "OneHot"):
         assert gone not in counts, (gone, counts)
-    fused = [m for m in sig.matches if m["pattern"] == "vocab_sparse_lookup"]
-    assert len(fused) == 4 and all(any("LookupTableFindV2" in r for r in m["replaced"]) for m in fused)
+    fused = [m for m in sig.matches if m["pattern"] in ("vocab_sparse_lookup", "vocab_indicator")]
+    assert len(fused) == 6 and all(any("LookupTableFindV2" in r for r in m["replaced"]) for m in fused)
 
     for batch in (0, 1, 50):
         feeds = {"examples": examples(rng, batch)}
@@ -271,3 +279,49 @@ def test_not_fused_unless_served_on_the_cpu(rng, serving_device):
     assert "CtrVocabEmbeddingLookup" not in counts, counts
     assert any(s["pattern"] == "vocab_sparse_lookup" and "runs on the CPU" in s["reason"] for s in report["skip"]), \
         report["skip"]
+
+
+class Indicator:
+    """An indicator column's composition over a vocabulary table's ids of
+    sparse keys (string keys, OOV buckets): find, to_dense, one_hot, sum."""
+
+    key_dtype = tf.string
+
+    def __init__(self, fill=-1, depth=8, axis=-2):
+        init = tf.lookup.KeyValueTensorInitializer(COUNTRIES, tf.range(5, dtype=tf.int64))
+        self.table = tf.lookup.StaticVocabularyTable(init, num_oov_buckets=3)
+        self.fill, self.depth, self.axis = fill, depth, axis
+
+    def __call__(self, indices, values, shape):
+        ids = self.table.lookup(tf.SparseTensor(indices, values, shape))
+        dense = tf.sparse.to_dense(ids, default_value=self.fill)
+        return tf.reduce_sum(tf.one_hot(dense, self.depth, 1.0, 0.0), axis=self.axis)
+
+
+@pytest.mark.parametrize("depth, axis", [(8, -2), (6, 1), (20, -2)])
+def test_in_process_indicator_fuses_and_matches(rng, depth, axis):
+    indicator = Indicator(depth=depth, axis=axis)
+    run, report, counts = _rewritten_in_process(indicator)
+    assert counts.get("CtrVocabIndicator") == 1, counts
+    for gone in ("LookupTableFindV2", "SparseToDense", "OneHot", "Sum"):
+        assert gone not in counts, (gone, counts)
+    for batch in (0, 1, 30):
+        feeds = {k: tf.constant(v) for k, v in sparse_feeds(rng, batch).items()}
+        np.testing.assert_array_equal(run(feeds).numpy(), indicator(**feeds).numpy())
+    # Out of order: SparseToDense's error, raised by the fused op too.
+    bad = {"indices": tf.constant([[1, 0], [0, 0]], tf.int64), "values": tf.constant(["de", "fr"]),
+           "shape": tf.constant([2, 1], tf.int64)}
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        indicator(**bad)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="out of order"):
+        run(bad)
+
+
+@pytest.mark.parametrize("fill, axis, reason", [(0, -2, "no negative constant"), (-1, 0, "column axis")])
+def test_in_process_indicator_left_alone_where_not_exact(rng, fill, axis, reason):
+    indicator = Indicator(fill=fill, axis=axis)
+    run, report, counts = _rewritten_in_process(indicator)
+    assert "CtrVocabIndicator" not in counts, counts
+    assert any(s["pattern"] == "vocab_indicator" and reason in s["reason"] for s in report["skip"]), report["skip"]
+    feeds = {k: tf.constant(v) for k, v in sparse_feeds(rng, 9).items()}
+    np.testing.assert_array_equal(run(feeds).numpy(), indicator(**feeds).numpy())

@@ -213,3 +213,88 @@ def test_static_vocabulary_table_is_the_same_lookup(rng):
     want = tf.nn.safe_embedding_lookup_sparse(params, oov_table.lookup(keys))
     got = tco.vocab_embedding_lookup_sparse(table_of(vocab), keys, params, num_oov_buckets=4)
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# CtrVocabIndicator (tco.vocab_indicator): an indicator column's counts.
+
+
+def native_indicator(table, sp_keys, depth, oov=0, dtype=tf.float32):
+    """indicator_column's composition: find, SparseToDense(-1), OneHot, Sum."""
+    finder = lookup_ops.IdTableWithHashBuckets(table, oov) if oov else table
+    ids = tf.sparse.to_dense(finder.lookup(sp_keys), default_value=-1)
+    return tf.reduce_sum(tf.one_hot(ids, depth, 1.0, 0.0, dtype=dtype), axis=-2)
+
+
+@pytest.mark.parametrize("oov", [0, 2])
+@pytest.mark.parametrize("key_type", ["string", "int64"])
+@pytest.mark.parametrize("batch", [0, 1, 40, 3000])
+def test_indicator_matches_one_hot_sum(rng, oov, key_type, batch):
+    vocab, unknown = (VOCAB, "never-seen") if key_type == "string" else (INT_VOCAB, 12345)
+    table = table_of(tf.constant(vocab))
+    keys = sparse_keys(rng, batch, vocab, unknown=unknown)
+    depth = len(vocab) + oov
+    got = tco.vocab_indicator(table, keys, depth, num_oov_buckets=oov)
+    np.testing.assert_array_equal(got.numpy(), native_indicator(table, keys, depth, oov).numpy())
+
+
+@pytest.mark.parametrize("depth", [0, 5, 40])
+def test_indicator_ids_past_the_depth_count_for_nothing(rng, depth):
+    table = table_of(tf.constant(VOCAB))
+    keys = sparse_keys(rng, 20, VOCAB)
+    got = tco.vocab_indicator(table, keys, depth, num_oov_buckets=3, dtype=tf.float64)
+    assert got.dtype == tf.float64 and got.shape == (20, depth)
+    np.testing.assert_array_equal(got.numpy(), native_indicator(table, keys, depth, 3, tf.float64).numpy())
+
+
+def test_indicator_repeated_keys_count_twice():
+    table = table_of(tf.constant(VOCAB))
+    keys = tf.SparseTensor([[0, 0], [0, 1], [0, 2], [2, 0]], ["w3", "w3", "zz", "w1"], [3, 4])
+    got = tco.vocab_indicator(table, keys, 5).numpy()
+    assert got[0, 3] == 2 and got[0].sum() == 2 and got[1].sum() == 0 and got[2, 1] == 1
+
+
+@pytest.mark.parametrize("indices, message", [
+    ([[0, 1], [0, 0]], r"indices\[1\] = \[0,0\] is out of order"),
+    ([[0, 0], [0, 0]], r"indices\[1\] = \[0,0\] is repeated"),
+    ([[0, 0], [2, 0]], r"indices\[1\] = \[2,0\] is out of bounds: need 0 <= index < \[2,3\]"),
+    ([[0, 0], [1, -1]], r"indices\[1\] = \[1,-1\] is out of bounds"),
+])
+def test_indicator_rejects_indices_sparse_to_dense_rejects(indices, message):
+    table = table_of(tf.constant(VOCAB))
+    keys = tf.SparseTensor(indices, ["w1", "w2"], [2, 3])
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        native_indicator(table, keys, 30)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        tco.vocab_indicator(table, keys, 30)
+
+
+def test_indicator_bad_arguments():
+    table = table_of(tf.constant(VOCAB))
+    keys = tf.SparseTensor([[0, 0]], ["w1"], [1, 1])
+    with pytest.raises(TypeError, match="SparseTensor"):
+        tco.vocab_indicator(table, tf.ragged.constant([["w1"]]), 3)
+    with pytest.raises(ValueError, match=">= 0"):
+        tco.vocab_indicator(table, keys, -1)
+    with pytest.raises(TypeError, match="key dtype"):
+        tco.vocab_indicator(table, tf.SparseTensor([[0, 0]], tf.constant([1], tf.int64), [1, 1]), 3)
+    op = tco.vocab._ops.ctr_vocab_indicator
+    args = dict(table_handle=table.resource_handle, default_value=tf.constant(-1, tf.int64), depth=3, T=tf.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="indices must be"):
+        op(keys=tf.constant(["w1", "w2"]), indices=tf.zeros([1, 2], tf.int64), dense_shape=tf.constant([1, 1], tf.int64),
+           **args)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must not be negative"):
+        op(keys=tf.constant(["w1"]), indices=tf.zeros([1, 2], tf.int64), dense_shape=tf.constant([-1, 1], tf.int64),
+           **args)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="dense_shape|rank"):
+        op(keys=tf.constant(["w1"]), indices=tf.zeros([1, 2], tf.int64), dense_shape=tf.constant([1, 1, 1], tf.int64),
+           **args)
+
+
+def test_indicator_has_no_gradient_to_anything():
+    table = table_of(tf.constant(VOCAB))
+    keys = tf.SparseTensor([[0, 0]], ["w1"], [1, 1])
+    x = tf.Variable(2.0)
+    with tf.GradientTape() as tape:
+        y = tf.reduce_sum(tco.vocab_indicator(table, keys, 3) * x)
+    assert float(tape.gradient(y, x)) == 1.0  # the count of w1, as a constant

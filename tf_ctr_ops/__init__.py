@@ -24,7 +24,8 @@ from tf_ctr_ops.strings import (  # noqa: E402
     pack_strings,
     string_embedding,
 )
-from tf_ctr_ops.vocab import vocab_embedding, vocab_embedding_lookup_sparse, vocab_multi_hot  # noqa: E402
+from tf_ctr_ops.vocab import (  # noqa: E402
+    vocab_embedding, vocab_embedding_lookup_sparse, vocab_indicator, vocab_multi_hot)
 from tf_ctr_ops.hash_table import HashTable, hash_table_embedding, multi_hash_table_embedding  # noqa: E402
 
 __version__ = "0.1.0"
@@ -39,6 +40,7 @@ __all__ = [
     "multi_string_embedding",
     "vocab_embedding",
     "vocab_embedding_lookup_sparse",
+    "vocab_indicator",
     "vocab_multi_hot",
     "HashTable",
     "hash_table_embedding",

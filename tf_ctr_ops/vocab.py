@@ -139,6 +139,42 @@ def vocab_embedding_lookup_sparse(table, sp_keys, params, sp_weights=None, combi
         return ops._with_batch_dim(out, sp_keys)
 
 
+def vocab_indicator(table, sp_keys, depth, num_oov_buckets=0, dtype=tf.float32, name=None):
+    """An indicator column of vocabulary ids: each row's count of every id.
+
+    Equal to `tf.reduce_sum(tf.one_hot(tf.sparse.to_dense(ids, default_value=-1),
+    depth), axis=-2)` with `ids = table.lookup(sp_keys)`, in one op and without
+    the `[B, N, depth]` one-hot tensor: what
+    `tf.compat.v1.feature_column.indicator_column` of a vocabulary column
+    computes, and what the rewrite fuses it into.
+
+    Args:
+      table: a `tf.lookup` table whose values are int64 ids.
+      sp_keys: a `tf.SparseTensor [B, N]` of string or int64 keys (the
+        table's key dtype), its indices in row-major order and distinct, as
+        `tf.sparse.to_dense` requires them.
+      depth: the number of ids counted: ids outside `[0, depth)` (keys the
+        table lacks, without buckets) count for nothing.
+      num_oov_buckets: as `vocab_embedding_lookup_sparse`'s.
+      dtype: tf.float32 or tf.float64.
+      name: the op's name.
+
+    Returns:
+      `[B, depth]` of `dtype`. Out-of-order, repeated or out-of-bounds indices
+      are an InvalidArgument naming the index.
+    """
+    if not isinstance(sp_keys, tf.SparseTensor):
+        raise TypeError(f"sp_keys must be a SparseTensor, got {type(sp_keys).__name__}")
+    if sp_keys.shape.rank is not None and sp_keys.shape.rank != 2:
+        raise ValueError(f"sp_keys must be a SparseTensor [B, N], got rank {sp_keys.shape.rank}")
+    if int(depth) < 0 or int(num_oov_buckets) < 0:
+        raise ValueError(f"depth and num_oov_buckets must be >= 0, got {depth} and {num_oov_buckets}")
+    keys, default, _ = _find_args(table, sp_keys.values, "default")
+    return _ops.ctr_vocab_indicator(table_handle=table.resource_handle, default_value=default, keys=keys,
+                                    indices=sp_keys.indices, dense_shape=sp_keys.dense_shape, depth=int(depth),
+                                    num_oov_buckets=int(num_oov_buckets), T=tf.as_dtype(dtype), name=name)
+
+
 def _find_args(table, keys, missing_key):
     """(keys, default, missing_id) of a find in `table`, checked."""
     if missing_key not in MISSING_KEY:
@@ -227,3 +263,7 @@ def _vocab_embedding_lookup_grad(op, grad, _ids_grad):
         id_mode="index", grad_indices="per_id", **attrs)
     params_grad = tf.IndexedSlices(values, indices, dense_shape=tf.shape(params, out_type=tf.int64))
     return [None, None, params_grad, None, None, None, weights_grad if attrs["has_weights"] else None]
+
+
+# Counts of ids: nothing upstream is differentiable.
+tf.no_gradient("CtrVocabIndicator")

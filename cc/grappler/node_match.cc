@@ -38,17 +38,17 @@ std::string StringAttr(const NodeDef& node, const char* name) {
   return it == node.attr().end() ? std::string() : it->second.s();
 }
 
-bool IsZeroScalar(const GraphIndex& g, const NodeDef* node) {
+bool IsScalarConst(const GraphIndex& g, const NodeDef* node, double want) {
   while (IsOp(node, "Cast")) node = g.Producer(*node, 0);
   if (!IsOp(node, "Const")) return false;
   auto it = node->attr().find("value");
   tensorflow::Tensor t;
   if (it == node->attr().end() || !t.FromProto(it->second.tensor()) || t.dims() != 0) return false;
   switch (t.dtype()) {
-    case tensorflow::DT_FLOAT: return t.scalar<float>()() == 0.f;
-    case tensorflow::DT_DOUBLE: return t.scalar<double>()() == 0.0;
-    case tensorflow::DT_INT32: return t.scalar<int32_t>()() == 0;
-    case tensorflow::DT_INT64: return t.scalar<int64_t>()() == 0;
+    case tensorflow::DT_FLOAT: return t.scalar<float>()() == want;
+    case tensorflow::DT_DOUBLE: return t.scalar<double>()() == want;
+    case tensorflow::DT_INT32: return t.scalar<int32_t>()() == want;
+    case tensorflow::DT_INT64: return static_cast<double>(t.scalar<int64_t>()()) == want;
     default: return false;
   }
 }

@@ -26,9 +26,11 @@ std::string StringAttr(const tensorflow::NodeDef& node, const char* name);
 bool ConstIntVector(const tensorflow::NodeDef* node, std::vector<int64_t>* out);
 // Value of a scalar integer Const, or false.
 bool ConstScalarInt(const tensorflow::NodeDef* node, int64_t* value);
-// Whether `node` is a scalar Const of a real or integer type equal to zero
-// (either sign), seen through Cast nodes (Keras casts its constants).
-bool IsZeroScalar(const GraphIndex& g, const tensorflow::NodeDef* node);
+// Whether `node` is a scalar Const of a real or integer type equal to `want`
+// (a zero of either sign for 0), seen through Cast nodes (Keras casts its
+// constants).
+bool IsScalarConst(const GraphIndex& g, const tensorflow::NodeDef* node, double want);
+inline bool IsZeroScalar(const GraphIndex& g, const tensorflow::NodeDef* node) { return IsScalarConst(g, node, 0); }
 // Value of a scalar string Const, or false.
 bool ConstString(const tensorflow::NodeDef* node, std::string* out);
 // Whether `join` (a ConcatV2 or Pack of [B, D] matrices) puts its inputs side

@@ -1,5 +1,6 @@
 #include "cc/grappler/vocab_find.h"
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,67 @@ void BypassAssert(RewriteContext* ctx, const NodeDef& assert_node, const std::ve
     if (!is_absorbed && !waits.empty()) AddControlInputsOnce(waits, ctx->Mutable(reader->name()));
   }
   ctx->RedirectControlEdges(assert_node.name(), fused);
+}
+
+// Whether inputs `i` of `a` and `j` of `b` are one tensor.
+bool SameTensor(const GraphIndex& g, const NodeDef& a, int i, const NodeDef& b, int j) {
+  int pa = -1, pb = -1;
+  const NodeDef* x = g.Producer(a, i, &pa);
+  const NodeDef* y = g.Producer(b, j, &pb);
+  return x != nullptr && x == y && pa == pb;
+}
+
+// Whether input `i` of `a` holds the find's default: the same tensor, or an
+// equal integer constant.
+bool IsFindDefault(const GraphIndex& g, const NodeDef& a, int i, const NodeDef& find) {
+  if (SameTensor(g, a, i, find, 2)) return true;
+  int64_t x = 0, y = 0;
+  return ConstScalarInt(g.Producer(a, i), &x) && ConstScalarInt(g.Producer(find, 2), &y) && x == y;
+}
+
+// The hash of the find's keys: StringToHashBucketFast of the string keys or
+// of AsString of the integer keys, or Grappler's fusion of the latter two.
+bool MatchKeyHash(const GraphIndex& g, const NodeDef* hash, const NodeDef& find, OovBuckets* oov) {
+  if (IsOp(hash, "_TensorToHashBucketFast")) {
+    if (!SameTensor(g, *hash, 0, find, 1)) return false;
+    oov->nodes.push_back(hash);
+  } else if (IsOp(hash, "StringToHashBucketFast")) {
+    oov->nodes.push_back(hash);
+    if (!SameTensor(g, *hash, 0, find, 1)) {
+      const NodeDef* as_string = g.Producer(*hash, 0);
+      if (as_string == nullptr || !IsPlainAsString(*as_string) || !SameTensor(g, *as_string, 0, find, 1))
+        return false;
+      oov->nodes.push_back(as_string);
+    }
+  } else {
+    return false;
+  }
+  oov->buckets = IntAttr(*hash, "num_buckets", 0);
+  return oov->buckets > 0;
+}
+
+// SelectV2(NotEqual(find, default), find, AddV2(hash(keys), LookupTableSizeV2(table))),
+// the operands of NotEqual and AddV2 in either order.
+bool MatchOovBuckets(const GraphIndex& g, const NodeDef& select, VocabIds* ids, OovBuckets* oov) {
+  int port = -1;
+  const NodeDef* find = g.Producer(select, 1, &port);
+  if (!IsOp(find, "LookupTableFindV2") || port != 0) return false;
+  const NodeDef* differs = g.Producer(select, 0);
+  const NodeDef* shifted = g.Producer(select, 2);
+  if (!IsOp(differs, "NotEqual") || !(IsOp(shifted, "AddV2") || IsOp(shifted, "Add"))) return false;
+  const bool find_first = g.Producer(*differs, 0, &port) == find && port == 0;
+  if (!find_first && !(g.Producer(*differs, 1, &port) == find && port == 0)) return false;
+  if (!IsFindDefault(g, *differs, find_first ? 1 : 0, *find)) return false;
+  for (int s = 0; s < 2; ++s) {
+    const NodeDef* size = g.Producer(*shifted, s);
+    if (!IsOp(size, "LookupTableSizeV2") || !SameTensor(g, *size, 0, *find, 0)) continue;
+    oov->nodes = {&select, differs, shifted};
+    if (!MatchKeyHash(g, g.Producer(*shifted, 1 - s), *find, oov)) return false;
+    oov->size = size;
+    ids->find = find;
+    return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -92,6 +154,17 @@ bool MatchVocabWaits(const GraphIndex& g, VocabIds* ids, std::string* why) {
   return true;
 }
 
+bool FindTypesFuse(const NodeDef& find, std::string* why) {
+  if (TypeAttr(find, "Tout") != tensorflow::DT_INT64) {
+    *why = "the table's values are not int64";
+    return false;
+  }
+  const tensorflow::DataType keys = TypeAttr(find, "Tin");
+  if (keys == tensorflow::DT_STRING || keys == tensorflow::DT_INT64) return true;
+  *why = "keys are " + tensorflow::DataType_Name(keys);
+  return false;
+}
+
 bool ServedOnCpu(RewriteContext* ctx, const NodeDef& anchor) {
   const std::string placed = DeviceType(anchor.device());
   return (placed.empty() ? ctx->serving_device() : placed) == "CPU";
@@ -119,6 +192,56 @@ void AbsorbVocabNodes(RewriteContext* ctx, const VocabIds& ids, const std::strin
       if (IsOp(input, "Const")) RemoveIfDeadShapeMath(ctx, input, fused, 1);
     }
   for (const NodeDef* n : absorbed) ctx->Remove(n->name(), fused);
+}
+
+bool MatchBucketedFind(const GraphIndex& g, const NodeDef* x, int port, VocabIds* ids, OovBuckets* oov) {
+  if (port != 0) return false;
+  if (IsSelect(x)) return MatchOovBuckets(g, *x, ids, oov);
+  if (!IsOp(x, "LookupTableFindV2")) return false;
+  ids->find = x;
+  return true;
+}
+
+bool BucketedFindFeedsOneReader(RewriteContext* ctx, const VocabIds& ids, const OovBuckets& oov, std::string* why) {
+  const GraphIndex& g = ctx->index();
+  auto only = [&](const NodeDef* n, int readers) {
+    if (g.DataConsumers(n->name()) == readers && !ctx->FetchedOrFed(n->name())) return true;
+    *why = "intermediate " + Describe(*n) + " has another consumer";
+    return false;
+  };
+  for (const NodeDef* n : ids.identities)
+    if (!only(n, 1)) return false;
+  for (const NodeDef* n : oov.nodes)
+    if (!only(n, 1)) return false;
+  return only(ids.find, oov.nodes.empty() ? 1 : 2);
+}
+
+std::vector<std::string> AbsorbBucketedFind(RewriteContext* ctx, VocabIds ids, const OovBuckets& oov,
+                                            const std::string& fused, const std::vector<NodeDef>& others,
+                                            std::vector<std::string>* replaced) {
+  ids.wrap = oov.nodes;
+  // The table size goes with the AddV2 that reads it, unless the caller asks for it.
+  if (oov.size != nullptr && ctx->index().DataConsumers(oov.size->name()) == 1 &&
+      !ctx->FetchedOrFed(oov.size->name()))
+    ids.wrap.push_back(oov.size);
+  std::set<std::string> gone = {ids.find->name(), fused};
+  std::vector<std::string> waits, extra;
+  AppendControlInputs(*ids.find, &waits);
+  for (const std::vector<const NodeDef*>* nodes : {&ids.wrap, &ids.identities})
+    for (const NodeDef* n : *nodes) {
+      gone.insert(n->name());
+      AppendControlInputs(*n, &waits);
+    }
+  for (const NodeDef& n : others) {
+    gone.insert(n.name());
+    AppendControlInputs(n, &waits);
+    if (n.name() != fused) extra.push_back(n.name());
+  }
+  std::vector<std::string> kept;
+  for (const std::string& w : waits)
+    if (!gone.count(w.substr(1))) kept.push_back(w);
+  AbsorbVocabNodes(ctx, ids, fused, extra, replaced);
+  return kept;
 }
 
 }  // namespace grappler

@@ -37,6 +37,10 @@ bool TraceToFind(const GraphIndex& g, const tensorflow::NodeDef* x, VocabIds* id
 // The only thing the ids may wait on is Keras' check of these ids.
 bool MatchVocabWaits(const GraphIndex& g, VocabIds* ids, std::string* why);
 
+// Whether the fused vocabulary ops take `find`'s types: int64 values (row
+// ids) and string or int64 keys; else *why says what they are.
+bool FindTypesFuse(const tensorflow::NodeDef& find, std::string* why);
+
 // The fused op runs on the CPU (lookup tables live on the host): whether
 // `anchor` is placed on one, or unplaced in a graph served on one.
 bool ServedOnCpu(RewriteContext* ctx, const tensorflow::NodeDef& anchor);
@@ -50,6 +54,38 @@ bool ServedOnCpu(RewriteContext* ctx, const tensorflow::NodeDef& anchor);
 // with them (their control edges to the Assert are theirs to drop).
 void AbsorbVocabNodes(RewriteContext* ctx, const VocabIds& ids, const std::string& fused,
                       const std::vector<std::string>& extra, std::vector<std::string>* replaced);
+
+// The out-of-vocabulary ids of IdTableWithHashBuckets and
+// StaticVocabularyTable around a find (what the vocabulary feature columns
+// with num_oov_buckets build):
+//   SelectV2(NotEqual(find, default), find, AddV2(hash(keys), LookupTableSizeV2(table)))
+// with hash StringToHashBucketFast of the string keys or of AsString of the
+// integer keys (or Grappler's _TensorToHashBucketFast of them).
+struct OovBuckets {
+  std::vector<const tensorflow::NodeDef*> nodes;  // SelectV2, NotEqual, AddV2, the hash [, AsString]
+  const tensorflow::NodeDef* size = nullptr;      // LookupTableSizeV2 of the table
+  int64_t buckets = 0;                            // 0: no buckets, the find's ids as they are
+};
+
+// The ids produced by `x` at output `port`: a LookupTableFindV2's, or the
+// SelectV2 of its buckets. Records the find in ids->find and the buckets in
+// *oov; false when `x` is neither.
+bool MatchBucketedFind(const GraphIndex& g, const tensorflow::NodeDef* x, int port, VocabIds* ids, OovBuckets* oov);
+
+// Whether the Identities, the buckets and the find feed only what follows
+// each (the find: the NotEqual and the SelectV2 when there are buckets), and
+// the caller reads none of them; else *why says which does not.
+bool BucketedFindFeedsOneReader(RewriteContext* ctx, const VocabIds& ids, const OovBuckets& oov, std::string* why);
+
+// Removes the find, its buckets (with the table size when only they read it)
+// and the Identities, as AbsorbVocabNodes does, for the node `fused`, which
+// reads the keys instead. `others` are copies of the nodes the caller
+// replaces besides (the reader that becomes `fused` among them), whose names
+// go in `extra` of AbsorbVocabNodes. Returns the control inputs of all of
+// them that name no replaced node: what `fused` must wait on.
+std::vector<std::string> AbsorbBucketedFind(RewriteContext* ctx, VocabIds ids, const OovBuckets& oov,
+                                            const std::string& fused, const std::vector<tensorflow::NodeDef>& others,
+                                            std::vector<std::string>* replaced);
 
 }  // namespace grappler
 }  // namespace tf_ctr

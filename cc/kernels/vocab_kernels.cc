@@ -230,30 +230,60 @@ absl::Status ResolveRows(const VocabRules& rules, const Tensor& keys, int64_t vo
   return absl::OkStatus();
 }
 
-absl::Status CheckFind(tensorflow::lookup::LookupInterface* table, const Tensor& keys, const Tensor& default_value,
-                       const Tensor& params) {
+absl::Status CheckFind(tensorflow::lookup::LookupInterface* table, const Tensor& keys, const Tensor& default_value) {
   if (table->value_dtype() != tensorflow::DT_INT64)
     return tensorflow::errors::InvalidArgument("the table's values must be int64 row ids, got ",
                                                tensorflow::DataTypeString(table->value_dtype()));
-  TF_RETURN_IF_ERROR(table->CheckFindArguments(keys, default_value));
-  if (params.dims() < 1)
-    return tensorflow::errors::InvalidArgument("params must have rank >= 1, got shape ", params.shape().DebugString());
-  return absl::OkStatus();
+  return table->CheckFindArguments(keys, default_value);
 }
 
-// The single ops' find: their table (input 0) checked against the keys,
-// the default and the table they read (inputs `keys`, `default_value` and
-// `params`), and the id of each key in output 1, shaped as the keys.
-absl::Status FindIntoOutput(OpKernelContext* ctx, VocabFinder* finder, int keys_input, int default_input,
-                            int params_input, Tensor** ids) {
+absl::Status CheckTableRank(const Tensor& params) {
+  if (params.dims() >= 1) return absl::OkStatus();
+  return tensorflow::errors::InvalidArgument("params must have rank >= 1, got shape ", params.shape().DebugString());
+}
+
+// IdTableWithHashBuckets' ids: a key whose found id is the table's default
+// (not in the vocabulary, as its NotEqual + SelectV2 decide) gets
+// size + to_hash_bucket_fast(key, buckets); integer keys hash as their
+// decimal string, as its AsString makes them.
+void AssignOovBuckets(const Tensor& keys, int64_t fallback, int64_t size, int64_t buckets, int64_t* ids) {
+  const int64_t n = keys.NumElements();
+  if (keys.dtype() == tensorflow::DT_STRING) {
+    const tensorflow::tstring* k = keys.flat<tensorflow::tstring>().data();
+    for (int64_t i = 0; i < n; ++i)
+      if (ids[i] == fallback)
+        ids[i] = size + ctr::HashBucket(reinterpret_cast<const uint8_t*>(k[i].data()), k[i].size(), buckets);
+    return;
+  }
+  const int64_t* k = keys.flat<int64_t>().data();
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] == fallback) ids[i] = size + ctr::HashIntKeyBucket(k[i], buckets);
+}
+
+// The id of each of `keys` in the table of input 0 (`oov_buckets` > 0: with
+// IdTableWithHashBuckets' buckets for the keys it lacks) into `ids`, shaped
+// as the keys.
+absl::Status FindKeys(OpKernelContext* ctx, VocabFinder* finder, const Tensor& keys, const Tensor& default_value,
+                      int64_t oov_buckets, Tensor* ids) {
   tensorflow::lookup::LookupInterface* table = nullptr;
   TF_RETURN_IF_ERROR(tensorflow::lookup::GetLookupTable("table_handle", ctx, &table));
   tensorflow::core::ScopedUnref unref(table);
+  TF_RETURN_IF_ERROR(CheckFind(table, keys, default_value));
+  TF_RETURN_IF_ERROR(finder->Find(ctx, table, keys, default_value, ids));
+  if (oov_buckets > 0)
+    AssignOovBuckets(keys, default_value.scalar<int64_t>()(), static_cast<int64_t>(table->size()), oov_buckets,
+                     ids->flat<int64_t>().data());
+  return absl::OkStatus();
+}
+
+// The single ops' find: inputs `keys` and `default_value` found in the table
+// of input 0 for the table of input `params`, into output 1.
+absl::Status FindIntoOutput(OpKernelContext* ctx, VocabFinder* finder, int keys_input, int default_input,
+                            int params_input, int64_t oov_buckets, Tensor** ids) {
+  TF_RETURN_IF_ERROR(CheckTableRank(ctx->input(params_input)));
   const Tensor& keys = ctx->input(keys_input);
-  const Tensor& default_value = ctx->input(default_input);
-  TF_RETURN_IF_ERROR(CheckFind(table, keys, default_value, ctx->input(params_input)));
   TF_RETURN_IF_ERROR(ctx->allocate_output(1, keys.shape(), ids));
-  return finder->Find(ctx, table, keys, default_value, *ids);
+  return FindKeys(ctx, finder, keys, ctx->input(default_input), oov_buckets, *ids);
 }
 
 // Runs fn(begin, end) over [0, n) rows of `bytes` each: inline for a serving
@@ -279,7 +309,7 @@ class VocabEmbeddingOp : public tensorflow::OpKernel {
     const Tensor& keys = ctx->input(1);
     const Tensor& params = ctx->input(3);
     Tensor* rows = nullptr;
-    OP_REQUIRES_OK(ctx, FindIntoOutput(ctx, &finder_, 1, 2, 3, &rows));
+    OP_REQUIRES_OK(ctx, FindIntoOutput(ctx, &finder_, 1, 2, 3, 0, &rows));
     OP_REQUIRES_OK(ctx, ResolveRows(rules_, keys, params.dim_size(0), rows));
 
     tensorflow::TensorShape out_shape = keys.shape();
@@ -368,7 +398,7 @@ class VocabMultiHotOp : public tensorflow::OpKernel {
                                                     keys.shape().DebugString(), " and ",
                                                     kernel.shape().DebugString()));
     Tensor* ids = nullptr;
-    OP_REQUIRES_OK(ctx, FindIntoOutput(ctx, &finder_, 1, 2, 3, &ids));
+    OP_REQUIRES_OK(ctx, FindIntoOutput(ctx, &finder_, 1, 2, 3, 0, &ids));
     OP_REQUIRES_OK(ctx, CheckIds(keys, ids));
 
     const int64_t batch = keys.dim_size(0), width = keys.dim_size(1);
@@ -519,7 +549,8 @@ class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
     TF_RETURN_IF_ERROR(tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, i), table));
     const Tensor& keys = ctx->input(n_ + i);
     const Tensor& params = ctx->input(3 * n_ + i);
-    TF_RETURN_IF_ERROR(CheckFind(table->get(), keys, ctx->input(2 * n_ + i), params));
+    TF_RETURN_IF_ERROR(CheckFind(table->get(), keys, ctx->input(2 * n_ + i)));
+    TF_RETURN_IF_ERROR(CheckTableRank(params));
     if (keys.dims() != 1 || keys.dim_size(0) != batch || params.dims() != 2)
       return tensorflow::errors::InvalidArgument("feature ", i, " must have a [", batch,
                                                  "] key vector, as feature 0 has, and a [V, D] table; got keys ",
@@ -542,24 +573,6 @@ class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
   std::vector<std::unique_ptr<VocabFinder>> finders_;
 };
 
-// IdTableWithHashBuckets' ids: a key whose found id is the table's default
-// (not in the vocabulary, as its NotEqual + SelectV2 decide) gets
-// size + to_hash_bucket_fast(key, buckets); integer keys hash as their
-// decimal string, as its AsString makes them.
-void AssignOovBuckets(const Tensor& keys, int64_t fallback, int64_t size, int64_t buckets, int64_t* ids) {
-  const int64_t n = keys.NumElements();
-  if (keys.dtype() == tensorflow::DT_STRING) {
-    const tensorflow::tstring* k = keys.flat<tensorflow::tstring>().data();
-    for (int64_t i = 0; i < n; ++i)
-      if (ids[i] == fallback)
-        ids[i] = size + ctr::HashBucket(reinterpret_cast<const uint8_t*>(k[i].data()), k[i].size(), buckets);
-    return;
-  }
-  const int64_t* k = keys.flat<int64_t>().data();
-  for (int64_t i = 0; i < n; ++i)
-    if (ids[i] == fallback) ids[i] = size + ctr::HashIntKeyBucket(k[i], buckets);
-}
-
 // CtrVocabEmbeddingLookup: the find (memoized as CtrVocabEmbedding's), the
 // out-of-vocabulary buckets, then CtrEmbeddingLookup's pooling of the found
 // ids, with its checks, on TF's intra-op pool.
@@ -578,8 +591,7 @@ class VocabEmbeddingLookupOp : public LookupKernel {
     LookupInputs in;
     OP_REQUIRES_OK(ctx, BindInputs(ctx, kParams, params, &a, &in));
     Tensor* ids = nullptr;
-    OP_REQUIRES_OK(ctx, FindIntoOutput(ctx, &finder_, kKeys, kDefault, kParams, &ids));
-    if (oov_buckets_ > 0) OP_REQUIRES_OK(ctx, AddOovBuckets(ctx, keys, ids));
+    OP_REQUIRES_OK(ctx, FindIntoOutput(ctx, &finder_, kKeys, kDefault, kParams, oov_buckets_, &ids));
     in.ids = ids;
     ctr::KeyError e;
     OP_REQUIRES_OK(ctx, (PoolLookupCpu<T, int64_t, TSeg>(ctx, a, in, &e)));
@@ -589,15 +601,76 @@ class VocabEmbeddingLookupOp : public LookupKernel {
   }
 
  private:
-  absl::Status AddOovBuckets(OpKernelContext* ctx, const Tensor& keys, Tensor* ids) const {
-    tensorflow::lookup::LookupInterface* table = nullptr;
-    TF_RETURN_IF_ERROR(tensorflow::lookup::GetLookupTable("table_handle", ctx, &table));
-    tensorflow::core::ScopedUnref unref(table);
-    AssignOovBuckets(keys, ctx->input(1).scalar<int64_t>()(), static_cast<int64_t>(table->size()), oov_buckets_,
-                     ids->flat<int64_t>().data());
-    return absl::OkStatus();
+  int64_t oov_buckets_ = 0;
+  VocabFinder finder_;
+};
+
+// SparseToDense's checks of [nnz, 2] indices into a [rows, cols] matrix
+// (validate_indices): each in bounds, and each after the one before it in
+// row-major order.
+absl::Status CheckSparseIndices(const Tensor& indices, int64_t rows, int64_t cols) {
+  const auto idx = indices.matrix<int64_t>();
+  auto bad = [&](int64_t i, const std::string& what) {
+    return tensorflow::errors::InvalidArgument("indices[", i, "] = [", idx(i, 0), ",", idx(i, 1), "] is ", what);
+  };
+  for (int64_t i = 0; i < idx.dimension(0); ++i) {
+    const int64_t r = idx(i, 0), c = idx(i, 1);
+    if (r < 0 || r >= rows || c < 0 || c >= cols)
+      return bad(i, absl::StrCat("out of bounds: need 0 <= index < [", rows, ",", cols, "]"));
+    if (i == 0) continue;
+    const int64_t pr = idx(i - 1, 0), pc = idx(i - 1, 1);
+    if (r == pr && c == pc) return bad(i, "repeated");
+    if (r < pr || (r == pr && c < pc)) return bad(i, "out of order: indices must be sorted in row-major order");
+  }
+  return absl::OkStatus();
+}
+
+// CtrVocabIndicator: the find (memoized, with the buckets), the checks
+// SparseToDense makes of the indices, then each row's count of every id in
+// [0, depth), which is what OneHot + Sum over the densified ids add up
+// (a cell left empty holds a negative default, an id out of range a row of
+// zeros): no [rows, cols] ids and no [rows, cols, depth] one-hot tensor.
+template <typename T>
+class VocabIndicatorOp : public tensorflow::OpKernel {
+ public:
+  explicit VocabIndicatorOp(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("depth", &depth_));
+    OP_REQUIRES_OK(c, c->GetAttr("num_oov_buckets", &oov_buckets_));
   }
 
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& keys = ctx->input(2);
+    const Tensor& indices = ctx->input(3);
+    const Tensor& shape = ctx->input(4);
+    OP_REQUIRES(ctx, keys.dims() == 1,
+                tensorflow::errors::InvalidArgument("keys must be a vector, got shape ", keys.shape().DebugString()));
+    OP_REQUIRES(ctx, indices.dims() == 2 && indices.dim_size(0) == keys.dim_size(0) && indices.dim_size(1) == 2,
+                tensorflow::errors::InvalidArgument("indices must be [", keys.dim_size(0),
+                                                    ", 2], one [row, column] per key; got shape ",
+                                                    indices.shape().DebugString()));
+    OP_REQUIRES(ctx, shape.dims() == 1 && shape.dim_size(0) == 2,
+                tensorflow::errors::InvalidArgument("dense_shape must be [rows, columns], got shape ",
+                                                    shape.shape().DebugString()));
+    const int64_t rows = shape.vec<int64_t>()(0), cols = shape.vec<int64_t>()(1);
+    OP_REQUIRES(ctx, rows >= 0 && cols >= 0,
+                tensorflow::errors::InvalidArgument("dense_shape must not be negative, got [", rows, ",", cols, "]"));
+    Tensor ids;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT64, keys.shape(), &ids));
+    OP_REQUIRES_OK(ctx, FindKeys(ctx, &finder_, keys, ctx->input(1), oov_buckets_, &ids));
+    OP_REQUIRES_OK(ctx, CheckSparseIndices(indices, rows, cols));
+
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {rows, depth_}, &out));
+    auto counts = out->matrix<T>();
+    counts.setZero();
+    const auto idx = indices.matrix<int64_t>();
+    const auto found = ids.vec<int64_t>();
+    for (int64_t i = 0; i < found.size(); ++i)
+      if (found(i) >= 0 && found(i) < depth_) counts(idx(i, 0), found(i)) += T(1);
+  }
+
+ private:
+  int64_t depth_ = 0;
   int64_t oov_buckets_ = 0;
   VocabFinder finder_;
 };
@@ -624,5 +697,9 @@ REGISTER_KERNEL_BUILDER(Name("CtrVocabMultiHot").Device(tensorflow::DEVICE_CPU).
                         VocabMultiHotOp<float>);
 REGISTER_KERNEL_BUILDER(Name("CtrVocabMultiHot").Device(tensorflow::DEVICE_CPU).TypeConstraint<double>("T"),
                         VocabMultiHotOp<double>);
+REGISTER_KERNEL_BUILDER(Name("CtrVocabIndicator").Device(tensorflow::DEVICE_CPU).TypeConstraint<float>("T"),
+                        VocabIndicatorOp<float>);
+REGISTER_KERNEL_BUILDER(Name("CtrVocabIndicator").Device(tensorflow::DEVICE_CPU).TypeConstraint<double>("T"),
+                        VocabIndicatorOp<double>);
 
 }  // namespace tf_ctr

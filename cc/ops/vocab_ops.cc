@@ -60,6 +60,24 @@ absl::Status VocabMultiHotShape(InferenceContext* c) {
   return absl::OkStatus();
 }
 
+// [dense_shape[0], depth].
+absl::Status VocabIndicatorShape(InferenceContext* c) {
+  ShapeHandle unused, shape;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 0, &unused));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 0, &unused));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &unused));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 2, &unused));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 1, &shape));
+  int64_t depth;
+  TF_RETURN_IF_ERROR(c->GetAttr("depth", &depth));
+  shape_inference::DimensionHandle rows = c->UnknownDim();
+  const Tensor* dense_shape = c->input_tensor(4);
+  if (dense_shape != nullptr && dense_shape->NumElements() == 2 && dense_shape->vec<int64_t>()(0) >= 0)
+    rows = c->MakeDim(dense_shape->vec<int64_t>()(0));
+  c->set_output(0, c->Matrix(rows, depth));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 REGISTER_OP("CtrVocabEmbedding")
@@ -159,6 +177,35 @@ are an InvalidArgument naming them, where the concatenation fails.
 dense: M other [B, w_j] matrices of the concatenation, copied into their columns.
 layout: the order of the output's column blocks: i < N is feature i, N + j
   dense input j; empty: the features, then the dense inputs.
+)doc");
+
+REGISTER_OP("CtrVocabIndicator")
+    .Input("table_handle: resource")
+    .Input("default_value: int64")
+    .Input("keys: Tkey")
+    .Input("indices: int64")
+    .Input("dense_shape: int64")
+    .Output("output: T")
+    .Attr("T: {float, double}")
+    .Attr("Tkey: {string, int64}")
+    .Attr("depth: int >= 0")
+    .Attr("num_oov_buckets: int >= 0 = 0")
+    .SetShapeFn(VocabIndicatorShape)
+    .Doc(R"doc(
+An indicator column of vocabulary ids: looks the sparse `keys` [nnz] (at
+`indices` [nnz, 2] of a [rows, columns] `dense_shape`) up in a key -> int64
+lookup table and writes output [rows, depth], the count of each id in
+[0, depth) in each row.
+
+Replaces LookupTableFindV2 (with IdTableWithHashBuckets' out-of-vocabulary
+buckets, as CtrVocabEmbeddingLookup takes them) + SparseToDense(default -1)
++ OneHot(depth, 1, 0) + Sum over the columns, as
+tf.compat.v1.feature_column.indicator_column of a vocabulary column builds it.
+A negative id (a key the table lacks, without buckets) or one >= depth counts
+for nothing, as OneHot gives it a row of zeros. The indices must be in bounds,
+in row-major order and distinct, as SparseToDense checks them: else an
+InvalidArgument naming the index.
+num_oov_buckets: as CtrVocabEmbeddingLookup's.
 )doc");
 
 }  // namespace tensorflow
