@@ -59,11 +59,9 @@ class VocabIndicatorPattern : public NamedPattern<kName> {
                                "rewrite with serving_device='cpu' for a CPU server");
     std::string why;
     if (!FindTypesFuse(*ids.find, &why) || !EncodesCounts(ctx, anchor, *one_hot, *dense, &why) ||
-        !BucketedFindFeedsOneReader(ctx, ids, oov, &why))
+        !BucketedFindFeedsOneReader(ctx, ids, oov, &why) || !OnlyReadBy(ctx, *dense, 1, &why) ||
+        !OnlyReadBy(ctx, *one_hot, 1, &why))
       return Skip(ctx, anchor, why);
-    for (const NodeDef* n : {dense, one_hot})
-      if (g.DataConsumers(n->name()) != 1 || ctx->FetchedOrFed(n->name()))
-        return Skip(ctx, anchor, "intermediate " + Describe(*n) + " has another consumer");
 
     Replace(anchor, ids, oov, *one_hot, *dense, ctx);
     return true;

@@ -126,21 +126,14 @@ class VocabLookupPattern : public NamedPattern<kName> {
   // What waits on the find (automatic control dependencies) waits on the
   // fused op, which does the find.
   static bool OnlyFeedsTheGather(RewriteContext* ctx, const VocabIds& ids, std::string* why) {
-    const GraphIndex& g = ctx->index();
-    auto only = [&](const NodeDef* n, int readers) {
-      // A function keeps its stateful ops (the find): as a NoOp once fused.
-      if (g.DataConsumers(n->name()) == readers && !ctx->FetchedOrFed(n->name())) return true;
-      *why = "intermediate " + Describe(*n) + " has another consumer";
-      return false;
-    };
     for (const NodeDef* n : ids.wrap)
-      if (!only(n, 1)) return false;
+      if (!OnlyReadBy(ctx, *n, 1, why)) return false;
     const int index_readers = ids.wrap.empty() ? 1 : 3;  // the wrap reads the index three times
     const NodeDef* last = ids.identities.empty() ? ids.find : ids.identities.front();
     for (const NodeDef* n : ids.identities)
-      if (!only(n, n == last ? index_readers : 1)) return false;
+      if (!OnlyReadBy(ctx, *n, n == last ? index_readers : 1, why)) return false;
     const int check_readers = ids.assert_node != nullptr ? 1 : 0;
-    return only(ids.find, (ids.identities.empty() ? index_readers : 1) + check_readers);
+    return OnlyReadBy(ctx, *ids.find, (ids.identities.empty() ? index_readers : 1) + check_readers, why);
   }
 
   void Replace(const NodeDef& anchor_in, const VocabIds& ids, bool resource, DataType T, const FlattenOfRows& flatten,

@@ -202,18 +202,19 @@ bool MatchBucketedFind(const GraphIndex& g, const NodeDef* x, int port, VocabIds
   return true;
 }
 
+bool OnlyReadBy(RewriteContext* ctx, const NodeDef& n, int readers, std::string* why) {
+  // A function keeps its stateful ops (the find): as a NoOp once fused.
+  if (ctx->index().DataConsumers(n.name()) == readers && !ctx->FetchedOrFed(n.name())) return true;
+  *why = "intermediate " + Describe(n) + " has another consumer";
+  return false;
+}
+
 bool BucketedFindFeedsOneReader(RewriteContext* ctx, const VocabIds& ids, const OovBuckets& oov, std::string* why) {
-  const GraphIndex& g = ctx->index();
-  auto only = [&](const NodeDef* n, int readers) {
-    if (g.DataConsumers(n->name()) == readers && !ctx->FetchedOrFed(n->name())) return true;
-    *why = "intermediate " + Describe(*n) + " has another consumer";
-    return false;
-  };
   for (const NodeDef* n : ids.identities)
-    if (!only(n, 1)) return false;
+    if (!OnlyReadBy(ctx, *n, 1, why)) return false;
   for (const NodeDef* n : oov.nodes)
-    if (!only(n, 1)) return false;
-  return only(ids.find, oov.nodes.empty() ? 1 : 2);
+    if (!OnlyReadBy(ctx, *n, 1, why)) return false;
+  return OnlyReadBy(ctx, *ids.find, oov.nodes.empty() ? 1 : 2, why);
 }
 
 std::vector<std::string> AbsorbBucketedFind(RewriteContext* ctx, VocabIds ids, const OovBuckets& oov,

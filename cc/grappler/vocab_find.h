@@ -72,6 +72,10 @@ struct OovBuckets {
 // *oov; false when `x` is neither.
 bool MatchBucketedFind(const GraphIndex& g, const tensorflow::NodeDef* x, int port, VocabIds* ids, OovBuckets* oov);
 
+// Whether `n` has exactly `readers` data readers and the caller neither reads
+// nor feeds it: an intermediate a fused node may absorb. Else *why says so.
+bool OnlyReadBy(RewriteContext* ctx, const tensorflow::NodeDef& n, int readers, std::string* why);
+
 // Whether the Identities, the buckets and the find feed only what follows
 // each (the find: the NotEqual and the SelectV2 when there are buckets), and
 // the caller reads none of them; else *why says which does not.
