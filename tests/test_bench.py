@@ -469,3 +469,14 @@ def test_table_suite_quick(tmp_path):
     assert all(_positive_finite(insert[k]["keys_per_s"]) for k in ("fused", *NATIVE_TABLES))
     assert {t["target"][:3] for t in res["targets"]} == {"(a)", "(b)"}
     assert json.loads((tmp_path / "t.json").read_text())["suites"]["table"]["inserts"][0]["keys"] == 500
+
+
+def test_columns_suite_quick(tmp_path):
+    results = bench.main(["columns", *TINY, "--json", str(tmp_path / "c.json")])
+    res = results["suites"]["columns"]
+    assert {c["series"] for c in res["cases"]} == {"cross", "bucketized"}, res
+    for c in res["cases"]:
+        assert c["batch"] == 32 and c["shape"].startswith("B=32 ") and c["nnz"] > 0
+        assert _positive_finite(c["speedup"]) and c["max_abs_err"]["native"] <= 1e-4
+    assert json.loads((tmp_path / "c.json").read_text())["suites"]["columns"]["cases"][0]["nnz"] == \
+        res["cases"][0]["nnz"]

@@ -26,6 +26,7 @@ from tf_ctr_ops.strings import (  # noqa: E402
 )
 from tf_ctr_ops.vocab import (  # noqa: E402
     vocab_embedding, vocab_embedding_lookup_sparse, vocab_indicator, vocab_multi_hot)
+from tf_ctr_ops.columns import bucketized_embedding_lookup, cross_embedding_lookup  # noqa: E402
 from tf_ctr_ops.hash_table import HashTable, hash_table_embedding, multi_hash_table_embedding  # noqa: E402
 
 __version__ = "0.1.0"
@@ -42,6 +43,8 @@ __all__ = [
     "vocab_embedding_lookup_sparse",
     "vocab_indicator",
     "vocab_multi_hot",
+    "cross_embedding_lookup",
+    "bucketized_embedding_lookup",
     "HashTable",
     "hash_table_embedding",
     "multi_hash_table_embedding",

@@ -108,6 +108,25 @@ bool ConstScalarInt(const NodeDef* node, int64_t* value) {
   return false;
 }
 
+bool ConstScalarIs(const NodeDef* node, int64_t want) {
+  int64_t v = 0;
+  return ConstScalarInt(node, &v) && v == want;
+}
+
+bool ConstVectorIs(const NodeDef* node, const std::vector<int64_t>& want) {
+  std::vector<int64_t> v;
+  return ConstIntVector(node, &v) && v == want;
+}
+
+bool ConstVectorOrScalarIs(const NodeDef* node, int64_t want) {
+  return ConstScalarIs(node, want) || ConstVectorIs(node, {want});
+}
+
+bool SameTensor(const std::string& a, const std::string& b) {
+  const TensorId x = ParseTensorName(a), y = ParseTensorName(b);
+  return x.node == y.node && x.port == y.port;
+}
+
 bool IsFirstElementSlice(const GraphIndex& g, const NodeDef* slice) {
   std::vector<int64_t> begin, end, strides;
   return IsOp(slice, "StridedSlice") && ConstIntVector(g.Producer(*slice, 1), &begin) &&
@@ -129,6 +148,37 @@ bool IsFirstColumn(const GraphIndex& g, const NodeDef* slice) {
 }
 
 bool IsSelect(const NodeDef* node) { return IsOp(node, "Select") || IsOp(node, "SelectV2"); }
+
+bool IsFlattenToRank2(const GraphIndex& g, const NodeDef& reshape) {
+  const std::string& shape = reshape.input(1);
+  const NodeDef* pack = g.Producer(reshape, 2);
+  if (!IsOp(pack, "Pack") || IntAttr(*pack, "N", 0) != 2 || IntAttr(*pack, "axis", 0) != 0) return false;
+  const NodeDef* prod = g.Producer(*pack, 0);
+  const NodeDef* last = g.Producer(*pack, 1);
+  if (!IsOp(prod, "Prod") || BoolAttr(*prod, "keep_dims", false) || !ConstVectorOrScalarIs(g.Producer(*prod, 1), 0))
+    return false;
+  const NodeDef* head = g.Producer(*prod, 0);
+  if (!IsOp(head, "Slice") || !SameTensor(head->input(0), shape) || !ConstVectorOrScalarIs(g.Producer(*head, 1), 0) ||
+      !ConstVectorOrScalarIs(g.Producer(*head, 2), 1))
+    return false;
+  return IsOp(last, "GatherV2") && SameTensor(last->input(0), shape) &&
+         ConstVectorOrScalarIs(g.Producer(*last, 1), 1) && ConstVectorOrScalarIs(g.Producer(*last, 2), 0) &&
+         IntAttr(*last, "batch_dims", 0) == 0;
+}
+
+bool IsReshapeToBatchRows(const GraphIndex& g, const NodeDef& reshape) {
+  const NodeDef* target = g.Producer(reshape, 2);
+  if (IsOp(target, "Cast")) target = g.Producer(*target, 0);
+  if (!IsOp(target, "Pack") || IntAttr(*target, "N", 0) != 2 || IntAttr(*target, "axis", 0) != 0 ||
+      !ConstScalarIs(g.Producer(*target, 1), -1))
+    return false;
+  const NodeDef* rows = g.Producer(*target, 0);
+  if (!IsFirstElementSlice(g, rows)) return false;
+  const NodeDef* shape = g.Producer(*rows, 0);
+  std::string of = rows->input(0);
+  if (IsOp(shape, "Cast")) of = shape->input(0);  // tf.shape of a SparseTensor casts its dense_shape
+  return SameTensor(of, reshape.input(1));
+}
 
 bool IsPlainAsString(const NodeDef& n) {
   return IsOp(&n, "AsString") && IsIndexDtype(TypeAttr(n, "T")) && IntAttr(n, "precision", -1) == -1 &&

@@ -26,6 +26,13 @@ std::string StringAttr(const tensorflow::NodeDef& node, const char* name);
 bool ConstIntVector(const tensorflow::NodeDef* node, std::vector<int64_t>* out);
 // Value of a scalar integer Const, or false.
 bool ConstScalarInt(const tensorflow::NodeDef* node, int64_t* value);
+// Whether `node` is an integer Const holding `want`: the scalar, the vector,
+// or either (the forms Python emits for an index).
+bool ConstScalarIs(const tensorflow::NodeDef* node, int64_t want);
+bool ConstVectorIs(const tensorflow::NodeDef* node, const std::vector<int64_t>& want);
+bool ConstVectorOrScalarIs(const tensorflow::NodeDef* node, int64_t want);
+// Whether two input strings name the same tensor ("x" and "x:0" do).
+bool SameTensor(const std::string& a, const std::string& b);
 // Whether `node` is a scalar Const of a real or integer type equal to `want`
 // (a zero of either sign for 0), seen through Cast nodes (Keras casts its
 // constants).
@@ -49,6 +56,12 @@ bool IsFirstElementSlice(const GraphIndex& g, const tensorflow::NodeDef* slice);
 // x[:, 0] of a [N, 2+] tensor, as Python slicing emits it.
 bool IsFirstColumn(const GraphIndex& g, const tensorflow::NodeDef* slice);
 bool IsSelect(const tensorflow::NodeDef* node);  // Select or SelectV2
+// SparseReshapes of a SparseTensor S (input 1 its dense_shape) that keep every
+// entry in its row when S is 2-D, so its indices stay as they were:
+// safe_embedding_lookup_sparse's flattening [prod(S[:1]), S[1]], and the
+// linear model's [S[0], -1]. Neither checks S's rank.
+bool IsFlattenToRank2(const GraphIndex& g, const tensorflow::NodeDef& reshape);
+bool IsReshapeToBatchRows(const GraphIndex& g, const tensorflow::NodeDef& reshape);
 // An AsString of integers with no formatting attrs: the decimal form the
 // kernels' integer hash (HashIntKeyBucket) formats.
 bool IsPlainAsString(const tensorflow::NodeDef& node);

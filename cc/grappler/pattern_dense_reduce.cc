@@ -106,12 +106,6 @@ bool MatchMaskSelect(const GraphIndex& g, const NodeDef* select, MaskedRows* m) 
   return false;
 }
 
-// Whether two input strings name the same tensor ("x" and "x:0" do).
-bool SameTensor(const std::string& a, const std::string& b) {
-  const auto ta = ParseTensorName(a), tb = ParseTensorName(b);
-  return ta.node == tb.node && ta.port == tb.port;
-}
-
 class DenseReduceLookupPattern : public NamedPattern<kName> {
  public:
   // After the first stage: a vocabulary lookup's gather goes to vocab_lookup

@@ -25,8 +25,8 @@
 // SparseReorder (a pass-through for ids in canonical order) stands in for the
 // row sort SparseFillEmptyRows does for unordered ids; the fused op needs
 // sorted rows. Where the ids are canonical by construction (ParseExample's
-// sparse outputs, which a SparseReshape keeps in order) it is left out: a
-// sort per feature that never moves anything. The row count is the reshaped
+// sparse outputs and SparseCross's, which SparseReshapes keep in order) it is
+// left out: a sort per feature that never moves anything. The row count is the reshaped
 // dense shape's, as after SparseFillEmptyRows.
 #include <algorithm>
 #include <string>
@@ -369,11 +369,17 @@ class SafeLookupPattern : public NamedPattern<kName> {
   }
 
   // Whether the reshaped ids are in canonical order whatever their values:
-  // their indices are a ParseExample's sparse indices (row-major by
-  // construction), and SparseReshape keeps the order of the entries.
+  // their indices are a ParseExample's sparse indices or a SparseCross's
+  // (row-major by construction), and a SparseReshape keeps the order of the
+  // entries (each keeps its linear index), so the linear model's own
+  // reshape before this one does too.
   static bool CanonicalBySource(const GraphIndex& g, const NodeDef& reshape) {
     int port = 0;
     const NodeDef* source = g.Producer(reshape, 0, &port);
+    for (int depth = 0; IsOp(source, "SparseReshape") && port == 0 && depth < 4; ++depth)
+      source = g.Producer(*source, 0, &port);
+    if (IsOp(source, "SparseCross") || IsOp(source, "SparseCrossHashed") || IsOp(source, "SparseCrossV2"))
+      return port == 0;
     if (IsOp(source, "ParseExampleV2")) return port < IntAttr(*source, "num_sparse", 0);
     if (IsOp(source, "ParseExample")) return port < IntAttr(*source, "Nsparse", 0);
     return false;
@@ -385,25 +391,8 @@ class SafeLookupPattern : public NamedPattern<kName> {
     const GraphIndex& g = ctx->index();
     int port = 0;
     const NodeDef* shape = g.Producer(sr, 1, &port);
-    if (shape == nullptr || ctx->Rank(*shape, port) != 1 || ctx->Dim(*shape, port, 0) != 2) return false;
-    const NodeDef* pack = g.Producer(sr, 2);
-    if (!IsOp(pack, "Pack") || pack->input_size() != 2 || IntAttr(*pack, "axis", 0) != 0) return false;
-    const NodeDef* prod = g.Producer(*pack, 0);
-    const NodeDef* last = g.Producer(*pack, 1);
-    if (!IsOp(prod, "Prod") || !ConstVectorOrScalarIs(g.Producer(*prod, 1), 0)) return false;
-    const NodeDef* head = g.Producer(*prod, 0);
-    if (!IsOp(head, "Slice") || head->input(0) != sr.input(1) || !ConstVectorOrScalarIs(g.Producer(*head, 1), 0) ||
-        !ConstVectorOrScalarIs(g.Producer(*head, 2), 1))
-      return false;
-    return IsOp(last, "GatherV2") && last->input(0) == sr.input(1) &&
-           ConstVectorOrScalarIs(g.Producer(*last, 1), 1) && ConstVectorOrScalarIs(g.Producer(*last, 2), 0) &&
-           IntAttr(*last, "batch_dims", 0) == 0;
-  }
-
-  static bool ConstVectorOrScalarIs(const NodeDef* node, int64_t want) {
-    int64_t v = 0;
-    std::vector<int64_t> vs;
-    return (ConstScalarInt(node, &v) && v == want) || (ConstIntVector(node, &vs) && vs == std::vector<int64_t>{want});
+    return shape != nullptr && ctx->Rank(*shape, port) == 1 && ctx->Dim(*shape, port, 0) == 2 &&
+           IsFlattenToRank2(g, sr);
   }
 
   // The final Reshape(out, concat(Cast(shape)[:1], Shape(out)[1:])) of the

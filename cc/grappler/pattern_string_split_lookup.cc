@@ -37,16 +37,6 @@ using tensorflow::NodeDef;
 
 constexpr char kName[] = "string_split_lookup";
 
-bool ConstVectorIs(const NodeDef* node, const std::vector<int64_t>& want) {
-  std::vector<int64_t> v;
-  return ConstIntVector(node, &v) && v == want;
-}
-
-bool ConstScalarIs(const NodeDef* node, int64_t want) {
-  int64_t v = 0;
-  return ConstScalarInt(node, &v) && v == want;
-}
-
 // Whether `node` reads only element 0 of its input 0 (a [0:1] Slice, or x[0]).
 bool TakesFirstElement(const GraphIndex& g, const NodeDef* node) {
   if (IsFirstElementSlice(g, node)) return true;
@@ -59,11 +49,6 @@ std::vector<const NodeDef*> DistinctPortReaders(const GraphIndex& g, const std::
   for (const auto& [reader, input] : g.PortReaders(node, port))
     if (out.empty() || out.back() != reader) out.push_back(reader);
   return out;
-}
-
-bool SameTensor(const std::string& a, const std::string& b) {
-  const TensorId x = ParseTensorName(a), y = ParseTensorName(b);
-  return x.node == y.node && x.port == y.port;
 }
 
 // The SparseTensor a lookup reads, as tensor names.
@@ -168,24 +153,14 @@ class StringSplitLookupPattern : public NamedPattern<kName> {
     return true;
   }
 
-  // SparseReshape(indices, S, [prod(S[:1]), S[1]]): 2-D to the same 2-D shape,
-  // as safe_embedding_lookup_sparse flattens rank-2 ids.
+  // The safe lookup's flattening of 2-D ids, whose shape arithmetic only it reads.
   static bool IsRank2Identity(const GraphIndex& g, const NodeDef& reshape) {
-    const std::string& shape = reshape.input(1);
+    if (!IsFlattenToRank2(g, reshape)) return false;
     const NodeDef* pack = g.Producer(reshape, 2);
-    if (!IsOp(pack, "Pack") || IntAttr(*pack, "N", 0) != 2 || IntAttr(*pack, "axis", 0) != 0) return false;
     const NodeDef* prod = g.Producer(*pack, 0);
-    const NodeDef* last = g.Producer(*pack, 1);
-    if (!IsOp(prod, "Prod") || BoolAttr(*prod, "keep_dims", false) || !ConstVectorIs(g.Producer(*prod, 1), {0}))
-      return false;
-    const NodeDef* head = g.Producer(*prod, 0);
-    if (!IsOp(head, "Slice") || !SameTensor(head->input(0), shape) || !ConstVectorIs(g.Producer(*head, 1), {0}) ||
-        !ConstVectorIs(g.Producer(*head, 2), {1}))
-      return false;
-    return IsOp(last, "GatherV2") && SameTensor(last->input(0), shape) && ConstScalarIs(g.Producer(*last, 1), 1) &&
-           ConstScalarIs(g.Producer(*last, 2), 0) && IntAttr(*last, "batch_dims", 0) == 0 &&
-           g.DataConsumers(pack->name()) == 1 && g.DataConsumers(prod->name()) == 1 &&
-           g.DataConsumers(head->name()) == 1 && g.DataConsumers(last->name()) == 1;
+    for (const NodeDef* n : {pack, prod, g.Producer(*prod, 0), g.Producer(*pack, 1)})
+      if (g.DataConsumers(n->name()) != 1) return false;
+    return true;
   }
 
   // m->ids is a string split's SparseTensor (TF1) or a split's ragged tokens

@@ -13,11 +13,6 @@ using tensorflow::NodeDef;
 
 namespace {
 
-bool ConstScalarIs(const NodeDef* node, int64_t want) {
-  int64_t v = 0;
-  return ConstScalarInt(node, &v) && v == want;
-}
-
 // What waited on the Assert waits on the fused op and on what the Assert
 // waited on.
 void BypassAssert(RewriteContext* ctx, const NodeDef& assert_node, const std::vector<std::string>& absorbed,

@@ -18,17 +18,27 @@ struct LookupAttrs {
   bool merge_grad_rows = false;  // grad_indices "first_appearance"
 };
 
+// The attrs of pooling rows into bags, whatever names the rows.
+inline absl::Status ReadPoolingAttrs(tensorflow::OpKernelConstruction* c, ctr::LookupSpec* spec) {
+  std::string combiner;
+  TF_RETURN_IF_ERROR(c->GetAttr("combiner", &combiner));
+  TF_RETURN_IF_ERROR(c->GetAttr("default_id", &spec->default_id));
+  TF_RETURN_IF_ERROR(c->GetAttr("max_norm", &spec->max_norm));
+  TF_RETURN_IF_ERROR(CoreStatus(ctr::ParseCombiner(combiner, &spec->combiner)));
+  if (spec->default_id < -1)
+    return tensorflow::errors::InvalidArgument("default_id must be >= -1, got ", spec->default_id);
+  return absl::OkStatus();
+}
+
 // The id attrs (id_mode, num_buckets) and grad_indices are optional: an op
 // whose ids are always table rows (CtrVocabEmbeddingLookup's found ids) has
 // none of them, and reads as index mode.
 inline absl::Status ReadLookupAttrs(tensorflow::OpKernelConstruction* c, LookupAttrs* a) {
-  std::string combiner, kind, mode = "index", invalid, grad_indices = "per_id";
-  TF_RETURN_IF_ERROR(c->GetAttr("combiner", &combiner));
+  std::string kind, mode = "index", invalid, grad_indices = "per_id";
+  TF_RETURN_IF_ERROR(ReadPoolingAttrs(c, &a->spec));
   TF_RETURN_IF_ERROR(c->GetAttr("segment_kind", &kind));
   TF_RETURN_IF_ERROR(c->GetAttr("invalid_ids", &invalid));
   TF_RETURN_IF_ERROR(c->GetAttr("prune_weights", &a->spec.prune_weights));
-  TF_RETURN_IF_ERROR(c->GetAttr("default_id", &a->spec.default_id));
-  TF_RETURN_IF_ERROR(c->GetAttr("max_norm", &a->spec.max_norm));
   TF_RETURN_IF_ERROR(c->GetAttr("has_weights", &a->has_weights));
   if (c->HasAttr("id_mode")) {
     TF_RETURN_IF_ERROR(c->GetAttr("id_mode", &mode));
@@ -38,12 +48,26 @@ inline absl::Status ReadLookupAttrs(tensorflow::OpKernelConstruction* c, LookupA
   a->merge_grad_rows = grad_indices == "first_appearance";
   if (a->spec.buckets < 0)
     return tensorflow::errors::InvalidArgument("num_buckets must be >= 0, got ", a->spec.buckets);
-  TF_RETURN_IF_ERROR(CoreStatus(ctr::ParseCombiner(combiner, &a->spec.combiner)));
   TF_RETURN_IF_ERROR(CoreStatus(ctr::ParseIdMode(mode, &a->spec.id_mode)));
   TF_RETURN_IF_ERROR(CoreStatus(ctr::ParseInvalidIds(invalid, &a->spec.invalid_ids)));
   a->segments_are_splits = kind == "row_splits";
-  if (a->spec.default_id < -1)
-    return tensorflow::errors::InvalidArgument("default_id must be >= -1, got ", a->spec.default_id);
+  return absl::OkStatus();
+}
+
+// Binds the table to the spec: a table [V, d1, ..., dk] is read as
+// [V, d1 * ... * dk], so a bag pools whole rows, whatever their shape ([V]
+// has rows of one element).
+inline absl::Status BindTable(const tensorflow::Tensor& params, ctr::LookupSpec* spec) {
+  using tensorflow::errors::InvalidArgument;
+  if (params.dims() < 1)
+    return InvalidArgument("params must have rank >= 1 ([V] or [V, d1, ...]), got a scalar");
+  spec->vocab = params.dim_size(0);
+  spec->dim = 1;
+  for (int i = 1; i < params.dims(); ++i) spec->dim *= params.dim_size(i);
+  if (spec->id_mode == ctr::IdMode::kHash && spec->vocab <= 0)
+    return InvalidArgument("hash mode needs at least one bucket (table row), got ", spec->vocab);
+  if (spec->default_id >= spec->vocab)
+    return InvalidArgument("default_id ", spec->default_id, " is out of range [0, ", spec->vocab, ")");
   return absl::OkStatus();
 }
 
@@ -66,8 +90,6 @@ inline absl::Status ValidateLookupInputs(tensorflow::OpKernelContext* ctx, int f
   const tensorflow::Tensor& segments = ctx->input(first + 2);
   const tensorflow::Tensor& num_rows = ctx->input(first + 3);
   const tensorflow::Tensor& weights = ctx->input(first + 4);
-  if (params.dims() < 1)
-    return InvalidArgument("params must have rank >= 1 ([V] or [V, d1, ...]), got a scalar");
   if (ids.dims() != 1)
     return InvalidArgument("ids must be a vector, got shape ", ids.shape().DebugString());
   if (segments.dims() != 1)
@@ -83,16 +105,7 @@ inline absl::Status ValidateLookupInputs(tensorflow::OpKernelContext* ctx, int f
   if (!a->segments_are_splits && segments.NumElements() != ids.NumElements())
     return InvalidArgument("row ids must have one value per id: ids has ", ids.NumElements(),
                            " values, row ids have ", segments.NumElements());
-  // A table [V, d1, ..., dk] is read as [V, d1 * ... * dk]: a bag pools whole
-  // rows, whatever their shape ([V] has rows of one element).
-  a->spec.vocab = params.dim_size(0);
-  a->spec.dim = 1;
-  for (int i = 1; i < params.dims(); ++i) a->spec.dim *= params.dim_size(i);
-  if (a->spec.id_mode == ctr::IdMode::kHash && a->spec.vocab <= 0)
-    return InvalidArgument("hash mode needs at least one bucket (table row), got ", a->spec.vocab);
-  if (a->spec.default_id >= a->spec.vocab)
-    return InvalidArgument("default_id ", a->spec.default_id, " is out of range [0, ",
-                           a->spec.vocab, ")");
+  TF_RETURN_IF_ERROR(BindTable(params, &a->spec));
   in->params = &params;
   in->ids = &ids;
   in->segments = &segments;

@@ -82,4 +82,21 @@ absl::Status PoolLookupCpu(tensorflow::OpKernelContext* ctx, const LookupAttrs& 
   return absl::OkStatus();
 }
 
+// Pools the bags of int64 ids an op computed itself (crossed, bucketized),
+// given as row splits, into output 0 with the attrs `a` (bound to `params`).
+// An id >= V is an InvalidArgument naming the id (`what` says which kind)
+// and its row.
+template <typename T>
+absl::Status PoolComputedIds(tensorflow::OpKernelContext* ctx, const LookupAttrs& a, const tensorflow::Tensor& params,
+                             const tensorflow::Tensor& ids, const tensorflow::Tensor& splits, const char* what) {
+  LookupAttrs bags = a;
+  bags.segments_are_splits = true;
+  bags.has_weights = false;
+  const LookupInputs in{&params, &ids, &splits, -1, nullptr};
+  ctr::KeyError e;
+  TF_RETURN_IF_ERROR((PoolLookupCpu<T, int64_t, int64_t>(ctx, bags, in, &e)));
+  if (e.found()) return tensorflow::errors::InvalidArgument(what, " ", ctr::DescribeKeyError(e, a.spec.vocab));
+  return absl::OkStatus();
+}
+
 }  // namespace tf_ctr

@@ -18,6 +18,7 @@ verdicts. The modules of this package:
     lookup.py    the `lookup` suite
     strings.py   the `string` and `multi` suites
     rewrite.py   the `rewrite` suite (a TF-native SavedModel before / after rewriting)
+    columns.py   the `columns` suite (crossed and bucketized feature columns)
     models.py    the real model styles of `rewrite --model NAME`
 
 Suites import harness and report (and rewrite imports models), never the

@@ -1,0 +1,273 @@
+"""The cross_lookup and bucketize_lookup patterns: hashed feature crosses and
+bucketized columns feeding a fused sparse lookup (TF1 crossed_columns and
+bucketized_columns under a linear model and an embedding column, as
+census-style Wide & Deep models have them, TF2's safe_embedding_lookup_sparse
+over tf.sparse.cross_hashed, and feature columns' own bucketized ids) become
+CtrCrossEmbeddingLookup and CtrBucketizeEmbeddingLookup, served on the CPU.
+The rewritten SavedModel is verified by the rewrite itself (which must have
+compared), then loaded here and in a fresh process and compared again."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_ctr_ops  # noqa: F401
+from conftest import serve_in_fresh_process
+from test_rewrite_vocab_sparse import serve
+from tf_ctr_ops import rewrite
+
+EDUCATION = ["Bachelors", "Masters", "Doctorate", "HS-grad"]
+AGE_BOUNDARIES = [18.0, 25.0, 30.0, 35.0, 40.0, 50.0, 65.0]
+
+
+def save_census_model(path):
+    """A TF1 census Wide & Deep as Estimators export it: base, bucketized and
+    crossed columns (string x string, bucketized x string x string, a crossed
+    integer column) in the linear part, and embeddings of a cross and of the
+    bucketized column in the deep part, on serialized tf.Examples."""
+    fc = tf.compat.v1.feature_column
+    with tf.Graph().as_default():
+        tf.compat.v1.set_random_seed(5)
+        serialized = tf.compat.v1.placeholder(tf.string, [None], name="examples")
+        education = fc.categorical_column_with_vocabulary_list("education", EDUCATION)
+        occupation = fc.categorical_column_with_hash_bucket("occupation", 100)
+        age = fc.bucketized_column(fc.numeric_column("age"), AGE_BOUNDARIES)
+        wide = [education, occupation, age,
+                fc.crossed_column(["education", "occupation"], hash_bucket_size=1000),
+                fc.crossed_column([age, "education", "occupation"], hash_bucket_size=1000),
+                fc.crossed_column(["hours", "occupation"], hash_bucket_size=50)]
+        deep = [fc.embedding_column(occupation, 4), fc.embedding_column(age, 2, combiner="sum"),
+                fc.embedding_column(fc.crossed_column(["education", "occupation"], 300), 3, combiner="sqrtn")]
+        spec = fc.make_parse_example_spec(wide + deep)
+        spec["hours"] = tf.io.VarLenFeature(tf.int64)
+        features = tf.compat.v1.io.parse_example(serialized, spec)
+        linear = fc.linear_model(features, wide)
+        net = fc.input_layer(features, deep)
+        logits = tf.matmul(net, tf.compat.v1.get_variable("w", [net.shape[1], 1])) + linear
+        main_op = tf.group(tf.compat.v1.tables_initializer(), tf.compat.v1.local_variables_initializer())
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.tables_initializer()])
+            for v in tf.compat.v1.global_variables():  # the linear weights start at zero
+                sess.run(v.assign(tf.random.normal(tf.shape(v), seed=1)))
+            builder = tf.compat.v1.saved_model.Builder(str(path))
+            builder.add_meta_graph_and_variables(
+                sess, ["serve"], main_op=main_op,
+                signature_def_map={"serving_default": tf.compat.v1.saved_model.predict_signature_def(
+                    {"examples": serialized}, {"logits": logits, "linear": linear})})
+            builder.save()
+
+
+def examples(rng, n):
+    """Census-like tf.Examples with missing features (rows with no crosses)
+    and several occupations in some rows."""
+    def strings(values):
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v.encode() for v in values]))
+
+    out = []
+    for _ in range(n):
+        f = {"age": tf.train.Feature(float_list=tf.train.FloatList(value=[float(rng.integers(15, 80))]))}
+        if rng.random() < 0.9:
+            f["education"] = strings([EDUCATION[rng.integers(0, 4)]])
+        f["occupation"] = strings([f"job{rng.integers(0, 30)}" for _ in range(rng.integers(0, 3))])
+        f["hours"] = tf.train.Feature(int64_list=tf.train.Int64List(value=list(rng.integers(1, 60, 1))))
+        out.append(tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString())
+    return np.array(out, dtype=object)
+
+
+@pytest.mark.saved_model
+def test_census_crossed_and_bucketized_columns_become_one_op_each(tmp_path, rng):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    save_census_model(src)
+    report = rewrite.optimize_saved_model(src, dst, runs=1, serving_device="cpu",
+                                          sample_inputs={"serving_default": {"examples": examples(rng, 64)}})
+    sig = report.signatures["serving_default"]
+    assert report.tf1 and sig.outputs_match, sig
+    counts = sig.op_counts_after
+    assert counts.get("CtrCrossEmbeddingLookup") == 4 and "SparseCross" not in counts, counts
+    fused = [m for m in sig.matches if m["pattern"] == "cross_lookup"]
+    assert len(fused) == 4 and all(any("SparseCross" in r for r in m["replaced"]) for m in fused)
+    assert counts.get("CtrBucketizeEmbeddingLookup") == 2, counts
+    bucketized = [m for m in sig.matches if m["pattern"] == "bucketize_lookup"]
+    assert len(bucketized) == 2 and all(any("Transpose" in r for r in m["replaced"]) for m in bucketized)
+
+    for batch in (1, 50):
+        feeds = {"examples": examples(rng, batch)}
+        want, got = serve(src, feeds), serve(dst, feeds)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)
+    feeds = {"examples": examples(rng, 20)}
+    fresh = serve_in_fresh_process(dst, "serving_default", feeds, tmp_path)
+    want = serve(src, feeds)
+    for k in want:
+        np.testing.assert_allclose(fresh[k], want[k], rtol=1e-5, atol=1e-5)
+
+
+class Crossed:
+    """safe_embedding_lookup_sparse over tf.sparse.cross_hashed of sparse
+    strings and dense integers; `also_ids` returns the crossed ids too,
+    `weighted` weighs them."""
+
+    def __init__(self, rng, combiner="sqrtn", buckets=64, also_ids=False, weighted=False):
+        self.combiner, self.buckets, self.also_ids, self.weighted = combiner, buckets, also_ids, weighted
+        self.params = tf.Variable(rng.normal(size=(buckets, 4)), dtype=tf.float32)
+
+    def __call__(self, indices, values, shape, dense):
+        ids = tf.sparse.cross_hashed([tf.SparseTensor(indices, values, shape), dense], self.buckets)
+        weights = tf.SparseTensor(ids.indices, tf.ones_like(ids.values, tf.float32), ids.dense_shape) \
+            if self.weighted else None
+        pooled = tf.nn.safe_embedding_lookup_sparse(self.params, ids, weights, combiner=self.combiner)
+        return (pooled, ids.values) if self.also_ids else pooled
+
+    def feeds(self, rng, batch):
+        indices, values = [], []
+        for b in range(batch):
+            for j in range(int(rng.integers(0, 3))):
+                indices.append([b, j])
+                values.append(f"s{rng.integers(0, 20)}")
+        return {"indices": tf.constant(np.array(indices, np.int64).reshape(-1, 2)),
+                "values": tf.constant(np.array(values, object).reshape(-1), tf.string),
+                "shape": tf.constant([batch, 3], tf.int64),
+                "dense": tf.constant(rng.integers(0, 9, (batch, 2)), tf.int64)}
+
+
+CROSS_SPECS = [tf.TensorSpec([None, 2], tf.int64), tf.TensorSpec([None], tf.string), tf.TensorSpec([2], tf.int64),
+               tf.TensorSpec([None, 2], tf.int64)]
+
+
+def _rewritten(fn, specs=CROSS_SPECS, serving_device="cpu"):
+    """fn optimized in this process: (run(*args), report, op counts)."""
+    from test_rewrite import run_graph_def
+
+    cf = tf.function(fn).get_concrete_function(*specs)
+    graph, report = rewrite.optimize_concrete_function(cf, serving_device=serving_device)
+
+    def run(*args):
+        out = run_graph_def(cf, graph, *args)
+        return out[0] if len(out) == 1 else out
+
+    return run, report, rewrite.op_counts(graph, library=True)
+
+
+def _run_crossed(run, feeds):
+    return run(feeds["indices"], feeds["values"], feeds["shape"], feeds["dense"])
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_in_process_cross_fuses_and_matches(rng, combiner):
+    crossed = Crossed(rng, combiner)
+    run, report, counts = _rewritten(crossed)
+    assert counts.get("CtrCrossEmbeddingLookup") == 1, counts
+    for gone in ("SparseCross", "SparseReorder", "SparseFillEmptyRows", "Unique"):
+        assert gone not in counts, (gone, counts)
+    for batch in (0, 1, 30, 500):
+        feeds = crossed.feeds(rng, batch)
+        np.testing.assert_allclose(_run_crossed(run, feeds).numpy(), crossed(**feeds).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_in_process_id_past_the_table_fails_as_the_gather_does(rng):
+    crossed = Crossed(rng, buckets=64)
+    crossed.params = tf.Variable(tf.zeros([2, 4]))  # most crossed ids have no row
+    run, _, counts = _rewritten(crossed)
+    assert counts.get("CtrCrossEmbeddingLookup") == 1, counts
+    feeds = crossed.feeds(rng, 10)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        crossed(**feeds)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="crossed id [0-9]+ in row [0-9]+ is out of range"):
+        _run_crossed(run, feeds)
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("also_ids", "is read by"),
+    ("weighted", "weighted"),
+])
+def test_left_alone_with_the_reason(rng, case, reason):
+    crossed = Crossed(rng, also_ids=case == "also_ids", weighted=case == "weighted")
+    run, report, counts = _rewritten(crossed)
+    assert "CtrCrossEmbeddingLookup" not in counts, counts
+    assert any(s["pattern"] == "cross_lookup" and reason in s["reason"] for s in report["skip"]), report["skip"]
+    feeds = crossed.feeds(rng, 10)
+    got, want = _run_crossed(run, feeds), crossed(**feeds)
+    for g, w in zip(tf.nest.flatten(got), tf.nest.flatten(want)):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("serving_device", ["gpu", None])
+def test_not_fused_unless_served_on_the_cpu(rng, serving_device):
+    _, report, counts = _rewritten(Crossed(rng), serving_device=serving_device)
+    assert "CtrCrossEmbeddingLookup" not in counts and "SparseCross" in counts, counts
+    assert any(s["pattern"] == "cross_lookup" and "runs on the CPU" in s["reason"] for s in report["skip"]), \
+        report["skip"]
+
+
+def column_bucket_ids(values, boundaries):
+    """A bucketized_column's sparse ids, built by feature columns' own code."""
+    from tensorflow.python.feature_column import feature_column_v2 as fc2
+
+    column = fc2.bucketized_column(fc2.numeric_column("x", shape=(values.shape[1],)), boundaries)
+    return column.get_sparse_tensors(fc2.FeatureTransformationCache({"x": values}), None).id_tensor
+
+
+class Bucketized:
+    """safe_embedding_lookup_sparse over a bucketized column's ids of [B, 2]
+    values; `also_ids` returns the ids too."""
+
+    key_dtype = tf.float32
+
+    def __init__(self, rng, combiner="mean", also_ids=False, boundaries=(0.0, 1.5, 10.0)):
+        self.combiner, self.also_ids, self.boundaries = combiner, also_ids, list(boundaries)
+        self.params = tf.Variable(rng.normal(size=(2 * (len(boundaries) + 1), 3)), dtype=tf.float32)
+
+    def __call__(self, values):
+        ids = column_bucket_ids(values, self.boundaries)
+        pooled = tf.nn.safe_embedding_lookup_sparse(self.params, ids, combiner=self.combiner)
+        return (pooled, ids.values) if self.also_ids else pooled
+
+
+def _rewritten_bucketized(fn, serving_device="cpu"):
+    return _rewritten(fn, [tf.TensorSpec([None, 2], tf.float32)], serving_device)
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_in_process_bucketized_column_fuses_and_matches(rng, combiner):
+    bucketized = Bucketized(rng, combiner)
+    run, report, counts = _rewritten_bucketized(bucketized)
+    assert counts.get("CtrBucketizeEmbeddingLookup") == 1, counts
+    for gone in ("Bucketize", "Transpose", "SparseReorder", "SparseFillEmptyRows", "Unique", "Range"):
+        assert gone not in counts, (gone, counts)
+    for batch in (0, 1, 40):
+        values = tf.constant(rng.choice([-1.0, 0.0, 1.0, 1.5, 3.0, 10.0, 99.0, np.nan], (batch, 2)), tf.float32)
+        np.testing.assert_allclose(run(values).numpy(), bucketized(values).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_bucket_ids_the_caller_reads_stay_beside_the_fused_op(rng):
+    # The column's nodes that something else reads stay for it (a crossed
+    # column of the same bucketized column, here the caller); the fused op
+    # buckets the values again.
+    bucketized = Bucketized(rng, also_ids=True)
+    run, report, counts = _rewritten_bucketized(bucketized)
+    assert counts.get("CtrBucketizeEmbeddingLookup") == 1 and counts.get("Bucketize") == 1, counts
+    assert "SparseReorder" not in counts and "Transpose" not in counts, counts
+    values = tf.constant(rng.uniform(-2, 12, (8, 2)), tf.float32)
+    got, want = run(values), bucketized(values)
+    np.testing.assert_allclose(got[0].numpy(), want[0].numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got[1].numpy(), want[1].numpy())
+
+
+def test_bucketized_ids_past_the_table_fail_as_the_gather_does(rng):
+    bucketized = Bucketized(rng)
+    bucketized.params = tf.Variable(tf.zeros([5, 3]))  # no rows for the second value's buckets
+    run, _, counts = _rewritten_bucketized(bucketized)
+    assert counts.get("CtrBucketizeEmbeddingLookup") == 1, counts
+    values = tf.constant([[0.5, 0.5], [0.5, 20.0]], tf.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        bucketized(values)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bucketized id [0-9]+ in row 0 is out of range"):
+        run(values)
+
+
+@pytest.mark.parametrize("serving_device", ["gpu", None])
+def test_bucketized_not_fused_unless_served_on_the_cpu(rng, serving_device):
+    _, report, counts = _rewritten_bucketized(Bucketized(rng), serving_device)
+    assert "CtrBucketizeEmbeddingLookup" not in counts and "Bucketize" in counts, counts
+    assert any(s["pattern"] == "bucketize_lookup" and "runs on the CPU" in s["reason"] for s in report["skip"]), \
+        report["skip"]

@@ -1,0 +1,140 @@
+"""Crossed and bucketized features: the id-building op of a feature column
+(tf.sparse.cross_hashed, Bucketize) and the pooled lookup of its ids in one op.
+
+This is what a `crossed_column` or a `bucketized_column` under a linear model
+or an `embedding_column` computes; the rewrite fuses their subgraphs into it.
+"""
+
+import tensorflow as tf
+from tensorflow.python.ops import sparse_ops
+
+from tf_ctr_ops import ops
+from tf_ctr_ops._args import check_combiner, max_norm_attr, read_table
+from tf_ctr_ops._loader import load_op_library
+
+_ops = load_op_library()
+
+# tf.sparse.cross_hashed's key when none is given (0xDECAFCAFFE).
+DEFAULT_HASH_KEY = sparse_ops._DEFAULT_HASH_KEY
+
+
+def cross_embedding_lookup(params, inputs, num_buckets, hash_key=None, combiner="mean", default_id=None,
+                           max_norm=None, name=None):
+    """Pooled embeddings of hashed feature crosses.
+
+    Equal to `tf.nn.safe_embedding_lookup_sparse(params,
+    tf.sparse.cross_hashed(inputs, num_buckets, hash_key), None, combiner,
+    default_id, max_norm=max_norm)`, in one op that never builds the crossed
+    SparseTensor.
+
+    Args:
+      params: the [V, ...] embedding table (V >= num_buckets): a Tensor or a
+        Variable.
+      inputs: the features to cross, as `tf.sparse.cross_hashed` takes them:
+        `tf.SparseTensor`s [B, N] in row-major order and dense Tensors [B, k],
+        of strings or integers (integers are crossed as int64).
+      num_buckets: crossed ids are taken modulo this (>= 1).
+      hash_key: the FingerprintCat64 key; None is TF's default key.
+      combiner: "sum", "mean" or "sqrtn".
+      default_id: the row of a bag left empty (a row missing one of the
+        features has no crosses); None gives zeros.
+      max_norm: if set, rows are clipped to this L2 norm before pooling.
+      name: the op's name.
+
+    Returns:
+      [B] + params.shape[1:]. Its gradient reaches `params` as IndexedSlices.
+      An id >= V is an InvalidArgument naming the id and its row.
+    """
+    if not isinstance(inputs, (list, tuple)) or not inputs:
+        raise TypeError("inputs must be a non-empty list of SparseTensors and Tensors")
+    if int(num_buckets) < 1:
+        raise ValueError(f"num_buckets must be >= 1, got {num_buckets}")
+    combiner = check_combiner(combiner)
+    with tf.name_scope(name or "cross_embedding_lookup"):
+        sparse = [i for i in inputs if isinstance(i, tf.SparseTensor)]
+        dense = [tf.convert_to_tensor(i) for i in inputs if not isinstance(i, tf.SparseTensor)]
+        for sp in sparse:
+            if sp.shape.rank is not None and sp.shape.rank != 2:
+                raise ValueError(f"sparse inputs must be SparseTensors [B, N], got rank {sp.shape.rank}")
+        for t in dense:
+            if t.shape.rank is not None and t.shape.rank != 2:
+                raise ValueError(f"dense inputs must be Tensors [B, k], got shape {t.shape}")
+        key = DEFAULT_HASH_KEY if hash_key is None else int(hash_key)
+        out, _, _, _ = _ops.ctr_cross_embedding_lookup(
+            params=read_table(params), indices=[sp.indices for sp in sparse],
+            values=[_crossable(sp.values) for sp in sparse], shapes=[sp.dense_shape for sp in sparse],
+            dense_inputs=[_crossable(t) for t in dense], num_buckets=int(num_buckets),
+            hash_key=key - (1 << 64) if key >= 1 << 63 else key, combiner=combiner,
+            default_id=-1 if default_id is None else int(default_id), max_norm=max_norm_attr(max_norm))
+        first = sparse[0] if sparse else dense[0]
+        return ops._with_batch_dim(out, first)
+
+
+def _crossable(values):
+    """Strings as they are; integers as int64, as tf.sparse.cross_hashed casts them."""
+    if values.dtype == tf.string:
+        return values
+    if not values.dtype.is_integer:
+        raise TypeError(f"crossed features must be strings or integers, got {values.dtype.name}")
+    return tf.cast(values, tf.int64)
+
+
+def bucketized_embedding_lookup(params, values, boundaries, combiner="mean", default_id=None, max_norm=None,
+                                name=None):
+    """Pooled embeddings of bucketized numeric features.
+
+    What a `bucketized_column(numeric_column(key, shape=(S,)), boundaries)`
+    under a linear model or an `embedding_column` computes, in one op: value
+    s of a row falls in bucket `i` (the index of the first boundary greater
+    than it, as `tf.raw_ops.Bucketize` finds it) and names row
+    `i + s * (len(boundaries) + 1)` of `params`; each row pools its S rows as
+    `tf.nn.safe_embedding_lookup_sparse` does.
+
+    Args:
+      params: the [V, ...] embedding table, V >= S * (len(boundaries) + 1):
+        a Tensor or a Variable.
+      values: numbers [B, S] (or [B], one per row): int32, int64, float32 or
+        float64.
+      boundaries: the sorted bucket boundaries (floats).
+      combiner: "sum", "mean" or "sqrtn".
+      default_id: the row of a bag left empty (only when S is 0); None gives
+        zeros.
+      max_norm: if set, rows are clipped to this L2 norm before pooling.
+      name: the op's name.
+
+    Returns:
+      [B] + params.shape[1:]. Its gradient reaches `params` as IndexedSlices.
+      An id >= V is an InvalidArgument naming the id and its row.
+    """
+    boundaries = [float(b) for b in boundaries]
+    if boundaries != sorted(boundaries):
+        raise ValueError(f"boundaries must be sorted, got {boundaries}")
+    combiner = check_combiner(combiner)
+    with tf.name_scope(name or "bucketized_embedding_lookup"):
+        values = tf.convert_to_tensor(values)
+        if values.dtype not in (tf.int32, tf.int64, tf.float32, tf.float64):
+            raise TypeError(f"values must be int32, int64, float32 or float64, got {values.dtype.name}")
+        if values.shape.rank == 1:
+            values = values[:, tf.newaxis]
+        if values.shape.rank is not None and values.shape.rank != 2:
+            raise ValueError(f"values must be [B] or [B, S], got shape {values.shape}")
+        out, _, _, _ = _ops.ctr_bucketize_embedding_lookup(
+            params=read_table(params), input=values, boundaries=boundaries, column_stride=len(boundaries) + 1,
+            combiner=combiner, default_id=-1 if default_id is None else int(default_id),
+            max_norm=max_norm_attr(max_norm))
+        return ops._with_batch_dim(out, values)
+
+
+@tf.RegisterGradient("CtrBucketizeEmbeddingLookup")
+@tf.RegisterGradient("CtrCrossEmbeddingLookup")
+def _computed_ids_lookup_grad(op, grad, _ids_grad, _splits_grad, _shape_grad):
+    """CtrEmbeddingLookup's gradient on the ids the op computed (crossed or
+    bucketized) and their bags; the features have none."""
+    params = op.inputs[0]
+    attrs = {k: op.get_attr(k) for k in ("combiner", "default_id", "max_norm")}
+    values, indices, _, _ = _ops.ctr_embedding_lookup_grad(
+        grad=grad, params=params, ids=op.outputs[1], segments=op.outputs[2], num_rows=tf.constant(-1, tf.int64),
+        weights=tf.zeros([0], tf.float32), combiner=attrs["combiner"].decode(), segment_kind="row_splits",
+        invalid_ids="error", default_id=attrs["default_id"], max_norm=attrs["max_norm"], has_weights=False)
+    params_grad = tf.IndexedSlices(values, indices, dense_shape=tf.shape(params, out_type=tf.int64))
+    return [params_grad] + [None] * (len(op.inputs) - 1)
