@@ -94,6 +94,19 @@ def serve(path, feeds, key="serving_default"):
     return {k: v.numpy() for k, v in fn(**{k: tf.constant(v) for k, v in feeds.items()}).items()}
 
 
+def assert_serves_like_source(src, dst, feeds_list, fresh_feeds, work_dir, atol=1e-6):
+    """The rewritten SavedModel `dst` serves what `src` serves on each of
+    `feeds_list` here, and on `fresh_feeds` in a fresh process."""
+    for feeds in feeds_list:
+        want, got = serve(src, feeds), serve(dst, feeds)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=atol)
+    fresh = serve_in_fresh_process(dst, "serving_default", fresh_feeds, work_dir)
+    want = serve(src, fresh_feeds)
+    for k in want:
+        np.testing.assert_allclose(fresh[k], want[k], rtol=1e-5, atol=atol)
+
+
 def fused_counts(report, key="serving_default"):
     return report.signatures[key].op_counts_after
 
@@ -113,16 +126,8 @@ def test_tf1_vocabulary_columns_become_one_op_each(tmp_path, rng):
     fused = [m for m in sig.matches if m["pattern"] in ("vocab_sparse_lookup", "vocab_indicator")]
     assert len(fused) == 6 and all(any("LookupTableFindV2" in r for r in m["replaced"]) for m in fused)
 
-    for batch in (0, 1, 50):
-        feeds = {"examples": examples(rng, batch)}
-        want, got = serve(src, feeds), serve(dst, feeds)
-        for k in want:
-            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
-    feeds = {"examples": examples(rng, 20)}
-    fresh = serve_in_fresh_process(dst, "serving_default", feeds, tmp_path)
-    want = serve(src, feeds)
-    for k in want:
-        np.testing.assert_allclose(fresh[k], want[k], rtol=1e-5, atol=1e-6)
+    assert_serves_like_source(src, dst, [{"examples": examples(rng, b)} for b in (0, 1, 50)],
+                              {"examples": examples(rng, 20)}, tmp_path)
 
 
 class OovModule(tf.Module):
