@@ -59,6 +59,26 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.slow)
 
 
+def random_sparse(rng, batch, width, make, dtype=None, empty_rows=0.2):
+    """A SparseTensor [batch, width] in row-major order: each row left empty
+    with probability `empty_rows`, else 1..width values make(rng) in its first
+    columns. dtype: the values' (None: string for str values, else int64)."""
+    import tensorflow as tf
+
+    indices, values = [], []
+    for b in range(batch):
+        if rng.random() < empty_rows:
+            continue
+        for j in range(int(rng.integers(1, width + 1))):
+            indices.append([b, j])
+            values.append(make(rng))
+    if dtype is None:
+        dtype = tf.string if values and isinstance(values[0], str) else tf.int64
+    flat = np.array(values, object if dtype == tf.string else np.int64).reshape(-1)
+    return tf.SparseTensor(tf.constant(np.array(indices, np.int64).reshape(-1, 2)), tf.constant(flat, dtype),
+                           [batch, width])
+
+
 def data_file(name):
     """Path of a sample in ../shared/data, or a skip naming what is missing."""
     path = DATA_DIR / name

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import tf_ctr_ops as tco
 from tf_ctr_ops import columns as cross
-from conftest import data_file
+from conftest import data_file, random_sparse
 
 WORDS = ["", "a", "bb", "ccc", "a much longer feature value, past sixteen bytes", "é"]
 
@@ -54,16 +54,7 @@ def assert_same_params_gradient(rng, params, fused, native):
 
 def sparse_features(rng, batch, width, make, empty_rows=0.2):
     """[batch, width] features in row-major order, some rows left empty."""
-    indices, values = [], []
-    for b in range(batch):
-        if rng.random() < empty_rows:
-            continue
-        for j in range(int(rng.integers(1, width + 1))):
-            indices.append([b, j])
-            values.append(make(rng))
-    dtype = tf.string if values and isinstance(values[0], str) else tf.int64
-    return tf.SparseTensor(tf.constant(np.array(indices, np.int64).reshape(-1, 2)),
-                           tf.constant(values, dtype) if values else tf.zeros([0], dtype), [batch, width])
+    return random_sparse(rng, batch, width, make, empty_rows=empty_rows)
 
 
 def strings(rng):

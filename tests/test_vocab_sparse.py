@@ -10,6 +10,7 @@ import tensorflow as tf
 from tensorflow.python.ops import lookup_ops
 
 import tf_ctr_ops as tco
+from conftest import random_sparse
 
 VOCAB = [f"w{i}" for i in range(30)]
 INT_VOCAB = np.arange(0, 300, 10, dtype=np.int64)
@@ -29,17 +30,11 @@ def native(table, sp_keys, params, sp_weights=None, combiner="mean", oov=0, defa
 
 def sparse_keys(rng, batch, vocab, width=4, missing=0.2, empty_rows=0.2, unknown="never-seen"):
     """[batch, width] keys: rows left empty, keys out of the vocabulary."""
-    indices, values = [], []
-    for b in range(batch):
-        if rng.random() < empty_rows:
-            continue
-        for j in range(int(rng.integers(1, width + 1))):
-            indices.append([b, j])
-            values.append(unknown if rng.random() < missing else vocab[rng.integers(0, len(vocab))])
     dtype = tf.string if isinstance(unknown, str) else tf.int64
-    return tf.SparseTensor(tf.constant(np.array(indices, np.int64).reshape(-1, 2)),
-                           tf.constant(np.array(values, object if dtype == tf.string else np.int64), dtype),
-                           [batch, width])
+    def key(r):
+        return unknown if r.random() < missing else vocab[r.integers(0, len(vocab))]
+
+    return random_sparse(rng, batch, width, key, dtype, empty_rows)
 
 
 def weights_like(rng, keys, low=-0.5):
