@@ -263,3 +263,123 @@ def test_bucketized_not_fused_unless_served_on_the_cpu(rng, serving_device):
     assert "CtrBucketizeEmbeddingLookup" not in counts and "Bucketize" in counts, counts
     assert any(s["pattern"] == "bucketize_lookup" and "runs on the CPU" in s["reason"] for s in report["skip"]), \
         report["skip"]
+
+
+class KerasCross:
+    """keras.layers.HashedCrossing of a string and an integer feature into an
+    Embedding, as keras-io's structured-data models cross features; `rank` 2
+    takes [B, 1] features and flattens the [B, 1, D] rows when `flatten`."""
+
+    def __init__(self, num_bins=50, rows=50, rank=1, flatten=True, dim=4):
+        import keras
+
+        self.rank = rank
+        shape = () if rank == 1 else (1,)
+        a = keras.Input(shape=shape, dtype="string", name="a")
+        b = keras.Input(shape=shape, dtype="int64", name="b")
+        rows_out = keras.layers.Embedding(rows, dim)(keras.layers.HashedCrossing(num_bins=num_bins)((a, b)))
+        if rank == 2 and flatten:
+            rows_out = keras.layers.Flatten()(rows_out)
+        self.model = keras.Model({"a": a, "b": b}, rows_out)
+        self.specs = [tf.TensorSpec([None] + [1] * (rank - 1), tf.string),
+                      tf.TensorSpec([None] + [1] * (rank - 1), tf.int64)]
+
+    def __call__(self, a, b):
+        return self.model({"a": a, "b": b})
+
+    def feeds(self, rng, batch):
+        shape = (batch,) if self.rank == 1 else (batch, 1)
+        words = np.array(["", "red", "green", "blue", "a,b"], object)
+        return (tf.constant(rng.choice(words, shape), tf.string),
+                tf.constant(rng.integers(-5, 1 << 40, shape), tf.int64))
+
+
+@pytest.mark.parametrize("rank", [1, 2])
+def test_keras_hashed_crossing_embedding_fuses_and_matches(rng, rank):
+    crossed = KerasCross(rank=rank)
+    run, report, counts = _rewritten(crossed, crossed.specs)
+    assert counts.get("CtrCrossEmbeddingLookup") == 1, counts
+    for gone in ("SparseCross", "SparseToDense", "GatherV2", "ResourceGather", "SelectV2"):
+        assert gone not in counts, (gone, counts)
+    [m] = [m for m in report["match"] if m["pattern"] == "cross_gather"]
+    assert any("SparseCross" in r for r in m["replaced"]), m
+    # HashedCrossing fails on a batch of 0 natively (its Squeeze, or its
+    # set_shape([B, 1]) of the [0, 0] ids); test_tf_dense_cross_gather_fuses serves one.
+    for batch in (1, 7, 300):
+        feeds = crossed.feeds(rng, batch)
+        np.testing.assert_array_equal(run(*feeds).numpy(), crossed(*feeds).numpy())
+
+
+def test_keras_hashed_crossing_past_the_table_fails_as_the_gather_does(rng):
+    crossed = KerasCross(num_bins=1000, rows=3)
+    run, _, counts = _rewritten(crossed, crossed.specs)
+    assert counts.get("CtrCrossEmbeddingLookup") == 1, counts
+    feeds = crossed.feeds(rng, 40)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        crossed(*feeds)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="crossed id [0-9]+ in row [0-9]+ is out of range"):
+        run(*feeds)
+
+
+def _dense_cross_gather(table, also_ids=False, sparse=False):
+    """tf.nn.embedding_lookup over tf.sparse.to_dense(tf.sparse.cross_hashed(...))
+    of [B, 1] features, flattened; `also_ids` returns the ids too, `sparse`
+    crosses a SparseTensor in."""
+    def f(a, b):
+        first = tf.sparse.from_dense(a) if sparse else a
+        ids = tf.sparse.to_dense(tf.sparse.cross_hashed([first, b], int(table.shape[0])))
+        ids.set_shape([None, 1])  # as HashedCrossing does: the rows' [B, 1, D] shape is then known
+        rows = tf.reshape(tf.nn.embedding_lookup(table, ids), [-1, int(table.shape[1])])
+        return (rows, ids) if also_ids else rows
+    return f
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("not_flattened", "not flattened"),
+    ("also_ids", "has another consumer"),
+    ("sparse", "has sparse inputs"),
+    ("gpu", "runs on the CPU"),
+])
+def test_keras_hashed_crossing_left_alone_with_the_reason(rng, case, reason):
+    specs = [tf.TensorSpec([None, 1], tf.string), tf.TensorSpec([None, 1], tf.int64)]
+    table = tf.Variable(rng.normal(size=(20, 3)), dtype=tf.float32)
+    if case == "not_flattened":
+        crossed = KerasCross(rank=2, flatten=False)
+        fn, specs = crossed, crossed.specs
+    else:
+        fn = _dense_cross_gather(table, also_ids=case == "also_ids", sparse=case == "sparse")
+    run, report, counts = _rewritten(fn, specs, serving_device="gpu" if case == "gpu" else "cpu")
+    assert "CtrCrossEmbeddingLookup" not in counts, counts
+    assert any(s["pattern"] == "cross_gather" and reason in s["reason"] for s in report["skip"]), report["skip"]
+    feeds = (tf.constant([["x"], [""], ["y"]]), tf.constant([[1], [2], [-3]], tf.int64))
+    for g, w in zip(tf.nest.flatten(run(*feeds)), tf.nest.flatten(fn(*feeds))):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
+
+
+def test_tf_dense_cross_gather_fuses(rng):
+    table = tf.Variable(rng.normal(size=(20, 3)), dtype=tf.float32)
+    fn = _dense_cross_gather(table)
+    run, report, counts = _rewritten(fn, [tf.TensorSpec([None, 1], tf.string), tf.TensorSpec([None, 1], tf.int64)])
+    assert counts.get("CtrCrossEmbeddingLookup") == 1 and "SparseCross" not in counts, counts
+    native = tf.function(fn)  # in a graph, set_shape does not check the [0, 0] ids of a batch of 0
+    for batch in (0, 5, 64):
+        feeds = (tf.constant(rng.choice(["p", "q", ""], (batch, 1)), tf.string),
+                 tf.constant(rng.integers(0, 9, (batch, 1)), tf.int64))
+        np.testing.assert_array_equal(run(*feeds).numpy(), native(*feeds).numpy())
+
+
+@pytest.mark.saved_model
+def test_keras_hashed_crossing_saved_model(tmp_path, rng):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    crossed = KerasCross()
+    crossed.model.export(str(src), verbose=False)
+    report = rewrite.optimize_saved_model(src, dst, runs=1, serving_device="cpu")
+    sig = report.signatures["serving_default"]
+    assert sig.outputs_match and sig.op_counts_after.get("CtrCrossEmbeddingLookup") == 1, sig
+    assert [m["pattern"] for m in sig.matches] == ["cross_gather"], sig.matches
+
+    def named(batch):
+        a, b = crossed.feeds(rng, batch)
+        return {"a": a.numpy(), "b": b.numpy()}
+
+    assert_serves_like_source(src, dst, [named(b) for b in (1, 33)], named(9), tmp_path)

@@ -31,17 +31,7 @@ SourceMatch MatchGatheredRows(const NodeDef& user, int data_input, int idx_input
     *why = "the Gather does not read the Unique ids";
     return SourceMatch::kRejected;
   }
-  if (IntAttr(*gather, "batch_dims", 0) != 0) {
-    *why = "Gather has batch_dims != 0";
-    return SourceMatch::kRejected;
-  }
-  if (!resource) {
-    int64_t axis = -1;
-    if (!ConstScalarInt(g.Producer(*gather, 2), &axis) || axis != 0) {
-      *why = "GatherV2 axis is not a constant 0";
-      return SourceMatch::kRejected;
-    }
-  }
+  if (!GathersWholeRows(g, *gather, why)) return SourceMatch::kRejected;
   // Each intermediate must feed only this subgraph.
   if (g.Consumers(unique->name(), 0) != 1 || g.Consumers(unique->name(), 1) != 1 ||
       g.DataConsumers(unique->name()) != 2) {

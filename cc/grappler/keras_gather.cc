@@ -14,6 +14,19 @@ namespace grappler {
 using tensorflow::DataType;
 using tensorflow::NodeDef;
 
+DataType GatheredType(const NodeDef& gather, bool resource) {
+  return resource ? TypeAttr(gather, "dtype") : TypeAttr(gather, "Tparams");
+}
+
+std::string GatheredTable(RewriteContext* ctx, const NodeDef& gather, bool resource, DataType T) {
+  if (!resource) return gather.input(0);
+  return AddReadVariable(ctx, gather.name() + "/ctr_table", gather.input(0), T, gather.device());
+}
+
+bool IsIndexCast(const NodeDef* n) {
+  return IsOp(n, "Cast") && TypeAttr(*n, "SrcT") == tensorflow::DT_INT64 && IsIndexDtype(TypeAttr(*n, "DstT"));
+}
+
 const NodeDef* UnwrapNegativeIndexFix(const GraphIndex& g, const NodeDef* select, std::vector<const NodeDef*>* wrap) {
   if (!IsOp(select, "SelectV2")) return select;
   const NodeDef* less = g.Producer(*select, 0);

@@ -14,6 +14,15 @@
 namespace tf_ctr {
 namespace grappler {
 
+// The dtype of the rows a GatherV2 or ResourceGather gathers.
+tensorflow::DataType GatheredType(const tensorflow::NodeDef& gather, bool resource);
+// The table a fused op replacing `gather` reads: GatherV2's params, or a new
+// read of ResourceGather's variable (named after the gather).
+std::string GatheredTable(RewriteContext* ctx, const tensorflow::NodeDef& gather, bool resource,
+                          tensorflow::DataType T);
+// An int64 -> int32/int64 Cast of ids, as before an int32 Keras Embedding input.
+bool IsIndexCast(const tensorflow::NodeDef* n);
+
 // Keras 3's take() wraps negative indices: SelectV2(Less(h, 0), AddV2(h, n), h).
 // Returns h and sets `wrap` to {select, less, add} when `select` is that
 // wrap; returns `select` itself otherwise.

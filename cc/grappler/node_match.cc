@@ -210,6 +210,26 @@ bool IsSqueezeOfAxis(const NodeDef* node, int64_t axis, int rank) {
   return (d < 0 ? d + rank : d) == axis;
 }
 
+void CopyAttrsIfSet(const NodeDef& from, std::initializer_list<const char*> names, NodeDef* to) {
+  for (const char* name : names) {
+    const auto it = from.attr().find(name);
+    if (it != from.attr().end()) (*to->mutable_attr())[name] = it->second;
+  }
+}
+
+bool GathersWholeRows(const GraphIndex& g, const NodeDef& gather, std::string* why) {
+  if (IntAttr(gather, "batch_dims", 0) != 0) {
+    *why = "Gather has batch_dims != 0";
+    return false;
+  }
+  int64_t axis = -1;
+  if (IsOp(&gather, "GatherV2") && (!ConstScalarInt(g.Producer(gather, 2), &axis) || axis != 0)) {
+    *why = "GatherV2 axis is not a constant 0";
+    return false;
+  }
+  return true;
+}
+
 bool ConstIntVector(const NodeDef* node, std::vector<int64_t>* out) {
   if (!IsOp(node, "Const")) return false;
   auto it = node->attr().find("value");

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,10 @@ const tensorflow::NodeDef* AxisConstOnlyFor(RewriteContext* ctx, const tensorflo
 // Whether `node` is a Squeeze of exactly one axis, `axis` of a rank-`rank`
 // input (a negative squeeze_dims entry counts from the end).
 bool IsSqueezeOfAxis(const tensorflow::NodeDef* node, int64_t axis, int rank);
+// Whether `gather` (GatherV2 or ResourceGather) gathers whole rows of its
+// table: batch_dims 0 and, for GatherV2, a constant axis 0. Else false with
+// the reason in `why`.
+bool GathersWholeRows(const GraphIndex& g, const tensorflow::NodeDef& gather, std::string* why);
 // Whether `slice` is x[0] of a vector, as Python indexing emits it
 // (StridedSlice [0:1:1], shrinking axis 0, no other masks).
 bool IsFirstElementSlice(const GraphIndex& g, const tensorflow::NodeDef* slice);
@@ -76,6 +81,11 @@ const tensorflow::NodeDef* SkipIdentities(const GraphIndex& g, const tensorflow:
                                           std::vector<const tensorflow::NodeDef*>* identities);
 bool IsEmbeddingDtype(tensorflow::DataType t);
 bool IsIndexDtype(tensorflow::DataType t);
+// Copies the attrs `names` that `from` sets onto `to`. An attr at its
+// default may be absent (stripped on export); `to`'s op then takes the same
+// default.
+void CopyAttrsIfSet(const tensorflow::NodeDef& from, std::initializer_list<const char*> names,
+                    tensorflow::NodeDef* to);
 // Copies the control inputs ("^x") of `from` onto `to`.
 void CopyControlInputs(const tensorflow::NodeDef& from, tensorflow::NodeDef* to);
 // Appends the control inputs ("^x") of `from` to `controls`.

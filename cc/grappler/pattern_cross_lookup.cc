@@ -89,15 +89,9 @@ class CrossLookupPattern : public NamedPattern<kName> {
     for (const std::string& in : cross.input())
       if (in.empty() || in[0] != '^') fused->add_input(in);
     CopyControlInputs(anchor, fused);
-    auto& attr = *fused->mutable_attr();
-    attr.clear();
-    // An attr at its default may be absent (stripped on export); the op then takes the same default.
-    auto copy = [&](const NodeDef& from, const char* a) {
-      const auto it = from.attr().find(a);
-      if (it != from.attr().end()) attr[a] = it->second;
-    };
-    for (const char* a : {"T", "combiner", "default_id", "max_norm"}) copy(anchor, a);
-    for (const char* a : {"N", "sparse_types", "dense_types", "num_buckets", "hash_key"}) copy(cross, a);
+    fused->mutable_attr()->clear();
+    CopyAttrsIfSet(anchor, {"T", "combiner", "default_id", "max_norm"}, fused);
+    CopyAttrsIfSet(cross, {"N", "sparse_types", "dense_types", "num_buckets", "hash_key"}, fused);
 
     MatchRecord record{kName, name, kFusedOp, {Describe(anchor)}};
     AbsorbChain(ctx, c, base, {TensorName(cross.name(), 2)}, TensorName(name, kShapeOutput), &record);

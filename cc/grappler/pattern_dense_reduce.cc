@@ -135,12 +135,8 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     if (T != tensorflow::DT_FLOAT)
       return Skip(ctx, anchor, "data dtype " + tensorflow::DataType_Name(T) +
                                    " is not float32 (TF reduces half types in their own precision)");
-    if (IntAttr(*gather, "batch_dims", 0) != 0) return Skip(ctx, anchor, "Gather has batch_dims != 0");
-    if (!resource) {
-      int64_t axis = -1;
-      if (!ConstScalarInt(g.Producer(*gather, 2), &axis) || axis != 0)
-        return Skip(ctx, anchor, "GatherV2 axis is not a constant 0");
-    }
+    std::string why;
+    if (!GathersWholeRows(g, *gather, &why)) return Skip(ctx, anchor, why);
     const int table_rank = GatherTableRank(ctx, *gather, resource, 2);
     if (table_rank != 2)
       return Skip(ctx, anchor,

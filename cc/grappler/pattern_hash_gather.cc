@@ -64,10 +64,6 @@ struct HashedKeys {
   }
 };
 
-bool IsIndexCast(const NodeDef* n) {
-  return IsOp(n, "Cast") && TypeAttr(*n, "SrcT") == tensorflow::DT_INT64 && IsIndexDtype(TypeAttr(*n, "DstT"));
-}
-
 class HashGatherPattern : public NamedPattern<kName> {
  public:
   bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
@@ -100,15 +96,11 @@ class HashGatherPattern : public NamedPattern<kName> {
     }
 
     // The subgraph has the right shape; now every condition for exactness.
-    const DataType T = resource ? TypeAttr(anchor, "dtype") : TypeAttr(anchor, "Tparams");
+    const DataType T = GatheredType(anchor, resource);
     if (!IsEmbeddingDtype(T))
       return Skip(ctx, anchor, "table dtype " + tensorflow::DataType_Name(T) + " is not float, half or bfloat16");
-    if (IntAttr(anchor, "batch_dims", 0) != 0) return Skip(ctx, anchor, "Gather has batch_dims != 0");
-    if (!resource) {
-      int64_t axis = -1;
-      if (!ConstScalarInt(g.Producer(anchor, 2), &axis) || axis != 0)
-        return Skip(ctx, anchor, "GatherV2 axis is not a constant 0");
-    }
+    std::string why;
+    if (!GathersWholeRows(g, anchor, &why)) return Skip(ctx, anchor, why);
     if (keys.as_string != nullptr && !IsPlainAsString(*keys.as_string))
       return Skip(ctx, anchor, "AsString has formatting attributes");
     const int64_t buckets = IntAttr(*h, "num_buckets", 0);
@@ -116,7 +108,6 @@ class HashGatherPattern : public NamedPattern<kName> {
       return Skip(ctx, anchor, "hash buckets do not fit the int32 cast");
     if (!keys.wrap.empty() && !WrapShiftIsScalar(ctx, keys.wrap))
       return Skip(ctx, anchor, "the negative-index wrap may broadcast (its shift is not known to be a scalar)");
-    std::string why;
     if (!OnlyFeedsTheGather(g, keys, &why)) return Skip(ctx, anchor, why);
     const int rank = ctx->Rank(*h, 0);
     if (rank < 0) return Skip(ctx, anchor, "ids rank unknown");
@@ -156,11 +147,6 @@ class HashGatherPattern : public NamedPattern<kName> {
     return only(keys.hash, index_readers) && only(keys.as_string, 1);
   }
 
-  static std::string Table(RewriteContext* ctx, const NodeDef& anchor, bool resource, DataType T) {
-    if (!resource) return anchor.input(0);
-    return AddReadVariable(ctx, anchor.name() + "/ctr_table", anchor.input(0), T, anchor.device());
-  }
-
   static MatchRecord Absorb(RewriteContext* ctx, const NodeDef& anchor, const HashedKeys& keys, const char* fused_op) {
     MatchRecord record{kName, anchor.name(), fused_op, {}};
     for (const NodeDef* n : keys.Absorbed()) {
@@ -185,7 +171,7 @@ class HashGatherPattern : public NamedPattern<kName> {
     for (const NodeDef* n : keys.Absorbed()) absorbed.push_back(*n);
     MatchRecord record = Absorb(ctx, anchor, keys, "CtrStringEmbedding");
 
-    const std::string table = Table(ctx, anchor, resource, T);
+    const std::string table = GatheredTable(ctx, anchor, resource, T);
     const std::string flat_strings = FlattenKeys(ctx, anchor.name(), strings, tensorflow::DT_STRING, rank, "");
 
     NodeDef* fused = BecomeGatherOutput(ctx, anchor, "CtrStringEmbedding", T, rank, flatten, &record);
@@ -210,7 +196,7 @@ class HashGatherPattern : public NamedPattern<kName> {
     for (const NodeDef* n : keys.Absorbed()) absorbed.push_back(*n);
     MatchRecord record = Absorb(ctx, anchor, keys, "CtrEmbeddingLookup");
 
-    const std::string table = Table(ctx, anchor, resource, T);
+    const std::string table = GatheredTable(ctx, anchor, resource, T);
     const std::string flat = FlattenKeys(ctx, base, int_keys, kt, rank, device);
     NodeDef* size = ctx->AddNode(base + "/ctr_num_keys", "Size", device);
     size->add_input(flat);

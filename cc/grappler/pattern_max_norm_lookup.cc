@@ -157,10 +157,7 @@ class MaxNormLookupPattern : public NamedPattern<kName> {
     const bool resource = IsOp(gather, "ResourceGather");
     if (!(resource || IsOp(gather, "GatherV2")) || g.Producer(*gather, 1, &y_port) != unique || y_port != 0)
       return Skip(ctx, anchor, "the clipped rows are not Gather(table, Unique(ids).y)");
-    if (IntAttr(*gather, "batch_dims", 0) != 0) return Skip(ctx, anchor, "Gather has batch_dims != 0");
-    int64_t axis = -1;
-    if (!resource && (!ConstScalarInt(g.Producer(*gather, 2), &axis) || axis != 0))
-      return Skip(ctx, anchor, "GatherV2 axis is not a constant 0");
+    if (!GathersWholeRows(g, *gather, &why)) return Skip(ctx, anchor, why);
     const int rank = resource ? ResourceTableRank(ctx, *gather) : ctx->Rank(*gather, 0);
     if (rank != 2)
       return Skip(ctx, anchor, rank < 0 ? "cannot prove the table is a matrix (rank unknown)" : "the table is not a matrix");

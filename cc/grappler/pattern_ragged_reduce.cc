@@ -116,12 +116,8 @@ class RaggedReduceLookupPattern : public NamedPattern<kName> {
     const DataType T = TypeAttr(anchor, "T");
     if (!IsEmbeddingDtype(T))
       return Skip(ctx, anchor, "data dtype " + tensorflow::DataType_Name(T) + " is not float, half or bfloat16");
-    if (IntAttr(*gather, "batch_dims", 0) != 0) return Skip(ctx, anchor, "Gather has batch_dims != 0");
-    if (!resource) {
-      int64_t axis = -1;
-      if (!ConstScalarInt(g.Producer(*gather, 2), &axis) || axis != 0)
-        return Skip(ctx, anchor, "GatherV2 axis is not a constant 0");
-    }
+    std::string why;
+    if (!GathersWholeRows(g, *gather, &why)) return Skip(ctx, anchor, why);
     MeanCount mean;
     const bool is_mean = MatchMean(ctx, anchor, splits, &mean);
     // The rows' reader besides the sum is the mean's ones_like.

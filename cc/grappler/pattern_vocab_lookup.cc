@@ -52,7 +52,7 @@ class VocabLookupPattern : public NamedPattern<kName> {
     if (!ServedOnCpu(ctx, anchor))
       return Skip(ctx, anchor, "CtrVocabEmbedding runs on the CPU (lookup tables live on the host): "
                                "rewrite with serving_device='cpu' for a CPU server");
-    const DataType T = resource ? TypeAttr(anchor, "dtype") : TypeAttr(anchor, "Tparams");
+    const DataType T = GatheredType(anchor, resource);
     if (!IsEmbeddingDtype(T) && T != tensorflow::DT_DOUBLE)
       return Skip(ctx, anchor, "table dtype " + tensorflow::DataType_Name(T) + " is not a float type");
     if (TypeAttr(*ids.find, "Tout") != tensorflow::DT_INT64)
@@ -60,15 +60,10 @@ class VocabLookupPattern : public NamedPattern<kName> {
     const DataType key_type = TypeAttr(*ids.find, "Tin");
     if (key_type != tensorflow::DT_STRING && key_type != tensorflow::DT_INT64)
       return Skip(ctx, anchor, "keys are " + tensorflow::DataType_Name(key_type));
-    if (IntAttr(anchor, "batch_dims", 0) != 0) return Skip(ctx, anchor, "Gather has batch_dims != 0");
-    if (!resource) {
-      int64_t axis = -1;
-      if (!ConstScalarInt(g.Producer(anchor, 2), &axis) || axis != 0)
-        return Skip(ctx, anchor, "GatherV2 axis is not a constant 0");
-    }
+    std::string why;
+    if (!GathersWholeRows(g, anchor, &why)) return Skip(ctx, anchor, why);
     if (!ids.wrap.empty() && !WrapShiftIsRowCount(ctx, ids, anchor, resource))
       return Skip(ctx, anchor, "cannot prove that the negative-index wrap adds the table's row count");
-    std::string why;
     if (!MatchVocabWaits(g, &ids, &why) || !OnlyFeedsTheGather(ctx, ids, &why)) return Skip(ctx, anchor, why);
     for (const NodeDef* n : ids.check)
       if (ctx->FetchedOrFed(n->name())) return Skip(ctx, anchor, "the caller reads " + Describe(*n));
@@ -147,8 +142,7 @@ class VocabLookupPattern : public NamedPattern<kName> {
     AbsorbVocabNodes(ctx, ids, name, {}, &record.replaced);
     record.replaced.push_back(Describe(anchor));
 
-    const std::string params = resource ? AddReadVariable(ctx, name + "/ctr_table", anchor.input(0), T, device)
-                                        : anchor.input(0);
+    const std::string params = GatheredTable(ctx, anchor, resource, T);
     const std::string keys =
         flatten.found() ? FlattenKeys(ctx, name, find.input(1), TypeAttr(find, "Tin"), 2, device) : find.input(1);
     // The fused op's output has the gather's shape, keys.shape + params.shape[1:],
