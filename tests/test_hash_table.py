@@ -499,6 +499,43 @@ def test_restore_into_a_table_of_another_capacity(rng, tmp_path):
                                    saved.values.numpy()[saved.find(keys).numpy()[kept]])
 
 
+def test_checkpoint_restore_into_another_capacity(rng, tmp_path):
+    saved = HashTable(dim=3, capacity=100, eviction="lru")
+    keys = rng.choice(10**9, 60, replace=False).astype(np.int64)
+    saved.find(keys, insert=True)
+    saved.values.assign(rng.normal(size=(100, 3)).astype(np.float32))
+    path = tf.train.Checkpoint(emb=saved).save(str(tmp_path / "ckpt"))
+    want = saved.values.numpy()[saved.find(keys).numpy()]
+    for capacity, num_slots, fits in ((100, None, 60), (100, 1024, 60), (1000, None, 60), (25, None, 25)):
+        resized = HashTable(dim=3, capacity=capacity, num_slots=num_slots)
+        tf.train.Checkpoint(emb=resized).restore(path).assert_consumed()
+        rows = resized.find(keys).numpy()
+        kept = rows >= 0
+        # Rows go in the saved row order: the keys inserted first keep theirs.
+        np.testing.assert_array_equal(kept, np.arange(60) < fits)
+        np.testing.assert_array_equal(resized.values.numpy()[rows[kept]], want[kept])
+        stats = resized.statistics()
+        assert (int(stats["size"]), int(stats["dropped"])) == (fits, 60 - fits)
+
+
+def test_checkpoint_restore_of_another_dim_names_both(rng, tmp_path):
+    saved = HashTable(dim=3, capacity=10)
+    saved.find([5, 6], insert=True)
+    path = tf.train.Checkpoint(emb=saved).save(str(tmp_path / "ckpt"))
+    with pytest.raises(ValueError, match="rows of width 3, this one 4"):
+        tf.train.Checkpoint(emb=HashTable(dim=4, capacity=20)).restore(path)
+
+
+def test_checkpoint_of_another_capacity_under_a_strategy_is_refused(tmp_path):
+    saved = HashTable(dim=3, capacity=100)
+    saved.find([1, 2, 3], insert=True)
+    path = tf.train.Checkpoint(emb=saved).save(str(tmp_path / "ckpt"))
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        mirrored = HashTable(dim=3, capacity=200)
+    with pytest.raises(ValueError, match="incompatible tensor"):  # TF's own shape check
+        tf.train.Checkpoint(emb=mirrored).restore(path)
+
+
 def test_a_mirrored_strategy_shares_one_table_and_refuses_eviction():
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     with strategy.scope():

@@ -58,6 +58,23 @@ def test_keras_layer_saves_and_exports(rng, tmp_path):
     np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-5)
 
 
+def test_checkpoint_restores_a_model_into_a_bigger_table(rng, tmp_path):
+    import tensorflow as tf
+
+    model = _keras_model(capacity=400)
+    keys, labels = _click_data(rng, 256)
+    model.compile(optimizer="adam", loss="binary_crossentropy")
+    model.fit(keys, labels, batch_size=64, epochs=1, verbose=0)
+    path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
+    bigger = _keras_model(capacity=5000)
+    tf.train.Checkpoint(model=bigger).restore(path).assert_existing_objects_matched()
+    np.testing.assert_allclose(bigger.predict(keys, verbose=0), model.predict(keys, verbose=0), rtol=1e-6)
+    assert int(bigger.get_layer("ids").statistics()["size"]) == int(model.get_layer("ids").statistics()["size"])
+    bigger.compile(optimizer="adam", loss="binary_crossentropy")  # and trains on, inserting new keys
+    bigger.fit(keys + 7, labels, batch_size=64, epochs=1, verbose=0)
+    assert int(bigger.get_layer("ids").statistics()["size"]) > int(model.get_layer("ids").statistics()["size"])
+
+
 def test_layer_config_errors():
     with pytest.raises(ValueError, match="capacity"):
         HashTableEmbedding(4, capacity=0)

@@ -12,11 +12,13 @@ key the table lacks reads no row: it is left out of its bag, as
 The table is two ordinary variables: `table` (int64 slots, on the CPU) and
 `values` ([capacity, dim], trainable). Checkpoints, SavedModels and
 `model.export` store them as they store any variable, and a loaded model
-needs nothing but the op library. The pooling is `CtrEmbeddingLookup`'s, so
+needs nothing but the op library. `tf.train.Checkpoint.restore` also loads a
+table saved at another capacity (see `restore_any_capacity`). The pooling is `CtrEmbeddingLookup`'s, so
 the gradient reaches `values` as `tf.IndexedSlices` of the looked-up rows and
 every optimizer updates (and keeps slots for) only those rows.
 """
 
+import functools
 import weakref
 
 import numpy as np
@@ -119,6 +121,7 @@ class HashTable(tf.Module):
             self.table = create_table_variable(  # the find kernel runs where the table lives
                 lambda: tf.Variable(empty_table(self.num_slots, self.capacity), trainable=False, name="table"))
             self.values = tf.Variable(initializer([self.capacity, self.dim], dtype=dtype), name="values")
+        restore_any_capacity(self)
 
     def reset_slots_of(self, optimizer):
         """With eviction: also reset the rows of `optimizer`'s slots (momentums,
@@ -148,20 +151,82 @@ class HashTable(tf.Module):
     def insert_rows(self, keys, values):
         """Inserts `keys` (int64 fingerprints for string tables) with their `values`
         rows, as `export()` gives them: loads one table into another of any capacity."""
-        keys = tf.convert_to_tensor(keys, tf.int64)
-        rows, _ = _find(self.table, keys, self.capacity, insert=True, admit_after=1)
-        kept = rows >= 0
-        self.values.scatter_update(tf.IndexedSlices(tf.boolean_mask(values, kept), tf.boolean_mask(rows, kept)))
-        return tf.reduce_sum(tf.cast(kept, tf.int64))
+        return insert_rows(self, keys, values)
 
     def restore_resized(self, checkpoint_path, name):
         """Inserts the keys and values of the HashTable saved as `name` in a
         tf.train.Checkpoint (`tf.train.Checkpoint(name=table).save(...)`) whatever
-        its capacity: the way to grow or shrink a table. Returns how many fit."""
+        its capacity, and returns how many fit. `Checkpoint.restore` does the
+        same; this reads one table of a checkpoint by its name."""
         reader = tf.train.load_checkpoint(checkpoint_path)
         table = reader.get_tensor(f"{name}/table/.ATTRIBUTES/VARIABLE_VALUE")
         values = reader.get_tensor(f"{name}/values/.ATTRIBUTES/VARIABLE_VALUE")
-        return self.insert_rows(*rows_of_tensors(table, values))
+        return insert_rows(self, *rows_of_tensors(table, values))
+
+
+def insert_rows(table, keys, values):
+    """Inserts `keys` with their `values` rows into `table` (a HashTable or a
+    built HashTableEmbedding); returns how many got a row."""
+    keys = tf.convert_to_tensor(keys, tf.int64)
+    rows, _ = _find(_variable(table.table), keys, table.capacity, insert=True, admit_after=1)
+    kept = rows >= 0
+    _variable(table.values).scatter_update(
+        tf.IndexedSlices(tf.boolean_mask(values, kept), tf.boolean_mask(rows, kept)))
+    return tf.reduce_sum(tf.cast(kept, tf.int64))
+
+
+def restore_any_capacity(table):
+    """Makes `tf.train.Checkpoint.restore` load `table` (a HashTable or a
+    built HashTableEmbedding) from a checkpoint of a table of any capacity or
+    slot count, as `restore_resized` does.
+
+    A checkpoint of the same shapes restores as any variable does. Otherwise
+    TF would refuse the variables' shapes, so the two variables' restores are
+    taken over: once both the saved `table` and `values` have arrived, the
+    table is emptied and the saved keys are inserted with their rows (in the
+    saved row order; keys beyond the capacity are dropped and counted in
+    `statistics()["dropped"]`). Eager restores only (TF2's default), outside
+    tf.distribute strategies; the optimizer's slots of `values` still need a
+    checkpoint of the same capacity.
+    """
+    variables = {part: getattr(table, part) for part in ("table", "values")}
+    if not all(isinstance(_variable(v), resource_variable_ops.BaseResourceVariable) for v in variables.values()):
+        return  # distributed values: their strategy restores them, at the saved shape only
+    restore = _AnyCapacityRestore(table)
+    for part, variable in variables.items():
+        original = variable._restore_from_tensors
+        variable._restore_from_tensors = functools.partial(restore.arrive, part, variable, original)
+
+
+class _AnyCapacityRestore:
+    """The saved table and values of one restore, until both have arrived."""
+
+    def __init__(self, table):
+        self._table = weakref.ref(table)
+        self._saved = {}
+
+    def arrive(self, part, variable, original, restored_tensors):
+        saved = restored_tensors["VARIABLE_VALUE"]
+        if not tf.executing_eagerly():
+            return original(restored_tensors)
+        same_shape = tuple(saved.shape) == tuple(variable.shape)
+        result = original(restored_tensors) if same_shape else None
+        self._saved[part] = (saved, same_shape)
+        if len(self._saved) == 2:
+            (table, same_table), (values, same_values) = self._saved["table"], self._saved["values"]
+            self._saved = {}
+            if not (same_table and same_values):
+                self._insert_saved(table, values)
+        return result
+
+    def _insert_saved(self, saved_table, saved_values):
+        table = self._table()
+        if int(saved_values.shape[1]) != table.dim:
+            raise ValueError(f"the checkpoint's table has rows of width {int(saved_values.shape[1])}, this one "
+                             f"{table.dim}: a table restores from one of the same dim")
+        keys, values = rows_of_tensors(saved_table, saved_values)
+        _variable(table.table).assign(empty_table(table.num_slots, table.capacity))
+        insert_rows(table, keys, values)
 
 
 def _find(table_var, keys, capacity, insert, admit_after, dense_padding=False, eviction="none"):
@@ -453,7 +518,7 @@ def rows_of_tensors(table, values):
     values (a checkpoint's, of any capacity), in row order."""
     capacity = int(values.shape[0])
     num_slots = int(table.shape[0]) - HEADER_ROWS - free_list_rows(capacity)
-    return export_rows(tf.constant(table), tf.constant(values), num_slots)
+    return export_rows(tf.convert_to_tensor(table), tf.convert_to_tensor(values), num_slots)
 
 
 def export_rows(table_var, values_var, num_slots):

@@ -546,6 +546,7 @@ class HashTableEmbedding(_PooledOutput, keras.layers.Layer):
         self.embeddings = self.add_weight(shape=(self.capacity, self.output_dim),
                                           initializer=self.embeddings_initializer, name="embeddings",
                                           trainable=True)
+        _hash_table.restore_any_capacity(self)
         self.built = True
 
     @property
