@@ -214,14 +214,31 @@ def test_string_embedding_options_on_shards(rng, options):
                                tco.string_embedding(strings, whole, **options).numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("rows", [0, 1, 60])
+def test_packed_strings_on_shards_are_the_one_table_lookup(rng, rows):
+    table = sharded(rng)
+    whole = tf.Variable(tf.concat([v.numpy() for v in table.variables], 0))
+    numbers = tco.pack_strings(random_id_strings(rng, rows))
+    assert_same_as_one_table(table, whole, lambda t: tco.string_embedding(numbers, t, id_mode="mod"))
+    # Every byte value, the delimiter among them, survives the unpacking.
+    strings = tf.concat([random_id_strings(rng, rows), tf.constant([bytes(range(256)), b"", b"3,\x00,4"])[:rows]], 0)
+    packed = tco.pack_strings(strings)
+    assert_same_as_one_table(table, whole, lambda t: tco.string_embedding(packed, t, id_mode="hash"))
+    np.testing.assert_array_equal(tco.string_embedding(packed, table).numpy(),
+                                  tco.string_embedding(strings, table).numpy())
+
+
 def test_string_embedding_on_shards_fails_as_on_one_table(rng):
     table = sharded(rng)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"token 'x7' in row 1 "):
         tco.string_embedding(tf.constant(["1,2", "3,x7"]), table, id_mode="index")
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"token '23' in row 0 is id 23, out of range"):
         tco.string_embedding(tf.constant(["23"]), table, id_mode="index")
-    with pytest.raises(ValueError, match="not pack_strings' bytes"):
-        tco.string_embedding(tco.pack_strings(tf.constant(["1"])), table)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"token 'x7' in row 1 "):
+        tco.string_embedding(tco.pack_strings(tf.constant(["1,2", "3,x7"])), table, id_mode="index")
+    data, splits = tco.pack_strings(tf.constant(["1,2", "3"]))
+    with pytest.raises(tf.errors.InvalidArgumentError):  # splits past the bytes: the fused op's check
+        tco.string_embedding((data, splits + 1), table)
 
 
 def test_string_embeddings_never_read_a_shard_whole(rng):

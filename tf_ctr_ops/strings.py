@@ -53,6 +53,17 @@ def _is_packed(strings):
             and getattr(strings[0], "dtype", None) == tf.uint8)
 
 
+def _unpack_strings(packed):
+    """The [B] strings of pack_strings' (bytes, row_splits), with TF ops: each
+    byte becomes its one-byte string, joined per row. For the paths that split
+    the strings with TF ops; the fused op must have validated the splits."""
+    data, row_splits = packed
+    one_byte = tf.constant([bytes([b]) for b in range(256)], tf.string)
+    rows = tf.ragged.row_splits_to_segment_ids(row_splits)
+    return tf.strings.unsorted_segment_join(tf.gather(one_byte, tf.cast(data, tf.int32)), rows,
+                                            tf.size(row_splits) - 1)
+
+
 def _check_string_invalid_ids(invalid_ids):
     if invalid_ids not in ("error", "skip_negative"):
         raise ValueError(f"invalid_ids must be 'error' or 'skip_negative', got {invalid_ids!r}")
@@ -127,19 +138,18 @@ def _sharded_string_embedding(shards, strings, **attrs):
 
     The fused op first runs on a [V, 0] view of the table: it splits and
     parses every string as on one table and fails the same way, naming the
-    row and the token. TF's split, to_number and to_hash_bucket_fast, whose
+    row and the token. Packed bytes are unpacked into strings again. TF's split, to_number and to_hash_bucket_fast, whose
     rules the kernel follows bit for bit (cc/core/parse.h, fingerprint.h),
     then give the ids, and the sharded lookup gathers each shard's rows on
     its own device (its parameter server) and pools them here.
     """
     from tf_ctr_ops import ops  # here: ops imports this module
 
-    if _is_packed(strings):
-        raise ValueError("a ShardedVariable table takes the strings themselves, not pack_strings' bytes")
-    strings = _string_vector(strings)
+    packed = strings if _is_packed(strings) else pack_strings(strings)
     num_rows = sum(int(s.shape[0]) for s in shards)
-    check = _string_op(tf.zeros([num_rows, 0], shards[0].dtype), pack_strings(strings), None, **attrs)
+    check = _string_op(tf.zeros([num_rows, 0], shards[0].dtype), packed, None, **attrs)
     with tf.control_dependencies([check]):
+        strings = _unpack_strings(packed) if _is_packed(strings) else _string_vector(strings)
         tokens = _split_tokens(strings, attrs["delimiter"], attrs["skip_empty"])
     if attrs["id_mode"] == "hash":
         ids = tf.strings.to_hash_bucket_fast(tokens.values, num_rows)
