@@ -11,6 +11,11 @@ embedding tables are ShardedVariables of 2 shards, one per parameter server;
 each step's sparse gradients update each shard where it lives. Steps are scheduled one at a time, so both runs see the same batches
 in the same order. Writes both runs' final weights and losses to OUT.npz,
 with the devices of the shards and the op types of the step's graph.
+
+Then a HashTable (raw keys, a row each) trains in the cluster and in this
+process alone on the same batches: its table variable sits whole on one
+parameter server, however the partitioner would cut it, and its values are
+partitioned over both.
 """
 
 import os
@@ -44,9 +49,9 @@ def in_process_cluster():
                for job in ("worker", "ps") for i in range(2)]
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(spec, task_type="chief", task_id=0,
                                                                     rpc_layer="grpc")
-    # Tables (VOCAB rows) in 2 shards; the dense weights whole.
+    # Tables (VOCAB rows or more) in 2 shards; the dense weights whole.
     strategy = tf.distribute.experimental.ParameterServerStrategy(
-        resolver, variable_partitioner=lambda shape, dtype: [2 if shape[0] == VOCAB else 1] + [1] * (len(shape) - 1))
+        resolver, variable_partitioner=lambda shape, dtype: [2 if shape[0] >= VOCAB else 1] + [1] * (len(shape) - 1))
     return strategy, servers
 
 
@@ -109,6 +114,41 @@ def train(strategy, coordinator, lookups, init):
             [v.device for v in items.variables], sorted({op.type for op in graph.get_operations()}))
 
 
+def train_hash_table(strategy=None, coordinator=None):
+    """A HashTable of raw keys trained with inserts; without a strategy, in this process."""
+    from tf_ctr_ops.hash_table import HashTable, hash_table_embedding
+
+    with strategy.scope() if strategy else tf.name_scope("single"):
+        table = HashTable(dim=DIM, capacity=VOCAB, initializer=tf.keras.initializers.RandomUniform(seed=3))
+        dense = tf.Variable(np.linspace(-1, 1, DIM, dtype=np.float32).reshape(DIM, 1))
+
+    @tf.function
+    def step(keys, labels):
+        with tf.GradientTape() as tape:
+            logits = tf.matmul(hash_table_embedding(table, keys, combiner="sqrtn", insert=True), dense)
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits))
+        values = table.values.variables if strategy else [table.values]
+        grads = tape.gradient(loss, values + [dense])
+        for var, g in zip(values, grads[:-1]):
+            if g is not None:
+                var.scatter_sub(tf.IndexedSlices(LR * g.values, g.indices, g.dense_shape))
+        dense.assign_sub(LR * grads[-1])
+        return loss
+
+    losses = []
+    for *_, keys, _, labels in batches():
+        if coordinator is None:
+            losses.append(step(keys, labels).numpy())
+        else:
+            result = coordinator.schedule(step, args=(keys, labels))
+            coordinator.join()
+            losses.append(result.fetch())
+    keys, values = table.export()
+    devices = [table.table.device] + [v.device for v in getattr(table.values, "variables", [table.values])]
+    return {"keys": keys.numpy(), "values": values.numpy(), "loss": np.array(losses), "size": table.size().numpy()}, \
+        devices
+
+
 def main(out):
     strategy, _servers = in_process_cluster()
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
@@ -139,9 +179,13 @@ def main(out):
     theirs, _, _ = train(strategy, coordinator,
                          (tf.nn.safe_embedding_lookup_sparse, tf.nn.embedding_lookup_sparse, tf_hashed, tf_split),
                          init)
+    table_ps, table_devices = train_hash_table(strategy, coordinator)
+    table_single, _ = train_hash_table()
     np.savez(out, devices=np.array(devices), ops=np.array(ops), init_items=init["items"], init_hashed=init["hashed"],
-             init_tags=init["tags"],
-             **{f"ours_{k}": v for k, v in ours.items()}, **{f"tf_{k}": v for k, v in theirs.items()})
+             init_tags=init["tags"], table_devices=np.array(table_devices),
+             **{f"ours_{k}": v for k, v in ours.items()}, **{f"tf_{k}": v for k, v in theirs.items()},
+             **{f"table_ps_{k}": v for k, v in table_ps.items()},
+             **{f"table_single_{k}": v for k, v in table_single.items()})
     return 0
 
 

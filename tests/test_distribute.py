@@ -86,6 +86,14 @@ def test_parameter_server_strategy_with_sharded_tables_matches_tf(tmp_path):
     assert np.abs(z["ours_tags"] - z["init_tags"]).max() > 1e-3
     for k in ("items", "history", "hashed", "tags", "dense", "loss"):
         np.testing.assert_allclose(z[f"ours_{k}"], z[f"tf_{k}"], rtol=1e-5, atol=1e-6, err_msg=k)
+    # A HashTable: its table whole on one server, its values in 2 shards;
+    # every key got the row, and trained to the vector, of one process alone.
+    table, values = z["table_devices"][0], z["table_devices"][1:]
+    assert table.startswith("/job:ps/") and len(values) == 2 and all(v.startswith("/job:ps/") for v in values)
+    assert int(z["table_ps_size"]) > 20
+    np.testing.assert_array_equal(z["table_ps_keys"], z["table_single_keys"])
+    for k in ("values", "loss"):
+        np.testing.assert_allclose(z[f"table_ps_{k}"], z[f"table_single_{k}"], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
 def test_hash_table_layer_under_mirrored_strategy_matches_single_replica(tmp_path):

@@ -26,7 +26,7 @@ import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
 from tf_ctr_ops import ops as _lookup_ops
-from tf_ctr_ops._args import check_combiner, per_feature, table_operand
+from tf_ctr_ops._args import check_combiner, per_feature, sharded_variables, table_operand
 from tf_ctr_ops._loader import load_op_library
 from tf_ctr_ops.table_layout import (CLOCK, COLUMNS, DROPPED, EMPTY_ENTRY, EVICTED, FREE_COUNT,  # noqa: F401
                                      HEADER_ROWS, NEXT_ROW, OCCUPIED, default_num_slots, empty_table_array,
@@ -283,15 +283,25 @@ def _one_copy_creator(next_creator, **kwargs):
     if not tf.distribute.has_strategy():
         return next_creator(**kwargs)
     strategy = tf.distribute.get_strategy()
-    if not isinstance(strategy, (tf.distribute.MirroredStrategy, tf.distribute.OneDeviceStrategy)):
-        # Workers in other processes would each insert into a table of their own.
+    parameter_server = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+    if not parameter_server and not isinstance(strategy, (tf.distribute.MirroredStrategy,
+                                                          tf.distribute.OneDeviceStrategy)):
+        # Workers that each hold a table would each insert into their own.
         raise NotImplementedError(
-            f"hash tables train under MirroredStrategy and OneDeviceStrategy (one process), not yet under "
-            f"{type(strategy).__name__}: its workers would each give a key a row of their own")
+            f"hash tables train under MirroredStrategy, OneDeviceStrategy and ParameterServerStrategy, not yet "
+            f"under {type(strategy).__name__}: its workers would each give a key a row of their own")
     kwargs.pop("synchronization", None)
     kwargs.pop("aggregation", None)
     kwargs.pop("experimental_enable_variable_lifting", None)
-    return resource_variable_ops.ResourceVariable(**kwargs)
+    if not parameter_server:
+        return resource_variable_ops.ResourceVariable(**kwargs)
+    # On one parameter server, never partitioned (the strategy's partitioner
+    # would cut the slots apart): the find of every worker runs there, on the
+    # one table, whose lock serializes their inserts. The servers take
+    # variables in the strategy's own round robin (TF 2.21's, which this
+    # library is built against).
+    return strategy.extended._create_variable_round_robin(
+        lambda **kw: resource_variable_ops.ResourceVariable(**kw), **kwargs)
 
 
 def create_table_variable(create):
@@ -369,10 +379,8 @@ def hash_table_embedding(table, keys, weights=None, combiner="mean", max_norm=No
         bags = _lookup_ops._bags_from_container(keys, weights, -1)
         ids = _int_keys(bags.ids, table.key_dtype, dense)
         rows = _find_and_reset(table, ids, insert, dense_padding=dense)
-        out = _lookup_ops._lookup(table_operand(table.values), rows, bags.segments, bags.num_rows,
-                                  _lookup_ops._weights_values(bags.weights), segment_kind=bags.kind,
-                                  combiner=combiner, invalid_ids="skip_negative", max_norm=max_norm)
-        return _lookup_ops._with_batch_dim(out, keys)
+        rows_bags = _lookup_ops._Bags(rows, bags.segments, bags.num_rows, bags.kind, bags.weights)
+        return _lookup_ops._with_batch_dim(_pool_rows(table, rows_bags, combiner, max_norm), keys)
 
 
 def multi_hash_table_embedding(tables, features, weights=None, combiners="mean", max_norms=None, insert=False,
@@ -495,10 +503,21 @@ def _pool_slots(table, slots, batch, combiner, max_norm):
     weights = None
     if any(s.weights is not None for s in slots):
         weights = tf.concat([tf.ones_like(s.ids, tf.float32) if s.weights is None else s.weights for s in slots], 0)
-    out = _lookup_ops._lookup(table_operand(table.values), tf.concat([s.rows for s in slots], 0), segments,
-                              len(slots) * batch, weights, segment_kind="row_ids", combiner=combiner,
-                              invalid_ids="skip_negative", max_norm=max_norm)
-    return tf.split(out, len(slots), axis=0)
+    bags = _lookup_ops._Bags(tf.concat([s.rows for s in slots], 0), segments, len(slots) * batch, "row_ids", weights)
+    return tf.split(_pool_rows(table, bags, combiner, max_norm), len(slots), axis=0)
+
+
+def _pool_rows(table, bags, combiner, max_norm):
+    """The pooled `table.values` rows of `bags` (ids: rows found, -1 for
+    keys without one, which are left out). Values a ParameterServerStrategy
+    partitioned are gathered shard by shard on their servers, never whole."""
+    shards = sharded_variables(table.values)
+    if shards is not None:
+        return _lookup_ops._sharded_lookup(shards, bags, combiner=combiner, invalid_ids="skip_negative",
+                                          max_norm=max_norm)
+    return _lookup_ops._lookup(table_operand(table.values), bags.ids, bags.segments, bags.num_rows,
+                               _lookup_ops._weights_values(bags.weights), segment_kind=bags.kind,
+                               combiner=combiner, invalid_ids="skip_negative", max_norm=max_norm)
 
 
 def table_statistics(table_var, capacity):
