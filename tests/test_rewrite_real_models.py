@@ -258,3 +258,30 @@ def test_given_inputs_the_original_rejects_are_an_error(tmp_path):
     cli = run_cli(["src", "dst", "--inputs", "wrong.npz"], tmp_path)
     assert cli.returncode == 1 and "no array for input(s) ['x']" in cli.stderr, cli.stderr
     assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize("arrays, error", [
+    (dict(ids=np.array([[1, 2]], np.int64), s=np.array(["a"])), None),
+    (dict(ids=np.array([[1, 2]], np.int64), s=np.array(["a"]), extra=np.zeros(1)), r"\['extra'\] that no signature"),
+    (dict(ids=np.array([[1.0, 2.0]], np.float32), s=np.array(["a"])), "'ids' .* is float32; the input is int32"),
+    (dict(ids=np.array([[1, 2**40]], np.int64), s=np.array(["a"])), "outside int32's range"),
+    (dict(ids=np.array([1, 2], np.int64), s=np.array(["a"])), r"'ids' .* has shape \[2\]; the input is \(None, 2\)"),
+    (dict(ids=np.array([[1, 2]], np.int64), s=np.array([1])), "'s' .* is int64; the input is string"),
+])
+def test_inputs_file_arrays_must_fit_the_signature(tmp_path, arrays, error):
+    from tf_ctr_ops import _model_inputs
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.int32), tf.TensorSpec([None], tf.string)])
+    def serve(ids, s):
+        return {"y": ids, "n": tf.strings.length(s)}
+
+    module = tf.Module()
+    tf.saved_model.save(module, str(tmp_path / "m"), signatures={"serving_default": serve})
+    fn = tf.saved_model.load(str(tmp_path / "m")).signatures["serving_default"]  # inputs by name, as the CLI's
+    np.savez(tmp_path / "in.npz", **arrays)
+    if error is None:
+        got = _model_inputs.load_inputs_file(tmp_path / "in.npz", {"serving_default": fn})["serving_default"]
+        assert got["ids"].dtype == np.int32 and got["s"].dtype == object
+        return
+    with pytest.raises(_model_inputs.InputsError, match=error):
+        _model_inputs.load_inputs_file(tmp_path / "in.npz", {"serving_default": fn})

@@ -63,21 +63,49 @@ def load_inputs_file(path, signatures):
 def _inputs_from_npz(path, signatures):
     with np.load(path, allow_pickle=False) as data:
         arrays = {k: data[k] for k in data.files}
-    out = {}
+    out, used = {}, set()
     for key, fn in signatures.items():
-        names = list(fn.structured_input_signature[1])
+        specs = fn.structured_input_signature[1]
         given = {}
-        for name in names:
+        for name, spec in specs.items():
             for candidate in (f"{key}/{name}", name):
                 if candidate in arrays:
-                    given[name] = arrays[candidate]
+                    given[name] = _file_array_as_input(path, candidate, arrays[candidate], spec)
+                    used.add(candidate)
                     break
-        missing = [n for n in names if n not in given]
+        missing = [n for n in specs if n not in given]
         if missing:
             raise InputsError(f"inputs file {path} has no array for input(s) {missing} of signature {key!r} "
                               f"(name them INPUT or {key}/INPUT); it has {sorted(arrays)}")
-        out[key] = {k: (v.astype(object) if v.dtype.kind in "US" else v) for k, v in given.items()}
+        out[key] = given
+    unused = sorted(set(arrays) - used)
+    if unused:  # a misspelt name would otherwise go unnoticed
+        inputs = sorted({f"{k}/{n}" for k, fn in signatures.items() for n in fn.structured_input_signature[1]})
+        raise InputsError(f"inputs file {path} has array(s) {unused} that no signature takes; the inputs are "
+                          f"{inputs} (SIGNATURE/INPUT, or INPUT alone for every signature)")
     return out
+
+
+# The numpy kinds an input of each kind of dtype takes: integers convert to
+# floats, never the other way (a float id would be truncated).
+_ACCEPTED_KINDS = {"i": "iu", "u": "iu", "f": "iuf", "c": "iufc", "b": "b", "O": "USO"}
+
+
+def _file_array_as_input(path, name, array, spec):
+    """`array` as input `spec` takes it, or an InputsError naming what differs."""
+    want = np.dtype(object) if spec.dtype == tf.string else np.dtype(spec.dtype.as_numpy_dtype)
+    if array.dtype.kind not in _ACCEPTED_KINDS.get(want.kind, want.kind):
+        raise InputsError(f"array {name!r} of inputs file {path} is {array.dtype}; the input is "
+                          f"{spec.dtype.name}")
+    if not spec.shape.is_compatible_with(array.shape):
+        raise InputsError(f"array {name!r} of inputs file {path} has shape {list(array.shape)}; the input is "
+                          f"{spec.shape}")
+    if want.kind in "iu" and array.size:
+        info = np.iinfo(want)
+        if array.min() < info.min or array.max() > info.max:
+            raise InputsError(f"array {name!r} of inputs file {path} holds values outside {spec.dtype.name}'s "
+                              f"range [{info.min}, {info.max}]")
+    return array.astype(want)
 
 
 def _inputs_from_tfrecord(path, signatures):
