@@ -122,6 +122,8 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     if (!mean && MatchMaskSelect(g, input, &masked)) input = g.Producer(*input, 1);
     std::vector<const NodeDef*> identities;
     const NodeDef* gather = SkipIdentities(g, input, &identities);
+    const NodeDef* cast = IsOp(gather, "Cast") ? gather : nullptr;  // a mixed-precision policy's
+    if (cast != nullptr) gather = SkipIdentities(g, g.Producer(*cast, 0), &identities);
     const bool resource = IsOp(gather, "ResourceGather");
     if (!resource && !IsOp(gather, "GatherV2")) return false;
     int ids_port = 0;
@@ -129,6 +131,10 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     if (ids == nullptr || ctx->Rank(*ids, ids_port) != 2) return false;  // not padded ids [B, L]
 
     // The subgraph has the right shape; now every condition for exactness.
+    if (cast != nullptr)
+      return Skip(ctx, anchor, "the gathered rows are cast to " + tensorflow::DataType_Name(TypeAttr(*cast, "DstT")) +
+                                   " before the reduction (a mixed-precision policy): TF reduces them in that type, "
+                                   "the fused op would in float32");
     if (!IsAxisOne(g.Producer(anchor, 1))) return Skip(ctx, anchor, "it does not reduce the id axis (1) alone");
     if (BoolAttr(anchor, "keep_dims", false)) return Skip(ctx, anchor, "it keeps the reduced axis");
     const DataType T = TypeAttr(anchor, "T");
