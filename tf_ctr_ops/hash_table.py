@@ -13,9 +13,10 @@ The table is two ordinary variables: `table` (int64 slots, on the CPU) and
 `values` ([capacity, dim], trainable). Checkpoints, SavedModels and
 `model.export` store them as they store any variable, and a loaded model
 needs nothing but the op library. `tf.train.Checkpoint.restore` also loads a
-table saved at another capacity (see `restore_any_capacity`). The pooling is `CtrEmbeddingLookup`'s, so
-the gradient reaches `values` as `tf.IndexedSlices` of the looked-up rows and
-every optimizer updates (and keeps slots for) only those rows.
+table saved at another capacity (see `restore_any_capacity`). The pooling is
+`CtrEmbeddingLookup`'s, so the gradient reaches `values` as
+`tf.IndexedSlices` of the looked-up rows and every optimizer updates (and
+keeps slots for) only those rows.
 """
 
 import functools
@@ -276,10 +277,10 @@ def optimizer_slots(optimizer, variable):
 
 def _one_copy_creator(next_creator, **kwargs):
     """Creates a table variable as one plain variable even under a
-    tf.distribute strategy, which would make a copy per replica: replicas
-    that inserted into copies of their own would give one key different rows.
-    All replicas find and insert in the one table (on the CPU), whose lock
-    serializes their inserts."""
+    tf.distribute strategy, which would make a copy per replica (or cut it
+    into shards): replicas that inserted into copies of their own would give
+    one key different rows. All replicas find and insert in the one table (on
+    the CPU, or on a parameter server), whose lock serializes their inserts."""
     if not tf.distribute.has_strategy():
         return next_creator(**kwargs)
     strategy = tf.distribute.get_strategy()
