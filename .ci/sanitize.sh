@@ -8,38 +8,25 @@
 #   PYTHON=.venv/bin/python .ci/sanitize.sh tests/test_strings.py -k hash
 #   KEEP=1 .ci/sanitize.sh          # keep the sanitized build (its path is printed)
 #   MARKERS="not slow" .ci/sanitize.sh tests/test_rewrite_vocab.py   # with its SavedModel tests
-#   BUILD_ONLY=DIR .ci/sanitize.sh  # only build the sanitized copy, into DIR/src (kept)
-#   PREBUILT=DIR .ci/sanitize.sh    # test the copy BUILD_ONLY=DIR built (CI builds it
-#                                   # in the background while the main suite runs)
 #
 # PYTHON: an interpreter with TensorFlow, pytest, hypothesis (and atheris for
 # the fuzz test) installed; default: .venv/bin/python, else python3.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON="${PYTHON:-$( [ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/python" || echo python3 )}"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/tf-ctr-ops-sanitize.XXXXXX")"
+if [ "${KEEP:-0}" = 1 ]; then echo "sanitized build kept in $WORK/src"; else trap 'rm -rf "$WORK"' EXIT; fi
 start=$SECONDS
-if [ -n "${PREBUILT:-}" ]; then
-  WORK="$PREBUILT"
-elif [ -n "${BUILD_ONLY:-}" ]; then
-  WORK="$BUILD_ONLY"
-  mkdir -p "$WORK"
-else
-  WORK="$(mktemp -d "${TMPDIR:-/tmp}/tf-ctr-ops-sanitize.XXXXXX")"
-fi
-if [ "${KEEP:-0}" = 1 ] || [ -n "${BUILD_ONLY:-}" ]; then echo "sanitized build kept in $WORK/src"; else trap 'rm -rf "$WORK"' EXIT; fi
 
-if [ -z "${PREBUILT:-}" ]; then
-  # The working tree as it is (tracked and untracked, minus ignored build outputs).
-  mkdir -p "$WORK/src"
-  (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | xargs -0 -I{} cp --parents {} "$WORK/src/" 2>/dev/null || true)
-  echo "+ sanitized build in $WORK/src"
-  (cd "$WORK/src" && TF_CTR_OPS_CUDA=0 TF_CTR_OPS_SANITIZE=address,undefined "$PYTHON" setup.py -q build_ext --inplace \
-     >"$WORK/build.log" 2>&1) || { tail -50 "$WORK/build.log"; exit 1; }
-  echo "+ built in $((SECONDS - start)) s"
-fi
+# The working tree as it is (tracked and untracked, minus ignored build outputs).
+mkdir -p "$WORK/src"
+(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | xargs -0 -I{} cp --parents {} "$WORK/src/" 2>/dev/null || true)
 cd "$WORK/src"
+echo "+ sanitized build in $WORK/src"
+TF_CTR_OPS_CUDA=0 TF_CTR_OPS_SANITIZE=address,undefined "$PYTHON" setup.py -q build_ext --inplace >"$WORK/build.log" 2>&1 \
+  || { tail -50 "$WORK/build.log"; exit 1; }
 grep -q "SANITIZE = 'address,undefined'" tf_ctr_ops/_build_info.py || { echo "not a sanitized build" >&2; exit 1; }
-if [ -n "${BUILD_ONLY:-}" ]; then exit 0; fi
+echo "+ built in $((SECONDS - start)) s"
 
 # Python itself is not instrumented, so the ASan runtime must be the first
 # library loaded (LD_PRELOAD), before the instrumented extension modules.
