@@ -8,8 +8,8 @@ a ClusterCoordinator: once with tf_ctr_ops' drop-ins, hash_embedding and
 string_embedding, once with tf.nn's own lookups (the keys hashed, and the
 strings of ids split and parsed, by TF's ops there). The
 embedding tables are ShardedVariables of 2 shards, one per parameter server;
-each step's sparse gradients update each shard where it lives. Steps are scheduled one at a time, so both runs see the same batches
-in the same order. Writes both runs' final weights and losses to OUT.npz,
+each step's sparse gradients update each shard where it lives. Steps are
+scheduled one at a time, so both runs see the same batches in the same order. Writes both runs' final weights and losses to OUT.npz,
 with the devices of the shards and the op types of the step's graph.
 
 Then a HashTable (raw keys, a row each) trains in the cluster and in this

@@ -138,10 +138,11 @@ def _sharded_string_embedding(shards, strings, **attrs):
 
     The fused op first runs on a [V, 0] view of the table: it splits and
     parses every string as on one table and fails the same way, naming the
-    row and the token. Packed bytes are unpacked into strings again. TF's split, to_number and to_hash_bucket_fast, whose
-    rules the kernel follows bit for bit (cc/core/parse.h, fingerprint.h),
-    then give the ids, and the sharded lookup gathers each shard's rows on
-    its own device (its parameter server) and pools them here.
+    row and the token. Packed bytes are unpacked into strings again. TF's
+    split, to_number and to_hash_bucket_fast, whose rules the kernel follows
+    bit for bit (cc/core/parse.h, fingerprint.h), then give the ids, and the
+    sharded lookup gathers each shard's rows on its own device (its parameter
+    server) and pools them here.
     """
     from tf_ctr_ops import ops  # here: ops imports this module
 
