@@ -86,7 +86,8 @@ def test_suites_registered():
 
 
 @pytest.mark.parametrize("model, fused_op, unfused_op", [("tf1-feature-columns", "CtrEmbeddingLookup", "Bucketize"),
-                                                         ("keras-lookup", "CtrVocabMultiHot", None)])
+                                                         ("keras-lookup", "CtrVocabMultiHot", None),
+                                                         ("keras-feature-space", "CtrMultiHotDense", "SparseCross")])
 def test_rewrite_suite_on_real_model_styles(tmp_path, model, fused_op, unfused_op):
     out = tmp_path / "models.json"
     results = bench.main(["rewrite", "--model", model, *TINY, "--json", str(out)])

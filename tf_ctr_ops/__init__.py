@@ -26,6 +26,7 @@ from tf_ctr_ops.strings import (  # noqa: E402
 )
 from tf_ctr_ops.vocab import (  # noqa: E402
     vocab_embedding, vocab_embedding_lookup_sparse, vocab_indicator, vocab_multi_hot)
+from tf_ctr_ops.multi_hot import multi_hot_dense  # noqa: E402
 from tf_ctr_ops.columns import bucketized_embedding_lookup, cross_embedding_lookup  # noqa: E402
 from tf_ctr_ops.hash_table import HashTable, hash_table_embedding, multi_hash_table_embedding  # noqa: E402
 
@@ -43,6 +44,7 @@ __all__ = [
     "vocab_embedding_lookup_sparse",
     "vocab_indicator",
     "vocab_multi_hot",
+    "multi_hot_dense",
     "cross_embedding_lookup",
     "bucketized_embedding_lookup",
     "HashTable",

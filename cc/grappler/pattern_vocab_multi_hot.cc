@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/grappler/bincount_match.h"
 #include "cc/grappler/keras_gather.h"
 #include "cc/grappler/pattern.h"
 #include "cc/grappler/vocab_find.h"
@@ -42,14 +43,6 @@ constexpr char kFusedOp[] = "CtrVocabMultiHot";
 
 bool IsIntType(DataType t) { return t == tensorflow::DT_INT32 || t == tensorflow::DT_INT64; }
 bool IsIdCastType(DataType t) { return IsIntType(t) || t == tensorflow::DT_FLOAT || t == tensorflow::DT_DOUBLE; }
-
-bool IsEmptyConst(const NodeDef* node) {
-  if (!IsOp(node, "Const")) return false;
-  const auto& shape = node->attr().at("value").tensor().tensor_shape();
-  for (const auto& dim : shape.dim())
-    if (dim.size() == 0) return true;
-  return false;
-}
 
 // The encoding's subgraph, from the MatMul up to the find.
 struct MultiHot {
@@ -78,54 +71,6 @@ bool TraceIds(const GraphIndex& g, const NodeDef* x, MultiHot* m) {
   if (!IsOp(x, "LookupTableFindV2")) return false;
   m->ids.find = x;
   return true;
-}
-
-// Whether `node` and everything that reads it is shape math whose result
-// nothing reads (Keras computes a batch size it then does not use); collects
-// them into `dead`.
-bool CollectDeadEnd(RewriteContext* ctx, const NodeDef* node, std::vector<const NodeDef*>* dead) {
-  static const std::set<std::string> kShapeOps = {"Shape", "StridedSlice", "Size", "Rank"};
-  const GraphIndex& g = ctx->index();
-  if (!kShapeOps.count(node->op()) || ctx->MustKeep(node->name()) || HasControlInputs(*node) ||
-      g.ControlConsumers(node->name()) != 0)
-    return false;
-  for (const NodeDef* reader : g.DataReaders(node->name()))
-    if (!CollectDeadEnd(ctx, reader, dead)) return false;
-  for (const NodeDef* n : *dead)
-    if (n == node) return true;
-  dead->push_back(node);
-  return true;
-}
-
-// Collects the shape math under `node` down to `ids` (which it reads) into
-// `nodes`: integer arithmetic on the ids' size and maximum, no control edges.
-bool CollectSizeMath(const GraphIndex& g, const NodeDef* node, const NodeDef* ids, std::vector<const NodeDef*>* nodes) {
-  static const std::set<std::string> kPure = {"Const", "Mul", "AddV2", "Add", "Cast", "Greater",
-                                              "Size", "Max", "Maximum", "Minimum"};
-  if (node == ids) return true;
-  if (node == nullptr || !kPure.count(node->op()) || HasControlInputs(*node)) return false;
-  for (const NodeDef* n : *nodes)
-    if (n == node) return true;
-  nodes->push_back(node);
-  for (int i = 0; i < node->input_size(); ++i)
-    if (!CollectSizeMath(g, g.Producer(*node, i), ids, nodes)) return false;
-  return true;
-}
-
-// The bincount's size when it is known before run time: a constant, or
-// Minimum(hi, Maximum(lo, x)) with constants lo >= hi, which is hi.
-int64_t KnownSize(const GraphIndex& g, const NodeDef* size) {
-  int64_t value = -1;
-  if (ConstScalarInt(size, &value)) return value;
-  if (!IsOp(size, "Minimum")) return -1;
-  for (int side = 0; side < 2; ++side) {
-    int64_t hi = -1, lo = -1;
-    const NodeDef* other = g.Producer(*size, 1 - side);
-    if (!ConstScalarInt(g.Producer(*size, side), &hi) || !IsOp(other, "Maximum")) continue;
-    for (int s = 0; s < 2; ++s)
-      if (ConstScalarInt(g.Producer(*other, s), &lo) && lo >= hi) return hi;
-  }
-  return -1;
 }
 
 class VocabMultiHotPattern : public NamedPattern<kName> {

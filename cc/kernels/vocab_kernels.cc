@@ -16,8 +16,10 @@
 #include "absl/strings/str_cat.h"
 #include "cc/core/fingerprint.h"
 #include "cc/core/lookup_cpu.h"
+#include "cc/core/multi_hot_cpu.h"
 #include "cc/core/vocab.h"
 #include "cc/core/vocab_memo.h"
+#include "cc/kernels/block_layout.h"
 #include "cc/kernels/pool_cpu.h"
 #include "cc/kernels/tf_types.h"
 #include "tensorflow/core/framework/lookup_interface.h"
@@ -409,22 +411,11 @@ class VocabMultiHotOp : public tensorflow::OpKernel {
     const T* rows = kernel.flat<T>().data();
     T* dst = out->flat<T>().data();
     ParallelFor(ctx, batch, (width + 1) * (units + 8), [&](int64_t begin, int64_t end) {
-      std::vector<int64_t> sorted(width);
+      std::vector<int64_t> sorted;
       for (int64_t b = begin; b < end; ++b) {
         T* at = dst + b * units;
         std::fill(at, at + units, T(0));
-        std::copy(id + b * width, id + (b + 1) * width, sorted.begin());
-        std::sort(sorted.begin(), sorted.end());
-        for (int64_t j = 0; j < width;) {
-          const int64_t i = sorted[j];
-          int64_t count = 1;
-          while (j + count < width && sorted[j + count] == i) ++count;
-          j += count;
-          if (i >= depth) break;  // sorted: the rest are dropped too
-          const T* row = rows + i * units;
-          const T times = binary_ ? T(1) : static_cast<T>(count);
-          for (int64_t u = 0; u < units; ++u) at[u] += times * row[u];
-        }
+        ctr::AddMultiHotRow(id + b * width, width, depth, binary_, rows, units, at, &sorted);
       }
     });
   }
@@ -468,7 +459,6 @@ class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("missing_keys", &missing));
     OP_REQUIRES_OK(c, c->GetAttr("missing_ids", &missing_ids));
     OP_REQUIRES_OK(c, c->GetAttr("wrap_negative_ids", &wrap));
-    OP_REQUIRES_OK(c, c->GetAttr("layout", &layout_));
     OP_REQUIRES(c, static_cast<int>(missing.size()) == n_ && static_cast<int>(missing_ids.size()) == n_ &&
                        static_cast<int>(wrap.size()) == n_,
                 tensorflow::errors::InvalidArgument("missing_keys, missing_ids and wrap_negative_ids must have N = ",
@@ -480,14 +470,7 @@ class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
       rules_.push_back({missing[i] == "error", missing_ids[i], static_cast<bool>(wrap[i])});
       finders_.push_back(std::make_unique<VocabFinder>());
     }
-    if (layout_.empty())
-      for (int b = 0; b < n_ + m_; ++b) layout_.push_back(b);
-    std::vector<int64_t> sorted = layout_;
-    std::sort(sorted.begin(), sorted.end());
-    bool permutation = static_cast<int>(sorted.size()) == n_ + m_;
-    for (size_t b = 0; permutation && b < sorted.size(); ++b) permutation = sorted[b] == static_cast<int64_t>(b);
-    OP_REQUIRES(c, permutation,
-                tensorflow::errors::InvalidArgument("layout must order the ", n_ + m_, " column blocks, each once"));
+    OP_REQUIRES_OK(c, ReadBlockLayout(c, n_ + m_, &layout_));
   }
 
   void Compute(OpKernelContext* ctx) override {

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from tf_ctr_ops.bench import harness
+from tf_ctr_ops.bench import harness, models
 from tf_ctr_ops.bench.harness import (GRIDS, BarAwareStream, Config, ForeignLoad, Progress, duration, environment,
                                       foreign_load_probe, headline_shapes, print_environment, progress,
                                       progress_label, require_gpu, showing_progress, warn_foreign_load)
@@ -74,7 +74,7 @@ def parse_args(argv=None):
                    help=f"max timed calls per callable (default {d.runs}; at least {d.min_runs}, else "
                         f"~{d.budget_s:g} s per callable)")
     p.add_argument("--copy-mb", type=int, default=None, help=f"copy-probe array size (default {d.copy_mb})")
-    p.add_argument("--model", choices=("keras-lookup", "tf1-feature-columns"), default="",
+    p.add_argument("--model", choices=models.MODELS, default="",
                    help="rewrite suite: a real model style instead of its Criteo model (see tf_ctr_ops/bench/models.py)")
     p.add_argument("--features", type=int, default=0,
                    help="rewrite suite: time the optimizer alone on its model scaled to 26 .. FEATURES features")

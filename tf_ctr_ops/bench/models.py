@@ -5,6 +5,11 @@
   `model.export`: StringLookup / IntegerLookup without OOV slots feeding
   Embedding layers, a multi-hot StringLookup feeding a Dense layer, a numeric
   input, an MLP.
+- `keras-feature-space`: keras-io's "structured data classification with
+  FeatureSpace" style (26 fields at bench size: string and integer
+  categorical features one-hot encoded, a discretized and a normalized float,
+  two crosses), `output_mode="concat"` into an MLP, exported with
+  `model.export`: one-hot encodings (DenseBincount) concatenated into a Dense.
 - `tf1-feature-columns`: a TF1 `tf.compat.v1.feature_column` model exported
   as Estimator exports are (`tf.compat.v1.saved_model.Builder`, a
   serialized tf.Example input parsed by ParseExample, a main op that
@@ -28,7 +33,7 @@ import numpy as np
 
 from tf_ctr_ops.bench.harness import check_agreement, keyword_call, served_graph_call, time_interleaved
 
-MODELS = ("keras-lookup", "tf1-feature-columns")
+MODELS = ("keras-lookup", "keras-feature-space", "tf1-feature-columns")
 TARGET = 1.5  # rewritten vs native serving latency at batch 1024
 SERVE_BATCHES = (1024, 1)
 
@@ -97,6 +102,46 @@ def keras_lookup_inputs(rng, batch, features=2, vocab=50):
     feeds["device_id"] = np.array([3, 5, 7, 11], np.int64)[rng.integers(0, 4, size=(batch, 1))]
     feeds["tags"] = np.array(TAGS, dtype=object)[rng.integers(0, len(TAGS), size=(batch, 3))]
     feeds["price"] = rng.normal(size=(batch, 1)).astype(np.float32)
+    return feeds
+
+
+# ---------------------------------------------------------------------------
+# keras-feature-space
+
+
+def export_feature_space_model(path, rng, strings=2, vocab=50, rows=2000, seed=0):
+    """Exports a FeatureSpace model to `path`, adapted on `rows` generated
+    rows. Inputs: `s0..` string [B, 1] (`vocab` values each), `hour` and
+    `slot` int32 [B, 1], `price` and `age` float32 [B, 1]; crosses of
+    s0 x hour and slot x age."""
+    import keras
+    import tensorflow as tf
+    from keras.utils import FeatureSpace
+
+    keras.utils.set_random_seed(seed)
+    data = feature_space_inputs(rng, rows, strings, vocab)
+    features = {f"s{f}": FeatureSpace.string_categorical(num_oov_indices=1) for f in range(strings)}
+    features.update(hour=FeatureSpace.integer_categorical(num_oov_indices=1),
+                    slot=FeatureSpace.integer_categorical(num_oov_indices=1),
+                    age=FeatureSpace.float_discretized(num_bins=10), price=FeatureSpace.float_normalized())
+    fs = FeatureSpace(features=features, output_mode="concat",
+                      crosses=[FeatureSpace.cross(feature_names=("s0", "hour"), crossing_dim=256),
+                               FeatureSpace.cross(feature_names=("slot", "age"), crossing_dim=64)])
+    fs.adapt(tf.data.Dataset.from_tensor_slices({k: v[:, 0] for k, v in data.items()}).batch(256))
+    encoded = keras.Input(shape=(fs.get_encoded_features().shape[-1],))
+    hidden = keras.layers.Dense(64, activation="relu")(encoded)
+    trained = keras.Model(encoded, keras.layers.Dense(1, activation="sigmoid")(hidden))
+    keras.Model(fs.get_inputs(), trained(fs.get_encoded_features())).export(path, verbose=False)
+
+
+def feature_space_inputs(rng, batch, strings=2, vocab=50):
+    """{input: [batch, 1] array} for export_feature_space_model's model."""
+    feeds = {f"s{f}": np.array(_vocabulary(f, vocab), dtype=object)[rng.integers(0, vocab, size=(batch, 1))]
+             for f in range(strings)}
+    feeds["hour"] = rng.integers(0, 24, size=(batch, 1)).astype(np.int32)
+    feeds["slot"] = rng.integers(0, 8, size=(batch, 1)).astype(np.int32)
+    feeds["age"] = rng.uniform(18, 80, size=(batch, 1)).astype(np.float32)
+    feeds["price"] = rng.lognormal(size=(batch, 1)).astype(np.float32)
     return feeds
 
 
@@ -188,6 +233,10 @@ def _build(name, folder, rng, quick):
         _, lookups = export_keras_lookup_model(path, features=features, vocab=vocab, dim=16)
         return (path, "serving_default", lambda batch: keras_lookup_inputs(rng, batch, features, vocab),
                 table_finds(lookups))
+    if name == "keras-feature-space":
+        strings, vocab = max(fields - 4, 1), 100  # with two integer, a discretized and a normalized feature
+        export_feature_space_model(path, rng, strings=strings, vocab=vocab)
+        return path, "serving_default", lambda batch: feature_space_inputs(rng, batch, strings, vocab), None
     save_tf1_feature_column_model(path, folder, hashed=fields, buckets=10_000, dim=16)
     return path, "predict", lambda batch: {"examples": tf_examples(rng, batch, hashed=fields)}, None
 

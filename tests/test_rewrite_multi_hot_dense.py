@@ -1,0 +1,258 @@
+"""The multi_hot_dense pattern: a Dense layer over encodings of ids
+(DenseBincount: Keras' CategoryEncoding, lookups and HashedCrossing with a
+one_hot / multi_hot / count output_mode), concatenated with dense columns or
+alone, becomes one CtrMultiHotDense, served on the CPU. Keras' FeatureSpace
+(output_mode="concat") builds exactly this. Every rewritten SavedModel is
+served in a fresh process by the rewrite's verification and compared here
+again; the pattern also runs on concrete functions in this process (the
+sanitizer stage's tests)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_ctr_ops  # noqa: F401
+from tf_ctr_ops import rewrite
+from test_rewrite_multi_hot import _rewritten_in_process
+
+SEXES, THALS = ["f", "m"], ["fixed", "normal", "reversible"]
+
+
+def export_feature_space(path, rng):
+    """keras-io's "structured data classification with FeatureSpace", with
+    crosses: string, integer and discretized features one-hot encoded, a
+    normalized float, two crosses, all concatenated into the Dense layers."""
+    import keras
+    from keras.utils import FeatureSpace
+
+    keras.utils.set_random_seed(3)
+    n = 256
+    data = {"sex": rng.choice(SEXES, n), "thal": rng.choice(THALS, n), "cp": rng.integers(0, 4, n),
+            "age": rng.normal(50, 9, n).astype("float32"), "chol": rng.normal(240, 40, n).astype("float32")}
+    fs = FeatureSpace(
+        features={"sex": FeatureSpace.string_categorical(num_oov_indices=1),
+                  "thal": FeatureSpace.string_categorical(num_oov_indices=1),
+                  "cp": FeatureSpace.integer_categorical(num_oov_indices=1),
+                  "age": FeatureSpace.float_discretized(num_bins=8),
+                  "chol": FeatureSpace.float_normalized()},
+        crosses=[FeatureSpace.cross(feature_names=("sex", "age"), crossing_dim=32),
+                 FeatureSpace.cross(feature_names=("thal", "cp"), crossing_dim=16)],
+        output_mode="concat")
+    fs.adapt(tf.data.Dataset.from_tensor_slices(data).batch(64))
+    encoded = keras.Input(shape=(fs.get_encoded_features().shape[-1],))
+    hidden = keras.layers.Dense(16, activation="relu")(encoded)
+    trained = keras.Model(encoded, keras.layers.Dense(1, activation="sigmoid")(hidden))
+    inputs = fs.get_inputs()
+    keras.Model(inputs, trained(fs.get_encoded_features())).export(path, verbose=False)
+
+
+def feature_space_inputs(rng, batch):
+    return {"sex": np.array(SEXES + ["x"], object)[rng.integers(0, 3, (batch, 1))],
+            "thal": np.array(THALS + ["?"], object)[rng.integers(0, 4, (batch, 1))],
+            "cp": rng.integers(-1, 6, (batch, 1)).astype(np.int32),
+            "age": rng.normal(50, 15, (batch, 1)).astype(np.float32),
+            "chol": rng.normal(240, 60, (batch, 1)).astype(np.float32)}
+
+
+@pytest.mark.saved_model
+def test_feature_space_model_fuses_and_serves_the_same(tmp_path, rng):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    export_feature_space(str(src), rng)
+    report = rewrite.optimize_saved_model(src, dst, runs=1, serving_device="cpu")
+    sig = report.signatures["serving_default"]
+    fused = [m for m in sig.matches if m["fused_op"] == "CtrMultiHotDense"]
+    assert len(fused) == 1, (sig.matches, sig.skips)
+    replaced = " ".join(fused[0]["replaced"])
+    assert replaced.count("(DenseBincount)") == 6 and "(ConcatV2)" in replaced and "(MatMul)" in replaced
+    assert sig.outputs_match  # served in a fresh process by the rewrite's verification
+    counts = rewrite.op_counts(tf.saved_model.load(str(dst)).signatures["serving_default"].graph.as_graph_def(),
+                               library=True)
+    assert "DenseBincount" not in counts and counts.get("CtrMultiHotDense") == 1, counts
+    native = tf.saved_model.load(str(src)).signatures["serving_default"]
+    rewritten = tf.saved_model.load(str(dst)).signatures["serving_default"]
+    for batch in (0, 1, 300):
+        feeds = {k: tf.constant(v) for k, v in feature_space_inputs(rng, batch).items()}
+        want, got = native(**feeds), rewritten(**feeds)
+        for key in want:
+            assert got[key].shape == want[key].shape
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6)
+
+
+def export_one_hot_layers(path):
+    """One-hot output modes concatenated into a Dense: CategoryEncoding,
+    StringLookup and HashedCrossing (Keras encodes them with tf.one_hot)."""
+    import keras
+
+    keras.utils.set_random_seed(4)
+    a = keras.Input(shape=(1,), dtype="int64", name="a")
+    s = keras.Input(shape=(1,), dtype="string", name="s")
+    x = keras.Input(shape=(2,), name="x")
+    parts = [keras.layers.CategoryEncoding(num_tokens=6, output_mode="one_hot")(a), x,
+             keras.layers.StringLookup(vocabulary=["p", "q", "r"], output_mode="one_hot")(s),
+             keras.layers.HashedCrossing(num_bins=8, output_mode="one_hot")((a, s))]
+    out = keras.layers.Dense(3)(keras.layers.Concatenate()(parts))
+    keras.Model([a, s, x], out).export(path, verbose=False)
+
+
+@pytest.mark.saved_model
+def test_keras_one_hot_layers_fuse_and_serve_the_same(tmp_path, rng):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    export_one_hot_layers(str(src))
+    report = rewrite.optimize_saved_model(src, dst, runs=1, serving_device="cpu")
+    sig = report.signatures["serving_default"]
+    fused = [m for m in sig.matches if m["fused_op"] == "CtrMultiHotDense"]
+    assert len(fused) == 1 and " ".join(fused[0]["replaced"]).count("(OneHot)") == 3, (sig.matches, sig.skips)
+    assert sig.outputs_match
+    native = tf.saved_model.load(str(src)).signatures["serving_default"]
+    rewritten = tf.saved_model.load(str(dst)).signatures["serving_default"]
+    for batch in (0, 1, 200):
+        feeds = {"a": tf.constant(rng.integers(-2, 8, (batch, 1)), tf.int64),  # -2, -1, 6, 7: rows of zeros
+                 "s": tf.constant(np.array(["p", "q", "r", "zz"], object)[rng.integers(0, 4, (batch, 1))]),
+                 "x": tf.constant(rng.normal(size=(batch, 2)), tf.float32)}
+        want, got = native(**feeds), rewritten(**feeds)
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6)
+
+
+def test_in_process_one_hot_of_a_column_fuses(rng):
+    m = Model(rng, width=5 + 2 + 8)
+
+    def f(a, b, x):  # a's ids 5, 6 are past the depth: zeros in both
+        return tf.matmul(tf.concat([tf.one_hot(a[:, 0], 5), x, bincount(b, 8)], axis=1), m.kernel)
+
+    fused, report, counts = _rewritten_in_process(f, SPEC)
+    assert [x["fused_op"] for x in report["match"]] == ["CtrMultiHotDense"], report
+    assert "OneHot" not in counts, counts
+    for batch in (0, 7):
+        a, b, x = feeds(rng, batch)
+        a = a - 1  # some -1: a row of zeros, not an error
+        np.testing.assert_allclose(fused(a, b, x)[0], f(a, b, x), rtol=1e-5, atol=1e-6)
+
+
+SPEC = [tf.TensorSpec([None, 1], tf.int64), tf.TensorSpec([None, 3], tf.int32), tf.TensorSpec([None, 2], tf.float32)]
+
+
+def bincount(ids, depth, binary=True, weights=None):
+    return tf.math.bincount(ids, weights=weights, minlength=depth, maxlength=depth, binary_output=binary, axis=-1,
+                            dtype=tf.float32)
+
+
+class Model(tf.Module):
+    def __init__(self, rng, width=5 + 2 + 8):
+        super().__init__()
+        self.kernel = tf.Variable(rng.normal(size=(width, 4)).astype(np.float32))
+
+
+def feeds(rng, batch):
+    return (tf.constant(rng.integers(0, 7, (batch, 1)), tf.int64), tf.constant(rng.integers(0, 8, (batch, 3)), tf.int32),
+            tf.constant(rng.normal(size=(batch, 2)), tf.float32))
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_in_process_concatenated_encodings_fuse(rng, binary):
+    m = Model(rng)
+
+    def f(a, b, x):  # ids 5, 6 of `a` are past its depth: dropped by both
+        return tf.nn.relu(tf.matmul(tf.concat([bincount(a, 5), x, bincount(b, 8, binary)], axis=1), m.kernel))
+
+    fused, report, counts = _rewritten_in_process(f, SPEC)
+    assert [x["fused_op"] for x in report["match"]] == ["CtrMultiHotDense"], report
+    assert "DenseBincount" not in counts and "ConcatV2" not in counts, counts
+    for batch in (0, 1, 50):
+        args = feeds(rng, batch)
+        np.testing.assert_allclose(fused(*args)[0], f(*args), rtol=1e-5, atol=1e-6)
+
+
+def test_in_process_weighted_encoding_stays_a_dense_block(rng):
+    m = Model(rng)
+
+    def f(a, b, x):
+        weighted = bincount(b, 8, binary=False, weights=tf.cast(b, tf.float32) * 0.5)
+        return tf.matmul(tf.concat([bincount(a, 5), x, weighted], axis=1), m.kernel)
+
+    fused, report, counts = _rewritten_in_process(f, SPEC)
+    assert [x["fused_op"] for x in report["match"]] == ["CtrMultiHotDense"], report
+    assert counts.get("DenseBincount") == 1, counts  # the weighted one, computed as before
+    args = feeds(rng, 20)
+    np.testing.assert_allclose(fused(*args)[0], f(*args), rtol=1e-5, atol=1e-6)
+
+
+def test_in_process_negative_ids_fail_alike(rng):
+    m = Model(rng)
+    f = lambda a, b, x: tf.matmul(tf.concat([bincount(a, 5), x, bincount(b, 8)], axis=1), m.kernel)  # noqa: E731
+    fused, report, _ = _rewritten_in_process(f, SPEC)
+    assert report["match"], report
+    a, b, x = feeds(rng, 4)
+    b = tf.tensor_scatter_nd_update(b, [[2, 1]], [-3])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="non-negative"):
+        f(a, b, x)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id -3 in row 2 of encoded block 1 is negative"):
+        fused(a, b, x)
+
+
+def test_left_alone_with_reasons(rng):
+    m = Model(rng)
+    concat = lambda a, b, x, **kw: tf.concat([bincount(a, 5, **kw), x, bincount(b, 8, **kw)], axis=1)  # noqa: E731
+    ones = lambda a: tf.ones(tf.shape(a), tf.float32)  # noqa: E731
+    cases = {
+        "CPU kernel only": (lambda a, b, x: tf.matmul(concat(a, b, x), m.kernel), None),
+        "another consumer": (lambda a, b, x: (lambda c: (tf.matmul(c, m.kernel), c * 2.0))(concat(a, b, x)), "cpu"),
+        "transposes": (lambda a, b, x: tf.matmul(concat(a, b, x), tf.transpose(m.kernel), transpose_b=True), "cpu"),
+        "weighted": (lambda a, b, x: tf.matmul(tf.concat(
+            [bincount(a, 5, binary=False, weights=ones(a)), x, bincount(b, 8, binary=False, weights=ones(b))], 1),
+            m.kernel), "cpu"),
+        "run time": (lambda a, b, x: tf.matmul(tf.concat([tf.math.bincount(
+            a, minlength=tf.size(a, out_type=tf.int64) * 0 + 5, maxlength=5, axis=-1, binary_output=True,
+            dtype=tf.float32), x, tf.ones([tf.shape(x)[0], 8])], 1), m.kernel), "cpu"),
+    }
+    for reason, (fn, device) in cases.items():
+        _, report, _ = _rewritten_in_process(fn, SPEC, serving_device=device)
+        assert not report["match"], (reason, report["match"])
+        reasons = [s["reason"] for s in report["skip"] if s["pattern"] == "multi_hot_dense"]
+        assert reasons and any(reason in r for r in reasons), (reason, report["skip"])
+
+
+def test_in_process_training_graph_is_left_alone(rng):
+    m = Model(rng)
+
+    def step(a, b, x):
+        with tf.GradientTape() as tape:
+            out = tf.matmul(tf.concat([bincount(a, 5), x, bincount(b, 8)], axis=1), m.kernel)
+            loss = tf.reduce_sum(out)
+        return loss, tape.gradient(loss, m.kernel)
+
+    fused, report, _ = _rewritten_in_process(step, SPEC)
+    assert not [x for x in report["match"] if x["fused_op"] == "CtrMultiHotDense"], report
+    args = feeds(rng, 6)
+    for got, want in zip(fused(*args), step(*args)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_in_process_on_real_criteo_sample(rng):
+    """Criteo's hex categories (C19 has empty values) one-hot and multi-hot
+    encoded through vocabulary tables of the first half of the sample (the
+    rest has unseen keys: the OOV id), with its log counts beside them."""
+    from test_rewrite import read_csv
+
+    rows = read_csv("criteo_sample.txt")
+    cols = ("C1", "C2", "C19")
+    vocabs = [sorted({r[c] for r in rows[:len(rows) // 2]}) for c in cols]
+    tables = [tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(v, tf.range(len(v), dtype=tf.int64)),
+                                        len(v)) for v in vocabs]
+    depths = [len(v) + 1 for v in vocabs]
+    kernel = tf.Variable(rng.normal(size=(sum(depths) + 3, 8)).astype(np.float32))
+
+    def f(c1, c2, c19, counts):
+        ids = [t.lookup(k) for t, k in zip(tables, (c1, c2, c19))]
+        blocks = [tf.one_hot(ids[0][:, 0], depths[0]), bincount(ids[1], depths[1]), counts,
+                  bincount(ids[2], depths[2], binary=False)]
+        return tf.nn.relu(tf.matmul(tf.concat(blocks, axis=1), kernel))
+
+    spec = [tf.TensorSpec([None, 1], tf.string)] * 3 + [tf.TensorSpec([None, 3], tf.float32)]
+    fused, report, counts = _rewritten_in_process(f, spec)
+    assert [x["fused_op"] for x in report["match"]] == ["CtrMultiHotDense"], report
+    assert "DenseBincount" not in counts and "OneHot" not in counts, counts
+    keys = [tf.constant([[r[c]] for r in rows]) for c in cols]
+    log_counts = tf.constant([[np.log1p(max(float(r[c] or 0), 0.0)) for c in ("I1", "I2", "I3")] for r in rows],
+                             tf.float32)
+    np.testing.assert_allclose(fused(*keys, log_counts)[0], f(*keys, log_counts), rtol=1e-5, atol=1e-5)
