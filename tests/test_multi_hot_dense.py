@@ -38,6 +38,16 @@ def random_blocks(rng, batch, id_dtype=tf.int64, binary=True):
 WIDTH = 7 + 2 + 10 + 3 + 1
 
 
+def assert_same_forward_and_kernel_gradient(fused_fn, native_fn, kernel):
+    np.testing.assert_allclose(fused_fn(), native_fn(), rtol=1e-6, atol=1e-6)
+    grads = []
+    for fn in (fused_fn, native_fn):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(fn() ** 2)
+        grads.append(tape.gradient(loss, kernel))
+    np.testing.assert_allclose(tf.convert_to_tensor(grads[0]), grads[1], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("batch", [0, 1, 9, 4096])
 @pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
 @pytest.mark.parametrize("binary", [True, False])
@@ -152,10 +162,38 @@ def test_one_hot_blocks_drop_negative_ids_as_one_hot_does(rng):
     kernel = tf.Variable(rng.normal(size=(5 + 2, 3)).astype(np.float32))
     want_fn = lambda: tf.matmul(tf.concat([tf.one_hot(ids[:, 0], 5), dense], 1), kernel)  # noqa: E731
     got_fn = lambda: tco.multi_hot_dense([(ids, 5, True, True), dense], kernel)  # noqa: E731
-    np.testing.assert_allclose(got_fn(), want_fn(), rtol=1e-6, atol=1e-6)
-    grads = []
-    for fn in (got_fn, want_fn):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(fn() ** 2)
-        grads.append(tape.gradient(loss, kernel))
-    np.testing.assert_allclose(tf.convert_to_tensor(grads[0]), grads[1], rtol=1e-5, atol=1e-5)
+    assert_same_forward_and_kernel_gradient(got_fn, want_fn, kernel)
+
+
+def test_adversarial_attrs_are_errors_not_crashes():
+    from tf_ctr_ops.multi_hot import _ops
+
+    ids = tf.constant([[1, 2], [0, 3]], tf.int64)
+    kernel = tf.ones([8, 2])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="more columns wide but the kernel has 8 rows"):
+        _ops.ctr_multi_hot_dense(ids=[ids, ids], dense=[], kernel=kernel, depths=[2**62, 2**62 + 7],
+                                 binary_output=[True, True])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one-hot depth 3, but the block is 8 wide"):
+        _ops.ctr_multi_hot_dense(ids=[ids], dense=[], kernel=kernel, depths=[8], binary_output=[True],
+                                 column_depths=[3])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one entry per ids input"):
+        _ops.ctr_multi_hot_dense(ids=[ids], dense=[], kernel=kernel, depths=[8], binary_output=[True, False])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="layout must order the 1 column blocks"):
+        _ops.ctr_multi_hot_dense(ids=[ids], dense=[], kernel=kernel, depths=[8], binary_output=[True], layout=[1])
+
+
+def test_one_hot_columns_side_by_side(rng):
+    # column_depths: the [B, S, d] one-hot of [B, S] ids flattened to [B, S * d] (TF1's input_layer).
+    from tf_ctr_ops.multi_hot import _ops
+
+    ids = tf.constant(rng.integers(-1, 5, size=(30, 3)), tf.int64)  # -1 and 4: zeros in their column
+    kernel = tf.Variable(rng.normal(size=(3 * 4, 2)).astype(np.float32))
+
+    def native_fn():
+        return tf.matmul(tf.reshape(tf.one_hot(ids, 4), [-1, 12]), kernel)
+
+    def fused_fn():
+        return _ops.ctr_multi_hot_dense(ids=[ids], dense=[], kernel=kernel, depths=[12], binary_output=[True],
+                                        column_depths=[4])
+
+    assert_same_forward_and_kernel_gradient(fused_fn, native_fn, kernel)

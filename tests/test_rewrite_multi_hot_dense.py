@@ -54,22 +54,29 @@ def feature_space_inputs(rng, batch):
             "chol": rng.normal(240, 60, (batch, 1)).astype(np.float32)}
 
 
-@pytest.mark.saved_model
-def test_feature_space_model_fuses_and_serves_the_same(tmp_path, rng):
-    src, dst = tmp_path / "src", tmp_path / "dst"
-    export_feature_space(str(src), rng)
+def rewrite_saved_model(src, dst, encoder, encoders):
+    """Rewrites the SavedModel at src for a CPU server; checks that one
+    CtrMultiHotDense took `encoders` nodes of op `encoder` and that the
+    rewrite's own fresh-process verification compared equal. Returns the
+    native and rewritten serving signatures."""
     report = rewrite.optimize_saved_model(src, dst, runs=1, serving_device="cpu")
     sig = report.signatures["serving_default"]
     fused = [m for m in sig.matches if m["fused_op"] == "CtrMultiHotDense"]
     assert len(fused) == 1, (sig.matches, sig.skips)
     replaced = " ".join(fused[0]["replaced"])
-    assert replaced.count("(DenseBincount)") == 6 and "(ConcatV2)" in replaced and "(MatMul)" in replaced
+    assert replaced.count(f"({encoder})") == encoders and "(MatMul)" in replaced, replaced
     assert sig.outputs_match  # served in a fresh process by the rewrite's verification
-    counts = rewrite.op_counts(tf.saved_model.load(str(dst)).signatures["serving_default"].graph.as_graph_def(),
-                               library=True)
-    assert "DenseBincount" not in counts and counts.get("CtrMultiHotDense") == 1, counts
-    native = tf.saved_model.load(str(src)).signatures["serving_default"]
-    rewritten = tf.saved_model.load(str(dst)).signatures["serving_default"]
+    return (tf.saved_model.load(str(src)).signatures["serving_default"],
+            tf.saved_model.load(str(dst)).signatures["serving_default"])
+
+
+@pytest.mark.saved_model
+def test_feature_space_model_fuses_and_serves_the_same(tmp_path, rng):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    export_feature_space(str(src), rng)
+    native, rewritten = rewrite_saved_model(src, dst, "DenseBincount", 6)
+    counts = rewrite.op_counts(rewritten.graph.as_graph_def(), library=True)
+    assert "DenseBincount" not in counts and "ConcatV2" not in counts and counts.get("CtrMultiHotDense") == 1, counts
     for batch in (0, 1, 300):
         feeds = {k: tf.constant(v) for k, v in feature_space_inputs(rng, batch).items()}
         want, got = native(**feeds), rewritten(**feeds)
@@ -98,13 +105,7 @@ def export_one_hot_layers(path):
 def test_keras_one_hot_layers_fuse_and_serve_the_same(tmp_path, rng):
     src, dst = tmp_path / "src", tmp_path / "dst"
     export_one_hot_layers(str(src))
-    report = rewrite.optimize_saved_model(src, dst, runs=1, serving_device="cpu")
-    sig = report.signatures["serving_default"]
-    fused = [m for m in sig.matches if m["fused_op"] == "CtrMultiHotDense"]
-    assert len(fused) == 1 and " ".join(fused[0]["replaced"]).count("(OneHot)") == 3, (sig.matches, sig.skips)
-    assert sig.outputs_match
-    native = tf.saved_model.load(str(src)).signatures["serving_default"]
-    rewritten = tf.saved_model.load(str(dst)).signatures["serving_default"]
+    native, rewritten = rewrite_saved_model(src, dst, "OneHot", 3)
     for batch in (0, 1, 200):
         feeds = {"a": tf.constant(rng.integers(-2, 8, (batch, 1)), tf.int64),  # -2, -1, 6, 7: rows of zeros
                  "s": tf.constant(np.array(["p", "q", "r", "zz"], object)[rng.integers(0, 4, (batch, 1))]),
@@ -164,11 +165,11 @@ def test_in_process_concatenated_encodings_fuse(rng, binary):
 
 
 def test_in_process_weighted_encoding_stays_a_dense_block(rng):
-    m = Model(rng)
+    m = Model(rng, width=30 + 2 + 8)
 
     def f(a, b, x):
         weighted = bincount(b, 8, binary=False, weights=tf.cast(b, tf.float32) * 0.5)
-        return tf.matmul(tf.concat([bincount(a, 5), x, weighted], axis=1), m.kernel)
+        return tf.matmul(tf.concat([bincount(a, 30), x, weighted], axis=1), m.kernel)
 
     fused, report, counts = _rewritten_in_process(f, SPEC)
     assert [x["fused_op"] for x in report["match"]] == ["CtrMultiHotDense"], report
@@ -191,7 +192,7 @@ def test_in_process_negative_ids_fail_alike(rng):
 
 
 def test_left_alone_with_reasons(rng):
-    m = Model(rng)
+    m, wide = Model(rng), Model(rng, width=5 + 40 + 8)
     concat = lambda a, b, x, **kw: tf.concat([bincount(a, 5, **kw), x, bincount(b, 8, **kw)], axis=1)  # noqa: E731
     ones = lambda a: tf.ones(tf.shape(a), tf.float32)  # noqa: E731
     cases = {
@@ -201,6 +202,9 @@ def test_left_alone_with_reasons(rng):
         "weighted": (lambda a, b, x: tf.matmul(tf.concat(
             [bincount(a, 5, binary=False, weights=ones(a)), x, bincount(b, 8, binary=False, weights=ones(b))], 1),
             m.kernel), "cpu"),
+        # 13 encoded columns beside 40 dense ones: the MatMul stays.
+        "MatMul multiplies the other": (lambda a, b, x: tf.matmul(tf.concat(
+            [bincount(a, 5), tf.tile(x, [1, 20]), bincount(b, 8)], 1), wide.kernel), "cpu"),
         "run time": (lambda a, b, x: tf.matmul(tf.concat([tf.math.bincount(
             a, minlength=tf.size(a, out_type=tf.int64) * 0 + 5, maxlength=5, axis=-1, binary_output=True,
             dtype=tf.float32), x, tf.ones([tf.shape(x)[0], 8])], 1), m.kernel), "cpu"),
@@ -256,3 +260,69 @@ def test_in_process_on_real_criteo_sample(rng):
     log_counts = tf.constant([[np.log1p(max(float(r[c] or 0), 0.0)) for c in ("I1", "I2", "I3")] for r in rows],
                              tf.float32)
     np.testing.assert_allclose(fused(*keys, log_counts)[0], f(*keys, log_counts), rtol=1e-5, atol=1e-5)
+
+
+def test_in_process_reshaped_one_hot_columns_fuse(rng):
+    """TF1's input_layer flattens a bucketized column's [B, S, d] one-hot to
+    [B, S * d] before the concatenation: S one-hot blocks side by side."""
+    kernel = tf.Variable(rng.normal(size=(2 * 4 + 3 + 1, 5)).astype(np.float32))
+
+    def f(xy, age, price):
+        buckets = tf.cast(tf.raw_ops.Bucketize(input=xy, boundaries=[0.0, 1.0, 2.0]), tf.int64)  # [B, 2], ids 0..3
+        hot = tf.one_hot(buckets, 4)
+        flat = tf.reshape(hot, tf.stack([tf.shape(hot)[0], 8]))
+        age_hot = tf.reshape(tf.one_hot(age, 3), [-1, 3])  # [B, 1] ids, some out of range: zeros
+        return tf.matmul(tf.concat([flat, age_hot, price], axis=1), kernel)
+
+    spec = [tf.TensorSpec([None, 2], tf.float32), tf.TensorSpec([None, 1], tf.int32),
+            tf.TensorSpec([None, 1], tf.float32)]
+    fused, report, counts = _rewritten_in_process(f, spec)
+    assert [x["fused_op"] for x in report["match"]] == ["CtrMultiHotDense"], report
+    assert "OneHot" not in counts and "Reshape" not in counts, counts
+    for batch in (0, 1, 40):
+        args = (tf.constant(rng.normal(1, 1.5, size=(batch, 2)), tf.float32),
+                tf.constant(rng.integers(-1, 5, size=(batch, 1)), tf.int32),
+                tf.constant(rng.normal(size=(batch, 1)), tf.float32))
+        np.testing.assert_allclose(fused(*args)[0], f(*args), rtol=1e-5, atol=1e-6)
+
+
+def save_tf1_dnn_model(path):
+    """An Estimator-style TF1 DNN input: numeric and bucketized columns (one
+    of shape 2) through input_layer into a hidden layer, saved by Builder."""
+    fc = tf.compat.v1.feature_column
+    with tf.Graph().as_default():
+        tf.compat.v1.set_random_seed(5)
+        serialized = tf.compat.v1.placeholder(tf.string, [None], name="examples")
+        columns = [fc.numeric_column("price"), fc.bucketized_column(fc.numeric_column("age"), [18.0, 30.0, 50.0]),
+                   fc.bucketized_column(fc.numeric_column("xy", shape=(2,)), [0.0, 1.0])]
+        net = fc.input_layer(tf.compat.v1.io.parse_example(serialized, fc.make_parse_example_spec(columns)), columns)
+        w = tf.compat.v1.get_variable("hidden_w", [net.shape[1], 4])
+        hidden = tf.nn.relu(tf.matmul(net, w))
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            builder = tf.compat.v1.saved_model.Builder(path)
+            builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={
+                "serving_default": tf.compat.v1.saved_model.predict_signature_def({"examples": serialized},
+                                                                                  {"hidden": hidden})})
+            builder.save()
+
+
+def tf1_examples(rng, n):
+    out = []
+    for _ in range(n):
+        f = {"price": tf.train.Feature(float_list=tf.train.FloatList(value=[float(rng.normal())])),
+             "age": tf.train.Feature(float_list=tf.train.FloatList(value=[float(rng.integers(10, 70))])),
+             "xy": tf.train.Feature(float_list=tf.train.FloatList(value=rng.normal(0.5, 1, 2).tolist()))}
+        out.append(tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString())
+    return np.array(out, dtype=object)
+
+
+@pytest.mark.saved_model
+def test_tf1_input_layer_bucketized_columns_fuse_and_serve_the_same(tmp_path, rng):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    save_tf1_dnn_model(str(src))
+    native, rewritten = rewrite_saved_model(src, dst, "OneHot", 2)
+    for batch in (0, 1, 64):
+        examples = tf.constant(tf1_examples(rng, batch))
+        np.testing.assert_allclose(rewritten(examples=examples)["hidden"], native(examples=examples)["hidden"],
+                                   rtol=1e-5, atol=1e-6)

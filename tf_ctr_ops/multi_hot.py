@@ -78,8 +78,12 @@ def _multi_hot_dense_grad(op, grad):
     depths, binary = op.get_attr("depths"), op.get_attr("binary_output")
     drop = op.get_attr("drop_negative") or [False] * n
 
+    columns_of = op.get_attr("column_depths") or [0] * n
+
     def encoding(i):
         ids = op.inputs[i]
+        if columns_of[i]:  # one-hot encodings of each id column, side by side
+            return tf.reshape(tf.one_hot(ids, columns_of[i], dtype=kernel.dtype), [tf.shape(ids)[0], depths[i]])
         if drop[i]:  # a dropped negative id counts as one past the depth, which the bincount drops
             ids = tf.where(ids < 0, tf.cast(depths[i], ids.dtype), ids)
         return tf.math.bincount(ids, minlength=depths[i], maxlength=depths[i], binary_output=binary[i], axis=-1,

@@ -34,4 +34,18 @@ void AddMultiHotRow(const Id* ids, int64_t n, int64_t depth, bool binary, const 
   }
 }
 
+// Adds the kernel rows of `columns` one-hot encodings of `depth` side by
+// side (the [B, S, depth] OneHot of [B, S] ids reshaped to [B, S * depth]):
+// column s's id i in [0, depth) names row s * depth + i, in column order;
+// any other id names none, as OneHot gives it zeros.
+template <typename T, typename Id>
+void AddOneHotColumnsRow(const Id* ids, int64_t columns, int64_t depth, const T* kernel, int64_t units, T* out) {
+  for (int64_t s = 0; s < columns; ++s) {
+    const int64_t id = static_cast<int64_t>(ids[s]);
+    if (id < 0 || id >= depth) continue;
+    const T* row = kernel + (s * depth + id) * units;
+    for (int64_t u = 0; u < units; ++u) out[u] += row[u];
+  }
+}
+
 }  // namespace ctr

@@ -9,6 +9,8 @@
 //           f(ids))) with minlength >= maxlength (the shape math goes too)
 //         | OneHot(ids_i [B], depth_i, on 1, off 0, axis -1)   [+ Cast]
 //           (Keras' one_hot output_mode; a negative id is a row of zeros)
+//         | Reshape(OneHot(ids_i [B, S], d, 1, 0, -1), [B, S * d])   [+ Cast]
+//           (TF1's input_layer of a bucketized column: S one-hots side by side)
 //   MatMul(ConcatV2(enc_1, x_1, enc_2, ..., axis 1), kernel)   [or MatMul(enc_1, kernel)]
 //
 // becomes CtrMultiHotDense(ids_1, ..., x_1, ..., kernel): each encoded block
@@ -21,7 +23,8 @@
 // only at run time) stays in the graph as a dense block.
 //
 // One-hot blocks become blocks of [B, 1] ids (an ExpandDims of the OneHot's)
-// whose negative ids count for nothing, as OneHot makes them a row of zeros.
+// whose negative ids count for nothing, as OneHot makes them a row of zeros;
+// reshaped ones, blocks of their [B, S] ids with column_depths d.
 //
 // The sums run over the columns in order, as the MatMul's dot product does;
 // the encodings' zero columns are never read (a kernel row of inf or NaN that
@@ -51,8 +54,10 @@ constexpr char kFusedOp[] = "CtrMultiHotDense";
 struct Encoding {
   const NodeDef* to_float = nullptr;  // Cast of the counts to the kernel's type, or none
   const NodeDef* encoder = nullptr;   // the DenseBincount or the OneHot
+  const NodeDef* reshape = nullptr;   // the Reshape of a [B, S, d] OneHot to [B, S * d], or none
   bool one_hot = false;
-  std::vector<const NodeDef*> size_math;  // the bincount's size, constants included
+  int64_t column_depth = 0;               // d of a reshaped OneHot
+  std::vector<const NodeDef*> size_math;  // the bincount's size or the reshape's shape, constants included
   std::vector<const NodeDef*> dead;       // shape reads of the ids nothing reads
   int64_t depth = -1;
   int input = -1;  // its input of the concatenation
@@ -65,6 +70,11 @@ bool MatchEncodingShape(const GraphIndex& g, const NodeDef* x, int port, Encodin
     e->to_float = x;
     x = g.Producer(*x, 0, &port);
   }
+  if (IsOp(x, "Reshape") && port == 0) {
+    e->reshape = x;
+    x = g.Producer(*x, 0, &port);
+    if (!IsOp(x, "OneHot")) return false;
+  }
   if (!(IsOp(x, "DenseBincount") || IsOp(x, "OneHot")) || port != 0) return false;
   e->encoder = x;
   e->one_hot = IsOp(x, "OneHot");
@@ -75,7 +85,22 @@ bool IsCountType(DataType t) {
   return t == tensorflow::DT_INT32 || t == tensorflow::DT_INT64 || t == tensorflow::DT_FLOAT;
 }
 
-// A OneHot of [B] int ids into [B, depth] ones and zeros: a one-hot block.
+// Collects the shape math of a Reshape's shape: Pack, StridedSlice, Shape
+// (of the OneHot or of anything else) and constants, no control edges.
+bool CollectReshapeShape(const GraphIndex& g, const NodeDef* node, std::vector<const NodeDef*>* nodes) {
+  static const std::set<std::string> kShapeMath = {"Const", "Pack", "StridedSlice", "Shape"};
+  if (node == nullptr || !kShapeMath.count(node->op()) || HasControlInputs(*node)) return false;
+  for (const NodeDef* n : *nodes)
+    if (n == node) return true;
+  nodes->push_back(node);
+  if (IsOp(node, "Shape")) return true;
+  for (int i = 0; i < node->input_size(); ++i)
+    if (!CollectReshapeShape(g, g.Producer(*node, i), nodes)) return false;
+  return true;
+}
+
+// A OneHot of [B] int ids into [B, depth] ones and zeros (a one-hot block),
+// or of [B, S] ids reshaped to [B, S * d] (S one-hot blocks side by side).
 bool OneHotFuses(RewriteContext* ctx, Encoding* e, std::string* why) {
   const GraphIndex& g = ctx->index();
   const NodeDef& one_hot = *e->encoder;
@@ -83,8 +108,10 @@ bool OneHotFuses(RewriteContext* ctx, Encoding* e, std::string* why) {
   int port = 0;
   const NodeDef* ids = g.Producer(one_hot, 0, &port);
   if ((index != tensorflow::DT_INT32 && index != tensorflow::DT_INT64) || ids == nullptr ||
-      ctx->Rank(*ids, port) != 1 || IntAttr(one_hot, "axis", -1) != -1) {
-    *why = "the one-hot encoding is not of a [B] int32 or int64 id vector along a new last axis";
+      ctx->Rank(*ids, port) != (e->reshape != nullptr ? 2 : 1) || IntAttr(one_hot, "axis", -1) != -1) {
+    *why = e->reshape != nullptr
+               ? "the reshaped one-hot encoding is not of a [B, S] int32 or int64 id matrix along a new last axis"
+               : "the one-hot encoding is not of a [B] int32 or int64 id vector along a new last axis";
     return false;
   }
   if (!ConstScalarInt(g.Producer(one_hot, 1), &e->depth) || e->depth < 0) {
@@ -95,6 +122,21 @@ bool OneHotFuses(RewriteContext* ctx, Encoding* e, std::string* why) {
     *why = "the one-hot encoding's values are not 1 and 0";
     return false;
   }
+  if (e->reshape == nullptr) return true;
+  // [B, S, d] to [B, S * d]: with S * d known and > 0 the first dimension
+  // can only be B.
+  const int64_t columns = ctx->Dim(*ids, port, 1);
+  if (columns <= 0 || e->depth == 0 || ctx->Rank(*e->reshape, 0) != 2 ||
+      ctx->Dim(*e->reshape, 0, 1) != columns * e->depth) {
+    *why = "cannot prove that the reshape flattens the one-hot encodings of each row";
+    return false;
+  }
+  if (!CollectReshapeShape(g, g.Producer(*e->reshape, 1), &e->size_math)) {
+    *why = "the reshape's shape is computed by more than shape math";
+    return false;
+  }
+  e->column_depth = e->depth;
+  e->depth = columns * e->depth;
   return true;
 }
 
@@ -132,7 +174,7 @@ bool EncodingFuses(RewriteContext* ctx, DataType T, Encoding* e, std::string* wh
     *why = "the encoding's type is " + tensorflow::DataType_Name(counts);
     return false;
   }
-  for (const NodeDef* n : {e->encoder, e->to_float})
+  for (const NodeDef* n : {e->encoder, e->reshape, e->to_float})
     if (n != nullptr && HasControlInputs(*n)) {
       *why = Describe(*n) + " waits on another node";
       return false;
@@ -185,12 +227,46 @@ class MultiHotDensePattern : public NamedPattern<kName> {
       }
     }
     if (fused.empty()) return Skip(ctx, anchor, first_reason);
+    if (!EncodingsDominate(ctx, concat, fused, &why)) return Skip(ctx, anchor, why);
     if (!OnlyFeedTheMatMul(ctx, &fused, &why)) return Skip(ctx, anchor, why);
     Replace(anchor, concat, fused, T, ctx);
     return true;
   }
 
  private:
+  // The fused op gains on the encoded columns (it reads one kernel row per
+  // id instead of multiplying the zeros) and multiplies the dense ones about
+  // 1.5x slower than TF's MatMul: it is used where the encoded columns are at
+  // least twice the dense ones, whose widths must be known.
+  static bool EncodingsDominate(RewriteContext* ctx, const NodeDef* concat, const std::vector<Encoding>& fused,
+                                std::string* why) {
+    if (concat == nullptr) return true;
+    int64_t encoded = 0, dense = 0;
+    std::vector<bool> is_encoded(IntAttr(*concat, "N", 0), false);
+    for (const Encoding& e : fused) {
+      is_encoded[e.input] = true;
+      encoded += e.depth;
+    }
+    for (int i = 0; i < static_cast<int>(is_encoded.size()); ++i) {
+      if (is_encoded[i]) continue;
+      int port = 0;
+      const NodeDef* block = ctx->index().Producer(*concat, i, &port);
+      int64_t width = block == nullptr ? -1 : ctx->Dim(*block, port, 1);
+      Encoding unfused;  // a weighted bincount: its size may be known where its shape is not
+      if (width < 0 && MatchEncodingShape(ctx->index(), block, port, &unfused) && !unfused.one_hot)
+        width = KnownSize(ctx->index(), ctx->index().Producer(*unfused.encoder, 1));
+      if (width < 0) {
+        *why = "the width of " + concat->input(i) + " is known only at run time";
+        return false;
+      }
+      dense += width;
+    }
+    if (encoded >= 2 * dense) return true;
+    *why = "the encodings are " + std::to_string(encoded) + " of the " + std::to_string(encoded + dense) +
+           " columns: TF's MatMul multiplies the other " + std::to_string(dense) + " faster than the fused op would";
+    return false;
+  }
+
   // Each encoding feeds only the concatenation (a training graph's MatMul
   // gradient reads it too), and its size math only itself and the bincount
   // (constants aside: they stay where anything else reads them).
@@ -199,7 +275,8 @@ class MultiHotDensePattern : public NamedPattern<kName> {
     std::set<const NodeDef*> inside;
     for (const Encoding& e : *fused) {
       inside.insert(e.size_math.begin(), e.size_math.end());
-      inside.insert(e.encoder);
+      for (const NodeDef* n : {e.encoder, e.reshape, e.to_float})
+        if (n != nullptr) inside.insert(n);
     }
     for (Encoding& e : *fused) {
       auto live_readers = [&](const NodeDef* n) {
@@ -215,9 +292,17 @@ class MultiHotDensePattern : public NamedPattern<kName> {
           return false;
         }
       }
-      for (const NodeDef* n : {e.encoder, e.to_float}) {
-        if (n == nullptr) continue;
-        if (ctx->FetchedOrFed(n->name()) || g.ControlConsumers(n->name()) != 0 || g.DataConsumers(n->name()) != 1) {
+      // The chain up to the concatenation: each node read by the next (and
+      // the OneHot by the Shape of the reshape's shape too), the last by the
+      // concatenation alone.
+      std::vector<const NodeDef*> chain;
+      for (const NodeDef* n : {e.encoder, e.reshape, e.to_float})
+        if (n != nullptr) chain.push_back(n);
+      for (const NodeDef* n : chain) {
+        const bool last = n == chain.back();
+        const int outside = live_readers(n);
+        if (ctx->FetchedOrFed(n->name()) || g.ControlConsumers(n->name()) != 0 || outside != (last ? 1 : 0) ||
+            (last && g.DataConsumers(n->name()) != 1)) {
           *why = "intermediate " + Describe(*n) + " has another consumer";
           return false;
         }
@@ -252,6 +337,7 @@ class MultiHotDensePattern : public NamedPattern<kName> {
     std::vector<std::string> ids, dense;
     std::vector<int64_t> depths, layout;
     std::vector<bool> binary, drop_negative;
+    std::vector<int64_t> column_depths;
     std::vector<DataType> id_types;
     std::set<std::string> gone;
     std::vector<const NodeDef*> consts;
@@ -266,14 +352,16 @@ class MultiHotDensePattern : public NamedPattern<kName> {
         continue;
       }
       const Encoding& e = fused[k];
-      ids.push_back(e.one_hot ? ExpandToColumn(ctx, *e.encoder) : e.encoder->input(0));
+      ids.push_back(e.one_hot && e.reshape == nullptr ? ExpandToColumn(ctx, *e.encoder) : e.encoder->input(0));
       id_types.push_back(TypeAttr(*e.encoder, e.one_hot ? "TI" : "Tidx"));
       depths.push_back(e.depth);
       binary.push_back(e.one_hot || BoolAttr(*e.encoder, "binary_output", false));
       drop_negative.push_back(e.one_hot);
+      column_depths.push_back(e.column_depth);
       layout.push_back(static_cast<int64_t>(ids.size()) - 1);
       std::vector<const NodeDef*> nodes = e.size_math;
       nodes.push_back(e.encoder);
+      if (e.reshape != nullptr) nodes.push_back(e.reshape);
       if (e.to_float != nullptr) nodes.push_back(e.to_float);
       nodes.insert(nodes.end(), e.dead.begin(), e.dead.end());
       for (const NodeDef* n : nodes) {
@@ -317,6 +405,7 @@ class MultiHotDensePattern : public NamedPattern<kName> {
     for (int64_t d : depths) attr["depths"].mutable_list()->add_i(d);
     for (bool b : binary) attr["binary_output"].mutable_list()->add_b(b);
     for (bool b : drop_negative) attr["drop_negative"].mutable_list()->add_b(b);
+    for (int64_t d : column_depths) attr["column_depths"].mutable_list()->add_i(d);
     for (int64_t b : layout) attr["layout"].mutable_list()->add_i(b);
     ctx->Matched(record);
   }

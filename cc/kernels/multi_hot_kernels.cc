@@ -1,14 +1,17 @@
 // CPU kernel of CtrMultiHotDense: the ids checked block by block in row
-// order (so the error names the first bad id; one-hot blocks drop them), then each output row summed
-// on TF's intra-op pool from the kernel rows its blocks name.
+// order (so the error names the first bad id; one-hot blocks drop them), the
+// dense blocks multiplied by their kernel rows as MatMul does, then the kernel
+// rows each row's ids name added on TF's intra-op pool.
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "cc/core/multi_hot_cpu.h"
 #include "cc/kernels/block_layout.h"
 #include "cc/kernels/tf_types.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "unsupported/Eigen/CXX11/Tensor"
 
 namespace tf_ctr {
 
@@ -16,6 +19,8 @@ using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 
 namespace {
+
+constexpr int64_t kRowsPerShard = 64;
 
 // A column block of the concatenation: an encoding of `ids` (width: its
 // depth) or the dense matrix `dense`; `first` is its first kernel row.
@@ -26,6 +31,7 @@ struct Block {
   int64_t width = 0;
   int64_t depth = 0;
   bool binary = true;
+  int64_t column_depth = 0;  // > 0: one one-hot encoding of this depth per id column
   int64_t first = 0;
 };
 
@@ -51,18 +57,23 @@ class MultiHotDenseOp : public tensorflow::OpKernel {
     n_ = static_cast<int>(id_types.size());
     OP_REQUIRES_OK(c, c->GetAttr("M", &m_));
     std::vector<bool> binary, drop_negative;
+    OP_REQUIRES_OK(c, c->GetAttr("column_depths", &column_depths_));
+    if (column_depths_.empty()) column_depths_.assign(n_, 0);
     OP_REQUIRES_OK(c, c->GetAttr("depths", &depths_));
     OP_REQUIRES_OK(c, c->GetAttr("binary_output", &binary));
     OP_REQUIRES_OK(c, c->GetAttr("drop_negative", &drop_negative));
     if (drop_negative.empty()) drop_negative.assign(n_, false);
     OP_REQUIRES(c,
                 static_cast<int>(depths_.size()) == n_ && static_cast<int>(binary.size()) == n_ &&
-                    static_cast<int>(drop_negative.size()) == n_,
+                    static_cast<int>(drop_negative.size()) == n_ && static_cast<int>(column_depths_.size()) == n_,
                 tensorflow::errors::InvalidArgument(
-                    "depths, binary_output and drop_negative must have one entry per ids input (", n_, "); got ",
-                    depths_.size(), ", ", binary.size(), " and ", drop_negative.size()));
+                    "depths, binary_output, drop_negative and column_depths must have one entry per ids input (", n_,
+                    "); got ", depths_.size(), ", ", binary.size(), ", ", drop_negative.size(), " and ",
+                    column_depths_.size()));
     for (int i = 0; i < n_; ++i) {
-      OP_REQUIRES(c, depths_[i] >= 0, tensorflow::errors::InvalidArgument("depths[", i, "] is negative: ", depths_[i]));
+      OP_REQUIRES(c, depths_[i] >= 0 && column_depths_[i] >= 0,
+                  tensorflow::errors::InvalidArgument("depths[", i, "] and column_depths[", i,
+                                                      "] must be >= 0; got ", depths_[i], " and ", column_depths_[i]));
       binary_.push_back(binary[i]);
       drop_negative_.push_back(drop_negative[i]);
     }
@@ -77,29 +88,38 @@ class MultiHotDenseOp : public tensorflow::OpKernel {
     std::vector<Block<T>> blocks;
     int64_t batch = -1;
     OP_REQUIRES_OK(ctx, ReadBlocks(ctx, &blocks, &batch));
+    // Summed without overflow, whatever the depths attr holds: no block may
+    // end past the kernel's rows.
     int64_t width = 0;
+    bool fits = true;
     for (int64_t b : layout_) {
       blocks[b].first = width;
+      fits &= blocks[b].width <= kernel.dim_size(0) - width;
+      if (!fits) break;
       width += blocks[b].width;
     }
-    OP_REQUIRES(ctx, width == kernel.dim_size(0),
-                tensorflow::errors::InvalidArgument("the blocks are ", width, " columns wide but the kernel has ",
-                                                    kernel.dim_size(0), " rows (kernel shape ",
-                                                    kernel.shape().DebugString(), ")"));
+    OP_REQUIRES(ctx, fits && width == kernel.dim_size(0),
+                tensorflow::errors::InvalidArgument("the blocks are ", fits ? std::to_string(width) : "more",
+                                                    " columns wide but the kernel has ", kernel.dim_size(0),
+                                                    " rows (kernel shape ", kernel.shape().DebugString(), ")"));
     const int64_t units = kernel.dim_size(1);
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({batch, units}), &out));
     const T* rows = kernel.flat<T>().data();
     T* dst = out->flat<T>().data();
+    // Shards of kRowsPerShard rows at least: each runs one matrix product of
+    // its rows, whose set-up would dominate a few rows' work.
     int64_t cost = units + 8;
-    for (const Block<T>& block : blocks) cost += (block.ids != nullptr ? block.ids->dim_size(1) : block.width) * units;
-    ParallelFor(ctx, batch, cost, [&](int64_t begin, int64_t end) {
+    for (const Block<T>& block : blocks)
+      cost += (block.ids != nullptr ? block.ids->dim_size(1) + 8 : block.width) * units;
+    const int64_t shards = (batch + kRowsPerShard - 1) / kRowsPerShard;
+    ParallelFor(ctx, shards, cost * kRowsPerShard, [&](int64_t first_shard, int64_t last_shard) {
+      const int64_t begin = first_shard * kRowsPerShard, end = std::min(batch, last_shard * kRowsPerShard);
+      MultiplyDenseBlocks(blocks, rows, begin, end, units, dst);
       std::vector<int64_t> sorted;
-      for (int64_t r = begin; r < end; ++r) {
-        T* at = dst + r * units;
-        std::fill(at, at + units, T(0));
-        for (int64_t b : layout_) AddBlockRow(blocks[b], r, rows, units, at, &sorted);
-      }
+      for (int64_t r = begin; r < end; ++r)
+        for (int64_t b : layout_)
+          if (blocks[b].ids != nullptr) AddEncodedRow(blocks[b], r, rows, units, dst + r * units, &sorted);
     });
   }
 
@@ -116,13 +136,19 @@ class MultiHotDenseOp : public tensorflow::OpKernel {
             in.shape().DebugString());
       *batch = in.dim_size(0);
       Block<T> block;
+      if (i < n_ && column_depths_[i] > 0 &&
+          (depths_[i] % column_depths_[i] != 0 || in.dim_size(1) != depths_[i] / column_depths_[i])) {
+        return tensorflow::errors::InvalidArgument("ids ", i, " have ", in.dim_size(1), " columns of one-hot depth ",
+                                                   column_depths_[i], ", but the block is ", depths_[i], " wide");
+      }
       if (i < n_) {
-        if (!drop_negative_[i])
+        if (!drop_negative_[i] && column_depths_[i] == 0)
           TF_RETURN_IF_ERROR(in.dtype() == tensorflow::DT_INT32 ? CheckNotNegative<int32_t>(in, i)
                                                                 : CheckNotNegative<int64_t>(in, i));
         block.ids = &in;
         block.width = block.depth = depths_[i];
         block.binary = binary_[i];
+        block.column_depth = column_depths_[i];
       } else {
         block.dense = in.flat<T>().data();
         block.width = in.dim_size(1);
@@ -132,18 +158,41 @@ class MultiHotDenseOp : public tensorflow::OpKernel {
     return absl::OkStatus();
   }
 
-  // Adds row r of `block` times its kernel rows to out[0, units).
-  static void AddBlockRow(const Block<T>& block, int64_t r, const T* kernel, int64_t units, T* out,
-                          std::vector<int64_t>* sorted) {
+  // Rows [begin, end) of out = the dense blocks times their kernel rows, as a
+  // blocked, vectorized matrix product (Eigen's contraction, on this thread):
+  // a loop over each row's columns was 3-4x slower than the MatMul it
+  // replaces on the dense columns. Zeros without dense blocks.
+  static void MultiplyDenseBlocks(const std::vector<Block<T>>& blocks, const T* kernel, int64_t begin, int64_t end,
+                                  int64_t units, T* out) {
+    // Unaligned maps: a kernel block starts at a row offset, and the rows at `begin`.
+    using Matrix = Eigen::TensorMap<Eigen::Tensor<const T, 2, Eigen::RowMajor>>;
+    const Eigen::array<Eigen::IndexPair<Eigen::Index>, 1> inner = {Eigen::IndexPair<Eigen::Index>(1, 0)};
+    Eigen::TensorMap<Eigen::Tensor<T, 2, Eigen::RowMajor>> result(out + begin * units, end - begin, units);
+    result.setZero();
+    if (end == begin || units == 0) return;
+    for (const Block<T>& block : blocks) {
+      if (block.ids != nullptr || block.width == 0) continue;
+      Matrix x(block.dense + begin * block.width, end - begin, block.width);
+      Matrix k(kernel + block.first * units, block.width, units);
+      result += x.contract(k, inner);
+    }
+  }
+
+  // Adds the kernel rows row r of encoded `block` names to out[0, units).
+  static void AddEncodedRow(const Block<T>& block, int64_t r, const T* kernel, int64_t units, T* out,
+                            std::vector<int64_t>* sorted) {
     const T* rows = kernel + block.first * units;
-    if (block.ids == nullptr) {
-      // Every column, zeros included: MatMul multiplies them too (0 * inf is NaN).
-      const T* x = block.dense + r * block.width;
-      for (int64_t k = 0; k < block.width; ++k)
-        for (int64_t u = 0; u < units; ++u) out[u] += x[k] * rows[k * units + u];
+    const int64_t n = block.ids->dim_size(1);
+    if (block.column_depth > 0) {
+      if (block.ids->dtype() == tensorflow::DT_INT32) {
+        ctr::AddOneHotColumnsRow(block.ids->template flat<int32_t>().data() + r * n, n, block.column_depth, rows,
+                                 units, out);
+      } else {
+        ctr::AddOneHotColumnsRow(block.ids->template flat<int64_t>().data() + r * n, n, block.column_depth, rows,
+                                 units, out);
+      }
       return;
     }
-    const int64_t n = block.ids->dim_size(1);
     if (block.ids->dtype() == tensorflow::DT_INT32) {
       ctr::AddMultiHotRow(block.ids->template flat<int32_t>().data() + r * n, n, block.depth, block.binary, rows, units, out,
                           sorted);
@@ -154,7 +203,7 @@ class MultiHotDenseOp : public tensorflow::OpKernel {
   }
 
   int n_ = 0, m_ = 0;
-  std::vector<int64_t> depths_;
+  std::vector<int64_t> depths_, column_depths_;
   std::vector<bool> binary_, drop_negative_;
   std::vector<int64_t> layout_;
 };

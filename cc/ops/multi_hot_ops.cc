@@ -43,6 +43,7 @@ REGISTER_OP("CtrMultiHotDense")
     .Attr("depths: list(int)")
     .Attr("binary_output: list(bool)")
     .Attr("drop_negative: list(bool) = []")
+    .Attr("column_depths: list(int) = []")
     .Attr("layout: list(int) = []")
     .SetShapeFn(MultiHotDenseShape)
     .Doc(R"doc(
@@ -58,11 +59,17 @@ Ids >= depths[i] count for nothing, as DenseBincount drops them. A negative
 id is an InvalidArgument naming the block, the row and the id, as
 DenseBincount rejects it; with drop_negative[i] it counts for nothing instead,
 as OneHot gives it a row of zeros (a one-hot block, OneHot(ids[i][:, 0], depth)).
-Rows are added in increasing column order, as the
-MatMul's dot product runs over the columns. The encodings' zero columns are
+The dense blocks are multiplied by their kernel rows as a matrix product,
+then each row's encoded kernel rows are added in increasing column order; the
+sums agree with the MatMul's to rounding. The encodings' zero columns are
 never read: a kernel row holding inf or NaN that no id names leaves the
 output finite, where the MatMul multiplies it by 0.
 drop_negative: per ids input, empty for all false.
+column_depths: per ids input, empty for all 0. d > 0: block i is the one-hot
+  encodings of its S id columns side by side, each of depth d (OneHot of
+  [B, S] ids reshaped to [B, S * d], as TF1's input_layer flattens a
+  bucketized column): column s's id k in [0, d) names kernel row s * d + k,
+  any other id none; depths[i] must be S * d.
 layout: the order of the column blocks: i < N is encoded block i, N + j dense
   block j; empty: the encoded blocks, then the dense ones.
 )doc");
