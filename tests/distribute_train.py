@@ -2,7 +2,7 @@
 
     python tests/distribute_train.py single OUT.npz
     python tests/distribute_train.py mirrored OUT.npz          # 2 logical CPU devices
-    TF_CONFIG=... python tests/distribute_train.py multiworker OUT.npz
+    TF_CONFIG=... python tests/distribute_train.py multiworker OUT.npz [table]
     python tests/distribute_train.py mirrored OUT.npz table    # the hash-table model
 
 Every run starts from the same weights and sees the same global batches in
@@ -135,9 +135,16 @@ def main(mode, out, model_kind="layers"):
         for features, labels in dataset:
             total += float(step(features, labels))
         history["loss"].append(total / STEPS)
-    chief = mode != "multiworker" or json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0
-    if chief and model_kind == "table":
+    task = json.loads(os.environ["TF_CONFIG"])["task"]["index"] if mode == "multiworker" else 0
+    chief = task == 0
+    if model_kind == "table":
+        # Every worker writes the rows its own table copy gives the keys.
+        from tf_ctr_ops import hash_table
+
         users = model.get_layer("users")
+        keys = np.sort(np.asarray(users.export()[0]))
+        np.save(f"{out}.rows{task}.npy", np.asarray(hash_table.find_rows(users, tf.constant(keys))))
+    if chief and model_kind == "table":
         keys, values = (np.asarray(t) for t in users.export())
         order = np.argsort(keys)
         weights = {"w_items": model.get_layer("items").get_weights()[0], "w_ctr": model.get_layer("ctr").get_weights()[0],

@@ -538,6 +538,14 @@ def test_a_mirrored_strategy_shares_one_table_and_refuses_eviction():
         strategy.run(tf.function(lambda: hash_table_embedding(evicting, keys, insert=True)))
 
 
+def test_a_strategy_without_a_table_rule_is_refused():
+    # CentralStorageStrategy keeps variables on one device and mirrors
+    # nothing: no rule here says where its replicas' inserts go.
+    with tf.distribute.experimental.CentralStorageStrategy(["/cpu:0"]).scope():
+        with pytest.raises(NotImplementedError, match="not yet under CentralStorageStrategy"):
+            HashTable(dim=2, capacity=8)
+
+
 # ---------------------------------------------------------------------------
 # Slots: multi_hash_table_embedding
 

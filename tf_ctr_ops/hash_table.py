@@ -239,6 +239,8 @@ def _find(table_var, keys, capacity, insert, admit_after, dense_padding=False, e
 def _find_and_reset(table, ids, insert, dense_padding=False):
     """Rows of ids; rows that eviction handed to new keys get fresh initial
     values (and optimizer slots, see reset_slots_of) first."""
+    if insert and _workers_hold_copies():
+        return _find_gathered(table, ids, dense_padding)
     rows, reused = _find(_variable(table.table), ids, table.capacity, insert, table.admit_after,
                          dense_padding=dense_padding, eviction=table.eviction if insert else "none")
     if insert and table.eviction != "none":
@@ -252,6 +254,34 @@ def _find_and_reset(table, ids, insert, dense_padding=False):
         with tf.control_dependencies(resets):
             rows = tf.identity(rows)
     return rows
+
+
+def _workers_hold_copies():
+    """True in a replica of MultiWorkerMirroredStrategy: each worker process
+    has a table of its own (see _one_copy_creator)."""
+    return (tf.distribute.has_strategy() and tf.distribute.in_cross_replica_context() is False
+            and isinstance(tf.distribute.get_strategy(), tf.distribute.MultiWorkerMirroredStrategy))
+
+
+def _find_gathered(table, ids, dense_padding):
+    """Inserting finds under MultiWorkerMirroredStrategy. Every replica inserts
+    the keys of all replicas, in replica order, into its worker's table, and
+    keeps the rows of its own keys. Rows go to new keys in order of first
+    appearance (CtrHashTableFind), so the copies of every worker give each key
+    the same row, which the mirrored values' aggregated gradients need; a
+    worker's other local replicas find the keys its first one inserted."""
+    if table.admit_after > 1 and len(tf.distribute.get_strategy().extended.worker_devices) > 1:
+        raise NotImplementedError("hash tables with admit_after > 1 train under MultiWorkerMirroredStrategy with one "
+                                  "replica per worker only: the local replicas of a worker would each count a "
+                                  "sighting of every key")
+    context = tf.distribute.get_replica_context()
+    flat = tf.reshape(ids, [-1])
+    sizes = context.all_gather(tf.size(flat, out_type=tf.int64)[tf.newaxis], axis=0)
+    rows, _ = _find(_variable(table.table), context.all_gather(flat, axis=0), table.capacity, True,
+                    table.admit_after, dense_padding=dense_padding)
+    start = tf.math.cumsum(sizes, exclusive=True)[context.replica_id_in_sync_group]
+    return tf.reshape(tf.slice(rows, start[tf.newaxis], tf.size(flat, out_type=tf.int64)[tf.newaxis]),
+                      tf.shape(ids))
 
 
 def optimizer_slots(optimizer, variable):
@@ -280,17 +310,19 @@ def _one_copy_creator(next_creator, **kwargs):
     tf.distribute strategy, which would make a copy per replica (or cut it
     into shards): replicas that inserted into copies of their own would give
     one key different rows. All replicas find and insert in the one table (on
-    the CPU, or on a parameter server), whose lock serializes their inserts."""
+    the CPU, or on a parameter server), whose lock serializes their inserts.
+    Under MultiWorkerMirroredStrategy each worker process has its own, which
+    _find_gathered keeps equal to the others'."""
     if not tf.distribute.has_strategy():
         return next_creator(**kwargs)
     strategy = tf.distribute.get_strategy()
     parameter_server = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
-    if not parameter_server and not isinstance(strategy, (tf.distribute.MirroredStrategy,
-                                                          tf.distribute.OneDeviceStrategy)):
-        # Workers that each hold a table would each insert into their own.
+    multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    if not (parameter_server or multi_worker or isinstance(strategy, (tf.distribute.MirroredStrategy,
+                                                                      tf.distribute.OneDeviceStrategy))):
         raise NotImplementedError(
-            f"hash tables train under MirroredStrategy, OneDeviceStrategy and ParameterServerStrategy, not yet "
-            f"under {type(strategy).__name__}: its workers would each give a key a row of their own")
+            f"hash tables train under MirroredStrategy, MultiWorkerMirroredStrategy, OneDeviceStrategy and "
+            f"ParameterServerStrategy, not yet under {type(strategy).__name__}")
     kwargs.pop("synchronization", None)
     kwargs.pop("aggregation", None)
     kwargs.pop("experimental_enable_variable_lifting", None)
