@@ -216,6 +216,19 @@ def test_left_alone_with_reasons(rng):
         assert reasons and any(reason in r for r in reasons), (reason, report["skip"])
 
 
+def test_dense_columns_too_wide_to_count_twice_stay(rng):
+    # 2 x 2**62 columns overflow int64: the count saturates (a wrapped
+    # negative sum would have fused a MatMul of mostly dense columns).
+    dense = 2**62 + 1
+    fn = lambda ids, x, k: tf.matmul(tf.concat([tf.one_hot(ids, 5), x], 1), k)  # noqa: E731
+    specs = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, dense]), tf.TensorSpec([None, 4]))
+    _, report, _ = _rewritten_in_process(fn, specs)
+    assert not report["match"], report["match"]
+    assert [s["reason"] for s in report["skip"] if s["pattern"] == "multi_hot_dense"] == [
+        f"the encodings are 5 of the {dense + 5} columns: TF's MatMul multiplies the other {dense} faster than the "
+        "fused op would"]
+
+
 def test_in_process_training_graph_is_left_alone(rng):
     m = Model(rng)
 

@@ -30,6 +30,7 @@
 // the encodings' zero columns are never read (a kernel row of inf or NaN that
 // no id names stays out, where the MatMul gives NaN). The op has a CPU kernel
 // only, so it is used where the graph is served on the CPU.
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -241,11 +242,17 @@ class MultiHotDensePattern : public NamedPattern<kName> {
   static bool EncodingsDominate(RewriteContext* ctx, const NodeDef* concat, const std::vector<Encoding>& fused,
                                 std::string* why) {
     if (concat == nullptr) return true;
+    // Depths and widths come from the graph's constants: the sums saturate
+    // instead of overflowing (a width beyond int64 is dense enough anyway).
+    auto add = [](int64_t a, int64_t b) {
+      int64_t sum;
+      return __builtin_add_overflow(a, b, &sum) ? std::numeric_limits<int64_t>::max() : sum;
+    };
     int64_t encoded = 0, dense = 0;
     std::vector<bool> is_encoded(IntAttr(*concat, "N", 0), false);
     for (const Encoding& e : fused) {
       is_encoded[e.input] = true;
-      encoded += e.depth;
+      encoded = add(encoded, e.depth);
     }
     for (int i = 0; i < static_cast<int>(is_encoded.size()); ++i) {
       if (is_encoded[i]) continue;
@@ -259,10 +266,10 @@ class MultiHotDensePattern : public NamedPattern<kName> {
         *why = "the width of " + concat->input(i) + " is known only at run time";
         return false;
       }
-      dense += width;
+      dense = add(dense, width);
     }
-    if (encoded >= 2 * dense) return true;
-    *why = "the encodings are " + std::to_string(encoded) + " of the " + std::to_string(encoded + dense) +
+    if (encoded >= add(dense, dense)) return true;
+    *why = "the encodings are " + std::to_string(encoded) + " of the " + std::to_string(add(encoded, dense)) +
            " columns: TF's MatMul multiplies the other " + std::to_string(dense) + " faster than the fused op would";
     return false;
   }
