@@ -356,3 +356,34 @@ def test_in_process_stacked_lookups_fuse(rng):
         args = t.keys(rng, batch)
         [got] = fused(*args)
         np.testing.assert_allclose(got.numpy(), f(*args).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_masked_lookup_find_is_reported_with_its_mask(rng):
+    # StringLookup(mask_token="") + Embedding(mask_zero=True) + the masked
+    # mean: the pooling fuses, the find and its mask Select stay, and the
+    # report says why the find stays.
+    import keras
+
+    lookup = keras.layers.StringLookup(vocabulary=["a", "b", "c", "d"], mask_token="")
+    x = keras.Input((3,), dtype="string")
+    model = keras.Model(x, keras.layers.GlobalAveragePooling1D()(
+        keras.layers.Embedding(lookup.vocabulary_size(), 4, mask_zero=True)(lookup(x))))
+    f = lambda keys: model(keys)  # noqa: E731
+    fused, report, counts = _rewritten_in_process(f, [tf.TensorSpec([None, 3], tf.string)])
+    assert [m["pattern"] for m in report["match"]] == ["dense_reduce_lookup"], report["match"]
+    finds = [s["reason"] for s in report["skip"] if s["node"].endswith("LookupTableFindV2")]
+    assert len(finds) == 1 and "with a mask_token" in finds[0], report["skip"]
+    keys = tf.constant([["a", "", ""], ["zz", "d", "b"], ["", "", ""]])
+    [got] = fused(keys)
+    np.testing.assert_array_equal(got.numpy(), f(keys).numpy())
+
+
+def test_unmasked_lookup_find_is_not_called_masked():
+    import keras
+
+    lookup = keras.layers.StringLookup(vocabulary=["a", "b"], mask_token=None)
+    cf = tf.function(lambda keys: tf.cast(lookup(keys), tf.float32) * 2.0).get_concrete_function(
+        tf.TensorSpec([None], tf.string))
+    _, report = rewrite.optimize_concrete_function(cf, serving_device="cpu")
+    finds = [s["reason"] for s in report["skip"] if s["node"].endswith("LookupTableFindV2")]
+    assert len(finds) == 1 and "mask_token" not in finds[0], report["skip"]
