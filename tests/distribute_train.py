@@ -143,7 +143,17 @@ def main(mode, out, model_kind="layers"):
 
         users = model.get_layer("users")
         keys = np.sort(np.asarray(users.export()[0]))
-        np.save(f"{out}.rows{task}.npy", np.asarray(hash_table.find_rows(users, tf.constant(keys))))
+        rows = np.asarray(hash_table.find_rows(users, tf.constant(keys)))
+        # A checkpoint of each worker's copy restores into a fresh model the
+        # same rows and vectors.
+        path = tf.train.Checkpoint(model=model).write(f"{out}.ckpt{task}/ckpt")
+        with strategy.scope():
+            restored = build_table_model()
+        tf.train.Checkpoint(model=restored).read(path).assert_consumed()
+        again = restored.get_layer("users")
+        np.testing.assert_array_equal(np.asarray(hash_table.find_rows(again, tf.constant(keys))), rows)
+        np.testing.assert_array_equal(np.asarray(again.export()[1]), np.asarray(users.export()[1]))
+        np.save(f"{out}.rows{task}.npy", rows)
     if chief and model_kind == "table":
         keys, values = (np.asarray(t) for t in users.export())
         order = np.argsort(keys)

@@ -124,7 +124,8 @@ def test_hash_table_layer_under_mirrored_strategy_matches_single_replica(single_
 def test_hash_table_layer_under_multi_worker_strategy_matches_single_replica(single_table, tmp_path):
     """Each worker has a table of its own; inserting the keys of all replicas in
     replica order keeps the copies equal, so the aggregated gradients of a row
-    train the same key everywhere, as one replica trains it."""
+    train the same key everywhere, as one replica trains it. Each worker's
+    checkpoint restores its copy (tests/distribute_train.py checks that)."""
     out = tmp_path / "multiworker_table.npz"
     assert_same_table_training(train_multi_worker(out, model="table"), single_table)
     rows = [np.load(f"{out}.rows{task}.npy") for task in (0, 1)]
