@@ -301,9 +301,10 @@ def _run_offline_driver(graph_def, fetches, optimizer_config):
 # so that a model with nothing fused still says what it holds.
 _UNFUSED_FEATURE_OPS = {
     "LookupTableFindV2": "a vocabulary lookup (StringLookup, IntegerLookup, categorical_column_with_vocabulary_*)",
-    "OneHot": "a one-hot encoding",
+    "OneHot": "a one-hot encoding not feeding a Dense (alone or in a concatenation) on a CPU server: a layer "
+              "between them, such as BatchNormalization, keeps it",
     "DenseBincount": "a multi-hot or count encoding (CategoryEncoding, multi_hot lookups) not feeding a Dense "
-                     "on a CPU server, or ragged row lengths",
+                     "(alone or in a concatenation) on a CPU server, or ragged row lengths",
     "SparseBincount": "a multi-hot or count encoding",
     "RaggedBincount": "a multi-hot or count encoding",
     "Bucketize": "a bucketized numeric feature",
