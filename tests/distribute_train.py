@@ -154,6 +154,13 @@ def main(mode, out, model_kind="layers"):
         np.testing.assert_array_equal(np.asarray(hash_table.find_rows(again, tf.constant(keys))), rows)
         np.testing.assert_array_equal(np.asarray(again.export()[1]), np.asarray(users.export()[1]))
         np.save(f"{out}.rows{task}.npy", rows)
+        if mode == "multiworker":  # a worker inserting outside its replicas would diverge
+            try:
+                with strategy.scope():
+                    users(tf.constant([[12345]], tf.int64), training=True)
+                raise SystemExit("an insert outside strategy.run was not refused")
+            except RuntimeError as e:
+                assert "inside strategy.run only" in str(e), e
     if chief and model_kind == "table":
         keys, values = (np.asarray(t) for t in users.export())
         order = np.argsort(keys)

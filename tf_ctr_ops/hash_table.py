@@ -239,7 +239,7 @@ def _find(table_var, keys, capacity, insert, admit_after, dense_padding=False, e
 def _find_and_reset(table, ids, insert, dense_padding=False):
     """Rows of ids; rows that eviction handed to new keys get fresh initial
     values (and optimizer slots, see reset_slots_of) first."""
-    if insert and _workers_hold_copies():
+    if insert and _under_multi_worker_strategy():
         return _find_gathered(table, ids, dense_padding)
     rows, reused = _find(_variable(table.table), ids, table.capacity, insert, table.admit_after,
                          dense_padding=dense_padding, eviction=table.eviction if insert else "none")
@@ -256,11 +256,17 @@ def _find_and_reset(table, ids, insert, dense_padding=False):
     return rows
 
 
-def _workers_hold_copies():
-    """True in a replica of MultiWorkerMirroredStrategy: each worker process
-    has a table of its own (see _one_copy_creator)."""
-    return (tf.distribute.has_strategy() and tf.distribute.in_cross_replica_context() is False
-            and isinstance(tf.distribute.get_strategy(), tf.distribute.MultiWorkerMirroredStrategy))
+def _under_multi_worker_strategy():
+    """Whether each worker process has a table of its own (see
+    _one_copy_creator): under MultiWorkerMirroredStrategy, where inserts must
+    run in its replicas (strategy.run), which keep the copies equal."""
+    if not (tf.distribute.has_strategy()
+            and isinstance(tf.distribute.get_strategy(), tf.distribute.MultiWorkerMirroredStrategy)):
+        return False
+    if tf.distribute.in_cross_replica_context():
+        raise RuntimeError("under MultiWorkerMirroredStrategy a hash table inserts keys inside strategy.run only: "
+                           "a worker inserting on its own would give a key another row than the other workers")
+    return True
 
 
 def _find_gathered(table, ids, dense_padding):
