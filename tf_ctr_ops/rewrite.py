@@ -327,8 +327,8 @@ def _unfused_feature_records(graph_def):
     return records
 
 
-_MASKED_FIND = (", with a mask_token: its ids go through SelectV2(Equal(keys, mask), mask id, ids), which the vocabulary "
-                "ops do not take yet")
+_MASKED_FIND = (", with a mask_token: its ids go through SelectV2(Equal(keys, mask), mask id, ids), which the "
+                "vocabulary ops do not take yet")
 
 
 def _masked_finds(nodes):
@@ -339,13 +339,16 @@ def _masked_finds(nodes):
     def producer(tensor):
         return by_name.get(tensor.lstrip("^").split(":")[0])
 
+    def same_tensor(a, b):  # "x" and "x:0" name one tensor
+        return a.removesuffix(":0") == b.removesuffix(":0")
+
     masked = set()
     for n in nodes:
         if n.op != "SelectV2" or len(n.input) < 3:
             continue
         condition, find = producer(n.input[0]), producer(n.input[2])
         if (condition is not None and find is not None and condition.op == "Equal"
-                and find.op == "LookupTableFindV2" and find.input[1] in condition.input):
+                and find.op == "LookupTableFindV2" and any(same_tensor(find.input[1], x) for x in condition.input)):
             masked.add(find.name)
     return masked
 
