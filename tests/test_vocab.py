@@ -326,3 +326,31 @@ def test_memo_on_random_byte_keys():
             np.testing.assert_array_equal(tco.vocab_embedding(table, keys, params), native(table, keys, params))
 
     check()
+
+
+def test_a_table_of_vector_values_is_an_error_not_a_heap_corruption():
+    # A MutableHashTable of int64 vectors passes TF's own find checks with a
+    # vector default; its find writes a vector per key, past ids shaped as
+    # the keys (the process died in free()). Every fused find refuses it.
+    from tf_ctr_ops.vocab import _ops
+
+    table = tf.lookup.experimental.MutableHashTable(tf.string, tf.int64, default_value=[-1, -1])
+    table.insert(tf.constant(["a", "b"]), tf.constant([[0, 1], [1, 0]], tf.int64))
+    handle, default = table.resource_handle, tf.constant([-1, -1], tf.int64)
+    keys = tf.constant([["a", "b"], ["c", "a"]])
+    params = tf.random.normal([4, 3])
+    calls = {
+        "CtrVocabEmbedding": lambda: _ops.ctr_vocab_embedding(
+            table_handle=handle, keys=keys[:, 0], default_value=default, params=params),
+        "CtrVocabMultiHot": lambda: _ops.ctr_vocab_multi_hot(
+            table_handle=handle, keys=keys, default_value=default, kernel=params),
+        "CtrConcatVocabEmbedding": lambda: _ops.ctr_concat_vocab_embedding(
+            table_handles=[handle], keys=[keys[:, 0]], default_values=[default], params=[params], dense=[],
+            missing_keys=["default"], missing_ids=[-1], wrap_negative_ids=[False]),
+        "CtrVocabIndicator": lambda: _ops.ctr_vocab_indicator(
+            table_handle=handle, default_value=default, keys=tf.constant(["a", "c"]),
+            indices=tf.constant([[0, 0], [1, 0]], tf.int64), dense_shape=tf.constant([2, 1], tf.int64), depth=4, T=tf.float32),
+    }
+    for op, call in calls.items():
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"int64 scalar row ids, got int64 of shape \[2\]"):
+            call()

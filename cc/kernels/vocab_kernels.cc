@@ -233,9 +233,10 @@ absl::Status ResolveRows(const VocabRules& rules, const Tensor& keys, int64_t vo
 }
 
 absl::Status CheckFind(tensorflow::lookup::LookupInterface* table, const Tensor& keys, const Tensor& default_value) {
-  if (table->value_dtype() != tensorflow::DT_INT64)
-    return tensorflow::errors::InvalidArgument("the table's values must be int64 row ids, got ",
-                                               tensorflow::DataTypeString(table->value_dtype()));
+  if (table->value_dtype() != tensorflow::DT_INT64 || table->value_shape().dims() != 0)
+    return tensorflow::errors::InvalidArgument("the table's values must be int64 scalar row ids, got ",
+                                               tensorflow::DataTypeString(table->value_dtype()), " of shape ",
+                                               table->value_shape().DebugString());
   return table->CheckFindArguments(keys, default_value);
 }
 
