@@ -13,9 +13,12 @@
 
 namespace ctr {
 
-// Keys are probed in groups: the group's home slots are prefetched first, so
-// the cache misses of a large table overlap instead of coming one by one.
-constexpr int64_t kProbeGroup = 32;
+// Each key's home slot is prefetched this many keys before it is probed, so
+// the cache misses of a large table overlap instead of coming one by one. A
+// rolling distance, not groups: prefetching a group and then probing it left
+// no loads in flight at each group's start (0.8x the time on Zipf keys).
+constexpr int64_t kProbeDistance = 32;
+static_assert((kProbeDistance & (kProbeDistance - 1)) == 0, "the ring of home slots is indexed with a mask");
 // Eviction frees this share of the capacity at once, so that a full table
 // scans its slots once per capacity/16 new keys, not once per key.
 constexpr int64_t kEvictionBatchDivisor = 16;
@@ -62,24 +65,24 @@ template <typename Key, typename ParallelFor>
 void FindRows(const TableView& t, const Key* keys, int64_t n, bool dense_padding, int64_t clock, int64_t* rows,
               ParallelFor&& parallel_for) {
   parallel_for(n, [&](int64_t begin, int64_t end) {
-    int64_t home[kProbeGroup];
-    for (int64_t g = begin; g < end; g += kProbeGroup) {
-      const int64_t count = std::min(kProbeGroup, end - g);
-      for (int64_t j = 0; j < count; ++j) {
-        home[j] = HomeSlot(keys[g + j], t.slots.num_slots);
-        __builtin_prefetch(PairAt(t.slots.pairs, home[j]));
-      }
-      for (int64_t j = 0; j < count; ++j) {
-        const int64_t key = keys[g + j];
-        const int64_t s = ProbeSlotFrom(t.slots.pairs, t.slots.num_slots, key, home[j]);
-        const int64_t entry = s >= 0 ? PairAt(t.slots.pairs, s)[kEntry] : kEmptyEntry;
-        const bool found = entry >= 0 && !IsPaddingKey(key, dense_padding);
-        rows[g + j] = found ? entry : kNoRow;
-        if (found && clock > 0) {
-          int64_t* stats = StatsAt(t.slots, s);
-          __atomic_store_n(&stats[kLastSeen], clock, __ATOMIC_RELAXED);
-          __atomic_fetch_add(&stats[kCount], 1, __ATOMIC_RELAXED);
-        }
+    int64_t home[kProbeDistance];  // key i's home slot in home[i % kProbeDistance]
+    auto start = [&](int64_t i) {
+      const int64_t h = HomeSlot(keys[i], t.slots.num_slots);
+      home[i & (kProbeDistance - 1)] = h;
+      __builtin_prefetch(PairAt(t.slots.pairs, h));
+    };
+    for (int64_t i = begin; i < std::min(end, begin + kProbeDistance); ++i) start(i);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t key = keys[i];
+      const int64_t s = ProbeSlotFrom(t.slots.pairs, t.slots.num_slots, key, home[i & (kProbeDistance - 1)]);
+      if (i + kProbeDistance < end) start(i + kProbeDistance);
+      const int64_t entry = s >= 0 ? PairAt(t.slots.pairs, s)[kEntry] : kEmptyEntry;
+      const bool found = entry >= 0 && !IsPaddingKey(key, dense_padding);
+      rows[i] = found ? entry : kNoRow;
+      if (found && clock > 0) {
+        int64_t* stats = StatsAt(t.slots, s);
+        __atomic_store_n(&stats[kLastSeen], clock, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&stats[kCount], 1, __ATOMIC_RELAXED);
       }
     }
   });

@@ -93,12 +93,14 @@ inline void WriteCombinedRow(const AccT<T>* acc, int64_t dim, float scale, float
 
 // Starts loading a table row into cache. Rows are random accesses into a
 // table far larger than cache; issuing several before using any overlaps
-// their memory latency, which dominates pooling.
+// their memory latency, which dominates pooling. Into L1 (locality 3): a
+// row is read a few entries later, and on the EPYC machines measured the
+// pooling of Zipf ids took 1.5-2.5x as long with the L2-only hint.
 template <typename T>
 inline void PrefetchRow(const T* row, int64_t dim) {
   const char* p = reinterpret_cast<const char*>(row);
   const int64_t bytes = dim * static_cast<int64_t>(sizeof(T));
-  for (int64_t off = 0; off < bytes && off < 512; off += 64) __builtin_prefetch(p + off, 0, 1);
+  for (int64_t off = 0; off < bytes && off < 512; off += 64) __builtin_prefetch(p + off, 0, 3);
 }
 
 // Pools the bags [first_bag, ...) of one range in float32 from a stream of
@@ -134,8 +136,10 @@ class BagStream {
   }
 
  private:
-  static constexpr int kPrefetchDistance = 8;
-  static constexpr int kRing = 16;  // a power of two > kPrefetchDistance
+  // Measured on Zipf ids over a 1M x 32 table: 24 entries in flight pooled
+  // in 0.8x the time of 8; more gained nothing.
+  static constexpr int kPrefetchDistance = 24;
+  static constexpr int kRing = 32;  // a power of two > kPrefetchDistance
   struct Entry {
     int64_t bag;
     const T* row;
