@@ -16,7 +16,7 @@ namespace ctr {
 // Each key's home slot is prefetched this many keys before it is probed, so
 // the cache misses of a large table overlap instead of coming one by one. A
 // rolling distance, not groups: prefetching a group and then probing it left
-// no loads in flight at each group's start (0.8x the time on Zipf keys).
+// no loads in flight at each group's start.
 constexpr int64_t kProbeDistance = 32;
 static_assert((kProbeDistance & (kProbeDistance - 1)) == 0, "the ring of home slots is indexed with a mask");
 // Eviction frees this share of the capacity at once, so that a full table
