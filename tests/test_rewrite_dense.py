@@ -909,3 +909,25 @@ def test_keras_sequence_training_step_online_gradients_match(rng, mask_zero):
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
     assert stats["rewrites"] == 1, stats
+
+
+@pytest.mark.parametrize("dtype, big", [(tf.float16, 2048.0), (tf.bfloat16, 256.0)])
+@pytest.mark.parametrize("source", ["ragged", "split"])
+def test_ragged_reduce_of_a_half_table_stays_in_half_precision(dtype, big, source):
+    """UnsortedSegmentSum adds half rows in half precision: big + 1 + 1 + 1 is
+    big again there, big + 3 or more in float32. The fused ops accumulate in
+    float32, so the pattern leaves half tables alone and TF's sum stays."""
+    table = tf.Variable(tf.constant([[big], [1.0]], dtype))
+    if source == "ragged":
+        f, spec = (lambda r: tf.reduce_sum(tf.nn.embedding_lookup(table, r), axis=1)), RAGGED_IDS
+        x = tf.ragged.constant([[0, 1, 1, 1], [1], [0]], tf.int64)
+    else:
+        f, spec = split_ids(table, "number"), STRINGS_1D
+        x = tf.constant(["0,1,1,1", "1", "0"])
+    want = f(x).numpy().astype(np.float32)
+    assert want[0, 0] == big  # the half-precision sum this test is about
+    cf, graph, report, counts = offline(f, spec)
+    assert not report["match"] and not fused_ops(graph), report["match"]
+    assert any("is not float32" in s["reason"] for s in report["skip"]), report["skip"]
+    [got] = run_graph_def(cf, graph, x)
+    np.testing.assert_array_equal(np.asarray(got).astype(np.float32), want)

@@ -22,6 +22,10 @@
 // empty row stays 0 / 0 = NaN, as TF gives it, where the fused mean would
 // give 0. On split strings no row is empty (tf.strings.split gives an empty
 // string one empty token), so the fused mean replaces the division.
+//
+// Only float32 tables: UnsortedSegmentSum adds half and bfloat16 rows in
+// their own precision (2048 + 1 + 1 + 1 stays 2048 in half), where the fused
+// op accumulates in float32 and rounds once.
 #include <set>
 #include <string>
 #include <utility>
@@ -114,8 +118,10 @@ class RaggedReduceLookupPattern : public NamedPattern<kName> {
     if (!IsRowCountOf(ctx, *row_count, splits))
       return Skip(ctx, anchor, "the segment count is not len(splits) - 1");
     const DataType T = TypeAttr(anchor, "T");
-    if (!IsEmbeddingDtype(T))
-      return Skip(ctx, anchor, "data dtype " + tensorflow::DataType_Name(T) + " is not float, half or bfloat16");
+    if (T != tensorflow::DT_FLOAT)
+      return Skip(ctx, anchor, "data dtype " + tensorflow::DataType_Name(T) +
+                                   " is not float32 (TF's UnsortedSegmentSum adds half types in their own precision, "
+                                   "the fused op in float32)");
     std::string why;
     if (!GathersWholeRows(g, *gather, &why)) return Skip(ctx, anchor, why);
     MeanCount mean;
