@@ -122,7 +122,7 @@ def test_tf1_table_model_with_nothing_fused_stays_servable(tmp_path):
     save_tf1_table_model(str(src))
     report = rewrite.optimize_saved_model(src, dst, runs=1)
     sig = report.signatures["serving_default"]
-    # "1,0" is no key of the table, which answers -1; the vocabulary is tried
+    # The plain id lists are no keys of the table, which answers -1; the vocabulary is tried
     # only when the plain values fail, so either way the outputs were compared.
     assert report.tf1 and sig.outputs_match and sig.inputs.startswith("synthesized")
     got = serve_in_fresh_process(dst, "serving_default", {"x": np.array([b"b", b"zz", b"a"], object)}, tmp_path)
@@ -143,7 +143,7 @@ def test_keras_lookups_without_oov_verify_on_vocabulary_values(tmp_path, rng):
     report = rewrite.optimize_saved_model(src, dst, runs=1)
     for key in ("serve", "serving_default"):
         sig = report.signatures[key]
-        # "1,0" and ids 0/1 are out of these vocabularies: the original fails on them.
+        # The plain id lists and ids 0/1 are out of these vocabularies: the original fails on them.
         assert sig.inputs == "synthesized (vocabulary values)", sig.inputs
         assert sig.outputs_match
         # Nothing here is fused yet, and the report says what it left alone:
@@ -288,3 +288,15 @@ def test_inputs_file_arrays_must_fit_the_signature(tmp_path, arrays, error):
         return
     with pytest.raises(_model_inputs.InputsError, match=error):
         _model_inputs.load_inputs_file(tmp_path / "in.npz", {"serving_default": fn})
+
+
+def test_plain_string_inputs_hold_bags_of_several_lengths():
+    """Verification's first candidate: id lists of 1 to 8 ids, so that a
+    pooling exact on two ids but not on eight is compared on eight too."""
+    from tf_ctr_ops import _model_inputs
+    specs = {"s": tf.TensorSpec([None], tf.string), "m": tf.TensorSpec([None, 3], tf.string)}
+    inputs = _model_inputs.plain_inputs(specs, np.random.default_rng(0))
+    assert sorted(len(v.split(b",")) for v in inputs["s"]) == [1, 2, 5, 8]
+    assert inputs["m"].shape == (_model_inputs.BATCH, 3)
+    for v in np.ravel(inputs["m"]).tolist() + list(inputs["s"]):
+        assert set(v.split(b",")) <= {b"0", b"1"}, v

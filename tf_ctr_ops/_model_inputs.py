@@ -8,8 +8,9 @@ unknown token, a `ParseExample` fails on a string that is not a serialized
 the judge:
 
 1. plain values: integers sorted in [0, 2) (ids valid in any table, indices
-   in canonical order), standard-normal floats, the string "1,0" (a delimited
-   id list), random bools;
+   in canonical order), standard-normal floats, delimited id lists of 1 to 8
+   ids ("1,0", "0,1,1,1,1", "1", ...: bags of several lengths, as a pooling
+   that rounds differently shows itself only on longer ones), random bools;
 2. serialized `tf.Example`s for every string input, built from the feature
    spec of the graph's ParseExample node (its keys, dtypes and dense shapes);
 3. every input a lookup reads directly (a function argument of the input's
@@ -350,6 +351,10 @@ def serialized_examples(specs, tokens, batch=BATCH):
 # Synthesis, judged by the original model
 
 
+# The plain strings: ids 0 and 1, valid in any table, in bags of 2, 5, 1 and 8.
+ID_LISTS = (b"1,0", b"0,1,1,1,1", b"1", b"1,1,0,1,1,1,1,0")
+
+
 def plain_inputs(specs, rng, dim=BATCH):
     """Candidate 1: values from the TensorSpecs alone."""
     out = {}
@@ -361,7 +366,7 @@ def plain_inputs(specs, rng, dim=BATCH):
         elif dtype.is_floating:
             value = rng.standard_normal(shape)
         elif dtype == tf.string:
-            value = np.full(shape, b"1,0", dtype=object)
+            value = _fill(np.array(ID_LISTS, dtype=object), shape)
         elif dtype == tf.bool:
             value = rng.integers(0, 2, size=shape).astype(bool)
         else:
