@@ -94,8 +94,10 @@ inline void WriteCombinedRow(const AccT<T>* acc, int64_t dim, float scale, float
 // Starts loading a table row into cache. Rows are random accesses into a
 // table far larger than cache; issuing several before using any overlaps
 // their memory latency, which dominates pooling. Into L1 (locality 3): a
-// row is read a few entries later, and on the EPYC machines measured the
-// pooling of Zipf ids took 1.5-2.5x as long with the L2-only hint.
+// row is read a few entries later. In a harness of this loop alone (EPYC,
+// one thread, Zipf ids into 1M x 32 floats) the L2-only hint took about 2x
+// as long; through the TF op on 2 threads the difference was within the
+// VM's run-to-run noise.
 template <typename T>
 inline void PrefetchRow(const T* row, int64_t dim) {
   const char* p = reinterpret_cast<const char*>(row);
@@ -136,8 +138,8 @@ class BagStream {
   }
 
  private:
-  // Measured on Zipf ids over a 1M x 32 table: 24 entries in flight pooled
-  // in 0.8x the time of 8; more gained nothing.
+  // In the same harness, 24 entries in flight pooled in about 0.8x the time
+  // of 8; 32 and 48 gained nothing more.
   static constexpr int kPrefetchDistance = 24;
   static constexpr int kRing = 32;  // a power of two > kPrefetchDistance
   struct Entry {
