@@ -366,3 +366,49 @@ def test_mismatched_weights_are_value_errors_at_construction():
             fn(params, sp, rw)  # weights of another container
         with pytest.raises(TypeError):
             fn(params, rt, w)
+
+
+@pytest.mark.parametrize("safe", [True, False])
+def test_max_norm_gradient_of_a_row_whose_norm_overflows_float_is_tfs_zero(safe):
+    """|x|^2 of a row of 1e20 overflows float32: the clip scales it to 0, and
+    TF's gradient of that row is 0 too (it was NaN here: inf / inf)."""
+    table = np.ones((3, 2), np.float32)
+    table[1] = 1e20
+    ids = tf.SparseTensor([[0, 0], [0, 1]], tf.constant([1, 2], tf.int64), [1, 2])
+    ours_fn = tco.safe_embedding_lookup_sparse if safe else tco.compat.v1.embedding_lookup_sparse
+    tf_fn = tf.nn.safe_embedding_lookup_sparse if safe else tf.compat.v1.nn.embedding_lookup_sparse
+    results = []
+    for fn in (ours_fn, tf_fn):
+        params = tf.Variable(table)
+        with tf.GradientTape() as tape:
+            out = fn(params, ids, None, combiner="sum", max_norm=1.0)
+        results.append((out.numpy(), tf.convert_to_tensor(tape.gradient(out, params)).numpy()))
+    (ours, ours_grad), (want, want_grad) = results
+    np.testing.assert_allclose(ours, want, rtol=1e-6)
+    assert np.isfinite(ours_grad).all(), ours_grad
+    np.testing.assert_allclose(ours_grad, want_grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("v1", [False, True])
+def test_safe_lookup_combiner_none_is_tfs_mean(rng, v1):
+    table = tf.constant(rng.standard_normal((7, 3)).astype(np.float32))
+    ids = tf.SparseTensor([[0, 0], [0, 1], [2, 0]], tf.constant([1, 2, 4], tf.int64), [3, 2])
+    ours = (tco.compat.v1 if v1 else tco).safe_embedding_lookup_sparse(table, ids, None, combiner=None)
+    want = (tf.compat.v1.nn if v1 else tf.nn).safe_embedding_lookup_sparse(table, ids, None, combiner=None)
+    np.testing.assert_allclose(ours, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bool, tf.uint64])
+def test_ids_that_do_not_widen_exactly_are_refused_as_tf_refuses_them(dtype):
+    """TF's lookups refuse float, bool and unsigned ids; a cast would read
+    row 1 for 1.7 and wrap NaN or 2**64 - 1 to negative ids the safe lookup drops."""
+    table = tf.constant(np.arange(21, dtype=np.float32).reshape(7, 3))
+    ids = tf.SparseTensor([[0, 0], [1, 0]], tf.cast(tf.constant([1, 0]), dtype), [2, 1])
+    for fn in (tco.safe_embedding_lookup_sparse, tco.compat.v1.embedding_lookup_sparse):
+        with pytest.raises(TypeError, match="ids must be int32 or int64"):
+            fn(table, ids, None)
+        with pytest.raises((TypeError, tf.errors.InvalidArgumentError)):
+            (tf.nn.safe_embedding_lookup_sparse if fn is tco.safe_embedding_lookup_sparse
+             else tf.compat.v1.nn.embedding_lookup_sparse)(table, ids, None)
+    with pytest.raises(TypeError, match="ids must be int32 or int64"):
+        tco.sparse_embedding(table, tf.ragged.constant([[1.5]], tf.float32))

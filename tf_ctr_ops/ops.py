@@ -30,9 +30,14 @@ _ops = load_op_library()
 
 
 def _ids_tensor(values):
-    if values.dtype not in (tf.int32, tf.int64, tf.string):  # strings: hash mode's keys
-        values = tf.cast(values, tf.int64)
-    return values
+    # Other integer types widen exactly. Floats, bools and uint64 would not
+    # (1.7 would read row 1, NaN and 2**64 - 1 wrap to negative ids that the
+    # safe lookup drops unsaid): TF's lookups refuse them, and so do these.
+    if values.dtype in (tf.int32, tf.int64, tf.string):  # strings: hash mode's keys
+        return values
+    if not values.dtype.is_integer or values.dtype == tf.uint64:
+        raise TypeError(f"ids must be int32 or int64 (or strings for hashing), got {values.dtype.name}")
+    return tf.cast(values, tf.int64)
 
 
 def _weights_values(weights):
@@ -480,7 +485,7 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
     dtype = sparse_weights.dtype if sparse_weights is not None else None
     parts = shards if sharded else [_read_shard(w, dtype, in_place=len(shards) == 1) for w in shards]
     _check_shards(parts)
-    combiner = check_combiner(combiner)
+    combiner = check_combiner(combiner if combiner is not None else "mean")  # as TF falls back
     with tf.name_scope(name or "embedding_lookup"):
         if isinstance(sparse_ids, tf.RaggedTensor):
             ids, w = _ragged_bags(sparse_ids, sparse_weights, ("sparse_ids", "sparse_weights"))

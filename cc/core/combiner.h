@@ -109,9 +109,13 @@ CTR_HD float MaxNormScale(float squared_norm, float max_norm) {
 
 // One element of the clip's backward for an active clip, J^T g scaled by
 // `scale`: scale * c * (g - x (x.g) / |x|^2) with c = MaxNormScale(|x|^2).
-// Shared so the CPU and GPU gradients round identically per element.
+// Shared so the CPU and GPU gradients round identically per element. A row
+// whose squared norm overflows float (|x| past about 1.3e19) is scaled by
+// c = 0, and so is its gradient, as TF's clip_by_norm gives it; computed,
+// x * (x.g) / |x|^2 would be inf / inf there, and 0 * NaN a NaN gradient.
 CTR_HD float ClipBackwardElement(float x, float g, float x_dot_g,
                                  float squared_norm, float c, float scale) {
+  if (c == 0.f) return 0.f;
   return scale * c * (g - x * x_dot_g / squared_norm);
 }
 
