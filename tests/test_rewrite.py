@@ -495,8 +495,9 @@ def test_optimize_saved_model_selected_signature_and_synthesized_inputs(tmp_path
     assert report.signatures["by_token"].rewritten is False
     assert report.signatures["by_token"].matches == []
     pooled = report.signatures["pooled"]
-    # Synthesized: indices sorted ints in [0, 2) (canonical), values in [0, 2).
-    assert pooled.inputs == "synthesized" and pooled.outputs_match and pooled.max_abs_diff == 0
+    # Synthesized: sorted ints (canonical indices), widened to the table's
+    # rows, the bound the original names when an id of 999 is past it.
+    assert pooled.inputs == f"synthesized, ids in [0, {V})" and pooled.outputs_match and pooled.max_abs_diff == 0
     assert "copied unchanged" in report.summary()
     loaded = tf.saved_model.load(str(dst))
     assert_same(loaded.signatures["by_token"](tokens=tf.constant([["a", "c"]]))["sum"],
@@ -577,7 +578,7 @@ def test_cli_rewrites_keras_savedmodel_served_in_fresh_process(tmp_path, rng):
                 "AsString"} <= replaced_ops
         assert sig["op_counts_after"]["CtrEmbeddingLookup"] == 2
         assert not {"Unique", "StringToHashBucketFast", "AsString"} & set(sig["op_counts_after"])
-        assert sig["skips"] == [] and sig["inputs"] == "synthesized" and sig["max_abs_diff"] <= 1e-6
+        assert sig["skips"] == [] and sig["inputs"] == "synthesized, ids in [0, 64)" and sig["max_abs_diff"] <= 1e-6
 
     inputs = {"item_ids": rng.integers(0, V, size=(6, 4)), "user_keys": rng.integers(0, 10**9, size=(6, 3)),
               "numeric": rng.normal(size=(6, 5)).astype(np.float32)}

@@ -156,6 +156,18 @@ def test_keras_lookups_without_oov_verify_on_vocabulary_values(tmp_path, rng):
                         serve_in_fresh_process(dst, "serving_default", inputs, tmp_path))
 
 
+def _judge(fn, tries):
+    """A `run` for _model_inputs.synthesize: None when `fn` accepts the inputs."""
+    def run(candidate):
+        tries.append(candidate)
+        try:
+            fn(**{k: tf.constant(v) for k, v in candidate.items()})
+        except tf.errors.InvalidArgumentError as e:
+            return str(e)
+        return None
+    return run
+
+
 def test_inputs_read_by_lookups_get_their_tables_vocabularies_in_one_try(tmp_path, rng):
     # Each try is a call of the original: the search input by input takes
     # hundreds of them on a model of many lookups.
@@ -171,16 +183,7 @@ def test_inputs_read_by_lookups_get_their_tables_vocabularies_in_one_try(tmp_pat
     assert set(facts.input_vocabularies) == {f"s{f}" for f in range(6)} | {"device_id", "tags"}
     fn = tf.saved_model.load(str(src)).signatures["serving_default"]
     tries = []
-
-    def run(candidate):
-        tries.append(candidate)
-        try:
-            fn(**{k: tf.constant(v) for k, v in candidate.items()})
-        except tf.errors.InvalidArgumentError as e:
-            return str(e)
-        return None
-
-    inputs, how = _model_inputs.synthesize(fn.structured_input_signature[1], run, facts, rng)
+    inputs, how = _model_inputs.synthesize(fn.structured_input_signature[1], _judge(fn, tries), facts, rng)
     assert how == "synthesized (vocabulary values)" and len(tries) == 2, (how, len(tries))
     assert set(inputs["s3"].ravel()) <= {f"f3v{i}".encode() for i in range(50)} | {f"f3v{i}" for i in range(50)}
 
@@ -300,3 +303,72 @@ def test_plain_string_inputs_hold_bags_of_several_lengths():
     assert inputs["m"].shape == (_model_inputs.BATCH, 3)
     for v in np.ravel(inputs["m"]).tolist() + list(inputs["s"]):
         assert set(v.split(b",")) <= {b"0", b"1"}, v
+
+
+@pytest.mark.parametrize("limit, expected_high", [("gather", 57), ("assert", 10), ("assert_tiny", None)])
+def test_plain_int_ids_are_widened_to_what_the_original_accepts(limit, expected_high):
+    """Ids 0 and 1 alone leave untested what only larger ids reach. The bound
+    a gather names is tried next; a refusal naming none steps down 1000, 100,
+    10; a model that accepts only 0 and 1 keeps them."""
+    from tf_ctr_ops import _model_inputs
+    table = tf.constant(np.arange(57 * 2, dtype=np.float32).reshape(57, 2))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.int64, name="ids"),
+                                  tf.TensorSpec([2], tf.int64, name="shape")])
+    def model(ids, shape):
+        if limit == "gather":
+            return tf.reduce_sum(tf.gather(table, ids), axis=1) + tf.cast(tf.reduce_sum(shape), tf.float32)
+        bound = 10 if limit == "assert" else 2
+        with tf.control_dependencies([tf.debugging.assert_less(ids, tf.constant(bound, tf.int64))]):
+            return tf.identity(ids) + tf.reduce_sum(shape)
+
+    tries = []
+    facts = types.SimpleNamespace(example_specs=[], input_vocabularies={}, string_vocabularies=[],
+                                  int_vocabularies=[])
+    specs = {"ids": tf.TensorSpec([None, 3], tf.int64), "shape": tf.TensorSpec([2], tf.int64)}
+    inputs, how = _model_inputs.synthesize(specs, _judge(model, tries), facts, np.random.default_rng(0))
+    ids = inputs["ids"]
+    assert ids.dtype == np.int64 and ids.shape == (_model_inputs.BATCH, 3)
+    assert set(inputs["shape"].tolist()) <= {0, 1}, "a fixed-shape input is not an id"
+    if expected_high is None:
+        assert how == "synthesized" and set(ids.ravel().tolist()) <= {0, 1}, (how, ids)
+        return
+    assert how == f"synthesized, ids in [0, {expected_high})", how
+    flat = ids.ravel()
+    assert flat.max() == expected_high - 1 and flat.min() >= 0 and np.all(np.diff(flat) >= 0), flat
+    assert len(set(flat.tolist())) < flat.size, "repeated ids, as real bags hold"
+    assert len(tries) == (3 if limit == "gather" else 4), len(tries)  # [0, 2), 1000, then 57 / 100, 10
+
+
+def test_example_int_features_are_widened_to_the_table(tmp_path):
+    """Serialized tf.Examples synthesized from a ParseExample spec carry int
+    ids up to the bound the original names, not only 0 and 1."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    from tf_ctr_ops import _model_inputs
+
+    class ExampleModel(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = tf.Variable(np.arange(30 * 2, dtype=np.float32).reshape(30, 2))
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+        def serve(self, examples):
+            parsed = tf.io.parse_example(examples, {"item": tf.io.VarLenFeature(tf.int64),
+                                                    "age": tf.io.FixedLenFeature([1], tf.float32)})
+            pooled = tf.nn.embedding_lookup_sparse(self.table, parsed["item"], None, combiner="sum")
+            return pooled + parsed["age"]
+
+    module = ExampleModel()
+    src = tmp_path / "src"
+    tf.saved_model.save(module, str(src), signatures={"serving_default": module.serve})
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((src / "saved_model.pb").read_bytes())
+    facts = _model_inputs.GraphFacts(proto.meta_graphs, str(src))
+    fn = tf.saved_model.load(str(src)).signatures["serving_default"]
+    inputs, how = _model_inputs.synthesize(fn.structured_input_signature[1], _judge(fn, []), facts,
+                                           np.random.default_rng(0))
+    assert how == "synthesized (tf.Example from the ParseExample spec), ids in [0, 30)", how
+    items = [v for s in inputs["examples"]
+             for v in tf.train.Example.FromString(s).features.feature["item"].int64_list.value]
+    assert max(items) == 29 and min(items) >= 0, items

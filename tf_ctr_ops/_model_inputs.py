@@ -21,6 +21,13 @@ the judge:
    keeping a change when the failure moves elsewhere (that input is fixed).
    Each try is a call of the original, so (3) saves most of them: a model
    of 26 lookups took about 60 s of tries without it.
+
+Once the original accepts a candidate, its plain integer ids (batch inputs
+and tf.Example int features that no vocabulary chose) are widened: ids 0 and
+1 leave untested whatever only larger ids reach (rows past the first two, a
+hash or a modulo of the id, one-hot depths). The widest range the original
+accepts is kept, trying 1000, 100 and 10, and first any bound the original
+names when it refuses one ("indices[3] = 999 is not in [0, 57)").
 """
 
 import os
@@ -322,17 +329,20 @@ def _example_spec(node, resolve):
     return [(k if isinstance(k, bytes) else str(k).encode(), kind, tf.as_dtype(t), s) for k, kind, t, s in spec]
 
 
-def _feature(dtype, count, row, tokens):
+def _feature(dtype, count, row, tokens, id_high):
     if dtype == tf.string:
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=[tokens[(row + i) % len(tokens)]
                                                                      for i in range(count)]))
     if dtype.is_integer:
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=[(row + i) % 2 for i in range(count)]))
+        # row 0 holds the top id; the others repeat small ones, as Zipf ids do
+        ids = [id_high - 1 if row == 0 else (row + i) % min(id_high, 3) for i in range(count)]
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=ids))
     return tf.train.Feature(float_list=tf.train.FloatList(value=[0.25 * (row + i + 1) for i in range(count)]))
 
 
-def serialized_examples(specs, tokens, batch=BATCH):
-    """`batch` serialized tf.Examples holding every feature of `specs`."""
+def serialized_examples(specs, tokens, batch=BATCH, id_high=2):
+    """`batch` serialized tf.Examples holding every feature of `specs`, their
+    integers in [0, id_high)."""
     out = []
     for row in range(batch):
         features = {}
@@ -342,7 +352,7 @@ def serialized_examples(specs, tokens, batch=BATCH):
                     count = 1 if shape is None or any(d is None or d < 0 for d in shape) else int(np.prod(shape))
                 else:
                     count = 1 + row % 2
-                features[key.decode(errors="replace")] = _feature(dtype, count, row, tokens)
+                features[key.decode(errors="replace")] = _feature(dtype, count, row, tokens, id_high)
         out.append(tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString())
     return np.array(out, dtype=object)
 
@@ -381,6 +391,68 @@ def _fill(values, shape):
     return np.array(flat, dtype=values.dtype if values.dtype.kind not in "OSU" else object).reshape(shape)
 
 
+_ID_RANGES = (1000, 100, 10)
+_NAMED_BOUND = re.compile(r"(?:is not in|out of range) \[0, ?(\d+)\)")
+
+
+def _spread_ids(rng, high, shape):
+    """Sorted ids in [0, high) of `shape`, small ones frequent (log-uniform,
+    as CTR ids are skewed), with repeats and the top id high - 1."""
+    size = int(np.prod(shape)) if shape else 1
+    flat = np.sort(np.floor(np.power(float(high), rng.random(size))).astype(np.int64) - 1)
+    if size:
+        flat[-1] = high - 1
+    return flat.reshape(shape)
+
+
+def _widest_ids(build, run):
+    """(inputs, high) for the widest id range `high` whose `build(high)` the
+    original accepts, or (None, None) when it accepts none of them."""
+    ladder = list(_ID_RANGES)
+    while ladder:
+        high = ladder.pop(0)
+        trial = build(high)
+        error = run(trial)
+        if error is None:
+            return trial, high
+        named = _NAMED_BOUND.search(error)
+        if named and 2 < int(named.group(1)) < high:
+            bound = int(named.group(1))
+            ladder = [bound] + [r for r in ladder if r < bound]
+    return None, None
+
+
+def _with_wide_ids(inputs, how, specs, run, rng, vocabulary_keys, examples):
+    """`inputs` (and `how`) with their plain integer ids widened; `examples`
+    is None, or (string inputs, ParseExample specs, tokens) when those inputs
+    hold serialized tf.Examples."""
+    if examples is not None:
+        keys, example_specs, tokens = examples
+
+        def build(high):
+            serialized = serialized_examples(example_specs, tokens, id_high=high)
+            return dict(inputs, **{k: _fill(serialized, np.shape(inputs[k])) for k in keys})
+
+        has_ids = any(t.is_integer for spec in example_specs for _, _, t, _ in spec)
+    else:
+        # batch inputs only: a fixed-shape integer input is more likely a
+        # shape or a count than an id
+        keys = [k for k, s in specs.items() if k not in vocabulary_keys and tf.as_dtype(s.dtype).is_integer
+                and s.shape.rank and s.shape.as_list()[0] is None]
+
+        def build(high):
+            return dict(inputs, **{k: _spread_ids(rng, high, np.shape(inputs[k])).astype(inputs[k].dtype)
+                                   for k in keys})
+
+        has_ids = bool(keys)
+    if not has_ids:
+        return inputs, how
+    widened, high = _widest_ids(build, run)
+    if widened is None:
+        return inputs, how
+    return widened, f"{how}, ids in [0, {high})"
+
+
 def _failure_site(message):
     """Where a run failed: the node TF names, else the message itself."""
     m = re.search(r"\{\{node ([^}]+)\}\}", message) or re.search(r"Detected at node '?([\w/.-]+)", message)
@@ -400,10 +472,17 @@ def synthesize(specs, run, facts, rng):
     """(inputs, how) for a signature with input `specs`, where `run(inputs)`
     returns None when the original accepts them, else the error's text.
     Raises InputsError when no candidate is accepted."""
+    inputs, how, vocabulary_keys, examples = _accepted_inputs(specs, run, facts, rng)
+    return _with_wide_ids(inputs, how, specs, run, rng, vocabulary_keys, examples)
+
+
+def _accepted_inputs(specs, run, facts, rng):
+    """(inputs, how, the inputs a vocabulary chose, the tf.Example inputs or
+    None), the candidates tried in the module's order."""
     current = plain_inputs(specs, rng)
     error = run(current)
     if error is None:
-        return current, "synthesized"
+        return current, "synthesized", set(), None
     first_error = error
     string_inputs = [k for k, s in specs.items() if s.dtype == tf.string]
     if facts.example_specs and string_inputs:
@@ -412,14 +491,15 @@ def synthesize(specs, run, facts, rng):
         for k in string_inputs:
             trial[k] = _fill(examples, np.shape(current[k]))
         if run(trial) is None:
-            return trial, "synthesized (tf.Example from the ParseExample spec)"
+            return (trial, "synthesized (tf.Example from the ParseExample spec)", set(string_inputs),
+                    (string_inputs, facts.example_specs, facts.tokens()))
     known = {k: _as_input(facts.input_vocabularies[k], s) for k, s in specs.items()
              if k in facts.input_vocabularies and _as_input(facts.input_vocabularies[k], s) is not None}
     if known:
         trial = dict(current, **{k: _fill(v, np.shape(current[k])) for k, v in known.items()})
         trial_error = run(trial)
         if trial_error is None:
-            return trial, "synthesized (vocabulary values)"
+            return trial, "synthesized (vocabulary values)", set(known), None
         current, error = trial, trial_error
     candidates = {}
     for k, s in specs.items():
@@ -444,7 +524,7 @@ def synthesize(specs, run, facts, rng):
                 trial = dict(current, **{k: _fill(vocabulary, np.shape(current[k]))})
                 trial_error = run(trial)
                 if trial_error is None:
-                    return trial, "synthesized (vocabulary values)"
+                    return trial, "synthesized (vocabulary values)", fixed | {k}, None
                 if _failure_site(trial_error) != _failure_site(error):
                     current, error, progressed = trial, trial_error, True
                     fixed.add(k)
