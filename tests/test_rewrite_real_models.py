@@ -372,3 +372,25 @@ def test_example_int_features_are_widened_to_the_table(tmp_path):
     items = [v for s in inputs["examples"]
              for v in tf.train.Example.FromString(s).features.feature["item"].int64_list.value]
     assert max(items) == 29 and min(items) >= 0, items
+
+
+def test_plain_id_lists_are_widened_keeping_their_bag_lengths():
+    """The ids inside the plain delimited strings are widened as integer
+    inputs are: a split, to_number and gather sees rows past the second."""
+    from tf_ctr_ops import _model_inputs
+    table = tf.constant(np.arange(40 * 2, dtype=np.float32).reshape(40, 2))
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def model(s):
+        ids = tf.strings.to_number(tf.strings.split(s, ","), tf.int64)
+        return tf.reduce_sum(tf.gather(table, ids), axis=1)
+
+    facts = types.SimpleNamespace(example_specs=[], input_vocabularies={}, string_vocabularies=[],
+                                  int_vocabularies=[])
+    inputs, how = _model_inputs.synthesize({"s": tf.TensorSpec([None], tf.string)}, _judge(model, []), facts,
+                                           np.random.default_rng(0))
+    assert how == "synthesized, ids in [0, 40)", how
+    bags = [[int(i) for i in v.split(b",")] for v in inputs["s"]]
+    assert sorted(len(b) for b in bags) == [1, 2, 5, 8], bags
+    flat = [i for b in bags for i in b]
+    assert max(flat) == 39 and min(flat) >= 0 and len(set(flat)) > 2, bags

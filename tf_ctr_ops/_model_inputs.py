@@ -22,8 +22,9 @@ the judge:
    Each try is a call of the original, so (3) saves most of them: a model
    of 26 lookups took about 60 s of tries without it.
 
-Once the original accepts a candidate, its plain integer ids (batch inputs
-and tf.Example int features that no vocabulary chose) are widened: ids 0 and
+Once the original accepts a candidate, its plain ids (integer batch inputs,
+the ids of the plain id lists, and tf.Example int features, where no
+vocabulary chose them) are widened: ids 0 and
 1 leave untested whatever only larger ids reach (rows past the first two, a
 hash or a modulo of the id, one-hot depths). The widest range the original
 accepts is kept, trying 1000, 100 and 10, and first any bound the original
@@ -405,6 +406,18 @@ def _spread_ids(rng, high, shape):
     return flat.reshape(shape)
 
 
+def _spread_id_lists(rng, high, id_lists):
+    """`id_lists` (delimited ids, ID_LISTS) with the same bag lengths, their
+    ids spread over [0, high)."""
+    flat = [v.split(b",") for v in np.ravel(id_lists)]
+    ids = _spread_ids(rng, high, (sum(len(bag) for bag in flat),))[::-1]  # the top id first
+    out, at = [], 0
+    for bag in flat:
+        out.append(b",".join(b"%d" % i for i in ids[at:at + len(bag)]))
+        at += len(bag)
+    return np.array(out, dtype=object).reshape(np.shape(id_lists))
+
+
 def _widest_ids(build, run):
     """(inputs, high) for the widest id range `high` whose `build(high)` the
     original accepts, or (None, None) when it accepts none of them."""
@@ -437,11 +450,12 @@ def _with_wide_ids(inputs, how, specs, run, rng, vocabulary_keys, examples):
     else:
         # batch inputs only: a fixed-shape integer input is more likely a
         # shape or a count than an id
-        keys = [k for k, s in specs.items() if k not in vocabulary_keys and tf.as_dtype(s.dtype).is_integer
-                and s.shape.rank and s.shape.as_list()[0] is None]
+        keys = [k for k, s in specs.items() if k not in vocabulary_keys and s.shape.rank
+                and s.shape.as_list()[0] is None and (tf.as_dtype(s.dtype).is_integer or s.dtype == tf.string)]
 
         def build(high):
-            return dict(inputs, **{k: _spread_ids(rng, high, np.shape(inputs[k])).astype(inputs[k].dtype)
+            return dict(inputs, **{k: _spread_id_lists(rng, high, inputs[k]) if inputs[k].dtype == object
+                                   else _spread_ids(rng, high, np.shape(inputs[k])).astype(inputs[k].dtype)
                                    for k in keys})
 
         has_ids = bool(keys)
