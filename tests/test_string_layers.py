@@ -149,3 +149,23 @@ def test_bad_layer_arguments():
         StringEmbedding(10, 2, id_mode="parse")
     with pytest.raises(ValueError, match="one per feature"):
         MultiStringEmbedding([10, 20], [2, 2, 2])
+
+
+@pytest.mark.parametrize("make", [lambda **kw: StringEmbedding(10, 4, **kw),
+                                  lambda **kw: MultiStringEmbedding([10, 10], 4, **kw)])
+def test_string_layers_refuse_float64_tables_when_built(make):
+    """The string kernels have no float64 tables: refused by the layer's
+    constructor, not by an op attribute at the first call."""
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16.*got float64"):
+        make(dtype="float64")
+    for dtype in ("float16", "bfloat16", "mixed_float16"):
+        make(dtype=dtype)
+
+
+@pytest.mark.parametrize("call", [
+    lambda t: tf_ctr_ops.string_embedding(tf.constant(["1,2"]), t),
+    lambda t: tf_ctr_ops.multi_string_embedding([tf.constant(["1,2"])], [t]),
+    lambda t: tf_ctr_ops.multi_string_embedding([tf.constant(["1,2"])], [t], concat=True)])
+def test_string_ops_name_the_table_dtypes_they_take(call):
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16, got float64"):
+        call(tf.zeros([5, 2], tf.float64))

@@ -11,6 +11,7 @@ from tensorflow.python.ops import sparse_ops
 from tf_ctr_ops import ops
 from tf_ctr_ops._args import check_combiner, max_norm_attr, read_table
 from tf_ctr_ops._loader import load_op_library
+from tf_ctr_ops._table_grad import table_gradient
 
 _ops = load_op_library()
 
@@ -136,5 +137,5 @@ def _computed_ids_lookup_grad(op, grad, _ids_grad, _splits_grad, _shape_grad):
         grad=grad, params=params, ids=op.outputs[1], segments=op.outputs[2], num_rows=tf.constant(-1, tf.int64),
         weights=tf.zeros([0], tf.float32), combiner=attrs["combiner"].decode(), segment_kind="row_splits",
         invalid_ids="error", default_id=attrs["default_id"], max_norm=attrs["max_norm"], has_weights=False)
-    params_grad = tf.IndexedSlices(values, indices, dense_shape=tf.shape(params, out_type=tf.int64))
+    params_grad = table_gradient(values, indices, tf.shape(params, out_type=tf.int64))
     return [params_grad] + [None] * (len(op.inputs) - 1)

@@ -299,6 +299,12 @@ class HashEmbedding(_PooledEmbeddingBase):
 HashEmbedding.__doc__ += _CONTAINERS_DOC
 
 
+def _check_string_table_dtype(layer):
+    if tf.as_dtype(layer.variable_dtype) not in _strings.STRING_TABLE_DTYPES:
+        raise ValueError(f"{type(layer).__name__} tables must be float32, float16 or bfloat16 (dtype policies "
+                         f"float32, float16, bfloat16, mixed_float16 or mixed_bfloat16), got {layer.variable_dtype}")
+
+
 def _string_inputs(inputs):
     inputs = tf.convert_to_tensor(inputs)
     if inputs.shape.rank == 2 and inputs.shape[1] == 1:
@@ -348,6 +354,7 @@ class StringEmbedding(_PooledEmbeddingBase):
                          embeddings_initializer=embeddings_initializer,
                          embeddings_regularizer=embeddings_regularizer,
                          embeddings_constraint=embeddings_constraint, max_norm=max_norm, **kwargs)
+        _check_string_table_dtype(self)
         _args.check_delimiter(delimiter)
         self.delimiter = delimiter
         self.id_mode = _args.check_id_mode(id_mode)
@@ -406,6 +413,7 @@ class MultiStringEmbedding(keras.layers.Layer):
     def __init__(self, num_buckets, output_dims, delimiters=",", combiners="mean", id_modes="hash",
                  skip_empty=True, embeddings_initializer="uniform", max_norm=None, concat=False, **kwargs):
         super().__init__(**kwargs)
+        _check_string_table_dtype(self)
         self.num_buckets = [_check_positive_int(v, "num_buckets") for v in num_buckets]
         n = len(self.num_buckets)
         if n == 0:

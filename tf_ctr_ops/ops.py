@@ -21,6 +21,7 @@ from tf_ctr_ops._args import (  # noqa: F401  (COMBINERS, canonical_shard_sizes:
     table_operand,
 )
 from tf_ctr_ops._loader import load_op_library
+from tf_ctr_ops._table_grad import table_gradient
 
 _ops = load_op_library()
 
@@ -94,7 +95,7 @@ def _lookup_grads(op, grad, grad_op, table_shape):
         weights=weights, grad_indices=order, **attrs)
     if order != "per_id":  # the CPU kernel merges the rows; the GPU kernel leaves that to us
         values, indices = tf.cond(merged, lambda: (values, indices), lambda: _merge_grad_rows(values, indices))
-    params_grad = tf.IndexedSlices(values, indices, dense_shape=table_shape(params))
+    params_grad = table_gradient(values, indices, table_shape(params))
     return [params_grad, None, None, None, weights_grad if attrs["has_weights"] else None]
 
 

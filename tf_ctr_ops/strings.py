@@ -19,6 +19,7 @@ from tf_ctr_ops._args import (
     sharded_variables,
 )
 from tf_ctr_ops._loader import load_op_library
+from tf_ctr_ops._table_grad import table_gradient
 
 _ops = load_op_library()
 
@@ -70,11 +71,21 @@ def _check_string_invalid_ids(invalid_ids):
     return invalid_ids
 
 
+# The string kernels' table types (the lookups also take float64).
+STRING_TABLE_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
+
+
+def _string_table(table):
+    if table.dtype not in STRING_TABLE_DTYPES:
+        raise TypeError(f"string embedding tables must be float32, float16 or bfloat16, got {table.dtype.name}")
+    return table
+
+
 def _string_op(table, packed, bag_splits, *, delimiter, combiner, id_mode, skip_empty, max_norm,
                invalid_ids="error", default_id=None):
     data, row_splits = packed
     return _ops.ctr_string_embedding(
-        params=table, bytes=data, row_splits=tf.cast(row_splits, tf.int64),
+        params=_string_table(table), bytes=data, row_splits=tf.cast(row_splits, tf.int64),
         bag_splits=tf.zeros([0], tf.int64) if bag_splits is None else tf.cast(bag_splits, tf.int64),
         delimiter=delimiter, combiner=check_combiner(combiner), id_mode=check_id_mode(id_mode),
         skip_empty=bool(skip_empty), max_norm=max_norm_attr(max_norm), bagged=bag_splits is not None,
@@ -212,7 +223,7 @@ def multi_string_embedding(features, tables, delimiters=",", combiners="mean", i
                     for f, t, d, c, m, e, mn in zip(features, tables, delimiters, combiners, id_modes,
                                                     skip_empty, max_norms)]
             return tf.concat(outs, axis=1) if concat else outs
-        tables = [as_table(t) for t in tables]
+        tables = [_string_table(as_table(t)) for t in tables]
         features = [_string_vector(f) for f in features]
         _check_same_batch(features)
         # One pack straight from the N feature tensors: a string concat first
@@ -310,7 +321,7 @@ def _string_embedding_grad(op, grad):
         grad = tf.pad(grad, [[0, bags - tf.shape(grad)[0]], [0, 0]])
     values, indices = _ops.ctr_string_embedding_grad(grad=grad, params=params, bytes=data, row_splits=row_splits,
                                                      bag_splits=bag_splits, **attrs)
-    return [tf.IndexedSlices(values, indices, tf.shape(params, out_type=tf.int64)), None, None, None]
+    return [table_gradient(values, indices, tf.shape(params, out_type=tf.int64)), None, None, None]
 
 
 @tf.RegisterGradient("CtrMultiStringEmbedding")
@@ -330,7 +341,7 @@ def _multi_string_embedding_grad(op, *grads):
             id_mode=attrs["id_modes"][i].decode(), delimiter=attrs["delimiters"][i],
             skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i], bagged=False,
             num_buckets=buckets[i])
-        out.append(tf.IndexedSlices(values, indices, tf.shape(tables[i], out_type=tf.int64)))
+        out.append(table_gradient(values, indices, tf.shape(tables[i], out_type=tf.int64)))
     return out + [None, None]
 
 
@@ -374,7 +385,7 @@ def _concat_grad(op, grad, tables, data, row_splits, input_splits, dense, string
             combiner=attrs["combiners"][i].decode(), id_mode=attrs["id_modes"][i].decode(),
             delimiter=attrs["delimiters"][i], skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i],
             bagged=False, num_buckets=buckets[i])
-        out.append(tf.IndexedSlices(values, indices, tf.shape(tables[i], out_type=tf.int64)))
+        out.append(table_gradient(values, indices, tf.shape(tables[i], out_type=tf.int64)))
     dense_grads = [grad[:, columns[n + j]:columns[n + j] + widths[n + j]] for j in range(m)]
     return out + [None] * string_inputs + dense_grads
 
