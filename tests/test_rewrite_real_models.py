@@ -266,6 +266,17 @@ def test_given_inputs_the_original_rejects_are_an_error(tmp_path):
     assert not (tmp_path / "dst").exists()
 
 
+def test_given_inputs_of_no_examples_are_an_error(tmp_path):
+    """A batch of 0 gives empty outputs, which agree whatever the rewrite
+    did: verifying on it must not report a match."""
+    src = tmp_path / "src"
+    save_split_safe_lookup_model(str(src))
+    np.savez(tmp_path / "empty.npz", x=np.zeros([0], "S1"))
+    cli = run_cli(["src", "dst", "--inputs", "empty.npz"], tmp_path)
+    assert cli.returncode == 1 and "all empty, so nothing can be compared" in cli.stderr, cli.stdout + cli.stderr
+    assert not (tmp_path / "dst").exists()
+
+
 @pytest.mark.parametrize("arrays, error", [
     (dict(ids=np.array([[1, 2]], np.int64), s=np.array(["a"])), None),
     (dict(ids=np.array([[1, 2]], np.int64), s=np.array(["a"]), extra=np.zeros(1)), r"\['extra'\] that no signature"),

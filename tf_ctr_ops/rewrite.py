@@ -695,6 +695,10 @@ def _verification_inputs(loaded, selected, facts, sample_inputs, inputs_file, se
             except Exception as e:  # noqa: BLE001 - the user's inputs are wrong
                 raise RewriteError(f"signature {key!r}: the original model fails on the {hows[key]} inputs "
                                    f"({_errors.summary(e)})") from None
+            if all(np.size(v) == 0 for v in reference[key].values()):
+                # a batch of 0: both models would agree on nothing at all
+                raise RewriteError(f"signature {key!r}: the original model's outputs on the {hows[key]} inputs are "
+                                   "all empty, so nothing can be compared; pass inputs with at least one example")
             continue
 
         def run(candidate, fn=fn):
