@@ -154,14 +154,22 @@ bool ResolveBagRows(const TokenBagVisitor& visit, const T* params, int64_t dim, 
 // Sums columns [c, c + kCols) of the rows (weight 1 each) into acc, which
 // then lives in registers: summing a whole row at a time through memory made
 // every row wait on the last row's stores to acc. Each column is still summed
-// in row order, so results do not change.
+// as BagStream sums it (blocks of kSumBlock rows), so results do not change.
 template <typename T, int64_t kCols>
 inline void SumColumnChunk(const std::vector<const T*>& rows, int64_t c, float* __restrict acc) {
-  float a[kCols] = {};
+  float total[kCols] = {}, block[kCols] = {};
+  int64_t in_block = 0;
   for (const T* p : rows) {
-    for (int64_t d = 0; d < kCols; ++d) a[d] += ToFloat(p[c + d]);  // AccumulateRow at scale 1: x * 1.f is x
+    for (int64_t d = 0; d < kCols; ++d) block[d] += ToFloat(p[c + d]);  // AccumulateRow at scale 1: x * 1.f is x
+    if (++in_block == kSumBlock) {
+      for (int64_t d = 0; d < kCols; ++d) {
+        total[d] += block[d];
+        block[d] = 0.f;
+      }
+      in_block = 0;
+    }
   }
-  for (int64_t d = 0; d < kCols; ++d) acc[c + d] = a[d];
+  for (int64_t d = 0; d < kCols; ++d) acc[c + d] = total[d] + block[d];
 }
 
 #if defined(__SSE2__) && !defined(__CUDA_ARCH__)
@@ -171,17 +179,28 @@ inline void SumColumnChunk(const std::vector<const T*>& rows, int64_t c, float* 
 // columns; this takes 4 loads and 4 adds.
 template <>
 inline void SumColumnChunk<float, 16>(const std::vector<const float*>& rows, int64_t c, float* __restrict acc) {
-  __m128 a0 = _mm_setzero_ps(), a1 = _mm_setzero_ps(), a2 = _mm_setzero_ps(), a3 = _mm_setzero_ps();
+  const __m128 zero = _mm_setzero_ps();
+  __m128 a0 = zero, a1 = zero, a2 = zero, a3 = zero;  // the block
+  __m128 t0 = zero, t1 = zero, t2 = zero, t3 = zero;  // whole blocks
+  int64_t in_block = 0;
   for (const float* p : rows) {
     a0 = _mm_add_ps(a0, _mm_loadu_ps(p + c));
     a1 = _mm_add_ps(a1, _mm_loadu_ps(p + c + 4));
     a2 = _mm_add_ps(a2, _mm_loadu_ps(p + c + 8));
     a3 = _mm_add_ps(a3, _mm_loadu_ps(p + c + 12));
+    if (++in_block == kSumBlock) {
+      t0 = _mm_add_ps(t0, a0);
+      t1 = _mm_add_ps(t1, a1);
+      t2 = _mm_add_ps(t2, a2);
+      t3 = _mm_add_ps(t3, a3);
+      a0 = a1 = a2 = a3 = zero;
+      in_block = 0;
+    }
   }
-  _mm_storeu_ps(acc + c, a0);
-  _mm_storeu_ps(acc + c + 4, a1);
-  _mm_storeu_ps(acc + c + 8, a2);
-  _mm_storeu_ps(acc + c + 12, a3);
+  _mm_storeu_ps(acc + c, _mm_add_ps(t0, a0));
+  _mm_storeu_ps(acc + c + 4, _mm_add_ps(t1, a1));
+  _mm_storeu_ps(acc + c + 8, _mm_add_ps(t2, a2));
+  _mm_storeu_ps(acc + c + 12, _mm_add_ps(t3, a3));
 }
 #endif
 
@@ -190,28 +209,31 @@ inline void SumRows(const std::vector<const T*>& rows, int64_t dim, float* __res
   constexpr int64_t kCols = 16;
   int64_t c = 0;
   for (; c + kCols <= dim; c += kCols) SumColumnChunk<T, kCols>(rows, c, acc);
-  for (; c < dim; ++c) {
-    float a = 0.f;
-    for (const T* p : rows) a += ToFloat(p[c]);
-    acc[c] = a;
-  }
+  for (; c < dim; ++c) SumColumnChunk<T, 1>(rows, c, acc);
 }
 
 // Writes one bag's pooled row from its resolved rows (weight 1 each), in
 // the order and float arithmetic of BagStream, so outputs stay bit-identical
-// to the id lookup's. acc is dim floats of scratch.
+// to the id lookup's. acc and block are dim floats of scratch each.
 template <typename T>
-void PoolBagRows(const LookupSpec& s, const T* params, const std::vector<const T*>& rows, float* acc, T* out) {
+void PoolBagRows(const LookupSpec& s, const T* params, const std::vector<const T*>& rows, float* acc, float* block,
+                 T* out) {
   const int64_t dim = s.dim;
   BagWeights bw;
   if (s.max_norm > 0.f) {
-    for (int64_t d = 0; d < dim; ++d) acc[d] = 0.f;
+    for (int64_t d = 0; d < dim; ++d) acc[d] = block[d] = 0.f;
+    int64_t in_block = 0;
     auto add = [&](const T* p) {
-      AccumulateRow(p, dim, RowClipScale(p, s), acc);
+      AccumulateRow(p, dim, RowClipScale(p, s), block);
       bw.Add(1.f);
+      if (++in_block == kSumBlock) {
+        AddBlock(acc, block, dim);
+        in_block = 0;
+      }
     };
     for (const T* p : rows) add(p);
     if (rows.empty() && s.default_id >= 0) add(params + s.default_id * dim);
+    AddBlock(acc, block, dim);  // 0 + x is x for a bag of one partial block, as BagStream takes it
   } else if (rows.empty() && s.default_id >= 0) {
     for (int64_t d = 0; d < dim; ++d) acc[d] = 0.f + ToFloat(params[s.default_id * dim + d]);
     bw.Add(1.f);
@@ -249,6 +271,7 @@ void PoolStringBagsCpu(const StringSpec& s, const T* params, const uint8_t* byte
   const TokenBagVisitor visit{s, bytes, num_bytes, string_splits, bag_splits, err};
   const int64_t dim = s.lookup.dim;
   std::vector<const T*> ring[kMaxAhead];  // bag b's rows in ring[b % kMaxAhead]
+  std::vector<float> block(dim);
   int64_t next = row_begin, pending = 0;  // the next bag to resolve; rows resolved, not yet summed
   for (int64_t r = row_begin; r < row_end; ++r) {
     while (next < row_end && next - r < kMaxAhead && (next <= r + 1 || pending < kRowsInFlight)) {
@@ -259,7 +282,7 @@ void PoolStringBagsCpu(const StringSpec& s, const T* params, const uint8_t* byte
     }
     const std::vector<const T*>& rows = ring[r % kMaxAhead];
     if (nonempty) nonempty[r] = !rows.empty();
-    PoolBagRows(s.lookup, params, rows, acc, out + r * out_stride);
+    PoolBagRows(s.lookup, params, rows, acc, block.data(), out + r * out_stride);
     pending -= static_cast<int64_t>(rows.size());
   }
 }
