@@ -223,6 +223,34 @@ def test_online_criteo_integer_features_hashed(table):
     assert_same(got, want)
 
 
+@pytest.mark.parametrize("form", ["safe_sparse", "split_strings"])
+def test_online_lookups_inside_while_loops_stay_as_they_are(rng, table, tmp_path, form):
+    """A loop body runs in its loop's frame, which a node the rewrite adds
+    would not be in (TF refused the graph: "inputs from different frames").
+    The body is left alone, with the reason in the report."""
+    sp = random_sparse_ids(rng)
+    strings = tf.constant([",".join(str(i) for i in rng.integers(0, V, size=3)) for _ in range(5)] + [""])
+
+    def body_sum(x):
+        if form == "safe_sparse":
+            return tf.nn.safe_embedding_lookup_sparse(table, x, None, combiner="mean")
+        ids = tf.strings.to_hash_bucket_fast(tf.strings.split(x, ","), V)
+        return tf.reduce_mean(tf.nn.embedding_lookup(table, ids), axis=1)
+
+    def looped(x):
+        init = tf.zeros_like(body_sum(x))
+        return tf.while_loop(lambda i, acc: i < 3, lambda i, acc: (i + 1, acc + body_sum(x)), [0, init])[1]
+
+    x = sp if form == "safe_sparse" else strings
+    want = tf.function(looped)(x)
+    report = tmp_path / "r.jsonl"
+    with rewrite.enable(report_file=str(report)):
+        got = tf.function(looped)(x)
+    assert_same(got, want)
+    reasons = [r["reason"] for r in rewrite.read_report(report)["skip"]]
+    assert any("inside while loops" in r for r in reasons), reasons
+
+
 def test_enable_plain_call_and_disable(rng, table):
     ids = random_sparse_ids(rng)
     want = tf.nn.embedding_lookup_sparse(table, ids, None)

@@ -21,6 +21,7 @@
 #include "tensorflow/core/grappler/grappler_item.h"
 #include "tensorflow/core/grappler/optimizers/custom_graph_optimizer.h"
 #include "tensorflow/core/grappler/optimizers/custom_graph_optimizer_registry.h"
+#include "tensorflow/core/grappler/utils/frame.h"
 #include "tensorflow/core/platform/env.h"
 #include "tensorflow/core/platform/errors.h"
 #include "tensorflow/core/platform/logging.h"
@@ -63,6 +64,21 @@ std::string MatchJson(const MatchRecord& m) {
 std::string SkipJson(const SkipRecord& s) {
   return "{\"kind\": \"skip\", \"pattern\": " + JsonString(s.pattern) + ", \"node\": " + JsonString(s.node) +
          ", \"reason\": " + JsonString(s.reason) + "}";
+}
+
+// The nodes inside while loops of frame-based control flow (Enter ... Exit:
+// TF1 loops, and functional loops once lowered, as TF runs tf.functions).
+// A node a pattern adds takes no input from the loop's Enter nodes, so TF
+// would put it in the outer frame and refuse the graph ("has inputs from
+// different frames"): loop bodies are left alone. Where the frames cannot
+// be inferred, every node counts as in one.
+std::set<std::string> NodesInLoops(const tensorflow::GraphDef& graph) {
+  std::set<std::string> names;
+  tensorflow::grappler::FrameView frames;
+  const bool inferred = frames.InferFromGraph(graph).ok();
+  for (const auto& n : graph.node())
+    if (!inferred || frames.IsInFrame(n)) names.insert(n.name());
+  return names;
 }
 
 class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
@@ -117,6 +133,7 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
     for (const auto& feed : item.feed) fed.insert(ParseTensorName(feed.first).node);
     ctx.SetFed(std::move(fed));
     ctx.SetServingDevice(serving_device_);
+    const std::set<std::string> in_loops = NodesInLoops(item.graph);
     // Patterns build on each other's output (a fused lookup can absorb its
     // string producers next), so passes repeat until nothing changes; the
     // patterns that combine fused ops (grouping, then concatenation) run once
@@ -126,10 +143,14 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
     for (int pass = 0; pass < kMaxPasses; ++pass) {
       bool changed = false;
       for (int stage = 0; stage < kStages && (!changed || pass == kMaxPasses - 1); ++stage)
-        changed |= RunPatterns(stage, disabled_, optimized, &ctx);
+        changed |= RunPatterns(stage, disabled_, in_loops, optimized, &ctx);
       if (!changed || pass == kMaxPasses - 1) break;
       ctx.ForgetSkips();  // a later pass re-examines them with the new graph
     }
+    if (!in_loops.empty())
+      ctx.Skipped("all", *in_loops.begin(),
+                  std::to_string(in_loops.size()) + " nodes inside while loops (Enter/Exit frames) left alone: "
+                  "a fused op added there would run outside the loop's frame");
     VLOG(2) << "CtrFusionOptimizer: patterns done " << (tensorflow::Env::Default()->NowMicros() - t_start) / 1000 << " ms";
     ctx.DropStaleShapes();
     if (FullyPlaced(item.graph)) PlaceAddedNodes(optimized);
@@ -186,8 +207,8 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
     }
   }
 
-  static bool RunPatterns(int stage, const std::set<std::string>& disabled, tensorflow::GraphDef* graph,
-                          RewriteContext* ctx) {
+  static bool RunPatterns(int stage, const std::set<std::string>& disabled, const std::set<std::string>& in_loops,
+                          tensorflow::GraphDef* graph, RewriteContext* ctx) {
     bool changed = false;
     for (const auto& pattern : RegisteredPatterns()) {
       if (pattern->Stage() != stage || disabled.count(pattern->name())) continue;
@@ -199,7 +220,7 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
       for (const auto& n : graph->node()) nodes.push_back(&n);
       for (const tensorflow::NodeDef* n : nodes) {
         const tensorflow::NodeDef* node = ctx->index().Node(n->name());
-        if (node != nullptr && pattern->Rewrite(*node, ctx)) {
+        if (node != nullptr && !in_loops.count(node->name()) && pattern->Rewrite(*node, ctx)) {
           ctx->Commit();
           changed = true;
         }
