@@ -24,11 +24,11 @@ the judge:
 
 Once the original accepts a candidate, its plain ids (integer batch inputs,
 the ids of the plain id lists, and tf.Example int features, where no
-vocabulary chose them) are widened: ids 0 and
-1 leave untested whatever only larger ids reach (rows past the first two, a
-hash or a modulo of the id, one-hot depths). The widest range the original
-accepts is kept, trying 1000, 100 and 10, and first any bound the original
-names when it refuses one ("indices[3] = 999 is not in [0, 57)").
+vocabulary chose them) are widened: ids 0 and 1 leave untested whatever only
+larger ids reach (rows past the first two, a hash or a modulo of the id,
+one-hot depths). The widest range the original accepts is kept, trying 1000,
+100 and 10, and first any bound the original names when it refuses one
+("indices[3] = 999 is not in [0, 57)").
 """
 
 import os
@@ -436,7 +436,7 @@ def _widest_ids(build, run):
 
 
 def _with_wide_ids(inputs, how, specs, run, rng, vocabulary_keys, examples):
-    """`inputs` (and `how`) with their plain integer ids widened; `examples`
+    """`inputs` (and `how`) with their plain ids widened; `examples`
     is None, or (string inputs, ParseExample specs, tokens) when those inputs
     hold serialized tf.Examples."""
     if examples is not None:

@@ -8,6 +8,7 @@
 // for the patterns whose best form depends on it. parameter_map
 // ["disabled_patterns"] (pattern names, comma-separated) switches patterns
 // off: offline rewriting drops a pattern whose result failed verification.
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <set>
@@ -70,10 +71,14 @@ std::string SkipJson(const SkipRecord& s) {
 // TF1 loops, and functional loops once lowered, as TF runs tf.functions).
 // A node a pattern adds takes no input from the loop's Enter nodes, so TF
 // would put it in the outer frame and refuse the graph ("has inputs from
-// different frames"): loop bodies are left alone. Where the frames cannot
-// be inferred, every node counts as in one.
+// different frames"): loop bodies are left alone. In a graph with loops
+// whose frames cannot be inferred, every node counts as in one.
 std::set<std::string> NodesInLoops(const tensorflow::GraphDef& graph) {
   std::set<std::string> names;
+  const bool has_loops = std::any_of(graph.node().begin(), graph.node().end(), [](const tensorflow::NodeDef& n) {
+    return n.op() == "Enter" || n.op() == "RefEnter";
+  });
+  if (!has_loops) return names;
   tensorflow::grappler::FrameView frames;
   const bool inferred = frames.InferFromGraph(graph).ok();
   for (const auto& n : graph.node())
