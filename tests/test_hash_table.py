@@ -235,6 +235,22 @@ def test_insert_rows_loads_a_table_into_another_capacity(rng):
     assert int(tiny.insert_rows(keys, values)) == 5
 
 
+def test_insert_rows_counts_keys_and_takes_a_repeated_keys_first_row():
+    table = HashTable(dim=2, capacity=4, initializer=tf.keras.initializers.Zeros())
+    assert int(table.insert_rows([1, 2, 1], [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])) == 2
+    keys, values = table.export()
+    assert dict(zip(keys.numpy().tolist(), values.numpy().tolist())) == {1: [1.0, 1.0], 2: [2.0, 2.0]}
+
+
+@pytest.mark.parametrize("values", [np.ones([2, 5], np.float32), np.ones([2, 1], np.float32),
+                                    np.ones([3, 2], np.float32)])
+def test_insert_rows_refuses_rows_that_do_not_fit(values):
+    table = HashTable(dim=2, capacity=4)
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="row"):
+        table.insert_rows([1, 2], values)
+    assert int(table.size()) == 0
+
+
 def test_bad_arguments_are_clear_errors():
     with pytest.raises(ValueError, match="capacity"):
         HashTable(dim=2, capacity=-1)

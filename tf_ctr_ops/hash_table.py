@@ -167,8 +167,18 @@ class HashTable(tf.Module):
 
 def insert_rows(table, keys, values):
     """Inserts `keys` with their `values` rows into `table` (a HashTable or a
-    built HashTableEmbedding); returns how many got a row."""
-    keys = tf.convert_to_tensor(keys, tf.int64)
+    built HashTableEmbedding); returns how many keys got a row. A key given
+    more than once takes its first row (a scatter of both would keep either)."""
+    keys = tf.reshape(tf.convert_to_tensor(keys, tf.int64), [-1])
+    values = tf.convert_to_tensor(values, _variable(table.values).dtype)
+    if values.shape.rank not in (None, 2) or values.shape[-1] not in (None, table.dim):
+        raise ValueError(f"values must be [n, {table.dim}] rows of the table's width, got shape {values.shape}")
+    with tf.control_dependencies([tf.debugging.assert_equal(
+            tf.shape(values, out_type=tf.int64), tf.stack([tf.size(keys, out_type=tf.int64), table.dim]),
+            message=f"values must hold one row of width {table.dim} per key")]):
+        keys, unique_of = tf.unique(keys)  # keys in order of first appearance
+    first = tf.math.unsorted_segment_min(tf.range(tf.size(unique_of)), unique_of, tf.size(keys))
+    values = tf.gather(values, first)
     rows, _ = _find(_variable(table.table), keys, table.capacity, insert=True, admit_after=1)
     kept = rows >= 0
     _variable(table.values).scatter_update(
