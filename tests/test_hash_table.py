@@ -530,6 +530,31 @@ def test_checkpoint_restore_of_another_dim_names_both(rng, tmp_path):
         tf.train.Checkpoint(emb=HashTable(dim=4, capacity=20)).restore(path)
 
 
+@pytest.mark.parametrize("how", ["checkpoint", "restore_resized"])
+@pytest.mark.parametrize("capacity", [10, 20])
+def test_a_checkpoint_of_the_other_key_dtype_is_refused(tmp_path, how, capacity):
+    # String keys are stored as int64 fingerprints: without the check the
+    # restore would succeed and no key would ever be found.
+    for saved_dtype, keys, other in ((tf.string, ["a", "b"], tf.int64), (tf.int64, [5, 6], tf.string)):
+        saved = HashTable(dim=3, capacity=10, key_dtype=saved_dtype)
+        saved.find(keys, insert=True)
+        path = tf.train.Checkpoint(emb=saved).save(str(tmp_path / saved_dtype.name / "ckpt"))
+        table = HashTable(dim=3, capacity=capacity, key_dtype=other)
+        match = f"holds {saved_dtype.name} keys, this one takes {other.name} keys"
+        with pytest.raises(ValueError, match=match):
+            if how == "checkpoint":
+                tf.train.Checkpoint(emb=table).restore(path)
+            else:
+                table.restore_resized(path, "emb")
+        assert int(table.size()) == 0
+        same = HashTable(dim=3, capacity=capacity, key_dtype=saved_dtype)
+        if how == "checkpoint":
+            tf.train.Checkpoint(emb=same).restore(path).assert_consumed()
+        else:
+            same.restore_resized(path, "emb")
+        np.testing.assert_array_equal(same.find(keys).numpy() >= 0, True)
+
+
 def test_checkpoint_of_another_capacity_under_a_strategy_is_refused(tmp_path):
     saved = HashTable(dim=3, capacity=100)
     saved.find([1, 2, 3], insert=True)

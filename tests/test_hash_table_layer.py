@@ -75,6 +75,19 @@ def test_checkpoint_restores_a_model_into_a_bigger_table(rng, tmp_path):
     assert int(bigger.get_layer("ids").statistics()["size"]) > int(model.get_layer("ids").statistics()["size"])
 
 
+def test_a_layer_refuses_a_checkpoint_of_the_other_key_dtype(tmp_path):
+    import tensorflow as tf
+
+    saved = HashTableEmbedding(4, capacity=10, key_dtype="string")
+    saved(tf.constant([["a", "b"]]), training=True)
+    path = tf.train.Checkpoint(layer=saved).save(str(tmp_path / "ckpt"))
+    layer = HashTableEmbedding(4, capacity=20, key_dtype="int64")
+    layer(tf.constant([[1, 2]], tf.int64))
+    with pytest.raises(ValueError, match="holds string keys, this one takes int64 keys"):
+        tf.train.Checkpoint(layer=layer).restore(path)
+    assert layer.get_config()["key_dtype"] == "int64"
+
+
 def test_layer_config_errors():
     with pytest.raises(ValueError, match="capacity"):
         HashTableEmbedding(4, capacity=0)

@@ -30,8 +30,9 @@ from tf_ctr_ops import ops as _lookup_ops
 from tf_ctr_ops._args import check_combiner, per_feature, sharded_variables, table_operand
 from tf_ctr_ops._loader import load_op_library
 from tf_ctr_ops.table_layout import (CLOCK, COLUMNS, DROPPED, EMPTY_ENTRY, EVICTED, FREE_COUNT,  # noqa: F401
-                                     HEADER_ROWS, NEXT_ROW, OCCUPIED, default_num_slots, empty_table_array,
-                                     free_list_rows, table_shape)
+                                     HEADER_ROWS, INT_KEYS, KEY_KIND, NEXT_ROW, OCCUPIED, STRING_KEYS,
+                                     UNKNOWN_KEYS, default_num_slots, empty_table_array, free_list_rows,
+                                     table_shape)
 
 _ops = load_op_library()
 
@@ -65,9 +66,17 @@ def check_table_args(capacity, num_slots, admit_after):
     return capacity, int(num_slots), int(admit_after)
 
 
-def empty_table(num_slots, capacity):
-    """The int64 table tensor (table_shape) of a table with no keys."""
-    return tf.constant(empty_table_array(num_slots, capacity))
+def empty_table(num_slots, capacity, key_dtype=None):
+    """The int64 table tensor (table_shape) of a table with no keys of
+    `key_dtype` (None: not recorded)."""
+    return tf.constant(empty_table_array(num_slots, capacity, key_kind(key_dtype)))
+
+
+def key_kind(key_dtype):
+    """The table header's KEY_KIND of keys of `key_dtype` (None: unknown)."""
+    if key_dtype is None:
+        return UNKNOWN_KEYS
+    return STRING_KEYS if tf.as_dtype(key_dtype) == tf.string else INT_KEYS
 
 
 def slot_pairs(table, num_slots):
@@ -120,7 +129,8 @@ class HashTable(tf.Module):
         self._slot_optimizer = _SlotOptimizer()
         with self.name_scope:
             self.table = create_table_variable(  # the find kernel runs where the table lives
-                lambda: tf.Variable(empty_table(self.num_slots, self.capacity), trainable=False, name="table"))
+                lambda: tf.Variable(empty_table(self.num_slots, self.capacity, self.key_dtype), trainable=False,
+                                    name="table"))
             self.values = tf.Variable(initializer([self.capacity, self.dim], dtype=dtype), name="values")
         restore_any_capacity(self)
 
@@ -162,6 +172,7 @@ class HashTable(tf.Module):
         reader = tf.train.load_checkpoint(checkpoint_path)
         table = reader.get_tensor(f"{name}/table/.ATTRIBUTES/VARIABLE_VALUE")
         values = reader.get_tensor(f"{name}/values/.ATTRIBUTES/VARIABLE_VALUE")
+        _check_saved_key_kind(table, self)
         return insert_rows(self, *rows_of_tensors(table, values))
 
 
@@ -220,6 +231,8 @@ class _AnyCapacityRestore:
         saved = restored_tensors["VARIABLE_VALUE"]
         if not tf.executing_eagerly():
             return original(restored_tensors)
+        if part == "table":
+            _check_saved_key_kind(saved, self._table())
         same_shape = tuple(saved.shape) == tuple(variable.shape)
         result = original(restored_tensors) if same_shape else None
         self._saved[part] = (saved, same_shape)
@@ -236,8 +249,18 @@ class _AnyCapacityRestore:
             raise ValueError(f"the checkpoint's table has rows of width {int(saved_values.shape[1])}, this one "
                              f"{table.dim}: a table restores from one of the same dim")
         keys, values = rows_of_tensors(saved_table, saved_values)
-        _variable(table.table).assign(empty_table(table.num_slots, table.capacity))
+        _variable(table.table).assign(empty_table(table.num_slots, table.capacity, table.key_dtype))
         insert_rows(table, keys, values)
+
+
+def _check_saved_key_kind(saved_table, table):
+    """String keys are stored as int64 fingerprints, so a checkpoint of the
+    other key kind would restore without error and find none of its keys."""
+    saved, own = (int(tf.reshape(t[:HEADER_ROWS], [-1])[KEY_KIND]) for t in (saved_table, _variable(table.table)))
+    if UNKNOWN_KEYS not in (saved, own) and saved != own:
+        names = {INT_KEYS: "int64", STRING_KEYS: "string"}
+        raise ValueError(f"the checkpoint's table holds {names.get(saved, saved)} keys, this one takes "
+                         f"{names.get(own, own)} keys (key_dtype): a table restores from one of the same key_dtype")
 
 
 def _find(table_var, keys, capacity, insert, admit_after, dense_padding=False, eviction="none"):

@@ -471,14 +471,15 @@ class MultiStringEmbedding(keras.layers.Layer):
 class EmptyHashTable(initializers.Initializer):
     """Initializer of a `HashTableEmbedding`'s `table` weight: no keys."""
 
-    def __init__(self, num_slots, capacity):
+    def __init__(self, num_slots, capacity, key_dtype=None):
         self.num_slots, self.capacity = int(num_slots), int(capacity)
+        self.key_dtype = None if key_dtype is None else tf.as_dtype(key_dtype).name
 
     def __call__(self, shape, dtype=None):
-        return _hash_table.empty_table(self.num_slots, self.capacity)
+        return _hash_table.empty_table(self.num_slots, self.capacity, self.key_dtype)
 
     def get_config(self):
-        return {"num_slots": self.num_slots, "capacity": self.capacity}
+        return {"num_slots": self.num_slots, "capacity": self.capacity, "key_dtype": self.key_dtype}
 
 
 @keras.saving.register_keras_serializable(package="tf_ctr_ops")
@@ -550,7 +551,7 @@ class HashTableEmbedding(_PooledOutput, keras.layers.Layer):
             return
         self.table = _hash_table.create_table_variable(lambda: self.add_weight(
             shape=_hash_table.table_shape(self.num_slots, self.capacity), dtype="int64",
-            initializer=EmptyHashTable(self.num_slots, self.capacity), name="table", trainable=False))
+            initializer=EmptyHashTable(self.num_slots, self.capacity, self.key_dtype), name="table", trainable=False))
         self.embeddings = self.add_weight(shape=(self.capacity, self.output_dim),
                                           initializer=self.embeddings_initializer, name="embeddings",
                                           trainable=True)

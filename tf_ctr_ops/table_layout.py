@@ -9,8 +9,11 @@ import numpy as np
 
 HEADER_ROWS = 2
 COLUMNS = 4  # key, entry, last_seen, count
-NEXT_ROW, OCCUPIED, DROPPED, EVICTED, FREE_COUNT, CLOCK = range(6)  # header cells
+NEXT_ROW, OCCUPIED, DROPPED, EVICTED, FREE_COUNT, CLOCK, KEY_KIND = range(7)  # header cells
 EMPTY_ENTRY = -1
+# KEY_KIND's values: what the keys are, so that a restore can refuse a
+# checkpoint of the other kind. 0: unknown (tables written before the cell).
+UNKNOWN_KEYS, INT_KEYS, STRING_KEYS = 0, 1, 2
 
 
 def default_num_slots(capacity):
@@ -26,9 +29,10 @@ def table_shape(num_slots, capacity):
     return [HEADER_ROWS + num_slots + free_list_rows(capacity), COLUMNS]
 
 
-def empty_table_array(num_slots, capacity):
+def empty_table_array(num_slots, capacity, key_kind=UNKNOWN_KEYS):
     """The int64 table (table_shape) of a table with no keys."""
     table = np.zeros(table_shape(num_slots, capacity), np.int64)
+    table.reshape(-1)[KEY_KIND] = key_kind
     slots = table[HEADER_ROWS:HEADER_ROWS + num_slots].reshape(-1)  # read flat: pairs, then stats
     slots[1:2 * num_slots:2] = EMPTY_ENTRY
     return table

@@ -35,6 +35,8 @@ enum HeaderCell : int64_t {
   kEvicted = 3,     // keys evicted to make room
   kFreeCount = 4,   // rows on the free stack
   kClock = 5,       // inserting calls so far
+  kKeyKind = 6,     // 1: int64 keys, 2: string fingerprints, 0: unknown; written and
+                    // read by Python only, so that a restore refuses the other kind
 };
 
 // Cells of a slot's pair (key, entry) and of its stats (last_seen, count).
