@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import tf_ctr_ops  # noqa: F401
 from tf_ctr_ops import rewrite
+from test_rewrite import CPU_PLACED
 
 WORDS = [f"w{i}" for i in range(30)]
 NUMBERS = [3, 5, 7, 11, 13]
@@ -387,3 +388,29 @@ def test_unmasked_lookup_find_is_not_called_masked():
     _, report = rewrite.optimize_concrete_function(cf, serving_device="cpu")
     finds = [s["reason"] for s in report["skip"] if s["node"].endswith("LookupTableFindV2")]
     assert len(finds) == 1 and "mask_token" not in finds[0], report["skip"]
+
+
+@pytest.mark.skipif(not CPU_PLACED, reason="online graphs are placed on a GPU here; the fused find is CPU only")
+def test_online_keras_lookups_fuse_after_grappler_reorders_the_check(rng, tmp_path):
+    # Online, TF's own passes run first: constant sharing and canonicalization
+    # put the check's constant first (Equal(0, Size)), and automatic control
+    # dependencies chain the two Asserts. The check must still be recognized.
+    import keras
+
+    inputs = [keras.Input((1,), dtype="string", name=f"s{f}") for f in range(2)]
+    parts = [keras.layers.Flatten()(keras.layers.Embedding(len(WORDS), 4)(
+        keras.layers.StringLookup(vocabulary=WORDS, mask_token=None, num_oov_indices=0)(x))) for x in inputs]
+    model = keras.Model(inputs, keras.layers.Concatenate()(parts))
+    words = np.array(WORDS, object)
+    feeds = [tf.constant(words[rng.integers(0, len(WORDS), (9, 1))]) for _ in inputs]
+    report_file = str(tmp_path / "report.jsonl")
+    with rewrite.enable(report_file=report_file):
+        fused = tf.function(lambda a, b: model([a, b]))
+        got = fused(*feeds)
+        missing = [feeds[0], tf.constant([["zz"]] * 9)]
+        with pytest.raises(tf.errors.InvalidArgumentError, match="zz"):
+            fused(*missing)
+    np.testing.assert_array_equal(got.numpy(), model(feeds).numpy())
+    report = rewrite.read_report(report_file)
+    assert {m["fused_op"] for m in report["match"]} >= {"CtrVocabEmbedding"}, report["skip"]
+    assert not [s for s in report["skip"] if s["pattern"] == "vocab_lookup"], report["skip"]

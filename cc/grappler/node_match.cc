@@ -113,6 +113,17 @@ bool ConstScalarIs(const NodeDef* node, int64_t want) {
   return ConstScalarInt(node, &v) && v == want;
 }
 
+const NodeDef* OperandBesideConstInt(const GraphIndex& g, const NodeDef& op, int64_t* value, int* port) {
+  if (op.input_size() < 2) return nullptr;
+  int64_t values[2] = {0, 0};
+  const bool is_const[2] = {ConstScalarInt(g.Producer(op, 0), &values[0]),
+                            ConstScalarInt(g.Producer(op, 1), &values[1])};
+  if (is_const[0] == is_const[1]) return nullptr;
+  const int constant = is_const[0] ? 0 : 1;
+  *value = values[constant];
+  return g.Producer(op, 1 - constant, port);
+}
+
 bool ConstVectorIs(const NodeDef* node, const std::vector<int64_t>& want) {
   std::vector<int64_t> v;
   return ConstIntVector(node, &v) && v == want;

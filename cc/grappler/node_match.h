@@ -31,6 +31,11 @@ bool ConstScalarInt(const tensorflow::NodeDef* node, int64_t* value);
 // or either (the forms Python emits for an index).
 bool ConstScalarIs(const tensorflow::NodeDef* node, int64_t want);
 bool ConstVectorIs(const tensorflow::NodeDef* node, const std::vector<int64_t>& want);
+// The operand of the two-input commutative `op` beside a scalar integer Const
+// (whose value goes to `value`), in either order: Grappler's canonicalization
+// may put the constant first. Null unless exactly one input is such a Const.
+const tensorflow::NodeDef* OperandBesideConstInt(const GraphIndex& g, const tensorflow::NodeDef& op, int64_t* value,
+                                                 int* port);
 bool ConstVectorOrScalarIs(const tensorflow::NodeDef* node, int64_t want);
 // Whether two input strings name the same tensor ("x" and "x:0" do).
 bool SameTensor(const std::string& a, const std::string& b);

@@ -93,15 +93,16 @@ bool MatchOovBuckets(const GraphIndex& g, const NodeDef& select, VocabIds* ids, 
 bool MatchVocabCheck(const GraphIndex& g, const NodeDef& assert_node, const NodeDef& find, VocabIds* ids) {
   if (!IsOp(&assert_node, "Assert") || assert_node.input_size() < 2) return false;
   const NodeDef* is_empty = g.Producer(assert_node, 0);
-  if (!IsOp(is_empty, "Equal") || !ConstScalarIs(g.Producer(*is_empty, 1), 0)) return false;
-  const NodeDef* size = g.Producer(*is_empty, 0);
-  if (!IsOp(size, "Size")) return false;
+  int64_t zero = -1;
+  int port = -1;
+  if (!IsOp(is_empty, "Equal")) return false;
+  const NodeDef* size = OperandBesideConstInt(g, *is_empty, &zero, &port);
+  if (zero != 0 || !IsOp(size, "Size")) return false;
   const NodeDef* where = g.Producer(*size, 0);
   if (!IsOp(where, "Where")) return false;
   const NodeDef* missing = g.Producer(*where, 0);
-  int port = -1;
-  if (!IsOp(missing, "Equal") || g.Producer(*missing, 0, &port) != &find || port != 0) return false;
-  if (!ConstScalarInt(g.Producer(*missing, 1), &ids->missing_id)) return false;
+  if (!IsOp(missing, "Equal") || OperandBesideConstInt(g, *missing, &ids->missing_id, &port) != &find || port != 0)
+    return false;
   std::vector<const NodeDef*> nodes = {is_empty, size, where, missing};
   int formats = 0;
   for (int i = 1; i < assert_node.input_size() && assert_node.input(i)[0] != '^'; ++i, ++formats) {
