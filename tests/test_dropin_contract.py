@@ -412,3 +412,20 @@ def test_ids_that_do_not_widen_exactly_are_refused_as_tf_refuses_them(dtype):
              else tf.compat.v1.nn.embedding_lookup_sparse)(table, ids, None)
     with pytest.raises(TypeError, match="ids must be int32 or int64"):
         tco.sparse_embedding(table, tf.ragged.constant([[1.5]], tf.float32))
+
+
+@pytest.mark.parametrize("variable", [False, True])
+def test_second_order_gradients_are_a_clear_error(rng, variable):
+    # TF's composition is twice differentiable; ours raises, naming what is
+    # missing, rather than TF's "gradient registry has no entry".
+    params = rng.normal(size=(10, 3)).astype(np.float32)
+    params = tf.Variable(params) if variable else tf.constant(params)
+    ids = tf.ragged.constant([[1, 2], [3]], tf.int64).to_sparse()
+    weights = tf.Variable([1.0, 2.0, 3.0])
+    with tf.GradientTape() as outer:
+        with tf.GradientTape() as inner:
+            sp_weights = tf.SparseTensor(ids.indices, tf.convert_to_tensor(weights), ids.dense_shape)
+            loss = tf.reduce_sum(tco.embedding_lookup_sparse(params, ids, sp_weights, combiner="mean") ** 2)
+        penalty = tf.reduce_sum(inner.gradient(loss, weights) ** 2)
+    with pytest.raises(NotImplementedError, match="second-order gradients"):
+        outer.gradient(penalty, weights)

@@ -63,8 +63,9 @@ def test_training_steps_match_mutable_hash_table(rng, combiner, weighted):
     ref = ReferenceTable(1000)
     for step in range(4):
         keys = random_keys(rng, 64, 6, KEY_SPACE)
-        weights = keys.with_flat_values(tf.constant(rng.uniform(0.1, 2, keys.flat_values.shape[0]), tf.float32)) \
-            if weighted else None
+        # Weights <= 0 too: safe_embedding_lookup_sparse prunes them but for "sum".
+        flat_weights = rng.uniform(-1, 2, keys.flat_values.shape[0]) * (np.arange(keys.flat_values.shape[0]) % 5 > 0)
+        weights = keys.with_flat_values(tf.constant(flat_weights, tf.float32)) if weighted else None
         with tf.GradientTape(persistent=True) as tape:
             got = hash_table_embedding(table, keys, weights, combiner=combiner, insert=True)
             rows = ref.rows(keys.flat_values, insert=True)

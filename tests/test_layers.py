@@ -489,3 +489,37 @@ def test_docstring_examples_run():
     result = doctest.testmod(tco_layers, extraglobs={"tf": tf, "keras": keras}, verbose=False,
                              optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted >= 6 and result.failed == 0, result
+
+
+def _one_feature_model(kind):
+    """A model of one fused layer ("dense": none) and a Dense head."""
+    if kind == "multi_string":
+        x = keras.Input(shape=(), dtype="string")
+        features = tco_layers.MultiStringEmbedding([100], 4, concat=True)([x])
+    else:
+        layer, dtype = {
+            "sparse": (tco_layers.SparseEmbedding(100, 4), "int64"),
+            "hash": (tco_layers.HashEmbedding(100, 4), "int64"),
+            "string": (tco_layers.StringEmbedding(100, 4), "string"),
+            "hash_table": (tco_layers.HashTableEmbedding(4, capacity=100), "int64"),
+            "dense": (None, "float32"),
+        }[kind]
+        x = keras.Input(shape=(3,) if dtype != "string" else (), dtype=dtype)
+        features = x if layer is None else layer(x)
+    return keras.Model(x, keras.layers.Dense(1)(features))
+
+
+@pytest.mark.parametrize("kind", ["sparse", "hash", "string", "hash_table", "multi_string", "dense"])
+def test_jit_compile_auto_never_picks_xla_for_the_fused_layers(kind):
+    # The fused ops have no XLA kernels. Keras resolves jit_compile="auto" to
+    # XLA on a machine with a GPU unless a layer says it cannot be compiled;
+    # the Dense-only model shows that this machine is taken for a GPU one.
+    from unittest import mock
+
+    model = _one_feature_model(kind)
+    gpu = tf.config.PhysicalDevice(name="/physical_device:GPU:0", device_type="GPU")
+    listed = tf.config.list_physical_devices
+    with mock.patch.object(tf.config, "list_physical_devices",
+                           lambda kind=None: listed(kind) + ([gpu] if kind in (None, "GPU") else [])):
+        model.compile("adam", "mse")
+        assert model.jit_compile is (kind == "dense")

@@ -435,7 +435,9 @@ def hash_table_embedding(table, keys, weights=None, combiner="mean", max_norm=No
       keys: int32/int64 (or, for string tables, string) keys as a
         `tf.RaggedTensor [B, (n)]`, a `tf.SparseTensor [B, N]`, or a dense
         `[B, N]` tensor padded with -1 (or "").
-      weights: optional float weights in the same container as `keys`.
+      weights: optional float weights in the same container as `keys`;
+        with "mean" and "sqrtn", keys of weight <= 0 are left out of their
+        bag (as safe_embedding_lookup_sparse prunes them).
       combiner: "sum", "mean" or "sqrtn", over the keys that have a row.
       max_norm: if set, rows are clipped to this L2 norm before pooling.
       insert: give keys without a row a new one (training). Without it the
@@ -583,13 +585,16 @@ def _pool_rows(table, bags, combiner, max_norm):
     """The pooled `table.values` rows of `bags` (ids: rows found, -1 for
     keys without one, which are left out). Values a ParameterServerStrategy
     partitioned are gathered shard by shard on their servers, never whole."""
+    # As safe_embedding_lookup_sparse, weights <= 0 are pruned but for "sum".
+    prune = combiner != "sum" and bags.weights is not None
     shards = sharded_variables(table.values)
     if shards is not None:
         return _lookup_ops._sharded_lookup(shards, bags, combiner=combiner, invalid_ids="skip_negative",
-                                          max_norm=max_norm)
+                                          prune_weights=prune, max_norm=max_norm)
     return _lookup_ops._lookup(table_operand(table.values), bags.ids, bags.segments, bags.num_rows,
                                _lookup_ops._weights_values(bags.weights), segment_kind=bags.kind,
-                               combiner=combiner, invalid_ids="skip_negative", max_norm=max_norm)
+                               combiner=combiner, invalid_ids="skip_negative", prune_weights=prune,
+                               max_norm=max_norm)
 
 
 def table_statistics(table_var, capacity):

@@ -96,6 +96,16 @@ def _as_container(x):
     return tf.convert_to_tensor(x)
 
 
+class _FusedOpLayer(keras.layers.Layer):
+    """A layer of tf_ctr_ops' fused ops, which have no XLA kernels: Keras'
+    jit_compile="auto" must not pick XLA for its model (as on a GPU it would),
+    as Keras' own Hashing and StringLookup say."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_jit = False
+
+
 class _PooledOutput:
     """The [batch, output_dim] output of a pooled embedding layer, in its compute dtype."""
 
@@ -107,7 +117,7 @@ class _PooledOutput:
         return (batch, self.output_dim)
 
 
-class _PooledEmbeddingBase(_PooledOutput, keras.layers.Layer):
+class _PooledEmbeddingBase(_PooledOutput, _FusedOpLayer):
     """Shared table, config and casting of the pooled embedding layers."""
 
     _rows_arg = None  # name of the constructor argument giving the table rows
@@ -378,7 +388,7 @@ class StringEmbedding(_PooledEmbeddingBase):
 
 
 @keras.saving.register_keras_serializable(package="tf_ctr_ops")
-class MultiStringEmbedding(keras.layers.Layer):
+class MultiStringEmbedding(_FusedOpLayer):
     """Many string features of one batch embedded by one grouped op.
 
     Equivalent to one `StringEmbedding` per feature, but all features are
@@ -483,7 +493,7 @@ class EmptyHashTable(initializers.Initializer):
 
 
 @keras.saving.register_keras_serializable(package="tf_ctr_ops")
-class HashTableEmbedding(_PooledOutput, keras.layers.Layer):
+class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
     """Pooled embedding of raw keys, each with a row of its own.
 
     A key (a user id, an item id, any int64 or string) gets the next free row

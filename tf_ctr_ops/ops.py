@@ -111,6 +111,16 @@ def _resource_embedding_lookup_grad(op, grad):
                          lambda handle: resource_variable_ops.variable_shape(handle, tf.int64))
 
 
+def _no_second_order(op, *grads):
+    raise NotImplementedError(
+        f"{op.type}: gradients of tf_ctr_ops' lookup gradients (second-order gradients, a gradient penalty, a "
+        f"Hessian-vector product) are not implemented; use the TF-native lookup where a model needs them")
+
+
+for _grad_op in ("CtrEmbeddingLookupGrad", "CtrResourceEmbeddingLookupGrad", "CtrStringEmbeddingGrad"):
+    tf.RegisterGradient(_grad_op)(_no_second_order)
+
+
 def _grad_indices_attr(op):
     try:
         return op.get_attr("grad_indices").decode()
