@@ -622,3 +622,17 @@ def test_cli_rewrites_keras_savedmodel_served_in_fresh_process(tmp_path, rng):
     assert set(got.files) == set(want)
     for k in want:
         assert_same(got[k], want[k])
+
+
+def test_verification_compares_integer_outputs_exactly():
+    # Ids near 10^6 that differ by a few are within rtol=1e-5 of each other:
+    # only float outputs get the tolerance.
+    from tf_ctr_ops.rewrite import _max_abs_diff
+
+    ids = np.array([1_000_000, 7], np.int64)
+    assert _max_abs_diff({"ids": ids}, {"ids": ids + [3, 0]}) == (3.0, False)
+    assert _max_abs_diff({"ids": ids}, {"ids": ids.copy()}) == (0.0, True)
+    floats = np.array([1_000_000.0, 7.0], np.float32)
+    worst, close = _max_abs_diff({"y": floats}, {"y": floats + np.float32([3, 0])})
+    assert close and worst == 3.0
+    assert _max_abs_diff({"b": np.array([True])}, {"b": np.array([False])})[1] is False

@@ -246,7 +246,7 @@ def test_unverifiable_model_fails_and_writes_nothing(tmp_path):
     np.savez(tmp_path / "good.npz", x=np.array(["only-this-value"] * 3))
     cli = run_cli(["src", "dst", "--inputs", "good.npz"], tmp_path)
     assert cli.returncode == 0, cli.stderr
-    assert "outputs match on file inputs" in cli.stdout
+    assert "outputs match on inputs file" in cli.stdout
     assert not (tmp_path / "dst" / "keep.txt").exists()  # replaced by the verified model
 
     cli = run_cli(["src", "dst2", "--no-verify"], tmp_path)
@@ -284,6 +284,7 @@ def test_given_inputs_of_no_examples_are_an_error(tmp_path):
     (dict(ids=np.array([[1, 2**40]], np.int64), s=np.array(["a"])), "outside int32's range"),
     (dict(ids=np.array([1, 2], np.int64), s=np.array(["a"])), r"'ids' .* has shape \[2\]; the input is \(None, 2\)"),
     (dict(ids=np.array([[1, 2]], np.int64), s=np.array([1])), "'s' .* is int64; the input is string"),
+    (dict(ids=np.array([[1, 2]], np.int64), s=np.array(["a"], object)), "'s' is an object array.*dtype='S'"),
 ])
 def test_inputs_file_arrays_must_fit_the_signature(tmp_path, arrays, error):
     from tf_ctr_ops import _model_inputs
@@ -405,3 +406,52 @@ def test_plain_id_lists_are_widened_keeping_their_bag_lengths():
     assert sorted(len(b) for b in bags) == [1, 2, 5, 8], bags
     flat = [i for b in bags for i in b]
     assert max(flat) == 39 and min(flat) >= 0 and len(set(flat)) > 2, bags
+
+
+@pytest.mark.parametrize("split", ["v1", "v2"])
+def test_synthesized_strings_include_an_empty_one_where_the_original_takes_it(split):
+    # An empty string is where TF's two splits differ (v1 gives it no token,
+    # v2 one empty token): verification must try it. v2 + to_number rejects
+    # it, so there the plain lists stay.
+    from tf_ctr_ops import _model_inputs
+    table = tf.constant(np.arange(40 * 2, dtype=np.float32).reshape(40, 2))
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def model(s):
+        if split == "v1":
+            sp = tf.compat.v1.string_split(s, ",")
+            ids = tf.SparseTensor(sp.indices, tf.strings.to_number(sp.values, tf.int64), sp.dense_shape)
+            return tf.nn.safe_embedding_lookup_sparse(table, ids, None)
+        return tf.reduce_sum(tf.gather(table, tf.strings.to_number(tf.strings.split(s, ","), tf.int64)), axis=1)
+
+    facts = types.SimpleNamespace(example_specs=[], input_vocabularies={}, string_vocabularies=[],
+                                  int_vocabularies=[])
+    inputs, how = _model_inputs.synthesize({"s": tf.TensorSpec([None], tf.string)}, _judge(model, []), facts,
+                                           np.random.default_rng(0))
+    if split == "v1":
+        assert how == "synthesized, ids in [0, 40), empty strings", how
+        assert inputs["s"][1] == b"" and all(inputs["s"][i] for i in (0, 2, 3)), inputs
+    else:
+        assert how == "synthesized, ids in [0, 40)", how
+        assert all(inputs["s"]), inputs
+
+
+def test_a_saved_model_of_several_meta_graphs_is_refused_in_one_line(tmp_path):
+    # Only the serving graph could be verified; the others would be rewritten
+    # unchecked.
+    v1 = tf.compat.v1
+    builder = v1.saved_model.Builder(str(tmp_path / "src"))
+    for i, tags in enumerate((["serve"], ["serve", "exp"])):
+        with tf.Graph().as_default():
+            x = v1.placeholder(tf.float32, [None], name="x")
+            signatures = {"serving_default": v1.saved_model.predict_signature_def({"x": x}, {"y": x * 2.0})}
+            if i == 0:
+                with v1.Session() as sess:
+                    builder.add_meta_graph_and_variables(sess, tags, signature_def_map=signatures)
+            else:
+                builder.add_meta_graph(tags, signature_def_map=signatures)
+    builder.save()
+    cli = run_cli(["src", "dst"], tmp_path)
+    assert cli.returncode == 1 and not (tmp_path / "dst").exists()
+    assert "holds 2 MetaGraphs (tag sets [['serve'], ['exp', 'serve']])" in cli.stderr, cli.stderr
+    assert len(cli.stderr.strip().splitlines()) == 1, cli.stderr

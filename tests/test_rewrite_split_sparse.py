@@ -223,9 +223,21 @@ def int32_ids(table, route):
     return f
 
 
+def v1_keeping_empty_tokens(table, route):
+    # TF1's StringSplit gives "" no token even with skip_empty=False; the
+    # fused op's skip_empty=False (tf.strings.split's) would hash one.
+    def f(s):
+        sp = tf.compat.v1.string_split(s, ",", skip_empty=False)
+        ids = tf.SparseTensor(sp.indices, tf.strings.to_hash_bucket_fast(sp.values, V), sp.dense_shape)
+        return tf.nn.safe_embedding_lookup_sparse(table, ids, None)
+
+    return f
+
+
 NOT_FUSED = [(route, case, reason) for route in ("ragged", "tf1")
              for case, reason in ((also_values, "another consumer"), (also_dense_shape, "another consumer"),
                                   (int32_ids, None))] + [("ragged", maxsplit, None)]  # TF1 has no maxsplit
+NOT_FUSED += [("tf1", v1_keeping_empty_tokens, "skip_empty=false gives an empty string no token")]
 
 
 @pytest.mark.parametrize("route,case,reason", NOT_FUSED)
@@ -235,7 +247,7 @@ def test_not_fused_and_still_exact(rng, table, route, case, reason):
     assert "CtrStringEmbedding" not in counts, counts
     if reason:
         assert any(reason in s["reason"] for s in report["skip"]), report["skip"]
-    strings = tf.constant(["1,2,3", "4", "5,6"])
+    strings = tf.constant(["1,2,3", "4", "5,6"] + (["", "5,,6", ","] if case is v1_keeping_empty_tokens else []))
     got = run_graph_def(cf, graph, strings)
     for g, w in zip(got, tf.nest.flatten(f(strings))):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)

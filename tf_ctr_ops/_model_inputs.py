@@ -28,7 +28,10 @@ vocabulary chose them) are widened: ids 0 and 1 leave untested whatever only
 larger ids reach (rows past the first two, a hash or a modulo of the id,
 one-hot depths). The widest range the original accepts is kept, trying 1000,
 100 and 10, and first any bound the original names when it refuses one
-("indices[3] = 999 is not in [0, 57)").
+("indices[3] = 999 is not in [0, 57)"). Then one string of each plain
+string input becomes empty (an empty bag, where TF's splits differ most:
+`tf.compat.v1.string_split` gives it no token, `tf.strings.split` one), if
+the original accepts that too.
 """
 
 import os
@@ -71,7 +74,14 @@ def load_inputs_file(path, signatures):
 
 def _inputs_from_npz(path, signatures):
     with np.load(path, allow_pickle=False) as data:
-        arrays = {k: data[k] for k in data.files}
+        arrays = {}
+        for k in data.files:
+            try:
+                arrays[k] = data[k]
+            except ValueError as e:  # an object array: loading it would unpickle, i.e. run code
+                raise InputsError(f"inputs file {path}: array {k!r} is an object array, which is not loaded "
+                                  f"(it would need pickle); save strings as a bytes or str array, e.g. "
+                                  f"np.array(values, dtype='S')") from e
     out, used = {}, set()
     for key, fn in signatures.items():
         specs = fn.structured_input_signature[1]
@@ -448,10 +458,7 @@ def _with_wide_ids(inputs, how, specs, run, rng, vocabulary_keys, examples):
 
         has_ids = any(t.is_integer for spec in example_specs for _, _, t, _ in spec)
     else:
-        # batch inputs only: a fixed-shape integer input is more likely a
-        # shape or a count than an id
-        keys = [k for k, s in specs.items() if k not in vocabulary_keys and s.shape.rank
-                and s.shape.as_list()[0] is None and (tf.as_dtype(s.dtype).is_integer or s.dtype == tf.string)]
+        keys = _plain_batch_keys(specs, vocabulary_keys)
 
         def build(high):
             return dict(inputs, **{k: _spread_id_lists(rng, high, inputs[k]) if inputs[k].dtype == object
@@ -465,6 +472,28 @@ def _with_wide_ids(inputs, how, specs, run, rng, vocabulary_keys, examples):
     if widened is None:
         return inputs, how
     return widened, f"{how}, ids in [0, {high})"
+
+
+def _plain_batch_keys(specs, vocabulary_keys):
+    """The integer and string batch inputs whose values no vocabulary chose.
+    Batch inputs only: a fixed-shape integer input is more likely a shape or
+    a count than an id."""
+    return [k for k, s in specs.items() if k not in vocabulary_keys and s.shape.rank
+            and s.shape.as_list()[0] is None and (tf.as_dtype(s.dtype).is_integer or s.dtype == tf.string)]
+
+
+def _with_empty_strings(inputs, how, keys, run):
+    """`inputs` with an empty string in each plain string input (an empty
+    bag, where TF's splits differ most), where the original accepts it."""
+    strings = [k for k in keys if inputs[k].dtype == object and inputs[k].size > 1]
+    trial = dict(inputs)
+    for k in strings:
+        flat = inputs[k].ravel().copy()
+        flat[1] = b""
+        trial[k] = flat.reshape(inputs[k].shape)
+    if not strings or run(trial) is not None:
+        return inputs, how
+    return trial, f"{how}, empty strings"
 
 
 def _failure_site(message):
@@ -487,7 +516,10 @@ def synthesize(specs, run, facts, rng):
     returns None when the original accepts them, else the error's text.
     Raises InputsError when no candidate is accepted."""
     inputs, how, vocabulary_keys, examples = _accepted_inputs(specs, run, facts, rng)
-    return _with_wide_ids(inputs, how, specs, run, rng, vocabulary_keys, examples)
+    inputs, how = _with_wide_ids(inputs, how, specs, run, rng, vocabulary_keys, examples)
+    if examples is None:
+        inputs, how = _with_empty_strings(inputs, how, _plain_batch_keys(specs, vocabulary_keys), run)
+    return inputs, how
 
 
 def _accepted_inputs(specs, run, facts, rng):

@@ -452,7 +452,7 @@ class SignatureReport:
     op_counts_after: dict = dataclasses.field(default_factory=dict)
     inputs: str = None  # "given", "file" or "synthesized ...", when verified
     max_abs_diff: float = None  # over all outputs (inf when a non-numeric output differs)
-    outputs_match: bool = None  # allclose(rtol=1e-5, atol=1e-6) on every output
+    outputs_match: bool = None  # allclose(rtol=1e-5, atol=1e-6) on float outputs, equality on the others
     latency_ms_before: float = None  # median of `runs` calls
     latency_ms_after: float = None
 
@@ -521,7 +521,7 @@ class RewriteReport:
             lines.append(f"  ops    {before} -> {after}" + (f": {delta}" if delta else ""))
             if s.max_abs_diff is not None:
                 verdict = "outputs match" if s.outputs_match else "OUTPUTS DIFFER"
-                lines.append(f"  verify {verdict} on {s.inputs} inputs: max |diff| {s.max_abs_diff:.3g}; "
+                lines.append(f"  verify {verdict} on inputs {s.inputs}: max |diff| {s.max_abs_diff:.3g}; "
                              f"median latency {s.latency_ms_before:.3f} ms -> {s.latency_ms_after:.3f} ms")
         for pattern, why in self.rejected_patterns.items():
             lines.append(f"dropped pattern {pattern}: {why}")
@@ -639,7 +639,11 @@ def _max_abs_diff(reference, actual):
             return float("inf"), False
         if a.size == 0:
             continue
-        if a.dtype.kind in "fciub" and b.dtype.kind in "fciub":
+        if a.dtype.kind in "iub" and b.dtype.kind in "iub":  # ids, counts, flags: exact
+            if not np.array_equal(a, b):
+                diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+                return float(diff.max()) if diff.size else float("inf"), False
+        elif a.dtype.kind in "fciub" and b.dtype.kind in "fciub":
             a64, b64 = a.astype(np.float64), b.astype(np.float64)
             both_nan = np.isnan(a64) & np.isnan(b64)
             diff = np.where(both_nan, 0.0, np.abs(a64 - b64))
@@ -977,6 +981,10 @@ def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, veri
     if os.path.abspath(src) == os.path.abspath(dst):
         raise ValueError("dst must differ from src")
     proto = _files.read(src)
+    if len(proto.meta_graphs) > 1:  # only the serving graph could be verified
+        tag_sets = [sorted(m.meta_info_def.tags) for m in proto.meta_graphs]
+        raise ValueError(f"{src} holds {len(tag_sets)} MetaGraphs (tag sets {tag_sets}); the rewrite takes a "
+                         f"SavedModel of one: export the serving graph alone")
     loaded = tf.saved_model.load(src)
     available = list(loaded.signatures.keys())
     if signature_keys is None:

@@ -96,6 +96,11 @@ class StringSplitLookupPattern : public NamedPattern<kName> {
     if (m.v1 && m.delimiter.size() != 1)
       return Skip(ctx, anchor, "StringSplit splits on each of several characters; only one-byte delimiters fuse");
     if (!m.v1 && IntAttr(*m.split, "maxsplit", -1) != -1) return Skip(ctx, anchor, "maxsplit is not -1");
+    // StringSplit gives "" no token even with skip_empty=false; the fused
+    // op's skip_empty=false is tf.strings.split's, which gives it one.
+    if (m.v1 && !BoolAttr(*m.split, "skip_empty", true))
+      return Skip(ctx, anchor, "StringSplit with skip_empty=false gives an empty string no token, where the "
+                               "fused op (as tf.strings.split) would give it one empty token");
     if (m.delimiter.empty()) return Skip(ctx, anchor, "empty delimiter (whitespace or character splitting)");
     if (m.delimiter.size() > 16) return Skip(ctx, anchor, "delimiter longer than 16 bytes");
     if (!CheckConsumers(g, anchor, *slice, &m, &why)) return Skip(ctx, anchor, why);
