@@ -339,3 +339,50 @@ def test_tf1_input_layer_bucketized_columns_fuse_and_serve_the_same(tmp_path, rn
         examples = tf.constant(tf1_examples(rng, batch))
         np.testing.assert_allclose(rewritten(examples=examples)["hidden"], native(examples=examples)["hidden"],
                                    rtol=1e-5, atol=1e-6)
+
+
+def _online(model, feeds, tmp_path):
+    """The model called in a tf.function under rewrite.enable(): its outputs
+    and the optimizer's report."""
+    report_file = str(tmp_path / "online.jsonl")
+    with rewrite.enable(report_file=report_file):
+        got = tf.function(lambda d: model(d))(feeds)
+    return [t.numpy() for t in tf.nest.flatten(got)], rewrite.read_report(report_file)
+
+
+@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="the fused ops are CPU only; online "
+                    "graphs are placed on a GPU here")
+@pytest.mark.parametrize("activation", [None, "relu", "tanh", "leaky_relu", "gelu"])
+def test_online_dense_layers_fuse_after_tfs_remapper(tmp_path, rng, activation):
+    # Online, TF's remapper has made MatMul + BiasAdd (+ activation) one
+    # _FusedMatMul before our pass, and its dependency optimizer has moved
+    # the vocabulary check's wait from Keras' Identity to the size math: the
+    # encodings fuse all the same, the bias and activation written back as
+    # TF ops. GeluExact has no TF op of its own: left alone, with the reason.
+    import keras
+
+    ids = keras.Input(shape=(3,), dtype="int64", name="ids")
+    price = keras.Input(shape=(1,), dtype="float32", name="price")
+    tags = keras.Input(shape=(3,), dtype="string", name="tags")
+    vocab = [f"t{i}" for i in range(20)]
+    hot = keras.layers.CategoryEncoding(num_tokens=50, output_mode="multi_hot")(ids)
+    tagged = keras.layers.StringLookup(vocabulary=vocab, mask_token=None, num_oov_indices=0,
+                                       output_mode="multi_hot")(tags)
+    model = keras.Model([ids, price, tags], [
+        keras.layers.Dense(8, activation=activation)(keras.layers.Concatenate()([hot, price])),
+        keras.layers.Dense(4, activation=activation)(tagged)])
+    feeds = {"ids": tf.constant(rng.integers(0, 50, (16, 3))),
+             "price": tf.constant(rng.normal(size=(16, 1)).astype(np.float32)),
+             "tags": tf.constant(np.array(vocab, object)[rng.integers(0, 20, (16, 3))])}
+    got, report = _online(model, feeds, tmp_path)
+    for g, w in zip(got, model(feeds)):
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-5, atol=1e-6)
+    fused = sorted(m["fused_op"] for m in report["match"])
+    if activation == "gelu":
+        assert fused == [] and report["skip"] and all("GeluExact" in s["reason"] for s in report["skip"]), report
+        return
+    assert fused == ["CtrMultiHotDense", "CtrVocabMultiHot"] and not report["skip"], report
+    missing = dict(feeds, tags=tf.constant([["t1", "zz", "t2"]] * 16))
+    with rewrite.enable():
+        with pytest.raises(tf.errors.InvalidArgumentError, match="zz"):
+            tf.function(lambda d: model(d))(missing)

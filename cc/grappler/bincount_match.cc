@@ -30,16 +30,22 @@ bool CollectDeadEnd(RewriteContext* ctx, const NodeDef* node, std::vector<const 
   return true;
 }
 
-bool CollectSizeMath(const GraphIndex& g, const NodeDef* node, const NodeDef* ids, std::vector<const NodeDef*>* nodes) {
+bool CollectSizeMath(const GraphIndex& g, const NodeDef* node, const NodeDef* ids, std::vector<const NodeDef*>* nodes,
+                     std::set<std::string>* waits) {
   static const std::set<std::string> kPure = {"Const", "Mul", "AddV2", "Add", "Cast", "Greater",
                                               "Size", "Max", "Maximum", "Minimum"};
   if (node == ids) return true;
-  if (node == nullptr || !kPure.count(node->op()) || HasControlInputs(*node)) return false;
+  if (node == nullptr || !kPure.count(node->op()) || (waits == nullptr && HasControlInputs(*node))) return false;
   for (const NodeDef* n : *nodes)
     if (n == node) return true;
   nodes->push_back(node);
-  for (int i = 0; i < node->input_size(); ++i)
-    if (!CollectSizeMath(g, g.Producer(*node, i), ids, nodes)) return false;
+  for (int i = 0; i < node->input_size(); ++i) {
+    if (!node->input(i).empty() && node->input(i)[0] == '^') {
+      waits->insert(node->input(i).substr(1));
+      continue;
+    }
+    if (!CollectSizeMath(g, g.Producer(*node, i), ids, nodes, waits)) return false;
+  }
   return true;
 }
 

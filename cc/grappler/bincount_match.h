@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "cc/grappler/pattern.h"
@@ -23,9 +25,10 @@ bool IsEmptyConst(const tensorflow::NodeDef* node);
 bool CollectDeadEnd(RewriteContext* ctx, const tensorflow::NodeDef* node, std::vector<const tensorflow::NodeDef*>* dead);
 
 // Collects the shape math under `node` down to `ids` (which it reads) into
-// `nodes`: integer arithmetic on the ids' size and maximum, no control edges.
+// `nodes`: integer arithmetic on the ids' size and maximum. Control inputs
+// fail it, unless `waits` is given, which collects what they name.
 bool CollectSizeMath(const GraphIndex& g, const tensorflow::NodeDef* node, const tensorflow::NodeDef* ids,
-                     std::vector<const tensorflow::NodeDef*>* nodes);
+                     std::vector<const tensorflow::NodeDef*>* nodes, std::set<std::string>* waits = nullptr);
 
 // The bincount's size when it is known before run time: a constant, or
 // Minimum(hi, Maximum(lo, x)) with constants lo >= hi, which is hi; else -1.

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "cc/grappler/bincount_match.h"
+#include "cc/grappler/dense_product.h"
 #include "cc/grappler/keras_gather.h"
 #include "cc/grappler/pattern.h"
 #include "cc/grappler/vocab_find.h"
@@ -188,7 +189,10 @@ class MultiHotDensePattern : public NamedPattern<kName> {
   int Stage() const override { return 1; }
 
   bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
-    if (!IsOp(&anchor, "MatMul")) return false;
+    DenseProduct product;
+    std::string why;
+    const bool is_product = ReadDenseProduct(anchor, &product, &why);
+    if (!is_product && why.empty()) return false;
     const GraphIndex& g = ctx->index();
     int port = 0;
     const NodeDef* left = g.Producer(anchor, 0, &port);
@@ -205,6 +209,7 @@ class MultiHotDensePattern : public NamedPattern<kName> {
     if (encodings.empty()) return false;
 
     // The subgraph has the right shape; now every condition for exactness.
+    if (!is_product) return Skip(ctx, anchor, why);
     if (!ServedOnCpu(ctx, anchor))
       return Skip(ctx, anchor, "CtrMultiHotDense has a CPU kernel only: rewrite with serving_device='cpu' "
                                "for a CPU server");
@@ -213,7 +218,6 @@ class MultiHotDensePattern : public NamedPattern<kName> {
       return Skip(ctx, anchor, "the kernel is " + tensorflow::DataType_Name(T) + ", not float32 or float64");
     if (BoolAttr(anchor, "transpose_a", false) || BoolAttr(anchor, "transpose_b", false))
       return Skip(ctx, anchor, "the MatMul transposes an operand");
-    std::string why;
     if (concat != nullptr && !JoinsSideBySide(g, *concat, &why)) return Skip(ctx, anchor, why);
     if (concat != nullptr && (HasControlInputs(*concat) || !OnlyReadBy(ctx, *concat, 1, &why)))
       return Skip(ctx, anchor, why.empty() ? Describe(*concat) + " waits on another node" : why);
@@ -230,7 +234,7 @@ class MultiHotDensePattern : public NamedPattern<kName> {
     if (fused.empty()) return Skip(ctx, anchor, first_reason);
     if (!EncodingsDominate(ctx, concat, fused, &why)) return Skip(ctx, anchor, why);
     if (!OnlyFeedTheMatMul(ctx, &fused, &why)) return Skip(ctx, anchor, why);
-    Replace(anchor, concat, fused, T, ctx);
+    Replace(anchor, concat, fused, product, T, ctx);
     return true;
   }
 
@@ -329,8 +333,8 @@ class MultiHotDensePattern : public NamedPattern<kName> {
     return expand->name();
   }
 
-  void Replace(const NodeDef& anchor_in, const NodeDef* concat_in, const std::vector<Encoding>& fused, DataType T,
-               RewriteContext* ctx) const {
+  void Replace(const NodeDef& anchor_in, const NodeDef* concat_in, const std::vector<Encoding>& fused,
+               const DenseProduct& product, DataType T, RewriteContext* ctx) const {
     const NodeDef anchor = anchor_in;  // the graph changes under the references
     const GraphIndex& g = ctx->index();
     const std::string name = anchor.name();
@@ -397,9 +401,7 @@ class MultiHotDensePattern : public NamedPattern<kName> {
     }
     record.replaced.push_back(Describe(anchor));
 
-    NodeDef* op = ctx->Mutable(name);
-    op->clear_input();
-    op->clear_attr();
+    NodeDef* op = ProductNode(ctx, anchor, product);
     op->set_op(kFusedOp);
     for (const std::string& in : ids) op->add_input(in);
     for (const std::string& in : dense) op->add_input(in);

@@ -16,7 +16,8 @@
 //
 // becomes CtrVocabMultiHot(table, keys, default, kernel): a dense layer over
 // a multi-hot vector is a sum of the kernel rows its ids name. The [B, V]
-// encoding is never built; the bias and activation after the MatMul stay.
+// encoding is never built; the bias and activation after the MatMul stay
+// (a _FusedMatMul's are written back as BiasAdd and activation ops).
 // Like CtrVocabEmbedding it runs on the CPU, so it is used where the graph
 // is served on the CPU.
 #include <set>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "cc/grappler/bincount_match.h"
+#include "cc/grappler/dense_product.h"
 #include "cc/grappler/keras_gather.h"
 #include "cc/grappler/pattern.h"
 #include "cc/grappler/vocab_find.h"
@@ -76,7 +78,10 @@ bool TraceIds(const GraphIndex& g, const NodeDef* x, MultiHot* m) {
 class VocabMultiHotPattern : public NamedPattern<kName> {
  public:
   bool Rewrite(const NodeDef& anchor, RewriteContext* ctx) const override {
-    if (!IsOp(&anchor, "MatMul")) return false;
+    DenseProduct product;
+    std::string why;
+    const bool is_product = ReadDenseProduct(anchor, &product, &why);
+    if (!is_product && why.empty()) return false;
     const GraphIndex& g = ctx->index();
     MultiHot m;
     const NodeDef* hot = g.Producer(anchor, 0);
@@ -88,6 +93,7 @@ class VocabMultiHotPattern : public NamedPattern<kName> {
     m.bincount = hot;
 
     // The subgraph has the right shape; now every condition for exactness.
+    if (!is_product) return Skip(ctx, anchor, why);
     if (!ServedOnCpu(ctx, anchor))
       return Skip(ctx, anchor, "CtrVocabMultiHot runs on the CPU (lookup tables live on the host): "
                                "rewrite with serving_device='cpu' for a CPU server");
@@ -106,7 +112,15 @@ class VocabMultiHotPattern : public NamedPattern<kName> {
     const DataType key_type = TypeAttr(*m.ids.find, "Tin");
     if (key_type != tensorflow::DT_STRING && key_type != tensorflow::DT_INT64)
       return Skip(ctx, anchor, "keys are " + tensorflow::DataType_Name(key_type));
-    if (ctx->Rank(*m.ids.find, 0) != 2) return Skip(ctx, anchor, "the keys are not known to be a [B, L] matrix");
+    // Online, a captured table's handle carries no value shape, so the find's
+    // is unknown; the kernel refuses a table of other than scalar values (on
+    // which the bincount would fail too), so the keys' rank is enough.
+    int keys_port = 0;
+    const NodeDef* keys = g.Producer(*m.ids.find, 1, &keys_port);
+    const int rank = ctx->Rank(*m.ids.find, 0) >= 0 ? ctx->Rank(*m.ids.find, 0)
+                     : keys != nullptr                ? ctx->Rank(*keys, keys_port)
+                                                      : -1;
+    if (rank != 2) return Skip(ctx, anchor, "the keys are not known to be a [B, L] matrix");
     m.depth = KnownSize(g, g.Producer(*m.bincount, 1));
     int port = 0;
     const NodeDef* kernel = g.Producer(anchor, 1, &port);
@@ -114,7 +128,8 @@ class VocabMultiHotPattern : public NamedPattern<kName> {
     if (m.depth < 0 || rows != m.depth)
       return Skip(ctx, anchor, "cannot prove that the encoding's depth is the kernel's row count");
     const NodeDef* last = g.Producer(*m.bincount, 0);
-    if (!CollectSizeMath(g, g.Producer(*m.bincount, 1), last, &m.size_math))
+    std::set<std::string> size_waits;
+    if (!CollectSizeMath(g, g.Producer(*m.bincount, 1), last, &m.size_math, &size_waits))
       return Skip(ctx, anchor, "the encoding's size is computed by more than shape math on the ids");
     // What the encoding's nodes wait on would be lost with them: only the
     // Identities may wait, on Keras' check (MatchVocabWaits).
@@ -123,15 +138,33 @@ class VocabMultiHotPattern : public NamedPattern<kName> {
     if (m.to_float != nullptr) encoding.push_back(m.to_float);
     for (const NodeDef* n : encoding)
       if (HasControlInputs(*n)) return Skip(ctx, anchor, Describe(*n) + " waits on another node");
-    std::string why;
-    if (!MatchVocabWaits(g, &m.ids, &why) || !OnlyFeedsTheMatMul(ctx, m, &why)) return Skip(ctx, anchor, why);
+    if (!MatchVocabWaits(g, &m.ids, &why) || !MatchSizeMathWaits(g, size_waits, &m, &why) ||
+        !OnlyFeedsTheMatMul(ctx, m, &why))
+      return Skip(ctx, anchor, why);
     for (const NodeDef* n : m.ids.check)
       if (ctx->FetchedOrFed(n->name())) return Skip(ctx, anchor, "the caller reads " + Describe(*n));
-    Replace(anchor, m, T, ctx);
+    Replace(anchor, m, product, T, ctx);
     return true;
   }
 
  private:
+  // Online, TF's dependency optimizer has removed Keras' Identity of the ids
+  // and moved its wait on the check to what read it: the size math. The
+  // size math may wait on the check alone, found there when no Identity did.
+  static bool MatchSizeMathWaits(const GraphIndex& g, const std::set<std::string>& waits, MultiHot* m,
+                                 std::string* why) {
+    for (const std::string& name : waits) {
+      if (m->ids.assert_node != nullptr && name == m->ids.assert_node->name()) continue;
+      const NodeDef* waited = g.Node(name);
+      if (m->ids.assert_node != nullptr || waited == nullptr ||
+          !MatchVocabCheck(g, *waited, *m->ids.find, &m->ids)) {
+        *why = "the encoding's size waits on " + name + ", which is not the vocabulary check";
+        return false;
+      }
+    }
+    return true;
+  }
+
   // Each node between the find and the MatMul feeds only the next one (a
   // training graph's MatMul gradient reads the encoding), but the ids the
   // bincount reads, which its size math reads too; the size math feeds only
@@ -140,6 +173,8 @@ class VocabMultiHotPattern : public NamedPattern<kName> {
     const GraphIndex& g = ctx->index();
     std::set<const NodeDef*> inside(m.size_math.begin(), m.size_math.end());
     inside.insert(m.bincount);
+    // The check reads the find's ids where no Identity is between them.
+    if (m.ids.identities.empty()) inside.insert(m.ids.check.begin(), m.ids.check.end());
     // What waits on the find (automatic control dependencies on a stateful
     // op) waits on the fused op, which does the find.
     auto only_inside = [&](const NodeDef* n) {
@@ -176,7 +211,8 @@ class VocabMultiHotPattern : public NamedPattern<kName> {
     return false;
   }
 
-  void Replace(const NodeDef& anchor_in, const MultiHot& m, DataType T, RewriteContext* ctx) const {
+  void Replace(const NodeDef& anchor_in, const MultiHot& m, const DenseProduct& product, DataType T,
+               RewriteContext* ctx) const {
     const NodeDef anchor = anchor_in;  // the graph changes under the reference
     const NodeDef find = *m.ids.find;
     const std::string name = anchor.name();
@@ -201,9 +237,7 @@ class VocabMultiHotPattern : public NamedPattern<kName> {
       }
     record.replaced.push_back(Describe(anchor));
 
-    NodeDef* fused = ctx->Mutable(name);
-    fused->clear_input();
-    fused->clear_attr();
+    NodeDef* fused = ProductNode(ctx, anchor, product);
     fused->set_op(kFusedOp);
     for (const std::string& in : {find.input(0), find.input(1), find.input(2), anchor.input(1)}) fused->add_input(in);
     CopyControlInputs(find, fused);
