@@ -2,12 +2,15 @@
 change), infers without, saves as .keras and exports a SavedModel served in a
 fresh process."""
 
+import subprocess
+import sys
+
 import keras
 import numpy as np
 import pytest
 
 from tf_ctr_ops.layers import HashTableEmbedding
-from conftest import serve_in_fresh_process
+from conftest import fresh_process_env, serve_in_fresh_process
 
 
 def _keras_model(capacity=1000, admit_after=1):
@@ -42,6 +45,22 @@ def test_keras_layer_trains_only_touched_rows_with_adam(rng):
     assert int(layer.statistics()["size"]) == frozen, "inference must not insert"
 
 
+_TF1_SERVE = """
+import sys
+import numpy as np
+import tensorflow as tf
+import tf_ctr_ops
+tf.compat.v1.disable_eager_execution()
+with tf.compat.v1.Session(graph=tf.Graph()) as sess:
+    meta = tf.compat.v1.saved_model.loader.load(sess, ["serve"], sys.argv[1])
+    sig = meta.signature_def["serving_default"]
+    (name,) = sig.inputs
+    (out,) = sig.outputs
+    np.save(sys.argv[2] + "/served.npy", sess.run(sig.outputs[out].name,
+                                                  {sig.inputs[name].name: np.load(sys.argv[2] + "/request.npy")}))
+"""
+
+
 def test_keras_layer_saves_and_exports(rng, tmp_path):
     model = _keras_model(admit_after=2)
     keys, labels = _click_data(rng, 256)
@@ -56,6 +75,13 @@ def test_keras_layer_saves_and_exports(rng, tmp_path):
     model.export(str(tmp_path / "export"))
     got = serve_in_fresh_process(tmp_path / "export", "serve", {"keys": request}, tmp_path)
     np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-5)
+    # TF1's loader is the C++ LoadSavedModel of the C API and TF Serving: it
+    # restores the variables the functions were recorded to read.
+    np.save(tmp_path / "request.npy", request)
+    served = subprocess.run([sys.executable, "-c", _TF1_SERVE, str(tmp_path / "export"), str(tmp_path)],
+                            cwd=tmp_path, env=fresh_process_env(), capture_output=True, text=True, timeout=300)
+    assert served.returncode == 0, served.stdout + served.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "served.npy"), want, rtol=1e-5)
 
 
 def test_checkpoint_restores_a_model_into_a_bigger_table(rng, tmp_path):

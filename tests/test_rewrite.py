@@ -636,3 +636,65 @@ def test_verification_compares_integer_outputs_exactly():
     worst, close = _max_abs_diff({"y": floats}, {"y": floats + np.float32([3, 0])})
     assert close and worst == 3.0
     assert _max_abs_diff({"b": np.array([True])}, {"b": np.array([False])})[1] is False
+
+
+def _lookups_after_an_update(ids=None, keys=None):
+    """Lookups of a [V, E] table by `ids` ([B, 3]) and `keys` ([B] strings),
+    each of a form a pattern fuses."""
+    ids = tf.constant([[1, 2, 3], [4, 0, 0]], tf.int64) if ids is None else ids
+    keys = tf.constant([b"a", b"b"]) if keys is None else keys
+    return {
+        "hash_gather": lambda t: tf.nn.embedding_lookup(t, tf.strings.to_hash_bucket_fast(keys, V)),
+        "dense_reduce": lambda t: tf.reduce_mean(tf.nn.embedding_lookup(t, ids), axis=1),
+        "segment_sum": lambda t: tf.sparse.segment_sum(t, tf.constant([1, 2, 3]), tf.constant([0, 0, 1])),
+    }
+
+
+@pytest.mark.parametrize("form", ["hash_gather", "dense_reduce", "segment_sum"])
+def test_online_lookups_after_an_assign_read_the_assigned_table(form):
+    # TF2's automatic control dependencies make the gather wait on the assign
+    # before it; the fused op, and the variable read the rewrite adds for it,
+    # must wait too, or they read the table as it was (a race: tried 4 times).
+    lookup = _lookups_after_an_update()[form]
+    for _ in range(4):
+        results = []
+        for online in (False, True):
+            table = tf.Variable(np.arange(V * D, dtype=np.float32).reshape(V, D) / 100)
+
+            def step():
+                table.assign(table * 2.0 + 1.0)
+                return lookup(table)
+
+            before = rewrite.fusion_stats()
+            if online:
+                with rewrite.enable():
+                    results.append(tf.function(step)().numpy())
+                assert delta(before, rewrite.fusion_stats())["rewrites"] >= 1
+            else:
+                results.append(tf.function(step)().numpy())
+        np.testing.assert_allclose(results[1], results[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("use_resource", [False, True])
+def test_tf1_lookups_under_control_dependencies_read_the_updated_table(use_resource):
+    tf1 = tf.compat.v1
+
+    def run(config):
+        with tf.Graph().as_default() as g:
+            t = tf1.get_variable("t", initializer=np.zeros((V, D), np.float32), use_resource=use_resource)
+            x = tf1.placeholder(tf.float32, [])
+            ids = tf1.placeholder(tf.int64, [None, 3])
+            keys = tf1.placeholder(tf.string, [None])
+            update = t.assign(tf.fill([V, D], x))
+            with tf.control_dependencies([update]):
+                outs = [f(t) for f in _lookups_after_an_update(ids, keys).values()]
+            with tf1.Session(graph=g, config=config) as sess:
+                sess.run(tf1.global_variables_initializer())
+                feeds = {ids: [[1, 2, 3], [4, 5, 6]], keys: [b"a", b"b"]}
+                return [sess.run(outs, {**feeds, x: float(i + 1)}) for i in range(10)]
+
+    want = run(None)
+    got = run(rewrite.session_config(serving_device="cpu"))
+    for w, g in zip(want, got):
+        for a, b in zip(w, g):
+            np.testing.assert_allclose(b, a, rtol=1e-6)

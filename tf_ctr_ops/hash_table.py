@@ -265,6 +265,9 @@ def _check_saved_key_kind(saved_table, table):
 
 def _find(table_var, keys, capacity, insert, admit_after, dense_padding=False, eviction="none"):
     """(rows, reused_rows): see CtrHashTableFind."""
+    # Recorded as a read, as a variable's own reads are: a function's
+    # `variables` then list the table, which Keras' model.export saves by.
+    resource_variable_ops.variable_accessed(table_var)
     return _ops.ctr_hash_table_find(table=table_var.handle, keys=keys, capacity=capacity, insert=bool(insert),
                                     admit_after=admit_after, dense_padding=dense_padding, eviction=eviction)
 

@@ -123,6 +123,7 @@ bool RewriteContext::FetchedOrFed(const std::string& name) const {
 }
 
 void RewriteContext::Remove(const std::string& name, const std::string& replaced_by) {
+  absorbed_by_[name] = replaced_by;
   if (preserve_.count(name)) {
     kept_as_noop_.emplace_back(name, replaced_by);
   } else {
@@ -130,7 +131,84 @@ void RewriteContext::Remove(const std::string& name, const std::string& replaced
   }
 }
 
+const NodeDef* RewriteContext::Current(const std::string& name) const {
+  auto p = pending_.find(name);
+  return p != pending_.end() ? p->second : index_->Node(name);
+}
+
+bool RewriteContext::DependsOn(const std::string& node, const std::string& ancestor) const {
+  std::vector<std::string> stack = {node};
+  std::unordered_set<std::string> seen = {node};
+  while (!stack.empty()) {
+    const std::string name = stack.back();
+    stack.pop_back();
+    if (name == ancestor) return true;
+    const NodeDef* n = Current(name);
+    if (n == nullptr) continue;
+    for (const std::string& in : n->input()) {
+      const std::string from = ParseTensorName(in).node;
+      if (seen.insert(from).second) stack.push_back(from);
+    }
+  }
+  return false;
+}
+
+void RewriteContext::AddWait(const std::string& target, const std::string& waited) {
+  NodeDef* t = Mutable(target);
+  if (t == nullptr || target == waited) return;
+  for (const std::string& in : t->input())
+    if (ParseTensorName(in).node == waited) return;
+  if (DependsOn(waited, target)) {
+    VLOG(1) << "CtrFusionOptimizer: " << target << " cannot wait on " << waited << ", which reads it";
+    return;
+  }
+  t->add_input("^" + waited);
+}
+
+void RewriteContext::KeepWaitsOfAbsorbed() {
+  std::set<std::string> fused;
+  for (size_t i = matches_committed_; i < matches_.size(); ++i) fused.insert(matches_[i].fused_node);
+  matches_committed_ = matches_.size();
+  for (const auto& [name, by] : absorbed_by_) {
+    fused.insert(by);
+    const NodeDef* n = Current(name);
+    // A check (Keras' vocabulary Assert) waits only to keep the checks in
+    // program order (TF2 chains stateful ops): it reads no state.
+    if (n == nullptr || n->op() == "Assert") continue;
+    for (const std::string& in : n->input())
+      if (!in.empty() && in[0] == '^' && !absorbed_by_.count(in.substr(1))) AddWait(by, in.substr(1));
+  }
+  absorbed_by_.clear();
+  // A variable read this rewrite added (AddReadVariable) feeds a fused node
+  // and must see the variable as that node would: after what it waits on.
+  std::vector<std::string> reads;
+  for (const auto& [name, n] : pending_)
+    if (n->op() == "ReadVariableOp" || n->op() == "DisableCopyOnRead") reads.push_back(name);
+  if (reads.empty()) return;
+  std::set<std::string> waited;
+  for (const std::string& f : fused) {
+    const NodeDef* n = Current(f);
+    if (n == nullptr) continue;
+    for (const std::string& in : n->input())
+      if (!in.empty() && in[0] == '^') waited.insert(in.substr(1));
+  }
+  for (const std::string& read : reads)
+    for (const std::string& w : waited) AddWait(read, w);
+}
+
+void RewriteContext::OrderInputs() {
+  auto order = [](NodeDef* n) {
+    auto* inputs = n->mutable_input();
+    std::stable_partition(inputs->begin(), inputs->end(),
+                          [](const std::string& in) { return in.empty() || in[0] != '^'; });
+  };
+  for (auto& [name, n] : pending_) order(n);
+  for (auto& [name, n] : touched_) order(n);
+}
+
 void RewriteContext::Commit() {
+  KeepWaitsOfAbsorbed();
+  OrderInputs();
   for (const auto& [name, fused] : kept_as_noop_) {
     NodeDef* n = Mutable(name);
     if (n == nullptr) continue;

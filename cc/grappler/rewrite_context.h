@@ -4,6 +4,7 @@
 // edges), committed incrementally after each rewrite.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -89,6 +90,20 @@ class RewriteContext {
   const std::vector<SkipRecord>& skips() const { return skips_; }
 
  private:
+  // Gives the fused nodes what the nodes they absorbed waited on (an assign
+  // before a lookup, as TF2's automatic control dependencies or an explicit
+  // tf.control_dependencies order them), and the variable reads the rewrite
+  // added too, which would otherwise read the table before the assign.
+  void KeepWaitsOfAbsorbed();
+  // Makes `target` wait on `waited`, unless it does, or `waited` reads it.
+  void AddWait(const std::string& target, const std::string& waited);
+  // Data inputs first, then control inputs, as TF requires, in the nodes this
+  // rewrite added or changed (a pattern may copy control inputs first).
+  void OrderInputs();
+  // Whether `node` is `ancestor` or reads it, directly or not (a control
+  // edge from it would close a cycle).
+  bool DependsOn(const std::string& node, const std::string& ancestor) const;
+  const tensorflow::NodeDef* Current(const std::string& name) const;
   // Every node that may read `from`: its indexed data or control readers, and
   // the nodes added or changed since the last Commit.
   std::vector<tensorflow::NodeDef*> PossibleReaders(const std::string& from, bool control);
@@ -102,6 +117,8 @@ class RewriteContext {
   std::set<std::string> fed_;
   std::string serving_device_;
   std::set<std::string> removed_;
+  std::map<std::string, std::string> absorbed_by_;  // removed or kept as a NoOp -> the fused node, this rewrite
+  size_t matches_committed_ = 0;                    // matches_ of the rewrites committed before this one
   std::set<std::string> changed_;  // fetched through Mutable or re-pointed, over the whole run
   // Indexed nodes changed since the last Commit, which the index still
   // describes as they were.
