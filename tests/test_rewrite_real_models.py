@@ -455,3 +455,17 @@ def test_a_saved_model_of_several_meta_graphs_is_refused_in_one_line(tmp_path):
     assert cli.returncode == 1 and not (tmp_path / "dst").exists()
     assert "holds 2 MetaGraphs (tag sets [['serve'], ['exp', 'serve']])" in cli.stderr, cli.stderr
     assert len(cli.stderr.strip().splitlines()) == 1, cli.stderr
+
+
+def test_a_rewrite_that_cannot_be_rebuilt_is_a_rewrite_error(tmp_path):
+    # TF's importer refusing the rewritten graph (a dangling input, say) ends
+    # as the CLI's one-line error, never as a traceback.
+    from tf_ctr_ops import rewrite as rw
+
+    def build(folder, disabled):
+        raise ValueError("input ^AssignVariableOp is not found: {{node embedding_lookup}}\nmore")
+
+    with pytest.raises(rw.RewriteError, match=r"could not be rebuilt \(ValueError: input \^AssignVariableOp is not "
+                                              r"found: \{\{node embedding_lookup\}\}\)$"):
+        rw._servable_rewrite(build, str(tmp_path), None, None, set(), str(tmp_path))
+    assert list(tmp_path.iterdir()) == []

@@ -776,6 +776,10 @@ def _attempt(build, parent, inputs, reference, disabled):
     try:
         reports, seconds = build(folder, frozenset(disabled))
         failure, diffs = _fresh_process_failure(folder, inputs, reference)
+    except (ValueError, tf.errors.OpError) as e:  # TF's importer refused the rewritten graph
+        shutil.rmtree(folder, ignore_errors=True)
+        first_line = (str(e).strip().splitlines() or [""])[0]
+        return _Attempt(folder, {}, 0.0, f"could not be rebuilt ({type(e).__name__}: {first_line})", {})
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
