@@ -648,6 +648,20 @@ def test_string_key_bucket_outside_the_table_names_row_and_key(rng):
         string_key_lookup(params, keys, None, "sum", None, 1000, "row_splits")
 
 
+def test_int_key_bucket_outside_the_table_names_key_and_bucket(rng):
+    # The id a Gather after as_string + to_hash_bucket_fast rejects is the
+    # bucket; the message names it beside the key it came from.
+    params = table(rng, 10, 4)
+    keys = tf.ragged.constant([[3], [1, 2, 5, 7, 8, 9, 11, 12]], tf.int64)
+    buckets = tf.strings.to_hash_bucket_fast(tf.strings.as_string(keys.values), 1000).numpy()
+    bad = int(np.argmax(buckets >= 10))
+    row = int(keys.value_rowids().numpy()[bad])
+    key = int(keys.values.numpy()[bad])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=f"key {key} in row {row} hashes to bucket {buckets[bad]}, out of range \\[0, 10\\)"):
+        string_key_lookup(params, keys, None, "sum", None, 1000, "row_splits")
+
+
 def test_string_keys_are_never_table_rows(rng):
     keys = tf.ragged.constant([["1"]])
     with pytest.raises(tf.errors.InvalidArgumentError, match='string ids are keys to hash: they need id_mode "hash"'):

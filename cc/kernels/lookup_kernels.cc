@@ -38,8 +38,9 @@ absl::Status CheckKeyMode(const LookupAttrs& a) {
   return absl::OkStatus();
 }
 
-// The message of a rejected key; a string key is named with its bucket (the
-// id a Gather after tf.strings.to_hash_bucket_fast would reject).
+// The message of a rejected key; a hashed key (string or integer) is named
+// with its bucket (the id a Gather after tf.strings.to_hash_bucket_fast
+// would reject).
 template <typename TId>
 std::string DescribeLookupKeyError(const ctr::KeyError& e, const ctr::LookupSpec& s, const Tensor& ids) {
   if constexpr (kStringKeys<TId>) {
@@ -49,6 +50,11 @@ std::string DescribeLookupKeyError(const ctr::KeyError& e, const ctr::LookupSpec
     return "key \"" + absl::CEscape(shown) + (key.size() > kShown ? "...\"" : "\"") + " in row " +
            std::to_string(e.row) + " hashes to bucket " + std::to_string(e.key) + ", out of range [0, " +
            std::to_string(s.vocab) + ")";
+  }
+  if (s.id_mode == ctr::IdMode::kHash) {
+    return "key " + std::to_string(e.key) + " in row " + std::to_string(e.row) + " hashes to bucket " +
+           std::to_string(ctr::HashIntKeyBucket(e.key, s.buckets > 0 ? s.buckets : s.vocab)) +
+           ", out of range [0, " + std::to_string(s.vocab) + ")";
   }
   return ctr::DescribeKeyError(e, s.vocab);
 }
