@@ -150,3 +150,20 @@ def test_steps_without_gradient_rows_train_under_mirrored_strategy(tmp_path):
     assert got["single"]["table_keys"].tolist() == [1, 2, 3, 4, 5, 6, 7], "admitted on the third sighting"
     for k in got["single"].files:
         np.testing.assert_allclose(got["mirrored"][k], got["single"][k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_hash_table_slots_under_mirrored_strategy_give_one_replicas_rows(tmp_path):
+    """multi_hash_table_embedding inserts the keys of all its slots in one
+    find; replica by replica the slots would interleave ([a0, b0, a1, b1]
+    where one process has [a0, a1, b0, b1]) and keys would get other rows,
+    so other initial vectors (tests/distribute_slots.py)."""
+    runs = {}
+    for mode in ("single", "mirrored"):
+        out = tmp_path / f"{mode}.npz"
+        proc = subprocess.run([sys.executable, str(SCRIPT.with_name("distribute_slots.py")), mode, str(out)],
+                              env=fresh_process_env(), cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        runs[mode] = np.load(out)
+    assert runs["single"]["keys"].size > 50
+    np.testing.assert_array_equal(runs["mirrored"]["keys"], runs["single"]["keys"])
+    np.testing.assert_array_equal(runs["mirrored"]["outputs"], runs["single"]["outputs"])

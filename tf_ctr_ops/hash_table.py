@@ -568,10 +568,45 @@ def _row_ids(bags, batch):
 
 def _find_slot_rows(table, slots, insert):
     """One find of all the slots' keys, in feature order; sets each slot's rows."""
+    if insert and len(slots) > 1 and _several_replicas():
+        _find_slot_rows_gathered(table, slots)
+        return
     rows = _find_and_reset(table, tf.concat([s.ids for s in slots], 0), insert)
     sizes = tf.stack([tf.size(s.ids, out_type=tf.int64) for s in slots])
     for slot, slot_rows in zip(slots, tf.split(rows, sizes, num=len(slots))):
         slot.rows = slot_rows
+
+
+def _several_replicas():
+    return (tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
+            and tf.distribute.get_strategy().num_replicas_in_sync > 1)
+
+
+def _find_slot_rows_gathered(table, slots):
+    """Inserting finds of several slots under a strategy of several replicas.
+    One replica gives rows to new keys slot by slot (all of a feature's keys,
+    then the next feature's); replica by replica, the slots would interleave
+    and keys would get other rows (other initial values) than in one
+    process. So every replica finds the keys of all replicas, slot-major
+    (the first to run inserts them, the others find them), and keeps the
+    rows of its own. Admission would count each sighting once per replica."""
+    if table.admit_after > 1:
+        raise NotImplementedError("hash-table slots with admit_after > 1 do not train under a strategy of several "
+                                  "replicas: each replica would count a sighting of every key")
+    check_eviction_outside_replicas(table.eviction)
+    context = tf.distribute.get_replica_context()
+    gathered, own = [], []
+    for s in slots:
+        flat = tf.reshape(s.ids, [-1])
+        size = tf.size(flat, out_type=tf.int64)
+        sizes = context.all_gather(size[tf.newaxis], axis=0)
+        gathered.append(context.all_gather(flat, axis=0))
+        own.append((tf.math.cumsum(sizes, exclusive=True)[context.replica_id_in_sync_group], size))
+    rows, _ = _find(_variable(table.table), tf.concat(gathered, 0), table.capacity, True, table.admit_after)
+    slot_start = tf.constant(0, tf.int64)
+    for s, g, (start, size) in zip(slots, gathered, own):
+        s.rows = tf.reshape(tf.slice(rows, (slot_start + start)[tf.newaxis], size[tf.newaxis]), tf.shape(s.ids))
+        slot_start += tf.size(g, out_type=tf.int64)
 
 
 def _pool_slots(table, slots, batch, combiner, max_norm):
