@@ -556,6 +556,24 @@ def test_a_checkpoint_of_the_other_key_dtype_is_refused(tmp_path, how, capacity)
         np.testing.assert_array_equal(same.find(keys).numpy() >= 0, True)
 
 
+def test_a_checkpoint_from_before_the_key_kind_restores_and_gets_it(tmp_path):
+    from tf_ctr_ops.hash_table import KEY_KIND, UNKNOWN_KEYS
+
+    saved = HashTable(dim=3, capacity=10, key_dtype=tf.string)
+    saved.find(["a", "b"], insert=True)
+    old = saved.table.numpy()
+    old.reshape(-1)[KEY_KIND] = UNKNOWN_KEYS  # as tables were written before the header had the cell
+    saved.table.assign(old)
+    path = tf.train.Checkpoint(emb=saved).save(str(tmp_path / "old" / "ckpt"))
+    table = HashTable(dim=3, capacity=10, key_dtype=tf.string)
+    tf.train.Checkpoint(emb=table).restore(path).assert_consumed()
+    np.testing.assert_array_equal(table.find(["a", "b"]).numpy(), [0, 1])
+    # Its own checkpoints carry the kind again, and are checked.
+    again = tf.train.Checkpoint(emb=table).save(str(tmp_path / "again" / "ckpt"))
+    with pytest.raises(ValueError, match="holds string keys"):
+        tf.train.Checkpoint(emb=HashTable(dim=3, capacity=10)).restore(again)
+
+
 def test_checkpoint_of_another_capacity_under_a_strategy_is_refused(tmp_path):
     saved = HashTable(dim=3, capacity=100)
     saved.find([1, 2, 3], insert=True)

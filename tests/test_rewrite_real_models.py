@@ -469,3 +469,22 @@ def test_a_rewrite_that_cannot_be_rebuilt_is_a_rewrite_error(tmp_path):
                                               r"found: \{\{node embedding_lookup\}\}\)$"):
         rw._servable_rewrite(build, str(tmp_path), None, None, set(), str(tmp_path))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_pattern_whose_result_cannot_be_rebuilt_is_dropped(tmp_path, monkeypatch):
+    # The patterns that fused are known even when TF refuses the rebuilt
+    # graph, so they are tried one at a time as for any other failure.
+    from tf_ctr_ops import rewrite as rw
+
+    monkeypatch.setattr(rw, "_fresh_process_failure", lambda folder, inputs, reference: (None, {}))
+
+    def build(folder, disabled):
+        fused = [p for p in ("hash_gather", "group_strings") if p not in disabled]
+        reports = {"s": rw.SignatureReport("s", True, matches=[{"pattern": p} for p in fused])}
+        if "group_strings" in fused:
+            raise rw._RebuildError(reports, ValueError("13 nodes in a cycle"))
+        return reports, 0.0
+
+    best, dropped = rw._servable_rewrite(build, str(tmp_path), None, None, set(), str(tmp_path))
+    assert rw._fused_patterns(best.reports) == ["hash_gather"] and not best.failure
+    assert list(dropped) == ["group_strings"] and "13 nodes in a cycle" in dropped["group_strings"]

@@ -235,6 +235,8 @@ class _AnyCapacityRestore:
             _check_saved_key_kind(saved, self._table())
         same_shape = tuple(saved.shape) == tuple(variable.shape)
         result = original(restored_tensors) if same_shape else None
+        if part == "table" and same_shape:
+            _keep_key_kind(variable, self._table().key_dtype)  # a table saved before the cell has 0 there
         self._saved[part] = (saved, same_shape)
         if len(self._saved) == 2:
             (table, same_table), (values, same_values) = self._saved["table"], self._saved["values"]
@@ -251,6 +253,14 @@ class _AnyCapacityRestore:
         keys, values = rows_of_tensors(saved_table, saved_values)
         _variable(table.table).assign(empty_table(table.num_slots, table.capacity, table.key_dtype))
         insert_rows(table, keys, values)
+
+
+def _keep_key_kind(table_var, key_dtype):
+    """Writes the key kind into a restored table's header (a checkpoint
+    written before the header had the cell holds 0 there), so that its own
+    checkpoints are checked."""
+    row, column = divmod(KEY_KIND, COLUMNS)
+    _variable(table_var).scatter_nd_update([[row, column]], tf.constant([key_kind(key_dtype)], tf.int64))
 
 
 def _check_saved_key_kind(saved_table, table):

@@ -771,15 +771,25 @@ class _Attempt:
     diffs: dict
 
 
+class _RebuildError(Exception):
+    """A rewritten signature TF could not rebuild, with the reports so far:
+    what fused, so that the patterns can be tried one at a time."""
+
+    def __init__(self, reports, error):
+        super().__init__(str(error))
+        self.reports, self.error = reports, error
+
+
 def _attempt(build, parent, inputs, reference, disabled):
     folder = tempfile.mkdtemp(prefix=".ctr-rewrite-", dir=parent)
     try:
         reports, seconds = build(folder, frozenset(disabled))
         failure, diffs = _fresh_process_failure(folder, inputs, reference)
-    except (ValueError, tf.errors.OpError) as e:  # TF's importer refused the rewritten graph
+    except (_RebuildError, ValueError, tf.errors.OpError) as e:  # TF's importer refused the rewritten graph
         shutil.rmtree(folder, ignore_errors=True)
+        reports, e = (e.reports, e.error) if isinstance(e, _RebuildError) else ({}, e)
         first_line = (str(e).strip().splitlines() or [""])[0]
-        return _Attempt(folder, {}, 0.0, f"could not be rebuilt ({type(e).__name__}: {first_line})", {})
+        return _Attempt(folder, reports, 0.0, f"could not be rebuilt ({type(e).__name__}: {first_line})", {})
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
@@ -872,14 +882,17 @@ def _tf2_builder(loaded, proto, available, selected, serving_device):
                 graph_def, [t.name for t in original.outputs],
                 dict(captured_handle_shapes(original), **{k: v.shape for k, v in merged.items()}),
                 serving_device=serving_device, disabled_patterns=disabled)
-            functions[key] = _rebuild_function(original, optimized, f"{key}_ctr_fused",
-                                               {k: v.handle for k, v in merged.items()})
-            variables.extend(v for v in merged.values() if not any(v is w for w in variables))
-            rewrite_seconds += time.perf_counter() - t0
             reports[key] = SignatureReport(key, True, matches=part_matches + records["match"],
                                            skips=part_skips + records["skip"],
                                            op_counts_before=op_counts(before, library=True),
                                            op_counts_after=op_counts(optimized, library=True))
+            try:
+                functions[key] = _rebuild_function(original, optimized, f"{key}_ctr_fused",
+                                                   {k: v.handle for k, v in merged.items()})
+            except (ValueError, tf.errors.OpError) as e:  # TF's importer refused the rewritten graph
+                raise _RebuildError(reports, e) from e
+            variables.extend(v for v in merged.values() if not any(v is w for w in variables))
+            rewrite_seconds += time.perf_counter() - t0
         root = tf.Module()
         root.ctr_variables = variables
         if other_captures:

@@ -106,5 +106,41 @@ int64_t TableRows(RewriteContext* ctx, const std::string& table) {
   return IsOp(node, "ReadVariableOp") ? HandleRows(g, g.Producer(*node, 0)) : -1;
 }
 
+std::set<std::string> Ancestors(const GraphIndex& g, const std::vector<std::string>& roots) {
+  std::set<std::string> seen;
+  std::vector<std::string> todo;
+  for (const std::string& r : roots) todo.push_back(ParseTensorName(r).node);
+  while (!todo.empty()) {
+    const std::string name = todo.back();
+    todo.pop_back();
+    if (!seen.insert(name).second) continue;
+    const NodeDef* node = g.Node(name);
+    if (node == nullptr) continue;
+    for (const std::string& in : node->input()) todo.push_back(ParseTensorName(in).node);
+  }
+  return seen;
+}
+
+bool MergeKeepsOrder(const GraphIndex& g, const std::vector<const NodeDef*>& members, std::string* why) {
+  std::set<std::string> inside;
+  for (const NodeDef* m : members) inside.insert(m->name());
+  std::vector<std::string> roots;
+  for (const NodeDef* m : members)
+    for (const std::string& in : m->input())
+      if (!inside.count(ParseTensorName(in).node)) roots.push_back(in);
+  const std::set<std::string> upstream = Ancestors(g, roots);
+  for (const NodeDef* m : members) {
+    for (const auto* readers : {&g.DataReaders(m->name()), &g.ControlReaders(m->name())}) {
+      for (const NodeDef* reader : *readers) {
+        if (inside.count(reader->name()) || !upstream.count(reader->name())) continue;
+        *why = Describe(*reader) + " depends on " + Describe(*m) + " and another of the ops to merge depends on "
+               "it: one op cannot run both before and after it";
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 }  // namespace grappler
 }  // namespace tf_ctr

@@ -3,6 +3,7 @@
 // shape facts the replacement needs.
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,18 @@ bool OnlyReadWithin(const GraphIndex& g, std::vector<const tensorflow::NodeDef*>
 // (and their control inputs into it), and lists them in the record.
 void AbsorbNodes(RewriteContext* ctx, const std::vector<const tensorflow::NodeDef*>& absorbed,
                  const std::string& fused, MatchRecord* record);
+
+// Every node that some tensor of `roots` depends on, through data or
+// control edges, the roots' own nodes included.
+std::set<std::string> Ancestors(const GraphIndex& g, const std::vector<std::string>& roots);
+
+// Whether one op may stand for all of `members` at once: false, with `why`,
+// when a node outside them depends on one member while another depends on
+// it (an update of a table between two lookups of it, which TF2 and
+// tf.control_dependencies order): the merged op would have to run both
+// before and after it.
+bool MergeKeepsOrder(const GraphIndex& g, const std::vector<const tensorflow::NodeDef*>& members,
+                     std::string* why);
 
 // Value of a scalar float32 Const, or false.
 bool ConstScalarFloat(const tensorflow::NodeDef* node, float* value);

@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/grappler/absorbed_set.h"
 #include "cc/grappler/pattern.h"
 #include "tensorflow/core/framework/attr_value.pb.h"
 #include "tensorflow/core/platform/logging.h"
@@ -118,6 +119,9 @@ class ConcatStringsPattern : public NamedPattern<kName> {
     if (!CollectParts(ctx, anchor, n, &src, &why)) return Skip(ctx, anchor, why);
     int64_t width = 0;
     if (stack && !CommonWidth(ctx, anchor, &src, &width, &why)) return Skip(ctx, anchor, why);
+    std::vector<const NodeDef*> members = src.removed;
+    members.push_back(&anchor);
+    if (!MergeKeepsOrder(g, members, &why)) return Skip(ctx, anchor, why);
     if (const NodeDef* axis_const = stack ? nullptr : AxisConstOnlyFor(ctx, anchor))
       src.removed.push_back(axis_const);
     Fuse(ctx, anchor, src, stack ? width : 0);

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/grappler/absorbed_set.h"
 #include "cc/grappler/pattern.h"
 #include "tensorflow/core/framework/attr_value.pb.h"
 #include "tensorflow/core/platform/logging.h"
@@ -196,21 +197,6 @@ class ConcatVocabPattern : public NamedPattern<kName> {
     }
   }
 
-  // Every node some input of `roots` depends on, data or control.
-  static std::set<std::string> Ancestors(const GraphIndex& g, const std::vector<std::string>& roots) {
-    std::set<std::string> seen;
-    std::vector<std::string> todo;
-    for (const std::string& r : roots) todo.push_back(NodeName(r));
-    while (!todo.empty()) {
-      const std::string name = todo.back();
-      todo.pop_back();
-      if (!seen.insert(name).second) continue;
-      const NodeDef* node = g.Node(name);
-      if (node == nullptr) continue;
-      for (const std::string& in : node->input()) todo.push_back(NodeName(in));
-    }
-    return seen;
-  }
 
   static bool PlanEdges(RewriteContext* ctx, const NodeDef& concat, const std::vector<Part>& parts, Edges* edges,
                         std::string* why) {

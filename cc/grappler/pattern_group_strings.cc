@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/grappler/absorbed_set.h"
 #include "cc/grappler/pattern.h"
 #include "tensorflow/core/framework/attr_value.pb.h"
 #include "tensorflow/core/framework/tensor.pb.h"
@@ -283,6 +284,12 @@ class GroupStringsPattern : public NamedPattern<kName> {
       return Skip(ctx, anchor, "cannot prove its batch size equals another string feature's (its batch dims: " +
                                    (dims.empty() ? std::string("unknown") : dims) + ")");
     }
+    std::vector<const NodeDef*> members;
+    for (const Feature& f : group) {
+      members.push_back(f.embedding);
+      members.push_back(f.pack);
+    }
+    if (!MergeKeepsOrder(ctx->index(), members, &why)) return Skip(ctx, anchor, why);
     Group(ctx, group);
     return true;
   }

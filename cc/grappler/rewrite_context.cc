@@ -136,13 +136,15 @@ const NodeDef* RewriteContext::Current(const std::string& name) const {
   return p != pending_.end() ? p->second : index_->Node(name);
 }
 
-bool RewriteContext::DependsOn(const std::string& node, const std::string& ancestor) const {
+bool RewriteContext::DependsOn(const std::string& node, const std::string& ancestor,
+                               const std::map<std::string, std::string>& absorbed) const {
   std::vector<std::string> stack = {node};
   std::unordered_set<std::string> seen = {node};
   while (!stack.empty()) {
     const std::string name = stack.back();
     stack.pop_back();
-    if (name == ancestor) return true;
+    const auto into = absorbed.find(name);
+    if (name == ancestor || (into != absorbed.end() && into->second == ancestor)) return true;
     const NodeDef* n = Current(name);
     if (n == nullptr) continue;
     for (const std::string& in : n->input()) {
@@ -153,12 +155,13 @@ bool RewriteContext::DependsOn(const std::string& node, const std::string& ances
   return false;
 }
 
-void RewriteContext::AddWait(const std::string& target, const std::string& waited) {
+void RewriteContext::AddWait(const std::string& target, const std::string& waited,
+                             const std::map<std::string, std::string>& absorbed) {
   NodeDef* t = Mutable(target);
   if (t == nullptr || target == waited) return;
   for (const std::string& in : t->input())
     if (ParseTensorName(in).node == waited) return;
-  if (DependsOn(waited, target)) {
+  if (DependsOn(waited, target, absorbed)) {
     VLOG(1) << "CtrFusionOptimizer: " << target << " cannot wait on " << waited << ", which reads it";
     return;
   }
@@ -169,16 +172,17 @@ void RewriteContext::KeepWaitsOfAbsorbed() {
   std::set<std::string> fused;
   for (size_t i = matches_committed_; i < matches_.size(); ++i) fused.insert(matches_[i].fused_node);
   matches_committed_ = matches_.size();
-  for (const auto& [name, by] : absorbed_by_) {
+  std::map<std::string, std::string> absorbed;
+  absorbed.swap(absorbed_by_);
+  for (const auto& [name, by] : absorbed) {
     fused.insert(by);
     const NodeDef* n = Current(name);
     // A check (Keras' vocabulary Assert) waits only to keep the checks in
     // program order (TF2 chains stateful ops): it reads no state.
     if (n == nullptr || n->op() == "Assert") continue;
     for (const std::string& in : n->input())
-      if (!in.empty() && in[0] == '^' && !absorbed_by_.count(in.substr(1))) AddWait(by, in.substr(1));
+      if (!in.empty() && in[0] == '^' && !absorbed.count(in.substr(1))) AddWait(by, in.substr(1), absorbed);
   }
-  absorbed_by_.clear();
   // A variable read this rewrite added (AddReadVariable) feeds a fused node
   // and must see the variable as that node would: after what it waits on.
   std::vector<std::string> reads;
@@ -193,7 +197,7 @@ void RewriteContext::KeepWaitsOfAbsorbed() {
       if (!in.empty() && in[0] == '^') waited.insert(in.substr(1));
   }
   for (const std::string& read : reads)
-    for (const std::string& w : waited) AddWait(read, w);
+    for (const std::string& w : waited) AddWait(read, w, absorbed);
 }
 
 void RewriteContext::OrderInputs() {

@@ -96,13 +96,15 @@ class RewriteContext {
   // added too, which would otherwise read the table before the assign.
   void KeepWaitsOfAbsorbed();
   // Makes `target` wait on `waited`, unless it does, or `waited` reads it.
-  void AddWait(const std::string& target, const std::string& waited);
+  void AddWait(const std::string& target, const std::string& waited, const std::map<std::string, std::string>& absorbed);
   // Data inputs first, then control inputs, as TF requires, in the nodes this
   // rewrite added or changed (a pattern may copy control inputs first).
   void OrderInputs();
   // Whether `node` is `ancestor` or reads it, directly or not (a control
-  // edge from it would close a cycle).
-  bool DependsOn(const std::string& node, const std::string& ancestor) const;
+  // edge from it would close a cycle); a node `absorbed` into `ancestor`
+  // counts as it, as the edges it still has will be moved onto it.
+  bool DependsOn(const std::string& node, const std::string& ancestor,
+                 const std::map<std::string, std::string>& absorbed) const;
   const tensorflow::NodeDef* Current(const std::string& name) const;
   // Every node that may read `from`: its indexed data or control readers, and
   // the nodes added or changed since the last Commit.
