@@ -167,3 +167,35 @@ def test_hash_table_slots_under_mirrored_strategy_give_one_replicas_rows(tmp_pat
     assert runs["single"]["keys"].size > 50
     np.testing.assert_array_equal(runs["mirrored"]["keys"], runs["single"]["keys"])
     np.testing.assert_array_equal(runs["mirrored"]["outputs"], runs["single"]["outputs"])
+
+
+def test_hash_table_slots_under_multi_worker_strategy_give_one_replicas_rows(tmp_path):
+    """Each worker has its own table and finds all workers' keys slot by slot,
+    so both copies give every key the row one process gives it, and each
+    worker's half of the batch pools what one process pools for those rows."""
+    script = SCRIPT.with_name("distribute_slots.py")
+    single = tmp_path / "single.npz"
+    proc = subprocess.run([sys.executable, str(script), "single", str(single)], env=fresh_process_env(),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    want = np.load(single)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
+    out = tmp_path / "multiworker.npz"
+    workers = [subprocess.Popen([sys.executable, str(script), "multiworker", str(out)],
+                                env=dict(fresh_process_env(), TF_CONFIG=json.dumps(
+                                    {"cluster": cluster, "task": {"type": "worker", "index": index}})),
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+               for index in range(2)]
+    try:
+        outputs = [w.communicate(timeout=TIMEOUT_S)[0] for w in workers]
+    finally:
+        for w in workers:
+            w.kill()
+    for w, output in zip(workers, outputs):
+        assert w.returncode == 0, output[-3000:]
+    got = [np.load(f"{out}.{task}.npz") for task in (0, 1)]
+    assert want["keys"].size > 50
+    for task in (0, 1):
+        np.testing.assert_array_equal(got[task]["keys"], want["keys"])
+        np.testing.assert_array_equal(got[task]["values"], want["values"])
+    np.testing.assert_array_equal(np.concatenate([got[0]["outputs"], got[1]["outputs"]], axis=1), want["outputs"])

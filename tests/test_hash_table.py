@@ -275,6 +275,51 @@ def test_bad_arguments_are_clear_errors():
         hash_table_embedding(table, keys, tf.ragged.constant([[1.0]]), insert=True)
 
 
+def _malformed_bags():
+    """Keys whose bags the pooling refuses, with the error naming the entry."""
+    k = tf.constant([7, 8], tf.int64)
+    return [
+        (tf.SparseTensor([[0, 0], [5, 0]], k, [2, 3]), None, r"row id 5 of entry 1 is out of range \[0, 2\)"),
+        (tf.SparseTensor([[0, 0], [-1, 0]], k, [2, 3]), None, r"row id -1 of entry 1 is out of range"),
+        (tf.SparseTensor([[1, 0], [0, 0]], k, [2, 3]), None, "row ids must be sorted: entry 1 has row 0"),
+        (tf.RaggedTensor.from_row_splits(k, tf.constant([0, 2, 1], tf.int64), validate=False), None,
+         r"row_splits must be non-decreasing: row_splits\[2\]"),
+        (tf.RaggedTensor.from_row_splits(k, tf.constant([0, 1, 3], tf.int64), validate=False), None,
+         r"row_splits\[-1\] = 3 does not match the number of ids 2"),
+        (tf.ragged.constant([[7], [8]], tf.int64), tf.RaggedTensor.from_row_splits([1.0], [0, 1, 1], validate=False),
+         "weights must have one value per id"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_malformed_bags())))
+@pytest.mark.parametrize("slots", [False, True])
+def test_malformed_bags_are_refused_before_anything_is_inserted(case, slots):
+    # The inserting find ran before the pooling checked the bags: input it
+    # then refused had already taken rows (and advanced the LRU clock).
+    keys, weights, message = _malformed_bags()[case]
+    table = HashTable(dim=2, capacity=10, eviction="lru")
+    before = table.table.numpy()
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        if slots:
+            tco.multi_hash_table_embedding(table, [keys], None if weights is None else [weights], insert=True)
+        else:
+            hash_table_embedding(table, keys, weights, insert=True)
+    np.testing.assert_array_equal(table.table.numpy(), before)
+    assert int(table.size()) == 0
+
+
+def test_a_slots_row_outside_its_batch_is_not_another_features_row():
+    # Slots pool all features' bags in one op, feature f's row b as bag
+    # f * B + b: feature 1's row -1 was feature 0's last row there, and was
+    # pooled into it without an error.
+    table = HashTable(dim=2, capacity=10, initializer=lambda shape, dtype: tf.ones(shape, dtype))
+    first = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([7, 8], tf.int64), [2, 3])
+    second = tf.SparseTensor([[-1, 0]], tf.constant([9], tf.int64), [2, 3])
+    tco.multi_hash_table_embedding(table, [first, tf.constant([[9]] * 2, tf.int64)], insert=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"row id -1 of entry 0 is out of range \[0, 2\)"):
+        tco.multi_hash_table_embedding(table, [first, second], combiners="sum")
+
+
 def test_a_corrupt_table_variable_is_an_invalid_argument():
     from tf_ctr_ops.hash_table import _find
     bad = tf.Variable(tf.zeros([6, 4], tf.int64))  # 2 header + 1 free-list row leave 3 slots
@@ -686,7 +731,7 @@ def test_slots_reject_mismatched_batches_and_arguments(rng):
     with pytest.raises(tf.errors.InvalidArgumentError, match="feature 1 has another batch size"):
         tco.multi_hash_table_embedding(table, [tf.constant([[1]], tf.int64), tf.constant([[1], [2]], tf.int64)])
     sparse = tf.SparseTensor([[3, 0]], tf.constant([1], tf.int64), [2, 1])  # a row outside its batch
-    with pytest.raises(tf.errors.InvalidArgumentError, match="row id outside its batch"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"row id 3 of entry 0 is out of range \[0, 2\)"):
         tco.multi_hash_table_embedding(table, [tf.constant([[1], [2]], tf.int64), sparse])
     with pytest.raises(ValueError, match="tables must be one value or a list of 2"):
         tco.multi_hash_table_embedding([table] * 3, [tf.constant([[1]], tf.int64)] * 2)

@@ -386,3 +386,29 @@ def test_online_dense_layers_fuse_after_tfs_remapper(tmp_path, rng, activation):
     with rewrite.enable():
         with pytest.raises(tf.errors.InvalidArgumentError, match="zz"):
             tf.function(lambda d: model(d))(missing)
+
+
+@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="the fused ops are CPU only; online "
+                    "graphs are placed on a GPU here")
+def test_online_multi_hot_layers_of_one_size_fuse_though_tf_shares_their_constants(tmp_path, rng):
+    # Online, TF's common-subexpression pass merges the equal size constants
+    # (`bincount/maxlength`) of same-sized multi-hot layers into one node
+    # read by both encodings: a constant stays where others read it and does
+    # not keep either layer from fusing.
+    import keras
+
+    inputs, dense = [], []
+    vocabs = {name: [f"{name}{i}" for i in range(20)] for name in ("a", "b", "c")}
+    for name, vocab in vocabs.items():
+        x = keras.Input(shape=(3,), dtype="string", name=name)
+        inputs.append(x)
+        hot = keras.layers.StringLookup(vocabulary=vocab, output_mode="multi_hot")(x)
+        dense.append(keras.layers.Dense(4)(hot))
+    model = keras.Model(inputs, dense)
+    feeds = {name: tf.constant(np.array(vocab + [""], object)[rng.integers(0, 21, (16, 3))])
+             for name, vocab in vocabs.items()}
+    got, report = _online(model, feeds, tmp_path)
+    for g, w in zip(got, model(feeds)):
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-5, atol=1e-6)
+    assert [m["fused_op"] for m in report["match"]] == ["CtrVocabMultiHot"] * 3, report
+    assert not [s for s in report["skip"] if s["pattern"] == "vocab_multi_hot"], report

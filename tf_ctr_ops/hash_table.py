@@ -465,6 +465,8 @@ def hash_table_embedding(table, keys, weights=None, combiner="mean", max_norm=No
             keys = tf.convert_to_tensor(keys)
         bags = _lookup_ops._bags_from_container(keys, weights, -1)
         ids = _int_keys(bags.ids, table.key_dtype, dense)
+        if insert:
+            ids = _lookup_ops._checked_bag_ids(ids, bags)
         rows = _find_and_reset(table, ids, insert, dense_padding=dense)
         rows_bags = _lookup_ops._Bags(rows, bags.segments, bags.num_rows, bags.kind, bags.weights)
         return _lookup_ops._with_batch_dim(_pool_rows(table, rows_bags, combiner, max_norm), keys)
@@ -528,9 +530,12 @@ def _slot(keys, weights, key_dtype):
     dense = not isinstance(keys, (tf.RaggedTensor, tf.SparseTensor))
     keys = tf.convert_to_tensor(keys) if dense else keys
     bags = _lookup_ops._bags_from_container(keys, weights, -1)
-    ids = _int_keys(bags.ids, key_dtype, dense)
     batch = _batch_size(keys)
-    row_ids = _row_ids(bags, batch)
+    # Checked here, not by the pooling of all the slots' bags, where a row
+    # outside one feature's batch would be another feature's row.
+    ids = _lookup_ops._checked_bag_ids(_int_keys(bags.ids, key_dtype, dense), bags)
+    with tf.control_dependencies([ids]):
+        row_ids = _row_ids(bags)
     w = None if bags.weights is None else tf.cast(bags.weights, tf.float32)
     if dense:
         # Dense padding (-1, "") is dropped here rather than by the find's
@@ -566,14 +571,11 @@ def _common_batch_size(sizes):
         return tf.identity(sizes[0])
 
 
-def _row_ids(bags, batch):
-    """Each key's bag as a row id in [0, B); sparse rows are checked against B."""
+def _row_ids(bags):
+    """Each key's bag as a row id in [0, B)."""
     if bags.kind == "row_splits":
         return tf.ragged.row_splits_to_segment_ids(tf.cast(bags.segments, tf.int64), out_type=tf.int64)
-    rows = tf.cast(bags.segments, tf.int64)
-    check = tf.debugging.assert_less(rows, batch, message="a sparse feature has a row id outside its batch")
-    with tf.control_dependencies([check]):
-        return tf.identity(rows)
+    return tf.identity(tf.cast(bags.segments, tf.int64))
 
 
 def _find_slot_rows(table, slots, insert):

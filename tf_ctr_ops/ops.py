@@ -45,6 +45,16 @@ def _weights_values(weights):
     return None if weights is None else tf.cast(weights, tf.float32)
 
 
+def _checked_bag_ids(ids, bags):
+    """`ids` once `bags` are bags the lookup accepts (CtrCheckBags): what an
+    inserting find reads, so that input the pooling refuses changes nothing."""
+    weights = _weights_values(bags.weights)
+    segments = bags.segments if bags.segments.dtype in (tf.int32, tf.int64) else tf.cast(bags.segments, tf.int64)
+    return _ops.ctr_check_bags(ids=ids, segments=segments, num_rows=tf.cast(bags.num_rows, tf.int64),
+                               weights=tf.zeros([0], tf.float32) if weights is None else weights,
+                               segment_kind=bags.kind, has_weights=weights is not None)
+
+
 def _lookup(table, ids, segments, num_rows, weights, *, segment_kind, combiner, id_mode="index",
             invalid_ids="error", prune_weights=False, default_id=-1, max_norm=None, grad_indices="per_id",
             name=None):

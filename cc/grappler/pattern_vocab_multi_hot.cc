@@ -168,7 +168,8 @@ class VocabMultiHotPattern : public NamedPattern<kName> {
   // Each node between the find and the MatMul feeds only the next one (a
   // training graph's MatMul gradient reads the encoding), but the ids the
   // bincount reads, which its size math reads too; the size math feeds only
-  // itself and the bincount.
+  // itself and the bincount (constants aside: TF's CSE shares them between
+  // layers, and they stay where anything else reads them).
   static bool OnlyFeedsTheMatMul(RewriteContext* ctx, MultiHot& m, std::string* why) {
     const GraphIndex& g = ctx->index();
     std::set<const NodeDef*> inside(m.size_math.begin(), m.size_math.end());
@@ -190,7 +191,7 @@ class VocabMultiHotPattern : public NamedPattern<kName> {
       return live == 1;
     };
     for (const NodeDef* n : m.size_math)
-      if (!only_inside(n)) return Fail(why, *n);
+      if (!IsOp(n, "Const") && !only_inside(n)) return Fail(why, *n);
     if (!one_reader(m.bincount) || (m.to_float != nullptr && !one_reader(m.to_float)))
       return Fail(why, m.to_float != nullptr && one_reader(m.bincount) ? *m.to_float : *m.bincount);
     const NodeDef* last = ctx->index().Producer(*m.bincount, 0);
@@ -226,7 +227,11 @@ class VocabMultiHotPattern : public NamedPattern<kName> {
     for (const NodeDef* n : encoding) encoding_names.push_back(n->name());
     AbsorbVocabNodes(ctx, m.ids, name, encoding_names, &record.replaced);
     for (const NodeDef* n : encoding) {
-      if (!IsOp(n, "Const")) record.replaced.push_back(Describe(*n));
+      if (IsOp(n, "Const")) {
+        RemoveIfDeadShapeMath(ctx, n, name, 1);
+        continue;
+      }
+      record.replaced.push_back(Describe(*n));
       ctx->RedirectControlEdges(n->name(), name);
       ctx->Remove(n->name(), name);
     }

@@ -82,37 +82,45 @@ struct LookupInputs {
   int64_t nnz() const { return ids->NumElements(); }
 };
 
-// `params` is the table (input `first`, or the variable it names).
-inline absl::Status ValidateLookupInputs(tensorflow::OpKernelContext* ctx, int first,
-                                         const tensorflow::Tensor& params, LookupAttrs* a, LookupInputs* in) {
+// The bags (ids, segments, num_rows, weights: inputs first.. first + 3) after
+// validation of their shapes; BuildOffsets checks their values.
+inline absl::Status ValidateBagInputs(tensorflow::OpKernelContext* ctx, int first, const LookupAttrs& a,
+                                      LookupInputs* in) {
   using tensorflow::errors::InvalidArgument;
-  const tensorflow::Tensor& ids = ctx->input(first + 1);
-  const tensorflow::Tensor& segments = ctx->input(first + 2);
-  const tensorflow::Tensor& num_rows = ctx->input(first + 3);
-  const tensorflow::Tensor& weights = ctx->input(first + 4);
+  const tensorflow::Tensor& ids = ctx->input(first);
+  const tensorflow::Tensor& segments = ctx->input(first + 1);
+  const tensorflow::Tensor& num_rows = ctx->input(first + 2);
+  const tensorflow::Tensor& weights = ctx->input(first + 3);
   if (ids.dims() != 1)
     return InvalidArgument("ids must be a vector, got shape ", ids.shape().DebugString());
   if (segments.dims() != 1)
     return InvalidArgument("segments must be a vector, got shape ", segments.shape().DebugString());
   if (num_rows.dims() != 0)
     return InvalidArgument("num_rows must be a scalar, got shape ", num_rows.shape().DebugString());
-  if (a->has_weights && (weights.dims() != 1 || weights.NumElements() != ids.NumElements()))
+  if (a.has_weights && (weights.dims() != 1 || weights.NumElements() != ids.NumElements()))
     return InvalidArgument("weights must have one value per id: ids has shape ",
                            ids.shape().DebugString(), ", weights has shape ",
                            weights.shape().DebugString());
-  if (a->segments_are_splits && segments.NumElements() < 1)
+  if (a.segments_are_splits && segments.NumElements() < 1)
     return InvalidArgument("row_splits must have at least one element");
-  if (!a->segments_are_splits && segments.NumElements() != ids.NumElements())
+  if (!a.segments_are_splits && segments.NumElements() != ids.NumElements())
     return InvalidArgument("row ids must have one value per id: ids has ", ids.NumElements(),
                            " values, row ids have ", segments.NumElements());
-  TF_RETURN_IF_ERROR(BindTable(params, &a->spec));
-  in->params = &params;
   in->ids = &ids;
   in->segments = &segments;
   in->num_rows_arg = num_rows.scalar<int64_t>()();
   if (in->num_rows_arg < -1)
     return InvalidArgument("num_rows must be >= -1, got ", in->num_rows_arg);
-  in->weights = a->has_weights ? &weights : nullptr;
+  in->weights = a.has_weights ? &weights : nullptr;
+  return absl::OkStatus();
+}
+
+// `params` is the table (input `first`, or the variable it names); the bags follow it.
+inline absl::Status ValidateLookupInputs(tensorflow::OpKernelContext* ctx, int first,
+                                         const tensorflow::Tensor& params, LookupAttrs* a, LookupInputs* in) {
+  TF_RETURN_IF_ERROR(ValidateBagInputs(ctx, first + 1, *a, in));
+  TF_RETURN_IF_ERROR(BindTable(params, &a->spec));
+  in->params = &params;
   return absl::OkStatus();
 }
 

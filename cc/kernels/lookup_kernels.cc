@@ -245,4 +245,33 @@ REGISTER_LOOKUP_CPU_IDS(Eigen::bfloat16)
 #undef REGISTER_LOOKUP_CPU
 #undef REGISTER_LOOKUP_CPU_OP
 
+// CtrCheckBags: the lookup's checks of its bags, on their own, before a
+// stateful op uses the ids (see the op's doc).
+template <typename TSeg>
+class CheckBagsOp : public tensorflow::OpKernel {
+ public:
+  explicit CheckBagsOp(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
+    std::string kind;
+    OP_REQUIRES_OK(c, c->GetAttr("segment_kind", &kind));
+    OP_REQUIRES_OK(c, c->GetAttr("has_weights", &attrs_.has_weights));
+    attrs_.segments_are_splits = kind == "row_splits";
+  }
+
+  void Compute(tensorflow::OpKernelContext* ctx) override {
+    LookupInputs in{};
+    OP_REQUIRES_OK(ctx, ValidateBagInputs(ctx, 0, attrs_, &in));
+    tensorflow::Tensor offsets;
+    OP_REQUIRES_OK(ctx, BuildOffsets<TSeg>(ctx, attrs_, in, &offsets));
+    ctx->set_output(0, ctx->input(0));
+  }
+
+ private:
+  LookupAttrs attrs_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("CtrCheckBags").Device(tensorflow::DEVICE_CPU).TypeConstraint<int32_t>("Tseg"),
+                        CheckBagsOp<int32_t>);
+REGISTER_KERNEL_BUILDER(Name("CtrCheckBags").Device(tensorflow::DEVICE_CPU).TypeConstraint<int64_t>("Tseg"),
+                        CheckBagsOp<int64_t>);
+
 }  // namespace tf_ctr

@@ -218,6 +218,30 @@ ids: the id each key found (after the buckets), for the gradient, which is
 A found id >= V is an InvalidArgument naming the key, its id and its row.
 )doc") + kPoolingAttrs);
 
+REGISTER_OP("CtrCheckBags")
+    .Input("ids: Tid")
+    .Input("segments: Tseg")
+    .Input("num_rows: int64")
+    .Input("weights: float")
+    .Output("checked_ids: Tid")
+    .Attr("Tid: type")
+    .Attr("Tseg: {int32, int64}")
+    .Attr("segment_kind: {'row_splits', 'row_ids'}")
+    .Attr("has_weights: bool = false")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Passes `ids` through once their bags are valid, with the checks and the
+InvalidArgument messages of CtrEmbeddingLookup's: an op that changes state
+with the ids (an inserting CtrHashTableFind) reads checked_ids, so bags that
+the pooling after it would refuse change nothing. The inputs are those of
+CtrEmbeddingLookup but `params`.
+segment_kind: as in CtrEmbeddingLookup; num_rows is the bag count of row ids.
+has_weights: whether `weights` must hold one value per id.
+)doc");
+
 #undef CTR_LOOKUP_GRAD_SIGNATURE
 #undef CTR_LOOKUP_SIGNATURE
 #undef CTR_LOOKUP_ATTRS
