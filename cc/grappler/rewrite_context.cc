@@ -303,28 +303,121 @@ static const tensorflow::TensorShapeProto* HandleShape(const GraphIndex& g, cons
   return nullptr;
 }
 
+// Online, a captured lookup table has no handle shapes, so inference knows
+// neither a find's shape nor that of what reads it: Keras' negative-index
+// wrap (Less, AddV2, SelectV2 against scalars) and the Embedding's gather.
+// Their shapes follow from their operands': a find of scalar values has its
+// keys' shape (TF's LookupTableFindV2 gives keys.shape + the default's
+// shape); an elementwise op whose operands are scalars or of one shape has
+// that shape; a gather of whole rows has its ids' shape, then the table's
+// row shape. Each asks its operands, so the walk is bounded.
+constexpr int kMaxShapeWalk = 8;
+thread_local int shape_walk_depth = 0;
+
+class ShapeWalkStep {
+ public:
+  ShapeWalkStep() { ++shape_walk_depth; }
+  ~ShapeWalkStep() { --shape_walk_depth; }
+  bool too_deep() const { return shape_walk_depth > kMaxShapeWalk; }
+};
+
+static bool IsBroadcastingElementwise(const NodeDef& node) {
+  static const char* kOps[] = {"Less", "LessEqual", "Greater", "GreaterEqual", "Equal", "NotEqual", "AddV2",
+                               "Sub", "Mul", "Maximum", "Minimum", "SelectV2", "LogicalAnd", "LogicalOr"};
+  for (const char* op : kOps)
+    if (node.op() == op) return true;
+  return false;
+}
+
+// The operand whose shape an op's output 0 has where inference knows none
+// (nullptr if none is known to give it); for a row gather, its ids.
+static const NodeDef* ShapeSource(const RewriteContext& ctx, const NodeDef& node, int port, int* source_port) {
+  const GraphIndex& g = ctx.index();
+  if (port != 0) return nullptr;
+  if (node.op() == "Identity" || node.op() == "Cast") return g.Producer(node, 0, source_port);
+  if (IsOp(&node, "LookupTableFindV2")) {
+    int default_port = 0;
+    const NodeDef* value = g.Producer(node, 2, &default_port);
+    return value != nullptr && ctx.Rank(*value, default_port) == 0 ? g.Producer(node, 1, source_port) : nullptr;
+  }
+  std::string why;
+  if ((IsOp(&node, "ResourceGather") || IsOp(&node, "GatherV2")) && GathersWholeRows(g, node, &why))
+    return g.Producer(node, 1, source_port);
+  if (!IsBroadcastingElementwise(node)) return nullptr;
+  const NodeDef* source = nullptr;  // the first operand that is not a scalar; the others must match it
+  for (int i = 0; i < node.input_size() && node.input(i)[0] != '^'; ++i) {
+    int in_port = 0;
+    const NodeDef* in = g.Producer(node, i, &in_port);
+    if (in == nullptr) return nullptr;
+    const int rank = ctx.Rank(*in, in_port);
+    if (rank < 0) return nullptr;
+    if (rank == 0) continue;
+    if (source == nullptr) {
+      source = in;
+      *source_port = in_port;
+      continue;
+    }
+    if (rank != ctx.Rank(*source, *source_port)) return nullptr;
+    for (int d = 0; d < rank; ++d) {
+      const int64_t a = ctx.Dim(*in, in_port, d), b = ctx.Dim(*source, *source_port, d);
+      if (a == -1 || a != b) return nullptr;  // a -1 might broadcast
+    }
+  }
+  return source;
+}
+
+// The rank / dim `dim` of the table a row gather reads: the variable's
+// declared shape, or the params'.
+static int64_t GatheredTableShape(const RewriteContext& ctx, const NodeDef& gather, int dim) {
+  if (IsOp(&gather, "ResourceGather")) {
+    const tensorflow::TensorShapeProto* s = HandleShape(ctx.index(), ctx.index().Producer(gather, 0));
+    if (s == nullptr) return -1;
+    return dim < 0 ? s->dim_size() : dim < s->dim_size() ? s->dim(dim).size() : -1;
+  }
+  int port = 0;
+  const NodeDef* params = ctx.index().Producer(gather, 0, &port);
+  if (params == nullptr) return -1;
+  return dim < 0 ? ctx.Rank(*params, port) : ctx.Dim(*params, port, dim);
+}
+
+static bool IsGather(const NodeDef& node) { return node.op() == "ResourceGather" || node.op() == "GatherV2"; }
+
 int RewriteContext::Rank(const NodeDef& node, int port) const {
   const tensorflow::TensorShapeProto* s = KnownShape(Added(node.name()) ? nullptr : properties_, node, port);
   if (s) return s->dim_size();
-  // Shape-preserving ops pass the rank of their input through.
-  if (node.op() == "Identity" || node.op() == "Cast") {
-    const NodeDef* in = index_->Producer(node, 0, &port);
-    return in ? Rank(*in, port) : -1;
-  }
   if (node.op() == "ReadVariableOp") {
     s = HandleShape(*index_, index_->Producer(node, 0));
     return s ? s->dim_size() : -1;
   }
-  return -1;
+  ShapeWalkStep step;
+  int in_port = 0;
+  const NodeDef* source = step.too_deep() ? nullptr : ShapeSource(*this, node, port, &in_port);
+  if (source == nullptr) return -1;
+  const int rank = Rank(*source, in_port);
+  if (!IsGather(node)) return rank;
+  const int64_t table_rank = GatheredTableShape(*this, node, -1);
+  return rank < 0 || table_rank < 1 ? -1 : rank + static_cast<int>(table_rank) - 1;
 }
 
 int64_t RewriteContext::Dim(const NodeDef& node, int port, int dim) const {
   const tensorflow::TensorShapeProto* s = KnownShape(Added(node.name()) ? nullptr : properties_, node, port);
   int64_t size = (s && dim < s->dim_size()) ? s->dim(dim).size() : -1;
-  if (size < 0 && node.op() == "ReadVariableOp") {
+  if (size >= 0) return size;
+  if (node.op() == "ReadVariableOp") {
     // A variable's value has its declared shape.
     const tensorflow::TensorShapeProto* declared = HandleShape(*index_, index_->Producer(node, 0));
     if (declared && dim < declared->dim_size() && declared->dim(dim).size() >= 0) return declared->dim(dim).size();
+  } else if (size == -1) {  // not a symbolic size of inference's
+    ShapeWalkStep step;
+    int in_port = 0;
+    const NodeDef* source = step.too_deep() ? nullptr : ShapeSource(*this, node, port, &in_port);
+    if (source != nullptr && !IsGather(node)) {
+      size = Dim(*source, in_port, dim);
+    } else if (source != nullptr) {
+      const int ids_rank = Rank(*source, in_port);
+      if (ids_rank >= 0)
+        size = dim < ids_rank ? Dim(*source, in_port, dim) : GatheredTableShape(*this, node, dim - ids_rank + 1);
+    }
   }
   if (size >= 0) return size;
   // Inference may know the rank but not the size that Python's set_shape recorded.
