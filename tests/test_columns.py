@@ -377,3 +377,20 @@ def test_bucketized_bad_arguments():
         tco.bucketized_embedding_lookup(params, tf.constant([["a"]]), BOUNDARIES)
     with pytest.raises(ValueError, match=r"\[B\] or \[B, S\]"):
         tco.bucketized_embedding_lookup(params, tf.zeros([2, 1, 1]), BOUNDARIES)
+
+
+def test_bucketized_values_of_a_rank_known_only_at_run_time(rng):
+    # A [B] input was made [B, 1] only when its rank was static: a served
+    # signature of unknown shape got "input must be a matrix".
+    params = tf.constant(rng.normal(size=(3 * (len(BOUNDARIES) + 1), 3)).astype(np.float32))
+    lookup = tf.function(lambda v: tco.bucketized_embedding_lookup(params, v, BOUNDARIES),
+                         input_signature=[tf.TensorSpec(None, tf.float32)])
+    vector = tf.constant(rng.normal(size=9).astype(np.float32) * 10)
+    want = tco.bucketized_embedding_lookup(params, vector[:, tf.newaxis], BOUNDARIES)
+    np.testing.assert_array_equal(lookup(vector).numpy(), want.numpy())
+    matrix = tf.constant(rng.normal(size=(4, 3)).astype(np.float32) * 10)
+    np.testing.assert_array_equal(lookup(matrix).numpy(),
+                                  tco.bucketized_embedding_lookup(params, matrix, BOUNDARIES).numpy())
+    for bad in (tf.zeros([2, 1, 1]), tf.constant(1.0)):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="must be a matrix"):
+            lookup(bad)

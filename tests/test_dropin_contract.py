@@ -350,6 +350,18 @@ def test_v2_signatures_take_allow_fast_lookup_and_name(rng):
             fn(params, sp, None, partition_strategy="mod")
 
 
+@pytest.mark.parametrize("v1", [False, True])
+def test_the_output_is_named_as_tfs(v1):
+    # TF1 graphs fetch embedding_lookup_sparse's output by the name given
+    # (`foo:0`); ours was the fused op's inside the scope.
+    names = []
+    for module in ((tf.compat.v1.nn, tco.compat.v1) if v1 else (tf.nn, tco)):
+        with tf.Graph().as_default():
+            ids = tf.compat.v1.sparse_placeholder(tf.int64, shape=[None, None])
+            names.append(module.embedding_lookup_sparse(tf.ones([5, 2]), ids, None, name="foo").name)
+    assert names == ["foo:0", "foo:0"]
+
+
 def test_mismatched_weights_are_value_errors_at_construction():
     sp = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.constant([0, 1, 2], tf.int64), [2, 2])
     w = tf.SparseTensor([[0, 0], [0, 1]], [1.0, 2.0], [1, 2])

@@ -513,6 +513,49 @@ def test_eviction_resets_the_optimizer_slots_of_reused_rows(make_optimizer, slot
     assert (np.abs(others) > 50).all(), "only the reused row's slots restart"
 
 
+@pytest.mark.parametrize("initializer, bound", [
+    (None, 2.0 / np.sqrt(4)),  # HashTable's default: truncated normal, stddev 1/sqrt(dim), cut at 2 stddev
+    (keras.initializers.GlorotUniform(seed=3), np.sqrt(6.0 / (64 + 4))),  # the fans of the whole [64, 4] table
+    (keras.initializers.RandomUniform(-0.05, 0.05), 0.05),
+])
+def test_rows_given_to_new_keys_restart_from_fresh_draws_of_the_initializer(initializer, bound):
+    # Keras initializers are seeded once: called per eviction they gave every
+    # reused row the same vector (new keys started alike), and Glorot drew
+    # with the fans of the few reused rows, not of the table.
+    table = HashTable(dim=4, capacity=64, eviction="lru", initializer=initializer)
+    table.find(np.arange(64), insert=True)
+    fresh = []
+    step = tf.function(lambda k: table.find(k, insert=True))
+    for key in range(1000, 1040):
+        row = int(step(tf.constant([key], tf.int64))[0])
+        fresh.append(table.values.numpy()[row].copy())
+    fresh = np.array(fresh)
+    assert len({tuple(v) for v in fresh}) == len(fresh), "every reused row gets values of its own"
+    assert np.abs(fresh).max() <= bound * (1 + 1e-6)
+    assert fresh.std() > bound / 4, "spread as the initializer spreads them"
+
+
+def test_eviction_resets_only_its_own_tables_slots_when_tables_share_a_name():
+    # Two default HashTables both have `hash_table/values` (eager names are
+    # not uniquified), so their slots share a name too: an eviction in one
+    # reset the other's momentum rows as well.
+    tables = [HashTable(dim=2, capacity=2, eviction="lru", initializer=tf.zeros_initializer()) for _ in range(2)]
+    optimizer = keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)
+    optimizer.build([t.values for t in tables])
+    for table in tables:
+        table.reset_slots_of(optimizer)
+    slots = [optimizer_slots(optimizer, t.values) for t in tables]
+    assert [len(s) for s in slots] == [1, 1] and slots[0][0][0] is not slots[1][0][0]
+    for t in tables:
+        t.find([1, 2], insert=True)
+    for (slot, _), value in zip([s[0] for s in slots], (5.0, 7.0)):
+        slot.assign(np.full([2, 2], value, np.float32))
+    hash_table_embedding(tables[0], tf.constant([[3]], tf.int64), combiner="sum", insert=True)  # evicts a row
+    assert int(tables[0].statistics()["evicted"]) > 0 and int(tables[1].statistics()["evicted"]) == 0
+    assert (slots[0][0][0].numpy() == 0).any(), "the reused row's momentum restarts"
+    np.testing.assert_array_equal(slots[1][0][0].numpy(), np.full([2, 2], 7.0), "the other table's slots stay")
+
+
 @pytest.mark.parametrize("eviction, admit_after", [("none", 1), ("lru", 1), ("lfu", 2)])
 def test_core_module_builds_the_same_table_as_the_op(rng, eviction, admit_after):
     """_core.hash_table_find (what the GPU tests build their tables with) runs
@@ -699,6 +742,17 @@ def test_slots_match_one_call_per_feature(rng, weighted, batch):
         np.testing.assert_array_equal(ours.export()[0], theirs.export()[0])  # the same rows for the same keys
         np.testing.assert_allclose(tf.convert_to_tensor(tape.gradient(loss_got, ours.values)),
                                    tf.convert_to_tensor(tape.gradient(loss_want, theirs.values)), rtol=1e-5, atol=1e-6)
+
+
+def test_slots_take_int32_and_int64_features_together():
+    # The slots' keys are found by one op: features of both int types were
+    # concatenated as they came (a ConcatV2 type error).
+    keys = [tf.constant([[1, 2], [3, -1]], tf.int32), tf.ragged.constant([[2, 7], []], tf.int64)]
+    tables = _twin_tables(2)
+    got = tco.multi_hash_table_embedding(tables[0], keys, insert=True)
+    want = [hash_table_embedding(tables[1], k, insert=True) for k in keys]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
 
 
 def test_slots_of_one_table_are_one_find_and_one_lookup(rng):

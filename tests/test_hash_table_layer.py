@@ -114,6 +114,24 @@ def test_a_layer_refuses_a_checkpoint_of_the_other_key_dtype(tmp_path):
     assert layer.get_config()["key_dtype"] == "int64"
 
 
+def test_a_checkpoint_restored_before_the_layer_is_built_is_checked_too(tmp_path):
+    # Restored before the build, Keras loads the weights in add_weight, before
+    # the layer's restore hooks exist: an int64 table went into a string layer.
+    import tensorflow as tf
+
+    saved = HashTableEmbedding(4, capacity=10)
+    saved(tf.constant([[11, 12]], tf.int64), training=True)
+    path = tf.train.Checkpoint(layer=saved).save(str(tmp_path / "ckpt"))
+    same = HashTableEmbedding(4, capacity=10)
+    tf.train.Checkpoint(layer=same).restore(path)
+    np.testing.assert_array_equal(same(tf.constant([[11, 12]], tf.int64)).numpy(),
+                                  saved(tf.constant([[11, 12]], tf.int64)).numpy())
+    other = HashTableEmbedding(4, capacity=10, key_dtype="string")
+    tf.train.Checkpoint(layer=other).restore(path)
+    with pytest.raises(ValueError, match="holds int64 keys, this one takes string keys"):
+        other(tf.constant([["a"]]))
+
+
 def test_layer_config_errors():
     with pytest.raises(ValueError, match="capacity"):
         HashTableEmbedding(4, capacity=0)

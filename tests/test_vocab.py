@@ -354,3 +354,39 @@ def test_a_table_of_vector_values_is_an_error_not_a_heap_corruption():
     for op, call in calls.items():
         with pytest.raises(tf.errors.InvalidArgumentError, match=r"int64 scalar row ids, got int64 of shape \[2\]"):
             call()
+
+
+@pytest.mark.parametrize("mutable", [False, True])
+def test_a_default_of_one_value_per_key_is_an_error_not_an_abort(mutable):
+    # TF's own find checks accept a default shaped as the keys (one per key);
+    # the fused finds read one default, and a CHECK failure killed the
+    # process (StaticHashTable; MutableHashTable with OOV buckets).
+    from tf_ctr_ops.vocab import _ops
+
+    if mutable:
+        table = tf.lookup.experimental.MutableHashTable(tf.string, tf.int64, default_value=-1)
+        table.insert(tf.constant(["a"]), tf.constant([1], tf.int64))
+    else:
+        table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
+            tf.constant(["a", "b"]), tf.constant([1, 2], tf.int64)), default_value=-1)
+    handle, keys, default = table.resource_handle, tf.constant(["a", "zz"]), tf.constant([0, 1], tf.int64)
+    params = tf.ones([5, 2])
+    lookup = lambda buckets: _ops.ctr_vocab_embedding_lookup(  # noqa: E731
+        handle, default, params, keys, tf.constant([0, 2], tf.int64), tf.constant(-1, tf.int64), tf.zeros([0]),
+        segment_kind="row_splits", num_oov_buckets=buckets)
+    calls = [lambda: lookup(2)]
+    if not mutable:
+        calls += [
+            lambda: _ops.ctr_vocab_embedding(handle, keys, default, params),
+            lambda: lookup(0),
+            lambda: _ops.ctr_vocab_multi_hot(handle, tf.reshape(keys, [1, 2]), tf.reshape(default, [1, 2]),
+                                             tf.ones([5, 2])),
+            lambda: _ops.ctr_concat_vocab_embedding([handle], [keys], [default], [params], [],
+                                                    missing_keys=["default"], missing_ids=[-1],
+                                                    wrap_negative_ids=[False]),
+            lambda: _ops.ctr_vocab_indicator(handle, default, keys, tf.constant([[0, 0], [0, 1]], tf.int64),
+                                             tf.constant([1, 2], tf.int64), depth=4, T=tf.float32),
+        ]
+    for call in calls:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"default_value must be a scalar, got shape \[1?,?2\]"):
+            call()

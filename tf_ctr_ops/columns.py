@@ -117,6 +117,9 @@ def bucketized_embedding_lookup(params, values, boundaries, combiner="mean", def
             raise TypeError(f"values must be int32, int64, float32 or float64, got {values.dtype.name}")
         if values.shape.rank == 1:
             values = values[:, tf.newaxis]
+        elif values.shape.rank is None:  # [B] becomes [B, 1] at run time; anything else goes as it is
+            one_column = tf.ones(tf.cast(tf.equal(tf.rank(values), 1), tf.int32)[tf.newaxis], tf.int32)
+            values = tf.reshape(values, tf.concat([tf.shape(values), one_column], 0))
         if values.shape.rank is not None and values.shape.rank != 2:
             raise ValueError(f"values must be [B] or [B, S], got shape {values.shape}")
         out, _, _, _ = _ops.ctr_bucketize_embedding_lookup(

@@ -126,6 +126,7 @@ class HashTable(tf.Module):
         if initializer is None:
             initializer = tf.keras.initializers.TruncatedNormal(stddev=1.0 / np.sqrt(self.dim))
         self.row_initializer = initializer
+        self.reset_seed = reset_seed_of(initializer)
         self._slot_optimizer = _SlotOptimizer()
         with self.name_scope:
             self.table = create_table_variable(  # the find kernel runs where the table lives
@@ -267,10 +268,28 @@ def _check_saved_key_kind(saved_table, table):
     """String keys are stored as int64 fingerprints, so a checkpoint of the
     other key kind would restore without error and find none of its keys."""
     saved, own = (int(tf.reshape(t[:HEADER_ROWS], [-1])[KEY_KIND]) for t in (saved_table, _variable(table.table)))
+    _refuse_other_key_kind(saved, own)
+
+
+def _refuse_other_key_kind(saved, own):
     if UNKNOWN_KEYS not in (saved, own) and saved != own:
         names = {INT_KEYS: "int64", STRING_KEYS: "string"}
         raise ValueError(f"the checkpoint's table holds {names.get(saved, saved)} keys, this one takes "
                          f"{names.get(own, own)} keys (key_dtype): a table restores from one of the same key_dtype")
+
+
+def check_restored_key_kind(table):
+    """The key-kind check of a restore that ran as the table variable was
+    created, before restore_any_capacity could take it over: Keras restores
+    a layer's weights in add_weight when the checkpoint was restored before
+    the layer was built."""
+    with tf.init_scope():
+        if not tf.executing_eagerly():
+            return
+        saved = int(tf.reshape(_variable(table.table)[:HEADER_ROWS], [-1])[KEY_KIND])
+        _refuse_other_key_kind(saved, key_kind(table.key_dtype))
+        if saved == UNKNOWN_KEYS:
+            _keep_key_kind(table.table, table.key_dtype)
 
 
 def _find(table_var, keys, capacity, insert, admit_after, dense_padding=False, eviction="none"):
@@ -293,13 +312,77 @@ def _find_and_reset(table, ids, insert, dense_padding=False):
         check_eviction_outside_replicas(table.eviction)
         values = _variable(table.values)
         shape = tf.stack([tf.size(reused), table.dim])
-        resets = [values.scatter_update(tf.IndexedSlices(table.row_initializer(shape, dtype=values.dtype), reused))]
+        with tf.control_dependencies([rows]):  # the clock this call advanced
+            clock = resource_variable_ops.resource_gather(_variable(table.table).handle, [CLOCK // COLUMNS],
+                                                          dtype=tf.int64)[0, CLOCK % COLUMNS]
+        fresh = fresh_rows(table.row_initializer, tf.size(reused), (table.capacity, table.dim), values.dtype,
+                           tf.stack([tf.constant(table.reset_seed, tf.int64), clock]))
+        resets = [values.scatter_update(tf.IndexedSlices(fresh, reused))]
         for slot, initial in optimizer_slots(table.slot_optimizer(), table.values):
             slot = _variable(slot)
             resets.append(slot.scatter_update(tf.IndexedSlices(tf.fill(shape, tf.cast(initial, slot.dtype)), reused)))
         with tf.control_dependencies(resets):
             rows = tf.identity(rows)
     return rows
+
+
+def reset_seed_of(initializer):
+    """The seed of the values that rows handed to new keys restart from: the
+    initializer's own (an int), else one drawn now (reproducible under
+    keras.utils.set_random_seed, which seeds Python's generator)."""
+    import random
+
+    seed = getattr(initializer, "seed", None)
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else random.randint(1, 2**31 - 1)
+
+
+def _row_distribution(initializer, table_shape):
+    """(kind, a, b) of the distribution a Keras random initializer draws each
+    value of a `table_shape` matrix from, or None for any other initializer."""
+    import keras
+
+    inits = keras.initializers
+    if isinstance(initializer, inits.VarianceScaling):
+        if initializer.input_axes is not None or initializer.output_axes is not None:
+            return None
+        fan_in, fan_out = table_shape
+        fan = {"fan_in": fan_in, "fan_out": fan_out}.get(initializer.mode, (fan_in + fan_out) / 2.0)
+        scale = initializer.scale / max(1.0, fan)
+        if initializer.distribution == "truncated_normal":
+            return "truncated_normal", 0.0, np.sqrt(scale) / 0.87962566103423978
+        if initializer.distribution == "untruncated_normal":
+            return "normal", 0.0, np.sqrt(scale)
+        limit = np.sqrt(3.0 * scale)
+        return "uniform", -limit, limit
+    if isinstance(initializer, inits.TruncatedNormal):
+        return "truncated_normal", initializer.mean, initializer.stddev
+    if isinstance(initializer, inits.RandomNormal):
+        return "normal", initializer.mean, initializer.stddev
+    if isinstance(initializer, inits.RandomUniform):
+        return "uniform", initializer.minval, initializer.maxval
+    return None
+
+
+def fresh_rows(initializer, num_rows, table_shape, dtype, seed):
+    """Values for `num_rows` rows handed to new keys. A Keras random
+    initializer is seeded once and gives the same values at every call, so
+    every reused row would start as the same vector: its distribution is
+    drawn from here instead, with `seed` ([table's seed, its clock]) new at
+    every inserting call, and its fans (VarianceScaling: Glorot, He, Lecun)
+    those of the whole `table_shape` matrix, as at creation. Any other
+    initializer (constants, a callable of the user's) is called on the rows."""
+    shape = tf.stack([tf.cast(num_rows, tf.int32), table_shape[1]])
+    kind = _row_distribution(initializer, table_shape)
+    if kind is None:
+        return initializer(shape, dtype=dtype)
+    name, a, b = kind
+    if name == "uniform":
+        rows = tf.random.stateless_uniform(shape, seed, minval=a, maxval=b)
+    elif name == "normal":
+        rows = tf.random.stateless_normal(shape, seed, mean=a, stddev=b)
+    else:
+        rows = tf.random.stateless_truncated_normal(shape, seed, mean=a, stddev=b)
+    return tf.cast(rows, dtype)
 
 
 def _under_multi_worker_strategy():
@@ -341,20 +424,37 @@ def optimizer_slots(optimizer, variable):
 
     Keras names the slots of a variable `{variable.path with '_' for '/'}_{slot}`
     with the variable's shape; accumulators (Adagrad, Ftrl) start at the
-    optimizer's initial_accumulator_value, every other slot at 0.
+    optimizer's initial_accumulator_value, every other slot at 0. Variables
+    may share a name (eager tf.Variables are not uniquified: two default
+    HashTables both have `hash_table/values`), so their slots share names
+    too; Keras creates each slot kind in the order of its trainable
+    variables, so the k-th slot of a name belongs to the k-th of them.
     """
     if optimizer is None:
         return []
-    if hasattr(variable, "path"):  # a Keras variable
-        prefix = variable.path.replace("/", "_") + "_"
-    else:  # a tf.Variable, as Keras names its slots
-        prefix = str(variable.name).replace("/", "_").replace(":", "_") + "_"
-    slots = []
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's slots are its inner one's
+    prefix = _slot_prefix(variable)
+    namesakes = [v for v in getattr(optimizer, "_trainable_variables", [])
+                 if _slot_prefix(v) == prefix and tuple(v.shape) == tuple(variable.shape)]
+    position = next((i for i, v in enumerate(namesakes) if v is variable), None)
+    if position is None:  # not one of this optimizer's variables: no slots of its own
+        return []
+    slots, seen = [], {}
     for slot in getattr(optimizer, "variables", []):
-        if tuple(slot.shape) == tuple(variable.shape) and slot.name.startswith(prefix):
+        if tuple(slot.shape) != tuple(variable.shape) or not slot.name.startswith(prefix):
+            continue
+        nth = seen.get(slot.name, 0)
+        seen[slot.name] = nth + 1
+        if nth == position:
             accumulator = slot.name.endswith("_accumulator")
             slots.append((slot, getattr(optimizer, "initial_accumulator_value", 0.0) if accumulator else 0.0))
     return slots
+
+
+def _slot_prefix(variable):
+    if hasattr(variable, "path"):  # a Keras variable
+        return variable.path.replace("/", "_") + "_"
+    return str(variable.name).replace("/", "_").replace(":", "_") + "_"  # a tf.Variable, as Keras names its slots
 
 
 def _one_copy_creator(next_creator, **kwargs):
@@ -533,7 +633,8 @@ def _slot(keys, weights, key_dtype):
     batch = _batch_size(keys)
     # Checked here, not by the pooling of all the slots' bags, where a row
     # outside one feature's batch would be another feature's row.
-    ids = _lookup_ops._checked_bag_ids(_int_keys(bags.ids, key_dtype, dense), bags)
+    # int64 whatever the feature's int type: the slots' keys are found together.
+    ids = tf.cast(_lookup_ops._checked_bag_ids(_int_keys(bags.ids, key_dtype, dense), bags), tf.int64)
     with tf.control_dependencies([ids]):
         row_ids = _row_ids(bags)
     w = None if bags.weights is None else tf.cast(bags.weights, tf.float32)

@@ -543,6 +543,7 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
         self.key_dtype = _hash_table.check_key_dtype(key_dtype)
         self.eviction = _hash_table.check_eviction(eviction)
         self.embeddings_initializer = initializers.get(embeddings_initializer)
+        self.reset_seed = _hash_table.reset_seed_of(self.embeddings_initializer)
         self.max_norm = _check_max_norm(max_norm)
         self.autocast = False
         self._slot_optimizer = _hash_table._SlotOptimizer()
@@ -565,6 +566,7 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
         self.embeddings = self.add_weight(shape=(self.capacity, self.output_dim),
                                           initializer=self.embeddings_initializer, name="embeddings",
                                           trainable=True)
+        _hash_table.check_restored_key_kind(self)
         _hash_table.restore_any_capacity(self)
         self.built = True
 
@@ -576,8 +578,9 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
     def dim(self):
         return self.output_dim
 
-    def row_initializer(self, shape, dtype=None):
-        return self.embeddings_initializer(shape, dtype=dtype)
+    @property
+    def row_initializer(self):
+        return self.embeddings_initializer
 
     def statistics(self):
         """A dict of scalar tensors: size, occupied slots, dropped inserts, load factor."""

@@ -437,7 +437,8 @@ def _lookup_sparse_bags(sp_ids, sp_weights):
 def _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, name, combiner, max_norm):
     combiner = check_combiner(combiner or "mean")
     bags = _lookup_sparse_bags(sp_ids, sp_weights)
-    with tf.name_scope(name or "embedding_lookup_sparse"):
+    # The output is named as the scope (`foo:0` for name="foo"), as TF's is.
+    with tf.name_scope(name or "embedding_lookup_sparse") as scope:
         shards = sharded_variables(params)
         if shards is not None:
             return _sharded_lookup(shards, bags, combiner=combiner, max_norm=max_norm,
@@ -450,7 +451,7 @@ def _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, nam
         merged = _MergedShards(parts, partition_strategy)
         return _lookup(merged.table, merged.rows(bags.ids), bags.segments, -1, _weights_values(bags.weights),
                        segment_kind="row_ids", combiner=combiner, max_norm=max_norm,
-                       grad_indices=_DROP_IN_GRAD_INDICES)
+                       grad_indices=_DROP_IN_GRAD_INDICES, name=scope)
 
 
 def _in_row_order(rows, ids, weights):

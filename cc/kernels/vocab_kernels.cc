@@ -237,6 +237,11 @@ absl::Status CheckFind(tensorflow::lookup::LookupInterface* table, const Tensor&
     return tensorflow::errors::InvalidArgument("the table's values must be int64 scalar row ids, got ",
                                                tensorflow::DataTypeString(table->value_dtype()), " of shape ",
                                                table->value_shape().DebugString());
+  // TF's check also accepts one default per key; the fused ops take the one
+  // default the table was built with.
+  if (default_value.dims() != 0)
+    return tensorflow::errors::InvalidArgument("default_value must be a scalar, got shape ",
+                                               default_value.shape().DebugString());
   return table->CheckFindArguments(keys, default_value);
 }
 
