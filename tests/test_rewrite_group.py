@@ -517,3 +517,57 @@ def test_multi_op_whole_string_errors_name_feature_row_and_token(rng):
         string_ops.ctr_multi_string_embedding(params=t, bytes=data, row_splits=splits, combiners=["sum"] * 2,
                                               id_modes=["index"] * 2, delimiters=[""] * 2, skip_empty=[True] * 2,
                                               max_norms=[-1.0] * 2)
+
+
+@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="online graphs are placed on a GPU here")
+@pytest.mark.parametrize("form", ["two_branches", "one_outside"])
+def test_features_under_a_cond_are_not_grouped(tmp_path, form):
+    # TF lowers a cond to Switch/Merge before our pass. Grouped across the
+    # branches, one input of the grouped op was always dead and the op never
+    # ran: the output was silently empty, the always-needed feature's too.
+    t = tf.Variable(tf.random.stateless_normal([10, 4], seed=[1, 9]))
+    u = tf.Variable(tf.random.stateless_normal([10, 4], seed=[2, 9]))
+
+    def lookup(table, s):
+        return tf.nn.embedding_lookup(table, tf.strings.to_hash_bucket_fast(s, 10))
+
+    def model(x, flag):
+        if form == "two_branches":
+            return tf.cond(flag, lambda: lookup(t, x[:, 0]), lambda: lookup(u, x[:, 0]))
+        first = lookup(t, x[:, 0])
+        return first + tf.cond(flag, lambda: lookup(u, x[:, 1]), lambda: tf.zeros_like(first))
+
+    spec = [tf.TensorSpec([None, 2], tf.string), tf.TensorSpec([], tf.bool)]
+    x = tf.constant([["a", "c"], ["b", "d"]])
+    report_file = str(tmp_path / "report.jsonl")
+    with rewrite.enable(serving_device="cpu", report_file=report_file):
+        fused = tf.function(model, input_signature=spec)
+        got = {flag: fused(x, tf.constant(flag)).numpy() for flag in (True, False)}
+    plain = tf.function(model, input_signature=spec)
+    for flag in (True, False):
+        np.testing.assert_array_equal(got[flag], plain(x, tf.constant(flag)).numpy())
+    report = rewrite.read_report(report_file)
+    assert "CtrMultiStringEmbedding" not in {m["fused_op"] for m in report["match"]}, report
+    assert any(s["pattern"] == "group_strings" and "control flow" in s["reason"] for s in report["skip"]), report
+
+
+@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="online graphs are placed on a GPU here")
+def test_a_concat_in_a_loop_that_never_runs_proves_no_batch_size():
+    # Inference merged the two features' batch sizes through a ConcatV2 in a
+    # loop body: grouped, a batch of 3 and one of 1 (which the original
+    # broadcasts) failed in the grouped pack.
+    t = tf.Variable(tf.random.stateless_normal([30, 4], seed=[1, 9]))
+    u = tf.Variable(tf.random.stateless_normal([30, 4], seed=[2, 9]))
+
+    def model(a, b, n):
+        ea = tf.nn.embedding_lookup(t, tf.strings.to_hash_bucket_fast(a, 30))
+        eb = tf.nn.embedding_lookup(u, tf.strings.to_hash_bucket_fast(b, 30))
+        _, extra = tf.while_loop(lambda i, acc: i < n,
+                                 lambda i, acc: (i + 1, acc + tf.reduce_sum(tf.concat([ea, eb], 1))), (0, 0.0))
+        return tf.reduce_sum(ea + eb, axis=1) + extra
+
+    spec = [tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.int32)]
+    args = (tf.constant(["a", "b", "c"]), tf.constant(["u"]), tf.constant(0))
+    with rewrite.enable(serving_device="cpu"):
+        got = tf.function(model, input_signature=spec)(*args).numpy()
+    np.testing.assert_allclose(got, tf.function(model, input_signature=spec)(*args).numpy(), rtol=1e-6)

@@ -488,3 +488,97 @@ def test_a_pattern_whose_result_cannot_be_rebuilt_is_dropped(tmp_path, monkeypat
     best, dropped = rw._servable_rewrite(build, str(tmp_path), None, None, set(), str(tmp_path))
     assert rw._fused_patterns(best.reports) == ["hash_gather"] and not best.failure
     assert list(dropped) == ["group_strings"] and "13 nodes in a cycle" in dropped["group_strings"]
+
+
+def _saved_values(model_dir):
+    """The values of a SavedModel's variables (whatever their checkpoint keys), in a canonical order."""
+    reader = tf.train.load_checkpoint(str(model_dir / "variables" / "variables"))
+    return sorted((tuple(reader.get_tensor(k).shape), reader.get_tensor(k).tobytes())
+                  for k in reader.get_variable_to_shape_map() if k != "_CHECKPOINTABLE_OBJECT_GRAPH")
+
+
+class _StatefulModel(tf.Module):
+    """A hashed string lookup to fuse, beside signatures that change state (an
+    online-learning hook writing table rows, a request counter)."""
+
+    def __init__(self):
+        self.table = tf.Variable(tf.reshape(tf.range(20, dtype=tf.float32), [10, 2]))
+        self.calls = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="x")])
+    def predict(self, x):
+        ids = tf.strings.to_hash_bucket_fast(tf.strings.split(x, "|"), 10).to_sparse()
+        return {"emb": tf.nn.safe_embedding_lookup_sparse(self.table, ids, combiner="sum")}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64, name="rows"),
+                                  tf.TensorSpec([None, 2], tf.float32, name="values")])
+    def set_rows(self, rows, values):
+        self.table.scatter_update(tf.IndexedSlices(values, rows))
+        return {"rows": tf.identity(rows)}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="y")])
+    def count(self, y):
+        self.calls.assign_add(1)
+        return {"y": y * 2.0}
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_verification_leaves_the_saved_state_as_it_was(tmp_path, given):
+    # Verification called every signature of the very object then saved as
+    # dst: a hook's writes (and the synthesized inputs' search, many calls)
+    # went into dst's variables, and a search that changed the state made the
+    # rewrite look wrong against a fresh dst.
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    model = _StatefulModel()
+    tf.saved_model.save(model, str(src), signatures={"serving_default": model.predict, "set_rows": model.set_rows,
+                                                     "count": model.count})
+    sample = {"serving_default": {"x": np.array([b"a|b", b"c", b""], object)},
+              "set_rows": {"rows": np.array([0, 1, 2, 3, 4, 5, 6, 7, 8, 9]),
+                           "values": np.full([10, 2], 100.0, np.float32)},
+              "count": {"y": np.array([1.0], np.float32)}} if given else None
+    report = rewrite.optimize_saved_model(src, dst, sample_inputs=sample, runs=0)
+    fused = {m["fused_op"] for m in report.signatures["serving_default"].matches}
+    assert "CtrStringEmbedding" in fused and all(s.outputs_match for s in report.signatures.values()), report
+    assert _saved_values(dst) == _saved_values(src)
+    x = np.array([b"a|b|c", b"zz", b""], object)
+    assert_same_outputs(outputs(src, "serving_default", {"x": x}),
+                        serve_in_fresh_process(dst, "serving_default", {"x": x}, tmp_path))
+
+
+@pytest.mark.parametrize("where", ["same", "dst_holds_src", "dst_inside_src"])
+def test_a_dst_that_holds_or_lies_in_src_is_refused_and_src_stays(tmp_path, where):
+    # `optimize models/v1 models` moved `models` aside and deleted it: the
+    # source model was gone and the command exited 0.
+    src = tmp_path / "models" / "v1"
+    save_split_safe_lookup_model(str(src))
+    before = sorted(p.relative_to(src) for p in src.rglob("*"))
+    dst = {"same": src, "dst_holds_src": tmp_path / "models", "dst_inside_src": src / "rewritten"}[where]
+    with pytest.raises(ValueError, match="must differ|inside"):
+        rewrite.optimize_saved_model(src, dst, runs=0)
+    assert sorted(p.relative_to(src) for p in src.rglob("*")) == before
+
+
+@pytest.mark.parametrize("damage", ["no_variables", "corrupt_proto"])
+def test_a_saved_model_tf_cannot_read_is_a_one_line_error(tmp_path, damage):
+    import shutil
+
+    save_split_safe_lookup_model(str(tmp_path / "src"))
+    if damage == "no_variables":
+        shutil.rmtree(tmp_path / "src" / "variables")
+    else:
+        (tmp_path / "src" / "saved_model.pb").write_bytes(b"\x0a\xff\xff not a proto")
+    cli = run_cli(["src", "dst"], tmp_path)
+    assert cli.returncode == 1 and "Traceback" not in cli.stderr, cli.stderr
+    assert cli.stderr.startswith("tf-ctr-ops optimize: error: ") and len(cli.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "dst").exists()
+
+
+def test_assets_extra_of_a_tf2_model_are_kept(tmp_path):
+    # TF Serving's warmup requests live in assets.extra/, which the TF1 path
+    # copied and the TF2 saver does not write.
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    save_split_safe_lookup_model(str(src))
+    (src / "assets.extra").mkdir()
+    (src / "assets.extra" / "tf_serving_warmup_requests").write_bytes(b"warmup")
+    rewrite.optimize_saved_model(src, dst, runs=0)
+    assert (dst / "assets.extra" / "tf_serving_warmup_requests").read_bytes() == b"warmup"

@@ -447,6 +447,35 @@ def test_partitioned_table_left_alone_with_reason(tmp_path, rng, case, reason):
     assert report.ok and sig.outputs_match
 
 
+def test_partitions_another_signature_writes_are_not_merged(tmp_path, rng):
+    # A merged table is a copy: a signature updating the partitions (a
+    # hot-update hook) no longer reached what the rewritten lookup reads.
+    module = PartitionedModule(rng, "mod")
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.float32, name="delta")])
+    def update(delta):
+        for part in module.parts:
+            part.assign_add(tf.fill(tf.shape(part), delta))
+        return {"delta": tf.identity(delta)}
+
+    module.update = update
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tf.saved_model.save(module, str(src), signatures={"serving_default": module.serve, "update": module.update})
+    inputs = partitioned_inputs(rng, 10)
+    report = rewrite.optimize_saved_model(src, dst, runs=0, sample_inputs={
+        "serving_default": inputs, "update": {"delta": np.array(0.0, np.float32)}})
+    sig = report.signatures["serving_default"]
+    assert "partitioned_table" not in [m["pattern"] for m in sig.matches]
+    assert any(s["pattern"] == "partitioned_table" and "writes variables" in s["reason"] for s in sig.skips)
+    served = tf.saved_model.load(str(dst))
+    served.signatures["update"](delta=tf.constant(100.0))
+    got = served.signatures["serving_default"](**{k: tf.constant(v) for k, v in inputs.items()})
+    module.update(tf.constant(100.0))
+    want = module.serve(**{k: tf.constant(v) for k, v in inputs.items()})
+    for k in want:
+        assert_close(got[k], want[k])
+
+
 def manual_partitioned(parts, also_stitched):
     def f(ids):
         flat = tf.reshape(ids, [-1])

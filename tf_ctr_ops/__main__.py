@@ -42,7 +42,10 @@ def optimize_main(argv):
     if args.inputs and not args.verify:
         parser.error("--inputs is for verification: drop --no-verify")
 
-    from tf_ctr_ops import rewrite
+    import tensorflow as tf
+    from google.protobuf.message import DecodeError
+
+    from tf_ctr_ops import _errors, rewrite
 
     try:
         report = rewrite.optimize_saved_model(args.src, args.dst, signature_keys=args.signatures,
@@ -50,6 +53,9 @@ def optimize_main(argv):
                                               inputs_file=args.inputs)
     except (rewrite.RewriteError, ValueError) as e:
         print(f"tf-ctr-ops optimize: error: {e}", file=sys.stderr)
+        return 1
+    except (OSError, DecodeError, tf.errors.OpError) as e:  # a SavedModel TF cannot read, a DST not writable
+        print(f"tf-ctr-ops optimize: error: {_errors.summary(e)}", file=sys.stderr)
         return 1
     print(report.summary())
     if args.report:

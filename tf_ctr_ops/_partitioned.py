@@ -212,7 +212,25 @@ def _remove_dead(body, candidates, replaced_by):
             fdef.signature.control_output.extend(outputs)
 
 
-def merge_partitioned_tables(graph_def, concrete_function, saved_devices=()):
+_WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "ResourceStridedSliceAssign")
+_WRITE_PREFIXES = ("ResourceScatter", "ResourceApply", "ResourceSparseApply")
+
+
+def written_variables(functions):
+    """The handles (ids) of the variables that functions which write any
+    variable capture: a merged copy of partitions would not see those
+    writes, so such partitions stay as they are (conservative: the write may
+    be to another variable of the function)."""
+    handles = set()
+    for fn in functions:
+        graph_def = fn.graph.as_graph_def()
+        nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+        if any(n.op in _WRITES or n.op.startswith(_WRITE_PREFIXES) for n in nodes):
+            handles |= {id(v.handle) for v in fn.variables}
+    return handles
+
+
+def merge_partitioned_tables(graph_def, concrete_function, saved_devices=(), written=frozenset()):
     """Rewrites partitioned lookups in the functions `graph_def` calls into
     gathers from merged variables.
 
@@ -220,7 +238,8 @@ def merge_partitioned_tables(graph_def, concrete_function, saved_devices=()):
     move the whole table onto one device. `saved_devices` are the variable
     devices the SavedModel records (`saved_variable_devices`): TF's loader
     does not restore them, so two or more of them leave every partitioned
-    lookup alone.
+    lookup alone. Partitions among `written` (written_variables of the
+    SavedModel's signatures) are left alone too.
 
     Returns (graph_def, {placeholder name: merged variable}, match records,
     skip records). `graph_def` is modified in place.
@@ -271,6 +290,11 @@ def merge_partitioned_tables(graph_def, concrete_function, saved_devices=()):
                 skips.append({"pattern": PATTERN, "node": stitch.name,
                               "reason": f"the partitions sit on different devices ({', '.join(devices)}): "
                                         "merging them would put the whole table on one"})
+                continue
+            if any(id(part_vars[a].handle) in written for a in parts):
+                skips.append({"pattern": PATTERN, "node": stitch.name,
+                              "reason": "a signature that writes variables reads the partitions: a merged copy "
+                                        "would not see its writes"})
                 continue
             key = (strategy, tuple(id(part_vars[a].handle) for a in parts))
             if key not in merged:

@@ -58,6 +58,15 @@ def write_tf1(src, dst, proto):
         f.write(proto.SerializeToString())
 
 
+def copy_assets_extra(src, dst):
+    """Copies src's assets.extra (TF Serving's warmup requests, files the
+    serving system reads and TF does not) into dst, which the TF2 saver
+    wrote without it."""
+    extra = os.path.join(src, "assets.extra")
+    if os.path.isdir(extra):
+        shutil.copytree(extra, os.path.join(dst, "assets.extra"))
+
+
 def restore_method_names(original, model_dir):
     """Gives dst's signatures the method names (classify, regress, ...) they
     had in `original`; the TF2 saver writes every signature as predict."""

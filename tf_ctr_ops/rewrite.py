@@ -682,9 +682,20 @@ def _outputs(fn, inputs):
     return {k: v.numpy() for k, v in fn(**_feeds(fn, inputs)).items()}
 
 
-def _verification_inputs(loaded, selected, facts, sample_inputs, inputs_file, seed):
+def _verification_inputs(src, selected, facts, sample_inputs, inputs_file, seed):
     """Per selected signature: the inputs to verify on, where they came from,
-    and the original model's outputs on them."""
+    and the original model's outputs on them. Inputs are searched on a copy
+    of the model of its own (a signature may change its variables or tables:
+    a scatter hook, a request counter), and the outputs come from a fresh
+    copy whose signatures run once each in order, from the saved state, as
+    the check of the rewritten model runs them."""
+    probe = tf.saved_model.load(src)
+    inputs, hows = _chosen_inputs(probe, selected, facts, sample_inputs, inputs_file, seed)
+    fresh = tf.saved_model.load(src)
+    return inputs, hows, {key: _outputs(fresh.signatures[key], feeds) for key, feeds in inputs.items()}
+
+
+def _chosen_inputs(loaded, selected, facts, sample_inputs, inputs_file, seed):
     signatures = {k: loaded.signatures[k] for k in selected}
     given = {k: ("file", v) for k, v in (_model_inputs.load_inputs_file(inputs_file, signatures).items()
                                          if inputs_file is not None else ())}
@@ -717,8 +728,7 @@ def _verification_inputs(loaded, selected, facts, sample_inputs, inputs_file, se
         except _model_inputs.InputsError as e:
             raise RewriteError(f"signature {key!r}: cannot verify: {e}. Pass inputs the model accepts "
                                "(--inputs FILE, or sample_inputs), or skip verification (--no-verify)") from None
-        reference[key] = _outputs(fn, inputs[key])
-    return inputs, hows, reference
+    return inputs, hows
 
 
 def _serve_in_fresh_process(model_dir, inputs):
@@ -851,10 +861,12 @@ def _move_into_place(folder, dst):
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _tf2_builder(loaded, proto, available, selected, serving_device):
+def _tf2_builder(src, loaded, proto, available, selected, serving_device):
     """build(folder, disabled) for a TF2 SavedModel: each selected signature's
     function optimized and rebuilt, saved with the variables and resources
     the signatures capture."""
+
+    written = _partitioned.written_variables(loaded.signatures[k] for k in available)
 
     def build(folder, disabled):
         reports, functions, variables, other_captures = {}, {}, [], False
@@ -877,7 +889,7 @@ def _tf2_builder(loaded, proto, available, selected, serving_device):
             merged, part_matches, part_skips = {}, [], []
             if _partitioned.PATTERN not in disabled:
                 graph_def, merged, part_matches, part_skips = _partitioned.merge_partitioned_tables(
-                    graph_def, original, _partitioned.saved_variable_devices(proto))
+                    graph_def, original, _partitioned.saved_variable_devices(proto), written)
             optimized, records = optimize_graph_def(
                 graph_def, [t.name for t in original.outputs],
                 dict(captured_handle_shapes(original), **{k: v.shape for k, v in merged.items()}),
@@ -899,6 +911,7 @@ def _tf2_builder(loaded, proto, available, selected, serving_device):
             root.ctr_source = loaded  # tables and other resources the signatures capture
         tf.saved_model.save(root, folder, signatures=functions)
         _files.restore_method_names(proto, folder)
+        _files.copy_assets_extra(src, folder)
         return reports, rewrite_seconds
 
     return build
@@ -930,6 +943,17 @@ def _tf1_builder(src, proto, serving_device):
         return reports, seconds
 
     return build
+
+
+def _check_apart(src, dst):
+    """dst replaces whatever is there (moved aside, then deleted): a dst that
+    holds src would delete the source model, one inside src would change it."""
+    a, b = os.path.realpath(src), os.path.realpath(dst)
+    if a == b:
+        raise ValueError("dst must differ from src")
+    if os.path.commonpath([a, b]) in (a, b):
+        inner, outer = (a, b) if os.path.commonpath([a, b]) == b else (b, a)
+        raise ValueError(f"dst and src must not lie inside one another: {inner} is inside {outer}")
 
 
 def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, verify=True, runs=20, seed=0,
@@ -995,8 +1019,7 @@ def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, veri
     _check_serving_device(serving_device)
     start = time.perf_counter()
     src, dst = os.fspath(src), os.fspath(dst)
-    if os.path.abspath(src) == os.path.abspath(dst):
-        raise ValueError("dst must differ from src")
+    _check_apart(src, dst)
     proto = _files.read(src)
     if len(proto.meta_graphs) > 1:  # only the serving graph could be verified
         tag_sets = [sorted(m.meta_info_def.tags) for m in proto.meta_graphs]
@@ -1019,9 +1042,9 @@ def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, veri
     inputs, hows, reference = {}, {}, {}
     if verify:
         facts = _model_inputs.GraphFacts(proto.meta_graphs, src)
-        inputs, hows, reference = _verification_inputs(loaded, selected, facts, sample_inputs, inputs_file, seed)
+        inputs, hows, reference = _verification_inputs(src, selected, facts, sample_inputs, inputs_file, seed)
     build = (_tf1_builder(src, proto, serving_device) if tf1
-             else _tf2_builder(loaded, proto, available, selected, serving_device))
+             else _tf2_builder(src, loaded, proto, available, selected, serving_device))
     parent = os.path.dirname(os.path.abspath(dst))
     os.makedirs(parent, exist_ok=True)
     best, dropped = _servable_rewrite(build, parent, inputs, reference, set(disabled_patterns), src)

@@ -230,6 +230,15 @@ void ReaderDim0Ids(RewriteContext* ctx, const std::string& tensor, int depth, st
   }
 }
 
+// TF1 control flow, as functional conds and loops are lowered to too.
+bool IsControlFlow(const NodeDef& n) {
+  static const char* kOps[] = {"Switch", "RefSwitch", "Merge", "RefMerge", "Enter", "RefEnter", "Exit",
+                               "RefExit", "NextIteration", "RefNextIteration", "LoopCond"};
+  for (const char* op : kOps)
+    if (n.op() == op) return true;
+  return false;
+}
+
 // Union-find over feature indices.
 class Components {
  public:
@@ -254,7 +263,9 @@ class GroupStringsPattern : public NamedPattern<kName> {
     const bool joins = AsFeature(ctx, anchor, &self, &why);
     // Grouping needs a second feature; a lone one is simply left as it is.
     std::vector<Feature> features;
+    bool control_flow = false;
     for (const auto& n : ctx->index().nodes()) {
+      control_flow |= IsControlFlow(*n);
       Feature f;
       std::string unused;
       if (IsShaped(*n) && AsFeature(ctx, *n, &f, &unused)) {
@@ -277,6 +288,13 @@ class GroupStringsPattern : public NamedPattern<kName> {
       return false;
     }
     if (!joins) return Skip(ctx, anchor, why);
+    // Features in two branches of a cond would make one op of which one
+    // input is always dead (it never runs); and inferred shapes merge sizes
+    // through ops of branches and loop bodies that may never run, so they
+    // prove no batch size there.
+    if (control_flow)
+      return Skip(ctx, anchor, "the graph has control flow (tf.cond / tf.while_loop as Switch, Merge, Enter): "
+                               "features may sit in branches that never run together");
     const std::vector<Feature> group = GroupOf(features, me);
     if (group.size() < 2) {
       std::string dims;
