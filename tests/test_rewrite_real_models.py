@@ -582,3 +582,33 @@ def test_assets_extra_of_a_tf2_model_are_kept(tmp_path):
     (src / "assets.extra" / "tf_serving_warmup_requests").write_bytes(b"warmup")
     rewrite.optimize_saved_model(src, dst, runs=0)
     assert (dst / "assets.extra" / "tf_serving_warmup_requests").read_bytes() == b"warmup"
+
+
+class _RaggedOutputModel(tf.Module):
+    def __init__(self):
+        self.table = tf.Variable(tf.reshape(tf.range(20, dtype=tf.float32), [10, 2]))
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="x")])
+    def predict(self, x):
+        ids = tf.strings.to_hash_bucket_fast(tf.strings.split(x, "|"), 10).to_sparse()
+        return {"emb": tf.nn.safe_embedding_lookup_sparse(self.table, ids, combiner="sum")}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="s")])
+    def tokens(self, s):
+        return {"tokens": tf.strings.split(s, ",")}
+
+
+def test_a_signature_returning_a_ragged_tensor_is_copied_and_the_others_rewritten(tmp_path):
+    # Its outputs were compared as dense arrays (a bare numpy error) and its
+    # rebuild failed: no model could be rewritten at all.
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    model = _RaggedOutputModel()
+    tf.saved_model.save(model, str(src), signatures={"serving_default": model.predict, "tokens": model.tokens})
+    report = rewrite.optimize_saved_model(src, dst, runs=0)
+    assert "CtrStringEmbedding" in {m["fused_op"] for m in report.signatures["serving_default"].matches}
+    assert not report.signatures["tokens"].rewritten
+    assert any("RaggedTensor" in s["reason"] for s in report.signatures["tokens"].skips)
+    served = tf.saved_model.load(str(dst)).signatures["tokens"](s=tf.constant(["a,b", ""]))["tokens"]
+    assert served.to_list() == [[b"a", b"b"], [b""]]
+    with pytest.raises(ValueError, match="returns composite tensors"):
+        rewrite.optimize_saved_model(src, tmp_path / "dst2", signature_keys=["tokens"], runs=0)

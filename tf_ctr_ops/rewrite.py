@@ -678,6 +678,14 @@ def _feeds(fn, inputs):
     return {k: tf.constant(v, dtype=specs[k].dtype if k in specs else None) for k, v in inputs.items()}
 
 
+def _composite_outputs(fn):
+    """"name (type)" of each output of `fn` that is not a plain tensor (a
+    RaggedTensor, a SparseTensor), comma-joined; "" when there is none."""
+    outputs = fn.structured_outputs
+    items = outputs.items() if isinstance(outputs, dict) else enumerate(tf.nest.flatten(outputs))
+    return ", ".join(f"{k} ({type(v).__name__})" for k, v in items if not isinstance(v, (tf.Tensor, tf.TensorSpec)))
+
+
 def _outputs(fn, inputs):
     return {k: v.numpy() for k, v in fn(**_feeds(fn, inputs)).items()}
 
@@ -1034,6 +1042,13 @@ def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, veri
         missing = [k for k in selected if k not in available]
         if missing:
             raise ValueError(f"signature(s) {missing} not in {src}; it has {available}")
+    composite = {k: _composite_outputs(loaded.signatures[k]) for k in selected}
+    composite = {k: names for k, names in composite.items() if names}
+    if composite and signature_keys is not None:
+        key, names = next(iter(composite.items()))
+        raise ValueError(f"signature {key!r} returns composite tensors ({names}): the rewrite takes signatures of "
+                         f"plain tensors; leave it out of --signature and it is copied unchanged")
+    selected = [k for k in selected if k not in composite]
     tf1 = _files.is_tf1(proto)
     if tf1 and set(selected) != set(available):
         raise ValueError(f"{src} is a TF1 SavedModel, whose signatures share one graph: rewrite all of them "
@@ -1055,6 +1070,9 @@ def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, veri
         if report.rewritten:
             report.skips.extend({"pattern": p, "node": "*", "reason": f"dropped: with it the rewritten model {why}"}
                                 for p, why in dropped.items())
+    for key, names in composite.items():
+        best.reports[key].skips.append({"pattern": "*", "node": "*", "reason": f"copied unchanged: it returns "
+                                        f"composite tensors ({names}), which the rewrite does not rebuild"})
     _move_into_place(best.folder, dst)
 
     if verify and runs > 0:
