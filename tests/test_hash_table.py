@@ -308,6 +308,29 @@ def test_malformed_bags_are_refused_before_anything_is_inserted(case, slots):
     assert int(table.size()) == 0
 
 
+@pytest.mark.parametrize("case", ["bad_bags_of_another_table", "batch_sizes_differ"])
+def test_slots_change_no_table_when_any_feature_is_refused(case):
+    # In a graph each table's find waited only on its own features' checks:
+    # the other table inserted its keys, and features of another batch size
+    # were all inserted before the batch check failed.
+    tables = [HashTable(dim=2, capacity=10) for _ in range(2)]
+    if case == "bad_bags_of_another_table":
+        features = [tf.SparseTensor([[1, 0], [0, 0]], tf.constant([7, 8], tf.int64), [2, 3]),
+                    tf.ragged.constant([[1, 2], [3]], tf.int64)]
+        message = "row ids must be sorted"
+    else:
+        features = [tf.ragged.constant([[1, 2], [3]], tf.int64), tf.ragged.constant([[4], [5], [6]], tf.int64)]
+        message = "another batch size"
+    spec = [tf.SparseTensorSpec([None, None], tf.int64) if isinstance(f, tf.SparseTensor)
+            else tf.RaggedTensorSpec([None, None], tf.int64, 1) for f in features]
+    for shared in (False, True):
+        step = tf.function(lambda a, b: tco.multi_hash_table_embedding(tables[0] if shared else tables, [a, b],
+                                                                       insert=True), input_signature=spec)
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            step(*features)
+        assert [int(t.size()) for t in tables] == [0, 0]
+
+
 def test_a_slots_row_outside_its_batch_is_not_another_features_row():
     # Slots pool all features' bags in one op, feature f's row b as bag
     # f * B + b: feature 1's row -1 was feature 0's last row there, and was
@@ -533,6 +556,20 @@ def test_rows_given_to_new_keys_restart_from_fresh_draws_of_the_initializer(init
     assert len({tuple(v) for v in fresh}) == len(fresh), "every reused row gets values of its own"
     assert np.abs(fresh).max() <= bound * (1 + 1e-6)
     assert fresh.std() > bound / 4, "spread as the initializer spreads them"
+
+
+@pytest.mark.parametrize("initializer", ["orthogonal", "identity"])
+def test_eviction_with_an_initializer_of_static_shapes_trains_in_a_function(initializer):
+    # Called on the reused rows' run-time shape, Orthogonal failed to trace:
+    # any inserting call in a tf.function (model.fit) raised a TypeError.
+    init = keras.initializers.get(initializer)
+    table = HashTable(dim=4, capacity=8, eviction="lru", initializer=init)
+    initial = table.values.numpy().copy()
+    step = tf.function(lambda k: table.find(k, insert=True))
+    step(tf.constant(np.arange(8), tf.int64))
+    table.values.assign(np.full([8, 4], 9.0, np.float32))
+    rows = step(tf.constant([100, 101], tf.int64)).numpy()
+    np.testing.assert_allclose(table.values.numpy()[rows], initial[rows], rtol=1e-6)
 
 
 def test_eviction_resets_only_its_own_tables_slots_when_tables_share_a_name():

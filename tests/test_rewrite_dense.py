@@ -931,3 +931,22 @@ def test_ragged_reduce_of_a_half_table_stays_in_half_precision(dtype, big, sourc
     assert any("is not float32" in s["reason"] for s in report["skip"]), report["skip"]
     [got] = run_graph_def(cf, graph, x)
     np.testing.assert_array_equal(np.asarray(got).astype(np.float32), want)
+
+
+@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="online graphs are placed on a GPU here")
+def test_online_lookups_of_a_table_of_vector_keys_keep_their_shape():
+    # A captured table shows no key shape: a DenseHashTable of vector keys
+    # finds [B] ids for [B, 2] keys. Read as the keys' shape, the gather and
+    # reduce over the rows' values became a pooled lookup of 2 ids a row.
+    table = tf.lookup.experimental.DenseHashTable(tf.int64, tf.int64, default_value=0, empty_key=[-1, -1],
+                                                  deleted_key=[-2, -2])
+    table.insert(tf.constant([[1, 2], [3, 4], [5, 6]], tf.int64), tf.constant([1, 2, 3], tf.int64))
+    params = tf.Variable(np.arange(40, dtype=np.float32).reshape(10, 4))
+
+    def model(keys):
+        return tf.reduce_sum(tf.gather(params, tf.maximum(table.lookup(keys), 0)), axis=1)
+
+    for keys in (tf.constant([[1, 2], [3, 4], [9, 9]], tf.int64), tf.constant([[1, 2], [3, 4], [9, 9], [5, 6]], tf.int64)):
+        with rewrite.enable(serving_device="cpu"):
+            got = tf.function(model)(keys).numpy()
+        np.testing.assert_array_equal(got, tf.function(model)(keys).numpy())

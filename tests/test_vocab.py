@@ -390,3 +390,16 @@ def test_a_default_of_one_value_per_key_is_an_error_not_an_abort(mutable):
     for call in calls:
         with pytest.raises(tf.errors.InvalidArgumentError, match=r"default_value must be a scalar, got shape \[1?,?2\]"):
             call()
+
+
+def test_a_table_of_vector_keys_is_an_error_not_an_abort():
+    # A DenseHashTable with a vector empty_key finds one id per key vector;
+    # the fused finds wrote one per key and TF's CHECK killed the process.
+    from tf_ctr_ops.vocab import _ops
+
+    table = tf.lookup.experimental.DenseHashTable(tf.int64, tf.int64, default_value=0, empty_key=[-1, -1],
+                                                  deleted_key=[-2, -2])
+    table.insert(tf.constant([[1, 2], [3, 4]], tf.int64), tf.constant([1, 2], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"keys must be scalars, got keys of shape \[2\]"):
+        _ops.ctr_vocab_embedding(table.resource_handle, tf.constant([[1, 2], [3, 4], [9, 9]], tf.int64),
+                                 tf.constant(0, tf.int64), tf.ones([5, 2]))

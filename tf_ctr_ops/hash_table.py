@@ -315,7 +315,7 @@ def _find_and_reset(table, ids, insert, dense_padding=False):
         with tf.control_dependencies([rows]):  # the clock this call advanced
             clock = resource_variable_ops.resource_gather(_variable(table.table).handle, [CLOCK // COLUMNS],
                                                           dtype=tf.int64)[0, CLOCK % COLUMNS]
-        fresh = fresh_rows(table.row_initializer, tf.size(reused), (table.capacity, table.dim), values.dtype,
+        fresh = fresh_rows(table.row_initializer, reused, (table.capacity, table.dim), values.dtype,
                            tf.stack([tf.constant(table.reset_seed, tf.int64), clock]))
         resets = [values.scatter_update(tf.IndexedSlices(fresh, reused))]
         for slot, initial in optimizer_slots(table.slot_optimizer(), table.values):
@@ -363,18 +363,23 @@ def _row_distribution(initializer, table_shape):
     return None
 
 
-def fresh_rows(initializer, num_rows, table_shape, dtype, seed):
-    """Values for `num_rows` rows handed to new keys. A Keras random
-    initializer is seeded once and gives the same values at every call, so
-    every reused row would start as the same vector: its distribution is
-    drawn from here instead, with `seed` ([table's seed, its clock]) new at
-    every inserting call, and its fans (VarianceScaling: Glorot, He, Lecun)
-    those of the whole `table_shape` matrix, as at creation. Any other
-    initializer (constants, a callable of the user's) is called on the rows."""
-    shape = tf.stack([tf.cast(num_rows, tf.int32), table_shape[1]])
+def fresh_rows(initializer, rows, table_shape, dtype, seed):
+    """Values for `rows`, handed to new keys. A Keras random initializer is
+    seeded once and gives the same values at every call, so every reused row
+    would start as the same vector: its distribution is drawn from here
+    instead, with `seed` ([table's seed, its clock]) new at every inserting
+    call, and its fans (VarianceScaling: Glorot, He, Lecun) those of the
+    whole `table_shape` matrix, as at creation. Any other initializer
+    (constants, a callable of the user's) is called on the rows' shape; one
+    that needs a static shape (Orthogonal, Identity) gives the rows their
+    values in the whole table it initializes."""
+    shape = tf.stack([tf.size(rows, out_type=tf.int32), table_shape[1]])
     kind = _row_distribution(initializer, table_shape)
     if kind is None:
-        return initializer(shape, dtype=dtype)
+        try:
+            return initializer(shape, dtype=dtype)
+        except (TypeError, ValueError):
+            return tf.gather(initializer(list(table_shape), dtype=dtype), rows)
     name, a, b = kind
     if name == "uniform":
         rows = tf.random.stateless_uniform(shape, seed, minval=a, maxval=b)
@@ -609,7 +614,10 @@ def multi_hash_table_embedding(tables, features, weights=None, combiners="mean",
         outputs = [None] * n
         for members in _grouped(range(n), lambda i: id(tables[i])):
             table = tables[members[0]]
-            _find_slot_rows(table, [slots[i] for i in members], insert)
+            # Every feature checked (its bags, the common batch) before any
+            # table inserts: a refused call changes no table.
+            with tf.control_dependencies([batch] + [s.ids for s in slots]):
+                _find_slot_rows(table, [slots[i] for i in members], insert)
             for pooled in _grouped(members, lambda i: (combiners[i], max_norms[i])):
                 outs = _pool_slots(table, [slots[i] for i in pooled], batch, combiners[pooled[0]],
                                    max_norms[pooled[0]])

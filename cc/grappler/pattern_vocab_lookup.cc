@@ -67,6 +67,8 @@ class VocabLookupPattern : public NamedPattern<kName> {
     if (!MatchVocabWaits(g, &ids, &why) || !OnlyFeedsTheGather(ctx, ids, &why)) return Skip(ctx, anchor, why);
     for (const NodeDef* n : ids.check)
       if (ctx->FetchedOrFed(n->name())) return Skip(ctx, anchor, "the caller reads " + Describe(*n));
+    // CtrVocabEmbedding refuses a table of vector keys when it runs.
+    AssumeScalarKeyFinds scalar_keys;
     const int rank = ctx->Rank(*ids.find, 0);
     FlattenOfRows flatten;
     if (rank == 2 && ctx->Dim(*ids.find, 0, 1) == 1) MatchFlatten(ctx, anchor, &flatten);

@@ -306,13 +306,18 @@ static const tensorflow::TensorShapeProto* HandleShape(const GraphIndex& g, cons
 // Online, a captured lookup table has no handle shapes, so inference knows
 // neither a find's shape nor that of what reads it: Keras' negative-index
 // wrap (Less, AddV2, SelectV2 against scalars) and the Embedding's gather.
-// Their shapes follow from their operands': a find of scalar values has its
-// keys' shape (TF's LookupTableFindV2 gives keys.shape + the default's
-// shape); an elementwise op whose operands are scalars or of one shape has
+// Their shapes follow from their operands': a find of scalar values in a
+// table of scalar keys has its keys' shape (TF's LookupTableFindV2 gives
+// keys.shape minus the key's dims, plus the default's shape: see
+// AssumeScalarKeyFinds); an elementwise op whose operands are scalars or of one shape has
 // that shape; a gather of whole rows has its ids' shape, then the table's
 // row shape. Each asks its operands, so the walk is bounded.
 constexpr int kMaxShapeWalk = 8;
 thread_local int shape_walk_depth = 0;
+thread_local int scalar_key_finds = 0;
+
+AssumeScalarKeyFinds::AssumeScalarKeyFinds() { ++scalar_key_finds; }
+AssumeScalarKeyFinds::~AssumeScalarKeyFinds() { --scalar_key_finds; }
 
 class ShapeWalkStep {
  public:
@@ -336,6 +341,7 @@ static const NodeDef* ShapeSource(const RewriteContext& ctx, const NodeDef& node
   if (port != 0) return nullptr;
   if (node.op() == "Identity" || node.op() == "Cast") return g.Producer(node, 0, source_port);
   if (IsOp(&node, "LookupTableFindV2")) {
+    if (scalar_key_finds == 0) return nullptr;
     int default_port = 0;
     const NodeDef* value = g.Producer(node, 2, &default_port);
     return value != nullptr && ctx.Rank(*value, default_port) == 0 ? g.Producer(node, 1, source_port) : nullptr;

@@ -137,5 +137,19 @@ class RewriteContext {
   std::vector<SkipRecord> skips_;
 };
 
+// While one lives on this thread, RewriteContext::Rank and Dim read a
+// LookupTableFindV2 of scalar values as having its keys' shape, where
+// inference knows none (a captured table online). That holds for tables of
+// scalar keys only, which a graph may not show (a captured DenseHashTable
+// of vector keys gives keys.shape[:-1]): only a pattern whose fused op does
+// the find itself, and refuses such a table when it runs, may assume it.
+class AssumeScalarKeyFinds {
+ public:
+  AssumeScalarKeyFinds();
+  ~AssumeScalarKeyFinds();
+  AssumeScalarKeyFinds(const AssumeScalarKeyFinds&) = delete;
+  AssumeScalarKeyFinds& operator=(const AssumeScalarKeyFinds&) = delete;
+};
+
 }  // namespace grappler
 }  // namespace tf_ctr

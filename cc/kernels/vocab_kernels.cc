@@ -237,6 +237,11 @@ absl::Status CheckFind(tensorflow::lookup::LookupInterface* table, const Tensor&
     return tensorflow::errors::InvalidArgument("the table's values must be int64 scalar row ids, got ",
                                                tensorflow::DataTypeString(table->value_dtype()), " of shape ",
                                                table->value_shape().DebugString());
+  // A table of vector keys (a DenseHashTable's empty_key of rank 1) finds
+  // one id per key vector: the fused ops give one per key.
+  if (table->key_shape().dims() != 0)
+    return tensorflow::errors::InvalidArgument("the table's keys must be scalars, got keys of shape ",
+                                               table->key_shape().DebugString());
   // TF's check also accepts one default per key; the fused ops take the one
   // default the table was built with.
   if (default_value.dims() != 0)
