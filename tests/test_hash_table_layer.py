@@ -180,3 +180,45 @@ def test_slots_share_one_table_train_save_and_export(rng, tmp_path):
     model.export(str(tmp_path / "export"))
     got = serve_in_fresh_process(tmp_path / "export", "serve", {"user": request[0], "item": request[1]}, tmp_path)
     np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-5)
+
+
+def test_a_frozen_layer_neither_inserts_nor_evicts_in_fit():
+    # trainable=False froze the rows but fit still inserted new keys (and
+    # evicted old ones, resetting their rows).
+    ids = keras.Input(shape=(None,), dtype="int64")
+    layer = HashTableEmbedding(4, capacity=4, eviction="lru")
+    model = keras.Model(ids, keras.layers.Dense(1)(layer(ids)))
+    layer(np.array([[1, 2, 3, 4]]), training=True)
+    layer.trainable = False
+    model.compile("sgd", "mse")
+    before = [w.numpy().copy() for w in layer.weights]
+    model.fit(np.array([[5, 6, 7, 8]] * 8), np.ones([8, 1]), batch_size=4, epochs=1, verbose=0)
+    for w, b in zip(layer.weights, before):
+        np.testing.assert_array_equal(w.numpy(), b)
+
+
+@pytest.mark.parametrize("how", ["subclassed_fit", "first_call_in_a_function"])
+def test_a_layer_first_built_while_a_function_traces_works(how):
+    # The restore check read the table while a tf.function traced, before
+    # its initializer had run: "slice index 6 of dimension 0 out of bounds".
+    import tensorflow as tf
+
+    class Model(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.emb = HashTableEmbedding(4, capacity=16)
+            self.out = keras.layers.Dense(1)
+
+        def call(self, x, training=None):
+            return self.out(self.emb(x, training=training))
+
+    keys = np.array([[1, 2], [3, -1]] * 4)
+    if how == "subclassed_fit":
+        model = Model()
+        model.compile("sgd", "mse")
+        model.fit(keys, np.ones([8, 1]), batch_size=4, verbose=0)
+        assert int(model.emb.statistics()["size"]) == 3
+    else:
+        layer = HashTableEmbedding(4, capacity=16)
+        out = tf.function(lambda k: layer(k, training=True))(tf.constant(keys))
+        assert out.shape == (8, 4) and int(layer.statistics()["size"]) == 3

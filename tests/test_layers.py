@@ -523,3 +523,22 @@ def test_jit_compile_auto_never_picks_xla_for_the_fused_layers(kind):
                            lambda kind=None: listed(kind) + ([gpu] if kind in (None, "GPU") else [])):
         model.compile("adam", "mse")
         assert model.jit_compile is (kind == "dense")
+
+
+def test_sparse_string_keys_need_not_fill_their_rows_first_columns():
+    # tf.sparse.from_dense of ""-padded keys leaves a row's one key in column
+    # 1: read as ragged from_sparse, that was "not right-ragged".
+    keys = tf.sparse.from_dense(tf.constant([["a", "b"], ["", "c"]]))
+    layer = HashEmbedding(10, 4)
+    got = layer(keys)
+    table = tf.convert_to_tensor(layer.embeddings)
+    ids = tf.SparseTensor(keys.indices, tf.strings.to_hash_bucket_fast(keys.values, 10), keys.dense_shape)
+    np.testing.assert_allclose(got.numpy(), tf.nn.safe_embedding_lookup_sparse(table, ids).numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("layer", [lambda: HashEmbedding(10, 4), lambda: SparseEmbedding(10, 4)])
+def test_a_list_of_features_is_an_error_not_one_stacked_feature(layer):
+    # Stacked, two [3] features were 2 bags of 3 ids: a [2, 4] output.
+    with pytest.raises(TypeError, match="a list of 2"):
+        layer()([tf.constant([1, 2, 3], tf.int64), tf.constant([4, 5, 6], tf.int64)])
+    assert layer()(np.array([[1, 2], [3, -1]])).shape == (2, 4)

@@ -169,3 +169,16 @@ def test_string_layers_refuse_float64_tables_when_built(make):
 def test_string_ops_name_the_table_dtypes_they_take(call):
     with pytest.raises(TypeError, match="float32, float16 or bfloat16, got float64"):
         call(tf.zeros([5, 2], tf.float64))
+
+
+def test_multi_string_tables_are_in_a_tf_checkpoint(tmp_path):
+    # Kept in a list, the tables were left out of tf.train.Checkpoint (the
+    # checkpoint of custom training loops), and a restore kept fresh ones.
+    s = tf.constant(["a,b", "c"])
+    saved, restored = MultiStringEmbedding([10, 5], [4, 4]), MultiStringEmbedding([10, 5], [4, 4])
+    want, _ = saved([s, s]), restored([s, s])
+    path = tf.train.Checkpoint(layer=saved).write(str(tmp_path / "ckpt"))
+    tf.train.Checkpoint(layer=restored).read(path).assert_consumed()
+    for w, g in zip(want, restored([s, s])):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
+    assert [w.path for w in restored.weights] == [f"{restored.name}/embeddings_{i}" for i in range(2)]

@@ -282,7 +282,10 @@ def check_restored_key_kind(table):
     """The key-kind check of a restore that ran as the table variable was
     created, before restore_any_capacity could take it over: Keras restores
     a layer's weights in add_weight when the checkpoint was restored before
-    the layer was built."""
+    the layer was built. A layer first built while a tf.function traces
+    (a subclassed model's fit) has no value to read yet, nor a restore."""
+    if tf.inside_function():
+        return
     with tf.init_scope():
         if not tf.executing_eagerly():
             return

@@ -89,10 +89,22 @@ def _check_max_norm(max_norm):
     return float(max_norm)
 
 
+def _is_feature(x):
+    """A tensor or array of rank >= 1 (not a Python number or a scalar)."""
+    if isinstance(x, (tf.RaggedTensor, tf.SparseTensor)):
+        return True
+    rank = getattr(getattr(x, "shape", None), "rank", None)
+    return (rank if rank is not None else len(getattr(x, "shape", ()))) >= 1
+
+
 def _as_container(x):
     """Ragged and sparse tensors as they are; anything else (lists, arrays) as a dense tensor."""
     if x is None or isinstance(x, (tf.RaggedTensor, tf.SparseTensor)):
         return x
+    if isinstance(x, (list, tuple)) and any(_is_feature(e) for e in x):
+        # Stacked, N features of B ids would be B bags of N ids (Keras' Embedding refuses them too).
+        raise TypeError(f"expected one feature (a Tensor, RaggedTensor or SparseTensor), got a list of {len(x)}: "
+                        "call the layer once per feature (HashTableEmbedding takes a list as slots)")
     return tf.convert_to_tensor(x)
 
 
@@ -444,10 +456,16 @@ class MultiStringEmbedding(_FusedOpLayer):
     def build(self, input_shape=None):
         if self.built:
             return
-        self.tables = [self.add_weight(shape=(v, d), initializer=self.embeddings_initializer,
-                                       name=f"embeddings_{i}", trainable=True)
-                       for i, (v, d) in enumerate(zip(self.num_buckets, self.output_dims))]
+        # An attribute each, not a list: Keras gives tf.train.Checkpoint the
+        # variables of a layer's attributes, but not those of its lists.
+        for i, (v, d) in enumerate(zip(self.num_buckets, self.output_dims)):
+            setattr(self, f"embeddings_{i}", self.add_weight(shape=(v, d), initializer=self.embeddings_initializer,
+                                                             name=f"embeddings_{i}", trainable=True))
         self.built = True
+
+    @property
+    def tables(self):
+        return [getattr(self, f"embeddings_{i}") for i in range(len(self.num_buckets))]
 
     def call(self, inputs):
         inputs = [_string_inputs(x) for x in inputs]
@@ -591,15 +609,18 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
         return _hash_table.export_rows(self.table, self.embeddings, self.num_slots)
 
     def call(self, inputs, weights=None, training=None):
+        # A frozen layer (trainable=False) only reads, as Keras' BatchNorm
+        # runs in inference mode: no inserts, no evictions.
+        insert = bool(training) and self.trainable
         if isinstance(inputs, (list, tuple)):  # slots: features sharing this table
             weights = [None] * len(inputs) if weights is None else [_as_container(w) for w in weights]
             outputs = _hash_table.multi_hash_table_embedding(
                 self, [_as_container(x) for x in inputs], weights, combiners=self.combiner,
-                max_norms=self.max_norm, insert=bool(training))
+                max_norms=self.max_norm, insert=insert)
             return [self._in_compute_dtype(out) for out in outputs]
         return self._in_compute_dtype(_hash_table.hash_table_embedding(
             self, _as_container(inputs), _as_container(weights), combiner=self.combiner, max_norm=self.max_norm,
-            insert=bool(training)))
+            insert=insert))
 
     def compute_output_shape(self, input_shape):
         if isinstance(input_shape, (list, tuple)) and input_shape and all(

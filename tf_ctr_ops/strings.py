@@ -251,12 +251,20 @@ def _check_same_batch(features):
         raise ValueError(f"features must share one batch size, got {sizes}")
 
 
+def _sparse_rows(sparse):
+    """A SparseTensor [B, N] in row-major order as a RaggedTensor [B, (n)]."""
+    if sparse.shape.rank is not None and sparse.shape.rank != 2:
+        raise ValueError(f"sparse keys must be a SparseTensor [B, N], got rank {sparse.shape.rank}")
+    return tf.RaggedTensor.from_value_rowids(sparse.values, sparse.indices[:, 0], nrows=sparse.dense_shape[0])
+
+
 def string_key_bags(keys, weights=None):
     """String keys as a RaggedTensor [B, (n)], and their weights alike: a
     SparseTensor [B, N] as it is, a dense [B, N] tensor without its "" padding."""
     if isinstance(keys, tf.SparseTensor):
-        keys = tf.RaggedTensor.from_sparse(keys)
-        weights = None if weights is None else tf.RaggedTensor.from_sparse(weights)
+        # By row id, not from_sparse, which wants each row's entries in its
+        # first columns: tf.sparse.from_dense of "" padding leaves gaps.
+        keys, weights = (None if s is None else _sparse_rows(s) for s in (keys, weights))
     elif not isinstance(keys, tf.RaggedTensor):
         keys = _dense_string_keys(keys)
         mask = tf.not_equal(keys, "")  # dense string keys are padded with ""
