@@ -51,14 +51,13 @@ def test_mirrored_strategy_matches_single_replica(single, tmp_path):
     assert_same_training(train("mirrored", tmp_path / "mirrored.npz"), single)
 
 
-def train_multi_worker(out, model="layers"):
-    """Two worker processes on 127.0.0.1 (the chief writes out)."""
+def run_two_workers(start):
+    """start(env) -> Popen, called for two worker processes on 127.0.0.1;
+    waits for both and checks that they succeeded."""
     cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
-    workers = []
-    for index in range(2):
-        env = dict(fresh_process_env(), TF_CONFIG=json.dumps({"cluster": cluster,
-                                                              "task": {"type": "worker", "index": index}}))
-        workers.append(train("multiworker", out, env=env, wait=False, model=model))
+    workers = [start(dict(fresh_process_env(), TF_CONFIG=json.dumps({"cluster": cluster,
+                                                                     "task": {"type": "worker", "index": index}})))
+               for index in range(2)]
     try:
         outputs = [w.communicate(timeout=TIMEOUT_S)[0] for w in workers]
     finally:
@@ -66,6 +65,11 @@ def train_multi_worker(out, model="layers"):
             w.kill()
     for w, output in zip(workers, outputs):
         assert w.returncode == 0, output[-3000:]
+
+
+def train_multi_worker(out, model="layers"):
+    """Two worker processes on 127.0.0.1 (the chief writes out)."""
+    run_two_workers(lambda env: train("multiworker", out, env=env, wait=False, model=model))
     return np.load(out)
 
 
@@ -179,20 +183,10 @@ def test_hash_table_slots_under_multi_worker_strategy_give_one_replicas_rows(tmp
                           cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     want = np.load(single)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
     out = tmp_path / "multiworker.npz"
-    workers = [subprocess.Popen([sys.executable, str(script), "multiworker", str(out)],
-                                env=dict(fresh_process_env(), TF_CONFIG=json.dumps(
-                                    {"cluster": cluster, "task": {"type": "worker", "index": index}})),
-                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-               for index in range(2)]
-    try:
-        outputs = [w.communicate(timeout=TIMEOUT_S)[0] for w in workers]
-    finally:
-        for w in workers:
-            w.kill()
-    for w, output in zip(workers, outputs):
-        assert w.returncode == 0, output[-3000:]
+    run_two_workers(lambda env: subprocess.Popen([sys.executable, str(script), "multiworker", str(out)], env=env,
+                                                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                 text=True))
     got = [np.load(f"{out}.{task}.npz") for task in (0, 1)]
     assert want["keys"].size > 50
     for task in (0, 1):
