@@ -359,6 +359,21 @@ def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, tmp_path):
     assert not (tmp_path / "x.png").exists()
 
 
+@pytest.mark.parametrize("args", [["--vocab", "0"], ["--batch", "-5"], ["--max-len", "0"], ["--dim", "0"]])
+def test_shapes_must_be_positive(args, capsys):
+    # --vocab 0 drew Zipf ids forever; the others ended in numpy tracebacks.
+    with pytest.raises(SystemExit) as e:
+        bench.main(["lookup", *args])
+    assert e.value.code == 2 and "must be a positive integer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--json", "--markdown"])
+def test_an_output_file_that_cannot_be_written_fails_before_the_run(flag, tmp_path):
+    for path in (tmp_path, tmp_path / "missing" / "out"):
+        with pytest.raises(bench.BenchmarkError, match=f"{flag} .* cannot be written"):
+            bench.main(["lookup", *TINY, flag, str(path)])
+
+
 def _tf_sees_a_gpu():
     import tensorflow as tf
 

@@ -612,3 +612,44 @@ def test_a_signature_returning_a_ragged_tensor_is_copied_and_the_others_rewritte
     assert served.to_list() == [[b"a", b"b"], [b""]]
     with pytest.raises(ValueError, match="returns composite tensors"):
         rewrite.optimize_saved_model(src, tmp_path / "dst2", signature_keys=["tokens"], runs=0)
+
+
+def test_dst_keeps_the_modes_of_a_new_folder_and_a_folder_of_other_files_is_refused(tmp_path):
+    # mkdtemp made dst 0700: a server running as another user could not read
+    # it. A dst folder holding anything but a SavedModel was silently wiped.
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    save_split_safe_lookup_model(str(src))
+    umask = os.umask(0o022)
+    try:
+        rewrite.optimize_saved_model(src, dst, runs=0)
+    finally:
+        os.umask(umask)
+    assert (dst.stat().st_mode & 0o777) == 0o755
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "thesis.txt").write_text("mine")
+    with pytest.raises(ValueError, match="holds no SavedModel"):
+        rewrite.optimize_saved_model(src, other, runs=0)
+    assert (other / "thesis.txt").read_text() == "mine"
+
+
+def test_an_unwritable_report_path_is_refused_before_the_rewrite(tmp_path):
+    save_split_safe_lookup_model(str(tmp_path / "src"))
+    cli = run_cli(["src", "dst", "--report", "missing/r.json"], tmp_path)
+    assert cli.returncode == 2 and "--report missing/r.json cannot be written" in cli.stderr
+    assert not (tmp_path / "dst").exists()
+
+
+def test_an_inputs_file_serves_a_rewrite_of_some_signatures(tmp_path):
+    # Arrays named for a signature left out by --signature were "arrays that
+    # no signature takes": one file could not serve a subset.
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    model = _StatefulModel()
+    tf.saved_model.save(model, str(src), signatures={"serving_default": model.predict, "count": model.count})
+    np.savez(tmp_path / "inputs.npz", **{"serving_default/x": np.array([b"a|b", b""]),
+                                         "count/y": np.array([1.0], np.float32)})
+    cli = run_cli(["src", "dst", "--signature", "serving_default", "--inputs", "inputs.npz"], tmp_path)
+    assert cli.returncode == 0, cli.stderr
+    np.savez(tmp_path / "typo.npz", **{"serving_default/x": np.array([b"a"]), "cuont/y": np.array([1.0])})
+    cli = run_cli(["src", "dst2", "--signature", "serving_default", "--inputs", "typo.npz"], tmp_path)
+    assert cli.returncode == 1 and "cuont/y" in cli.stderr

@@ -10,6 +10,7 @@ Commands:
 """
 
 import argparse
+import os
 import sys
 
 
@@ -41,6 +42,10 @@ def optimize_main(argv):
 
     if args.inputs and not args.verify:
         parser.error("--inputs is for verification: drop --no-verify")
+    if args.report:  # checked now, not once the model is rewritten
+        folder = os.path.dirname(os.path.abspath(args.report))
+        if os.path.isdir(args.report) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            parser.error(f"--report {args.report} cannot be written (a folder, or its folder is missing or read-only)")
 
     import tensorflow as tf
     from google.protobuf.message import DecodeError

@@ -55,12 +55,12 @@ class InputsError(ValueError):
 # Reading inputs from a file
 
 
-def load_inputs_file(path, signatures):
+def load_inputs_file(path, signatures, unselected=()):
     """{signature key: {input: array}} from `path`, for `signatures` ({key: concrete function}).
 
     An `.npz` holds arrays named by input (used by every signature that has
-    that input) or "SIGNATURE/INPUT"; strings as numpy str or bytes arrays.
-    Any other file is read as a TFRecord file of serialized `tf.Example`s,
+    that input) or "SIGNATURE/INPUT" (those of `unselected` signatures are
+    ignored); strings as numpy str or bytes arrays. Any other file is read as a TFRecord file of serialized `tf.Example`s,
     fed to each signature's one string input (a signature that parses
     examples).
     """
@@ -68,11 +68,11 @@ def load_inputs_file(path, signatures):
     if not os.path.exists(path):
         raise InputsError(f"inputs file {path} does not exist")
     if path.endswith(".npz"):
-        return _inputs_from_npz(path, signatures)
+        return _inputs_from_npz(path, signatures, unselected)
     return _inputs_from_tfrecord(path, signatures)
 
 
-def _inputs_from_npz(path, signatures):
+def _inputs_from_npz(path, signatures, unselected=()):
     with np.load(path, allow_pickle=False) as data:
         arrays = {}
         for k in data.files:
@@ -97,6 +97,8 @@ def _inputs_from_npz(path, signatures):
             raise InputsError(f"inputs file {path} has no array for input(s) {missing} of signature {key!r} "
                               f"(name them INPUT or {key}/INPUT); it has {sorted(arrays)}")
         out[key] = given
+    # Arrays of signatures left out of this rewrite: one file serves any subset.
+    used |= {k for k in arrays if k.split("/", 1)[0] in set(unselected) and "/" in k}
     unused = sorted(set(arrays) - used)
     if unused:  # a misspelt name would otherwise go unnoticed
         inputs = sorted({f"{k}/{n}" for k, fn in signatures.items() for n in fn.structured_input_signature[1]})

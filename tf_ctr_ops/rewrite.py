@@ -705,7 +705,8 @@ def _verification_inputs(src, selected, facts, sample_inputs, inputs_file, seed)
 
 def _chosen_inputs(loaded, selected, facts, sample_inputs, inputs_file, seed):
     signatures = {k: loaded.signatures[k] for k in selected}
-    given = {k: ("file", v) for k, v in (_model_inputs.load_inputs_file(inputs_file, signatures).items()
+    unselected = [k for k in loaded.signatures.keys() if k not in signatures]
+    given = {k: ("file", v) for k, v in (_model_inputs.load_inputs_file(inputs_file, signatures, unselected).items()
                                          if inputs_file is not None else ())}
     given.update({k: ("given", v) for k, v in (sample_inputs or {}).items() if k in signatures})
     rng = np.random.default_rng(seed)
@@ -800,6 +801,7 @@ class _RebuildError(Exception):
 
 def _attempt(build, parent, inputs, reference, disabled):
     folder = tempfile.mkdtemp(prefix=".ctr-rewrite-", dir=parent)
+    _readable_as_made(folder)
     try:
         reports, seconds = build(folder, frozenset(disabled))
         failure, diffs = _fresh_process_failure(folder, inputs, reference)
@@ -853,6 +855,14 @@ def _servable_rewrite(build, parent, inputs, reference, disabled, src):
         shutil.rmtree(best.folder, ignore_errors=True)
         best, kept = trial, kept + [pattern]
     return best, dropped
+
+
+def _readable_as_made(folder):
+    """mkdtemp makes a folder only its owner reads: give it the mode a new
+    folder gets (umask applied), so that a server of another user reads dst."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(folder, 0o777 & ~umask)
 
 
 def _move_into_place(folder, dst):
@@ -955,13 +965,18 @@ def _tf1_builder(src, proto, serving_device):
 
 def _check_apart(src, dst):
     """dst replaces whatever is there (moved aside, then deleted): a dst that
-    holds src would delete the source model, one inside src would change it."""
+    holds src would delete the source model, one inside src would change it,
+    and a folder that holds anything but a SavedModel would lose it."""
     a, b = os.path.realpath(src), os.path.realpath(dst)
     if a == b:
         raise ValueError("dst must differ from src")
     if os.path.commonpath([a, b]) in (a, b):
         inner, outer = (a, b) if os.path.commonpath([a, b]) == b else (b, a)
         raise ValueError(f"dst and src must not lie inside one another: {inner} is inside {outer}")
+    if os.path.isdir(dst) and os.listdir(dst) and not any(
+            os.path.exists(os.path.join(dst, name)) for name in ("saved_model.pb", "saved_model.pbtxt")):
+        raise ValueError(f"dst {dst} is a folder that holds no SavedModel: the rewrite would replace it and its "
+                         "files; remove it or choose another dst")
 
 
 def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, verify=True, runs=20, seed=0,

@@ -43,6 +43,23 @@ def _json_default(o):
     raise TypeError(f"not JSON serializable: {type(o)}")
 
 
+def _positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _check_writable(path, what):
+    """Fails before the long part, not after it: a FILE that cannot be written."""
+    if path in (None, "-"):
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise harness.BenchmarkError(f"{what} {path} cannot be written (a folder, or its folder is missing or "
+                                     "read-only)")
+
+
 def parse_args(argv=None):
     # harness.SUITES, read when called: the suites registered by then (tests may swap the registry).
     suites = harness.SUITES
@@ -64,10 +81,10 @@ def parse_args(argv=None):
     p.add_argument("--plot", metavar="FILE.png", help="also plot speedup against batch size per op "
                                                       "(needs matplotlib)")
     d = Config()
-    p.add_argument("--batch", type=int, help=f"custom shape: batch (headline {d.batch})")
-    p.add_argument("--vocab", type=int, help=f"custom shape: table rows (headline {d.vocab})")
-    p.add_argument("--dim", type=int, help=f"custom shape: embedding dim (headline {d.dim})")
-    p.add_argument("--max-len", type=int, help=f"custom shape: ids per row are uniform in [1, MAX_LEN] "
+    p.add_argument("--batch", type=_positive_int, help=f"custom shape: batch (headline {d.batch})")
+    p.add_argument("--vocab", type=_positive_int, help=f"custom shape: table rows (headline {d.vocab})")
+    p.add_argument("--dim", type=_positive_int, help=f"custom shape: embedding dim (headline {d.dim})")
+    p.add_argument("--max-len", type=_positive_int, help=f"custom shape: ids per row are uniform in [1, MAX_LEN] "
                                                f"(headline {d.max_len})")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--runs", type=int, default=None,
@@ -124,6 +141,8 @@ def main(argv=None):
     args = parse_args(argv)
     cfg = config_from_args(args)
     # Fail before the long part, not after it.
+    for path, what in ((args.json, "--json"), (args.markdown, "--markdown"), (args.plot, "--plot")):
+        _check_writable(path, what)
     if args.plot:
         require_matplotlib()
     if cfg.on_gpu:
