@@ -234,7 +234,9 @@ def test_unverifiable_model_fails_and_writes_nothing(tmp_path):
 
     picky = Picky()
     tf.saved_model.save(picky, str(tmp_path / "src"), signatures={"serving_default": picky.serve})
-    (tmp_path / "dst").mkdir()
+    import shutil
+
+    shutil.copytree(tmp_path / "src", tmp_path / "dst")  # a previous model
     (tmp_path / "dst" / "keep.txt").write_text("previous model")
 
     cli = run_cli(["src", "dst"], tmp_path)
