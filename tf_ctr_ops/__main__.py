@@ -10,7 +10,6 @@ Commands:
 """
 
 import argparse
-import os
 import sys
 
 
@@ -42,15 +41,15 @@ def optimize_main(argv):
 
     if args.inputs and not args.verify:
         parser.error("--inputs is for verification: drop --no-verify")
-    if args.report:  # checked now, not once the model is rewritten
-        folder = os.path.dirname(os.path.abspath(args.report))
-        if os.path.isdir(args.report) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            parser.error(f"--report {args.report} cannot be written (a folder, or its folder is missing or read-only)")
+    from tf_ctr_ops import _errors
+
+    if args.report and _errors.unwritable(args.report):  # checked now, not once the model is rewritten
+        parser.error(f"--report {_errors.unwritable(args.report)}")
 
     import tensorflow as tf
     from google.protobuf.message import DecodeError
 
-    from tf_ctr_ops import _errors, rewrite
+    from tf_ctr_ops import rewrite
 
     try:
         report = rewrite.optimize_saved_model(args.src, args.dst, signature_keys=args.signatures,

@@ -1,5 +1,7 @@
 """One informative line from an exception, for reports and CLI errors."""
 
+import os
+
 _BOILERPLATE = ("Graph execution error", "Detected at node", "<stack traces", "[[", "Traceback", "File ")
 
 
@@ -10,3 +12,12 @@ def summary(e):
     informative = [line for line in lines if not line.startswith(_BOILERPLATE)]
     text = (informative or lines or [""])[0]
     return f"{type(e).__name__}: {text}"
+
+
+def unwritable(path):
+    """Why no file can be written at `path` (checked before a long run, not
+    after it), or "" when one can."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        return f"{path} cannot be written (a folder, or its folder is missing or read-only)"
+    return ""

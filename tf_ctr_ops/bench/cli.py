@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from tf_ctr_ops import _errors
 from tf_ctr_ops.bench import harness, models
 from tf_ctr_ops.bench.harness import (GRIDS, BarAwareStream, Config, ForeignLoad, Progress, duration, environment,
                                       foreign_load_probe, headline_shapes, print_environment, progress,
@@ -48,16 +49,6 @@ def _positive_int(text):
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return value
-
-
-def _check_writable(path, what):
-    """Fails before the long part, not after it: a FILE that cannot be written."""
-    if path in (None, "-"):
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        raise harness.BenchmarkError(f"{what} {path} cannot be written (a folder, or its folder is missing or "
-                                     "read-only)")
 
 
 def parse_args(argv=None):
@@ -142,7 +133,9 @@ def main(argv=None):
     cfg = config_from_args(args)
     # Fail before the long part, not after it.
     for path, what in ((args.json, "--json"), (args.markdown, "--markdown"), (args.plot, "--plot")):
-        _check_writable(path, what)
+        why = "" if path in (None, "-") else _errors.unwritable(path)
+        if why:
+            raise harness.BenchmarkError(f"{what} {why}")
     if args.plot:
         require_matplotlib()
     if cfg.on_gpu:
