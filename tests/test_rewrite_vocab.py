@@ -359,6 +359,25 @@ def test_in_process_stacked_lookups_fuse(rng):
         np.testing.assert_allclose(got.numpy(), f(*args).numpy(), rtol=1e-6, atol=1e-6)
 
 
+def test_a_table_of_vector_values_is_left_native():
+    # A MutableHashTable of vector values finds a vector per key, and gathering
+    # by it is valid TF; the fused op's shapes take one id per key.
+    emb = tf.constant(np.arange(40, dtype=np.float32).reshape(10, 4))
+    table = tf.lookup.experimental.MutableHashTable(tf.string, tf.int64, default_value=[0, 0])
+    table.insert(tf.constant(["a", "b"]), tf.constant([[1, 2], [3, 4]], tf.int64))
+
+    def f(keys):
+        return tf.gather(emb, table.lookup(keys))
+
+    fused, report, counts = _rewritten_in_process(f, [tf.TensorSpec([None], tf.string)])
+    assert not [k for k in counts if k.startswith("Ctr")], counts
+    assert any("not known to be a scalar" in s["reason"] for s in report["skip"]
+               if s["pattern"] == "vocab_lookup"), report["skip"]
+    keys = tf.constant(["a", "b", "zz"])
+    [got] = fused(keys)
+    np.testing.assert_array_equal(got.numpy(), f(keys).numpy())
+
+
 def test_masked_lookup_find_is_reported_with_its_mask(rng):
     # StringLookup(mask_token="") + Embedding(mask_zero=True) + the masked
     # mean: the pooling fuses, the find and its mask Select stay, and the

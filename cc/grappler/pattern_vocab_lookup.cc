@@ -55,13 +55,8 @@ class VocabLookupPattern : public NamedPattern<kName> {
     const DataType T = GatheredType(anchor, resource);
     if (!IsEmbeddingDtype(T) && T != tensorflow::DT_DOUBLE)
       return Skip(ctx, anchor, "table dtype " + tensorflow::DataType_Name(T) + " is not a float type");
-    if (TypeAttr(*ids.find, "Tout") != tensorflow::DT_INT64)
-      return Skip(ctx, anchor, "the table's values are not int64");
-    const DataType key_type = TypeAttr(*ids.find, "Tin");
-    if (key_type != tensorflow::DT_STRING && key_type != tensorflow::DT_INT64)
-      return Skip(ctx, anchor, "keys are " + tensorflow::DataType_Name(key_type));
     std::string why;
-    if (!GathersWholeRows(g, anchor, &why)) return Skip(ctx, anchor, why);
+    if (!FindTypesFuse(ctx, *ids.find, &why) || !GathersWholeRows(g, anchor, &why)) return Skip(ctx, anchor, why);
     if (!ids.wrap.empty() && !WrapShiftIsRowCount(ctx, ids, anchor, resource))
       return Skip(ctx, anchor, "cannot prove that the negative-index wrap adds the table's row count");
     if (!MatchVocabWaits(g, &ids, &why) || !OnlyFeedsTheGather(ctx, ids, &why)) return Skip(ctx, anchor, why);

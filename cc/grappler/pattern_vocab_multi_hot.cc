@@ -107,11 +107,7 @@ class VocabMultiHotPattern : public NamedPattern<kName> {
       return Skip(ctx, anchor, "the encoding's type is " + tensorflow::DataType_Name(counts));
     if (!IsEmptyConst(g.Producer(*m.bincount, 2)))
       return Skip(ctx, anchor, "the bincount is weighted");
-    if (TypeAttr(*m.ids.find, "Tout") != tensorflow::DT_INT64)
-      return Skip(ctx, anchor, "the table's values are not int64");
-    const DataType key_type = TypeAttr(*m.ids.find, "Tin");
-    if (key_type != tensorflow::DT_STRING && key_type != tensorflow::DT_INT64)
-      return Skip(ctx, anchor, "keys are " + tensorflow::DataType_Name(key_type));
+    if (!FindTypesFuse(ctx, *m.ids.find, &why)) return Skip(ctx, anchor, why);
     // Online, a captured table's handle carries no value shape, so the find's
     // is unknown; the kernel refuses a table of other than scalar values (on
     // which the bincount would fail too), so the keys' rank is enough.

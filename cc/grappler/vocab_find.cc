@@ -150,15 +150,23 @@ bool MatchVocabWaits(const GraphIndex& g, VocabIds* ids, std::string* why) {
   return true;
 }
 
-bool FindTypesFuse(const NodeDef& find, std::string* why) {
+bool FindTypesFuse(RewriteContext* ctx, const NodeDef& find, std::string* why) {
   if (TypeAttr(find, "Tout") != tensorflow::DT_INT64) {
     *why = "the table's values are not int64";
     return false;
   }
   const tensorflow::DataType keys = TypeAttr(find, "Tin");
-  if (keys == tensorflow::DT_STRING || keys == tensorflow::DT_INT64) return true;
-  *why = "keys are " + tensorflow::DataType_Name(keys);
-  return false;
+  if (keys != tensorflow::DT_STRING && keys != tensorflow::DT_INT64) {
+    *why = "keys are " + tensorflow::DataType_Name(keys);
+    return false;
+  }
+  int port = 0;
+  const NodeDef* fallback = ctx->index().Producer(find, 2, &port);
+  if (fallback == nullptr || ctx->Rank(*fallback, port) != 0) {
+    *why = "the find's default is not known to be a scalar (a table of vector values finds a vector per key)";
+    return false;
+  }
+  return true;
 }
 
 bool ServedOnCpu(RewriteContext* ctx, const NodeDef& anchor) {

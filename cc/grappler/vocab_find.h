@@ -37,9 +37,11 @@ bool TraceToFind(const GraphIndex& g, const tensorflow::NodeDef* x, VocabIds* id
 // The only thing the ids may wait on is Keras' check of these ids.
 bool MatchVocabWaits(const GraphIndex& g, VocabIds* ids, std::string* why);
 
-// Whether the fused vocabulary ops take `find`'s types: int64 values (row
-// ids) and string or int64 keys; else *why says what they are.
-bool FindTypesFuse(const tensorflow::NodeDef& find, std::string* why);
+// Whether the fused vocabulary ops take `find`'s table: int64 values (row
+// ids), string or int64 keys, and a default known to be a scalar (a table of
+// vector values, MutableHashTableOfTensors, finds a vector per key, and
+// the fused ops' shapes take one id per key); else *why says what it is.
+bool FindTypesFuse(RewriteContext* ctx, const tensorflow::NodeDef& find, std::string* why);
 
 // The fused op runs on the CPU (lookup tables live on the host): whether
 // `anchor` is placed on one, or unplaced in a graph served on one.
