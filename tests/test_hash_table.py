@@ -513,6 +513,25 @@ def test_pending_keys_are_evicted_for_slots():
     np.testing.assert_array_equal(table.find([54, 54], insert=True).numpy(), [-1, 0])
 
 
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_pending_keys_are_evicted_once_every_row_is_free(policy):
+    # Evicting the rows' keys for a stream of one-off keys frees every row;
+    # the one-off keys, awaiting admission, must go next, or the table drops
+    # every new key forever.
+    capacity = 16
+    table = HashTable(dim=2, capacity=capacity, admit_after=2, eviction=policy)
+    hot = np.arange(capacity)
+    for _ in range(2):
+        table.find(hot, insert=True)
+    for key in range(1000, 1140):
+        table.find([key], insert=True)
+    for _ in range(2):
+        for key in hot:
+            table.find([key], insert=True)
+    assert (table.find(hot).numpy() >= 0).all(), table.statistics()
+    assert int(table.statistics()["size"]) == capacity
+
+
 @pytest.mark.parametrize("make_optimizer, slot_after", [
     (lambda: keras.optimizers.SGD(learning_rate=0.5, momentum=0.9), lambda g: -0.5 * g),
     (lambda: keras.optimizers.Adagrad(learning_rate=0.5, initial_accumulator_value=0.25), lambda g: 0.25 + g * g),
@@ -593,6 +612,86 @@ def test_eviction_resets_only_its_own_tables_slots_when_tables_share_a_name():
     np.testing.assert_array_equal(slots[1][0][0].numpy(), np.full([2, 2], 7.0), "the other table's slots stay")
 
 
+def test_eviction_resets_only_its_own_slots_when_another_name_extends_its_prefix():
+    # Keras names slots `{path with _}_{kind}`: the slots of layer
+    # `user_embeddings_v2` also start with layer `user`'s prefix.
+    from tf_ctr_ops.layers import HashTableEmbedding
+
+    user = HashTableEmbedding(2, capacity=16, eviction="lru", combiner="sum", name="user")
+    other = HashTableEmbedding(2, capacity=16, combiner="sum", name="user_embeddings_v2")
+    optimizer = keras.optimizers.Adam(0.1)
+    keys = tf.constant([list(range(16))], tf.int64)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(user(keys, training=True)) + tf.reduce_sum(other(keys, training=True))
+    variables = [user.embeddings, other.embeddings]
+    optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+    user.reset_slots_of(optimizer)
+    names = sorted(slot.name for slot, _ in optimizer_slots(optimizer, user.embeddings))
+    assert names == ["user_embeddings_momentum", "user_embeddings_velocity"], names
+    others = [v for v in optimizer.variables if v.name.startswith("user_embeddings_v2_")]
+    before = [v.numpy().copy() for v in others]
+    user(tf.constant([[100]], tf.int64), training=True)  # evicts a key of `user`: its row restarts
+    assert int(user.statistics()["evicted"]) > 0
+    for v, was in zip(others, before):
+        np.testing.assert_array_equal(v.numpy(), was)
+
+
+def test_an_ema_average_of_a_reused_row_restarts_at_the_row():
+    # Keras' use_ema keeps an average per variable, which fit writes into
+    # the variable at the end: it must restart where the row does, not at 0.
+    from tf_ctr_ops.layers import HashTableEmbedding
+
+    layer = HashTableEmbedding(2, capacity=16, eviction="lru", combiner="sum",
+                               embeddings_initializer=keras.initializers.Constant(1.0))
+    optimizer = keras.optimizers.SGD(1e-3, use_ema=True, ema_momentum=0.99)
+
+    def step(keys):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(tf.constant([keys], tf.int64), training=True))
+        optimizer.apply_gradients([(tape.gradient(loss, layer.embeddings), layer.embeddings)])
+
+    step(list(range(16)))
+    layer.reset_slots_of(optimizer)
+    assert [initial for _, initial in optimizer_slots(optimizer, layer.embeddings)] == ["fresh row"]
+    step([100])  # evicts key 0: its row goes to key 100, fresh at 1.0
+    [row] = tco.hash_table.find_rows(layer, tf.constant([100], tf.int64)).numpy()
+    [average] = [v for v in optimizer.variables if v.name.endswith("_average")]
+    np.testing.assert_allclose(average.numpy()[row], layer.embeddings.numpy()[row], atol=1e-3)
+
+
+@pytest.mark.parametrize("initializer", [keras.initializers.Identity(), keras.initializers.Orthogonal(seed=1)])
+@pytest.mark.parametrize("in_function", [False, True])
+def test_static_shape_initializers_reset_rows_from_the_whole_table(initializer, in_function):
+    table = HashTable(dim=4, capacity=16, eviction="lru", initializer=initializer)
+    insert = lambda keys: hash_table_embedding(table, keys, combiner="sum", insert=True)  # noqa: E731
+    if in_function:
+        insert = tf.function(insert)
+    insert(tf.constant([list(range(16))], tf.int64))
+    for key in (100, 101, 102):
+        insert(tf.constant([[key]], tf.int64))  # each evicts one key: rows 0, 1, 2 go to new keys
+    rows = table.find([100, 101, 102]).numpy()
+    np.testing.assert_allclose(table.values.numpy()[rows], initializer([16, 4]).numpy()[rows], atol=1e-6)
+
+
+def test_bad_pooling_arguments_are_refused_before_any_insert():
+    table = HashTable(dim=3, capacity=20)
+    keys = tf.ragged.constant([[101, 102], [103]], dtype=tf.int64)
+    for kwargs in (dict(combiner="max"), dict(max_norm=-1.0)):
+        with pytest.raises(ValueError):
+            hash_table_embedding(table, keys, insert=True, **kwargs)
+    with pytest.raises(ValueError, match="max_norm"):
+        tco.multi_hash_table_embedding(table, [keys, keys], max_norms=[1.0, -2.0], insert=True)
+    assert int(table.size()) == 0
+
+
+def test_eviction_under_a_strategy_is_refused_before_any_insert():
+    with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+        table = HashTable(dim=2, capacity=16, eviction="lru")
+        with pytest.raises(NotImplementedError, match="eviction"):
+            hash_table_embedding(table, tf.ragged.constant([[1, 2, 3]], dtype=tf.int64), insert=True)
+    assert int(table.size()) == 0
+
+
 @pytest.mark.parametrize("eviction, admit_after", [("none", 1), ("lru", 1), ("lfu", 2)])
 def test_core_module_builds_the_same_table_as_the_op(rng, eviction, admit_after):
     """_core.hash_table_find (what the GPU tests build their tables with) runs
@@ -654,6 +753,37 @@ def test_checkpoint_restore_of_another_dim_names_both(rng, tmp_path):
     path = tf.train.Checkpoint(emb=saved).save(str(tmp_path / "ckpt"))
     with pytest.raises(ValueError, match="rows of width 3, this one 4"):
         tf.train.Checkpoint(emb=HashTable(dim=4, capacity=20)).restore(path)
+
+
+@pytest.mark.parametrize("capacity", [10, 20])
+def test_a_refused_restore_leaves_the_table_as_it_was(tmp_path, capacity):
+    # Of the same capacity, the saved `table` has this one's shape, and
+    # TF would assign it before the other dim of `values` is seen.
+    saved = HashTable(dim=3, capacity=10)
+    saved.find([11, 22, 33], insert=True)
+    path = tf.train.Checkpoint(emb=saved).save(str(tmp_path / "ckpt"))
+    table = HashTable(dim=4, capacity=capacity)
+    table.find([99], insert=True)
+    before = table.table.numpy(), table.values.numpy()
+    with pytest.raises(ValueError, match="rows of width 3, this one 4"):
+        tf.train.Checkpoint(emb=table).restore(path)
+    np.testing.assert_array_equal(table.table.numpy(), before[0])
+    np.testing.assert_array_equal(table.values.numpy(), before[1])
+    np.testing.assert_array_equal(table.find([11, 99]).numpy(), [-1, 0])
+
+
+def test_restoring_another_capacity_gives_the_unsaved_rows_fresh_values(tmp_path):
+    saved = HashTable(dim=2, capacity=40, initializer=tf.zeros_initializer())
+    saved.find([1, 2, 3], insert=True)
+    path = tf.train.Checkpoint(emb=saved).save(str(tmp_path / "ckpt"))
+    table = HashTable(dim=2, capacity=20, initializer=tf.zeros_initializer())
+    table.find(np.arange(100, 110), insert=True)
+    table.values.assign(np.full([20, 2], 42.0, np.float32))  # trained rows of keys the restore drops
+    tf.train.Checkpoint(emb=table).restore(path)
+    np.testing.assert_array_equal(table.find([1, 2, 3, 100]).numpy(), [0, 1, 2, -1])
+    np.testing.assert_array_equal(table.values.numpy(), 0.0)
+    [row] = table.find([999], insert=True).numpy()
+    assert row == 3
 
 
 @pytest.mark.parametrize("how", ["checkpoint", "restore_resized"])

@@ -114,6 +114,24 @@ def test_a_layer_refuses_a_checkpoint_of_the_other_key_dtype(tmp_path):
     assert layer.get_config()["key_dtype"] == "int64"
 
 
+def test_a_refused_checkpoint_leaves_the_layer_as_it_was(tmp_path):
+    # Of one capacity, TF would assign the saved embeddings before the
+    # table's key kind is checked.
+    import tensorflow as tf
+
+    saved = HashTableEmbedding(2, capacity=16, key_dtype="string",
+                               embeddings_initializer=keras.initializers.Constant(7.0))
+    saved(tf.constant([["x"]]), training=True)
+    path = tf.train.Checkpoint(layer=saved).save(str(tmp_path / "ckpt"))
+    layer = HashTableEmbedding(2, capacity=16, embeddings_initializer=keras.initializers.Constant(1.0))
+    keys = tf.constant([[5]], tf.int64)
+    before = layer(keys, training=True).numpy()
+    with pytest.raises(ValueError, match="holds string keys"):
+        tf.train.Checkpoint(layer=layer).restore(path)
+    np.testing.assert_array_equal(layer(keys).numpy(), before)
+    np.testing.assert_array_equal(layer.embeddings.numpy(), 1.0)
+
+
 def test_a_checkpoint_restored_before_the_layer_is_built_is_checked_too(tmp_path):
     # Restored before the build, Keras loads the weights in add_weight, before
     # the layer's restore hooks exist: an int64 table went into a string layer.

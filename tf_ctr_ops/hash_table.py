@@ -27,7 +27,7 @@ import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
 from tf_ctr_ops import ops as _lookup_ops
-from tf_ctr_ops._args import check_combiner, per_feature, sharded_variables, table_operand
+from tf_ctr_ops._args import check_combiner, max_norm_attr, per_feature, sharded_variables, table_operand
 from tf_ctr_ops._loader import load_op_library
 from tf_ctr_ops.table_layout import (CLOCK, COLUMNS, DROPPED, EMPTY_ENTRY, EVICTED, FREE_COUNT,  # noqa: F401
                                      HEADER_ROWS, INT_KEYS, KEY_KIND, NEXT_ROW, OCCUPIED, STRING_KEYS,
@@ -229,30 +229,38 @@ class _AnyCapacityRestore:
         self._saved = {}
 
     def arrive(self, part, variable, original, restored_tensors):
-        saved = restored_tensors["VARIABLE_VALUE"]
         if not tf.executing_eagerly():
             return original(restored_tensors)
-        if part == "table":
-            _check_saved_key_kind(saved, self._table())
-        same_shape = tuple(saved.shape) == tuple(variable.shape)
-        result = original(restored_tensors) if same_shape else None
-        if part == "table" and same_shape:
-            _keep_key_kind(variable, self._table().key_dtype)  # a table saved before the cell has 0 there
-        self._saved[part] = (saved, same_shape)
-        if len(self._saved) == 2:
-            (table, same_table), (values, same_values) = self._saved["table"], self._saved["values"]
-            self._saved = {}
-            if not (same_table and same_values):
-                self._insert_saved(table, values)
-        return result
+        # Nothing is assigned until both parts are here and checked: a refused
+        # restore leaves the table as it was.
+        self._saved[part] = (variable, original, restored_tensors)
+        if len(self._saved) < 2:
+            return None
+        parts, self._saved = self._saved, {}
+        table = self._table()
+        saved = {name: restored["VARIABLE_VALUE"] for name, (_, _, restored) in parts.items()}
+        _check_saved_key_kind(saved["table"], table)
+        if int(saved["values"].shape[1]) != table.dim:
+            raise ValueError(f"the checkpoint's table has rows of width {int(saved['values'].shape[1])}, this one "
+                             f"{table.dim}: a table restores from one of the same dim")
+        if all(tuple(saved[name].shape) == tuple(v.shape) for name, (v, _, _) in parts.items()):
+            for variable, original, restored in parts.values():
+                original(restored)
+            _keep_key_kind(table.table, table.key_dtype)  # a table saved before the cell has 0 there
+        else:
+            self._insert_saved(saved["table"], saved["values"])
+        return None
 
     def _insert_saved(self, saved_table, saved_values):
         table = self._table()
-        if int(saved_values.shape[1]) != table.dim:
-            raise ValueError(f"the checkpoint's table has rows of width {int(saved_values.shape[1])}, this one "
-                             f"{table.dim}: a table restores from one of the same dim")
         keys, values = rows_of_tensors(saved_table, saved_values)
         _variable(table.table).assign(empty_table(table.num_slots, table.capacity, table.key_dtype))
+        # Rows past the saved keys go to new keys as they are: fresh, not what
+        # this table's old keys had trained there.
+        every_row = tf.range(table.capacity, dtype=tf.int64)
+        _variable(table.values).assign(fresh_rows(table.row_initializer, every_row, (table.capacity, table.dim),
+                                                  _variable(table.values).dtype,
+                                                  tf.constant([table.reset_seed, 0], tf.int64)))
         insert_rows(table, keys, values)
 
 
@@ -309,10 +317,11 @@ def _find_and_reset(table, ids, insert, dense_padding=False):
     values (and optimizer slots, see reset_slots_of) first."""
     if insert and _under_multi_worker_strategy():
         return _find_gathered(table, ids, dense_padding)
+    if insert:
+        check_eviction_outside_replicas(table.eviction)  # before the find inserts
     rows, reused = _find(_variable(table.table), ids, table.capacity, insert, table.admit_after,
                          dense_padding=dense_padding, eviction=table.eviction if insert else "none")
     if insert and table.eviction != "none":
-        check_eviction_outside_replicas(table.eviction)
         values = _variable(table.values)
         shape = tf.stack([tf.size(reused), table.dim])
         with tf.control_dependencies([rows]):  # the clock this call advanced
@@ -323,7 +332,8 @@ def _find_and_reset(table, ids, insert, dense_padding=False):
         resets = [values.scatter_update(tf.IndexedSlices(fresh, reused))]
         for slot, initial in optimizer_slots(table.slot_optimizer(), table.values):
             slot = _variable(slot)
-            resets.append(slot.scatter_update(tf.IndexedSlices(tf.fill(shape, tf.cast(initial, slot.dtype)), reused)))
+            start = tf.cast(fresh, slot.dtype) if initial is FRESH_ROW else tf.fill(shape, tf.cast(initial, slot.dtype))
+            resets.append(slot.scatter_update(tf.IndexedSlices(start, reused)))
         with tf.control_dependencies(resets):
             rows = tf.identity(rows)
     return rows
@@ -337,6 +347,14 @@ def reset_seed_of(initializer):
 
     seed = getattr(initializer, "seed", None)
     return seed if isinstance(seed, int) and not isinstance(seed, bool) else random.randint(1, 2**31 - 1)
+
+
+def _of_static_shape(initializer):
+    """Initializers whose values depend on the whole matrix: called on the
+    rows' shape they would give other values (eagerly, without an error)."""
+    import keras
+
+    return isinstance(initializer, (keras.initializers.Orthogonal, keras.initializers.Identity))
 
 
 def _row_distribution(initializer, table_shape):
@@ -379,10 +397,12 @@ def fresh_rows(initializer, rows, table_shape, dtype, seed):
     shape = tf.stack([tf.size(rows, out_type=tf.int32), table_shape[1]])
     kind = _row_distribution(initializer, table_shape)
     if kind is None:
-        try:
-            return initializer(shape, dtype=dtype)
-        except (TypeError, ValueError):
-            return tf.gather(initializer(list(table_shape), dtype=dtype), rows)
+        if not _of_static_shape(initializer):
+            try:
+                return initializer(shape, dtype=dtype)
+            except (TypeError, ValueError):  # a callable of the user's that wants a static shape
+                pass
+        return tf.gather(initializer(list(table_shape), dtype=dtype), rows)
     name, a, b = kind
     if name == "uniform":
         rows = tf.random.stateless_uniform(shape, seed, minval=a, maxval=b)
@@ -432,11 +452,14 @@ def optimizer_slots(optimizer, variable):
 
     Keras names the slots of a variable `{variable.path with '_' for '/'}_{slot}`
     with the variable's shape; accumulators (Adagrad, Ftrl) start at the
-    optimizer's initial_accumulator_value, every other slot at 0. Variables
-    may share a name (eager tf.Variables are not uniquified: two default
-    HashTables both have `hash_table/values`), so their slots share names
-    too; Keras creates each slot kind in the order of its trainable
-    variables, so the k-th slot of a name belongs to the k-th of them.
+    optimizer's initial_accumulator_value, the moving average of use_ema at
+    the row's own fresh value (FRESH_ROW), every other slot at 0. A slot
+    name that also starts with the prefix of a longer-named variable (layers
+    `user` and `user_embeddings_v2`) is that variable's. Variables may share
+    a name (eager tf.Variables are not uniquified: two default HashTables
+    both have `hash_table/values`), so their slots share names too; Keras
+    creates each slot kind in the order of its trainable variables, so the
+    k-th slot of a name belongs to the k-th of them.
     """
     if optimizer is None:
         return []
@@ -447,16 +470,29 @@ def optimizer_slots(optimizer, variable):
     position = next((i for i, v in enumerate(namesakes) if v is variable), None)
     if position is None:  # not one of this optimizer's variables: no slots of its own
         return []
+    longer = {_slot_prefix(v) for v in getattr(optimizer, "_trainable_variables", [])}
+    longer = [p for p in longer if len(p) > len(prefix) and p.startswith(prefix)]
     slots, seen = [], {}
     for slot in getattr(optimizer, "variables", []):
-        if tuple(slot.shape) != tuple(variable.shape) or not slot.name.startswith(prefix):
+        if (tuple(slot.shape) != tuple(variable.shape) or not slot.name.startswith(prefix)
+                or any(slot.name.startswith(p) for p in longer)):
             continue
         nth = seen.get(slot.name, 0)
         seen[slot.name] = nth + 1
         if nth == position:
-            accumulator = slot.name.endswith("_accumulator")
-            slots.append((slot, getattr(optimizer, "initial_accumulator_value", 0.0) if accumulator else 0.0))
+            slots.append((slot, _slot_start(optimizer, slot.name[len(prefix):])))
     return slots
+
+
+FRESH_ROW = "fresh row"  # a slot that restarts at the row's new value, not at a constant
+
+
+def _slot_start(optimizer, kind):
+    if kind == "accumulator":
+        return getattr(optimizer, "initial_accumulator_value", 0.0)
+    if kind == "average":  # Keras' use_ema: the average of a new row is the row
+        return FRESH_ROW
+    return 0.0
 
 
 def _slot_prefix(variable):
@@ -567,6 +603,8 @@ def hash_table_embedding(table, keys, weights=None, combiner="mean", max_norm=No
     Returns:
       `[B, dim]`, a zero row for a bag with no key that has a row.
     """
+    check_combiner(combiner)
+    max_norm_attr(max_norm)  # refused before any key is inserted
     with tf.name_scope(name or "hash_table_embedding"):
         dense = not isinstance(keys, (tf.RaggedTensor, tf.SparseTensor))
         if dense:
@@ -611,6 +649,8 @@ def multi_hash_table_embedding(tables, features, weights=None, combiners="mean",
     weights = per_feature(weights, n, "weights")
     combiners = [check_combiner(c) for c in per_feature(combiners, n, "combiners")]
     max_norms = per_feature(max_norms, n, "max_norms")
+    for max_norm in max_norms:
+        max_norm_attr(max_norm)  # refused before any key is inserted
     with tf.name_scope(name or "multi_hash_table_embedding"):
         slots = [_slot(keys, w, t.key_dtype) for keys, w, t in zip(features, weights, tables)]
         batch = _common_batch_size([slot.batch for slot in slots])

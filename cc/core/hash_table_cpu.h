@@ -164,7 +164,7 @@ class Inserter {
   // Evicts up to capacity/16 keys with the lowest scores that this call has
   // not seen (with rows_only, only keys holding a row); false when none can go.
   bool Evict(bool rows_only) {
-    if (rules_.eviction == Eviction::kNone) return false;
+    if (rules_.eviction == Eviction::kNone || exhausted_[rows_only]) return false;
     const Slots& t = t_.slots;
     const int64_t clock = h_[kClock];
     std::vector<std::pair<EvictionScore, int64_t>> candidates;
@@ -173,19 +173,29 @@ class Inserter {
         candidates.emplace_back(ScoreOf(t, s, rules_.eviction), PairAt(t.pairs, s)[kKey]);
       }
     }
-    if (candidates.empty()) return false;
+    if (candidates.empty()) {
+      // Every key this call adds is stamped with its clock, so nothing becomes
+      // evictable again before the next call: without this, a call with more
+      // new keys than the table holds would scan every slot once per key.
+      exhausted_[rows_only] = true;
+      if (!rows_only) exhausted_[true] = true;
+      return false;
+    }
     const int64_t want = std::max<int64_t>(1, rules_.capacity / kEvictionBatchDivisor);
     const auto cut = candidates.begin() + std::min<int64_t>(want, candidates.size());
     std::nth_element(candidates.begin(), cut - 1, candidates.end());
     // Pushed highest score first, so new keys take the lowest-scored key's row
     // first: a deterministic order that tests can replay.
     std::sort(candidates.begin(), cut);
-    for (auto it = cut; it != candidates.begin() && h_[kFreeCount] < rules_.capacity;) {
+    for (auto it = cut; it != candidates.begin();) {
       --it;
       // Keys, not slots: each deletion may move the others' slots.
       const int64_t s = ProbeSlot(t.pairs, t.num_slots, it->second);
       const int64_t entry = PairAt(t.pairs, s)[kEntry];
-      if (entry >= 0) t_.free_rows[h_[kFreeCount]++] = entry;
+      // A key awaiting admission frees a slot and no row, so a full free
+      // stack (every row free) must not stop its eviction; the bound only
+      // keeps a corrupt table's rows from overflowing the stack.
+      if (entry >= 0 && h_[kFreeCount] < rules_.capacity) t_.free_rows[h_[kFreeCount]++] = entry;
       DeleteSlot(t, s);
       --h_[kOccupied];
       ++h_[kEvicted];
@@ -197,6 +207,7 @@ class Inserter {
   const InsertRules& rules_;
   int64_t* h_;
   std::vector<int64_t> reused_;
+  bool exhausted_[2] = {false, false};  // [rows_only]: a scan of this call found nothing to evict
 };
 
 inline Eviction ParseEviction(const std::string& name) {
