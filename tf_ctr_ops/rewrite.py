@@ -46,6 +46,10 @@ OPTIMIZER_NAME = "CtrFusionOptimizer"
 SERVING_DEVICES = (None, "cpu", "gpu")
 
 
+# How the patterns' skip reasons end when only a CPU server would take the fused op.
+CPU_ONLY_HINT = "serving_device='cpu' for a CPU server"
+
+
 def _check_serving_device(serving_device):
     if serving_device not in SERVING_DEVICES:
         raise ValueError(f"serving_device must be one of {SERVING_DEVICES}, got {serving_device!r}")
@@ -525,6 +529,10 @@ class RewriteReport:
                              f"median latency {s.latency_ms_before:.3f} ms -> {s.latency_ms_after:.3f} ms")
         for pattern, why in self.rejected_patterns.items():
             lines.append(f"dropped pattern {pattern}: {why}")
+        cpu_only = {k["node"] for k in self.skips if CPU_ONLY_HINT in k["reason"]}
+        if cpu_only:
+            lines.append(f"{len(cpu_only)} subgraph(s) left native because their fused ops run on the CPU only: "
+                         "for a model served on CPUs, rewrite with --serving-device cpu (serving_device='cpu')")
         if not self.verified:
             lines.append("not verified (--no-verify): the rewritten model was loaded in a fresh process, "
                          "its outputs were not compared")
