@@ -119,7 +119,7 @@ def reference_grad(table, keys, offsets, grad_out, weights, combiner="mean", id_
 
     def clip_backward(x, g, scale):
         norm = np.sqrt(x @ x)
-        if max_norm > 0 and norm > max_norm:
+        if max_norm > 0 and norm >= max_norm:  # a tie's gradient is the clip's, as in tf.clip_by_norm
             return scale * (max_norm / norm) * (g - x * (x @ g) / (x @ x))
         return scale * g
 

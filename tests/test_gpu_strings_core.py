@@ -188,7 +188,7 @@ def bag_rows(raw, splits, bag_splits, vocab, id_mode="hash", delimiter=b",", ski
 
 def clip_backward(x, g, scale, max_norm):
     norm = np.sqrt(x @ x)
-    if max_norm > 0 and norm > max_norm:
+    if max_norm > 0 and norm >= max_norm:  # a tie's gradient is the clip's, as in tf.clip_by_norm
         return scale * (max_norm / norm) * (g - x * (x @ g) / (x @ x))
     return scale * g
 

@@ -93,12 +93,15 @@ CTR_HD float WeightGrad(Combiner c, const BagWeights& bw, float w, float scale,
   return 0.f;
 }
 
-// Whether the clip changes a row with this squared norm, i.e. whether its
-// backward is something other than the identity. A NaN norm (a NaN entry)
-// counts: tf.clip_by_norm's t * c / max(NaN, c) makes the whole row NaN.
+// Whether the clip's backward is something other than the identity for a
+// row of this squared norm. A row of norm exactly max_norm counts (its value
+// is unchanged, scaled by 1): tf.clip_by_norm's t * c / max(|t|, c) sends
+// the gradient of a tie through |t|, as Maximum's gradient picks its first
+// input when the two are equal. A NaN norm (a NaN entry) counts too: t * c
+// / max(NaN, c) makes the whole row NaN.
 CTR_HD bool ClipIsActive(float squared_norm, float max_norm) {
   const float norm = sqrtf(squared_norm);
-  return max_norm > 0.f && !(norm <= max_norm);
+  return max_norm > 0.f && !(norm < max_norm);
 }
 
 // tf.clip_by_norm(row, max_norm) as a scale on the row: max_norm / max(|row|, max_norm).
