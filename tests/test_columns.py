@@ -85,6 +85,14 @@ def test_ids_are_sparse_cross_hashed_bit_for_bit(rng, batch, hash_key):
     np.testing.assert_array_equal(rows, want.indices.numpy()[:, 0])
 
 
+def test_hash_key_zero_is_tfs_default_key_as_in_cross_hashed(rng):
+    inputs = mixed_inputs(rng, 9)
+    params = tf.constant(rng.normal(size=(101, 3)), tf.float32)
+    want = tf.nn.safe_embedding_lookup_sparse(params, tf.sparse.cross_hashed(inputs, 101, hash_key=0), None)
+    got = tco.cross_embedding_lookup(params, inputs, 101, hash_key=0)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 @pytest.mark.parametrize("kinds", ["strings", "ints", "mixed"])
 def test_matches_safe_lookup_of_the_crossed_ids(rng, combiner, kinds):

@@ -635,6 +635,22 @@ def test_string_keys_hash_like_to_hash_bucket_fast(rng, combiner, weighted, max_
                          tf.convert_to_tensor(tape.gradient(loss_want, params)))
 
 
+def test_weighted_string_keys_hash_in_a_graph(rng):
+    # to_hash_bucket_fast takes its bucket count as an int: the table's
+    # static row count, where a tensor of it only converts eagerly.
+    params = table(rng, 6, 2)
+    keys = tf.ragged.constant([["a", "b"], ["c"], []])
+    weights = tf.ragged.constant([[1.0, 2.0], [0.5], []])
+    want = tco.hash_embedding(params, keys, weights, combiner="sum")
+    got = tf.function(lambda p, k, w: tco.hash_embedding(p, k, w, combiner="sum"))(params, keys, weights)
+    assert_close(got, want)
+    unknown = tf.function(lambda p, k, w: tco.hash_embedding(p, k, w, combiner="sum"),
+                          input_signature=[tf.TensorSpec([None, 2]), tf.RaggedTensorSpec([None, None], tf.string),
+                                           tf.RaggedTensorSpec([None, None], tf.float32)])
+    with pytest.raises(ValueError, match="row count is known"):
+        unknown(params, keys, weights)
+
+
 def test_string_key_bucket_outside_the_table_names_row_and_key(rng):
     params = table(rng, 10, 4)
     keys = tf.ragged.constant([[], ["a"], ["b", "c", "d", "e", "f", "g"]])

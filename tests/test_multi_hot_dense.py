@@ -67,6 +67,22 @@ def test_float64_and_a_single_encoding(rng):
     np.testing.assert_allclose(got, native([(ids, 30)], kernel), rtol=1e-12, atol=1e-12)
 
 
+def test_encodings_alone_build_in_a_graph(rng):
+    # With no dense block the op's dense list is empty, and graph building
+    # cannot infer an empty list's type from the kernel that follows it.
+    ids = tf.constant(rng.integers(0, 3, size=(5, 2)))
+    kernel = tf.constant(rng.normal(size=(3, 2)), tf.float32)
+    f = tf.function(lambda ids, kernel: tco.multi_hot_dense([(ids, 3)], kernel))
+    np.testing.assert_allclose(f(ids, kernel), native([(ids, 3)], kernel), rtol=1e-6, atol=1e-6)
+    with tf.GradientTape() as tape:
+        tape.watch(kernel)
+        loss = tf.reduce_sum(f(ids, kernel) ** 2)
+    with tf.GradientTape() as want_tape:
+        want_tape.watch(kernel)
+        want = tf.reduce_sum(native([(ids, 3)], kernel) ** 2)
+    np.testing.assert_allclose(tape.gradient(loss, kernel), want_tape.gradient(want, kernel), rtol=1e-5)
+
+
 def test_repeated_ids_count_once_or_by_their_count():
     kernel = tf.constant(np.arange(4 * 2, dtype=np.float32).reshape(4, 2))
     ids = tf.constant([[3, 3, 1], [0, 0, 0]])

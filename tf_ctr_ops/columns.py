@@ -35,7 +35,7 @@ def cross_embedding_lookup(params, inputs, num_buckets, hash_key=None, combiner=
         `tf.SparseTensor`s [B, N] in row-major order and dense Tensors [B, k],
         of strings or integers (integers are crossed as int64).
       num_buckets: crossed ids are taken modulo this (>= 1).
-      hash_key: the FingerprintCat64 key; None is TF's default key.
+      hash_key: the FingerprintCat64 key; None (or 0, as TF reads it) is TF's default key.
       combiner: "sum", "mean" or "sqrtn".
       default_id: the row of a bag left empty (a row missing one of the
         features has no crosses); None gives zeros.
@@ -60,7 +60,7 @@ def cross_embedding_lookup(params, inputs, num_buckets, hash_key=None, combiner=
         for t in dense:
             if t.shape.rank is not None and t.shape.rank != 2:
                 raise ValueError(f"dense inputs must be Tensors [B, k], got shape {t.shape}")
-        key = DEFAULT_HASH_KEY if hash_key is None else int(hash_key)
+        key = int(hash_key) if hash_key else DEFAULT_HASH_KEY  # TF's cross_hashed reads 0 as its default too
         out, _, _, _ = _ops.ctr_cross_embedding_lookup(
             params=read_table(params), indices=[sp.indices for sp in sparse],
             values=[_crossable(sp.values) for sp in sparse], shapes=[sp.dense_shape for sp in sparse],

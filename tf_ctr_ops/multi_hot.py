@@ -64,8 +64,13 @@ def multi_hot_dense(blocks, kernel, name=None):
         raise ValueError("multi_hot_dense needs at least one encoded block (ids, depth); use tf.matmul otherwise")
     kernel = read_table(kernel)
     dense = [tf.convert_to_tensor(d, dtype=kernel.dtype) for d in dense]
+    if not dense:
+        # The op's dense list takes its type from `kernel`, which graph
+        # building cannot infer for an empty list: one block of no columns.
+        dense.append(tf.zeros(tf.stack([tf.shape(ids[0])[0], 0]), kernel.dtype))
+        dense_at.append(len(blocks))
     order = {position: block for block, position in enumerate(encoded_at + dense_at)}
-    layout = [order[position] for position in range(len(blocks))]
+    layout = [order[position] for position in range(len(order))]
     return _ops.ctr_multi_hot_dense(ids=ids, dense=dense, kernel=kernel, depths=depths, binary_output=binary,
                                     drop_negative=drop, layout=layout, name=name)
 

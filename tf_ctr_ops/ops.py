@@ -689,8 +689,11 @@ def hash_embedding(params, keys, weights=None, combiner="mean", max_norm=None, n
             if weights is None:  # the packed-string path owns unweighted string keys
                 return strings.hash_string_keys(table, keys, combiner, max_norm)
             # Weighted string keys: hash with TF, then the fused weighted lookup.
+            if table.shape.rank is None or table.shape[0] is None:
+                raise ValueError("weighted string keys need a table whose row count is known when the graph is "
+                                 "built (tf.strings.to_hash_bucket_fast takes the bucket count as an int)")
             keys, weights = strings.string_key_bags(keys, weights)
-            buckets = tf.strings.to_hash_bucket_fast(keys.values, tf.shape(table, out_type=tf.int64)[0])
+            buckets = tf.strings.to_hash_bucket_fast(keys.values, int(table.shape[0]))
             return sparse_embedding(table, keys.with_values(buckets), weights, combiner=combiner, max_norm=max_norm)
         bags = _bags_from_container(keys, weights, -1)
         out = _lookup(table, bags.ids, bags.segments, bags.num_rows, _weights_values(bags.weights),
