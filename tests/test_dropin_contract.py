@@ -380,13 +380,9 @@ def test_mismatched_weights_are_value_errors_at_construction():
             fn(params, rt, w)
 
 
-@pytest.mark.parametrize("row", [[-1.0], [0.6, 0.8]])
-@pytest.mark.parametrize("safe", [True, False])
-def test_max_norm_gradient_of_a_row_whose_norm_is_max_norm_is_tfs(row, safe):
-    # tf.clip_by_norm's max(|x|, c) sends a tie's gradient through |x|: the
-    # row is unchanged but its gradient is the clip's, not the identity.
-    table = np.array([row, [0.1] * len(row)], np.float32)
-    ids = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([0, 1], tf.int64), [2, 1])
+def _clipped_sums_and_table_grads(table, ids, safe):
+    """(output, table gradient) of ours and TF's lookup of `ids` with
+    max_norm=1, summed: the safe lookup, or TF1's embedding_lookup_sparse."""
     ours_fn = tco.safe_embedding_lookup_sparse if safe else tco.compat.v1.embedding_lookup_sparse
     tf_fn = tf.nn.safe_embedding_lookup_sparse if safe else tf.compat.v1.nn.embedding_lookup_sparse
     results = []
@@ -395,7 +391,17 @@ def test_max_norm_gradient_of_a_row_whose_norm_is_max_norm_is_tfs(row, safe):
         with tf.GradientTape() as tape:
             out = fn(params, ids, None, combiner="sum", max_norm=1.0)
         results.append((out.numpy(), tf.convert_to_tensor(tape.gradient(out, params)).numpy()))
-    (ours, ours_grad), (want, want_grad) = results
+    return results
+
+
+@pytest.mark.parametrize("row", [[-1.0], [0.6, 0.8]])
+@pytest.mark.parametrize("safe", [True, False])
+def test_max_norm_gradient_of_a_row_whose_norm_is_max_norm_is_tfs(row, safe):
+    # tf.clip_by_norm's max(|x|, c) sends a tie's gradient through |x|: the
+    # row is unchanged but its gradient is the clip's, not the identity.
+    table = np.array([row, [0.1] * len(row)], np.float32)
+    ids = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([0, 1], tf.int64), [2, 1])
+    (ours, ours_grad), (want, want_grad) = _clipped_sums_and_table_grads(table, ids, safe)
     np.testing.assert_allclose(ours, want, rtol=1e-6)
     np.testing.assert_allclose(ours_grad, want_grad, rtol=1e-5, atol=1e-6)
 
@@ -407,15 +413,7 @@ def test_max_norm_gradient_of_a_row_whose_norm_overflows_float_is_tfs_zero(safe)
     table = np.ones((3, 2), np.float32)
     table[1] = 1e20
     ids = tf.SparseTensor([[0, 0], [0, 1]], tf.constant([1, 2], tf.int64), [1, 2])
-    ours_fn = tco.safe_embedding_lookup_sparse if safe else tco.compat.v1.embedding_lookup_sparse
-    tf_fn = tf.nn.safe_embedding_lookup_sparse if safe else tf.compat.v1.nn.embedding_lookup_sparse
-    results = []
-    for fn in (ours_fn, tf_fn):
-        params = tf.Variable(table)
-        with tf.GradientTape() as tape:
-            out = fn(params, ids, None, combiner="sum", max_norm=1.0)
-        results.append((out.numpy(), tf.convert_to_tensor(tape.gradient(out, params)).numpy()))
-    (ours, ours_grad), (want, want_grad) = results
+    (ours, ours_grad), (want, want_grad) = _clipped_sums_and_table_grads(table, ids, safe)
     np.testing.assert_allclose(ours, want, rtol=1e-6)
     assert np.isfinite(ours_grad).all(), ours_grad
     np.testing.assert_allclose(ours_grad, want_grad, rtol=1e-5, atol=1e-6)
