@@ -58,9 +58,11 @@ int64_t RowOf(const Tensor& keys, int64_t i) {
   return i / (keys.NumElements() / keys.dim_size(0));
 }
 
-// Keys probed per prefetch round: enough to overlap the misses of a memo
-// larger than the cache.
-constexpr int64_t kMemoGroup = 16;
+// How many keys ahead a key's memo slot is prefetched: enough to overlap the
+// misses of a memo larger than the cache. A rolling distance, not rounds of
+// this many keys, which left no load in flight at each round's start.
+constexpr int64_t kMemoAhead = 16;
+static_assert((kMemoAhead & (kMemoAhead - 1)) == 0, "the ring of hashes is indexed with a mask");
 // Keys the table lacks that a memo keeps, besides the table's own: serving
 // traffic repeats its out-of-vocabulary keys too, but they are unbounded.
 constexpr int64_t kMemoMissingKeys = 1 << 16;
@@ -126,18 +128,18 @@ class VocabFinder {
     std::vector<int64_t> unknown;
     {
       std::shared_lock<std::shared_mutex> read(mu_);
-      uint64_t hashes[kMemoGroup];
-      for (int64_t begin = 0; begin < n; begin += kMemoGroup) {
-        const int64_t end = std::min(n, begin + kMemoGroup);
-        for (int64_t i = begin; i < end; ++i) {
-          hashes[i - begin] = ctr::MemoHash(KeyAt(keys, i));
-          memo->Prefetch(hashes[i - begin]);
-        }
-        for (int64_t i = begin; i < end; ++i) {
-          const ctr::Memo known = memo->Find(KeyAt(keys, i), hashes[i - begin], &out[i]);
-          if (known == ctr::Memo::kMissing) out[i] = fallback;
-          if (known == ctr::Memo::kUnknown) unknown.push_back(i);
-        }
+      uint64_t hashes[kMemoAhead];  // key i's hash at i % kMemoAhead
+      auto start = [&](int64_t i) {
+        hashes[i & (kMemoAhead - 1)] = ctr::MemoHash(KeyAt(keys, i));
+        memo->Prefetch(hashes[i & (kMemoAhead - 1)]);
+      };
+      for (int64_t i = 0; i < std::min(n, kMemoAhead); ++i) start(i);
+      for (int64_t i = 0; i < n; ++i) {
+        const uint64_t hash = hashes[i & (kMemoAhead - 1)];
+        if (i + kMemoAhead < n) start(i + kMemoAhead);
+        const ctr::Memo known = memo->Find(KeyAt(keys, i), hash, &out[i]);
+        if (known == ctr::Memo::kMissing) out[i] = fallback;
+        if (known == ctr::Memo::kUnknown) unknown.push_back(i);
       }
     }
     if (unknown.empty()) return absl::OkStatus();
