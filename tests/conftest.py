@@ -112,7 +112,9 @@ with open(request, "rb") as f:
     inputs = pickle.load(f)
 out = fn(**{k: tf.constant(v, dtype=specs[k].dtype) for k, v in inputs.items()})
 with open(result, "wb") as f:
-    pickle.dump({k: v.numpy() for k, v in out.items()}, f)
+    # A SparseTensor or RaggedTensor output as the list of its components.
+    pickle.dump({k: v.numpy() if isinstance(v, tf.Tensor) else
+                 [p.numpy() for p in tf.nest.flatten(v, expand_composites=True)] for k, v in out.items()}, f)
 """
 
 

@@ -129,6 +129,83 @@ def test_tf1_table_model_with_nothing_fused_stays_servable(tmp_path):
     np.testing.assert_array_equal(got["y"], [1, -1, 0])
 
 
+def _save_tf1(path, build):
+    """A TF1 SavedModel (Builder, as Estimators export) of one signature
+    {inputs: outputs}, which `build()` makes in a fresh graph."""
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        inputs, outputs = build()
+        session.run(tf.compat.v1.global_variables_initializer())
+        builder = tf.compat.v1.saved_model.Builder(str(path))
+        builder.add_meta_graph_and_variables(session, ["serve"], signature_def_map={
+            "serving_default": tf.compat.v1.saved_model.predict_signature_def(inputs, outputs)})
+        builder.save()
+
+
+def _tf1_outputs(path, feeds):
+    """{output: value} of a TF1 SavedModel's serving_default in a session, on
+    {input: value} feeds (a SparseTensorValue for a sparse input)."""
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        meta = tf.compat.v1.saved_model.load(session, ["serve"], str(path))
+        signature = meta.signature_def["serving_default"]
+        graph = session.graph
+
+        def tensor(info):
+            if info.HasField("coo_sparse"):
+                c = info.coo_sparse
+                return tf.SparseTensor(*(graph.get_tensor_by_name(n) for n in (
+                    c.indices_tensor_name, c.values_tensor_name, c.dense_shape_tensor_name)))
+            return graph.get_tensor_by_name(info.name)
+
+        return session.run({k: tensor(v) for k, v in signature.outputs.items()},
+                           {tensor(signature.inputs[k]): v for k, v in feeds.items()})
+
+
+def test_tf1_signature_of_sparse_inputs_rewrites_unverified(tmp_path):
+    # An Estimator's raw serving receiver takes SparseTensors: Grappler's item
+    # builder fed a float one wrongly and aborted the process.
+    def build():
+        ids = tf.compat.v1.sparse_placeholder(tf.int64, [None, None], name="ids")
+        weights = tf.compat.v1.sparse_placeholder(tf.float32, [None, None], name="weights")
+        table = tf.compat.v1.get_variable("table", [10, 4])
+        return ({"ids": ids, "weights": weights},
+                {"out": tf.nn.safe_embedding_lookup_sparse(table, ids, weights, combiner="sqrtn")})
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _save_tf1(src, build)
+    report = rewrite.optimize_saved_model(src, dst, verify=False, serving_device="cpu")
+    assert report.ok and not report.verified
+    feeds = {"ids": tf.compat.v1.SparseTensorValue([[0, 0], [0, 1], [2, 0]], [3, 7, 9], [3, 2]),
+             "weights": tf.compat.v1.SparseTensorValue([[0, 0], [0, 1], [2, 0]], [1.0, 2.0, 0.5], [3, 2])}
+    np.testing.assert_allclose(_tf1_outputs(dst, feeds)["out"], _tf1_outputs(src, feeds)["out"], rtol=1e-6)
+
+
+def test_tf1_signature_returning_a_sparse_tensor_rewrites_and_verifies(tmp_path, rng):
+    # A TF1 graph is rewritten whole: its SparseTensor outputs compare by
+    # their components.
+    def build():
+        ids = tf.compat.v1.placeholder(tf.int64, [None, 3], name="ids")
+        table = tf.compat.v1.get_variable("table", [10, 4])
+        return {"ids": ids}, {"out": tf.reduce_sum(tf.nn.embedding_lookup(table, ids), 1),
+                              "sparse": tf.sparse.from_dense(tf.cast(ids, tf.float32))}
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _save_tf1(src, build)
+    report = rewrite.optimize_saved_model(src, dst)
+    assert report.ok and report.verified and report.signatures["serving_default"].outputs_match
+    inputs = {"ids": rng.integers(0, 10, size=(5, 3))}
+    want, got = outputs_of(src, inputs), serve_in_fresh_process(dst, "serving_default", inputs, tmp_path)
+    np.testing.assert_allclose(got["out"], want["out"], rtol=1e-6)
+    for a, b in zip(got["sparse"], want["sparse"]):
+        np.testing.assert_array_equal(a, b)
+
+
+def outputs_of(path, inputs):
+    fn = tf.saved_model.load(str(path)).signatures["serving_default"]
+    out = fn(**{k: tf.constant(v) for k, v in inputs.items()})
+    return {k: v.numpy() if isinstance(v, tf.Tensor) else
+            [p.numpy() for p in tf.nest.flatten(v, expand_composites=True)] for k, v in out.items()}
+
+
 def test_tf1_signature_subset_is_refused(tmp_path):
     src = tmp_path / "src"
     save_tf1_feature_column_model(str(src), str(tmp_path))

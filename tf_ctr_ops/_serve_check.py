@@ -16,6 +16,22 @@ import pickle
 import sys
 
 
+def output_arrays(outputs):
+    """{name: array} of a signature's outputs; a SparseTensor or RaggedTensor
+    output as its component tensors (NAME/0, NAME/1, ...), which compare as
+    arrays do."""
+    import tensorflow as tf
+
+    arrays = {}
+    for key, value in outputs.items():
+        if isinstance(value, tf.Tensor):
+            arrays[key] = value.numpy()
+        else:
+            for i, part in enumerate(tf.nest.flatten(value, expand_composites=True)):
+                arrays[f"{key}/{i}"] = part.numpy()
+    return arrays
+
+
 def serve(model_dir, request):
     import tensorflow as tf
 
@@ -33,7 +49,7 @@ def serve(model_dir, request):
             fn = loaded.signatures[key]
             specs = fn.structured_input_signature[1]
             feeds = {k: tf.constant(v, dtype=specs[k].dtype) for k, v in inputs.items()}
-            result["outputs"][key] = {k: v.numpy() for k, v in fn(**feeds).items()}
+            result["outputs"][key] = output_arrays(fn(**feeds))
         except Exception as e:  # noqa: BLE001
             result["errors"][key] = summary(e)
     return result

@@ -30,6 +30,7 @@ import uuid
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2, saved_model_pb2
 from tensorflow.python.eager import context
 from tensorflow.python.grappler import tf_optimizer
@@ -37,6 +38,7 @@ from tensorflow.python.grappler import tf_optimizer
 from tf_ctr_ops import _errors, _loader, _model_inputs, _partitioned
 from tf_ctr_ops import _saved_model_files as _files
 from tf_ctr_ops._loader import load_op_library
+from tf_ctr_ops._serve_check import output_arrays
 
 _ops = load_op_library()
 
@@ -368,6 +370,7 @@ def optimize_meta_graph(meta_graph, serving_device=None, disabled_patterns=()):
     """
     meta = meta_graph_pb2.MetaGraphDef()
     meta.CopyFrom(meta_graph)
+    _plain_signature_tensors(meta)
     _keep_recorded_shapes(meta.graph_def)
     with tempfile.TemporaryDirectory() as tmp:
         report_file = os.path.join(tmp, "report.jsonl")
@@ -377,6 +380,27 @@ def optimize_meta_graph(meta_graph, serving_device=None, disabled_patterns=()):
         report = read_report(report_file)
     report["skip"].extend(_unfused_feature_records(optimized))
     return optimized, report
+
+
+def _plain_signature_tensors(meta):
+    """Names each component of a signature's SparseTensor (coo_sparse) or
+    composite input and output as a tensor of its own, in the copy Grappler
+    reads: its item builder feeds a SparseTensor input wrongly (a CHECK that
+    aborts the process on a float one). The SavedModel keeps its signatures."""
+    for signature in meta.signature_def.values():
+        for infos in (signature.inputs, signature.outputs):
+            for key in [k for k, info in infos.items() if info.WhichOneof("encoding") != "name"]:
+                info = infos[key]
+                if info.WhichOneof("encoding") == "coo_sparse":
+                    sparse = info.coo_sparse
+                    parts = [(sparse.indices_tensor_name, types_pb2.DT_INT64), (sparse.values_tensor_name, info.dtype),
+                             (sparse.dense_shape_tensor_name, types_pb2.DT_INT64)]
+                else:
+                    parts = [(c.name, c.dtype) for c in info.composite_tensor.components]
+                del infos[key]
+                for i, (name, dtype) in enumerate(parts):
+                    infos[f"{key}/{i}"].name = name
+                    infos[f"{key}/{i}"].dtype = dtype
 
 
 def captured_handle_shapes(concrete_function):
@@ -665,11 +689,11 @@ def _max_abs_diff(reference, actual):
 
 def _median_latency_ms(fn, inputs, runs):
     for _ in range(2):
-        tf.nest.map_structure(lambda t: t.numpy(), fn(**inputs))
+        output_arrays(fn(**inputs))
     times = []
     for _ in range(runs):
         start = time.perf_counter()
-        tf.nest.map_structure(lambda t: t.numpy(), fn(**inputs))
+        output_arrays(fn(**inputs))
         times.append(time.perf_counter() - start)
     return 1e3 * float(np.median(times))
 
@@ -695,7 +719,7 @@ def _composite_outputs(fn):
 
 
 def _outputs(fn, inputs):
-    return {k: v.numpy() for k, v in fn(**_feeds(fn, inputs)).items()}
+    return output_arrays(fn(**_feeds(fn, inputs)))
 
 
 def _verification_inputs(src, selected, facts, sample_inputs, inputs_file, seed):
@@ -1071,8 +1095,9 @@ def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, veri
         key, names = next(iter(composite.items()))
         raise ValueError(f"signature {key!r} returns composite tensors ({names}): the rewrite takes signatures of "
                          f"plain tensors; leave it out of --signature and it is copied unchanged")
-    selected = [k for k in selected if k not in composite]
     tf1 = _files.is_tf1(proto)
+    if not tf1:  # a TF1 graph is optimized whole, composite outputs and all (see _plain_signature_tensors)
+        selected = [k for k in selected if k not in composite]
     if tf1 and set(selected) != set(available):
         raise ValueError(f"{src} is a TF1 SavedModel, whose signatures share one graph: rewrite all of them "
                          f"({available}), not {selected}")
