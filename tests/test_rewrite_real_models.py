@@ -269,6 +269,31 @@ def test_inputs_read_by_lookups_get_their_tables_vocabularies_in_one_try(tmp_pat
     assert set(inputs["s3"].ravel()) <= {f"f3v{i}".encode() for i in range(50)} | {f"f3v{i}" for i in range(50)}
 
 
+def test_inputs_of_capitalized_names_get_their_vocabularies_too(tmp_path, rng):
+    # A FunctionDef lower-cases its arguments' names (`userId` -> `userid`):
+    # the vocabularies went by those, the signature's inputs by theirs.
+    import keras
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    from tf_ctr_ops import _model_inputs
+
+    names = ["userId", "itemCategory"]
+    inputs = [keras.Input((1,), dtype="string", name=n) for n in names]
+    parts = [keras.layers.Flatten()(keras.layers.Embedding(3, 2)(keras.layers.StringLookup(
+        vocabulary=[f"{n}{i}" for i in range(3)], mask_token=None, num_oov_indices=0)(x)))
+        for n, x in zip(names, inputs)]
+    src = tmp_path / "src"
+    keras.Model(inputs, keras.layers.Concatenate()(parts)).export(str(src), verbose=False)
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((src / "saved_model.pb").read_bytes())
+    facts = _model_inputs.GraphFacts(proto.meta_graphs, str(src))
+    assert set(facts.input_vocabularies) == set(names)
+    fn = tf.saved_model.load(str(src)).signatures["serving_default"]
+    tries = []
+    synthesized, how = _model_inputs.synthesize(fn.structured_input_signature[1], _judge(fn, tries), facts, rng)
+    assert how == "synthesized (vocabulary values)" and len(tries) == 2, (how, len(tries))
+
+
 def test_split_safe_lookup_rewrite_loads_in_a_fresh_process(tmp_path):
     # Its dense_shape readers are re-pointed to a shape of another length:
     # their recorded _output_shapes must not reach the saved graph.

@@ -221,7 +221,8 @@ def _lookup_vocabularies(meta_graph):
     whose keys are an argument of the function and whose table is a tracked
     resource (a StaticHashTable, a Keras lookup's table): the keys its
     `_initialize` function imports. Keras names those arguments after the
-    model's inputs."""
+    model's inputs, which a FunctionDef's argument names lower-case (`sC`
+    becomes `sc`): each argument goes by its `_user_specified_name`."""
     graph_def, objects = meta_graph.graph_def, meta_graph.object_graph_def
     functions = {f.signature.name: f for f in graph_def.library.function}
     captured = _captured_constants(meta_graph)
@@ -249,16 +250,21 @@ def _lookup_vocabularies(meta_graph):
 
     out = {}
     for fdef, bound in _bound_functions(meta_graph):
-        args = {a.name for a in fdef.signature.input_arg}
+        args = {a.name: _user_specified_name(fdef, i) or a.name for i, a in enumerate(fdef.signature.input_arg)}
         for node in fdef.node_def:
             if node.op != "LookupTableFindV2" or len(node.input) < 2:
                 continue
             handle, keys = (ref.split(":")[0] for ref in node.input[:2])
-            if keys in args and keys not in bound and handle in bound and keys not in out:
+            if keys in args and keys not in bound and handle in bound and args[keys] not in out:
                 vocabulary = table_keys(bound[handle])
                 if vocabulary is not None:
-                    out[keys] = vocabulary
+                    out[args[keys]] = vocabulary
     return out
+
+
+def _user_specified_name(fdef, index):
+    attr = fdef.arg_attr[index].attr.get("_user_specified_name") if index in fdef.arg_attr else None
+    return attr.s.decode() if attr is not None and attr.s else None
 
 
 def _const_value(node):
