@@ -33,8 +33,8 @@ class PartitionedLookupPattern : public NamedPattern<kName> {
     }
     ctx->Skipped(kName, anchor.name(),
                  "lookup into " + std::to_string(n) +
-                     " partitions: only offline rewriting (optimize_saved_model) merges them into one variable, "
-                     "and only for variables laid out by the 'mod' or 'div' rule");
+                     " partitions: only the offline rewrite of a TF2 SavedModel (optimize_saved_model) merges "
+                     "them into one variable, and only for variables laid out by the 'mod' or 'div' rule");
     return false;
   }
 };
