@@ -772,6 +772,26 @@ def test_a_refused_restore_leaves_the_table_as_it_was(tmp_path, capacity):
     np.testing.assert_array_equal(table.find([11, 99]).numpy(), [-1, 0])
 
 
+def test_a_checkpoint_of_one_of_the_two_variables_restores_it(tmp_path):
+    saved = HashTable(dim=4, capacity=8)
+    saved.find([1, 2, 3], insert=True)
+    other = HashTable(dim=4, capacity=8)
+    other.find([7, 8], insert=True)
+    values_only = tf.train.Checkpoint(v=saved.values).save(str(tmp_path / "values" / "ckpt"))
+    table_only = tf.train.Checkpoint(t=saved.table).save(str(tmp_path / "table" / "ckpt"))
+    whole = tf.train.Checkpoint(emb=other).save(str(tmp_path / "whole" / "ckpt"))
+    table = HashTable(dim=4, capacity=8)
+    tf.train.Checkpoint(v=table.values).restore(values_only).assert_consumed()
+    np.testing.assert_array_equal(table.values.numpy(), saved.values.numpy())
+    tf.train.Checkpoint(t=table.table).restore(table_only).assert_consumed()
+    np.testing.assert_array_equal(table.find([1, 2, 3]).numpy(), [0, 1, 2])
+    # A part restored alone is not paired with a later restore's other part.
+    tf.train.Checkpoint(v=table.values).restore(values_only)
+    tf.train.Checkpoint(emb=table).restore(whole).assert_consumed()
+    np.testing.assert_array_equal(table.values.numpy(), other.values.numpy())
+    np.testing.assert_array_equal(table.find([7, 8, 1]).numpy(), [0, 1, -1])
+
+
 def test_restoring_another_capacity_gives_the_unsaved_rows_fresh_values(tmp_path):
     saved = HashTable(dim=2, capacity=40, initializer=tf.zeros_initializer())
     saved.find([1, 2, 3], insert=True)

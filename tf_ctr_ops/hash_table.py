@@ -227,29 +227,43 @@ class _AnyCapacityRestore:
     def __init__(self, table):
         self._table = weakref.ref(table)
         self._saved = {}
+        self._before = {}  # part -> (variable, its value before this restore assigned it)
 
     def arrive(self, part, variable, original, restored_tensors):
+        saved = restored_tensors["VARIABLE_VALUE"]
         if not tf.executing_eagerly():
             return original(restored_tensors)
-        # Nothing is assigned until both parts are here and checked: a refused
-        # restore leaves the table as it was.
-        self._saved[part] = (variable, original, restored_tensors)
-        if len(self._saved) < 2:
-            return None
-        parts, self._saved = self._saved, {}
+        if part in self._saved:  # a restore of one part alone left it here: this is another restore
+            self._saved, self._before = {}, {}
         table = self._table()
-        saved = {name: restored["VARIABLE_VALUE"] for name, (_, _, restored) in parts.items()}
-        _check_saved_key_kind(saved["table"], table)
-        if int(saved["values"].shape[1]) != table.dim:
-            raise ValueError(f"the checkpoint's table has rows of width {int(saved['values'].shape[1])}, this one "
-                             f"{table.dim}: a table restores from one of the same dim")
-        if all(tuple(saved[name].shape) == tuple(v.shape) for name, (v, _, _) in parts.items()):
-            for variable, original, restored in parts.values():
-                original(restored)
-            _keep_key_kind(table.table, table.key_dtype)  # a table saved before the cell has 0 there
-        else:
-            self._insert_saved(saved["table"], saved["values"])
-        return None
+        try:  # what a part can be refused for, before it is assigned
+            if part == "table":
+                _check_saved_key_kind(saved, table)
+            elif int(saved.shape[1]) != table.dim:
+                raise ValueError(f"the checkpoint's table has rows of width {int(saved.shape[1])}, this one "
+                                 f"{table.dim}: a table restores from one of the same dim")
+        except ValueError:
+            self._put_back()  # the other part, if this restore assigned it: a refused restore changes nothing
+            raise
+        same_shape = tuple(saved.shape) == tuple(variable.shape)
+        result = None
+        if same_shape:  # restored as any variable (a checkpoint may hold this part alone)
+            self._before[part] = (variable, tf.identity(_variable(variable)))
+            result = original(restored_tensors)
+            if part == "table":
+                _keep_key_kind(variable, table.key_dtype)  # a table saved before the cell has 0 there
+        self._saved[part] = (saved, same_shape)
+        if len(self._saved) == 2:
+            (saved_table, same_table), (saved_values, same_values) = self._saved["table"], self._saved["values"]
+            self._saved, self._before = {}, {}
+            if not (same_table and same_values):
+                self._insert_saved(saved_table, saved_values)
+        return result
+
+    def _put_back(self):
+        for variable, value in self._before.values():
+            _variable(variable).assign(value)
+        self._saved, self._before = {}, {}
 
     def _insert_saved(self, saved_table, saved_values):
         table = self._table()
