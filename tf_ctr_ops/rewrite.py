@@ -1089,15 +1089,16 @@ def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, veri
         missing = [k for k in selected if k not in available]
         if missing:
             raise ValueError(f"signature(s) {missing} not in {src}; it has {available}")
-    composite = {k: _composite_outputs(loaded.signatures[k]) for k in selected}
+    tf1 = _files.is_tf1(proto)
+    # A TF2 signature with composite outputs is copied unchanged; a TF1 graph
+    # is optimized whole, composite outputs and all (see _plain_signature_tensors).
+    composite = {} if tf1 else {k: _composite_outputs(loaded.signatures[k]) for k in selected}
     composite = {k: names for k, names in composite.items() if names}
     if composite and signature_keys is not None:
         key, names = next(iter(composite.items()))
         raise ValueError(f"signature {key!r} returns composite tensors ({names}): the rewrite takes signatures of "
                          f"plain tensors; leave it out of --signature and it is copied unchanged")
-    tf1 = _files.is_tf1(proto)
-    if not tf1:  # a TF1 graph is optimized whole, composite outputs and all (see _plain_signature_tensors)
-        selected = [k for k in selected if k not in composite]
+    selected = [k for k in selected if k not in composite]
     if tf1 and set(selected) != set(available):
         raise ValueError(f"{src} is a TF1 SavedModel, whose signatures share one graph: rewrite all of them "
                          f"({available}), not {selected}")
