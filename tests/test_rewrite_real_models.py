@@ -426,6 +426,23 @@ def test_plain_string_inputs_hold_bags_of_several_lengths():
         assert set(v.split(b",")) <= {b"0", b"1"}, v
 
 
+def test_synthesized_inputs_do_not_depend_on_the_order_the_signature_lists_them():
+    # A loaded signature lists its inputs in another order in every process:
+    # the same model and seed must get the same inputs (and the same search).
+    from tf_ctr_ops import _model_inputs
+
+    specs = {"b": tf.TensorSpec([None], tf.float32), "a": tf.TensorSpec([None, 2], tf.int64),
+             "c": tf.TensorSpec([None], tf.float32)}
+    facts = types.SimpleNamespace(example_specs=None, input_vocabularies={}, string_vocabularies=[],
+                                  int_vocabularies=[])
+    run = lambda inputs: None  # noqa: E731 - the original accepts anything
+    got = [_model_inputs.synthesize(dict(order), run, facts, np.random.default_rng(3))[0]
+           for order in (specs.items(), reversed(list(specs.items())))]
+    assert got[0].keys() == got[1].keys()
+    for k in got[0]:
+        np.testing.assert_array_equal(got[0][k], got[1][k])
+
+
 @pytest.mark.parametrize("limit, expected_high", [("gather", 57), ("assert", 10), ("assert_tiny", None)])
 def test_plain_int_ids_are_widened_to_what_the_original_accepts(limit, expected_high):
     """Ids 0 and 1 alone leave untested what only larger ids reach. The bound

@@ -523,6 +523,9 @@ def synthesize(specs, run, facts, rng):
     """(inputs, how) for a signature with input `specs`, where `run(inputs)`
     returns None when the original accepts them, else the error's text.
     Raises InputsError when no candidate is accepted."""
+    # By name: a loaded signature lists its inputs in another order in every
+    # process, and the draws and the search follow the order.
+    specs = dict(sorted(specs.items()))
     inputs, how, vocabulary_keys, examples = _accepted_inputs(specs, run, facts, rng)
     inputs, how = _with_wide_ids(inputs, how, specs, run, rng, vocabulary_keys, examples)
     if examples is None:
