@@ -6,6 +6,9 @@ import contextlib
 import io
 import json
 import os
+import pickle
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -13,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import tf_ctr_ops  # noqa: F401
-from conftest import serve_in_fresh_process
+from conftest import fresh_process_env, serve_in_fresh_process
 from real_models import save_split_safe_lookup_model, save_tf1_table_model
 from tf_ctr_ops import _saved_model_files, rewrite
 from tf_ctr_ops.__main__ import main as cli_main
@@ -141,6 +144,27 @@ def _save_tf1(path, build):
         builder.save()
 
 
+_SERVE_TF1_SPARSE = """
+import pickle, sys
+import tensorflow as tf
+import tf_ctr_ops  # noqa: F401
+model_dir, feeds_path, out_path = sys.argv[1:]
+with open(feeds_path, "rb") as f:
+    feeds = {k: tf.compat.v1.SparseTensorValue(*v) for k, v in pickle.load(f).items()}
+with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+    signature = tf.compat.v1.saved_model.load(session, ["serve"], model_dir).signature_def["serving_default"]
+    graph = session.graph
+    def sparse(info):
+        c = info.coo_sparse
+        return tf.SparseTensor(*(graph.get_tensor_by_name(n) for n in (
+            c.indices_tensor_name, c.values_tensor_name, c.dense_shape_tensor_name)))
+    out = session.run({k: graph.get_tensor_by_name(v.name) for k, v in signature.outputs.items()},
+                      {sparse(signature.inputs[k]): v for k, v in feeds.items()})
+with open(out_path, "wb") as f:
+    pickle.dump(out, f)
+"""
+
+
 def _tf1_outputs(path, feeds):
     """{output: value} of a TF1 SavedModel's serving_default in a session, on
     {input: value} feeds (a SparseTensorValue for a sparse input)."""
@@ -176,7 +200,14 @@ def test_tf1_signature_of_sparse_inputs_rewrites_unverified(tmp_path):
     assert report.ok and not report.verified
     feeds = {"ids": tf.compat.v1.SparseTensorValue([[0, 0], [0, 1], [2, 0]], [3, 7, 9], [3, 2]),
              "weights": tf.compat.v1.SparseTensorValue([[0, 0], [0, 1], [2, 0]], [1.0, 2.0, 0.5], [3, 2])}
-    np.testing.assert_allclose(_tf1_outputs(dst, feeds)["out"], _tf1_outputs(src, feeds)["out"], rtol=1e-6)
+    # Served in a fresh process, as a model server would load it.
+    (tmp_path / "feeds.pkl").write_bytes(pickle.dumps({k: tuple(v) for k, v in feeds.items()}))
+    proc = subprocess.run([sys.executable, "-c", _SERVE_TF1_SPARSE, str(dst), str(tmp_path / "feeds.pkl"),
+                           str(tmp_path / "out.pkl")], cwd=tmp_path, env=fresh_process_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = pickle.loads((tmp_path / "out.pkl").read_bytes())
+    np.testing.assert_allclose(got["out"], _tf1_outputs(src, feeds)["out"], rtol=1e-6)
 
 
 def test_tf1_signature_returning_a_sparse_tensor_rewrites_and_verifies(tmp_path, rng):
