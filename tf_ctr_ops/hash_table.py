@@ -27,7 +27,8 @@ import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
 from tf_ctr_ops import ops as _lookup_ops
-from tf_ctr_ops._args import check_combiner, max_norm_attr, per_feature, sharded_variables, table_operand
+from tf_ctr_ops._args import (check_combiner, in_place_variable, max_norm_attr, per_feature, sharded_variables,
+                             table_operand)
 from tf_ctr_ops._loader import load_op_library
 from tf_ctr_ops.table_layout import (CLOCK, COLUMNS, DROPPED, EMPTY_ENTRY, EVICTED, FREE_COUNT,  # noqa: F401
                                      HEADER_ROWS, INT_KEYS, KEY_KIND, NEXT_ROW, OCCUPIED, STRING_KEYS,
@@ -625,6 +626,9 @@ def hash_table_embedding(table, keys, weights=None, combiner="mean", max_norm=No
             keys = tf.convert_to_tensor(keys)
         bags = _lookup_ops._bags_from_container(keys, weights, -1)
         ids = _int_keys(bags.ids, table.key_dtype, dense)
+        if not insert and _find_pools_in_one_op(table):
+            out = _pool_found_rows(table, ids, bags, combiner, max_norm, dense_padding=dense)
+            return _lookup_ops._with_batch_dim(out, keys)
         if insert:
             ids = _lookup_ops._checked_bag_ids(ids, bags)
         rows = _find_and_reset(table, ids, insert, dense_padding=dense)
@@ -671,13 +675,16 @@ def multi_hash_table_embedding(tables, features, weights=None, combiners="mean",
         outputs = [None] * n
         for members in _grouped(range(n), lambda i: id(tables[i])):
             table = tables[members[0]]
-            # Every feature checked (its bags, the common batch) before any
-            # table inserts: a refused call changes no table.
-            with tf.control_dependencies([batch] + [s.ids for s in slots]):
-                _find_slot_rows(table, [slots[i] for i in members], insert)
+            # A read finds the keys of each group of slots as it pools them.
+            found_by_pooling = not insert and _find_pools_in_one_op(table)
+            if not found_by_pooling:
+                # Every feature checked (its bags, the common batch) before any
+                # table inserts: a refused call changes no table.
+                with tf.control_dependencies([batch] + [s.ids for s in slots]):
+                    _find_slot_rows(table, [slots[i] for i in members], insert)
             for pooled in _grouped(members, lambda i: (combiners[i], max_norms[i])):
                 outs = _pool_slots(table, [slots[i] for i in pooled], batch, combiners[pooled[0]],
-                                   max_norms[pooled[0]])
+                                   max_norms[pooled[0]], found_by_pooling)
                 for i, out in zip(pooled, outs):
                     outputs[i] = _lookup_ops._with_batch_dim(out, slots[i].keys)
         return outputs
@@ -787,22 +794,75 @@ def _find_slot_rows_gathered(table, slots):
         slot_start += tf.size(g, out_type=tf.int64)
 
 
-def _pool_slots(table, slots, batch, combiner, max_norm):
-    """One lookup over the slots' bags, feature-major: [k * B, dim], split in k."""
+def _pool_slots(table, slots, batch, combiner, max_norm, found_by_pooling=False):
+    """One lookup over the slots' bags, feature-major: [k * B, dim], split in
+    k. found_by_pooling: the lookup reads the slots' keys (_pool_found_rows),
+    not the rows a find gave them."""
     segments = tf.concat([s.row_ids + k * batch for k, s in enumerate(slots)], 0)
     weights = None
     if any(s.weights is not None for s in slots):
         weights = tf.concat([tf.ones_like(s.ids, tf.float32) if s.weights is None else s.weights for s in slots], 0)
-    bags = _lookup_ops._Bags(tf.concat([s.rows for s in slots], 0), segments, len(slots) * batch, "row_ids", weights)
-    return tf.split(_pool_rows(table, bags, combiner, max_norm), len(slots), axis=0)
+    ids = tf.concat([s.ids if found_by_pooling else s.rows for s in slots], 0)
+    bags = _lookup_ops._Bags(ids, segments, len(slots) * batch, "row_ids", weights)
+    if found_by_pooling:
+        pooled = _pool_found_rows(table, ids, bags, combiner, max_norm, dense_padding=False)
+    else:
+        pooled = _pool_rows(table, bags, combiner, max_norm)
+    return tf.split(pooled, len(slots), axis=0)
+
+
+def _prunes_weights(combiner, weights):
+    """As safe_embedding_lookup_sparse, weights <= 0 are pruned but for "sum"."""
+    return combiner != "sum" and weights is not None
+
+
+def _find_pools_in_one_op(table):
+    """Whether a read-only find and the pooling of its rows can be one
+    CtrHashTableEmbedding: a CPU kernel reading both variables in place, so
+    the values must be a variable on the table's host (not on a GPU, not
+    partitioned), outside tf.distribute, whose replicas read their own copies."""
+    values = in_place_variable(table.values)
+    if values is None or tf.distribute.has_strategy():
+        return False
+    host, other = (tf.DeviceSpec.from_string(_variable(v).device or "") for v in (table.table, values))
+    return (other.job, other.replica, other.task) in ((host.job, host.replica, host.task), (None, None, None))
+
+
+def _pool_found_rows(table, keys, bags, combiner, max_norm, dense_padding):
+    """_find (read only) and _pool_rows of its rows in one op."""
+    table_var, values = _variable(table.table), in_place_variable(table.values)
+    for var in (table_var, values):  # recorded as reads, so the tape and model.export see both
+        resource_variable_ops.variable_accessed(var)
+    weights = _lookup_ops._weights_values(bags.weights)
+    segments = bags.segments if bags.segments.dtype in (tf.int32, tf.int64) else tf.cast(bags.segments, tf.int64)
+    out, _ = _ops.ctr_hash_table_embedding(
+        table=table_var.handle, values=values.handle, keys=keys, segments=segments,
+        num_rows=tf.cast(bags.num_rows, tf.int64), weights=tf.zeros([0], tf.float32) if weights is None else weights,
+        T=values.dtype, capacity=table.capacity, dense_padding=dense_padding, combiner=combiner,
+        segment_kind=bags.kind, prune_weights=_prunes_weights(combiner, weights), max_norm=max_norm_attr(max_norm),
+        has_weights=weights is not None)
+    return out
+
+
+@tf.RegisterGradient("CtrHashTableEmbedding")
+def _hash_table_embedding_grad(op, grad, _):
+    """The gradient of the lookup of the rows the op found: IndexedSlices of
+    the values' rows, and the weights' gradient."""
+    _, values, _, segments, num_rows, weights = op.inputs
+    attrs = {k: op.get_attr(k) for k in ("combiner", "segment_kind", "prune_weights", "max_norm", "has_weights")}
+    attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
+    values_grad, weights_grad = _lookup_ops.pooled_grads(
+        grad, _ops.ctr_resource_embedding_lookup_grad, _lookup_ops.resource_table_shape, values, op.outputs[1],
+        segments, num_rows, weights, dict(attrs, id_mode="index", invalid_ids="skip_negative", default_id=-1,
+                                          num_buckets=0), "per_id")
+    return [None, values_grad, None, None, None, weights_grad]
 
 
 def _pool_rows(table, bags, combiner, max_norm):
     """The pooled `table.values` rows of `bags` (ids: rows found, -1 for
     keys without one, which are left out). Values a ParameterServerStrategy
     partitioned are gathered shard by shard on their servers, never whole."""
-    # As safe_embedding_lookup_sparse, weights <= 0 are pruned but for "sum".
-    prune = combiner != "sum" and bags.weights is not None
+    prune = _prunes_weights(combiner, bags.weights)
     shards = sharded_variables(table.values)
     if shards is not None:
         return _lookup_ops._sharded_lookup(shards, bags, combiner=combiner, invalid_ids="skip_negative",

@@ -98,15 +98,24 @@ def _lookup_grad_attrs(op):
 
 def _lookup_grads(op, grad, grad_op, table_shape):
     params, ids, segments, num_rows, weights = op.inputs
-    attrs = _lookup_grad_attrs(op)
-    order = _grad_indices_attr(op)
+    params_grad, weights_grad = pooled_grads(grad, grad_op, table_shape, params, ids, segments, num_rows, weights,
+                                             _lookup_grad_attrs(op), _grad_indices_attr(op))
+    return [params_grad, None, None, None, weights_grad]
+
+
+def pooled_grads(grad, grad_op, table_shape, params, ids, segments, num_rows, weights, attrs, order):
+    """(params gradient as IndexedSlices, weights gradient or None) of a
+    lookup with these inputs and attrs, through its gradient op."""
     values, indices, weights_grad, merged = grad_op(
         grad=grad, params=params, ids=ids, segments=segments, num_rows=num_rows,
         weights=weights, grad_indices=order, **attrs)
     if order != "per_id":  # the CPU kernel merges the rows; the GPU kernel leaves that to us
         values, indices = tf.cond(merged, lambda: (values, indices), lambda: _merge_grad_rows(values, indices))
-    params_grad = table_gradient(values, indices, table_shape(params))
-    return [params_grad, None, None, None, weights_grad if attrs["has_weights"] else None]
+    return table_gradient(values, indices, table_shape(params)), weights_grad if attrs["has_weights"] else None
+
+
+def resource_table_shape(handle):
+    return resource_variable_ops.variable_shape(handle, tf.int64)
 
 
 @tf.RegisterGradient("CtrEmbeddingLookup")
@@ -117,8 +126,7 @@ def _embedding_lookup_grad(op, grad):
 @tf.RegisterGradient("CtrResourceEmbeddingLookup")
 def _resource_embedding_lookup_grad(op, grad):
     """The variable's gradient, IndexedSlices of its rows, as ResourceGather's."""
-    return _lookup_grads(op, grad, _ops.ctr_resource_embedding_lookup_grad,
-                         lambda handle: resource_variable_ops.variable_shape(handle, tf.int64))
+    return _lookup_grads(op, grad, _ops.ctr_resource_embedding_lookup_grad, resource_table_shape)
 
 
 def _no_second_order(op, *grads):

@@ -1,6 +1,7 @@
-// The CPU loops of the key-to-row hash table (CtrHashTableFind and the core
-// module's hash_table_find): finding keys, inserting them with admission and
-// eviction, on the rules of hash_table.h. Host only; framework-free.
+// The CPU loops of the key-to-row hash table (CtrHashTableFind,
+// CtrHashTableEmbedding and the core module's hash_table_find): finding keys,
+// pooling their rows, inserting them with admission and eviction, on the
+// rules of hash_table.h. Host only; framework-free.
 #pragma once
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "cc/core/hash_table.h"
+#include "cc/core/lookup_cpu.h"
 
 namespace ctr {
 
@@ -57,6 +59,42 @@ inline std::string ViewTable(int64_t* data, int64_t rows, int64_t cols, int64_t 
   return "";
 }
 
+// Finds the slots of keys[begin, end), in order: each key's home slot is
+// prefetched kProbeDistance keys before it is probed.
+template <typename Key>
+class SlotFinder {
+ public:
+  SlotFinder(const Slots& slots, const Key* keys, int64_t begin, int64_t end)
+      : slots_(slots), keys_(keys), end_(end) {
+    for (int64_t i = begin; i < std::min(end, begin + kProbeDistance); ++i) Start(i);
+  }
+
+  // The slot of keys[i] (ProbeSlot's); i runs from begin to end - 1, in order.
+  int64_t SlotOf(int64_t i) {
+    const int64_t s = ProbeSlotFrom(slots_.pairs, slots_.num_slots, keys_[i], home_[i & (kProbeDistance - 1)]);
+    if (i + kProbeDistance < end_) Start(i + kProbeDistance);
+    return s;
+  }
+
+ private:
+  void Start(int64_t i) {
+    const int64_t h = HomeSlot(keys_[i], slots_.num_slots);
+    home_[i & (kProbeDistance - 1)] = h;
+    __builtin_prefetch(PairAt(slots_.pairs, h));
+  }
+
+  const Slots& slots_;
+  const Key* keys_;
+  int64_t end_;
+  int64_t home_[kProbeDistance];  // key i's home slot in home_[i % kProbeDistance]
+};
+
+// The row `key` has, given the slot its probe ended at (kNoRow for none).
+inline int64_t RowInSlot(const Slots& t, int64_t s, int64_t key, bool dense_padding) {
+  const int64_t entry = s >= 0 ? PairAt(t.pairs, s)[kEntry] : kEmptyEntry;
+  return entry >= 0 && !IsPaddingKey(key, dense_padding) ? entry : kNoRow;
+}
+
 // Rows of `keys` (kNoRow for none). With clock > 0 (an inserting call), each
 // found key is stamped as seen by this call and its use count goes up: the
 // scores eviction reads. Threads may stamp one slot at once, hence atomics.
@@ -65,27 +103,46 @@ template <typename Key, typename ParallelFor>
 void FindRows(const TableView& t, const Key* keys, int64_t n, bool dense_padding, int64_t clock, int64_t* rows,
               ParallelFor&& parallel_for) {
   parallel_for(n, [&](int64_t begin, int64_t end) {
-    int64_t home[kProbeDistance];  // key i's home slot in home[i % kProbeDistance]
-    auto start = [&](int64_t i) {
-      const int64_t h = HomeSlot(keys[i], t.slots.num_slots);
-      home[i & (kProbeDistance - 1)] = h;
-      __builtin_prefetch(PairAt(t.slots.pairs, h));
-    };
-    for (int64_t i = begin; i < std::min(end, begin + kProbeDistance); ++i) start(i);
+    SlotFinder<Key> finder(t.slots, keys, begin, end);
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t key = keys[i];
-      const int64_t s = ProbeSlotFrom(t.slots.pairs, t.slots.num_slots, key, home[i & (kProbeDistance - 1)]);
-      if (i + kProbeDistance < end) start(i + kProbeDistance);
-      const int64_t entry = s >= 0 ? PairAt(t.slots.pairs, s)[kEntry] : kEmptyEntry;
-      const bool found = entry >= 0 && !IsPaddingKey(key, dense_padding);
-      rows[i] = found ? entry : kNoRow;
-      if (found && clock > 0) {
+      const int64_t s = finder.SlotOf(i);
+      rows[i] = RowInSlot(t.slots, s, keys[i], dense_padding);
+      if (rows[i] != kNoRow && clock > 0) {
         int64_t* stats = StatsAt(t.slots, s);
         __atomic_store_n(&stats[kLastSeen], clock, __ATOMIC_RELAXED);
         __atomic_fetch_add(&stats[kCount], 1, __ATOMIC_RELAXED);
       }
     }
   });
+}
+
+// Pools bags [row_begin, row_end) of keys (CSR offsets) over the rows of
+// `values` [s.vocab, s.dim] the table gives them, and writes each key's row
+// (kNoRow for none) to rows[]: a find and a lookup in one pass, so that the
+// probes of later keys overlap the row loads of earlier ones. Keys without a
+// row are left out of their bag, as the lookup's skip_negative leaves the
+// find's -1 out. A row outside `values` (a table assigned other tensors)
+// stops the range, recorded in *err with the key.
+template <typename T, typename Key>
+void PoolTableBagsCpu(const Slots& slots, const LookupSpec& s, const T* values, const Key* keys,
+                      const float* weights, const int64_t* offsets, int64_t row_begin, int64_t row_end,
+                      bool dense_padding, AccT<T>* acc, T* out, int64_t* rows, KeyError* err) {
+  SlotFinder<Key> finder(slots, keys, offsets[row_begin], offsets[row_end]);
+  BagStream<T> pool(s, values, acc, out, nullptr, row_begin);
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
+      const int64_t row = RowInSlot(slots, finder.SlotOf(i), keys[i], dense_padding);
+      rows[i] = row;
+      if (row == kNoRow) continue;
+      if (row >= s.vocab) {
+        *err = KeyError{r, static_cast<int64_t>(keys[i]), i};
+        return;
+      }
+      const float w = weights ? weights[i] : 1.f;
+      if (KeepWeight(w, s)) pool.Add(r, row, w);
+    }
+  }
+  pool.FinishBefore(row_end);
 }
 
 struct InsertRules {

@@ -4,11 +4,20 @@
 // still holds it), find every key in parallel, then give rows to the missing
 // ones in key order, so that rows are assigned in order of first appearance
 // whatever the thread count.
+//
+// CtrHashTableEmbedding reads both the table and the values under their
+// shared locks (the table's first: an inserting find, which takes it
+// exclusively, never waits on the values' lock while holding it) and pools
+// bags in parallel, each range probing its keys and loading their rows in
+// one pipelined pass.
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include "cc/core/hash_table_cpu.h"
+#include "cc/core/lowest_row_error.h"
+#include "cc/kernels/lookup_common.h"
+#include "cc/kernels/pool_cpu.h"
 #include "cc/kernels/table_input.h"
 #include "cc/kernels/tf_types.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -34,6 +43,11 @@ absl::Status ViewTable(Tensor* table, int64_t capacity, ctr::TableView* view) {
                                    view));
 }
 
+// Finds the table variable of input 0, as CtrHashTableFind's kernel does.
+absl::Status LookupTable(OpKernelContext* ctx, tensorflow::core::RefCountPtr<tensorflow::Var>* var) {
+  return tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, 0), var);
+}
+
 }  // namespace
 
 template <typename Key>
@@ -51,7 +65,7 @@ class HashTableFindOp : public tensorflow::OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     tensorflow::core::RefCountPtr<tensorflow::Var> var;
-    OP_REQUIRES_OK(ctx, tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, 0), &var));
+    OP_REQUIRES_OK(ctx, LookupTable(ctx, &var));
     const Tensor& keys = ctx->input(1);
     Tensor* rows = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &rows));
@@ -99,5 +113,85 @@ class HashTableFindOp : public tensorflow::OpKernel {
 CTR_REGISTER_HASH_TABLE_FIND(int32_t);
 CTR_REGISTER_HASH_TABLE_FIND(int64_t);
 #undef CTR_REGISTER_HASH_TABLE_FIND
+
+template <typename T, typename Key, typename TSeg>
+class HashTableEmbeddingOp : public tensorflow::OpKernel {
+ public:
+  explicit HashTableEmbeddingOp(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
+    std::string kind;
+    OP_REQUIRES_OK(c, c->GetAttr("capacity", &capacity_));
+    OP_REQUIRES_OK(c, c->GetAttr("dense_padding", &dense_padding_));
+    OP_REQUIRES_OK(c, ReadPoolingAttrs(c, &attrs_.spec));
+    OP_REQUIRES_OK(c, c->GetAttr("segment_kind", &kind));
+    OP_REQUIRES_OK(c, c->GetAttr("prune_weights", &attrs_.spec.prune_weights));
+    OP_REQUIRES_OK(c, c->GetAttr("has_weights", &attrs_.has_weights));
+    attrs_.segments_are_splits = kind == "row_splits";
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    tensorflow::core::RefCountPtr<tensorflow::Var> var;
+    OP_REQUIRES_OK(ctx, LookupTable(ctx, &var));
+    tensorflow::tf_shared_lock table_lock(*var->mu());
+    ctr::TableView table;
+    OP_REQUIRES_OK(ctx, ViewTable(var->tensor(), capacity_, &table));
+    TableInput values;
+    OP_REQUIRES_OK(ctx, values.Bind<T>(ctx, 1));
+    LookupAttrs a = attrs_;
+    LookupInputs in;
+    OP_REQUIRES_OK(ctx, ValidateBagInputs(ctx, 2, a, &in));
+    OP_REQUIRES_OK(ctx, BindTable(values.tensor(), &a.spec));
+    in.params = &values.tensor();
+    Tensor offsets_t;
+    OP_REQUIRES_OK(ctx, BuildOffsets<TSeg>(ctx, a, in, &offsets_t));
+    const int64_t* offsets = offsets_t.flat<int64_t>().data();
+    const int64_t bags = offsets_t.NumElements() - 1;
+    Tensor *out = nullptr, *rows = nullptr;
+    OP_REQUIRES_OK(ctx, AllocatePooled(ctx, 0, values.tensor(), bags, &out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, in.ids->shape(), &rows));
+
+    using CT = typename CoreType<T>::type;
+    const Key* keys = in.ids->flat<Key>().data();
+    const float* weights = in.weights ? in.weights->flat<float>().data() : nullptr;
+    int64_t* row_data = rows->flat<int64_t>().data();
+    ctr::LowestRowError<ctr::KeyError> first_error;
+    const int64_t cost = BagCost(in, a.spec, bags) + (in.nnz() / std::max<int64_t>(bags, 1) + 1) * kProbeCost;
+    ParallelFor(ctx, bags, cost, [&](int64_t begin, int64_t end) {
+      std::vector<ctr::AccT<CT>> acc(a.spec.dim);
+      ctr::KeyError err;
+      ctr::PoolTableBagsCpu(table.slots, a.spec, CorePtr<T>(values.tensor()), keys, weights, offsets, begin, end,
+                            dense_padding_, acc.data(), CorePtr<T>(out), row_data, &err);
+      first_error.Offer(err);
+    });
+    if (!first_error.found()) return;
+    const ctr::KeyError& e = first_error.error();
+    ctx->CtxFailure(tensorflow::errors::InvalidArgument(
+        "key ", e.key, " in row ", e.row, " has table row ", row_data[e.entry], ", out of range [0, ",
+        a.spec.vocab, ") of the values: the table variable holds another table's rows"));
+  }
+
+ private:
+  int64_t capacity_ = 0;
+  bool dense_padding_ = false;
+  LookupAttrs attrs_;
+};
+
+#define CTR_REGISTER_HASH_TABLE_EMBEDDING(T, Key, TSeg)                                              \
+  REGISTER_KERNEL_BUILDER(Name("CtrHashTableEmbedding")                                             \
+                              .Device(tensorflow::DEVICE_CPU)                                       \
+                              .TypeConstraint<T>("T")                                               \
+                              .TypeConstraint<Key>("Tkey")                                          \
+                              .TypeConstraint<TSeg>("Tseg"),                                        \
+                          HashTableEmbeddingOp<T, Key, TSeg>)
+#define CTR_REGISTER_HASH_TABLE_EMBEDDING_KEYS(T)         \
+  CTR_REGISTER_HASH_TABLE_EMBEDDING(T, int32_t, int32_t) \
+  CTR_REGISTER_HASH_TABLE_EMBEDDING(T, int32_t, int64_t) \
+  CTR_REGISTER_HASH_TABLE_EMBEDDING(T, int64_t, int32_t) \
+  CTR_REGISTER_HASH_TABLE_EMBEDDING(T, int64_t, int64_t)
+CTR_REGISTER_HASH_TABLE_EMBEDDING_KEYS(float)
+CTR_REGISTER_HASH_TABLE_EMBEDDING_KEYS(double)
+CTR_REGISTER_HASH_TABLE_EMBEDDING_KEYS(Eigen::half)
+CTR_REGISTER_HASH_TABLE_EMBEDDING_KEYS(Eigen::bfloat16)
+#undef CTR_REGISTER_HASH_TABLE_EMBEDDING_KEYS
+#undef CTR_REGISTER_HASH_TABLE_EMBEDDING
 
 }  // namespace tf_ctr

@@ -18,11 +18,13 @@ struct LookupAttrs {
   bool merge_grad_rows = false;  // grad_indices "first_appearance"
 };
 
-// The attrs of pooling rows into bags, whatever names the rows.
+// The attrs of pooling rows into bags, whatever names the rows. default_id
+// is optional: an op whose rows a table hands out (CtrHashTableEmbedding) has
+// no row to name, and pools an empty bag to zeros.
 inline absl::Status ReadPoolingAttrs(tensorflow::OpKernelConstruction* c, ctr::LookupSpec* spec) {
   std::string combiner;
   TF_RETURN_IF_ERROR(c->GetAttr("combiner", &combiner));
-  TF_RETURN_IF_ERROR(c->GetAttr("default_id", &spec->default_id));
+  if (c->HasAttr("default_id")) TF_RETURN_IF_ERROR(c->GetAttr("default_id", &spec->default_id));
   TF_RETURN_IF_ERROR(c->GetAttr("max_norm", &spec->max_norm));
   TF_RETURN_IF_ERROR(CoreStatus(ctr::ParseCombiner(combiner, &spec->combiner)));
   if (spec->default_id < -1)
