@@ -165,8 +165,7 @@ class HashTableEmbeddingOp : public tensorflow::OpKernel {
     if (!first_error.found()) return;
     const ctr::KeyError& e = first_error.error();
     ctx->CtxFailure(tensorflow::errors::InvalidArgument(
-        "key ", e.key, " in row ", e.row, " has table row ", row_data[e.entry], ", out of range [0, ",
-        a.spec.vocab, ") of the values: the table variable holds another table's rows"));
+        ctr::DescribeTableRowError(e, row_data[e.entry], a.spec.vocab)));
   }
 
  private:

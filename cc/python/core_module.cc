@@ -209,6 +209,54 @@ py::tuple HashTableFind(py::array table, py::array_t<int64_t, py::array::c_style
   return py::make_tuple(rows, reused_rows);
 }
 
+// CtrHashTableEmbedding on a NumPy table (read only) and float32 values:
+// (pooled [B, D], rows of the keys).
+py::tuple HashTableEmbedding(py::array table, py::array_t<float, py::array::c_style | py::array::forcecast> values,
+                             py::array_t<int64_t, py::array::c_style | py::array::forcecast> keys,
+                             py::array_t<int64_t, py::array::c_style | py::array::forcecast> offsets,
+                             py::object weights, const std::string& combiner, int64_t capacity, bool dense_padding,
+                             bool prune_weights, float max_norm, int threads) {
+  if (!table.dtype().is(py::dtype::of<int64_t>()) || table.ndim() != 2 || !(table.flags() & py::array::c_style))
+    throw py::type_error("table must be a C-contiguous int64 array [2 + S + ceil(capacity / 4), 4]");
+  if (values.ndim() != 2) throw py::value_error("values must be [V, D]");
+  if (keys.ndim() != 1) throw py::value_error("keys must be a vector");
+  ctr::TableView view;
+  // Read only: the view's pointer is not const, but nothing here writes through it.
+  std::string error = ctr::ViewTable(static_cast<int64_t*>(const_cast<void*>(table.data())), table.shape(0),
+                                     table.shape(1), capacity, &view);
+  if (!error.empty()) throw py::value_error(error);
+  const ctr::LookupSpec spec = tf_ctr_py::MakeLookupSpec(values.shape(0), values.shape(1), combiner, "index",
+                                                         "skip_negative", prune_weights, -1, max_norm);
+  std::vector<int64_t> off(offsets.data(), offsets.data() + offsets.size());
+  error = ctr::ValidateRowSplits(off.data(), static_cast<int64_t>(off.size()), keys.shape(0));
+  if (!error.empty()) throw py::value_error(error);
+  py::array_t<float, py::array::c_style | py::array::forcecast> w;
+  const float* wptr = nullptr;
+  if (!weights.is_none()) {
+    w = weights.cast<py::array_t<float, py::array::c_style | py::array::forcecast>>();
+    if (w.ndim() != 1 || w.shape(0) != keys.shape(0)) throw py::value_error("weights must have one value per key");
+    wptr = w.data();
+  }
+  const int64_t bags = static_cast<int64_t>(off.size()) - 1;
+  py::array_t<float> out(std::vector<py::ssize_t>{bags, spec.dim});
+  py::array_t<int64_t> rows(keys.shape(0));
+  ctr::LowestRowError<ctr::KeyError> first;
+  {
+    py::gil_scoped_release release;
+    const int num_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+    ParallelRanges(bags, num_threads, [&](int64_t b, int64_t e) {
+      std::vector<float> acc(spec.dim);
+      ctr::KeyError err;
+      ctr::PoolTableBagsCpu(view.slots, spec, values.data(), keys.data(), wptr, off.data(), b, e, dense_padding,
+                            acc.data(), out.mutable_data(), rows.mutable_data(), &err);
+      first.Offer(err);
+    });
+  }
+  if (first.found())
+    throw py::value_error(ctr::DescribeTableRowError(first.error(), rows.data()[first.error().entry], spec.vocab));
+  return py::make_tuple(out, rows);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -236,6 +284,12 @@ PYBIND11_MODULE(_core, m) {
         py::arg("eviction") = "none", py::arg("threads") = 0,
         "CtrHashTableFind on a NumPy table (cc/core/hash_table.h layout), updated in place with insert: "
         "(rows, reused_rows).");
+  m.def("hash_table_embedding", &HashTableEmbedding, py::arg("table"), py::arg("values"), py::arg("keys"),
+        py::arg("offsets"), py::arg("weights") = py::none(), py::arg("combiner") = "mean", py::arg("capacity") = 0,
+        py::arg("dense_padding") = false, py::arg("prune_weights") = false, py::arg("max_norm") = -1.0f,
+        py::arg("threads") = 0,
+        "CtrHashTableEmbedding on a NumPy table (read only) and float32 values [V, D] over CSR bags: "
+        "(pooled [B, D], rows of the keys, -1 for none).");
   m.def("fingerprint64", [](const py::bytes& b) {
     const std::string s = b;
     return ctr::fp::Fingerprint64(reinterpret_cast<const uint8_t*>(s.data()), s.size());

@@ -10,7 +10,9 @@ Feeds raw buffers, offsets, ids and attributes to the pybind11 module
   rule; hash_buckets(s) == fingerprint64(s) % n; hash_int_keys(k) ==
   hash_buckets(decimal(k));
 - embedding_lookup and string_embedding equal a float64 NumPy reference on
-  finite inputs, and fail (ValueError) exactly where the reference does.
+  finite inputs, and fail (ValueError) exactly where the reference does;
+  hash_table_embedding equals hash_table_find + that reference, on tables
+  with corrupt slots too.
 
 TensorFlow is never imported, so an execution takes microseconds. The native
 module is not coverage-instrumented (g++ has no libFuzzer instrumentation);
@@ -339,7 +341,75 @@ def fuzz_strings(fdp):
     check_close(got, want, "string_embedding")
 
 
-TARGETS = [fuzz_parse, fuzz_hash, fuzz_lookup, fuzz_strings]
+@atheris.instrument_func
+def ref_table_pool(values, keys, offsets, weights, rows, combiner, prune, max_norm):
+    """The lookup of the rows a find gave the keys (-1 left out), as
+    hash_table_embedding pools them in two ops."""
+    entries = [(int(rows[i]), 1.0 if weights is None else float(weights[i])) for i in range(len(keys))]
+    out = []
+    for r in range(len(offsets) - 1):
+        bag = []
+        for row, w in entries[offsets[r]:offsets[r + 1]]:
+            if row < 0 or (prune and not w > 0):
+                continue
+            if row >= values.shape[0]:
+                raise Rejected(f"table row {row} in row {r}")
+            bag.append((row, w))
+        out.append(pool(values, bag, combiner, max_norm, -1))
+    return np.array(out).reshape(len(offsets) - 1, values.shape[1])
+
+
+@atheris.instrument_func
+def fuzz_table_pool(fdp):
+    """hash_table_embedding (the find and the pooling in one pass) against
+    hash_table_find + the lookup's rules, on tables that may be corrupt."""
+    num_slots = pick(fdp, [2, 16, 32])
+    capacity = min(fdp.ConsumeIntInRange(0, 8), num_slots)
+    table = np.zeros([2 + num_slots + -(-capacity // 4), 4], np.int64)
+    table[2:2 + num_slots].reshape(-1)[1:2 * num_slots:2] = -1  # every slot's entry: empty
+    inserted = ints64(fdp, fdp.ConsumeIntInRange(0, 10), 8)
+    core.hash_table_find(table, inserted, capacity, insert=True)
+    pairs = table[2:2 + num_slots].reshape(-1)[:2 * num_slots]
+    for _ in range(fdp.ConsumeIntInRange(0, 3)):  # a table assigned other tensors
+        pairs[fdp.ConsumeIntInRange(0, pairs.size - 1)] = pick(fdp, [-5, 3, capacity, 2**40, I64_MIN, I64_MAX, -1])
+    if fdp.ConsumeIntInRange(0, 9) == 0:
+        table.reshape(-1)[fdp.ConsumeIntInRange(0, 7)] = pick(fdp, [-1, 99, I64_MAX])
+    vocab, dim = fdp.ConsumeIntInRange(0, capacity + 1), fdp.ConsumeIntInRange(0, 3)
+    values = floats(fdp, vocab * dim, False).reshape(vocab, dim)
+    nnz = fdp.ConsumeIntInRange(0, 10)
+    keys = np.concatenate([inserted, ints64(fdp, nnz, 8)])[-nnz:] if nnz else np.zeros([0], np.int64)
+    offsets, offsets_ok = splits_for(fdp, keys.size, fdp.ConsumeIntInRange(0, 5))
+    weights = floats(fdp, keys.size, False) if fdp.ConsumeBool() else None
+    combiner, prune, dense_padding = pick(fdp, COMBINERS), fdp.ConsumeBool(), fdp.ConsumeBool()
+    max_norm = pick(fdp, [-1.0, 0.5, 2.0])
+    try:
+        want_rows, _ = core.hash_table_find(table.copy(), keys, capacity, dense_padding=dense_padding)
+    except EXPECTED_ERRORS:
+        want_rows = None  # a header the view refuses: so must the pooling
+    try:
+        got, rows = core.hash_table_embedding(table, values, keys, offsets, weights, combiner=combiner,
+                                              capacity=capacity, dense_padding=dense_padding, prune_weights=prune,
+                                              max_norm=max_norm, threads=fdp.ConsumeIntInRange(0, 3))
+    except EXPECTED_ERRORS:
+        got = None
+    if not offsets_ok:
+        return  # garbage offsets, perhaps valid by chance: whether it raised or not, it did not crash
+    if want_rows is None:
+        assert got is None, "core pooled a table whose header the find refuses"
+        return
+    try:
+        want = ref_table_pool(values, keys, offsets, weights, want_rows, combiner, prune, max_norm)
+    except Rejected as e:
+        assert got is None, f"core accepted what the reference rejects: {e}"
+        return
+    assert got is not None, "core rejected a valid input"
+    np.testing.assert_array_equal(rows, want_rows)
+    check_close(got, want, "hash_table_embedding")
+
+
+# The last byte of an input picks its target: appended targets leave the
+# corpus' inputs (their last bytes are < 4) on the targets they were kept for.
+TARGETS = [fuzz_parse, fuzz_hash, fuzz_lookup, fuzz_strings, fuzz_table_pool]
 
 
 def test_one_input(data):
