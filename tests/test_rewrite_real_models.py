@@ -810,3 +810,49 @@ def test_an_inputs_file_serves_a_rewrite_of_some_signatures(tmp_path):
     np.savez(tmp_path / "typo.npz", **{"serving_default/x": np.array([b"a"]), "cuont/y": np.array([1.0])})
     cli = run_cli(["src", "dst2", "--signature", "serving_default", "--inputs", "typo.npz"], tmp_path)
     assert cli.returncode == 1 and "cuont/y" in cli.stderr
+
+
+def _export_keras_string_lookup_model(path, input_name="k"):
+    import keras
+
+    keys = keras.Input((), dtype="string", name=input_name)
+    ids = keras.layers.StringLookup(vocabulary=["a", "b", "c", "d"], num_oov_indices=0)(keys)
+    keras.Model(keys, keras.layers.Embedding(4, 3)(ids)).export(str(path))
+
+
+@pytest.mark.parametrize("serving_device", [None, "cpu"])
+def test_rewritten_signatures_keep_their_outputs_static_shapes(tmp_path, serving_device):
+    """A Dense after a TFSMLayer of the rewritten model needs the output's
+    width, which shape inference on the optimized graph does not always know."""
+    _export_keras_string_lookup_model(tmp_path / "src")
+    rewrite.optimize_saved_model(str(tmp_path / "src"), str(tmp_path / "dst"), serving_device=serving_device)
+    spec = lambda d: tf.saved_model.load(str(tmp_path / d)).signatures["serving_default"].structured_outputs  # noqa
+    assert spec("dst")["output_0"].shape.as_list() == spec("src")["output_0"].shape.as_list() == [None, 3]
+
+
+def test_input_keys_that_are_not_identifiers_are_kept(tmp_path):
+    """TF Serving, saved_model_cli and C++ loaders feed the SignatureDef's keys."""
+    _export_keras_string_lookup_model(tmp_path / "src", input_name="user-key.v1")
+    rewrite.optimize_saved_model(str(tmp_path / "src"), str(tmp_path / "dst"), serving_device="cpu")
+
+    def input_keys(folder):
+        proto = _saved_model_files.read(str(folder))
+        return sorted(proto.meta_graphs[0].signature_def["serving_default"].inputs)
+
+    assert input_keys(tmp_path / "dst") == input_keys(tmp_path / "src") == ["user-key.v1"]
+
+
+def test_synthesized_inputs_whose_outputs_are_all_empty_compare_nothing(tmp_path):
+    """Outputs that a mask empties on every synthesized input: nothing was
+    compared, so the CLI must not report a match."""
+    table = tf.Variable(np.arange(40, dtype=np.float32).reshape(10, 4))
+    module = tf.Module()
+    module.table = table
+    module.hits = tf.function(
+        lambda ids: {"y": tf.boolean_mask(tf.reduce_mean(tf.nn.embedding_lookup(table, ids), 1),
+                                          tf.reduce_sum(tf.cast(ids, tf.float32), 1) > 1e9)},
+        input_signature=[tf.TensorSpec([None, 3], tf.int64, name="ids")])
+    tf.saved_model.save(module, str(tmp_path / "src"), signatures={"hits": module.hits})
+    cli = run_cli(["src", "dst", "--serving-device", "cpu"], tmp_path)
+    assert cli.returncode == 1 and "all empty, so nothing can be compared" in cli.stderr, cli.stdout + cli.stderr
+    assert not (tmp_path / "dst").exists()

@@ -653,13 +653,26 @@ def _rebuild_function(concrete_function, graph_def, name, extra_captures=None):
     captures = {internal.op.name: external for external, internal in concrete_function.graph.captures}
     captures.update(extra_captures or {})  # merged partitioned tables
     body = wrap_function.function_from_graph_def(graph_def, [t.name for t in inputs], outputs, captures=captures)
-    signature = [tf.TensorSpec(spec.shape, spec.dtype, name=key) for key, spec in zip(keys, specs)]
+    # The spec's own name is the SignatureDef's input key; the argument key
+    # is its Python identifier ("user-id" -> "user_id").
+    signature = [tf.TensorSpec(spec.shape, spec.dtype, name=spec.name or key) for key, spec in zip(keys, specs)]
 
     def serve(*args):
-        return body(*args)
+        # The optimized body's shapes come from shape inference on the GraphDef,
+        # which can know less than the original function (a Dense after a
+        # TFSMLayer needs the output's width): the original's static shapes hold.
+        return tf.nest.map_structure(_with_static_shape_of, concrete_function.structured_outputs, body(*args))
 
     serve.__name__ = name
     return tf.function(serve, input_signature=signature).get_concrete_function()
+
+
+def _with_static_shape_of(original, rebuilt):
+    """`rebuilt` with the static shape of `original` (a tensor, or the spec a
+    loaded signature gives)."""
+    if isinstance(original, (tf.Tensor, tf.TensorSpec)) and isinstance(rebuilt, tf.Tensor):
+        rebuilt.set_shape(original.shape)
+    return rebuilt
 
 
 def _max_abs_diff(reference, actual):
@@ -735,6 +748,15 @@ def _verification_inputs(src, selected, facts, sample_inputs, inputs_file, seed)
     return inputs, hows, {key: _outputs(fresh.signatures[key], feeds) for key, feeds in inputs.items()}
 
 
+ALL_EMPTY = "all empty, so nothing can be compared"
+
+
+def _all_empty(outputs):
+    """Whether no output holds a value (a batch of 0, a mask that kept
+    nothing): both models would agree on nothing at all."""
+    return all(np.size(v) == 0 for v in outputs.values())
+
+
 def _chosen_inputs(loaded, selected, facts, sample_inputs, inputs_file, seed):
     signatures = {k: loaded.signatures[k] for k in selected}
     unselected = [k for k in loaded.signatures.keys() if k not in signatures]
@@ -751,18 +773,17 @@ def _chosen_inputs(loaded, selected, facts, sample_inputs, inputs_file, seed):
             except Exception as e:  # noqa: BLE001 - the user's inputs are wrong
                 raise RewriteError(f"signature {key!r}: the original model fails on the {hows[key]} inputs "
                                    f"({_errors.summary(e)})") from None
-            if all(np.size(v) == 0 for v in reference[key].values()):
-                # a batch of 0: both models would agree on nothing at all
+            if _all_empty(reference[key]):
                 raise RewriteError(f"signature {key!r}: the original model's outputs on the {hows[key]} inputs are "
-                                   "all empty, so nothing can be compared; pass inputs with at least one example")
+                                   f"{ALL_EMPTY}; pass inputs with at least one example")
             continue
 
         def run(candidate, fn=fn):
             try:
-                _outputs(fn, candidate)
+                outputs = _outputs(fn, candidate)
             except Exception as e:  # noqa: BLE001 - the search tries another candidate
                 return f"{_errors.summary(e)}\n{e}"  # the summary first, the node names after
-            return None
+            return f"the original model's outputs are {ALL_EMPTY}" if _all_empty(outputs) else None
 
         try:
             inputs[key], hows[key] = _model_inputs.synthesize(fn.structured_input_signature[1], run, facts, rng)
