@@ -24,6 +24,12 @@ def max_norm_attr(max_norm):
     """The max_norm attr: -1 (off) for None, else a positive float."""
     if max_norm is None:
         return -1.0
+    if tf.is_tensor(max_norm) or isinstance(max_norm, tf.Variable):
+        value = tf.get_static_value(max_norm)
+        if value is None:
+            raise ValueError(f"max_norm must be a number or a tensor of known value (the fused op takes it as an "
+                             f"attr), got {max_norm}")
+        max_norm = value
     max_norm = float(max_norm)
     if not max_norm > 0:
         raise ValueError(f"max_norm must be positive or None, got {max_norm}")

@@ -9,7 +9,7 @@ import tensorflow as tf
 from tensorflow.python.ops import sparse_ops
 
 from tf_ctr_ops import ops
-from tf_ctr_ops._args import check_combiner, max_norm_attr, read_table
+from tf_ctr_ops._args import check_combiner, max_norm_attr
 from tf_ctr_ops._loader import load_op_library
 from tf_ctr_ops._table_grad import table_gradient
 
@@ -29,8 +29,8 @@ def cross_embedding_lookup(params, inputs, num_buckets, hash_key=None, combiner=
     SparseTensor.
 
     Args:
-      params: the [V, ...] embedding table (V >= num_buckets): a Tensor or a
-        Variable.
+      params: the [V, ...] embedding table (V >= num_buckets): a Tensor, a
+        Variable, or a list of shards in TF's "div" layout.
       inputs: the features to cross, as `tf.sparse.cross_hashed` takes them:
         `tf.SparseTensor`s [B, N] in row-major order and dense Tensors [B, k],
         of strings or integers (integers are crossed as int64).
@@ -62,7 +62,7 @@ def cross_embedding_lookup(params, inputs, num_buckets, hash_key=None, combiner=
                 raise ValueError(f"dense inputs must be Tensors [B, k], got shape {t.shape}")
         key = int(hash_key) if hash_key else DEFAULT_HASH_KEY  # TF's cross_hashed reads 0 as its default too
         out, _, _, _ = _ops.ctr_cross_embedding_lookup(
-            params=read_table(params), indices=[sp.indices for sp in sparse],
+            params=ops.div_table(params), indices=[sp.indices for sp in sparse],
             values=[_crossable(sp.values) for sp in sparse], shapes=[sp.dense_shape for sp in sparse],
             dense_inputs=[_crossable(t) for t in dense], num_buckets=int(num_buckets),
             hash_key=key - (1 << 64) if key >= 1 << 63 else key, combiner=combiner,
@@ -93,7 +93,7 @@ def bucketized_embedding_lookup(params, values, boundaries, combiner="mean", def
 
     Args:
       params: the [V, ...] embedding table, V >= S * (len(boundaries) + 1):
-        a Tensor or a Variable.
+        a Tensor, a Variable, or a list of shards in TF's "div" layout.
       values: numbers [B, S] (or [B], one per row): int32, int64, float32 or
         float64.
       boundaries: the sorted bucket boundaries (floats).
@@ -123,7 +123,7 @@ def bucketized_embedding_lookup(params, values, boundaries, combiner="mean", def
         if values.shape.rank is not None and values.shape.rank != 2:
             raise ValueError(f"values must be [B] or [B, S], got shape {values.shape}")
         out, _, _, _ = _ops.ctr_bucketize_embedding_lookup(
-            params=read_table(params), input=values, boundaries=boundaries, column_stride=len(boundaries) + 1,
+            params=ops.div_table(params), input=values, boundaries=boundaries, column_stride=len(boundaries) + 1,
             combiner=combiner, default_id=-1 if default_id is None else int(default_id),
             max_norm=max_norm_attr(max_norm))
         return ops._with_batch_dim(out, values)
@@ -140,5 +140,5 @@ def _computed_ids_lookup_grad(op, grad, _ids_grad, _splits_grad, _shape_grad):
         grad=grad, params=params, ids=op.outputs[1], segments=op.outputs[2], num_rows=tf.constant(-1, tf.int64),
         weights=tf.zeros([0], tf.float32), combiner=attrs["combiner"].decode(), segment_kind="row_splits",
         invalid_ids="error", default_id=attrs["default_id"], max_norm=attrs["max_norm"], has_weights=False)
-    params_grad = table_gradient(values, indices, tf.shape(params, out_type=tf.int64))
+    params_grad = table_gradient(values, indices, tf.shape(params))
     return [params_grad] + [None] * (len(op.inputs) - 1)

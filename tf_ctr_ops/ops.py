@@ -6,7 +6,7 @@ id containers) in place of the TF-native subgraph it replaces.
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.ops import resource_variable_ops, variables
+from tensorflow.python.ops import embedding_ops, resource_variable_ops, variables
 
 from tf_ctr_ops import strings
 from tf_ctr_ops._args import (  # noqa: F401  (COMBINERS, canonical_shard_sizes: part of this module's API)
@@ -111,6 +111,10 @@ def pooled_grads(grad, grad_op, table_shape, params, ids, segments, num_rows, we
         weights=weights, grad_indices=order, **attrs)
     if order != "per_id":  # the CPU kernel merges the rows; the GPU kernel leaves that to us
         values, indices = tf.cond(merged, lambda: (values, indices), lambda: _merge_grad_rows(values, indices))
+    if attrs["id_mode"] != "hash" and indices.dtype != ids.dtype:
+        # TF's gradient names rows in the ids' own dtype (Gather's indices);
+        # a tf.cond whose other branch is a TF lookup needs the same dtypes.
+        indices = tf.cast(indices, ids.dtype)
     return table_gradient(values, indices, table_shape(params)), weights_grad if attrs["has_weights"] else None
 
 
@@ -118,15 +122,18 @@ def resource_table_shape(handle):
     return resource_variable_ops.variable_shape(handle, tf.int64)
 
 
+# The drop-ins' tables' dense_shape is int32, as Gather's and ResourceGather's
+# gradients give it: a tf.cond or tf.case mixing them with TF's lookups of
+# the same table needs one IndexedSlices type in every branch.
 @tf.RegisterGradient("CtrEmbeddingLookup")
 def _embedding_lookup_grad(op, grad):
-    return _lookup_grads(op, grad, _ops.ctr_embedding_lookup_grad, lambda p: tf.shape(p, out_type=tf.int64))
+    return _lookup_grads(op, grad, _ops.ctr_embedding_lookup_grad, tf.shape)
 
 
 @tf.RegisterGradient("CtrResourceEmbeddingLookup")
 def _resource_embedding_lookup_grad(op, grad):
     """The variable's gradient, IndexedSlices of its rows, as ResourceGather's."""
-    return _lookup_grads(op, grad, _ops.ctr_resource_embedding_lookup_grad, resource_table_shape)
+    return _lookup_grads(op, grad, _ops.ctr_resource_embedding_lookup_grad, resource_variable_ops.variable_shape)
 
 
 def _no_second_order(op, *grads):
@@ -202,8 +209,8 @@ def _bags_from_container(ids, weights, padding_value):
 def _with_batch_dim(out, ids):
     """Carries the static batch size of the id container over to the output."""
     batch = ids.shape[0] if ids.shape.rank else None
-    if batch is not None:
-        out.set_shape([batch] + out.shape[1:].as_list())
+    if batch is not None:  # out.shape[1:] is unknown for a table of unknown rank
+        out.set_shape(tf.TensorShape([batch]).concatenate(out.shape[1:]))
     return out
 
 
@@ -241,6 +248,16 @@ def _read_shard(shard, dtype=None, in_place=False):
     if dtype is not None and not (resource_variable_ops.is_resource_variable(shard) and shard.dtype == dtype):
         shard = tf.convert_to_tensor(shard, dtype=dtype)
     return table_operand(shard) if in_place else read_table(shard)
+
+
+def div_table(params):
+    """One table from `params` as tf.nn.safe_embedding_lookup_sparse reads
+    them: a list or a PartitionedVariable is shards in the "div" layout (in
+    order, so ids need no remapping), anything else one table."""
+    shards = _shard_list(params)
+    if not shards:
+        raise ValueError(f"Missing embedding_weights {params}.")
+    return _MergedShards([read_table(s) for s in shards], "div").table
 
 
 def _check_shards(parts):
@@ -540,8 +557,15 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
         if isinstance(sparse_ids, tf.SparseTensor) and rank != 2:
             result = tf.reshape(result, tf.concat([lead, tf.shape(result, out_type=tf.int64)[1:]], 0))
             if rank is not None:
-                result.set_shape([None] * (rank - 1) + row_shape.as_list())
+                result.set_shape(tf.TensorShape([None] * (rank - 1)).concatenate(row_shape))
         return result
+
+
+def _run_time_max_norm(max_norm):
+    """Whether max_norm is a tensor (or variable) whose value only a run
+    gives. The fused op takes max_norm as an attr, so TF's own function
+    (from its module: tf.nn is never patched) computes such a lookup."""
+    return (tf.is_tensor(max_norm) or isinstance(max_norm, tf.Variable)) and tf.get_static_value(max_norm) is None
 
 
 def embedding_lookup_sparse(params, sp_ids, sp_weights, combiner=None, max_norm=None, name=None,
@@ -572,7 +596,9 @@ def embedding_lookup_sparse(params, sp_ids, sp_weights, combiner=None, max_norm=
     Returns:
       `[rows] + params.shape[1:]` tensor of the params dtype.
     """
-    del allow_fast_lookup  # the fused op is always the fast path
+    if _run_time_max_norm(max_norm):
+        return embedding_ops.embedding_lookup_sparse_v2(params, sp_ids, sp_weights, combiner, max_norm, name,
+                                                        allow_fast_lookup)
     return _embedding_lookup_sparse(params, sp_ids, sp_weights, "div", name, combiner, max_norm)
 
 
@@ -604,7 +630,9 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
     Returns:
       The pooled rows, of the params dtype.
     """
-    del allow_fast_lookup
+    if _run_time_max_norm(max_norm):
+        return embedding_ops.safe_embedding_lookup_sparse_v2(embedding_weights, sparse_ids, sparse_weights, combiner,
+                                                             default_id, max_norm, name, allow_fast_lookup)
     return _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights, combiner, default_id,
                                          name, "div", max_norm)
 
@@ -614,7 +642,9 @@ def embedding_lookup_sparse_v1(params, sp_ids, sp_weights, partition_strategy="m
     """Fused drop-in for `tf.compat.v1.nn.embedding_lookup_sparse`: as
     `embedding_lookup_sparse`, with a list of shards read in `partition_strategy`'s
     layout ("mod" by default, as TF's v1 function)."""
-    del allow_fast_lookup
+    if _run_time_max_norm(max_norm):
+        return embedding_ops.embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, name, combiner,
+                                                     max_norm, allow_fast_lookup)
     return _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, name, combiner, max_norm)
 
 
@@ -624,7 +654,10 @@ def safe_embedding_lookup_sparse_v1(embedding_weights, sparse_ids, sparse_weight
     """Fused drop-in for `tf.compat.v1.nn.safe_embedding_lookup_sparse`: as
     `safe_embedding_lookup_sparse`, with a list of shards read in
     `partition_strategy`'s layout ("div" by default, as TF's v1 function)."""
-    del allow_fast_lookup
+    if _run_time_max_norm(max_norm):
+        return embedding_ops.safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights, combiner,
+                                                          default_id, name, partition_strategy, max_norm,
+                                                          allow_fast_lookup)
     return _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights, combiner, default_id,
                                          name, partition_strategy, max_norm)
 

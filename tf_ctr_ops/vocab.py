@@ -96,7 +96,8 @@ def vocab_embedding_lookup_sparse(table, sp_keys, params, sp_weights=None, combi
         (`tf.lookup.StaticHashTable`).
       sp_keys: string or int64 keys (the table's key dtype) as a
         `tf.SparseTensor [B, N]` or a `tf.RaggedTensor [B, (n)]`.
-      params: the [V, ...] embedding table: a Tensor or a Variable.
+      params: the [V, ...] embedding table: a Tensor, a Variable, or a list
+        of shards in TF's "div" layout.
       sp_weights: optional float weights in the same container as `sp_keys`;
         for "mean" and "sqrtn", entries whose weight is not > 0 are dropped,
         as the safe lookup drops them.
@@ -131,7 +132,7 @@ def vocab_embedding_lookup_sparse(table, sp_keys, params, sp_weights=None, combi
         weights = ops._weights_values(bags.weights)
         has_weights = weights is not None
         out, _ = _ops.ctr_vocab_embedding_lookup(
-            table_handle=table.resource_handle, default_value=default, params=read_table(params), keys=keys,
+            table_handle=table.resource_handle, default_value=default, params=ops.div_table(params), keys=keys,
             segments=tf.cast(bags.segments, tf.int64), num_rows=tf.cast(bags.num_rows, tf.int64),
             weights=weights if has_weights else tf.zeros([0], tf.float32), combiner=combiner,
             segment_kind=bags.kind, invalid_ids="skip_negative", prune_weights=has_weights and combiner != "sum",
@@ -213,7 +214,7 @@ def _vocab_embedding_grad(op, grad, _rows_grad):
     rows = tf.reshape(op.outputs[1], [-1])
     row_shape = tf.shape(params)[1:]
     values = tf.reshape(grad, tf.concat([[-1], row_shape], axis=0))
-    params_grad = table_gradient(values, rows, tf.shape(params, out_type=tf.int64))
+    params_grad = table_gradient(values, rows, tf.shape(params))
     return [None, None, None, params_grad]
 
 
@@ -237,7 +238,7 @@ def _concat_vocab_embedding_grad(op, grad):
                                            params=params[i][:, :0], missing_key=missing[i].decode(),
                                            missing_id=missing_ids[i], wrap_negative_ids=wrap[i])
         values = grad[:, starts[i]:starts[i] + widths[i]]
-        out.append(table_gradient(values, rows, tf.shape(params[i], out_type=tf.int64)))
+        out.append(table_gradient(values, rows, tf.shape(params[i])))
     dense_grads = [grad[:, starts[n + j]:starts[n + j] + widths[n + j]] for j in range(m)]
     return [None] * (3 * n) + out + dense_grads
 
@@ -262,7 +263,7 @@ def _vocab_embedding_lookup_grad(op, grad, _ids_grad):
     values, indices, weights_grad, _ = _ops.ctr_embedding_lookup_grad(
         grad=grad, params=params, ids=op.outputs[1], segments=segments, num_rows=num_rows, weights=weights,
         id_mode="index", grad_indices="per_id", **attrs)
-    params_grad = table_gradient(values, indices, tf.shape(params, out_type=tf.int64))
+    params_grad = table_gradient(values, indices, tf.shape(params))
     return [None, None, params_grad, None, None, None, weights_grad if attrs["has_weights"] else None]
 
 

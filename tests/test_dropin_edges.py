@@ -1,0 +1,201 @@
+"""Edges of the drop-ins' contract, each against the TF function (or the TF
+composition) it replaces: tables of unknown rank, lists of shards for the
+computed-id lookups, the gradient's IndexedSlices dtypes, and max_norm
+given as a tensor."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_ctr_ops as tco
+
+P = np.arange(21, dtype=np.float32).reshape(7, 3) / 10
+UNKNOWN = [tf.TensorSpec(None, tf.float32)]
+
+
+def close(a, b):
+    a, b = tf.convert_to_tensor(a), tf.convert_to_tensor(b)
+    assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def vocab_table():
+    init = tf.lookup.KeyValueTensorInitializer(tf.constant(["a", "b", "c"]), tf.constant([1, 2, 5], tf.int64))
+    return tf.lookup.StaticHashTable(init, -1)
+
+
+# --- tables of unknown rank -------------------------------------------------
+
+def rank3_ids():
+    return tf.SparseTensor([[0, 0, 0], [0, 1, 0], [1, 0, 1]], tf.constant([1, 4, 2], tf.int64), [2, 2, 2])
+
+
+@pytest.mark.parametrize("table", ["function_arg", "variable"])
+def test_safe_lookup_rank3_ids_unknown_rank_table(table):
+    def run(fn):
+        if table == "variable":
+            return fn(tf.Variable(P, shape=tf.TensorShape(None)), rank3_ids(), None)
+        return tf.function(lambda p: fn(p, rank3_ids(), None), input_signature=UNKNOWN)(tf.constant(P))
+
+    close(run(tco.safe_embedding_lookup_sparse), run(tf.nn.safe_embedding_lookup_sparse))
+
+
+def test_safe_lookup_rank3_ids_v1_placeholder():
+    with tf.Graph().as_default():
+        ph, ids = tf.compat.v1.placeholder(tf.float32, None), rank3_ids()
+        ours = tco.safe_embedding_lookup_sparse(ph, ids, None)
+        ref = tf.compat.v1.nn.safe_embedding_lookup_sparse(ph, ids, None)
+        with tf.compat.v1.Session() as sess:
+            a, b = sess.run([ours, ref], {ph: P})
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def _sparse(ids, dtype=tf.int64):
+    return tf.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.cast(ids, dtype), [2, 2])
+
+
+# (ours, the TF composition it replaces) over a table `p`
+COMPOSITIONS = {
+    "cross": (lambda p: tco.cross_embedding_lookup(p, [tf.constant([[1], [2]])], 7),
+              lambda p: tf.nn.safe_embedding_lookup_sparse(p, tf.sparse.cross_hashed([tf.constant([[1], [2]])], 7),
+                                                           None)),
+    "bucketized": (lambda p: tco.bucketized_embedding_lookup(p, tf.constant([[0.5], [2.0]]), [1.0]),
+                   lambda p: tf.nn.safe_embedding_lookup_sparse(
+                       p, tf.SparseTensor([[0, 0], [1, 0]], tf.constant([0, 1], tf.int64), [2, 1]), None)),
+    "sparse_embedding": (lambda p: tco.sparse_embedding(p, _sparse([1, 2, 3])),
+                         lambda p: tf.nn.embedding_lookup_sparse(p, _sparse([1, 2, 3]), None)),
+    "hash_embedding": (lambda p: tco.hash_embedding(p, _sparse([11, 12, 13])),
+                       lambda p: tf.nn.embedding_lookup_sparse(
+                           p, _sparse(tf.strings.to_hash_bucket_fast(tf.strings.as_string([11, 12, 13]), 7)), None)),
+}
+
+
+@pytest.mark.parametrize("op", sorted(COMPOSITIONS))
+def test_batch_dim_on_unknown_rank_table(op):
+    ours, ref = (tf.function(f, input_signature=UNKNOWN) for f in COMPOSITIONS[op])
+    close(ours(tf.constant(P)), ref(tf.constant(P)))
+
+
+def test_vocab_lookup_sparse_unknown_rank_table():
+    table = vocab_table()
+    keys = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.constant(["a", "c", "b"]), [2, 2])
+    ours = tf.function(lambda p: tco.vocab_embedding_lookup_sparse(table, keys, p), input_signature=UNKNOWN)
+    ref = tf.function(lambda p: tf.nn.safe_embedding_lookup_sparse(p, table.lookup(keys), None),
+                      input_signature=UNKNOWN)
+    close(ours(tf.constant(P)), ref(tf.constant(P)))
+
+
+# --- lists of shards for the computed-id lookups -----------------------------
+
+TABLE = np.arange(16, dtype=np.float32).reshape(8, 2)
+
+
+@pytest.mark.parametrize("op", ["cross", "bucketized"])
+@pytest.mark.parametrize("num_shards", [2, 3])
+def test_computed_ids_read_shard_list_as_div(op, num_shards):
+    shards = [tf.constant(s) for s in np.array_split(TABLE, num_shards)]
+    ours, ref = COMPOSITIONS[op]
+    close(ours(shards), ref(shards))
+
+
+def test_vocab_lookup_sparse_reads_shard_list_as_div():
+    table = vocab_table()
+    keys = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.constant(["a", "c", "b"]), [2, 2])
+    shards = [tf.constant(s) for s in np.array_split(TABLE, 3)]
+    close(tco.vocab_embedding_lookup_sparse(table, keys, shards),
+          tf.nn.safe_embedding_lookup_sparse(shards, table.lookup(keys), None))
+
+
+def test_shard_list_gradient_reaches_each_shard():
+    shards = [tf.Variable(s) for s in np.array_split(TABLE, 2)]
+    grads = []
+    for fn in COMPOSITIONS["cross"]:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(fn(shards))
+        grads.append([tf.convert_to_tensor(g) for g in tape.gradient(loss, shards)])
+    for ours, ref in zip(*grads):
+        close(ours, ref)
+
+
+# --- the gradient's IndexedSlices dtypes -------------------------------------
+
+
+def _dropins():
+    table = vocab_table()
+    keys = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.constant(["a", "c", "a"]), [2, 2])
+    return {
+        "embedding_lookup_sparse": (lambda v, ids: tco.embedding_lookup_sparse(v, ids, None),
+                                    lambda v, ids: tf.nn.embedding_lookup_sparse(v, ids, None)),
+        "safe_embedding_lookup_sparse": (lambda v, ids: tco.safe_embedding_lookup_sparse(v, ids, None),
+                                         lambda v, ids: tf.nn.safe_embedding_lookup_sparse(v, ids, None)),
+        "cross": (lambda v, ids: COMPOSITIONS["cross"][0](v), lambda v, ids: COMPOSITIONS["cross"][1](v)),
+        "vocab": (lambda v, ids: tco.vocab_embedding_lookup_sparse(table, keys, v),
+                  lambda v, ids: tf.nn.safe_embedding_lookup_sparse(v, table.lookup(keys), None)),
+    }
+
+
+@pytest.mark.parametrize("op", sorted(_dropins()))
+@pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize("table", ["variable", "tensor"])
+def test_gradient_dtypes_match_tf(op, id_dtype, table):
+    v = tf.Variable(P) if table == "variable" else tf.constant(P)
+    ids = _sparse([1, 5, 1], id_dtype)
+    specs = []
+    for fn in _dropins()[op]:
+        @tf.function
+        def grad(fn=fn):
+            with tf.GradientTape() as tape:
+                tape.watch(v)
+                loss = tf.reduce_sum(fn(v, ids))
+            g = tape.gradient(loss, v)
+            return g.indices, g.dense_shape
+
+        specs.append(tuple(t.dtype for t in grad()))
+    assert specs[0] == specs[1]
+
+
+def test_gradient_of_cond_mixing_dropin_and_tf_lookup():
+    v = tf.Variable(np.ones((7, 3), np.float32))
+    ids = _sparse([1, 5, 1], tf.int32)
+
+    def grad(lookup):
+        @tf.function
+        def f(pred):
+            with tf.GradientTape() as tape:
+                out = tf.cond(pred, lambda: lookup(v, ids, None), lambda: tf.gather(v, [0, 1]))
+                loss = tf.reduce_sum(out)
+            return tf.convert_to_tensor(tape.gradient(loss, v))
+        return f(tf.constant(True))
+
+    close(grad(tco.embedding_lookup_sparse), grad(tf.nn.embedding_lookup_sparse))
+
+
+# --- max_norm as a tensor ----------------------------------------------------
+
+MAX_NORM_OPS = [(tco.embedding_lookup_sparse, tf.nn.embedding_lookup_sparse),
+                (tco.safe_embedding_lookup_sparse, tf.nn.safe_embedding_lookup_sparse),
+                (tco.compat.v1.embedding_lookup_sparse, tf.compat.v1.nn.embedding_lookup_sparse),
+                (tco.compat.v1.safe_embedding_lookup_sparse, tf.compat.v1.nn.safe_embedding_lookup_sparse)]
+
+
+@pytest.mark.parametrize("ours,ref", MAX_NORM_OPS)
+@pytest.mark.parametrize("given", ["function_arg", "variable", "constant"])
+def test_max_norm_tensor(ours, ref, given):
+    ids = _sparse([1, 5, 2])
+    v = tf.Variable(0.5)
+
+    def run(fn):
+        if given == "function_arg":
+            return tf.function(lambda mn: fn(P, ids, None, max_norm=mn))(tf.constant(0.5))
+        if given == "variable":
+            return tf.function(lambda: fn(P, ids, None, max_norm=v))()
+        return tf.function(lambda: fn(P, ids, None, max_norm=tf.constant(0.5)))()
+
+    close(run(ours), run(ref))
+
+
+def test_max_norm_constant_tensor_stays_fused():
+    ids = _sparse([1, 5, 2])
+    graph = tf.function(lambda: tco.embedding_lookup_sparse(P, ids, None, max_norm=tf.constant(0.5))
+                        ).get_concrete_function().graph
+    assert any(op.type == "CtrEmbeddingLookup" for op in graph.get_operations())
