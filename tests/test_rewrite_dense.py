@@ -775,7 +775,7 @@ def test_padded_pool_of_hashed_int_keys_is_hash_mode(rng, table):
     ("unknown_length", "not a known constant"),
     ("empty_axis", "id axis is empty"),
     ("half", "not float32"),
-    ("mixed_precision", "cast to DT_HALF before the reduction"),
+    ("mixed_precision", "cast from DT_FLOAT to DT_HALF before the reduction"),
     ("rows_read_twice", "has another consumer"),
 ])
 def test_padded_pool_left_alone_with_reason(rng, case, reason):

@@ -210,6 +210,19 @@ def test_tf1_signature_of_sparse_inputs_rewrites_unverified(tmp_path):
     np.testing.assert_allclose(got["out"], _tf1_outputs(src, feeds)["out"], rtol=1e-6)
 
 
+def test_tf1_signature_of_sparse_inputs_verifies_on_an_inputs_file_of_their_components(tmp_path):
+    def build():
+        ids = tf.compat.v1.sparse_placeholder(tf.int64, [None, None], name="ids")
+        table = tf.compat.v1.get_variable("table", [10, 4])
+        return {"sp": ids}, {"out": tf.nn.safe_embedding_lookup_sparse(table, ids, None, combiner="sqrtn")}
+
+    _save_tf1(tmp_path / "src", build)
+    np.savez(tmp_path / "in.npz", sp_indices=np.array([[0, 0], [0, 1], [2, 0]], np.int64),
+             sp_values=np.array([3, 7, 9], np.int64), sp_dense_shape=np.array([3, 2], np.int64))
+    cli = run_cli(["src", "dst", "--serving-device", "cpu", "--inputs", "in.npz"], tmp_path)
+    assert cli.returncode == 0 and "verify outputs match on inputs file" in cli.stdout, cli.stdout + cli.stderr
+
+
 def test_tf1_signature_returning_a_sparse_tensor_rewrites_and_verifies(tmp_path, rng):
     # A TF1 graph is rewritten whole: its SparseTensor outputs compare by
     # their components.
@@ -765,6 +778,9 @@ def test_a_signature_returning_a_ragged_tensor_is_copied_and_the_others_rewritte
     assert "CtrStringEmbedding" in {m["fused_op"] for m in report.signatures["serving_default"].matches}
     assert not report.signatures["tokens"].rewritten
     assert any("RaggedTensor" in s["reason"] for s in report.signatures["tokens"].skips)
+    # Every signature was selected: the summary names why this one was copied.
+    assert "signature 'tokens': copied unchanged: it returns composite tensors" in report.summary()
+    assert "not selected" not in report.summary()
     served = tf.saved_model.load(str(dst)).signatures["tokens"](s=tf.constant(["a,b", ""]))["tokens"]
     assert served.to_list() == [[b"a", b"b"], [b""]]
     with pytest.raises(ValueError, match="returns composite tensors"):

@@ -536,7 +536,10 @@ class RewriteReport:
                  f"{len(self.matches)} subgraph(s) fused, {len(self.skips)} left alone"]
         for s in self.signatures.values():
             if not s.rewritten:
-                lines.append(f"signature {s.key!r}: not selected, copied unchanged")
+                # Selected but composite (TF2): its own reason, not "not selected".
+                why = next((k["reason"] for k in s.skips if k["reason"].startswith("copied unchanged")),
+                           "not selected, copied unchanged")
+                lines.append(f"signature {s.key!r}: {why}")
                 continue
             lines.append(f"signature {s.key!r}: {len(s.matches)} fused, {len(s.skips)} left alone")
             for m in s.matches:
@@ -549,8 +552,9 @@ class RewriteReport:
             lines.append(f"  ops    {before} -> {after}" + (f": {delta}" if delta else ""))
             if s.max_abs_diff is not None:
                 verdict = "outputs match" if s.outputs_match else "OUTPUTS DIFFER"
-                lines.append(f"  verify {verdict} on inputs {s.inputs}: max |diff| {s.max_abs_diff:.3g}; "
-                             f"median latency {s.latency_ms_before:.3f} ms -> {s.latency_ms_after:.3f} ms")
+                latency = ("" if s.latency_ms_before is None else  # runs=0 times nothing
+                           f"; median latency {s.latency_ms_before:.3f} ms -> {s.latency_ms_after:.3f} ms")
+                lines.append(f"  verify {verdict} on inputs {s.inputs}: max |diff| {s.max_abs_diff:.3g}{latency}")
         for pattern, why in self.rejected_patterns.items():
             lines.append(f"dropped pattern {pattern}: {why}")
         cpu_only = {k["node"] for k in self.skips if CPU_ONLY_HINT in k["reason"]}

@@ -132,9 +132,11 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
 
     // The subgraph has the right shape; now every condition for exactness.
     if (cast != nullptr)
-      return Skip(ctx, anchor, "the gathered rows are cast to " + tensorflow::DataType_Name(TypeAttr(*cast, "DstT")) +
-                                   " before the reduction (a mixed-precision policy): TF reduces them in that type, "
-                                   "the fused op would in float32");
+      return Skip(ctx, anchor, "the gathered rows are cast from " +
+                                   tensorflow::DataType_Name(TypeAttr(*cast, "SrcT")) + " to " +
+                                   tensorflow::DataType_Name(TypeAttr(*cast, "DstT")) +
+                                   " before the reduction (a mixed-precision policy): TF reduces the cast rows, the "
+                                   "fused op would reduce the table's own");
     if (!IsAxisOne(g.Producer(anchor, 1))) return Skip(ctx, anchor, "it does not reduce the id axis (1) alone");
     if (BoolAttr(anchor, "keep_dims", false)) return Skip(ctx, anchor, "it keeps the reduced axis");
     const DataType T = TypeAttr(anchor, "T");
