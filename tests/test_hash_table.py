@@ -46,6 +46,19 @@ def reference_pooled(values, keys, rows, combiner, weights=None, max_norm=None):
     return tf.nn.safe_embedding_lookup_sparse(values, ids, sp_w, combiner=combiner, max_norm=max_norm)
 
 
+def assert_pooled_and_values_gradient_close(tape, got, want, values, rng):
+    """got == want, and so are their gradients with respect to `values` (got's
+    as IndexedSlices) for a random upstream gradient, which is returned."""
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    upstream = tf.constant(rng.normal(size=got.shape), tf.float32)
+    g_got = tape.gradient(got, values, output_gradients=upstream)
+    g_want = tape.gradient(want, values, output_gradients=upstream)
+    assert isinstance(g_got, tf.IndexedSlices)
+    np.testing.assert_allclose(tf.convert_to_tensor(g_got).numpy(), tf.convert_to_tensor(g_want).numpy(),
+                               rtol=1e-5, atol=1e-6)
+    return upstream
+
+
 def random_keys(rng, batch, max_len, key_space):
     lengths = rng.integers(0, max_len + 1, size=batch)
     flat = rng.choice(key_space, size=int(lengths.sum()))
@@ -70,13 +83,7 @@ def test_training_steps_match_mutable_hash_table(rng, combiner, weighted):
             got = hash_table_embedding(table, keys, weights, combiner=combiner, insert=True)
             rows = ref.rows(keys.flat_values, insert=True)
             want = reference_pooled(table.values, keys, rows, combiner, weights)
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
-        upstream = tf.constant(rng.normal(size=got.shape), tf.float32)
-        g_got = tape.gradient(got, table.values, output_gradients=upstream)
-        g_want = tape.gradient(want, table.values, output_gradients=upstream)
-        assert isinstance(g_got, tf.IndexedSlices)
-        np.testing.assert_allclose(tf.convert_to_tensor(g_got).numpy(), tf.convert_to_tensor(g_want).numpy(),
-                                   rtol=1e-5, atol=1e-6)
+        assert_pooled_and_values_gradient_close(tape, got, want, table.values, rng)
     assert int(table.size()) == ref.size
 
 

@@ -13,6 +13,7 @@ import tensorflow as tf
 import tf_ctr_ops as tco
 from tf_ctr_ops import hash_table as hash_table_module
 from tf_ctr_ops.hash_table import HashTable, hash_table_embedding
+from test_hash_table import assert_pooled_and_values_gradient_close
 
 KEYS = np.concatenate([np.arange(-20, 40), [np.iinfo(np.int64).max, np.iinfo(np.int64).min]]).astype(np.int64)
 
@@ -78,13 +79,7 @@ def test_forward_and_gradients_match_safe_embedding_lookup_sparse(rng, combiner,
             tape.watch(weights.flat_values)
         got = hash_table_embedding(table, keys, weights, combiner=combiner, max_norm=max_norm)
         want = _reference(table, keys, weights, combiner, max_norm)
-    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
-    upstream = tf.constant(rng.normal(size=got.shape), tf.float32)
-    g_got = tape.gradient(got, table.values, output_gradients=upstream)
-    g_want = tape.gradient(want, table.values, output_gradients=upstream)
-    assert isinstance(g_got, tf.IndexedSlices)
-    np.testing.assert_allclose(tf.convert_to_tensor(g_got).numpy(), tf.convert_to_tensor(g_want).numpy(),
-                               rtol=1e-5, atol=1e-6)
+    upstream = assert_pooled_and_values_gradient_close(tape, got, want, table.values, rng)
     if weighted:
         w_got = tape.gradient(got, weights.flat_values, output_gradients=upstream)
         w_want = tape.gradient(want, weights.flat_values, output_gradients=upstream)

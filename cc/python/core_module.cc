@@ -81,6 +81,28 @@ py::array LookupForKeys(const ctr::LookupSpec& spec, const py::array& params, co
   throw py::type_error("params must be float32 or float16, got " + kind);
 }
 
+// CSR offsets over nnz keys, checked, and the keys' weights (null when none).
+struct CheckedBags {
+  std::vector<int64_t> offsets;
+  py::array_t<float, py::array::c_style | py::array::forcecast> weights;
+  const float* weight_data = nullptr;
+};
+
+CheckedBags CheckBags(const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& offsets,
+                      const py::object& weights, int64_t nnz) {
+  CheckedBags bags;
+  bags.offsets.assign(offsets.data(), offsets.data() + offsets.size());
+  const std::string err = ctr::ValidateRowSplits(bags.offsets.data(), static_cast<int64_t>(bags.offsets.size()), nnz);
+  if (!err.empty()) throw py::value_error(err);
+  if (!weights.is_none()) {
+    bags.weights = weights.cast<py::array_t<float, py::array::c_style | py::array::forcecast>>();
+    if (bags.weights.ndim() != 1 || bags.weights.shape(0) != nnz)
+      throw py::value_error("weights must have one value per key");
+    bags.weight_data = bags.weights.data();
+  }
+  return bags;
+}
+
 py::array EmbeddingLookup(py::array params, py::array keys, py::array_t<int64_t, py::array::c_style | py::array::forcecast> offsets,
                           py::object weights, const std::string& combiner,
                           const std::string& id_mode, const std::string& invalid_ids,
@@ -91,16 +113,9 @@ py::array EmbeddingLookup(py::array params, py::array keys, py::array_t<int64_t,
   if (keys.ndim() != 1) throw py::value_error("keys must be a vector");
   const ctr::LookupSpec spec = tf_ctr_py::MakeLookupSpec(params.shape(0), params.shape(1), combiner, id_mode,
                                                          invalid_ids, prune_weights, default_id, max_norm);
-  std::vector<int64_t> off(offsets.data(), offsets.data() + offsets.size());
-  const std::string err = ctr::ValidateRowSplits(off.data(), static_cast<int64_t>(off.size()), keys.shape(0));
-  if (!err.empty()) throw py::value_error(err);
-  py::array_t<float, py::array::c_style | py::array::forcecast> w;
-  const float* wptr = nullptr;
-  if (!weights.is_none()) {
-    w = weights.cast<py::array_t<float, py::array::c_style | py::array::forcecast>>();
-    if (w.ndim() != 1 || w.shape(0) != keys.shape(0)) throw py::value_error("weights must have one value per key");
-    wptr = w.data();
-  }
+  const CheckedBags bags = CheckBags(offsets, weights, keys.shape(0));
+  const std::vector<int64_t>& off = bags.offsets;
+  const float* wptr = bags.weight_data;
   if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
   const std::string kt = py::str(keys.dtype());
   if (kt == "int32") return LookupForKeys<int32_t>(spec, params, keys, off, wptr, threads);
@@ -227,16 +242,9 @@ py::tuple HashTableEmbedding(py::array table, py::array_t<float, py::array::c_st
   if (!error.empty()) throw py::value_error(error);
   const ctr::LookupSpec spec = tf_ctr_py::MakeLookupSpec(values.shape(0), values.shape(1), combiner, "index",
                                                          "skip_negative", prune_weights, -1, max_norm);
-  std::vector<int64_t> off(offsets.data(), offsets.data() + offsets.size());
-  error = ctr::ValidateRowSplits(off.data(), static_cast<int64_t>(off.size()), keys.shape(0));
-  if (!error.empty()) throw py::value_error(error);
-  py::array_t<float, py::array::c_style | py::array::forcecast> w;
-  const float* wptr = nullptr;
-  if (!weights.is_none()) {
-    w = weights.cast<py::array_t<float, py::array::c_style | py::array::forcecast>>();
-    if (w.ndim() != 1 || w.shape(0) != keys.shape(0)) throw py::value_error("weights must have one value per key");
-    wptr = w.data();
-  }
+  const CheckedBags checked = CheckBags(offsets, weights, keys.shape(0));
+  const std::vector<int64_t>& off = checked.offsets;
+  const float* wptr = checked.weight_data;
   const int64_t bags = static_cast<int64_t>(off.size()) - 1;
   py::array_t<float> out(std::vector<py::ssize_t>{bags, spec.dim});
   py::array_t<int64_t> rows(keys.shape(0));
