@@ -221,6 +221,10 @@ def test_tf1_signature_of_sparse_inputs_verifies_on_an_inputs_file_of_their_comp
              sp_values=np.array([3, 7, 9], np.int64), sp_dense_shape=np.array([3, 2], np.int64))
     cli = run_cli(["src", "dst", "--serving-device", "cpu", "--inputs", "in.npz"], tmp_path)
     assert cli.returncode == 0 and "verify outputs match on inputs file" in cli.stdout, cli.stdout + cli.stderr
+    # Without the file, the CLI says what to pass (it named a random SparseTensor's bad index before).
+    cli = run_cli(["src", "dst2", "--serving-device", "cpu"], tmp_path)
+    assert cli.returncode == 1 and "sp_indices, sp_values and sp_dense_shape" in cli.stderr, cli.stdout + cli.stderr
+    assert not (tmp_path / "dst2").exists()
 
 
 def test_tf1_signature_returning_a_sparse_tensor_rewrites_and_verifies(tmp_path, rng):

@@ -296,7 +296,13 @@ class GraphFacts:
     def __init__(self, meta_graphs, model_dir=None):
         self.string_vocabularies, self.int_vocabularies, self.example_specs = [], [], []
         self.input_vocabularies = {}  # input name -> the vocabulary of the lookup that reads it
+        # signature key -> its SparseTensor inputs (TF1), which no synthesized values could fit
+        self.sparse_inputs = {}
         for meta_graph in meta_graphs:
+            for key, signature in meta_graph.signature_def.items():
+                sparse = sorted(k for k, info in signature.inputs.items() if info.WhichOneof("encoding") == "coo_sparse")
+                if sparse:
+                    self.sparse_inputs.setdefault(key, sparse)
             for name, vocabulary in _lookup_vocabularies(meta_graph).items():
                 self.input_vocabularies.setdefault(name, vocabulary)
             for node, resolve in _all_nodes(meta_graph):

@@ -782,6 +782,12 @@ def _chosen_inputs(loaded, selected, facts, sample_inputs, inputs_file, seed):
                                    f"{ALL_EMPTY}; pass inputs with at least one example")
             continue
 
+        if key in facts.sparse_inputs:
+            parts = ", ".join(f"{k}_indices, {k}_values and {k}_dense_shape" for k in facts.sparse_inputs[key])
+            raise RewriteError(f"signature {key!r}: cannot verify: no inputs are synthesized for its SparseTensor "
+                               f"inputs ({', '.join(facts.sparse_inputs[key])}); pass them as --inputs FILE "
+                               f"(an .npz of {parts}), or skip verification (--no-verify)")
+
         def run(candidate, fn=fn):
             try:
                 outputs = _outputs(fn, candidate)
