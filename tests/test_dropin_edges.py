@@ -199,3 +199,74 @@ def test_max_norm_constant_tensor_stays_fused():
     graph = tf.function(lambda: tco.embedding_lookup_sparse(P, ids, None, max_norm=tf.constant(0.5))
                         ).get_concrete_function().graph
     assert any(op.type == "CtrEmbeddingLookup" for op in graph.get_operations())
+
+
+def test_max_norm_variable_read_eagerly_stays_fused_everywhere():
+    """An eager variable's value is known at the call: the fused ops take it
+    (a regression refused it in every op but the sparse drop-ins, which fell
+    back to TF's own function)."""
+    ids = tf.ragged.constant([[1, 5], [2], []], tf.int64)
+    v = tf.Variable(0.5)
+    close(tco.sparse_embedding(P, ids, max_norm=v), tco.sparse_embedding(P, ids, max_norm=0.5))
+    close(tco.hash_embedding(P, ids, max_norm=v), tco.hash_embedding(P, ids, max_norm=0.5))
+    close(tco.bucketized_embedding_lookup(P, [[0.5], [3.0]], [1.0, 2.0], max_norm=v),
+          tco.bucketized_embedding_lookup(P, [[0.5], [3.0]], [1.0, 2.0], max_norm=0.5))
+    close(tco.embedding_lookup_sparse(P, ids.to_sparse(), None, max_norm=v),
+          tf.nn.embedding_lookup_sparse(P, ids.to_sparse(), None, max_norm=0.5))
+
+
+def _table_gradients():
+    """(name, IndexedSlices) of the table gradient of each kind of lookup."""
+    var = tf.Variable(P)
+    ragged = tf.ragged.constant([[1, 5], [2]], tf.int64)
+    table = tco.HashTable(dim=3, capacity=8)
+    table.find([1, 2, 5], insert=True)
+    lookups = {
+        "sparse_embedding": (var, lambda: tco.sparse_embedding(var, ragged)),
+        "hash_embedding int": (var, lambda: tco.hash_embedding(var, ragged)),
+        "hash_embedding string": (var, lambda: tco.hash_embedding(var, tf.ragged.constant([["a", "b"], ["c"]]))),
+        "string_embedding": (var, lambda: tco.string_embedding(tf.constant(["1,5", "2"]), var, id_mode="index")),
+        "embedding_lookup_sparse": (var, lambda: tco.embedding_lookup_sparse(var, ragged.to_sparse(), None)),
+        "hash_table read": (table.values, lambda: tco.hash_table_embedding(table, ragged)),
+        "hash_table insert": (table.values, lambda: tco.hash_table_embedding(table, ragged, insert=True)),
+    }
+    for name, (variable, lookup) in lookups.items():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(lookup())
+        yield name, tape.gradient(loss, variable)
+
+
+def test_every_table_gradient_has_gathers_int32_dense_shape():
+    """One IndexedSlices type for a table whatever looks it up: a tf.cond of
+    two of these lookups of one table has a gradient."""
+    for name, grad in _table_gradients():
+        assert isinstance(grad, tf.IndexedSlices), name
+        assert grad.dense_shape.dtype == tf.int32, name
+
+
+def test_a_cond_of_a_hash_table_read_and_insert_has_a_gradient():
+    table = tco.HashTable(dim=3, capacity=8)
+    keys = tf.ragged.constant([[1, 5], [2]], tf.int64)
+    table.find([1, 2], insert=True)
+
+    @tf.function
+    def step(train):
+        with tf.GradientTape() as tape:
+            out = tf.cond(train, lambda: tco.hash_table_embedding(table, keys, insert=True),
+                          lambda: tco.hash_table_embedding(table, keys))
+            loss = tf.reduce_sum(out)
+        return tf.convert_to_tensor(tape.gradient(loss, table.values))
+
+    np.testing.assert_allclose(step(tf.constant(False)).numpy()[[0, 1]], 1.0)
+    assert int(table.size()) == 2
+    step(tf.constant(True))
+    assert int(table.size()) == 3
+
+
+def test_slots_take_a_max_norm_tensor_as_the_single_lookup_does():
+    table = tco.HashTable(dim=3, capacity=8)
+    keys = tf.ragged.constant([[1, 5], [2]], tf.int64)
+    table.find([1, 2, 5], insert=True)
+    got = tf.function(lambda: tco.multi_hash_table_embedding(table, [keys, keys], max_norms=[tf.constant(0.1), None]))()
+    close(got[0], tco.hash_table_embedding(table, keys, max_norm=0.1))
+    close(got[1], tco.hash_table_embedding(table, keys))

@@ -876,3 +876,23 @@ def test_synthesized_inputs_whose_outputs_are_all_empty_compare_nothing(tmp_path
     cli = run_cli(["src", "dst", "--serving-device", "cpu"], tmp_path)
     assert cli.returncode == 1 and "all empty, so nothing can be compared" in cli.stderr, cli.stdout + cli.stderr
     assert not (tmp_path / "dst").exists()
+
+
+def test_a_signature_without_outputs_does_not_stop_the_rewrite(tmp_path):
+    """A hook signature returns nothing: there is nothing of its own to
+    compare, which must not refuse the model's other signatures."""
+    module = tf.Module()
+    module.table = tf.Variable(np.arange(40, dtype=np.float32).reshape(10, 4))
+    module.counter = tf.Variable(0)
+    module.pooled = tf.function(lambda ids: {"y": tf.reduce_sum(tf.nn.embedding_lookup(module.table, ids), 1)},
+                                input_signature=[tf.TensorSpec([None, 3], tf.int64, name="ids")])
+
+    @tf.function(input_signature=[])
+    def bump():
+        module.counter.assign_add(1)
+        return {}
+
+    module.bump = bump
+    tf.saved_model.save(module, str(tmp_path / "src"), signatures={"pooled": module.pooled, "bump": bump})
+    report = rewrite.optimize_saved_model(str(tmp_path / "src"), str(tmp_path / "dst"), serving_device="cpu")
+    assert report.ok and report.signatures["pooled"].outputs_match

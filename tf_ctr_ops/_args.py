@@ -20,17 +20,26 @@ def check_combiner(combiner):
     return combiner
 
 
+def known_max_norm(max_norm):
+    """max_norm's value where the call knows it (a number, a constant or
+    eager tensor, a variable read eagerly), else None: a tensor or a
+    variable captured by a function, whose value only a run gives."""
+    if not (tf.is_tensor(max_norm) or isinstance(max_norm, tf.Variable)):
+        return max_norm
+    if isinstance(max_norm, tf.Variable):
+        return max_norm.numpy() if tf.executing_eagerly() else None
+    return tf.get_static_value(max_norm)
+
+
 def max_norm_attr(max_norm):
     """The max_norm attr: -1 (off) for None, else a positive float."""
     if max_norm is None:
         return -1.0
-    if tf.is_tensor(max_norm) or isinstance(max_norm, tf.Variable):
-        value = tf.get_static_value(max_norm)
-        if value is None:
-            raise ValueError(f"max_norm must be a number or a tensor of known value (the fused op takes it as an "
-                             f"attr), got {max_norm}")
-        max_norm = value
-    max_norm = float(max_norm)
+    value = known_max_norm(max_norm)
+    if value is None:
+        raise ValueError(f"max_norm must be a number or a tensor of known value (the fused op takes it as an "
+                         f"attr), got {max_norm}")
+    max_norm = float(value)
     if not max_norm > 0:
         raise ValueError(f"max_norm must be positive or None, got {max_norm}")
     return max_norm

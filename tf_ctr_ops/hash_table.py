@@ -666,9 +666,8 @@ def multi_hash_table_embedding(tables, features, weights=None, combiners="mean",
     tables = per_feature(tables, n, "tables")
     weights = per_feature(weights, n, "weights")
     combiners = [check_combiner(c) for c in per_feature(combiners, n, "combiners")]
-    max_norms = per_feature(max_norms, n, "max_norms")
-    for max_norm in max_norms:
-        max_norm_attr(max_norm)  # refused before any key is inserted
+    # Refused before any key is inserted; as numbers, features group by them.
+    max_norms = [None if m is None else max_norm_attr(m) for m in per_feature(max_norms, n, "max_norms")]
     with tf.name_scope(name or "multi_hash_table_embedding"):
         slots = [_slot(keys, w, t.key_dtype) for keys, w, t in zip(features, weights, tables)]
         batch = _common_batch_size([slot.batch for slot in slots])
@@ -852,7 +851,7 @@ def _hash_table_embedding_grad(op, grad, _):
     attrs = {k: op.get_attr(k) for k in ("combiner", "segment_kind", "prune_weights", "max_norm", "has_weights")}
     attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
     values_grad, weights_grad = _lookup_ops.pooled_grads(
-        grad, _ops.ctr_resource_embedding_lookup_grad, _lookup_ops.resource_table_shape, values, op.outputs[1],
+        grad, _ops.ctr_resource_embedding_lookup_grad, resource_variable_ops.variable_shape, values, op.outputs[1],
         segments, num_rows, weights, dict(attrs, id_mode="index", invalid_ids="skip_negative", default_id=-1,
                                           num_buckets=0), "per_id")
     return [None, values_grad, None, None, None, weights_grad]

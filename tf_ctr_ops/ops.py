@@ -15,6 +15,7 @@ from tf_ctr_ops._args import (  # noqa: F401  (COMBINERS, canonical_shard_sizes:
     canonical_shard_sizes,
     check_combiner,
     in_place_variable,
+    known_max_norm,
     max_norm_attr,
     read_table,
     sharded_variables,
@@ -118,13 +119,10 @@ def pooled_grads(grad, grad_op, table_shape, params, ids, segments, num_rows, we
     return table_gradient(values, indices, table_shape(params)), weights_grad if attrs["has_weights"] else None
 
 
-def resource_table_shape(handle):
-    return resource_variable_ops.variable_shape(handle, tf.int64)
-
-
-# The drop-ins' tables' dense_shape is int32, as Gather's and ResourceGather's
-# gradients give it: a tf.cond or tf.case mixing them with TF's lookups of
-# the same table needs one IndexedSlices type in every branch.
+# Every table gradient's dense_shape is int32, as Gather's and
+# ResourceGather's gradients give it: a tf.cond or tf.case mixing lookups of
+# one table (these, TF's, the string and hash-table ones) needs one
+# IndexedSlices type in every branch.
 @tf.RegisterGradient("CtrEmbeddingLookup")
 def _embedding_lookup_grad(op, grad):
     return _lookup_grads(op, grad, _ops.ctr_embedding_lookup_grad, tf.shape)
@@ -565,7 +563,7 @@ def _run_time_max_norm(max_norm):
     """Whether max_norm is a tensor (or variable) whose value only a run
     gives. The fused op takes max_norm as an attr, so TF's own function
     (from its module: tf.nn is never patched) computes such a lookup."""
-    return (tf.is_tensor(max_norm) or isinstance(max_norm, tf.Variable)) and tf.get_static_value(max_norm) is None
+    return max_norm is not None and known_max_norm(max_norm) is None
 
 
 def embedding_lookup_sparse(params, sp_ids, sp_weights, combiner=None, max_norm=None, name=None,

@@ -756,9 +756,11 @@ ALL_EMPTY = "all empty, so nothing can be compared"
 
 
 def _all_empty(outputs):
-    """Whether no output holds a value (a batch of 0, a mask that kept
-    nothing): both models would agree on nothing at all."""
-    return all(np.size(v) == 0 for v in outputs.values())
+    """Whether there are outputs and none holds a value (a batch of 0, a mask
+    that kept nothing): both models would agree on nothing at all. A
+    signature without outputs (a hook that updates state) has nothing to
+    compare, and its state is checked by the signatures that read it."""
+    return bool(outputs) and all(np.size(v) == 0 for v in outputs.values())
 
 
 def _chosen_inputs(loaded, selected, facts, sample_inputs, inputs_file, seed):

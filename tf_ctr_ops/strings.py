@@ -329,7 +329,7 @@ def _string_embedding_grad(op, grad):
         grad = tf.pad(grad, [[0, bags - tf.shape(grad)[0]], [0, 0]])
     values, indices = _ops.ctr_string_embedding_grad(grad=grad, params=params, bytes=data, row_splits=row_splits,
                                                      bag_splits=bag_splits, **attrs)
-    return [table_gradient(values, indices, tf.shape(params, out_type=tf.int64)), None, None, None]
+    return [table_gradient(values, indices, tf.shape(params)), None, None, None]
 
 
 @tf.RegisterGradient("CtrMultiStringEmbedding")
@@ -349,7 +349,7 @@ def _multi_string_embedding_grad(op, *grads):
             id_mode=attrs["id_modes"][i].decode(), delimiter=attrs["delimiters"][i],
             skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i], bagged=False,
             num_buckets=buckets[i])
-        out.append(table_gradient(values, indices, tf.shape(tables[i], out_type=tf.int64)))
+        out.append(table_gradient(values, indices, tf.shape(tables[i])))
     return out + [None, None]
 
 
@@ -393,7 +393,7 @@ def _concat_grad(op, grad, tables, data, row_splits, input_splits, dense, string
             combiner=attrs["combiners"][i].decode(), id_mode=attrs["id_modes"][i].decode(),
             delimiter=attrs["delimiters"][i], skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i],
             bagged=False, num_buckets=buckets[i])
-        out.append(table_gradient(values, indices, tf.shape(tables[i], out_type=tf.int64)))
+        out.append(table_gradient(values, indices, tf.shape(tables[i])))
     dense_grads = [grad[:, columns[n + j]:columns[n + j] + widths[n + j]] for j in range(m)]
     return out + [None] * string_inputs + dense_grads
 
