@@ -221,6 +221,14 @@ def test_tf1_signature_of_sparse_inputs_verifies_on_an_inputs_file_of_their_comp
              sp_values=np.array([3, 7, 9], np.int64), sp_dense_shape=np.array([3, 2], np.int64))
     cli = run_cli(["src", "dst", "--serving-device", "cpu", "--inputs", "in.npz"], tmp_path)
     assert cli.returncode == 0 and "verify outputs match on inputs file" in cli.stdout, cli.stdout + cli.stderr
+    feeds = {"sp": tf.compat.v1.SparseTensorValue([[0, 0], [2, 1]], [4, 8], [3, 2])}
+    (tmp_path / "feeds.pkl").write_bytes(pickle.dumps({k: tuple(v) for k, v in feeds.items()}))
+    proc = subprocess.run([sys.executable, "-c", _SERVE_TF1_SPARSE, str(tmp_path / "dst"), str(tmp_path / "feeds.pkl"),
+                           str(tmp_path / "out.pkl")], cwd=tmp_path, env=fresh_process_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    np.testing.assert_allclose(pickle.loads((tmp_path / "out.pkl").read_bytes())["out"],
+                               _tf1_outputs(tmp_path / "src", feeds)["out"], rtol=1e-6)
     # Without the file, the CLI says what to pass (it named a random SparseTensor's bad index before).
     cli = run_cli(["src", "dst2", "--serving-device", "cpu"], tmp_path)
     assert cli.returncode == 1 and "sp_indices, sp_values and sp_dense_shape" in cli.stderr, cli.stdout + cli.stderr
@@ -848,6 +856,9 @@ def test_rewritten_signatures_keep_their_outputs_static_shapes(tmp_path, serving
     rewrite.optimize_saved_model(str(tmp_path / "src"), str(tmp_path / "dst"), serving_device=serving_device)
     spec = lambda d: tf.saved_model.load(str(tmp_path / d)).signatures["serving_default"].structured_outputs  # noqa
     assert spec("dst")["output_0"].shape.as_list() == spec("src")["output_0"].shape.as_list() == [None, 3]
+    keys = {"k": np.array([b"b", b"d", b"a"])}
+    np.testing.assert_array_equal(serve_in_fresh_process(tmp_path / "dst", "serving_default", keys, tmp_path)["output_0"],
+                                  outputs_of(tmp_path / "src", keys)["output_0"])
 
 
 def test_input_keys_that_are_not_identifiers_are_kept(tmp_path):
@@ -860,6 +871,11 @@ def test_input_keys_that_are_not_identifiers_are_kept(tmp_path):
         return sorted(proto.meta_graphs[0].signature_def["serving_default"].inputs)
 
     assert input_keys(tmp_path / "dst") == input_keys(tmp_path / "src") == ["user-key.v1"]
+    argument = next(iter(tf.saved_model.load(str(tmp_path / "src")).signatures["serving_default"]
+                         .structured_input_signature[1]))
+    keys = {argument: np.array([b"c", b"a"])}
+    np.testing.assert_array_equal(serve_in_fresh_process(tmp_path / "dst", "serving_default", keys, tmp_path)["output_0"],
+                                  outputs_of(tmp_path / "src", keys)["output_0"])
 
 
 def test_synthesized_inputs_whose_outputs_are_all_empty_compare_nothing(tmp_path):
@@ -896,3 +912,6 @@ def test_a_signature_without_outputs_does_not_stop_the_rewrite(tmp_path):
     tf.saved_model.save(module, str(tmp_path / "src"), signatures={"pooled": module.pooled, "bump": bump})
     report = rewrite.optimize_saved_model(str(tmp_path / "src"), str(tmp_path / "dst"), serving_device="cpu")
     assert report.ok and report.signatures["pooled"].outputs_match
+    ids = {"ids": np.array([[1, 2, 3], [9, 0, 0]], np.int64)}
+    np.testing.assert_allclose(serve_in_fresh_process(tmp_path / "dst", "pooled", ids, tmp_path)["y"],
+                               module.pooled(tf.constant(ids["ids"]))["y"].numpy())
