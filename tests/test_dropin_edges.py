@@ -270,3 +270,14 @@ def test_slots_take_a_max_norm_tensor_as_the_single_lookup_does():
     got = tf.function(lambda: tco.multi_hash_table_embedding(table, [keys, keys], max_norms=[tf.constant(0.1), None]))()
     close(got[0], tco.hash_table_embedding(table, keys, max_norm=0.1))
     close(got[1], tco.hash_table_embedding(table, keys))
+
+
+def test_max_norm_keras_variable_read_eagerly():
+    import keras
+
+    ids = tf.ragged.constant([[1, 5], [2], []], tf.int64)
+    v = keras.Variable(0.5)
+    close(tco.sparse_embedding(P, ids, max_norm=v), tco.sparse_embedding(P, ids, max_norm=0.5))
+    table = tco.HashTable(dim=3, capacity=8)
+    table.find([1, 2, 5], insert=True)
+    close(tco.hash_table_embedding(table, ids, max_norm=v), tco.hash_table_embedding(table, ids, max_norm=0.5))

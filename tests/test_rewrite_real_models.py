@@ -915,3 +915,31 @@ def test_a_signature_without_outputs_does_not_stop_the_rewrite(tmp_path):
     ids = {"ids": np.array([[1, 2, 3], [9, 0, 0]], np.int64)}
     np.testing.assert_allclose(serve_in_fresh_process(tmp_path / "dst", "pooled", ids, tmp_path)["y"],
                                module.pooled(tf.constant(ids["ids"]))["y"].numpy())
+
+
+def test_a_signature_of_no_outputs_keeps_its_effect(tmp_path):
+    """A hook that only updates state: the rebuilt function, pruned to its
+    outputs, dropped the update, and the signature that reads it disagreed."""
+    module = tf.Module()
+    module.count = tf.Variable(0.0)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+    def record(x):
+        module.count.assign_add(tf.reduce_sum(x))
+        return {}
+
+    @tf.function(input_signature=[])
+    def read():
+        return {"count": tf.reshape(module.count, [1])}
+
+    module.record, module.read = record, read
+    tf.saved_model.save(module, str(tmp_path / "src"), signatures={"record": record, "read": read})
+    report = rewrite.optimize_saved_model(str(tmp_path / "src"), str(tmp_path / "dst"), serving_device="cpu")
+    assert report.ok
+    script = ("import sys, tensorflow as tf, tf_ctr_ops\n"
+              "m = tf.saved_model.load(sys.argv[1])\n"
+              "m.signatures['record'](x=tf.constant([5.0, 2.0]))\n"
+              "print('count', float(m.signatures['read']()['count'][0]))\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "dst")], cwd=tmp_path, env=fresh_process_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "count 7.0" in proc.stdout, proc.stdout + proc.stderr

@@ -24,6 +24,8 @@ def known_max_norm(max_norm):
     """max_norm's value where the call knows it (a number, a constant or
     eager tensor, a variable read eagerly), else None: a tensor or a
     variable captured by a function, whose value only a run gives."""
+    if not isinstance(max_norm, (tf.Tensor, tf.Variable)):
+        max_norm = getattr(max_norm, "_value", max_norm)  # a Keras 3 variable wraps a tf.Variable
     if not (tf.is_tensor(max_norm) or isinstance(max_norm, tf.Variable)):
         return max_norm
     if isinstance(max_norm, tf.Variable):

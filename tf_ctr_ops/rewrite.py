@@ -656,7 +656,12 @@ def _rebuild_function(concrete_function, graph_def, name, extra_captures=None):
                                        [t.name for t in concrete_function.outputs], expand_composites=True)
     captures = {internal.op.name: external for external, internal in concrete_function.graph.captures}
     captures.update(extra_captures or {})  # merged partitioned tables
-    body = wrap_function.function_from_graph_def(graph_def, [t.name for t in inputs], outputs, captures=captures)
+    # The ops that run for their effect (a hook's assign, a signature of no
+    # outputs): pruned to the outputs alone, the function would drop them.
+    names = {node.name for node in graph_def.node}
+    effects = [op.name for op in concrete_function.graph.control_outputs if op.name in names]
+    body = wrap_function.function_from_graph_def(graph_def, [t.name for t in inputs], (outputs, effects),
+                                                 captures=captures)
     # The spec's own name is the SignatureDef's input key; the argument key
     # is its Python identifier ("user-id" -> "user_id").
     signature = [tf.TensorSpec(spec.shape, spec.dtype, name=spec.name or key) for key, spec in zip(keys, specs)]
@@ -665,7 +670,7 @@ def _rebuild_function(concrete_function, graph_def, name, extra_captures=None):
         # The optimized body's shapes come from shape inference on the GraphDef,
         # which can know less than the original function (a Dense after a
         # TFSMLayer needs the output's width): the original's static shapes hold.
-        return tf.nest.map_structure(_with_static_shape_of, concrete_function.structured_outputs, body(*args))
+        return tf.nest.map_structure(_with_static_shape_of, concrete_function.structured_outputs, body(*args)[0])
 
     serve.__name__ = name
     return tf.function(serve, input_signature=signature).get_concrete_function()
@@ -788,7 +793,7 @@ def _chosen_inputs(loaded, selected, facts, sample_inputs, inputs_file, seed):
             parts = ", ".join(f"{k}_indices, {k}_values and {k}_dense_shape" for k in facts.sparse_inputs[key])
             raise RewriteError(f"signature {key!r}: cannot verify: no inputs are synthesized for its SparseTensor "
                                f"inputs ({', '.join(facts.sparse_inputs[key])}); pass them as --inputs FILE "
-                               f"(an .npz of {parts}), or skip verification (--no-verify)")
+                               f"(an .npz of {parts}, with the signature's other inputs), or skip verification (--no-verify)")
 
         def run(candidate, fn=fn):
             try:
