@@ -833,13 +833,12 @@ def _pool_found_rows(table, keys, bags, combiner, max_norm, dense_padding):
     for var in (table_var, values):  # recorded as reads, so the tape and model.export see both
         resource_variable_ops.variable_accessed(var)
     weights = _lookup_ops._weights_values(bags.weights)
-    segments = bags.segments if bags.segments.dtype in (tf.int32, tf.int64) else tf.cast(bags.segments, tf.int64)
+    weights_input, has_weights = _lookup_ops._op_weights(weights)
     out, _ = _ops.ctr_hash_table_embedding(
-        table=table_var.handle, values=values.handle, keys=keys, segments=segments,
-        num_rows=tf.cast(bags.num_rows, tf.int64), weights=tf.zeros([0], tf.float32) if weights is None else weights,
-        T=values.dtype, capacity=table.capacity, dense_padding=dense_padding, combiner=combiner,
-        segment_kind=bags.kind, prune_weights=_prunes_weights(combiner, weights), max_norm=max_norm_attr(max_norm),
-        has_weights=weights is not None)
+        table=table_var.handle, values=values.handle, keys=keys, segments=_lookup_ops._op_segments(bags.segments),
+        num_rows=tf.cast(bags.num_rows, tf.int64), weights=weights_input, T=values.dtype, capacity=table.capacity,
+        dense_padding=dense_padding, combiner=combiner, segment_kind=bags.kind,
+        prune_weights=_prunes_weights(combiner, weights), max_norm=max_norm_attr(max_norm), has_weights=has_weights)
     return out
 
 

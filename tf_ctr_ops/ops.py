@@ -46,28 +46,33 @@ def _weights_values(weights):
     return None if weights is None else tf.cast(weights, tf.float32)
 
 
+def _op_segments(segments):
+    """Segments as the ops take them: int32 or int64, other integer types widened."""
+    return segments if segments.dtype in (tf.int32, tf.int64) else tf.cast(segments, tf.int64)
+
+
+def _op_weights(weights):
+    """(the ops' weights input, has_weights): an empty vector stands for none."""
+    return (tf.zeros([0], tf.float32), False) if weights is None else (weights, True)
+
+
 def _checked_bag_ids(ids, bags):
     """`ids` once `bags` are bags the lookup accepts (CtrCheckBags): what an
     inserting find reads, so that input the pooling refuses changes nothing."""
-    weights = _weights_values(bags.weights)
-    segments = bags.segments if bags.segments.dtype in (tf.int32, tf.int64) else tf.cast(bags.segments, tf.int64)
-    return _ops.ctr_check_bags(ids=ids, segments=segments, num_rows=tf.cast(bags.num_rows, tf.int64),
-                               weights=tf.zeros([0], tf.float32) if weights is None else weights,
-                               segment_kind=bags.kind, has_weights=weights is not None)
+    weights, has_weights = _op_weights(_weights_values(bags.weights))
+    return _ops.ctr_check_bags(ids=ids, segments=_op_segments(bags.segments),
+                               num_rows=tf.cast(bags.num_rows, tf.int64), weights=weights,
+                               segment_kind=bags.kind, has_weights=has_weights)
 
 
 def _lookup(table, ids, segments, num_rows, weights, *, segment_kind, combiner, id_mode="index",
             invalid_ids="error", prune_weights=False, default_id=-1, max_norm=None, grad_indices="per_id",
             name=None):
     """The fused op over `table`: a tensor, or a variable (`table_operand`) read in place."""
-    has_weights = weights is not None
-    if not has_weights:
-        weights = tf.zeros([0], tf.float32)
-    if segments.dtype not in (tf.int32, tf.int64):
-        segments = tf.cast(segments, tf.int64)
+    weights, has_weights = _op_weights(weights)
     args = dict(
         ids=_ids_tensor(ids),
-        segments=segments,
+        segments=_op_segments(segments),
         num_rows=tf.cast(num_rows, tf.int64),
         weights=weights,
         combiner=check_combiner(combiner),

@@ -129,12 +129,11 @@ def vocab_embedding_lookup_sparse(table, sp_keys, params, sp_weights=None, combi
         else:
             raise TypeError(f"sp_keys must be a SparseTensor or a RaggedTensor, got {type(sp_keys).__name__}")
         keys, default, _ = _find_args(table, bags.ids, "default")
-        weights = ops._weights_values(bags.weights)
-        has_weights = weights is not None
+        weights, has_weights = ops._op_weights(ops._weights_values(bags.weights))
         out, _ = _ops.ctr_vocab_embedding_lookup(
             table_handle=table.resource_handle, default_value=default, params=ops.div_table(params), keys=keys,
             segments=tf.cast(bags.segments, tf.int64), num_rows=tf.cast(bags.num_rows, tf.int64),
-            weights=weights if has_weights else tf.zeros([0], tf.float32), combiner=combiner,
+            weights=weights, combiner=combiner,
             segment_kind=bags.kind, invalid_ids="skip_negative", prune_weights=has_weights and combiner != "sum",
             default_id=-1 if default_id is None else int(default_id), max_norm=max_norm_attr(max_norm),
             has_weights=has_weights, num_oov_buckets=int(num_oov_buckets))
