@@ -194,6 +194,21 @@ def test_max_norm_tensor(ours, ref, given):
     close(run(ours), run(ref))
 
 
+@pytest.mark.parametrize("ours,ref", MAX_NORM_OPS)
+@pytest.mark.parametrize("max_norm", [np.array([0.5]), [0.5], tf.constant([[0.5]])], ids=["array1", "list1", "1x1"])
+def test_max_norm_of_one_value_in_any_shape_is_that_value(ours, ref, max_norm):
+    """TF's clip broadcasts max_norm, so one value of shape [1] works there
+    (it was a raw TypeError here)."""
+    ids = _sparse([1, 5, 2])
+    close(ours(P, ids, None, max_norm=max_norm), ref(P, ids, None, max_norm=max_norm))
+
+
+@pytest.mark.parametrize("max_norm", [[0.5, 1.0], "big"])
+def test_max_norm_of_no_single_number_is_a_clear_error(max_norm):
+    with pytest.raises(ValueError, match="max_norm must be a"):
+        tco.embedding_lookup_sparse(P, _sparse([1, 5, 2]), None, max_norm=max_norm)
+
+
 def test_max_norm_constant_tensor_stays_fused():
     ids = _sparse([1, 5, 2])
     graph = tf.function(lambda: tco.embedding_lookup_sparse(P, ids, None, max_norm=tf.constant(0.5))

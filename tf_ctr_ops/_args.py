@@ -5,6 +5,7 @@ on them and import one way: every one of them imports this module, and it
 imports none of them.
 """
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.distribute import sharded_variable
 from tensorflow.python.ops import resource_variable_ops
@@ -41,7 +42,15 @@ def max_norm_attr(max_norm):
     if value is None:
         raise ValueError(f"max_norm must be a number or a tensor of known value (the fused op takes it as an "
                          f"attr), got {max_norm}")
-    max_norm = float(value)
+    try:
+        value = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"max_norm must be a number, got {max_norm!r}") from None
+    # TF's clip broadcasts max_norm against the rows' norms: one value of any
+    # shape ([1] say) is that value.
+    if value.size != 1:
+        raise ValueError(f"max_norm must be a scalar (one value), got shape {list(value.shape)}")
+    max_norm = float(value.reshape(()))
     if not max_norm > 0:
         raise ValueError(f"max_norm must be positive or None, got {max_norm}")
     return max_norm

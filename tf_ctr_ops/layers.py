@@ -85,8 +85,7 @@ def _check_positive_int(value, name):
 def _check_max_norm(max_norm):
     if max_norm is None:
         return None
-    _args.max_norm_attr(max_norm)  # raises a clear ValueError if not > 0
-    return float(max_norm)
+    return _args.max_norm_attr(max_norm)  # a float, or a clear ValueError if not > 0
 
 
 def _is_feature(x):
