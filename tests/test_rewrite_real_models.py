@@ -442,6 +442,15 @@ def test_given_inputs_of_no_examples_are_an_error(tmp_path):
     assert not (tmp_path / "dst").exists()
 
 
+def _ids_and_strings_signature(tmp_path):
+    @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.int32), tf.TensorSpec([None], tf.string)])
+    def serve(ids, s):
+        return {"y": ids, "n": tf.strings.length(s)}
+
+    tf.saved_model.save(tf.Module(), str(tmp_path / "m"), signatures={"serving_default": serve})
+    return tf.saved_model.load(str(tmp_path / "m")).signatures["serving_default"]
+
+
 @pytest.mark.parametrize("arrays, error", [
     (dict(ids=np.array([[1, 2]], np.int64), s=np.array(["a"])), None),
     (dict(ids=np.array([[1, 2]], np.int64), s=np.array(["a"]), extra=np.zeros(1)), r"\['extra'\] that no signature"),
@@ -453,14 +462,7 @@ def test_given_inputs_of_no_examples_are_an_error(tmp_path):
 ])
 def test_inputs_file_arrays_must_fit_the_signature(tmp_path, arrays, error):
     from tf_ctr_ops import _model_inputs
-
-    @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.int32), tf.TensorSpec([None], tf.string)])
-    def serve(ids, s):
-        return {"y": ids, "n": tf.strings.length(s)}
-
-    module = tf.Module()
-    tf.saved_model.save(module, str(tmp_path / "m"), signatures={"serving_default": serve})
-    fn = tf.saved_model.load(str(tmp_path / "m")).signatures["serving_default"]  # inputs by name, as the CLI's
+    fn = _ids_and_strings_signature(tmp_path)  # inputs by name, as the CLI's
     np.savez(tmp_path / "in.npz", **arrays)
     if error is None:
         got = _model_inputs.load_inputs_file(tmp_path / "in.npz", {"serving_default": fn})["serving_default"]
@@ -468,6 +470,34 @@ def test_inputs_file_arrays_must_fit_the_signature(tmp_path, arrays, error):
         return
     with pytest.raises(_model_inputs.InputsError, match=error):
         _model_inputs.load_inputs_file(tmp_path / "in.npz", {"serving_default": fn})
+
+
+def test_inputs_file_kind_is_read_from_its_content_not_its_name(tmp_path):
+    """An .npz saved under another name (np.savez to an open file) was read
+    as a TFRecord file and refused."""
+    from tf_ctr_ops import _model_inputs
+    fn = _ids_and_strings_signature(tmp_path)
+    with open(tmp_path / "inputs.bin", "wb") as f:
+        np.savez(f, ids=np.array([[1, 2]], np.int32), s=np.array(["a"]))
+    got = _model_inputs.load_inputs_file(tmp_path / "inputs.bin", {"serving_default": fn})["serving_default"]
+    np.testing.assert_array_equal(got["ids"], [[1, 2]])
+
+
+@pytest.mark.parametrize("options", [None, "GZIP"])
+def test_inputs_file_tfrecord_plain_or_gzip(tmp_path, options):
+    from tf_ctr_ops import _model_inputs
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def serve(examples):
+        return {"n": tf.strings.length(examples)}
+
+    tf.saved_model.save(tf.Module(), str(tmp_path / "m"), signatures={"serving_default": serve})
+    fn = tf.saved_model.load(str(tmp_path / "m")).signatures["serving_default"]
+    with tf.io.TFRecordWriter(str(tmp_path / "in.tfrecord"), options=options) as w:
+        for record in (b"first", b"second"):
+            w.write(record)
+    got = _model_inputs.load_inputs_file(tmp_path / "in.tfrecord", {"serving_default": fn})["serving_default"]
+    assert list(got["examples"]) == [b"first", b"second"]
 
 
 def test_plain_string_inputs_hold_bags_of_several_lengths():

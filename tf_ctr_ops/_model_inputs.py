@@ -37,6 +37,7 @@ the original accepts that too.
 import os
 import re
 import time
+import zipfile
 
 import numpy as np
 import tensorflow as tf
@@ -60,16 +61,25 @@ def load_inputs_file(path, signatures, unselected=()):
 
     An `.npz` holds arrays named by input (used by every signature that has
     that input) or "SIGNATURE/INPUT" (those of `unselected` signatures are
-    ignored); strings as numpy str or bytes arrays. Any other file is read as a TFRecord file of serialized `tf.Example`s,
+    ignored); strings as numpy str or bytes arrays. Any other file is read as a TFRecord file (plain or gzip) of
+    serialized `tf.Example`s,
     fed to each signature's one string input (a signature that parses
     examples).
     """
     path = os.fspath(path)
     if not os.path.exists(path):
         raise InputsError(f"inputs file {path} does not exist")
-    if path.endswith(".npz"):
+    # By content, not by name: an .npz is a zip archive whatever it is called.
+    if zipfile.is_zipfile(path):
         return _inputs_from_npz(path, signatures, unselected)
     return _inputs_from_tfrecord(path, signatures)
+
+
+def _tfrecord_compression(path):
+    """TFRecordDataset's compression_type for `path`: "GZIP" for a gzip file
+    (`TFRecordWriter` with `options="GZIP"`), else none."""
+    with open(path, "rb") as f:
+        return "GZIP" if f.read(2) == b"\x1f\x8b" else ""
 
 
 def _inputs_from_npz(path, signatures, unselected=()):
@@ -131,7 +141,7 @@ def _file_array_as_input(path, name, array, spec):
 
 def _inputs_from_tfrecord(path, signatures):
     try:
-        records = [r.numpy() for r in tf.data.TFRecordDataset(path)]
+        records = [r.numpy() for r in tf.data.TFRecordDataset(path, compression_type=_tfrecord_compression(path))]
     except tf.errors.OpError as e:
         raise InputsError(f"inputs file {path} is neither an .npz nor a readable TFRecord file: "
                           f"{str(e).splitlines()[0]}") from None
