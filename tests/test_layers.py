@@ -542,3 +542,99 @@ def test_a_list_of_features_is_an_error_not_one_stacked_feature(layer):
     with pytest.raises(TypeError, match="a list of 2"):
         layer()([tf.constant([1, 2, 3], tf.int64), tf.constant([4, 5, 6], tf.int64)])
     assert layer()(np.array([[1, 2], [3, -1]])).shape == (2, 4)
+
+
+# --- Keras' scratch calls: subclassed models, wrapper layers, Sequential ------
+
+def _layer_and_feature(kind, rng):
+    """(a fresh layer, a batch of its inputs) of each of the layers."""
+    ids = rng.integers(0, 50, size=(16, 3)).astype(np.int64)
+    strings = tf.constant([b",".join(b"%d" % i for i in row) for row in ids])
+    return {
+        "sparse": lambda: (SparseEmbedding(50, 4, name="emb"), ids),
+        "hash": lambda: (HashEmbedding(64, 4, name="emb"), ids),
+        "hash_table": lambda: (tco_layers.HashTableEmbedding(4, capacity=64, name="emb"), ids),
+        "string": lambda: (tco_layers.StringEmbedding(64, 4, name="emb"), strings),
+    }[kind]()
+
+
+@keras.saving.register_keras_serializable(package="test_layers")
+class SubclassedCtrModel(keras.Model):
+    def __init__(self, kind, **kwargs):
+        super().__init__(**kwargs)
+        self.kind = kind
+        self.emb, _ = _layer_and_feature(kind, np.random.default_rng(0))
+        self.head = keras.layers.Dense(1)
+
+    def call(self, x, training=None):
+        if isinstance(self.emb, tco_layers.HashTableEmbedding):
+            return self.head(self.emb(x, training=training))
+        return self.head(self.emb(x))
+
+    def get_config(self):
+        return {"kind": self.kind, **super().get_config()}
+
+
+@keras.saving.register_keras_serializable(package="test_layers")
+class CtrBlock(keras.layers.Layer):
+    """A user's layer owning one of ours: Keras builds it by a scratch call."""
+
+    def __init__(self, kind, **kwargs):
+        super().__init__(**kwargs)
+        self.kind = kind
+        self.emb, _ = _layer_and_feature(kind, np.random.default_rng(0))
+        self.proj = keras.layers.Dense(2)
+
+    def call(self, x, training=None):
+        return self.proj(self.emb(x))
+
+    def get_config(self):
+        return {"kind": self.kind, **super().get_config()}
+
+
+@pytest.mark.parametrize("kind", ["sparse", "hash", "hash_table", "string"])
+def test_subclassed_model_reloads_every_weight(tmp_path, rng, kind):
+    """Keras rebuilds a loaded subclassed model by calling it on float32
+    placeholders; our layers raised there (float ids, uninitialized table),
+    so every other layer's weights came back at their initial values with
+    only a warning."""
+    _, x = _layer_and_feature(kind, rng)
+    model = SubclassedCtrModel(kind)
+    model.compile("adam", "mse")
+    model.fit(x, rng.random((len(x), 1)).astype(np.float32), epochs=2, verbose=0)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+    np.testing.assert_array_equal(loaded.head.kernel.numpy(), model.head.kernel.numpy())
+
+
+@pytest.mark.parametrize("kind", ["sparse", "hash_table", "string"])
+def test_a_users_layer_holding_ours_saves_and_loads(tmp_path, rng, kind):
+    _, x = _layer_and_feature(kind, rng)
+    inputs = keras.Input(shape=x.shape[1:], dtype="string" if kind == "string" else "int64")
+    model = keras.Model(inputs, keras.layers.Dense(1)(CtrBlock(kind)(inputs)))
+    model.compile("adam", "mse")
+    model.fit(x, np.ones((len(x), 1), np.float32), verbose=0)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+def test_sequential_without_an_input_casts_float_ids_as_keras_embedding_does(rng):
+    # Sequential gives its input layer the first layer's float32 dtype.
+    ids = rng.integers(0, 50, size=(16, 3)).astype(np.int64)
+    model = keras.Sequential([SparseEmbedding(50, 4, combiner="sum"), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(ids, np.ones((16, 1), np.float32), verbose=0)
+    table = model.layers[0].embeddings.numpy()
+    want = model.layers[1](tf.constant(table[ids].sum(axis=1))).numpy()
+    np.testing.assert_allclose(model.predict(ids, verbose=0), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["hash", "hash_table"])
+def test_float_keys_are_a_clear_error_naming_the_fix(rng, kind):
+    layer, x = _layer_and_feature(kind, rng)
+    model = keras.Sequential([layer, keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with pytest.raises(TypeError, match=r"got float32 keys.*keras.Input\(shape=\.\.\., dtype=\"int64\"\)"):
+        model.fit(x, np.ones((len(x), 1), np.float32), verbose=0)

@@ -16,6 +16,12 @@ import keras
 import tensorflow as tf
 from keras import constraints, initializers, regularizers
 
+try:
+    from keras.src.backend.common.symbolic_scope import in_symbolic_scope as _in_symbolic_scope
+except ImportError:  # a Keras without it never infers outputs by a scratch call
+    def _in_symbolic_scope():
+        return False
+
 from tf_ctr_ops import _args
 from tf_ctr_ops import hash_table as _hash_table
 from tf_ctr_ops import ops as _ops
@@ -107,6 +113,44 @@ def _as_container(x):
     return tf.convert_to_tensor(x)
 
 
+def _values_dtype(x):
+    return (x.values if isinstance(x, (tf.RaggedTensor, tf.SparseTensor)) else x).dtype
+
+
+def _batch_size(x):
+    if isinstance(x, tf.RaggedTensor):
+        return x.nrows()
+    if isinstance(x, tf.SparseTensor):
+        return x.dense_shape[0]
+    return tf.shape(x, out_type=tf.int64)[0]
+
+
+def _in_keras_symbolic_pass():
+    """Whether Keras only infers this call's output: building a subclassed
+    model (or a layer holding this one) and loading a saved one, it calls
+    `call` on float32 placeholders in a scratch graph that never runs, and
+    the variables it creates there are not initialized yet. Keras' own
+    `Embedding` casts those float ids; a key layer cannot (a float key is
+    no key), so it gives the output's shape and dtype instead."""
+    return _in_symbolic_scope()
+
+
+def _symbolic_output(inputs, output_dim, dtype):
+    """Zeros of a pooled call's [batch, output_dim] output: all a scratch call is read for."""
+    out = tf.zeros(tf.stack([_batch_size(inputs), tf.constant(output_dim, tf.int64)]), dtype)
+    out.set_shape([inputs.shape[0] if inputs.shape.rank else None, output_dim])
+    return out
+
+
+def _float_keys_error(layer, dtype):
+    return TypeError(
+        f"{type(layer).__name__} {layer.name!r} got {tf.as_dtype(dtype).name} keys: a key must be an integer"
+        f"{' or a string' if isinstance(layer, (HashEmbedding, HashTableEmbedding)) else ''}. Keras converts a "
+        f"model's inputs to its input layer's dtype, which is float32 unless set: start the model with "
+        f"keras.Input(shape=..., dtype=\"int64\") (a Sequential model too); export a subclassed model with "
+        f"model.export(path, input_signature=[tf.TensorSpec(..., tf.int64)])")
+
+
 class _FusedOpLayer(keras.layers.Layer):
     """A layer of tf_ctr_ops' fused ops, which have no XLA kernels: Keras'
     jit_compile="auto" must not pick XLA for its model (as on a GPU it would),
@@ -172,8 +216,18 @@ class _PooledEmbeddingBase(_PooledOutput, _FusedOpLayer):
 
     def call(self, inputs, weights=None):
         inputs, weights = _as_container(inputs), _as_container(weights)
+        if self._takes_ids and _values_dtype(inputs).is_floating:
+            if _in_keras_symbolic_pass():
+                return _symbolic_output(inputs, self.output_dim, self.compute_dtype)
+            inputs = self._float_ids(inputs)
         table = self._embeddings  # read without copy-on-read copies (_args.read_table)
         return self._in_compute_dtype(self._lookup(table, inputs, weights))
+
+    _takes_ids = True  # StringEmbedding takes strings
+
+    def _float_ids(self, inputs):
+        """Ids given as floats (by a model whose input layer was left float32)."""
+        raise _float_keys_error(self, _values_dtype(inputs))
 
     def get_config(self):
         config = super().get_config()
@@ -252,6 +306,16 @@ class SparseEmbedding(_PooledEmbeddingBase):
     @property
     def input_dim(self):
         return self._rows
+
+    def _float_ids(self, inputs):
+        # As Keras' Embedding: a model whose input layer was left float32
+        # (a Sequential model without keras.Input) gives its ids as floats.
+        cast = lambda x: tf.cast(x, tf.int64)  # noqa: E731
+        if isinstance(inputs, tf.RaggedTensor):
+            return inputs.with_flat_values(cast(inputs.flat_values))
+        if isinstance(inputs, tf.SparseTensor):
+            return tf.SparseTensor(inputs.indices, cast(inputs.values), inputs.dense_shape)
+        return cast(inputs)
 
     def _lookup(self, table, inputs, weights):
         return _ops.sparse_embedding(table, inputs, weights, combiner=self.combiner,
@@ -367,6 +431,7 @@ class StringEmbedding(_PooledEmbeddingBase):
     """
 
     _rows_arg = "num_buckets"
+    _takes_ids = False
 
     def __init__(self, num_buckets, output_dim, delimiter=",", combiner="mean", id_mode="hash",
                  skip_empty=True, embeddings_initializer="uniform", embeddings_regularizer=None,
@@ -384,6 +449,11 @@ class StringEmbedding(_PooledEmbeddingBase):
     @property
     def num_buckets(self):
         return self._rows
+
+    def call(self, inputs, weights=None):
+        if _in_keras_symbolic_pass() and _values_dtype(_as_container(inputs)) != tf.string:
+            return _symbolic_output(_string_inputs(inputs), self.output_dim, self.compute_dtype)
+        return super().call(inputs, weights)
 
     def _lookup(self, table, inputs, weights):
         if weights is not None:
@@ -470,6 +540,9 @@ class MultiStringEmbedding(_FusedOpLayer):
         inputs = [_string_inputs(x) for x in inputs]
         if len(inputs) != len(self.num_buckets):
             raise ValueError(f"expected {len(self.num_buckets)} string features, got {len(inputs)}")
+        if _in_keras_symbolic_pass() and any(x.dtype != tf.string for x in inputs):
+            outs = [_symbolic_output(inputs[0], d, self.compute_dtype) for d in self.output_dims]
+            return tf.concat(outs, 1) if self.concat else outs
         outs = _strings.multi_string_embedding(
             inputs, list(self.tables), delimiters=self.delimiters,
             combiners=self.combiners, id_modes=self.id_modes, skip_empty=self.skip_empty,
@@ -591,6 +664,9 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
     def values(self):
         return self.embeddings
 
+    def _variables_initialized(self):
+        return all(_hash_table._variable(v) is not None for v in (self.table, self.embeddings))
+
     @property
     def dim(self):
         return self.output_dim
@@ -611,6 +687,14 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
         # A frozen layer (trainable=False) only reads, as Keras' BatchNorm
         # runs in inference mode: no inserts, no evictions.
         insert = bool(training) and self.trainable
+        features = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        features = [_as_container(x) for x in features]
+        floats = [_values_dtype(x) for x in features if _values_dtype(x).is_floating]
+        if _in_keras_symbolic_pass() and (floats or not self._variables_initialized()):
+            outputs = [_symbolic_output(x, self.output_dim, self.compute_dtype) for x in features]
+            return outputs if isinstance(inputs, (list, tuple)) else outputs[0]
+        if floats:
+            raise _float_keys_error(self, floats[0])
         if isinstance(inputs, (list, tuple)):  # slots: features sharing this table
             weights = [None] * len(inputs) if weights is None else [_as_container(w) for w in weights]
             outputs = _hash_table.multi_hash_table_embedding(
