@@ -539,6 +539,22 @@ def test_pending_keys_are_evicted_once_every_row_is_free(policy):
     assert int(table.statistics()["size"]) == capacity
 
 
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_keys_waiting_for_admission_are_evicted_for_slots_before_trained_rows(policy):
+    # One-off keys (never admitted) fill the slots while most rows are free:
+    # freeing slots evicted the least recently used keys, the trained ones.
+    table = HashTable(dim=1, capacity=64, admit_after=2, eviction=policy)
+    trained = np.arange(1, 11, dtype=np.int64)
+    for _ in range(3):
+        table.find(trained, insert=True)
+    rows = table.find(trained).numpy()
+    for i in range(20):
+        table.find(np.arange(1000 + 8 * i, 1008 + 8 * i, dtype=np.int64), insert=True)
+    np.testing.assert_array_equal(table.find(trained).numpy(), rows)
+    stats = table.statistics()
+    assert int(stats["evicted"]) > 0 and int(stats["size"]) == len(trained)
+
+
 @pytest.mark.parametrize("make_optimizer, slot_after", [
     (lambda: keras.optimizers.SGD(learning_rate=0.5, momentum=0.9), lambda g: -0.5 * g),
     (lambda: keras.optimizers.Adagrad(learning_rate=0.5, initial_accumulator_value=0.25), lambda g: 0.25 + g * g),

@@ -150,6 +150,31 @@ def test_a_checkpoint_restored_before_the_layer_is_built_is_checked_too(tmp_path
         other(tf.constant([["a"]]))
 
 
+@pytest.mark.parametrize("fmt", ["weights.h5", "keras"])
+def test_keras_weight_files_of_the_other_key_kind_are_refused(tmp_path, fmt):
+    # Keras assigns a weights file's arrays as they are: a string-key table
+    # loaded into an int64-key layer without error, and found none of its keys.
+    import tensorflow as tf
+
+    def model(key_dtype):
+        keys = keras.Input(shape=(2,), dtype=key_dtype)
+        return keras.Model(keys, HashTableEmbedding(4, capacity=16, key_dtype=key_dtype, name="e")(keys))
+
+    strings = model("string")
+    strings.get_layer("e")(tf.constant([["a", "b"]]), training=True)
+    ints = model("int64")
+    ints.get_layer("e")(tf.constant([[1, 2]], tf.int64), training=True)
+    path = str(tmp_path / f"m.{fmt}")
+    (strings.save_weights if fmt == "weights.h5" else strings.save)(path)
+    before = ints.get_layer("e").table.numpy()
+    with pytest.raises(ValueError, match="holds string keys, this one takes int64 keys"):
+        ints.load_weights(path)
+    np.testing.assert_array_equal(ints.get_layer("e").table.numpy(), before)
+    same = model("string")
+    same.load_weights(path)
+    np.testing.assert_array_equal(same.get_layer("e").table.numpy(), strings.get_layer("e").table.numpy())
+
+
 def test_layer_config_errors():
     with pytest.raises(ValueError, match="capacity"):
         HashTableEmbedding(4, capacity=0)
@@ -240,3 +265,66 @@ def test_a_layer_first_built_while_a_function_traces_works(how):
         layer = HashTableEmbedding(4, capacity=16)
         out = tf.function(lambda k: layer(k, training=True))(tf.constant(keys))
         assert out.shape == (8, 4) and int(layer.statistics()["size"]) == 3
+
+
+def _shared_layer_step(two_calls, initializer="zeros", new_keys=(1000,)):
+    """One traced training step of a full evicting table read by a layer
+    shared by two features. Returns (layer, rows of every key, the keys)."""
+    import tensorflow as tf
+
+    from tf_ctr_ops.hash_table import find_rows
+
+    layer = HashTableEmbedding(1, capacity=16, eviction="lru", combiner="sum", embeddings_initializer=initializer)
+    old = tf.constant(np.arange(16)[:, None], tf.int64)
+    features = [old] + [tf.constant(start + np.arange(16)[:, None], tf.int64) for start in new_keys]
+    layer(old, training=True)  # the table is full
+    layer.embeddings.assign(tf.fill([16, 1], 3.0))
+    optimizer = keras.optimizers.SGD(1.0)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            if two_calls:
+                outs = [layer(f, training=True) for f in features]
+            else:
+                outs = layer(features, training=True)
+            loss = tf.add_n([tf.reduce_mean(o ** 2) for o in outs])
+        optimizer.apply(tape.gradient(loss, [layer.embeddings]), [layer.embeddings])
+
+    step()
+    keys = tf.concat([tf.reshape(f, [-1]) for f in features], 0)
+    return layer, find_rows(layer, keys).numpy(), keys
+
+
+def test_a_layer_called_twice_in_one_step_never_evicts_what_its_first_call_read():
+    # Each call was a step of its own: the second evicted the keys the first
+    # had read and gave their rows to its new keys, so the first call's
+    # gradient trained the new keys' rows. One traced step is one step, as
+    # the slots form (one call on a list) makes it.
+    layer, rows, _ = _shared_layer_step(two_calls=True)
+    slots_layer, slots_rows, _ = _shared_layer_step(two_calls=False)
+    np.testing.assert_array_equal(rows, slots_rows)
+    assert (rows[:16] >= 0).all() and (rows[16:] == -1).all()
+    np.testing.assert_array_equal(layer.embeddings.numpy(), slots_layer.embeddings.numpy())
+    np.testing.assert_allclose(layer.embeddings.numpy(), 3.0 - 2 * 3.0 / 16)
+
+
+def test_each_call_of_a_step_draws_its_own_fresh_rows():
+    # The calls of one step share its clock, which seeds the values of rows
+    # handed to new keys: each call must still draw its own.
+    import tensorflow as tf
+
+    from tf_ctr_ops.hash_table import find_rows
+
+    layer = HashTableEmbedding(4, capacity=16, eviction="lru", embeddings_initializer="uniform")
+    layer(tf.constant(np.arange(16)[:, None], tf.int64), training=True)  # full, and a step behind
+
+    @tf.function
+    def step(a, b):
+        return layer(a, training=True), layer(b, training=True)
+
+    a, b = tf.constant([[100], [101]], tf.int64), tf.constant([[200], [201]], tf.int64)
+    step(a, b)
+    values = layer.embeddings.numpy()
+    first, second = (values[find_rows(layer, tf.reshape(k, [-1])).numpy()] for k in (a, b))
+    assert not np.isclose(first, second).any()

@@ -174,7 +174,7 @@ class HashTable(tf.Module):
         reader = tf.train.load_checkpoint(checkpoint_path)
         table = reader.get_tensor(f"{name}/table/.ATTRIBUTES/VARIABLE_VALUE")
         values = reader.get_tensor(f"{name}/values/.ATTRIBUTES/VARIABLE_VALUE")
-        _check_saved_key_kind(table, self)
+        check_saved_key_kind(table, self)
         return insert_rows(self, *rows_of_tensors(table, values))
 
 
@@ -239,7 +239,7 @@ class _AnyCapacityRestore:
         table = self._table()
         try:  # what a part can be refused for, before it is assigned
             if part == "table":
-                _check_saved_key_kind(saved, table)
+                check_saved_key_kind(saved, table)
             elif int(saved.shape[1]) != table.dim:
                 raise ValueError(f"the checkpoint's table has rows of width {int(saved.shape[1])}, this one "
                                  f"{table.dim}: a table restores from one of the same dim")
@@ -287,7 +287,7 @@ def _keep_key_kind(table_var, key_dtype):
     _variable(table_var).scatter_nd_update([[row, column]], tf.constant([key_kind(key_dtype)], tf.int64))
 
 
-def _check_saved_key_kind(saved_table, table):
+def check_saved_key_kind(saved_table, table):
     """String keys are stored as int64 fingerprints, so a checkpoint of the
     other key kind would restore without error and find none of its keys."""
     saved, own = (int(tf.reshape(t[:HEADER_ROWS], [-1])[KEY_KIND]) for t in (saved_table, _variable(table.table)))
@@ -318,13 +318,36 @@ def check_restored_key_kind(table):
             _keep_key_kind(table.table, table.key_dtype)
 
 
-def _find(table_var, keys, capacity, insert, admit_after, dense_padding=False, eviction="none"):
+# Inserting finds of each table traced into a function graph so far (by
+# graph, then by the table variable).
+_FINDS_OF_STEP = weakref.WeakKeyDictionary()
+
+
+def _find_index_in_step(table_var):
+    """Which inserting find of `table_var` this is in its training step: the
+    body of a traced function (Keras' train_step, a tf.function, a loop body)
+    runs as one step, so its first inserting find of a table starts a step
+    and later ones (a layer shared by two features, called twice) continue
+    it, never evicting the keys an earlier find of the step has read. Each
+    graph is a step of its own: Keras traces its step function twice into
+    one outer function (the first step, then the loop of the others), and a
+    loop body runs once per step. Eagerly, each call is a step."""
+    if not tf.inside_function():
+        return 0
+    finds = _FINDS_OF_STEP.setdefault(tf.compat.v1.get_default_graph(), {})
+    index = finds.get(table_var._unique_id, 0)
+    finds[table_var._unique_id] = index + 1
+    return index
+
+
+def _find(table_var, keys, capacity, insert, admit_after, dense_padding=False, eviction="none", new_step=True):
     """(rows, reused_rows): see CtrHashTableFind."""
     # Recorded as a read, as a variable's own reads are: a function's
     # `variables` then list the table, which Keras' model.export saves by.
     resource_variable_ops.variable_accessed(table_var)
     return _ops.ctr_hash_table_find(table=table_var.handle, keys=keys, capacity=capacity, insert=bool(insert),
-                                    admit_after=admit_after, dense_padding=dense_padding, eviction=eviction)
+                                    admit_after=admit_after, dense_padding=dense_padding, eviction=eviction,
+                                    new_step=new_step)
 
 
 def _find_and_reset(table, ids, insert, dense_padding=False):
@@ -334,16 +357,19 @@ def _find_and_reset(table, ids, insert, dense_padding=False):
         return _find_gathered(table, ids, dense_padding)
     if insert:
         check_eviction_outside_replicas(table.eviction)  # before the find inserts
+    in_step = _find_index_in_step(_variable(table.table)) if insert else 0
     rows, reused = _find(_variable(table.table), ids, table.capacity, insert, table.admit_after,
-                         dense_padding=dense_padding, eviction=table.eviction if insert else "none")
+                         dense_padding=dense_padding, eviction=table.eviction if insert else "none",
+                         new_step=in_step == 0)
     if insert and table.eviction != "none":
         values = _variable(table.values)
         shape = tf.stack([tf.size(reused), table.dim])
         with tf.control_dependencies([rows]):  # the clock this call advanced
             clock = resource_variable_ops.resource_gather(_variable(table.table).handle, [CLOCK // COLUMNS],
                                                           dtype=tf.int64)[0, CLOCK % COLUMNS]
+        # The finds of one step share a clock: each has its own draw.
         fresh = fresh_rows(table.row_initializer, reused, (table.capacity, table.dim), values.dtype,
-                           tf.stack([tf.constant(table.reset_seed, tf.int64), clock]))
+                           tf.stack([tf.constant(table.reset_seed, tf.int64), clock + in_step * 2**40]))
         resets = [values.scatter_update(tf.IndexedSlices(fresh, reused))]
         for slot, initial in optimizer_slots(table.slot_optimizer(), table.values):
             slot = _variable(slot)

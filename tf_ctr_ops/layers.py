@@ -664,6 +664,15 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
     def values(self):
         return self.embeddings
 
+    def load_own_variables(self, store):
+        # `.weights.h5` and `.keras` loads assign the stored arrays as they
+        # are: refuse a table of the other key kind, as a restore does.
+        stored = self._trainable_variables + self._non_trainable_variables
+        for i, variable in enumerate(stored):
+            if variable is self.table and str(i) in store:
+                _hash_table.check_saved_key_kind(store[str(i)], self)
+        super().load_own_variables(store)
+
     def _variables_initialized(self):
         return all(_hash_table._variable(v) is not None for v in (self.table, self.embeddings))
 

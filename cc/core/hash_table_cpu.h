@@ -95,6 +95,16 @@ inline int64_t RowInSlot(const Slots& t, int64_t s, int64_t key, bool dense_padd
   return entry >= 0 && !IsPaddingKey(key, dense_padding) ? entry : kNoRow;
 }
 
+// The clock an inserting find stamps the keys it sees with (their last_seen).
+// Keys stamped with the running step's clock are never evicted. A find that
+// starts a step advances the clock; one that continues a step (a table read
+// by two calls of one training step) keeps it, so it never evicts what the
+// step's earlier finds have read. An inserting clock is > 0.
+inline int64_t InsertingClock(int64_t* header, bool new_step) {
+  if (new_step || header[kClock] == 0) ++header[kClock];
+  return header[kClock];
+}
+
 // Rows of `keys` (kNoRow for none). With clock > 0 (an inserting call), each
 // found key is stamped as seen by this call and its use count goes up: the
 // scores eviction reads. Threads may stamp one slot at once, hence atomics.
@@ -222,16 +232,33 @@ class Inserter {
     return h_[kNextRow]++;
   }
 
-  // Evicts up to capacity/16 keys with the lowest scores that this call has
-  // not seen (with rows_only, only keys holding a row); false when none can go.
+  // An eviction candidate. To free a slot, keys waiting for admission go
+  // before keys holding a row, whatever their scores: they hold nothing
+  // trained, and a stream of one-off keys filling the slots must not evict
+  // trained rows while rows are free.
+  struct Candidate {
+    bool holds_row;
+    EvictionScore score;
+    int64_t key;
+    bool operator<(const Candidate& o) const {
+      if (holds_row != o.holds_row) return !holds_row;
+      if (score < o.score || o.score < score) return score < o.score;
+      return key < o.key;  // keys waiting for admission share entries
+    }
+  };
+
+  // Evicts up to capacity/16 keys that this call has not seen, lowest first
+  // (Candidate's order; with rows_only, only keys holding a row); false when
+  // none can go.
   bool Evict(bool rows_only) {
     if (rules_.eviction == Eviction::kNone || exhausted_[rows_only]) return false;
     const Slots& t = t_.slots;
     const int64_t clock = h_[kClock];
-    std::vector<std::pair<EvictionScore, int64_t>> candidates;
+    std::vector<Candidate> candidates;
     for (int64_t s = 0; s < t.num_slots; ++s) {
       if (Evictable(t, s, clock, rows_only)) {
-        candidates.emplace_back(ScoreOf(t, s, rules_.eviction), PairAt(t.pairs, s)[kKey]);
+        const int64_t* pair = PairAt(t.pairs, s);
+        candidates.push_back({pair[kEntry] >= 0, ScoreOf(t, s, rules_.eviction), pair[kKey]});
       }
     }
     if (candidates.empty()) {
@@ -251,7 +278,7 @@ class Inserter {
     for (auto it = cut; it != candidates.begin();) {
       --it;
       // Keys, not slots: each deletion may move the others' slots.
-      const int64_t s = ProbeSlot(t.pairs, t.num_slots, it->second);
+      const int64_t s = ProbeSlot(t.pairs, t.num_slots, it->key);
       const int64_t entry = PairAt(t.pairs, s)[kEntry];
       // A key awaiting admission frees a slot and no row, so a full free
       // stack (every row free) must not stop its eviction; the bound only

@@ -60,6 +60,7 @@ class HashTableFindOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("dense_padding", &rules_.dense_padding));
     OP_REQUIRES_OK(c, c->GetAttr("eviction", &eviction));
     OP_REQUIRES_OK(c, c->GetAttr("insert", &insert_));
+    OP_REQUIRES_OK(c, c->GetAttr("new_step", &new_step_));
     rules_.eviction = ctr::ParseEviction(eviction);
   }
 
@@ -87,7 +88,7 @@ class HashTableFindOp : public tensorflow::OpKernel {
     // Writes in place would change the tensors earlier reads still hold.
     OP_REQUIRES_OK(ctx, UnshareBuffer(ctx, var->tensor()));
     OP_REQUIRES_OK(ctx, ViewTable(var->tensor(), rules_.capacity, &table));
-    const int64_t clock = ++table.header[ctr::kClock];
+    const int64_t clock = ctr::InsertingClock(table.header, new_step_);
     ctr::FindRows(table, key_data, n, rules_.dense_padding, clock, row_data, parallel_for);
     ctr::Inserter inserter(table, rules_);
     inserter.InsertMissing(key_data, n, row_data);
@@ -104,6 +105,7 @@ class HashTableFindOp : public tensorflow::OpKernel {
 
   ctr::InsertRules rules_{};
   bool insert_ = false;
+  bool new_step_ = true;
 };
 
 #define CTR_REGISTER_HASH_TABLE_FIND(Key)                                                         \

@@ -23,6 +23,7 @@ REGISTER_OP("CtrHashTableFind")
     .Attr("admit_after: int >= 1 = 1")
     .Attr("dense_padding: bool = false")
     .Attr("eviction: {'none', 'lru', 'lfu'} = 'none'")
+    .Attr("new_step: bool = true")
     .SetIsStateful()
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       c->set_output(0, c->input(1));
@@ -44,7 +45,11 @@ admit_after: with insert, a key gets a row on its admit_after-th sighting;
 dense_padding: a key equal to -1 is padding: it reads -1 and is never inserted.
 eviction: with insert, when all rows are taken: "lru" evicts the keys least
   recently seen by inserting calls, "lfu" those seen least often, capacity/16
-  at a time, never a key this call has seen. "none" drops new keys instead.
+  at a time, never a key this step has seen. "none" drops new keys instead.
+new_step: with insert, this call starts a training step (advances the
+  table's clock, the step keys are stamped with); false continues the step of
+  the table's previous inserting call, whose keys it then never evicts (a
+  table read by two calls in one step).
 reused_rows: rows freed by eviction and given to new keys in this call, whose
   values (still the evicted keys') the caller resets.
 )doc");

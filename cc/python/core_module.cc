@@ -210,7 +210,7 @@ py::tuple HashTableFind(py::array table, py::array_t<int64_t, py::array::c_style
     py::gil_scoped_release nogil;
     const int num_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
     auto parallel_for = [num_threads](int64_t count, auto&& fn) { ParallelRanges(count, num_threads, fn); };
-    const int64_t clock = insert ? ++view.header[ctr::kClock] : 0;
+    const int64_t clock = insert ? ctr::InsertingClock(view.header, /*new_step=*/true) : 0;
     ctr::FindRows(view, keys.data(), n, dense_padding, clock, rows.mutable_data(), parallel_for);
     if (insert) {
       const ctr::InsertRules rules{capacity, admit_after, dense_padding, ctr::ParseEviction(eviction)};
