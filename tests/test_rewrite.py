@@ -270,6 +270,33 @@ def test_enable_plain_call_and_disable(rng, table):
     handle.disable()  # idempotent
 
 
+@pytest.mark.parametrize("order", ["first_enabled_first", "last_enabled_first"])
+def test_enable_handles_disable_in_any_order(rng, table, order):
+    # Each handle restored the config it replaced: disabling the older one
+    # first, then the newer, left the optimizer on.
+    ids = random_sparse_ids(rng)
+    f = lambda sp: tf.nn.embedding_lookup_sparse(table, sp, None)  # noqa: E731
+    handles = [rewrite.enable(), rewrite.enable(serving_device="cpu")]
+    for handle in handles if order == "first_enabled_first" else handles[::-1]:
+        handle.disable()
+    before = rewrite.fusion_stats()
+    tf.function(f)(ids)
+    assert delta(before, rewrite.fusion_stats()) == {"graphs": 0, "rewrites": 0, "skips": 0}
+
+
+def test_one_of_two_handles_disabled_keeps_the_other_on(rng, table):
+    ids = random_sparse_ids(rng)
+    f = lambda sp: tf.nn.embedding_lookup_sparse(table, sp, None)  # noqa: E731
+    first, second = rewrite.enable(), rewrite.enable()
+    try:
+        first.disable()
+        before = rewrite.fusion_stats()
+        tf.function(f)(ids)
+        assert delta(before, rewrite.fusion_stats())["rewrites"] == 1
+    finally:
+        second.disable()
+
+
 def test_session_config_tf1_session(rng):
     params = rng.normal(size=(V, D)).astype(np.float32)
     ids = random_sparse_ids(rng)

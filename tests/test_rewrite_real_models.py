@@ -512,6 +512,33 @@ def test_plain_string_inputs_hold_bags_of_several_lengths():
         assert set(v.split(b",")) <= {b"0", b"1"}, v
 
 
+def test_lookups_that_accept_any_key_are_fed_keys_of_their_vocabulary_too(rng):
+    """Plain values pass a lookup with out-of-vocabulary slots, so the
+    search stopped there: a fused find was compared on misses alone."""
+    from tf_ctr_ops import _model_inputs
+    vocabulary = np.array([b"sf", b"nyc", b"la"], object)
+    specs = {"city": tf.TensorSpec([None], tf.string), "n": tf.TensorSpec([None], tf.int64)}
+    facts = types.SimpleNamespace(example_specs=None, input_vocabularies={"city": vocabulary},
+                                  string_vocabularies=[], int_vocabularies=[])
+    inputs, how = _model_inputs.synthesize(specs, lambda inputs: None, facts, rng)
+    fed = set(inputs["city"].ravel().tolist())
+    assert fed & set(vocabulary) and fed - set(vocabulary), fed
+    assert "vocabulary" in how
+
+
+def test_a_partition_count_is_no_id_bound():
+    """A partitioned table's DynamicPartition names its partition count
+    ("partitions[0] = 142 is not in [0, 3)"): ids were kept below 3."""
+    from tf_ctr_ops import _model_inputs
+
+    def run(high):
+        return None if high <= 10 else f"partitions[0] = {high - 1} is not in [0, 3)"
+
+    assert _model_inputs._widest_ids(lambda high: high, run) == (10, 10)
+    assert _model_inputs._named_bound("indices[0,1] = 53 is not in [0, 50)") == 50
+    assert _model_inputs._named_bound("id 7 in row 2 is out of range [0, 5)") == 5
+
+
 def test_synthesized_inputs_do_not_depend_on_the_order_the_signature_lists_them():
     # A loaded signature lists its inputs in another order in every process:
     # the same model and seed must get the same inputs (and the same search).
@@ -891,21 +918,43 @@ def test_rewritten_signatures_keep_their_outputs_static_shapes(tmp_path, serving
                                   outputs_of(tmp_path / "src", keys)["output_0"])
 
 
-def test_input_keys_that_are_not_identifiers_are_kept(tmp_path):
-    """TF Serving, saved_model_cli and C++ loaders feed the SignatureDef's keys."""
-    _export_keras_string_lookup_model(tmp_path / "src", input_name="user-key.v1")
+@pytest.mark.parametrize("name", ["user-key.v1", "UserHistory", "Class"])
+def test_input_keys_are_kept(tmp_path, name):
+    """TF Serving, saved_model_cli and C++ loaders feed the SignatureDef's
+    keys. A loaded signature holds a key that is no identifier in its spec's
+    name, and one with capitals in its argument key (the spec's name is
+    lower-cased: "UserHistory" came out "userhistory", and "Class" the
+    keyword "class", which TF refused)."""
+    _export_keras_string_lookup_model(tmp_path / "src", input_name=name)
     rewrite.optimize_saved_model(str(tmp_path / "src"), str(tmp_path / "dst"), serving_device="cpu")
 
     def input_keys(folder):
         proto = _saved_model_files.read(str(folder))
         return sorted(proto.meta_graphs[0].signature_def["serving_default"].inputs)
 
-    assert input_keys(tmp_path / "dst") == input_keys(tmp_path / "src") == ["user-key.v1"]
+    assert input_keys(tmp_path / "dst") == input_keys(tmp_path / "src") == [name]
     argument = next(iter(tf.saved_model.load(str(tmp_path / "src")).signatures["serving_default"]
                          .structured_input_signature[1]))
     keys = {argument: np.array([b"c", b"a"])}
     np.testing.assert_array_equal(serve_in_fresh_process(tmp_path / "dst", "serving_default", keys, tmp_path)["output_0"],
                                   outputs_of(tmp_path / "src", keys)["output_0"])
+
+
+def test_an_offline_rewrite_under_enable_compares_with_the_original_graph(tmp_path):
+    """Under enable(), the original's reference outputs (and the input
+    search) ran fused graphs: a fused op was compared with itself."""
+    _export_keras_string_lookup_model(tmp_path / "src")
+
+    def fused_in_this_process(dst, online):
+        before = rewrite.fusion_stats()
+        with contextlib.ExitStack() as stack:
+            if online:
+                stack.enter_context(rewrite.enable(serving_device="cpu"))
+            rewrite.optimize_saved_model(str(tmp_path / "src"), str(tmp_path / dst), serving_device="cpu", runs=1)
+        after = rewrite.fusion_stats()
+        return after["rewrites"] - before["rewrites"]
+
+    assert fused_in_this_process("plain", online=False) == fused_in_this_process("under_enable", online=True)
 
 
 def test_synthesized_inputs_whose_outputs_are_all_empty_compare_nothing(tmp_path):

@@ -426,8 +426,27 @@ def _fill(values, shape):
     return np.array(flat, dtype=values.dtype if values.dtype.kind not in "OSU" else object).reshape(shape)
 
 
+def _interleave(first, second):
+    """Elements of `first` at even flat positions, of `second` at odd ones."""
+    out = np.array(second, copy=True)
+    out.reshape(-1)[::2] = np.asarray(first).reshape(-1)[::2]
+    return out
+
+
 _ID_RANGES = (1000, 100, 10)
 _NAMED_BOUND = re.compile(r"(?:is not in|out of range) \[0, ?(\d+)\)")
+_PARTITION_INDEX = re.compile(r"partitions\[[\d, ]*\] = -?\d+ $")
+
+
+def _named_bound(error):
+    """The id bound an error names (a gather's or a lookup's range), or None.
+    Not a DynamicPartition's partition count: a partitioned table splits its
+    ids by it (`partitions[0] = 142 is not in [0, 3)`), and its ids' own
+    range is wider."""
+    for m in _NAMED_BOUND.finditer(error):
+        if not _PARTITION_INDEX.search(error[:m.start()]):
+            return int(m.group(1))
+    return None
 
 
 def _spread_ids(rng, high, shape):
@@ -462,9 +481,8 @@ def _widest_ids(build, run):
         error = run(trial)
         if error is None:
             return trial, high
-        named = _NAMED_BOUND.search(error)
-        if named and 2 < int(named.group(1)) < high:
-            bound = int(named.group(1))
+        bound = _named_bound(error)
+        if bound is not None and 2 < bound < high:
             ladder = [bound] + [r for r in ladder if r < bound]
     return None, None
 
@@ -554,7 +572,16 @@ def _accepted_inputs(specs, run, facts, rng):
     None), the candidates tried in the module's order."""
     current = plain_inputs(specs, rng)
     error = run(current)
+    known = {k: _as_input(facts.input_vocabularies[k], s) for k, s in specs.items()
+             if k in facts.input_vocabularies and _as_input(facts.input_vocabularies[k], s) is not None}
     if error is None:
+        # Lookups with out-of-vocabulary slots accept any key: feed them keys
+        # of their vocabularies too, or a fused find would be compared on
+        # misses alone.
+        mixed = dict(current, **{k: _interleave(_fill(v, np.shape(current[k])), current[k])
+                                 for k, v in known.items()})
+        if known and run(mixed) is None:
+            return mixed, "synthesized (vocabulary and other values)", set(known), None
         return current, "synthesized", set(), None
     first_error = error
     string_inputs = [k for k, s in specs.items() if s.dtype == tf.string]
@@ -566,8 +593,6 @@ def _accepted_inputs(specs, run, facts, rng):
         if run(trial) is None:
             return (trial, "synthesized (tf.Example from the ParseExample spec)", set(string_inputs),
                     (string_inputs, facts.example_specs, facts.tokens()))
-    known = {k: _as_input(facts.input_vocabularies[k], s) for k, s in specs.items()
-             if k in facts.input_vocabularies and _as_input(facts.input_vocabularies[k], s) is not None}
     if known:
         trial = dict(current, **{k: _fill(v, np.shape(current[k])) for k, v in known.items()})
         trial_error = run(trial)

@@ -107,8 +107,11 @@ def session_config(config=None, report_file=None, serving_device=None):
 class _Enabled:
     """Result of `enable()`: already active; restores the previous config on exit."""
 
+    active = []  # enabled handles, oldest first
+
     def __init__(self, previous):
         self._previous = previous
+        _Enabled.active.append(self)
 
     def __enter__(self):
         return self
@@ -118,9 +121,40 @@ class _Enabled:
         return False
 
     def disable(self):
-        if self._previous is not None:
+        """The newest handle restores the config it replaced; an older one
+        hands its own predecessor's to the handle after it, so handles may be
+        disabled in any order."""
+        if self not in _Enabled.active:
+            return
+        i = _Enabled.active.index(self)
+        _Enabled.active.pop(i)
+        if i < len(_Enabled.active):
+            _Enabled.active[i]._previous = self._previous
+        else:
             context.context().function_call_options.config_proto_serialized = self._previous
-            self._previous = None
+
+
+@contextlib.contextmanager
+def _fusion_off():
+    """This process's functions without CtrFusionOptimizer, whatever
+    `enable()` set: the outputs a rewrite is compared with must be the
+    original graph's, not a fused one's."""
+    options = context.context().function_call_options
+    saved = config_pb2.ConfigProto.FromString(options.config_proto_serialized)
+    config = config_pb2.ConfigProto()
+    config.CopyFrom(saved)
+    custom = config.graph_options.rewrite_options.custom_optimizers
+    others = [c for c in custom if c.name != OPTIMIZER_NAME]
+    if len(others) == len(custom):
+        yield
+        return
+    del custom[:]
+    custom.extend(others)
+    options.config_proto_serialized = config
+    try:
+        yield
+    finally:
+        options.config_proto_serialized = saved
 
 
 def enable(report_file=None, serving_device=None):
@@ -643,10 +677,21 @@ def _signature_inputs(concrete_function):
     return keys, specs, list(concrete_function.inputs[:len(keys)])
 
 
-def _rebuild_function(concrete_function, graph_def, name, extra_captures=None):
+def _input_names(keys, specs, signature_keys):
+    """Each input's SignatureDef key, which a loaded signature keeps in one of
+    two places: the argument key when it is a Python identifier
+    (`UserHistory`), else the spec's name (`user-id`, whose argument key is
+    `user_id`). The spec's name of `UserHistory` is `userhistory`, TF's
+    lower-cased argument name."""
+    return [key if key in signature_keys or spec.name not in signature_keys else spec.name
+            for key, spec in zip(keys, specs)]
+
+
+def _rebuild_function(concrete_function, graph_def, name, extra_captures=None, signature_keys=()):
     """A tf.function concrete function that runs `graph_def` (an optimized body
-    of `concrete_function`), with the same input names and output structure,
-    capturing the same variables and resources."""
+    of `concrete_function`), with the same input names (`signature_keys`: the
+    SignatureDef's) and output structure, capturing the same variables and
+    resources."""
     from tensorflow.python.eager import wrap_function
 
     keys, specs, inputs = _signature_inputs(concrete_function)
@@ -662,9 +707,8 @@ def _rebuild_function(concrete_function, graph_def, name, extra_captures=None):
     effects = [op.name for op in concrete_function.graph.control_outputs if op.name in names]
     body = wrap_function.function_from_graph_def(graph_def, [t.name for t in inputs], (outputs, effects),
                                                  captures=captures)
-    # The spec's own name is the SignatureDef's input key; the argument key
-    # is its Python identifier ("user-id" -> "user_id").
-    signature = [tf.TensorSpec(spec.shape, spec.dtype, name=spec.name or key) for key, spec in zip(keys, specs)]
+    signature = [tf.TensorSpec(spec.shape, spec.dtype, name=input_name)
+                 for spec, input_name in zip(specs, _input_names(keys, specs, set(signature_keys)))]
 
     def serve(*args):
         # The optimized body's shapes come from shape inference on the GraphDef,
@@ -988,7 +1032,8 @@ def _tf2_builder(src, loaded, proto, available, selected, serving_device):
                                            op_counts_after=op_counts(optimized, library=True))
             try:
                 functions[key] = _rebuild_function(original, optimized, f"{key}_ctr_fused",
-                                                   {k: v.handle for k, v in merged.items()})
+                                                   {k: v.handle for k, v in merged.items()},
+                                                   proto.meta_graphs[0].signature_def[key].inputs.keys())
             except (ValueError, tf.errors.OpError) as e:  # TF's importer refused the rewritten graph
                 raise _RebuildError(reports, e) from e
             variables.extend(v for v in merged.values() if not any(v is w for w in variables))
@@ -1109,6 +1154,13 @@ def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, veri
       ValueError: for bad arguments (no SavedModel at `src`, unknown signatures).
       RewriteError: when no verified, servable model could be written.
     """
+    with _fusion_off():
+        return _optimize_saved_model(src, dst, signature_keys, sample_inputs, verify, runs, seed, serving_device,
+                                     inputs_file, disabled_patterns)
+
+
+def _optimize_saved_model(src, dst, signature_keys, sample_inputs, verify, runs, seed, serving_device, inputs_file,
+                          disabled_patterns):
     _check_serving_device(serving_device)
     start = time.perf_counter()
     src, dst = os.fspath(src), os.fspath(dst)
