@@ -638,3 +638,20 @@ def test_float_keys_are_a_clear_error_naming_the_fix(rng, kind):
     model.compile("sgd", "mse")
     with pytest.raises(TypeError, match=r"got float32 keys.*keras.Input\(shape=\.\.\., dtype=\"int64\"\)"):
         model.fit(x, np.ones((len(x), 1), np.float32), verbose=0)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: SparseEmbedding(10, 2)(tf.constant([[1, 2]]), weights=tf.ragged.constant([[1.0, 2.0]])),
+     "weights must be a dense tensor \\[B, N\\] like ids, got a RaggedTensor"),
+    (lambda: tco_layers.HashTableEmbedding(2, 8)(tf.constant([[1, 2]], tf.int64),
+                                                 weights=tf.sparse.from_dense([[1.0, 2.0]])),
+     "weights must be a dense tensor \\[B, N\\] like ids, got a SparseTensor"),
+    (lambda: tco_layers.StringEmbedding(10, 2)(tf.ragged.constant([["1,2"], []])),
+     "strings must be a dense string tensor .* got a RaggedTensor"),
+    (lambda: tf_ctr_ops.string_embedding(tf.ragged.constant([["1,2"], []]), tf.zeros([10, 2])),
+     "strings must be a dense string tensor .* got a RaggedTensor"),
+], ids=["dense_ids_ragged_weights", "dense_keys_sparse_weights", "layer_ragged_strings", "op_ragged_strings"])
+def test_a_container_of_another_kind_is_named(call, message):
+    # These were raw TypeErrors ("object of type 'RaggedTensor' has no len()").
+    with pytest.raises(TypeError, match=message):
+        call()

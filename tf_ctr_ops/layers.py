@@ -391,7 +391,7 @@ def _check_string_table_dtype(layer):
 
 
 def _string_inputs(inputs):
-    inputs = tf.convert_to_tensor(inputs)
+    inputs = _strings.dense_strings(inputs)
     if inputs.shape.rank == 2 and inputs.shape[1] == 1:
         inputs = tf.squeeze(inputs, axis=1)
     return inputs

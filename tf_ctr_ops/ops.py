@@ -202,6 +202,8 @@ def _bags_from_container(ids, weights, padding_value):
     splits = tf.range(shape[0] + 1, dtype=tf.int64) * shape[1]
     w = None
     if weights is not None:
+        if isinstance(weights, (tf.RaggedTensor, tf.SparseTensor)):
+            raise TypeError(f"weights must be a dense tensor [B, N] like ids, got a {type(weights).__name__}")
         weights = tf.convert_to_tensor(weights)
         if weights.shape.rank != 2:
             raise ValueError(f"dense weights must be [B, N] like ids, got shape {weights.shape}")

@@ -24,8 +24,16 @@ from tf_ctr_ops._table_grad import table_gradient
 _ops = load_op_library()
 
 
+def dense_strings(strings):
+    """A string feature as a dense tensor; a ragged or sparse one is refused by name."""
+    if isinstance(strings, (tf.RaggedTensor, tf.SparseTensor)):
+        raise TypeError(f"strings must be a dense string tensor [B] or [B, 1] (one string of delimited ids per "
+                        f"example), got a {type(strings).__name__}")
+    return tf.convert_to_tensor(strings)
+
+
 def _string_vector(strings):
-    strings = tf.convert_to_tensor(strings)
+    strings = dense_strings(strings)
     if strings.dtype != tf.string:
         raise TypeError(f"strings must be a string tensor, got {strings.dtype}")
     if strings.shape.rank == 2 and strings.shape[1] == 1:
