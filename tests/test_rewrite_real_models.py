@@ -957,6 +957,30 @@ def test_an_offline_rewrite_under_enable_compares_with_the_original_graph(tmp_pa
     assert fused_in_this_process("plain", online=False) == fused_in_this_process("under_enable", online=True)
 
 
+def test_a_function_xla_compiles_keeps_its_ops_and_costs_no_pattern_elsewhere(tmp_path):
+    """A tf.function(jit_compile=True) the signature calls was fused, failed
+    to compile (the fused ops have no XLA kernels), and the fallback dropped
+    its pattern from the whole model."""
+    table = tf.Variable(np.arange(240, dtype=np.float32).reshape(60, 4))
+    compiled = tf.function(lambda ids: tf.reduce_sum(tf.gather(table, ids), axis=1), jit_compile=True)
+    module = tf.Module()
+    module.table = table
+    module.serve = tf.function(
+        lambda ids: {"xla": compiled(ids), "plain": tf.reduce_sum(tf.nn.embedding_lookup(table, ids), axis=1)},
+        input_signature=[tf.TensorSpec([None, 3], tf.int64, name="ids")])
+    tf.saved_model.save(module, str(tmp_path / "src"), signatures={"serving_default": module.serve})
+    report = rewrite.optimize_saved_model(str(tmp_path / "src"), str(tmp_path / "dst"), runs=1)
+    sig = report.signatures["serving_default"]
+    assert sig.outputs_match
+    assert [m["pattern"] for m in sig.matches] == ["dense_reduce_lookup"], sig.matches
+    assert not [s for s in sig.skips if s["reason"].startswith("dropped")], sig.skips
+    ids = {"ids": np.array([[1, 2, 59], [0, 0, 7]], np.int64)}
+    got = serve_in_fresh_process(tmp_path / "dst", "serving_default", ids, tmp_path)
+    want = outputs_of(tmp_path / "src", ids)
+    for key in ("xla", "plain"):
+        np.testing.assert_array_equal(got[key], want[key])
+
+
 def test_synthesized_inputs_whose_outputs_are_all_empty_compare_nothing(tmp_path):
     """Outputs that a mask empties on every synthesized input: nothing was
     compared, so the CLI must not report a match."""

@@ -114,6 +114,23 @@ absl::Status OptimizeFunction(tensorflow::grappler::CustomGraphOptimizer* optimi
   return FunctionWithBody(fdef, names, flib, &body, optimized);
 }
 
+// The functions XLA compiles (tf.function(jit_compile=True)) and those they
+// call: the fused ops have no XLA kernels, so these keep TF's ops (online,
+// the meta optimizer leaves them alone too). Fused, one would fail to
+// compile and cost its pattern the whole model's fallback.
+std::set<std::string> CompiledByXla(const FunctionLibraryDefinition& flib, const std::vector<std::string>& names) {
+  std::set<std::string> compiled;
+  for (const std::string& name : names) {
+    const FunctionDef* fdef = flib.Find(name);
+    if (fdef == nullptr) continue;
+    const auto must = fdef->attr().find("_XlaMustCompile");
+    if (must == fdef->attr().end() || !must->second.b()) continue;
+    compiled.insert(name);
+    for (const std::string& callee : flib.ReachableDefinitions(*fdef).ListFunctionNames()) compiled.insert(callee);
+  }
+  return compiled;
+}
+
 // Optimizes every function `graph` reaches, in place in its library.
 absl::Status OptimizeFunctions(tensorflow::grappler::CustomGraphOptimizer* optimizer, GraphDef* graph) {
   FunctionLibraryDefinition flib(tensorflow::OpRegistry::Global(), graph->library());
@@ -121,10 +138,11 @@ absl::Status OptimizeFunctions(tensorflow::grappler::CustomGraphOptimizer* optim
   std::vector<std::string> names = reachable.ListFunctionNames();
   std::sort(names.begin(), names.end());
   if (names.empty()) return absl::OkStatus();
+  const std::set<std::string> compiled = CompiledByXla(flib, names);
   const int producer = graph->versions().producer();
   for (const std::string& name : names) {
     const FunctionDef* fdef = flib.Find(name);
-    if (fdef == nullptr) continue;
+    if (fdef == nullptr || compiled.count(name) > 0) continue;
     const uint64_t start = tensorflow::Env::Default()->NowMicros();
     FunctionDef optimized;
     bool done = false;
