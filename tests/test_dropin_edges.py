@@ -203,7 +203,7 @@ def test_max_norm_of_one_value_in_any_shape_is_that_value(ours, ref, max_norm):
     close(ours(P, ids, None, max_norm=max_norm), ref(P, ids, None, max_norm=max_norm))
 
 
-@pytest.mark.parametrize("max_norm", [[0.5, 1.0], "big"])
+@pytest.mark.parametrize("max_norm", [[0.5, 1.0], "big", [[[0.5]]]])
 def test_max_norm_of_no_single_number_is_a_clear_error(max_norm):
     with pytest.raises(ValueError, match="max_norm must be a"):
         tco.embedding_lookup_sparse(P, _sparse([1, 5, 2]), None, max_norm=max_norm)

@@ -267,7 +267,7 @@ def test_a_layer_first_built_while_a_function_traces_works(how):
         assert out.shape == (8, 4) and int(layer.statistics()["size"]) == 3
 
 
-def _shared_layer_step(two_calls, initializer="zeros", new_keys=(1000,)):
+def _shared_layer_step(how, initializer="zeros", new_keys=(1000,)):
     """One traced training step of a full evicting table read by a layer
     shared by two features. Returns (layer, rows of every key, the keys)."""
     import tensorflow as tf
@@ -284,8 +284,12 @@ def _shared_layer_step(two_calls, initializer="zeros", new_keys=(1000,)):
     @tf.function
     def step():
         with tf.GradientTape() as tape:
-            if two_calls:
+            if how == "calls":
                 outs = [layer(f, training=True) for f in features]
+            elif how == "cond":  # the later calls in a tf.cond branch, a graph of its own
+                outs = [layer(features[0], training=True)] + [
+                    tf.cond(tf.constant(True), lambda f=f: layer(f, training=True), lambda: tf.zeros([16, 1]))
+                    for f in features[1:]]
             else:
                 outs = layer(features, training=True)
             loss = tf.add_n([tf.reduce_mean(o ** 2) for o in outs])
@@ -296,13 +300,14 @@ def _shared_layer_step(two_calls, initializer="zeros", new_keys=(1000,)):
     return layer, find_rows(layer, keys).numpy(), keys
 
 
-def test_a_layer_called_twice_in_one_step_never_evicts_what_its_first_call_read():
+@pytest.mark.parametrize("how", ["calls", "cond"])
+def test_a_layer_called_twice_in_one_step_never_evicts_what_its_first_call_read(how):
     # Each call was a step of its own: the second evicted the keys the first
     # had read and gave their rows to its new keys, so the first call's
     # gradient trained the new keys' rows. One traced step is one step, as
     # the slots form (one call on a list) makes it.
-    layer, rows, _ = _shared_layer_step(two_calls=True)
-    slots_layer, slots_rows, _ = _shared_layer_step(two_calls=False)
+    layer, rows, _ = _shared_layer_step(how)
+    slots_layer, slots_rows, _ = _shared_layer_step("slots")
     np.testing.assert_array_equal(rows, slots_rows)
     assert (rows[:16] >= 0).all() and (rows[16:] == -1).all()
     np.testing.assert_array_equal(layer.embeddings.numpy(), slots_layer.embeddings.numpy())

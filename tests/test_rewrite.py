@@ -297,6 +297,37 @@ def test_one_of_two_handles_disabled_keeps_the_other_on(rng, table):
         second.disable()
 
 
+def test_enable_handles_of_two_threads_are_apart(rng, table):
+    # The config is per thread: one process-wide list of handles let a
+    # handle of thread B decide what thread A's disable restored.
+    import threading
+
+    ids = random_sparse_ids(rng)
+    f = lambda sp: tf.nn.embedding_lookup_sparse(table, sp, None)  # noqa: E731
+    b_enabled, a_disabled, b_result = threading.Event(), threading.Event(), {}
+
+    def thread_b():
+        handle = rewrite.enable()
+        b_enabled.set()
+        a_disabled.wait()
+        before = rewrite.fusion_stats()
+        tf.function(f)(ids)
+        b_result["rewrites"] = delta(before, rewrite.fusion_stats())["rewrites"]
+        handle.disable()
+
+    handle = rewrite.enable()
+    other = threading.Thread(target=thread_b)
+    other.start()
+    b_enabled.wait()
+    handle.disable()
+    a_disabled.set()
+    other.join()
+    before = rewrite.fusion_stats()
+    tf.function(f)(ids)
+    assert delta(before, rewrite.fusion_stats())["rewrites"] == 0
+    assert b_result["rewrites"] == 1
+
+
 def test_session_config_tf1_session(rng):
     params = rng.normal(size=(V, D)).astype(np.float32)
     ids = random_sparse_ids(rng)

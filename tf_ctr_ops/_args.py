@@ -46,10 +46,10 @@ def max_norm_attr(max_norm):
         value = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
         raise ValueError(f"max_norm must be a number, got {max_norm!r}") from None
-    # TF's clip broadcasts max_norm against the rows' norms: one value of any
-    # shape ([1] say) is that value.
-    if value.size != 1:
-        raise ValueError(f"max_norm must be a scalar (one value), got shape {list(value.shape)}")
+    # TF's clip broadcasts max_norm against the [n, D] rows it clips: one
+    # value of rank <= 2 ([1] say) is that value; a higher rank fails there.
+    if value.size != 1 or value.ndim > 2:
+        raise ValueError(f"max_norm must be a scalar (one value, of rank <= 2), got shape {list(value.shape)}")
     max_norm = float(value.reshape(()))
     if not max_norm > 0:
         raise ValueError(f"max_norm must be positive or None, got {max_norm}")

@@ -69,21 +69,35 @@ def load_inputs_file(path, signatures, unselected=()):
     path = os.fspath(path)
     if not os.path.exists(path):
         raise InputsError(f"inputs file {path} does not exist")
+    if os.path.isdir(path):
+        raise InputsError(f"inputs file {path} is a folder: give an .npz or a TFRecord file")
     # By content, not by name: an .npz is a zip archive whatever it is called.
-    if zipfile.is_zipfile(path):
+    with open(path, "rb") as f:
+        starts_as_zip = f.read(4) == b"PK\x03\x04"
+    if starts_as_zip or zipfile.is_zipfile(path):
         return _inputs_from_npz(path, signatures, unselected)
     return _inputs_from_tfrecord(path, signatures)
 
 
-def _tfrecord_compression(path):
-    """TFRecordDataset's compression_type for `path`: "GZIP" for a gzip file
-    (`TFRecordWriter` with `options="GZIP"`), else none."""
-    with open(path, "rb") as f:
-        return "GZIP" if f.read(2) == b"\x1f\x8b" else ""
+def _tfrecord_records(path):
+    """The records of a TFRecord file, plain or gzip (`TFRecordWriter` with
+    `options="GZIP"`). Tried plain first: a plain file's first bytes (its
+    first record's length) may look like gzip's magic number."""
+    try:
+        return [r.numpy() for r in tf.data.TFRecordDataset(path)]
+    except tf.errors.OpError as plain_error:
+        try:
+            return [r.numpy() for r in tf.data.TFRecordDataset(path, compression_type="GZIP")]
+        except tf.errors.OpError:
+            raise plain_error from None
 
 
 def _inputs_from_npz(path, signatures, unselected=()):
-    with np.load(path, allow_pickle=False) as data:
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise InputsError(f"inputs file {path} is not a readable .npz: {e}") from None
+    with data:
         arrays = {}
         for k in data.files:
             try:
@@ -92,6 +106,9 @@ def _inputs_from_npz(path, signatures, unselected=()):
                 raise InputsError(f"inputs file {path}: array {k!r} is an object array, which is not loaded "
                                   f"(it would need pickle); save strings as a bytes or str array, e.g. "
                                   f"np.array(values, dtype='S')") from e
+            except (OSError, AttributeError, zipfile.BadZipFile) as e:  # a member that is no .npy
+                raise InputsError(f"inputs file {path}: member {k!r} is not a readable .npy array "
+                                  f"({type(e).__name__}: {e})") from None
     out, used = {}, set()
     for key, fn in signatures.items():
         specs = fn.structured_input_signature[1]
@@ -141,7 +158,7 @@ def _file_array_as_input(path, name, array, spec):
 
 def _inputs_from_tfrecord(path, signatures):
     try:
-        records = [r.numpy() for r in tf.data.TFRecordDataset(path, compression_type=_tfrecord_compression(path))]
+        records = _tfrecord_records(path)
     except tf.errors.OpError as e:
         raise InputsError(f"inputs file {path} is neither an .npz nor a readable TFRecord file: "
                           f"{str(e).splitlines()[0]}") from None
@@ -426,11 +443,28 @@ def _fill(values, shape):
     return np.array(flat, dtype=values.dtype if values.dtype.kind not in "OSU" else object).reshape(shape)
 
 
-def _interleave(first, second):
-    """Elements of `first` at even flat positions, of `second` at odd ones."""
-    out = np.array(second, copy=True)
-    out.reshape(-1)[::2] = np.asarray(first).reshape(-1)[::2]
-    return out
+def _known_vocabularies(specs, facts):
+    """{input: its lookup's vocabulary, as values of the input}."""
+    return {k: _as_input(facts.input_vocabularies[k], s) for k, s in specs.items()
+            if k in facts.input_vocabularies and _as_input(facts.input_vocabularies[k], s) is not None}
+
+
+def _with_vocabulary_values(inputs, how, keys, specs, facts, run):
+    """`inputs` with the vocabulary of each of `keys`' lookups, in order, at
+    the even flat positions of that input (its other values stay), where the
+    original accepts them: a lookup with out-of-vocabulary slots accepts the
+    plain values, and a fused find compared on misses alone would be
+    compared on its default row alone."""
+    known = {k: v for k, v in _known_vocabularies(specs, facts).items() if k in keys}
+    trial = dict(inputs)
+    for k, vocabulary in known.items():
+        flat = np.array(inputs[k], copy=True).reshape(-1)
+        even = flat[::2]
+        flat[::2] = [vocabulary[i % len(vocabulary)] for i in range(even.size)]
+        trial[k] = flat.reshape(np.shape(inputs[k]))
+    if not known or run(trial) is not None:
+        return inputs, how
+    return trial, f"{how}, vocabulary keys"
 
 
 _ID_RANGES = (1000, 100, 10)
@@ -563,7 +597,9 @@ def synthesize(specs, run, facts, rng):
     inputs, how, vocabulary_keys, examples = _accepted_inputs(specs, run, facts, rng)
     inputs, how = _with_wide_ids(inputs, how, specs, run, rng, vocabulary_keys, examples)
     if examples is None:
-        inputs, how = _with_empty_strings(inputs, how, _plain_batch_keys(specs, vocabulary_keys), run)
+        plain = _plain_batch_keys(specs, vocabulary_keys)
+        inputs, how = _with_empty_strings(inputs, how, plain, run)
+        inputs, how = _with_vocabulary_values(inputs, how, plain, specs, facts, run)
     return inputs, how
 
 
@@ -572,18 +608,10 @@ def _accepted_inputs(specs, run, facts, rng):
     None), the candidates tried in the module's order."""
     current = plain_inputs(specs, rng)
     error = run(current)
-    known = {k: _as_input(facts.input_vocabularies[k], s) for k, s in specs.items()
-             if k in facts.input_vocabularies and _as_input(facts.input_vocabularies[k], s) is not None}
     if error is None:
-        # Lookups with out-of-vocabulary slots accept any key: feed them keys
-        # of their vocabularies too, or a fused find would be compared on
-        # misses alone.
-        mixed = dict(current, **{k: _interleave(_fill(v, np.shape(current[k])), current[k])
-                                 for k, v in known.items()})
-        if known and run(mixed) is None:
-            return mixed, "synthesized (vocabulary and other values)", set(known), None
         return current, "synthesized", set(), None
     first_error = error
+    known = _known_vocabularies(specs, facts)
     string_inputs = [k for k, s in specs.items() if s.dtype == tf.string]
     if facts.example_specs and string_inputs:
         examples = serialized_examples(facts.example_specs, facts.tokens())

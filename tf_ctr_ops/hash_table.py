@@ -24,7 +24,7 @@ import weakref
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.ops import resource_variable_ops
+from tensorflow.python.ops import control_flow_v2_func_graphs, resource_variable_ops
 
 from tf_ctr_ops import ops as _lookup_ops
 from tf_ctr_ops._args import (check_combiner, in_place_variable, max_norm_attr, per_feature, sharded_variables,
@@ -331,10 +331,14 @@ def _find_index_in_step(table_var):
     it, never evicting the keys an earlier find of the step has read. Each
     graph is a step of its own: Keras traces its step function twice into
     one outer function (the first step, then the loop of the others), and a
-    loop body runs once per step. Eagerly, each call is a step."""
+    loop body runs once per step; a tf.cond branch is part of its graph's
+    step. Eagerly, each call is a step."""
     if not tf.inside_function():
         return 0
-    finds = _FINDS_OF_STEP.setdefault(tf.compat.v1.get_default_graph(), {})
+    graph = tf.compat.v1.get_default_graph()
+    while isinstance(graph, control_flow_v2_func_graphs.CondBranchFuncGraph):  # a branch runs in its step
+        graph = graph.outer_graph
+    finds = _FINDS_OF_STEP.setdefault(graph, {})
     index = finds.get(table_var._unique_id, 0)
     finds[table_var._unique_id] = index + 1
     return index

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 
@@ -107,11 +108,19 @@ def session_config(config=None, report_file=None, serving_device=None):
 class _Enabled:
     """Result of `enable()`: already active; restores the previous config on exit."""
 
-    active = []  # enabled handles, oldest first
+    _threads = threading.local()  # function_call_options are per thread, so are their handles
 
     def __init__(self, previous):
         self._previous = previous
-        _Enabled.active.append(self)
+        self._active = _Enabled._active_in_this_thread()
+        self._active.append(self)
+
+    @staticmethod
+    def _active_in_this_thread():
+        """This thread's enabled handles, oldest first."""
+        if not hasattr(_Enabled._threads, "handles"):
+            _Enabled._threads.handles = []
+        return _Enabled._threads.handles
 
     def __enter__(self):
         return self
@@ -124,12 +133,12 @@ class _Enabled:
         """The newest handle restores the config it replaced; an older one
         hands its own predecessor's to the handle after it, so handles may be
         disabled in any order."""
-        if self not in _Enabled.active:
+        if self not in self._active:
             return
-        i = _Enabled.active.index(self)
-        _Enabled.active.pop(i)
-        if i < len(_Enabled.active):
-            _Enabled.active[i]._previous = self._previous
+        i = self._active.index(self)
+        self._active.pop(i)
+        if i < len(self._active):
+            self._active[i]._previous = self._previous
         else:
             context.context().function_call_options.config_proto_serialized = self._previous
 
