@@ -957,6 +957,10 @@ def test_an_offline_rewrite_under_enable_compares_with_the_original_graph(tmp_pa
         return after["rewrites"] - before["rewrites"]
 
     assert fused_in_this_process("plain", online=False) == fused_in_this_process("under_enable", online=True)
+    keys = {"k": np.array([b"b", b"d", b"a"])}
+    np.testing.assert_array_equal(
+        serve_in_fresh_process(tmp_path / "under_enable", "serving_default", keys, tmp_path)["output_0"],
+        outputs_of(tmp_path / "src", keys)["output_0"])
 
 
 def test_a_function_xla_compiles_keeps_its_ops_and_costs_no_pattern_elsewhere(tmp_path):
