@@ -151,110 +151,13 @@ bool ResolveBagRows(const TokenBagVisitor& visit, const T* params, int64_t dim, 
   });
 }
 
-// Sums columns [c, c + kCols) of the rows (weight 1 each) into acc, which
-// then lives in registers: summing a whole row at a time through memory made
-// every row wait on the last row's stores to acc. Each column is still summed
-// as BagStream sums it (blocks of kSumBlock rows), so results do not change.
-template <typename T, int64_t kCols>
-inline void SumColumnChunk(const std::vector<const T*>& rows, int64_t c, float* __restrict acc) {
-  float total[kCols] = {}, block[kCols] = {};
-  int64_t in_block = 0;
-  for (const T* p : rows) {
-    for (int64_t d = 0; d < kCols; ++d) block[d] += ToFloat(p[c + d]);  // AccumulateRow at scale 1: x * 1.f is x
-    if (++in_block == kSumBlock) {
-      for (int64_t d = 0; d < kCols; ++d) {
-        total[d] += block[d];
-        block[d] = 0.f;
-      }
-      in_block = 0;
-    }
-  }
-  for (int64_t d = 0; d < kCols; ++d) acc[c + d] = total[d] + block[d];
-}
-
-#if defined(__SSE2__) && !defined(__CUDA_ARCH__)
-// float rows in 4-lane adds: lane d of an addps is the scalar add of column
-// d, so the sums are bit for bit SumColumnChunk's. GCC vectorized that loop
-// into a mix of 2-lane, 4-lane and scalar adds, 17 instructions a row for 16
-// columns; this takes 4 loads and 4 adds.
-template <>
-inline void SumColumnChunk<float, 16>(const std::vector<const float*>& rows, int64_t c, float* __restrict acc) {
-  const __m128 zero = _mm_setzero_ps();
-  __m128 a0 = zero, a1 = zero, a2 = zero, a3 = zero;  // the block
-  __m128 t0 = zero, t1 = zero, t2 = zero, t3 = zero;  // whole blocks
-  int64_t in_block = 0;
-  for (const float* p : rows) {
-    a0 = _mm_add_ps(a0, _mm_loadu_ps(p + c));
-    a1 = _mm_add_ps(a1, _mm_loadu_ps(p + c + 4));
-    a2 = _mm_add_ps(a2, _mm_loadu_ps(p + c + 8));
-    a3 = _mm_add_ps(a3, _mm_loadu_ps(p + c + 12));
-    if (++in_block == kSumBlock) {
-      t0 = _mm_add_ps(t0, a0);
-      t1 = _mm_add_ps(t1, a1);
-      t2 = _mm_add_ps(t2, a2);
-      t3 = _mm_add_ps(t3, a3);
-      a0 = a1 = a2 = a3 = zero;
-      in_block = 0;
-    }
-  }
-  _mm_storeu_ps(acc + c, _mm_add_ps(t0, a0));
-  _mm_storeu_ps(acc + c + 4, _mm_add_ps(t1, a1));
-  _mm_storeu_ps(acc + c + 8, _mm_add_ps(t2, a2));
-  _mm_storeu_ps(acc + c + 12, _mm_add_ps(t3, a3));
-}
-#endif
-
-template <typename T>
-inline void SumRows(const std::vector<const T*>& rows, int64_t dim, float* __restrict acc) {
-  constexpr int64_t kCols = 16;
-  int64_t c = 0;
-  for (; c + kCols <= dim; c += kCols) SumColumnChunk<T, kCols>(rows, c, acc);
-  for (; c < dim; ++c) SumColumnChunk<T, 1>(rows, c, acc);
-}
-
-// Writes one bag's pooled row from its resolved rows (weight 1 each), in
-// the order and float arithmetic of BagStream, so outputs stay bit-identical
-// to the id lookup's. acc and block are dim floats of scratch each.
-template <typename T>
-void PoolBagRows(const LookupSpec& s, const T* params, const std::vector<const T*>& rows, float* acc, float* block,
-                 T* out) {
-  const int64_t dim = s.dim;
-  BagWeights bw;
-  if (s.max_norm > 0.f) {
-    for (int64_t d = 0; d < dim; ++d) acc[d] = block[d] = 0.f;
-    int64_t in_block = 0;
-    auto add = [&](const T* p) {
-      AccumulateRow(p, dim, RowClipScale(p, s), block);
-      bw.Add(1.f);
-      if (++in_block == kSumBlock) {
-        AddBlock(acc, block, dim);
-        in_block = 0;
-      }
-    };
-    for (const T* p : rows) add(p);
-    if (rows.empty() && s.default_id >= 0) add(params + s.default_id * dim);
-    AddBlock(acc, block, dim);  // 0 + x is x for a bag of one partial block, as BagStream takes it
-  } else if (rows.empty() && s.default_id >= 0) {
-    for (int64_t d = 0; d < dim; ++d) acc[d] = 0.f + ToFloat(params[s.default_id * dim + d]);
-    bw.Add(1.f);
-  } else {
-    SumRows(rows, dim, acc);
-    bw = BagWeights::Units(static_cast<int64_t>(rows.size()));
-  }
-  WriteCombinedRow(acc, dim, CombinerScale(s.combiner, bw), CombinerDivisor(s.combiner, bw), out);
-}
-
 // Pools bags [row_begin, row_end) of tokens; acc is dim floats of scratch.
 // nonempty (nullable) receives whether each bag had a token. Bag r's row is
 // written at out + r * out_stride (0: dim), so a feature can be pooled
-// straight into its columns of a concatenated output.
-//
-// Bags ahead of the one being summed are resolved (split, hashed or parsed,
-// their rows prefetched) first: the next one always, and more while fewer
-// than kRowsInFlight rows are pending, so the row loads of short bags (a few
-// ids each, tables far larger than the cache) overlap as well as long ones'.
-// A per-bag loop with the rows in hand costs a third less per token than a
-// stream of entries with bag boundaries checked at each one.
+// straight into its columns of a concatenated output. Tokens have unit
+// weight, so bags pool as PoolUnitBagsCpu pools ids: a per-bag loop with the
+// rows in hand cost a third less per token than a stream of entries with bag
+// boundaries checked at each one.
 template <typename T>
 void PoolStringBagsCpu(const StringSpec& s, const T* params, const uint8_t* bytes, int64_t num_bytes,
                        const int64_t* string_splits, const int64_t* bag_splits, int64_t row_begin,
@@ -266,25 +169,12 @@ void PoolStringBagsCpu(const StringSpec& s, const T* params, const uint8_t* byte
                            out_stride);
     return;
   }
-  if (row_begin >= row_end) return;
-  constexpr int64_t kMaxAhead = 8, kRowsInFlight = 16;
   const TokenBagVisitor visit{s, bytes, num_bytes, string_splits, bag_splits, err};
   const int64_t dim = s.lookup.dim;
-  std::vector<const T*> ring[kMaxAhead];  // bag b's rows in ring[b % kMaxAhead]
-  std::vector<float> block(dim);
-  int64_t next = row_begin, pending = 0;  // the next bag to resolve; rows resolved, not yet summed
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    while (next < row_end && next - r < kMaxAhead && (next <= r + 1 || pending < kRowsInFlight)) {
-      std::vector<const T*>& rows = ring[next % kMaxAhead];
-      if (!ResolveBagRows(visit, params, dim, next, &rows)) return;  // err holds the bad token
-      pending += static_cast<int64_t>(rows.size());
-      ++next;
-    }
-    const std::vector<const T*>& rows = ring[r % kMaxAhead];
-    if (nonempty) nonempty[r] = !rows.empty();
-    PoolBagRows(s.lookup, params, rows, acc, block.data(), out + r * out_stride);
-    pending -= static_cast<int64_t>(rows.size());
-  }
+  auto resolve = [&visit, params, dim](int64_t r, std::vector<const T*>* rows) {
+    return ResolveBagRows(visit, params, dim, r, rows);
+  };
+  PoolUnitBagsCpu(s.lookup, params, resolve, row_begin, row_end, acc, out, out_stride, nonempty);
 }
 
 // Byte offsets of strings must be non-decreasing and inside the buffer; they
