@@ -379,6 +379,9 @@ bool PoolUnitBagsCpu(const LookupSpec& s, const T* params, const ResolveBag& res
                      int64_t row_end, AccT<T>* acc, T* out, int64_t out_stride, uint8_t* nonempty) {
   constexpr int64_t kMaxAhead = 8, kRowsInFlight = 16;
   std::vector<const T*> ring[kMaxAhead];  // bag b's rows in ring[b % kMaxAhead]
+  // Reserved up front: TF's ParallelFor hands out ranges of few bags, and
+  // each range would otherwise grow its lists from empty.
+  for (std::vector<const T*>& rows : ring) rows.reserve(64);
   std::vector<AccT<T>> block(s.dim);
   int64_t next = row_begin, pending = 0;  // the next bag to resolve; rows resolved, not yet summed
   for (int64_t r = row_begin; r < row_end; ++r) {
@@ -408,6 +411,7 @@ void PoolBagsCpu(const LookupSpec& s, const T* params, const TKey* keys,
     const int64_t dim = s.dim;
     auto resolve = [&s, params, dim, keys, offsets, err](int64_t r, std::vector<const T*>* rows) {
       rows->clear();
+      rows->reserve(offsets[r + 1] - offsets[r]);
       for (int64_t i = offsets[r], end = offsets[r + 1]; i < end; ++i) {
         const int64_t row = ResolveCpuKey(keys[i], s);
         if (row == kSkipKey) continue;
