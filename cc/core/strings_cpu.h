@@ -9,10 +9,6 @@
 #include <string>
 #include <vector>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
 #include "cc/core/lookup_cpu.h"
 #include "cc/core/strings.h"
 
