@@ -1,7 +1,7 @@
-// Host-side entry point of the CUDA hash-table find. Plain C++ (no CUDA or TF
-// headers), on raw device pointers and a cudaStream_t passed as void*;
-// asynchronous on `stream`; returns an empty string on success, else a CUDA
-// error message.
+// Host-side entry points of the CUDA hash-table find and insert. Plain C++
+// (no CUDA or TF headers), on raw device pointers and a cudaStream_t passed
+// as void*; asynchronous on `stream`; each returns an empty string on
+// success, else a CUDA error message.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,19 @@ namespace gpu {
 // inserted into must not be found in at the same time.
 std::string HashTableFind(const int64_t* slot_rows, int64_t num_slots, const int64_t* keys, int64_t n,
                           bool dense_padding, int64_t* rows, void* stream);
+
+// An inserting find with no eviction (admission allowed) on a whole table
+// at `table` (its header first) of num_slots slots and `capacity` rows: the
+// clock advances as InsertingClock says, found keys are stamped, and the
+// missing ones get rows one at a time in key order, so rows and table come
+// out bit for bit as the CPU's CtrHashTableFind leaves them. reused [n]
+// receives the rows taken off the free stack (their values are evicted
+// keys'), status int64[2] {how many, 1 if the header does not fit the table
+// and nothing was inserted}. Keys must not be found or inserted by another
+// call at the same time.
+std::string HashTableFindOrInsert(int64_t* table, int64_t num_slots, int64_t capacity, int64_t admit_after,
+                                  bool new_step, const int64_t* keys, int64_t n, bool dense_padding, int64_t* rows,
+                                  int64_t* reused, int64_t* status, void* stream);
 
 }  // namespace gpu
 }  // namespace ctr

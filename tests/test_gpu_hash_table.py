@@ -1,9 +1,10 @@
-"""The CUDA hash-table find (cuda/hash_table_kernels.cu) against the CPU find
-of the same framework-free core, through tf_ctr_ops._core.
+"""The CUDA hash-table find and insert (cuda/hash_table_kernels.cu) against
+the CPU loops of the same framework-free core, through tf_ctr_ops._core.
 
 Tables are built on the host by _core.hash_table_find(insert=True) (the loops
 the TF kernel runs), copied to the device, and read back row for row by
-_core.gpu_hash_table_find. TensorFlow is never imported. Skips, with the
+_core.gpu_hash_table_find; _core.gpu_hash_table_find_or_insert must leave
+rows and the whole table bit for bit as the CPU insert does. TensorFlow is never imported. Skips, with the
 reason, when _core is not built, was built without CUDA, or no GPU is
 reachable through CuPy or PyTorch.
 """
@@ -73,3 +74,97 @@ def test_bad_tables_are_rejected_before_any_launch():
         core.gpu_hash_table_find(1, 7, 8, 1, 1, False, 1)  # 7 rows: 2 header + 2 free-list rows leave 3 slots
     with pytest.raises(ValueError, match="must not be 0"):
         core.gpu_hash_table_find(0, layout.table_shape(16, 8)[0], 8, 1, 1, False, 1)
+
+
+def gpu_find_or_insert(table, capacity, keys, admit_after=1, dense_padding=False, new_step=True):
+    """The device insert on a copy of `table`: (rows, reused rows, the table after)."""
+    keys = np.ascontiguousarray(keys, np.int64)
+    m = max(keys.size, 1)
+    table_buf, keys_buf = upload_to(backend, table), upload_to(backend, keys)
+    rows, reused, status = Buffer(backend, m * 8), Buffer(backend, m * 8), Buffer(backend, 16)
+    count = core.gpu_hash_table_find_or_insert(
+        table_buf.ptr, table.shape[0], capacity, keys_buf.ptr if keys.size else 0, keys.size,
+        rows.ptr if keys.size else 0, reused.ptr if keys.size else 0, status.ptr, admit_after=admit_after,
+        dense_padding=dense_padding, new_step=new_step)
+    backend.synchronize()
+    return (rows.read(np.int64, (m,))[:keys.size], reused.read(np.int64, (m,))[:count],
+            table_buf.read(np.int64, table.shape))
+
+
+def assert_inserts_like_the_cpu(table, capacity, keys, admit_after=1, dense_padding=False):
+    """Inserts `keys` on both devices; returns the CPU's table after."""
+    got_rows, got_reused, got_table = gpu_find_or_insert(table, capacity, keys, admit_after, dense_padding)
+    want_table = table.copy()
+    want_rows, want_reused = core.hash_table_find(want_table, np.asarray(keys, np.int64), capacity, insert=True,
+                                                  admit_after=admit_after, dense_padding=dense_padding)
+    np.testing.assert_array_equal(got_rows, want_rows)
+    np.testing.assert_array_equal(got_reused, want_reused)
+    np.testing.assert_array_equal(got_table, want_table)  # header, keys, entries, stats, free stack
+    return want_table
+
+
+@pytest.mark.parametrize("admit_after", [1, 3])
+@pytest.mark.parametrize("capacity, num_slots", [(10, 16), (1000, 2048), (50_000, 1 << 17)])
+def test_insert_matches_the_cpu_call_after_call(rng, capacity, num_slots, admit_after):
+    # Calls mixing known keys, new ones and repeats (Zipf ranks over a key
+    # space beyond the capacity, so the last calls overflow and drop keys).
+    table = empty_table(num_slots, capacity)
+    space = rng.integers(-2**62, 2**62, size=2 * capacity + 5)
+    for n in (0, 1, 7, 300, 5000, 20_000):
+        keys = space[np.minimum(rng.zipf(1.3, n) - 1, space.size - 1)]
+        table = assert_inserts_like_the_cpu(table, capacity, keys, admit_after)
+    assert table.reshape(-1)[layout.DROPPED] > 0 or capacity > 20_000
+
+
+def test_insert_with_dense_padding_and_edge_keys(rng):
+    table = empty_table(64, 32)
+    for keys in ([-1, 5, -1, 0, 2**63 - 1, -2**63, 5], [-1, -1], [7, -1, 8]):
+        for dense_padding in (False, True):
+            table = assert_inserts_like_the_cpu(table, 32, keys, dense_padding=dense_padding)
+
+
+def test_insert_takes_rows_off_the_free_stack_first(rng):
+    # A table that evicted keys on the CPU holds freed rows; an insert without
+    # eviction hands them out first and reports them, as the CPU does.
+    table, _ = filled_table(rng, 64, 128, 600, eviction="lru")
+    if table.reshape(-1)[layout.FREE_COUNT] == 0:  # a new key into the full table frees capacity / 16 rows
+        core.hash_table_find(table, np.array([2**62 + 1], np.int64), 64, insert=True, eviction="lru")
+    freed = table.reshape(-1)[layout.FREE_COUNT]
+    assert freed > 0
+    table = assert_inserts_like_the_cpu(table, 64, rng.integers(-2**62, 2**62, size=freed + 3))
+    assert table.reshape(-1)[layout.FREE_COUNT] == 0
+
+
+def test_a_call_that_continues_a_step_keeps_the_clock(rng):
+    table = empty_table(16, 8)
+    _, _, after = gpu_find_or_insert(table, 8, [1, 2], new_step=True)
+    assert after.reshape(-1)[layout.CLOCK] == 1
+    _, _, again = gpu_find_or_insert(after, 8, [1, 3], new_step=False)
+    assert again.reshape(-1)[layout.CLOCK] == 1
+    _, _, next_step = gpu_find_or_insert(again, 8, [1], new_step=True)
+    assert next_step.reshape(-1)[layout.CLOCK] == 2
+
+
+def test_a_corrupt_header_inserts_nothing(rng):
+    table = empty_table(16, 8)
+    core.hash_table_find(table, np.array([4, 5], np.int64), 8, insert=True)
+    for cell, value in ((layout.NEXT_ROW, 9), (layout.FREE_COUNT, 3), (layout.OCCUPIED, -1), (layout.CLOCK, -5)):
+        bad = table.copy()
+        bad.reshape(-1)[cell] = value
+        keys = np.ascontiguousarray([4, 6, 7], np.int64)
+        table_buf, keys_buf = upload_to(backend, bad), upload_to(backend, keys)
+        rows, reused, status = Buffer(backend, 24), Buffer(backend, 24), Buffer(backend, 16)
+        with pytest.raises(ValueError, match="corrupt hash table header"):
+            core.gpu_hash_table_find_or_insert(table_buf.ptr, bad.shape[0], 8, keys_buf.ptr, 3, rows.ptr, reused.ptr,
+                                               status.ptr)
+        np.testing.assert_array_equal(table_buf.read(np.int64, bad.shape), bad)
+
+
+def test_insert_arguments_are_checked_before_any_launch():
+    rows = layout.table_shape(16, 8)[0]
+    with pytest.raises(ValueError, match="admit_after"):
+        core.gpu_hash_table_find_or_insert(1, rows, 8, 1, 1, 1, 1, 1, admit_after=0)
+    with pytest.raises(ValueError, match="must not be 0"):
+        core.gpu_hash_table_find_or_insert(1, rows, 8, 1, 1, 1, 0, 1)
+    with pytest.raises(ValueError, match="not a table"):
+        core.gpu_hash_table_find_or_insert(1, 7, 8, 1, 1, 1, 1, 1)

@@ -55,6 +55,21 @@ CTR_HD Slots SlotsOf(int64_t* first_slot_row, int64_t num_slots) {
 
 CTR_HD int64_t FreeListRows(int64_t capacity) { return (capacity + kColumns - 1) / kColumns; }
 
+// A table tensor's parts (ViewTable in hash_table_cpu.h cuts them).
+struct TableView {
+  int64_t* header = nullptr;
+  Slots slots{};
+  int64_t* free_rows = nullptr;
+};
+
+// Whether a header's counts fit a table of `capacity` rows and num_slots
+// slots. The header indexes the free stack, so inserts into a table assigned
+// garbage must not start until this holds.
+CTR_HD bool HeaderFits(const int64_t* h, int64_t capacity, int64_t num_slots) {
+  return h[kNextRow] >= 0 && h[kNextRow] <= capacity && h[kFreeCount] >= 0 && h[kFreeCount] <= h[kNextRow] &&
+         h[kOccupied] >= 0 && h[kOccupied] <= num_slots && h[kClock] >= 0;
+}
+
 // Slots are claimed only while under 3/4 of them are occupied, so a probe
 // always ends at an empty slot, after a few steps on average.
 CTR_HD bool CanClaimSlot(int64_t occupied, int64_t num_slots) { return occupied < num_slots - num_slots / 4; }
@@ -136,6 +151,74 @@ CTR_HD bool AdmitsKey(int64_t entry, int64_t admit_after) { return TimesSeen(ent
 
 // Whether `key` is the padding of dense keys (never inserted, reads no row).
 CTR_HD bool IsPaddingKey(int64_t key, bool dense_padding) { return dense_padding && key == -1; }
+
+// The row `key` has, given the slot its probe ended at (kNoRow for none).
+CTR_HD int64_t RowInSlot(const int64_t* pairs, int64_t s, int64_t key, bool dense_padding) {
+  const int64_t entry = s >= 0 ? PairAt(pairs, s)[kEntry] : kEmptyEntry;
+  return entry >= 0 && !IsPaddingKey(key, dense_padding) ? entry : kNoRow;
+}
+
+// The clock an inserting find stamps the keys it sees with (their last_seen).
+// Keys stamped with the running step's clock are never evicted. A find that
+// starts a step advances the clock; one that continues a step (a table read
+// by two calls of one training step) keeps it, so it never evicts what the
+// step's earlier finds have read. An inserting clock is > 0.
+CTR_HD int64_t InsertingClock(int64_t* header, bool new_step) {
+  if (new_step || header[kClock] == 0) ++header[kClock];
+  return header[kClock];
+}
+
+// Marks slot s as seen by the inserting call of `clock`: the LRU and LFU scores.
+CTR_HD void StampSlot(const Slots& t, int64_t s, int64_t clock) {
+  int64_t* stats = StatsAt(t, s);
+  stats[kLastSeen] = clock;
+  ++stats[kCount];
+}
+
+CTR_HD bool RowAvailable(const int64_t* h, int64_t capacity) {
+  return h[kFreeCount] > 0 || h[kNextRow] < capacity;
+}
+
+// One sighting of `key` by an inserting call, its probe having ended at slot
+// s (after any eviction, which is the caller's): the key's row, given from the
+// free stack first (*reused then says so: its values are an evicted key's),
+// else the next never-used one; kNoRow while the admission filter holds it
+// back, and when the table has no slot or row for it (counted as dropped).
+// One thread at a time per table: the CPU inserter and the GPU's insert
+// kernel both run it serially, in key order, so both assign the same rows.
+CTR_HD int64_t PlaceKey(const TableView& t, int64_t s, int64_t key, int64_t capacity, int64_t admit_after,
+                        bool* reused) {
+  *reused = false;
+  int64_t* h = t.header;
+  const int64_t entry = s >= 0 ? PairAt(t.slots.pairs, s)[kEntry] : kEmptyEntry;
+  if (entry >= 0) {  // inserted by an earlier key of this call
+    StampSlot(t.slots, s, h[kClock]);
+    return entry;
+  }
+  const bool admitted = AdmitsKey(entry, admit_after);
+  const bool new_slot = entry == kEmptyEntry;
+  if (s < 0 || (new_slot && !CanClaimSlot(h[kOccupied], t.slots.num_slots)) ||
+      (admitted && !RowAvailable(h, capacity))) {
+    ++h[kDropped];
+    return kNoRow;
+  }
+  int64_t* pair = PairAt(t.slots.pairs, s);
+  if (new_slot) {
+    pair[kKey] = key;
+    StatsAt(t.slots, s)[kCount] = 0;
+    ++h[kOccupied];
+  }
+  if (!admitted) {
+    pair[kEntry] = PendingEntry(TimesSeen(entry) + 1);
+  } else if (h[kFreeCount] > 0) {
+    pair[kEntry] = t.free_rows[--h[kFreeCount]];
+    *reused = true;
+  } else {
+    pair[kEntry] = h[kNextRow]++;
+  }
+  StampSlot(t.slots, s, h[kClock]);
+  return RowOfEntry(pair[kEntry]);
+}
 
 enum class Eviction { kNone, kLru, kLfu };
 

@@ -25,13 +25,6 @@ static_assert((kProbeDistance & (kProbeDistance - 1)) == 0, "the ring of home sl
 // scans its slots once per capacity/16 new keys, not once per key.
 constexpr int64_t kEvictionBatchDivisor = 16;
 
-// A table tensor's parts.
-struct TableView {
-  int64_t* header = nullptr;
-  Slots slots{};
-  int64_t* free_rows = nullptr;
-};
-
 // Views an int64 [rows, cols] table of `capacity` rows of values; an error
 // message (empty on success) says what is wrong with it. The header is
 // checked too: it indexes the free stack, so a table assigned garbage must
@@ -49,8 +42,7 @@ inline std::string ViewTable(int64_t* data, int64_t rows, int64_t cols, int64_t 
   }
   *view = {data, SlotsOf(data + kColumns * kHeaderRows, slots), data + kColumns * (kHeaderRows + slots)};
   const int64_t* h = view->header;
-  if (h[kNextRow] < 0 || h[kNextRow] > capacity || h[kFreeCount] < 0 || h[kFreeCount] > h[kNextRow] ||
-      h[kOccupied] < 0 || h[kOccupied] > slots || h[kClock] < 0) {
+  if (!HeaderFits(h, capacity, slots)) {
     return "corrupt hash table header: " + std::to_string(h[kNextRow]) + " rows handed out, " +
            std::to_string(h[kFreeCount]) + " free, " + std::to_string(h[kOccupied]) + " slots occupied, clock " +
            std::to_string(h[kClock]) + " (capacity " + std::to_string(capacity) + ", " + std::to_string(slots) +
@@ -92,22 +84,6 @@ class SlotFinder {
   int64_t home_[kProbeDistance];  // key i's home slot in home_[i % kProbeDistance]
 };
 
-// The row `key` has, given the slot its probe ended at (kNoRow for none).
-inline int64_t RowInSlot(const Slots& t, int64_t s, int64_t key, bool dense_padding) {
-  const int64_t entry = s >= 0 ? PairAt(t.pairs, s)[kEntry] : kEmptyEntry;
-  return entry >= 0 && !IsPaddingKey(key, dense_padding) ? entry : kNoRow;
-}
-
-// The clock an inserting find stamps the keys it sees with (their last_seen).
-// Keys stamped with the running step's clock are never evicted. A find that
-// starts a step advances the clock; one that continues a step (a table read
-// by two calls of one training step) keeps it, so it never evicts what the
-// step's earlier finds have read. An inserting clock is > 0.
-inline int64_t InsertingClock(int64_t* header, bool new_step) {
-  if (new_step || header[kClock] == 0) ++header[kClock];
-  return header[kClock];
-}
-
 // Rows of `keys` (kNoRow for none). With clock > 0 (an inserting call), each
 // found key is stamped as seen by this call and its use count goes up: the
 // scores eviction reads. Threads may stamp one slot at once, hence atomics;
@@ -122,7 +98,7 @@ void FindRows(const TableView& t, const Key* keys, int64_t n, bool dense_padding
     SlotFinder<Key> finder(t.slots, keys, begin, end, /*stamps=*/clock > 0);
     for (int64_t i = begin; i < end; ++i) {
       const int64_t s = finder.SlotOf(i);
-      rows[i] = RowInSlot(t.slots, s, keys[i], dense_padding);
+      rows[i] = RowInSlot(t.slots.pairs, s, keys[i], dense_padding);
       if (rows[i] != kNoRow && clock > 0) {
         int64_t* stats = StatsAt(t.slots, s);
         __atomic_store_n(&stats[kLastSeen], clock, __ATOMIC_RELAXED);
@@ -157,7 +133,7 @@ void PoolTableBagsCpu(const Slots& slots, const LookupSpec& s, const T* values, 
                       bool dense_padding, AccT<T>* acc, T* out, int64_t* rows, KeyError* err) {
   const int64_t first = offsets[row_begin], last = offsets[row_end];
   SlotFinder<Key> finder(slots, keys, first, last);
-  for (int64_t i = first; i < last; ++i) rows[i] = RowInSlot(slots, finder.SlotOf(i), keys[i], dense_padding);
+  for (int64_t i = first; i < last; ++i) rows[i] = RowInSlot(slots.pairs, finder.SlotOf(i), keys[i], dense_padding);
   LookupSpec found = s;
   found.id_mode = IdMode::kIndex;
   found.invalid_ids = InvalidIds::kSkipNegative;
@@ -191,51 +167,26 @@ class Inserter {
   const std::vector<int64_t>& reused_rows() const { return reused_; }
 
  private:
+  // Evicts first where the key needs a row or a slot the table lacks; the
+  // rest is PlaceKey's, which the GPU insert shares.
   int64_t Insert(int64_t key) {
     const Slots& t = t_.slots;
     int64_t s = ProbeSlot(t.pairs, t.num_slots, key);
-    int64_t entry = s >= 0 ? PairAt(t.pairs, s)[kEntry] : kEmptyEntry;
-    if (entry >= 0) {  // inserted by an earlier key of this call
-      Touch(s);
-      return entry;
+    const int64_t entry = s >= 0 ? PairAt(t.pairs, s)[kEntry] : kEmptyEntry;
+    if (entry < 0) {
+      const bool needs_row = AdmitsKey(entry, rules_.admit_after) && !RowAvailable(h_, rules_.capacity);
+      const bool needs_slot = entry == kEmptyEntry && !CanClaimSlot(h_[kOccupied], t.num_slots);
+      // A key waiting for admission needs no slot, and a row needed frees
+      // only keys holding one: the key itself is never evicted, so PlaceKey
+      // reads the entry it had.
+      if ((needs_row || needs_slot) && Evict(/*rows_only=*/needs_row)) {
+        s = ProbeSlot(t.pairs, t.num_slots, key);  // eviction moved keys
+      }
     }
-    const bool admitted = AdmitsKey(entry, rules_.admit_after);
-    const bool new_slot = entry == kEmptyEntry;
-    const bool needs_row = admitted && !RowAvailable();
-    if ((needs_row || (new_slot && !SlotAvailable())) && Evict(/*rows_only=*/needs_row)) {
-      s = ProbeSlot(t.pairs, t.num_slots, key);  // eviction moved keys
-    }
-    if (s < 0 || (new_slot && !SlotAvailable()) || (admitted && !RowAvailable())) {
-      ++h_[kDropped];
-      return kNoRow;
-    }
-    int64_t* pair = PairAt(t.pairs, s);
-    if (new_slot) {
-      pair[kKey] = key;
-      StatsAt(t, s)[kCount] = 0;
-      ++h_[kOccupied];
-    }
-    pair[kEntry] = admitted ? TakeRow() : PendingEntry(TimesSeen(entry) + 1);
-    Touch(s);
-    return RowOfEntry(pair[kEntry]);
-  }
-
-  void Touch(int64_t s) const {
-    int64_t* stats = StatsAt(t_.slots, s);
-    stats[kLastSeen] = h_[kClock];
-    ++stats[kCount];
-  }
-
-  bool RowAvailable() const { return h_[kFreeCount] > 0 || h_[kNextRow] < rules_.capacity; }
-  bool SlotAvailable() const { return CanClaimSlot(h_[kOccupied], t_.slots.num_slots); }
-
-  int64_t TakeRow() {
-    if (h_[kFreeCount] > 0) {
-      const int64_t row = t_.free_rows[--h_[kFreeCount]];
-      reused_.push_back(row);
-      return row;
-    }
-    return h_[kNextRow]++;
+    bool reused = false;
+    const int64_t row = PlaceKey(t_, s, key, rules_.capacity, rules_.admit_after, &reused);
+    if (reused) reused_.push_back(row);
+    return row;
   }
 
   // An eviction candidate. To free a slot, keys waiting for admission go

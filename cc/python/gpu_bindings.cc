@@ -188,10 +188,10 @@ int64_t GpuEmbeddingLookupGrad(
 
 }  // namespace
 
-// The hash-table find on device pointers; the table is laid out as
-// cc/core/hash_table.h says (table_rows rows of kColumns int64 for capacity).
-void GpuHashTableFind(uintptr_t table_ptr, int64_t table_rows, int64_t capacity, uintptr_t keys_ptr, int64_t n,
-                      bool dense_padding, uintptr_t rows_ptr, uintptr_t stream) {
+// The slot count of a table of table_rows rows for `capacity` (laid out as
+// cc/core/hash_table.h says), after checking the arguments both bindings share.
+int64_t TableSlots(int64_t table_rows, int64_t capacity, uintptr_t table_ptr, uintptr_t keys_ptr, int64_t n,
+                   uintptr_t rows_ptr) {
   const int64_t num_slots = table_rows - ctr::kHeaderRows - ctr::FreeListRows(capacity);
   if (capacity < 0 || num_slots < 2 || (num_slots & (num_slots - 1)) != 0 || capacity > num_slots)
     throw py::value_error("table_rows " + std::to_string(table_rows) + " is not a table of capacity " +
@@ -200,13 +200,50 @@ void GpuHashTableFind(uintptr_t table_ptr, int64_t table_rows, int64_t capacity,
   RequirePointer(table_ptr, true, "table_ptr");
   RequirePointer(keys_ptr, n > 0, "keys_ptr");
   RequirePointer(rows_ptr, n > 0, "rows_ptr");
+  return num_slots;
+}
+
+// The hash-table find on device pointers.
+void GpuHashTableFind(uintptr_t table_ptr, int64_t table_rows, int64_t capacity, uintptr_t keys_ptr, int64_t n,
+                      bool dense_padding, uintptr_t rows_ptr, uintptr_t stream) {
+  const int64_t num_slots = TableSlots(table_rows, capacity, table_ptr, keys_ptr, n, rows_ptr);
   const int64_t* slot_rows = DevicePtr<const int64_t>(table_ptr) + ctr::kColumns * ctr::kHeaderRows;
   py::gil_scoped_release nogil;
   Check(ctr::gpu::HashTableFind(slot_rows, num_slots, DevicePtr<const int64_t>(keys_ptr), n, dense_padding,
                                 DevicePtr<int64_t>(rows_ptr), StreamPtr(stream)));
 }
 
+// The inserting find on device pointers (no eviction): synchronizes, and
+// returns how many rows were taken off the free stack (written to reused).
+int64_t GpuHashTableFindOrInsert(uintptr_t table_ptr, int64_t table_rows, int64_t capacity, uintptr_t keys_ptr,
+                                 int64_t n, uintptr_t rows_ptr, uintptr_t reused_ptr, uintptr_t status_ptr,
+                                 int64_t admit_after, bool dense_padding, bool new_step, uintptr_t stream) {
+  const int64_t num_slots = TableSlots(table_rows, capacity, table_ptr, keys_ptr, n, rows_ptr);
+  if (admit_after < 1) throw py::value_error("admit_after must be >= 1");
+  RequirePointer(reused_ptr, n > 0, "reused_ptr");
+  RequirePointer(status_ptr, true, "status_ptr");
+  HostStatus status{0, 0};
+  {
+    py::gil_scoped_release nogil;
+    Check(ctr::gpu::HashTableFindOrInsert(DevicePtr<int64_t>(table_ptr), num_slots, capacity, admit_after, new_step,
+                                          DevicePtr<const int64_t>(keys_ptr), n, dense_padding,
+                                          DevicePtr<int64_t>(rows_ptr), DevicePtr<int64_t>(reused_ptr),
+                                          DevicePtr<int64_t>(status_ptr), StreamPtr(stream)));
+    Check(ctr::gpu::ReadInt64(DevicePtr<int64_t>(status_ptr), 2, status.data(), StreamPtr(stream)));
+  }
+  if (status[1] != 0) throw py::value_error("corrupt hash table header: nothing was inserted");
+  return status[0];
+}
+
 void RegisterGpuBindings(py::module_& m) {
+  m.def("gpu_hash_table_find_or_insert", &GpuHashTableFindOrInsert, py::arg("table_ptr"), py::arg("table_rows"),
+        py::arg("capacity"), py::arg("keys_ptr"), py::arg("n"), py::arg("rows_ptr"), py::arg("reused_ptr"),
+        py::arg("status_ptr"), py::arg("admit_after") = 1, py::arg("dense_padding") = false,
+        py::arg("new_step") = true, py::arg("stream") = 0,
+        "hash_table_find(insert=True, eviction='none') on the device: the int64 table [table_rows, 4] is "
+        "updated in place and rows int64 [n] written; reused int64 [n] receives the rows taken off the free "
+        "stack, status is int64[2] scratch. Synchronizes the stream and returns how many rows were reused; "
+        "raises ValueError for a header that does not fit the table.");
   m.def("gpu_hash_table_find", &GpuHashTableFind, py::arg("table_ptr"), py::arg("table_rows"),
         py::arg("capacity"), py::arg("keys_ptr"), py::arg("n"), py::arg("dense_padding") = false,
         py::arg("rows_ptr") = 0, py::arg("stream") = 0,
