@@ -70,7 +70,7 @@ def test_tables_after_eviction_and_admission(rng):
 
 
 def test_bad_tables_are_rejected_before_any_launch():
-    with pytest.raises(ValueError, match="not a table"):
+    with pytest.raises(ValueError, match="S a power of two"):
         core.gpu_hash_table_find(1, 7, 8, 1, 1, False, 1)  # 7 rows: 2 header + 2 free-list rows leave 3 slots
     with pytest.raises(ValueError, match="must not be 0"):
         core.gpu_hash_table_find(0, layout.table_shape(16, 8)[0], 8, 1, 1, False, 1)
@@ -166,5 +166,5 @@ def test_insert_arguments_are_checked_before_any_launch():
         core.gpu_hash_table_find_or_insert(1, rows, 8, 1, 1, 1, 1, 1, admit_after=0)
     with pytest.raises(ValueError, match="must not be 0"):
         core.gpu_hash_table_find_or_insert(1, rows, 8, 1, 1, 1, 0, 1)
-    with pytest.raises(ValueError, match="not a table"):
+    with pytest.raises(ValueError, match="S a power of two"):
         core.gpu_hash_table_find_or_insert(1, 7, 8, 1, 1, 1, 1, 1)

@@ -270,6 +270,11 @@ def test_bad_arguments_are_clear_errors():
         HashTable(dim=2, capacity=10, key_dtype=tf.float32)
     with pytest.raises(ValueError, match="admit_after"):
         HashTable(dim=2, capacity=10, admit_after=0)
+    with pytest.raises(ValueError, match="does not evict"):
+        HashTable(dim=2, capacity=10, eviction="lru", table_device="/GPU:0")
+    for device in ("TPU:0", "bogus", 3):
+        with pytest.raises(ValueError, match="table_device"):
+            HashTable(dim=2, capacity=10, table_device=device)
     table = HashTable(dim=2, capacity=10)
     with pytest.raises(TypeError, match="int32, int64 or string"):
         table.find(tf.constant([1.5]))
@@ -280,6 +285,21 @@ def test_bad_arguments_are_clear_errors():
     keys = tf.ragged.constant([[1, 2]], dtype=tf.int64)
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError)):
         hash_table_embedding(table, keys, tf.ragged.constant([[1.0]]), insert=True)
+
+
+@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="tests the fallback of a machine without a GPU")
+def test_a_gpu_table_on_a_machine_without_one_lives_on_the_cpu():
+    # Soft placement puts the table on the CPU, whose kernels then find and
+    # insert, and pool in one op: the same rows and embeddings as a CPU table.
+    on_gpu = HashTable(dim=3, capacity=8, table_device="/gpu:0", initializer=tf.keras.initializers.Ones())
+    on_cpu = HashTable(dim=3, capacity=8, initializer=tf.keras.initializers.Ones())
+    assert on_gpu.table_device == "/device:GPU:0" and on_cpu.table_device == "/device:CPU:0"
+    assert "CPU" in on_gpu.table.device
+    keys = tf.ragged.constant([[5, 7, 5], [], [9]], dtype=tf.int64)
+    for insert in (True, False):
+        np.testing.assert_array_equal(hash_table_embedding(on_gpu, keys, insert=insert),
+                                      hash_table_embedding(on_cpu, keys, insert=insert))
+    np.testing.assert_array_equal(on_gpu.find(tf.constant([9, 7, 5, 4], tf.int64)), [2, 1, 0, -1])
 
 
 def _malformed_bags():

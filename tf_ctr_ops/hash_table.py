@@ -113,10 +113,14 @@ class HashTable(tf.Module):
         time; never a key of the running call), and their rows go to new keys,
         reset by `initializer`. None (default): new keys are dropped.
       num_slots: hash slots, a power of two (default: >= 2 x capacity).
+      table_device: where the key table lives and its keys are found: the
+        CPU (default), or a GPU ("/GPU:0"), which finds and inserts keys on
+        the device with the CPU's rules (same rows) but without eviction.
+        `values` goes where the caller's device scope puts it.
     """
 
     def __init__(self, dim, capacity, key_dtype=tf.int64, dtype=tf.float32, initializer=None, admit_after=1,
-                 eviction=None, num_slots=None, name="hash_table"):
+                 eviction=None, num_slots=None, name="hash_table", table_device="/CPU:0"):
         super().__init__(name=name)
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
@@ -124,6 +128,7 @@ class HashTable(tf.Module):
         self.capacity, self.num_slots, self.admit_after = check_table_args(capacity, num_slots, admit_after)
         self.key_dtype = check_key_dtype(key_dtype)
         self.eviction = check_eviction(eviction)
+        self.table_device = check_table_device(table_device, self.eviction)
         if initializer is None:
             initializer = tf.keras.initializers.TruncatedNormal(stddev=1.0 / np.sqrt(self.dim))
         self.row_initializer = initializer
@@ -132,7 +137,7 @@ class HashTable(tf.Module):
         with self.name_scope:
             self.table = create_table_variable(  # the find kernel runs where the table lives
                 lambda: tf.Variable(empty_table(self.num_slots, self.capacity, self.key_dtype), trainable=False,
-                                    name="table"))
+                                    name="table"), self.table_device)
             self.values = tf.Variable(initializer([self.capacity, self.dim], dtype=dtype), name="values")
         restore_any_capacity(self)
 
@@ -349,9 +354,15 @@ def _find(table_var, keys, capacity, insert, admit_after, dense_padding=False, e
     # Recorded as a read, as a variable's own reads are: a function's
     # `variables` then list the table, which Keras' model.export saves by.
     resource_variable_ops.variable_accessed(table_var)
+    if _on_gpu(table_var) and keys.dtype != tf.int64:
+        keys = tf.cast(keys, tf.int64)  # the GPU kernel takes int64 keys only; the CPU widens int32 the same way
     return _ops.ctr_hash_table_find(table=table_var.handle, keys=keys, capacity=capacity, insert=bool(insert),
                                     admit_after=admit_after, dense_padding=dense_padding, eviction=eviction,
                                     new_step=new_step)
+
+
+def _on_gpu(var):
+    return tf.DeviceSpec.from_string(var.device or "").device_type == "GPU"
 
 
 def _find_and_reset(table, ids, insert, dense_padding=False):
@@ -578,10 +589,24 @@ def _one_copy_creator(next_creator, **kwargs):
         lambda **kw: resource_variable_ops.ResourceVariable(**kw), **kwargs)
 
 
-def create_table_variable(create):
-    """create() (which makes the table variable) on the CPU, as one copy; see _one_copy_creator."""
-    with tf.device("/CPU:0"), tf.variable_creator_scope(_one_copy_creator):
+def create_table_variable(create, device="/CPU:0"):
+    """create() (which makes the table variable) on `device`, as one copy; see _one_copy_creator."""
+    with tf.device(device), tf.variable_creator_scope(_one_copy_creator):
         return create()
+
+
+def check_table_device(device, eviction):
+    """The table's device as a string; a GPU table cannot evict (its insert is the CUDA kernel's)."""
+    try:
+        spec = tf.DeviceSpec.from_string(device)
+    except (AttributeError, TypeError, ValueError) as e:  # AttributeError: not a string
+        raise ValueError(f"table_device must be a device string such as '/CPU:0' or '/GPU:0', got {device!r}") from e
+    if spec.device_type not in ("CPU", "GPU"):
+        raise ValueError(f"table_device must name a CPU or a GPU, got {device!r}")
+    if spec.device_type == "GPU" and eviction != "none":
+        raise ValueError(f"a table on a GPU does not evict (eviction={eviction!r}): keep it on the CPU "
+                         "(table_device='/CPU:0') to evict")
+    return spec.to_string()
 
 
 def check_eviction_outside_replicas(eviction):
@@ -848,10 +873,11 @@ def _prunes_weights(combiner, weights):
 def _find_pools_in_one_op(table):
     """Whether a read-only find and the pooling of its rows can be one
     CtrHashTableEmbedding: a CPU kernel reading both variables in place, so
-    the values must be a variable on the table's host (not on a GPU, not
-    partitioned), outside tf.distribute, whose replicas read their own copies."""
+    the table must be on a CPU and the values a variable on its host (not on
+    a GPU, not partitioned), outside tf.distribute, whose replicas read their
+    own copies."""
     values = in_place_variable(table.values)
-    if values is None or tf.distribute.has_strategy():
+    if values is None or tf.distribute.has_strategy() or _on_gpu(_variable(table.table)):
         return False
     host, other = (tf.DeviceSpec.from_string(_variable(v).device or "") for v in (table.table, values))
     return (other.job, other.replica, other.task) in ((host.job, host.replica, host.task), (None, None, None))

@@ -1,15 +1,20 @@
 """Core-level GPU benchmark of the hash-table find (issue #26): finds per
 second of _core.gpu_hash_table_find on CuPy buffers, for uniform and Zipf
-queries over the resident keys. TensorFlow is not needed.
+queries over the resident keys, and the time of an inserting find
+(_core.gpu_hash_table_find_or_insert) of a training batch with a share of
+new keys. TensorFlow is not needed.
 
     python tools/bench_table_gpu.py                       # 10M resident keys, 16M queries
     python tools/bench_table_gpu.py --keys 1000000 --queries 1000000
 
 The table is built on the host by _core.hash_table_find(insert=True) (the
 CPU kernel's loops) and copied to the device; before timing, the GPU rows of
-a sample of queries are checked against the CPU find. Times are CUDA-event
-times of the launch alone (median of --repeat), and the issue's target is
-1.5e9 finds/s on an H100 with 10M resident keys.
+a sample of queries are checked against the CPU find, and the inserting
+find's rows and table against the CPU insert. Times are CUDA-event times of
+the launches alone (median of --repeat; the insert's include reading back
+its two status words), and the issue's target is 1.5e9 finds/s on an H100
+with 10M resident keys. The insert places new keys one at a time in key
+order (the CPU's row assignment), so its time grows with the new keys.
 """
 
 import argparse
@@ -49,6 +54,8 @@ def main():
     p.add_argument("--queries", type=int, default=1 << 24)
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", type=int, default=1 << 16, help="keys of one inserting find")
+    p.add_argument("--new", type=float, default=0.01, help="share of the batch's keys that are new")
     args = p.parse_args()
     import cupy as cp
 
@@ -57,7 +64,8 @@ def main():
         raise SystemExit("tf_ctr_ops._core was built without CUDA")
     rng = np.random.default_rng(args.seed)
     keys = rng.choice(np.int64(1) << 62, size=args.keys, replace=False).astype(np.int64)
-    table = build_table(core, keys, args.keys)
+    capacity = args.keys + args.keys // 8  # room for the insert's new keys
+    table = build_table(core, keys, capacity)
     d_table = cp.asarray(table)
     props = cp.cuda.runtime.getDeviceProperties(0)
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
@@ -67,12 +75,12 @@ def main():
         d_q, d_rows = cp.asarray(q), cp.empty(q.size, cp.int64)
 
         def find():
-            core.gpu_hash_table_find(d_table.data.ptr, table.shape[0], args.keys, d_q.data.ptr, q.size, False,
+            core.gpu_hash_table_find(d_table.data.ptr, table.shape[0], capacity, d_q.data.ptr, q.size, False,
                                      d_rows.data.ptr, cp.cuda.get_current_stream().ptr)
 
         find()
         sample = slice(0, min(q.size, 1 << 20))
-        want, _ = core.hash_table_find(table, q[sample], args.keys)
+        want, _ = core.hash_table_find(table, q[sample], capacity)
         if not np.array_equal(cp.asnumpy(d_rows[sample]), want):
             raise SystemExit(f"{dist}: GPU rows differ from the CPU find")
         times = []
@@ -86,6 +94,39 @@ def main():
         rate = q.size / statistics.median(times)
         print(f"  {dist:8s} {statistics.median(times) * 1e3:8.3f} ms  {rate / 1e9:6.2f}e9 finds/s "
               f"({rate / TARGET_FINDS_PER_S:.2f}x the 1.5e9 target)")
+
+    bench_insert(core, cp, rng, table, capacity, keys, args)
+
+
+def bench_insert(core, cp, rng, table, capacity, keys, args):
+    """An inserting find of a Zipf batch of resident keys with args.new of them new, each
+    repeat on a fresh device copy of the table."""
+    n_new = int(args.batch * args.new)
+    batch = queries(rng, keys, args.batch, "zipf")
+    batch[rng.choice(args.batch, n_new, replace=False)] = rng.integers(-2**62, -1, size=n_new)
+    d_table, d_keys = cp.asarray(table), cp.asarray(batch)
+    d_work, d_rows, d_reused, d_status = (cp.empty_like(d_table), cp.empty(batch.size, cp.int64),
+                                          cp.empty(batch.size, cp.int64), cp.empty(2, cp.int64))
+
+    def insert():
+        cp.copyto(d_work, d_table)
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        core.gpu_hash_table_find_or_insert(d_work.data.ptr, table.shape[0], capacity, d_keys.data.ptr, batch.size,
+                                           d_rows.data.ptr, d_reused.data.ptr, d_status.data.ptr,
+                                           stream=cp.cuda.get_current_stream().ptr)
+        end.record()
+        end.synchronize()
+        return cp.cuda.get_elapsed_time(start, end) * 1e-3
+
+    insert()
+    want_table = table.copy()
+    want_rows, _ = core.hash_table_find(want_table, batch, capacity, insert=True)
+    if not (np.array_equal(cp.asnumpy(d_rows), want_rows) and np.array_equal(cp.asnumpy(d_work), want_table)):
+        raise SystemExit("insert: GPU rows or table differ from the CPU insert")
+    t = statistics.median(insert() for _ in range(args.repeat))
+    print(f"  insert   {t * 1e3:8.3f} ms  for {batch.size} keys, {n_new} new "
+          f"({batch.size / t / 1e6:.1f}M keys/s, {t / max(n_new, 1) * 1e6:.2f} us per new key)")
 
 
 if __name__ == "__main__":

@@ -25,11 +25,10 @@ static_assert((kProbeDistance & (kProbeDistance - 1)) == 0, "the ring of home sl
 // scans its slots once per capacity/16 new keys, not once per key.
 constexpr int64_t kEvictionBatchDivisor = 16;
 
-// Views an int64 [rows, cols] table of `capacity` rows of values; an error
-// message (empty on success) says what is wrong with it. The header is
-// checked too: it indexes the free stack, so a table assigned garbage must
-// not move it out of bounds.
-inline std::string ViewTable(int64_t* data, int64_t rows, int64_t cols, int64_t capacity, TableView* view) {
+// Sets *num_slots for an int64 [rows, cols] table of `capacity` rows; an
+// error message (empty on success) says what is wrong with its shape. The
+// GPU kernel checks shapes alone: its header lives on the device.
+inline std::string TableSlots(int64_t rows, int64_t cols, int64_t capacity, int64_t* num_slots) {
   const int64_t slots = cols == kColumns ? rows - kHeaderRows - FreeListRows(capacity) : 0;
   if (capacity < 0 || slots < 2 || (slots & (slots - 1)) != 0) {
     return "table must be an int64 variable of shape [" + std::to_string(kHeaderRows) + " + S + " +
@@ -40,6 +39,18 @@ inline std::string ViewTable(int64_t* data, int64_t rows, int64_t cols, int64_t 
   if (capacity > slots) {
     return "capacity " + std::to_string(capacity) + " exceeds the table's " + std::to_string(slots) + " slots";
   }
+  *num_slots = slots;
+  return "";
+}
+
+// Views an int64 [rows, cols] table of `capacity` rows of values; an error
+// message (empty on success) says what is wrong with it. The header is
+// checked too: it indexes the free stack, so a table assigned garbage must
+// not move it out of bounds.
+inline std::string ViewTable(int64_t* data, int64_t rows, int64_t cols, int64_t capacity, TableView* view) {
+  int64_t slots = 0;
+  const std::string shape_error = TableSlots(rows, cols, capacity, &slots);
+  if (!shape_error.empty()) return shape_error;
   *view = {data, SlotsOf(data + kColumns * kHeaderRows, slots), data + kColumns * (kHeaderRows + slots)};
   const int64_t* h = view->header;
   if (!HeaderFits(h, capacity, slots)) {

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "cc/core/float_types.h"
-#include "cc/core/hash_table.h"
+#include "cc/core/hash_table_cpu.h"
 #include "cc/core/lookup.h"
 #include "cc/core/segments.h"
 #include "cc/python/specs.h"
@@ -192,10 +192,9 @@ int64_t GpuEmbeddingLookupGrad(
 // cc/core/hash_table.h says), after checking the arguments both bindings share.
 int64_t TableSlots(int64_t table_rows, int64_t capacity, uintptr_t table_ptr, uintptr_t keys_ptr, int64_t n,
                    uintptr_t rows_ptr) {
-  const int64_t num_slots = table_rows - ctr::kHeaderRows - ctr::FreeListRows(capacity);
-  if (capacity < 0 || num_slots < 2 || (num_slots & (num_slots - 1)) != 0 || capacity > num_slots)
-    throw py::value_error("table_rows " + std::to_string(table_rows) + " is not a table of capacity " +
-                          std::to_string(capacity) + " with a power-of-two slot count >= capacity");
+  int64_t num_slots = 0;
+  const std::string shape_error = ctr::TableSlots(table_rows, ctr::kColumns, capacity, &num_slots);
+  if (!shape_error.empty()) throw py::value_error(shape_error);
   if (n < 0) throw py::value_error("n must be >= 0");
   RequirePointer(table_ptr, true, "table_ptr");
   RequirePointer(keys_ptr, n > 0, "keys_ptr");

@@ -1,0 +1,133 @@
+// GPU kernel of CtrHashTableFind, for a table variable in device memory: the
+// launchers of cuda/hash_table_kernels.cu, which probe and insert by the same
+// host/device rules (cc/core/hash_table.h) as the CPU kernel, so a table
+// trained on either device holds the same rows.
+//
+// A read-only find is queued and returns: no read-back. An inserting find
+// must size its reused_rows output, so it reads {reused count, header check}
+// back synchronously, once per call (as the lookup's gradient reads its row
+// count). Eviction scans and sorts the whole table on the CPU and is refused
+// here. int32 keys are cast to int64 by the Python wrapper; only int64 keys
+// have a GPU kernel.
+#ifdef CTR_WITH_CUDA
+
+#include <algorithm>
+#include <string>
+
+#include "cc/core/hash_table_cpu.h"
+#include "cc/kernels/gpu_util.h"
+#include "cc/kernels/table_input.h"
+#include "cc/kernels/tf_types.h"
+#include "cuda/device_util.h"
+#include "cuda/hash_table_launchers.h"
+#include "cuda/lookup_launchers.h"  // ReadInt64
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+
+namespace tf_ctr {
+
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+
+namespace {
+
+absl::Status TableSlotsOf(const Tensor& table, int64_t capacity, int64_t* num_slots) {
+  if (table.dtype() != tensorflow::DT_INT64 || table.dims() != 2) {
+    return tensorflow::errors::InvalidArgument("table must be a 2-D int64 variable (tf_ctr_ops.HashTable builds "
+                                               "it), got ", tensorflow::DataTypeString(table.dtype()), " ",
+                                               table.shape().DebugString());
+  }
+  return CoreStatus(ctr::TableSlots(table.dim_size(0), table.dim_size(1), capacity, num_slots));
+}
+
+// UnshareBuffer's device copy: an insert writes the table in place, which
+// must not change what an earlier read of the variable still holds.
+absl::Status UnshareDeviceBuffer(OpKernelContext* ctx, Tensor* tensor, void* stream) {
+  if (tensor->RefCountIsOne()) return absl::OkStatus();
+  Tensor copy;
+  TF_RETURN_IF_ERROR(ctx->allocate_temp(tensor->dtype(), tensor->shape(), &copy));
+  if (tensor->TotalBytes() > 0)
+    TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::CopyDeviceToDevice(tensor->data(), copy.data(), tensor->TotalBytes(),
+                                                                 stream)));
+  *tensor = copy;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+class HashTableFindGpuOp : public tensorflow::OpKernel {
+ public:
+  explicit HashTableFindGpuOp(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
+    std::string eviction;
+    OP_REQUIRES_OK(c, c->GetAttr("capacity", &capacity_));
+    OP_REQUIRES_OK(c, c->GetAttr("admit_after", &admit_after_));
+    OP_REQUIRES_OK(c, c->GetAttr("dense_padding", &dense_padding_));
+    OP_REQUIRES_OK(c, c->GetAttr("eviction", &eviction));
+    OP_REQUIRES_OK(c, c->GetAttr("insert", &insert_));
+    OP_REQUIRES_OK(c, c->GetAttr("new_step", &new_step_));
+    OP_REQUIRES(c, !insert_ || eviction == "none",
+                tensorflow::errors::Unimplemented("a hash table on a GPU inserts without eviction only (got eviction='",
+                                                  eviction, "'): place the table on the CPU to evict"));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    tensorflow::core::RefCountPtr<tensorflow::Var> var;
+    OP_REQUIRES_OK(ctx, tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, 0), &var));
+    const Tensor& keys = ctx->input(1);
+    const int64_t n = keys.NumElements();
+    Tensor* rows = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &rows));
+    void* stream = GpuStream(ctx);
+    if (!insert_) {
+      tensorflow::tf_shared_lock lock(*var->mu());
+      int64_t num_slots = 0;
+      OP_REQUIRES_OK(ctx, TableSlotsOf(*var->tensor(), capacity_, &num_slots));
+      const int64_t* slot_rows = var->tensor()->flat<int64_t>().data() + ctr::kColumns * ctr::kHeaderRows;
+      OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::HashTableFind(slot_rows, num_slots, keys.flat<int64_t>().data(), n,
+                                                               dense_padding_, rows->flat<int64_t>().data(),
+                                                               stream)));
+      Tensor* reused = nullptr;
+      OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {0}, &reused));
+      return;
+    }
+    tensorflow::mutex_lock lock(*var->mu());
+    OP_REQUIRES_OK(ctx, UnshareDeviceBuffer(ctx, var->tensor(), stream));
+    int64_t num_slots = 0;
+    OP_REQUIRES_OK(ctx, TableSlotsOf(*var->tensor(), capacity_, &num_slots));
+    Tensor reused_all, status;
+    OP_REQUIRES_OK(ctx, DeviceScratch(ctx, std::max<int64_t>(n, 1), &reused_all));
+    OP_REQUIRES_OK(ctx, DeviceScratch(ctx, 2, &status));
+    int64_t* st = status.flat<int64_t>().data();
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::HashTableFindOrInsert(
+                            var->tensor()->flat<int64_t>().data(), num_slots, capacity_, admit_after_, new_step_,
+                            keys.flat<int64_t>().data(), n, dense_padding_, rows->flat<int64_t>().data(),
+                            reused_all.flat<int64_t>().data(), st, stream)));
+    int64_t h[2];
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ReadInt64(st, 2, h, stream)));
+    OP_REQUIRES(ctx, h[1] == 0,
+                tensorflow::errors::InvalidArgument("corrupt hash table header (capacity ", capacity_, ", ",
+                                                    num_slots, " slots): the table variable was assigned "
+                                                    "something else; nothing was inserted"));
+    Tensor* reused = nullptr;
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {h[0]}, &reused));
+    if (h[0] > 0)
+      OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::CopyDeviceToDevice(reused_all.flat<int64_t>().data(),
+                                                                    reused->flat<int64_t>().data(),
+                                                                    h[0] * sizeof(int64_t), stream)));
+  }
+
+ private:
+  int64_t capacity_ = 0;
+  int64_t admit_after_ = 1;
+  bool dense_padding_ = false;
+  bool insert_ = false;
+  bool new_step_ = true;
+};
+
+REGISTER_KERNEL_BUILDER(Name("CtrHashTableFind").Device(tensorflow::DEVICE_GPU).TypeConstraint<int64_t>("Tkey"),
+                        HashTableFindGpuOp);
+
+}  // namespace tf_ctr
+
+#endif  // CTR_WITH_CUDA
