@@ -180,6 +180,18 @@ def test_layer_config_errors():
         HashTableEmbedding(4, capacity=0)
     with pytest.raises(ValueError, match="combiner"):
         HashTableEmbedding(4, capacity=10, combiner="max")
+    with pytest.raises(ValueError, match="does not evict"):
+        HashTableEmbedding(4, capacity=10, eviction="lfu", table_device="/GPU:0")
+    with pytest.raises(ValueError, match="table_device"):
+        HashTableEmbedding(4, capacity=10, table_device="TPU:0")
+
+
+def test_the_table_device_round_trips_through_the_config():
+    layer = HashTableEmbedding(4, capacity=10, table_device="/gpu:0")
+    config = layer.get_config()
+    assert config["table_device"] == "/device:GPU:0"
+    assert HashTableEmbedding.from_config(config).table_device == "/device:GPU:0"
+    assert HashTableEmbedding(4, capacity=10).get_config()["table_device"] == "/device:CPU:0"
 
 
 def test_keras_layer_evicts_while_training(rng):

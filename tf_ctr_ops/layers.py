@@ -613,8 +613,11 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
             their rows are reset by `embeddings_initializer`.
         num_slots: Hash slots, a power of two (default: >= 2 x capacity).
         max_norm: If set, rows are clipped to this L2 norm before pooling.
+        table_device: Where `table` lives and keys are found: "/CPU:0"
+            (default) or a GPU, which inserts without eviction (see
+            `tco.HashTable`).
 
-    The weights are `table` (int64 slots, non-trainable, kept on the CPU) and
+    The weights are `table` (int64 slots, non-trainable, on `table_device`) and
     `embeddings`. Inputs and weights: as `SparseEmbedding`, with -1 (or "")
     as the padding of dense keys.
 
@@ -624,7 +627,7 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
     """
 
     def __init__(self, output_dim, capacity, combiner="mean", key_dtype="int64", embeddings_initializer="uniform",
-                 admit_after=1, eviction=None, num_slots=None, max_norm=None, **kwargs):
+                 admit_after=1, eviction=None, num_slots=None, max_norm=None, table_device="/CPU:0", **kwargs):
         super().__init__(**kwargs)
         self.output_dim = _check_positive_int(output_dim, "output_dim")
         self.capacity, self.num_slots, self.admit_after = _hash_table.check_table_args(
@@ -632,6 +635,7 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
         self.combiner = _args.check_combiner(combiner)
         self.key_dtype = _hash_table.check_key_dtype(key_dtype)
         self.eviction = _hash_table.check_eviction(eviction)
+        self.table_device = _hash_table.check_table_device(table_device, self.eviction)
         self.embeddings_initializer = initializers.get(embeddings_initializer)
         self.reset_seed = _hash_table.reset_seed_of(self.embeddings_initializer)
         self.max_norm = _check_max_norm(max_norm)
@@ -652,7 +656,8 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
             return
         self.table = _hash_table.create_table_variable(lambda: self.add_weight(
             shape=_hash_table.table_shape(self.num_slots, self.capacity), dtype="int64",
-            initializer=EmptyHashTable(self.num_slots, self.capacity, self.key_dtype), name="table", trainable=False))
+            initializer=EmptyHashTable(self.num_slots, self.capacity, self.key_dtype), name="table", trainable=False),
+            self.table_device)
         self.embeddings = self.add_weight(shape=(self.capacity, self.output_dim),
                                           initializer=self.embeddings_initializer, name="embeddings",
                                           trainable=True)
@@ -727,6 +732,6 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
             "key_dtype": self.key_dtype.name,
             "embeddings_initializer": initializers.serialize(self.embeddings_initializer),
             "admit_after": self.admit_after, "eviction": self.eviction, "num_slots": self.num_slots,
-            "max_norm": self.max_norm,
+            "max_norm": self.max_norm, "table_device": self.table_device,
         })
         return config
