@@ -11,7 +11,8 @@
 #      (.ci/compute_sanitizer.sh);
 #   4. runs the core-level GPU benchmarks: tools/bench_core_gpu.py (lookup and
 #      string_embedding times against the copy bandwidth of the same run) and
-#      tools/bench_table_gpu.py (hash-table finds per second).
+#      tools/bench_table_gpu.py (hash-table finds per second, and the time of an
+#      inserting find of a training batch).
 #
 #   bash tools/gpu_check.sh                 # everything
 #   SANITIZE=0 BENCH=0 bash tools/gpu_check.sh      # build and tests only
