@@ -16,6 +16,7 @@
 
 #include "cc/core/hash_table_cpu.h"
 #include "cc/core/lowest_row_error.h"
+#include "cc/kernels/hash_table_tensor.h"
 #include "cc/kernels/lookup_common.h"
 #include "cc/kernels/pool_cpu.h"
 #include "cc/kernels/table_input.h"
@@ -34,11 +35,8 @@ namespace {
 constexpr int64_t kProbeCost = 40;
 
 absl::Status ViewTable(Tensor* table, int64_t capacity, ctr::TableView* view) {
-  if (table->dtype() != tensorflow::DT_INT64 || table->dims() != 2) {
-    return tensorflow::errors::InvalidArgument("table must be a 2-D int64 variable (tf_ctr_ops.HashTable builds "
-                                               "it), got ", tensorflow::DataTypeString(table->dtype()), " ",
-                                               table->shape().DebugString());
-  }
+  int64_t num_slots = 0;
+  TF_RETURN_IF_ERROR(HashTableSlots(*table, capacity, &num_slots));
   return CoreStatus(ctr::ViewTable(table->flat<int64_t>().data(), table->dim_size(0), table->dim_size(1), capacity,
                                    view));
 }

@@ -14,8 +14,9 @@
 #include <algorithm>
 #include <string>
 
-#include "cc/core/hash_table_cpu.h"
+#include "cc/core/hash_table.h"
 #include "cc/kernels/gpu_util.h"
+#include "cc/kernels/hash_table_tensor.h"
 #include "cc/kernels/table_input.h"
 #include "cc/kernels/tf_types.h"
 #include "cuda/device_util.h"
@@ -31,15 +32,6 @@ using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 
 namespace {
-
-absl::Status TableSlotsOf(const Tensor& table, int64_t capacity, int64_t* num_slots) {
-  if (table.dtype() != tensorflow::DT_INT64 || table.dims() != 2) {
-    return tensorflow::errors::InvalidArgument("table must be a 2-D int64 variable (tf_ctr_ops.HashTable builds "
-                                               "it), got ", tensorflow::DataTypeString(table.dtype()), " ",
-                                               table.shape().DebugString());
-  }
-  return CoreStatus(ctr::TableSlots(table.dim_size(0), table.dim_size(1), capacity, num_slots));
-}
 
 // UnshareBuffer's device copy: an insert writes the table in place, which
 // must not change what an earlier read of the variable still holds.
@@ -82,7 +74,7 @@ class HashTableFindGpuOp : public tensorflow::OpKernel {
     if (!insert_) {
       tensorflow::tf_shared_lock lock(*var->mu());
       int64_t num_slots = 0;
-      OP_REQUIRES_OK(ctx, TableSlotsOf(*var->tensor(), capacity_, &num_slots));
+      OP_REQUIRES_OK(ctx, HashTableSlots(*var->tensor(), capacity_, &num_slots));
       const int64_t* slot_rows = var->tensor()->flat<int64_t>().data() + ctr::kColumns * ctr::kHeaderRows;
       OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::HashTableFind(slot_rows, num_slots, keys.flat<int64_t>().data(), n,
                                                                dense_padding_, rows->flat<int64_t>().data(),
@@ -94,7 +86,7 @@ class HashTableFindGpuOp : public tensorflow::OpKernel {
     tensorflow::mutex_lock lock(*var->mu());
     OP_REQUIRES_OK(ctx, UnshareDeviceBuffer(ctx, var->tensor(), stream));
     int64_t num_slots = 0;
-    OP_REQUIRES_OK(ctx, TableSlotsOf(*var->tensor(), capacity_, &num_slots));
+    OP_REQUIRES_OK(ctx, HashTableSlots(*var->tensor(), capacity_, &num_slots));
     Tensor reused_all, status;
     OP_REQUIRES_OK(ctx, DeviceScratch(ctx, std::max<int64_t>(n, 1), &reused_all));
     OP_REQUIRES_OK(ctx, DeviceScratch(ctx, 2, &status));
