@@ -93,6 +93,19 @@ def test_hash_key_zero_is_tfs_default_key_as_in_cross_hashed(rng):
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
 
 
+def test_hash_keys_outside_int64_are_overflow_errors_as_in_cross_hashed(rng):
+    inputs = mixed_inputs(rng, 9)
+    params = tf.constant(rng.normal(size=(101, 3)), tf.float32)
+    for key in (2**63, 2**64 + 3, -(2**63) - 1):
+        with pytest.raises(OverflowError):
+            tf.sparse.cross_hashed(inputs, 101, hash_key=key)
+        with pytest.raises(OverflowError, match="hash_key must fit in int64"):
+            tco.cross_embedding_lookup(params, inputs, 101, hash_key=key)
+    for key in (-(2**63), -5, 2**63 - 1):
+        np.testing.assert_allclose(tco.cross_embedding_lookup(params, inputs, 101, hash_key=key).numpy(),
+                                   native(params, inputs, 101, hash_key=key).numpy(), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 @pytest.mark.parametrize("kinds", ["strings", "ints", "mixed"])
 def test_matches_safe_lookup_of_the_crossed_ids(rng, combiner, kinds):
@@ -119,6 +132,21 @@ def test_default_id_max_norm_and_dtypes(rng, dtype):
     assert got.dtype == dtype
     tol = 1e-6 if dtype == tf.float64 else 2e-2
     np.testing.assert_allclose(tf.cast(got, tf.float32).numpy(), want.numpy(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("default_id", [50, 77])
+def test_a_default_id_past_the_buckets_fails_only_on_an_empty_row(rng, default_id):
+    batch, buckets = 20, 50
+    params = tf.constant(rng.normal(size=(buckets, 4)), tf.float32)
+    full = [sparse_features(rng, batch, 2, strings, empty_rows=0.0),
+            sparse_features(rng, batch, 3, ints, empty_rows=0.0)]
+    np.testing.assert_allclose(tco.cross_embedding_lookup(params, full, buckets, default_id=default_id).numpy(),
+                               native(params, full, buckets, default_id=default_id).numpy(), rtol=1e-5, atol=1e-6)
+    gaps = [sparse_features(rng, batch, 2, strings, empty_rows=0.4), full[1]]
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        native(params, gaps, buckets, default_id=default_id)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"default_id {default_id} for empty row \\d+ is out"):
+        tco.cross_embedding_lookup(params, gaps, buckets, default_id=default_id)
 
 
 def test_rows_missing_a_feature_pool_to_zeros(rng):

@@ -142,6 +142,76 @@ def test_ids_past_the_shards_are_errors_naming_the_id(strategy):
 
 
 # ---------------------------------------------------------------------------
+# A default_id that is not a table row: TF fills empty rows with it and its
+# gather fails, so it is an error only where a row is left empty.
+
+DEFAULTS_NOT_ROWS = [9, 40, -5]
+
+
+def safe_lookup_pair(params, sp, w, default_id, combiner="mean"):
+    return (lambda: tco.safe_embedding_lookup_sparse(params, sp, w, combiner=combiner, default_id=default_id),
+            lambda: tf.nn.safe_embedding_lookup_sparse(params, sp, w, combiner=combiner, default_id=default_id))
+
+
+@pytest.mark.parametrize("default_id", DEFAULTS_NOT_ROWS)
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
+def test_a_default_id_past_the_table_is_unused_without_empty_rows(rng, default_id, combiner, id_dtype):
+    params = tf.Variable(rng.normal(size=(9, 4)).astype(np.float32))
+    ids = rng.integers(0, 9, size=(7, 3))
+    sp = tf.sparse.from_dense(tf.constant(ids, id_dtype) + 1)
+    sp = tf.SparseTensor(sp.indices, sp.values - 1, sp.dense_shape)  # every row full, ids in [0, 9)
+    w = weights_like(rng, sp)
+    ours, theirs = safe_lookup_pair(params, sp, w, default_id, combiner)
+    with tf.GradientTape(persistent=True) as tape:
+        got, want = ours(), theirs()
+    close(got, want)
+    g_got, g_want = tape.gradient(got, params), tape.gradient(want, params)
+    np.testing.assert_array_equal(g_got.indices.numpy(), g_want.indices.numpy())
+    np.testing.assert_allclose(g_got.values.numpy(), g_want.values.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("default_id", DEFAULTS_NOT_ROWS)
+@pytest.mark.parametrize("emptied_by", ["no ids", "a negative id", "a pruned weight"])
+@pytest.mark.parametrize("in_function", [False, True])
+def test_a_default_id_past_the_table_fails_on_the_empty_row_as_tf(rng, default_id, emptied_by, in_function):
+    params = tf.constant(rng.normal(size=(9, 4)).astype(np.float32))
+    indices, values, weights = [[0, 0], [2, 0], [2, 1]], [3, 5, 8], [1.0, 1.0, 1.0]
+    if emptied_by == "a negative id":
+        indices, values, weights = indices + [[1, 0]], values + [-2], weights + [1.0]
+    elif emptied_by == "a pruned weight":
+        indices, values, weights = indices + [[1, 0]], values + [4], weights + [0.0]
+    order = np.lexsort(np.array(indices).T[::-1])
+    sp = tf.SparseTensor(np.array(indices, np.int64)[order], tf.constant(np.array(values)[order], tf.int64), [3, 2])
+    w = tf.SparseTensor(sp.indices, tf.constant(np.array(weights, np.float32)[order]), sp.dense_shape)
+    ours, theirs = safe_lookup_pair(params, sp, w, default_id)
+    if in_function:
+        ours, theirs = tf.function(ours), tf.function(theirs)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        theirs()
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"default_id {default_id} for empty row 1 is out of range \[0, 9\)"):
+        ours()
+
+
+@pytest.mark.parametrize("strategy", ["div", "mod"])
+@pytest.mark.parametrize("default_id", [13, 20])
+def test_a_default_id_past_the_shards_fails_only_on_an_empty_row(rng, strategy, default_id):
+    full = rng.normal(size=(13, 3)).astype(np.float32)
+    shards = [tf.constant(s) for s in shards_of(full, 4, strategy)]
+    full_rows = tf.SparseTensor([[0, 0], [1, 0], [1, 1]], tf.constant([12, 0, 7], tf.int64), [2, 2])
+    close(V1.safe_embedding_lookup_sparse(shards, full_rows, None, default_id=default_id, partition_strategy=strategy),
+          tf.compat.v1.nn.safe_embedding_lookup_sparse(shards, full_rows, None, default_id=default_id,
+                                                       partition_strategy=strategy))
+    empty_row = tf.SparseTensor([[0, 0]], tf.constant([12], tf.int64), [2, 2])
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tf.compat.v1.nn.safe_embedding_lookup_sparse(shards, empty_row, None, default_id=default_id,
+                                                     partition_strategy=strategy)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"default_id {default_id} for empty row 1"):
+        V1.safe_embedding_lookup_sparse(shards, empty_row, None, default_id=default_id, partition_strategy=strategy)
+
+
+# ---------------------------------------------------------------------------
 # Tables: rank, dtype
 
 

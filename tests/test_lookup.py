@@ -564,7 +564,9 @@ def test_raw_op_rejects_malformed_inputs():
         (dict(segments=tf.constant([0, 0, 1], tf.int64), segment_kind="row_ids", num_rows=tf.constant(1, tf.int64)), "out of range"),
         (dict(segments=tf.constant([0, -1, 1], tf.int64), segment_kind="row_ids"), "out of range|sorted"),
         (dict(weights=tf.ones([2]), has_weights=True), "one value per id"),
-        (dict(default_id=10), "default_id"),
+        (dict(default_id=10), None),  # no row is empty: TF never reads the default
+        (dict(default_id=10, segments=tf.constant([0, 0, 3], tf.int64)), r"default_id 10 for empty row 0 is out"),
+        (dict(default_id=-7, segments=tf.constant([0, 3, 3], tf.int64)), r"default_id -7 for empty row 1 is out"),
         (dict(params=tf.zeros([])), r"rank >= 1"),
         (dict(ids=tf.constant([[1]], tf.int64)), "vector"),
     ]

@@ -251,3 +251,33 @@ def test_not_fused_and_still_exact(rng, table, route, case, reason):
     got = run_graph_def(cf, graph, strings)
     for g, w in zip(got, tf.nest.flatten(f(strings))):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
+
+
+
+@pytest.mark.parametrize("default_id", [3, V + 3])
+def test_a_rewritten_drop_in_keeps_tfs_default_id_rule(rng, table, default_id):
+    # tco's safe lookup fails on a default_id past the table only where a row
+    # is left empty, as TF does; whatever the rewrite fuses around it keeps that.
+    def f(strings):
+        ids = tf.strings.to_number(tf.strings.split(strings, ","), tf.int64)
+        return tf_ctr_ops.safe_embedding_lookup_sparse(table, ids, None, default_id=default_id)
+
+    def tf_f(strings):
+        return tf.nn.safe_embedding_lookup_sparse(table, sparse_ids(strings, "ragged", "number"), None,
+                                                  default_id=default_id)
+
+    cf, graph, report, counts = offline(f)
+    full = tf.constant([",".join(str(i) for i in rng.integers(0, V, size=rng.integers(1, 4))) for _ in range(30)])
+    [got] = run_graph_def(cf, graph, full)
+    assert_close(got, tf_f(full))
+    got, _ = run_online(f, full)
+    assert_close(got, tf_f(full))
+    negative_only = tf.constant(["1,2", "-4", "3"])  # row 1 keeps no id
+    if default_id < V:
+        [got] = run_graph_def(cf, graph, negative_only)
+        assert_close(got, tf_f(negative_only))
+        return
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tf_f(negative_only)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"default_id {default_id} for empty row 1"):
+        run_graph_def(cf, graph, negative_only)

@@ -88,6 +88,19 @@ def test_safe_embedding_lookup_sparse_matches_tf_on_shards(rng, combiner, weight
              lambda t: tf.nn.safe_embedding_lookup_sparse(t, sp, w, combiner=combiner, default_id=default_id))
 
 
+@pytest.mark.parametrize("default_id", [V, 40, -4])
+def test_a_default_id_past_the_shards_fails_only_on_an_empty_row(rng, default_id):
+    table = sharded(rng)
+    full = tf.RaggedTensor.from_row_lengths(tf.constant(rng.integers(0, V, size=12), tf.int64), [3, 1, 4, 4])
+    run_both(table, lambda t: tco.safe_embedding_lookup_sparse(t, full.to_sparse(), None, default_id=default_id),
+             lambda t: tf.nn.safe_embedding_lookup_sparse(t, full.to_sparse(), None, default_id=default_id))
+    empty = tf.ragged.constant([[1, 2], [-1], [3]], tf.int64).to_sparse()  # row 1 keeps no id
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tf.nn.safe_embedding_lookup_sparse(table, empty, None, default_id=default_id)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"default_id {default_id} for empty row 1 is out of"):
+        tco.safe_embedding_lookup_sparse(table, empty, None, default_id=default_id)
+
+
 def test_max_norm_and_uneven_shards(rng):
     table, sp = sharded(rng, sizes=(12, 11)), random_ids(rng, 50)
     run_both(table, lambda t: tco.embedding_lookup_sparse(t, sp, None, combiner="mean", max_norm=0.7),

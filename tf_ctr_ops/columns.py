@@ -61,11 +61,13 @@ def cross_embedding_lookup(params, inputs, num_buckets, hash_key=None, combiner=
             if t.shape.rank is not None and t.shape.rank != 2:
                 raise ValueError(f"dense inputs must be Tensors [B, k], got shape {t.shape}")
         key = int(hash_key) if hash_key else DEFAULT_HASH_KEY  # TF's cross_hashed reads 0 as its default too
+        if not -(1 << 63) <= key < (1 << 63):
+            raise OverflowError(f"hash_key must fit in int64, as tf.sparse.cross_hashed's attr does; got {key}")
         out, _, _, _ = _ops.ctr_cross_embedding_lookup(
             params=ops.div_table(params), indices=[sp.indices for sp in sparse],
             values=[_crossable(sp.values) for sp in sparse], shapes=[sp.dense_shape for sp in sparse],
             dense_inputs=[_crossable(t) for t in dense], num_buckets=int(num_buckets),
-            hash_key=key - (1 << 64) if key >= 1 << 63 else key, combiner=combiner,
+            hash_key=key, combiner=combiner,
             default_id=-1 if default_id is None else int(default_id), max_norm=max_norm_attr(max_norm))
         first = sparse[0] if sparse else dense[0]
         return ops._with_batch_dim(out, first)

@@ -451,6 +451,21 @@ void PoolBagsCpu(const LookupSpec& s, const T* params, const TKey* keys,
   pool.FinishBefore(row_end);
 }
 
+// The first of bags [0, rows) that keeps no entry (every key skipped, or its
+// weight pruned), or -1: the first bag a default row would fill. Bad keys
+// count as kept: the pooling reports them.
+template <typename TKey>
+int64_t FirstBagWithoutEntries(const LookupSpec& s, const TKey* keys, const float* weights,
+                               const int64_t* offsets, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) {
+    bool kept = false;
+    for (int64_t i = offsets[r]; i < offsets[r + 1] && !kept; ++i)
+      kept = ResolveCpuKey(keys[i], s) != kSkipKey && KeepWeight(weights ? weights[i] : 1.f, s);
+    if (!kept) return r;
+  }
+  return -1;
+}
+
 // ---------------------------------------------------------------------------
 // Gradient. For every kept entry of every bag (plus the default row of bags
 // left empty) one row of d(loss)/d(params) and its table index; and the dense

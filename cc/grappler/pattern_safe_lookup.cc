@@ -273,7 +273,9 @@ class SafeLookupPattern : public NamedPattern<kName> {
     int64_t fill_value = 0;
     if (!ConstScalarInt(g.Producer(*fill, 3), &fill_value)) return fail("the fill value is not a constant");
     if (s->out == &pool) {
-      // The fused op insists on a valid default_id even when no row is empty.
+      // Only a proven row: fused ops downstream (the string forms) refuse
+      // any other default_id on every call, where TF fails only on a row
+      // left empty.
       if (fill_value < 0) return fail("default_id " + std::to_string(fill_value) + " is negative");
       const int64_t rows = TableRows(ctx, pool.input(0));
       if (rows < 0 || fill_value >= rows)

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/grappler/absorbed_set.h"
 #include "cc/grappler/gathered_rows.h"
 #include "cc/grappler/pattern.h"
 #include "cc/grappler/split_source.h"
@@ -89,7 +90,12 @@ class StringSplitLookupPattern : public NamedPattern<kName> {
     if (BoolAttr(anchor, "has_weights", false)) return Skip(ctx, anchor, "weighted lookup");
     const std::string invalid = StringAttr(anchor, "invalid_ids");
     if (invalid != (m.safe ? "skip_negative" : "error")) return Skip(ctx, anchor, "lookup drops ids otherwise");
-    if (!m.safe && IntAttr(anchor, "default_id", -1) != -1) return Skip(ctx, anchor, "lookup defaults empty rows");
+    const int64_t default_id = IntAttr(anchor, "default_id", -1);
+    if (!m.safe && default_id != -1) return Skip(ctx, anchor, "lookup defaults empty rows");
+    // The lookup fails on a default_id that is not a table row only where a
+    // row is left empty; the string op refuses it on every call.
+    if (default_id != -1 && (default_id < 0 || default_id >= TableRows(ctx, anchor.input(0))))
+      return Skip(ctx, anchor, "cannot prove default_id " + std::to_string(default_id) + " is a table row");
     if (BoolAttr(anchor, "prune_weights", false)) return Skip(ctx, anchor, "lookup prunes weights");
     if (!m.hashed && TypeAttr(*m.convert, "out_type") != tensorflow::DT_INT64)
       return Skip(ctx, anchor, "StringToNumber out_type is not int64");

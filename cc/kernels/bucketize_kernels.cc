@@ -35,7 +35,7 @@ class BucketizeEmbeddingLookupOp : public tensorflow::OpKernel {
     const Tensor& params = ctx->input(0);
     const Tensor& input = ctx->input(1);
     LookupAttrs a = attrs_;
-    OP_REQUIRES_OK(ctx, BindTable(params, &a.spec));
+    OP_REQUIRES_OK(ctx, BindTable(params, &a));
     OP_REQUIRES(ctx, input.dims() == 2,
                 InvalidArgument("input must be a matrix [B, S] of values to bucket, got shape ",
                                 input.shape().DebugString()));

@@ -164,7 +164,7 @@ class CrossEmbeddingLookupOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, ctx->input_list("dense_inputs", &dense));
     const Tensor& params = ctx->input(0);
     LookupAttrs a = attrs_;
-    OP_REQUIRES_OK(ctx, BindTable(params, &a.spec));
+    OP_REQUIRES_OK(ctx, BindTable(params, &a));
     int64_t batch = 0;
     OP_REQUIRES_OK(ctx, ValidateCross(indices, values, shapes, dense, &batch));
 

@@ -139,7 +139,7 @@ class HashTableEmbeddingOp : public tensorflow::OpKernel {
     LookupAttrs a = attrs_;
     LookupInputs in;
     OP_REQUIRES_OK(ctx, ValidateBagInputs(ctx, 2, a, &in));
-    OP_REQUIRES_OK(ctx, BindTable(values.tensor(), &a.spec));
+    OP_REQUIRES_OK(ctx, BindTable(values.tensor(), &a));
     in.params = &values.tensor();
     Tensor offsets_t;
     OP_REQUIRES_OK(ctx, BuildOffsets<TSeg>(ctx, a, in, &offsets_t));

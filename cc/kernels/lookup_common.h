@@ -16,6 +16,13 @@ struct LookupAttrs {
   bool segments_are_splits = false;
   bool has_weights = false;
   bool merge_grad_rows = false;  // grad_indices "first_appearance"
+  // A default_id that is not a row of the bound table (BindTable moves it
+  // here and leaves spec.default_id -1), or -1. TF's safe lookup fills empty
+  // rows with default_id before its gather, so such a default fails only
+  // where a bag keeps no entry: on the CPU an InvalidArgument names that row
+  // (PoolLookupCpu); on the GPU the bag pools to zeros, as TF's GPU gather
+  // reads an index out of range as zeros.
+  int64_t default_not_a_row = -1;
 };
 
 // The attrs of pooling rows into bags, whatever names the rows. default_id
@@ -27,8 +34,6 @@ inline absl::Status ReadPoolingAttrs(tensorflow::OpKernelConstruction* c, ctr::L
   if (c->HasAttr("default_id")) TF_RETURN_IF_ERROR(c->GetAttr("default_id", &spec->default_id));
   TF_RETURN_IF_ERROR(c->GetAttr("max_norm", &spec->max_norm));
   TF_RETURN_IF_ERROR(CoreStatus(ctr::ParseCombiner(combiner, &spec->combiner)));
-  if (spec->default_id < -1)
-    return tensorflow::errors::InvalidArgument("default_id must be >= -1, got ", spec->default_id);
   return absl::OkStatus();
 }
 
@@ -56,11 +61,13 @@ inline absl::Status ReadLookupAttrs(tensorflow::OpKernelConstruction* c, LookupA
   return absl::OkStatus();
 }
 
-// Binds the table to the spec: a table [V, d1, ..., dk] is read as
+// Binds the table to the attrs' spec: a table [V, d1, ..., dk] is read as
 // [V, d1 * ... * dk], so a bag pools whole rows, whatever their shape ([V]
-// has rows of one element).
-inline absl::Status BindTable(const tensorflow::Tensor& params, ctr::LookupSpec* spec) {
+// has rows of one element). A default_id that is not one of its rows (-1 is
+// none) moves to a->default_not_a_row.
+inline absl::Status BindTable(const tensorflow::Tensor& params, LookupAttrs* a) {
   using tensorflow::errors::InvalidArgument;
+  ctr::LookupSpec* spec = &a->spec;
   if (params.dims() < 1)
     return InvalidArgument("params must have rank >= 1 ([V] or [V, d1, ...]), got a scalar");
   spec->vocab = params.dim_size(0);
@@ -68,8 +75,10 @@ inline absl::Status BindTable(const tensorflow::Tensor& params, ctr::LookupSpec*
   for (int i = 1; i < params.dims(); ++i) spec->dim *= params.dim_size(i);
   if (spec->id_mode == ctr::IdMode::kHash && spec->vocab <= 0)
     return InvalidArgument("hash mode needs at least one bucket (table row), got ", spec->vocab);
-  if (spec->default_id >= spec->vocab)
-    return InvalidArgument("default_id ", spec->default_id, " is out of range [0, ", spec->vocab, ")");
+  if (spec->default_id < -1 || spec->default_id >= spec->vocab) {
+    a->default_not_a_row = spec->default_id;
+    spec->default_id = -1;
+  }
   return absl::OkStatus();
 }
 
@@ -121,7 +130,7 @@ inline absl::Status ValidateBagInputs(tensorflow::OpKernelContext* ctx, int firs
 inline absl::Status ValidateLookupInputs(tensorflow::OpKernelContext* ctx, int first,
                                          const tensorflow::Tensor& params, LookupAttrs* a, LookupInputs* in) {
   TF_RETURN_IF_ERROR(ValidateBagInputs(ctx, first + 1, *a, in));
-  TF_RETURN_IF_ERROR(BindTable(params, &a->spec));
+  TF_RETURN_IF_ERROR(BindTable(params, a));
   in->params = &params;
   return absl::OkStatus();
 }

@@ -14,6 +14,10 @@
 // on the device. The one read left is the bag count of row ids given without
 // num_rows (the output's shape needs it), as in TF's own segment kernels.
 //
+// A default_id that is not a table row pools an empty bag to zeros, as TF's
+// GPU gather reads an index out of range (the CPU kernel raises, as TF's CPU
+// gather does); finding empty bags on the host would need the ids there.
+//
 // The gradient needs the number of gradient rows to size its outputs, so it
 // reads that back synchronously; training steps pay it once per table.
 #ifdef CTR_WITH_CUDA

@@ -23,7 +23,10 @@ invalid_ids: what happens to ids outside [0, V) in index mode: "error" (InvalidA
   naming the row and the id), "skip_negative" (negative ids are dropped), or
   "skip_padding" (-1 is dropped, anything else is an error).
 prune_weights: drop entries whose weight is not > 0 (safe_embedding_lookup_sparse).
-default_id: row used for bags left empty; -1 gives zeros.
+default_id: row used for bags left empty; -1 gives zeros. Any other value
+  that is not a table row fails only where a bag is left empty, as TF's
+  gather of it does: an InvalidArgument naming the row on the CPU, zeros on
+  the GPU.
 max_norm: clip each looked-up row to this L2 norm first; <= 0 disables.
 has_weights: whether `weights` holds one float per id (else it is ignored).
 )doc";
