@@ -1,5 +1,6 @@
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -32,6 +33,13 @@ __global__ void FinishValidateKernel(const int64_t* s, const unsigned long long*
     status[0] = static_cast<int64_t>(*first_bad);
     status[1] = s[*first_bad];
   }
+}
+
+__global__ void GateSplitsKernel(const int64_t* s, int64_t n, const int64_t* status, int64_t* out) {
+  const bool valid = status[0] < 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = valid ? s[i] : 0;
 }
 
 __global__ void LastNonZeroKernel(const int64_t* counts, int64_t n, unsigned long long* through) {
@@ -124,6 +132,16 @@ std::string ValidateStringSplits(const int64_t* d_splits, int64_t n, int64_t num
     if (!err.empty()) return err;
   }
   FinishValidateKernel<<<1, 1, 0, st>>>(d_splits, first_bad, d_status);
+  return Check(cudaGetLastError());
+}
+
+std::string GateStringSplits(const int64_t* d_splits, int64_t n, const int64_t* d_status, int64_t* d_out,
+                             void* stream) {
+  if (n == 0) return "";
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 4096);
+  GateSplitsKernel<<<static_cast<unsigned>(blocks), threads, 0, static_cast<cudaStream_t>(stream)>>>(
+      d_splits, n, d_status, d_out);
   return Check(cudaGetLastError());
 }
 

@@ -40,5 +40,11 @@ std::string CountThroughLastNonZero(const int64_t* d_counts, int64_t n, int64_t*
 std::string ValidateStringSplits(const int64_t* d_splits, int64_t n, int64_t num_bytes,
                                  int64_t* d_status, void* stream);
 
+// d_out[i] = d_splits[i] (i < n) where ValidateStringSplits left d_status[0]
+// at -1, else 0 (every string empty): the kernels queued behind it, before
+// anyone has read the status back, never read outside the packed bytes.
+std::string GateStringSplits(const int64_t* d_splits, int64_t n, const int64_t* d_status, int64_t* d_out,
+                             void* stream);
+
 }  // namespace gpu
 }  // namespace ctr

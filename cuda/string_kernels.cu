@@ -479,6 +479,13 @@ __global__ void InitTokenStatusKernel(int64_t* d_status) {
   if (threadIdx.x < kTokenStatusSize) d_status[threadIdx.x] = threadIdx.x == 0 ? -1 : 0;
 }
 
+__global__ void CaptureTokenBytesKernel(const int64_t* d_status, const uint8_t* bytes, int64_t max_bytes,
+                                       uint8_t* out) {
+  if (d_status[0] < 0) return;
+  const int64_t n = d_status[2] < max_bytes ? d_status[2] : max_bytes;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = bytes[d_status[1] + i];
+}
+
 template <int kVec, int kFragments, typename T>
 __global__ void __launch_bounds__(kBlockThreads, CTR_STRING_MIN_BLOCKS)
     PoolStringsKernel(const StringSpec s, const T* __restrict__ params,
@@ -579,6 +586,30 @@ std::string CheckBags(int64_t num_bags) {
 std::string InitTokenStatus(int64_t* d_status, void* stream) {
   InitTokenStatusKernel<<<1, kTokenStatusSize, 0, AsStream(stream)>>>(d_status);
   return CheckLaunch("InitTokenStatusKernel");
+}
+
+std::string CaptureTokenBytes(const int64_t* d_status, const uint8_t* bytes, int64_t max_bytes, uint8_t* d_out,
+                              void* stream) {
+  if (max_bytes <= 0) return "";
+  CaptureTokenBytesKernel<<<1, kWarpSize, 0, AsStream(stream)>>>(d_status, bytes, max_bytes, d_out);
+  return CheckLaunch("CaptureTokenBytesKernel");
+}
+
+std::string ReadTokenStatus(const int64_t* d_status, const uint8_t* bytes, int64_t max_bytes, int64_t* h_status,
+                            uint8_t* h_bytes, void* stream) {
+  const cudaStream_t st = AsStream(stream);
+  uint8_t* shown = nullptr;
+  std::string err = CudaError("cudaMallocAsync", cudaMallocAsync(&shown, max_bytes > 0 ? max_bytes : 1, st));
+  if (!err.empty()) return err;
+  err = CaptureTokenBytes(d_status, bytes, max_bytes, shown, stream);
+  if (err.empty())
+    err = CudaError("cudaMemcpyAsync", cudaMemcpyAsync(h_status, d_status, kTokenStatusSize * sizeof(int64_t),
+                                                       cudaMemcpyDeviceToHost, st));
+  if (err.empty() && max_bytes > 0)
+    err = CudaError("cudaMemcpyAsync", cudaMemcpyAsync(h_bytes, shown, max_bytes, cudaMemcpyDeviceToHost, st));
+  cudaFreeAsync(shown, st);
+  if (err.empty()) err = CudaError("cudaStreamSynchronize", cudaStreamSynchronize(st));
+  return err;
 }
 
 template <typename T>

@@ -16,6 +16,19 @@ namespace gpu {
 constexpr int kTokenStatusSize = 5;
 std::string InitTokenStatus(int64_t* d_status, void* stream);
 
+// Copies the first min(len, max_bytes) bytes of the token a TokenError status
+// names (d_status[1] its offset in `bytes`, d_status[2] its length) into
+// d_out, when there is one: an op that reads the status back later has the
+// token for its message without a second read.
+std::string CaptureTokenBytes(const int64_t* d_status, const uint8_t* bytes, int64_t max_bytes, uint8_t* d_out,
+                              void* stream);
+
+// Reads a token status back (h_status[kTokenStatusSize]) with the first
+// max_bytes bytes of the token it names (h_bytes), captured on the device by
+// CaptureTokenBytes as the op kernels capture them; synchronizes.
+std::string ReadTokenStatus(const int64_t* d_status, const uint8_t* bytes, int64_t max_bytes, int64_t* h_status,
+                            uint8_t* h_bytes, void* stream);
+
 // out[num_bags, dim] = pooled tokens of each bag. Bags are single strings when
 // bag_splits is null, else strings [bag_splits[r], bag_splits[r+1]).
 // string_splits are absolute byte offsets into `bytes` (validated by caller).

@@ -28,7 +28,7 @@ STATUS_BYTES = 5 * 8  # int64[5]: {row, begin, len, value, kind}
 
 # string_embedding is the CPU reference the GPU launches are compared with.
 core = core_or_skip("gpu_string_embedding", "gpu_multi_string_embedding", "gpu_string_embedding_grad",
-                    "string_embedding")
+                    "gpu_gate_string_splits", "string_embedding")
 backend = backend_or_skip()
 
 
@@ -437,6 +437,48 @@ def test_delimiter_longer_than_string(rng):
 
 # ---------------------------------------------------------------------------
 # Bad tokens: never an address, reported for the lowest row like the CPU.
+
+
+def first_bad_split(splits, num_bytes):
+    """The string ops' rule: a split is bad if negative, past the bytes, or below the one before."""
+    for i, v in enumerate(splits):
+        if v < 0 or v > num_bytes or (i > 0 and v < splits[i - 1]):
+            return i, int(v)
+    return -1, 0
+
+
+@pytest.mark.parametrize("case", ["valid", "negative", "decreasing", "past the bytes", "several bad", "long"])
+def test_bad_string_splits_are_found_and_gated_to_empty_strings(rng, case):
+    # What the op kernels queue before any read: the check, then the copy of
+    # the splits the string kernels read, all zeros when one is bad.
+    num_bytes = 40
+    splits = np.sort(rng.integers(0, num_bytes + 1, size=2000 if case == "long" else 12)).astype(np.int64)
+    splits[0] = 0
+    if case == "negative":
+        splits[5] = -3
+    elif case == "decreasing":
+        splits[7] = splits[6] - 1
+    elif case == "past the bytes":
+        splits[-1] = num_bytes + 1
+    elif case == "several bad":
+        splits[9], splits[4] = -1, num_bytes + 7
+    elif case == "long":
+        splits[1500] = num_bytes + 2
+    splits_buf = upload(splits)
+    out = Buffer(splits.nbytes)
+    status = Buffer(3 * 8)
+    got = core.gpu_gate_string_splits(splits_buf.ptr, len(splits), num_bytes, out.ptr, status.ptr)
+    assert got == first_bad_split(splits, num_bytes)
+    gated = out.read(np.int64, splits.shape)
+    np.testing.assert_array_equal(gated, splits if got[0] < 0 else np.zeros_like(splits))
+
+
+def test_gated_splits_pool_as_empty_strings(rng):
+    values = random_table(rng, 100, 8)
+    raw, splits = pack(["1,2", "3", "4,5,6"])
+    gated = np.zeros_like(splits)
+    got = gpu_strings(values, "float32", raw, gated, id_mode="index", default_id=7)
+    np.testing.assert_array_equal(got, np.repeat(values[7:8], len(splits) - 1, axis=0))
 
 
 def test_bad_tokens_raise_like_cpu(rng):

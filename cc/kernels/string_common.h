@@ -105,9 +105,11 @@ inline absl::Status BindTable(const tensorflow::Tensor& params, ctr::StringSpec*
 
 // What every single-feature string kernel (CPU and GPU, forward and
 // gradient) shares: the attributes, read once and bound per call to a table.
-class StringKernel : public tensorflow::OpKernel {
+// Base is OpKernel, or AsyncOpKernel for the GPU forward kernels.
+template <typename Base>
+class StringKernelOn : public Base {
  public:
-  explicit StringKernel(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
+  explicit StringKernelOn(tensorflow::OpKernelConstruction* c) : Base(c) {
     OP_REQUIRES_OK(c, ReadStringAttrs(c, &spec_, &bagged_, &trim_empty_tail_));
   }
 
@@ -125,12 +127,14 @@ class StringKernel : public tensorflow::OpKernel {
   bool bagged_ = false;
   bool trim_empty_tail_ = false;
 };
+using StringKernel = StringKernelOn<tensorflow::OpKernel>;
 
 // The grouped kernels' counterpart: N features, whose strings are packed
 // feature after feature (N * B strings), each with its own table and output.
-class MultiStringKernel : public tensorflow::OpKernel {
+template <typename Base>
+class MultiStringKernelOn : public Base {
  public:
-  explicit MultiStringKernel(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
+  explicit MultiStringKernelOn(tensorflow::OpKernelConstruction* c) : Base(c) {
     OP_REQUIRES_OK(c, ReadMultiStringAttrs(c, &specs_));
   }
 
@@ -168,6 +172,7 @@ class MultiStringKernel : public tensorflow::OpKernel {
  private:
   std::vector<ctr::StringSpec> specs_;
 };
+using MultiStringKernel = MultiStringKernelOn<tensorflow::OpKernel>;
 
 // Where a forward string kernel pools its [rows, dim]: output 0 itself, or,
 // when trim_empty_tail drops trailing empty rows, a temp (the output is
@@ -192,12 +197,15 @@ inline absl::Status CheckVector(const tensorflow::Tensor& t, const char* what) {
 // one output, feature i's strings at [input_splits[i], input_splits[i + 1])
 // of the pack, and M dense inputs copied in: the output's column blocks are
 // feature i (block i) and dense input j (block N + j) in `layout` order.
-class ConcatStringKernel : public MultiStringKernel {
+template <typename Base>
+class ConcatStringKernelOn : public MultiStringKernelOn<Base> {
+  using Multi = MultiStringKernelOn<Base>;
+
  public:
   // string_inputs: how many inputs carry the strings, between the tables
   // and the dense inputs (the pack's three outputs, or the string tensors).
-  ConcatStringKernel(tensorflow::OpKernelConstruction* c, int string_inputs = 3)
-      : MultiStringKernel(c), string_inputs_(string_inputs) {
+  ConcatStringKernelOn(tensorflow::OpKernelConstruction* c, int string_inputs = 3)
+      : Multi(c), string_inputs_(string_inputs) {
     std::vector<bool> trim;
     OP_REQUIRES_OK(c, c->GetAttr("trim_empty_tail", &trim));
     OP_REQUIRES(c, trim.empty() || static_cast<int>(trim.size()) == num_features(),
@@ -210,6 +218,9 @@ class ConcatStringKernel : public MultiStringKernel {
   }
 
  protected:
+  using Multi::BindTables;
+  using Multi::num_features;
+
   // One call's validated layout: each feature's first string (and, at N,
   // the total), its spec bound to its table, the first output column of
   // each block (and, at N + M, the width), the one row count, and the
@@ -336,5 +347,6 @@ class ConcatStringKernel : public MultiStringKernel {
   int num_dense_ = 0;
   std::vector<int> layout_;
 };
+using ConcatStringKernel = ConcatStringKernelOn<tensorflow::OpKernel>;
 
 }  // namespace tf_ctr

@@ -1,11 +1,28 @@
 // GPU kernels of the string embedding ops. The packed bytes arrive on the
-// device through TF's single host-to-device copy of CtrPackStrings' output;
-// splits are validated on the device, and rejected tokens are read back
-// (one small synchronous copy) to raise the CPU kernel's InvalidArgument.
+// device through TF's single host-to-device copy of CtrPackStrings' output.
+//
+// The forward kernels are asynchronous, as the id lookup's is: the string
+// splits and bag splits are checked on the device, each check writing its
+// lowest bad entry into a status word; the kernels behind them read a gated
+// copy of the splits (all zeros, every string empty, when any is bad) and
+// clamped bag offsets, so nothing reads outside the packed bytes before the
+// status is known. The pooling records the first rejected token, a small
+// kernel copies its first bytes beside it, and one copy of all the status
+// words into pinned memory is checked in an EventMgr callback once the
+// stream reaches it, raising the CPU kernel's InvalidArgument (the splits'
+// first, as the CPU checks them first). A synchronous read per op would block
+// the compute thread and drain the stream, serializing a served model of
+// many features; the splits cannot be checked on the host, where they are
+// not. What still reads back synchronously needs a count to size an output:
+// the rows of a trimmed feature (plain embedding_lookup_sparse drops empty
+// trailing rows) and the gradient's row count; those ops also check the
+// splits at once, so a bad split is reported as such, not as the
+// concatenation's or the gradient's row mismatch it would cause.
 #ifdef CTR_WITH_CUDA
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cc/core/strings.h"
@@ -24,65 +41,88 @@ using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 using tensorflow::TensorShape;
 
-// Device-side bags: validated string splits, and (when bagged) validated bag
-// splits copied to int64 scratch.
+// One op's status words, read back once: the string splits' check {index,
+// value, scratch}, the bag splits' {entry, value}, the token error, and the
+// rejected token's first bytes.
+constexpr int kSplitsStatus = 0;
+constexpr int kBagsStatus = 3;
+constexpr int kTokenStatus = 5;
+constexpr int kTokenBytes = kTokenStatus + ctr::gpu::kTokenStatusSize;
+constexpr int64_t kShownBytes = 65;  // 64 bytes and a hint that more follow
+constexpr int kStatusWords = kTokenBytes + (kShownBytes + 7) / 8;
+
+// Device-side bags: gated string splits, and (when bagged) bag splits turned
+// into clamped int64 offsets.
 struct DeviceStrings {
   const uint8_t* bytes = nullptr;
   const int64_t* string_splits = nullptr;
   const int64_t* bag_splits = nullptr;
   int64_t num_bags = 0;
+  int64_t num_bytes = 0;
+  int64_t num_strings = 0;
+  Tensor gated_splits;
   Tensor bag_scratch;
 };
 
+// What an error message needs of the strings once the device is done.
+struct StringCounts {
+  int64_t bytes = 0;
+  int64_t strings = 0;
+};
+
+// Queues the checks of the splits (into st, kStatusWords device words) and
+// the gated copies the kernels read; only shapes are checked here.
 absl::Status PrepareDeviceStrings(OpKernelContext* ctx, const Tensor& bytes, const Tensor& splits,
-                                  const Tensor& bag_splits, bool bagged, void* stream, DeviceStrings* out) {
+                                  const Tensor& bag_splits, bool bagged, int64_t* st, void* stream,
+                                  DeviceStrings* out) {
   TF_RETURN_IF_ERROR(CheckVector(bytes, "bytes"));
   TF_RETURN_IF_ERROR(CheckVector(splits, "row_splits"));
   TF_RETURN_IF_ERROR(CheckVector(bag_splits, "bag_splits"));
   if (splits.NumElements() < 1) return tensorflow::errors::InvalidArgument("string row_splits must have at least one element");
-  Tensor status;
-  TF_RETURN_IF_ERROR(DeviceScratch(ctx, 3, &status));
-  int64_t* st = status.flat<int64_t>().data();
+  if (bagged && bag_splits.NumElements() < 1)
+    return tensorflow::errors::InvalidArgument("bag_splits must have at least one element");
   out->bytes = bytes.flat<uint8_t>().data();
-  out->string_splits = splits.flat<int64_t>().data();
-  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::ValidateStringSplits(out->string_splits, splits.NumElements(),
-                                                                  bytes.NumElements(), st, stream)));
-  int64_t h[2];
-  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::ReadInt64(st, 2, h, stream)));
-  if (h[0] >= 0)
-    return tensorflow::errors::InvalidArgument("string row_splits[", h[0], "] = ", h[1],
-                                               " is negative, decreasing or outside the packed buffer of ",
-                                               bytes.NumElements(), " bytes");
-  const int64_t num_strings = splits.NumElements() - 1;
-  out->num_bags = num_strings;
+  out->num_bytes = bytes.NumElements();
+  out->num_strings = splits.NumElements() - 1;
+  out->num_bags = out->num_strings;
+  TF_RETURN_IF_ERROR(DeviceScratch(ctx, splits.NumElements(), &out->gated_splits));
+  int64_t* gated = out->gated_splits.flat<int64_t>().data();
+  const int64_t* raw = splits.flat<int64_t>().data();
+  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::InitTokenStatus(st + kTokenStatus, stream)));
+  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::InitStatus(st + kBagsStatus, stream)));
+  TF_RETURN_IF_ERROR(LaunchStatus(
+      ctr::gpu::ValidateStringSplits(raw, splits.NumElements(), out->num_bytes, st + kSplitsStatus, stream)));
+  TF_RETURN_IF_ERROR(LaunchStatus(
+      ctr::gpu::GateStringSplits(raw, splits.NumElements(), st + kSplitsStatus, gated, stream)));
+  out->string_splits = gated;
   if (!bagged) return absl::OkStatus();
-  if (bag_splits.NumElements() < 1) return tensorflow::errors::InvalidArgument("bag_splits must have at least one element");
   TF_RETURN_IF_ERROR(DeviceScratch(ctx, bag_splits.NumElements(), &out->bag_scratch));
   int64_t* b = out->bag_scratch.flat<int64_t>().data();
-  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::InitStatus(st, stream)));
   TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::SplitsToOffsets(bag_splits.flat<int64_t>().data(), bag_splits.NumElements(),
-                                                            num_strings, b, st, stream)));
-  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::ReadInt64(st, 2, h, stream)));
-  if (h[0] >= 0)
-    return tensorflow::errors::InvalidArgument("invalid bag_splits: entry ", h[0], " has value ", h[1], " (",
-                                               num_strings, " strings)");
+                                                            out->num_strings, b, st + kBagsStatus, stream)));
   out->bag_splits = b;
   out->num_bags = bag_splits.NumElements() - 1;
   return absl::OkStatus();
 }
 
-// Reads a TokenError back from the device, with the token's first bytes for
-// the message. A grouped launch records the string's index: first (each
-// feature's first string, ascending) maps it to its feature and row.
-absl::Status TokenStatus(const int64_t* d_status, const uint8_t* d_bytes, const ctr::StringSpec* specs,
-                         const std::vector<int64_t>& first, void* stream) {
-  int64_t h[ctr::gpu::kTokenStatusSize];
-  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::ReadInt64(d_status, ctr::gpu::kTokenStatusSize, h, stream)));
-  ctr::TokenError err{h[0], h[1], h[2], h[3], h[4]};
+// The InvalidArgument the status words `h` stand for, in the CPU kernel's
+// order: string splits, bag splits, tokens. A grouped launch records the
+// string's index: first (each feature's first string, ascending) maps it to
+// its feature and row.
+absl::Status StringStatusError(const int64_t* h, const StringCounts& counts, const ctr::StringSpec* specs,
+                               const std::vector<int64_t>& first) {
+  const int64_t* split = h + kSplitsStatus;
+  if (split[0] >= 0)
+    return tensorflow::errors::InvalidArgument("string row_splits[", split[0], "] = ", split[1],
+                                               " is negative, decreasing or outside the packed buffer of ",
+                                               counts.bytes, " bytes");
+  const int64_t* bag = h + kBagsStatus;
+  if (bag[0] >= 0)
+    return tensorflow::errors::InvalidArgument("invalid bag_splits: entry ", bag[0], " has value ", bag[1], " (",
+                                               counts.strings, " strings)");
+  const int64_t* t = h + kTokenStatus;
+  ctr::TokenError err{t[0], t[1], t[2], t[3], t[4]};
   if (!err.found()) return absl::OkStatus();
-  const int64_t shown = std::min<int64_t>(err.len, 65);  // 64 bytes and a hint that more follow
-  std::vector<uint8_t> token(static_cast<size_t>(shown));
-  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::CopyToHost(d_bytes + err.begin, token.data(), token.size(), stream)));
   std::string prefix;
   const ctr::StringSpec* spec = specs;
   if (!first.empty()) {
@@ -92,54 +132,100 @@ absl::Status TokenStatus(const int64_t* d_status, const uint8_t* d_bytes, const 
     err.row -= first[f];
   }
   err.begin = 0;
-  err.len = shown;
-  return tensorflow::errors::InvalidArgument(prefix, ctr::DescribeTokenError(err, token.data(), spec->lookup.vocab));
+  err.len = std::min(err.len, kShownBytes);
+  return tensorflow::errors::InvalidArgument(
+      prefix, ctr::DescribeTokenError(err, reinterpret_cast<const uint8_t*>(h + kTokenBytes), spec->lookup.vocab));
+}
+
+// Queues the capture of a rejected token's bytes and one copy of every
+// status word into pinned memory (*host), which a callback reads.
+absl::Status QueueStatusRead(OpKernelContext* ctx, int64_t* st, const DeviceStrings& in, void* stream, Tensor* host) {
+  TF_RETURN_IF_ERROR(HostScratch(ctx, kStatusWords, host));
+  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::CaptureTokenBytes(st + kTokenStatus, in.bytes, kShownBytes,
+                                                              reinterpret_cast<uint8_t*>(st + kTokenBytes), stream)));
+  return LaunchStatus(
+      ctr::gpu::CopyToHostAsync(st, host->flat<int64_t>().data(), kStatusWords * sizeof(int64_t), stream));
+}
+
+// Reads the status words now (the splits' checks, before an op sizes an
+// output from counts the gated splits would give).
+absl::Status CheckStatusNow(int64_t* st, const DeviceStrings& in, void* stream) {
+  int64_t h[kStatusWords] = {};
+  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::ReadInt64(st, kTokenStatus + 1, h, stream)));
+  h[kTokenStatus] = -1;  // tokens are not looked at yet
+  return StringStatusError(h, StringCounts{in.num_bytes, in.num_strings}, nullptr, {});
+}
+
+// Queues the status read, then ends the op in a callback once the stream
+// has reached it: with the first error the words hold, or none.
+void FinishAsync(OpKernelContext* ctx, tensorflow::AsyncOpKernel::DoneCallback done, int64_t* st,
+                 const DeviceStrings& in, void* stream, std::vector<ctr::StringSpec> specs,
+                 std::vector<int64_t> first) {
+  // Device scratch may be freed once this returns: TF's GPU allocator orders
+  // reuse on this stream. The pinned words live in the callback.
+  Tensor host;
+  OP_REQUIRES_OK_ASYNC(ctx, QueueStatusRead(ctx, st, in, stream, &host), done);
+  const StringCounts counts{in.num_bytes, in.num_strings};
+  ThenExecute(ctx, [ctx, done, host, counts, specs = std::move(specs), first = std::move(first)]() {
+    OP_REQUIRES_OK_ASYNC(ctx, StringStatusError(host.flat<int64_t>().data(), counts, specs.data(), first), done);
+    done();
+  });
 }
 
 template <typename T>
-class StringEmbeddingGpuOp : public StringKernel {
+class StringEmbeddingGpuOp : public StringKernelOn<tensorflow::AsyncOpKernel> {
  public:
-  using StringKernel::StringKernel;
+  using StringKernelOn::StringKernelOn;
 
-  void Compute(OpKernelContext* ctx) override {
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     ctr::StringSpec spec;
-    OP_REQUIRES_OK(ctx, BindSpec(ctx->input(0), &spec));
+    OP_REQUIRES_OK_ASYNC(ctx, BindSpec(ctx->input(0), &spec), done);
     void* stream = GpuStream(ctx);
+    Tensor status;
+    OP_REQUIRES_OK_ASYNC(ctx, DeviceScratch(ctx, kStatusWords, &status), done);
+    int64_t* st = status.flat<int64_t>().data();
     DeviceStrings in;
-    OP_REQUIRES_OK(ctx, PrepareDeviceStrings(ctx, ctx->input(1), ctx->input(2), ctx->input(3), bagged(), stream, &in));
+    OP_REQUIRES_OK_ASYNC(
+        ctx, PrepareDeviceStrings(ctx, ctx->input(1), ctx->input(2), ctx->input(3), bagged(), st, stream, &in), done);
     Tensor pooled;
     Tensor* dst = nullptr;
-    OP_REQUIRES_OK(ctx, AllocatePooled(ctx, tensorflow::DataTypeToEnum<T>::value, in.num_bags, spec.lookup.dim,
-                                       trim_empty_tail(), &pooled, &dst));
-    if (in.num_bags > 0) {
-      Tensor status;
-      OP_REQUIRES_OK(ctx, DeviceScratch(ctx, ctr::gpu::kTokenStatusSize, &status));
-      int64_t* st = status.flat<int64_t>().data();
-      OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::InitTokenStatus(st, stream)));
-      OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::StringEmbedding(spec, CorePtr<T>(ctx->input(0)), in.bytes,
-                                                                 in.string_splits, in.bag_splits, in.num_bags,
-                                                                 CorePtr<T>(dst), st, stream)));
-      OP_REQUIRES_OK(ctx, TokenStatus(st, in.bytes, &spec, {}, stream));
-    }
-    if (!trim_empty_tail()) return;
-    // Rows through the last bag with a token: the per-bag token counts of the
-    // gradient pass, then the last non-zero one.
+    OP_REQUIRES_OK_ASYNC(ctx,
+                         AllocatePooled(ctx, tensorflow::DataTypeToEnum<T>::value, in.num_bags, spec.lookup.dim,
+                                        trim_empty_tail(), &pooled, &dst),
+                         done);
+    if (in.num_bags > 0)
+      OP_REQUIRES_OK_ASYNC(ctx,
+                           LaunchStatus(ctr::gpu::StringEmbedding(spec, CorePtr<T>(ctx->input(0)), in.bytes,
+                                                                  in.string_splits, in.bag_splits, in.num_bags,
+                                                                  CorePtr<T>(dst), st + kTokenStatus, stream)),
+                           done);
+    if (trim_empty_tail()) OP_REQUIRES_OK_ASYNC(ctx, OutputThroughLastRow(ctx, spec, in, pooled, stream), done);
+    FinishAsync(ctx, std::move(done), st, in, stream, {spec}, {});
+  }
+
+ private:
+  // Output 0: the pooled rows through the last bag with a token (the
+  // gradient pass's per-bag token counts, then the last non-zero one), read
+  // back to size it. Bad splits leave no token (the callback reports them).
+  static absl::Status OutputThroughLastRow(OpKernelContext* ctx, const ctr::StringSpec& spec, const DeviceStrings& in,
+                                           const Tensor& pooled, void* stream) {
     int64_t rows = 0;
     if (in.num_bags > 0) {
       Tensor counts;
-      OP_REQUIRES_OK(ctx, DeviceScratch(ctx, in.num_bags, &counts));
+      TF_RETURN_IF_ERROR(DeviceScratch(ctx, in.num_bags, &counts));
       ctr::StringSpec no_default = spec;
       no_default.lookup.default_id = -1;
-      OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::StringGradRowCounts(no_default, in.bytes, in.string_splits,
-                                                                     in.bag_splits, in.num_bags,
-                                                                     counts.flat<int64_t>().data(), stream)));
-      OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::CountThroughLastNonZero(counts.flat<int64_t>().data(), in.num_bags,
-                                                                         &rows, stream)));
+      TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::StringGradRowCounts(no_default, in.bytes, in.string_splits,
+                                                                    in.bag_splits, in.num_bags,
+                                                                    counts.flat<int64_t>().data(), stream)));
+      TF_RETURN_IF_ERROR(LaunchStatus(
+          ctr::gpu::CountThroughLastNonZero(counts.flat<int64_t>().data(), in.num_bags, &rows, stream)));
     }
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {rows, spec.lookup.dim}, &out));
-    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::CopyDeviceToDevice(pooled.flat<T>().data(), out->flat<T>().data(),
-                                                                  rows * spec.lookup.dim * sizeof(T), stream)));
+    TF_RETURN_IF_ERROR(AllocateOutput(ctx, 0, {rows, spec.lookup.dim}, &out));
+    using CT = typename CoreType<T>::type;
+    return LaunchStatus(ctr::gpu::CopyDeviceToDevice(CorePtr<T>(pooled), CorePtr<T>(out),
+                                                     rows * spec.lookup.dim * sizeof(CT), stream));
   }
 };
 
@@ -152,8 +238,13 @@ class StringEmbeddingGradGpuOp : public StringKernel {
     ctr::StringSpec spec;
     OP_REQUIRES_OK(ctx, BindSpec(ctx->input(1), &spec));
     void* stream = GpuStream(ctx);
+    Tensor status;
+    OP_REQUIRES_OK(ctx, DeviceScratch(ctx, kStatusWords, &status));
+    int64_t* st = status.flat<int64_t>().data();
     DeviceStrings in;
-    OP_REQUIRES_OK(ctx, PrepareDeviceStrings(ctx, ctx->input(2), ctx->input(3), ctx->input(4), bagged(), stream, &in));
+    OP_REQUIRES_OK(ctx, PrepareDeviceStrings(ctx, ctx->input(2), ctx->input(3), ctx->input(4), bagged(), st, stream,
+                                             &in));
+    OP_REQUIRES_OK(ctx, CheckStatusNow(st, in, stream));
     const Tensor& grad = ctx->input(0);
     OP_REQUIRES_OK(ctx, CheckGradShape(grad, in.num_bags, spec.lookup.dim));
     const int64_t rows = in.num_bags;
@@ -180,47 +271,45 @@ class StringEmbeddingGradGpuOp : public StringKernel {
 };
 
 // The packed strings of a grouped op (inputs n and n + 1) on the device,
-// validated.
-absl::Status GroupStrings(OpKernelContext* ctx, int n, void* stream, DeviceStrings* in) {
+// their checks queued into st.
+absl::Status GroupStrings(OpKernelContext* ctx, int n, int64_t* st, void* stream, DeviceStrings* in) {
   const Tensor& splits = ctx->input(n + 1);
-  return PrepareDeviceStrings(ctx, ctx->input(n), splits, splits, false, stream, in);
+  return PrepareDeviceStrings(ctx, ctx->input(n), splits, splits, false, st, stream, in);
 }
 
-// One launch of ctr::gpu::MultiStringEmbedding over `features`, then its
-// token errors read back.
+// Queues one launch of ctr::gpu::MultiStringEmbedding over `features`, its
+// token errors recorded in st.
 template <typename T>
 absl::Status LaunchFeatures(OpKernelContext* ctx, const std::vector<ctr::gpu::FeatureDesc>& features, int64_t batch,
-                            const DeviceStrings& in, const std::vector<ctr::StringSpec>& specs,
-                            const std::vector<int64_t>& first, void* stream) {
+                            const DeviceStrings& in, int64_t* st, void* stream) {
   const int64_t n = static_cast<int64_t>(features.size());
-  Tensor d_features, status;
+  Tensor d_features;
   TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT8,
                                         TensorShape({static_cast<int64_t>(n * sizeof(ctr::gpu::FeatureDesc))}),
                                         &d_features));
-  TF_RETURN_IF_ERROR(DeviceScratch(ctx, ctr::gpu::kTokenStatusSize, &status));
-  int64_t* st = status.flat<int64_t>().data();
-  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::InitTokenStatus(st, stream)));
-  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::MultiStringEmbedding<typename CoreType<T>::type>(
+  return LaunchStatus(ctr::gpu::MultiStringEmbedding<typename CoreType<T>::type>(
       features.data(), reinterpret_cast<ctr::gpu::FeatureDesc*>(d_features.flat<int8_t>().data()), n, batch,
-      in.bytes, in.string_splits, st, stream)));
-  return TokenStatus(st, in.bytes, specs.data(), first, stream);
+      in.bytes, in.string_splits, st + kTokenStatus, stream));
 }
 
 template <typename T>
-class MultiStringEmbeddingGpuOp : public MultiStringKernel {
+class MultiStringEmbeddingGpuOp : public MultiStringKernelOn<tensorflow::AsyncOpKernel> {
  public:
-  using MultiStringKernel::MultiStringKernel;
+  using MultiStringKernelOn::MultiStringKernelOn;
 
-  void Compute(OpKernelContext* ctx) override {
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const int n = num_features();
     void* stream = GpuStream(ctx);
+    Tensor status;
+    OP_REQUIRES_OK_ASYNC(ctx, DeviceScratch(ctx, kStatusWords, &status), done);
+    int64_t* st = status.flat<int64_t>().data();
     DeviceStrings in;
-    OP_REQUIRES_OK(ctx, GroupStrings(ctx, n, stream, &in));
+    OP_REQUIRES_OK_ASYNC(ctx, GroupStrings(ctx, n, st, stream, &in), done);
     int64_t batch = 0;
-    OP_REQUIRES_OK(ctx, GroupBatch(ctx->input(n + 1), &batch));
+    OP_REQUIRES_OK_ASYNC(ctx, GroupBatch(ctx->input(n + 1), &batch), done);
     std::vector<ctr::StringSpec> specs;
     std::vector<Tensor*> outs;
-    OP_REQUIRES_OK(ctx, BindFeatures(ctx, batch, &specs, &outs));
+    OP_REQUIRES_OK_ASYNC(ctx, BindFeatures(ctx, batch, &specs, &outs), done);
     std::vector<ctr::gpu::FeatureDesc> features(n);
     std::vector<int64_t> first(n);
     for (int i = 0; i < n; ++i) {
@@ -228,25 +317,33 @@ class MultiStringEmbeddingGpuOp : public MultiStringKernel {
       features[i] = ctr::gpu::FeatureDesc{specs[i], CorePtr<T>(ctx->input(i)), CorePtr<T>(outs[i]),
                                           first[i], batch, batch, specs[i].lookup.dim};
     }
-    if (batch == 0) return;
-    OP_REQUIRES_OK(ctx, LaunchFeatures<T>(ctx, features, batch, in, specs, first, stream));
+    if (batch > 0) OP_REQUIRES_OK_ASYNC(ctx, LaunchFeatures<T>(ctx, features, batch, in, st, stream), done);
+    FinishAsync(ctx, std::move(done), st, in, stream, std::move(specs), std::move(first));
   }
 };
 
 template <typename T>
-class ConcatStringEmbeddingGpuOp : public ConcatStringKernel {
+class ConcatStringEmbeddingGpuOp : public ConcatStringKernelOn<tensorflow::AsyncOpKernel> {
  public:
-  using ConcatStringKernel::ConcatStringKernel;
+  using ConcatStringKernelOn::ConcatStringKernelOn;
 
-  void Compute(OpKernelContext* ctx) override {
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const int n = num_features();
     void* stream = GpuStream(ctx);
+    Tensor status;
+    OP_REQUIRES_OK_ASYNC(ctx, DeviceScratch(ctx, kStatusWords, &status), done);
+    int64_t* st = status.flat<int64_t>().data();
     DeviceStrings in;
-    OP_REQUIRES_OK(ctx, GroupStrings(ctx, n, stream, &in));
+    OP_REQUIRES_OK_ASYNC(ctx, GroupStrings(ctx, n, st, stream, &in), done);
+    // A trimmed feature's rows are counted on the device (and read back): bad
+    // splits must be reported before they turn into a row-count mismatch.
+    bool any_trimmed = false;
+    for (int f = 0; f < n; ++f) any_trimmed = any_trimmed || trimmed(f);
+    if (any_trimmed) OP_REQUIRES_OK_ASYNC(ctx, CheckStatusNow(st, in, stream), done);
     Plan plan;
-    OP_REQUIRES_OK(ctx, MakePlan(ctx, in.num_bags, [&](int f, const Plan& p, int64_t* rows) {
+    OP_REQUIRES_OK_ASYNC(ctx, MakePlan(ctx, in.num_bags, [&](int f, const Plan& p, int64_t* rows) {
       return FeatureRows(ctx, p.specs[f], f, in, p.first, stream, rows);
-    }, &plan));
+    }, &plan), done);
     std::vector<int64_t>& first = plan.first;
     const std::vector<ctr::StringSpec>& specs = plan.specs;
     const std::vector<int64_t>& columns = plan.columns;
@@ -256,11 +353,12 @@ class ConcatStringEmbeddingGpuOp : public ConcatStringKernel {
     for (int f = 0; f < n; ++f) longest = std::max(longest, first[f + 1] - first[f]);
     for (int j = 0; j < num_dense(); ++j) {
       const Tensor& d = dense(ctx, j);
-      OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::CopyRows2D(
-                              d.flat<T>().data(), d.dim_size(1) * sizeof(T), out->flat<T>().data() + columns[n + j],
-                              width * sizeof(T), d.dim_size(1) * sizeof(T), common, stream)));
+      OP_REQUIRES_OK_ASYNC(ctx,
+                           LaunchStatus(ctr::gpu::CopyRows2D(d.flat<T>().data(), d.dim_size(1) * sizeof(T),
+                                                             out->flat<T>().data() + columns[n + j], width * sizeof(T),
+                                                             d.dim_size(1) * sizeof(T), common, stream)),
+                           done);
     }
-    if (longest == 0) return;
     // Every string is split, a trimmed feature's tail past `common` too (so a
     // bad token there is reported, as on the CPU), but only rows < common are
     // written.
@@ -269,7 +367,8 @@ class ConcatStringEmbeddingGpuOp : public ConcatStringKernel {
       features[f] = ctr::gpu::FeatureDesc{specs[f], CorePtr<T>(ctx->input(f)), CorePtr<T>(out) + columns[f],
                                           first[f], first[f + 1] - first[f], common, width};
     first.pop_back();
-    OP_REQUIRES_OK(ctx, LaunchFeatures<T>(ctx, features, longest, in, specs, first, stream));
+    if (longest > 0) OP_REQUIRES_OK_ASYNC(ctx, LaunchFeatures<T>(ctx, features, longest, in, st, stream), done);
+    FinishAsync(ctx, std::move(done), st, in, stream, specs, std::move(first));
   }
 
  private:

@@ -49,22 +49,21 @@ struct HostTokenError {
   std::vector<uint8_t> token;
 };
 
-// Reads d_status (synchronizing the stream) and, when a token was rejected,
-// copies its first bytes back: 64 are shown, and a 65th tells
-// DescribeTokenError that more follow. Call without the GIL.
+// Reads d_status (synchronizing the stream) with the first bytes of the
+// token it rejected, captured on the device as the op kernels capture them:
+// 64 are shown, and a 65th tells DescribeTokenError that more follow. Call
+// without the GIL.
 HostTokenError ReadTokenError(const int64_t* d_status, const uint8_t* d_bytes, void* stream) {
+  constexpr int64_t kShown = 65;
   std::array<int64_t, ctr::gpu::kTokenStatusSize> h{};
-  Check(ctr::gpu::ReadInt64(d_status, ctr::gpu::kTokenStatusSize, h.data(), stream));
   HostTokenError out;
+  out.token.resize(kShown);
+  Check(ctr::gpu::ReadTokenStatus(d_status, d_bytes, kShown, h.data(), out.token.data(), stream));
   out.error = ctr::TokenError{h[0], h[1], h[2], h[3], h[4]};
   if (!out.error.found()) return out;
-  const int64_t shown = std::min<int64_t>(out.error.len, 65);
-  out.token.resize(static_cast<size_t>(shown));
-  if (shown > 0)
-    Check(ctr::gpu::CopyToHost(d_bytes + out.error.begin, out.token.data(), out.token.size(),
-                               stream));
+  out.token.resize(static_cast<size_t>(std::min(out.error.len, kShown)));
   out.error.begin = 0;
-  out.error.len = shown;
+  out.error.len = static_cast<int64_t>(out.token.size());
   return out;
 }
 
@@ -85,6 +84,27 @@ HostTokenError LaunchWithTokenStatus(const std::string& params_dtype, int64_t* d
 
 std::string Describe(const HostTokenError& e, int64_t vocab) {
   return ctr::DescribeTokenError(e.error, e.token.data(), vocab);
+}
+
+// The op kernels' check of string splits: the first bad one as (index,
+// value), (-1, 0) when all are valid, and out = the splits, or zeros when
+// one is bad (what the kernels queued behind the check read).
+py::tuple GpuGateStringSplits(uintptr_t splits_ptr, int64_t num_splits, int64_t num_bytes, uintptr_t out_ptr,
+                              uintptr_t status_ptr, uintptr_t stream) {
+  if (num_splits < 0) throw py::value_error("num_splits must be >= 0");
+  RequirePointer(splits_ptr, num_splits > 0, "splits_ptr");
+  RequirePointer(out_ptr, num_splits > 0, "out_ptr");
+  RequirePointer(status_ptr, true, "status_ptr");
+  int64_t* d_status = DevicePtr<int64_t>(status_ptr);
+  std::array<int64_t, 2> h{};
+  {
+    py::gil_scoped_release nogil;
+    const int64_t* splits = DevicePtr<const int64_t>(splits_ptr);
+    Check(ctr::gpu::ValidateStringSplits(splits, num_splits, num_bytes, d_status, StreamPtr(stream)));
+    Check(ctr::gpu::GateStringSplits(splits, num_splits, d_status, DevicePtr<int64_t>(out_ptr), StreamPtr(stream)));
+    Check(ctr::gpu::ReadInt64(d_status, 2, h.data(), StreamPtr(stream)));
+  }
+  return py::make_tuple(h[0], h[1]);
 }
 
 void GpuStringEmbedding(uintptr_t params_ptr, const std::string& params_dtype, int64_t vocab,
@@ -273,6 +293,12 @@ void RegisterGpuStringBindings(py::module_& m) {
         "byte offsets [S + 1], bag_splits int64 [num_bags + 1] or 0 (each string a bag), out "
         "[num_bags, dim], status int64[5] scratch. id_mode 'hash' | 'index' | 'mod'. "
         "Synchronizes the stream; raises ValueError, with the CPU's message, on a bad token.");
+  m.def("gpu_gate_string_splits", &GpuGateStringSplits, py::arg("splits_ptr"), py::arg("num_splits"),
+        py::arg("num_bytes"), py::arg("out_ptr"), py::arg("status_ptr"), py::arg("stream") = 0,
+        "The string ops' check of int64 string_splits [num_splits] over num_bytes packed bytes: "
+        "(index, value) of the first negative, decreasing or out-of-buffer split, (-1, 0) when "
+        "all are valid; out int64 [num_splits] = the splits, or zeros when one is bad. status is "
+        "int64[3] scratch. Synchronizes the stream.");
   m.def(
       "gpu_multi_string_scratch_bytes",
       [](int64_t num_features) { return FeatureScratchBytes(num_features); },
