@@ -65,6 +65,10 @@ def test_tf1_feature_column_model_keeps_tables_assets_and_signatures(tmp_path, r
     assert cli.returncode == 0, cli.stdout + cli.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["tf1"] and report["verified"] and report["ok"]
+    # The two signatures share one graph: the summary lists its records once.
+    assert "graph of signatures" in cli.stdout, cli.stdout
+    fused_lines = [line for line in cli.stdout.splitlines() if line.startswith("  fused  ")]
+    assert fused_lines and len(fused_lines) == len(set(fused_lines)) == report["num_matches"], cli.stdout
     for key in ("serving_default", "predict"):
         sig = report["signatures"][key]
         # Compared on tf.Examples built from the graph's ParseExample spec.

@@ -577,6 +577,13 @@ class RewriteReport:
         lines = [f"tf-ctr-ops optimize: {self.src} -> {self.dst}",
                  f"  rewrite {self.rewrite_seconds:.2f} s, total {self.total_seconds:.2f} s; "
                  f"{len(self.matches)} subgraph(s) fused, {len(self.skips)} left alone"]
+        rewritten = [s.key for s in self.signatures.values() if s.rewritten]
+        shared = self.tf1 and len(rewritten) > 1
+        if shared:
+            # One graph: its records once, not under each signature.
+            lines.append(f"graph of signatures {', '.join(map(repr, rewritten))}: {len(self.matches)} fused, "
+                         f"{len(self.skips)} left alone")
+            lines += _record_lines(self.matches, self.skips)
         for s in self.signatures.values():
             if not s.rewritten:
                 # Selected but composite (TF2): its own reason, not "not selected".
@@ -584,12 +591,11 @@ class RewriteReport:
                            "not selected, copied unchanged")
                 lines.append(f"signature {s.key!r}: {why}")
                 continue
-            lines.append(f"signature {s.key!r}: {len(s.matches)} fused, {len(s.skips)} left alone")
-            for m in s.matches:
-                ops = ", ".join(r.rsplit(" (", 1)[-1].rstrip(")") for r in m["replaced"])
-                lines.append(f"  fused  {m['fused_node']}: {m['pattern']} -> {m['fused_op']} (replaces {ops})")
-            for k in s.skips:
-                lines.append(f"  left   {k['node']} ({k['pattern']}): {k['reason']}")
+            if shared:
+                lines.append(f"signature {s.key!r}:")
+            else:
+                lines.append(f"signature {s.key!r}: {len(s.matches)} fused, {len(s.skips)} left alone")
+                lines += _record_lines(s.matches, s.skips)
             before, after = sum(s.op_counts_before.values()), sum(s.op_counts_after.values())
             delta = _count_delta(s.op_counts_before, s.op_counts_after)
             lines.append(f"  ops    {before} -> {after}" + (f": {delta}" if delta else ""))
@@ -610,6 +616,16 @@ class RewriteReport:
         if not self.ok:
             lines.append("FAILED: the rewritten model does not reproduce the original (see above)")
         return "\n".join(lines)
+
+
+def _record_lines(matches, skips):
+    lines = []
+    for m in matches:
+        ops = ", ".join(r.rsplit(" (", 1)[-1].rstrip(")") for r in m["replaced"])
+        lines.append(f"  fused  {m['fused_node']}: {m['pattern']} -> {m['fused_op']} (replaces {ops})")
+    for k in skips:
+        lines.append(f"  left   {k['node']} ({k['pattern']}): {k['reason']}")
+    return lines
 
 
 def _one_per_node(records):
