@@ -298,6 +298,29 @@ def test_keras_lookups_without_oov_verify_on_vocabulary_values(tmp_path, rng):
                         serve_in_fresh_process(dst, "serving_default", inputs, tmp_path))
 
 
+@pytest.mark.parametrize("resave", ["optimized", "loaded and saved"])
+def test_a_saved_again_keras_model_still_verifies_on_its_vocabularies(tmp_path, rng, resave):
+    # Saving a loaded model again wraps each table initializer in a call of
+    # the original, its vocabulary passed in: the synthesizer follows it, so
+    # a model optimized twice (or re-exported by a pipeline) still verifies.
+    src, again, dst = tmp_path / "src", tmp_path / "again", tmp_path / "dst"
+    export_keras_lookup_model(str(src))
+    if resave == "optimized":
+        rewrite.optimize_saved_model(src, again, serving_device="cpu", runs=0)
+    else:
+        loaded = tf.saved_model.load(str(src))
+        tf.saved_model.save(loaded, str(again), signatures=dict(loaded.signatures))
+    report = rewrite.optimize_saved_model(again, dst, serving_device="cpu", runs=0)
+    for key in ("serve", "serving_default"):
+        sig = report.signatures[key]
+        assert sig.inputs == "synthesized (vocabulary values)" and sig.outputs_match, (key, sig.inputs)
+    if resave == "loaded and saved":
+        assert report.matches, report.summary()  # nothing fused before: the rewrite fuses here
+    inputs = keras_lookup_inputs(rng, 16)
+    assert_same_outputs(outputs(src, "serving_default", inputs),
+                        serve_in_fresh_process(dst, "serving_default", inputs, tmp_path))
+
+
 def _judge(fn, tries):
     """A `run` for _model_inputs.synthesize: None when `fn` accepts the inputs."""
     def run(candidate):

@@ -233,13 +233,26 @@ def _all_nodes(meta_graph):
             yield node, resolve
 
 
-def _init_keys(fdef, by_name):
-    """The constant keys a table initializer in `fdef` imports, or None."""
+def _init_keys(fdef, by_name, functions=None, depth=0):
+    """The constant keys a table initializer in `fdef` imports, or None. A
+    SavedModel loaded and saved again wraps each initializer in a call of
+    the original, its constants passed as the call's inputs: calls are
+    followed, their arguments standing for what the caller passes."""
     for node in fdef.node_def:
         if node.op in _TABLE_INIT_OPS and len(node.input) > 1:
             keys = _const_value(by_name.get(node.input[1].split(":")[0]))
             if keys is not None and keys.size:
                 return keys.ravel()
+    for node in fdef.node_def:
+        callee = (functions or {}).get(node.attr["f"].func.name) if "f" in node.attr else None
+        if callee is None or depth >= 4:
+            continue
+        scope = {arg.name: by_name.get(ref.split(":")[0])
+                 for arg, ref in zip(callee.signature.input_arg, node.input) if not ref.startswith("^")}
+        scope.update((n.name, n) for n in callee.node_def)
+        keys = _init_keys(callee, scope, functions, depth + 1)
+        if keys is not None:
+            return keys
     return None
 
 
@@ -256,7 +269,7 @@ def _lookup_vocabularies(meta_graph):
 
     def function_keys(name):
         fdef = functions.get(name)
-        return None if fdef is None else _init_keys(fdef, _function_scope(fdef, captured))
+        return None if fdef is None else _init_keys(fdef, _function_scope(fdef, captured), functions)
 
     def table_keys(node_id):
         node = objects.nodes[node_id]
