@@ -321,6 +321,26 @@ def test_a_saved_again_keras_model_still_verifies_on_its_vocabularies(tmp_path, 
                         serve_in_fresh_process(dst, "serving_default", inputs, tmp_path))
 
 
+@pytest.mark.parametrize("model", ["keras", "module"])
+def test_rewritten_models_keep_their_checkpoint_keys(tmp_path, model):
+    # A training checkpoint of the original restores into the rewritten
+    # model (and its variables/ may be swapped for a newer one) only if every
+    # variable keeps its key.
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    if model == "keras":
+        export_keras_lookup_model(str(src))
+    else:
+        save_split_safe_lookup_model(str(src))
+    report = rewrite.optimize_saved_model(src, dst, serving_device="cpu", runs=0)
+    assert report.matches and report.ok
+
+    def keys(path):
+        return {k: tuple(shape) for k, shape in tf.train.list_variables(str(path / "variables" / "variables"))
+                if "/.ATTRIBUTES/VARIABLE_VALUE" in k}
+
+    assert keys(src) and keys(src) == keys(dst), (keys(src), keys(dst))
+
+
 def _judge(fn, tries):
     """A `run` for _model_inputs.synthesize: None when `fn` accepts the inputs."""
     def run(candidate):

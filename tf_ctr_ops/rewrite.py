@@ -1026,16 +1026,11 @@ def _tf2_builder(src, loaded, proto, available, selected, serving_device):
     written = _partitioned.written_variables(loaded.signatures[k] for k in available)
 
     def build(folder, disabled):
-        reports, functions, variables, other_captures = {}, {}, [], False
+        reports, functions, made = {}, {}, []
         rewrite_seconds = 0.0
         for key in available:
             original = loaded.signatures[key]
             before = original.graph.as_graph_def()
-            for v in original.variables:
-                if not any(v is w for w in variables):
-                    variables.append(v)
-            handles = {id(v.handle) for v in original.variables}
-            other_captures |= any(id(ext) not in handles for ext, _ in original.graph.captures)
             if key not in selected:
                 functions[key] = original
                 counts = op_counts(before, library=True)
@@ -1061,13 +1056,14 @@ def _tf2_builder(src, loaded, proto, available, selected, serving_device):
                                                    proto.meta_graphs[0].signature_def[key].inputs.keys())
             except (ValueError, tf.errors.OpError) as e:  # TF's importer refused the rewritten graph
                 raise _RebuildError(reports, e) from e
-            variables.extend(v for v in merged.values() if not any(v is w for w in variables))
+            made.extend(v for v in merged.values() if not any(v is w for w in made))
             rewrite_seconds += time.perf_counter() - t0
-        root = tf.Module()
-        root.ctr_variables = variables
-        if other_captures:
-            root.ctr_source = loaded  # tables and other resources the signatures capture
-        tf.saved_model.save(root, folder, signatures=functions)
+        # The loaded model is the root again, so its variables keep their
+        # checkpoint keys (a training checkpoint of the original restores into
+        # the rewritten model); variables the rewrite made (merged partitions)
+        # are tracked beside them.
+        loaded.ctr_variables = made
+        tf.saved_model.save(loaded, folder, signatures=functions)
         _files.restore_method_names(proto, folder)
         _files.copy_assets_extra(src, folder)
         return reports, rewrite_seconds
