@@ -323,9 +323,8 @@ def test_a_saved_again_keras_model_still_verifies_on_its_vocabularies(tmp_path, 
 
 @pytest.mark.parametrize("model", ["keras", "module"])
 def test_rewritten_models_keep_their_checkpoint_keys(tmp_path, model):
-    # A training checkpoint of the original restores into the rewritten
-    # model (and its variables/ may be swapped for a newer one) only if every
-    # variable keeps its key.
+    # A newer export's variables/ fits the rewritten model, and a checkpoint
+    # of the original restores into it, only if every variable keeps its key.
     src, dst = tmp_path / "src", tmp_path / "dst"
     if model == "keras":
         export_keras_lookup_model(str(src))
