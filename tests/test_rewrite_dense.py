@@ -950,3 +950,24 @@ def test_online_lookups_of_a_table_of_vector_keys_keep_their_shape():
         with rewrite.enable(serving_device="cpu"):
             got = tf.function(model)(keys).numpy()
         np.testing.assert_array_equal(got, tf.function(model)(keys).numpy())
+
+
+@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="online graphs are placed on a GPU here")
+def test_online_gather_of_a_table_of_vector_keys_stays_native_with_vocab_lookup_disabled():
+    # Online, the table is a captured resource whose key shape the rewrite
+    # cannot see: the fused gather fails on vector keys, naming the way out.
+    table = tf.lookup.experimental.DenseHashTable(tf.int64, tf.int64, default_value=0, empty_key=[-1, -1],
+                                                  deleted_key=[-2, -2])
+    table.insert(tf.constant([[1, 2], [3, 4]], tf.int64), tf.constant([1, 2], tf.int64))
+    params = tf.Variable(np.arange(40, dtype=np.float32).reshape(10, 4))
+
+    def model(keys):
+        return tf.gather(params, table.lookup(keys))
+
+    keys = tf.constant([[1, 2], [3, 4], [9, 9]], tf.int64)
+    want = tf.function(model)(keys).numpy()
+    with rewrite.enable(serving_device="cpu"):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"disabled_patterns=\['vocab_lookup'\]"):
+            tf.function(model)(keys)
+    with rewrite.enable(serving_device="cpu", disabled_patterns=["vocab_lookup"]):
+        np.testing.assert_array_equal(tf.function(model)(keys).numpy(), want)

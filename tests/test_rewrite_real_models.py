@@ -340,6 +340,26 @@ def test_rewritten_models_keep_their_checkpoint_keys(tmp_path, model):
     assert keys(src) and keys(src) == keys(dst), (keys(src), keys(dst))
 
 
+def test_disabled_patterns_keep_their_subgraphs_native(tmp_path):
+    src = tmp_path / "src"
+    save_split_safe_lookup_model(str(src))
+    names = rewrite.pattern_names()
+    assert {"safe_lookup", "string_split_lookup", "vocab_lookup", "partitioned_table"} <= set(names), names
+    cli = run_cli(["src", "dst", "--disable", "string_split_lookup", "--report", "r.json"], tmp_path)
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    fused = {m["pattern"] for m in report["signatures"]["serving_default"]["matches"]}
+    assert "string_split_lookup" not in fused and "safe_lookup" in fused, fused
+    assert "StringSplitV2" in report["signatures"]["serving_default"]["op_counts_after"]
+    bad = run_cli(["src", "dst2", "--disable", "no_such_pattern"], tmp_path)
+    assert bad.returncode == 1 and "unknown pattern(s) ['no_such_pattern']" in bad.stderr, bad.stderr
+    assert not (tmp_path / "dst2").exists()
+    with pytest.raises(TypeError, match="list of pattern names"):
+        rewrite.enable(disabled_patterns="vocab_lookup")
+    with pytest.raises(ValueError, match="unknown pattern"):
+        rewrite.session_config(disabled_patterns=["vocab"])
+
+
 def _judge(fn, tries):
     """A `run` for _model_inputs.synthesize: None when `fn` accepts the inputs."""
     def run(candidate):

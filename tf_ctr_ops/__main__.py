@@ -3,7 +3,7 @@
 Commands:
   bench SUITE... [options]   op-level benchmarks (python -m tf_ctr_ops.bench --help)
   optimize SRC DST [--verify|--no-verify] [--inputs FILE] [--report REPORT.json] [--signature KEY ...]
-                   [--serving-device cpu|gpu]
+                   [--serving-device cpu|gpu] [--disable PATTERN ...]
                              rewrite a SavedModel's TF-native CTR subgraphs into the
                              fused ops, verified in a fresh process before DST is
                              written (python -m tf_ctr_ops optimize --help)
@@ -37,6 +37,9 @@ def optimize_main(argv):
     parser.add_argument("--serving-device", choices=("cpu", "gpu"), default=None,
                         help="where DST will be served: 'cpu' reads string inputs in place (no pack copy) "
                         "and fuses vocabulary lookups (CPU-only ops); default: a model that serves on either")
+    parser.add_argument("--disable", metavar="PATTERN", nargs="+", action="extend", default=[],
+                        help="patterns not to run, as the report names them (say, vocab_lookup): the subgraphs "
+                        "they fuse stay native while the others fuse")
     args = parser.parse_args(argv)
 
     if args.inputs and not args.verify:
@@ -54,7 +57,7 @@ def optimize_main(argv):
     try:
         report = rewrite.optimize_saved_model(args.src, args.dst, signature_keys=args.signatures,
                                               verify=args.verify, serving_device=args.serving_device,
-                                              inputs_file=args.inputs)
+                                              inputs_file=args.inputs, disabled_patterns=args.disable)
     except (rewrite.RewriteError, ValueError) as e:
         print(f"tf-ctr-ops optimize: error: {e}", file=sys.stderr)
         return 1

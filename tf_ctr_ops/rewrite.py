@@ -58,6 +58,27 @@ def _check_serving_device(serving_device):
         raise ValueError(f"serving_device must be one of {SERVING_DEVICES}, got {serving_device!r}")
 
 
+def pattern_names():
+    """The names of the rewrite's patterns, as reports name them and
+    `disabled_patterns` takes them: the Grappler pass's, in the order they
+    run, and the offline merge of partitioned tables."""
+    with tf.init_scope(), context.eager_mode():
+        names = [n.decode() for n in _ops.ctr_fusion_patterns().numpy()]
+    return names + [_partitioned.PATTERN]
+
+
+def _check_disabled(disabled_patterns):
+    """disabled_patterns as a tuple of names, each one of pattern_names()."""
+    if isinstance(disabled_patterns, str):
+        raise TypeError(f"disabled_patterns must be a list of pattern names, got the string {disabled_patterns!r}")
+    names = tuple(disabled_patterns or ())
+    known = pattern_names()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown pattern(s) {unknown} in disabled_patterns; the patterns are {known}")
+    return names
+
+
 def _add_fusion_optimizer(config, report_file=None, only=False, serving_device=None, disabled_patterns=()):
     """Adds CtrFusionOptimizer to a ConfigProto's rewriter config (in place)."""
     _check_serving_device(serving_device)
@@ -87,7 +108,7 @@ def _add_fusion_optimizer(config, report_file=None, only=False, serving_device=N
     return config
 
 
-def session_config(config=None, report_file=None, serving_device=None):
+def session_config(config=None, report_file=None, serving_device=None, disabled_patterns=()):
     """A `tf.compat.v1.ConfigProto` whose sessions run CtrFusionOptimizer.
 
     Args:
@@ -95,6 +116,7 @@ def session_config(config=None, report_file=None, serving_device=None):
       report_file: a JSON-lines file the optimizer appends its match and skip
         records to (read it with `read_report`).
       serving_device: as `optimize_saved_model`'s.
+      disabled_patterns: names of patterns not to run (`pattern_names()`).
 
     Returns:
       A new ConfigProto for `tf.compat.v1.Session(config=...)`.
@@ -102,7 +124,8 @@ def session_config(config=None, report_file=None, serving_device=None):
     out = config_pb2.ConfigProto()
     if config is not None:
         out.CopyFrom(config)
-    return _add_fusion_optimizer(out, report_file=report_file, serving_device=serving_device)
+    return _add_fusion_optimizer(out, report_file=report_file, serving_device=serving_device,
+                                 disabled_patterns=_check_disabled(disabled_patterns))
 
 
 class _Enabled:
@@ -166,7 +189,7 @@ def _fusion_off():
         options.config_proto_serialized = saved
 
 
-def enable(report_file=None, serving_device=None):
+def enable(report_file=None, serving_device=None, disabled_patterns=()):
     """Runs CtrFusionOptimizer on the `tf.function`s this process calls from now on.
 
     Works as a plain call (`tf_ctr_ops.rewrite.enable()`) and as a context
@@ -175,14 +198,17 @@ def enable(report_file=None, serving_device=None):
     instantiated under the configuration. With `report_file`, the optimizer
     appends its match and skip records there (JSON lines; `read_report`).
     `serving_device` is as `optimize_saved_model`'s ("cpu": this process
-    serves on its CPU).
+    serves on its CPU). `disabled_patterns` names patterns not to run
+    (`pattern_names()`): the way to keep one kind of subgraph native while
+    the others fuse.
     """
     options = context.context().function_call_options
     previous = config_pb2.ConfigProto.FromString(options.config_proto_serialized)
     updated = config_pb2.ConfigProto()
     updated.CopyFrom(previous)
     options.config_proto_serialized = _add_fusion_optimizer(updated, report_file=report_file,
-                                                            serving_device=serving_device)
+                                                            serving_device=serving_device,
+                                                            disabled_patterns=_check_disabled(disabled_patterns))
     return _Enabled(previous)
 
 
@@ -1183,6 +1209,7 @@ def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, veri
 def _optimize_saved_model(src, dst, signature_keys, sample_inputs, verify, runs, seed, serving_device, inputs_file,
                           disabled_patterns):
     _check_serving_device(serving_device)
+    disabled_patterns = _check_disabled(disabled_patterns)
     start = time.perf_counter()
     src, dst = os.fspath(src), os.fspath(dst)
     _check_apart(src, dst)

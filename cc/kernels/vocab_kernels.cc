@@ -242,8 +242,10 @@ absl::Status CheckFind(tensorflow::lookup::LookupInterface* table, const Tensor&
   // A table of vector keys (a DenseHashTable's empty_key of rank 1) finds
   // one id per key vector: the fused ops give one per key.
   if (table->key_shape().dims() != 0)
-    return tensorflow::errors::InvalidArgument("the table's keys must be scalars, got keys of shape ",
-                                               table->key_shape().DebugString());
+    return tensorflow::errors::InvalidArgument(
+        "the table's keys must be scalars, got keys of shape ", table->key_shape().DebugString(),
+        " (a rewrite that fused this lookup online could not see the table's key shape: rewrite with "
+        "disabled_patterns=['vocab_lookup'] to keep it native)");
   // TF's check also accepts one default per key; the fused ops take the one
   // default the table was built with.
   if (default_value.dims() != 0)

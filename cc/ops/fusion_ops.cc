@@ -16,4 +16,15 @@ Counters of the CtrFusionOptimizer pass in this process: [graphs optimized,
 subgraphs rewritten into fused ops, candidate subgraphs left untouched].
 )doc");
 
+REGISTER_OP("CtrFusionPatterns")
+    .Output("names: string")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The names of the CtrFusionOptimizer pass's patterns, in the order they run
+within a stage: what its `disabled_patterns` parameter takes.
+)doc");
+
 }  // namespace tensorflow
