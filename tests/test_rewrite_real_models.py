@@ -358,6 +358,8 @@ def test_disabled_patterns_keep_their_subgraphs_native(tmp_path):
         rewrite.enable(disabled_patterns="vocab_lookup")
     with pytest.raises(ValueError, match="unknown pattern"):
         rewrite.session_config(disabled_patterns=["vocab"])
+    with pytest.raises(ValueError, match="unknown pattern"):
+        rewrite.optimize_graph_def(tf.compat.v1.GraphDef(), [], disabled_patterns=["safe"])
 
 
 def _judge(fn, tries):

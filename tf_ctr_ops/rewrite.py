@@ -320,12 +320,13 @@ def optimize_graph_def(graph_def, fetches, handle_shapes=None, serving_device=No
       fetches: output tensor names that must survive.
       handle_shapes: {placeholder name: shape} of captured variables.
       serving_device: as `optimize_saved_model`'s.
-      disabled_patterns: names of patterns not to run.
+      disabled_patterns: names of patterns not to run (`pattern_names()`).
 
     Returns:
       `(optimized GraphDef, report dict)` with the report's "match", "skip"
       and "graph" records.
     """
+    disabled_patterns = _check_disabled(disabled_patterns)
     with _gc_paused():
         return _optimize_graph_def(graph_def, fetches, handle_shapes, serving_device, disabled_patterns)
 

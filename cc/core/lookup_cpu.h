@@ -119,9 +119,9 @@ inline void WriteCombinedRow(const AccT<T>* acc, int64_t dim, float scale, float
 // row is read a few entries later. In a harness of this loop alone (EPYC,
 // one thread, Zipf ids into 1M x 32 floats) the L2-only hint took about 2x
 // as long; through the TF op on 2 threads the difference was within the
-// VM's run-to-run noise.
-// Every cache line the row's first 512 bytes touch: a row that does not
-// start on a line (D = 10 or 12 floats, say) ends in the line after.
+// VM's run-to-run noise. Every line the row's first 512 bytes touch: a row
+// that does not start on a line (D = 10 or 12 floats, say) ends in the one
+// after.
 template <typename T>
 inline void PrefetchRow(const T* row, int64_t dim) {
   const int64_t bytes = std::min<int64_t>(dim * static_cast<int64_t>(sizeof(T)), 512);

@@ -105,12 +105,9 @@ absl::Status PrepareDeviceStrings(OpKernelContext* ctx, const Tensor& bytes, con
   return absl::OkStatus();
 }
 
-// The InvalidArgument the status words `h` stand for, in the CPU kernel's
-// order: string splits, bag splits, tokens. A grouped launch records the
-// string's index: first (each feature's first string, ascending) maps it to
-// its feature and row.
-absl::Status StringStatusError(const int64_t* h, const StringCounts& counts, const ctr::StringSpec* specs,
-                               const std::vector<int64_t>& first) {
+// The InvalidArgument of the splits' status words (h's first kTokenStatus),
+// the string splits' before the bag splits', as the CPU kernel checks them.
+absl::Status SplitsStatusError(const int64_t* h, const StringCounts& counts) {
   const int64_t* split = h + kSplitsStatus;
   if (split[0] >= 0)
     return tensorflow::errors::InvalidArgument("string row_splits[", split[0], "] = ", split[1],
@@ -120,6 +117,16 @@ absl::Status StringStatusError(const int64_t* h, const StringCounts& counts, con
   if (bag[0] >= 0)
     return tensorflow::errors::InvalidArgument("invalid bag_splits: entry ", bag[0], " has value ", bag[1], " (",
                                                counts.strings, " strings)");
+  return absl::OkStatus();
+}
+
+// The InvalidArgument all the status words `h` stand for: the splits', then
+// the first rejected token's. A grouped launch records the string's index:
+// first (each feature's first string, ascending) maps it to its feature and
+// row.
+absl::Status StringStatusError(const int64_t* h, const StringCounts& counts, const ctr::StringSpec* specs,
+                               const std::vector<int64_t>& first) {
+  TF_RETURN_IF_ERROR(SplitsStatusError(h, counts));
   const int64_t* t = h + kTokenStatus;
   ctr::TokenError err{t[0], t[1], t[2], t[3], t[4]};
   if (!err.found()) return absl::OkStatus();
@@ -147,13 +154,12 @@ absl::Status QueueStatusRead(OpKernelContext* ctx, int64_t* st, const DeviceStri
       ctr::gpu::CopyToHostAsync(st, host->flat<int64_t>().data(), kStatusWords * sizeof(int64_t), stream));
 }
 
-// Reads the status words now (the splits' checks, before an op sizes an
-// output from counts the gated splits would give).
-absl::Status CheckStatusNow(int64_t* st, const DeviceStrings& in, void* stream) {
-  int64_t h[kStatusWords] = {};
-  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::ReadInt64(st, kTokenStatus + 1, h, stream)));
-  h[kTokenStatus] = -1;  // tokens are not looked at yet
-  return StringStatusError(h, StringCounts{in.num_bytes, in.num_strings}, nullptr, {});
+// Reads the splits' status words now (before an op sizes an output from
+// counts the gated splits would give).
+absl::Status CheckSplitsNow(int64_t* st, const DeviceStrings& in, void* stream) {
+  int64_t h[kTokenStatus] = {};
+  TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::ReadInt64(st, kTokenStatus, h, stream)));
+  return SplitsStatusError(h, StringCounts{in.num_bytes, in.num_strings});
 }
 
 // Queues the status read, then ends the op in a callback once the stream
@@ -244,7 +250,7 @@ class StringEmbeddingGradGpuOp : public StringKernel {
     DeviceStrings in;
     OP_REQUIRES_OK(ctx, PrepareDeviceStrings(ctx, ctx->input(2), ctx->input(3), ctx->input(4), bagged(), st, stream,
                                              &in));
-    OP_REQUIRES_OK(ctx, CheckStatusNow(st, in, stream));
+    OP_REQUIRES_OK(ctx, CheckSplitsNow(st, in, stream));
     const Tensor& grad = ctx->input(0);
     OP_REQUIRES_OK(ctx, CheckGradShape(grad, in.num_bags, spec.lookup.dim));
     const int64_t rows = in.num_bags;
@@ -339,7 +345,7 @@ class ConcatStringEmbeddingGpuOp : public ConcatStringKernelOn<tensorflow::Async
     // splits must be reported before they turn into a row-count mismatch.
     bool any_trimmed = false;
     for (int f = 0; f < n; ++f) any_trimmed = any_trimmed || trimmed(f);
-    if (any_trimmed) OP_REQUIRES_OK_ASYNC(ctx, CheckStatusNow(st, in, stream), done);
+    if (any_trimmed) OP_REQUIRES_OK_ASYNC(ctx, CheckSplitsNow(st, in, stream), done);
     Plan plan;
     OP_REQUIRES_OK_ASYNC(ctx, MakePlan(ctx, in.num_bags, [&](int f, const Plan& p, int64_t* rows) {
       return FeatureRows(ctx, p.specs[f], f, in, p.first, stream, rows);
