@@ -52,14 +52,7 @@ template <typename Key>
 class HashTableFindOp : public tensorflow::OpKernel {
  public:
   explicit HashTableFindOp(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
-    std::string eviction;
-    OP_REQUIRES_OK(c, c->GetAttr("capacity", &rules_.capacity));
-    OP_REQUIRES_OK(c, c->GetAttr("admit_after", &rules_.admit_after));
-    OP_REQUIRES_OK(c, c->GetAttr("dense_padding", &rules_.dense_padding));
-    OP_REQUIRES_OK(c, c->GetAttr("eviction", &eviction));
-    OP_REQUIRES_OK(c, c->GetAttr("insert", &insert_));
-    OP_REQUIRES_OK(c, c->GetAttr("new_step", &new_step_));
-    rules_.eviction = ctr::ParseEviction(eviction);
+    OP_REQUIRES_OK(c, ReadFindAttrs(c, &attrs_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -75,20 +68,20 @@ class HashTableFindOp : public tensorflow::OpKernel {
       ParallelFor(ctx, count, kProbeCost, fn);
     };
     ctr::TableView table;
-    if (!insert_) {
+    if (!attrs_.insert) {
       tensorflow::tf_shared_lock lock(*var->mu());
-      OP_REQUIRES_OK(ctx, ViewTable(var->tensor(), rules_.capacity, &table));
-      ctr::FindRows(table, key_data, n, rules_.dense_padding, /*clock=*/0, row_data, parallel_for);
+      OP_REQUIRES_OK(ctx, ViewTable(var->tensor(), attrs_.rules.capacity, &table));
+      ctr::FindRows(table, key_data, n, attrs_.rules.dense_padding, /*clock=*/0, row_data, parallel_for);
       OP_REQUIRES_OK(ctx, OutputReused(ctx, {}));
       return;
     }
     tensorflow::mutex_lock lock(*var->mu());
     // Writes in place would change the tensors earlier reads still hold.
     OP_REQUIRES_OK(ctx, UnshareBuffer(ctx, var->tensor()));
-    OP_REQUIRES_OK(ctx, ViewTable(var->tensor(), rules_.capacity, &table));
-    const int64_t clock = ctr::InsertingClock(table.header, new_step_);
-    ctr::FindRows(table, key_data, n, rules_.dense_padding, clock, row_data, parallel_for);
-    ctr::Inserter inserter(table, rules_);
+    OP_REQUIRES_OK(ctx, ViewTable(var->tensor(), attrs_.rules.capacity, &table));
+    const int64_t clock = ctr::InsertingClock(table.header, attrs_.new_step);
+    ctr::FindRows(table, key_data, n, attrs_.rules.dense_padding, clock, row_data, parallel_for);
+    ctr::Inserter inserter(table, attrs_.rules);
     inserter.InsertMissing(key_data, n, row_data);
     OP_REQUIRES_OK(ctx, OutputReused(ctx, inserter.reused_rows()));
   }
@@ -101,9 +94,7 @@ class HashTableFindOp : public tensorflow::OpKernel {
     return absl::OkStatus();
   }
 
-  ctr::InsertRules rules_{};
-  bool insert_ = false;
-  bool new_step_ = true;
+  FindAttrs attrs_;
 };
 
 #define CTR_REGISTER_HASH_TABLE_FIND(Key)                                                         \

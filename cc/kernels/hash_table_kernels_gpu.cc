@@ -51,16 +51,10 @@ absl::Status UnshareDeviceBuffer(OpKernelContext* ctx, Tensor* tensor, void* str
 class HashTableFindGpuOp : public tensorflow::OpKernel {
  public:
   explicit HashTableFindGpuOp(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
-    std::string eviction;
-    OP_REQUIRES_OK(c, c->GetAttr("capacity", &capacity_));
-    OP_REQUIRES_OK(c, c->GetAttr("admit_after", &admit_after_));
-    OP_REQUIRES_OK(c, c->GetAttr("dense_padding", &dense_padding_));
-    OP_REQUIRES_OK(c, c->GetAttr("eviction", &eviction));
-    OP_REQUIRES_OK(c, c->GetAttr("insert", &insert_));
-    OP_REQUIRES_OK(c, c->GetAttr("new_step", &new_step_));
-    OP_REQUIRES(c, !insert_ || eviction == "none",
+    OP_REQUIRES_OK(c, ReadFindAttrs(c, &attrs_));
+    OP_REQUIRES(c, !attrs_.insert || attrs_.rules.eviction == ctr::Eviction::kNone,
                 tensorflow::errors::Unimplemented("a hash table on a GPU inserts without eviction only (got eviction='",
-                                                  eviction, "'): place the table on the CPU to evict"));
+                                                  attrs_.eviction, "'): place the table on the CPU to evict"));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -71,13 +65,14 @@ class HashTableFindGpuOp : public tensorflow::OpKernel {
     Tensor* rows = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &rows));
     void* stream = GpuStream(ctx);
-    if (!insert_) {
+    const ctr::InsertRules& rules = attrs_.rules;
+    if (!attrs_.insert) {
       tensorflow::tf_shared_lock lock(*var->mu());
       int64_t num_slots = 0;
-      OP_REQUIRES_OK(ctx, HashTableSlots(*var->tensor(), capacity_, &num_slots));
+      OP_REQUIRES_OK(ctx, HashTableSlots(*var->tensor(), rules.capacity, &num_slots));
       const int64_t* slot_rows = var->tensor()->flat<int64_t>().data() + ctr::kColumns * ctr::kHeaderRows;
       OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::HashTableFind(slot_rows, num_slots, keys.flat<int64_t>().data(), n,
-                                                               dense_padding_, rows->flat<int64_t>().data(),
+                                                               rules.dense_padding, rows->flat<int64_t>().data(),
                                                                stream)));
       Tensor* reused = nullptr;
       OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {0}, &reused));
@@ -86,19 +81,20 @@ class HashTableFindGpuOp : public tensorflow::OpKernel {
     tensorflow::mutex_lock lock(*var->mu());
     OP_REQUIRES_OK(ctx, UnshareDeviceBuffer(ctx, var->tensor(), stream));
     int64_t num_slots = 0;
-    OP_REQUIRES_OK(ctx, HashTableSlots(*var->tensor(), capacity_, &num_slots));
+    OP_REQUIRES_OK(ctx, HashTableSlots(*var->tensor(), rules.capacity, &num_slots));
     Tensor reused_all, status;
     OP_REQUIRES_OK(ctx, DeviceScratch(ctx, std::max<int64_t>(n, 1), &reused_all));
     OP_REQUIRES_OK(ctx, DeviceScratch(ctx, 2, &status));
     int64_t* st = status.flat<int64_t>().data();
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::HashTableFindOrInsert(
-                            var->tensor()->flat<int64_t>().data(), num_slots, capacity_, admit_after_, new_step_,
-                            keys.flat<int64_t>().data(), n, dense_padding_, rows->flat<int64_t>().data(),
+                            var->tensor()->flat<int64_t>().data(), num_slots, rules.capacity, rules.admit_after,
+                            attrs_.new_step, keys.flat<int64_t>().data(), n, rules.dense_padding,
+                            rows->flat<int64_t>().data(),
                             reused_all.flat<int64_t>().data(), st, stream)));
     int64_t h[2];
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ReadInt64(st, 2, h, stream)));
     OP_REQUIRES(ctx, h[1] == 0,
-                tensorflow::errors::InvalidArgument("corrupt hash table header (capacity ", capacity_, ", ",
+                tensorflow::errors::InvalidArgument("corrupt hash table header (capacity ", rules.capacity, ", ",
                                                     num_slots, " slots): the table variable was assigned "
                                                     "something else; nothing was inserted"));
     Tensor* reused = nullptr;
@@ -110,11 +106,7 @@ class HashTableFindGpuOp : public tensorflow::OpKernel {
   }
 
  private:
-  int64_t capacity_ = 0;
-  int64_t admit_after_ = 1;
-  bool dense_padding_ = false;
-  bool insert_ = false;
-  bool new_step_ = true;
+  FindAttrs attrs_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("CtrHashTableFind").Device(tensorflow::DEVICE_GPU).TypeConstraint<int64_t>("Tkey"),
