@@ -446,7 +446,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       const Entry mine = ResolveEntry(s, keys, weights, base + g.rank, end);
       n += __popc(g.Ballot(mine.row >= 0));
     }
-    if (n == 0 && s.default_id >= 0) n = 1;
+    if (n == 0 && EmptyBagGradRow(s).row >= 0) n = 1;
     if (g.rank == 0) counts[r] = n;
   }
 }
@@ -486,12 +486,15 @@ __device__ void GradBag(const LookupSpec& s, const T* params, const TKey* keys,
 
   int64_t k = grad_offsets[r];
   if (!any) {
-    if (s.default_id >= 0) {
-      const T* row = params + s.default_id * dim;
+    const EmptyBagGrad empty = EmptyBagGradRow(s);
+    if (empty.zeros) {
+      for (int64_t d = g.rank; d < dim; d += g.lanes) grad_values[k * dim + d] = FromAcc<T>(0.f);
+    } else if (empty.row >= 0) {
+      const T* row = params + empty.row * dim;
       const RowDots dots = s.max_norm > 0.f ? ComputeRowDots(row, grad_row, dim, g) : RowDots{};
       WriteClipBackward(s, row, grad_row, dots, 1.f, grad_values + k * dim, g);
-      if (g.rank == 0) grad_indices[k] = s.default_id;
     }
+    if (empty.row >= 0 && g.rank == 0) grad_indices[k] = empty.row;
     if (grad_weights != nullptr)
       for (int64_t i = begin + g.rank; i < end; i += g.lanes) grad_weights[i] = 0.f;
     return;

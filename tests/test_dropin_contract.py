@@ -390,6 +390,110 @@ def test_kernel_merged_gradient_rows_equal_the_python_merge(rng, dtype):
     assert len(set(python_indices.numpy())) == len(python_indices.numpy())
 
 
+@pytest.mark.parametrize("safe", [False, True])
+def test_merged_gradient_rows_of_a_large_table_are_tfs(rng, safe):
+    """Thousands of distinct rows, consecutive and strided by powers of two
+    (ids that cluster in a power-of-two table unless mixed), repeated within
+    and across bags: the kernel's first-appearance numbering against TF's."""
+    vocab = 1 << 20
+    pool = np.concatenate([np.arange(3000), np.arange(1, 3000) * 4096, rng.integers(0, vocab, 3000)]) % vocab
+    lengths = rng.integers(0, 40, 800)
+    values = rng.choice(pool, size=int(lengths.sum())).astype(np.int64)
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    cols = np.concatenate([np.arange(n) for n in lengths])
+    sp = tf.SparseTensor(np.stack([rows, cols], 1).astype(np.int64), values, [len(lengths), 40])
+    params = tf.Variable(rng.normal(size=(vocab, 2)).astype(np.float32))
+
+    def grad(fn):
+        with tf.GradientTape() as tape:
+            out = fn(params, sp, None, combiner="sqrtn")
+            loss = tf.reduce_sum(out * tf.range(tf.size(out), dtype=tf.float32)[:, None][:tf.shape(out)[0]])
+        return tape.gradient(loss, params)
+
+    ours, theirs = ((grad(tco.safe_embedding_lookup_sparse), grad(tf.nn.safe_embedding_lookup_sparse)) if safe
+                    else (grad(tco.embedding_lookup_sparse), grad(tf.nn.embedding_lookup_sparse)))
+    assert ours.indices.shape[0] > 5000
+    np.testing.assert_array_equal(ours.indices.numpy(), theirs.indices.numpy())
+    np.testing.assert_allclose(ours.values.numpy(), theirs.values.numpy(), rtol=1e-5, atol=1e-5)
+
+
+# TF's safe lookup without a default_id fills a bag left empty with id 0 and
+# zeroes its output: its gradient lists row 0 (with zeros) where that id 0
+# first appears, and a sparse optimizer update (momentum's) touches it.
+
+
+def _ids_without_zero(rng, batch, vocab, ragged=False):
+    lengths = rng.integers(0, 4, size=batch)
+    lengths[[2, 5]] = 0
+    ids = rng.integers(1, vocab, size=int(lengths.sum()))
+    if ragged:
+        return tf.RaggedTensor.from_row_lengths(tf.constant(ids, tf.int64), lengths)
+    idx = [(r, c) for r in range(batch) for c in range(lengths[r])]
+    return tf.SparseTensor(np.array(idx, np.int64).reshape(-1, 2), tf.constant(ids, tf.int64), [batch, 4])
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("max_norm", [None, 0.5])
+@pytest.mark.parametrize("ragged", [False, True])
+def test_safe_lookup_gradient_lists_row_0_for_empty_bags_as_tf(rng, weighted, combiner, max_norm, ragged):
+    params = tf.Variable(rng.normal(size=(30, 3)).astype(np.float32))
+    ids = _ids_without_zero(rng, 10, 30, ragged)
+    w = None
+    if weighted:
+        w = (tf.RaggedTensor.from_row_splits(tf.random.uniform([tf.size(ids.values)], 0.1, 2.0), ids.row_splits)
+             if ragged else weights_like(rng, ids))
+
+    def grad(fn):
+        with tf.GradientTape() as tape:
+            out = fn(params, ids, w, combiner=combiner, max_norm=max_norm)
+            loss = tf.reduce_sum(out * tf.range(tf.size(out), dtype=tf.float32)[:, None][:tf.shape(out)[0]])
+        return tape.gradient(loss, params)
+
+    ours, theirs = grad(tco.safe_embedding_lookup_sparse), grad(tf.nn.safe_embedding_lookup_sparse)
+    assert 0 in theirs.indices.numpy()
+    np.testing.assert_array_equal(ours.indices.numpy(), theirs.indices.numpy())
+    np.testing.assert_allclose(ours.values.numpy(), theirs.values.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["mod", "div"])
+def test_safe_lookup_gradient_of_shards_lists_id_0_for_empty_bags_as_tf(rng, strategy):
+    full = rng.normal(size=(13, 3)).astype(np.float32)
+    shards = [tf.Variable(s) for s in shards_of(full, 3, strategy)]
+    sp = _ids_without_zero(rng, 10, 13)
+
+    def grad(fn):
+        with tf.GradientTape() as tape:
+            out = fn(shards, sp, None, partition_strategy=strategy)
+        return tape.gradient(out, shards)
+
+    ours, theirs = grad(V1.safe_embedding_lookup_sparse), grad(tf.compat.v1.nn.safe_embedding_lookup_sparse)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_array_equal(a.indices.numpy(), b.indices.numpy())
+        np.testing.assert_allclose(a.values.numpy(), b.values.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_momentum_training_through_the_safe_lookup_follows_tf(rng):
+    """TF1 MomentumOptimizer updates only the rows a sparse gradient lists:
+    row 0, listed for the empty bags, keeps moving with its momentum."""
+    init = rng.normal(size=(20, 4)).astype(np.float32)
+    batches = [_ids_without_zero(rng, 8, 20) for _ in range(3)]
+    first = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([0, 3], tf.int64), [8, 4])  # row 0 gets momentum
+
+    def train(lookup):
+        table = tf.Variable(init)
+        opt = tf.compat.v1.train.MomentumOptimizer(0.1, momentum=0.9)
+        for sp in [first] + batches:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.square(lookup(table, sp, None) - 1.0))
+            opt.apply_gradients([(tape.gradient(loss, table), table)])
+        return table.numpy()
+
+    theirs = train(tf.nn.safe_embedding_lookup_sparse)
+    assert not np.allclose(theirs[0], init[0] - 0.1 * 2 * (init[0] - 1.0))  # row 0 moved after the first step
+    np.testing.assert_allclose(train(tco.safe_embedding_lookup_sparse), theirs, rtol=1e-5, atol=1e-6)
+
+
 def test_mod_shard_gradients_land_in_their_shards(rng):
     full = rng.normal(size=(13, 2)).astype(np.float32)
     shards = [tf.Variable(s) for s in shards_of(full, 5, "mod")]

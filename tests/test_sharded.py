@@ -125,9 +125,14 @@ def test_shards_are_never_concatenated(rng):
 
     graph = lookup.get_concrete_function(tf.SparseTensorSpec([None, None], tf.int64)).graph
     ops = [op.type for op in graph.get_operations()]
-    assert "ConcatV2" not in ops and ops.count("ResourceGather") == 3, ops
+    # A gather per shard (shard 0's row 0, which a bag left empty lists in the
+    # gradient as TF fills it with id 0, is read in a cond); no shard is read
+    # whole, and only gathered rows are concatenated.
+    assert ops.count("ResourceGather") == 3, ops
     reads = [op for op in graph.get_operations() if op.type == "ReadVariableOp"]
-    assert reads == [], reads  # no shard is read whole
+    assert reads == [], reads
+    concats = [op for op in graph.get_operations() if op.type == "ConcatV2"]
+    assert all(i.op.type != "ReadVariableOp" for op in concats for i in op.inputs), concats
     sp = random_ids(rng, 30, negatives=True)
     np.testing.assert_allclose(lookup(sp).numpy(), tf.nn.safe_embedding_lookup_sparse(table, sp, None,
                                                                                        combiner="sqrtn").numpy(),
@@ -272,3 +277,19 @@ def test_string_embeddings_never_read_a_shard_whole(rng):
                                rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(grouped.numpy(), tco.multi_string_embedding([strings, strings], [whole, whole],
                                                                           concat=True).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_safe_lookup_lists_shard_0_row_0_for_empty_bags_as_tf(rng, combiner):
+    """TF fills a bag left empty with id 0 and zeroes its output: shard 0's
+    gradient lists its row 0 (zeros) although no bag names id 0."""
+    lengths = np.array([2, 0, 3, 0, 1])
+    values = rng.integers(1, V, size=int(lengths.sum()))
+    sp = tf.RaggedTensor.from_row_lengths(tf.constant(values, tf.int64), lengths).to_sparse()
+    table = sharded(rng)
+    with tf.GradientTape(persistent=True) as tape:
+        got = tco.safe_embedding_lookup_sparse(table, sp, None, combiner=combiner)
+        want = tf.nn.safe_embedding_lookup_sparse(table, sp, None, combiner=combiner)
+    grads = tape.gradient(got, table.variables), tape.gradient(want, table.variables)
+    assert 0 in grads[1][0].indices.numpy()
+    assert_same_gradients(*grads)

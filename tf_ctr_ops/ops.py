@@ -67,7 +67,7 @@ def _checked_bag_ids(ids, bags):
 
 def _lookup(table, ids, segments, num_rows, weights, *, segment_kind, combiner, id_mode="index",
             invalid_ids="error", prune_weights=False, default_id=-1, max_norm=None, grad_indices="per_id",
-            name=None):
+            empty_grad_row=-1, name=None):
     """The fused op over `table`: a tensor, or a variable (`table_operand`) read in place."""
     weights, has_weights = _op_weights(weights)
     args = dict(
@@ -84,6 +84,7 @@ def _lookup(table, ids, segments, num_rows, weights, *, segment_kind, combiner, 
         max_norm=max_norm_attr(max_norm),
         has_weights=has_weights,
         grad_indices=grad_indices,
+        empty_grad_row=empty_grad_row,
         name=name,
     )
     var = in_place_variable(table)
@@ -99,6 +100,10 @@ def _lookup_grad_attrs(op):
     attrs = {k: op.get_attr(k) for k in (
         "combiner", "segment_kind", "id_mode", "invalid_ids", "prune_weights", "default_id",
         "max_norm", "has_weights", "num_buckets")}
+    try:
+        attrs["empty_grad_row"] = op.get_attr("empty_grad_row")
+    except ValueError:  # a node built without the attr (by an older graph): none
+        pass
     return {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
 
 
@@ -409,12 +414,15 @@ def _sharded_lookup(shards, bags, *, dtype=None, default_id=None, **attrs):
         positions = tf.dynamic_partition(tf.range(tf.size(unique)), shard, len(shards))
         locals_ = tf.dynamic_partition(local, shard, len(shards))
         rows = tf.dynamic_stitch(positions, [tf.gather(s, ids_p) for s, ids_p in zip(shards, locals_)])
-        if default_id is not None and 0 <= default_id < total:
-            # The default row goes first (the op's attr is static), read only
-            # when a bag is left empty, as TF reads it only to fill one.
-            rows = tf.concat([_default_row(shards, starts, int(default_id), bags, kept), rows], 0)
+        # The row an empty bag reads (default_id) or lists in the gradient
+        # (empty_grad_row) goes first (the op's attrs are static), read only
+        # when a bag is left empty, as TF reads it only to fill one.
+        attr, fill = (("default_id", default_id) if default_id is not None
+                      else ("empty_grad_row", attrs.get("empty_grad_row", -1)))
+        if 0 <= fill < total:
+            rows = tf.concat([_default_row(shards, starts, int(fill), bags, kept), rows], 0)
             idx += 1
-            attrs["default_id"] = 0
+            attrs[attr] = 0
     # Entries left out read -1, which the op drops (skip modes) or never sees (the check failed first).
     local_ids = tf.scatter_nd(positions_kept, idx + 1, tf.shape(ids, out_type=tf.int64)) - 1
     return _lookup(rows, local_ids, bags.segments, bags.num_rows, weights, segment_kind=bags.kind, **attrs)
@@ -550,13 +558,16 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
         attrs = dict(combiner=combiner, invalid_ids="skip_negative", prune_weights=combiner != "sum" and weighted,
                      max_norm=max_norm, grad_indices=_DROP_IN_GRAD_INDICES)
         if sharded:
-            result = _sharded_lookup(parts, bags, dtype=dtype, default_id=default_id, **attrs)
+            result = _sharded_lookup(parts, bags, dtype=dtype, default_id=default_id,
+                                     empty_grad_row=0 if default_id is None else -1, **attrs)
             row_shape = parts[0].shape[1:]
         else:
             merged = _MergedShards(parts, partition_strategy)
             result = _lookup(merged.table, merged.rows(bags.ids), bags.segments, bags.num_rows,
                              _weights_values(bags.weights), segment_kind=bags.kind,
-                             default_id=merged.default_row(default_id), **attrs)
+                             default_id=merged.default_row(default_id),
+                             # TF fills a bag left empty with id 0, row 0 of the concatenation too
+                             empty_grad_row=0 if default_id is None else -1, **attrs)
             row_shape = merged.table.shape[1:]
         rank = sparse_ids.shape.rank
         if isinstance(sparse_ids, tf.SparseTensor) and rank != 2:

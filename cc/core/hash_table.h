@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "cc/core/hd.h"
+#include "cc/core/mix.h"
 
 namespace ctr {
 
@@ -73,16 +74,6 @@ CTR_HD bool HeaderFits(const int64_t* h, int64_t capacity, int64_t num_slots) {
 // Slots are claimed only while under 3/4 of them are occupied, so a probe
 // always ends at an empty slot, after a few steps on average.
 CTR_HD bool CanClaimSlot(int64_t occupied, int64_t num_slots) { return occupied < num_slots - num_slots / 4; }
-
-// SplitMix64's finalizer: consecutive ids (the common case) land far apart.
-CTR_HD uint64_t MixKey(uint64_t key) {
-  key ^= key >> 30;
-  key *= 0xbf58476d1ce4e5b9ULL;
-  key ^= key >> 27;
-  key *= 0x94d049bb133111ebULL;
-  key ^= key >> 31;
-  return key;
-}
 
 CTR_HD int64_t* PairAt(int64_t* pairs, int64_t s) { return pairs + 2 * s; }
 CTR_HD const int64_t* PairAt(const int64_t* pairs, int64_t s) { return pairs + 2 * s; }

@@ -42,7 +42,23 @@ struct LookupSpec {
   bool prune_weights = false;  // drop entries whose weight is not > 0
   int64_t default_id = -1;     // row used for bags left empty; -1: zeros
   float max_norm = -1.f;       // <= 0: no clipping
+  // Without a default_id: a row a bag left empty lists in the params
+  // gradient with a zero row, or -1. TF's safe lookup fills such a bag with
+  // id 0 and zeroes its output, so its gradient names row 0 (and an
+  // optimizer's sparse update, momentum's say, touches it).
+  int64_t empty_grad_row = -1;
 };
+
+// The row a bag left empty lists in the params gradient (-1: none), and
+// whether that row's gradient is zeros rather than the bag's.
+struct EmptyBagGrad {
+  int64_t row;
+  bool zeros;
+};
+CTR_HD EmptyBagGrad EmptyBagGradRow(const LookupSpec& s) {
+  if (s.default_id >= 0) return {s.default_id, false};
+  return {s.empty_grad_row, s.empty_grad_row >= 0};
+}
 
 constexpr int64_t kSkipKey = -1;
 constexpr int64_t kBadKey = -2;

@@ -481,7 +481,7 @@ template <typename VisitBag>
 int64_t CountBagGradRows(const LookupSpec& s, const VisitBag& visit, int64_t r) {
   int64_t n = 0;
   visit(r, [&](int64_t, float, int64_t) { ++n; });
-  return (n == 0 && s.default_id >= 0) ? 1 : n;
+  return (n == 0 && EmptyBagGradRow(s).row >= 0) ? 1 : n;
 }
 
 // J^T g for the clip x -> x * c / max(|x|, c): identity when |x| <= c, else
@@ -529,7 +529,13 @@ void ScaledBagGradRows(const LookupSpec& s, const VisitBag& visit, const T* grad
       any = true;
     });
     if (!any) {
-      if (s.default_id >= 0) write(s.default_id, 1.f);
+      const EmptyBagGrad empty = EmptyBagGradRow(s);
+      if (empty.zeros) {
+        std::fill(grad_values + k * D, grad_values + (k + 1) * D, FromAcc<T>(0.f));
+        grad_indices[k] = empty.row;
+      } else if (empty.row >= 0) {
+        write(empty.row, 1.f);
+      }
       continue;
     }
     const float scale = CombinerScale(s.combiner, bw);
@@ -542,7 +548,7 @@ void ScaledBagGradRows(const LookupSpec& s, const VisitBag& visit, const T* grad
 // gradient-row offsets: then the values are the pooled gradient [B, ...]
 // itself, in bag order, and a kernel can pass it on uncopied.
 inline bool GradIsPooledGrad(const LookupSpec& s, bool weighted, const int64_t* grad_offsets, int64_t rows) {
-  if (weighted || s.max_norm > 0.f || grad_offsets[rows] != rows) return false;
+  if (weighted || s.max_norm > 0.f || EmptyBagGradRow(s).zeros || grad_offsets[rows] != rows) return false;
   for (int64_t r = 0; r < rows; ++r)
     if (grad_offsets[r + 1] - grad_offsets[r] != 1) return false;
   return true;
@@ -586,10 +592,12 @@ void BagGradCpu(const LookupSpec& s, const T* params, const VisitBag& visit,
     });
     int64_t k = grad_offsets[r];
     if (!any) {
-      if (s.default_id >= 0) {
-        ClipBackward(params + s.default_id * D, g, s, 1.f, tmp);
+      const EmptyBagGrad empty = EmptyBagGradRow(s);
+      if (empty.row >= 0) {
+        if (empty.zeros) std::fill(tmp, tmp + D, AccT<T>(0.f));
+        else ClipBackward(params + empty.row * D, g, s, 1.f, tmp);
         for (int64_t d = 0; d < D; ++d) grad_values[k * D + d] = FromAcc<T>(tmp[d]);
-        grad_indices[k] = s.default_id;
+        grad_indices[k] = empty.row;
       }
       continue;
     }

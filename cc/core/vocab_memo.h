@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cc/core/fingerprint.h"
+#include "cc/core/mix.h"
 
 namespace ctr {
 
@@ -26,14 +27,7 @@ inline uint64_t MemoHash(std::string_view key) {
   return fp::Fingerprint64(reinterpret_cast<const uint8_t*>(key.data()), key.size());
 }
 
-// splitmix64's finalizer: ids of a vocabulary are often consecutive, which
-// would cluster in a power-of-two table unmixed.
-inline uint64_t MemoHash(int64_t key) {
-  uint64_t x = static_cast<uint64_t>(key);
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+inline uint64_t MemoHash(int64_t key) { return MixKey(static_cast<uint64_t>(key)); }
 
 // Byte equality without a call for the short keys vocabularies hold: two
 // overlapping loads from each end cover 4..16 bytes.

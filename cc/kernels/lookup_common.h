@@ -52,6 +52,7 @@ inline absl::Status ReadLookupAttrs(tensorflow::OpKernelConstruction* c, LookupA
     TF_RETURN_IF_ERROR(c->GetAttr("num_buckets", &a->spec.buckets));
   }
   if (c->HasAttr("grad_indices")) TF_RETURN_IF_ERROR(c->GetAttr("grad_indices", &grad_indices));
+  if (c->HasAttr("empty_grad_row")) TF_RETURN_IF_ERROR(c->GetAttr("empty_grad_row", &a->spec.empty_grad_row));
   a->merge_grad_rows = grad_indices == "first_appearance";
   if (a->spec.buckets < 0)
     return tensorflow::errors::InvalidArgument("num_buckets must be >= 0, got ", a->spec.buckets);
@@ -79,6 +80,7 @@ inline absl::Status BindTable(const tensorflow::Tensor& params, LookupAttrs* a) 
     a->default_not_a_row = spec->default_id;
     spec->default_id = -1;
   }
+  if (spec->empty_grad_row >= spec->vocab) spec->empty_grad_row = -1;
   return absl::OkStatus();
 }
 

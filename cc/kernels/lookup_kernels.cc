@@ -10,8 +10,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
+#include "cc/core/first_appearance.h"
 #include "cc/core/lookup.h"
 #include "cc/core/lookup_cpu.h"
 #include "cc/kernels/pool_cpu.h"
@@ -84,7 +84,8 @@ class EmbeddingLookupCpuOp : public LookupKernel {
 // Jacobian at the table row and c_e its weight times the bag's combiner
 // scale; J depends on the row only, so each row sums c_e g_b over its
 // entries first (reading the small [B, D] grad, not per-entry rows) and
-// applies ClipBackward once. The default row of an empty bag has c = 1.
+// applies ClipBackward once. The default row of an empty bag has c = 1; the
+// zero row TF's safe lookup lists for one (empty_grad_row) adds nothing.
 template <typename T, typename VisitBag>
 absl::Status MergedGradRows(OpKernelContext* ctx, const ctr::LookupSpec& s, const Tensor& params,
                             const Tensor& grad, const VisitBag& visit, int64_t rows, int64_t total) {
@@ -97,24 +98,26 @@ absl::Status MergedGradRows(OpKernelContext* ctx, const ctr::LookupSpec& s, cons
       scale[r] = ctr::CombinerScale(s.combiner, bw);
     }
   });
-  // Entries in bag order, each with its table row's slot (first appearance).
-  absl::flat_hash_map<int64_t, int64_t> slot_of;
-  slot_of.reserve(total);
-  std::vector<int64_t> unique, slot(total), bag(total);
+  // Entries in bag order, each with its table row, then that row's slot
+  // (first appearance).
+  std::vector<int64_t> row_of(total), slot(total), bag(total);
   std::vector<float> coef(total);
   int64_t k = 0;
   auto add = [&](int64_t row, int64_t r, float c) {
-    const auto it = slot_of.try_emplace(row, static_cast<int64_t>(unique.size())).first;
-    if (it->second == static_cast<int64_t>(unique.size())) unique.push_back(row);
-    slot[k] = it->second;
+    row_of[k] = row;
     bag[k] = r;
     coef[k++] = c;
   };
+  const ctr::EmptyBagGrad empty = ctr::EmptyBagGradRow(s);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t first = k;
     visit(r, [&](int64_t row, float w, int64_t) { add(row, r, w * scale[r]); });
-    if (k == first && s.default_id >= 0) add(s.default_id, r, 1.f);
+    // A zero row names no bag: it adds nothing, even to an inf gradient.
+    if (k == first && empty.row >= 0) add(empty.row, empty.zeros ? -1 : r, 1.f);
   }
+  ctr::FirstAppearance slot_of(total);
+  slot_of.Number(row_of.data(), total, slot.data());
+  const std::vector<int64_t>& unique = slot_of.rows();
   const int64_t u = static_cast<int64_t>(unique.size());
   std::vector<int64_t> start(u + 1, 0), order(total);  // entries grouped by slot, in order
   for (int64_t i = 0; i < total; ++i) ++start[slot[i] + 1];
@@ -136,6 +139,7 @@ absl::Status MergedGradRows(OpKernelContext* ctx, const ctr::LookupSpec& s, cons
       std::fill(sum.begin(), sum.end(), 0.f);
       for (int64_t j = start[i]; j < start[i + 1]; ++j) {
         const int64_t e = order[j];
+        if (bag[e] < 0) continue;
         const CT* gb = g + bag[e] * dim;
         for (int64_t d = 0; d < dim; ++d) sum[d] += coef[e] * ctr::ToFloat(gb[d]);
       }

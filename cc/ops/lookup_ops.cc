@@ -41,6 +41,10 @@ num_buckets: hash mode only: the bucket count of the hash (0: V). A bucket
 grad_indices: the params gradient's rows: "per_id", one per looked-up id in bag
   order; "first_appearance", the rows of each table row summed into one, in
   order of first appearance, as TF's Unique + Gather gives them.
+empty_grad_row: without a default_id, the row a bag left empty lists in the
+  params gradient, with a zero row (-1: none, or not a table row). TF's
+  safe_embedding_lookup_sparse fills such a bag with id 0 and zeroes its
+  output, so its gradient names row 0.
 )doc";
 
 
@@ -88,7 +92,8 @@ absl::Status LookupGradShape(InferenceContext* c) {
   CTR_POOLING_ATTRS.Attr("Tid: {int32, int64, string}")  \
       .Attr("id_mode: {'index', 'hash'} = 'index'")      \
       .Attr("num_buckets: int = 0")                      \
-      .Attr("grad_indices: {'per_id', 'first_appearance'} = 'per_id'")
+      .Attr("grad_indices: {'per_id', 'first_appearance'} = 'per_id'") \
+      .Attr("empty_grad_row: int = -1")
 
 // Each op has a form reading its table from a variable (PARAMS "resource").
 #define CTR_LOOKUP_SIGNATURE(PARAMS)                                                                    \
