@@ -145,9 +145,11 @@ struct Resolved {
 // every kernel and resolve site (minutes of build per architecture) and set
 // the register count, hence the occupancy, of the pooling loops around it.
 // Called once per 32 tokens per lane, the call costs far less than the rows.
-__device__ __noinline__ Resolved ResolveHashed(const uint8_t* tok, int64_t len, int64_t vocab, int64_t buckets) {
+__device__ __noinline__ Resolved ResolveHashed(const uint8_t* tok, int64_t len, int64_t vocab, int64_t buckets,
+                                               StringHash hash) {
   StringSpec s;
   s.lookup.vocab = vocab;
+  s.lookup.hash = hash;
   s.buckets = buckets;
   s.mode = TokenMode::kHash;
   Resolved r{0, 0};
@@ -159,7 +161,7 @@ __device__ __noinline__ Resolved ResolveHashed(const uint8_t* tok, int64_t len, 
 // of line. The parse spec's mode is one of two constants, so its inlined hash
 // branch folds away.
 __device__ __forceinline__ Resolved Resolve(const StringSpec& s, const uint8_t* tok, int64_t len) {
-  if (s.mode == TokenMode::kHash) return ResolveHashed(tok, len, s.lookup.vocab, s.buckets);
+  if (s.mode == TokenMode::kHash) return ResolveHashed(tok, len, s.lookup.vocab, s.buckets, s.lookup.hash);
   StringSpec p;
   p.lookup.vocab = s.lookup.vocab;
   p.skip_negative = s.skip_negative;

@@ -291,6 +291,30 @@ def test_matches_cpu(rng, combiner, id_mode, delimiter, skip_empty, bagged):
     assert_matches_cpu(values, raw, splits, bags, max_norm=0.9, **opts)
 
 
+@pytest.mark.parametrize("hash_key", [[0, 0], [133, 137], [2**63 - 1, -1]])
+@pytest.mark.parametrize("delimiter", [b",", b""], ids=["comma", "none"])
+def test_keyed_hash_matches_cpu(rng, hash_key, delimiter):
+    # to_hash_bucket_strong's SipHash on the device: the CPU's buckets, which
+    # tests/test_keyed_hash.py checks against TF.
+    vocab, dim = 300, 16
+    values = random_table(rng, vocab, dim)
+    strings = random_strings(rng, 120, vocab, "hash", delimiter, empty_tokens=True)
+    raw, splits = pack(strings, prefix=b"ab,c")
+    got = assert_matches_cpu(values, raw, splits, delimiter=delimiter, hash_key=hash_key)
+    assert not np.allclose(got, cpu_strings(values, raw, splits, delimiter=delimiter))
+
+
+def test_grouped_features_keep_their_keys_on_the_device(rng):
+    tables = [random_table(rng, 50, 8), random_table(rng, 70, 4)]
+    strings = random_strings(rng, 40, 50, "hash") + random_strings(rng, 40, 70, "hash")
+    raw, splits = pack(strings)
+    opts = [dict(hash_key=[5, 6]), dict()]
+    outs = gpu_multi(tables, "float32", raw, splits, 40, opts)
+    for f, (t, o) in enumerate(zip(tables, opts)):
+        want = cpu_strings(t, raw, splits[40 * f:40 * (f + 1) + 1], **o)
+        assert_close(outs[f], want, "float32")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("id_mode", MODES)
 def test_table_dtypes(rng, dtype, id_mode):

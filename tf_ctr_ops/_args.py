@@ -62,6 +62,32 @@ def check_id_mode(id_mode):
     return id_mode
 
 
+def check_hash_key(hash_key):
+    """The hash_key attr: [] (to_hash_bucket_fast) for None, else the two
+    integers of to_hash_bucket_strong's `key` (keras.layers.Hashing's salt:
+    one integer s is [s, s]); an already checked [] stays []."""
+    if hash_key is None or (isinstance(hash_key, (list, tuple)) and len(hash_key) == 0):
+        return []
+    if isinstance(hash_key, (int, np.integer)) and not isinstance(hash_key, bool):
+        hash_key = [hash_key, hash_key]
+    try:
+        key = [int(k) for k in hash_key]
+    except (TypeError, ValueError):
+        raise ValueError(f"hash_key must be None, an integer or two integers, got {hash_key!r}") from None
+    if len(key) != 2 or any(not -2**63 <= k < 2**63 for k in key):
+        raise ValueError(f"hash_key must be None, an integer or two int64 integers, got {hash_key!r}")
+    return key
+
+
+def hash_bucket(strings, num_buckets, hash_key):
+    """TF's own string hash of `strings` into `num_buckets`: the one the fused
+    kernels follow bit for bit (fast, or strong with a key), for the paths
+    that leave hashing to TF (sharded tables, weighted string keys)."""
+    if hash_key:
+        return tf.strings.to_hash_bucket_strong(strings, num_buckets, key=hash_key)
+    return tf.strings.to_hash_bucket_fast(strings, num_buckets)
+
+
 def check_delimiter(delimiter):
     """The delimiter attr: None means each whole string is one token."""
     if delimiter is None:

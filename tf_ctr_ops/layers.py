@@ -360,17 +360,21 @@ class HashEmbedding(_PooledEmbeddingBase):
         embeddings_constraint: Constraint applied to the table.
         max_norm: Optional float. Rows are clipped to this L2 norm before
             pooling.
+        salt: Optional integer or pair of integers, as `keras.layers.Hashing`'s:
+            keys are then hashed with `tf.strings.to_hash_bucket_strong`
+            (SipHash) keyed with it (one integer s is `[s, s]`).
         **kwargs: Base layer keyword arguments, such as `name` and `dtype`.
     """
 
     _rows_arg = "num_buckets"
 
     def __init__(self, num_buckets, output_dim, combiner="mean", embeddings_initializer="uniform",
-                 embeddings_regularizer=None, embeddings_constraint=None, max_norm=None, **kwargs):
+                 embeddings_regularizer=None, embeddings_constraint=None, max_norm=None, salt=None, **kwargs):
         super().__init__(num_buckets, output_dim, combiner=combiner,
                          embeddings_initializer=embeddings_initializer,
                          embeddings_regularizer=embeddings_regularizer,
                          embeddings_constraint=embeddings_constraint, max_norm=max_norm, **kwargs)
+        self.salt = _args.check_hash_key(salt) or None
 
     @property
     def num_buckets(self):
@@ -378,7 +382,12 @@ class HashEmbedding(_PooledEmbeddingBase):
 
     def _lookup(self, table, inputs, weights):
         return _ops.hash_embedding(table, inputs, weights, combiner=self.combiner,
-                                   max_norm=self.max_norm)
+                                   max_norm=self.max_norm, hash_key=self.salt)
+
+    def get_config(self):
+        config = super().get_config()
+        config["salt"] = self.salt
+        return config
 
 
 HashEmbedding.__doc__ += _CONTAINERS_DOC

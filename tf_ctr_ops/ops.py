@@ -14,6 +14,8 @@ from tf_ctr_ops._args import (  # noqa: F401  (COMBINERS, canonical_shard_sizes:
     as_table,
     canonical_shard_sizes,
     check_combiner,
+    check_hash_key,
+    hash_bucket,
     in_place_variable,
     known_max_norm,
     max_norm_attr,
@@ -67,7 +69,7 @@ def _checked_bag_ids(ids, bags):
 
 def _lookup(table, ids, segments, num_rows, weights, *, segment_kind, combiner, id_mode="index",
             invalid_ids="error", prune_weights=False, default_id=-1, max_norm=None, grad_indices="per_id",
-            empty_grad_row=-1, name=None):
+            empty_grad_row=-1, hash_key=(), name=None):
     """The fused op over `table`: a tensor, or a variable (`table_operand`) read in place."""
     weights, has_weights = _op_weights(weights)
     args = dict(
@@ -85,6 +87,7 @@ def _lookup(table, ids, segments, num_rows, weights, *, segment_kind, combiner, 
         has_weights=has_weights,
         grad_indices=grad_indices,
         empty_grad_row=empty_grad_row,
+        hash_key=list(hash_key),
         name=name,
     )
     var = in_place_variable(table)
@@ -100,10 +103,11 @@ def _lookup_grad_attrs(op):
     attrs = {k: op.get_attr(k) for k in (
         "combiner", "segment_kind", "id_mode", "invalid_ids", "prune_weights", "default_id",
         "max_norm", "has_weights", "num_buckets")}
-    try:
-        attrs["empty_grad_row"] = op.get_attr("empty_grad_row")
-    except ValueError:  # a node built without the attr (by an older graph): none
-        pass
+    for optional in ("empty_grad_row", "hash_key"):
+        try:
+            attrs[optional] = op.get_attr(optional)
+        except ValueError:  # a node built without the attr (by an older graph): its default
+            pass
     return {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
 
 
@@ -713,12 +717,14 @@ def sparse_embedding(params, ids, weights=None, combiner="mean", max_norm=None, 
         return _with_batch_dim(out, ids)
 
 
-def hash_embedding(params, keys, weights=None, combiner="mean", max_norm=None, name=None):
+def hash_embedding(params, keys, weights=None, combiner="mean", max_norm=None, hash_key=None, name=None):
     """Pooled embedding of hashed keys: row `to_hash_bucket_fast(key, V)` of `params`.
 
     Integer keys hash as their decimal string (the Keras `Hashing`
     convention: `to_hash_bucket_fast(as_string(keys), V)`), inside the
-    kernel, with no string tensor. String keys hash as themselves.
+    kernel, with no string tensor. String keys hash as themselves. With a
+    `hash_key` the hash is `to_hash_bucket_strong(..., key=hash_key)`, as
+    `keras.layers.Hashing(salt=...)` hashes.
 
     Args:
       params: `[V, D]` table; V is the bucket count. A ShardedVariable is
@@ -729,14 +735,18 @@ def hash_embedding(params, keys, weights=None, combiner="mean", max_norm=None, n
       weights: optional float weights in the same container as `keys`.
       combiner: "sum", "mean" or "sqrtn".
       max_norm: if set, rows are clipped to this L2 norm before pooling.
+      hash_key: None (the fast hash), or an integer or two: the `key` of
+        `to_hash_bucket_strong` (one integer s is `[s, s]`, as `Hashing`'s
+        salt).
 
     Returns:
       `[B, D]` tensor of the params dtype.
     """
+    hash_key = check_hash_key(hash_key)
     with tf.name_scope(name or "hash_embedding"):
         shards = sharded_variables(params)
         if shards is not None:
-            return _sharded_hash_embedding(shards, keys, weights, combiner, max_norm)
+            return _sharded_hash_embedding(shards, keys, weights, combiner, max_norm, hash_key)
         table = as_table(params, in_place=True)
         dense = not isinstance(keys, (tf.RaggedTensor, tf.SparseTensor))
         if dense:
@@ -744,22 +754,22 @@ def hash_embedding(params, keys, weights=None, combiner="mean", max_norm=None, n
         if keys.dtype == tf.string:
             table = read_table(table)
             if weights is None:  # the packed-string path owns unweighted string keys
-                return strings.hash_string_keys(table, keys, combiner, max_norm)
+                return strings.hash_string_keys(table, keys, combiner, max_norm, hash_key)
             # Weighted string keys: hash with TF, then the fused weighted lookup.
             if table.shape.rank is None or table.shape[0] is None:
                 raise ValueError("weighted string keys need a table whose row count is known when the graph is "
-                                 "built (tf.strings.to_hash_bucket_fast takes the bucket count as an int)")
+                                 "built (TF's string hash takes the bucket count as an int)")
             keys, weights = strings.string_key_bags(keys, weights)
-            buckets = tf.strings.to_hash_bucket_fast(keys.values, int(table.shape[0]))
+            buckets = hash_bucket(keys.values, int(table.shape[0]), hash_key)
             return sparse_embedding(table, keys.with_values(buckets), weights, combiner=combiner, max_norm=max_norm)
         bags = _bags_from_container(keys, weights, -1)
         out = _lookup(table, bags.ids, bags.segments, bags.num_rows, _weights_values(bags.weights),
                       segment_kind=bags.kind, combiner=combiner, id_mode="hash",
-                      invalid_ids="skip_padding" if dense else "error", max_norm=max_norm)
+                      invalid_ids="skip_padding" if dense else "error", max_norm=max_norm, hash_key=hash_key)
         return _with_batch_dim(out, keys)
 
 
-def _sharded_hash_embedding(shards, keys, weights, combiner, max_norm):
+def _sharded_hash_embedding(shards, keys, weights, combiner, max_norm, hash_key):
     """hash_embedding over a ShardedVariable: the buckets computed by TF's
     hashing (the kernel's is bit-identical to it), then sparse_embedding's
     shard-by-shard lookup, so no shard is read whole. Padding (-1 in dense
@@ -771,12 +781,12 @@ def _sharded_hash_embedding(shards, keys, weights, combiner, max_norm):
     dense = not isinstance(keys, (tf.RaggedTensor, tf.SparseTensor))
     if keys.dtype == tf.string:
         ragged, weights = strings.string_key_bags(keys, weights)
-        bags = _bags_from_container(ragged.with_values(tf.strings.to_hash_bucket_fast(ragged.values, buckets_of)),
+        bags = _bags_from_container(ragged.with_values(hash_bucket(ragged.values, buckets_of, hash_key)),
                                     weights, -1)
         invalid_ids = "error"
     else:
         bags = _bags_from_container(keys, weights, -1)
-        bags.ids = tf.strings.to_hash_bucket_fast(tf.strings.as_string(bags.ids), buckets_of)
+        bags.ids = hash_bucket(tf.strings.as_string(bags.ids), buckets_of, hash_key)
         if dense:  # -1 is padding, never hashed
             bags.ids = tf.where(tf.equal(tf.reshape(keys, [-1]), -1), tf.constant(-1, tf.int64), bags.ids)
         invalid_ids = "skip_padding" if dense else "error"

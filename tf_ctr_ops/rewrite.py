@@ -388,6 +388,7 @@ _UNFUSED_FEATURE_OPS = {
     "SparseCrossV2": "a crossed feature",
     "SparseCrossHashed": "a crossed feature",
     "StringToHashBucketFast": "a string hash that no fused lookup absorbed",
+    "StringToHashBucketStrong": "a keyed string hash (Hashing with a salt) that no fused lookup absorbed",
 }
 
 

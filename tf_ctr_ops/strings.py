@@ -13,7 +13,9 @@ from tf_ctr_ops._args import (
     as_table,
     check_combiner,
     check_delimiter,
+    check_hash_key,
     check_id_mode,
+    hash_bucket,
     max_norm_attr,
     per_feature,
     sharded_variables,
@@ -90,18 +92,19 @@ def _string_table(table):
 
 
 def _string_op(table, packed, bag_splits, *, delimiter, combiner, id_mode, skip_empty, max_norm,
-               invalid_ids="error", default_id=None):
+               invalid_ids="error", default_id=None, hash_key=None):
     data, row_splits = packed
     return _ops.ctr_string_embedding(
         params=_string_table(table), bytes=data, row_splits=tf.cast(row_splits, tf.int64),
         bag_splits=tf.zeros([0], tf.int64) if bag_splits is None else tf.cast(bag_splits, tf.int64),
         delimiter=delimiter, combiner=check_combiner(combiner), id_mode=check_id_mode(id_mode),
         skip_empty=bool(skip_empty), max_norm=max_norm_attr(max_norm), bagged=bag_splits is not None,
-        invalid_ids=_check_string_invalid_ids(invalid_ids), default_id=-1 if default_id is None else int(default_id))
+        invalid_ids=_check_string_invalid_ids(invalid_ids), default_id=-1 if default_id is None else int(default_id),
+        hash_key=check_hash_key(hash_key))
 
 
 def string_embedding(strings, params, delimiter=",", combiner="mean", id_mode="hash", skip_empty=True,
-                     max_norm=None, invalid_ids="error", default_id=None, name=None):
+                     max_norm=None, invalid_ids="error", default_id=None, hash_key=None, name=None):
     """Pooled embedding of strings of delimited ids, e.g. `"12,7,993"`.
 
     Equal to `tf.strings.split(strings, delimiter)` (dropping empty tokens when
@@ -129,6 +132,9 @@ def string_embedding(strings, params, delimiter=",", combiner="mean", id_mode="h
         `safe_embedding_lookup_sparse` prunes them).
       default_id: the row of a string left without tokens (None: zeros), as
         `safe_embedding_lookup_sparse`'s `default_id`.
+      hash_key: hash mode: None (`to_hash_bucket_fast`), or an integer or
+        two that make the hash `tf.strings.to_hash_bucket_strong(tokens, V,
+        key)` (keras.layers.Hashing's `salt`; one integer s is `[s, s]`).
 
     Returns:
       `[B, D]` tensor of the params dtype.
@@ -144,12 +150,13 @@ def string_embedding(strings, params, delimiter=",", combiner="mean", id_mode="h
         if shards is not None:
             return _sharded_string_embedding(shards, strings, delimiter=delimiter, combiner=combiner,
                                              id_mode=id_mode, skip_empty=skip_empty, max_norm=max_norm,
-                                             invalid_ids=invalid_ids, default_id=default_id)
+                                             invalid_ids=invalid_ids, default_id=default_id,
+                                             hash_key=check_hash_key(hash_key))
         table = as_table(params)
         packed = strings if _is_packed(strings) else pack_strings(strings)
         return _string_op(table, packed, None, delimiter=delimiter, combiner=combiner, id_mode=id_mode,
                           skip_empty=skip_empty, max_norm=max_norm, invalid_ids=invalid_ids,
-                          default_id=default_id)
+                          default_id=default_id, hash_key=hash_key)
 
 
 def _sharded_string_embedding(shards, strings, **attrs):
@@ -158,8 +165,8 @@ def _sharded_string_embedding(shards, strings, **attrs):
     The fused op first runs on a [V, 0] view of the table: it splits and
     parses every string as on one table and fails the same way, naming the
     row and the token. Packed bytes are unpacked into strings again. TF's
-    split, to_number and to_hash_bucket_fast, whose rules the kernel follows
-    bit for bit (cc/core/parse.h, fingerprint.h), then give the ids, and the
+    split, to_number and string hash, whose rules the kernel follows bit for
+    bit (cc/core/parse.h, string_hash.h), then give the ids, and the
     sharded lookup gathers each shard's rows on its own device (its parameter
     server) and pools them here.
     """
@@ -172,7 +179,7 @@ def _sharded_string_embedding(shards, strings, **attrs):
         strings = _unpack_strings(packed) if _is_packed(strings) else _string_vector(strings)
         tokens = _split_tokens(strings, attrs["delimiter"], attrs["skip_empty"])
     if attrs["id_mode"] == "hash":
-        ids = tf.strings.to_hash_bucket_fast(tokens.values, num_rows)
+        ids = hash_bucket(tokens.values, num_rows, attrs["hash_key"])
     else:
         ids = tf.strings.to_number(tokens.values, tf.int64)
         if attrs["id_mode"] == "mod":
@@ -196,7 +203,7 @@ def _split_tokens(strings, delimiter, skip_empty):
 
 
 def multi_string_embedding(features, tables, delimiters=",", combiners="mean", id_modes="hash",
-                           skip_empty=True, max_norms=None, concat=False, name=None):
+                           skip_empty=True, max_norms=None, concat=False, hash_keys=None, name=None):
     """The grouped `string_embedding`: many string features, one pack, one launch.
 
     Args:
@@ -207,6 +214,8 @@ def multi_string_embedding(features, tables, delimiters=",", combiners="mean", i
       concat: return the N outputs concatenated along axis 1, written in
         place by the op (`CtrConcatStringEmbedding`): what `tf.concat(outputs,
         axis=1)` gives, without the copy.
+      hash_keys: None, or a list of N: each feature's `hash_key` (see
+        `string_embedding`), None for `to_hash_bucket_fast`.
 
     Returns:
       List of N `[B, D_i]` tensors, identical to calling `string_embedding`
@@ -222,14 +231,16 @@ def multi_string_embedding(features, tables, delimiters=",", combiners="mean", i
     id_modes = [check_id_mode(m) for m in per_feature(id_modes, n, "id_modes")]
     skip_empty = [bool(s) for s in per_feature(skip_empty, n, "skip_empty")]
     max_norms = [max_norm_attr(m) for m in per_feature(max_norms, n, "max_norms")]
+    key_attrs = _grouped_hash_key_attrs(hash_keys, n)
     with tf.name_scope(name or "multi_string_embedding"):
         if any(sharded_variables(t) is not None for t in tables):
             # A sharded table is gathered shard by shard on its own devices:
             # no grouped op can read it, so each feature is looked up alone.
+            keys = hash_keys if hash_keys is not None else [None] * n
             outs = [string_embedding(f, t, delimiter=d or None, combiner=c, id_mode=m, skip_empty=e,
-                                     max_norm=None if mn < 0 else mn)
-                    for f, t, d, c, m, e, mn in zip(features, tables, delimiters, combiners, id_modes,
-                                                    skip_empty, max_norms)]
+                                     max_norm=None if mn < 0 else mn, hash_key=k)
+                    for f, t, d, c, m, e, mn, k in zip(features, tables, delimiters, combiners, id_modes,
+                                                       skip_empty, max_norms, keys)]
             return tf.concat(outs, axis=1) if concat else outs
         tables = [_string_table(as_table(t)) for t in tables]
         features = [_string_vector(f) for f in features]
@@ -239,7 +250,7 @@ def multi_string_embedding(features, tables, delimiters=",", combiners="mean", i
         # equal_sizes: the grouped op finds feature i's rows at [i * B,
         # (i + 1) * B), so features of different batch sizes must fail.
         attrs = dict(combiners=combiners, id_modes=id_modes, delimiters=delimiters, skip_empty=skip_empty,
-                     max_norms=max_norms)
+                     max_norms=max_norms, **key_attrs)
         if concat:
             # Feature i's strings are found by input_splits: the op checks
             # that the features' row counts agree, as a concat would.
@@ -290,16 +301,16 @@ def _dense_string_keys(keys):
     return keys
 
 
-def hash_string_keys(table, keys, combiner, max_norm):
+def hash_string_keys(table, keys, combiner, max_norm, hash_key=None):
     """hash_embedding for unweighted string keys: bags of whole-string tokens."""
     if not isinstance(keys, (tf.SparseTensor, tf.RaggedTensor)):
-        return _dense_hash_string_keys(table, _dense_string_keys(keys), combiner, max_norm)
+        return _dense_hash_string_keys(table, _dense_string_keys(keys), combiner, max_norm, hash_key)
     keys, _ = string_key_bags(keys)
     return _string_op(table, pack_strings(keys.values), keys.row_splits, delimiter=b"", combiner=combiner,
-                      id_mode="hash", skip_empty=False, max_norm=max_norm)
+                      id_mode="hash", skip_empty=False, max_norm=max_norm, hash_key=hash_key)
 
 
-def _dense_hash_string_keys(table, keys, combiner, max_norm):
+def _dense_hash_string_keys(table, keys, combiner, max_norm, hash_key):
     """Dense `[B, N]` string keys padded with "": each key is one whole-string
     token (empty delimiter), and `skip_empty` drops the "" keys inside the
     kernel. Building no mask and no ragged tensor matters: a model with one
@@ -311,7 +322,7 @@ def _dense_hash_string_keys(table, keys, combiner, max_norm):
         shape = tf.shape(keys, out_type=tf.int64)
         bag_splits = tf.range(shape[0] + 1) * shape[1]
     out = _string_op(table, packed, bag_splits, delimiter=b"", combiner=combiner, id_mode="hash",
-                     skip_empty=True, max_norm=max_norm)
+                     skip_empty=True, max_norm=max_norm, hash_key=hash_key)
     if keys.shape[0] is not None:
         out.set_shape([keys.shape[0], out.shape[1]])
     return out
@@ -330,7 +341,7 @@ def _attrs(op, names):
 def _string_embedding_grad(op, grad):
     params, data, row_splits, bag_splits = op.inputs
     attrs = _attrs(op, ("combiner", "id_mode", "delimiter", "skip_empty", "max_norm", "bagged", "num_buckets",
-                        "invalid_ids", "default_id"))
+                        "invalid_ids", "default_id", "hash_key"))
     if op.get_attr("trim_empty_tail"):
         # The trimmed rows had no tokens: their gradient is zero.
         bags = tf.shape(bag_splits if attrs["bagged"] else row_splits)[0] - 1
@@ -338,6 +349,28 @@ def _string_embedding_grad(op, grad):
     values, indices = _ops.ctr_string_embedding_grad(grad=grad, params=params, bytes=data, row_splits=row_splits,
                                                      bag_splits=bag_splits, **attrs)
     return [table_gradient(values, indices, tf.shape(params)), None, None, None]
+
+
+def _feature_hash_keys(op, n):
+    """Each of a grouped op's n features' hash_key: [] or its two integers."""
+    keys = [[] for _ in range(n)]
+    flat = op.get_attr("hash_keys")
+    for k, feature in enumerate(op.get_attr("keyed_features")):
+        keys[feature] = list(flat[2 * k:2 * k + 2])
+    return keys
+
+
+def _grouped_hash_key_attrs(hash_keys, n):
+    """keyed_features and hash_keys of a grouped op from n features' hash
+    keys (None or a list of n, each None, an integer or two)."""
+    if hash_keys is None:
+        return {}
+    hash_keys = list(hash_keys)
+    if len(hash_keys) != n:
+        raise ValueError(f"hash_keys must be None or a list of {n} entries (None, an integer or two each), got "
+                         f"{len(hash_keys)}")
+    keyed = [(i, check_hash_key(k)) for i, k in enumerate(hash_keys) if k is not None]
+    return dict(keyed_features=[i for i, _ in keyed], hash_keys=[x for _, key in keyed for x in key])
 
 
 @tf.RegisterGradient("CtrMultiStringEmbedding")
@@ -348,6 +381,7 @@ def _multi_string_embedding_grad(op, *grads):
     batch = (tf.shape(row_splits, out_type=tf.int64)[0] - 1) // n
     attrs = _attrs(op, ("combiners", "id_modes", "delimiters", "skip_empty", "max_norms", "num_buckets"))
     buckets = attrs["num_buckets"] or [0] * n
+    hash_keys = _feature_hash_keys(op, n)
     out = []
     for i in range(n):
         grad = grads[i] if grads[i] is not None else tf.zeros([batch, tf.shape(tables[i])[1]], tables[i].dtype)
@@ -356,7 +390,7 @@ def _multi_string_embedding_grad(op, *grads):
             bag_splits=tf.zeros([0], tf.int64), combiner=attrs["combiners"][i].decode(),
             id_mode=attrs["id_modes"][i].decode(), delimiter=attrs["delimiters"][i],
             skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i], bagged=False,
-            num_buckets=buckets[i])
+            num_buckets=buckets[i], hash_key=hash_keys[i])
         out.append(table_gradient(values, indices, tf.shape(tables[i])))
     return out + [None, None]
 
@@ -384,6 +418,7 @@ def _concat_grad(op, grad, tables, data, row_splits, input_splits, dense, string
     rows = tf.shape(grad, out_type=tf.int64)[0]
     attrs = _attrs(op, ("combiners", "id_modes", "delimiters", "skip_empty", "max_norms", "num_buckets"))
     buckets = attrs["num_buckets"] or [0] * n
+    hash_keys = _feature_hash_keys(op, n)
     # Column blocks in layout order: feature i is block i, dense input j block n + j.
     widths = ([tf.shape(t, out_type=tf.int64)[1] for t in tables]
               + [tf.shape(d, out_type=tf.int64)[1] for d in dense])
@@ -400,7 +435,7 @@ def _concat_grad(op, grad, tables, data, row_splits, input_splits, dense, string
             row_splits=row_splits[input_splits[i]:input_splits[i] + rows + 1], bag_splits=tf.zeros([0], tf.int64),
             combiner=attrs["combiners"][i].decode(), id_mode=attrs["id_modes"][i].decode(),
             delimiter=attrs["delimiters"][i], skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i],
-            bagged=False, num_buckets=buckets[i])
+            bagged=False, num_buckets=buckets[i], hash_key=hash_keys[i])
         out.append(table_gradient(values, indices, tf.shape(tables[i])))
     dense_grads = [grad[:, columns[n + j]:columns[n + j] + widths[n + j]] for j in range(m)]
     return out + [None] * string_inputs + dense_grads

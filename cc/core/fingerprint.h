@@ -179,12 +179,6 @@ CTR_HD_HOT uint64_t Fingerprint64(const uint8_t* s, uint64_t len) {
 
 }  // namespace fp
 
-// tf.strings.to_hash_bucket_fast: Fingerprint64 modulo the bucket count.
-CTR_HD_HOT int64_t HashBucket(const uint8_t* s, uint64_t len, int64_t buckets) {
-  return static_cast<int64_t>(fp::Fingerprint64(s, len) %
-                              static_cast<uint64_t>(buckets));
-}
-
 // Writes the decimal form of v, exactly as tf.strings.as_string prints an
 // integer, into buf (>= 20 bytes) and returns its length. Integer keys are
 // hashed through this so no string tensor is ever materialized.
@@ -201,12 +195,6 @@ CTR_HD int FormatInt64(int64_t v, uint8_t* buf) {
   if (v < 0) buf[len++] = '-';
   while (n > 0) buf[len++] = tmp[--n];
   return len;
-}
-
-CTR_HD int64_t HashIntKeyBucket(int64_t key, int64_t buckets) {
-  uint8_t buf[20];
-  int len = FormatInt64(key, buf);
-  return HashBucket(buf, static_cast<uint64_t>(len), buckets);
 }
 
 }  // namespace ctr

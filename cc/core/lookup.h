@@ -8,9 +8,9 @@
 #include <string>
 
 #include "cc/core/combiner.h"
-#include "cc/core/fingerprint.h"
 #include "cc/core/float_types.h"
 #include "cc/core/hd.h"
+#include "cc/core/string_hash.h"
 
 namespace ctr {
 
@@ -35,6 +35,7 @@ struct LookupSpec {
   int64_t vocab = 0;  // table rows
   int64_t buckets = 0;  // hash mode: hash % buckets (0: the table rows); a
                         // bucket >= vocab is then a bad key, as a Gather says
+  StringHash hash;      // hash mode (and string tokens): fast, or keyed
   int64_t dim = 0;
   Combiner combiner = Combiner::kMean;
   IdMode id_mode = IdMode::kIndex;
@@ -71,7 +72,7 @@ CTR_HD int64_t ResolveKey(TKey key, const LookupSpec& s) {
   // keys must not pool the bucket of "-1".
   if (k == -1 && s.invalid_ids == InvalidIds::kSkipPadding) return kSkipKey;
   if (s.id_mode == IdMode::kHash) {
-    const int64_t b = HashIntKeyBucket(k, s.buckets > 0 ? s.buckets : s.vocab);
+    const int64_t b = HashIntKeyBucket(s.hash, k, s.buckets > 0 ? s.buckets : s.vocab);
     return b < s.vocab ? b : kBadKey;
   }
   if (k >= 0 && k < s.vocab) return k;

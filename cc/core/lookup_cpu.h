@@ -42,7 +42,7 @@ inline int64_t ResolveCpuKey(const TKey& key, const LookupSpec& s) {
     return ResolveKey(key, s);
   } else {
     if (s.id_mode != IdMode::kHash) return kBadKey;
-    const int64_t b = HashBucket(reinterpret_cast<const uint8_t*>(key.data()), key.size(),
+    const int64_t b = HashBucket(s.hash, reinterpret_cast<const uint8_t*>(key.data()), key.size(),
                                  s.buckets > 0 ? s.buckets : s.vocab);
     return b < s.vocab ? b : kBadKey;
   }
@@ -54,7 +54,7 @@ inline int64_t ErrorKeyValue(const TKey& key, const LookupSpec& s) {
   if constexpr (std::is_arithmetic_v<TKey>) {
     return static_cast<int64_t>(key);
   } else {
-    return HashBucket(reinterpret_cast<const uint8_t*>(key.data()), key.size(), s.buckets > 0 ? s.buckets : s.vocab);
+    return HashBucket(s.hash, reinterpret_cast<const uint8_t*>(key.data()), key.size(), s.buckets > 0 ? s.buckets : s.vocab);
   }
 }
 

@@ -227,7 +227,7 @@ CTR_HD int64_t RowOfId(int64_t id, const StringSpec& s) {
 CTR_HD_HOT int64_t ResolveToken(const uint8_t* tok, int64_t len, const StringSpec& s, int64_t* value) {
   if (s.mode == TokenMode::kHash) {
     const int64_t V = s.lookup.vocab;
-    const int64_t b = HashBucket(tok, static_cast<uint64_t>(len), s.buckets > 0 ? s.buckets : V);
+    const int64_t b = HashBucket(s.lookup.hash, tok, static_cast<uint64_t>(len), s.buckets > 0 ? s.buckets : V);
     *value = b;
     return b < V ? b : kBadKey;
   }

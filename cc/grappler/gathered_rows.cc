@@ -93,10 +93,58 @@ bool MatchDirectRows(const NodeDef& user, int data_input, int idx_input, tensorf
   return IsIndexDtype(src->key_type);
 }
 
+bool IsStringHash(const NodeDef* n) {
+  return IsOp(n, "StringToHashBucketFast") || IsOp(n, "StringToHashBucketStrong");
+}
+
+std::vector<int64_t> StringHashKey(const NodeDef& hash) {
+  std::vector<int64_t> key;
+  if (!IsOp(&hash, "StringToHashBucketStrong")) return key;
+  auto it = hash.attr().find("key");
+  if (it != hash.attr().end())
+    for (int64_t k : it->second.list().i()) key.push_back(k);
+  return key;
+}
+
+void SetHashKeyAttr(const std::vector<int64_t>& key, NodeDef* fused) {
+  if (key.empty()) return;
+  auto* list = (*fused->mutable_attr())["hash_key"].mutable_list();
+  for (int64_t k : key) list->add_i(k);
+}
+
+namespace {
+std::vector<int64_t> IntListAttr(const NodeDef& n, const char* name) {
+  std::vector<int64_t> out;
+  auto it = n.attr().find(name);
+  if (it != n.attr().end())
+    for (int64_t v : it->second.list().i()) out.push_back(v);
+  return out;
+}
+}  // namespace
+
+std::vector<int64_t> HashKeyAttr(const NodeDef& fused) { return IntListAttr(fused, "hash_key"); }
+
+std::vector<int64_t> GroupedHashKey(const NodeDef& grouped, int i) {
+  const std::vector<int64_t> features = IntListAttr(grouped, "keyed_features");
+  const std::vector<int64_t> keys = IntListAttr(grouped, "hash_keys");
+  for (size_t k = 0; k < features.size() && 2 * k + 1 < keys.size(); ++k)
+    if (features[k] == i) return {keys[2 * k], keys[2 * k + 1]};
+  return {};
+}
+
+void SetGroupedHashKeys(const std::vector<std::vector<int64_t>>& keys, NodeDef* grouped) {
+  auto& attr = *grouped->mutable_attr();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i].empty()) continue;
+    attr["keyed_features"].mutable_list()->add_i(static_cast<int64_t>(i));
+    for (int64_t k : keys[i]) attr["hash_keys"].mutable_list()->add_i(k);
+  }
+}
+
 void FuseHashProducer(RewriteContext* ctx, RowSource* src) {
   const GraphIndex& g = ctx->index();
   const NodeDef* hash = g.Node(ParseTensorName(src->keys).node);
-  if (!IsOp(hash, "StringToHashBucketFast") || g.DataConsumers(hash->name()) != 1) return;
+  if (!IsStringHash(hash) || g.DataConsumers(hash->name()) != 1) return;
   const NodeDef* as_string = g.Producer(*hash, 0);
   if (as_string == nullptr || !IsPlainAsString(*as_string) || g.DataConsumers(as_string->name()) != 1) return;
   const DataType kt = TypeAttr(*as_string, "T");
@@ -104,6 +152,7 @@ void FuseHashProducer(RewriteContext* ctx, RowSource* src) {
   src->key_type = kt;
   src->id_mode = "hash";
   src->num_buckets = IntAttr(*hash, "num_buckets", 0);
+  src->hash_key = StringHashKey(*hash);
   src->absorbed.push_back(hash);
   src->absorbed.push_back(as_string);
 }
@@ -143,6 +192,7 @@ void BecomeFusedLookup(RewriteContext* ctx, const std::string& name, const RowSo
   attr["max_norm"].set_f(-1.f);
   attr["has_weights"].set_b(f.has_weights);
   attr["num_buckets"].set_i(src.num_buckets);
+  SetHashKeyAttr(src.hash_key, fused);
 }
 
 void BecomeStringEmbedding(RewriteContext* ctx, const std::string& base, const std::string& device,
@@ -171,6 +221,7 @@ void BecomeStringEmbedding(RewriteContext* ctx, const std::string& base, const s
   attr["max_norm"].set_f(f.max_norm);
   attr["bagged"].set_b(false);
   attr["num_buckets"].set_i(f.num_buckets);
+  SetHashKeyAttr(f.hash_key, fused);
   attr["trim_empty_tail"].set_b(f.trim_empty_tail);
   attr["invalid_ids"].set_s(f.invalid_ids);
   attr["default_id"].set_i(f.default_id);

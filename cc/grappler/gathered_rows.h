@@ -4,8 +4,8 @@
 //       -> user(rows, Unique.idx, ...)
 //
 // (tf.nn.embedding_lookup_sparse's lookup), or a user reading a matrix
-// directly with its own indices; and the AsString + StringToHashBucketFast
-// producer of integer keys, which the fused op hashes itself.
+// directly with its own indices; and the AsString + string hash producer of
+// integer keys, which the fused op hashes itself.
 #pragma once
 
 #include <string>
@@ -15,6 +15,22 @@
 
 namespace tf_ctr {
 namespace grappler {
+
+// TF's string hashes into buckets: StringToHashBucketFast, or
+// StringToHashBucketStrong (keras.layers.Hashing with a salt), whose `key`
+// the fused ops take as their hash_key attr, bit for bit.
+bool IsStringHash(const tensorflow::NodeDef* n);
+// A string hash's key: empty for the fast hash.
+std::vector<int64_t> StringHashKey(const tensorflow::NodeDef& hash);
+// Sets a fused op's hash_key attr; the fast hash leaves it unset (its default).
+void SetHashKeyAttr(const std::vector<int64_t>& key, tensorflow::NodeDef* fused);
+// A fused op's hash_key attr (empty: the fast hash).
+std::vector<int64_t> HashKeyAttr(const tensorflow::NodeDef& fused);
+// Feature i's hash key in a grouped string op (keyed_features, hash_keys).
+std::vector<int64_t> GroupedHashKey(const tensorflow::NodeDef& grouped, int i);
+// Sets a grouped string op's keyed_features and hash_keys from each of its
+// features' keys, in feature order; none keyed leaves both unset.
+void SetGroupedHashKeys(const std::vector<std::vector<int64_t>>& keys, tensorflow::NodeDef* grouped);
 
 // Where the pooled rows come from: the table and the (non-unique) keys.
 struct RowSource {
@@ -26,6 +42,7 @@ struct RowSource {
   tensorflow::DataType key_type = tensorflow::DT_INVALID;
   std::string id_mode = "index";
   int64_t num_buckets = 0;
+  std::vector<int64_t> hash_key;  // hash mode: empty (fast) or the strong hash's key
   std::vector<const tensorflow::NodeDef*> absorbed;  // nodes the fused op replaces
 };
 
@@ -45,7 +62,7 @@ SourceMatch MatchGatheredRows(const tensorflow::NodeDef& user, int data_input, i
 bool MatchDirectRows(const tensorflow::NodeDef& user, int data_input, int idx_input, tensorflow::DataType idx_type,
                      RewriteContext* ctx, RowSource* src, std::string* why);
 
-// Moves AsString + StringToHashBucketFast producers of the keys into the source.
+// Moves AsString + string hash producers of the keys into the source.
 void FuseHashProducer(RewriteContext* ctx, RowSource* src);
 
 // The table tensor for the fused op, adding the variable read when needed.
@@ -88,6 +105,7 @@ struct FusedStrings {
   bool skip_empty = false;
   float max_norm = -1.f;
   int64_t num_buckets = 0;  // hash mode; 0: the table's rows
+  std::vector<int64_t> hash_key;  // hash mode: empty (fast) or the strong hash's key
   bool trim_empty_tail = false;
   std::string invalid_ids = "error";  // or skip_negative (safe lookups)
   int64_t default_id = -1;

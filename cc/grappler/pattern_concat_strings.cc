@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "cc/grappler/absorbed_set.h"
+#include "cc/grappler/gathered_rows.h"
 #include "cc/grappler/pattern.h"
 #include "tensorflow/core/framework/attr_value.pb.h"
 #include "tensorflow/core/platform/logging.h"
@@ -65,6 +66,7 @@ struct Part {
   bool skip_empty = true;
   float max_norm = -1.f;
   int64_t buckets = 0;
+  std::vector<int64_t> hash_key;
   bool trim = false;
   int64_t width = -1;  // static columns (the table's dim, or a dense input's); -1 unknown
 };
@@ -315,6 +317,7 @@ class ConcatStringsPattern : public NamedPattern<kName> {
     auto it = emb.attr().find("max_norm");
     part->max_norm = it == emb.attr().end() ? -1.f : it->second.f();
     part->buckets = IntAttr(emb, "num_buckets", 0);
+    part->hash_key = HashKeyAttr(emb);
     part->trim = BoolAttr(emb, "trim_empty_tail", false);
     return true;
   }
@@ -337,6 +340,7 @@ class ConcatStringsPattern : public NamedPattern<kName> {
     part->max_norm = a.at("max_norms").list().f(i);
     auto buckets = a.find("num_buckets");
     part->buckets = buckets != a.end() && buckets->second.list().i_size() > i ? buckets->second.list().i(i) : 0;
+    part->hash_key = GroupedHashKey(multi, i);
   }
 
   static bool OneMatrix(const std::vector<Part>& parts) {
@@ -378,8 +382,10 @@ class ConcatStringsPattern : public NamedPattern<kName> {
     int64_t next_feature = 0, next_dense = static_cast<int64_t>(features.size());
     for (const Part& p : src.parts)
       attr["layout"].mutable_list()->add_i(p.dense.empty() ? next_feature++ : next_dense++);
+    std::vector<std::vector<int64_t>> hash_keys;
     for (const Part* f : features) {
       const Part& p = *f;
+      hash_keys.push_back(p.hash_key);
       attr["combiners"].mutable_list()->add_s(p.combiner);
       attr["id_modes"].mutable_list()->add_s(p.id_mode);
       attr["delimiters"].mutable_list()->add_s(p.delimiter);
@@ -388,6 +394,7 @@ class ConcatStringsPattern : public NamedPattern<kName> {
       attr["num_buckets"].mutable_list()->add_i(p.buckets);
       attr["trim_empty_tail"].mutable_list()->add_b(p.trim);
     }
+    SetGroupedHashKeys(hash_keys, op);
     AddControlInputsOnce(controls, op);
     const std::string op_name = op->name();
     record.fused_node = op_name;

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "cc/grappler/absorbed_set.h"
+#include "cc/grappler/gathered_rows.h"
 #include "cc/grappler/pattern.h"
 #include "tensorflow/core/framework/attr_value.pb.h"
 #include "tensorflow/core/framework/tensor.pb.h"
@@ -463,7 +464,9 @@ class GroupStringsPattern : public NamedPattern<kName> {
     auto& attr = *multi->mutable_attr();
     attr["N"].set_i(n);
     attr["T"] = first.attr().at("T");
+    std::vector<std::vector<int64_t>> hash_keys;
     for (const NodeDef& e : embeddings) {
+      hash_keys.push_back(HashKeyAttr(e));
       attr["combiners"].mutable_list()->add_s(StringAttr(e, "combiner"));
       attr["id_modes"].mutable_list()->add_s(StringAttr(e, "id_mode"));
       attr["delimiters"].mutable_list()->add_s(StringAttr(e, "delimiter"));
@@ -472,6 +475,7 @@ class GroupStringsPattern : public NamedPattern<kName> {
       attr["max_norms"].mutable_list()->add_f(it == e.attr().end() ? -1.f : it->second.f());
       attr["num_buckets"].mutable_list()->add_i(IntAttr(e, "num_buckets", 0));
     }
+    SetGroupedHashKeys(hash_keys, multi);
     const std::string multi_name = multi->name();
     record.fused_node = multi_name;
 

@@ -1,6 +1,7 @@
 // Pattern: a single-valued hashed feature, one table row per string --
 // tf.nn.embedding_lookup(table, tf.strings.to_hash_bucket_fast(s, n)) and
-// keras.layers.Hashing(n) + keras.layers.Embedding:
+// keras.layers.Hashing(n) + keras.layers.Embedding (with a salt, the hash is
+// StringToHashBucketStrong, whose key the fused op takes as hash_key):
 //
 //   h = StringToHashBucketFast(strings)        strings [B] or [B, 1]
 //   [Keras 3: h = SelectV2(Less(h, 0), AddV2(h, rows), h)]
@@ -21,7 +22,7 @@
 // otherwise undo the ExpandDims that gives the rows their middle axis back.
 //
 // Integer keys hashed through AsString (the Hashing layer on ints; Grappler
-// fuses the two into _TensorToHashBucketFast) become
+// fuses AsString + StringToHashBucketFast into _TensorToHashBucketFast) become
 // CtrEmbeddingLookup in hash mode with one key per row instead.
 //
 // Hashes of split tokens are left to the pooled patterns.
@@ -79,7 +80,7 @@ class HashGatherPattern : public NamedPattern<kName> {
     // Grappler's remapper fuses AsString + StringToHashBucketFast on integers
     // into _TensorToHashBucketFast before custom optimizers run.
     const bool fused_int_hash = IsOp(h, "_TensorToHashBucketFast");
-    if (!IsOp(h, "StringToHashBucketFast") && !fused_int_hash) return false;
+    if (!IsStringHash(h) && !fused_int_hash) return false;
     keys.hash = h;
     const NodeDef* strings = g.Producer(*h, 0);
     if (strings == nullptr) return false;
@@ -178,6 +179,7 @@ class HashGatherPattern : public NamedPattern<kName> {
     FusedStrings f{table, flat_strings, T};
     f.id_mode = "hash";
     f.num_buckets = buckets;  // whole strings (empty delimiter), each kept, summed alone: the gathered row
+    f.hash_key = StringHashKey(*keys.hash);
     BecomeStringEmbedding(ctx, anchor.name(), device, f, fused);
     for (const NodeDef& n : absorbed) CopyControlInputs(n, fused);  // after the data inputs
     ctx->Matched(record);
@@ -192,6 +194,7 @@ class HashGatherPattern : public NamedPattern<kName> {
     const DataType kt = keys.key_type;
     const std::string int_keys = keys.int_keys;
     const int64_t buckets = IntAttr(*keys.hash, "num_buckets", 0);
+    const std::vector<int64_t> hash_key = StringHashKey(*keys.hash);
     std::vector<NodeDef> absorbed;
     for (const NodeDef* n : keys.Absorbed()) absorbed.push_back(*n);
     MatchRecord record = Absorb(ctx, anchor, keys, "CtrEmbeddingLookup");
@@ -235,6 +238,7 @@ class HashGatherPattern : public NamedPattern<kName> {
     attr["max_norm"].set_f(-1.f);
     attr["has_weights"].set_b(false);
     attr["num_buckets"].set_i(buckets);
+    SetHashKeyAttr(hash_key, fused);
     ctx->Matched(record);
   }
 };

@@ -191,6 +191,7 @@ class MaxNormLookupPattern : public NamedPattern<kName> {
     attr["Tid"].set_type(src.key_type);
     attr["id_mode"].set_s(src.id_mode);
     attr["num_buckets"].set_i(src.num_buckets);
+    SetHashKeyAttr(src.hash_key, fused);
     attr["max_norm"].set_f(clip.max_norm);
     ctx->Matched(record);
     return true;

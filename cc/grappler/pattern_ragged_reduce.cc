@@ -323,6 +323,7 @@ class RaggedReduceLookupPattern : public NamedPattern<kName> {
     f.id_mode = split.hashed ? "hash" : "index";
     f.delimiter = split.delimiter;  // empty tokens kept, as tf.strings.split keeps them
     f.num_buckets = buckets;
+    if (split.hashed) f.hash_key = StringHashKey(*split.convert);
     if (!div.empty()) f.combiner = "mean";
     BecomeStringEmbedding(ctx, name, device, f, fused);
     CopyControlInputs(anchor, fused);

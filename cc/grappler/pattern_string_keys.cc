@@ -1,11 +1,11 @@
 // Pattern: a fused lookup of hashed string keys that will be served on a CPU --
 //
-//   CtrEmbeddingLookup(table, [Identity ->] StringToHashBucketFast(strings, num_buckets), ...)   (index mode)
+//   CtrEmbeddingLookup(table, [Identity ->] StringToHashBucket{Fast,Strong}(strings, num_buckets), ...)   (index mode)
 //
 // (categorical_column_with_hash_bucket's embedding column once safe_lookup
 // fused it: the strings are ParseExample's values) becomes
 //
-//   CtrEmbeddingLookup(table, strings, ...)   with id_mode "hash", num_buckets
+//   CtrEmbeddingLookup(table, strings, ...)   with id_mode "hash", num_buckets (and the strong hash's key)
 //
 // under the same name: the kernel hashes each key inside its pooling loop, so
 // the hash is no pass of its own over the keys and no [nnz] tensor of
@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/grappler/gathered_rows.h"
 #include "cc/grappler/pattern.h"
 #include "tensorflow/core/framework/attr_value.pb.h"
 
@@ -37,7 +38,7 @@ class StringKeysPattern : public NamedPattern<kName> {
     const GraphIndex& g = ctx->index();
     std::vector<const NodeDef*> chain;  // the Identity nodes, then the hash
     const NodeDef* hash = SkipIdentities(g, g.Producer(anchor, 1), &chain);
-    if (!IsOp(hash, "StringToHashBucketFast")) return false;
+    if (!IsStringHash(hash)) return false;
     const std::string placed = DeviceType(anchor.device());
     const std::string serving = placed.empty() ? ctx->serving_device() : placed;
     if (serving != "CPU") return false;  // the buckets are what a GPU lookup reads
@@ -57,6 +58,7 @@ class StringKeysPattern : public NamedPattern<kName> {
     attr["Tid"].set_type(tensorflow::DT_STRING);
     attr["id_mode"].set_s("hash");
     attr["num_buckets"].set_i(buckets);
+    SetHashKeyAttr(StringHashKey(absorbed.back()), op);
     MatchRecord record{kName, name, "CtrEmbeddingLookup", {}};
     for (const NodeDef& n : absorbed) {
       CopyControlInputs(n, op);

@@ -204,7 +204,7 @@ class StringSplitLookupPattern : public NamedPattern<kName> {
       if (values.port != 0 || convert == nullptr || convert->input_size() < 1 ||
           g.Producer(*convert, 0, &port) != producer || port != 1)
         return false;
-      if (!IsOp(convert, "StringToHashBucketFast") && !IsOp(convert, "StringToNumber")) return false;
+      if (!IsStringHash(convert) && !IsOp(convert, "StringToNumber")) return false;
       if (m->safe && !SameTensor(m->ids.shape, TensorName(producer->name(), 2))) {
         *why = "the sparse ids' dense_shape is not the split's";
         return false;
@@ -215,7 +215,7 @@ class StringSplitLookupPattern : public NamedPattern<kName> {
       }
       m->split = producer;
       m->convert = convert;
-      m->hashed = IsOp(convert, "StringToHashBucketFast");
+      m->hashed = IsStringHash(convert);
       m->v1 = IsOp(producer, "StringSplit");
       m->dead.insert({producer->name(), convert->name()});
     } else {
@@ -323,6 +323,7 @@ class StringSplitLookupPattern : public NamedPattern<kName> {
     f.skip_empty = m.v1 ? BoolAttr(*m.split, "skip_empty", true) : false;
     f.max_norm = anchor.attr().at("max_norm").f();
     f.num_buckets = m.hashed ? IntAttr(*m.convert, "num_buckets", 0) : 0;
+    if (m.hashed) f.hash_key = StringHashKey(*m.convert);
     f.trim_empty_tail = !m.safe;  // embedding_lookup_sparse's rows end at the last row id + 1
     if (m.safe) {
       // Hash buckets are never negative: "error" keeps such features groupable.

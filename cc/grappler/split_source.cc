@@ -1,5 +1,7 @@
 #include "cc/grappler/split_source.h"
 
+#include "cc/grappler/gathered_rows.h"
+
 #include <map>
 #include <string>
 #include <utility>
@@ -92,7 +94,7 @@ void RemoveDeadNodes(RewriteContext* ctx, std::set<std::string> dead, const std:
 
 bool MatchRaggedSplit(const GraphIndex& g, RewriteContext* ctx, const NodeDef& ids, int ids_port,
                       const std::string& splits, SplitSource* out, std::set<std::string>* dead) {
-  const bool hashed = IsOp(&ids, "StringToHashBucketFast");
+  const bool hashed = IsStringHash(&ids);
   if (ids_port != 0 ||
       !(hashed || (IsOp(&ids, "StringToNumber") && TypeAttr(ids, "out_type") == tensorflow::DT_INT64)))
     return false;

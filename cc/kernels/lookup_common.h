@@ -50,6 +50,9 @@ inline absl::Status ReadLookupAttrs(tensorflow::OpKernelConstruction* c, LookupA
   if (c->HasAttr("id_mode")) {
     TF_RETURN_IF_ERROR(c->GetAttr("id_mode", &mode));
     TF_RETURN_IF_ERROR(c->GetAttr("num_buckets", &a->spec.buckets));
+    std::vector<int64_t> hash_key;
+    if (c->HasAttr("hash_key")) TF_RETURN_IF_ERROR(c->GetAttr("hash_key", &hash_key));
+    TF_RETURN_IF_ERROR(CoreStatus(ctr::SetHashKey(hash_key, &a->spec.hash)));
   }
   if (c->HasAttr("grad_indices")) TF_RETURN_IF_ERROR(c->GetAttr("grad_indices", &grad_indices));
   if (c->HasAttr("empty_grad_row")) TF_RETURN_IF_ERROR(c->GetAttr("empty_grad_row", &a->spec.empty_grad_row));

@@ -53,7 +53,7 @@ std::string DescribeLookupKeyError(const ctr::KeyError& e, const ctr::LookupSpec
   }
   if (s.id_mode == ctr::IdMode::kHash) {
     return "key " + std::to_string(e.key) + " in row " + std::to_string(e.row) + " hashes to bucket " +
-           std::to_string(ctr::HashIntKeyBucket(e.key, s.buckets > 0 ? s.buckets : s.vocab)) +
+           std::to_string(ctr::HashIntKeyBucket(s.hash, e.key, s.buckets > 0 ? s.buckets : s.vocab)) +
            ", out of range [0, " + std::to_string(s.vocab) + ")";
   }
   return ctr::DescribeKeyError(e, s.vocab);

@@ -45,9 +45,33 @@ inline absl::Status ReadStringAttrs(tensorflow::OpKernelConstruction* c, ctr::St
   TF_RETURN_IF_ERROR(c->GetAttr("invalid_ids", &invalid_ids));
   s->skip_negative = invalid_ids == "skip_negative";
   TF_RETURN_IF_ERROR(c->GetAttr("default_id", &s->lookup.default_id));
+  std::vector<int64_t> hash_key;
+  if (c->HasAttr("hash_key")) TF_RETURN_IF_ERROR(c->GetAttr("hash_key", &hash_key));
+  TF_RETURN_IF_ERROR(CoreStatus(ctr::SetHashKey(hash_key, &s->lookup.hash)));
   if (s->lookup.default_id < -1)
     return tensorflow::errors::InvalidArgument("default_id must be >= -1, got ", s->lookup.default_id);
   return MakeStringSpec(combiner, mode, delimiter, skip_empty, max_norm, s);
+}
+
+// The grouped ops' keyed hashes: keyed_features (increasing feature indices)
+// and hash_keys, two integers per keyed feature.
+inline absl::Status ReadHashKeys(tensorflow::OpKernelConstruction* c, std::vector<ctr::StringSpec>* specs) {
+  std::vector<int64_t> features, keys;
+  if (c->HasAttr("keyed_features")) TF_RETURN_IF_ERROR(c->GetAttr("keyed_features", &features));
+  if (c->HasAttr("hash_keys")) TF_RETURN_IF_ERROR(c->GetAttr("hash_keys", &keys));
+  if (keys.size() != 2 * features.size())
+    return tensorflow::errors::InvalidArgument("hash_keys must hold 2 integers per keyed feature (",
+                                               features.size(), "), got ", keys.size());
+  const int64_t n = static_cast<int64_t>(specs->size());
+  for (size_t k = 0; k < features.size(); ++k) {
+    const int64_t f = features[k];
+    if (f < 0 || f >= n || (k > 0 && f <= features[k - 1]))
+      return tensorflow::errors::InvalidArgument("keyed_features must be increasing feature indices in [0, ", n,
+                                                 "), got ", f, " at position ", k);
+    const std::vector<int64_t> key{keys[2 * k], keys[2 * k + 1]};
+    TF_RETURN_IF_ERROR(CoreStatus(ctr::SetHashKey(key, &(*specs)[f].lookup.hash)));
+  }
+  return absl::OkStatus();
 }
 
 inline absl::Status ReadMultiStringAttrs(tensorflow::OpKernelConstruction* c,
@@ -84,7 +108,7 @@ inline absl::Status ReadMultiStringAttrs(tensorflow::OpKernelConstruction* c,
       (*specs)[i].buckets = buckets[i];
     }
   }
-  return absl::OkStatus();
+  return ReadHashKeys(c, specs);
 }
 
 // Sets vocab/dim from a table and checks what every mode needs of it.

@@ -14,7 +14,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "cc/core/fingerprint.h"
+#include "cc/core/string_hash.h"
 #include "cc/core/lookup_cpu.h"
 #include "cc/core/multi_hot_cpu.h"
 #include "cc/core/vocab.h"
@@ -269,12 +269,13 @@ void AssignOovBuckets(const Tensor& keys, int64_t fallback, int64_t size, int64_
     const tensorflow::tstring* k = keys.flat<tensorflow::tstring>().data();
     for (int64_t i = 0; i < n; ++i)
       if (ids[i] == fallback)
-        ids[i] = size + ctr::HashBucket(reinterpret_cast<const uint8_t*>(k[i].data()), k[i].size(), buckets);
+        ids[i] = size + ctr::HashBucket(ctr::StringHash{}, reinterpret_cast<const uint8_t*>(k[i].data()),
+                                        k[i].size(), buckets);
     return;
   }
   const int64_t* k = keys.flat<int64_t>().data();
   for (int64_t i = 0; i < n; ++i)
-    if (ids[i] == fallback) ids[i] = size + ctr::HashIntKeyBucket(k[i], buckets);
+    if (ids[i] == fallback) ids[i] = size + ctr::HashIntKeyBucket(ctr::StringHash{}, k[i], buckets);
 }
 
 // The id of each of `keys` in the table of input 0 (`oov_buckets` > 0: with

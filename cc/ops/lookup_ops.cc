@@ -38,6 +38,9 @@ id_mode: "index": ids are table rows. "hash": ids are keys, hashed to
   (CPU only) need "hash".
 num_buckets: hash mode only: the bucket count of the hash (0: V). A bucket
   outside the table is an InvalidArgument error, as the Gather it replaces says.
+hash_key: hash mode only: empty, or two integers that make the hash SipHash-2-4
+  keyed with them, bit-exact with tf.strings.to_hash_bucket_strong(key=...)
+  (keras.layers.Hashing with a salt).
 grad_indices: the params gradient's rows: "per_id", one per looked-up id in bag
   order; "first_appearance", the rows of each table row summed into one, in
   order of first appearance, as TF's Unique + Gather gives them.
@@ -92,6 +95,7 @@ absl::Status LookupGradShape(InferenceContext* c) {
   CTR_POOLING_ATTRS.Attr("Tid: {int32, int64, string}")  \
       .Attr("id_mode: {'index', 'hash'} = 'index'")      \
       .Attr("num_buckets: int = 0")                      \
+      .Attr("hash_key: list(int) = []")                  \
       .Attr("grad_indices: {'per_id', 'first_appearance'} = 'per_id'") \
       .Attr("empty_grad_row: int = -1")
 
@@ -113,7 +117,7 @@ Pools rows of `params` [V, ...] over bags of ids in one pass: output [B, ...]
 
 Replaces tf.nn.embedding_lookup_sparse / safe_embedding_lookup_sparse (Unique,
 Gather, clip_by_norm, SparseSegment* or Mul+SegmentSum+DivNoNan) and, in hash
-mode, AsString + StringToHashBucketFast before them. Half types accumulate in
+mode, AsString + StringToHashBucketFast (or Strong, with hash_key) before them. Half types accumulate in
 float32. num_rows: the bag count for row_ids segments; -1 takes last row id + 1
 as tf.math.segment_sum does. Ignored for row_splits.
 )doc") + kPoolingAttrs + kIdAttrs);

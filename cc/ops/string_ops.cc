@@ -145,6 +145,8 @@ max_norm: clip each looked-up row to this L2 norm first; <= 0 disables.
 bagged: false: each string is a bag; true: bag_splits group the strings.
 num_buckets: hash mode only: the bucket count of the hash (0: V); a bucket
   outside the table is an error, as the Gather it replaces says.
+hash_key: hash mode only: empty (to_hash_bucket_fast), or two integers that
+  make the hash to_hash_bucket_strong(token, V, key) (SipHash-2-4).
 trim_empty_tail: output only the rows up to the last bag that has a token,
   as tf.nn.embedding_lookup_sparse does (its row count is the last row id + 1).
 invalid_ids: index mode: "error" rejects a negative id as out of range;
@@ -194,6 +196,7 @@ columns: when not empty, N is 1 and the input is a [B, C] matrix (one column
       .Attr("max_norm: float = -1.0")                                 \
       .Attr("bagged: bool = false")                                   \
       .Attr("num_buckets: int = 0")                                   \
+      .Attr("hash_key: list(int) = []")                               \
       .Attr("trim_empty_tail: bool = false")                          \
       .Attr("invalid_ids: {'error', 'skip_negative'} = 'error'")      \
       .Attr("default_id: int = -1")
@@ -240,7 +243,9 @@ one per token, computed from the packed bytes without re-splitting in Python.
       .Attr("delimiters: list(string)")          \
       .Attr("skip_empty: list(bool)")            \
       .Attr("max_norms: list(float)")            \
-      .Attr("num_buckets: list(int) = []")
+      .Attr("num_buckets: list(int) = []")       \
+      .Attr("keyed_features: list(int) = []")    \
+      .Attr("hash_keys: list(int) = []")
 
 REGISTER_OP("CtrMultiStringEmbedding")
     .Input("params: N * T")
@@ -255,7 +260,10 @@ feature-major into one buffer (row_splits [N*B+1]), pooled in one launch into
 N outputs [B, D_i]. The per-feature attribute lists (combiners, id_modes,
 delimiters, skip_empty, max_norms) have length N, each entry with the meaning
 of the same attribute of CtrStringEmbedding; so has num_buckets, which may
-also be empty (every feature hashes into its whole table).
+also be empty (every feature hashes into its whole table). keyed_features
+lists the features whose hash is keyed (CtrStringEmbedding's hash_key), in
+increasing order, and hash_keys their keys, two integers each in that order;
+every other feature hashes with to_hash_bucket_fast.
 )doc"));
 
 REGISTER_OP("CtrConcatStringEmbedding")

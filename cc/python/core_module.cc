@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cc/core/fingerprint.h"
+#include "cc/core/string_hash.h"
 #include "cc/core/hash_table_cpu.h"
 #include "cc/core/lookup.h"
 #include "cc/core/lookup_cpu.h"
@@ -106,13 +107,14 @@ CheckedBags CheckBags(const py::array_t<int64_t, py::array::c_style | py::array:
 py::array EmbeddingLookup(py::array params, py::array keys, py::array_t<int64_t, py::array::c_style | py::array::forcecast> offsets,
                           py::object weights, const std::string& combiner,
                           const std::string& id_mode, const std::string& invalid_ids,
-                          bool prune_weights, int64_t default_id, float max_norm, int threads) {
+                          bool prune_weights, int64_t default_id, float max_norm, int threads,
+                          const std::vector<int64_t>& hash_key) {
   params = py::array::ensure(params, py::array::c_style);
   keys = py::array::ensure(keys, py::array::c_style);
   if (params.ndim() != 2) throw py::value_error("params must be [V, D]");
   if (keys.ndim() != 1) throw py::value_error("keys must be a vector");
   const ctr::LookupSpec spec = tf_ctr_py::MakeLookupSpec(params.shape(0), params.shape(1), combiner, id_mode,
-                                                         invalid_ids, prune_weights, default_id, max_norm);
+                                                         invalid_ids, prune_weights, default_id, max_norm, hash_key);
   const CheckedBags bags = CheckBags(offsets, weights, keys.shape(0));
   const std::vector<int64_t>& off = bags.offsets;
   const float* wptr = bags.weight_data;
@@ -123,12 +125,21 @@ py::array EmbeddingLookup(py::array params, py::array keys, py::array_t<int64_t,
   throw py::type_error("keys must be int32 or int64, got " + kt);
 }
 
-py::array_t<int64_t> HashBuckets(const std::vector<std::string>& strings, int64_t buckets) {
+// A binding's hash_key argument as the core's choice of hash.
+ctr::StringHash HashOfKey(const std::vector<int64_t>& key) {
+  ctr::StringHash h;
+  tf_ctr_py::Require(ctr::SetHashKey(key, &h));
+  return h;
+}
+
+py::array_t<int64_t> HashBuckets(const std::vector<std::string>& strings, int64_t buckets,
+                                 const std::vector<int64_t>& key) {
   if (buckets <= 0) throw py::value_error("num_buckets must be positive");
+  const ctr::StringHash hash = HashOfKey(key);
   py::array_t<int64_t> out(static_cast<py::ssize_t>(strings.size()));
   auto o = out.mutable_unchecked<1>();
   for (size_t i = 0; i < strings.size(); ++i)
-    o(i) = ctr::HashBucket(reinterpret_cast<const uint8_t*>(strings[i].data()), strings[i].size(), buckets);
+    o(i) = ctr::HashBucket(hash, reinterpret_cast<const uint8_t*>(strings[i].data()), strings[i].size(), buckets);
   return out;
 }
 
@@ -158,12 +169,13 @@ py::array StringEmbedding(py::array params, py::array_t<uint8_t, py::array::c_st
                           py::array_t<int64_t, py::array::c_style | py::array::forcecast> string_splits,
                           py::object bag_splits, const std::string& combiner, const std::string& id_mode,
                           const py::bytes& delimiter, bool skip_empty, float max_norm, int threads,
-                          int64_t num_buckets, const std::string& invalid_ids, int64_t default_id) {
+                          int64_t num_buckets, const std::string& invalid_ids, int64_t default_id,
+                          const std::vector<int64_t>& hash_key) {
   params = py::array::ensure(params, py::array::c_style);
   if (params.ndim() != 2) throw py::value_error("params must be [V, D]");
   const ctr::StringSpec spec = tf_ctr_py::MakeStringSpec(params.shape(0), params.shape(1), combiner, id_mode,
                                                          delimiter, skip_empty, max_norm, default_id, num_buckets,
-                                                         invalid_ids);
+                                                         invalid_ids, hash_key);
   std::vector<int64_t> splits(string_splits.data(), string_splits.data() + string_splits.size());
   std::string err = ctr::ValidateStringSplits(splits.data(), static_cast<int64_t>(splits.size()), bytes.size());
   if (!err.empty()) throw py::value_error(err);
@@ -279,13 +291,13 @@ PYBIND11_MODULE(_core, m) {
   m.def("embedding_lookup", &EmbeddingLookup, py::arg("params"), py::arg("keys"), py::arg("offsets"),
         py::arg("weights") = py::none(), py::arg("combiner") = "mean", py::arg("id_mode") = "index",
         py::arg("invalid_ids") = "error", py::arg("prune_weights") = false, py::arg("default_id") = -1,
-        py::arg("max_norm") = -1.0f, py::arg("threads") = 0,
+        py::arg("max_norm") = -1.0f, py::arg("threads") = 0, py::arg("hash_key") = std::vector<int64_t>{},
         "Pooled lookup over CSR bags: params [V, D] float32/float16, keys int32/int64, offsets [B+1].");
   m.def("string_embedding", &StringEmbedding, py::arg("params"), py::arg("bytes"), py::arg("string_splits"),
         py::arg("bag_splits") = py::none(), py::arg("combiner") = "mean", py::arg("id_mode") = "hash",
         py::arg("delimiter") = py::bytes(","), py::arg("skip_empty") = true, py::arg("max_norm") = -1.0f,
         py::arg("threads") = 0, py::arg("num_buckets") = 0, py::arg("invalid_ids") = "error",
-        py::arg("default_id") = -1,
+        py::arg("default_id") = -1, py::arg("hash_key") = std::vector<int64_t>{},
         "Pooled tokens of packed strings: bytes uint8, string_splits int64 byte offsets [S+1].");
   m.def("hash_table_find", &HashTableFind, py::arg("table"), py::arg("keys"), py::arg("capacity"),
         py::arg("insert") = false, py::arg("admit_after") = 1, py::arg("dense_padding") = false,
@@ -303,13 +315,19 @@ PYBIND11_MODULE(_core, m) {
     return ctr::fp::Fingerprint64(reinterpret_cast<const uint8_t*>(s.data()), s.size());
   });
   m.def("hash_buckets", &HashBuckets, py::arg("strings"), py::arg("num_buckets"),
-        "tf.strings.to_hash_bucket_fast on a list of byte strings.");
-  m.def("hash_int_keys", [](py::array_t<int64_t, py::array::c_style | py::array::forcecast> keys, int64_t buckets) {
+        py::arg("key") = std::vector<int64_t>{},
+        "tf.strings.to_hash_bucket_fast on a list of byte strings; with a key of two integers, "
+        "tf.strings.to_hash_bucket_strong.");
+  m.def("hash_int_keys", [](py::array_t<int64_t, py::array::c_style | py::array::forcecast> keys, int64_t buckets,
+                            const std::vector<int64_t>& key) {
     if (buckets <= 0) throw py::value_error("num_buckets must be positive");
+    const ctr::StringHash hash = HashOfKey(key);
     py::array_t<int64_t> out(keys.size());
-    for (py::ssize_t i = 0; i < keys.size(); ++i) out.mutable_data()[i] = ctr::HashIntKeyBucket(keys.data()[i], buckets);
+    for (py::ssize_t i = 0; i < keys.size(); ++i)
+      out.mutable_data()[i] = ctr::HashIntKeyBucket(hash, keys.data()[i], buckets);
     return out;
-  }, py::arg("keys"), py::arg("num_buckets"), "to_hash_bucket_fast(as_string(keys)) without strings.");
+  }, py::arg("keys"), py::arg("num_buckets"), py::arg("key") = std::vector<int64_t>{},
+     "to_hash_bucket_fast(as_string(keys)) (or _strong with a key) without strings.");
   m.def("unit_bag_weights", [](int64_t n) {
     if (n < 0) throw py::value_error("n must be >= 0");
     const ctr::BagWeights w = ctr::BagWeights::Units(n);

@@ -12,6 +12,7 @@
 #include "cc/python/gpu_string_bindings.h"
 
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <algorithm>
 #include <array>
@@ -113,9 +114,10 @@ void GpuStringEmbedding(uintptr_t params_ptr, const std::string& params_dtype, i
                         uintptr_t status_ptr, const std::string& combiner,
                         const std::string& id_mode, const py::bytes& delimiter, bool skip_empty,
                         float max_norm, uintptr_t stream, int64_t default_id, int64_t num_buckets,
-                        const std::string& invalid_ids) {
+                        const std::string& invalid_ids, const std::vector<int64_t>& hash_key) {
   const ctr::StringSpec spec = MakeStringSpec(vocab, dim, combiner, id_mode, delimiter,
-                                              skip_empty, max_norm, default_id, num_buckets, invalid_ids);
+                                              skip_empty, max_norm, default_id, num_buckets, invalid_ids,
+                                              hash_key);
   if (num_bags < 0) throw py::value_error("num_bags must be >= 0");
   RequirePointer(params_ptr, vocab > 0 && dim > 0, "params_ptr");
   RequirePointer(string_splits_ptr, num_bags > 0, "string_splits_ptr");
@@ -165,7 +167,8 @@ ctr::gpu::FeatureDesc FeatureFromDict(const py::handle& item, int64_t index, int
                             get("id_mode", std::string("hash")),
                             d.contains("delimiter") ? std::string(d["delimiter"].cast<py::bytes>())
                                                     : std::string(","),
-                            get("skip_empty", true), get("max_norm", -1.0f), -1);
+                            get("skip_empty", true), get("max_norm", -1.0f), -1, 0, "error",
+                            get("hash_key", std::vector<int64_t>{}));
   } catch (const py::value_error& e) {
     throw py::value_error(where + ": " + e.what());
   }
@@ -288,6 +291,7 @@ void RegisterGpuStringBindings(py::module_& m) {
         py::arg("id_mode") = "hash", py::arg("delimiter") = py::bytes(","),
         py::arg("skip_empty") = true, py::arg("max_norm") = -1.0f, py::arg("stream") = 0,
         py::arg("default_id") = -1, py::arg("num_buckets") = 0, py::arg("invalid_ids") = "error",
+        py::arg("hash_key") = std::vector<int64_t>{},
         "Pooled tokens of packed strings on device pointers: params [vocab, dim] of "
         "params_dtype ('float32' | 'float16' | 'bfloat16'), bytes uint8, string_splits int64 "
         "byte offsets [S + 1], bag_splits int64 [num_bags + 1] or 0 (each string a bag), out "
@@ -309,7 +313,7 @@ void RegisterGpuStringBindings(py::module_& m) {
         py::arg("string_splits_ptr"), py::arg("scratch_ptr"), py::arg("scratch_bytes"),
         py::arg("status_ptr"), py::arg("stream") = 0,
         "The grouped launch: features is a list of dicts {params_ptr, vocab, dim, out_ptr, and "
-        "optionally combiner, id_mode, delimiter, skip_empty, max_norm}; feature f pools strings "
+        "optionally combiner, id_mode, delimiter, skip_empty, max_norm, hash_key}; feature f pools strings "
         "[f * batch, (f + 1) * batch) of string_splits int64 [N * batch + 1] into out "
         "[batch, dim]. Needs gpu_multi_string_scratch_bytes(N) of device scratch and status "
         "int64[5]. Synchronizes the stream; raises ValueError ('feature f: ...') on a bad "

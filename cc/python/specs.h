@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cc/core/lookup.h"
 #include "cc/core/strings.h"
@@ -20,7 +21,8 @@ inline void Require(const std::string& error) {
 
 inline ctr::LookupSpec MakeLookupSpec(int64_t vocab, int64_t dim, const std::string& combiner,
                                      const std::string& id_mode, const std::string& invalid_ids,
-                                     bool prune_weights, int64_t default_id, float max_norm) {
+                                     bool prune_weights, int64_t default_id, float max_norm,
+                                     const std::vector<int64_t>& hash_key = {}) {
   if (vocab < 0 || dim < 0) throw pybind11::value_error("vocab and dim must be >= 0");
   ctr::LookupSpec spec;
   spec.vocab = vocab;
@@ -31,6 +33,7 @@ inline ctr::LookupSpec MakeLookupSpec(int64_t vocab, int64_t dim, const std::str
   spec.prune_weights = prune_weights;
   spec.default_id = default_id;
   spec.max_norm = max_norm;
+  Require(ctr::SetHashKey(hash_key, &spec.hash));
   if (spec.id_mode == ctr::IdMode::kHash && vocab <= 0)
     throw pybind11::value_error("hash mode needs at least one bucket");
   if (default_id < -1 || default_id >= vocab) throw pybind11::value_error("default_id out of range");
@@ -40,7 +43,8 @@ inline ctr::LookupSpec MakeLookupSpec(int64_t vocab, int64_t dim, const std::str
 inline ctr::StringSpec MakeStringSpec(int64_t vocab, int64_t dim, const std::string& combiner,
                                       const std::string& id_mode, const std::string& delimiter, bool skip_empty,
                                       float max_norm, int64_t default_id, int64_t num_buckets = 0,
-                                      const std::string& invalid_ids = "error") {
+                                      const std::string& invalid_ids = "error",
+                                      const std::vector<int64_t>& hash_key = {}) {
   if (vocab < 0 || dim < 0) throw pybind11::value_error("vocab and dim must be >= 0");
   if (num_buckets < 0) throw pybind11::value_error("num_buckets must be >= 0");
   if (invalid_ids != "error" && invalid_ids != "skip_negative")
@@ -55,6 +59,7 @@ inline ctr::StringSpec MakeStringSpec(int64_t vocab, int64_t dim, const std::str
   s.skip_empty = skip_empty;
   s.buckets = num_buckets;
   s.skip_negative = invalid_ids == "skip_negative";
+  Require(ctr::SetHashKey(hash_key, &s.lookup.hash));
   Require(ctr::SetDelimiter(&s, delimiter));
   if (vocab <= 0 && s.mode != ctr::TokenMode::kIndex)
     throw pybind11::value_error("hash and mod modes need at least one table row");

@@ -7,8 +7,8 @@ Feeds raw buffers, offsets, ids and attributes to the pybind11 module
   writes the input as crash-<sha1>);
 - every rejection is a ValueError or TypeError;
 - parse_int64 agrees with a pure-Python statement of TF's to_number(int64)
-  rule; hash_buckets(s) == fingerprint64(s) % n; hash_int_keys(k) ==
-  hash_buckets(decimal(k));
+  rule; hash_buckets(s) == fingerprint64(s) % n, and with a key a
+  pure-Python SipHash-2-4 % n; hash_int_keys(k) == hash_buckets(decimal(k));
 - embedding_lookup and string_embedding equal a float64 NumPy reference on
   finite inputs, and fail (ValueError) exactly where the reference does;
   hash_table_embedding equals hash_table_find + that reference, on tables
@@ -224,6 +224,42 @@ def fuzz_parse(fdp):
     assert got == want, (b, got, want)
 
 
+M64 = 2**64 - 1
+
+
+def ref_siphash24(k0, k1, data):
+    """SipHash-2-4 as its paper states it (to_hash_bucket_strong's hash)."""
+    def rotl(x, b):
+        return ((x << b) | (x >> (64 - b))) & M64
+
+    v = [k0 ^ 0x736F6D6570736575, k1 ^ 0x646F72616E646F6D, k0 ^ 0x6C7967656E657261, k1 ^ 0x7465646279746573]
+
+    def sip_round():
+        v[0] = (v[0] + v[1]) & M64
+        v[1] = rotl(v[1], 13) ^ v[0]
+        v[0] = rotl(v[0], 32)
+        v[2] = (v[2] + v[3]) & M64
+        v[3] = rotl(v[3], 16) ^ v[2]
+        v[0] = (v[0] + v[3]) & M64
+        v[3] = rotl(v[3], 21) ^ v[0]
+        v[2] = (v[2] + v[1]) & M64
+        v[1] = rotl(v[1], 17) ^ v[2]
+        v[2] = rotl(v[2], 32)
+
+    whole = len(data) // 8 * 8
+    words = [int.from_bytes(data[i:i + 8], "little") for i in range(0, whole, 8)]
+    words.append(int.from_bytes(data[whole:], "little") | ((len(data) & 0xFF) << 56))
+    for m in words:
+        v[3] ^= m
+        sip_round()
+        sip_round()
+        v[0] ^= m
+    v[2] ^= 0xFF
+    for _ in range(4):
+        sip_round()
+    return v[0] ^ v[1] ^ v[2] ^ v[3]
+
+
 @atheris.instrument_func
 def fuzz_hash(fdp):
     n = fdp.ConsumeIntInRange(0, 4)
@@ -237,10 +273,14 @@ def fuzz_hash(fdp):
     assert buckets > 0
     for s, b in zip(strings, got):
         assert int(b) == core.fingerprint64(s) % buckets, (s, buckets)
+    key = [fdp.ConsumeIntInRange(I64_MIN, I64_MAX) for _ in range(2)]
+    for s, b in zip(strings, core.hash_buckets(strings, buckets, key)):
+        assert int(b) == ref_siphash24(key[0] & M64, key[1] & M64, s) % buckets, (s, key, buckets)
     keys = ints64(fdp, fdp.ConsumeIntInRange(0, 4), 100)
-    got = core.hash_int_keys(keys, buckets)
-    want = core.hash_buckets([str(int(k)).encode() for k in keys], buckets)
-    assert np.array_equal(got, want), (keys, got, want)
+    for k in ([], key):
+        got = core.hash_int_keys(keys, buckets, k)
+        want = core.hash_buckets([str(int(x)).encode() for x in keys], buckets, k)
+        assert np.array_equal(got, want), (keys, k, got, want)
 
 
 @atheris.instrument_func
