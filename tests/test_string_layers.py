@@ -182,3 +182,78 @@ def test_multi_string_tables_are_in_a_tf_checkpoint(tmp_path):
     for w, g in zip(want, restored([s, s])):
         np.testing.assert_array_equal(g.numpy(), w.numpy())
     assert [w.path for w in restored.weights] == [f"{restored.name}/embeddings_{i}" for i in range(2)]
+
+
+def test_grouped_features_must_be_a_list_not_a_matrix():
+    # A [B, N] matrix iterates row by row: with B == N it would pool example i
+    # as feature i, silently.
+    t0 = tf.constant(np.arange(20.).reshape(10, 2), tf.float32)
+    t1 = tf.constant(np.arange(100, 110.).reshape(5, 2), tf.float32)
+    matrix = tf.constant([["1", "2"], ["3", "4"]])
+    with pytest.raises(TypeError, match=r"features must be a list .*tf.unstack"):
+        tf_ctr_ops.multi_string_embedding(matrix, [t0, t1], id_modes="index")
+    with pytest.raises(TypeError, match="tables must be a list"):
+        tf_ctr_ops.multi_string_embedding([matrix[:, 0]], t0, id_modes="index")
+    got = tf_ctr_ops.multi_string_embedding(tf.unstack(matrix, axis=1), [t0, t1], id_modes="index")
+    np.testing.assert_array_equal(got[0], [[2, 3], [6, 7]])
+    np.testing.assert_array_equal(got[1], [[104, 105], [108, 109]])
+
+
+def test_grouped_layer_refuses_one_tensor_and_a_wrong_count_when_the_model_is_built():
+    matrix = keras.Input(shape=(2,), dtype="string")
+    with pytest.raises(TypeError, match=r"takes a list of 2 string tensors .*shape \(None, 2\)"):
+        MultiStringEmbedding([10, 5], 2, id_modes="index")(matrix)
+    one = keras.Input(shape=(), dtype="string")
+    with pytest.raises(ValueError, match="expected 2 string features, got 1"):
+        MultiStringEmbedding([10, 5], 2)([one])
+    with pytest.raises(TypeError, match="takes a list of 2"):
+        MultiStringEmbedding([10, 5], 2)(tf.constant([["1", "2"], ["3", "4"]]))
+
+
+def test_grouped_tables_of_two_dtypes_name_them():
+    tables = [tf.zeros([4, 2], tf.float32), tf.zeros([4, 2], tf.float16)]
+    with pytest.raises(TypeError, match="table 0 is float32, table 1 is float16"):
+        tf_ctr_ops.multi_string_embedding([tf.constant(["1"])] * 2, tables)
+
+
+@pytest.mark.parametrize("make", [lambda d: StringEmbedding(10, 2, delimiter=d),
+                                  lambda d: MultiStringEmbedding([10, 5], 2, delimiters=[d, None])],
+                         ids=["single", "multi"])
+def test_bytes_delimiters_save_and_load(tmp_path, make):
+    strings = keras.Input(shape=(), dtype="string")
+    layer = make(b"|")
+    out = layer(strings) if isinstance(layer, StringEmbedding) else layer([strings, strings])
+    model = keras.Model(strings, out)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    x = tf.constant(["1|2", "", "3"])
+    for got, want in zip(tf.nest.flatten(loaded(x)), tf.nest.flatten(model(x))):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="must be UTF-8 text"):
+        make(b"\xff")
+
+
+def test_a_config_saved_with_keras_bytes_wrapper_loads():
+    # What Keras wrote for a bytes delimiter before the layers kept text.
+    config = StringEmbedding(10, 2, delimiter="|").get_config()
+    config["delimiter"] = {"class_name": "__bytes__", "config": {"value": "|"}}
+    assert StringEmbedding.from_config(config).delimiter == "|"
+
+
+def test_string_gradient_of_a_table_of_int32_max_rows():
+    # tf.shape's int32 output refuses the dim 2**31 - 1; TF's Gather gradient
+    # reads it as int64 and casts, as the fused ops' gradients now do.
+    table = tf.Variable(tf.zeros([2**31 - 1, 0]))
+    with tf.GradientTape() as tape:
+        y = tf.reduce_sum(tf_ctr_ops.string_embedding(["1,2"], table, id_mode="index"))
+    grad = tape.gradient(y, table)
+    assert isinstance(grad, tf.IndexedSlices)
+    assert list(grad.dense_shape.numpy()) == [2**31 - 1, 0]
+
+
+def test_string_op_arguments_of_the_wrong_kind_are_clear(rng):
+    params = tf.constant(rng.normal(size=(10, 2)).astype(np.float32))
+    np.testing.assert_array_equal(tf_ctr_ops.string_embedding(["1|2"], params, delimiter=tf.constant("|")),
+                                  tf_ctr_ops.string_embedding(["1|2"], params, delimiter="|"))
+    with pytest.raises(TypeError, match="default_id must be an integer"):
+        tf_ctr_ops.string_embedding(["1"], params, default_id=2.7)

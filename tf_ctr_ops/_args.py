@@ -92,6 +92,12 @@ def check_delimiter(delimiter):
     """The delimiter attr: None means each whole string is one token."""
     if delimiter is None:
         return b""
+    if tf.is_tensor(delimiter):  # the op takes it as an attr: its value must be known now
+        value = tf.get_static_value(delimiter)
+        if value is None or np.ndim(value) != 0:
+            raise ValueError(f"delimiter must be a string, or a scalar string tensor of known value (the fused "
+                             f"op takes it as an attr), got {delimiter}")
+        delimiter = value
     if isinstance(delimiter, str):
         delimiter = delimiter.encode("utf-8")
     if not isinstance(delimiter, bytes) or not delimiter:
@@ -100,6 +106,15 @@ def check_delimiter(delimiter):
     if len(delimiter) > MAX_DELIMITER_BYTES:
         raise ValueError(f"delimiter must be at most {MAX_DELIMITER_BYTES} bytes, got {len(delimiter)}")
     return delimiter
+
+
+def check_default_id(default_id):
+    """The default_id attr: -1 (none) for None, else an integer row."""
+    if default_id is None:
+        return -1
+    if isinstance(default_id, (bool, np.bool_)) or not isinstance(default_id, (int, np.integer)):
+        raise TypeError(f"default_id must be an integer row or None, got {default_id!r}")
+    return int(default_id)
 
 
 def per_feature(value, n, what):

@@ -3,6 +3,13 @@
 import tensorflow as tf
 
 
+def dense_table_shape(params):
+    """The int32 dense_shape of a table tensor's gradient, read as TF's
+    Gather gradient reads it (int64, then cast): tf.shape's int32 output
+    refuses a dimension of 2**31 - 1, which is still a valid row count."""
+    return tf.cast(tf.shape(params, out_type=tf.int64), tf.int32)
+
+
 def table_gradient(values, indices, dense_shape):
     """`tf.IndexedSlices(values, indices, dense_shape)`, with one zero row
     (row 0) when it would have none under a strategy of several replicas.

@@ -11,7 +11,7 @@ from tensorflow.python.ops import sparse_ops
 from tf_ctr_ops import ops
 from tf_ctr_ops._args import check_combiner, max_norm_attr
 from tf_ctr_ops._loader import load_op_library
-from tf_ctr_ops._table_grad import table_gradient
+from tf_ctr_ops._table_grad import dense_table_shape, table_gradient
 
 _ops = load_op_library()
 
@@ -142,5 +142,5 @@ def _computed_ids_lookup_grad(op, grad, _ids_grad, _splits_grad, _shape_grad):
         grad=grad, params=params, ids=op.outputs[1], segments=op.outputs[2], num_rows=tf.constant(-1, tf.int64),
         weights=tf.zeros([0], tf.float32), combiner=attrs["combiner"].decode(), segment_kind="row_splits",
         invalid_ids="error", default_id=attrs["default_id"], max_norm=attrs["max_norm"], has_weights=False)
-    params_grad = table_gradient(values, indices, tf.shape(params))
+    params_grad = table_gradient(values, indices, dense_table_shape(params))
     return [params_grad] + [None] * (len(op.inputs) - 1)

@@ -399,6 +399,38 @@ def _check_string_table_dtype(layer):
                          f"float32, float16, bfloat16, mixed_float16 or mixed_bfloat16), got {layer.variable_dtype}")
 
 
+def _layer_delimiter(delimiter):
+    """A string layer's delimiter as its config keeps it: text (bytes are
+    decoded, and Keras' serialized bytes read back), or None. The config is
+    JSON, so a delimiter that is not UTF-8 is refused here rather than when
+    the model is saved; tf_ctr_ops.string_embedding takes any bytes."""
+    if isinstance(delimiter, dict) and delimiter.get("class_name") == "__bytes__":
+        delimiter = delimiter["config"]["value"]  # a config saved before delimiters were kept as text
+    _args.check_delimiter(delimiter)
+    if isinstance(delimiter, bytes):
+        try:
+            return delimiter.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"a layer's delimiter must be UTF-8 text (the layer's config saves it), got "
+                             f"{delimiter!r}; tf_ctr_ops.string_embedding takes any bytes") from None
+    return delimiter
+
+
+def _not_a_feature_list(layer, n, got):
+    return TypeError(f"{type(layer).__name__} takes a list of {n} string tensors (one per feature), got {got}; "
+                     f"split a [B, {n}] matrix of features with tf.unstack(x, axis=1)")
+
+
+def _feature_list(inputs, n, layer):
+    """The list of n features a grouped layer takes: a single tensor (a [B, N]
+    matrix, say) would be read row by row, as features."""
+    if not isinstance(inputs, (list, tuple)):
+        raise _not_a_feature_list(layer, n, type(inputs).__name__)
+    if len(inputs) != n:
+        raise ValueError(f"expected {n} string features, got {len(inputs)}")
+    return list(inputs)
+
+
 def _string_inputs(inputs):
     inputs = _strings.dense_strings(inputs)
     if inputs.shape.rank == 2 and inputs.shape[1] == 1:
@@ -450,8 +482,7 @@ class StringEmbedding(_PooledEmbeddingBase):
                          embeddings_regularizer=embeddings_regularizer,
                          embeddings_constraint=embeddings_constraint, max_norm=max_norm, **kwargs)
         _check_string_table_dtype(self)
-        _args.check_delimiter(delimiter)
-        self.delimiter = delimiter
+        self.delimiter = _layer_delimiter(delimiter)
         self.id_mode = _args.check_id_mode(id_mode)
         self.skip_empty = bool(skip_empty)
 
@@ -520,9 +551,7 @@ class MultiStringEmbedding(_FusedOpLayer):
             raise ValueError("`num_buckets` must list at least one feature")
         self.output_dims = [_check_positive_int(d, "output_dims")
                             for d in _args.per_feature(output_dims, n, "output_dims")]
-        self.delimiters = _args.per_feature(delimiters, n, "delimiters")
-        for d in self.delimiters:
-            _args.check_delimiter(d)
+        self.delimiters = [_layer_delimiter(d) for d in _args.per_feature(delimiters, n, "delimiters")]
         self.combiners = [_args.check_combiner(c) for c in _args.per_feature(combiners, n, "combiners")]
         self.id_modes = [_args.check_id_mode(m) for m in _args.per_feature(id_modes, n, "id_modes")]
         self.skip_empty = [bool(s) for s in _args.per_feature(skip_empty, n, "skip_empty")]
@@ -546,9 +575,7 @@ class MultiStringEmbedding(_FusedOpLayer):
         return [getattr(self, f"embeddings_{i}") for i in range(len(self.num_buckets))]
 
     def call(self, inputs):
-        inputs = [_string_inputs(x) for x in inputs]
-        if len(inputs) != len(self.num_buckets):
-            raise ValueError(f"expected {len(self.num_buckets)} string features, got {len(inputs)}")
+        inputs = [_string_inputs(x) for x in _feature_list(inputs, len(self.num_buckets), self)]
         if _in_keras_symbolic_pass() and any(x.dtype != tf.string for x in inputs):
             outs = [_symbolic_output(inputs[0], d, self.compute_dtype) for d in self.output_dims]
             return tf.concat(outs, 1) if self.concat else outs
@@ -560,6 +587,10 @@ class MultiStringEmbedding(_FusedOpLayer):
         return cast(outs) if self.concat else [cast(o) for o in outs]
 
     def compute_output_shape(self, input_shape):
+        # One tensor's shape is a tuple of dims; a list of inputs', a list of tuples.
+        if isinstance(input_shape, tuple) and all(d is None or isinstance(d, int) for d in input_shape):
+            raise _not_a_feature_list(self, len(self.num_buckets), f"one tensor of shape {input_shape}")
+        _feature_list(list(input_shape), len(self.num_buckets), self)
         batch = input_shape[0][0] if input_shape and input_shape[0] else None
         if self.concat:
             return (batch, sum(self.output_dims))

@@ -24,7 +24,7 @@ from tf_ctr_ops._args import (  # noqa: F401  (COMBINERS, canonical_shard_sizes:
     table_operand,
 )
 from tf_ctr_ops._loader import load_op_library
-from tf_ctr_ops._table_grad import table_gradient
+from tf_ctr_ops._table_grad import dense_table_shape, table_gradient
 
 _ops = load_op_library()
 
@@ -139,7 +139,7 @@ def pooled_grads(grad, grad_op, table_shape, params, ids, segments, num_rows, we
 # IndexedSlices type in every branch.
 @tf.RegisterGradient("CtrEmbeddingLookup")
 def _embedding_lookup_grad(op, grad):
-    return _lookup_grads(op, grad, _ops.ctr_embedding_lookup_grad, tf.shape)
+    return _lookup_grads(op, grad, _ops.ctr_embedding_lookup_grad, dense_table_shape)
 
 
 @tf.RegisterGradient("CtrResourceEmbeddingLookup")

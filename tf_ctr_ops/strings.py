@@ -12,6 +12,7 @@ from tf_ctr_ops._args import (
     ID_MODES,
     as_table,
     check_combiner,
+    check_default_id,
     check_delimiter,
     check_hash_key,
     check_id_mode,
@@ -21,7 +22,7 @@ from tf_ctr_ops._args import (
     sharded_variables,
 )
 from tf_ctr_ops._loader import load_op_library
-from tf_ctr_ops._table_grad import table_gradient
+from tf_ctr_ops._table_grad import dense_table_shape, table_gradient
 
 _ops = load_op_library()
 
@@ -99,7 +100,7 @@ def _string_op(table, packed, bag_splits, *, delimiter, combiner, id_mode, skip_
         bag_splits=tf.zeros([0], tf.int64) if bag_splits is None else tf.cast(bag_splits, tf.int64),
         delimiter=delimiter, combiner=check_combiner(combiner), id_mode=check_id_mode(id_mode),
         skip_empty=bool(skip_empty), max_norm=max_norm_attr(max_norm), bagged=bag_splits is not None,
-        invalid_ids=_check_string_invalid_ids(invalid_ids), default_id=-1 if default_id is None else int(default_id),
+        invalid_ids=_check_string_invalid_ids(invalid_ids), default_id=check_default_id(default_id),
         hash_key=check_hash_key(hash_key))
 
 
@@ -221,6 +222,10 @@ def multi_string_embedding(features, tables, delimiters=",", combiners="mean", i
       List of N `[B, D_i]` tensors, identical to calling `string_embedding`
       per feature; with `concat`, one `[B, D_1 + ... + D_N]` tensor.
     """
+    for what, value in (("features", features), ("tables", tables)):
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"{what} must be a list (one entry per feature), got {type(value).__name__}; split a "
+                            f"[B, N] matrix of string features with tf.unstack(x, axis=1)")
     features, tables = list(features), list(tables)
     n = len(features)
     if n == 0 or len(tables) != n:
@@ -243,6 +248,10 @@ def multi_string_embedding(features, tables, delimiters=",", combiners="mean", i
                                                        skip_empty, max_norms, keys)]
             return tf.concat(outs, axis=1) if concat else outs
         tables = [_string_table(as_table(t)) for t in tables]
+        for i, t in enumerate(tables):
+            if t.dtype != tables[0].dtype:
+                raise TypeError(f"tables must share one dtype: table 0 is {tables[0].dtype.name}, table {i} is "
+                                f"{t.dtype.name}")
         features = [_string_vector(f) for f in features]
         _check_same_batch(features)
         # One pack straight from the N feature tensors: a string concat first
@@ -348,7 +357,7 @@ def _string_embedding_grad(op, grad):
         grad = tf.pad(grad, [[0, bags - tf.shape(grad)[0]], [0, 0]])
     values, indices = _ops.ctr_string_embedding_grad(grad=grad, params=params, bytes=data, row_splits=row_splits,
                                                      bag_splits=bag_splits, **attrs)
-    return [table_gradient(values, indices, tf.shape(params)), None, None, None]
+    return [table_gradient(values, indices, dense_table_shape(params)), None, None, None]
 
 
 def _feature_hash_keys(op, n):
@@ -391,7 +400,7 @@ def _multi_string_embedding_grad(op, *grads):
             id_mode=attrs["id_modes"][i].decode(), delimiter=attrs["delimiters"][i],
             skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i], bagged=False,
             num_buckets=buckets[i], hash_key=hash_keys[i])
-        out.append(table_gradient(values, indices, tf.shape(tables[i])))
+        out.append(table_gradient(values, indices, dense_table_shape(tables[i])))
     return out + [None, None]
 
 
@@ -436,7 +445,7 @@ def _concat_grad(op, grad, tables, data, row_splits, input_splits, dense, string
             combiner=attrs["combiners"][i].decode(), id_mode=attrs["id_modes"][i].decode(),
             delimiter=attrs["delimiters"][i], skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i],
             bagged=False, num_buckets=buckets[i], hash_key=hash_keys[i])
-        out.append(table_gradient(values, indices, tf.shape(tables[i])))
+        out.append(table_gradient(values, indices, dense_table_shape(tables[i])))
     dense_grads = [grad[:, columns[n + j]:columns[n + j] + widths[n + j]] for j in range(m)]
     return out + [None] * string_inputs + dense_grads
 

@@ -9,7 +9,7 @@ import tensorflow as tf
 from tf_ctr_ops import ops
 from tf_ctr_ops._loader import load_op_library
 from tf_ctr_ops._args import check_combiner, max_norm_attr, read_table
-from tf_ctr_ops._table_grad import table_gradient
+from tf_ctr_ops._table_grad import dense_table_shape, table_gradient
 
 _ops = load_op_library()
 
@@ -213,7 +213,7 @@ def _vocab_embedding_grad(op, grad, _rows_grad):
     rows = tf.reshape(op.outputs[1], [-1])
     row_shape = tf.shape(params)[1:]
     values = tf.reshape(grad, tf.concat([[-1], row_shape], axis=0))
-    params_grad = table_gradient(values, rows, tf.shape(params))
+    params_grad = table_gradient(values, rows, dense_table_shape(params))
     return [None, None, None, params_grad]
 
 
@@ -237,7 +237,7 @@ def _concat_vocab_embedding_grad(op, grad):
                                            params=params[i][:, :0], missing_key=missing[i].decode(),
                                            missing_id=missing_ids[i], wrap_negative_ids=wrap[i])
         values = grad[:, starts[i]:starts[i] + widths[i]]
-        out.append(table_gradient(values, rows, tf.shape(params[i])))
+        out.append(table_gradient(values, rows, dense_table_shape(params[i])))
     dense_grads = [grad[:, starts[n + j]:starts[n + j] + widths[n + j]] for j in range(m)]
     return [None] * (3 * n) + out + dense_grads
 
@@ -262,7 +262,7 @@ def _vocab_embedding_lookup_grad(op, grad, _ids_grad):
     values, indices, weights_grad, _ = _ops.ctr_embedding_lookup_grad(
         grad=grad, params=params, ids=op.outputs[1], segments=segments, num_rows=num_rows, weights=weights,
         id_mode="index", grad_indices="per_id", **attrs)
-    params_grad = table_gradient(values, indices, tf.shape(params))
+    params_grad = table_gradient(values, indices, dense_table_shape(params))
     return [None, None, params_grad, None, None, None, weights_grad if attrs["has_weights"] else None]
 
 
