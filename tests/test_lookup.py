@@ -728,3 +728,15 @@ def test_bags_of_up_to_nine_ids_sum_as_tf_bit_for_bit(rng, length):
     np.testing.assert_array_equal(tco.embedding_lookup_sparse(params, sp, None, combiner="sum").numpy(), want)
     strings = tf.constant([",".join(map(str, row)) for row in ids])
     np.testing.assert_array_equal(tco.string_embedding(strings, params, combiner="sum", id_mode="index").numpy(), want)
+
+
+def test_sparse_embedding_takes_dense_ids_as_lists_and_arrays(rng):
+    params = table(rng, 10, 3)
+    ids = [[1, 2], [3, -1]]
+    want = tco.sparse_embedding(params, tf.constant(ids, tf.int64))
+    for given in (ids, np.array(ids), tuple(map(tuple, ids))):
+        got = tco.sparse_embedding(params, given)
+        assert got.shape == (2, 3)
+        np.testing.assert_array_equal(got, want)
+    fn = tf.function(lambda p: tco.sparse_embedding(p, np.array(ids)))
+    np.testing.assert_array_equal(fn(params), want)

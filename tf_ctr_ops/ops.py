@@ -40,7 +40,8 @@ def _ids_tensor(values):
     if values.dtype in (tf.int32, tf.int64, tf.string):  # strings: hash mode's keys
         return values
     if not values.dtype.is_integer or values.dtype == tf.uint64:
-        raise TypeError(f"ids must be int32 or int64 (or strings for hashing), got {values.dtype.name}")
+        raise TypeError(f"ids must be integers that int64 holds (int8 to int64, uint8 to uint32; or strings for "
+                        f"hashing), got {values.dtype.name}")
     return tf.cast(values, tf.int64)
 
 
@@ -706,6 +707,8 @@ def sparse_embedding(params, ids, weights=None, combiner="mean", max_norm=None, 
         padding, naming the row and the id.
     """
     with tf.name_scope(name or "sparse_embedding"):
+        if not isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
+            ids = tf.convert_to_tensor(ids)  # a list or an array of dense [B, N] ids
         bags = _bags_from_container(ids, weights, -1)
         attrs = dict(combiner=combiner, invalid_ids="skip_padding", max_norm=max_norm)
         shards = sharded_variables(params)
