@@ -92,6 +92,22 @@ def _tfrecord_records(path):
             raise plain_error from None
 
 
+_S_DROPS_NULS = ("drops each string's trailing NUL bytes: serialized tf.Examples (which may end in one) go in a "
+                 "TFRecord file for a signature whose one input they are, or to optimize_saved_model's "
+                 "sample_inputs as an object array")
+
+
+def nul_hint(path):
+    """A hint for a model failing on an inputs file: a bytes ('S') array of
+    an .npz may have lost trailing NUL bytes, which breaks serialized protos."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            has_bytes = any(data[k].dtype.kind == "S" for k in data.files)
+    except (OSError, ValueError, zipfile.BadZipFile):  # not an .npz (a TFRecord file)
+        return ""
+    return f"; note that a dtype='S' array in an .npz {_S_DROPS_NULS}" if has_bytes else ""
+
+
 def _inputs_from_npz(path, signatures, unselected=()):
     try:
         data = np.load(path, allow_pickle=False)
@@ -105,7 +121,7 @@ def _inputs_from_npz(path, signatures, unselected=()):
             except ValueError as e:  # an object array: loading it would unpickle, i.e. run code
                 raise InputsError(f"inputs file {path}: array {k!r} is an object array, which is not loaded "
                                   f"(it would need pickle); save strings as a bytes or str array, e.g. "
-                                  f"np.array(values, dtype='S')") from e
+                                  f"np.array(values, dtype='S'), which {_S_DROPS_NULS}") from e
             except (OSError, AttributeError, zipfile.BadZipFile) as e:  # a member that is no .npy
                 raise InputsError(f"inputs file {path}: member {k!r} is not a readable .npy array "
                                   f"({type(e).__name__}: {e})") from None

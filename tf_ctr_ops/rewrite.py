@@ -61,10 +61,11 @@ def _check_serving_device(serving_device):
 def pattern_names():
     """The names of the rewrite's patterns, as reports name them and
     `disabled_patterns` takes them: the Grappler pass's, in the order they
-    run, and the offline merge of partitioned tables."""
+    run, and the offline merge of partitioned tables (named as the Grappler
+    pattern that does the same online, so one name disables both)."""
     with tf.init_scope(), context.eager_mode():
         names = [n.decode() for n in _ops.ctr_fusion_patterns().numpy()]
-    return names + [_partitioned.PATTERN]
+    return names + [p for p in (_partitioned.PATTERN,) if p not in names]
 
 
 def _check_disabled(disabled_patterns):
@@ -227,7 +228,9 @@ def read_report(path):
 
     Each match and skip record gets the id of its graph ("graph": the
     function's name, or the id given to an offline run). Identical skip
-    records (a graph optimized twice) appear once.
+    records (a graph optimized twice) appear once, and a skip of a node that
+    another pattern then fused (or that is a fused op a later pattern left as
+    it was) is dropped: that node is not left alone.
     """
     records = {"match": [], "skip": [], "graph": []}
     seen_skips = set()
@@ -252,7 +255,22 @@ def read_report(path):
                 pending = []
     for pkind, prec in pending:  # a report cut short
         records[pkind].append(prec)
+    # A graph's records may come from several passes (Grappler runs a custom
+    # optimizer in each of its iterations): a skip in one may name what
+    # another fused.
+    fused = _fused_node_names(records["match"])
+    records["skip"] = [s for s in records["skip"] if (s.get("graph"), s.get("node")) not in fused]
     return records
+
+
+def _fused_node_names(matches):
+    """(graph, node) of what match records fused: each fused node, and each
+    node it replaced ("name (Op)")."""
+    names = set()
+    for m in matches:
+        names.add((m.get("graph"), m.get("fused_node")))
+        names.update((m.get("graph"), r.rsplit(" (", 1)[0]) for r in m.get("replaced", ()))
+    return names
 
 
 def _annotate_handle_shapes(graph_def, handle_shapes):
@@ -373,14 +391,15 @@ def _run_offline_driver(graph_def, fetches, optimizer_config):
         lib.TfCtrFreeBuffer(error)
 
 
-# Feature ops no pattern fuses yet: what a rewrite leaves of them is reported,
-# so that a model with nothing fused still says what it holds.
+# Feature ops that stay TF's where no pattern took them: what a rewrite leaves
+# of them is reported, so that a model with nothing fused still says what it
+# holds. A pattern's own skip record, where there is one, says why.
 _UNFUSED_FEATURE_OPS = {
     "LookupTableFindV2": "a vocabulary lookup (StringLookup, IntegerLookup, categorical_column_with_vocabulary_*)",
-    "OneHot": "a one-hot encoding not feeding a Dense (alone or in a concatenation) on a CPU server: a layer "
-              "between them, such as BatchNormalization, keeps it",
-    "DenseBincount": "a multi-hot or count encoding (CategoryEncoding, multi_hot lookups) not feeding a Dense "
-                     "(alone or in a concatenation) on a CPU server, or ragged row lengths",
+    "OneHot": "a one-hot encoding; one fuses into the Dense it feeds (alone or in a concatenation) on a CPU "
+              "server, where nothing sits between them and the encodings are most of its columns",
+    "DenseBincount": "a multi-hot or count encoding (CategoryEncoding, multi_hot lookups); one fuses into the "
+                     "Dense it feeds on a CPU server, as a one-hot encoding does, unless its rows are ragged",
     "SparseBincount": "a multi-hot or count encoding",
     "RaggedBincount": "a multi-hot or count encoding",
     "Bucketize": "a bucketized numeric feature",
@@ -400,7 +419,7 @@ def _unfused_feature_records(graph_def):
         for n in nodes:
             if n.op in _UNFUSED_FEATURE_OPS:
                 why = _UNFUSED_FEATURE_OPS[n.op] + (_MASKED_FIND if n.name in masked else "")
-                records.append({"pattern": "-", "node": n.name, "reason": f"no pattern fuses {n.op} yet ({why})"})
+                records.append({"pattern": "-", "node": n.name, "reason": f"{n.op} stays TF's ({why})"})
     return records
 
 
@@ -437,7 +456,7 @@ def optimize_meta_graph(meta_graph, serving_device=None, disabled_patterns=()):
     outputs, the "train_op" collection, init ops (main op, legacy init op,
     table initializers) and the saver's ops. Returns `(optimized GraphDef,
     report dict)` as `optimize_graph_def`; the skips also name each feature
-    op that no pattern fuses yet (pattern "-").
+    op that stays TF's (pattern "-").
     """
     meta = meta_graph_pb2.MetaGraphDef()
     meta.CopyFrom(meta_graph)
@@ -880,7 +899,8 @@ def _chosen_inputs(loaded, selected, facts, sample_inputs, inputs_file, seed):
                 reference[key] = _outputs(fn, inputs[key])
             except Exception as e:  # noqa: BLE001 - the user's inputs are wrong
                 raise RewriteError(f"signature {key!r}: the original model fails on the {hows[key]} inputs "
-                                   f"({_errors.summary(e)})") from None
+                                   f"({_errors.summary(e)})"
+                                   f"{_model_inputs.nul_hint(inputs_file) if hows[key] == 'file' else ''}") from None
             if _all_empty(reference[key]):
                 raise RewriteError(f"signature {key!r}: the original model's outputs on the {hows[key]} inputs are "
                                    f"{ALL_EMPTY}; pass inputs with at least one example")

@@ -115,8 +115,9 @@ class CrossGatherPattern : public NamedPattern<kName> {
                                "serving_device='cpu' for a CPU server");
     FlattenOfRows flatten;
     if (ids.Rank() == 2 && !MatchFlatten(ctx, anchor, &flatten))
-      return Skip(ctx, anchor, "[B, 1] crossed ids whose gathered rows are not flattened: on a batch of 0 the "
-                               "gather gives [0, 0, D]");
+      return Skip(ctx, anchor, "[B, 1] crossed ids whose gathered rows are not flattened (or whose Flatten is "
+                               "a node the graph must keep, such as its output): on a batch of 0 the gather "
+                               "gives [0, 0, D]");
     Replace(anchor, ids, resource, T, flatten, ctx);
     return true;
   }

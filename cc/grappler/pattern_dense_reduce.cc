@@ -122,8 +122,13 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     if (!mean && MatchMaskSelect(g, input, &masked)) input = g.Producer(*input, 1);
     std::vector<const NodeDef*> identities;
     const NodeDef* gather = SkipIdentities(g, input, &identities);
-    const NodeDef* cast = IsOp(gather, "Cast") ? gather : nullptr;  // a mixed-precision policy's
-    if (cast != nullptr) gather = SkipIdentities(g, g.Producer(*cast, 0), &identities);
+    // A mixed-precision policy's casts: the rows to the compute dtype, and
+    // (keras.ops.mean) half rows back to float32 for the reduction.
+    const NodeDef* cast = nullptr;
+    for (int casts = 0; casts < 2 && IsOp(gather, "Cast"); ++casts) {
+      cast = gather;  // the innermost: what the rows were cast from
+      gather = SkipIdentities(g, g.Producer(*gather, 0), &identities);
+    }
     const bool resource = IsOp(gather, "ResourceGather");
     if (!resource && !IsOp(gather, "GatherV2")) return false;
     int ids_port = 0;
