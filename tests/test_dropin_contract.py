@@ -609,12 +609,12 @@ def test_ids_that_do_not_widen_exactly_are_refused_as_tf_refuses_them(dtype):
     table = tf.constant(np.arange(21, dtype=np.float32).reshape(7, 3))
     ids = tf.SparseTensor([[0, 0], [1, 0]], tf.cast(tf.constant([1, 0]), dtype), [2, 1])
     for fn in (tco.safe_embedding_lookup_sparse, tco.compat.v1.embedding_lookup_sparse):
-        with pytest.raises(TypeError, match="ids must be int32 or int64"):
+        with pytest.raises(TypeError, match="ids must be integers that int64 holds"):
             fn(table, ids, None)
         with pytest.raises((TypeError, tf.errors.InvalidArgumentError)):
             (tf.nn.safe_embedding_lookup_sparse if fn is tco.safe_embedding_lookup_sparse
              else tf.compat.v1.nn.embedding_lookup_sparse)(table, ids, None)
-    with pytest.raises(TypeError, match="ids must be int32 or int64"):
+    with pytest.raises(TypeError, match="ids must be integers that int64 holds"):
         tco.sparse_embedding(table, tf.ragged.constant([[1.5]], tf.float32))
 
 

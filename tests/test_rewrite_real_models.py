@@ -93,6 +93,9 @@ def test_tf1_feature_column_model_keeps_tables_assets_and_signatures(tmp_path, r
     assert any(s["pattern"] == "multi_hot_dense" and "MatMul multiplies the other" in s["reason"] for s in skips)
     left = {s["reason"].split(" (")[0] for s in skips if s["pattern"] == "-"}
     assert left == {"Bucketize stays TF's", "OneHot stays TF's"}, left
+    # No pattern reports a lookup it has no business with: the fused columns'
+    # lookups read no string split.
+    assert not [s for s in skips if s["pattern"] == "string_split_lookup"], skips
     # The two hashed columns' hashes fold into their lookups, and the
     # vocabulary column's OOV hash into its vocabulary lookup.
     assert "StringToHashBucketFast" not in after_ops, after_ops
@@ -1141,3 +1144,29 @@ def test_a_signature_of_no_outputs_keeps_its_effect(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "dst")], cwd=tmp_path, env=fresh_process_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "count 7.0" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.saved_model
+def test_a_fused_identity_column_is_not_reported_left_by_the_split_pattern(tmp_path):
+    # safe_lookup fuses an embedding_column of an identity column; the string
+    # split pattern then saw that fused lookup (its row count explicit) and
+    # reported it "left", though no string split exists in the model.
+    fc = tf.compat.v1.feature_column
+    src = str(tmp_path / "src")
+    with tf.Graph().as_default():
+        serialized = tf.compat.v1.placeholder(tf.string, [None], name="examples")
+        columns = [fc.embedding_column(fc.categorical_column_with_identity("idd", 10, default_value=0), 4)]
+        net = fc.input_layer(tf.compat.v1.io.parse_example(serialized, fc.make_parse_example_spec(columns)),
+                             columns)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            builder = tf.compat.v1.saved_model.Builder(src)
+            builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={
+                "serving_default": tf.compat.v1.saved_model.predict_signature_def({"examples": serialized},
+                                                                                  {"net": net})})
+            builder.save()
+    report = rewrite.optimize_saved_model(src, str(tmp_path / "dst"))
+    assert report.ok and report.verified
+    sig = report.signatures["serving_default"]
+    assert "safe_lookup" in {m["pattern"] for m in sig.matches}, sig.matches
+    assert not [s for s in sig.skips if s["pattern"] == "string_split_lookup"], sig.skips

@@ -229,8 +229,9 @@ def read_report(path):
     Each match and skip record gets the id of its graph ("graph": the
     function's name, or the id given to an offline run). Identical skip
     records (a graph optimized twice) appear once, and a skip of a node that
-    another pattern then fused (or that is a fused op a later pattern left as
-    it was) is dropped: that node is not left alone.
+    another pattern then replaced is dropped: that node is not left alone. (A
+    skip of a fused node stays: it says why a later pattern, grouping say,
+    left the fused op as it was.)
     """
     records = {"match": [], "skip": [], "graph": []}
     seen_skips = set()
@@ -257,20 +258,17 @@ def read_report(path):
         records[pkind].append(prec)
     # A graph's records may come from several passes (Grappler runs a custom
     # optimizer in each of its iterations): a skip in one may name what
-    # another fused.
-    fused = _fused_node_names(records["match"])
-    records["skip"] = [s for s in records["skip"] if (s.get("graph"), s.get("node")) not in fused]
+    # another replaced.
+    replaced = _replaced_node_names(records["match"])
+    records["skip"] = [s for s in records["skip"] if (s.get("graph"), s.get("node")) not in replaced]
     return records
 
 
-def _fused_node_names(matches):
-    """(graph, node) of what match records fused: each fused node, and each
-    node it replaced ("name (Op)")."""
-    names = set()
-    for m in matches:
-        names.add((m.get("graph"), m.get("fused_node")))
-        names.update((m.get("graph"), r.rsplit(" (", 1)[0]) for r in m.get("replaced", ()))
-    return names
+def _replaced_node_names(matches):
+    """(graph, node) of the nodes match records replaced ("name (Op)"), but
+    not those a fused node took the name of."""
+    replaced = {(m.get("graph"), r.rsplit(" (", 1)[0]) for m in matches for r in m.get("replaced", ())}
+    return replaced - {(m.get("graph"), m.get("fused_node")) for m in matches}
 
 
 def _annotate_handle_shapes(graph_def, handle_shapes):
@@ -419,7 +417,7 @@ def _unfused_feature_records(graph_def):
         for n in nodes:
             if n.op in _UNFUSED_FEATURE_OPS:
                 why = _UNFUSED_FEATURE_OPS[n.op] + (_MASKED_FIND if n.name in masked else "")
-                records.append({"pattern": "-", "node": n.name, "reason": f"{n.op} stays TF's ({why})"})
+                records.append({"pattern": "-", "node": n.name, "op": n.op, "reason": f"{n.op} stays TF's ({why})"})
     return records
 
 

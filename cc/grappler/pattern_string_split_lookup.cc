@@ -126,7 +126,11 @@ class StringSplitLookupPattern : public NamedPattern<kName> {
     if (!IsOp(reorder, "SparseReorder")) {
       int64_t num_rows = 0;
       if (!ConstScalarInt(g.Producer(anchor, 3), &num_rows) || num_rows != -1) {
-        *why = "the lookup's row count is given explicitly";
+        // A reason only for ids converted from strings: any other lookup
+        // (a fused feature column's, say) is not this pattern's shape.
+        const NodeDef* ids = g.Producer(anchor, 1);
+        if (IsStringHash(ids) || IsOp(ids, "StringToNumber") || IsOp(ids, "RaggedTensorToSparse"))
+          *why = "the lookup's row count is given explicitly";
         return false;
       }
       m->ids = SparseIds{slice.input(0), anchor.input(1), ""};

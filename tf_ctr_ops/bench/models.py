@@ -299,8 +299,7 @@ def model_style_suite(cfg, name):
 def _count_ops(records):
     counts = {}
     for r in records:
-        op = r["reason"].split("fuses ", 1)[1].split(" ", 1)[0]
-        counts[op] = counts.get(op, 0) + 1
+        counts[r["op"]] = counts.get(r["op"], 0) + 1
     return counts
 
 
