@@ -69,7 +69,7 @@ TESTS=(tests/test_lookup.py tests/test_strings.py
        tests/test_properties.py tests/test_concurrency.py tests/test_limits.py tests/test_fuzz.py
        tests/test_gpu_core.py tests/test_gpu_strings_core.py tests/test_string_tensors.py tests/test_vocab.py
        tests/test_vocab_sparse.py tests/test_columns.py tests/test_multi_hot_dense.py
-       tests/test_hash_table.py tests/test_in_place_table.py tests/test_pool_paths.py tests/test_keyed_hash.py)
+       tests/test_hash_table.py tests/test_in_place_table.py tests/test_pool_paths.py)
 # The Grappler patterns (one test file per family) run their C++ too. The
 # real-model tests, and the tests marked saved_model in the others, run the
 # same patterns through SavedModel writing and fresh Python processes, which is
