@@ -4,7 +4,9 @@ feature-column model):
 
 - a minimal TF1 model with one StaticHashTable;
 - `tf.nn.safe_embedding_lookup_sparse` over `tf.strings.split` of a [None]
-  string input, saved with `tf.saved_model.save`.
+  string input, saved with `tf.saved_model.save`;
+- any TF1 model of serialized tf.Examples, saved by Builder as Estimator
+  exports are (save_tf1_examples_model).
 """
 
 import tensorflow as tf
@@ -23,6 +25,24 @@ def save_tf1_table_model(path):
             sig = tf.compat.v1.saved_model.predict_signature_def({"x": x}, {"y": y})
             builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={"serving_default": sig},
                                                  main_op=tf.compat.v1.tables_initializer())
+            builder.save()
+
+
+def save_tf1_examples_model(path, outputs_of, seed=None):
+    """TF1: `outputs_of(serialized)` ({key: tensor}) over a [None] string
+    input "examples" of serialized tf.Examples, its variables initialized and
+    saved by Builder with the one signature "serving_default"."""
+    with tf.Graph().as_default():
+        if seed is not None:
+            tf.compat.v1.set_random_seed(seed)
+        serialized = tf.compat.v1.placeholder(tf.string, [None], name="examples")
+        outputs = outputs_of(serialized)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            builder = tf.compat.v1.saved_model.Builder(path)
+            builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={
+                "serving_default": tf.compat.v1.saved_model.predict_signature_def({"examples": serialized},
+                                                                                  outputs)})
             builder.save()
 
 

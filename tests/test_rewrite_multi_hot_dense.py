@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import tf_ctr_ops  # noqa: F401
 from tf_ctr_ops import rewrite
+from real_models import save_tf1_examples_model
 from test_rewrite_multi_hot import _rewritten_in_process
 
 SEXES, THALS = ["f", "m"], ["fixed", "normal", "reversible"]
@@ -303,21 +304,15 @@ def save_tf1_dnn_model(path):
     """An Estimator-style TF1 DNN input: numeric and bucketized columns (one
     of shape 2) through input_layer into a hidden layer, saved by Builder."""
     fc = tf.compat.v1.feature_column
-    with tf.Graph().as_default():
-        tf.compat.v1.set_random_seed(5)
-        serialized = tf.compat.v1.placeholder(tf.string, [None], name="examples")
+
+    def outputs_of(serialized):
         columns = [fc.numeric_column("price"), fc.bucketized_column(fc.numeric_column("age"), [18.0, 30.0, 50.0]),
                    fc.bucketized_column(fc.numeric_column("xy", shape=(2,)), [0.0, 1.0])]
         net = fc.input_layer(tf.compat.v1.io.parse_example(serialized, fc.make_parse_example_spec(columns)), columns)
         w = tf.compat.v1.get_variable("hidden_w", [net.shape[1], 4])
-        hidden = tf.nn.relu(tf.matmul(net, w))
-        with tf.compat.v1.Session() as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            builder = tf.compat.v1.saved_model.Builder(path)
-            builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={
-                "serving_default": tf.compat.v1.saved_model.predict_signature_def({"examples": serialized},
-                                                                                  {"hidden": hidden})})
-            builder.save()
+        return {"hidden": tf.nn.relu(tf.matmul(net, w))}
+
+    save_tf1_examples_model(path, outputs_of, seed=5)
 
 
 def tf1_examples(rng, n):

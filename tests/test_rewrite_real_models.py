@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import tf_ctr_ops  # noqa: F401
 from conftest import fresh_process_env, serve_in_fresh_process
-from real_models import save_split_safe_lookup_model, save_tf1_table_model
+from real_models import save_split_safe_lookup_model, save_tf1_examples_model, save_tf1_table_model
 from tf_ctr_ops import _saved_model_files, rewrite
 from tf_ctr_ops.__main__ import main as cli_main
 from tf_ctr_ops.bench.models import (export_keras_lookup_model, keras_lookup_inputs, save_tf1_feature_column_model,
@@ -1153,18 +1153,13 @@ def test_a_fused_identity_column_is_not_reported_left_by_the_split_pattern(tmp_p
     # reported it "left", though no string split exists in the model.
     fc = tf.compat.v1.feature_column
     src = str(tmp_path / "src")
-    with tf.Graph().as_default():
-        serialized = tf.compat.v1.placeholder(tf.string, [None], name="examples")
+
+    def outputs_of(serialized):
         columns = [fc.embedding_column(fc.categorical_column_with_identity("idd", 10, default_value=0), 4)]
-        net = fc.input_layer(tf.compat.v1.io.parse_example(serialized, fc.make_parse_example_spec(columns)),
-                             columns)
-        with tf.compat.v1.Session() as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            builder = tf.compat.v1.saved_model.Builder(src)
-            builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={
-                "serving_default": tf.compat.v1.saved_model.predict_signature_def({"examples": serialized},
-                                                                                  {"net": net})})
-            builder.save()
+        features = tf.compat.v1.io.parse_example(serialized, fc.make_parse_example_spec(columns))
+        return {"net": fc.input_layer(features, columns)}
+
+    save_tf1_examples_model(src, outputs_of)
     report = rewrite.optimize_saved_model(src, str(tmp_path / "dst"))
     assert report.ok and report.verified
     sig = report.signatures["serving_default"]
