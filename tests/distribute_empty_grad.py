@@ -1,53 +1,43 @@
-"""Steps whose table gradients have no rows on any replica, for
-tests/test_distribute.py: an all-padding batch of a SparseEmbedding, and the
-first steps of a HashTableEmbedding that admits a key on its third sighting.
-TF 2.21's collective all-gather of IndexedSlices crashes the process on such
-gradients; the layers' gradients must not reach it empty.
+"""Scenario "empty_grad" of tests/distribute_run.py: steps whose table
+gradients have no rows on any replica: an all-padding batch of a
+SparseEmbedding, and the first steps of a HashTableEmbedding that admits a key
+on its third sighting. TF 2.21's collective all-gather of IndexedSlices
+crashes the process on such gradients; the layers' gradients must not reach
+it empty."""
 
-    python tests/distribute_empty_grad.py single|mirrored OUT.npz
-"""
+import numpy as np
 
-import os
-import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+def run(strategy, out):
+    """Trains both models under `strategy` (model.fit) and writes their float
+    weights and the table's key -> vector map to out."""
+    import keras
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+    from tf_ctr_ops import layers
 
-mode, out = sys.argv[1], sys.argv[2]
-if mode == "mirrored":
-    (cpu,) = tf.config.list_physical_devices("CPU")
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-
-import keras  # noqa: E402
-
-from tf_ctr_ops import layers  # noqa: E402
-
-strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) if mode == "mirrored" else tf.distribute.get_strategy()
-padding = np.full((8, 3), -1, np.int64)
-ids = np.array([[1, 2, -1], [3, -1, -1], [4, 5, 6], [7, -1, -1]] * 2, np.int64)
-fresh_keys = np.arange(100, 124, dtype=np.int64).reshape(8, 3)  # each key seen once
-labels = np.linspace(0.2, 1, 8, dtype=np.float32).reshape(8, 1)  # no zero-sum gradient for Adagrad to amplify
-results = {}
-for name, make, batches in (
-        ("sparse", lambda: layers.SparseEmbedding(10, 4, combiner="mean"), (padding, ids, padding)),
-        ("table", lambda: layers.HashTableEmbedding(4, 40, admit_after=3), (fresh_keys, ids, ids, ids))):
-    keras.utils.set_random_seed(0)
-    with strategy.scope():
-        x = keras.Input(shape=(3,), dtype="int64")
-        model = keras.Model(x, keras.layers.Dense(1, kernel_initializer="ones")(make()(x)))
-        model.compile(keras.optimizers.Adagrad(0.5), "mse")
-    for batch in batches:
-        model.fit(batch, labels, batch_size=8, epochs=1, shuffle=False, verbose=0)
-    # The table's bookkeeping (its clock, each key's last sighting) counts
-    # every replica's call: what a key maps to is compared through export().
-    for i, w in enumerate(model.get_weights()):
-        if w.dtype.kind == "f":
-            results[f"{name}{i}"] = w
-    for layer in model.layers:
-        if isinstance(layer, layers.HashTableEmbedding):
-            keys, rows = (np.asarray(t) for t in layer.export())
-            order = np.argsort(keys)
-            results[f"{name}_keys"], results[f"{name}_rows"] = keys[order], rows[order]
-np.savez(out, **results)
+    padding = np.full((8, 3), -1, np.int64)
+    ids = np.array([[1, 2, -1], [3, -1, -1], [4, 5, 6], [7, -1, -1]] * 2, np.int64)
+    fresh_keys = np.arange(100, 124, dtype=np.int64).reshape(8, 3)  # each key seen once
+    labels = np.linspace(0.2, 1, 8, dtype=np.float32).reshape(8, 1)  # no zero-sum gradient for Adagrad to amplify
+    results = {}
+    for name, make, batches in (
+            ("sparse", lambda: layers.SparseEmbedding(10, 4, combiner="mean"), (padding, ids, padding)),
+            ("table", lambda: layers.HashTableEmbedding(4, 40, admit_after=3), (fresh_keys, ids, ids, ids))):
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            x = keras.Input(shape=(3,), dtype="int64")
+            model = keras.Model(x, keras.layers.Dense(1, kernel_initializer="ones")(make()(x)))
+            model.compile(keras.optimizers.Adagrad(0.5), "mse")
+        for batch in batches:
+            model.fit(batch, labels, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        # The table's bookkeeping (its clock, each key's last sighting) counts
+        # every replica's call: what a key maps to is compared through export().
+        for i, w in enumerate(model.get_weights()):
+            if w.dtype.kind == "f":
+                results[f"{name}{i}"] = w
+        for layer in model.layers:
+            if isinstance(layer, layers.HashTableEmbedding):
+                keys, rows = (np.asarray(t) for t in layer.export())
+                order = np.argsort(keys)
+                results[f"{name}_keys"], results[f"{name}_rows"] = keys[order], rows[order]
+    np.savez(out, **results)

@@ -1,9 +1,6 @@
-"""Trains a small CTR model built from tf_ctr_ops layers, for tests/test_distribute.py.
-
-    python tests/distribute_train.py single OUT.npz
-    python tests/distribute_train.py mirrored OUT.npz          # 2 logical CPU devices
-    TF_CONFIG=... python tests/distribute_train.py multiworker OUT.npz [table]
-    python tests/distribute_train.py mirrored OUT.npz table    # the hash-table model
+"""Scenarios "layers" and "table" of tests/distribute_run.py: trains a small
+CTR model built from tf_ctr_ops layers (model_kind "layers"), or one with a
+HashTableEmbedding ("table").
 
 Every run starts from the same weights and sees the same global batches in
 the same order, so the trained weights must agree across strategies up to
@@ -16,14 +13,8 @@ Writes the final weights (and the per-epoch losses) to OUT.npz; under
 MultiWorkerMirroredStrategy only the chief writes.
 """
 
-import json
-import os
-import sys
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
 GLOBAL_BATCH, STEPS, DIM = 32, 8, 4
 
@@ -82,22 +73,11 @@ def build_table_model():
     return keras.Model({"item_ids": item_ids, "user": user}, out)
 
 
-def strategy_for(mode):
-    if mode == "single":
-        return tf.distribute.get_strategy()  # the default strategy: one replica
-    if mode == "mirrored":
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-        return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    if mode == "multiworker":
-        return tf.distribute.MultiWorkerMirroredStrategy()
-    raise SystemExit(f"unknown mode {mode!r}")
 
-
-def main(mode, out, model_kind="layers"):
-    strategy = strategy_for(mode)
-    import tf_ctr_ops  # noqa: F401  (after the device setup: it runs no op)
-
+def train(strategy, mode, task, out, model_kind):
+    """Trains under `strategy` (mode: single, mirrored or multiworker; task:
+    this worker's index) and writes out (and, for the table, each worker's
+    rows beside it)."""
     import keras
 
     x, y = data()
@@ -135,7 +115,6 @@ def main(mode, out, model_kind="layers"):
         for features, labels in dataset:
             total += float(step(features, labels))
         history["loss"].append(total / STEPS)
-    task = json.loads(os.environ["TF_CONFIG"])["task"]["index"] if mode == "multiworker" else 0
     chief = task == 0
     if model_kind == "table":
         # Every worker writes the rows its own table copy gives the keys.
@@ -172,8 +151,3 @@ def main(mode, out, model_kind="layers"):
         weights = {f"w{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
         np.savez(out, loss=np.array(history["loss"]), replicas=strategy.num_replicas_in_sync, **weights,
                  **initial)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:]))

@@ -2,8 +2,9 @@
 devices) and MultiWorkerMirroredStrategy (two worker processes on
 127.0.0.1), and the result equals single-replica training on the same global
 batches; under ParameterServerStrategy the drop-ins train sharded tables as
-tf.nn's lookups do. Each run is its own process (tests/distribute_train.py): logical
-devices and TF_CONFIG must be set before TensorFlow starts."""
+tf.nn's lookups do. Each strategy runs in processes of its own
+(tests/distribute_run.py, tests/ps_train.py): logical devices and TF_CONFIG
+must be set before TensorFlow starts."""
 
 import json
 import subprocess
@@ -11,44 +12,17 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from conftest import fresh_process_env
 from ps_train import free_ports
 
-SCRIPT = Path(__file__).with_name("distribute_train.py")
+SCRIPT = Path(__file__).with_name("distribute_run.py")
 TIMEOUT_S = 300
 
 
-def train(mode, out, env=None, wait=True, model="layers"):
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), mode, str(out), model], env=env or fresh_process_env(),
-                            cwd=out.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if not wait:
-        return proc
-    output, _ = proc.communicate(timeout=TIMEOUT_S)
-    assert proc.returncode == 0, output[-3000:]
-    return np.load(out)
-
-
-@pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    return train("single", tmp_path_factory.mktemp("single") / "single.npz")
-
-
-def assert_same_training(got, want):
-    assert int(want["replicas"]) == 1 and int(got["replicas"]) == 2
-    weights = sorted(k for k in want.files if k.startswith("w"))
-    assert weights == sorted(k for k in got.files if k.startswith("w")) and len(weights) == 5
-    for k in weights:
-        # Training moved every weight, embedding tables included ...
-        assert np.abs(want[k] - want["i" + k[1:]]).max() > 1e-3, k
-        # ... and two replicas moved it as one did (float32 summation order apart).
-        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
-    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
-
-
-def test_mirrored_strategy_matches_single_replica(single, tmp_path):
-    assert_same_training(train("mirrored", tmp_path / "mirrored.npz"), single)
+def start_run(mode, out_dir, env=None):
+    return subprocess.Popen([sys.executable, str(SCRIPT), mode, str(out_dir)], env=env or fresh_process_env(),
+                            cwd=out_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def run_two_workers(start):
@@ -67,14 +41,36 @@ def run_two_workers(start):
         assert w.returncode == 0, output[-3000:]
 
 
-def train_multi_worker(out, model="layers"):
-    """Two worker processes on 127.0.0.1 (the chief writes out)."""
-    run_two_workers(lambda env: train("multiworker", out, env=env, wait=False, model=model))
-    return np.load(out)
+def run_checks(out_dir, checks):
+    """Runs every check on out_dir and fails naming each that failed: one
+    process trains all scenarios of a strategy, so one test checks them."""
+    failures = []
+    for check in checks:
+        try:
+            check(out_dir)
+        except AssertionError as e:
+            failures.append(f"{check.__name__}: {e}")
+    assert not failures, "\n\n".join(failures)
 
 
-def test_multi_worker_mirrored_strategy_matches_single_replica(single, tmp_path):
-    assert_same_training(train_multi_worker(tmp_path / "multiworker.npz"), single)
+def assert_same_training(got, want):
+    assert int(want["replicas"]) == 1 and int(got["replicas"]) == 2
+    weights = sorted(k for k in want.files if k.startswith("w"))
+    assert weights == sorted(k for k in got.files if k.startswith("w")) and len(weights) == 5
+    for k in weights:
+        # Training moved every weight, embedding tables included ...
+        assert np.abs(want[k] - want["i" + k[1:]]).max() > 1e-3, k
+        # ... and two replicas moved it as one did (float32 summation order apart).
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+
+
+def check_layers_mirrored(mirrored):
+    assert_same_training(np.load(mirrored / "layers.mirrored.npz"), np.load(mirrored / "layers.single.npz"))
+
+
+def check_layers_multi_worker(multiworker):
+    assert_same_training(np.load(multiworker / "layers.multiworker.npz"), np.load(multiworker / "layers.single.npz"))
 
 
 def test_parameter_server_strategy_with_sharded_tables_matches_tf(tmp_path):
@@ -104,12 +100,6 @@ def test_parameter_server_strategy_with_sharded_tables_matches_tf(tmp_path):
         np.testing.assert_allclose(z[f"table_ps_{k}"], z[f"table_single_{k}"], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
-@pytest.fixture(scope="module")
-def single_table(tmp_path_factory):
-    out = tmp_path_factory.mktemp("single_table") / "single_table.npz"
-    return dict(train("single", out, model="table"), rows=np.load(f"{out}.rows0.npy"))
-
-
 def assert_same_table_training(got, want):
     assert int(got["replicas"]) == 2 and int(want["replicas"]) == 1
     assert int(got["table_size"]) == int(want["table_size"]) == np.unique(got["keys"]).size > 100
@@ -119,77 +109,75 @@ def assert_same_table_training(got, want):
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
-def test_hash_table_layer_under_mirrored_strategy_matches_single_replica(single_table, tmp_path):
+def check_hash_table_layer_mirrored(mirrored):
     """Both replicas find and insert in the one table (it is not mirrored), so
     every key has one row; trained key -> vector maps equal one replica's."""
-    assert_same_table_training(train("mirrored", tmp_path / "mirrored_table.npz", model="table"), single_table)
+    assert_same_table_training(np.load(mirrored / "table.mirrored.npz"), np.load(mirrored / "table.single.npz"))
 
 
-def test_hash_table_layer_under_multi_worker_strategy_matches_single_replica(single_table, tmp_path):
+def check_hash_table_layer_multi_worker(multiworker):
     """Each worker has a table of its own; inserting the keys of all replicas in
     replica order keeps the copies equal, so the aggregated gradients of a row
     train the same key everywhere, as one replica trains it. Each worker's
     checkpoint restores its copy (tests/distribute_train.py checks that)."""
-    out = tmp_path / "multiworker_table.npz"
-    assert_same_table_training(train_multi_worker(out, model="table"), single_table)
+    out = multiworker / "table.multiworker.npz"
+    assert_same_table_training(np.load(out), np.load(multiworker / "table.single.npz"))
     rows = [np.load(f"{out}.rows{task}.npy") for task in (0, 1)]
     np.testing.assert_array_equal(rows[0], rows[1])
     # Rows in order of first appearance in the global batches, as in one process.
-    np.testing.assert_array_equal(rows[0], single_table["rows"])
+    np.testing.assert_array_equal(rows[0], np.load(multiworker / "table.single.npz.rows0.npy"))
 
 
-def test_steps_without_gradient_rows_train_under_mirrored_strategy(tmp_path):
+def check_steps_without_gradient_rows_mirrored(mirrored):
     """All-padding batches and not-yet-admitted hash-table keys give table
     gradients of no rows on every replica: TF's all-gather of them crashed
-    the process (SIGSEGV). They train, and as one replica does."""
-    script = Path(__file__).with_name("distribute_empty_grad.py")
-    got = {}
-    for mode in ("single", "mirrored"):
-        proc = subprocess.run([sys.executable, str(script), mode, str(tmp_path / f"{mode}.npz")],
-                              env=fresh_process_env(), cwd=tmp_path, capture_output=True, text=True,
-                              timeout=TIMEOUT_S)
-        assert proc.returncode == 0, f"{mode}: exit {proc.returncode}\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}"
-        got[mode] = np.load(tmp_path / f"{mode}.npz")
+    the process (SIGSEGV). They train, and as one replica does
+    (tests/distribute_empty_grad.py)."""
+    got = {mode: np.load(mirrored / f"empty_grad.{mode}.npz") for mode in ("single", "mirrored")}
     assert sorted(got["single"].files) == sorted(got["mirrored"].files)
     assert got["single"]["table_keys"].tolist() == [1, 2, 3, 4, 5, 6, 7], "admitted on the third sighting"
     for k in got["single"].files:
         np.testing.assert_allclose(got["mirrored"][k], got["single"][k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
-def test_hash_table_slots_under_mirrored_strategy_give_one_replicas_rows(tmp_path):
+def check_hash_table_slots_mirrored(mirrored):
     """multi_hash_table_embedding inserts the keys of all its slots in one
     find; replica by replica the slots would interleave ([a0, b0, a1, b1]
     where one process has [a0, a1, b0, b1]) and keys would get other rows,
     so other initial vectors (tests/distribute_slots.py)."""
-    runs = {}
-    for mode in ("single", "mirrored"):
-        out = tmp_path / f"{mode}.npz"
-        proc = subprocess.run([sys.executable, str(SCRIPT.with_name("distribute_slots.py")), mode, str(out)],
-                              env=fresh_process_env(), cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S)
-        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-        runs[mode] = np.load(out)
+    runs = {mode: np.load(mirrored / f"slots.{mode}.npz") for mode in ("single", "mirrored")}
     assert runs["single"]["keys"].size > 50
     np.testing.assert_array_equal(runs["mirrored"]["keys"], runs["single"]["keys"])
     np.testing.assert_array_equal(runs["mirrored"]["outputs"], runs["single"]["outputs"])
 
 
-def test_hash_table_slots_under_multi_worker_strategy_give_one_replicas_rows(tmp_path):
+def check_hash_table_slots_multi_worker(multiworker):
     """Each worker has its own table and finds all workers' keys slot by slot,
     so both copies give every key the row one process gives it, and each
     worker's half of the batch pools what one process pools for those rows."""
-    script = SCRIPT.with_name("distribute_slots.py")
-    single = tmp_path / "single.npz"
-    proc = subprocess.run([sys.executable, str(script), "single", str(single)], env=fresh_process_env(),
-                          cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    want = np.load(single)
-    out = tmp_path / "multiworker.npz"
-    run_two_workers(lambda env: subprocess.Popen([sys.executable, str(script), "multiworker", str(out)], env=env,
-                                                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                 text=True))
-    got = [np.load(f"{out}.{task}.npz") for task in (0, 1)]
+    want = np.load(multiworker / "slots.single.npz")
+    got = [np.load(multiworker / f"slots.multiworker.npz.{task}.npz") for task in (0, 1)]
     assert want["keys"].size > 50
     for task in (0, 1):
         np.testing.assert_array_equal(got[task]["keys"], want["keys"])
         np.testing.assert_array_equal(got[task]["values"], want["values"])
     np.testing.assert_array_equal(np.concatenate([got[0]["outputs"], got[1]["outputs"]], axis=1), want["outputs"])
+
+
+def test_mirrored_strategy_matches_single_replica(tmp_path):
+    """MirroredStrategy over two logical CPUs (tests/distribute_run.py): the
+    layers, the hash-table layer, steps without gradient rows and hash-table
+    slots each train as one replica does on the same global batches."""
+    proc = start_run("mirrored", tmp_path)
+    output, _ = proc.communicate(timeout=TIMEOUT_S)
+    assert proc.returncode == 0, output[-3000:]
+    run_checks(tmp_path, [check_layers_mirrored, check_hash_table_layer_mirrored,
+                          check_steps_without_gradient_rows_mirrored, check_hash_table_slots_mirrored])
+
+
+def test_multi_worker_mirrored_strategy_matches_single_replica(tmp_path):
+    """MultiWorkerMirroredStrategy over two worker processes on 127.0.0.1,
+    whose chief also runs the one-replica references."""
+    run_two_workers(lambda env: start_run("multiworker", tmp_path, env=env))
+    run_checks(tmp_path, [check_layers_multi_worker, check_hash_table_layer_multi_worker,
+                          check_hash_table_slots_multi_worker])
