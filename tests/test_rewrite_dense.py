@@ -914,6 +914,29 @@ def test_keras_sequence_training_step_online_gradients_match(rng, mask_zero):
     assert stats["rewrites"] == 1, stats
 
 
+@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="online graphs are placed on a GPU here")
+def test_online_masked_mean_of_a_captured_vocabulary_says_why_it_stays(tmp_path):
+    """StringLookup(mask_token="") + Embedding(mask_zero=True) + GAP: online
+    the captured table hides the shape of its ids, so the masked mean cannot
+    be proved a [B, L] pooling; the report says so (offline it fuses:
+    test_keras_embedding_global_average_pooling_saved_model)."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    keys = keras.Input((3,), dtype="string")
+    ids = keras.layers.StringLookup(vocabulary=["a", "b", "c", "d"], mask_token="")(keys)
+    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(6, 4, mask_zero=True)(ids))
+    model = keras.Model(keys, pooled)
+    x = tf.constant([["a", "b", ""], ["", "", ""], ["zz", "c", "d"]])
+    want = model(x).numpy()
+    report = tmp_path / "r.jsonl"
+    with rewrite.enable(serving_device="cpu", report_file=str(report)):
+        got = tf.function(lambda k: model(k))(x).numpy()
+    np.testing.assert_array_equal(got, want)  # the all-masked row is NaN in both
+    skips = [r for r in rewrite.read_report(report)["skip"] if r["pattern"] == "dense_reduce_lookup"]
+    assert skips and all("a table the function captures hides the shape" in r["reason"] for r in skips), skips
+
+
 @pytest.mark.parametrize("dtype, big", [(tf.float16, 2048.0), (tf.bfloat16, 256.0)])
 @pytest.mark.parametrize("source", ["ragged", "split"])
 def test_ragged_reduce_of_a_half_table_stays_in_half_precision(dtype, big, source):

@@ -85,6 +85,28 @@ struct MaskedRows {
   bool found() const { return select != nullptr; }
 };
 
+// Whether `node` computes its value from a LookupTableFindV2 within a few
+// elementwise steps (Keras' mask-token select, negative-index wrap, casts).
+bool ComesFromTableFind(const GraphIndex& g, const NodeDef* node, int depth = 6) {
+  if (node == nullptr || depth == 0) return false;
+  if (IsOp(node, "LookupTableFindV2")) return true;
+  static const char* kSteps[] = {"Identity", "SelectV2", "Select", "AddV2", "Less", "Cast"};
+  bool step = false;
+  for (const char* op : kSteps) step = step || IsOp(node, op);
+  if (!step) return false;
+  for (int i = 0; i < node->input_size() && node->input(i)[0] != '^'; ++i)
+    if (ComesFromTableFind(g, g.Producer(*node, i), depth - 1)) return true;
+  return false;
+}
+
+std::string UnknownIdsShape(const GraphIndex& g, const NodeDef* ids) {
+  std::string why = "cannot prove the ids are a [B, L] matrix of a known L (their shape is unknown)";
+  if (ComesFromTableFind(g, ids))
+    why += ": they come from a lookup table's find, and a table the function captures hides the shape of "
+           "what it finds online (rewriting the SavedModel offline sees it)";
+  return why;
+}
+
 bool MatchMaskSelect(const GraphIndex& g, const NodeDef* select, MaskedRows* m) {
   if (!IsOp(select, "SelectV2")) return false;
   const NodeDef* expand = g.Producer(*select, 0);
@@ -133,7 +155,11 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     if (!resource && !IsOp(gather, "GatherV2")) return false;
     int ids_port = 0;
     const NodeDef* ids = g.Producer(*gather, 1, &ids_port);
-    if (ids == nullptr || ctx->Rank(*ids, ids_port) != 2) return false;  // not padded ids [B, L]
+    if (ids == nullptr) return false;
+    const int ids_rank = ctx->Rank(*ids, ids_port);
+    if (ids_rank < 0 && IsAxisOne(g.Producer(anchor, 1)))
+      return Skip(ctx, anchor, UnknownIdsShape(g, ids));  // padded ids [B, L], perhaps: say why it cannot tell
+    if (ids_rank != 2) return false;  // not padded ids [B, L]
 
     // The subgraph has the right shape; now every condition for exactness.
     if (cast != nullptr)
