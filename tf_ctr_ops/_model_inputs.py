@@ -28,7 +28,8 @@ vocabulary chose them) are widened: ids 0 and 1 leave untested whatever only
 larger ids reach (rows past the first two, a hash or a modulo of the id,
 one-hot depths). The widest range the original accepts is kept, trying 1000,
 100 and 10, and first any bound the original names when it refuses one
-("indices[3] = 999 is not in [0, 57)"). Then one string of each plain
+("indices[3] = 999 is not in [0, 57)"); below a range refused without a
+bound, halving finds the widest accepted one. Then one string of each plain
 string input becomes empty (an empty bag, where TF's splits differ most:
 `tf.compat.v1.string_split` gives it no token, `tf.strings.split` one), if
 the original accepts that too.
@@ -534,20 +535,43 @@ def _spread_id_lists(rng, high, id_lists):
     return np.array(out, dtype=object).reshape(np.shape(id_lists))
 
 
+_BISECT_TRIES = 8
+
+
 def _widest_ids(build, run):
     """(inputs, high) for the widest id range `high` whose `build(high)` the
     original accepts, or (None, None) when it accepts none of them."""
-    ladder = list(_ID_RANGES)
+    ladder, refused = list(_ID_RANGES), None
     while ladder:
         high = ladder.pop(0)
         trial = build(high)
         error = run(trial)
         if error is None:
-            return trial, high
+            return _bisect_ids(build, run, trial, high, refused)
         bound = _named_bound(error)
         if bound is not None and 2 < bound < high:
             ladder = [bound] + [r for r in ladder if r < bound]
+        else:
+            refused = high  # a refusal naming no bound (an assert of the ids' range, say)
     return None, None
+
+
+def _bisect_ids(build, run, trial, high, refused):
+    """Between an accepted range and the next wider one refused without
+    naming its bound (an identity column's assert: 30 buckets would keep ids
+    below 10 on the ladder), the widest range accepted: ids of a well-formed
+    range are accepted up to a bound, so a few halvings find it."""
+    low = high
+    for _ in range(_BISECT_TRIES):
+        if refused is None or refused - low <= 1:
+            break
+        mid = (low + refused) // 2
+        candidate = build(mid)
+        if run(candidate) is None:
+            low, trial = mid, candidate
+        else:
+            refused = mid
+    return trial, low
 
 
 def _with_wide_ids(inputs, how, specs, run, rng, vocabulary_keys, examples):
