@@ -116,6 +116,30 @@ def test_keras_one_hot_layers_fuse_and_serve_the_same(tmp_path, rng):
             np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.saved_model
+def test_keras_count_and_one_hot_lookups_concatenated_fuse_and_serve_the_same(tmp_path, rng):
+    """IntegerLookup(output_mode="count") and ("one_hot") give int64
+    encodings: their Concatenate is cast to float32 as a whole by the Dense."""
+    import keras
+
+    keras.utils.set_random_seed(5)
+    vocabulary = [3, 7, 11, 19]
+    x = keras.Input((4,), dtype="int64", name="x")
+    y = keras.Input((), dtype="int64", name="y")
+    parts = [keras.layers.IntegerLookup(vocabulary=vocabulary, output_mode="count")(x),
+             keras.layers.IntegerLookup(vocabulary=vocabulary, output_mode="one_hot")(y)]
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    keras.Model([x, y], keras.layers.Dense(3)(keras.layers.Concatenate()(parts))).export(str(src), verbose=False)
+    native, rewritten = rewrite_saved_model(src, dst, "DenseBincount", 1)
+    keys = np.array(vocabulary + [0, -5, 2**40])  # out of the vocabulary: the OOV id
+    for batch in (0, 1, 100):
+        feeds = {"x": tf.constant(keys[rng.integers(0, keys.size, (batch, 4))], tf.int64),
+                 "y": tf.constant(keys[rng.integers(0, keys.size, batch)], tf.int64)}
+        want, got = native(**feeds), rewritten(**feeds)
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6)
+
+
 def test_in_process_one_hot_of_a_column_fuses(rng):
     m = Model(rng, width=5 + 2 + 8)
 
@@ -163,6 +187,44 @@ def test_in_process_concatenated_encodings_fuse(rng, binary):
     for batch in (0, 1, 50):
         args = feeds(rng, batch)
         np.testing.assert_allclose(fused(*args)[0], f(*args), rtol=1e-5, atol=1e-6)
+
+
+def int_encodings(a, b, binary, *others):
+    """A count (or multi-hot) encoding of b and a one-hot of a's column, both
+    int64, concatenated (with `others`) to be cast, as Keras' Dense casts a
+    Concatenate of integer lookups with those output modes."""
+    counts = tf.math.bincount(b, minlength=8, maxlength=8, binary_output=binary, axis=-1, dtype=tf.int64)
+    return tf.concat([counts, tf.one_hot(a[:, 0], 5, dtype=tf.int64), *others], axis=1)
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_in_process_cast_concatenation_of_int_encodings_fuses(rng, binary):
+    m = Model(rng, width=8 + 5)
+
+    def f(a, b, x):
+        return tf.matmul(tf.cast(int_encodings(a, b, binary), tf.float32), m.kernel)
+
+    fused, report, counts = _rewritten_in_process(f, SPEC)
+    assert [x["fused_op"] for x in report["match"]] == ["CtrMultiHotDense"], report
+    assert not {"DenseBincount", "OneHot", "ConcatV2"} & set(counts), counts
+    for batch in (0, 1, 50):
+        a, b, x = feeds(rng, batch)
+        a = a - 1  # -1: a one-hot row of zeros; 5: past the depth, zeros too
+        np.testing.assert_allclose(fused(a, b, x)[0], f(a, b, x), rtol=1e-5, atol=1e-6)
+
+
+def test_in_process_cast_concatenation_with_a_dense_block_stays(rng):
+    m = Model(rng, width=8 + 5 + 2)
+
+    def f(a, b, x):
+        return tf.matmul(tf.cast(int_encodings(a, b, True, tf.cast(x * 10, tf.int64)), tf.float32), m.kernel)
+
+    fused, report, counts = _rewritten_in_process(f, SPEC)
+    assert not report["match"], report
+    reasons = [r["reason"] for r in report["skip"] if r["pattern"] == "multi_hot_dense"]
+    assert reasons == ["the concatenation cast to the kernel's type joins blocks that are not encodings"], report
+    args = feeds(rng, 9)
+    np.testing.assert_array_equal(fused(*args)[0], f(*args))
 
 
 def test_in_process_weighted_encoding_stays_a_dense_block(rng):

@@ -1168,3 +1168,22 @@ def test_a_fused_identity_column_is_not_reported_left_by_the_split_pattern(tmp_p
     sig = report.signatures["serving_default"]
     assert "safe_lookup" in {m["pattern"] for m in sig.matches}, sig.matches
     assert not [s for s in sig.skips if s["pattern"] == "string_split_lookup"], sig.skips
+
+
+def test_a_ragged_tensors_row_lengths_are_not_reported_as_an_encoding():
+    # RaggedTensor.from_value_rowids counts its row lengths with a
+    # DenseBincount whose cumsum is its row_splits: no feature encoding, so no
+    # "stays TF's" line; a real count encoding beside it keeps its line.
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64),
+                                  tf.TensorSpec([None, 3], tf.int64)])
+    def model(values, rowids, ids):
+        ragged = tf.RaggedTensor.from_value_rowids(values, rowids)
+        counts = tf.math.bincount(ids, minlength=5, maxlength=5, axis=-1)
+        return tf.reduce_sum(ragged, axis=1), counts
+
+    graph = model.get_concrete_function().graph.as_graph_def()
+    bincounts = [n.name for n in graph.node if n.op == "DenseBincount"]
+    assert len(bincounts) == 2, bincounts
+    records = rewrite._unfused_feature_records(graph)
+    reported = [r["node"] for r in records if r["op"] == "DenseBincount"]
+    assert len(reported) == 1 and "RowPartition" not in reported[0], (reported, bincounts)

@@ -413,9 +413,9 @@ def _unfused_feature_records(graph_def):
     """Skip records for the feature ops left in `graph_def` and the functions it calls."""
     records = []
     for nodes in [list(graph_def.node)] + [list(f.node_def) for f in reachable_functions(graph_def)]:
-        masked = _masked_finds(nodes)
+        masked, row_lengths = _masked_finds(nodes), _row_length_bincounts(nodes)
         for n in nodes:
-            if n.op in _UNFUSED_FEATURE_OPS:
+            if n.op in _UNFUSED_FEATURE_OPS and n.name not in row_lengths:
                 why = _UNFUSED_FEATURE_OPS[n.op] + (_MASKED_FIND if n.name in masked else "")
                 records.append({"pattern": "-", "node": n.name, "op": n.op, "reason": f"{n.op} stays TF's ({why})"})
     return records
@@ -423,6 +423,19 @@ def _unfused_feature_records(graph_def):
 
 _MASKED_FIND = (", with a mask_token: its ids go through SelectV2(Equal(keys, mask), mask id, ids), which the "
                 "vocabulary ops do not take yet")
+
+
+def _row_length_bincounts(nodes):
+    """Names of the DenseBincount nodes that only a Cumsum reads: a
+    RaggedTensor's row lengths counted from its value_rowids (their cumsum
+    is its row_splits), not an encoding of features."""
+    readers = {}
+    for n in nodes:
+        for tensor in n.input:
+            if not tensor.startswith("^"):
+                readers.setdefault(tensor.split(":")[0], []).append(n.op)
+    return {n.name for n in nodes
+            if n.op == "DenseBincount" and readers.get(n.name) and set(readers[n.name]) == {"Cumsum"}}
 
 
 def _masked_finds(nodes):

@@ -12,6 +12,8 @@
 //         | Reshape(OneHot(ids_i [B, S], d, 1, 0, -1), [B, S * d])   [+ Cast]
 //           (TF1's input_layer of a bucketized column: S one-hots side by side)
 //   MatMul(ConcatV2(enc_1, x_1, enc_2, ..., axis 1), kernel)   [or MatMul(enc_1, kernel)]
+//   MatMul(Cast(ConcatV2(enc_1, ..., enc_n)), kernel)   (integer encodings only,
+//     cast together: Keras' Dense over a Concatenate of count and one-hot lookups)
 //
 // becomes CtrMultiHotDense(ids_1, ..., x_1, ..., kernel): each encoded block
 // adds the kernel rows its ids name, each dense block is multiplied as the
@@ -169,9 +171,17 @@ bool BincountFuses(RewriteContext* ctx, Encoding* e, std::string* why) {
 }
 
 // The conditions on one encoding alone: its types, then its kind's own.
-bool EncodingFuses(RewriteContext* ctx, DataType T, Encoding* e, std::string* why) {
+// `outer_cast`: the Cast of the whole concatenation to the kernel's type
+// (Keras' Dense casts an integer concatenation of count and one-hot
+// encodings), or none.
+bool EncodingFuses(RewriteContext* ctx, DataType T, const NodeDef* outer_cast, Encoding* e, std::string* why) {
   const DataType counts = TypeAttr(*e->encoder, "T");
-  const bool typed = e->to_float != nullptr ? IsCountType(counts) && TypeAttr(*e->to_float, "DstT") == T : counts == T;
+  bool typed;
+  if (outer_cast != nullptr) {
+    typed = e->to_float == nullptr && IsCountType(counts) && counts == TypeAttr(*outer_cast, "SrcT");
+  } else {
+    typed = e->to_float != nullptr ? IsCountType(counts) && TypeAttr(*e->to_float, "DstT") == T : counts == T;
+  }
   if (!typed) {
     *why = "the encoding's type is " + tensorflow::DataType_Name(counts);
     return false;
@@ -197,6 +207,8 @@ class MultiHotDensePattern : public NamedPattern<kName> {
     int port = 0;
     const NodeDef* left = g.Producer(anchor, 0, &port);
     if (left == nullptr) return false;
+    const NodeDef* outer_cast = CastOfConcat(g, left, port);
+    if (outer_cast != nullptr) left = g.Producer(*outer_cast, 0, &port);
     const NodeDef* concat = IsOp(left, "ConcatV2") && port == 0 ? left : nullptr;
     std::vector<Encoding> encodings;
     const int blocks = concat != nullptr ? static_cast<int>(IntAttr(*concat, "N", 0)) : 1;
@@ -221,24 +233,46 @@ class MultiHotDensePattern : public NamedPattern<kName> {
     if (concat != nullptr && !JoinsSideBySide(g, *concat, &why)) return Skip(ctx, anchor, why);
     if (concat != nullptr && (HasControlInputs(*concat) || !OnlyReadBy(ctx, *concat, 1, &why)))
       return Skip(ctx, anchor, why.empty() ? Describe(*concat) + " waits on another node" : why);
+    if (outer_cast != nullptr) {
+      if (TypeAttr(*outer_cast, "DstT") != T)
+        return Skip(ctx, anchor, "the concatenation is cast to " +
+                                     tensorflow::DataType_Name(TypeAttr(*outer_cast, "DstT")) + ", not the kernel's " +
+                                     tensorflow::DataType_Name(T));
+      if (HasControlInputs(*outer_cast) || !OnlyReadBy(ctx, *outer_cast, 1, &why))
+        return Skip(ctx, anchor, why.empty() ? Describe(*outer_cast) + " waits on another node" : why);
+    }
     // An encoding that cannot be fused is a dense block like any other.
     std::vector<Encoding> fused;
     std::string first_reason;
     for (Encoding& e : encodings) {
-      if (EncodingFuses(ctx, T, &e, &why)) {
+      if (EncodingFuses(ctx, T, outer_cast, &e, &why)) {
         fused.push_back(e);
       } else if (first_reason.empty()) {
         first_reason = why;
       }
     }
     if (fused.empty()) return Skip(ctx, anchor, first_reason);
+    // The fused op takes its dense blocks in the kernel's type, which they
+    // have only after a cast of the whole concatenation.
+    if (outer_cast != nullptr && static_cast<int64_t>(fused.size()) != IntAttr(*concat, "N", 0))
+      return Skip(ctx, anchor, !first_reason.empty() ? first_reason
+                                                     : "the concatenation cast to the kernel's type joins blocks "
+                                                       "that are not encodings");
     if (!EncodingsDominate(ctx, concat, fused, &why)) return Skip(ctx, anchor, why);
     if (!OnlyFeedTheMatMul(ctx, &fused, &why)) return Skip(ctx, anchor, why);
-    Replace(anchor, concat, fused, product, T, ctx);
+    Replace(anchor, concat, outer_cast, fused, product, T, ctx);
     return true;
   }
 
  private:
+  // The Cast of a ConcatV2 that feeds the MatMul, or none.
+  static const NodeDef* CastOfConcat(const GraphIndex& g, const NodeDef* left, int port) {
+    if (!IsOp(left, "Cast") || port != 0) return nullptr;
+    int concat_port = 0;
+    const NodeDef* concat = g.Producer(*left, 0, &concat_port);
+    return IsOp(concat, "ConcatV2") && concat_port == 0 ? left : nullptr;
+  }
+
   // The fused op gains on the encoded columns (it reads one kernel row per
   // id instead of multiplying the zeros) and multiplies the dense ones about
   // 1.5x slower than TF's MatMul: it is used where the encoded columns are at
@@ -333,8 +367,9 @@ class MultiHotDensePattern : public NamedPattern<kName> {
     return expand->name();
   }
 
-  void Replace(const NodeDef& anchor_in, const NodeDef* concat_in, const std::vector<Encoding>& fused,
-               const DenseProduct& product, DataType T, RewriteContext* ctx) const {
+  void Replace(const NodeDef& anchor_in, const NodeDef* concat_in, const NodeDef* outer_cast,
+               const std::vector<Encoding>& fused, const DenseProduct& product, DataType T,
+               RewriteContext* ctx) const {
     const NodeDef anchor = anchor_in;  // the graph changes under the references
     const GraphIndex& g = ctx->index();
     const std::string name = anchor.name();
@@ -392,6 +427,10 @@ class MultiHotDensePattern : public NamedPattern<kName> {
       record.replaced.push_back(Describe(*concat_in));
       gone.insert(concat_in->name());
       if (const NodeDef* axis = AxisConstOnlyFor(ctx, *concat_in)) consts.push_back(axis);
+    }
+    if (outer_cast != nullptr) {
+      record.replaced.push_back(Describe(*outer_cast));
+      gone.insert(outer_cast->name());
     }
     for (const NodeDef* n : consts)
       if (n != nullptr && !gone.count(n->name())) RemoveIfDeadShapeMath(ctx, n, name, 1);
