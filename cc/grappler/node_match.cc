@@ -49,6 +49,9 @@ bool IsScalarConst(const GraphIndex& g, const NodeDef* node, double want) {
     case tensorflow::DT_DOUBLE: return t.scalar<double>()() == want;
     case tensorflow::DT_INT32: return t.scalar<int32_t>()() == want;
     case tensorflow::DT_INT64: return static_cast<double>(t.scalar<int64_t>()()) == want;
+    // A mixed-precision graph's constants (Keras' masked mean selects a half 0).
+    case tensorflow::DT_HALF: return static_cast<float>(t.scalar<Eigen::half>()()) == want;
+    case tensorflow::DT_BFLOAT16: return static_cast<float>(t.scalar<tensorflow::bfloat16>()()) == want;
     default: return false;
   }
 }

@@ -128,6 +128,13 @@ bool MatchMaskSelect(const GraphIndex& g, const NodeDef* select, MaskedRows* m) 
   return false;
 }
 
+// Whether input `i` of `node` is gathered rows (through Identities and Casts).
+bool ReadsGatheredRows(const GraphIndex& g, const NodeDef& node, int i) {
+  const NodeDef* x = g.Producer(node, i);
+  while (IsOp(x, "Identity") || IsOp(x, "Cast")) x = g.Producer(*x, 0);
+  return IsOp(x, "GatherV2") || IsOp(x, "ResourceGather");
+}
+
 class DenseReduceLookupPattern : public NamedPattern<kName> {
  public:
   // After the first stage: a vocabulary lookup's gather goes to vocab_lookup
@@ -142,6 +149,10 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     MaskedRows masked;
     const NodeDef* input = g.Producer(anchor, 0);
     if (!mean && MatchMaskSelect(g, input, &masked)) input = g.Producer(*input, 1);
+    if (IsOp(input, "Mul") && (ReadsGatheredRows(g, *input, 0) || ReadsGatheredRows(g, *input, 1)))
+      return Skip(ctx, anchor, "the gathered rows are multiplied (by a mask or weights) before the reduction: a "
+                               "masked pooling fuses in the form of Keras' GlobalAveragePooling1D, "
+                               "Select(mask, rows, 0)");
     std::vector<const NodeDef*> identities;
     const NodeDef* gather = SkipIdentities(g, input, &identities);
     // A mixed-precision policy's casts: the rows to the compute dtype, and
