@@ -437,3 +437,29 @@ def test_online_keras_lookups_fuse_after_grappler_reorders_the_check(rng, tmp_pa
     # the keys (through the find, Keras' index wrap and the gather), so the
     # Flatten goes and the concatenation is one op.
     assert [m["fused_op"] for m in report["match"]].count("CtrConcatVocabEmbedding") == 1, report
+
+
+@pytest.mark.skipif(not CPU_PLACED, reason="online graphs are placed on a GPU here; the fused find is CPU only")
+def test_ragged_pooling_of_a_fused_vocabulary_lookup_says_why_it_stays(tmp_path):
+    """Split strings looked up by a StringLookup, embedded and averaged as a
+    RaggedTensor: vocab_lookup takes the find and the gather, and the ragged
+    mean over its rows stays TF's, with the reason in the report."""
+    import keras
+
+    keras.utils.set_random_seed(1)
+    lookup, embedding = keras.layers.StringLookup(vocabulary=["a", "b", "c"]), keras.layers.Embedding(4, 4)
+
+    def f(s):
+        ids = tf.ragged.map_flat_values(lookup, tf.strings.split(s, ","))
+        return tf.reduce_mean(tf.ragged.map_flat_values(embedding, ids), axis=1)
+
+    x = tf.constant(["a,b", "", "zz,c,a", "c"])
+    want = tf.function(f)(x).numpy()
+    report = tmp_path / "r.jsonl"
+    with rewrite.enable(serving_device="cpu", report_file=str(report)):
+        got = tf.function(f)(x).numpy()
+    np.testing.assert_array_equal(got, want)  # the empty row's mean is NaN in both
+    found = rewrite.read_report(report)
+    assert [m["pattern"] for m in found["match"]] == ["vocab_lookup"], found
+    reasons = [s["reason"] for s in found["skip"] if s["pattern"] == "ragged_reduce_lookup"]
+    assert reasons and all("fused vocabulary lookup" in r for r in reasons), found["skip"]

@@ -105,11 +105,16 @@ class RaggedReduceLookupPattern : public NamedPattern<kName> {
     std::vector<const NodeDef*> identities;
     const NodeDef* gather = SkipIdentities(g, g.Producer(anchor, 0), &identities);
     const bool resource = IsOp(gather, "ResourceGather");
-    if (!resource && !IsOp(gather, "GatherV2")) return false;
     const NodeDef* row_count = g.Producer(anchor, 2);
     DataType seg_type = tensorflow::DT_INVALID;
     const std::string splits = SplitsOfSegmentIds(g, anchor.input(1), &seg_type);
     if (row_count == nullptr || splits.empty()) return false;
+    // vocab_lookup (stage 0) took the gather with its table's find: the rows
+    // are a fused op's, which pools nothing.
+    if (IsOp(gather, "CtrVocabEmbedding"))
+      return Skip(ctx, anchor, "the rows come from a fused vocabulary lookup (CtrVocabEmbedding: the find and "
+                               "the gather); its ragged pooling stays TF's");
+    if (!resource && !IsOp(gather, "GatherV2")) return false;
 
     // The subgraph has the right shape; now every condition for exactness.
     std::set<std::string> index_nodes;
