@@ -1187,3 +1187,28 @@ def test_a_ragged_tensors_row_lengths_are_not_reported_as_an_encoding():
     records = rewrite._unfused_feature_records(graph)
     reported = [r["node"] for r in records if r["op"] == "DenseBincount"]
     assert len(reported) == 1 and "RowPartition" not in reported[0], (reported, bincounts)
+
+
+def test_lookups_with_several_oov_slots_say_why_their_find_stays():
+    # StringLookup(num_oov_indices=2) hashes a missing key into its OOV slots
+    # by SelectV2(Equal(found, -1), hash(keys) + offset, found): the find and
+    # the hash get lines that say so, a one-slot lookup's find the plain line.
+    import keras
+
+    several = keras.layers.StringLookup(vocabulary=["a", "b"], num_oov_indices=2)
+    one = keras.layers.StringLookup(vocabulary=["a", "b"])
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.string)])
+    def model(keys):
+        return several(keys), one(keys)
+
+    records = rewrite._unfused_feature_records(model.get_concrete_function().graph.as_graph_def())
+    by_op = {}
+    for r in records:
+        by_op.setdefault(r["op"], []).append(r["reason"])
+    finds = sorted(by_op["LookupTableFindV2"], key=len)
+    assert len(finds) == 2 and "out-of-vocabulary slots" not in finds[0], finds
+    assert "several out-of-vocabulary slots (num_oov_indices > 1)" in finds[1], finds
+    assert by_op["StringToHashBucketFast"] == [
+        "StringToHashBucketFast stays TF's (a string hash that no fused lookup absorbed, the out-of-vocabulary slot "
+        "of a lookup with num_oov_indices > 1)"], by_op

@@ -413,16 +413,20 @@ def _unfused_feature_records(graph_def):
     """Skip records for the feature ops left in `graph_def` and the functions it calls."""
     records = []
     for nodes in [list(graph_def.node)] + [list(f.node_def) for f in reachable_functions(graph_def)]:
-        masked, row_lengths = _masked_finds(nodes), _row_length_bincounts(nodes)
+        forms, row_lengths = _keras_lookup_forms(nodes), _row_length_bincounts(nodes)
         for n in nodes:
             if n.op in _UNFUSED_FEATURE_OPS and n.name not in row_lengths:
-                why = _UNFUSED_FEATURE_OPS[n.op] + (_MASKED_FIND if n.name in masked else "")
+                why = _UNFUSED_FEATURE_OPS[n.op] + forms.get(n.name, "")
                 records.append({"pattern": "-", "node": n.name, "op": n.op, "reason": f"{n.op} stays TF's ({why})"})
     return records
 
 
 _MASKED_FIND = (", with a mask_token: its ids go through SelectV2(Equal(keys, mask), mask id, ids), which the "
                 "vocabulary ops do not take yet")
+_OOV_SLOTS_FIND = (", with several out-of-vocabulary slots (num_oov_indices > 1): its missing keys are hashed into "
+                   "them by SelectV2(Equal(ids, -1), hash(keys) + offset, ids), which the vocabulary ops do not "
+                   "take yet")
+_OOV_SLOTS_HASH = ", the out-of-vocabulary slot of a lookup with num_oov_indices > 1"
 
 
 def _row_length_bincounts(nodes):
@@ -438,9 +442,12 @@ def _row_length_bincounts(nodes):
             if n.op == "DenseBincount" and readers.get(n.name) and set(readers[n.name]) == {"Cumsum"}}
 
 
-def _masked_finds(nodes):
-    """Names of the LookupTableFindV2 nodes (of one graph or function) whose
-    ids Keras' mask_token replaces: SelectV2(Equal(keys, mask), id, found)."""
+def _keras_lookup_forms(nodes):
+    """{node name: what its report line adds} for the Keras lookup forms the
+    vocabulary ops do not take (of one graph or function), each a
+    SelectV2(Equal(...), x, found) over a LookupTableFindV2: a mask_token's
+    (Equal(keys, mask): the find) and several OOV slots' (Equal(found, -1),
+    x = hash(keys) + offset: the find and the hash)."""
     by_name = {n.name: n for n in nodes}
 
     def producer(tensor):
@@ -449,15 +456,23 @@ def _masked_finds(nodes):
     def same_tensor(a, b):  # "x" and "x:0" name one tensor
         return a.removesuffix(":0") == b.removesuffix(":0")
 
-    masked = set()
+    forms = {}
     for n in nodes:
         if n.op != "SelectV2" or len(n.input) < 3:
             continue
         condition, find = producer(n.input[0]), producer(n.input[2])
-        if (condition is not None and find is not None and condition.op == "Equal"
-                and find.op == "LookupTableFindV2" and any(same_tensor(find.input[1], x) for x in condition.input)):
-            masked.add(find.name)
-    return masked
+        if condition is None or find is None or condition.op != "Equal" or find.op != "LookupTableFindV2":
+            continue
+        if any(same_tensor(find.input[1], x) for x in condition.input):
+            forms[find.name] = _MASKED_FIND
+        elif any(producer(x) is find for x in condition.input):
+            forms[find.name] = _OOV_SLOTS_FIND
+            oov = producer(n.input[1])
+            while oov is not None and oov.op in ("AddV2", "Add", "Cast"):
+                oov = producer(oov.input[0])
+            if oov is not None and oov.op in _UNFUSED_FEATURE_OPS:
+                forms[oov.name] = _OOV_SLOTS_HASH
+    return forms
 
 
 def optimize_meta_graph(meta_graph, serving_device=None, disabled_patterns=()):
