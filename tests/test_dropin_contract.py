@@ -507,6 +507,76 @@ def test_mod_shard_gradients_land_in_their_shards(rng):
         close(a, b)
 
 
+@pytest.mark.parametrize("strategy", ["mod", "div"])
+@pytest.mark.parametrize("lookup,default_id", [("plain", None), ("safe", None), ("safe", 5)])
+def test_shard_lists_are_gathered_shard_by_shard_as_tf(rng, strategy, lookup, default_id):
+    """A list of variables is never read whole (a partitioned table on
+    parameter servers would travel to the worker on every step): each shard
+    gathers its own rows, and gets TF's IndexedSlices gradient, its rows
+    listed in TF's order (a bag left empty lists the default or row 0 where
+    TF's fill puts it)."""
+    full = rng.normal(size=(13, 3)).astype(np.float32)
+    shards = [tf.Variable(s) for s in shards_of(full, 3, strategy)]
+    sp = random_sparse(rng, 12, 13, negative=lookup == "safe")
+    if lookup == "safe":
+        ours, theirs = V1.safe_embedding_lookup_sparse, tf.compat.v1.nn.safe_embedding_lookup_sparse
+        kwargs = dict(default_id=default_id, partition_strategy=strategy)
+    else:
+        ours, theirs = V1.embedding_lookup_sparse, tf.compat.v1.nn.embedding_lookup_sparse
+        kwargs = dict(partition_strategy=strategy)
+
+    @tf.function
+    def fused(sp):
+        return ours(shards, sp, None, **kwargs)
+
+    graph = fused.get_concrete_function(tf.SparseTensorSpec([None, None], tf.int64)).graph
+    op_types = [op.type for op in graph.get_operations()]
+    assert op_types.count("ResourceGather") == 3 and "ReadVariableOp" not in op_types, op_types
+
+    def run(fn):
+        with tf.GradientTape() as tape:
+            out = fn()
+            loss = tf.reduce_sum(out * tf.range(1, 1 + tf.size(out), dtype=tf.float32)[:, None][:tf.shape(out)[0]])
+        return out, tape.gradient(loss, shards)
+
+    (got, got_grads), (want, want_grads) = run(lambda: fused(sp)), run(lambda: theirs(shards, sp, None, **kwargs))
+    close(got, want)
+    for a, b in zip(got_grads, want_grads):
+        assert isinstance(a, tf.IndexedSlices), type(a)
+        np.testing.assert_array_equal(a.indices.numpy(), b.indices.numpy())
+        np.testing.assert_allclose(a.values.numpy(), b.values.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["mod", "div"])
+def test_tf1_partitioned_variable_is_gathered_beside_each_shard(rng, strategy):
+    """In a TF1 graph (where a partitioner puts each shard on a parameter
+    server), each shard's rows are gathered colocated with it, as TF's
+    lookups gather them, and no shard is concatenated; the lookup and the
+    shards' gradients are TF's."""
+    full = rng.normal(size=(13, 4)).astype(np.float32)
+    with tf.Graph().as_default() as graph, tf.compat.v1.Session() as sess:
+        with tf.compat.v1.variable_scope("pv", use_resource=False):
+            pv = tf.compat.v1.get_variable("table", shape=[13, 4], initializer=tf.constant(full),
+                                           partitioner=tf.compat.v1.fixed_size_partitioner(3))
+        sp = random_sparse(rng, 10, 13, negative=True)
+        ours = V1.safe_embedding_lookup_sparse(pv, sp, partition_strategy=strategy, name="ours")
+        theirs = tf.compat.v1.nn.safe_embedding_lookup_sparse(pv, sp, partition_strategy=strategy, name="theirs")
+        ours_ops = [op for op in graph.get_operations() if op.name.startswith("ours/")]
+        shard_names = {f"loc:@{v.op.name}".encode() for v in pv}
+        gathers = [op for op in ours_ops if op.type == "GatherV2" and op.inputs[0].op.type == "Identity"]
+        assert {g for op in gathers for g in op.colocation_groups()} == shard_names, gathers
+        assert not [op for op in ours_ops if op.type == "ConcatV2" and
+                    any(i.op.type == "Identity" and i.op.inputs[0].op.type == "VariableV2" for i in op.inputs)]
+        weights = tf.constant(rng.uniform(size=(10, 1)).astype(np.float32))
+        grads = [tf.gradients(tf.reduce_sum(out * weights), list(pv)) for out in (ours, theirs)]
+        sess.run(tf.compat.v1.global_variables_initializer())
+        (got, got_grads), (want, want_grads) = sess.run([(ours, grads[0]), (theirs, grads[1])])
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    for a, b in zip(got_grads, want_grads):
+        np.testing.assert_array_equal(a.indices, b.indices)
+        np.testing.assert_allclose(a.values, b.values, rtol=1e-5, atol=1e-6)
+
+
 # ---------------------------------------------------------------------------
 # Arguments and early errors
 

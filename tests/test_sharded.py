@@ -41,7 +41,7 @@ def assert_same_gradients(got, want):
 
 
 def assert_same_as_one_table(table, whole, lookup):
-    """lookup(table) on the ShardedVariable equals lookup(whole) on one
+    """lookup(table) on the ShardedVariable (or list of shards) equals lookup(whole) on one
     variable holding its rows: forward, and each shard's IndexedSlices
     gradient is its slice of the whole table's."""
     with tf.GradientTape(persistent=True) as tape:
@@ -50,10 +50,11 @@ def assert_same_as_one_table(table, whole, lookup):
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
     if not got.shape[0]:
         return
-    grads = tape.gradient(loss_got, table.variables)
+    shards = table if isinstance(table, list) else table.variables
+    grads = tape.gradient(loss_got, shards)
     assert all(isinstance(g, tf.IndexedSlices) for g in grads if g is not None)
     per_shard = np.concatenate([np.zeros(v.shape, np.float32) if g is None else tf.convert_to_tensor(g).numpy()
-                                for g, v in zip(grads, table.variables)])
+                                for g, v in zip(grads, shards)])
     np.testing.assert_allclose(per_shard, tf.convert_to_tensor(tape.gradient(loss_want, whole)).numpy(),
                                rtol=1e-5, atol=1e-6)
 
@@ -126,8 +127,8 @@ def test_shards_are_never_concatenated(rng):
     graph = lookup.get_concrete_function(tf.SparseTensorSpec([None, None], tf.int64)).graph
     ops = [op.type for op in graph.get_operations()]
     # A gather per shard (shard 0's row 0, which a bag left empty lists in the
-    # gradient as TF fills it with id 0, is read in a cond); no shard is read
-    # whole, and only gathered rows are concatenated.
+    # gradient as TF fills it with id 0, is among the unique ids gathered);
+    # no shard is read whole, and only gathered rows are concatenated.
     assert ops.count("ResourceGather") == 3, ops
     reads = [op for op in graph.get_operations() if op.type == "ReadVariableOp"]
     assert reads == [], reads
@@ -181,7 +182,7 @@ def test_hash_embedding_never_reads_a_shard_whole(rng):
 
     graph = lookup.get_concrete_function(tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1)).graph
     ops = [op.type for op in graph.get_operations()]
-    assert "ConcatV2" not in ops and ops.count("ResourceGather") == 3, ops
+    assert ops.count("ResourceGather") == 3, ops  # a gather per shard; no read of one (below)
     assert "ReadVariableOp" not in ops, ops
 
 
@@ -277,6 +278,28 @@ def test_string_embeddings_never_read_a_shard_whole(rng):
                                rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(grouped.numpy(), tco.multi_string_embedding([strings, strings], [whole, whole],
                                                                           concat=True).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["sparse", "hash", "string-index", "multi-string"])
+def test_a_list_of_shards_is_gathered_shard_by_shard(rng, op):
+    """Our own lookups read a list of variables in the "div" layout as they
+    read a ShardedVariable: each shard's rows gathered from it, never a
+    shard read whole, and the result and gradients of one table."""
+    shards = list(sharded(rng).variables)
+    whole = tf.Variable(tf.concat([v.numpy() for v in shards], 0))
+    ids = tf.ragged.constant([[1, 22, 9], [], [9, 16, 0, 8]], dtype=tf.int64)
+    strings = random_id_strings(rng, 30)
+    lookup = {
+        "sparse": lambda t: tco.sparse_embedding(t, ids.to_tensor(-1), combiner="sqrtn"),
+        "hash": lambda t: tco.hash_embedding(t, ids, combiner="sum"),
+        "string-index": lambda t: tco.string_embedding(strings, t, id_mode="index", max_norm=0.9),
+        "multi-string": lambda t: tco.multi_string_embedding([strings, strings], [t, t], id_modes=["hash", "mod"],
+                                                             concat=True),
+    }[op]
+    graph = tf.function(lambda: lookup(shards)).get_concrete_function().graph
+    op_types = [o.type for o in graph.get_operations()]
+    assert "ReadVariableOp" not in op_types and op_types.count("ResourceGather") >= len(shards), op_types
+    assert_same_as_one_table(shards, whole, lookup)
 
 
 @pytest.mark.parametrize("combiner", COMBINERS)

@@ -172,6 +172,42 @@ def sharded_variables(params):
     return list(var.variables) if isinstance(var, sharded_variable.ShardedVariable) else None
 
 
+def static_row_counts(tables):
+    """The tables' row counts, or None where one is unknown before run time."""
+    sizes = [t.shape[0] if t.shape.rank else None for t in tables]
+    return None if any(n is None for n in sizes) else [int(n) for n in sizes]
+
+
+def shard_operand(shard, dtype=None):
+    """A shard as a partitioned lookup gathers from it: a resource variable
+    of the lookup's dtype as it is (its gather runs where it lives), anything
+    else converted to `dtype` as safe_embedding_lookup_sparse converts it (a
+    TF1 variable to its value, which lives beside it)."""
+    if resource_variable_ops.is_resource_variable(shard) and dtype in (None, shard.dtype):
+        return shard
+    return tf.convert_to_tensor(shard, dtype=dtype)
+
+
+def separate_shards(shards, dtype=None):
+    """Two or more shards as the operands a lookup gathers from one by one
+    (never reading them whole), or None: one table, or shards whose row
+    counts only a run gives, which are concatenated."""
+    if len(shards) < 2:
+        return None
+    operands = [shard_operand(s, dtype) for s in shards]
+    return operands if static_row_counts(operands) is not None else None
+
+
+def gathered_shards(params):
+    """The shards our own lookups gather from one by one, in the "div"
+    layout, or None (one table): a ShardedVariable's, or a list, tuple or
+    TF1 PartitionedVariable of shards whose row counts the graph knows."""
+    shards = sharded_variables(params)
+    if shards is None and (isinstance(params, (list, tuple)) or type(params).__name__ == "PartitionedVariable"):
+        shards = separate_shards(list(params))
+    return shards
+
+
 def in_place_variable(table, dtype=None):
     """The resource variable a fused lookup reads in place, or None.
 

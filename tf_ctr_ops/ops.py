@@ -15,12 +15,15 @@ from tf_ctr_ops._args import (  # noqa: F401  (COMBINERS, canonical_shard_sizes:
     canonical_shard_sizes,
     check_combiner,
     check_hash_key,
+    gathered_shards,
     hash_bucket,
     in_place_variable,
     known_max_norm,
     max_norm_attr,
     read_table,
+    separate_shards,
     sharded_variables,
+    static_row_counts,
     table_operand,
 )
 from tf_ctr_ops._loader import load_op_library
@@ -363,41 +366,90 @@ class _MergedShards:
         return _mod_row(default_id % n, default_id // n, total, n, min) if default_id < total else default_id
 
 
-def _default_row(shards, starts, default_id, bags, kept):
-    """[1, ...]: the default row where some bag keeps no entry, else zeros (no read, no gradient)."""
+class _ShardLayout:
+    """Where TF's lookups find an id among shards of static `sizes` in
+    `strategy`'s layout: "div" gives shard p the run of ids after shard
+    p - 1's, "mod" gives it the ids r with r % n == p, at local row r // n."""
+
+    def __init__(self, sizes, strategy):
+        self.strategy, self.n = strategy, len(sizes)
+        self.starts = np.cumsum([0] + sizes[:-1]).astype(np.int64)
+
+    def place(self, ids):
+        """(shard, local row) of each id in [0, V), as tensors."""
+        if self.strategy == "mod":
+            return tf.cast(ids % self.n, tf.int32), ids // self.n
+        shard = tf.cast(tf.searchsorted(tf.constant(self.starts[1:]), ids, side="right"), tf.int32)
+        return shard, ids - tf.gather(tf.constant(self.starts), shard)
+
+    def place_one(self, id_):
+        if self.strategy == "mod":
+            return id_ % self.n, id_ // self.n
+        p = int(np.searchsorted(self.starts[1:], id_, side="right"))
+        return p, id_ - int(self.starts[p])
+
+
+def _gather_on_shard(shard, local_ids):
+    """The rows of one shard, gathered where the shard lives (its parameter
+    server), as TF's partitioned lookups gather them: never read whole."""
+    with tf.compat.v1.colocate_with(shard):
+        return tf.gather(shard, local_ids)
+
+
+def _bag_of_each_entry(bags):
+    """(bag of each entry, bag count) as int64 tensors."""
     if bags.kind == "row_splits":
-        num_rows = tf.size(bags.segments, out_type=tf.int64) - 1
-        row_of = tf.ragged.row_splits_to_segment_ids(bags.segments, out_type=tf.int64)
-    else:
-        num_rows, row_of = tf.cast(bags.num_rows, tf.int64), tf.cast(bags.segments, tf.int64)
-    counts = tf.math.unsorted_segment_sum(tf.cast(kept, tf.int32), row_of, num_rows)
-    p = int(np.searchsorted(starts[1:], default_id, side="right"))
-    shard = shards[p]
-    return tf.cond(tf.reduce_any(counts == 0),
-                   lambda: tf.gather(shard, tf.constant([default_id - starts[p]], tf.int64)),
-                   lambda: tf.zeros(tf.concat([[1], tf.shape(shard)[1:]], 0), shard.dtype))
+        return (tf.ragged.row_splits_to_segment_ids(bags.segments, out_type=tf.int64),
+                tf.size(bags.segments, out_type=tf.int64) - 1)
+    return tf.cast(bags.segments, tf.int64), tf.cast(bags.num_rows, tf.int64)
 
 
-def _sharded_lookup(shards, bags, *, dtype=None, default_id=None, **attrs):
-    """CtrEmbeddingLookup over a ShardedVariable without concatenating its shards.
+def _unique_with_fill(kept_ids, bags, kept, fill):
+    """tf.unique of the ids as TF's safe lookup lists them: with `fill` in
+    the place of each bag left empty (sparse_fill_empty_rows puts it there,
+    in bag order, before the lookup's unique). The bags are in order, so the
+    kept entries and the empty bags are two sorted runs, merged by their
+    ranks in each other. Returns (unique ids, index of each kept id, index
+    of the fill or -1 where no bag is empty)."""
+    bag_of, num_bags = _bag_of_each_entry(bags)
+    counts = tf.math.unsorted_segment_sum(tf.cast(kept, tf.int32), bag_of, num_bags)
+    empty = tf.where(tf.equal(counts, 0))[:, 0]
+    kept_bags = tf.boolean_mask(bag_of, kept)
+    kept_at = tf.range(tf.size(kept_bags, out_type=tf.int64)) + tf.searchsorted(empty, kept_bags, out_type=tf.int64)
+    empty_at = tf.range(tf.size(empty, out_type=tf.int64)) + tf.searchsorted(kept_bags, empty, out_type=tf.int64)
+    listed = tf.dynamic_stitch([tf.cast(kept_at, tf.int32), tf.cast(empty_at, tf.int32)],
+                               [kept_ids, tf.fill(tf.shape(empty), tf.constant(fill, tf.int64))])
+    unique, listed_idx = tf.unique(listed)
+    listed_idx = tf.cast(listed_idx, tf.int64)
+    fill_idx = tf.cond(tf.size(empty) > 0, lambda: tf.gather(listed_idx, empty_at[0]),
+                       lambda: tf.constant(-1, tf.int64))
+    return unique, tf.gather(listed_idx, kept_at), fill_idx
 
-    As TF's own lookups dispatch a ShardedVariable: the ids are de-duplicated
-    here (on the worker), each shard gathers the rows it holds (a
-    ResourceGather on the shard's device: its parameter server), and the
-    fused op pools the gathered [U, D] rows here. The ids are first checked
-    against the whole table by the same op on a [V, 0] view of it, so
-    dropped, pruned and rejected ids, and the errors naming a row and an id,
-    are those of one table; the gathers wait for that check. Gradients reach
-    each shard as IndexedSlices of its own rows.
+
+def _sharded_lookup(shards, bags, *, strategy="div", dtype=None, default_id=None, **attrs):
+    """CtrEmbeddingLookup over a table in shards without concatenating them.
+
+    As TF's own lookups read a ShardedVariable or a list of partitions: the
+    ids are de-duplicated here (on the worker), each shard gathers the rows
+    it holds in `strategy`'s layout (on the shard's device: its parameter
+    server), and the fused op pools the gathered [U, D] rows here. The ids
+    are first checked against the whole table by the same op on a [V, 0]
+    view of it, so dropped, pruned and rejected ids, and the errors naming a
+    row and an id, are those of one table; the gathers wait for that check.
+    Gradients reach each shard as IndexedSlices of its own rows, listed in
+    the order TF lists them (the unique ids' first appearance).
     """
     if dtype is not None and any(s.dtype != dtype for s in shards):
         raise ValueError(f"the shards are {shards[0].dtype.name}, the weights {dtype.name}: "
                          "a table is not converted to another float type")
     _check_shards(shards)
-    sizes = [s.shape[0] for s in shards]
-    if any(n is None for n in sizes):
-        raise ValueError("a ShardedVariable's shards must have static row counts")
-    _layout_checks(shards, "div")  # TF's lookups read the shards in the "div" layout
+    sizes = static_row_counts(shards)
+    if sizes is None:
+        raise ValueError("the shards of a table read shard by shard must have static row counts")
+    if strategy not in PARTITION_STRATEGIES:
+        raise ValueError(f"Unrecognized partition strategy: {strategy}")
+    _layout_checks(shards, strategy)
+    layout = _ShardLayout(sizes, strategy)
     total = sum(sizes)
     attrs.update(default_id=-1 if default_id is None else int(default_id))
     ids = tf.cast(bags.ids, tf.int64)
@@ -410,26 +462,35 @@ def _sharded_lookup(shards, bags, *, dtype=None, default_id=None, **attrs):
         kept = (ids >= 0) & (ids < total)
         if attrs.get("prune_weights") and weights is not None:
             kept &= weights > 0
-        positions_kept = tf.where(kept)
-        unique, idx = tf.unique(tf.gather_nd(ids, positions_kept))
-        idx = tf.cast(idx, tf.int64)
-        starts = np.cumsum([0] + sizes[:-1]).astype(np.int64)
-        shard = tf.cast(tf.searchsorted(tf.constant(starts[1:]), unique, side="right"), tf.int32)
-        local = unique - tf.gather(tf.constant(starts), shard)
-        positions = tf.dynamic_partition(tf.range(tf.size(unique)), shard, len(shards))
-        locals_ = tf.dynamic_partition(local, shard, len(shards))
-        rows = tf.dynamic_stitch(positions, [tf.gather(s, ids_p) for s, ids_p in zip(shards, locals_)])
+        kept_ids = tf.boolean_mask(ids, kept)
         # The row an empty bag reads (default_id) or lists in the gradient
-        # (empty_grad_row) goes first (the op's attrs are static), read only
-        # when a bag is left empty, as TF reads it only to fill one.
+        # (empty_grad_row): the op's attr names row 0, which holds a copy
+        # of it, read only when a bag is left empty, as TF reads it only to
+        # fill one. Its id is listed where TF lists it (the shards'
+        # gradients then list their rows in TF's order).
         attr, fill = (("default_id", default_id) if default_id is not None
                       else ("empty_grad_row", attrs.get("empty_grad_row", -1)))
-        if 0 <= fill < total:
-            rows = tf.concat([_default_row(shards, starts, int(fill), bags, kept), rows], 0)
+        filled = 0 <= fill < total
+        if filled:
+            unique, idx, fill_idx = _unique_with_fill(kept_ids, bags, kept, int(fill))
+        else:
+            unique, idx = tf.unique(kept_ids)
+            idx = tf.cast(idx, tf.int64)
+        shard, local = layout.place(unique)
+        positions = tf.dynamic_partition(tf.range(tf.size(unique)), shard, len(shards))
+        locals_ = tf.dynamic_partition(local, shard, len(shards))
+        rows = tf.dynamic_stitch(positions, [_gather_on_shard(s, ids_p) for s, ids_p in zip(shards, locals_)])
+        if filled:
+            fill_row = tf.cond(fill_idx >= 0, lambda: tf.gather(rows, fill_idx[None]),
+                               lambda: tf.zeros(tf.concat([[1], tf.shape(rows)[1:]], 0), rows.dtype))
+            rows = tf.concat([fill_row, rows], 0)
             idx += 1
             attrs[attr] = 0
-    # Entries left out read -1, which the op drops (skip modes) or never sees (the check failed first).
-    local_ids = tf.scatter_nd(positions_kept, idx + 1, tf.shape(ids, out_type=tf.int64)) - 1
+    # Entries left out read -1, which the op drops (skip modes) or never sees
+    # (the check failed first); entry i, when kept, is kept entry
+    # cumsum(kept)[i] - 1.
+    kept_int = tf.cast(kept, tf.int32)
+    local_ids = tf.gather(tf.pad(idx, [[1, 0]], constant_values=-1), tf.cumsum(kept_int) * kept_int)
     return _lookup(rows, local_ids, bags.segments, bags.num_rows, weights, segment_kind=bags.kind, **attrs)
 
 
@@ -487,9 +548,13 @@ def _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, nam
             return _sharded_lookup(shards, bags, combiner=combiner, max_norm=max_norm,
                                    grad_indices=_DROP_IN_GRAD_INDICES)
         shards = _shard_list(params)
-        parts = [_read_shard(p, in_place=len(shards) == 1) for p in shards]
-        if not parts:
+        if not shards:
             raise ValueError("Need at least one param")
+        separate = separate_shards(shards)
+        if separate is not None:
+            return _sharded_lookup(separate, bags, strategy=partition_strategy, combiner=combiner,
+                                   max_norm=max_norm, grad_indices=_DROP_IN_GRAD_INDICES)
+        parts = [_read_shard(p, in_place=len(shards) == 1) for p in shards]
         _check_shards(parts)
         merged = _MergedShards(parts, partition_strategy)
         return _lookup(merged.table, merged.rows(bags.ids), bags.segments, -1, _weights_values(bags.weights),
@@ -548,7 +613,10 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
     if not shards:
         raise ValueError(f"Missing embedding_weights {embedding_weights}.")
     dtype = sparse_weights.dtype if sparse_weights is not None else None
-    parts = shards if sharded else [_read_shard(w, dtype, in_place=len(shards) == 1) for w in shards]
+    strategy = "div" if sharded else partition_strategy  # TF's lookups read a ShardedVariable in "div"'s layout
+    if not sharded:
+        sharded = separate_shards(shards, dtype)
+    parts = sharded or [_read_shard(w, dtype, in_place=len(shards) == 1) for w in shards]
     _check_shards(parts)
     combiner = check_combiner(combiner if combiner is not None else "mean")  # as TF falls back
     with tf.name_scope(name or "embedding_lookup"):
@@ -563,7 +631,7 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
         attrs = dict(combiner=combiner, invalid_ids="skip_negative", prune_weights=combiner != "sum" and weighted,
                      max_norm=max_norm, grad_indices=_DROP_IN_GRAD_INDICES)
         if sharded:
-            result = _sharded_lookup(parts, bags, dtype=dtype, default_id=default_id,
+            result = _sharded_lookup(parts, bags, strategy=strategy, dtype=dtype, default_id=default_id,
                                      empty_grad_row=0 if default_id is None else -1, **attrs)
             row_shape = parts[0].shape[1:]
         else:
@@ -598,7 +666,9 @@ def embedding_lookup_sparse(params, sp_ids, sp_weights, combiner=None, max_norm=
     RaggedTensor), the output has `max(row) + 1` rows (rows with no ids are
     zeros), every id must lie in `[0, V)`. `params` is a table of any rank >= 1
     (float16, bfloat16, float32 or float64), a list of shards in the "div"
-    layout, or a PartitionedVariable. One `CtrEmbeddingLookup` op replaces
+    layout, or a PartitionedVariable. Shards are gathered one by one where
+    each lives, as TF gathers them, never concatenated (unless their row
+    counts are known only at run time). One `CtrEmbeddingLookup` op replaces
     Unique, Gather and SparseSegment*; the params gradient is IndexedSlices
     with unique indices in first-appearance order, as TF's. `allow_fast_lookup`
     is accepted and changes nothing: the fused op is always the fast path.
@@ -691,8 +761,9 @@ def sparse_embedding(params, ids, weights=None, combiner="mean", max_norm=None, 
     """Pooled embedding of bags of ids: `[B, D]`, a zero row for an empty bag.
 
     Args:
-      params: `[V, D]` float32/float16/bfloat16 table (Tensor, Variable, or
-        a ShardedVariable, read shard by shard).
+      params: `[V, D]` float32/float16/bfloat16 table (Tensor, Variable, a
+        list of shards in TF's "div" layout, or a ShardedVariable: shards are
+        read shard by shard).
       ids: int32/int64 ids as a `tf.RaggedTensor [B, (n)]`, a
         `tf.SparseTensor [B, N]`, or a dense `[B, N]` tensor padded with -1.
       weights: optional float weights in the same container as `ids`.
@@ -711,7 +782,7 @@ def sparse_embedding(params, ids, weights=None, combiner="mean", max_norm=None, 
             ids = tf.convert_to_tensor(ids)  # a list or an array of dense [B, N] ids
         bags = _bags_from_container(ids, weights, -1)
         attrs = dict(combiner=combiner, invalid_ids="skip_padding", max_norm=max_norm)
-        shards = sharded_variables(params)
+        shards = gathered_shards(params)
         if shards is not None:
             out = _sharded_lookup(shards, bags, **attrs)
         else:
@@ -730,8 +801,8 @@ def hash_embedding(params, keys, weights=None, combiner="mean", max_norm=None, h
     `keras.layers.Hashing(salt=...)` hashes.
 
     Args:
-      params: `[V, D]` table; V is the bucket count. A ShardedVariable is
-        read shard by shard (the buckets are then hashed by TF's ops).
+      params: `[V, D]` table; V is the bucket count. A ShardedVariable (or
+        a list of shards in TF's "div" layout) is read shard by shard (the buckets are then hashed by TF's ops).
       keys: int32/int64/string keys as a `tf.RaggedTensor [B, (n)]`, a
         `tf.SparseTensor [B, N]` or a dense `[B, N]` tensor, where dense
         integer keys equal to -1 (and dense empty strings) are padding.
@@ -747,7 +818,7 @@ def hash_embedding(params, keys, weights=None, combiner="mean", max_norm=None, h
     """
     hash_key = check_hash_key(hash_key)
     with tf.name_scope(name or "hash_embedding"):
-        shards = sharded_variables(params)
+        shards = gathered_shards(params)
         if shards is not None:
             return _sharded_hash_embedding(shards, keys, weights, combiner, max_norm, hash_key)
         table = as_table(params, in_place=True)
@@ -773,7 +844,7 @@ def hash_embedding(params, keys, weights=None, combiner="mean", max_norm=None, h
 
 
 def _sharded_hash_embedding(shards, keys, weights, combiner, max_norm, hash_key):
-    """hash_embedding over a ShardedVariable: the buckets computed by TF's
+    """hash_embedding over a table in shards: the buckets computed by TF's
     hashing (the kernel's is bit-identical to it), then sparse_embedding's
     shard-by-shard lookup, so no shard is read whole. Padding (-1 in dense
     integer keys, "" in dense string keys) is left out, as the single table's

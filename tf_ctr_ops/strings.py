@@ -16,10 +16,10 @@ from tf_ctr_ops._args import (
     check_delimiter,
     check_hash_key,
     check_id_mode,
+    gathered_shards,
     hash_bucket,
     max_norm_attr,
     per_feature,
-    sharded_variables,
 )
 from tf_ctr_ops._loader import load_op_library
 from tf_ctr_ops._table_grad import dense_table_shape, table_gradient
@@ -117,7 +117,8 @@ def string_embedding(strings, params, delimiter=",", combiner="mean", id_mode="h
     Args:
       strings: string tensor `[B]` (or `[B, 1]`), or an already packed
         `(bytes, row_splits)` pair from `pack_strings`.
-      params: `[V, D]` table (Tensor or Variable).
+      params: `[V, D]` table (Tensor or Variable), or a ShardedVariable or a
+        list of shards in TF's "div" layout, read shard by shard.
       delimiter: non-empty separator (at most 16 bytes), split as a whole; or
         None: each whole string is one token, for single-valued features
         (`tf.nn.embedding_lookup(params, tf.strings.to_hash_bucket_fast(
@@ -147,7 +148,7 @@ def string_embedding(strings, params, delimiter=",", combiner="mean", id_mode="h
     """
     delimiter = check_delimiter(delimiter)
     with tf.name_scope(name or "string_embedding"):
-        shards = sharded_variables(params)
+        shards = gathered_shards(params)
         if shards is not None:
             return _sharded_string_embedding(shards, strings, delimiter=delimiter, combiner=combiner,
                                              id_mode=id_mode, skip_empty=skip_empty, max_norm=max_norm,
@@ -161,7 +162,7 @@ def string_embedding(strings, params, delimiter=",", combiner="mean", id_mode="h
 
 
 def _sharded_string_embedding(shards, strings, **attrs):
-    """string_embedding over a ShardedVariable, which is never read whole.
+    """string_embedding over a table in shards, which is never read whole.
 
     The fused op first runs on a [V, 0] view of the table: it splits and
     parses every string as on one table and fails the same way, naming the
@@ -238,7 +239,7 @@ def multi_string_embedding(features, tables, delimiters=",", combiners="mean", i
     max_norms = [max_norm_attr(m) for m in per_feature(max_norms, n, "max_norms")]
     key_attrs = _grouped_hash_key_attrs(hash_keys, n)
     with tf.name_scope(name or "multi_string_embedding"):
-        if any(sharded_variables(t) is not None for t in tables):
+        if any(gathered_shards(t) is not None for t in tables):
             # A sharded table is gathered shard by shard on its own devices:
             # no grouped op can read it, so each feature is looked up alone.
             keys = hash_keys if hash_keys is not None else [None] * n
