@@ -805,3 +805,22 @@ def test_report_drops_skips_of_what_another_pass_or_pattern_replaced(tmp_path):
     assert [m["fused_node"] for m in report["match"]] == ["emb"]
     kept = [(s["graph"], s["node"]) for s in report["skip"]]
     assert kept == [("g", "MatMul"), ("g", "emb"), ("other", "emb/fill")], kept
+    # One record per graph, counting what the report kept of its passes.
+    assert report["graph"] == [{"id": "g", "matches": 1, "skips": 2}, {"id": "other", "matches": 0, "skips": 1}]
+
+
+def test_an_online_report_lists_each_function_once(table, tmp_path):
+    """Grappler runs the optimizer in each of its meta-optimizer passes over
+    a function: the report lists the function once, with what was fused."""
+    report_file = str(tmp_path / "report.jsonl")
+    with rewrite.enable(report_file=report_file):
+        @tf.function
+        def lookup(strings):
+            ids = tf.strings.to_hash_bucket_fast(tf.strings.split(strings, ","), V).to_sparse()
+            return tf.nn.safe_embedding_lookup_sparse(table, ids)
+
+        lookup(tf.constant(["1,2", "", "3"]))
+    passes = [json.loads(line) for line in open(report_file) if '"kind": "graph"' in line]
+    report = rewrite.read_report(report_file)
+    assert len(report["graph"]) == 1 < len(passes), (report["graph"], passes)
+    assert report["graph"][0]["matches"] == len(report["match"]) > 0, report

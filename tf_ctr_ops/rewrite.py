@@ -227,9 +227,10 @@ def read_report(path):
     """The JSON-lines report the optimizer appends to: matches, skips, graphs.
 
     Each match and skip record gets the id of its graph ("graph": the
-    function's name, or the id given to an offline run). Identical skip
-    records (a graph optimized twice) appear once, and a skip of a node that
-    another pattern then replaced is dropped: that node is not left alone. (A
+    function's name, or the id given to an offline run). A graph optimized
+    twice (Grappler's passes) has one "graph" record and its identical skip
+    records appear once; a skip of a node that another pattern then
+    replaced is dropped: that node is not left alone. (A
     skip of a fused node stays: it says why a later pattern, grouping say,
     left the fused op as it was.)
     """
@@ -261,7 +262,21 @@ def read_report(path):
     # another replaced.
     replaced = _replaced_node_names(records["match"])
     records["skip"] = [s for s in records["skip"] if (s.get("graph"), s.get("node")) not in replaced]
+    records["graph"] = _one_record_per_graph(records)
     return records
+
+
+def _one_record_per_graph(records):
+    """The "graph" records, one per graph id, with its matches and skips
+    counted from the records kept: each pass over a graph writes one, and
+    the later passes of an online rewrite find nothing left to fuse."""
+    graphs = {}
+    for rec in records["graph"]:
+        graphs.setdefault(rec.get("id"), dict(rec))
+    for g in graphs.values():
+        g["matches"] = sum(m.get("graph") == g.get("id") for m in records["match"])
+        g["skips"] = sum(s.get("graph") == g.get("id") for s in records["skip"])
+    return list(graphs.values())
 
 
 def _replaced_node_names(matches):
