@@ -1,8 +1,8 @@
 """tf.distribute: the layers train under MirroredStrategy (two logical CPU
 devices) and MultiWorkerMirroredStrategy (two worker processes on
 127.0.0.1), and the result equals single-replica training on the same global
-batches; under ParameterServerStrategy the drop-ins train sharded tables as
-tf.nn's lookups do. Each strategy runs in processes of its own
+batches; under ParameterServerStrategy (and TF1 parameter servers) the
+drop-ins train sharded tables as tf.nn's lookups do. Each strategy runs in processes of its own
 (tests/distribute_run.py, tests/ps_train.py): logical devices and TF_CONFIG
 must be set before TensorFlow starts."""
 
@@ -98,6 +98,27 @@ def test_parameter_server_strategy_with_sharded_tables_matches_tf(tmp_path):
     np.testing.assert_array_equal(z["table_ps_keys"], z["table_single_keys"])
     for k in ("values", "loss"):
         np.testing.assert_allclose(z[f"table_ps_{k}"], z[f"table_single_{k}"], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_tf1_partitioned_table_on_parameter_servers_matches_tf(tmp_path):
+    """A TF1 PartitionedVariable over 2 parameter servers (replica_device_setter,
+    an in-process cluster; tests/tf1_ps_train.py) trains through the v1 safe
+    lookup as through tf.compat.v1.nn's, in both partition strategies, and
+    only each shard's own server reads it: a gather of its rows, never the
+    whole shard sent to the worker."""
+    out = tmp_path / "tf1_ps.npz"
+    proc = subprocess.run([sys.executable, str(SCRIPT.with_name("tf1_ps_train.py")), str(out)],
+                          env=fresh_process_env(), cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    z = np.load(out, allow_pickle=True)
+    for strategy in ("mod", "div"):
+        ours = z[f"ours_{strategy}"]
+        assert np.abs(ours - z["init"]).max() > 1e-2, strategy  # the shards trained
+        np.testing.assert_allclose(ours, z[f"tf_{strategy}"], rtol=1e-5, atol=1e-6, err_msg=strategy)
+        placement = [tuple(p) for p in z[f"placement_{strategy}"]]
+        assert len(placement) == 4 and all(op.split("/")[-1].startswith("GatherV2") for op, _, _ in placement), placement
+        for op, ran_on, shard_device in placement:
+            assert ran_on.startswith(shard_device.replace("/job:ps/", "/job:ps/replica:0/")), (op, ran_on, shard_device)
 
 
 def assert_same_table_training(got, want):
