@@ -547,6 +547,21 @@ def test_shard_lists_are_gathered_shard_by_shard_as_tf(rng, strategy, lookup, de
         np.testing.assert_allclose(a.values.numpy(), b.values.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("as_list", [False, True])
+def test_captured_shards_keep_their_dtype_as_tf_finds_them(as_list):
+    """Inside a tf.function, TF's conversion of a captured float16 tensor to
+    the float64 weights' dtype returns it as it is: TF's safe lookup then
+    pools in float16, and so do the drop-ins, on one table or a list."""
+    full = np.arange(12, dtype=np.float32).reshape(4, 3)
+    params = ([tf.constant(full[:2], tf.float16), tf.constant(full[2:], tf.float16)] if as_list
+              else tf.constant(full, tf.float16))
+    sp = tf.SparseTensor([[0, 0], [1, 0], [1, 1]], tf.constant([1, 3, 0], tf.int64), [2, 2])
+    w = tf.SparseTensor(sp.indices, tf.constant([0.5, 2.0, 1.0], tf.float64), sp.dense_shape)
+    ours = tf.function(lambda: tco.safe_embedding_lookup_sparse(params, sp, w))()
+    theirs = tf.function(lambda: tf.nn.safe_embedding_lookup_sparse(params, sp, w))()
+    close(ours, theirs, tol=1e-3)
+
+
 @pytest.mark.parametrize("strategy", ["mod", "div"])
 def test_tf1_partitioned_variable_is_gathered_beside_each_shard(rng, strategy):
     """In a TF1 graph (where a partitioner puts each shard on a parameter

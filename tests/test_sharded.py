@@ -108,13 +108,48 @@ def test_max_norm_and_uneven_shards(rng):
              lambda t: tf.nn.embedding_lookup_sparse(t, sp, None, combiner="mean", max_norm=0.7))
 
 
-def test_ids_outside_the_table_name_row_and_id(rng):
+@pytest.mark.parametrize("in_function", [False, True])
+@pytest.mark.parametrize("as_list", [False, True])
+def test_ids_outside_the_table_name_row_and_id(rng, in_function, as_list):
+    """Eager and in a tf.function (whose Grappler pass once turned the check,
+    a stateless op read only through a control edge, into a NoOp: such ids
+    were then skipped unsaid), on a ShardedVariable and a list of shards."""
     table = sharded(rng)
+    if as_list:
+        table = list(table.variables)
     sp = tf.SparseTensor([[0, 0], [2, 0], [2, 1]], tf.constant([3, 5, V], tf.int64), [3, 2])
-    with pytest.raises(tf.errors.InvalidArgumentError, match=f"id {V} in row 2 is out of range \\[0, {V}\\)"):
-        tco.embedding_lookup_sparse(table, sp, None)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=f"id {V} in row 2 is out of range"):
-        tco.safe_embedding_lookup_sparse(table, sp, None)
+
+    def run(fn):
+        return tf.function(fn)() if in_function else fn()
+
+    in_row_2 = f"id {V} in row 2 is out of range \\[0, {V}\\)"
+    for lookup, message in [
+            (lambda: tco.embedding_lookup_sparse(table, sp, None), in_row_2),
+            (lambda: tco.safe_embedding_lookup_sparse(table, sp, None, default_id=2), in_row_2),
+            (lambda: tco.sparse_embedding(table, tf.constant([[3, -1], [5, V]], tf.int64)),
+             f"id {V} in row 1 is out of range"),
+            (lambda: tco.string_embedding(tf.constant(["3", f"5,{V}"]), table, id_mode="index"),
+             f"token '{V}' in row 1 is id {V}, out of range")]:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            run(lookup)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"token 'x7' in row 1 is not an int64 number"):
+        run(lambda: tco.string_embedding(tf.constant(["1", "3,x7"]), table, id_mode="index"))
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+def test_constant_ids_without_an_empty_bag_build_in_a_function(rng, as_list):
+    """Ids known when the graph is built, no bag left empty: the fill row's
+    branch (taken only for an empty bag) still builds, and the result is
+    one table's."""
+    table = sharded(rng)
+    shards = list(table.variables) if as_list else table
+    whole = tf.concat([v.numpy() for v in table.variables], 0)
+    ids = tf.ragged.constant([[1, 22, 9], [16]], dtype=tf.int64)
+    for lookup in (lambda t: tco.safe_embedding_lookup_sparse(t, ids, None),
+                   lambda t: tco.safe_embedding_lookup_sparse(t, ids, None, default_id=2),
+                   lambda t: tco.string_embedding(tf.constant(["1,22,9", "16"]), t, id_mode="index", default_id=0)):
+        np.testing.assert_allclose(tf.function(lambda: lookup(shards))().numpy(), lookup(whole).numpy(),
+                                   rtol=1e-5, atol=1e-6)
 
 
 def test_shards_are_never_concatenated(rng):

@@ -404,26 +404,51 @@ def _bag_of_each_entry(bags):
     return tf.cast(bags.segments, tf.int64), tf.cast(bags.num_rows, tf.int64)
 
 
-def _unique_with_fill(kept_ids, bags, kept, fill):
-    """tf.unique of the ids as TF's safe lookup lists them: with `fill` in
-    the place of each bag left empty (sparse_fill_empty_rows puts it there,
-    in bag order, before the lookup's unique). The bags are in order, so the
-    kept entries and the empty bags are two sorted runs, merged by their
-    ranks in each other. Returns (unique ids, index of each kept id, index
-    of the fill or -1 where no bag is empty)."""
-    bag_of, num_bags = _bag_of_each_entry(bags)
-    counts = tf.math.unsorted_segment_sum(tf.cast(kept, tf.int32), bag_of, num_bags)
-    empty = tf.where(tf.equal(counts, 0))[:, 0]
-    kept_bags = tf.boolean_mask(bag_of, kept)
-    kept_at = tf.range(tf.size(kept_bags, out_type=tf.int64)) + tf.searchsorted(empty, kept_bags, out_type=tf.int64)
-    empty_at = tf.range(tf.size(empty, out_type=tf.int64)) + tf.searchsorted(kept_bags, empty, out_type=tf.int64)
-    listed = tf.dynamic_stitch([tf.cast(kept_at, tf.int32), tf.cast(empty_at, tf.int32)],
-                               [kept_ids, tf.fill(tf.shape(empty), tf.constant(fill, tf.int64))])
-    unique, listed_idx = tf.unique(listed)
-    listed_idx = tf.cast(listed_idx, tf.int64)
-    fill_idx = tf.cond(tf.size(empty) > 0, lambda: tf.gather(listed_idx, empty_at[0]),
-                       lambda: tf.constant(-1, tf.int64))
-    return unique, tf.gather(listed_idx, kept_at), fill_idx
+def _unique_kept(ids, kept, bags, fill):
+    """tf.unique of the kept ids as TF's lookups list them (first appearance;
+    with a `fill` id, as TF's safe lookup lists it: at its first empty bag,
+    where sparse_fill_empty_rows puts it). Returns (unique ids, the index of
+    each entry into them or -1 where not kept, the index of the fill or -1
+    where no bag is empty).
+
+    One Unique over all entries, those not kept read as -1 (taken out after),
+    and one copy of the fill before the entries of bags past the first empty
+    one (the bags are in order); a copy is enough for the order Unique gives."""
+    listed = tf.where(kept, ids, tf.constant(-1, tf.int64))
+    at = n_fill = None
+    if fill is not None:
+        bag_of, num_bags = _bag_of_each_entry(bags)
+        counts = tf.math.unsorted_segment_sum(tf.cast(kept, tf.int32), bag_of, num_bags)
+        first_empty = tf.where(tf.equal(counts, 0))[:1, 0]
+        n_fill = tf.size(first_empty, out_type=tf.int64)
+        at = tf.reduce_sum(tf.searchsorted(bag_of, first_empty, out_type=tf.int64))  # 0 without an empty bag
+        listed = tf.concat([listed[:at], tf.fill(n_fill[None], tf.constant(fill, tf.int64)), listed[at:]], 0)
+    unique, idx = tf.unique(listed, out_idx=tf.int64)
+    fill_idx = tf.constant(-1, tf.int64)
+    if fill is not None:
+        fill_idx = tf.where(n_fill > 0, tf.reduce_sum(idx[at:at + n_fill]), fill_idx)
+        idx = tf.concat([idx[:at], idx[at + n_fill:]], 0)
+    # The -1 of the entries not kept, when there are any, is one unique id: out.
+    dropped = tf.reduce_min(tf.concat([tf.where(tf.equal(unique, -1))[:, 0], tf.size(unique, out_type=tf.int64)[None]], 0))
+
+    def without_dropped(i):
+        return i - tf.cast(i > dropped, tf.int64)
+
+    unique = tf.boolean_mask(unique, tf.not_equal(unique, -1))
+    idx = tf.where(kept, without_dropped(idx), tf.constant(-1, tf.int64))
+    return unique, idx, tf.where(fill_idx >= 0, without_dropped(fill_idx), fill_idx)
+
+
+def after_check(out, check):
+    """`out`, read through a data edge from `check`: the [B, 0] output of a
+    fused op run on a [V, 0] table only for its errors. Grappler turns a
+    stateless op that only control edges read into a NoOp, so in a
+    tf.function a control dependency alone would drop the check (an id out
+    of range would then be skipped unsaid)."""
+    empty = tf.reshape(check, tf.concat([tf.shape(out)[:-1], [0]], 0))
+    joined = tf.concat([out, tf.cast(empty, out.dtype)], axis=-1)
+    joined.set_shape(out.shape)
+    return joined
 
 
 def _sharded_lookup(shards, bags, *, strategy="div", dtype=None, default_id=None, **attrs):
@@ -435,7 +460,8 @@ def _sharded_lookup(shards, bags, *, strategy="div", dtype=None, default_id=None
     server), and the fused op pools the gathered [U, D] rows here. The ids
     are first checked against the whole table by the same op on a [V, 0]
     view of it, so dropped, pruned and rejected ids, and the errors naming a
-    row and an id, are those of one table; the gathers wait for that check.
+    row and an id, are those of one table (its empty output joins the
+    result: no graph runs without it).
     Gradients reach each shard as IndexedSlices of its own rows, listed in
     the order TF lists them (the unique ids' first appearance).
     """
@@ -462,7 +488,6 @@ def _sharded_lookup(shards, bags, *, strategy="div", dtype=None, default_id=None
         kept = (ids >= 0) & (ids < total)
         if attrs.get("prune_weights") and weights is not None:
             kept &= weights > 0
-        kept_ids = tf.boolean_mask(ids, kept)
         # The row an empty bag reads (default_id) or lists in the gradient
         # (empty_grad_row): the op's attr names row 0, which holds a copy
         # of it, read only when a bag is left empty, as TF reads it only to
@@ -471,11 +496,9 @@ def _sharded_lookup(shards, bags, *, strategy="div", dtype=None, default_id=None
         attr, fill = (("default_id", default_id) if default_id is not None
                       else ("empty_grad_row", attrs.get("empty_grad_row", -1)))
         filled = 0 <= fill < total
-        if filled:
-            unique, idx, fill_idx = _unique_with_fill(kept_ids, bags, kept, int(fill))
-        else:
-            unique, idx = tf.unique(kept_ids)
-            idx = tf.cast(idx, tf.int64)
+        # Entries left out read -1, which the op drops (skip modes) or never
+        # sees (the check failed first).
+        unique, local_ids, fill_idx = _unique_kept(ids, kept, bags, int(fill) if filled else None)
         shard, local = layout.place(unique)
         positions = tf.dynamic_partition(tf.range(tf.size(unique)), shard, len(shards))
         locals_ = tf.dynamic_partition(local, shard, len(shards))
@@ -484,14 +507,15 @@ def _sharded_lookup(shards, bags, *, strategy="div", dtype=None, default_id=None
             fill_row = tf.cond(fill_idx >= 0, lambda: tf.gather(rows, fill_idx[None]),
                                lambda: tf.zeros(tf.concat([[1], tf.shape(rows)[1:]], 0), rows.dtype))
             rows = tf.concat([fill_row, rows], 0)
-            idx += 1
-            attrs[attr] = 0
-    # Entries left out read -1, which the op drops (skip modes) or never sees
-    # (the check failed first); entry i, when kept, is kept entry
-    # cumsum(kept)[i] - 1.
-    kept_int = tf.cast(kept, tf.int32)
-    local_ids = tf.gather(tf.pad(idx, [[1, 0]], constant_values=-1), tf.cumsum(kept_int) * kept_int)
-    return _lookup(rows, local_ids, bags.segments, bags.num_rows, weights, segment_kind=bags.kind, **attrs)
+            local_ids = tf.where(local_ids >= 0, local_ids + 1, local_ids)
+    # Every error is the check's, which names the id and the range of the
+    # whole table: the pooling skips what the check let it skip (-1), and
+    # reads the fill at row 0 or nothing.
+    pool_attrs = dict(attrs, invalid_ids="skip_negative", default_id=-1, empty_grad_row=-1)
+    if filled:
+        pool_attrs[attr] = 0
+    return after_check(_lookup(rows, local_ids, bags.segments, bags.num_rows, weights, segment_kind=bags.kind,
+                               **pool_attrs), check)
 
 
 # The drop-ins' params gradient: unique rows in first-appearance order, as TF
@@ -613,8 +637,11 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
     if not shards:
         raise ValueError(f"Missing embedding_weights {embedding_weights}.")
     dtype = sparse_weights.dtype if sparse_weights is not None else None
-    strategy = "div" if sharded else partition_strategy  # TF's lookups read a ShardedVariable in "div"'s layout
+    # TF's lookups read a ShardedVariable in "div"'s layout, and never convert it.
+    strategy, shards_dtype = ("div", dtype) if sharded else (partition_strategy, None)
     if not sharded:
+        # Converted as TF converts them (a tf.function's captured tensor
+        # keeps its dtype, as TF's lookup finds it).
         sharded = separate_shards(shards, dtype)
     parts = sharded or [_read_shard(w, dtype, in_place=len(shards) == 1) for w in shards]
     _check_shards(parts)
@@ -631,7 +658,7 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
         attrs = dict(combiner=combiner, invalid_ids="skip_negative", prune_weights=combiner != "sum" and weighted,
                      max_norm=max_norm, grad_indices=_DROP_IN_GRAD_INDICES)
         if sharded:
-            result = _sharded_lookup(parts, bags, strategy=strategy, dtype=dtype, default_id=default_id,
+            result = _sharded_lookup(parts, bags, strategy=strategy, dtype=shards_dtype, default_id=default_id,
                                      empty_grad_row=0 if default_id is None else -1, **attrs)
             row_shape = parts[0].shape[1:]
         else:

@@ -187,8 +187,9 @@ def _sharded_string_embedding(shards, strings, **attrs):
         if attrs["id_mode"] == "mod":
             ids = tf.math.floormod(ids, num_rows)
     bags = ops._bags_from_container(tokens.with_values(ids), None, -1)
-    return ops._sharded_lookup(shards, bags, combiner=attrs["combiner"], max_norm=attrs["max_norm"],
-                              invalid_ids=attrs["invalid_ids"], default_id=attrs["default_id"])
+    return ops.after_check(ops._sharded_lookup(shards, bags, combiner=attrs["combiner"], max_norm=attrs["max_norm"],
+                                               invalid_ids=attrs["invalid_ids"], default_id=attrs["default_id"]),
+                           check)
 
 
 def _split_tokens(strings, delimiter, skip_empty):
