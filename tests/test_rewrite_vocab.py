@@ -463,3 +463,65 @@ def test_ragged_pooling_of_a_fused_vocabulary_lookup_says_why_it_stays(tmp_path)
     assert [m["pattern"] for m in found["match"]] == ["vocab_lookup"], found
     reasons = [s["reason"] for s in found["skip"] if s["pattern"] == "ragged_reduce_lookup"]
     assert reasons and all("fused vocabulary lookup" in r for r in reasons), found["skip"]
+
+
+SPLIT_DEVICES_SCRIPT = r'''
+import json, sys
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras
+from tf_ctr_ops import rewrite
+rng = np.random.default_rng(0)
+table_device, embedding_device = sys.argv[1], sys.argv[2]
+with tf.device(table_device):
+    lookup = keras.layers.StringLookup(vocabulary=[f"v{i}" for i in range(50)])
+with tf.device(embedding_device):
+    table = tf.Variable(rng.normal(size=(51, 4)).astype(np.float32))
+w = tf.Variable(np.zeros((4, 1), np.float32))
+strings = tf.constant([f"v{i}" for i in rng.integers(0, 60, 32)])
+y = tf.constant(rng.random(32).astype(np.float32))
+
+def train(steps=3):
+    w.assign(tf.zeros_like(w))
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            e = tf.gather(table, lookup(strings))
+            loss = tf.reduce_mean((tf.squeeze(tf.matmul(e, w), 1) - y) ** 2)
+        w.assign_sub(0.1 * tape.gradient(loss, w))
+        return loss
+    return [float(step()) for _ in range(steps)]
+
+native = train()
+with rewrite.enable(report_file=sys.argv[3], serving_device="cpu"):
+    fused = train()
+report = rewrite.read_report(sys.argv[3])
+print(json.dumps({"native": native, "fused": fused, "matches": [m["pattern"] for m in report["match"]],
+                  "skips": [s["reason"] for s in report["skip"] if s["pattern"] == "vocab_lookup"]}))
+'''
+
+
+@pytest.mark.parametrize("devices", [("/cpu:0", "/cpu:1"), ("/cpu:1", "/cpu:1")])
+def test_a_table_on_another_device_than_its_embedding_is_left_native(tmp_path, devices):
+    """A function placed on two devices (a lookup table on one, the embedding
+    it indexes on another, as a strategy's replicas place them): the fused op
+    would read the table where it cannot, and training failed. The lookup
+    stays TF's, says why, and trains as natively; on one device it fuses."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import fresh_process_env
+
+    proc = subprocess.run([sys.executable, "-c", SPLIT_DEVICES_SCRIPT, *devices, str(tmp_path / "report.jsonl")],
+                          env=fresh_process_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(out["fused"], out["native"], rtol=1e-6)
+    if devices[0] == devices[1]:
+        assert "vocab_lookup" in out["matches"], out
+    else:
+        assert "vocab_lookup" not in out["matches"], out
+        assert any("the lookup table is read on" in r and "CPU:0" in r and "CPU:1" in r for r in out["skips"]), out

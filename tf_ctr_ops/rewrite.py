@@ -191,12 +191,14 @@ def _fusion_off():
 
 
 def enable(report_file=None, serving_device=None, disabled_patterns=()):
-    """Runs CtrFusionOptimizer on the `tf.function`s this process calls from now on.
+    """Runs CtrFusionOptimizer on the `tf.function`s this thread calls from now on.
 
     Works as a plain call (`tf_ctr_ops.rewrite.enable()`) and as a context
     manager (`with tf_ctr_ops.rewrite.enable(): ...`), which restores the
     previous configuration on exit. Functions are optimized when first
-    instantiated under the configuration. With `report_file`, the optimizer
+    instantiated under the configuration. TensorFlow keeps this
+    configuration per thread: a thread that runs functions of its own (a
+    background trainer, say) calls `enable()` itself. With `report_file`, the optimizer
     appends its match and skip records there (JSON lines; `read_report`).
     `serving_device` is as `optimize_saved_model`'s ("cpu": this process
     serves on its CPU). `disabled_patterns` names patterns not to run

@@ -58,9 +58,9 @@ class VocabIndicatorPattern : public NamedPattern<kName> {
       return Skip(ctx, anchor, "CtrVocabIndicator runs on the CPU (lookup tables live on the host): "
                                "rewrite with serving_device='cpu' for a CPU server");
     std::string why;
-    if (!FindTypesFuse(ctx, *ids.find, &why) || !EncodesCounts(ctx, anchor, *one_hot, *dense, &why) ||
-        !BucketedFindFeedsOneReader(ctx, ids, oov, &why) || !OnlyReadBy(ctx, *dense, 1, &why) ||
-        !OnlyReadBy(ctx, *one_hot, 1, &why))
+    if (!FindTypesFuse(ctx, *ids.find, &why) || !FindOnAnchorDevice(*ids.find, anchor, &why) ||
+        !EncodesCounts(ctx, anchor, *one_hot, *dense, &why) || !BucketedFindFeedsOneReader(ctx, ids, oov, &why) ||
+        !OnlyReadBy(ctx, *dense, 1, &why) || !OnlyReadBy(ctx, *one_hot, 1, &why))
       return Skip(ctx, anchor, why);
 
     Replace(anchor, ids, oov, *one_hot, *dense, ctx);

@@ -56,7 +56,9 @@ class VocabLookupPattern : public NamedPattern<kName> {
     if (!IsEmbeddingDtype(T) && T != tensorflow::DT_DOUBLE)
       return Skip(ctx, anchor, "table dtype " + tensorflow::DataType_Name(T) + " is not a float type");
     std::string why;
-    if (!FindTypesFuse(ctx, *ids.find, &why) || !GathersWholeRows(g, anchor, &why)) return Skip(ctx, anchor, why);
+    if (!FindTypesFuse(ctx, *ids.find, &why) || !FindOnAnchorDevice(*ids.find, anchor, &why) ||
+        !GathersWholeRows(g, anchor, &why))
+      return Skip(ctx, anchor, why);
     if (!ids.wrap.empty() && !WrapShiftIsRowCount(ctx, ids, anchor, resource))
       return Skip(ctx, anchor, "cannot prove that the negative-index wrap adds the table's row count");
     if (!MatchVocabWaits(g, &ids, &why) || !OnlyFeedsTheGather(ctx, ids, &why)) return Skip(ctx, anchor, why);

@@ -107,7 +107,8 @@ class VocabMultiHotPattern : public NamedPattern<kName> {
       return Skip(ctx, anchor, "the encoding's type is " + tensorflow::DataType_Name(counts));
     if (!IsEmptyConst(g.Producer(*m.bincount, 2)))
       return Skip(ctx, anchor, "the bincount is weighted");
-    if (!FindTypesFuse(ctx, *m.ids.find, &why)) return Skip(ctx, anchor, why);
+    if (!FindTypesFuse(ctx, *m.ids.find, &why) || !FindOnAnchorDevice(*m.ids.find, anchor, &why))
+      return Skip(ctx, anchor, why);
     // Online, a captured table's handle carries no value shape, so the find's
     // is unknown; the kernel refuses a table of other than scalar values (on
     // which the bincount would fail too), so the keys' rank is enough.

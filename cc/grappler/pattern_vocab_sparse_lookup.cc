@@ -59,7 +59,8 @@ class VocabSparseLookupPattern : public NamedPattern<kName> {
       return Skip(ctx, anchor, "CtrVocabEmbeddingLookup runs on the CPU (lookup tables live on the host): "
                                "rewrite with serving_device='cpu' for a CPU server");
     std::string why;
-    if (!FindTypesFuse(ctx, *ids.find, &why) || !BucketedFindFeedsOneReader(ctx, ids, oov, &why))
+    if (!FindTypesFuse(ctx, *ids.find, &why) || !FindOnAnchorDevice(*ids.find, anchor, &why) ||
+        !BucketedFindFeedsOneReader(ctx, ids, oov, &why))
       return Skip(ctx, anchor, why);
     if (reorder != nullptr && (g.Consumers(reorder->name(), 1) != 1 || ctx->FetchedOrFed(reorder->name())))
       return Skip(ctx, anchor, "the values of " + Describe(*reorder) + " have another consumer");

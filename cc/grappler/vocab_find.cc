@@ -169,6 +169,15 @@ bool FindTypesFuse(RewriteContext* ctx, const NodeDef& find, std::string* why) {
   return true;
 }
 
+bool FindOnAnchorDevice(const NodeDef& find, const NodeDef& anchor, std::string* why) {
+  // Unplaced nodes (an offline rewrite's graph) go where the placer puts
+  // the fused op: beside the table it reads.
+  if (find.device().empty() || anchor.device().empty() || find.device() == anchor.device()) return true;
+  *why = "the lookup table is read on " + find.device() + " and " + Describe(anchor) + " runs on " +
+         anchor.device() + ": one op cannot read the table there";
+  return false;
+}
+
 bool ServedOnCpu(RewriteContext* ctx, const NodeDef& anchor) {
   const std::string placed = DeviceType(anchor.device());
   return (placed.empty() ? ctx->serving_device() : placed) == "CPU";

@@ -43,6 +43,12 @@ bool MatchVocabWaits(const GraphIndex& g, VocabIds* ids, std::string* why);
 // the fused ops' shapes take one id per key); else *why says what it is.
 bool FindTypesFuse(RewriteContext* ctx, const tensorflow::NodeDef& find, std::string* why);
 
+// Whether the fused op, which takes `anchor`'s place (and device), can read
+// the table of `find`: a resource only ops on its device read, so in a placed
+// graph (a tf.function's, a strategy's replicas on several devices) the find
+// and the anchor must be on one device; else *why says where each is.
+bool FindOnAnchorDevice(const tensorflow::NodeDef& find, const tensorflow::NodeDef& anchor, std::string* why);
+
 // The fused op runs on the CPU (lookup tables live on the host): whether
 // `anchor` is placed on one, or unplaced in a graph served on one.
 bool ServedOnCpu(RewriteContext* ctx, const tensorflow::NodeDef& anchor);
