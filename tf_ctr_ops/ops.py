@@ -366,27 +366,15 @@ class _MergedShards:
         return _mod_row(default_id % n, default_id // n, total, n, min) if default_id < total else default_id
 
 
-class _ShardLayout:
-    """Where TF's lookups find an id among shards of static `sizes` in
-    `strategy`'s layout: "div" gives shard p the run of ids after shard
-    p - 1's, "mod" gives it the ids r with r % n == p, at local row r // n."""
-
-    def __init__(self, sizes, strategy):
-        self.strategy, self.n = strategy, len(sizes)
-        self.starts = np.cumsum([0] + sizes[:-1]).astype(np.int64)
-
-    def place(self, ids):
-        """(shard, local row) of each id in [0, V), as tensors."""
-        if self.strategy == "mod":
-            return tf.cast(ids % self.n, tf.int32), ids // self.n
-        shard = tf.cast(tf.searchsorted(tf.constant(self.starts[1:]), ids, side="right"), tf.int32)
-        return shard, ids - tf.gather(tf.constant(self.starts), shard)
-
-    def place_one(self, id_):
-        if self.strategy == "mod":
-            return id_ % self.n, id_ // self.n
-        p = int(np.searchsorted(self.starts[1:], id_, side="right"))
-        return p, id_ - int(self.starts[p])
+def _place_ids(ids, sizes, strategy):
+    """(shard, local row) of each id in [0, V) among shards of static
+    `sizes` in `strategy`'s layout: "div" gives shard p the run of ids after
+    shard p - 1's, "mod" gives it the ids r with r % n == p, at row r // n."""
+    if strategy == "mod":
+        return tf.cast(ids % len(sizes), tf.int32), ids // len(sizes)
+    starts = np.cumsum([0] + sizes[:-1]).astype(np.int64)
+    shard = tf.cast(tf.searchsorted(tf.constant(starts[1:]), ids, side="right"), tf.int32)
+    return shard, ids - tf.gather(tf.constant(starts), shard)
 
 
 def _gather_on_shard(shard, local_ids):
@@ -475,7 +463,6 @@ def _sharded_lookup(shards, bags, *, strategy="div", dtype=None, default_id=None
     if strategy not in PARTITION_STRATEGIES:
         raise ValueError(f"Unrecognized partition strategy: {strategy}")
     _layout_checks(shards, strategy)
-    layout = _ShardLayout(sizes, strategy)
     total = sum(sizes)
     attrs.update(default_id=-1 if default_id is None else int(default_id))
     ids = tf.cast(bags.ids, tf.int64)
@@ -499,7 +486,7 @@ def _sharded_lookup(shards, bags, *, strategy="div", dtype=None, default_id=None
         # Entries left out read -1, which the op drops (skip modes) or never
         # sees (the check failed first).
         unique, local_ids, fill_idx = _unique_kept(ids, kept, bags, int(fill) if filled else None)
-        shard, local = layout.place(unique)
+        shard, local = _place_ids(unique, sizes, strategy)
         positions = tf.dynamic_partition(tf.range(tf.size(unique)), shard, len(shards))
         locals_ = tf.dynamic_partition(local, shard, len(shards))
         rows = tf.dynamic_stitch(positions, [_gather_on_shard(s, ids_p) for s, ids_p in zip(shards, locals_)])
