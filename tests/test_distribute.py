@@ -116,7 +116,8 @@ def test_tf1_partitioned_table_on_parameter_servers_matches_tf(tmp_path):
         assert np.abs(ours - z["init"]).max() > 1e-2, strategy  # the shards trained
         np.testing.assert_allclose(ours, z[f"tf_{strategy}"], rtol=1e-5, atol=1e-6, err_msg=strategy)
         placement = [tuple(p) for p in z[f"placement_{strategy}"]]
-        assert len(placement) == 4 and all(op.split("/")[-1].startswith("GatherV2") for op, _, _ in placement), placement
+        gathers = [op for op, _, _ in placement if op.split("/")[-1].startswith("GatherV2")]
+        assert len(gathers) == len(placement) == 4, placement
         for op, ran_on, shard_device in placement:
             assert ran_on.startswith(shard_device.replace("/job:ps/", "/job:ps/replica:0/")), (op, ran_on, shard_device)
 

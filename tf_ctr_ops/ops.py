@@ -417,7 +417,8 @@ def _unique_kept(ids, kept, bags, fill):
         fill_idx = tf.where(n_fill > 0, tf.reduce_sum(idx[at:at + n_fill]), fill_idx)
         idx = tf.concat([idx[:at], idx[at + n_fill:]], 0)
     # The -1 of the entries not kept, when there are any, is one unique id: out.
-    dropped = tf.reduce_min(tf.concat([tf.where(tf.equal(unique, -1))[:, 0], tf.size(unique, out_type=tf.int64)[None]], 0))
+    dropped = tf.reduce_min(tf.concat([tf.where(tf.equal(unique, -1))[:, 0],
+                                       tf.size(unique, out_type=tf.int64)[None]], 0))
 
     def without_dropped(i):
         return i - tf.cast(i > dropped, tf.int64)
@@ -816,7 +817,8 @@ def hash_embedding(params, keys, weights=None, combiner="mean", max_norm=None, h
 
     Args:
       params: `[V, D]` table; V is the bucket count. A ShardedVariable (or
-        a list of shards in TF's "div" layout) is read shard by shard (the buckets are then hashed by TF's ops).
+        a list of shards in TF's "div" layout) is read shard by shard (the
+        buckets are then hashed by TF's ops).
       keys: int32/int64/string keys as a `tf.RaggedTensor [B, (n)]`, a
         `tf.SparseTensor [B, N]` or a dense `[B, N]` tensor, where dense
         integer keys equal to -1 (and dense empty strings) are padding.
