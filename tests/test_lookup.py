@@ -740,3 +740,56 @@ def test_sparse_embedding_takes_dense_ids_as_lists_and_arrays(rng):
         np.testing.assert_array_equal(got, want)
     fn = tf.function(lambda p: tco.sparse_embedding(p, np.array(ids)))
     np.testing.assert_array_equal(fn(params), want)
+
+
+def _persistent_tape_cases():
+    """(name, table variable, lookup as a function of the table) of every
+    lookup family whose gradient reads its table."""
+    sp = tf.SparseTensor([[0, 0], [0, 1], [2, 0]], tf.constant([1, 2, 3], tf.int64), [3, 2])
+    ragged = tf.ragged.constant([[1, 2], [], [3]], tf.int64)
+    vocab = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
+        tf.constant(["a", "b", "c"]), tf.constant([4, 5, 6], tf.int64)), default_value=0)
+    hashed = tco.HashTable(dim=4, capacity=64)
+    return [
+        ("embedding_lookup_sparse", lambda p: tco.embedding_lookup_sparse(p, sp, None)),
+        ("safe_embedding_lookup_sparse", lambda p: tco.safe_embedding_lookup_sparse(p, sp)),
+        ("safe_embedding_lookup_sparse/v1", lambda p: tco.compat.v1.safe_embedding_lookup_sparse([p], sp)),
+        ("sparse_embedding/read", lambda p: tco.sparse_embedding(tf.identity(p.read_value()), ragged)),
+        ("hash_embedding", lambda p: tco.hash_embedding(p, ragged, max_norm=1.0)),
+        ("string_embedding", lambda p: tco.string_embedding(tf.constant(["1,2", "", "3"]), p, id_mode="index")),
+        ("multi_string_embedding", lambda p: tco.multi_string_embedding(
+            [tf.constant(["1,2", "3"]), tf.constant(["x", "y"])], [p, p], id_modes=["index", "hash"])[1]),
+        ("vocab_embedding", lambda p: tco.vocab_embedding(vocab, tf.constant(["a", "c", "z"]), p)),
+    ], hashed
+
+
+def test_a_persistent_tape_around_a_function_gets_indexed_slices_as_tf_gives():
+    # A persistent tape differentiates a tf.function's side
+    # outputs too: a gradient that read the table from inside the function
+    # got a dense [V, D] zero gradient added, and the optimizer a dense
+    # table (ResourceGather's, whose gradient reads no table, stays sparse).
+    cases, hashed = _persistent_tape_cases()
+    params = tf.Variable(np.random.default_rng(3).normal(size=(1000, 4)).astype(np.float32))
+    for name, lookup in cases:
+        f = tf.function(lambda: lookup(params))
+        grads = []
+        for persistent in (False, True):
+            with tf.GradientTape(persistent=persistent) as tape:
+                loss = tf.reduce_sum(f() * tf.range(1.0, 5.0))
+            grads.append(tape.gradient(loss, params))
+        for g in grads:
+            assert isinstance(g, tf.IndexedSlices), (name, type(g).__name__)
+            assert g.values.shape[0] < 10, (name, g.values.shape)
+        np.testing.assert_allclose(tf.convert_to_tensor(grads[1]), tf.convert_to_tensor(grads[0]), rtol=1e-6,
+                                   err_msg=name)
+    keys = tf.ragged.constant([[7, 8], [8]], tf.int64)
+    f = tf.function(lambda: tco.hash_table_embedding(hashed, keys, insert=True) * tf.range(1.0, 5.0))
+    grads = []
+    for persistent in (False, True):
+        with tf.GradientTape(persistent=persistent) as tape:
+            loss = tf.reduce_sum(f())
+        grads.append(tape.gradient(loss, hashed.values))
+    for g in grads:
+        assert isinstance(g, tf.IndexedSlices), type(g).__name__
+        assert g.values.shape[0] == 3, g.values.shape
+    np.testing.assert_allclose(tf.convert_to_tensor(grads[1]), tf.convert_to_tensor(grads[0]), rtol=1e-6)

@@ -1,6 +1,9 @@
 """The gradient of an embedding table: IndexedSlices of the rows a lookup read."""
 
 import tensorflow as tf
+from tensorflow.python.framework import ops as tf_ops
+from tensorflow.python.framework.func_graph import FuncGraph
+from tensorflow.python.ops import resource_variable_ops
 
 
 def dense_table_shape(params):
@@ -33,3 +36,55 @@ def _at_least_one_row(values, indices, dense_shape):
     # a table of no rows has no row 0 to name
     empty = tf.logical_and(tf.equal(tf.size(indices), 0), dense_shape[0] > 0)
     return tf.cond(empty, one_zero_row, lambda: (values, indices))
+
+
+def forward_table(table):
+    """`table` (a lookup's table or variable handle), as a gradient built
+    outside the tf.function that read it should read it: from where the
+    function took it, when it did.
+
+    Why: a gradient that reads a tensor of the forward function makes it an
+    output of that function, and a persistent or nested tape (TF's
+    higher-order function gradients) also differentiates every such output:
+    a variable's handle or value there receives a dense [V, D] zero gradient,
+    added to the table's IndexedSlices, which then reach the optimizer
+    dense. TF's own gathers escape this only because their gradients read no
+    table (its shape is a constant). A table the function captured (a
+    handle, or a tensor) is read from outside it instead, and a variable the
+    function read (through Identity ops) is read again, from its handle, as the resource ops'
+    gradients read it."""
+    if not tf.is_symbolic_tensor(table):  # an eager gradient
+        return table
+    graph = table.graph
+    here = tf.compat.v1.get_default_graph()
+    if not isinstance(graph, FuncGraph) or here is graph:
+        return table
+    outside = _captured_from(graph, table, here)
+    if outside is not None:
+        return outside
+    read = table
+    while read.op.type == "Identity":
+        read = read.op.inputs[0]
+    if read.op.type == "ReadVariableOp":
+        handle = _captured_from(graph, read.op.inputs[0], here)
+        if handle is not None:
+            return resource_variable_ops.read_variable_op(handle, table.dtype)
+    return table
+
+
+def _captured_from(graph, internal, here):
+    """The tensor `graph` captured as `internal`, where `here` can read it."""
+    for external, captured in graph.captures:
+        if captured is internal and _readable_from(here, external):
+            return external
+    return None
+
+
+def _readable_from(graph, tensor):
+    if isinstance(tensor, tf_ops.EagerTensor):
+        return True
+    while graph is not None:
+        if graph is tensor.graph:
+            return True
+        graph = getattr(graph, "outer_graph", None)
+    return False

@@ -11,7 +11,7 @@ from tensorflow.python.ops import sparse_ops
 from tf_ctr_ops import ops
 from tf_ctr_ops._args import check_combiner, max_norm_attr
 from tf_ctr_ops._loader import load_op_library
-from tf_ctr_ops._table_grad import dense_table_shape, table_gradient
+from tf_ctr_ops._table_grad import dense_table_shape, forward_table, table_gradient
 
 _ops = load_op_library()
 
@@ -136,7 +136,7 @@ def bucketized_embedding_lookup(params, values, boundaries, combiner="mean", def
 def _computed_ids_lookup_grad(op, grad, _ids_grad, _splits_grad, _shape_grad):
     """CtrEmbeddingLookup's gradient on the ids the op computed (crossed or
     bucketized) and their bags; the features have none."""
-    params = op.inputs[0]
+    params = forward_table(op.inputs[0])
     attrs = {k: op.get_attr(k) for k in ("combiner", "default_id", "max_norm")}
     values, indices, _, _ = _ops.ctr_embedding_lookup_grad(
         grad=grad, params=params, ids=op.outputs[1], segments=op.outputs[2], num_rows=tf.constant(-1, tf.int64),

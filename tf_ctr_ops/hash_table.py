@@ -30,6 +30,7 @@ from tf_ctr_ops import ops as _lookup_ops
 from tf_ctr_ops._args import (check_combiner, in_place_variable, max_norm_attr, per_feature, sharded_variables,
                              table_operand)
 from tf_ctr_ops._loader import load_op_library
+from tf_ctr_ops._table_grad import forward_table
 from tf_ctr_ops.table_layout import (CLOCK, COLUMNS, DROPPED, EMPTY_ENTRY, EVICTED, FREE_COUNT,  # noqa: F401
                                      HEADER_ROWS, INT_KEYS, KEY_KIND, NEXT_ROW, OCCUPIED, STRING_KEYS,
                                      UNKNOWN_KEYS, default_num_slots, empty_table_array, free_list_rows,
@@ -903,6 +904,7 @@ def _hash_table_embedding_grad(op, grad, _):
     """The gradient of the lookup of the rows the op found: IndexedSlices of
     the values' rows, and the weights' gradient."""
     _, values, _, segments, num_rows, weights = op.inputs
+    values = forward_table(values)
     attrs = {k: op.get_attr(k) for k in ("combiner", "segment_kind", "prune_weights", "max_norm", "has_weights")}
     attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
     values_grad, weights_grad = _lookup_ops.pooled_grads(

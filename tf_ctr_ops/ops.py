@@ -27,7 +27,7 @@ from tf_ctr_ops._args import (  # noqa: F401  (COMBINERS, canonical_shard_sizes:
     table_operand,
 )
 from tf_ctr_ops._loader import load_op_library
-from tf_ctr_ops._table_grad import dense_table_shape, table_gradient
+from tf_ctr_ops._table_grad import dense_table_shape, forward_table, table_gradient
 
 _ops = load_op_library()
 
@@ -117,6 +117,7 @@ def _lookup_grad_attrs(op):
 
 def _lookup_grads(op, grad, grad_op, table_shape):
     params, ids, segments, num_rows, weights = op.inputs
+    params = forward_table(params)
     params_grad, weights_grad = pooled_grads(grad, grad_op, table_shape, params, ids, segments, num_rows, weights,
                                              _lookup_grad_attrs(op), _grad_indices_attr(op))
     return [params_grad, None, None, None, weights_grad]

@@ -22,7 +22,7 @@ from tf_ctr_ops._args import (
     per_feature,
 )
 from tf_ctr_ops._loader import load_op_library
-from tf_ctr_ops._table_grad import dense_table_shape, table_gradient
+from tf_ctr_ops._table_grad import dense_table_shape, forward_table, table_gradient
 
 _ops = load_op_library()
 
@@ -351,6 +351,7 @@ def _attrs(op, names):
 @tf.RegisterGradient("CtrStringEmbedding")
 def _string_embedding_grad(op, grad):
     params, data, row_splits, bag_splits = op.inputs
+    params = forward_table(params)
     attrs = _attrs(op, ("combiner", "id_mode", "delimiter", "skip_empty", "max_norm", "bagged", "num_buckets",
                         "invalid_ids", "default_id", "hash_key"))
     if op.get_attr("trim_empty_tail"):
@@ -387,7 +388,7 @@ def _grouped_hash_key_attrs(hash_keys, n):
 @tf.RegisterGradient("CtrMultiStringEmbedding")
 def _multi_string_embedding_grad(op, *grads):
     n = op.get_attr("N")
-    tables = op.inputs[:n]
+    tables = [forward_table(t) for t in op.inputs[:n]]
     data, row_splits = op.inputs[n], op.inputs[n + 1]
     batch = (tf.shape(row_splits, out_type=tf.int64)[0] - 1) // n
     attrs = _attrs(op, ("combiners", "id_modes", "delimiters", "skip_empty", "max_norms", "num_buckets"))
@@ -426,6 +427,7 @@ def _concat_grad(op, grad, tables, data, row_splits, input_splits, dense, string
     table, None for its `string_inputs` string inputs, slices of grad for the
     dense inputs."""
     n, m = op.get_attr("N"), op.get_attr("M")
+    tables = [forward_table(t) for t in tables]
     rows = tf.shape(grad, out_type=tf.int64)[0]
     attrs = _attrs(op, ("combiners", "id_modes", "delimiters", "skip_empty", "max_norms", "num_buckets"))
     buckets = attrs["num_buckets"] or [0] * n

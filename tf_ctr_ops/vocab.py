@@ -9,7 +9,7 @@ import tensorflow as tf
 from tf_ctr_ops import ops
 from tf_ctr_ops._loader import load_op_library
 from tf_ctr_ops._args import check_combiner, max_norm_attr, read_table
-from tf_ctr_ops._table_grad import dense_table_shape, table_gradient
+from tf_ctr_ops._table_grad import dense_table_shape, forward_table, table_gradient
 
 _ops = load_op_library()
 
@@ -209,7 +209,7 @@ def _default_value(table):
 
 @tf.RegisterGradient("CtrVocabEmbedding")
 def _vocab_embedding_grad(op, grad, _rows_grad):
-    params = op.inputs[3]
+    params = forward_table(op.inputs[3])
     rows = tf.reshape(op.outputs[1], [-1])
     row_shape = tf.shape(params)[1:]
     values = tf.reshape(grad, tf.concat([[-1], row_shape], axis=0))
@@ -224,7 +224,7 @@ def _concat_vocab_embedding_grad(op, grad):
     inputs, None for the handles, keys and defaults."""
     n, m = op.get_attr("N"), op.get_attr("M")
     handles, keys, defaults = op.inputs[:n], op.inputs[n:2 * n], op.inputs[2 * n:3 * n]
-    params, dense = op.inputs[3 * n:4 * n], op.inputs[4 * n:]
+    params, dense = [forward_table(p) for p in op.inputs[3 * n:4 * n]], op.inputs[4 * n:]
     widths = [tf.shape(t)[1] for t in list(params) + list(dense)]
     starts, column = [None] * (n + m), tf.constant(0)
     for block in op.get_attr("layout") or range(n + m):
@@ -256,6 +256,7 @@ def _vocab_multi_hot_grad(op, grad, _ids_grad):
 def _vocab_embedding_lookup_grad(op, grad, _ids_grad):
     """CtrEmbeddingLookup's gradient on the ids the find gave."""
     _, _, params, _, segments, num_rows, weights = op.inputs
+    params = forward_table(params)
     attrs = {k: op.get_attr(k) for k in ("combiner", "segment_kind", "invalid_ids", "prune_weights", "default_id",
                                          "max_norm", "has_weights")}
     attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
