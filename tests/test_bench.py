@@ -33,10 +33,12 @@ def test_lookup_suite_quick(tmp_path):
     assert res["config"]["batch"] == 32 and res["config"]["quick"]
     assert _positive_finite(res["copy_bandwidth"]["best_GBps"])
     cases = {c["case"]: c for c in res["cases"]}
-    assert set(cases) == {f"{k}/{d}" for k in ("lookup", "hash", "ragged", "grad") for d in ("zipf", "uniform")}
+    assert set(cases) == {f"{k}/{d}" for k in ("lookup", "hash", "ragged", "grad", "sharded")
+                          for d in ("zipf", "uniform")}
     for c in cases.values():
         assert 32 <= c["nnz"] <= 32 * 9
-        sides = ("fused", "native", "native_unique", "native_fast") + (() if c["kind"] == "grad" else ("core",))
+        sides = ("fused", "native", "native_unique", "native_fast") + (
+            () if c["kind"] in ("grad", "sharded") else ("core",))
         for side in sides:
             t = c[side]
             assert t["runs"] >= 1

@@ -793,3 +793,46 @@ def test_a_persistent_tape_around_a_function_gets_indexed_slices_as_tf_gives():
         assert isinstance(g, tf.IndexedSlices), type(g).__name__
         assert g.values.shape[0] == 3, g.values.shape
     np.testing.assert_allclose(tf.convert_to_tensor(grads[1]), tf.convert_to_tensor(grads[0]), rtol=1e-6)
+
+
+def _unique_kept_reference(ids, bag_of, num_bags, weights, table_rows, fill):
+    """First appearance of the kept ids in entry order, the fill numbered
+    where the first bag with no kept entry begins (TF's safe lookup lists it
+    there: sparse_fill_empty_rows)."""
+    kept = (ids >= 0) & (ids < table_rows) & (True if weights is None else weights > 0)
+    counts = np.bincount(bag_of[kept], minlength=num_bags) if num_bags else np.zeros(0, np.int64)
+    empty = np.flatnonzero(counts == 0)
+    fill_at = np.searchsorted(bag_of, empty[0]) if fill is not None and empty.size else None
+    slot, idx, fill_idx = {}, np.full(ids.size, -1, np.int64), -1
+    for e in range(ids.size + 1):
+        if e == fill_at:
+            fill_idx = slot.setdefault(fill, len(slot))
+        if e < ids.size and kept[e]:
+            idx[e] = slot.setdefault(int(ids[e]), len(slot))
+    return np.array(list(slot), np.int64), idx, fill_idx
+
+
+@pytest.mark.parametrize("kind", ["row_ids", "row_splits"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("fill", [None, 0, 5])
+@pytest.mark.parametrize("n", [0, 1, 9, 4000])
+def test_unique_kept_lists_the_ids_as_tf_lookups_do(rng, kind, weighted, fill, n):
+    # The de-duplication of a lookup of a table in shards: tf.unique's order
+    # over the kept entries, and the fill id where TF's safe lookup puts it.
+    table_rows, num_bags = 50, max(n // 3, 1) + 2
+    ids = rng.integers(-3, table_rows + 5, n).astype(np.int64)
+    bag_of = np.sort(rng.integers(0, num_bags, n)).astype(np.int64)
+    weights = (rng.uniform(-1, 1, n) * (rng.random(n) < 0.9)).astype(np.float32) if weighted else None
+    want = _unique_kept_reference(ids, bag_of, num_bags, weights, table_rows, fill)
+    segments = bag_of if kind == "row_ids" else np.searchsorted(bag_of, np.arange(num_bags + 1))
+    bags = tco_ops._Bags(None, tf.constant(segments, tf.int64), num_bags if kind == "row_ids" else -1, kind)
+    got = tco_ops._unique_kept(tf.constant(ids), None if weights is None else tf.constant(weights), bags,
+                               table_rows=table_rows, prune_weights=weighted, fill=fill)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), w)
+
+
+def test_unique_kept_checks_its_bags():
+    bags = tco_ops._Bags(None, tf.constant([1, 0], tf.int64), 2, "row_ids", None)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sorted"):
+        tco_ops._unique_kept(tf.constant([1, 2], tf.int64), None, bags, table_rows=5, prune_weights=False, fill=0)

@@ -385,48 +385,17 @@ def _gather_on_shard(shard, local_ids):
         return tf.gather(shard, local_ids)
 
 
-def _bag_of_each_entry(bags):
-    """(bag of each entry, bag count) as int64 tensors."""
-    if bags.kind == "row_splits":
-        return (tf.ragged.row_splits_to_segment_ids(bags.segments, out_type=tf.int64),
-                tf.size(bags.segments, out_type=tf.int64) - 1)
-    return tf.cast(bags.segments, tf.int64), tf.cast(bags.num_rows, tf.int64)
-
-
-def _unique_kept(ids, kept, bags, fill):
-    """tf.unique of the kept ids as TF's lookups list them (first appearance;
-    with a `fill` id, as TF's safe lookup lists it: at its first empty bag,
-    where sparse_fill_empty_rows puts it). Returns (unique ids, the index of
-    each entry into them or -1 where not kept, the index of the fill or -1
-    where no bag is empty).
-
-    One Unique over all entries, those not kept read as -1 (taken out after),
-    and one copy of the fill before the entries of bags past the first empty
-    one (the bags are in order); a copy is enough for the order Unique gives."""
-    listed = tf.where(kept, ids, tf.constant(-1, tf.int64))
-    at = n_fill = None
-    if fill is not None:
-        bag_of, num_bags = _bag_of_each_entry(bags)
-        counts = tf.math.unsorted_segment_sum(tf.cast(kept, tf.int32), bag_of, num_bags)
-        first_empty = tf.where(tf.equal(counts, 0))[:1, 0]
-        n_fill = tf.size(first_empty, out_type=tf.int64)
-        at = tf.reduce_sum(tf.searchsorted(bag_of, first_empty, out_type=tf.int64))  # 0 without an empty bag
-        listed = tf.concat([listed[:at], tf.fill(n_fill[None], tf.constant(fill, tf.int64)), listed[at:]], 0)
-    unique, idx = tf.unique(listed, out_idx=tf.int64)
-    fill_idx = tf.constant(-1, tf.int64)
-    if fill is not None:
-        fill_idx = tf.where(n_fill > 0, tf.reduce_sum(idx[at:at + n_fill]), fill_idx)
-        idx = tf.concat([idx[:at], idx[at + n_fill:]], 0)
-    # The -1 of the entries not kept, when there are any, is one unique id: out.
-    dropped = tf.reduce_min(tf.concat([tf.where(tf.equal(unique, -1))[:, 0],
-                                       tf.size(unique, out_type=tf.int64)[None]], 0))
-
-    def without_dropped(i):
-        return i - tf.cast(i > dropped, tf.int64)
-
-    unique = tf.boolean_mask(unique, tf.not_equal(unique, -1))
-    idx = tf.where(kept, without_dropped(idx), tf.constant(-1, tf.int64))
-    return unique, idx, tf.where(fill_idx >= 0, without_dropped(fill_idx), fill_idx)
+def _unique_kept(ids, weights, bags, *, table_rows, prune_weights, fill):
+    """The ids a lookup of a table in shards gathers, as TF's lookups list
+    them (CtrUniqueKept): (unique ids, the index of each entry into them or
+    -1 where it is left out, the index of the `fill` id, listed at the first
+    empty bag as TF's safe lookup lists it, or -1 where no bag is empty)."""
+    weights, has_weights = _op_weights(weights)
+    return _ops.ctr_unique_kept(ids=ids, segments=_op_segments(bags.segments),
+                                num_rows=tf.cast(bags.num_rows, tf.int64), weights=weights, segment_kind=bags.kind,
+                                has_weights=has_weights, table_rows=table_rows,
+                                prune_weights=bool(prune_weights) and has_weights,
+                                fill_id=-1 if fill is None else fill)
 
 
 def after_check(out, check):
@@ -472,11 +441,6 @@ def _sharded_lookup(shards, bags, *, strategy="div", dtype=None, default_id=None
     check = _lookup(tf.zeros([total, 0], shards[0].dtype), ids, bags.segments, bags.num_rows, weights,
                     segment_kind=bags.kind, **attrs)
     with tf.control_dependencies([check]):
-        # Only the entries the op pools are gathered: each shard's gradient
-        # then has rows for those alone, as with one table.
-        kept = (ids >= 0) & (ids < total)
-        if attrs.get("prune_weights") and weights is not None:
-            kept &= weights > 0
         # The row an empty bag reads (default_id) or lists in the gradient
         # (empty_grad_row): the op's attr names row 0, which holds a copy
         # of it, read only when a bag is left empty, as TF reads it only to
@@ -485,9 +449,13 @@ def _sharded_lookup(shards, bags, *, strategy="div", dtype=None, default_id=None
         attr, fill = (("default_id", default_id) if default_id is not None
                       else ("empty_grad_row", attrs.get("empty_grad_row", -1)))
         filled = 0 <= fill < total
-        # Entries left out read -1, which the op drops (skip modes) or never
-        # sees (the check failed first).
-        unique, local_ids, fill_idx = _unique_kept(ids, kept, bags, int(fill) if filled else None)
+        # Only the entries the op pools are gathered (each shard's gradient
+        # then has rows for those alone, as with one table); those left out
+        # read -1, which the op drops (skip modes) or never sees (the check
+        # failed first).
+        unique, local_ids, fill_idx = _unique_kept(ids, weights, bags, table_rows=total,
+                                                   prune_weights=attrs.get("prune_weights"),
+                                                   fill=int(fill) if filled else None)
         shard, local = _place_ids(unique, sizes, strategy)
         positions = tf.dynamic_partition(tf.range(tf.size(unique)), shard, len(shards))
         locals_ = tf.dynamic_partition(local, shard, len(shards))

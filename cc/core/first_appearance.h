@@ -48,6 +48,9 @@ class FirstAppearance {
     return e.slot;
   }
 
+  // Fetches the entry of `row` ahead of its SlotOf, as Number does.
+  void Prefetch(int64_t row) const { __builtin_prefetch(&entries_[Home(row)], 1); }
+
   // The distinct rows, slot by slot.
   const std::vector<int64_t>& rows() const { return rows_; }
 
@@ -62,5 +65,32 @@ class FirstAppearance {
   std::vector<Entry> entries_;
   std::vector<int64_t> rows_;
 };
+
+// The de-duplication of a lookup of a table in shards, in the order TF's
+// own lookups list the rows: the kept entries of the bags (CSR `offsets`,
+// entries in bag order) numbered by first appearance, idx[e] = the slot of
+// entry e or -1 where kept(e) is false. With a fill id (>= 0), as TF's safe
+// lookup lists the id sparse_fill_empty_rows puts in an empty bag: numbered
+// where the first bag with no kept entry begins. Returns the fill's slot, or
+// -1 where no bag is left empty (or there is no fill).
+template <typename Kept>
+int64_t NumberKeptEntries(const int64_t* ids, const int64_t* offsets, int64_t bags, Kept kept, int64_t fill_id,
+                          FirstAppearance* slots, int64_t* idx) {
+  const int64_t n = offsets[bags];
+  int64_t fill_at = n + 1;  // past every entry: no fill
+  for (int64_t b = 0; fill_id >= 0 && b < bags && fill_at > n; ++b) {
+    int64_t e = offsets[b];
+    while (e < offsets[b + 1] && !kept(e)) ++e;  // a bag's first kept entry ends its scan
+    if (e == offsets[b + 1]) fill_at = offsets[b];
+  }
+  int64_t fill_slot = -1;
+  constexpr int64_t kAhead = 16;
+  for (int64_t e = 0; e <= n; ++e) {
+    if (e + kAhead < n) slots->Prefetch(ids[e + kAhead]);
+    if (e == fill_at) fill_slot = slots->SlotOf(fill_id);
+    if (e < n) idx[e] = kept(e) ? slots->SlotOf(ids[e]) : -1;
+  }
+  return fill_slot;
+}
 
 }  // namespace ctr

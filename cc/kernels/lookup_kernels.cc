@@ -278,4 +278,54 @@ REGISTER_KERNEL_BUILDER(Name("CtrCheckBags").Device(tensorflow::DEVICE_CPU).Type
 REGISTER_KERNEL_BUILDER(Name("CtrCheckBags").Device(tensorflow::DEVICE_CPU).TypeConstraint<int64_t>("Tseg"),
                         CheckBagsOp<int64_t>);
 
+// CtrUniqueKept: the bags' checks (CtrCheckBags'), then one numbering pass.
+template <typename TSeg>
+class UniqueKeptOp : public tensorflow::OpKernel {
+ public:
+  explicit UniqueKeptOp(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
+    std::string kind;
+    OP_REQUIRES_OK(c, c->GetAttr("segment_kind", &kind));
+    OP_REQUIRES_OK(c, c->GetAttr("has_weights", &attrs_.has_weights));
+    OP_REQUIRES_OK(c, c->GetAttr("table_rows", &table_rows_));
+    OP_REQUIRES_OK(c, c->GetAttr("prune_weights", &prune_weights_));
+    OP_REQUIRES_OK(c, c->GetAttr("fill_id", &fill_id_));
+    attrs_.segments_are_splits = kind == "row_splits";
+  }
+
+  void Compute(tensorflow::OpKernelContext* ctx) override {
+    LookupInputs in{};
+    OP_REQUIRES_OK(ctx, ValidateBagInputs(ctx, 0, attrs_, &in));
+    Tensor offsets;
+    OP_REQUIRES_OK(ctx, BuildOffsets<TSeg>(ctx, attrs_, in, &offsets));
+    const int64_t n = in.nnz();
+    const int64_t* ids = in.ids->flat<int64_t>().data();
+    const float* weights = in.weights != nullptr && prune_weights_ ? in.weights->flat<float>().data() : nullptr;
+    auto kept = [&](int64_t e) {
+      return ids[e] >= 0 && ids[e] < table_rows_ && (weights == nullptr || weights[e] > 0.f);
+    };
+    Tensor* idx = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, {n}, &idx));
+    ctr::FirstAppearance slots(n + 1);
+    const int64_t fill_slot = ctr::NumberKeptEntries(ids, offsets.flat<int64_t>().data(), offsets.NumElements() - 1,
+                                                     kept, fill_id_, &slots, idx->flat<int64_t>().data());
+    const std::vector<int64_t>& unique = slots.rows();
+    Tensor *out = nullptr, *fill = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, {static_cast<int64_t>(unique.size())}, &out));
+    std::copy(unique.begin(), unique.end(), out->flat<int64_t>().data());
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, {}, &fill));
+    fill->scalar<int64_t>()() = fill_slot;
+  }
+
+ private:
+  LookupAttrs attrs_;
+  int64_t table_rows_ = 0;
+  bool prune_weights_ = false;
+  int64_t fill_id_ = -1;
+};
+
+REGISTER_KERNEL_BUILDER(Name("CtrUniqueKept").Device(tensorflow::DEVICE_CPU).TypeConstraint<int32_t>("Tseg"),
+                        UniqueKeptOp<int32_t>);
+REGISTER_KERNEL_BUILDER(Name("CtrUniqueKept").Device(tensorflow::DEVICE_CPU).TypeConstraint<int64_t>("Tseg"),
+                        UniqueKeptOp<int64_t>);
+
 }  // namespace tf_ctr

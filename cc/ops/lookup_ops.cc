@@ -211,6 +211,41 @@ segment_kind: as in CtrEmbeddingLookup; num_rows is the bag count of row ids.
 has_weights: whether `weights` must hold one value per id.
 )doc");
 
+REGISTER_OP("CtrUniqueKept")
+    .Input("ids: int64")
+    .Input("segments: Tseg")
+    .Input("num_rows: int64")
+    .Input("weights: float")
+    .Output("unique: int64")
+    .Output("idx: int64")
+    .Output("fill_idx: int64")
+    .Attr("Tseg: {int32, int64}")
+    .Attr("segment_kind: {'row_splits', 'row_ids'}")
+    .Attr("has_weights: bool = false")
+    .Attr("table_rows: int >= 0")
+    .Attr("prune_weights: bool = false")
+    .Attr("fill_id: int = -1")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle ids;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &ids));
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, ids);
+      c->set_output(2, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The ids a lookup of a table in shards gathers, de-duplicated in the order
+TF's lookups list them (its Unique's order: first appearance). An entry is
+kept when its id is in [0, table_rows) and, with prune_weights, its weight is
+> 0; `unique` lists the kept ids and idx[e] is the index of entry e in it, or
+-1 where it is not kept. With fill_id >= 0, the id TF's safe lookup puts in
+an empty bag (sparse_fill_empty_rows) is listed where the first bag with no
+kept entry begins, and fill_idx is its index, or -1 where no bag is empty.
+The bag inputs and their checks are CtrCheckBags'. CPU only: TF's Unique,
+the masks and the fill's placement around it took longer than the fused
+lookup (cc/core/first_appearance.h).
+)doc");
+
 #undef CTR_LOOKUP_GRAD_SIGNATURE
 #undef CTR_LOOKUP_SIGNATURE
 #undef CTR_LOOKUP_ATTRS

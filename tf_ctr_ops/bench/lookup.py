@@ -3,7 +3,9 @@
 lookup: tco.embedding_lookup_sparse vs tf.nn.embedding_lookup_sparse on a SparseTensor;
 hash:   tco.hash_embedding vs as_string + to_hash_bucket_fast + tf.nn.embedding_lookup_sparse;
 ragged: tco.sparse_embedding vs tf.nn.embedding_lookup_sparse on a RaggedTensor;
-grad:   the first case's forward + params gradient, with TF's unique gradient indices and without.
+grad:   the first case's forward + params gradient, with TF's unique gradient indices and without;
+sharded: tco.safe_embedding_lookup_sparse vs tf.nn's on the table in SHARDS "div" shards (a list of
+        Variables, as a PartitionedVariable or a ShardedVariable gives them), each gathered on its own.
 
 Each against the faster of tf.nn's two native paths (see NATIVE_PATHS), and
 the core (tf_ctr_ops._core) on the same NumPy data; at the headline shape, also
@@ -48,6 +50,7 @@ class LookupCase:
 # dense over the table); without, it may take the Unique + Gather path. Every
 # case is timed against both and compared with the faster.
 NATIVE_PATHS = {"native_unique": "allow_fast_lookup=False", "native_fast": "allow_fast_lookup=True"}
+SHARDS = 4
 
 
 def _grad_digest(grad, buckets=1024):
@@ -59,7 +62,7 @@ def _grad_digest(grad, buckets=1024):
     return tf.math.unsorted_segment_sum(rows, tf.math.floormod(grad.indices, buckets), buckets)
 
 
-def _lookup_graphs(cfg, fused_table, native_table, tensor_table, vocab):
+def _lookup_graphs(cfg, fused_table, native_table, tensor_table, vocab, shards):
     """The cases of the lookup suite, their graphs built over the given tables."""
     import tensorflow as tf
 
@@ -86,6 +89,10 @@ def _lookup_graphs(cfg, fused_table, native_table, tensor_table, vocab):
     def native_sparse(table):
         return lambda sp, fast: tf.nn.embedding_lookup_sparse(table, sp, None, combiner="mean",
                                                                 allow_fast_lookup=fast)
+
+    def native_safe(tables):
+        return lambda sp, fast: tf.nn.safe_embedding_lookup_sparse(tables, sp, None, combiner="mean",
+                                                                     allow_fast_lookup=fast)
 
     def native_hash(sp, fast):
         buckets = tf.strings.to_hash_bucket_fast(tf.strings.as_string(sp.values), V)
@@ -127,6 +134,12 @@ def _lookup_graphs(cfg, fused_table, native_table, tensor_table, vocab):
                    "tco.embedding_lookup_sparse + gradient (unique indices, as TF's)",
                    "tf.nn.embedding_lookup_sparse + gradient", None,
                    extra={"fused_per_id": graph(with_grad(fused_per_id, fused_table), sparse_spec)}),
+        LookupCase("sharded", "sparse",
+                   graph(lambda sp: tco.safe_embedding_lookup_sparse(shards[0], sp, None, combiner="mean"),
+                         sparse_spec),
+                   natives(native_safe(shards[1]), sparse_spec),
+                   f"tco.safe_embedding_lookup_sparse ({SHARDS} shards)",
+                   f"tf.nn.safe_embedding_lookup_sparse ({SHARDS} shards)", None),
     ]
 
 
@@ -162,7 +175,7 @@ def lookup_suite(cfg):
         with_headline = any(s.headline for s in group)
         # numpy + fused + native (+ a Tensor table and a copy-on-read Variable at the headline)
         table_bytes = V * D * 4
-        need = table_bytes * host_table_copies(cfg, 1, 4 if with_headline else 2)
+        need = table_bytes * host_table_copies(cfg, 1, 6 if with_headline else 4)
         reason = memory_shortfall(need)
         if reason:
             skipped += skip_table_group("lookup", group, reason)
@@ -172,9 +185,12 @@ def lookup_suite(cfg):
         # The copy-on-read cost twin_tables avoids is measured on its own below
         # (copy_on_read). A plain Tensor table shows TF's best native path.
         fused_table, native_table = twin_tables(cfg, params)
+        # "div" shards: the first V % SHARDS hold one row more, as TF splits a table. Lists: TF
+        # reads a tuple as one table.
+        shards = [list(side) for side in zip(*(twin_tables(cfg, part) for part in np.array_split(params, SHARDS)))]
         with tf.device(cfg.device):
             tensor_table = tf.constant(params) if with_headline else None
-        graphs = _lookup_graphs(cfg, fused_table, native_table, tensor_table, V)
+        graphs = _lookup_graphs(cfg, fused_table, native_table, tensor_table, V, shards)
         print(f"table V={si(V)} D={D}: {table_bytes / 2**20:.0f} MiB float32 (tf.Variable), "
               f"setup {time.perf_counter() - t0:.1f}s")
         for shape in group:
@@ -185,7 +201,7 @@ def lookup_suite(cfg):
                 ref = next(c for c in new if c["series"] == "lookup")
                 copy_on_read = copy_on_read_probe(cfg, params, graphs[0].fused, sp, ref, copy["best_GBps"])
             progress(f"lookup {shape.label()} {shape.dist}")
-        del fused_table, native_table, tensor_table, graphs, params
+        del fused_table, native_table, tensor_table, graphs, params, shards
         gc.collect()
 
     result = {"suite": "lookup", "config": dataclasses.asdict(cfg), "copy_bandwidth": copy,
