@@ -149,6 +149,8 @@ def test_bad_layer_arguments():
         StringEmbedding(10, 2, id_mode="parse")
     with pytest.raises(ValueError, match="one per feature"):
         MultiStringEmbedding([10, 20], [2, 2, 2])
+    with pytest.raises(TypeError, match="`num_buckets` must be a list with one table size per feature, got int 10"):
+        MultiStringEmbedding(10, 4)
 
 
 @pytest.mark.parametrize("make", [lambda **kw: StringEmbedding(10, 4, **kw),

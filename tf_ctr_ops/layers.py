@@ -545,6 +545,10 @@ class MultiStringEmbedding(_FusedOpLayer):
                  skip_empty=True, embeddings_initializer="uniform", max_norm=None, concat=False, **kwargs):
         super().__init__(**kwargs)
         _check_string_table_dtype(self)
+        if not isinstance(num_buckets, (list, tuple)):
+            # The feature count comes from it: one value cannot stand for all.
+            raise TypeError(f"`num_buckets` must be a list with one table size per feature, got "
+                            f"{type(num_buckets).__name__} {num_buckets!r}")
         self.num_buckets = [_check_positive_int(v, "num_buckets") for v in num_buckets]
         n = len(self.num_buckets)
         if n == 0:
