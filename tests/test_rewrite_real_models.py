@@ -633,6 +633,23 @@ def test_a_partition_count_is_no_id_bound():
     assert _model_inputs._named_bound("id 7 in row 2 is out of range [0, 5)") == 5
 
 
+def test_a_bound_a_shard_names_is_searched_past():
+    """A partitioned table's shard names its own rows when it refuses an id
+    (id 333 of 3 "mod" shards of 11 rows: "indices[0] = 111 is not in
+    [0, 4)"): ids below 4 would leave rows 4 to 10 of the table the rewrite
+    merges uncompared."""
+    from tf_ctr_ops import _model_inputs
+
+    tries = []
+
+    def run(high):
+        tries.append(high)
+        return None if high <= 11 else f"indices[0] = {(high - 1) // 3} is not in [0, 4)"
+
+    assert _model_inputs._widest_ids(lambda high: high, run) == (11, 11)
+    assert tries == [1000, 4, 5, 10, 20, 15, 12, 11], tries
+
+
 def test_synthesized_inputs_do_not_depend_on_the_order_the_signature_lists_them():
     # A loaded signature lists its inputs in another order in every process:
     # the same model and seed must get the same inputs (and the same search).
@@ -684,8 +701,9 @@ def test_plain_int_ids_are_widened_to_what_the_original_accepts(limit, expected_
     flat = ids.ravel()
     assert flat.max() == expected_high - 1 and flat.min() >= 0 and np.all(np.diff(flat) >= 0), flat
     assert len(set(flat.tolist())) < flat.size, "repeated ids, as real bags hold"
-    # [0, 2), 1000, then 57; or 100, 10 and the halvings 55, 32, 21, 26, 29, 30, 31
-    assert len(tries) == (3 if limit == "gather" else 11), len(tries)
+    # [0, 2), 1000, 57, then 58 (refused: the table's own bound); or 100, 10
+    # and the halvings 55, 32, 21, 26, 29, 30, 31
+    assert len(tries) == (4 if limit == "gather" else 11), len(tries)
 
 
 def test_example_int_features_are_widened_to_the_table(tmp_path):

@@ -28,8 +28,9 @@ vocabulary chose them) are widened: ids 0 and 1 leave untested whatever only
 larger ids reach (rows past the first two, a hash or a modulo of the id,
 one-hot depths). The widest range the original accepts is kept, trying 1000,
 100 and 10, and first any bound the original names when it refuses one
-("indices[3] = 999 is not in [0, 57)"); below a range refused without a
-bound, halving finds the widest accepted one. Then one string of each plain
+("indices[3] = 999 is not in [0, 57)"), then one id past it (a partitioned
+table's shard names its own rows: the whole table is wider); below a range
+refused without a bound, halving finds the widest accepted one. Then one string of each plain
 string input becomes empty (an empty bag, where TF's splits differ most:
 `tf.compat.v1.string_split` gives it no token, `tf.strings.split` one), if
 the original accepts that too.
@@ -541,19 +542,39 @@ _BISECT_TRIES = 8
 def _widest_ids(build, run):
     """(inputs, high) for the widest id range `high` whose `build(high)` the
     original accepts, or (None, None) when it accepts none of them."""
-    ladder, refused = list(_ID_RANGES), None
+    ladder, refused, named = list(_ID_RANGES), None, {}
     while ladder:
         high = ladder.pop(0)
         trial = build(high)
         error = run(trial)
         if error is None:
+            if high in named:
+                return _past_named_bound(build, run, trial, high, named[high])
             return _bisect_ids(build, run, trial, high, refused)
         bound = _named_bound(error)
         if bound is not None and 2 < bound < high:
             ladder = [bound] + [r for r in ladder if r < bound]
+            named[bound] = high
         else:
             refused = high  # a refusal naming no bound (an assert of the ids' range, say)
     return None, None
+
+
+def _past_named_bound(build, run, trial, bound, refused):
+    """The bound an error named may be one part's: a partitioned table's
+    shard names its own rows (`indices[0] = 111 is not in [0, 4)` for id 333
+    of 3 "mod" shards of 11 rows), and the merged table a rewrite makes must
+    be compared on all of them. One more id tells: a table's own bound
+    refuses it. Past a shard's, the range doubles (a table is a few shards)
+    up to the one refused, then halving finds the widest accepted."""
+    low, high = bound, bound + 1
+    while high < refused:
+        candidate = build(high)
+        if run(candidate) is not None:
+            refused = high
+            break
+        low, trial, high = high, candidate, 2 * high
+    return _bisect_ids(build, run, trial, low, refused)
 
 
 def _bisect_ids(build, run, trial, high, refused):
