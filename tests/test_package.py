@@ -2,11 +2,14 @@
 
 import importlib.metadata
 import re
+import subprocess
+import sys
 
 import pytest
 import tensorflow as tf
 
 import tf_ctr_ops
+from conftest import fresh_process_env
 from tf_ctr_ops import _build_info, _loader
 
 
@@ -35,3 +38,14 @@ def test_public_api_is_exported():
         assert callable(getattr(tf_ctr_ops, name))
     assert {"SparseEmbedding", "HashEmbedding", "StringEmbedding", "MultiStringEmbedding"} <= set(
         tf_ctr_ops.layers.__all__)
+
+
+def test_rewrite_is_reached_from_a_bare_import(tmp_path):
+    # `import tf_ctr_ops; tf_ctr_ops.rewrite.enable()`, in a process that
+    # imported nothing else of the package; unknown names stay errors.
+    code = ("import sys, tf_ctr_ops; assert 'tf_ctr_ops.rewrite' not in sys.modules; "
+            "print(callable(tf_ctr_ops.rewrite.enable)); tf_ctr_ops.no_such_name")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env=fresh_process_env(), timeout=300)
+    assert proc.stdout.strip() == "True", proc.stderr[-2000:]
+    assert "AttributeError: module 'tf_ctr_ops' has no attribute 'no_such_name'" in proc.stderr, proc.stderr[-2000:]

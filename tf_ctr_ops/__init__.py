@@ -51,3 +51,13 @@ __all__ = [
     "hash_table_embedding",
     "multi_hash_table_embedding",
 ]
+
+
+def __getattr__(name):
+    # `tf_ctr_ops.rewrite.enable()` after a bare `import tf_ctr_ops`, as
+    # users spell it; imported on first use (it loads Grappler's bindings).
+    if name == "rewrite":
+        import importlib
+
+        return importlib.import_module("tf_ctr_ops.rewrite")
+    raise AttributeError(f"module 'tf_ctr_ops' has no attribute {name!r}")
