@@ -826,10 +826,12 @@ def test_unique_kept_lists_the_ids_as_tf_lookups_do(rng, kind, weighted, fill, n
     want = _unique_kept_reference(ids, bag_of, num_bags, weights, table_rows, fill)
     segments = bag_of if kind == "row_ids" else np.searchsorted(bag_of, np.arange(num_bags + 1))
     bags = tco_ops._Bags(None, tf.constant(segments, tf.int64), num_bags if kind == "row_ids" else -1, kind)
-    got = tco_ops._unique_kept(tf.constant(ids), None if weights is None else tf.constant(weights), bags,
-                               table_rows=table_rows, prune_weights=weighted, fill=fill)
-    for g, w in zip(got, want):
-        np.testing.assert_array_equal(np.asarray(g), w)
+    for base in (0, 1):  # 1: the pooling reads the fill's row before the gathered ones
+        got = tco_ops._unique_kept(tf.constant(ids), None if weights is None else tf.constant(weights), bags,
+                                   table_rows=table_rows, prune_weights=weighted, fill=fill, idx_base=base)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], np.where(want[1] >= 0, want[1] + base, -1))
+        assert int(got[2]) == want[2]
 
 
 def test_unique_kept_checks_its_bags():

@@ -385,17 +385,18 @@ def _gather_on_shard(shard, local_ids):
         return tf.gather(shard, local_ids)
 
 
-def _unique_kept(ids, weights, bags, *, table_rows, prune_weights, fill):
+def _unique_kept(ids, weights, bags, *, table_rows, prune_weights, fill, idx_base=0):
     """The ids a lookup of a table in shards gathers, as TF's lookups list
     them (CtrUniqueKept): (unique ids, the index of each entry into them or
     -1 where it is left out, the index of the `fill` id, listed at the first
-    empty bag as TF's safe lookup lists it, or -1 where no bag is empty)."""
+    empty bag as TF's safe lookup lists it, or -1 where no bag is empty).
+    `idx_base` is added to the entries' indices that are not -1."""
     weights, has_weights = _op_weights(weights)
     return _ops.ctr_unique_kept(ids=ids, segments=_op_segments(bags.segments),
                                 num_rows=tf.cast(bags.num_rows, tf.int64), weights=weights, segment_kind=bags.kind,
                                 has_weights=has_weights, table_rows=table_rows,
                                 prune_weights=bool(prune_weights) and has_weights,
-                                fill_id=-1 if fill is None else fill)
+                                fill_id=-1 if fill is None else fill, idx_base=idx_base)
 
 
 def after_check(out, check):
@@ -455,7 +456,8 @@ def _sharded_lookup(shards, bags, *, strategy="div", dtype=None, default_id=None
         # failed first).
         unique, local_ids, fill_idx = _unique_kept(ids, weights, bags, table_rows=total,
                                                    prune_weights=attrs.get("prune_weights"),
-                                                   fill=int(fill) if filled else None)
+                                                   fill=int(fill) if filled else None,
+                                                   idx_base=1 if filled else 0)  # row 0: the fill's
         shard, local = _place_ids(unique, sizes, strategy)
         positions = tf.dynamic_partition(tf.range(tf.size(unique)), shard, len(shards))
         locals_ = tf.dynamic_partition(local, shard, len(shards))
@@ -464,7 +466,6 @@ def _sharded_lookup(shards, bags, *, strategy="div", dtype=None, default_id=None
             fill_row = tf.cond(fill_idx >= 0, lambda: tf.gather(rows, fill_idx[None]),
                                lambda: tf.zeros(tf.concat([[1], tf.shape(rows)[1:]], 0), rows.dtype))
             rows = tf.concat([fill_row, rows], 0)
-            local_ids = tf.where(local_ids >= 0, local_ids + 1, local_ids)
     # Every error is the check's, which names the id and the range of the
     # whole table: the pooling skips what the check let it skip (-1), and
     # reads the fill at row 0 or nothing.

@@ -289,6 +289,7 @@ class UniqueKeptOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("table_rows", &table_rows_));
     OP_REQUIRES_OK(c, c->GetAttr("prune_weights", &prune_weights_));
     OP_REQUIRES_OK(c, c->GetAttr("fill_id", &fill_id_));
+    OP_REQUIRES_OK(c, c->GetAttr("idx_base", &idx_base_));
     attrs_.segments_are_splits = kind == "row_splits";
   }
 
@@ -308,6 +309,10 @@ class UniqueKeptOp : public tensorflow::OpKernel {
     ctr::FirstAppearance slots(n + 1);
     const int64_t fill_slot = ctr::NumberKeptEntries(ids, offsets.flat<int64_t>().data(), offsets.NumElements() - 1,
                                                      kept, fill_id_, &slots, idx->flat<int64_t>().data());
+    if (idx_base_ != 0) {
+      int64_t* idx_flat = idx->flat<int64_t>().data();
+      for (int64_t e = 0; e < n; ++e) idx_flat[e] += idx_flat[e] >= 0 ? idx_base_ : 0;
+    }
     const std::vector<int64_t>& unique = slots.rows();
     Tensor *out = nullptr, *fill = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, {static_cast<int64_t>(unique.size())}, &out));
@@ -321,11 +326,31 @@ class UniqueKeptOp : public tensorflow::OpKernel {
   int64_t table_rows_ = 0;
   bool prune_weights_ = false;
   int64_t fill_id_ = -1;
+  int64_t idx_base_ = 0;
 };
 
 REGISTER_KERNEL_BUILDER(Name("CtrUniqueKept").Device(tensorflow::DEVICE_CPU).TypeConstraint<int32_t>("Tseg"),
                         UniqueKeptOp<int32_t>);
 REGISTER_KERNEL_BUILDER(Name("CtrUniqueKept").Device(tensorflow::DEVICE_CPU).TypeConstraint<int64_t>("Tseg"),
                         UniqueKeptOp<int64_t>);
+#ifdef CTR_WITH_CUDA
+// Host work by nature (a serial hash map): on a GPU device it runs on host
+// memory, so a graph pinned to a GPU without soft placement still places it.
+#define REGISTER_UNIQUE_KEPT_GPU(TSeg)                                                                     \
+  REGISTER_KERNEL_BUILDER(Name("CtrUniqueKept")                                                          \
+                              .Device(tensorflow::DEVICE_GPU)                                            \
+                              .TypeConstraint<TSeg>("Tseg")                                              \
+                              .HostMemory("ids")                                                         \
+                              .HostMemory("segments")                                                    \
+                              .HostMemory("num_rows")                                                    \
+                              .HostMemory("weights")                                                     \
+                              .HostMemory("unique")                                                      \
+                              .HostMemory("idx")                                                         \
+                              .HostMemory("fill_idx"),                                                   \
+                          UniqueKeptOp<TSeg>);
+REGISTER_UNIQUE_KEPT_GPU(int32_t)
+REGISTER_UNIQUE_KEPT_GPU(int64_t)
+#undef REGISTER_UNIQUE_KEPT_GPU
+#endif
 
 }  // namespace tf_ctr

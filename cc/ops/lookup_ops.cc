@@ -225,6 +225,7 @@ REGISTER_OP("CtrUniqueKept")
     .Attr("table_rows: int >= 0")
     .Attr("prune_weights: bool = false")
     .Attr("fill_id: int = -1")
+    .Attr("idx_base: int = 0")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle ids;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &ids));
@@ -241,6 +242,8 @@ kept when its id is in [0, table_rows) and, with prune_weights, its weight is
 -1 where it is not kept. With fill_id >= 0, the id TF's safe lookup puts in
 an empty bag (sparse_fill_empty_rows) is listed where the first bag with no
 kept entry begins, and fill_idx is its index, or -1 where no bag is empty.
+idx_base is added to idx where it is not -1 (1: the rows gathered for
+`unique` follow a row of the fill, as the pooling op reads them).
 The bag inputs and their checks are CtrCheckBags'. CPU only: TF's Unique,
 the masks and the fill's placement around it took longer than the fused
 lookup (cc/core/first_appearance.h).
