@@ -545,6 +545,45 @@ def test_inputs_file_arrays_must_fit_the_signature(tmp_path, arrays, error):
         _model_inputs.load_inputs_file(tmp_path / "in.npz", {"serving_default": fn})
 
 
+@pytest.mark.parametrize("content, error", [
+    (b"", r"holds no records$"),
+    (b"x\n1|2\n3\n", r"is neither an .npz nor a TFRecord file \(no whole record in its 8 bytes\)$"),
+    (b"x,y\n1|2,3\n4|5|6,7\n8,9\n10,11\n",
+     r"is neither an .npz nor a readable TFRecord file: DataLossError: corrupted record at 0 \(Is this even a "
+     r"TFRecord file\?\)$"),
+])
+def test_an_inputs_file_that_is_no_npz_nor_tfrecord_says_so(tmp_path, content, error):
+    # One line, without TF's eager framing ("{{function_node ...}}", "[Op:...]").
+    from tf_ctr_ops import _model_inputs
+    (tmp_path / "in.csv").write_bytes(content)
+    with pytest.raises(_model_inputs.InputsError, match=error):
+        _model_inputs.load_inputs_file(tmp_path / "in.csv", {"serving_default": _ids_and_strings_signature(tmp_path)})
+
+
+def test_an_inputs_file_serves_a_subset_of_the_signatures(tmp_path):
+    # --signature serving_default with a file for both signatures: the other
+    # one's inputs, plain or SIGNATURE/INPUT, are no misspelt names.
+    from tf_ctr_ops import _model_inputs
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+    def by_keys(keys):
+        return {"y": keys + 1}
+
+    selected = {"serving_default": _ids_and_strings_signature(tmp_path)}
+    tf.saved_model.save(tf.Module(), str(tmp_path / "other"), signatures={"by_keys": by_keys})
+    unselected = {"by_keys": tf.saved_model.load(str(tmp_path / "other")).signatures["by_keys"]}
+    base = dict(ids=np.array([[1, 2]], np.int32), s=np.array(["a"]))
+    for name in ("keys", "by_keys/keys"):
+        np.savez(tmp_path / "in.npz", **base, **{name: np.array([3], np.int64)})
+        got = _model_inputs.load_inputs_file(tmp_path / "in.npz", selected, unselected)
+        assert set(got) == {"serving_default"} and set(got["serving_default"]) == {"ids", "s"}, got
+        with pytest.raises(_model_inputs.InputsError, match=rf"\['{name}'\] that no signature takes"):
+            _model_inputs.load_inputs_file(tmp_path / "in.npz", selected)
+    np.savez(tmp_path / "in.npz", **base, kyes=np.array([3], np.int64))
+    with pytest.raises(_model_inputs.InputsError, match=r"\['kyes'\] that no signature takes"):
+        _model_inputs.load_inputs_file(tmp_path / "in.npz", selected, unselected)
+
+
 @pytest.mark.saved_model
 def test_examples_that_lost_their_trailing_nul_in_an_npz_say_why_they_fail(tmp_path):
     # numpy's 'S' dtype strips trailing NUL bytes: a tf.Example whose last
@@ -562,6 +601,9 @@ def test_examples_that_lost_their_trailing_nul_in_an_npz_say_why_they_fail(tmp_p
     assert cli.returncode == 1 and "original model fails on the file inputs" in cli.stderr, cli.stderr
     assert "dtype='S' array in an .npz drops each string's trailing NUL bytes" in cli.stderr, cli.stderr
     assert not (tmp_path / "dst").exists()
+    # A failure that is no parse error (an id out of range) gets no such hint.
+    from tf_ctr_ops import _model_inputs
+    assert _model_inputs.nul_hint(tmp_path / "in.npz", "indices[0,2] = 5000 is not in [0, 1000)") == ""
 
 
 def test_inputs_file_kind_is_read_from_its_content_not_its_name(tmp_path):
@@ -910,6 +952,14 @@ def test_a_dst_that_holds_or_lies_in_src_is_refused_and_src_stays(tmp_path, wher
     with pytest.raises(ValueError, match="must differ|inside"):
         rewrite.optimize_saved_model(src, dst, runs=0)
     assert sorted(p.relative_to(src) for p in src.rglob("*")) == before
+
+
+def test_a_dst_under_a_file_is_refused_naming_the_file(tmp_path):
+    # It was "FileExistsError: [Errno 17] File exists: '.../afile'".
+    save_split_safe_lookup_model(str(tmp_path / "src"))
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ValueError, match=r"dst .*afile/sub/v1 cannot be made: .*afile is a file, not a folder"):
+        rewrite.optimize_saved_model(tmp_path / "src", tmp_path / "afile" / "sub" / "v1", runs=0)
 
 
 @pytest.mark.parametrize("damage", ["no_variables", "corrupt_proto"])

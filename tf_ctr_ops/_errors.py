@@ -1,8 +1,12 @@
 """One informative line from an exception, for reports and CLI errors."""
 
 import os
+import re
 
 _BOILERPLATE = ("Graph execution error", "Detected at node", "<stack traces", "[[", "Traceback", "File ")
+# An eager op's framing around its message: "{{function_node __wrapped__X}} "
+# before it, " [Op:X] name: " after it.
+_EAGER_FRAMING = re.compile(r"^\{\{function_node [^}]*\}\}\s*|\s*\[Op:[^\]]*\]( name:\s*\S*)?\s*$")
 
 
 def summary(e):
@@ -10,7 +14,7 @@ def summary(e):
     framing ("Graph execution error:", "Detected at node ...", node lists)."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     informative = [line for line in lines if not line.startswith(_BOILERPLATE)]
-    text = (informative or lines or [""])[0]
+    text = _EAGER_FRAMING.sub("", (informative or lines or [""])[0])
     return f"{type(e).__name__}: {text}"
 
 

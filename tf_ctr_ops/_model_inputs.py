@@ -44,6 +44,8 @@ import zipfile
 import numpy as np
 import tensorflow as tf
 
+from tf_ctr_ops import _errors
+
 BATCH = 4
 _PARSE_EXAMPLE_OPS = ("ParseExampleV2", "ParseExample", "ParseSingleExample")
 _TABLE_INIT_OPS = ("LookupTableImportV2", "InitializeTableV2")
@@ -58,12 +60,13 @@ class InputsError(ValueError):
 # Reading inputs from a file
 
 
-def load_inputs_file(path, signatures, unselected=()):
+def load_inputs_file(path, signatures, unselected=None):
     """{signature key: {input: array}} from `path`, for `signatures` ({key: concrete function}).
 
     An `.npz` holds arrays named by input (used by every signature that has
-    that input) or "SIGNATURE/INPUT" (those of `unselected` signatures are
-    ignored); strings as numpy str or bytes arrays. Any other file is read as a TFRecord file (plain or gzip) of
+    that input) or "SIGNATURE/INPUT"; the arrays of `unselected` signatures
+    ({key: concrete function}: those left out of this rewrite) are ignored,
+    so that one file serves any subset. Strings as numpy str or bytes arrays. Any other file is read as a TFRecord file (plain or gzip) of
     serialized `tf.Example`s,
     fed to each signature's one string input (a signature that parses
     examples).
@@ -99,9 +102,13 @@ _S_DROPS_NULS = ("drops each string's trailing NUL bytes: serialized tf.Examples
                  "sample_inputs as an object array")
 
 
-def nul_hint(path):
-    """A hint for a model failing on an inputs file: a bytes ('S') array of
-    an .npz may have lost trailing NUL bytes, which breaks serialized protos."""
+def nul_hint(path, error):
+    """A hint for a model failing on an inputs file with `error`: a bytes
+    ('S') array of an .npz may have lost trailing NUL bytes, which breaks
+    serialized protos. Only for a failure to parse: an id out of range has
+    nothing to do with it."""
+    if "pars" not in error.lower():
+        return ""
     try:
         with np.load(path, allow_pickle=False) as data:
             has_bytes = any(data[k].dtype.kind == "S" for k in data.files)
@@ -110,7 +117,7 @@ def nul_hint(path):
     return f"; note that a dtype='S' array in an .npz {_S_DROPS_NULS}" if has_bytes else ""
 
 
-def _inputs_from_npz(path, signatures, unselected=()):
+def _inputs_from_npz(path, signatures, unselected=None):
     try:
         data = np.load(path, allow_pickle=False)
     except (OSError, ValueError, zipfile.BadZipFile) as e:
@@ -142,8 +149,8 @@ def _inputs_from_npz(path, signatures, unselected=()):
             raise InputsError(f"inputs file {path} has no array for input(s) {missing} of signature {key!r} "
                               f"(name them INPUT or {key}/INPUT); it has {sorted(arrays)}")
         out[key] = given
-    # Arrays of signatures left out of this rewrite: one file serves any subset.
-    used |= {k for k in arrays if k.split("/", 1)[0] in set(unselected) and "/" in k}
+    for key, fn in (unselected or {}).items():  # left out of this rewrite: one file serves any subset
+        used |= {c for name in fn.structured_input_signature[1] for c in (f"{key}/{name}", name)}
     unused = sorted(set(arrays) - used)
     if unused:  # a misspelt name would otherwise go unnoticed
         inputs = sorted({f"{k}/{n}" for k, fn in signatures.items() for n in fn.structured_input_signature[1]})
@@ -179,9 +186,12 @@ def _inputs_from_tfrecord(path, signatures):
         records = _tfrecord_records(path)
     except tf.errors.OpError as e:
         raise InputsError(f"inputs file {path} is neither an .npz nor a readable TFRecord file: "
-                          f"{str(e).splitlines()[0]}") from None
+                          f"{_errors.summary(e)}") from None
     if not records:
-        raise InputsError(f"inputs file {path} holds no records")
+        size = os.path.getsize(path)
+        raise InputsError(f"inputs file {path} holds no records" if not size else
+                          f"inputs file {path} is neither an .npz nor a TFRecord file (no whole record in its "
+                          f"{size} bytes)")
     out = {}
     for key, fn in signatures.items():
         specs = fn.structured_input_signature[1]

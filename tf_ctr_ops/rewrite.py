@@ -929,7 +929,7 @@ def _all_empty(outputs):
 
 def _chosen_inputs(loaded, selected, facts, sample_inputs, inputs_file, seed):
     signatures = {k: loaded.signatures[k] for k in selected}
-    unselected = [k for k in loaded.signatures.keys() if k not in signatures]
+    unselected = {k: loaded.signatures[k] for k in loaded.signatures.keys() if k not in signatures}
     given = {k: ("file", v) for k, v in (_model_inputs.load_inputs_file(inputs_file, signatures, unselected).items()
                                          if inputs_file is not None else ())}
     given.update({k: ("given", v) for k, v in (sample_inputs or {}).items() if k in signatures})
@@ -941,9 +941,9 @@ def _chosen_inputs(loaded, selected, facts, sample_inputs, inputs_file, seed):
             try:
                 reference[key] = _outputs(fn, inputs[key])
             except Exception as e:  # noqa: BLE001 - the user's inputs are wrong
+                hint = _model_inputs.nul_hint(inputs_file, str(e)) if hows[key] == "file" else ""
                 raise RewriteError(f"signature {key!r}: the original model fails on the {hows[key]} inputs "
-                                   f"({_errors.summary(e)})"
-                                   f"{_model_inputs.nul_hint(inputs_file) if hows[key] == 'file' else ''}") from None
+                                   f"({_errors.summary(e)}){hint}") from None
             if _all_empty(reference[key]):
                 raise RewriteError(f"signature {key!r}: the original model's outputs on the {hows[key]} inputs are "
                                    f"{ALL_EMPTY}; pass inputs with at least one example")
@@ -1200,6 +1200,11 @@ def _check_apart(src, dst):
     if os.path.commonpath([a, b]) in (a, b):
         inner, outer = (a, b) if os.path.commonpath([a, b]) == b else (b, a)
         raise ValueError(f"dst and src must not lie inside one another: {inner} is inside {outer}")
+    folder = os.path.dirname(b)
+    while not os.path.exists(folder):  # the first folder that exists is where dst will be made
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise ValueError(f"dst {dst} cannot be made: {folder} is a file, not a folder")
     if os.path.isdir(dst) and os.listdir(dst) and not any(
             os.path.exists(os.path.join(dst, name)) for name in ("saved_model.pb", "saved_model.pbtxt")):
         raise ValueError(f"dst {dst} is a folder that holds no SavedModel: the rewrite would replace it and its "
