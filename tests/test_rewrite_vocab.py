@@ -18,34 +18,40 @@ WORDS = [f"w{i}" for i in range(30)]
 NUMBERS = [3, 5, 7, 11, 13]
 
 
-def export(path, num_oov, pooled=False):
+def export(path, num_oov, pooled=False, mask=False):
     """A StringLookup (num_oov OOV slots) + Embedding + Flatten, an
     IntegerLookup + Embedding, and, when pooled, a [B, 4] StringLookup +
-    Embedding + GlobalAveragePooling1D."""
+    Embedding + GlobalAveragePooling1D; with mask, each lookup has a
+    mask_token ("" and 0)."""
     import keras
 
     keras.utils.set_random_seed(1)
     word = keras.Input(shape=(1,), dtype="string", name="word")
     number = keras.Input(shape=(1,), dtype="int64", name="number")
     inputs, parts = [word, number], []
-    ids = keras.layers.StringLookup(vocabulary=WORDS, mask_token=None, num_oov_indices=num_oov)(word)
-    parts.append(keras.layers.Flatten()(keras.layers.Embedding(len(WORDS) + num_oov, 4)(ids)))
-    nums = keras.layers.IntegerLookup(vocabulary=NUMBERS, mask_token=None, num_oov_indices=num_oov)(number)
-    parts.append(keras.ops.squeeze(keras.layers.Embedding(len(NUMBERS) + num_oov, 4)(nums), axis=1))
+    extra = num_oov + mask
+
+    def strings():
+        return keras.layers.StringLookup(vocabulary=WORDS, mask_token="" if mask else None, num_oov_indices=num_oov)
+
+    parts.append(keras.layers.Flatten()(keras.layers.Embedding(len(WORDS) + extra, 4)(strings()(word))))
+    nums = keras.layers.IntegerLookup(vocabulary=NUMBERS, mask_token=0 if mask else None,
+                                      num_oov_indices=num_oov)(number)
+    parts.append(keras.ops.squeeze(keras.layers.Embedding(len(NUMBERS) + extra, 4)(nums), axis=1))
     if pooled:
         tags = keras.Input(shape=(4,), dtype="string", name="tags")
         inputs.append(tags)
-        tag_ids = keras.layers.StringLookup(vocabulary=WORDS, mask_token=None, num_oov_indices=num_oov)(tags)
-        parts.append(keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(len(WORDS) + num_oov, 4)(tag_ids)))
+        parts.append(keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(len(WORDS) + extra, 4)(
+            strings()(tags))))
     out = keras.layers.Dense(1)(keras.layers.Concatenate()(parts))
     keras.Model(inputs, out).export(path, verbose=False)
 
 
-def inputs(rng, batch, oov=False, pooled=False):
-    words = np.array(WORDS + (["never-seen"] if oov else []), object)
+def inputs(rng, batch, oov=False, pooled=False, mask=False):
+    words = np.array(WORDS + (["never-seen"] if oov else []) + ([""] if mask else []), object)
+    numbers = np.array(NUMBERS + ([99, -4] if oov else []) + ([0] if mask else []), np.int64)
     feeds = {"word": words[rng.integers(0, len(words), size=(batch, 1))],
-             "number": np.array(NUMBERS + ([99] if oov else []), np.int64)[rng.integers(0, len(NUMBERS) + oov,
-                                                                                       size=(batch, 1))]}
+             "number": numbers[rng.integers(0, len(numbers), size=(batch, 1))]}
     if pooled:
         feeds["tags"] = words[rng.integers(0, len(words), size=(batch, 4))]
     return feeds
@@ -62,31 +68,48 @@ def _signature(path):
     return lambda feeds: fn(**{k: tf.constant(v) for k, v in feeds.items()})["output_0"].numpy()
 
 
-def rewritten(tmp_path, num_oov, pooled=False, serving_device="cpu"):
+def rewritten(tmp_path, num_oov, pooled=False, serving_device="cpu", mask=False):
     src, dst = tmp_path / "src", tmp_path / "dst"
-    export(str(src), num_oov, pooled)
+    export(str(src), num_oov, pooled, mask)
     report = rewrite.optimize_saved_model(src, dst, runs=1, serving_device=serving_device)
     return src, dst, report.signatures["serving_default"]
 
 
 @pytest.mark.saved_model
-@pytest.mark.parametrize("num_oov", [0, 1, 2])
-def test_lookups_and_embeddings_fuse_and_serve_the_same(tmp_path, rng, num_oov):
-    src, dst, sig = rewritten(tmp_path, num_oov, pooled=True)
+@pytest.mark.parametrize("num_oov, mask", [(0, False), (1, False), (2, False), (0, True), (1, True), (3, True)])
+def test_lookups_and_embeddings_fuse_and_serve_the_same(tmp_path, rng, num_oov, mask):
+    # num_oov > 1 hashes the keys a table lacks into its slots
+    # (to_hash_bucket_fast of a string, floormod of an integer) and a
+    # mask_token gets id 0: the fused op does both, as Keras' Selects did.
+    src, dst, sig = rewritten(tmp_path, num_oov, pooled=True, mask=mask)
     fused = [m for m in sig.matches if m["fused_op"] == "CtrVocabEmbedding"]
-    if num_oov > 1:
-        # Keras hashes keys into its several OOV slots: not a plain table lookup.
-        assert not fused, sig.matches
-    else:
-        assert len(fused) == 3, sig.matches
-        replaced = " ".join(" ".join(m["replaced"]) for m in fused)
-        assert ("Assert" in replaced) == (num_oov == 0)
-        assert not any("LookupTableFindV2" in s["reason"] for s in sig.skips), sig.skips
+    assert len(fused) == 3, sig.matches
+    replaced = " ".join(" ".join(m["replaced"]) for m in fused)
+    assert ("Assert" in replaced) == (num_oov == 0)
+    assert ("FloorMod" in replaced and "StringToHashBucketFast" in replaced) == (num_oov > 1)
+    # Each Embedding's negative-index wrap is a SelectV2, and each rule one more.
+    assert replaced.count("(SelectV2)") == 3 * (1 + mask + (num_oov > 1)), replaced
+    assert not any("LookupTableFindV2" in s["reason"] or "StringToHashBucketFast" in s["reason"]
+                   for s in sig.skips), sig.skips
     assert sig.outputs_match
     native, fused = _signature(src), _signature(dst)
-    for batch in (0, 1, 17):  # the verification served it in a fresh process; here the tests' inputs
-        feeds = inputs(rng, batch, oov=num_oov > 0, pooled=True)
+    for batch in (0, 1, 17, 300):  # the verification served it in a fresh process; here the tests' inputs
+        feeds = inputs(rng, batch, oov=num_oov > 0, pooled=True, mask=mask)
         np.testing.assert_allclose(fused(feeds), native(feeds), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.saved_model
+def test_a_masked_lookup_without_oov_still_fails_on_a_missing_key(tmp_path, rng):
+    src, dst, sig = rewritten(tmp_path, num_oov=0, mask=True)
+    assert [m["fused_op"] for m in sig.matches].count("CtrVocabEmbedding") == 2, sig.matches
+    feeds = inputs(rng, 4, mask=True)
+    feeds["word"][:, 0] = ["", "w1", "", "never-seen"]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="never-seen"):
+        serve(src, feeds)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"key 'never-seen' in row 3 is not in the vocabulary"):
+        serve(dst, feeds)
+    feeds["word"][3, 0] = ""
+    np.testing.assert_allclose(serve(dst, feeds)["output_0"], serve(src, feeds)["output_0"], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.saved_model
@@ -437,6 +460,32 @@ def test_online_keras_lookups_fuse_after_grappler_reorders_the_check(rng, tmp_pa
     # the keys (through the find, Keras' index wrap and the gather), so the
     # Flatten goes and the concatenation is one op.
     assert [m["fused_op"] for m in report["match"]].count("CtrConcatVocabEmbedding") == 1, report
+
+
+@pytest.mark.skipif(not CPU_PLACED, reason="online graphs are placed on a GPU here; the fused find is CPU only")
+def test_online_keras_masks_and_oov_slots_fuse_after_grappler(rng, tmp_path):
+    # TF's own passes run first online (constant folding, canonicalization):
+    # the mask's and the slots' Selects must still be recognized, and the
+    # fused op must give Keras' ids, a masked key's and a hashed one's.
+    import keras
+
+    word, number = keras.Input((1,), dtype="string"), keras.Input((1,), dtype="int64")
+    ids = [keras.layers.StringLookup(vocabulary=WORDS, mask_token="", num_oov_indices=3)(word),
+           keras.layers.IntegerLookup(vocabulary=NUMBERS, mask_token=0, num_oov_indices=2)(number)]
+    sizes = [len(WORDS) + 4, len(NUMBERS) + 3]
+    model = keras.Model([word, number], keras.layers.Concatenate()(
+        [keras.layers.Flatten()(keras.layers.Embedding(n, 3)(i)) for n, i in zip(sizes, ids)]))
+    words = np.array(WORDS + ["", "zz", "never-seen", "w1 "], object)
+    numbers = np.array(NUMBERS + [0, -9, 99, 2**40], np.int64)
+    feeds = [tf.constant(words[rng.integers(0, len(words), (64, 1))]),
+             tf.constant(numbers[rng.integers(0, len(numbers), (64, 1))])]
+    report_file = str(tmp_path / "report.jsonl")
+    with rewrite.enable(report_file=report_file):
+        got = tf.function(lambda a, b: model([a, b]))(*feeds)
+    np.testing.assert_array_equal(got.numpy(), model(feeds).numpy())
+    report = rewrite.read_report(report_file)
+    assert [m["fused_op"] for m in report["match"]].count("CtrVocabEmbedding") == 2, report
+    assert not [s for s in report["skip"] if s["pattern"] == "vocab_lookup"], report["skip"]
 
 
 @pytest.mark.skipif(not CPU_PLACED, reason="online graphs are placed on a GPU here; the fused find is CPU only")

@@ -136,6 +136,91 @@ def test_in_a_tf_function_and_empty_batch(rng):
 
 
 # ---------------------------------------------------------------------------
+# Keras' mask_token and num_oov_indices > 1 rules, against the ops Keras runs
+# for them (keras/src/layers/preprocessing/index_lookup.py's _lookup_dense).
+
+def keras_rules_native(table, keys, params, mask_key, mask_id, oov_slots, oov_start):
+    ids = table.lookup(keys)
+    if mask_key is not None:
+        ids = tf.where(tf.equal(keys, mask_key), tf.constant(mask_id, tf.int64), ids)
+    if oov_slots:
+        slot = (tf.strings.to_hash_bucket_fast(keys, oov_slots) if keys.dtype == tf.string
+                else tf.math.floormod(keys, oov_slots))
+        ids = tf.where(tf.equal(ids, table.default_value), slot + oov_start, ids)
+    return tf.gather(params, ids)
+
+
+def keyed_case(rng, key_dtype, shape):
+    """A Keras-like table (mask 0, OOV slots from 1, the vocabulary from 4)
+    and keys with out-of-vocabulary ones, masks and, for integers, negatives."""
+    if key_dtype == tf.string:
+        table = string_table(default=1, values=np.arange(len(VOCAB)) + 4)
+        pool = np.array(VOCAB + ["", "not-a-word", "zz", "w3 "], object)
+    else:
+        init = tf.lookup.KeyValueTensorInitializer(tf.constant(np.arange(0, 400, 10), tf.int64),
+                                                   tf.range(4, 44, dtype=tf.int64))
+        table = tf.lookup.StaticHashTable(init, 1)
+        pool = np.concatenate([np.arange(0, 400, 10), [-1, -7, -13, 5, 401, 2**63 - 1, -(2**63)]]).astype(np.int64)
+    keys = pool[rng.integers(0, len(pool), size=shape)] if shape else pool[3]
+    return table, tf.constant(keys, key_dtype)
+
+
+@pytest.mark.parametrize("key_dtype", [tf.string, tf.int64])
+@pytest.mark.parametrize("mask", ["none", "outside", "in_vocabulary"])
+@pytest.mark.parametrize("oov_slots", [0, 1, 3])
+@pytest.mark.parametrize("shape", [(0,), (50,), (9, 4), ()])
+def test_keras_mask_and_oov_slots_match_keras_ops(rng, key_dtype, mask, oov_slots, shape):
+    table, keys = keyed_case(rng, key_dtype, shape)
+    mask_key = {"none": None, "outside": "" if key_dtype == tf.string else -7,
+                "in_vocabulary": "w3" if key_dtype == tf.string else 30}[mask]
+    params = tf.constant(rng.normal(size=(44, 3)), tf.float32)
+    args = dict(mask_key=mask_key, mask_id=0, oov_slots=oov_slots, oov_start=1)
+    got = tco.vocab_embedding(table, keys, params, **args)
+    np.testing.assert_array_equal(got, keras_rules_native(table, keys, params, **args))
+
+
+def test_keras_rules_gradient_is_indexed_slices_of_the_rows_read(rng):
+    table, keys = keyed_case(rng, tf.string, (40, 3))
+    var = tf.Variable(rng.normal(size=(44, 2)).astype(np.float32))
+    upstream = tf.constant(rng.normal(size=(40, 3, 2)), tf.float32)
+    args = dict(mask_key="", mask_id=0, oov_slots=3, oov_start=1)
+    grads = []
+    for fn in (tco.vocab_embedding, keras_rules_native):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(fn(table, keys, var, **args) * upstream)
+        grads.append(tape.gradient(loss, var))
+    assert isinstance(grads[0], tf.IndexedSlices)
+    np.testing.assert_allclose(tf.convert_to_tensor(grads[0]), tf.convert_to_tensor(grads[1]), rtol=1e-6, atol=1e-6)
+
+
+def test_keras_mask_then_missing_key_check(rng):
+    # mask_token with num_oov_indices=0: the mask key is no missing key, any
+    # other key the table lacks still is, named with its row.
+    table = string_table(default=-1, values=np.arange(len(VOCAB)) + 1)
+    params = tf.constant(rng.normal(size=(41, 2)), tf.float32)
+    keys = tf.constant([["w0", ""], ["", "w39"]])
+    got = tco.vocab_embedding(table, keys, params, missing_key="error", mask_key="")
+    np.testing.assert_array_equal(got, keras_rules_native(table, keys, params, "", 0, 0, 0))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"key 'zz' in row 1 is not in the vocabulary"):
+        tco.vocab_embedding(table, tf.constant([["w0", ""], ["", "zz"]]), params, missing_key="error", mask_key="")
+
+
+def test_keras_rules_arguments_are_checked():
+    with pytest.raises(TypeError, match="mask_key must be a scalar string key"):
+        tco.vocab_embedding(string_table(), tf.constant(["w1"]), tf.zeros([40, 2]), mask_key=0)
+    with pytest.raises(TypeError, match="mask_key must be a scalar int64 key"):
+        tco.vocab_embedding(int_table(), tf.constant([10], tf.int64), tf.zeros([40, 2]), mask_key=[10, 20])
+    with pytest.raises(ValueError, match="oov_slots must be >= 0"):
+        tco.vocab_embedding(string_table(), tf.constant(["w1"]), tf.zeros([40, 2]), oov_slots=-1)
+    # The op itself, as a graph gives it a mask of another shape.
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="must be rank 0|must be scalars"):
+        tco.vocab._ops.ctr_vocab_embedding(table_handle=int_table().resource_handle, keys=tf.constant([10], tf.int64),
+                                           default_value=tf.constant(-1, tf.int64), params=tf.zeros([40, 2]),
+                                           mask_keys=[tf.constant([10], tf.int64)],
+                                           mask_ids=[tf.constant(0, tf.int64)])
+
+
+# ---------------------------------------------------------------------------
 # The memo of an initialized table's finds (cc/core/vocab_memo.h): every call
 # after the first answers from it, so each test calls the op again and again.
 
@@ -145,7 +230,8 @@ _ops = tco.vocab._ops
 def raw_rows(table, keys, params, default):
     """The op's `rows` output, with the default value given per call."""
     _, rows = _ops.ctr_vocab_embedding(table_handle=table.resource_handle, keys=keys,
-                                       default_value=tf.constant(default, tf.int64), params=params)
+                                       default_value=tf.constant(default, tf.int64), params=params,
+                                       mask_keys=[], mask_ids=[])
     return rows.numpy()
 
 
@@ -341,7 +427,7 @@ def test_a_table_of_vector_values_is_an_error_not_a_heap_corruption():
     params = tf.random.normal([4, 3])
     calls = {
         "CtrVocabEmbedding": lambda: _ops.ctr_vocab_embedding(
-            table_handle=handle, keys=keys[:, 0], default_value=default, params=params),
+            table_handle=handle, keys=keys[:, 0], default_value=default, params=params, mask_keys=[], mask_ids=[]),
         "CtrVocabMultiHot": lambda: _ops.ctr_vocab_multi_hot(
             table_handle=handle, keys=keys, default_value=default, kernel=params),
         "CtrConcatVocabEmbedding": lambda: _ops.ctr_concat_vocab_embedding(
@@ -377,7 +463,7 @@ def test_a_default_of_one_value_per_key_is_an_error_not_an_abort(mutable):
     calls = [lambda: lookup(2)]
     if not mutable:
         calls += [
-            lambda: _ops.ctr_vocab_embedding(handle, keys, default, params),
+            lambda: _ops.ctr_vocab_embedding(handle, keys, default, params, [], []),
             lambda: lookup(0),
             lambda: _ops.ctr_vocab_multi_hot(handle, tf.reshape(keys, [1, 2]), tf.reshape(default, [1, 2]),
                                              tf.ones([5, 2])),
@@ -402,4 +488,4 @@ def test_a_table_of_vector_keys_is_an_error_not_an_abort():
     table.insert(tf.constant([[1, 2], [3, 4]], tf.int64), tf.constant([1, 2], tf.int64))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"keys must be scalars, got keys of shape \[2\]"):
         _ops.ctr_vocab_embedding(table.resource_handle, tf.constant([[1, 2], [3, 4], [9, 9]], tf.int64),
-                                 tf.constant(0, tf.int64), tf.ones([5, 2]))
+                                 tf.constant(0, tf.int64), tf.ones([5, 2]), [], [])

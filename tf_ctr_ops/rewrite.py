@@ -438,11 +438,12 @@ def _unfused_feature_records(graph_def):
     return records
 
 
-_MASKED_FIND = (", with a mask_token: its ids go through SelectV2(Equal(keys, mask), mask id, ids), which the "
-                "vocabulary ops do not take yet")
+_MASKED_FIND = (", with a mask_token: its ids go through SelectV2(Equal(keys, mask), mask id, ids), which only "
+                "the vocabulary embedding of an Embedding's gather takes, not a pooling, an encoding or a grouped "
+                "lookup")
 _OOV_SLOTS_FIND = (", with several out-of-vocabulary slots (num_oov_indices > 1): its missing keys are hashed into "
-                   "them by SelectV2(Equal(ids, -1), hash(keys) + offset, ids), which the vocabulary ops do not "
-                   "take yet")
+                   "them by SelectV2(Equal(ids, default), hash(keys) + offset, ids), which only the vocabulary "
+                   "embedding of an Embedding's gather takes, not a pooling, an encoding or a grouped lookup")
 _OOV_SLOTS_HASH = ", the out-of-vocabulary slot of a lookup with num_oov_indices > 1"
 
 
@@ -460,8 +461,8 @@ def _row_length_bincounts(nodes):
 
 
 def _keras_lookup_forms(nodes):
-    """{node name: what its report line adds} for the Keras lookup forms the
-    vocabulary ops do not take (of one graph or function), each a
+    """{node name: what its report line adds} for the Keras lookup forms that
+    only vocab_lookup takes (of one graph or function), each a
     SelectV2(Equal(...), x, found) over a LookupTableFindV2: a mask_token's
     (Equal(keys, mask): the find) and several OOV slots' (Equal(found, -1),
     x = hash(keys) + offset: the find and the hash)."""

@@ -16,7 +16,8 @@ _ops = load_op_library()
 MISSING_KEY = ("default", "error")
 
 
-def vocab_embedding(table, keys, params, missing_key="default", wrap_negative_ids=False, name=None):
+def vocab_embedding(table, keys, params, missing_key="default", wrap_negative_ids=False, mask_key=None, mask_id=0,
+                    oov_slots=0, oov_start=0, oov_id=None, name=None):
     """Rows of `params` for `keys`, found in a key -> row-id lookup table.
 
     Equal to `tf.gather(params, table.lookup(keys))`, in one op:
@@ -33,6 +34,18 @@ def vocab_embedding(table, keys, params, missing_key="default", wrap_negative_id
         `num_oov_indices=0` asserts that every key is in its vocabulary).
       wrap_negative_ids: a negative id i reads row V + i, as a Keras
         Embedding's gather does.
+      mask_key: None, or a scalar key of the table's key dtype whose id is
+        `mask_id` whatever the table says: a `StringLookup` /
+        `IntegerLookup`'s `mask_token`.
+      mask_id: the mask key's id.
+      oov_slots: with n > 0, a key whose id is `oov_id` (after the mask)
+        gets `oov_start` plus its slot among n:
+        `tf.strings.to_hash_bucket_fast(key, n)` of a string key,
+        `tf.math.floormod(key, n)` of an integer key, as a lookup layer with
+        `num_oov_indices=n > 1` hashes its out-of-vocabulary keys.
+      oov_start: the first slot's id.
+      oov_id: the id of a key out of the vocabulary; None: the table's
+        default value, which must then be a constant.
       name: the op's name.
 
     Returns:
@@ -41,10 +54,29 @@ def vocab_embedding(table, keys, params, missing_key="default", wrap_negative_id
       an InvalidArgument naming the key, the id and the row.
     """
     keys, default, missing_id = _find_args(table, keys, missing_key)
+    if int(oov_slots) < 0:
+        raise ValueError(f"oov_slots must be >= 0, got {oov_slots}")
+    if oov_id is None and oov_slots:
+        oov_id = tf.get_static_value(default)
+        if oov_id is None:
+            raise ValueError("oov_slots needs an oov_id, or a table whose default value is a constant")
+    masks = [] if mask_key is None else [_mask_key(mask_key, keys.dtype)]
+    mask_ids = [tf.constant(mask_id, tf.int64)] if masks else []
     out, _ = _ops.ctr_vocab_embedding(table_handle=table.resource_handle, keys=keys, default_value=default,
-                                      params=read_table(params), missing_key=missing_key, missing_id=missing_id,
-                                      wrap_negative_ids=bool(wrap_negative_ids), name=name)
+                                      params=read_table(params), mask_keys=masks, mask_ids=mask_ids,
+                                      missing_key=missing_key, missing_id=missing_id,
+                                      wrap_negative_ids=bool(wrap_negative_ids), oov_slots=int(oov_slots),
+                                      oov_start=int(oov_start), oov_id=-1 if oov_id is None else int(oov_id),
+                                      name=name)
     return out
+
+
+def _mask_key(key, key_dtype):
+    """A scalar mask key of the keys' dtype."""
+    key = tf.convert_to_tensor(key, dtype_hint=key_dtype)
+    if key.dtype != key_dtype or key.shape.rank != 0:
+        raise TypeError(f"mask_key must be a scalar {key_dtype.name} key like the table's, got {key!r}")
+    return key
 
 
 def vocab_multi_hot(table, keys, kernel, binary_output=True, missing_key="default", name=None):
@@ -214,7 +246,7 @@ def _vocab_embedding_grad(op, grad, _rows_grad):
     row_shape = tf.shape(params)[1:]
     values = tf.reshape(grad, tf.concat([[-1], row_shape], axis=0))
     params_grad = table_gradient(values, rows, dense_table_shape(params))
-    return [None, None, None, params_grad]
+    return [None, None, None, params_grad] + [None] * (2 * op.get_attr("num_masks"))
 
 
 @tf.RegisterGradient("CtrConcatVocabEmbedding")
@@ -234,7 +266,8 @@ def _concat_vocab_embedding_grad(op, grad):
     out = []
     for i in range(n):
         _, rows = _ops.ctr_vocab_embedding(table_handle=handles[i], keys=keys[i], default_value=defaults[i],
-                                           params=params[i][:, :0], missing_key=missing[i].decode(),
+                                           params=params[i][:, :0], mask_keys=[], mask_ids=[],
+                                           missing_key=missing[i].decode(),
                                            missing_id=missing_ids[i], wrap_negative_ids=wrap[i])
         values = grad[:, starts[i]:starts[i] + widths[i]]
         out.append(table_gradient(values, rows, dense_table_shape(params[i])))

@@ -141,6 +141,10 @@ class ConcatVocabPattern : public NamedPattern<kName> {
   }
 
   // Whether the concatenation may take `emb` over; `why` says why not (the first reason).
+  static bool HasKeyRules(const NodeDef& emb) {
+    return IntAttr(emb, "num_masks", 0) > 0 || IntAttr(emb, "oov_slots", 0) > 0;
+  }
+
   static bool Takes(RewriteContext* ctx, const NodeDef& concat, const NodeDef& emb,
                     const std::vector<const NodeDef*>& identities, const std::string& device, std::string* why) {
     const GraphIndex& g = ctx->index();
@@ -154,6 +158,8 @@ class ConcatVocabPattern : public NamedPattern<kName> {
     } else if (ctx->MustKeep(emb.name())) {
       // What waits on it (automatic control dependencies) waits on the fused op.
       reason = Describe(emb) + " is fetched or preserved";
+    } else if (HasKeyRules(emb)) {
+      reason = Describe(emb) + " has Keras' mask or out-of-vocabulary slots, which the grouped op does not take";
     } else if (TypeAttr(emb, "T") != TypeAttr(concat, "T")) {
       reason = Describe(emb) + " has another dtype";
     } else if (InputRank(ctx, emb, 1) != 1 || InputRank(ctx, emb, 3) != 2) {

@@ -3,6 +3,8 @@
 // table.lookup(keys)):
 //
 //   ids = LookupTableFindV2(table, keys, default)
+//   [Keras' mask_token and num_oov_indices > 1 rules, as vocab_find.h
+//    matches them (KerasKeyRules)]
 //   [num_oov_indices=0: Keras asserts that every key is in the vocabulary,
 //      w = Where(Equal(ids, m))
 //      Assert(Equal(Size(w), 0), [StringFormat(GatherNd(keys, w))])
@@ -10,9 +12,11 @@
 //   [Keras 3: SelectV2(Less(ids, 0), AddV2(ids, V), ids)]
 //   {ResourceGather | GatherV2}(params, ids)     [+ Keras' Flatten]
 //
-// becomes CtrVocabEmbedding(table, keys, default, params): the find, the
-// check (missing_key "error", missing_id m) and the wrap in one CPU op, with
-// Keras' Flatten absorbed as the hashed gather absorbs it. The Assert goes:
+// becomes CtrVocabEmbedding(table, keys, default, params [, mask key, mask
+// id]): the find, Keras' mask and OOV-slot rules (num_masks; oov_slots,
+// oov_id, oov_start), the check (missing_key "error", missing_id m) and the
+// wrap in one CPU op, with Keras' Flatten absorbed as the hashed gather
+// absorbs it. The Assert goes:
 // the fused op raises the error it raised (naming the first missing key and
 // its row), and what waited on the Assert waits on the fused op and on what
 // the Assert waited on, so no ordering the graph had is lost and the fused
@@ -22,6 +26,7 @@
 // only used when the graph is served on the CPU (a GPU server would copy the
 // whole embedding table to the host on every call).
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cc/grappler/keras_gather.h"
@@ -46,7 +51,8 @@ class VocabLookupPattern : public NamedPattern<kName> {
     if (!resource && !IsOp(&anchor, "GatherV2")) return false;
     const GraphIndex& g = ctx->index();
     VocabIds ids;
-    if (!TraceToFind(g, UnwrapNegativeIndexFix(g, g.Producer(anchor, 1), &ids.wrap), &ids)) return false;
+    if (!TraceToFind(g, UnwrapNegativeIndexFix(g, g.Producer(anchor, 1), &ids.wrap), &ids, /*keras_rules=*/true))
+      return false;
 
     // The subgraph has the right shape; now every condition for exactness.
     if (!ServedOnCpu(ctx, anchor))
@@ -64,6 +70,7 @@ class VocabLookupPattern : public NamedPattern<kName> {
     if (!MatchVocabWaits(g, &ids, &why) || !OnlyFeedsTheGather(ctx, ids, &why)) return Skip(ctx, anchor, why);
     for (const NodeDef* n : ids.check)
       if (ctx->FetchedOrFed(n->name())) return Skip(ctx, anchor, "the caller reads " + Describe(*n));
+    if (!MaskIsScalar(ctx, ids.rules)) return Skip(ctx, anchor, "the mask key or its id is not a scalar");
     // CtrVocabEmbedding refuses a table of vector keys when it runs.
     AssumeScalarKeyFinds scalar_keys;
     const int rank = ctx->Rank(*ids.find, 0);
@@ -91,6 +98,21 @@ class VocabLookupPattern : public NamedPattern<kName> {
     if (!IsOp(shape, "Shape")) return -1;
     const NodeDef* of = g.Producer(*shape, 0, &port);
     return of == nullptr ? -1 : ctx->Dim(*of, port, 0);
+  }
+
+  // Keras' mask key and id are scalars: an operand of another known rank
+  // would broadcast in the Equal or the Select.
+  static bool MaskIsScalar(RewriteContext* ctx, const KerasKeyRules& rules) {
+    if (rules.mask == nullptr) return true;
+    const GraphIndex& g = ctx->index();
+    for (const auto& [node, operand] : {std::make_pair(rules.mask_equal, rules.mask_key_operand),
+                                        std::make_pair(rules.mask, 1)}) {
+      int port = 0;
+      const NodeDef* producer = g.Producer(*node, operand, &port);
+      const int rank = producer == nullptr ? -2 : ctx->Rank(*producer, port);
+      if (rank != 0 && rank != -1) return false;
+    }
+    return true;
   }
 
   // Table values and defaults may be negative, so the wrap is exact only
@@ -127,7 +149,8 @@ class VocabLookupPattern : public NamedPattern<kName> {
     for (const NodeDef* n : ids.identities)
       if (!OnlyReadBy(ctx, *n, n == last ? index_readers : 1, why)) return false;
     const int check_readers = ids.assert_node != nullptr ? 1 : 0;
-    return OnlyReadBy(ctx, *ids.find, (ids.identities.empty() ? index_readers : 1) + check_readers, why);
+    return OnlyReadBy(ctx, IdsSource(ids), (ids.identities.empty() ? index_readers : 1) + check_readers, why) &&
+           KeyRulesFeedOnlyThemselves(ctx, ids, why);
   }
 
   void Replace(const NodeDef& anchor_in, const VocabIds& ids, bool resource, DataType T, const FlattenOfRows& flatten,
@@ -138,6 +161,7 @@ class VocabLookupPattern : public NamedPattern<kName> {
     MatchRecord record{kName, name, kFusedOp, {}};
     const bool checked = ids.assert_node != nullptr;
     const int64_t missing_id = ids.missing_id;
+    const KerasKeyRules rules = ids.rules;
     AbsorbVocabNodes(ctx, ids, name, {}, &record.replaced);
     record.replaced.push_back(Describe(anchor));
 
@@ -148,6 +172,10 @@ class VocabLookupPattern : public NamedPattern<kName> {
     // whatever the keys' rank: it takes the gather's place (rank passed as 1).
     NodeDef* fused = BecomeGatherOutput(ctx, anchor, kFusedOp, T, 1, flatten, &record);
     for (const std::string& in : {find.input(0), keys, find.input(2), params}) fused->add_input(in);
+    if (rules.mask != nullptr) {
+      fused->add_input(rules.mask_key);
+      fused->add_input(rules.mask_id);
+    }
     CopyControlInputs(find, fused);
     auto& attr = *fused->mutable_attr();
     attr["T"].set_type(T);
@@ -155,7 +183,16 @@ class VocabLookupPattern : public NamedPattern<kName> {
     attr["missing_key"].set_s(checked ? "error" : "default");
     attr["missing_id"].set_i(missing_id);
     attr["wrap_negative_ids"].set_b(!ids.wrap.empty());
+    SetKeyRuleAttrs(rules, fused);
     ctx->Matched(record);
+  }
+
+  static void SetKeyRuleAttrs(const KerasKeyRules& rules, NodeDef* fused) {
+    auto& attr = *fused->mutable_attr();
+    attr["num_masks"].set_i(rules.mask != nullptr ? 1 : 0);
+    attr["oov_slots"].set_i(rules.oov_slots);
+    attr["oov_id"].set_i(rules.oov_id);
+    attr["oov_start"].set_i(rules.oov_start);
   }
 };
 

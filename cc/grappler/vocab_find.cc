@@ -88,6 +88,77 @@ bool MatchOovBuckets(const GraphIndex& g, const NodeDef& select, VocabIds* ids, 
   return false;
 }
 
+// Whether operand `i` of `node` is the keys the find looks up.
+bool ReadsFindKeys(const GraphIndex& g, const NodeDef& node, int i, const NodeDef& find) {
+  return SameTensor(g, node, i, find, 1);
+}
+
+// Keras' mask rule: SelectV2(Equal(keys, mask), mask_id, find), the Equal's
+// operands in either order (the pattern checks that both are scalars).
+bool MatchMaskRule(const GraphIndex& g, const NodeDef& select, const NodeDef& find, KerasKeyRules* r) {
+  const NodeDef* equal = g.Producer(select, 0);
+  if (!IsOp(equal, "Equal") || g.Producer(select, 1) == nullptr) return false;
+  for (int k = 0; k < 2; ++k) {
+    if (!ReadsFindKeys(g, *equal, k, find) || g.Producer(*equal, 1 - k) == nullptr) continue;
+    r->mask_key = equal->input(1 - k);
+    r->mask_key_operand = 1 - k;
+    r->mask_id = select.input(1);
+    r->mask = &select;
+    r->mask_equal = equal;
+    r->nodes.push_back(&select);
+    r->nodes.push_back(equal);
+    return true;
+  }
+  return false;
+}
+
+// The slot of each key: StringToHashBucketFast(keys, n) or FloorMod(keys, n).
+bool MatchKeySlot(const GraphIndex& g, const NodeDef* slot, const NodeDef& find, int64_t* slots) {
+  if (IsOp(slot, "StringToHashBucketFast")) {
+    *slots = IntAttr(*slot, "num_buckets", 0);
+    return ReadsFindKeys(g, *slot, 0, find) && *slots > 0;
+  }
+  return IsOp(slot, "FloorMod") && ReadsFindKeys(g, *slot, 0, find) && ConstScalarInt(g.Producer(*slot, 1), slots) &&
+         *slots > 0;
+}
+
+// Keras' OOV-slot rule over `below` (the mask's Select, or the find):
+// SelectV2(Equal(below, oov_id), AddV2(slot(keys), start), below).
+bool MatchSlotRule(const GraphIndex& g, const NodeDef& select, const NodeDef& below, const NodeDef& find,
+                   KerasKeyRules* r) {
+  int port = -1;
+  const NodeDef* equal = g.Producer(select, 0);
+  const NodeDef* shifted = g.Producer(select, 1);
+  if (!IsOp(equal, "Equal") || !(IsOp(shifted, "AddV2") || IsOp(shifted, "Add"))) return false;
+  if (OperandBesideConstInt(g, *equal, &r->oov_id, &port) != &below || port != 0) return false;
+  const NodeDef* slot = OperandBesideConstInt(g, *shifted, &r->oov_start, &port);
+  if (slot == nullptr || port != 0 || !MatchKeySlot(g, slot, find, &r->oov_slots)) return false;
+  for (const NodeDef* n : {&select, equal, shifted, slot}) r->nodes.push_back(n);
+  return true;
+}
+
+// Keras' rules from `x` (a Select) up to the find, each reading the ids of
+// the one before as its third operand: the mask's next to the find, the
+// slots' after it.
+bool MatchKerasKeyRules(const GraphIndex& g, const NodeDef* x, VocabIds* ids) {
+  std::vector<const NodeDef*> selects;  // from the last rule up
+  int port = 0;
+  while (IsSelect(x) && selects.size() < 2 && port == 0) {
+    selects.push_back(x);
+    x = g.Producer(*x, 2, &port);
+  }
+  if (!IsOp(x, "LookupTableFindV2") || port != 0) return false;
+  KerasKeyRules r;
+  size_t left = selects.size();
+  if (MatchMaskRule(g, *selects[left - 1], *x, &r)) --left;
+  if (left == 1 && MatchSlotRule(g, *selects[0], selects.size() == 2 ? *selects[1] : *x, *x, &r)) --left;
+  if (left != 0) return false;
+  r.last = selects[0];
+  ids->find = x;
+  ids->rules = r;
+  return true;
+}
+
 }  // namespace
 
 bool MatchVocabCheck(const GraphIndex& g, const NodeDef& assert_node, const NodeDef& find, VocabIds* ids) {
@@ -101,7 +172,8 @@ bool MatchVocabCheck(const GraphIndex& g, const NodeDef& assert_node, const Node
   const NodeDef* where = g.Producer(*size, 0);
   if (!IsOp(where, "Where")) return false;
   const NodeDef* missing = g.Producer(*where, 0);
-  if (!IsOp(missing, "Equal") || OperandBesideConstInt(g, *missing, &ids->missing_id, &port) != &find || port != 0)
+  const NodeDef* source = ids->rules.last != nullptr ? ids->rules.last : &find;
+  if (!IsOp(missing, "Equal") || OperandBesideConstInt(g, *missing, &ids->missing_id, &port) != source || port != 0)
     return false;
   std::vector<const NodeDef*> nodes = {is_empty, size, where, missing};
   int formats = 0;
@@ -126,14 +198,29 @@ bool MatchVocabCheck(const GraphIndex& g, const NodeDef& assert_node, const Node
   return true;
 }
 
-bool TraceToFind(const GraphIndex& g, const NodeDef* x, VocabIds* ids) {
+bool TraceToFind(const GraphIndex& g, const NodeDef* x, VocabIds* ids, bool keras_rules) {
   while (IsOp(x, "Identity")) {
     ids->identities.push_back(x);
     x = g.Producer(*x, 0);
   }
+  if (keras_rules && IsSelect(x)) return MatchKerasKeyRules(g, x, ids);
   if (!IsOp(x, "LookupTableFindV2")) return false;
   ids->find = x;
   return true;
+}
+
+const NodeDef& IdsSource(const VocabIds& ids) { return ids.rules.last != nullptr ? *ids.rules.last : *ids.find; }
+
+bool KeyRulesFeedOnlyThemselves(RewriteContext* ctx, const VocabIds& ids, std::string* why) {
+  const KerasKeyRules& r = ids.rules;
+  if (r.last == nullptr) return true;
+  // The Select the slot rule reads (the mask's, or the find) is read by its
+  // Equal and its Select.
+  const NodeDef* under_slots = r.oov_slots > 0 ? (r.mask != nullptr ? r.mask : ids.find) : nullptr;
+  for (const NodeDef* n : r.nodes)
+    if (n != r.last && !OnlyReadBy(ctx, *n, n == under_slots ? 2 : 1, why)) return false;
+  if (under_slots == ids.find) return OnlyReadBy(ctx, *ids.find, 2, why);
+  return OnlyReadBy(ctx, *ids.find, 1, why);
 }
 
 bool MatchVocabWaits(const GraphIndex& g, VocabIds* ids, std::string* why) {
@@ -188,6 +275,7 @@ void AbsorbVocabNodes(RewriteContext* ctx, const VocabIds& ids, const std::strin
   std::vector<const NodeDef*> absorbed = ids.wrap;
   absorbed.insert(absorbed.end(), ids.identities.begin(), ids.identities.end());
   absorbed.insert(absorbed.end(), ids.check.begin(), ids.check.end());
+  absorbed.insert(absorbed.end(), ids.rules.nodes.begin(), ids.rules.nodes.end());
   if (ids.assert_node != nullptr) absorbed.push_back(ids.assert_node);
   absorbed.push_back(ids.find);
   std::vector<std::string> names = extra;
@@ -199,7 +287,11 @@ void AbsorbVocabNodes(RewriteContext* ctx, const VocabIds& ids, const std::strin
   }
   for (const NodeDef* n : ids.wrap)
     for (int i = 0; i < n->input_size(); ++i) RemoveIfDeadShapeMath(ctx, ctx->index().Producer(*n, i), fused, 4);
-  for (const NodeDef* n : ids.check)
+  // The mask's key and id stay: the fused op reads them.
+  std::vector<const NodeDef*> with_consts = ids.check;
+  for (const NodeDef* n : ids.rules.nodes)
+    if (n != ids.rules.mask && n != ids.rules.mask_equal) with_consts.push_back(n);
+  for (const NodeDef* n : with_consts)
     for (int i = 0; i < n->input_size(); ++i) {
       const NodeDef* input = ctx->index().Producer(*n, i);
       if (IsOp(input, "Const")) RemoveIfDeadShapeMath(ctx, input, fused, 1);

@@ -15,8 +15,31 @@
 namespace tf_ctr {
 namespace grappler {
 
+// Keras' rules between a find and its ids (StringLookup / IntegerLookup with
+// output_mode "int"), in the order Keras applies them:
+//   mask_token:           m = SelectV2(Equal(keys, mask), mask_id, find)
+//   num_oov_indices > 1:  SelectV2(Equal(m, oov_id), AddV2(slot(keys), start), m)
+// (oov_id is Keras' constant of the table's default, which a SavedModel's
+// function may take as a captured input)
+// with slot StringToHashBucketFast(keys, n) of string keys and
+// FloorMod(keys, n) of int64 keys.
+struct KerasKeyRules {
+  std::vector<const tensorflow::NodeDef*> nodes;  // the Selects, Equals, AddV2 and slot
+  const tensorflow::NodeDef* last = nullptr;      // the Select whose ids go on; null: no rules
+  const tensorflow::NodeDef* mask = nullptr;      // the mask's Select
+  const tensorflow::NodeDef* mask_equal = nullptr;
+  // The mask key and its id, as the Equal and the Select read them: tensors,
+  // since a SavedModel's function takes Keras' as captured inputs.
+  std::string mask_key, mask_id;
+  int mask_key_operand = 1;  // of the mask's Equal
+  int64_t oov_slots = 0;  // 0: no slot rule
+  int64_t oov_id = -1;    // the id the slot rule's Equal compares with
+  int64_t oov_start = 0;
+};
+
 struct VocabIds {
   const tensorflow::NodeDef* find = nullptr;
+  KerasKeyRules rules;
   std::vector<const tensorflow::NodeDef*> identities;  // between the find (or its wrap) and the reader
   std::vector<const tensorflow::NodeDef*> wrap;        // Keras' negative-index wrap: SelectV2, Less, AddV2
   const tensorflow::NodeDef* assert_node = nullptr;    // Keras' vocabulary check, when there is one
@@ -31,8 +54,18 @@ bool MatchVocabCheck(const GraphIndex& g, const tensorflow::NodeDef& assert_node
                      VocabIds* ids);
 
 // Follows Identities up from `x` (recording them in ids->identities) to a
-// LookupTableFindV2, which it records; false when there is none.
-bool TraceToFind(const GraphIndex& g, const tensorflow::NodeDef* x, VocabIds* ids);
+// LookupTableFindV2, which it records; false when there is none. With
+// keras_rules, Keras' mask and OOV-slot rules may sit between them (recorded
+// in ids->rules).
+bool TraceToFind(const GraphIndex& g, const tensorflow::NodeDef* x, VocabIds* ids, bool keras_rules = false);
+
+// The node whose ids the Identities (and Keras' check) read: the last of
+// Keras' rules, or the find.
+const tensorflow::NodeDef& IdsSource(const VocabIds& ids);
+
+// Whether each node of Keras' rules (and the find under them) feeds only the
+// next; else *why says which does not.
+bool KeyRulesFeedOnlyThemselves(RewriteContext* ctx, const VocabIds& ids, std::string* why);
 
 // The only thing the ids may wait on is Keras' check of these ids.
 bool MatchVocabWaits(const GraphIndex& g, VocabIds* ids, std::string* why);
@@ -54,7 +87,7 @@ bool FindOnAnchorDevice(const tensorflow::NodeDef& find, const tensorflow::NodeD
 bool ServedOnCpu(RewriteContext* ctx, const tensorflow::NodeDef& anchor);
 
 // Removes the lookup's nodes (the wrap, the Identities, the check and its
-// Assert, the find) in favour of the fused node `fused`, which does all they
+// Assert, Keras' rules, the find) in favour of the fused node `fused`, which does all they
 // did: what waited on the Assert waits on `fused` and on what the Assert
 // waited on, what waited on the others waits on `fused`, and the constants
 // and shape math only they read go too. Appends the removed nodes'

@@ -109,14 +109,11 @@ template <typename T, typename Key, typename TSeg>
 class HashTableEmbeddingOp : public tensorflow::OpKernel {
  public:
   explicit HashTableEmbeddingOp(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
-    std::string kind;
     OP_REQUIRES_OK(c, c->GetAttr("capacity", &capacity_));
     OP_REQUIRES_OK(c, c->GetAttr("dense_padding", &dense_padding_));
     OP_REQUIRES_OK(c, ReadPoolingAttrs(c, &attrs_.spec));
-    OP_REQUIRES_OK(c, c->GetAttr("segment_kind", &kind));
+    OP_REQUIRES_OK(c, ReadBagAttrs(c, &attrs_));
     OP_REQUIRES_OK(c, c->GetAttr("prune_weights", &attrs_.spec.prune_weights));
-    OP_REQUIRES_OK(c, c->GetAttr("has_weights", &attrs_.has_weights));
-    attrs_.segments_are_splits = kind == "row_splits";
   }
 
   void Compute(OpKernelContext* ctx) override {

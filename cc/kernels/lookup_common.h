@@ -37,16 +37,25 @@ inline absl::Status ReadPoolingAttrs(tensorflow::OpKernelConstruction* c, ctr::L
   return absl::OkStatus();
 }
 
+// The attrs of every op over bags: how the segments name them, and whether
+// the entries have weights.
+inline absl::Status ReadBagAttrs(tensorflow::OpKernelConstruction* c, LookupAttrs* a) {
+  std::string kind;
+  TF_RETURN_IF_ERROR(c->GetAttr("segment_kind", &kind));
+  TF_RETURN_IF_ERROR(c->GetAttr("has_weights", &a->has_weights));
+  a->segments_are_splits = kind == "row_splits";
+  return absl::OkStatus();
+}
+
 // The id attrs (id_mode, num_buckets) and grad_indices are optional: an op
 // whose ids are always table rows (CtrVocabEmbeddingLookup's found ids) has
 // none of them, and reads as index mode.
 inline absl::Status ReadLookupAttrs(tensorflow::OpKernelConstruction* c, LookupAttrs* a) {
-  std::string kind, mode = "index", invalid, grad_indices = "per_id";
+  std::string mode = "index", invalid, grad_indices = "per_id";
   TF_RETURN_IF_ERROR(ReadPoolingAttrs(c, &a->spec));
-  TF_RETURN_IF_ERROR(c->GetAttr("segment_kind", &kind));
+  TF_RETURN_IF_ERROR(ReadBagAttrs(c, a));
   TF_RETURN_IF_ERROR(c->GetAttr("invalid_ids", &invalid));
   TF_RETURN_IF_ERROR(c->GetAttr("prune_weights", &a->spec.prune_weights));
-  TF_RETURN_IF_ERROR(c->GetAttr("has_weights", &a->has_weights));
   if (c->HasAttr("id_mode")) {
     TF_RETURN_IF_ERROR(c->GetAttr("id_mode", &mode));
     TF_RETURN_IF_ERROR(c->GetAttr("num_buckets", &a->spec.buckets));
@@ -60,9 +69,7 @@ inline absl::Status ReadLookupAttrs(tensorflow::OpKernelConstruction* c, LookupA
   if (a->spec.buckets < 0)
     return tensorflow::errors::InvalidArgument("num_buckets must be >= 0, got ", a->spec.buckets);
   TF_RETURN_IF_ERROR(CoreStatus(ctr::ParseIdMode(mode, &a->spec.id_mode)));
-  TF_RETURN_IF_ERROR(CoreStatus(ctr::ParseInvalidIds(invalid, &a->spec.invalid_ids)));
-  a->segments_are_splits = kind == "row_splits";
-  return absl::OkStatus();
+  return CoreStatus(ctr::ParseInvalidIds(invalid, &a->spec.invalid_ids));
 }
 
 // Binds the table to the attrs' spec: a table [V, d1, ..., dk] is read as

@@ -255,10 +255,7 @@ template <typename TSeg>
 class CheckBagsOp : public tensorflow::OpKernel {
  public:
   explicit CheckBagsOp(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
-    std::string kind;
-    OP_REQUIRES_OK(c, c->GetAttr("segment_kind", &kind));
-    OP_REQUIRES_OK(c, c->GetAttr("has_weights", &attrs_.has_weights));
-    attrs_.segments_are_splits = kind == "row_splits";
+    OP_REQUIRES_OK(c, ReadBagAttrs(c, &attrs_));
   }
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
@@ -283,14 +280,11 @@ template <typename TSeg>
 class UniqueKeptOp : public tensorflow::OpKernel {
  public:
   explicit UniqueKeptOp(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
-    std::string kind;
-    OP_REQUIRES_OK(c, c->GetAttr("segment_kind", &kind));
-    OP_REQUIRES_OK(c, c->GetAttr("has_weights", &attrs_.has_weights));
+    OP_REQUIRES_OK(c, ReadBagAttrs(c, &attrs_));
     OP_REQUIRES_OK(c, c->GetAttr("table_rows", &table_rows_));
     OP_REQUIRES_OK(c, c->GetAttr("prune_weights", &prune_weights_));
     OP_REQUIRES_OK(c, c->GetAttr("fill_id", &fill_id_));
     OP_REQUIRES_OK(c, c->GetAttr("idx_base", &idx_base_));
-    attrs_.segments_are_splits = kind == "row_splits";
   }
 
   void Compute(tensorflow::OpKernelContext* ctx) override {

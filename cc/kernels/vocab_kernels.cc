@@ -212,6 +212,73 @@ absl::Status ReadMissingKeyRule(tensorflow::OpKernelConstruction* c, VocabRules*
   return c->GetAttr("missing_id", &rules->missing_id);
 }
 
+// Keras' rules between the find and the ids (CtrVocabEmbedding's attrs and
+// mask inputs): the mask keys get their ids, then the keys whose id is
+// oov_id (the table's default, as Keras compares it with a constant) get one
+// of oov_slots slots from oov_start.
+struct KeyRules {
+  int num_masks = 0;
+  int64_t oov_slots = 0;
+  int64_t oov_id = -1;
+  int64_t oov_start = 0;
+};
+
+absl::Status ReadKeyRules(tensorflow::OpKernelConstruction* c, KeyRules* rules) {
+  TF_RETURN_IF_ERROR(c->GetAttr("num_masks", &rules->num_masks));
+  TF_RETURN_IF_ERROR(c->GetAttr("oov_slots", &rules->oov_slots));
+  TF_RETURN_IF_ERROR(c->GetAttr("oov_id", &rules->oov_id));
+  return c->GetAttr("oov_start", &rules->oov_start);
+}
+
+// The mask inputs from `first`: num_masks keys, then their ids, scalars all.
+absl::Status CheckMaskInputs(OpKernelContext* ctx, int first, int num_masks) {
+  for (int i = first; i < first + 2 * num_masks; ++i)
+    if (!tensorflow::TensorShapeUtils::IsScalar(ctx->input(i).shape()))
+      return tensorflow::errors::InvalidArgument("mask keys and ids must be scalars, got input ", i, " of shape ",
+                                                 ctx->input(i).shape().DebugString());
+  return absl::OkStatus();
+}
+
+template <typename Key, typename Stored, typename Slot>
+void ApplyRulesTo(const KeyRules& rules, const std::vector<Key>& mask_keys, const std::vector<int64_t>& mask_ids,
+                  const Stored* keys, int64_t n, Slot slot, int64_t* ids) {
+  for (int64_t i = 0; i < n; ++i) {
+    const Key key = KeyAt(keys, i);
+    for (size_t m = 0; m < mask_keys.size(); ++m)
+      if (key == mask_keys[m]) ids[i] = mask_ids[m];
+    if (rules.oov_slots > 0 && ids[i] == rules.oov_id) ids[i] = rules.oov_start + slot(key);
+  }
+}
+
+absl::Status ApplyKeyRules(OpKernelContext* ctx, const KeyRules& rules, int first_mask, const Tensor& keys,
+                           int64_t* ids) {
+  if (rules.num_masks == 0 && rules.oov_slots == 0) return absl::OkStatus();
+  TF_RETURN_IF_ERROR(CheckMaskInputs(ctx, first_mask, rules.num_masks));
+  std::vector<int64_t> mask_ids;
+  for (int m = 0; m < rules.num_masks; ++m)
+    mask_ids.push_back(ctx->input(first_mask + rules.num_masks + m).scalar<int64_t>()());
+  const int64_t n = keys.NumElements();
+  if (keys.dtype() == tensorflow::DT_STRING) {
+    std::vector<std::string_view> masks;
+    for (int m = 0; m < rules.num_masks; ++m) {
+      const tensorflow::tstring& mask = ctx->input(first_mask + m).scalar<tensorflow::tstring>()();
+      masks.emplace_back(mask.data(), mask.size());
+    }
+    ApplyRulesTo(rules, masks, mask_ids, keys.flat<tensorflow::tstring>().data(), n,
+                 [&](std::string_view key) {
+                   return ctr::HashBucket(ctr::StringHash{}, reinterpret_cast<const uint8_t*>(key.data()),
+                                          key.size(), rules.oov_slots);
+                 },
+                 ids);
+    return absl::OkStatus();
+  }
+  std::vector<int64_t> masks;
+  for (int m = 0; m < rules.num_masks; ++m) masks.push_back(ctx->input(first_mask + m).scalar<int64_t>()());
+  ApplyRulesTo(rules, masks, mask_ids, keys.flat<int64_t>().data(), n,
+               [&](int64_t key) { return ctr::FloorModSlot(key, rules.oov_slots); }, ids);
+  return absl::OkStatus();
+}
+
 // Keras' check of a key the table lacks (num_oov_indices=0).
 absl::Status NotInVocabulary(const Tensor& keys, int64_t i) {
   return tensorflow::errors::InvalidArgument("key ", QuoteKey(keys, i), " in row ", RowOf(keys, i),
@@ -321,6 +388,7 @@ class VocabEmbeddingOp : public tensorflow::OpKernel {
   explicit VocabEmbeddingOp(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, ReadMissingKeyRule(c, &rules_));
     OP_REQUIRES_OK(c, c->GetAttr("wrap_negative_ids", &rules_.wrap_negative));
+    OP_REQUIRES_OK(c, ReadKeyRules(c, &key_rules_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -328,6 +396,7 @@ class VocabEmbeddingOp : public tensorflow::OpKernel {
     const Tensor& params = ctx->input(3);
     Tensor* rows = nullptr;
     OP_REQUIRES_OK(ctx, FindIntoOutput(ctx, &finder_, 1, 2, 3, 0, &rows));
+    OP_REQUIRES_OK(ctx, ApplyKeyRules(ctx, key_rules_, 4, keys, rows->flat<int64_t>().data()));
     OP_REQUIRES_OK(ctx, ResolveRows(rules_, keys, params.dim_size(0), rows));
 
     tensorflow::TensorShape out_shape = keys.shape();
@@ -353,6 +422,7 @@ class VocabEmbeddingOp : public tensorflow::OpKernel {
 
   VocabFinder finder_;
   VocabRules rules_;
+  KeyRules key_rules_;
 };
 
 // A float converted to an integer type as TF's CPU Cast converts it:

@@ -20,6 +20,8 @@ absl::Status VocabEmbeddingShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(c->Concatenate(c->input(1), row_shape, &out));
   c->set_output(0, out);
   c->set_output(1, c->input(1));
+  // Keras' mask keys and their ids are scalars.
+  for (int i = 4; i < c->num_inputs(); ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
   return absl::OkStatus();
 }
 
@@ -85,6 +87,8 @@ REGISTER_OP("CtrVocabEmbedding")
     .Input("keys: Tkey")
     .Input("default_value: int64")
     .Input("params: T")
+    .Input("mask_keys: num_masks * Tkey")
+    .Input("mask_ids: num_masks * int64")
     .Output("output: T")
     .Output("rows: int64")
     .Attr("T: {float, half, bfloat16, double}")
@@ -92,6 +96,10 @@ REGISTER_OP("CtrVocabEmbedding")
     .Attr("missing_key: {'default', 'error'} = 'default'")
     .Attr("missing_id: int = -1")
     .Attr("wrap_negative_ids: bool = false")
+    .Attr("num_masks: int >= 0 = 0")
+    .Attr("oov_slots: int >= 0 = 0")
+    .Attr("oov_id: int = -1")
+    .Attr("oov_start: int = 0")
     .SetShapeFn(VocabEmbeddingShape)
     .Doc(R"doc(
 Looks `keys` up in a key -> int64 lookup table (a tf.lookup.StaticHashTable,
@@ -109,6 +117,15 @@ missing_key: "default": a key the table lacks gets `default_value`, as
 wrap_negative_ids: a negative id i reads row V + i (keras.ops.take, which a
   Keras Embedding gathers with). Any id still outside [0, V) is an
   InvalidArgument naming the key, the id and the row.
+mask_keys, mask_ids: scalars; a key equal to mask_keys[i] gets id
+  mask_ids[i] whatever the table says (StringLookup / IntegerLookup's
+  mask_token). Inputs, not attrs: a SavedModel's function takes Keras' mask
+  key and id as captured tensors.
+oov_slots, oov_id, oov_start: with oov_slots > 0, a key whose id is then
+  `oov_id` (the table's default, as Keras compares it) gets oov_start + its slot: to_hash_bucket_fast(key,
+  oov_slots) of a string key, floormod(key, oov_slots) of an int64 key
+  (StringLookup / IntegerLookup with num_oov_indices > 1). The missing_key
+  check and the wrap see the ids after both rules, as Keras' ops run.
 rows: the row each key read, for the gradient.
 )doc");
 
