@@ -646,6 +646,27 @@ def test_plain_string_inputs_hold_bags_of_several_lengths():
         assert set(v.split(b",")) <= {b"0", b"1"}, v
 
 
+def test_a_masked_lookup_with_several_oov_slots_names_both_when_its_find_stays():
+    # With a mask_token the slots' Select reads the mask's, not the find: the
+    # hash is still named the slot of its lookup, the find the masked one.
+    import keras
+
+    lookup = keras.layers.StringLookup(vocabulary=["a", "b"], mask_token="", num_oov_indices=2)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.string)])
+    def model(keys):
+        return lookup(keys)
+
+    records = rewrite._unfused_feature_records(model.get_concrete_function().graph.as_graph_def())
+    by_op = {}
+    for r in records:
+        by_op.setdefault(r["op"], []).append(r["reason"])
+    [find] = by_op["LookupTableFindV2"]
+    assert "with a mask_token" in find, find
+    [hashed] = by_op["StringToHashBucketFast"]
+    assert "the out-of-vocabulary slot of a lookup with num_oov_indices > 1" in hashed, hashed
+
+
 def test_lookups_that_accept_any_key_are_fed_keys_of_their_vocabulary_too(rng):
     """Plain values pass a lookup with out-of-vocabulary slots, so the
     search stopped there: a fused find was compared on misses alone."""

@@ -478,13 +478,17 @@ def _keras_lookup_forms(nodes):
     for n in nodes:
         if n.op != "SelectV2" or len(n.input) < 3:
             continue
-        condition, find = producer(n.input[0]), producer(n.input[2])
-        if condition is None or find is None or condition.op != "Equal" or find.op != "LookupTableFindV2":
+        condition, below = producer(n.input[0]), producer(n.input[2])
+        if condition is None or below is None or condition.op != "Equal":
             continue
-        if any(same_tensor(find.input[1], x) for x in condition.input):
+        # The slots' Select reads the mask's when there is one.
+        find = producer(below.input[2]) if below.op == "SelectV2" and len(below.input) >= 3 else below
+        if find is None or find.op != "LookupTableFindV2":
+            continue
+        if below is find and any(same_tensor(find.input[1], x) for x in condition.input):
             forms[find.name] = _MASKED_FIND
-        elif any(producer(x) is find for x in condition.input):
-            forms[find.name] = _OOV_SLOTS_FIND
+        elif any(producer(x) is below for x in condition.input):
+            forms.setdefault(find.name, _OOV_SLOTS_FIND)
             oov = producer(n.input[1])
             while oov is not None and oov.op in ("AddV2", "Add", "Cast"):
                 oov = producer(oov.input[0])
