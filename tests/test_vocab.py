@@ -319,13 +319,15 @@ def test_memo_under_concurrent_calls(rng):
 # in place (what the concat_vocab rewrite pattern makes of them).
 
 
-def concat_vocab(tables, keys, params, dense, layout, missing=None, wrap=(False, False, True)):
+def concat_vocab(tables, keys, params, dense, layout, missing=None, wrap=(False, False, True), **rules):
     n = len(tables)
     missing = missing or ["default"] * n
+    rules = {"mask_keys": [], "mask_ids": [], **rules}
     return _ops.ctr_concat_vocab_embedding(
         table_handles=[t.resource_handle for t in tables], keys=keys,
         default_values=[tf.constant(t.default_value, tf.int64) for t in tables], params=params, dense=dense,
-        missing_keys=missing, missing_ids=[int(t.default_value) for t in tables], wrap_negative_ids=list(wrap), layout=layout)
+        missing_keys=missing, missing_ids=[int(t.default_value) for t in tables], wrap_negative_ids=list(wrap),
+        layout=layout, **rules)
 
 
 def concat_case(rng, batch):
@@ -371,6 +373,46 @@ def test_concat_op_fails_where_the_concatenation_or_a_lookup_fails(rng):
                      missing=["default", "default", "error"])
     with pytest.raises(tf.errors.InvalidArgumentError, match="layout"):
         concat_vocab(tables, keys, params, dense, [0, 0, 1, 2, 3])
+
+
+@pytest.mark.parametrize("batch", [0, 1, 300])
+def test_concat_op_takes_each_features_keras_rules(rng, batch):
+    # Feature 0: a string mask and 3 OOV slots; feature 1: none; feature 2: an
+    # integer mask and 2 slots; feature 3: 2 slots, no mask. Each must equal
+    # its single op, forward and gradient.
+    strings, ints = keyed_case(rng, tf.string, (batch,)), keyed_case(rng, tf.int64, (batch,))
+    tables = [strings[0], string_table(default=0), ints[0], strings[0]]
+    keys = [strings[1], tf.constant(string_keys(rng, (batch,), oov=0.2)), ints[1], tf.reverse(strings[1], [0])]
+    params = [tf.Variable(rng.normal(size=(44, d)).astype(np.float32)) for d in (3, 2, 4, 1)]
+    singles = [dict(mask_key="", mask_id=0, oov_slots=3, oov_start=1), {},
+               dict(mask_key=tf.constant(-7, tf.int64), mask_id=0, oov_slots=2, oov_start=1),
+               dict(oov_slots=2, oov_start=2)]
+    rules = dict(mask_keys=[tf.constant(""), tf.constant(-7, tf.int64)], mask_ids=[tf.constant(0, tf.int64)] * 2,
+                 masked_features=[0, 2], oov_slots=[3, 0, 2, 2], oov_ids=[1, -1, 1, 1], oov_starts=[1, 0, 1, 2])
+    upstream = tf.constant(rng.normal(size=(batch, 10)), tf.float32)
+    results = []
+    for fused in (True, False):
+        with tf.GradientTape() as tape:
+            if fused:
+                out = concat_vocab(tables, keys, params, [], [], wrap=[False] * 4, **rules)
+            else:
+                out = tf.concat([tco.vocab_embedding(t, k, p, **r)
+                                 for t, k, p, r in zip(tables, keys, params, singles)], axis=1)
+            loss = tf.reduce_sum(out * upstream)
+        results.append((out, [tf.convert_to_tensor(g) for g in tape.gradient(loss, params)]))
+    (got, got_grads), (want, want_grads) = results
+    np.testing.assert_array_equal(got, want)
+    for g, w in zip(got_grads, want_grads):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
+def test_concat_op_checks_its_keras_rules(rng):
+    tables, params, keys, dense = concat_case(rng, 4)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="masked_features must be increasing"):
+        concat_vocab(tables, keys, params, dense, [], mask_keys=[tf.constant(3, tf.int64)],
+                     mask_ids=[tf.constant(0, tf.int64)], masked_features=[0])  # feature 0 has string keys
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must have N = 3 entries each, or none"):
+        concat_vocab(tables, keys, params, dense, [], oov_slots=[2], oov_ids=[0], oov_starts=[0])
 
 
 @pytest.mark.parametrize("dtype", [tf.float64, tf.float16, tf.bfloat16])
@@ -432,7 +474,7 @@ def test_a_table_of_vector_values_is_an_error_not_a_heap_corruption():
             table_handle=handle, keys=keys, default_value=default, kernel=params),
         "CtrConcatVocabEmbedding": lambda: _ops.ctr_concat_vocab_embedding(
             table_handles=[handle], keys=[keys[:, 0]], default_values=[default], params=[params], dense=[],
-            missing_keys=["default"], missing_ids=[-1], wrap_negative_ids=[False]),
+            mask_keys=[], mask_ids=[], missing_keys=["default"], missing_ids=[-1], wrap_negative_ids=[False]),
         "CtrVocabIndicator": lambda: _ops.ctr_vocab_indicator(
             table_handle=handle, default_value=default, keys=tf.constant(["a", "c"]),
             indices=tf.constant([[0, 0], [1, 0]], tf.int64), dense_shape=tf.constant([2, 1], tf.int64), depth=4, T=tf.float32),
@@ -467,7 +509,7 @@ def test_a_default_of_one_value_per_key_is_an_error_not_an_abort(mutable):
             lambda: lookup(0),
             lambda: _ops.ctr_vocab_multi_hot(handle, tf.reshape(keys, [1, 2]), tf.reshape(default, [1, 2]),
                                              tf.ones([5, 2])),
-            lambda: _ops.ctr_concat_vocab_embedding([handle], [keys], [default], [params], [],
+            lambda: _ops.ctr_concat_vocab_embedding([handle], [keys], [default], [params], [], [], [],
                                                     missing_keys=["default"], missing_ids=[-1],
                                                     wrap_negative_ids=[False]),
             lambda: _ops.ctr_vocab_indicator(handle, default, keys, tf.constant([[0, 0], [0, 1]], tf.int64),

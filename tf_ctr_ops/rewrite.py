@@ -439,11 +439,10 @@ def _unfused_feature_records(graph_def):
 
 
 _MASKED_FIND = (", with a mask_token: its ids go through SelectV2(Equal(keys, mask), mask id, ids), which only "
-                "the vocabulary embedding of an Embedding's gather takes, not a pooling, an encoding or a grouped "
-                "lookup")
+                "the vocabulary embedding of an Embedding's gather takes, not a pooling or an encoding")
 _OOV_SLOTS_FIND = (", with several out-of-vocabulary slots (num_oov_indices > 1): its missing keys are hashed into "
                    "them by SelectV2(Equal(ids, default), hash(keys) + offset, ids), which only the vocabulary "
-                   "embedding of an Embedding's gather takes, not a pooling, an encoding or a grouped lookup")
+                   "embedding of an Embedding's gather takes, not a pooling or an encoding")
 _OOV_SLOTS_HASH = ", the out-of-vocabulary slot of a lookup with num_oov_indices > 1"
 
 

@@ -254,9 +254,12 @@ def _concat_vocab_embedding_grad(op, grad):
     """IndexedSlices for each feature's table (its rows found again, by the
     single op on a zero-width view of the table), slices of grad for the dense
     inputs, None for the handles, keys and defaults."""
-    n, m = op.get_attr("N"), op.get_attr("M")
+    n, m, masked = op.get_attr("N"), op.get_attr("M"), op.get_attr("num_masked")
     handles, keys, defaults = op.inputs[:n], op.inputs[n:2 * n], op.inputs[2 * n:3 * n]
-    params, dense = [forward_table(p) for p in op.inputs[3 * n:4 * n]], op.inputs[4 * n:]
+    params, dense = [forward_table(p) for p in op.inputs[3 * n:4 * n]], op.inputs[4 * n:4 * n + m]
+    mask_keys, mask_ids = op.inputs[4 * n + m:4 * n + m + masked], op.inputs[4 * n + m + masked:]
+    masks = {f: ([mask_keys[j]], [mask_ids[j]]) for j, f in enumerate(op.get_attr("masked_features"))}
+    slots = {k: op.get_attr(k) or [0] * n for k in ("oov_slots", "oov_ids", "oov_starts")}
     widths = [tf.shape(t)[1] for t in list(params) + list(dense)]
     starts, column = [None] * (n + m), tf.constant(0)
     for block in op.get_attr("layout") or range(n + m):
@@ -265,14 +268,17 @@ def _concat_vocab_embedding_grad(op, grad):
     missing, missing_ids, wrap = (op.get_attr(k) for k in ("missing_keys", "missing_ids", "wrap_negative_ids"))
     out = []
     for i in range(n):
+        feature_masks, feature_mask_ids = masks.get(i, ([], []))
         _, rows = _ops.ctr_vocab_embedding(table_handle=handles[i], keys=keys[i], default_value=defaults[i],
-                                           params=params[i][:, :0], mask_keys=[], mask_ids=[],
-                                           missing_key=missing[i].decode(),
-                                           missing_id=missing_ids[i], wrap_negative_ids=wrap[i])
+                                           params=params[i][:, :0], mask_keys=feature_masks,
+                                           mask_ids=feature_mask_ids, missing_key=missing[i].decode(),
+                                           missing_id=missing_ids[i], wrap_negative_ids=wrap[i],
+                                           oov_slots=slots["oov_slots"][i], oov_id=slots["oov_ids"][i],
+                                           oov_start=slots["oov_starts"][i])
         values = grad[:, starts[i]:starts[i] + widths[i]]
         out.append(table_gradient(values, rows, dense_table_shape(params[i])))
     dense_grads = [grad[:, starts[n + j]:starts[n + j] + widths[n + j]] for j in range(m)]
-    return [None] * (3 * n) + out + dense_grads
+    return [None] * (3 * n) + out + dense_grads + [None] * (2 * masked)
 
 
 @tf.RegisterGradient("CtrVocabMultiHot")

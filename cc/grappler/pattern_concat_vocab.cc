@@ -141,10 +141,6 @@ class ConcatVocabPattern : public NamedPattern<kName> {
   }
 
   // Whether the concatenation may take `emb` over; `why` says why not (the first reason).
-  static bool HasKeyRules(const NodeDef& emb) {
-    return IntAttr(emb, "num_masks", 0) > 0 || IntAttr(emb, "oov_slots", 0) > 0;
-  }
-
   static bool Takes(RewriteContext* ctx, const NodeDef& concat, const NodeDef& emb,
                     const std::vector<const NodeDef*>& identities, const std::string& device, std::string* why) {
     const GraphIndex& g = ctx->index();
@@ -158,8 +154,6 @@ class ConcatVocabPattern : public NamedPattern<kName> {
     } else if (ctx->MustKeep(emb.name())) {
       // What waits on it (automatic control dependencies) waits on the fused op.
       reason = Describe(emb) + " is fetched or preserved";
-    } else if (HasKeyRules(emb)) {
-      reason = Describe(emb) + " has Keras' mask or out-of-vocabulary slots, which the grouped op does not take";
     } else if (TypeAttr(emb, "T") != TypeAttr(concat, "T")) {
       reason = Describe(emb) + " has another dtype";
     } else if (InputRank(ctx, emb, 1) != 1 || InputRank(ctx, emb, 3) != 2) {
@@ -251,6 +245,33 @@ class ConcatVocabPattern : public NamedPattern<kName> {
     }
   }
 
+  // Each feature's Keras mask (its inputs 4 and 5) and OOV slots, in the
+  // grouped op's inputs and attrs.
+  static void AddKeyRules(const std::vector<const NodeDef*>& taken, NodeDef* op) {
+    auto& attr = *op->mutable_attr();
+    std::vector<std::string> ids;
+    bool any_slots = false;
+    for (size_t i = 0; i < taken.size(); ++i) {
+      any_slots |= IntAttr(*taken[i], "oov_slots", 0) > 0;
+      if (IntAttr(*taken[i], "num_masks", 0) == 0) continue;
+      op->add_input(taken[i]->input(4));
+      ids.push_back(taken[i]->input(5));
+      attr["masked_features"].mutable_list()->add_i(static_cast<int64_t>(i));
+      attr["Tmasks"].mutable_list()->add_type(TypeAttr(*taken[i], "Tkey"));
+    }
+    for (const std::string& id : ids) op->add_input(id);
+    attr["num_masked"].set_i(static_cast<int64_t>(ids.size()));
+    if (!attr.count("Tmasks")) attr["Tmasks"].mutable_list();
+    if (!attr.count("masked_features")) attr["masked_features"].mutable_list();
+    for (const char* name : {"oov_slots", "oov_ids", "oov_starts"}) attr[name].mutable_list();
+    if (!any_slots) return;
+    for (const NodeDef* f : taken) {
+      attr["oov_slots"].mutable_list()->add_i(IntAttr(*f, "oov_slots", 0));
+      attr["oov_ids"].mutable_list()->add_i(IntAttr(*f, "oov_id", -1));
+      attr["oov_starts"].mutable_list()->add_i(IntAttr(*f, "oov_start", 0));
+    }
+  }
+
   // stack_width > 0: the anchor is a Pack of [B, stack_width] features, and
   // the fused op's output is reshaped to [-1, N, stack_width].
   static void Fuse(RewriteContext* ctx, const NodeDef& concat_in, const std::vector<Part>& parts, int features,
@@ -292,6 +313,7 @@ class ConcatVocabPattern : public NamedPattern<kName> {
       attr["missing_ids"].mutable_list()->add_i(IntAttr(*f, "missing_id", -1));
       attr["wrap_negative_ids"].mutable_list()->add_b(BoolAttr(*f, "wrap_negative_ids", false));
     }
+    AddKeyRules(taken, op);
     AddControlInputsOnce(controls, op);
     const std::string op_name = op->name();
     record.fused_node = op_name;

@@ -230,12 +230,19 @@ absl::Status ReadKeyRules(tensorflow::OpKernelConstruction* c, KeyRules* rules) 
   return c->GetAttr("oov_start", &rules->oov_start);
 }
 
-// The mask inputs from `first`: num_masks keys, then their ids, scalars all.
-absl::Status CheckMaskInputs(OpKernelContext* ctx, int first, int num_masks) {
-  for (int i = first; i < first + 2 * num_masks; ++i)
-    if (!tensorflow::TensorShapeUtils::IsScalar(ctx->input(i).shape()))
-      return tensorflow::errors::InvalidArgument("mask keys and ids must be scalars, got input ", i, " of shape ",
-                                                 ctx->input(i).shape().DebugString());
+// Where a feature's mask inputs are: num_masks keys from input `keys`, their
+// ids from input `ids`.
+struct MaskInputs {
+  int keys = 0;
+  int ids = 0;
+};
+
+absl::Status CheckMaskInputs(OpKernelContext* ctx, const MaskInputs& at, int num_masks) {
+  for (int m = 0; m < num_masks; ++m)
+    for (int i : {at.keys + m, at.ids + m})
+      if (!tensorflow::TensorShapeUtils::IsScalar(ctx->input(i).shape()))
+        return tensorflow::errors::InvalidArgument("mask keys and ids must be scalars, got input ", i, " of shape ",
+                                                   ctx->input(i).shape().DebugString());
   return absl::OkStatus();
 }
 
@@ -250,18 +257,17 @@ void ApplyRulesTo(const KeyRules& rules, const std::vector<Key>& mask_keys, cons
   }
 }
 
-absl::Status ApplyKeyRules(OpKernelContext* ctx, const KeyRules& rules, int first_mask, const Tensor& keys,
+absl::Status ApplyKeyRules(OpKernelContext* ctx, const KeyRules& rules, const MaskInputs& at, const Tensor& keys,
                            int64_t* ids) {
   if (rules.num_masks == 0 && rules.oov_slots == 0) return absl::OkStatus();
-  TF_RETURN_IF_ERROR(CheckMaskInputs(ctx, first_mask, rules.num_masks));
+  TF_RETURN_IF_ERROR(CheckMaskInputs(ctx, at, rules.num_masks));
   std::vector<int64_t> mask_ids;
-  for (int m = 0; m < rules.num_masks; ++m)
-    mask_ids.push_back(ctx->input(first_mask + rules.num_masks + m).scalar<int64_t>()());
+  for (int m = 0; m < rules.num_masks; ++m) mask_ids.push_back(ctx->input(at.ids + m).scalar<int64_t>()());
   const int64_t n = keys.NumElements();
   if (keys.dtype() == tensorflow::DT_STRING) {
     std::vector<std::string_view> masks;
     for (int m = 0; m < rules.num_masks; ++m) {
-      const tensorflow::tstring& mask = ctx->input(first_mask + m).scalar<tensorflow::tstring>()();
+      const tensorflow::tstring& mask = ctx->input(at.keys + m).scalar<tensorflow::tstring>()();
       masks.emplace_back(mask.data(), mask.size());
     }
     ApplyRulesTo(rules, masks, mask_ids, keys.flat<tensorflow::tstring>().data(), n,
@@ -273,7 +279,7 @@ absl::Status ApplyKeyRules(OpKernelContext* ctx, const KeyRules& rules, int firs
     return absl::OkStatus();
   }
   std::vector<int64_t> masks;
-  for (int m = 0; m < rules.num_masks; ++m) masks.push_back(ctx->input(first_mask + m).scalar<int64_t>()());
+  for (int m = 0; m < rules.num_masks; ++m) masks.push_back(ctx->input(at.keys + m).scalar<int64_t>()());
   ApplyRulesTo(rules, masks, mask_ids, keys.flat<int64_t>().data(), n,
                [&](int64_t key) { return ctr::FloorModSlot(key, rules.oov_slots); }, ids);
   return absl::OkStatus();
@@ -396,7 +402,8 @@ class VocabEmbeddingOp : public tensorflow::OpKernel {
     const Tensor& params = ctx->input(3);
     Tensor* rows = nullptr;
     OP_REQUIRES_OK(ctx, FindIntoOutput(ctx, &finder_, 1, 2, 3, 0, &rows));
-    OP_REQUIRES_OK(ctx, ApplyKeyRules(ctx, key_rules_, 4, keys, rows->flat<int64_t>().data()));
+    const MaskInputs masks{4, 4 + key_rules_.num_masks};
+    OP_REQUIRES_OK(ctx, ApplyKeyRules(ctx, key_rules_, masks, keys, rows->flat<int64_t>().data()));
     OP_REQUIRES_OK(ctx, ResolveRows(rules_, keys, params.dim_size(0), rows));
 
     tensorflow::TensorShape out_shape = keys.shape();
@@ -557,6 +564,7 @@ class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
       finders_.push_back(std::make_unique<VocabFinder>());
     }
     OP_REQUIRES_OK(c, ReadBlockLayout(c, n_ + m_, &layout_));
+    OP_REQUIRES_OK(c, ReadFeatureKeyRules(c));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -642,12 +650,58 @@ class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
   absl::Status Find(OpKernelContext* ctx, int i, tensorflow::lookup::LookupInterface* table, Tensor* rows) {
     const Tensor& keys = ctx->input(n_ + i);
     TF_RETURN_IF_ERROR(finders_[i]->Find(ctx, table, keys, ctx->input(2 * n_ + i), rows));
+    TF_RETURN_IF_ERROR(ApplyKeyRules(ctx, key_rules_[i], mask_inputs_[i], keys, rows->flat<int64_t>().data()));
     return ResolveRows(rules_[i], keys, ctx->input(3 * n_ + i).dim_size(0), rows);
+  }
+
+  // Each feature's Keras rules: its mask (masked_features lists the features
+  // that have one, in order, each taking the next mask key and id input) and
+  // its OOV slots (oov_slots, oov_ids and oov_starts: one entry per feature,
+  // or none).
+  absl::Status ReadFeatureKeyRules(tensorflow::OpKernelConstruction* c) {
+    int num_masked = 0;
+    std::vector<int64_t> masked, slots, oov_ids, starts;
+    tensorflow::DataTypeVector mask_types, key_types;
+    TF_RETURN_IF_ERROR(c->GetAttr("num_masked", &num_masked));
+    TF_RETURN_IF_ERROR(c->GetAttr("masked_features", &masked));
+    TF_RETURN_IF_ERROR(c->GetAttr("Tmasks", &mask_types));
+    TF_RETURN_IF_ERROR(c->GetAttr("Tkeys", &key_types));
+    TF_RETURN_IF_ERROR(c->GetAttr("oov_slots", &slots));
+    TF_RETURN_IF_ERROR(c->GetAttr("oov_ids", &oov_ids));
+    TF_RETURN_IF_ERROR(c->GetAttr("oov_starts", &starts));
+    if (static_cast<int>(masked.size()) != num_masked || static_cast<int>(mask_types.size()) != num_masked)
+      return tensorflow::errors::InvalidArgument("masked_features and Tmasks must have num_masked = ", num_masked,
+                                                 " entries each");
+    for (const std::vector<int64_t>* list : {&slots, &oov_ids, &starts})
+      if (!list->empty() && static_cast<int>(list->size()) != n_)
+        return tensorflow::errors::InvalidArgument("oov_slots, oov_ids and oov_starts must have N = ", n_,
+                                                   " entries each, or none");
+    key_rules_.assign(n_, KeyRules{});
+    mask_inputs_.assign(n_, MaskInputs{});
+    const int first_key = 4 * n_ + m_;
+    for (int j = 0; j < num_masked; ++j) {
+      const int64_t f = masked[j];
+      if (f < 0 || f >= n_ || (j > 0 && f <= masked[j - 1]) || mask_types[j] != key_types[f])
+        return tensorflow::errors::InvalidArgument("masked_features must be increasing features in [0, ", n_,
+                                                   "), each mask key of its feature's key type; got ", f,
+                                                   " at ", j);
+      key_rules_[f].num_masks = 1;
+      mask_inputs_[f] = {first_key + j, first_key + num_masked + j};
+    }
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i] < 0) return tensorflow::errors::InvalidArgument("oov_slots[", i, "] must be >= 0");
+      key_rules_[i].oov_slots = slots[i];
+      key_rules_[i].oov_id = oov_ids[i];
+      key_rules_[i].oov_start = starts[i];
+    }
+    return absl::OkStatus();
   }
 
   int n_ = 0, m_ = 0;
   std::vector<int64_t> layout_;
   std::vector<VocabRules> rules_;
+  std::vector<KeyRules> key_rules_;
+  std::vector<MaskInputs> mask_inputs_;
   std::vector<std::unique_ptr<VocabFinder>> finders_;
 };
 

@@ -46,6 +46,8 @@ absl::Status ConcatVocabShape(InferenceContext* c) {
     TF_RETURN_IF_ERROR(c->Add(width, c->Dim(shape, 1), &width));
     TF_RETURN_IF_ERROR(c->Merge(rows, c->Dim(shape, 0), &rows));
   }
+  // Keras' mask keys and their ids are scalars.
+  for (int i = 4 * n + m; i < c->num_inputs(); ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &shape));
   c->set_output(0, c->Matrix(rows, width));
   return absl::OkStatus();
 }
@@ -172,6 +174,8 @@ REGISTER_OP("CtrConcatVocabEmbedding")
     .Input("default_values: N * int64")
     .Input("params: N * T")
     .Input("dense: M * T")
+    .Input("mask_keys: Tmasks")
+    .Input("mask_ids: num_masked * int64")
     .Output("output: T")
     .Attr("N: int >= 1")
     .Attr("M: int >= 0 = 0")
@@ -181,6 +185,12 @@ REGISTER_OP("CtrConcatVocabEmbedding")
     .Attr("missing_ids: list(int)")
     .Attr("wrap_negative_ids: list(bool)")
     .Attr("layout: list(int) = []")
+    .Attr("Tmasks: list({string, int64}) >= 0 = []")
+    .Attr("num_masked: int >= 0 = 0")
+    .Attr("masked_features: list(int) = []")
+    .Attr("oov_slots: list(int) = []")
+    .Attr("oov_ids: list(int) = []")
+    .Attr("oov_starts: list(int) = []")
     .SetShapeFn(ConcatVocabShape)
     .Doc(R"doc(
 N vocabulary embeddings concatenated along axis 1, as the Concatenate before
@@ -194,6 +204,11 @@ are an InvalidArgument naming them, where the concatenation fails.
 dense: M other [B, w_j] matrices of the concatenation, copied into their columns.
 layout: the order of the output's column blocks: i < N is feature i, N + j
   dense input j; empty: the features, then the dense inputs.
+mask_keys, mask_ids, masked_features: CtrVocabEmbedding's mask of feature
+  masked_features[j] is mask_keys[j] with id mask_ids[j] (features in
+  increasing order, at most one mask each).
+oov_slots, oov_ids, oov_starts: CtrVocabEmbedding's attrs of each feature
+  (N entries each), or none: no feature has OOV slots.
 )doc");
 
 REGISTER_OP("CtrVocabIndicator")
