@@ -339,26 +339,33 @@ def concat_case(rng, batch):
     return tables, params, keys, dense
 
 
+def assert_same_outputs_and_gradients(fused, composed, variables, upstream):
+    """fused() and composed() agree, forward and in the gradients of
+    sum(output * upstream) for `variables`."""
+    results = []
+    for fn in (fused, composed):
+        with tf.GradientTape() as tape:
+            out = fn()
+            loss = tf.reduce_sum(out * upstream)
+        results.append((out, [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]))
+    (got, got_grads), (want, want_grads) = results
+    np.testing.assert_array_equal(got, want)
+    for g, w in zip(got_grads, want_grads):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("batch", [0, 1, 37, 3000])
 def test_concat_op_matches_the_concatenation_of_single_lookups(rng, batch):
     tables, params, keys, dense = concat_case(rng, batch)
     layout = [3, 0, 1, 4, 2]  # dense 0, features 0 and 1, dense 1, feature 2
     upstream = tf.constant(rng.normal(size=(batch, 1 + 3 + 2 + 5 + 4)), tf.float32)
-    results = []
-    for fused in (True, False):
-        with tf.GradientTape() as tape:
-            if fused:
-                out = concat_vocab(tables, keys, params, dense, layout)
-            else:
-                feats = [native(t, k, p, wrap=(i == 2)) for i, (t, k, p) in enumerate(zip(tables, keys, params))]
-                out = tf.concat([dense[0], feats[0], feats[1], dense[1], feats[2]], axis=1)
-            loss = tf.reduce_sum(out * upstream)
-        grads = tape.gradient(loss, params + dense)
-        results.append((out, [tf.convert_to_tensor(g) for g in grads]))
-    (got, got_grads), (want, want_grads) = results
-    np.testing.assert_array_equal(got, want)
-    for g, w in zip(got_grads, want_grads):
-        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+    def composed():
+        feats = [native(t, k, p, wrap=(i == 2)) for i, (t, k, p) in enumerate(zip(tables, keys, params))]
+        return tf.concat([dense[0], feats[0], feats[1], dense[1], feats[2]], axis=1)
+
+    assert_same_outputs_and_gradients(lambda: concat_vocab(tables, keys, params, dense, layout), composed,
+                                      params + dense, upstream)
 
 
 def test_concat_op_fails_where_the_concatenation_or_a_lookup_fails(rng):
@@ -390,20 +397,11 @@ def test_concat_op_takes_each_features_keras_rules(rng, batch):
     rules = dict(mask_keys=[tf.constant(""), tf.constant(-7, tf.int64)], mask_ids=[tf.constant(0, tf.int64)] * 2,
                  masked_features=[0, 2], oov_slots=[3, 0, 2, 2], oov_ids=[1, -1, 1, 1], oov_starts=[1, 0, 1, 2])
     upstream = tf.constant(rng.normal(size=(batch, 10)), tf.float32)
-    results = []
-    for fused in (True, False):
-        with tf.GradientTape() as tape:
-            if fused:
-                out = concat_vocab(tables, keys, params, [], [], wrap=[False] * 4, **rules)
-            else:
-                out = tf.concat([tco.vocab_embedding(t, k, p, **r)
-                                 for t, k, p, r in zip(tables, keys, params, singles)], axis=1)
-            loss = tf.reduce_sum(out * upstream)
-        results.append((out, [tf.convert_to_tensor(g) for g in tape.gradient(loss, params)]))
-    (got, got_grads), (want, want_grads) = results
-    np.testing.assert_array_equal(got, want)
-    for g, w in zip(got_grads, want_grads):
-        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+    assert_same_outputs_and_gradients(
+        lambda: concat_vocab(tables, keys, params, [], [], wrap=[False] * 4, **rules),
+        lambda: tf.concat([tco.vocab_embedding(t, k, p, **r) for t, k, p, r in zip(tables, keys, params, singles)],
+                          axis=1),
+        params, upstream)
 
 
 def test_concat_op_checks_its_keras_rules(rng):
