@@ -261,9 +261,8 @@ class ConcatVocabPattern : public NamedPattern<kName> {
     }
     for (const std::string& id : ids) op->add_input(id);
     attr["num_masked"].set_i(static_cast<int64_t>(ids.size()));
-    if (!attr.count("Tmasks")) attr["Tmasks"].mutable_list();
-    if (!attr.count("masked_features")) attr["masked_features"].mutable_list();
-    for (const char* name : {"oov_slots", "oov_ids", "oov_starts"}) attr[name].mutable_list();
+    for (const char* name : {"Tmasks", "masked_features", "oov_slots", "oov_ids", "oov_starts"})
+      attr[name].mutable_list();  // present, if empty
     if (!any_slots) return;
     for (const NodeDef* f : taken) {
       attr["oov_slots"].mutable_list()->add_i(IntAttr(*f, "oov_slots", 0));

@@ -51,8 +51,7 @@ class VocabLookupPattern : public NamedPattern<kName> {
     if (!resource && !IsOp(&anchor, "GatherV2")) return false;
     const GraphIndex& g = ctx->index();
     VocabIds ids;
-    if (!TraceToFind(g, UnwrapNegativeIndexFix(g, g.Producer(anchor, 1), &ids.wrap), &ids, /*keras_rules=*/true))
-      return false;
+    if (!TraceToFind(g, UnwrapNegativeIndexFix(g, g.Producer(anchor, 1), &ids.wrap), &ids)) return false;
 
     // The subgraph has the right shape; now every condition for exactness.
     if (!ServedOnCpu(ctx, anchor))
@@ -161,7 +160,13 @@ class VocabLookupPattern : public NamedPattern<kName> {
     MatchRecord record{kName, name, kFusedOp, {}};
     const bool checked = ids.assert_node != nullptr;
     const int64_t missing_id = ids.missing_id;
-    const KerasKeyRules rules = ids.rules;
+    const KerasKeyRules rules = ids.rules;  // its nodes go: only their absence or presence is read below
+    // The mask's key and id, which the fused op reads as the Equal and the
+    // Select did (a SavedModel's function takes Keras' as captured inputs).
+    const std::vector<std::string> masks =
+        rules.mask == nullptr ? std::vector<std::string>{}
+                              : std::vector<std::string>{rules.mask_equal->input(rules.mask_key_operand),
+                                                         rules.mask->input(1)};
     AbsorbVocabNodes(ctx, ids, name, {}, &record.replaced);
     record.replaced.push_back(Describe(anchor));
 
@@ -172,10 +177,7 @@ class VocabLookupPattern : public NamedPattern<kName> {
     // whatever the keys' rank: it takes the gather's place (rank passed as 1).
     NodeDef* fused = BecomeGatherOutput(ctx, anchor, kFusedOp, T, 1, flatten, &record);
     for (const std::string& in : {find.input(0), keys, find.input(2), params}) fused->add_input(in);
-    if (rules.mask != nullptr) {
-      fused->add_input(rules.mask_key);
-      fused->add_input(rules.mask_id);
-    }
+    for (const std::string& in : masks) fused->add_input(in);
     CopyControlInputs(find, fused);
     auto& attr = *fused->mutable_attr();
     attr["T"].set_type(T);

@@ -100,9 +100,7 @@ bool MatchMaskRule(const GraphIndex& g, const NodeDef& select, const NodeDef& fi
   if (!IsOp(equal, "Equal") || g.Producer(select, 1) == nullptr) return false;
   for (int k = 0; k < 2; ++k) {
     if (!ReadsFindKeys(g, *equal, k, find) || g.Producer(*equal, 1 - k) == nullptr) continue;
-    r->mask_key = equal->input(1 - k);
     r->mask_key_operand = 1 - k;
-    r->mask_id = select.input(1);
     r->mask = &select;
     r->mask_equal = equal;
     r->nodes.push_back(&select);
@@ -198,12 +196,12 @@ bool MatchVocabCheck(const GraphIndex& g, const NodeDef& assert_node, const Node
   return true;
 }
 
-bool TraceToFind(const GraphIndex& g, const NodeDef* x, VocabIds* ids, bool keras_rules) {
+bool TraceToFind(const GraphIndex& g, const NodeDef* x, VocabIds* ids) {
   while (IsOp(x, "Identity")) {
     ids->identities.push_back(x);
     x = g.Producer(*x, 0);
   }
-  if (keras_rules && IsSelect(x)) return MatchKerasKeyRules(g, x, ids);
+  if (IsSelect(x)) return MatchKerasKeyRules(g, x, ids);
   if (!IsOp(x, "LookupTableFindV2")) return false;
   ids->find = x;
   return true;

@@ -28,10 +28,7 @@ struct KerasKeyRules {
   const tensorflow::NodeDef* last = nullptr;      // the Select whose ids go on; null: no rules
   const tensorflow::NodeDef* mask = nullptr;      // the mask's Select
   const tensorflow::NodeDef* mask_equal = nullptr;
-  // The mask key and its id, as the Equal and the Select read them: tensors,
-  // since a SavedModel's function takes Keras' as captured inputs.
-  std::string mask_key, mask_id;
-  int mask_key_operand = 1;  // of the mask's Equal
+  int mask_key_operand = 1;  // of the mask's Equal; the mask's id is operand 1 of its Select
   int64_t oov_slots = 0;  // 0: no slot rule
   int64_t oov_id = -1;    // the id the slot rule's Equal compares with
   int64_t oov_start = 0;
@@ -54,10 +51,9 @@ bool MatchVocabCheck(const GraphIndex& g, const tensorflow::NodeDef& assert_node
                      VocabIds* ids);
 
 // Follows Identities up from `x` (recording them in ids->identities) to a
-// LookupTableFindV2, which it records; false when there is none. With
-// keras_rules, Keras' mask and OOV-slot rules may sit between them (recorded
-// in ids->rules).
-bool TraceToFind(const GraphIndex& g, const tensorflow::NodeDef* x, VocabIds* ids, bool keras_rules = false);
+// LookupTableFindV2, which it records; false when there is none. Keras' mask
+// and OOV-slot rules may sit between them (recorded in ids->rules).
+bool TraceToFind(const GraphIndex& g, const tensorflow::NodeDef* x, VocabIds* ids);
 
 // The node whose ids the Identities (and Keras' check) read: the last of
 // Keras' rules, or the find.
