@@ -108,10 +108,13 @@ def assert_inserts_like_the_cpu(table, capacity, keys, admit_after=1, dense_padd
 def test_insert_matches_the_cpu_call_after_call(rng, capacity, num_slots, admit_after):
     # Calls mixing known keys, new ones and repeats (Zipf ranks over a key
     # space beyond the capacity, so the last calls overflow and drop keys).
+    # Each key comes admit_after times in its call: with a single draw, too
+    # few keys are seen often enough for admission to fill the capacity.
     table = empty_table(num_slots, capacity)
     space = rng.integers(-2**62, 2**62, size=2 * capacity + 5)
     for n in (0, 1, 7, 300, 5000, 20_000):
         keys = space[np.minimum(rng.zipf(1.3, n) - 1, space.size - 1)]
+        keys = rng.permutation(np.repeat(keys, admit_after))
         table = assert_inserts_like_the_cpu(table, capacity, keys, admit_after)
     assert table.reshape(-1)[layout.DROPPED] > 0 or capacity > 20_000
 

@@ -137,7 +137,7 @@ void GpuStringEmbedding(uintptr_t params_ptr, const std::string& params_dtype, i
 
 // One feature of gpu_multi_string_embedding, from a dict with the keys
 // params_ptr, vocab, dim, out_ptr and optionally combiner, id_mode,
-// delimiter, skip_empty, max_norm (the single-feature defaults), and its
+// delimiter, skip_empty, max_norm, hash_key (the single-feature defaults), and its
 // layout: first_string (index * batch), num_strings (batch), out_rows
 // (num_strings) and out_stride (dim), as cuda/string_launchers.h describes
 // them (a concatenated output: out_ptr at the feature's first column, the
@@ -145,7 +145,7 @@ void GpuStringEmbedding(uintptr_t params_ptr, const std::string& params_dtype, i
 ctr::gpu::FeatureDesc FeatureFromDict(const py::handle& item, int64_t index, int64_t batch) {
   static const char* kKeys[] = {"params_ptr", "vocab",      "dim",        "out_ptr",     "combiner",
                                 "id_mode",    "delimiter",  "skip_empty", "max_norm",    "first_string",
-                                "num_strings", "out_rows",  "out_stride"};
+                                "num_strings", "out_rows",  "out_stride",  "hash_key"};
   const std::string where = "features[" + std::to_string(index) + "]";
   if (!py::isinstance<py::dict>(item)) throw py::type_error(where + " must be a dict");
   const py::dict d = py::reinterpret_borrow<py::dict>(item);
