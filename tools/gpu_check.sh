@@ -10,7 +10,8 @@
 #   3. runs them under compute-sanitizer memcheck and racecheck
 #      (.ci/compute_sanitizer.sh);
 #   4. runs the core-level GPU benchmarks: tools/bench_core_gpu.py (lookup and
-#      string_embedding times against the copy bandwidth of the same run) and
+#      string_embedding times against the copy bandwidth of the same run, with
+#      bags of 1 to 99 ids, then lookups alone with bags of 1 to 4) and
 #      tools/bench_table_gpu.py (hash-table finds per second, and the time of an
 #      inserting find of a training batch).
 #
@@ -44,6 +45,11 @@ if [ "${BENCH:-1}" != "0" ]; then
   echo "+ python tools/bench_core_gpu.py ${BENCH_ARGS:-}"
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
   "$PYTHON" tools/bench_core_gpu.py ${BENCH_ARGS:-}
+  # Most CTR fields hold one to a few ids: those bags take the group-per-bag
+  # kernel, which the table above (1 to 99 ids) never runs.
+  echo "+ python tools/bench_core_gpu.py (short bags)"
+  "$PYTHON" tools/bench_core_gpu.py --cases lookup-fp32,lookup-fp16,lookup-bf16,lookup-fp32-hash \
+    --max-len 4 --batch 4194304
   echo "+ python tools/bench_table_gpu.py"
   "$PYTHON" tools/bench_table_gpu.py
 fi
