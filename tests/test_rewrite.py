@@ -582,8 +582,10 @@ def test_optimize_saved_model_selected_signature_and_synthesized_inputs(tmp_path
     assert report.signatures["by_token"].matches == []
     pooled = report.signatures["pooled"]
     # Synthesized: sorted ints (canonical indices), widened to the table's
-    # rows, the bound the original names when an id of 999 is past it.
-    assert pooled.inputs == f"synthesized, ids in [0, {V})" and pooled.outputs_match and pooled.max_abs_diff == 0
+    # rows, the bound the original names when an id of 999 is past it; then
+    # the indices alone, to the widest range the original takes.
+    assert pooled.inputs == f"synthesized, ids in [0, {V}) and wider where taken (indices [0, 1000))", pooled.inputs
+    assert pooled.outputs_match and pooled.max_abs_diff == 0
     assert "copied unchanged" in report.summary()
     loaded = tf.saved_model.load(str(dst))
     assert_same(loaded.signatures["by_token"](tokens=tf.constant([["a", "c"]]))["sum"],
@@ -664,7 +666,9 @@ def test_cli_rewrites_keras_savedmodel_served_in_fresh_process(tmp_path, rng):
                 "AsString"} <= replaced_ops
         assert sig["op_counts_after"]["CtrEmbeddingLookup"] == 2
         assert not {"Unique", "StringToHashBucketFast", "AsString"} & set(sig["op_counts_after"])
-        assert sig["skips"] == [] and sig["inputs"] == "synthesized, ids in [0, 64)" and sig["max_abs_diff"] <= 1e-6
+        # The item ids stop at the table's 64 rows; the hashed user keys take any.
+        assert sig["inputs"] == "synthesized, ids in [0, 64) and wider where taken (user_keys [0, 1000))", sig
+        assert sig["skips"] == [] and sig["max_abs_diff"] <= 1e-6
 
     inputs = {"item_ids": rng.integers(0, V, size=(6, 4)), "user_keys": rng.integers(0, 10**9, size=(6, 3)),
               "numeric": rng.normal(size=(6, 5)).astype(np.float32)}

@@ -435,7 +435,7 @@ def _feature(dtype, count, row, tokens, id_high):
 
 def serialized_examples(specs, tokens, batch=BATCH, id_high=2):
     """`batch` serialized tf.Examples holding every feature of `specs`, their
-    integers in [0, id_high)."""
+    integers in [0, id_high) (an int, or a dict by feature key)."""
     out = []
     for row in range(batch):
         features = {}
@@ -445,7 +445,8 @@ def serialized_examples(specs, tokens, batch=BATCH, id_high=2):
                     count = 1 if shape is None or any(d is None or d < 0 for d in shape) else int(np.prod(shape))
                 else:
                     count = 1 + row % 2
-                features[key.decode(errors="replace")] = _feature(dtype, count, row, tokens, id_high)
+                high = id_high.get(key, 2) if isinstance(id_high, dict) else id_high
+                features[key.decode(errors="replace")] = _feature(dtype, count, row, tokens, high)
         out.append(tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString())
     return np.array(out, dtype=object)
 
@@ -608,30 +609,69 @@ def _bisect_ids(build, run, trial, high, refused):
 def _with_wide_ids(inputs, how, specs, run, rng, vocabulary_keys, examples):
     """`inputs` (and `how`) with their plain ids widened; `examples`
     is None, or (string inputs, ParseExample specs, tokens) when those inputs
-    hold serialized tf.Examples."""
+    hold serialized tf.Examples.
+
+    First every id input at once, to the widest range all of them take; then
+    each alone, holding the others there: a model whose tables differ in
+    size (a weighted column of 11 buckets beside an identity column of 23)
+    would otherwise be compared on the smallest table's ids only."""
     if examples is not None:
         keys, example_specs, tokens = examples
+        parts = sorted({key for spec in example_specs for key, _, t, _ in spec if t.is_integer})
 
-        def build(high):
-            serialized = serialized_examples(example_specs, tokens, id_high=high)
+        def build(highs):
+            serialized = serialized_examples(example_specs, tokens, id_high=highs)
             return dict(inputs, **{k: _fill(serialized, np.shape(inputs[k])) for k in keys})
-
-        has_ids = any(t.is_integer for spec in example_specs for _, _, t, _ in spec)
     else:
-        keys = _plain_batch_keys(specs, vocabulary_keys)
+        parts = _plain_batch_keys(specs, vocabulary_keys)
+        drawn = {}  # the last ids drawn per (input, high): a part widens alone against fixed others
 
-        def build(high):
-            return dict(inputs, **{k: _spread_id_lists(rng, high, inputs[k]) if inputs[k].dtype == object
-                                   else _spread_ids(rng, high, np.shape(inputs[k])).astype(inputs[k].dtype)
-                                   for k in keys})
+        def ids(k, high):
+            if (k, high) not in drawn:
+                drawn[k, high] = (_spread_id_lists(rng, high, inputs[k]) if inputs[k].dtype == object
+                                  else _spread_ids(rng, high, np.shape(inputs[k])).astype(inputs[k].dtype))
+            return drawn[k, high]
 
-        has_ids = bool(keys)
-    if not has_ids:
+        def build(highs):
+            return dict(inputs, **{k: ids(k, highs[k]) for k in parts})
+    if not parts:
         return inputs, how
-    widened, high = _widest_ids(build, run)
+    widened, high = _widest_ids(lambda h: build(dict.fromkeys(parts, h)), run)
     if widened is None:
         return inputs, how
-    return widened, f"{how}, ids in [0, {high})"
+    highs = _widest_per_part(build, run, parts, high)
+    if highs is None:
+        return widened, f"{how}, ids in [0, {high})"
+    wider = ", ".join(f"{k.decode(errors='replace') if isinstance(k, bytes) else k} [0, {h})"
+                      for k, h in highs.items() if h > high)
+    return build(highs), f"{how}, ids in [0, {high}) and wider where taken ({wider})"
+
+
+_PER_PART_SECONDS = 60  # widening each id input alone; each try is one call of the original
+
+
+def _widest_per_part(build, run, parts, common):
+    """{part: high} where some part takes ids wider than `common` alone and
+    all of them together, else None. Parts not reached in time keep
+    `common`."""
+    if len(parts) < 2 or common >= max(_ID_RANGES):
+        return None
+    highs = dict.fromkeys(parts, common)
+    deadline = time.monotonic() + _PER_PART_SECONDS
+    for part in parts:
+        if time.monotonic() > deadline:
+            break
+
+        def alone(h, part=part):
+            # At most `common`, every part is where they were all accepted.
+            return build({**highs, part: h} if h > common else dict.fromkeys(parts, common))
+
+        _, high = _widest_ids(alone, run)
+        if high is not None and high > common:
+            highs[part] = high
+    if all(h == common for h in highs.values()) or run(build(highs)) is not None:
+        return None
+    return highs
 
 
 def _plain_batch_keys(specs, vocabulary_keys):
@@ -654,6 +694,42 @@ def _with_empty_strings(inputs, how, keys, run):
     if not strings or run(trial) is not None:
         return inputs, how
     return trial, f"{how}, empty strings"
+
+
+# Keys no vocabulary holds, or its mask: an empty string, a byte string no
+# text has; 0, -1 and an id past any table for integer keys.
+_STRING_MISSES = (b"", b"\x01tf-ctr-ops: not in any vocabulary")
+_INT_MISSES = (0, -1, 2**40 + 7)
+_MISS_SECONDS = 60  # each try is one call of the original
+
+
+def _with_misses(inputs, how, keys, run):
+    """`inputs` with keys outside their vocabulary in each of `keys` (the
+    inputs a vocabulary filled), at its odd flat positions, each where the
+    original accepts it with the others: filled with vocabulary keys alone,
+    a lookup's out-of-vocabulary slots and mask would go uncompared. Inputs
+    of one value are left alone."""
+    trial, changed = dict(inputs), []
+    deadline = time.monotonic() + _MISS_SECONDS
+    for k in sorted(keys):
+        flat = np.array(inputs[k], copy=True).reshape(-1)
+        if flat.size < 2:
+            continue
+        misses = _STRING_MISSES if flat.dtype == object else _INT_MISSES
+        at = 1
+        for value in misses:
+            if at >= flat.size or time.monotonic() > deadline:
+                break
+            candidate = flat.copy()
+            candidate[at] = value
+            if run(dict(trial, **{k: candidate.reshape(np.shape(inputs[k]))})) is None:
+                flat, at = candidate, at + 2
+        if at > 1:
+            trial[k] = flat.reshape(np.shape(inputs[k]))
+            changed.append(k)
+    if not changed:
+        return inputs, how
+    return trial, f"{how}, out-of-vocabulary keys in {len(changed)} of {len(keys)} vocabulary inputs"
 
 
 def _failure_site(message):
@@ -684,6 +760,8 @@ def synthesize(specs, run, facts, rng):
         plain = _plain_batch_keys(specs, vocabulary_keys)
         inputs, how = _with_empty_strings(inputs, how, plain, run)
         inputs, how = _with_vocabulary_values(inputs, how, plain, specs, facts, run)
+        if vocabulary_keys:
+            inputs, how = _with_misses(inputs, how, vocabulary_keys, run)
     return inputs, how
 
 
