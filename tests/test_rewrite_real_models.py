@@ -378,22 +378,30 @@ def _judge(fn, tries):
     return run
 
 
-def test_inputs_read_by_lookups_get_their_tables_vocabularies_in_one_try(tmp_path, rng):
-    # Each try is a call of the original: the search input by input takes
-    # hundreds of them on a model of many lookups.
+def _synthesized(src, tries, rng):
+    """(inputs, how, facts): _model_inputs.synthesize on the SavedModel at
+    `src`'s serving_default signature, judged by the loaded original (each
+    try appended to `tries`)."""
     from tensorflow.core.protobuf import saved_model_pb2
 
     from tf_ctr_ops import _model_inputs
 
-    src = tmp_path / "src"
-    export_keras_lookup_model(str(src), features=6)
     proto = saved_model_pb2.SavedModel()
     proto.ParseFromString((src / "saved_model.pb").read_bytes())
     facts = _model_inputs.GraphFacts(proto.meta_graphs, str(src))
-    assert set(facts.input_vocabularies) == {f"s{f}" for f in range(6)} | {"device_id", "tags"}
     fn = tf.saved_model.load(str(src)).signatures["serving_default"]
-    tries = []
     inputs, how = _model_inputs.synthesize(fn.structured_input_signature[1], _judge(fn, tries), facts, rng)
+    return inputs, how, facts
+
+
+def test_inputs_read_by_lookups_get_their_tables_vocabularies_in_one_try(tmp_path, rng):
+    # Each try is a call of the original: the search input by input takes
+    # hundreds of them on a model of many lookups.
+    src = tmp_path / "src"
+    export_keras_lookup_model(str(src), features=6)
+    tries = []
+    inputs, how, facts = _synthesized(src, tries, rng)
+    assert set(facts.input_vocabularies) == {f"s{f}" for f in range(6)} | {"device_id", "tags"}
     # The second try is kept; then keys outside the vocabularies are tried an
     # input at a time, at most 3 each (refused here: no lookup has an OOV slot).
     assert how == "synthesized (vocabulary values)", how
@@ -406,9 +414,6 @@ def test_inputs_of_capitalized_names_get_their_vocabularies_too(tmp_path, rng):
     # A FunctionDef lower-cases its arguments' names (`userId` -> `userid`):
     # the vocabularies went by those, the signature's inputs by theirs.
     import keras
-    from tensorflow.core.protobuf import saved_model_pb2
-
-    from tf_ctr_ops import _model_inputs
 
     names = ["userId", "itemCategory"]
     inputs = [keras.Input((1,), dtype="string", name=n) for n in names]
@@ -417,13 +422,9 @@ def test_inputs_of_capitalized_names_get_their_vocabularies_too(tmp_path, rng):
         for n, x in zip(names, inputs)]
     src = tmp_path / "src"
     keras.Model(inputs, keras.layers.Concatenate()(parts)).export(str(src), verbose=False)
-    proto = saved_model_pb2.SavedModel()
-    proto.ParseFromString((src / "saved_model.pb").read_bytes())
-    facts = _model_inputs.GraphFacts(proto.meta_graphs, str(src))
-    assert set(facts.input_vocabularies) == set(names)
-    fn = tf.saved_model.load(str(src)).signatures["serving_default"]
     tries = []
-    synthesized, how = _model_inputs.synthesize(fn.structured_input_signature[1], _judge(fn, tries), facts, rng)
+    synthesized, how, facts = _synthesized(src, tries, rng)
+    assert set(facts.input_vocabularies) == set(names)
     assert how == "synthesized (vocabulary values)", how
     assert all(np.array_equal(v, tries[1][k]) for k, v in synthesized.items())
 
@@ -433,7 +434,6 @@ def test_vocabulary_inputs_get_the_misses_their_lookups_take(tmp_path, rng):
     alone; a lookup with a mask and OOV slots must still be compared on an
     empty string and a missing key, and is, where the original takes them."""
     import keras
-    from tensorflow.core.protobuf import saved_model_pb2
 
     from tf_ctr_ops import _model_inputs
 
@@ -445,11 +445,7 @@ def test_vocabulary_inputs_get_the_misses_their_lookups_take(tmp_path, rng):
             keras.layers.Flatten()(keras.layers.Embedding(6, 2)(loose_ids))]
     src, dst = tmp_path / "src", tmp_path / "dst"
     keras.Model([strict, loose], keras.layers.Concatenate()(rows)).export(str(src), verbose=False)
-    proto = saved_model_pb2.SavedModel()
-    proto.ParseFromString((src / "saved_model.pb").read_bytes())
-    facts = _model_inputs.GraphFacts(proto.meta_graphs, str(src))
-    fn = tf.saved_model.load(str(src)).signatures["serving_default"]
-    inputs, how = _model_inputs.synthesize(fn.structured_input_signature[1], _judge(fn, []), facts, rng)
+    inputs, how, _ = _synthesized(src, [], rng)
     assert how == "synthesized (vocabulary values), out-of-vocabulary keys in 1 of 2 vocabulary inputs", how
     assert set(_model_inputs._STRING_MISSES) <= set(inputs["loose"].ravel().tolist()), inputs["loose"]
     assert set(inputs["strict"].ravel().tolist()) <= {b"s0", b"s1"}, inputs["strict"]
@@ -807,10 +803,6 @@ def test_plain_int_ids_are_widened_to_what_the_original_accepts(limit, expected_
 def test_example_int_features_are_widened_to_the_table(tmp_path):
     """Serialized tf.Examples synthesized from a ParseExample spec carry int
     ids up to the bound the original names, not only 0 and 1."""
-    from tensorflow.core.protobuf import saved_model_pb2
-
-    from tf_ctr_ops import _model_inputs
-
     class ExampleModel(tf.Module):
         def __init__(self):
             super().__init__()
@@ -826,12 +818,7 @@ def test_example_int_features_are_widened_to_the_table(tmp_path):
     module = ExampleModel()
     src = tmp_path / "src"
     tf.saved_model.save(module, str(src), signatures={"serving_default": module.serve})
-    proto = saved_model_pb2.SavedModel()
-    proto.ParseFromString((src / "saved_model.pb").read_bytes())
-    facts = _model_inputs.GraphFacts(proto.meta_graphs, str(src))
-    fn = tf.saved_model.load(str(src)).signatures["serving_default"]
-    inputs, how = _model_inputs.synthesize(fn.structured_input_signature[1], _judge(fn, []), facts,
-                                           np.random.default_rng(0))
+    inputs, how, _ = _synthesized(src, [], np.random.default_rng(0))
     assert how == "synthesized (tf.Example from the ParseExample spec), ids in [0, 30)", how
     items = [v for s in inputs["examples"]
              for v in tf.train.Example.FromString(s).features.feature["item"].int64_list.value]
@@ -861,10 +848,6 @@ def test_each_id_input_is_widened_to_its_own_table():
 
 
 def test_each_example_id_feature_is_widened_to_its_own_table(tmp_path):
-    from tensorflow.core.protobuf import saved_model_pb2
-
-    from tf_ctr_ops import _model_inputs
-
     class ExampleModel(tf.Module):
         def __init__(self):
             super().__init__()
@@ -881,12 +864,7 @@ def test_each_example_id_feature_is_widened_to_its_own_table(tmp_path):
     module = ExampleModel()
     src = tmp_path / "src"
     tf.saved_model.save(module, str(src), signatures={"serving_default": module.serve})
-    proto = saved_model_pb2.SavedModel()
-    proto.ParseFromString((src / "saved_model.pb").read_bytes())
-    facts = _model_inputs.GraphFacts(proto.meta_graphs, str(src))
-    fn = tf.saved_model.load(str(src)).signatures["serving_default"]
-    inputs, how = _model_inputs.synthesize(fn.structured_input_signature[1], _judge(fn, []), facts,
-                                           np.random.default_rng(0))
+    inputs, how, _ = _synthesized(src, [], np.random.default_rng(0))
     assert how == ("synthesized (tf.Example from the ParseExample spec), ids in [0, 11) and wider where taken "
                    "(item [0, 30))"), how
     examples = [tf.train.Example.FromString(s).features.feature for s in inputs["examples"]]
