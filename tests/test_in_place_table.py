@@ -71,6 +71,59 @@ def test_values_and_gradients_match_the_tensor_op(rng, dtype, combiner, id_dtype
     np.testing.assert_allclose(tf.cast(grad, tf.float32), tf.cast(want_grad, tf.float32), **tol)
 
 
+class _LookupOwnTable(keras.layers.Layer):
+    """A user's layer passing its own weight to a lookup, as layers that
+    mix ours and TF's ops do."""
+
+    def __init__(self, lookup, **kwargs):
+        super().__init__(**kwargs)
+        self.lookup = lookup
+
+    def build(self, input_shape):
+        self.table = self.add_weight(shape=(V, D), initializer="random_normal")
+
+    def call(self, ids):
+        return self.lookup(self.table, ids)
+
+
+# TF's own lookups take a Keras variable's `value` (they read `.device`,
+# which a Keras variable lacks); it is cast as the variable is in call().
+AUTOCAST_LOOKUPS = {
+    "embedding_lookup_sparse": (lambda t, ids: tco.embedding_lookup_sparse(t, ids.to_sparse(), None),
+                                lambda t, ids: tf.nn.embedding_lookup_sparse(t.value, ids.to_sparse(), None)),
+    "safe_embedding_lookup_sparse": (lambda t, ids: tco.safe_embedding_lookup_sparse(t, ids.to_sparse()),
+                                     lambda t, ids: tf.nn.safe_embedding_lookup_sparse(t.value, ids.to_sparse())),
+    "sparse_embedding": (lambda t, ids: tco.sparse_embedding(t, ids),
+                         lambda t, ids: tf.nn.safe_embedding_lookup_sparse(t.value, ids.to_sparse())),
+}
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("name", sorted(AUTOCAST_LOOKUPS))
+def test_a_mixed_precision_layers_own_table_is_read_autocast(rng, policy, name):
+    """Keras casts a mixed-precision layer's variables to its compute dtype
+    in call(); a lookup of such a variable must give that dtype, as TF's
+    lookup of the same variable does, and its gradient still reach the
+    float32 variable's rows."""
+    ours, theirs = AUTOCAST_LOOKUPS[name]
+    ids = _bags(rng, low=0)
+    layers = [_LookupOwnTable(ours, dtype=policy), _LookupOwnTable(theirs, dtype=policy)]
+    for layer in layers:
+        layer.build(None)
+    layers[1].table.assign(layers[0].table)
+    outs, grads = [], []
+    for layer in layers:
+        with tf.GradientTape() as tape:
+            out = layer(ids)
+            loss = tf.reduce_sum(tf.cast(out, tf.float32) ** 2)
+        outs.append(out)
+        grads.append(tape.gradient(loss, layer.trainable_variables[0]))
+    assert outs[0].dtype == outs[1].dtype == layers[0].compute_dtype
+    np.testing.assert_allclose(tf.cast(outs[0], tf.float32), tf.cast(outs[1], tf.float32), rtol=2e-2, atol=2e-2)
+    assert grads[0] is not None and grads[0].dtype == tf.float32
+    np.testing.assert_allclose(tf.convert_to_tensor(grads[0]), tf.convert_to_tensor(grads[1]), rtol=2e-2, atol=2e-2)
+
+
 def test_reads_see_sparse_updates():
     # After scatter updates the variable is in copy-on-read mode; the op must
     # read the updated buffer, not a stale one.

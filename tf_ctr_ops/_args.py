@@ -145,6 +145,22 @@ def check_div_layout(parts):
             "tf.nn.embedding_lookup_sparse assumes for a list of partitions")
 
 
+def wrapped_variable(table):
+    """The tf.Variable a Keras 3 variable wraps, else `table` itself; None
+    for a Keras variable that Keras autocasts where it is read.
+
+    In a mixed-precision layer's call Keras autocasts the layer's float
+    variables: the Keras variable's dtype is then the policy's compute dtype,
+    not the wrapped variable's. Such a variable is read as a tensor
+    (`tf.convert_to_tensor` casts it), as every other op of that layer reads
+    it, never in place.
+    """
+    var = getattr(table, "_value", None)
+    if var is None:
+        return table
+    return var if tf.as_dtype(table.dtype) == var.dtype else None
+
+
 def read_table(table, dtype=None):
     """A table's value; a resource variable is read without a copy.
 
@@ -152,7 +168,7 @@ def read_table(table, dtype=None):
     copy-on-read mode, where a plain read copies the whole table on every
     call. Like tf.nn's own lookups, read_value_no_copy() leaves that mode.
     """
-    var = getattr(table, "_value", table)  # a Keras 3 variable wraps a tf.Variable
+    var = wrapped_variable(table)
     if isinstance(var, resource_variable_ops.BaseResourceVariable) and dtype in (None, var.dtype):
         return var.read_value_no_copy()
     return tf.convert_to_tensor(table, dtype=dtype)
@@ -168,7 +184,7 @@ def _on_host(var):
 def sharded_variables(params):
     """The shards of a tf.distribute ShardedVariable (ParameterServerStrategy's
     partitioned tables; a Keras 3 variable may wrap one), else None."""
-    var = getattr(params, "_value", params)
+    var = wrapped_variable(params)
     return list(var.variables) if isinstance(var, sharded_variable.ShardedVariable) else None
 
 
@@ -216,7 +232,7 @@ def in_place_variable(table, dtype=None):
     update follows). It has no GPU kernel: a variable elsewhere is read.
     A mirrored variable gives its replica's variable (`handle`).
     """
-    var = getattr(table, "_value", table)  # a Keras 3 variable wraps a tf.Variable
+    var = wrapped_variable(table)
     if not resource_variable_ops.is_resource_variable(var) or dtype not in (None, var.dtype):
         return None
     if isinstance(var, sharded_variable.ShardedVariable):
