@@ -730,6 +730,29 @@ def test_bags_of_up_to_nine_ids_sum_as_tf_bit_for_bit(rng, length):
     np.testing.assert_array_equal(tco.string_embedding(strings, params, combiner="sum", id_mode="index").numpy(), want)
 
 
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("combiner", ["mean", "sqrtn"])
+def test_mean_and_sqrtn_scale_bags_as_tf_bit_for_bit(rng, dtype, combiner):
+    """TF's SparseSegmentMean / SqrtN multiply a bag of fewer than 10 ids by
+    the reciprocal of its count and divide a longer one, and the two differ
+    by a rounding, which a half output keeps where it falls on a boundary of
+    the cast. float32 rows of multiples of 1/128, and half rows, sum exactly
+    in float32 in any order, so what is compared is that last step alone, on
+    bags of 0 to 40 ids."""
+    values = rng.integers(-256, 257, size=(300, 16)) / 128.0 if dtype == tf.float32 else rng.normal(size=(300, 16))
+    params = tf.cast(values, dtype)
+    lengths = rng.integers(0, 41, 600)
+    sp = tf.RaggedTensor.from_row_lengths(rng.integers(0, 300, lengths.sum()), lengths).to_sparse()
+    want = tf.nn.embedding_lookup_sparse(params, sp, None, combiner=combiner)
+    got = tco.embedding_lookup_sparse(params, sp, None, combiner=combiner)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(tf.cast(got, tf.float32).numpy(), tf.cast(want, tf.float32).numpy())
+    strings = tf.constant([",".join(map(str, row)) for row in tf.RaggedTensor.from_sparse(sp).to_list()])
+    pooled = tco.string_embedding(strings, params, combiner=combiner, id_mode="index")
+    np.testing.assert_array_equal(tf.cast(pooled[: want.shape[0]], tf.float32).numpy(),
+                                  tf.cast(want, tf.float32).numpy())
+
+
 def test_sparse_embedding_takes_dense_ids_as_lists_and_arrays(rng):
     params = table(rng, 10, 3)
     ids = [[1, 2], [3, -1]]

@@ -50,9 +50,10 @@ CTR_HD float CombinerDivisor(Combiner c, const BagWeights& w) {
   return 1.f;
 }
 
-// One output element of a bag: acc * scale (scale = CombinerScale), which is
-// what TF's SparseSegmentMean/SqrtN compute, bit for bit. Two cases differ:
-// a zero divisor gives exactly 0, as tf.math.div_no_nan does in the weighted
+// One output element of a bag: acc * scale (scale = OutputScale), or
+// acc / divisor where the scale is 0, which is what TF's
+// SparseSegmentMean/SqrtN compute, bit for bit. Two cases differ: a zero
+// divisor gives exactly 0, as tf.math.div_no_nan does in the weighted
 // composition, even when acc is NaN or infinite (a zero weight on an inf
 // entry); and where the reciprocal is not a normal float (|divisor| above
 // ~2^126, whose reciprocal is subnormal and flushed to zero in TF's threads,
@@ -63,8 +64,8 @@ CTR_HD float CombineElement(float acc, float scale, float divisor) {
   return CombineByScale(scale) ? acc * scale : acc / divisor;
 }
 
-// 1 / CombinerDivisor, the factor outputs (CombineElement) and gradients
-// scale by; 0 for a zero divisor, as div_no_nan and its gradient give.
+// 1 / CombinerDivisor, the factor gradients scale by (and outputs, through
+// OutputScale, of bags TF scales); 0 for a zero divisor, as div_no_nan and its gradient give.
 CTR_HD float CombinerScale(Combiner c, const BagWeights& w) {
   switch (c) {
     case Combiner::kSum:
@@ -75,6 +76,23 @@ CTR_HD float CombinerScale(Combiner c, const BagWeights& w) {
       return w.sum_sq == 0.f ? 0.f : 1.f / sqrtf(w.sum_sq);
   }
   return 1.f;
+}
+
+// The factor a bag's output is its sum times, or 0 where it is the sum
+// divided by CombinerDivisor (CombineElement then divides). TF's
+// SparseSegmentMean / SqrtN multiply a bag of fewer than 10 ids by the
+// reciprocal of its count (or of its root) and divide a longer one. The two
+// differ by a rounding, which a float16 or bfloat16 output keeps where it
+// falls on a boundary of the cast (a bag of half rows sums exactly in
+// float32, so this rounding is the only one left). Unit weights sum to the
+// count; a weighted bag, which TF's composition divides at any size
+// (div_no_nan), takes the same rule by its weight sum, within a float32
+// rounding of TF's. Gradients scale by CombinerScale at any size, as TF's
+// SparseSegmentMeanGrad does.
+CTR_HD float OutputScale(Combiner c, const BagWeights& w) {
+  constexpr float kTfDividesFrom = 10.f;
+  if (c != Combiner::kSum && w.sum >= kTfDividesFrom) return 0.f;
+  return CombinerScale(c, w);
 }
 
 // d(loss)/d(w_i) for one entry of a bag, given g.e_i (the clipped row) and

@@ -196,7 +196,7 @@ class BagStream {
       // A bag of one partial block: its sum is the block's (0 + x is x).
       const AccT<T>* sum = blocks_ ? acc_ : block_.data();
       if (blocks_ && in_block_ > 0) AddBlock(acc_, block_.data(), s_.dim);
-      WriteCombinedRow(sum, s_.dim, CombinerScale(s_.combiner, bw_), CombinerDivisor(s_.combiner, bw_),
+      WriteCombinedRow(sum, s_.dim, OutputScale(s_.combiner, bw_), CombinerDivisor(s_.combiner, bw_),
                        out_ + bag_ * s_.dim);
       ResetBag();
     }
@@ -370,7 +370,7 @@ void PoolBagRows(const LookupSpec& s, const T* params, const T* const* rows, int
     SumRows(rows, n, dim, acc);
     bw = BagWeights::Units(n);
   }
-  WriteCombinedRow(acc, dim, CombinerScale(s.combiner, bw), CombinerDivisor(s.combiner, bw), out);
+  WriteCombinedRow(acc, dim, OutputScale(s.combiner, bw), CombinerDivisor(s.combiner, bw), out);
 }
 
 // Pools bags [row_begin, row_end) of unit weight. resolve(r, rows) clears
