@@ -278,6 +278,8 @@ def test_bad_arguments_are_clear_errors():
     table = HashTable(dim=2, capacity=10)
     with pytest.raises(TypeError, match="int32, int64 or string"):
         table.find(tf.constant([1.5]))
+    with pytest.raises(TypeError, match="list of key containers .* use hash_table_embedding"):
+        tco.multi_hash_table_embedding(table, tf.constant([[1, 2]], tf.int64), insert=True)
     with pytest.raises(TypeError, match="key_dtype=tf.string"):
         table.find(["a"])
     with pytest.raises(TypeError, match="string keys"):
@@ -573,6 +575,41 @@ def test_keys_waiting_for_admission_are_evicted_for_slots_before_trained_rows(po
     np.testing.assert_array_equal(table.find(trained).numpy(), rows)
     stats = table.statistics()
     assert int(stats["evicted"]) > 0 and int(stats["size"]) == len(trained)
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_one_call_of_more_one_off_keys_than_slots_never_evicts_trained_rows(policy):
+    # The call's own one-off keys wait with its clock, so none of them can
+    # go: freeing a slot for the next took a trained key while rows were
+    # free. The keys that find no slot are dropped instead.
+    table = HashTable(dim=2, capacity=16, admit_after=2, eviction=policy)  # 32 slots, 24 claimed at most
+    trained = np.arange(8, dtype=np.int64)
+    for _ in range(2):
+        table.find(trained, insert=True)
+    rows = table.find(trained).numpy()
+    table.find(np.arange(100, 120, dtype=np.int64), insert=True)
+    np.testing.assert_array_equal(table.find(trained).numpy(), rows)
+    stats = {k: int(v) for k, v in table.statistics().items() if k != "load_factor"}
+    assert stats["size"] == 8 and stats["evicted"] == 0 and stats["dropped"] == 4, stats
+
+
+def test_a_step_whose_first_find_is_in_a_branch_that_does_not_run_still_advances_the_clock():
+    # The first find traced started the step; in a branch that did not run,
+    # the clock stood still, every key counted as read by the running step,
+    # and a full table dropped new keys instead of evicting.
+    table = HashTable(dim=2, capacity=16, eviction="lru")
+    table.find(np.arange(16, dtype=np.int64), insert=True)
+
+    @tf.function
+    def step(pred, a, b):
+        return tf.cond(pred, lambda: tco.hash_table_embedding(table, a, insert=True),
+                       lambda: tco.hash_table_embedding(table, b, insert=True))
+
+    for key in (100, 101):
+        step(tf.constant(False), tf.constant([[1]], tf.int64), tf.constant([[key]], tf.int64))
+        assert table.find([key]).numpy()[0] >= 0, table.statistics()
+    stats = table.statistics()
+    assert int(stats["evicted"]) > 0 and int(stats["dropped"]) == 0, stats
 
 
 @pytest.mark.parametrize("make_optimizer, slot_after", [

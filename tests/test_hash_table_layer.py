@@ -186,6 +186,23 @@ def test_layer_config_errors():
         HashTableEmbedding(4, capacity=10, table_device="TPU:0")
 
 
+def test_numpy_sizes_are_taken_as_ints():
+    layer = HashTableEmbedding(np.int64(4), capacity=np.int32(10))
+    config = layer.get_config()
+    assert (config["output_dim"], config["capacity"]) == (4, 10)
+    assert type(config["output_dim"]) is int and type(config["capacity"]) is int
+    with pytest.raises(ValueError, match="output_dim"):
+        HashTableEmbedding(np.float64(4.0), capacity=10)
+
+
+def test_slots_weights_must_be_one_per_feature():
+    layer = HashTableEmbedding(2, capacity=16)
+    ids = np.array([[1, 2], [3, -1]], np.int64)
+    with pytest.raises(ValueError, match="list of 2 .one per feature"):
+        layer([ids, ids], weights=np.ones([2, 2], np.float32), training=True)
+    assert int(layer.statistics()["size"]) == 0
+
+
 def test_the_table_device_round_trips_through_the_config():
     layer = HashTableEmbedding(4, capacity=10, table_device="/gpu:0")
     config = layer.get_config()

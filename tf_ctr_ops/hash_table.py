@@ -329,8 +329,8 @@ def check_restored_key_kind(table):
 _FINDS_OF_STEP = weakref.WeakKeyDictionary()
 
 
-def _find_index_in_step(table_var):
-    """Which inserting find of `table_var` this is in its training step: the
+def _find_index_in_step(table):
+    """Which inserting find of `table` this is in its training step: the
     body of a traced function (Keras' train_step, a tf.function, a loop body)
     runs as one step, so its first inserting find of a table starts a step
     and later ones (a layer shared by two features, called twice) continue
@@ -341,11 +341,21 @@ def _find_index_in_step(table_var):
     step. Eagerly, each call is a step."""
     if not tf.inside_function():
         return 0
+    table_var = _variable(table.table)
     graph = tf.compat.v1.get_default_graph()
     while isinstance(graph, control_flow_v2_func_graphs.CondBranchFuncGraph):  # a branch runs in its step
         graph = graph.outer_graph
     finds = _FINDS_OF_STEP.setdefault(graph, {})
     index = finds.get(table_var._unique_id, 0)
+    if index == 0 and graph is not tf.compat.v1.get_default_graph():
+        # The step's first find is in a branch, which may not run: the step
+        # starts outside it, with a find of no keys that only advances the
+        # clock. Traced now, it comes before the cond in the step's graph,
+        # and the table's reads and writes run in the order they are traced.
+        with graph.as_default():
+            _find(table_var, tf.zeros([0], table.key_dtype), table.capacity, True, table.admit_after,
+                  eviction=table.eviction, new_step=True)
+        index = 1
     finds[table_var._unique_id] = index + 1
     return index
 
@@ -373,7 +383,7 @@ def _find_and_reset(table, ids, insert, dense_padding=False):
         return _find_gathered(table, ids, dense_padding)
     if insert:
         check_eviction_outside_replicas(table.eviction)  # before the find inserts
-    in_step = _find_index_in_step(_variable(table.table)) if insert else 0
+    in_step = _find_index_in_step(table) if insert else 0
     rows, reused = _find(_variable(table.table), ids, table.capacity, insert, table.admit_after,
                          dense_padding=dense_padding, eviction=table.eviction if insert else "none",
                          new_step=in_step == 0)
@@ -715,6 +725,9 @@ def multi_hash_table_embedding(tables, features, weights=None, combiners="mean",
       feature when called on the features in order (new keys get rows in that
       order). With eviction, one call never evicts a key of any of its features.
     """
+    if not isinstance(features, (list, tuple)):  # a tensor would be taken row by row
+        raise TypeError(f"features must be a list of key containers (one per feature), got "
+                        f"{type(features).__name__}: for one feature, use hash_table_embedding")
     features = list(features)
     n = len(features)
     if n == 0:

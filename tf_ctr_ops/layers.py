@@ -13,6 +13,7 @@ in that process first (the op library must be loaded before the graph is).
 """
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras import constraints, initializers, regularizers
 
@@ -83,9 +84,11 @@ _CONTAINERS_DOC = """
 
 
 def _check_positive_int(value, name):
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+    # A NumPy integer too (a size read from an array); kept as an int, which
+    # the layer's config serializes.
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"`{name}` must be a positive integer, got {name}={value!r}")
-    return value
+    return int(value)
 
 
 def _check_max_norm(max_norm):
@@ -754,6 +757,9 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
         if floats:
             raise _float_keys_error(self, floats[0])
         if isinstance(inputs, (list, tuple)):  # slots: features sharing this table
+            if weights is not None and not isinstance(weights, (list, tuple)):
+                raise ValueError(f"weights of a list of {len(inputs)} features must be a list of {len(inputs)} "
+                                 "(one per feature, None where unweighted), got one value")
             weights = [None] * len(inputs) if weights is None else [_as_container(w) for w in weights]
             outputs = _hash_table.multi_hash_table_embedding(
                 self, [_as_container(x) for x in inputs], weights, combiners=self.combiner,

@@ -189,8 +189,15 @@ class Inserter {
       const bool needs_slot = entry == kEmptyEntry && !CanClaimSlot(h_[kOccupied], t.num_slots);
       // A key waiting for admission needs no slot, and a row needed frees
       // only keys holding one: the key itself is never evicted, so PlaceKey
-      // reads the entry it had.
-      if ((needs_row || needs_slot) && Evict(/*rows_only=*/needs_row)) {
+      // reads the entry it had. A slot needed while rows are free frees
+      // only keys waiting for admission: a stream of one-off keys must not
+      // evict trained rows while rows are free, even when one call brings
+      // more of them than there are slots (they wait with this call's clock,
+      // so none of them can go, and the key is dropped).
+      const Victims victims = needs_row                             ? Victims::kRowHolders
+                              : RowAvailable(h_, rules_.capacity) ? Victims::kWaiting
+                                                                  : Victims::kAny;
+      if ((needs_row || needs_slot) && Evict(victims)) {
         s = ProbeSlot(t.pairs, t.num_slots, key);  // eviction moved keys
       }
     }
@@ -215,26 +222,30 @@ class Inserter {
     }
   };
 
-  // Evicts up to capacity/16 keys that this call has not seen, lowest first
-  // (Candidate's order; with rows_only, only keys holding a row); false when
-  // none can go.
-  bool Evict(bool rows_only) {
-    if (rules_.eviction == Eviction::kNone || exhausted_[rows_only]) return false;
+  // Which keys an eviction may take.
+  enum class Victims { kRowHolders = 0, kWaiting = 1, kAny = 2 };
+
+  // Evicts up to capacity/16 keys of `victims` that this call has not seen,
+  // lowest first (Candidate's order); false when none can go.
+  bool Evict(Victims victims) {
+    const int v = static_cast<int>(victims);
+    if (rules_.eviction == Eviction::kNone || exhausted_[v]) return false;
     const Slots& t = t_.slots;
     const int64_t clock = h_[kClock];
     std::vector<Candidate> candidates;
     for (int64_t s = 0; s < t.num_slots; ++s) {
-      if (Evictable(t, s, clock, rows_only)) {
-        const int64_t* pair = PairAt(t.pairs, s);
-        candidates.push_back({pair[kEntry] >= 0, ScoreOf(t, s, rules_.eviction), pair[kKey]});
-      }
+      if (!Evictable(t, s, clock, /*rows_only=*/victims == Victims::kRowHolders)) continue;
+      const int64_t* pair = PairAt(t.pairs, s);
+      const bool holds_row = pair[kEntry] >= 0;
+      if (victims == Victims::kWaiting && holds_row) continue;
+      candidates.push_back({holds_row, ScoreOf(t, s, rules_.eviction), pair[kKey]});
     }
     if (candidates.empty()) {
       // Every key this call adds is stamped with its clock, so nothing becomes
       // evictable again before the next call: without this, a call with more
       // new keys than the table holds would scan every slot once per key.
-      exhausted_[rows_only] = true;
-      if (!rows_only) exhausted_[true] = true;
+      exhausted_[v] = true;
+      if (victims == Victims::kAny) exhausted_[0] = exhausted_[1] = true;
       return false;
     }
     const int64_t want = std::max<int64_t>(1, rules_.capacity / kEvictionBatchDivisor);
@@ -263,7 +274,7 @@ class Inserter {
   const InsertRules& rules_;
   int64_t* h_;
   std::vector<int64_t> reused_;
-  bool exhausted_[2] = {false, false};  // [rows_only]: a scan of this call found nothing to evict
+  bool exhausted_[3] = {false, false, false};  // [Victims]: a scan of this call found nothing to evict
 };
 
 inline Eviction ParseEviction(const std::string& name) {
