@@ -700,6 +700,15 @@ def test_verification_compares_integer_outputs_exactly():
     assert _max_abs_diff({"b": np.array([True])}, {"b": np.array([False])})[1] is False
 
 
+def test_verification_reads_equal_infinities_as_equal():
+    from tf_ctr_ops.rewrite import _max_abs_diff
+
+    y = np.array([np.inf, -np.inf, np.nan, 1.0], np.float32)
+    assert _max_abs_diff({"y": y}, {"y": y.copy()}) == (0.0, True)
+    for other in ([-np.inf, -np.inf, np.nan, 1.0], [np.inf, 5.0, np.nan, 1.0], [np.inf, -np.inf, 0.0, 1.0]):
+        assert _max_abs_diff({"y": y}, {"y": np.array(other, np.float32)}) == (np.inf, False)
+
+
 def _lookups_after_an_update(ids=None, keys=None):
     """Lookups of a [V, E] table by `ids` ([B, 3]) and `keys` ([B] strings),
     each of a form a pattern fuses."""

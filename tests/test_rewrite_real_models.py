@@ -530,8 +530,26 @@ def test_given_inputs_the_original_rejects_are_an_error(tmp_path):
     save_tf1_table_model(str(src))
     np.savez(tmp_path / "wrong.npz", y=np.array(["a"]))
     cli = run_cli(["src", "dst", "--inputs", "wrong.npz"], tmp_path)
-    assert cli.returncode == 1 and "no array for input(s) ['x']" in cli.stderr, cli.stderr
+    assert cli.returncode == 1 and "array(s) ['y'] that no signature takes" in cli.stderr, cli.stderr
     assert not (tmp_path / "dst").exists()
+
+
+def test_an_inputs_file_may_leave_a_signature_to_synthesis(tmp_path):
+    """A file holding none of a signature's inputs leaves that signature's
+    inputs to be synthesized; one holding some of them is an error."""
+    from tf_ctr_ops import _model_inputs
+    spec = tf.TensorSpec([None], tf.int64)
+    signatures = {"both": types.SimpleNamespace(structured_input_signature=((), {"a": spec, "b": spec})),
+                  "other": types.SimpleNamespace(structured_input_signature=((), {"c": spec}))}
+    np.savez(tmp_path / "one.npz", a=np.arange(3), b=np.arange(3))
+    got = _model_inputs.load_inputs_file(tmp_path / "one.npz", signatures)
+    assert list(got) == ["both"] and sorted(got["both"]) == ["a", "b"]
+    np.savez(tmp_path / "partial.npz", a=np.arange(3))
+    with pytest.raises(_model_inputs.InputsError, match=r"no array for input\(s\) \['b'\] of signature 'both'"):
+        _model_inputs.load_inputs_file(tmp_path / "partial.npz", signatures)
+    np.savez(tmp_path / "empty.npz")
+    with pytest.raises(_model_inputs.InputsError, match="holds no arrays"):
+        _model_inputs.load_inputs_file(tmp_path / "empty.npz", signatures)
 
 
 def test_given_inputs_of_no_examples_are_an_error(tmp_path):
@@ -759,6 +777,25 @@ def test_synthesized_inputs_do_not_depend_on_the_order_the_signature_lists_them(
     assert got[0].keys() == got[1].keys()
     for k in got[0]:
         np.testing.assert_array_equal(got[0][k], got[1][k])
+
+
+def test_fixed_batch_id_matrices_are_widened_too():
+    """A `[8, 3]` input of ids (a model exported with a fixed batch) is as
+    much ids as a `[None, 3]` one; only a fixed vector stays 0 and 1 (a
+    shape, a count)."""
+    from tf_ctr_ops import _model_inputs
+    table = tf.constant(np.arange(57 * 2, dtype=np.float32).reshape(57, 2))
+
+    @tf.function(input_signature=[tf.TensorSpec([8, 3], tf.int64), tf.TensorSpec([2], tf.int64)])
+    def model(ids, shape):
+        return tf.reduce_sum(tf.gather(table, ids), axis=1) + tf.cast(tf.reduce_sum(shape), tf.float32)
+
+    facts = types.SimpleNamespace(example_specs=[], input_vocabularies={}, string_vocabularies=[],
+                                  int_vocabularies=[])
+    specs = {"ids": tf.TensorSpec([8, 3], tf.int64), "shape": tf.TensorSpec([2], tf.int64)}
+    inputs, how = _model_inputs.synthesize(specs, _judge(model, []), facts, np.random.default_rng(0))
+    assert inputs["ids"].shape == (8, 3) and how == "synthesized, ids in [0, 57)", how
+    assert inputs["ids"].max() == 56 and set(inputs["shape"].tolist()) <= {0, 1}
 
 
 @pytest.mark.parametrize("limit, expected_high", [("gather", 57), ("assert", 30), ("assert_tiny", None)])

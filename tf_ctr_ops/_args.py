@@ -147,7 +147,8 @@ def check_div_layout(parts):
 
 def wrapped_variable(table):
     """The tf.Variable a Keras 3 variable wraps, else `table` itself; None
-    for a Keras variable that Keras autocasts where it is read.
+    for a Keras variable that wraps none yet (Keras' symbolic build of a
+    loaded model) or that Keras autocasts where it is read.
 
     In a mixed-precision layer's call Keras autocasts the layer's float
     variables: the Keras variable's dtype is then the policy's compute dtype,
@@ -155,10 +156,10 @@ def wrapped_variable(table):
     (`tf.convert_to_tensor` casts it), as every other op of that layer reads
     it, never in place.
     """
-    var = getattr(table, "_value", None)
-    if var is None:
+    if not hasattr(table, "_value"):
         return table
-    return var if tf.as_dtype(table.dtype) == var.dtype else None
+    var = table._value
+    return var if var is not None and tf.as_dtype(table.dtype) == var.dtype else None
 
 
 def read_table(table, dtype=None):

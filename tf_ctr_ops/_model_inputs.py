@@ -64,7 +64,9 @@ def load_inputs_file(path, signatures, unselected=None):
     """{signature key: {input: array}} from `path`, for `signatures` ({key: concrete function}).
 
     An `.npz` holds arrays named by input (used by every signature that has
-    that input) or "SIGNATURE/INPUT"; the arrays of `unselected` signatures
+    that input) or "SIGNATURE/INPUT"; a signature it holds none of is left
+    out (its inputs are synthesized), one it holds some of is an error; the
+    arrays of `unselected` signatures
     ({key: concrete function}: those left out of this rewrite) are ignored,
     so that one file serves any subset. Strings as numpy str or bytes arrays. Any other file is read as a TFRecord file (plain or gzip) of
     serialized `tf.Example`s,
@@ -134,6 +136,8 @@ def _inputs_from_npz(path, signatures, unselected=None):
             except (OSError, AttributeError, zipfile.BadZipFile) as e:  # a member that is no .npy
                 raise InputsError(f"inputs file {path}: member {k!r} is not a readable .npy array "
                                   f"({type(e).__name__}: {e})") from None
+    if not arrays:
+        raise InputsError(f"inputs file {path} holds no arrays")
     out, used = {}, set()
     for key, fn in signatures.items():
         specs = fn.structured_input_signature[1]
@@ -144,6 +148,8 @@ def _inputs_from_npz(path, signatures, unselected=None):
                     given[name] = _file_array_as_input(path, candidate, arrays[candidate], spec)
                     used.add(candidate)
                     break
+        if not given:
+            continue  # none of its inputs: synthesized, as without a file
         missing = [n for n in specs if n not in given]
         if missing:
             raise InputsError(f"inputs file {path} has no array for input(s) {missing} of signature {key!r} "
@@ -675,11 +681,13 @@ def _widest_per_part(build, run, parts, common):
 
 
 def _plain_batch_keys(specs, vocabulary_keys):
-    """The integer and string batch inputs whose values no vocabulary chose.
-    Batch inputs only: a fixed-shape integer input is more likely a shape or
-    a count than an id."""
+    """The integer and string batch inputs whose values no vocabulary chose:
+    those of an unknown batch, and fixed ones of rank 2 or more (a `[8, 5]`
+    matrix of ids). A fixed vector of integers is more likely a shape or a
+    count than ids."""
     return [k for k, s in specs.items() if k not in vocabulary_keys and s.shape.rank
-            and s.shape.as_list()[0] is None and (tf.as_dtype(s.dtype).is_integer or s.dtype == tf.string)]
+            and (s.shape.as_list()[0] is None or s.shape.rank >= 2)
+            and (tf.as_dtype(s.dtype).is_integer or s.dtype == tf.string)]
 
 
 def _with_empty_strings(inputs, how, keys, run):

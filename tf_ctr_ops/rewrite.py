@@ -862,8 +862,11 @@ def _max_abs_diff(reference, actual):
                 return float(diff.max()) if diff.size else float("inf"), False
         elif a.dtype.kind in "fciub" and b.dtype.kind in "fciub":
             a64, b64 = a.astype(np.float64), b.astype(np.float64)
-            both_nan = np.isnan(a64) & np.isnan(b64)
-            diff = np.where(both_nan, 0.0, np.abs(a64 - b64))
+            # Equal infinities (and NaN against NaN) do not differ; inf - inf
+            # would be NaN, reported as an infinite difference.
+            same = (a64 == b64) | (np.isnan(a64) & np.isnan(b64))
+            with np.errstate(invalid="ignore"):
+                diff = np.where(same, 0.0, np.abs(a64 - b64))
             diff = np.where(np.isnan(diff), np.inf, diff)
             worst = max(worst, float(diff.max()))
             close &= bool(np.allclose(a64, b64, rtol=1e-5, atol=1e-6, equal_nan=True))

@@ -184,7 +184,8 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     const DataType T = TypeAttr(anchor, "T");
     if (T != tensorflow::DT_FLOAT)
       return Skip(ctx, anchor, "data dtype " + tensorflow::DataType_Name(T) +
-                                   " is not float32 (TF reduces half types in their own precision)");
+                                   " is not float32 (TF reduces each type in its own precision, the fused op in "
+                                   "float32)");
     std::string why;
     if (!GathersWholeRows(g, *gather, &why)) return Skip(ctx, anchor, why);
     const int table_rank = GatherTableRank(ctx, *gather, resource, 2);
