@@ -779,6 +779,7 @@ def test_padded_pool_of_hashed_int_keys_is_hash_mode(rng, table):
     ("mixed_precision_keras_mean", "cast from DT_FLOAT to DT_HALF before the reduction"),
     ("mixed_precision_masked", "cast from DT_FLOAT to DT_HALF before the reduction"),
     ("multiplied_by_mask", "multiplied (by a mask or weights) before the reduction"),
+    ("squared", "sums the gathered rows' squares"),
     ("rows_read_twice", "has another consumer"),
 ])
 def test_padded_pool_left_alone_with_reason(rng, case, reason):
@@ -802,6 +803,8 @@ def test_padded_pool_left_alone_with_reason(rng, case, reason):
             return tf.cast(tf.reduce_mean(tf.cast(tf.cast(rows, tf.float16), tf.float32), axis=1), tf.float16)
         if case == "multiplied_by_mask":  # a masked sum written by hand
             return tf.reduce_sum(rows * tf.expand_dims(tf.cast(tf.not_equal(ids, 0), rows.dtype), -1), axis=1)
+        if case == "squared":  # tf.clip_by_norm's norm, as embedding_lookup(max_norm=...) computes it
+            return tf.reduce_sum(rows * rows, axis=1)
         if case == "mixed_precision_masked":  # the masked mean selects a half 0 for the masked rows
             mask = tf.expand_dims(tf.not_equal(ids, 0), -1)
             return tf.reduce_sum(tf.where(mask, tf.cast(rows, tf.float16), tf.constant(0, tf.float16)), axis=1)

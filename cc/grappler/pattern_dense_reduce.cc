@@ -149,6 +149,8 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     MaskedRows masked;
     const NodeDef* input = g.Producer(anchor, 0);
     if (!mean && MatchMaskSelect(g, input, &masked)) input = g.Producer(*input, 1);
+    if (IsOp(input, "Mul") && ReadsGatheredRows(g, *input, 0) && ReadsGatheredRows(g, *input, 1))
+      return Skip(ctx, anchor, "it sums the gathered rows' squares (the norm of a max_norm clip), not the rows");
     if (IsOp(input, "Mul") && (ReadsGatheredRows(g, *input, 0) || ReadsGatheredRows(g, *input, 1)))
       return Skip(ctx, anchor, "the gathered rows are multiplied (by a mask or weights) before the reduction: a "
                                "masked pooling fuses in the form of Keras' GlobalAveragePooling1D, "
