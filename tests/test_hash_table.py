@@ -827,6 +827,22 @@ def test_restore_into_a_table_of_another_capacity(rng, tmp_path, how):
         assert (int(stats["size"]), int(stats["dropped"])) == (fits, 60 - fits)
 
 
+def test_restore_resized_reads_a_layers_table_and_names_a_missing_one(rng, tmp_path):
+    from tf_ctr_ops.hash_table import find_rows
+    from tf_ctr_ops.layers import HashTableEmbedding
+    layer = HashTableEmbedding(3, capacity=50, name="emb")
+    keys = rng.choice(10**9, 30, replace=False).astype(np.int64)
+    layer(keys[:, None], training=True)
+    path = tf.train.Checkpoint(emb=layer).save(str(tmp_path / "ckpt"))
+    resized = HashTable(dim=3, capacity=20)
+    assert int(resized.restore_resized(path, "emb")) == 20
+    rows = resized.find(keys[:20]).numpy()
+    want = layer.embeddings.numpy()[find_rows(layer, tf.constant(keys[:20])).numpy()]
+    np.testing.assert_array_equal(resized.values.numpy()[rows], want)
+    with pytest.raises(ValueError, match="no hash table named 'other'"):
+        resized.restore_resized(path, "other")
+
+
 def test_checkpoint_restore_of_another_dim_names_both(rng, tmp_path):
     saved = HashTable(dim=3, capacity=10)
     saved.find([5, 6], insert=True)

@@ -173,13 +173,19 @@ class HashTable(tf.Module):
         return insert_rows(self, keys, values)
 
     def restore_resized(self, checkpoint_path, name):
-        """Inserts the keys and values of the HashTable saved as `name` in a
-        tf.train.Checkpoint (`tf.train.Checkpoint(name=table).save(...)`) whatever
-        its capacity, and returns how many fit. `Checkpoint.restore` does the
-        same; this reads one table of a checkpoint by its name."""
+        """Inserts the keys and values of the HashTable (or HashTableEmbedding
+        layer) saved as `name` in a tf.train.Checkpoint
+        (`tf.train.Checkpoint(name=table).save(...)`) whatever its capacity,
+        and returns how many fit. `Checkpoint.restore` does the same; this
+        reads one table of a checkpoint by its name."""
         reader = tf.train.load_checkpoint(checkpoint_path)
-        table = reader.get_tensor(f"{name}/table/.ATTRIBUTES/VARIABLE_VALUE")
-        values = reader.get_tensor(f"{name}/values/.ATTRIBUTES/VARIABLE_VALUE")
+        saved = {k: f"{name}/{k}/.ATTRIBUTES/VARIABLE_VALUE" for k in ("table", "values", "embeddings")}
+        found = {k for k, key in saved.items() if reader.has_tensor(key)}
+        if "table" not in found or not found & {"values", "embeddings"}:
+            raise ValueError(f"checkpoint {checkpoint_path} holds no hash table named {name!r} (no "
+                             f"{name}/table with {name}/values or {name}/embeddings)")
+        table = reader.get_tensor(saved["table"])
+        values = reader.get_tensor(saved["values" if "values" in found else "embeddings"])
         check_saved_key_kind(table, self)
         return insert_rows(self, *rows_of_tensors(table, values))
 
