@@ -259,3 +259,9 @@ def test_string_op_arguments_of_the_wrong_kind_are_clear(rng):
                                   tf_ctr_ops.string_embedding(["1|2"], params, delimiter="|"))
     with pytest.raises(TypeError, match="default_id must be an integer"):
         tf_ctr_ops.string_embedding(["1"], params, default_id=2.7)
+
+
+def test_a_functional_model_of_non_string_inputs_is_refused_at_construction():
+    for dtype in ("int64", "float32"):
+        with pytest.raises(TypeError, match="takes string inputs, got .*dtype='string'"):
+            keras.Model(*(lambda i: (i, StringEmbedding(10, 2)(i)))(keras.Input(shape=(), dtype=dtype)))

@@ -597,3 +597,63 @@ def test_chunked_split_agrees_with_tf(rng, params, delimiter, skip_empty):
         assert_matches(strings + [tail], params, delimiter=delimiter, id_mode="hash", skip_empty=skip_empty,
                        combiner="sum")
     assert_matches(strings, params, delimiter=delimiter, id_mode="hash", skip_empty=skip_empty, combiner="sqrtn")
+
+
+@pytest.mark.parametrize("dtype", [np.float16, tf.bfloat16.as_numpy_dtype])
+def test_a_half_tables_gradient_is_as_close_as_tfs_over_many_tokens(rng, dtype):
+    """A row per token, summed in half precision by a dense use, drifted
+    far from the exact gradient where an id has many tokens; the gradient
+    has a row per distinct id, summed in float32, as TF's composition does."""
+    vocab, dim = 100, 4
+    strings = tf.constant([",".join(map(str, rng.integers(0, vocab, 5000))), "1,2", "3"])
+    table, upstream = rng.normal(size=(vocab, dim)), rng.normal(size=(3, dim))
+
+    def gradient(lookup, table_dtype):
+        t = tf.Variable(table.astype(table_dtype))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.cast(lookup(t), tf.float64) * upstream)
+        return tape.gradient(loss, t)
+
+    ids = tf.strings.to_number(tf.strings.split(strings, ","), tf.int64).to_sparse()
+    theirs = lambda t: tf.nn.safe_embedding_lookup_sparse(t, ids, combiner="sum")
+    ours = lambda t: tco.string_embedding(strings, t, id_mode="index", combiner="sum")
+    exact = tf.convert_to_tensor(gradient(theirs, np.float64)).numpy()
+    got = gradient(ours, dtype)
+    assert got.values.shape[0] == len(np.unique(got.indices.numpy()))
+    error = np.abs(tf.cast(tf.convert_to_tensor(got), tf.float64).numpy() - exact).max()
+    tf_error = np.abs(tf.cast(tf.convert_to_tensor(gradient(theirs, dtype)), tf.float64).numpy() - exact).max()
+    assert error <= 1.5 * tf_error, (error, tf_error)
+
+
+def test_sparse_string_keys_out_of_row_order_are_a_clear_error():
+    table = tf.reshape(tf.range(40.0), [20, 2])
+    keys = tf.SparseTensor([[1, 0], [0, 0], [0, 1]], tf.constant(["x", "y", "z"]), [2, 2])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="row ids must be sorted"):
+        tco.hash_embedding(table, keys, combiner="sum")
+    np.testing.assert_array_equal(tco.hash_embedding(table, tf.sparse.reorder(keys), combiner="sum"),
+                                  tf.nn.safe_embedding_lookup_sparse(
+                                      table, tf.SparseTensor(keys.indices, tf.strings.to_hash_bucket_fast(
+                                          keys.values, 20), [2, 2]), combiner="sum"))
+
+
+def test_packed_bytes_of_partial_splits_with_a_sharded_table():
+    # Splits that cover part of the buffer (one string: byte 2 of "1,234").
+    table = np.arange(20, dtype=np.float32).reshape(10, 2)
+    data, _ = tco.pack_strings(tf.constant(["1,2", "3", "4"]))
+    packed = (data, tf.constant([2, 3], tf.int64))
+    want = tco.string_embedding(packed, tf.constant(table), id_mode="index")
+    np.testing.assert_array_equal(want, [[4.0, 5.0]])
+    got = tco.string_embedding(packed, [tf.Variable(table[:5]), tf.Variable(table[5:])], id_mode="index")
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("spec", [tf.TensorSpec(None, tf.string), tf.TensorSpec([None, None], tf.string)])
+def test_strings_of_a_shape_known_only_at_run_time_are_checked_then(spec):
+    table = tf.constant(np.arange(26, dtype=np.float32).reshape(13, 2))
+    f = tf.function(lambda s: tco.string_embedding(s, table, id_mode="index"), input_signature=[spec])
+    want = tco.string_embedding(tf.constant(["1,2", "3"]), table, id_mode="index")
+    np.testing.assert_array_equal(f(tf.constant([["1,2"], ["3"]])), want)
+    if spec.shape.rank is None:
+        np.testing.assert_array_equal(f(tf.constant(["1,2", "3"])), want)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"strings must be a vector \[B\] \(or \[B, 1\]\)"):
+        f(tf.constant([["1", "2"]]))

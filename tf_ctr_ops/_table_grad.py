@@ -13,6 +13,23 @@ def dense_table_shape(params):
     return tf.cast(tf.shape(params, out_type=tf.int64), tf.int32)
 
 
+def half_rows_merged(values, indices):
+    """(values, indices) with one row per distinct index, summed in float32,
+    where the values are float16 or bfloat16; float32 and float64 as given.
+
+    The string ops' gradient has a row per token. Summed in half precision
+    (by a dense use of the IndexedSlices, or a scatter-add), the rounding of
+    each add builds up over an id's many tokens: 100,000 tokens of 1,000 ids
+    were 20x further from the exact gradient than TF's composition, whose
+    gradient has a row per distinct id.
+    """
+    if values.dtype not in (tf.float16, tf.bfloat16):
+        return values, indices
+    distinct, position = tf.unique(indices)
+    summed = tf.math.unsorted_segment_sum(tf.cast(values, tf.float32), position, tf.size(distinct))
+    return tf.cast(summed, values.dtype), distinct
+
+
 def table_gradient(values, indices, dense_shape):
     """`tf.IndexedSlices(values, indices, dense_shape)`, with one zero row
     (row 0) when it would have none under a strategy of several replicas.

@@ -441,6 +441,17 @@ def _string_inputs(inputs):
     return inputs
 
 
+def _check_string_specs(layer, specs):
+    """A functional model's inputs (KerasTensors) are strings: Keras infers
+    the output from compute_output_shape without calling the layer, so an
+    int64 Input would otherwise pass until the model's first call."""
+    for spec in tf.nest.flatten(specs):
+        dtype = getattr(spec, "dtype", None)
+        if dtype is not None and tf.as_dtype(dtype) != tf.string:
+            raise TypeError(f"{type(layer).__name__} {layer.name!r} takes string inputs, got {tf.as_dtype(dtype).name} "
+                            "(give its keras.Input dtype='string')")
+
+
 @keras.saving.register_keras_serializable(package="tf_ctr_ops")
 class StringEmbedding(_PooledEmbeddingBase):
     """Pooled embedding of strings of delimited ids, e.g. `"12,7,993"`.
@@ -493,8 +504,14 @@ class StringEmbedding(_PooledEmbeddingBase):
     def num_buckets(self):
         return self._rows
 
+    def compute_output_spec(self, inputs, weights=None):
+        _check_string_specs(self, inputs)
+        return super().compute_output_spec(inputs, weights)
+
     def call(self, inputs, weights=None):
-        if _in_keras_symbolic_pass() and _values_dtype(_as_container(inputs)) != tf.string:
+        # Keras rebuilds a loaded model on float32 placeholders; other
+        # non-string inputs go on to the op's TypeError, at construction.
+        if _in_keras_symbolic_pass() and _values_dtype(_as_container(inputs)).is_floating:
             return _symbolic_output(_string_inputs(inputs), self.output_dim, self.compute_dtype)
         return super().call(inputs, weights)
 
@@ -583,7 +600,7 @@ class MultiStringEmbedding(_FusedOpLayer):
 
     def call(self, inputs):
         inputs = [_string_inputs(x) for x in _feature_list(inputs, len(self.num_buckets), self)]
-        if _in_keras_symbolic_pass() and any(x.dtype != tf.string for x in inputs):
+        if _in_keras_symbolic_pass() and any(x.dtype.is_floating for x in inputs):  # as StringEmbedding's
             outs = [_symbolic_output(inputs[0], d, self.compute_dtype) for d in self.output_dims]
             return tf.concat(outs, 1) if self.concat else outs
         outs = _strings.multi_string_embedding(

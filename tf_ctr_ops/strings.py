@@ -22,7 +22,7 @@ from tf_ctr_ops._args import (
     per_feature,
 )
 from tf_ctr_ops._loader import load_op_library
-from tf_ctr_ops._table_grad import dense_table_shape, forward_table, table_gradient
+from tf_ctr_ops._table_grad import dense_table_shape, forward_table, half_rows_merged, table_gradient
 
 _ops = load_op_library()
 
@@ -41,6 +41,15 @@ def _string_vector(strings):
         raise TypeError(f"strings must be a string tensor, got {strings.dtype}")
     if strings.shape.rank == 2 and strings.shape[1] == 1:
         strings = tf.squeeze(strings, axis=1)
+    if strings.shape.rank is None or (strings.shape.rank == 2 and strings.shape[1] is None):
+        # [B] or [B, 1] only at run time (a signature of unknown rank, a
+        # Keras Input(shape=(None,))): checked then.
+        shape = tf.shape(strings, out_type=tf.int64)
+        is_vector = tf.logical_and(tf.logical_or(tf.equal(tf.size(shape), 1), tf.equal(tf.size(shape), 2)),
+                                   tf.equal(tf.reduce_prod(shape[1:]), 1))
+        check = tf.debugging.Assert(is_vector, ["strings must be a vector [B] (or [B, 1]), got shape", shape])
+        with tf.control_dependencies([check]):
+            return tf.reshape(strings, [-1])
     if strings.shape.rank != 1:
         raise ValueError(f"strings must be a vector [B] (or [B, 1]), got shape {strings.shape}")
     return strings
@@ -70,6 +79,10 @@ def _unpack_strings(packed):
     byte becomes its one-byte string, joined per row. For the paths that split
     the strings with TF ops; the fused op must have validated the splits."""
     data, row_splits = packed
+    # Splits need not cover the whole buffer (the fused op reads only
+    # [splits[0], splits[-1])): the bytes outside belong to no row.
+    data = data[row_splits[0]:row_splits[-1]]
+    row_splits = row_splits - row_splits[0]
     one_byte = tf.constant([bytes([b]) for b in range(256)], tf.string)
     rows = tf.ragged.row_splits_to_segment_ids(row_splits)
     return tf.strings.unsorted_segment_join(tf.gather(one_byte, tf.cast(data, tf.int32)), rows,
@@ -285,7 +298,15 @@ def _sparse_rows(sparse):
     """A SparseTensor [B, N] in row-major order as a RaggedTensor [B, (n)]."""
     if sparse.shape.rank is not None and sparse.shape.rank != 2:
         raise ValueError(f"sparse keys must be a SparseTensor [B, N], got rank {sparse.shape.rank}")
-    return tf.RaggedTensor.from_value_rowids(sparse.values, sparse.indices[:, 0], nrows=sparse.dense_shape[0])
+    rows = sparse.indices[:, 0]
+    # As the integer keys' check words it; from_value_rowids would only say
+    # that its row partition is invalid.
+    in_order = tf.debugging.assert_non_negative(
+        rows[1:] - rows[:-1], message="sparse keys: row ids must be sorted (row-major order, as tf.sparse.reorder "
+                                      "gives)")
+    with tf.control_dependencies([in_order]):
+        rows = tf.identity(rows)
+    return tf.RaggedTensor.from_value_rowids(sparse.values, rows, nrows=sparse.dense_shape[0])
 
 
 def string_key_bags(keys, weights=None):
@@ -360,7 +381,7 @@ def _string_embedding_grad(op, grad):
         grad = tf.pad(grad, [[0, bags - tf.shape(grad)[0]], [0, 0]])
     values, indices = _ops.ctr_string_embedding_grad(grad=grad, params=params, bytes=data, row_splits=row_splits,
                                                      bag_splits=bag_splits, **attrs)
-    return [table_gradient(values, indices, dense_table_shape(params)), None, None, None]
+    return [table_gradient(*half_rows_merged(values, indices), dense_table_shape(params)), None, None, None]
 
 
 def _feature_hash_keys(op, n):
@@ -403,7 +424,7 @@ def _multi_string_embedding_grad(op, *grads):
             id_mode=attrs["id_modes"][i].decode(), delimiter=attrs["delimiters"][i],
             skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i], bagged=False,
             num_buckets=buckets[i], hash_key=hash_keys[i])
-        out.append(table_gradient(values, indices, dense_table_shape(tables[i])))
+        out.append(table_gradient(*half_rows_merged(values, indices), dense_table_shape(tables[i])))
     return out + [None, None]
 
 
@@ -449,7 +470,7 @@ def _concat_grad(op, grad, tables, data, row_splits, input_splits, dense, string
             combiner=attrs["combiners"][i].decode(), id_mode=attrs["id_modes"][i].decode(),
             delimiter=attrs["delimiters"][i], skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i],
             bagged=False, num_buckets=buckets[i], hash_key=hash_keys[i])
-        out.append(table_gradient(values, indices, dense_table_shape(tables[i])))
+        out.append(table_gradient(*half_rows_merged(values, indices), dense_table_shape(tables[i])))
     dense_grads = [grad[:, columns[n + j]:columns[n + j] + widths[n + j]] for j in range(m)]
     return out + [None] * string_inputs + dense_grads
 
