@@ -655,3 +655,43 @@ def test_a_container_of_another_kind_is_named(call, message):
     # These were raw TypeErrors ("object of type 'RaggedTensor' has no len()").
     with pytest.raises(TypeError, match=message):
         call()
+
+
+@pytest.mark.parametrize("layer", [
+    lambda: tco_layers.HashEmbedding(50, 4, name="emb"),
+    lambda: tco_layers.SparseEmbedding(50, 4, name="emb"),
+    lambda: tco_layers.HashTableEmbedding(4, capacity=64, name="emb"),
+])
+def test_a_single_valued_feature_is_one_id_per_row(rng, layer):
+    """`Input(shape=())` ids, as Keras' Hashing + Embedding take them: each
+    row's one id, as the same ids given as [B, 1]."""
+    ids = rng.integers(0, 50, 8).astype(np.int64)
+    weights = rng.uniform(0.5, 2.0, 8).astype(np.float32)
+    inputs = keras.Input(shape=(), dtype="int64")
+    emb = layer()
+    model = keras.Model(inputs, emb(inputs))
+    want = emb(ids[:, None], training=True)
+    np.testing.assert_array_equal(model.predict(ids, verbose=0), want)
+    np.testing.assert_array_equal(emb(ids, weights), emb(ids[:, None], weights[:, None]))
+
+
+@pytest.mark.parametrize("layer", [
+    lambda: tco_layers.SparseEmbedding(4, 1, combiner="sum"),
+    lambda: tco_layers.HashEmbedding(4, 1, combiner="sum"),
+    lambda: tco_layers.HashTableEmbedding(1, capacity=16, combiner="sum"),
+])
+def test_weights_must_line_up_with_the_ids(layer):
+    """As Keras' Embedding(ids) * weights[..., None] demands: one weight per
+    id in the same layout, not merely as many values."""
+    emb = layer()
+    ids = tf.ragged.constant([[1, 2], [3]], tf.int64)
+    emb(ids, tf.ragged.constant([[1.0, 1.0], [2.0]]))
+    for weights in (tf.ragged.constant([[1.0], [1.0, 2.0]]), tf.ragged.constant([[1.0], [1.0], [2.0]])):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="one weight per id: their row splits differ"):
+            emb(ids, weights)
+    sparse = ids.to_sparse()
+    moved = tf.SparseTensor(tf.constant([[0, 0], [1, 0], [1, 1]], tf.int64), tf.ones([3]), sparse.dense_shape)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="their indices differ"):
+        emb(sparse, moved)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError)):
+        emb(tf.constant([[1, 2]], tf.int64), tf.ones([1, 3]))

@@ -116,6 +116,40 @@ def _as_container(x):
     return tf.convert_to_tensor(x)
 
 
+def _id_bags(x):
+    """`_as_container(x)`, with a dense vector of ids `[B]` (a Keras
+    `Input(shape=())` feature, as `Hashing` + `Embedding` take it) as `[B, 1]`:
+    one id per row. Weights alike."""
+    x = _as_container(x)
+    if isinstance(x, tf.Tensor) and x.shape.rank == 1:
+        x = tf.expand_dims(x, 1)
+    return x
+
+
+def _weights_aligned(ids, weights):
+    """`weights`, once they hold one weight per id in the ids' own layout (a
+    ragged tensor's row splits, a sparse tensor's indices, a dense one's
+    shape), as Keras' `Embedding(ids) * weights[..., None]` demands; the op
+    alone would take any weights of as many values."""
+    if weights is None or ids is None:
+        return weights
+    if isinstance(ids, tf.RaggedTensor) and isinstance(weights, tf.RaggedTensor):
+        parts = [(ids.row_splits, tf.cast(weights.row_splits, ids.row_splits.dtype), "row splits")]
+    elif isinstance(ids, tf.SparseTensor) and isinstance(weights, tf.SparseTensor):
+        parts = [(ids.indices, weights.indices, "indices"), (ids.dense_shape, weights.dense_shape, "dense_shape")]
+    elif isinstance(ids, tf.Tensor) and isinstance(weights, tf.Tensor):
+        parts = [(tf.shape(ids, out_type=tf.int64), tf.shape(weights, out_type=tf.int64), "shape")]
+    else:
+        return weights  # of another kind: the op's own checks apply
+    checks = []
+    for a, b, what in parts:
+        same = tf.logical_and(tf.equal(tf.size(a), tf.size(b)),
+                              tf.reduce_all(tf.equal(tf.reshape(a, [-1])[:tf.size(b)], tf.reshape(b, [-1])[:tf.size(a)])))
+        checks.append(tf.debugging.Assert(same, [f"weights must hold one weight per id: their {what} differ from the ids'"]))
+    with tf.control_dependencies(checks):
+        return tf.nest.map_structure(tf.identity, weights, expand_composites=True)
+
+
 def _values_dtype(x):
     return (x.values if isinstance(x, (tf.RaggedTensor, tf.SparseTensor)) else x).dtype
 
@@ -218,7 +252,9 @@ class _PooledEmbeddingBase(_PooledOutput, _FusedOpLayer):
         raise NotImplementedError
 
     def call(self, inputs, weights=None):
-        inputs, weights = _as_container(inputs), _as_container(weights)
+        as_bags = _id_bags if self._takes_ids else _as_container
+        inputs, weights = as_bags(inputs), as_bags(weights)
+        weights = _weights_aligned(inputs, weights)
         if self._takes_ids and _values_dtype(inputs).is_floating:
             if _in_keras_symbolic_pass():
                 return _symbolic_output(inputs, self.output_dim, self.compute_dtype)
@@ -777,13 +813,14 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
             if weights is not None and not isinstance(weights, (list, tuple)):
                 raise ValueError(f"weights of a list of {len(inputs)} features must be a list of {len(inputs)} "
                                  "(one per feature, None where unweighted), got one value")
-            weights = [None] * len(inputs) if weights is None else [_as_container(w) for w in weights]
+            weights = [None] * len(inputs) if weights is None else [_id_bags(w) for w in weights]
             outputs = _hash_table.multi_hash_table_embedding(
-                self, [_as_container(x) for x in inputs], weights, combiners=self.combiner,
+                self, [_id_bags(x) for x in inputs], weights, combiners=self.combiner,
                 max_norms=self.max_norm, insert=insert)
             return [self._in_compute_dtype(out) for out in outputs]
+        ids = _id_bags(inputs)
         return self._in_compute_dtype(_hash_table.hash_table_embedding(
-            self, _as_container(inputs), _as_container(weights), combiner=self.combiner, max_norm=self.max_norm,
+            self, ids, _weights_aligned(ids, _id_bags(weights)), combiner=self.combiner, max_norm=self.max_norm,
             insert=insert))
 
     def compute_output_shape(self, input_shape):
