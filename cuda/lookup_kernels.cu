@@ -227,7 +227,7 @@ __device__ void PoolBag(const LookupSpec& s, const T* params, const TKey* keys,
       AddRow(params + s.default_id * dim, 1.f, dim, s.max_norm, tile, g, &acc);
       bw.Add(1.f);
     }
-    acc.Store(out + r * dim, dim, tile, g, OutputScale(s.combiner, bw), CombinerDivisor(s.combiner, bw));
+    acc.Store(out + r * dim, dim, tile, g, OutputScale(s.combiner, bw, weights != nullptr), CombinerDivisor(s.combiner, bw));
     tile += Tile::Width(g);
   } while (tile < dim);
 }
@@ -296,7 +296,7 @@ __device__ void PoolBagWarp(const LookupSpec& s, const T* params, const TKey* ke
       bw.Add(1.f);
     }
     if (g.index == 0)
-      acc.Store(out + r * dim, dim, tile, g, OutputScale(s.combiner, bw), CombinerDivisor(s.combiner, bw));
+      acc.Store(out + r * dim, dim, tile, g, OutputScale(s.combiner, bw, weights != nullptr), CombinerDivisor(s.combiner, bw));
     tile += Tile::Width(g);
   } while (tile < dim);
 }

@@ -388,7 +388,7 @@ __device__ void PoolBag(const StringSpec& s, const T* params, const uint8_t* byt
       AddRow(params + s.lookup.default_id * dim, 1.f, dim, s.lookup.max_norm, tile, g, &acc);
       bw.Add(1.f);
     }
-    if (g.index == 0 && out_row != nullptr) acc.Store(out_row, dim, tile, g, OutputScale(s.lookup.combiner, bw),
+    if (g.index == 0 && out_row != nullptr) acc.Store(out_row, dim, tile, g, OutputScale(s.lookup.combiner, bw, /*weighted=*/false),
                                 CombinerDivisor(s.lookup.combiner, bw));
     tile += Tile::Width(g);
   } while (tile < dim);

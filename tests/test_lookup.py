@@ -818,6 +818,26 @@ def test_a_persistent_tape_around_a_function_gets_indexed_slices_as_tf_gives():
     np.testing.assert_allclose(tf.convert_to_tensor(grads[1]), tf.convert_to_tensor(grads[0]), rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+def test_a_persistent_tape_around_a_function_of_a_cast_table_gets_indexed_slices(dtype):
+    # A mixed-precision model reads its float32 table through a cast in the
+    # function: the gradient, which read the cast from inside it, was a dense
+    # [V, D] tensor under a persistent tape. TF's stays IndexedSlices.
+    cases, _ = _persistent_tape_cases()
+    params = tf.Variable(np.random.default_rng(4).normal(size=(1000, 4)).astype(np.float32))
+    for name, lookup in [case for case in cases if not case[0].endswith("/read")]:
+        f = tf.function(lambda: tf.cast(lookup(tf.cast(params, dtype)), tf.float32))
+        grads = []
+        for persistent in (False, True):
+            with tf.GradientTape(persistent=persistent) as tape:
+                loss = tf.reduce_sum(f() * tf.range(1.0, 5.0))
+            grads.append(tape.gradient(loss, params))
+        for g in grads:
+            assert isinstance(g, tf.IndexedSlices), (name, type(g).__name__)
+            assert g.dtype == tf.float32 and g.values.shape[0] < 10, (name, g.dtype, g.values.shape)
+        np.testing.assert_array_equal(tf.convert_to_tensor(grads[1]), tf.convert_to_tensor(grads[0]), err_msg=name)
+
+
 def _unique_kept_reference(ids, bag_of, num_bags, weights, table_rows, fill):
     """First appearance of the kept ids in entry order, the fill numbered
     where the first bag with no kept entry begins (TF's safe lookup lists it

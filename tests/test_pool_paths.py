@@ -1,11 +1,13 @@
-"""The CPU pooling has two loops: bags of unit weight (no weights input: ids,
-string tokens, a hash table's found rows) are pooled a bag at a time with
-their column sums in registers, weighted bags by a stream of entries. Both
-must give the same bits: the same block-of-8 sums in the same order (TF's
-SparseSegmentSum order), so that a model's output does not depend on
-whether it passes weights of 1. Checked here on the framework-free core and
-through the TF ops, across row widths that exercise every column chunk
-(16, 8, 4 and single columns)."""
+"""The CPU pooling sums a bag's rows in the order of the TF kernels that
+embedding_lookup_sparse pools with, so that it gives their bits: unweighted
+bags (ids, string tokens, a hash table's rows) as SparseSegmentSum / Mean /
+SqrtN group them (a first group of n mod 8 rows, then groups of 8), weighted
+bags as the composition's segment_sum adds them (an Eigen reduction: in
+order below 16 rows, then 4 interleaved sums over the columns of whole
+8-float packets). Checked here on the framework-free core against a float32
+reference of those orders, across row widths that exercise every column
+chunk (16, 8, 4 and single columns) and packet remainder, and through the TF
+ops against tf.nn itself."""
 
 import numpy as np
 import pytest
@@ -26,36 +28,82 @@ def _bags(rng, batch, vocab, max_len, negatives=False):
     return ids, offsets
 
 
-def _reference(params, ids, offsets, combiner, default_id=-1):
-    out = np.zeros((len(offsets) - 1, params.shape[1]), np.float64)
+def _sparse_segment_sum(rows):
+    """float32 sum of rows [n, D] in SparseSegmentReduction's groups."""
+    n = len(rows)
+    first = n if n <= 9 else {0: 8, 1: 9}.get(n % 8, n % 8)
+    total = rows[0].copy()
+    for r in rows[1:first]:
+        total = total + r
+    for g in range(first, n, 8):
+        group = rows[g].copy()
+        for r in rows[g + 1:g + 8]:
+            group = group + r
+        total = total + group
+    return total
+
+
+def _segment_sum(rows):
+    """float32 sum of rows [n, D] in the order of TF's CPU segment_sum."""
+    total = np.zeros(rows.shape[1], np.float32)
+    for r in rows:
+        total = total + r
+    n, packed = len(rows), rows.shape[1] // 8 * 8
+    if n >= 16 and packed:
+        lanes = np.zeros((4, packed), np.float32)
+        for j in range(n // 4 * 4):
+            lanes[j % 4] = lanes[j % 4] + rows[j, :packed]
+        laned = lanes[0]
+        for lane in lanes[1:]:
+            laned = laned + lane
+        for r in rows[n // 4 * 4:]:
+            laned = laned + r[:packed]
+        total[:packed] = laned
+    return total
+
+
+def _tf_order_reference(params, ids, offsets, combiner, weights=None, default_id=-1):
+    """What TF's kernels give, in float32: unweighted bags scaled by the
+    reciprocal of a count below 10 and divided from 10; weighted ones
+    divided (div_no_nan) by their weights' sum, or its root."""
+    out = np.zeros((len(offsets) - 1, params.shape[1]), np.float32)
     for b in range(len(offsets) - 1):
-        rows = [i for i in ids[offsets[b]:offsets[b + 1]] if i >= 0]
-        if not rows and default_id >= 0:
-            rows = [default_id]
-        if not rows:
+        kept = [i for i in range(offsets[b], offsets[b + 1]) if ids[i] >= 0]
+        rows, w = params[ids[kept]], None if weights is None else weights[kept]
+        if not kept and default_id >= 0:
+            rows, w = params[[default_id]], None if weights is None else np.ones(1, np.float32)
+        if not len(rows):
             continue
-        s = params[rows].astype(np.float64).sum(0)
-        n = len(rows)
-        out[b] = s if combiner == "sum" else s / n if combiner == "mean" else s / np.sqrt(n)
+        if w is None:
+            n = np.float32(len(rows))
+            total = _sparse_segment_sum(rows)
+            divisor = {"sum": np.float32(1), "mean": n, "sqrtn": np.float32(np.sqrt(len(rows)))}[combiner]
+            out[b] = total * (np.float32(1) / divisor) if n < 10 else total / divisor
+        else:
+            total = _segment_sum(rows * w[:, None])
+            w_sum, sq_sum = np.float32(0), np.float32(0)
+            for x in w:
+                w_sum, sq_sum = w_sum + x, sq_sum + x * x
+            divisor = {"sum": np.float32(1), "mean": w_sum, "sqrtn": np.sqrt(sq_sum)}[combiner]
+            out[b] = total / divisor if divisor != 0 else 0
     return out
 
 
 @pytest.mark.parametrize("dim", DIMS)
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
-def test_unit_bags_pool_to_the_bits_of_unit_weights(dim, combiner):
-    rng = np.random.default_rng(dim * 7 + len(combiner))
+@pytest.mark.parametrize("weighted", [False, True])
+def test_bags_sum_in_the_order_of_tfs_kernels(dim, combiner, weighted):
+    rng = np.random.default_rng(dim * 7 + len(combiner) + weighted)
     params = rng.normal(size=(300, dim)).astype(np.float32)
-    # Bags up to 40 ids: several whole blocks of 8, a partial one, empty bags.
+    # Bags up to 40 ids: several whole groups of 8, partial ones, empty bags,
+    # and the 16 rows from which a weighted sum is laned.
     ids, offsets = _bags(rng, 97, 300, 40, negatives=True)
-    ones = np.ones(ids.size, np.float32)
-    for extra in ({}, {"default_id": 5}, {"max_norm": 1.5}):
-        kw = dict(combiner=combiner, invalid_ids="skip_negative", threads=2, **extra)
-        unit = _core.embedding_lookup(params, ids, offsets, **kw)
-        weighted = _core.embedding_lookup(params, ids, offsets, weights=ones, **kw)
-        np.testing.assert_array_equal(unit, weighted, err_msg=str(extra))
-        if "max_norm" not in extra:
-            want = _reference(params, ids, offsets, combiner, extra.get("default_id", -1))
-            np.testing.assert_allclose(unit, want, rtol=2e-5, atol=2e-5)
+    weights = rng.uniform(0.1, 2.0, ids.size).astype(np.float32) if weighted else None
+    for extra in ({}, {"default_id": 5}):
+        got = _core.embedding_lookup(params, ids, offsets, weights=weights, combiner=combiner,
+                                     invalid_ids="skip_negative", threads=2, **extra)
+        want = _tf_order_reference(params, ids, offsets, combiner, weights, extra.get("default_id", -1))
+        np.testing.assert_array_equal(got, want, err_msg=str(extra))
 
 
 def test_unit_bags_stop_at_the_first_bad_id_in_the_lowest_row():
@@ -70,17 +118,23 @@ def test_unit_bags_stop_at_the_first_bad_id_in_the_lowest_row():
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16])
-def test_ops_give_the_same_bits_with_and_without_unit_weights(dtype):
+def test_lookups_give_tfs_bits(dtype):
+    """Against tf.nn.embedding_lookup_sparse itself: unweighted bags with
+    every combiner, weighted ones with sum and mean (its sqrtn squares the
+    weights with Pow, whose vectorized rounding is not a product's), bags of
+    0 to 40 ids and a few of 100 to 300."""
     rng = np.random.default_rng(11)
-    for dim in (8, 12, 32, 40):
+    for dim in (5, 8, 12, 32, 40):
         params = tf.constant(rng.normal(size=(1000, dim)), dtype)
-        ids, offsets = _bags(rng, 300, 1000, 30)
-        ragged = tf.RaggedTensor.from_row_splits(ids, offsets)
-        ones = tf.RaggedTensor.from_row_splits(np.ones(ids.size, np.float32), offsets)
-        for combiner in ("sum", "mean", "sqrtn"):
-            unit = tco.sparse_embedding(params, ragged, combiner=combiner)
-            weighted = tco.sparse_embedding(params, ragged, ones, combiner=combiner)
-            np.testing.assert_array_equal(unit.numpy(), weighted.numpy(), err_msg=f"D={dim} {combiner}")
+        lengths = np.concatenate([rng.integers(0, 41, 300), rng.integers(100, 301, 4)])
+        sp = tf.RaggedTensor.from_row_lengths(rng.integers(0, 1000, lengths.sum()), lengths).to_sparse()
+        weights = tf.SparseTensor(sp.indices, rng.uniform(0.1, 2.0, lengths.sum()).astype(np.float32),
+                                  sp.dense_shape)
+        for combiner, w in [("sum", None), ("mean", None), ("sqrtn", None), ("sum", weights), ("mean", weights)]:
+            want = tf.nn.embedding_lookup_sparse(params, sp, w, combiner=combiner)
+            got = tco.embedding_lookup_sparse(params, sp, w, combiner=combiner)
+            np.testing.assert_array_equal(tf.cast(got, tf.float32).numpy(), tf.cast(want, tf.float32).numpy(),
+                                          err_msg=f"D={dim} {combiner} weighted={w is not None}")
 
 
 def test_hash_table_pooling_matches_the_lookup_of_its_rows():
@@ -97,5 +151,5 @@ def test_hash_table_pooling_matches_the_lookup_of_its_rows():
     for combiner in ("sum", "mean", "sqrtn"):
         got = tco.hash_table_embedding(table, bag_keys, combiner=combiner)
         want = _core.embedding_lookup(values, rows.flat_values.numpy(), offsets, combiner=combiner,
-                                      invalid_ids="skip_negative", weights=np.ones(ranks.size, np.float32))
+                                      invalid_ids="skip_negative")
         np.testing.assert_array_equal(got.numpy(), want)

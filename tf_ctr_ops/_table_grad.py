@@ -69,24 +69,29 @@ def forward_table(table):
     table (its shape is a constant). A table the function captured (a
     handle, or a tensor) is read from outside it instead, and a variable the
     function read (through Identity ops) is read again, from its handle, as the resource ops'
-    gradients read it."""
+    gradients read it. Casts on the way (a mixed-precision layer's cast of
+    its float32 variable) are applied again outside."""
     if not tf.is_symbolic_tensor(table):  # an eager gradient
         return table
     graph = table.graph
     here = tf.compat.v1.get_default_graph()
     if not isinstance(graph, FuncGraph) or here is graph:
         return table
-    outside = _captured_from(graph, table, here)
-    if outside is not None:
-        return outside
-    read = table
-    while read.op.type == "Identity":
-        read = read.op.inputs[0]
-    if read.op.type == "ReadVariableOp":
-        handle = _captured_from(graph, read.op.inputs[0], here)
+    source, casts = table, []
+    while source.op.type in ("Identity", "Cast"):  # a mixed-precision layer's table is a cast of its variable
+        if source.op.type == "Cast":
+            casts.append(source.dtype)
+        source = source.op.inputs[0]
+    outside = _captured_from(graph, source, here)
+    if outside is None and source.op.type == "ReadVariableOp":
+        handle = _captured_from(graph, source.op.inputs[0], here)
         if handle is not None:
-            return resource_variable_ops.read_variable_op(handle, table.dtype)
-    return table
+            outside = resource_variable_ops.read_variable_op(handle, source.dtype)
+    if outside is None:
+        return table
+    for dtype in reversed(casts):
+        outside = tf.cast(outside, dtype)
+    return outside
 
 
 def _captured_from(graph, internal, here):

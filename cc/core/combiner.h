@@ -79,19 +79,17 @@ CTR_HD float CombinerScale(Combiner c, const BagWeights& w) {
 }
 
 // The factor a bag's output is its sum times, or 0 where it is the sum
-// divided by CombinerDivisor (CombineElement then divides). TF's
-// SparseSegmentMean / SqrtN multiply a bag of fewer than 10 ids by the
-// reciprocal of its count (or of its root) and divide a longer one. The two
-// differ by a rounding, which a float16 or bfloat16 output keeps where it
-// falls on a boundary of the cast (a bag of half rows sums exactly in
-// float32, so this rounding is the only one left). Unit weights sum to the
-// count; a weighted bag, which TF's composition divides at any size
-// (div_no_nan), takes the same rule by its weight sum, within a float32
-// rounding of TF's. Gradients scale by CombinerScale at any size, as TF's
-// SparseSegmentMeanGrad does.
-CTR_HD float OutputScale(Combiner c, const BagWeights& w) {
+// divided by CombinerDivisor (CombineElement then divides). Unweighted, as
+// TF's SparseSegmentMean / SqrtN pool: a bag of fewer than 10 ids is
+// multiplied by the reciprocal of its count (or of its root) and a longer
+// one divided. The two differ by a rounding, which a float16 or bfloat16
+// output keeps where it falls on a boundary of the cast. Weighted, as TF's
+// composition pools (segment_sum, then div_no_nan by the weight sum): always
+// divided. Gradients scale by CombinerScale at any size, as TF's
+// SparseSegmentMeanGrad and div_no_nan's gradient do.
+CTR_HD float OutputScale(Combiner c, const BagWeights& w, bool weighted) {
   constexpr float kTfDividesFrom = 10.f;
-  if (c != Combiner::kSum && w.sum >= kTfDividesFrom) return 0.f;
+  if (c != Combiner::kSum && (weighted || w.sum >= kTfDividesFrom)) return 0.f;
   return CombinerScale(c, w);
 }
 
