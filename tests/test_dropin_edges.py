@@ -296,3 +296,31 @@ def test_max_norm_keras_variable_read_eagerly():
     table = tco.HashTable(dim=3, capacity=8)
     table.find([1, 2, 5], insert=True)
     close(tco.hash_table_embedding(table, ids, max_norm=v), tco.hash_table_embedding(table, ids, max_norm=0.5))
+
+
+# --- default_id ---------------------------------------------------------------
+
+@pytest.mark.parametrize("default_id", [-1, 2**63, -2**63 - 1])
+def test_a_default_id_that_is_not_a_row_attr_is_refused_at_construction(default_id):
+    # TF's lookups fail on a default_id of -1 at the first empty row (a
+    # gather out of range); ours took it as the attr's "none" and gave
+    # zeros. Past int64, it was a raw OverflowError. (Other negative or
+    # too-large rows fail at run time as TF's do: test_dropin_contract.)
+    params = tf.constant(np.arange(40, dtype=np.float32).reshape(10, 4))
+    sp = tf.ragged.constant([[1], [], [3]], tf.int64).to_sparse()
+    if default_id == -1:
+        with pytest.raises(tf.errors.InvalidArgumentError, match="out of range"):
+            tf.nn.safe_embedding_lookup_sparse(params, sp, default_id=default_id)
+    calls = [
+        lambda: tco.safe_embedding_lookup_sparse(params, sp, default_id=default_id),
+        lambda: tco.compat.v1.safe_embedding_lookup_sparse([params, params], sp, default_id=default_id),
+        lambda: tco.string_embedding(["1", "", "3"], params, id_mode="index", default_id=default_id),
+        lambda: tco.vocab_embedding_lookup_sparse(vocab_table(), tf.SparseTensor([[0, 0]], ["a"], [2, 1]), params,
+                                                  default_id=default_id),
+        lambda: tco.cross_embedding_lookup(params, [tf.constant([["a"], ["b"]])], 10, default_id=default_id),
+        lambda: tco.bucketized_embedding_lookup(params, tf.constant([[0.5], [2.0]]), [1.0], default_id=default_id),
+    ]
+    message = "give None for zeros" if default_id == -1 else f"an int64\\), got {default_id}$"
+    for call in calls:
+        with pytest.raises(ValueError, match=message):
+            call()

@@ -265,3 +265,7 @@ def test_a_functional_model_of_non_string_inputs_is_refused_at_construction():
     for dtype in ("int64", "float32"):
         with pytest.raises(TypeError, match="takes string inputs, got .*dtype='string'"):
             keras.Model(*(lambda i: (i, StringEmbedding(10, 2)(i)))(keras.Input(shape=(), dtype=dtype)))
+        inputs = [keras.Input(shape=(), dtype="string"), keras.Input(shape=(), dtype=dtype)]
+        for concat in (False, True):
+            with pytest.raises(TypeError, match="takes string inputs, got .*dtype='string'"):
+                keras.Model(inputs, MultiStringEmbedding([10, 10], [2, 3], concat=concat)(inputs))

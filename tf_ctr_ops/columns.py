@@ -9,7 +9,7 @@ import tensorflow as tf
 from tensorflow.python.ops import sparse_ops
 
 from tf_ctr_ops import ops
-from tf_ctr_ops._args import check_combiner, max_norm_attr
+from tf_ctr_ops._args import check_combiner, check_default_id, max_norm_attr
 from tf_ctr_ops._loader import load_op_library
 from tf_ctr_ops._table_grad import dense_table_shape, forward_table, table_gradient
 
@@ -68,7 +68,7 @@ def cross_embedding_lookup(params, inputs, num_buckets, hash_key=None, combiner=
             values=[_crossable(sp.values) for sp in sparse], shapes=[sp.dense_shape for sp in sparse],
             dense_inputs=[_crossable(t) for t in dense], num_buckets=int(num_buckets),
             hash_key=key, combiner=combiner,
-            default_id=-1 if default_id is None else int(default_id), max_norm=max_norm_attr(max_norm))
+            default_id=check_default_id(default_id), max_norm=max_norm_attr(max_norm))
         first = sparse[0] if sparse else dense[0]
         return ops._with_batch_dim(out, first)
 
@@ -126,7 +126,7 @@ def bucketized_embedding_lookup(params, values, boundaries, combiner="mean", def
             raise ValueError(f"values must be [B] or [B, S], got shape {values.shape}")
         out, _, _, _ = _ops.ctr_bucketize_embedding_lookup(
             params=ops.div_table(params), input=values, boundaries=boundaries, column_stride=len(boundaries) + 1,
-            combiner=combiner, default_id=-1 if default_id is None else int(default_id),
+            combiner=combiner, default_id=check_default_id(default_id),
             max_norm=max_norm_attr(max_norm))
         return ops._with_batch_dim(out, values)
 

@@ -634,6 +634,10 @@ class MultiStringEmbedding(_FusedOpLayer):
     def tables(self):
         return [getattr(self, f"embeddings_{i}") for i in range(len(self.num_buckets))]
 
+    def compute_output_spec(self, inputs):
+        _check_string_specs(self, inputs)
+        return super().compute_output_spec(inputs)
+
     def call(self, inputs):
         inputs = [_string_inputs(x) for x in _feature_list(inputs, len(self.num_buckets), self)]
         if _in_keras_symbolic_pass() and any(x.dtype.is_floating for x in inputs):  # as StringEmbedding's

@@ -14,6 +14,7 @@ from tf_ctr_ops._args import (  # noqa: F401  (COMBINERS, canonical_shard_sizes:
     as_table,
     canonical_shard_sizes,
     check_combiner,
+    check_default_id,
     check_hash_key,
     gathered_shards,
     hash_bucket,
@@ -356,10 +357,8 @@ class _MergedShards:
 
     def default_row(self, default_id):
         """The attr value for `default_id` (-1: none)."""
-        if default_id is None:
-            return -1
-        default_id = int(default_id)
-        if self._mod is None or not 0 <= default_id:
+        default_id = check_default_id(default_id)
+        if self._mod is None or default_id < 0:
             return default_id
         n, total = self._mod
         if total is None:
@@ -436,7 +435,7 @@ def _sharded_lookup(shards, bags, *, strategy="div", dtype=None, default_id=None
         raise ValueError(f"Unrecognized partition strategy: {strategy}")
     _layout_checks(shards, strategy)
     total = sum(sizes)
-    attrs.update(default_id=-1 if default_id is None else int(default_id))
+    attrs.update(default_id=check_default_id(default_id))
     ids = tf.cast(bags.ids, tf.int64)
     weights = _weights_values(bags.weights)
     check = _lookup(tf.zeros([total, 0], shards[0].dtype), ids, bags.segments, bags.num_rows, weights,
@@ -590,6 +589,7 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
                                   partition_strategy, max_norm):
     if embedding_weights is None:
         raise ValueError(f"Missing embedding_weights {embedding_weights}.")
+    check_default_id(default_id)
     sharded = sharded_variables(embedding_weights)
     shards = sharded or _shard_list(embedding_weights)
     if not shards:

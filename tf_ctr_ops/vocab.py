@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tf_ctr_ops import ops
 from tf_ctr_ops._loader import load_op_library
-from tf_ctr_ops._args import check_combiner, max_norm_attr, read_table
+from tf_ctr_ops._args import check_combiner, check_default_id, max_norm_attr, read_table
 from tf_ctr_ops._table_grad import dense_table_shape, forward_table, table_gradient
 
 _ops = load_op_library()
@@ -167,7 +167,7 @@ def vocab_embedding_lookup_sparse(table, sp_keys, params, sp_weights=None, combi
             segments=tf.cast(bags.segments, tf.int64), num_rows=tf.cast(bags.num_rows, tf.int64),
             weights=weights, combiner=combiner,
             segment_kind=bags.kind, invalid_ids="skip_negative", prune_weights=has_weights and combiner != "sum",
-            default_id=-1 if default_id is None else int(default_id), max_norm=max_norm_attr(max_norm),
+            default_id=check_default_id(default_id), max_norm=max_norm_attr(max_norm),
             has_weights=has_weights, num_oov_buckets=int(num_oov_buckets))
         return ops._with_batch_dim(out, sp_keys)
 
