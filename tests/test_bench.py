@@ -141,7 +141,9 @@ def test_rewrite_suite_quick(tmp_path):
     # row + 1) included, became one CtrConcatStringEmbedding; served on the
     # CPU, that op and its pack became one CtrConcatStringTensorEmbedding.
     rw = res["rewrite"]
-    assert rw["matches"] == 20 + 3 + 2 * 3 + 1 + 1 + 1 and rw["skips"] == 0
+    # One subgraph per feature: the stages that fold keys in and group the
+    # features refine the ops made, and fuse no subgraph of their own.
+    assert rw["matches"] == 20 + 6 and rw["skips"] == 0
     assert rw["fused_ops"] == ["CtrConcatStringEmbedding", "CtrConcatStringTensorEmbedding", "CtrEmbeddingLookup",
                                "CtrMultiStringEmbedding", "CtrStringEmbedding"]
     assert rw["op_counts_after"]["CtrConcatStringTensorEmbedding"] == 1
@@ -341,6 +343,9 @@ def test_markdown_is_a_well_formed_table(tiny_run):
         fused, native, speedup, gbps, frac = (float(c.rstrip("x")) for c in cells[2:])
         assert fused > 0 and native > 0 and gbps > 0 and frac > 0
         assert speedup == pytest.approx(native / fused, rel=0.02, abs=0.01)
+    # A custom shape (TINY's) is not the headline the targets are stated for.
+    assert "Targets (stated for the headline shape), judged at the custom shape:" in lines
+    assert "Targets, at the headline shape:" not in lines
     env = results["env"]
     machine = next(ln for ln in lines if ln.startswith("Machine: "))
     assert env["cpu_model"] in machine and results["date"] in machine and env["tensorflow"] in machine
@@ -466,6 +471,15 @@ def test_all_runs_suites_registered_elsewhere(monkeypatch, tmp_path):
     assert {s[1:] for s in seen} == {(4096, "/CPU:0")}
     rows = [ln for ln in md.read_text().splitlines() if ln.startswith("| rewrite/x") or ln.startswith("| zeta/x")]
     assert rows[0] == "| rewrite/x | B=4096 V=1M D=32 ids~50 | 2 | 6 | 3.00x |  |  |" and len(rows) == 2
+
+
+def test_table_full_grid_adds_its_large_tables():
+    from tf_ctr_ops.bench import table
+
+    full = table._shapes(bench.config_from_args(bench.parse_args(["table", "--grid", "full"])))
+    assert [(s.vocab, s.dim) for s in full if not s.headline].count((10_000_000, 64)) >= 1
+    quick = table._shapes(bench.config_from_args(bench.parse_args(["table", "--quick"])))
+    assert (10_000_000, 64) not in [(s.vocab, s.dim) for s in quick]
 
 
 def test_table_suite_quick(tmp_path):

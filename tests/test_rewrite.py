@@ -596,6 +596,50 @@ def test_optimize_saved_model_selected_signature_and_synthesized_inputs(tmp_path
         rewrite.optimize_saved_model(src, src)
 
 
+class SparseSignatureModule(tf.Module):
+    """A TF2 export of the lookups the rewrite targets, as users write it: a
+    signature of SparseTensorSpec ids and weights, which TF flattens into
+    three inputs each (indices, values, dense_shape)."""
+
+    def __init__(self, rng):
+        super().__init__()
+        self.table = tf.Variable(rng.normal(size=(V, D)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.SparseTensorSpec([None, None], tf.int64),
+                                  tf.SparseTensorSpec([None, None], tf.float32)])
+    def serve(self, ids, weights):
+        return {"safe": tf.nn.safe_embedding_lookup_sparse(self.table, ids, weights, combiner="mean"),
+                "sum": tf.nn.embedding_lookup_sparse(self.table, ids, None, combiner="sum")}
+
+
+@pytest.mark.saved_model
+def test_optimize_saved_model_synthesizes_sparse_tensor_signature_inputs(tmp_path, rng):
+    # The parts of a SparseTensor input were drawn each alone, so indices,
+    # values and dense_shape did not fit, the original refused every
+    # candidate, and the CLI could not verify (nor write) the model.
+    module = SparseSignatureModule(rng)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tf.saved_model.save(module, str(src), signatures={"serving_default": module.serve})
+    report = rewrite.optimize_saved_model(src, dst, runs=2)
+    sig = report.signatures["serving_default"]
+    assert sig.inputs.startswith("synthesized, ids in [0, "), sig.inputs
+    assert sig.outputs_match and sig.max_abs_diff is not None and sig.max_abs_diff < 1e-5, report.summary()
+    # Two subgraphs fused: the safe lookup refines the CtrEmbeddingLookup its
+    # inner weighted lookup became, and was counted as a third.
+    assert "signature 'serving_default': 2 fused" in report.summary(), report.summary()
+    assert report.to_dict()["num_fused_subgraphs"] == 2 and report.to_dict()["num_matches"] == len(sig.matches) == 3
+    loaded = tf.saved_model.load(str(dst))
+    ids = random_sparse_ids(rng)
+    weights = tf.SparseTensor(ids.indices, rng.uniform(0.5, 2.0, ids.values.shape[0]).astype(np.float32),
+                              ids.dense_shape)
+    want = module.serve(ids, weights)
+    got = loaded.signatures["serving_default"](ids=ids.indices, ids_1=ids.values, ids_2=ids.dense_shape,
+                                                weights=weights.indices, weights_1=weights.values,
+                                                weights_2=weights.dense_shape)
+    for k in want:
+        assert_same(got[k], want[k])
+
+
 def build_keras_ctr_model(seed=0):
     """A Keras 3 functional CTR model whose embedding layers are TF-native
     (tf.nn.embedding_lookup_sparse on the layer's own table)."""

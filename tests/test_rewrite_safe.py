@@ -383,10 +383,11 @@ def partitioned_inputs(rng, vocab):
     return {"indices": ids.indices.numpy(), "ids": ids.values.numpy(), "shape": ids.dense_shape.numpy()}
 
 
-def save_and_optimize(tmp_path, module, inputs):
+def save_and_optimize(tmp_path, module, inputs, merge_partitions=True):
     src, dst = tmp_path / "src", tmp_path / "dst"
     tf.saved_model.save(module, str(src), signatures={"serving_default": module.serve})
-    report = rewrite.optimize_saved_model(src, dst, sample_inputs={"serving_default": inputs}, runs=2)
+    report = rewrite.optimize_saved_model(src, dst, sample_inputs={"serving_default": inputs}, runs=2,
+                                          merge_partitions=merge_partitions)
     return report, report.signatures["serving_default"], dst
 
 
@@ -462,7 +463,7 @@ def test_partitions_another_signature_writes_are_not_merged(tmp_path, rng):
     src, dst = tmp_path / "src", tmp_path / "dst"
     tf.saved_model.save(module, str(src), signatures={"serving_default": module.serve, "update": module.update})
     inputs = partitioned_inputs(rng, 10)
-    report = rewrite.optimize_saved_model(src, dst, runs=0, sample_inputs={
+    report = rewrite.optimize_saved_model(src, dst, runs=0, merge_partitions=True, sample_inputs={
         "serving_default": inputs, "update": {"delta": np.array(0.0, np.float32)}})
     sig = report.signatures["serving_default"]
     assert "partitioned_table" not in [m["pattern"] for m in sig.matches]
@@ -472,6 +473,50 @@ def test_partitions_another_signature_writes_are_not_merged(tmp_path, rng):
     got = served.signatures["serving_default"](**{k: tf.constant(v) for k, v in inputs.items()})
     module.update(tf.constant(100.0))
     want = module.serve(**{k: tf.constant(v) for k, v in inputs.items()})
+    for k in want:
+        assert_close(got[k], want[k])
+
+
+@pytest.mark.saved_model
+def test_partitions_are_not_merged_unless_asked_and_checkpoints_reach_the_rewritten_model(tmp_path, rng):
+    # A merged table is a copy made at rewrite time: a checkpoint restored
+    # into the partitions (or a newer export's variables/) did not reach
+    # it, and the rewritten model served stale rows without an error.
+    module = PartitionedModule(rng, "mod")
+    inputs = partitioned_inputs(rng, sum(PART_SIZES))
+    report, sig, dst = save_and_optimize(tmp_path, module, inputs, merge_partitions=False)
+    assert report.ok and sig.outputs_match
+    assert "partitioned_table" not in [m["pattern"] for m in sig.matches]
+    reasons = [s["reason"] for s in sig.skips if s["pattern"] == "partitioned_table"]
+    assert len(reasons) == 2 and all("--merge-partitions" in r for r in reasons), reasons  # one per lookup
+    for part in module.parts:
+        part.assign_add(tf.ones_like(part))
+    checkpoint = tf.train.Checkpoint(m=module).write(str(tmp_path / "ckpt" / "ckpt"))
+    served = tf.saved_model.load(str(dst))
+    tf.train.Checkpoint(m=served).restore(checkpoint).expect_partial()
+    feeds = {k: tf.constant(v) for k, v in inputs.items()}
+    got, want = served.signatures["serving_default"](**feeds), module.serve(**feeds)
+    for k in want:
+        assert_close(got[k], want[k])
+
+
+@pytest.mark.saved_model
+def test_partitions_a_function_outside_the_signatures_writes_are_not_merged(tmp_path, rng):
+    # A hook kept for Python callers (not a signature) that updates the
+    # partitions: only the signatures' writes were looked for, so the merged
+    # copy served stale rows after the hook ran.
+    module = PartitionedModule(rng, "mod")
+    module.bump = tf.function(lambda d: [p.assign_add(tf.fill(tf.shape(p), d)) for p in module.parts] and d,
+                              input_signature=[tf.TensorSpec([], tf.float32)])
+    inputs = partitioned_inputs(rng, sum(PART_SIZES))
+    report, sig, dst = save_and_optimize(tmp_path, module, inputs, merge_partitions=True)
+    assert "partitioned_table" not in [m["pattern"] for m in sig.matches]
+    assert any(s["pattern"] == "partitioned_table" and "writes variables" in s["reason"] for s in sig.skips)
+    served = tf.saved_model.load(str(dst))
+    served.bump(tf.constant(1.0))
+    module.bump(tf.constant(1.0))
+    feeds = {k: tf.constant(v) for k, v in inputs.items()}
+    got, want = served.signatures["serving_default"](**feeds), module.serve(**feeds)
     for k in want:
         assert_close(got[k], want[k])
 
@@ -679,7 +724,8 @@ PARTITIONS_ON_TWO_DEVICES = textwrap.dedent("""
         experimental_variable_policy=tf.saved_model.experimental.VariablePolicy.SAVE_VARIABLE_DEVICES)
     tf.saved_model.save(module, "src", signatures={"serving_default": module.serve}, options=options)
     inputs = {"ids": np.array([0, 9, 4, 4, 7], np.int64)}
-    report = rewrite.optimize_saved_model("src", "dst", sample_inputs={"serving_default": inputs}, runs=2)
+    report = rewrite.optimize_saved_model("src", "dst", sample_inputs={"serving_default": inputs}, runs=2,
+                                          merge_partitions=True)
     sig = report.signatures["serving_default"]
     print(json.dumps({"ok": report.ok, "match": bool(sig.outputs_match),
                       "merged": [m["pattern"] for m in sig.matches].count("partitioned_table"),

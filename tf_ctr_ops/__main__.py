@@ -3,7 +3,7 @@
 Commands:
   bench SUITE... [options]   op-level benchmarks (python -m tf_ctr_ops.bench --help)
   optimize SRC DST [--verify|--no-verify] [--inputs FILE] [--report REPORT.json] [--signature KEY ...]
-                   [--serving-device cpu|gpu] [--disable PATTERN ...]
+                   [--serving-device cpu|gpu] [--disable PATTERN ...] [--merge-partitions]
                              rewrite a SavedModel's TF-native CTR subgraphs into the
                              fused ops, verified in a fresh process before DST is
                              written (python -m tf_ctr_ops optimize --help)
@@ -40,6 +40,10 @@ def optimize_main(argv):
     parser.add_argument("--disable", metavar="PATTERN", nargs="+", action="extend", default=[],
                         help="patterns not to run, as the report names them (say, vocab_lookup): the subgraphs "
                         "they fuse stay native while the others fuse")
+    parser.add_argument("--merge-partitions", action="store_true",
+                        help="merge a TF2 model's partitioned tables (lists of variables read with "
+                        "partition_strategy) into one variable each: a copy made now, which writes, restored "
+                        "checkpoints and a newer export's variables/ do not reach; for a model served as exported")
     args = parser.parse_args(argv)
 
     if args.inputs and not args.verify:
@@ -57,7 +61,8 @@ def optimize_main(argv):
     try:
         report = rewrite.optimize_saved_model(args.src, args.dst, signature_keys=args.signatures,
                                               verify=args.verify, serving_device=args.serving_device,
-                                              inputs_file=args.inputs, disabled_patterns=args.disable)
+                                              inputs_file=args.inputs, disabled_patterns=args.disable,
+                                              merge_partitions=args.merge_partitions)
     except (rewrite.RewriteError, ValueError) as e:
         print(f"tf-ctr-ops optimize: error: {e}", file=sys.stderr)
         return 1

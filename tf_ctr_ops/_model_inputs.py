@@ -465,8 +465,53 @@ def serialized_examples(specs, tokens, batch=BATCH, id_high=2):
 ID_LISTS = (b"1,0", b"0,1,1,1,1", b"1", b"1,1,0,1,1,1,1,0")
 
 
+def flattened_sparse(specs):
+    """[(indices, values, dense_shape)] input names of the SparseTensors a
+    TF2 signature takes: TF flattens a SparseTensorSpec argument `x` into
+    the inputs x (indices, int64 [N, R]), x_1 (values, [N]) and x_2
+    (dense_shape, int64 [R]), whose values must fit each other."""
+    out = []
+    for k, indices in specs.items():
+        values, dense_shape = specs.get(f"{k}_1"), specs.get(f"{k}_2")
+        if values is None or dense_shape is None:
+            continue
+        if (indices.dtype == tf.int64 and dense_shape.dtype == tf.int64 and indices.shape.rank == 2
+                and values.shape.rank == 1 and dense_shape.shape.rank == 1
+                and indices.shape.as_list()[1] == dense_shape.shape.as_list()[0]):
+            out.append((k, f"{k}_1", f"{k}_2"))
+    return out
+
+
+def sparse_structure_keys(specs):
+    """The inputs that hold a SparseTensor's indices or dense_shape: fixed
+    by plain_inputs, never searched (a new value would not fit the rest)."""
+    return {k for indices, _, dense_shape in flattened_sparse(specs) for k in (indices, dense_shape)}
+
+
+def _sparse_parts(indices_spec, values_spec, rng, dim):
+    """(indices, values, dense_shape) of a [dim, 3, 1, ...] SparseTensor
+    whose rows hold 1, 0, 2 and 3 entries in turn: an empty row among them."""
+    rank = indices_spec.shape.as_list()[1] or 2
+    counts = np.resize([1, 0, 2, 3], dim)
+    rows = np.repeat(np.arange(dim), counts)
+    columns = np.concatenate([np.arange(c) for c in counts]) if dim else np.zeros(0, np.int64)
+    indices = np.zeros((rows.size, rank), np.int64)
+    indices[:, 0] = rows
+    indices[:, 1] = columns
+    dense_shape = np.array([dim, 3] + [1] * (rank - 2), np.int64)
+    dtype = tf.as_dtype(values_spec.dtype)
+    if dtype == tf.string:
+        values = _fill(np.array([b"1", b"0"], dtype=object), [rows.size])
+    elif dtype.is_integer:
+        values = rng.integers(0, 2, size=rows.size).astype(dtype.as_numpy_dtype)
+    else:
+        values = rng.standard_normal(rows.size).astype(dtype.as_numpy_dtype if dtype.is_floating else np.float32)
+    return indices, values, dense_shape
+
+
 def plain_inputs(specs, rng, dim=BATCH):
-    """Candidate 1: values from the TensorSpecs alone."""
+    """Candidate 1: values from the TensorSpecs alone (the parts of each
+    SparseTensor input fitting each other)."""
     out = {}
     for key, spec in specs.items():
         shape = [dim if d is None else d for d in (spec.shape.as_list() if spec.shape.rank is not None else [dim])]
@@ -482,6 +527,8 @@ def plain_inputs(specs, rng, dim=BATCH):
         else:
             value = np.zeros(shape)
         out[key] = np.asarray(value).astype(dtype.as_numpy_dtype) if dtype != tf.string else value
+    for indices, values, dense_shape in flattened_sparse(specs):
+        out[indices], out[values], out[dense_shape] = _sparse_parts(specs[indices], specs[values], rng, dim)
     return out
 
 
@@ -762,21 +809,25 @@ def synthesize(specs, run, facts, rng):
     # By name: a loaded signature lists its inputs in another order in every
     # process, and the draws and the search follow the order.
     specs = dict(sorted(specs.items()))
-    inputs, how, vocabulary_keys, examples = _accepted_inputs(specs, run, facts, rng)
-    inputs, how = _with_wide_ids(inputs, how, specs, run, rng, vocabulary_keys, examples)
+    structure = sparse_structure_keys(specs)
+    searched = {k: s for k, s in specs.items() if k not in structure}
+    inputs, how, vocabulary_keys, examples = _accepted_inputs(specs, searched, run, facts, rng)
+    inputs, how = _with_wide_ids(inputs, how, searched, run, rng, vocabulary_keys, examples)
     if examples is None:
-        plain = _plain_batch_keys(specs, vocabulary_keys)
+        plain = _plain_batch_keys(searched, vocabulary_keys)
         inputs, how = _with_empty_strings(inputs, how, plain, run)
-        inputs, how = _with_vocabulary_values(inputs, how, plain, specs, facts, run)
+        inputs, how = _with_vocabulary_values(inputs, how, plain, searched, facts, run)
         if vocabulary_keys:
             inputs, how = _with_misses(inputs, how, vocabulary_keys, run)
     return inputs, how
 
 
-def _accepted_inputs(specs, run, facts, rng):
+def _accepted_inputs(specs, searched, run, facts, rng):
     """(inputs, how, the inputs a vocabulary chose, the tf.Example inputs or
-    None), the candidates tried in the module's order."""
+    None), the candidates tried in the module's order. `searched`: the specs
+    of the inputs whose values may change."""
     current = plain_inputs(specs, rng)
+    specs = searched
     error = run(current)
     if error is None:
         return current, "synthesized", set(), None

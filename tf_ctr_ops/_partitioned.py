@@ -216,6 +216,33 @@ _WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "Re
 _WRITE_PREFIXES = ("ResourceScatter", "ResourceApply", "ResourceSparseApply")
 
 
+class _EveryVariable:
+    def __contains__(self, handle):
+        return True
+
+
+EVERY_VARIABLE = _EveryVariable()  # `written`, where some function of the model writes variables
+
+NOT_OPTED_IN = ("merging the partitions copies them into a new variable, which later writes, a restored "
+                "checkpoint or a newer export's variables/ would not reach: pass merge_partitions=True "
+                "(--merge-partitions) where the model is served as exported")
+
+
+def library_writes(saved_model_proto):
+    """Whether any function of the SavedModel (a signature's, or one it
+    only keeps for Python callers, such as a hot-update hook) writes a
+    variable; the saver's restore function, which assigns every variable
+    its checkpoint value, aside."""
+    for meta_graph in saved_model_proto.meta_graphs:
+        restore = meta_graph.saver_def.restore_op_name.split(":")[0]
+        saver = {n.attr["f"].func.name for n in meta_graph.graph_def.node if n.name == restore and "f" in n.attr}
+        for f in meta_graph.graph_def.library.function:
+            if f.signature.name not in saver and any(
+                    n.op in _WRITES or n.op.startswith(_WRITE_PREFIXES) for n in f.node_def):
+                return True
+    return False
+
+
 def written_variables(functions):
     """The handles (ids) of the variables that functions which write any
     variable capture: a merged copy of partitions would not see those
@@ -230,7 +257,7 @@ def written_variables(functions):
     return handles
 
 
-def merge_partitioned_tables(graph_def, concrete_function, saved_devices=(), written=frozenset()):
+def merge_partitioned_tables(graph_def, concrete_function, saved_devices=(), written=frozenset(), merge=True):
     """Rewrites partitioned lookups in the functions `graph_def` calls into
     gathers from merged variables.
 
@@ -239,7 +266,8 @@ def merge_partitioned_tables(graph_def, concrete_function, saved_devices=(), wri
     devices the SavedModel records (`saved_variable_devices`): TF's loader
     does not restore them, so two or more of them leave every partitioned
     lookup alone. Partitions among `written` (written_variables of the
-    SavedModel's signatures) are left alone too.
+    SavedModel's signatures, or EVERY_VARIABLE) are left alone too. Without
+    `merge`, lookups that would merge are left alone with NOT_OPTED_IN.
 
     Returns (graph_def, {placeholder name: merged variable}, match records,
     skip records). `graph_def` is modified in place.
@@ -293,8 +321,11 @@ def merge_partitioned_tables(graph_def, concrete_function, saved_devices=(), wri
                 continue
             if any(id(part_vars[a].handle) in written for a in parts):
                 skips.append({"pattern": PATTERN, "node": stitch.name,
-                              "reason": "a signature that writes variables reads the partitions: a merged copy "
-                                        "would not see its writes"})
+                              "reason": "a function of the model writes variables (a signature that reads the "
+                                        "partitions, or a hook): a merged copy would not see its writes"})
+                continue
+            if not merge:
+                skips.append({"pattern": PATTERN, "node": stitch.name, "reason": NOT_OPTED_IN})
                 continue
             key = (strategy, tuple(id(part_vars[a].handle) for a in parts))
             if key not in merged:

@@ -288,6 +288,22 @@ def _replaced_node_names(matches):
     return replaced - {(m.get("graph"), m.get("fused_node")) for m in matches}
 
 
+def fused_subgraph_count(matches):
+    """The TF-native subgraphs the match records (in the order applied)
+    fused: a later pattern that refines what an earlier one made (the safe
+    lookup around a fused embedding_lookup_sparse, string keys folded into
+    it, features grouped into one op) replaces or renews that node and
+    fuses no new subgraph."""
+    made, count = set(), 0
+    for m in matches:
+        graph = m.get("graph")
+        replaced = {(graph, r.rsplit(" (", 1)[0]) for r in m.get("replaced", ())}
+        if (graph, m["fused_node"]) not in made and not replaced & made:
+            count += 1
+        made.add((graph, m["fused_node"]))
+    return count
+
+
 def _annotate_handle_shapes(graph_def, handle_shapes):
     """Records the shapes of captured variables on their placeholders.
 
@@ -661,6 +677,7 @@ class RewriteReport:
         out = dataclasses.asdict(self)
         out["signatures"] = {k: dataclasses.asdict(v) for k, v in self.signatures.items()}
         out.update(ok=self.ok, max_abs_diff=self.max_abs_diff, num_matches=len(self.matches),
+                   num_fused_subgraphs=fused_subgraph_count(self.matches),
                    num_skips=len(self.skips))
         return out
 
@@ -670,12 +687,12 @@ class RewriteReport:
     def summary(self):
         lines = [f"tf-ctr-ops optimize: {self.src} -> {self.dst}",
                  f"  rewrite {self.rewrite_seconds:.2f} s, total {self.total_seconds:.2f} s; "
-                 f"{len(self.matches)} subgraph(s) fused, {len(self.skips)} left alone"]
+                 f"{fused_subgraph_count(self.matches)} subgraph(s) fused, {len(self.skips)} left alone"]
         rewritten = [s.key for s in self.signatures.values() if s.rewritten]
         shared = self.tf1 and len(rewritten) > 1
         if shared:
             # One graph: its records once, not under each signature.
-            lines.append(f"graph of signatures {', '.join(map(repr, rewritten))}: {len(self.matches)} fused, "
+            lines.append(f"graph of signatures {', '.join(map(repr, rewritten))}: {fused_subgraph_count(self.matches)} fused, "
                          f"{len(self.skips)} left alone")
             lines += _record_lines(self.matches, self.skips)
         for s in self.signatures.values():
@@ -688,7 +705,7 @@ class RewriteReport:
             if shared:
                 lines.append(f"signature {s.key!r}:")
             else:
-                lines.append(f"signature {s.key!r}: {len(s.matches)} fused, {len(s.skips)} left alone")
+                lines.append(f"signature {s.key!r}: {fused_subgraph_count(s.matches)} fused, {len(s.skips)} left alone")
                 lines += _record_lines(s.matches, s.skips)
             before, after = sum(s.op_counts_before.values()), sum(s.op_counts_after.values())
             delta = _count_delta(s.op_counts_before, s.op_counts_after)
@@ -1116,12 +1133,13 @@ def _move_into_place(folder, dst):
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _tf2_builder(src, loaded, proto, available, selected, serving_device):
+def _tf2_builder(src, loaded, proto, available, selected, serving_device, merge_partitions):
     """build(folder, disabled) for a TF2 SavedModel: each selected signature's
     function optimized and rebuilt, saved with the variables and resources
     the signatures capture."""
 
-    written = _partitioned.written_variables(loaded.signatures[k] for k in available)
+    written = (_partitioned.EVERY_VARIABLE if _partitioned.library_writes(proto)
+               else _partitioned.written_variables(loaded.signatures[k] for k in available))
 
     def build(folder, disabled):
         reports, functions, made = {}, {}, []
@@ -1139,13 +1157,17 @@ def _tf2_builder(src, loaded, proto, available, selected, serving_device):
             merged, part_matches, part_skips = {}, [], []
             if _partitioned.PATTERN not in disabled:
                 graph_def, merged, part_matches, part_skips = _partitioned.merge_partitioned_tables(
-                    graph_def, original, _partitioned.saved_variable_devices(proto), written)
+                    graph_def, original, _partitioned.saved_variable_devices(proto), written, merge_partitions)
             optimized, records = optimize_graph_def(
                 graph_def, [t.name for t in original.outputs],
                 dict(captured_handle_shapes(original), **{k: v.shape for k, v in merged.items()}),
                 serving_device=serving_device, disabled_patterns=disabled)
+            # The merge above gave each partitioned lookup left its reason;
+            # the optimizer's own record of it only says it merges offline.
+            optimizer_skips = [k for k in records["skip"]
+                               if _partitioned.PATTERN in disabled or k["pattern"] != _partitioned.PATTERN]
             reports[key] = SignatureReport(key, True, matches=part_matches + records["match"],
-                                           skips=part_skips + records["skip"],
+                                           skips=part_skips + optimizer_skips,
                                            op_counts_before=op_counts(before, library=True),
                                            op_counts_after=op_counts(optimized, library=True))
             try:
@@ -1219,7 +1241,7 @@ def _check_apart(src, dst):
 
 
 def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, verify=True, runs=20, seed=0,
-                         serving_device=None, inputs_file=None, disabled_patterns=()):
+                         serving_device=None, inputs_file=None, disabled_patterns=(), merge_partitions=False):
     """Rewrites a SavedModel's signatures with CtrFusionOptimizer into a new SavedModel.
 
     Each selected signature's function is optimized (its body usually lives in
@@ -1270,6 +1292,12 @@ def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, veri
         or a TFRecord file of serialized tf.Examples for signatures whose one
         input is such a string.
       disabled_patterns: names of patterns (as the report names them) not to run.
+      merge_partitions: merge a TF2 model's partitioned tables into one
+        variable each (pattern `partitioned_table`). The merged variable is a
+        copy made now: writes to the partitions, a checkpoint restored into
+        them and a newer export's `variables/` do not reach it, so it is
+        for a model served as exported. A model any of whose functions
+        writes variables is never merged.
 
     Returns:
       A `RewriteReport`.
@@ -1280,11 +1308,11 @@ def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, veri
     """
     with _fusion_off():
         return _optimize_saved_model(src, dst, signature_keys, sample_inputs, verify, runs, seed, serving_device,
-                                     inputs_file, disabled_patterns)
+                                     inputs_file, disabled_patterns, merge_partitions)
 
 
 def _optimize_saved_model(src, dst, signature_keys, sample_inputs, verify, runs, seed, serving_device, inputs_file,
-                          disabled_patterns):
+                          disabled_patterns, merge_partitions):
     _check_serving_device(serving_device)
     disabled_patterns = _check_disabled(disabled_patterns)
     start = time.perf_counter()
@@ -1323,7 +1351,7 @@ def _optimize_saved_model(src, dst, signature_keys, sample_inputs, verify, runs,
         facts = _model_inputs.GraphFacts(proto.meta_graphs, src)
         inputs, hows, reference = _verification_inputs(src, selected, facts, sample_inputs, inputs_file, seed)
     build = (_tf1_builder(src, proto, serving_device) if tf1
-             else _tf2_builder(src, loaded, proto, available, selected, serving_device))
+             else _tf2_builder(src, loaded, proto, available, selected, serving_device, merge_partitions))
     parent = os.path.dirname(os.path.abspath(dst))
     os.makedirs(parent, exist_ok=True)
     best, dropped = _servable_rewrite(build, parent, inputs, reference, set(disabled_patterns), src)

@@ -237,7 +237,7 @@ def rewrite_suite(cfg):
                for c in served]
     result = {"suite": "rewrite", "config": dataclasses.asdict(cfg), "vocab": vocab, "dim": dim,
               "features": {"hashed": HASHED, "id_lists": LISTS},
-              "rewrite": {"matches": len(sig.matches), "skips": len(sig.skips),
+              "rewrite": {"matches": rewrite.fused_subgraph_count(sig.matches), "skips": len(sig.skips),
                           "fused_ops": sorted({m["fused_op"] for m in sig.matches}),
                           "op_counts_before": sig.op_counts_before, "op_counts_after": sig.op_counts_after,
                           "rewrite_seconds": report.rewrite_seconds, "total_seconds": report.total_seconds,

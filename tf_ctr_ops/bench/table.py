@@ -36,7 +36,7 @@ FULL_EXTRA = ((10_000_000, 64),)
 
 def _shapes(cfg):
     shapes = cfg.shape_list()
-    if cfg.grid == "full" and not cfg.shapes:
+    if cfg.grid == "full":
         shapes += [dataclasses.replace(s, vocab=v, dim=d, headline=False) for v, d in FULL_EXTRA for s in shapes
                    if s.headline]
     return shapes
