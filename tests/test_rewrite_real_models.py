@@ -1384,6 +1384,24 @@ def test_a_ragged_tensors_row_lengths_are_not_reported_as_an_encoding():
     assert len(reported) == 1 and "RowPartition" not in reported[0], (reported, bincounts)
 
 
+def test_a_multi_hot_lookup_of_split_strings_reports_its_ragged_encoding_alone():
+    # The split's row lengths (a DenseBincount that its RaggedShape casts as
+    # well as the Cumsum of its row_splits reads) were listed as an
+    # encoding, and the real one, a RaggedBincount, did not say why it stays.
+    import keras
+
+    lookup = keras.layers.StringLookup(vocabulary=["a", "b", "c"], output_mode="multi_hot")
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def model(text):
+        return lookup(tf.strings.split(text, " "))
+
+    records = rewrite._unfused_feature_records(model.get_concrete_function().graph.as_graph_def())
+    encodings = [r for r in records if "Bincount" in r["op"]]
+    assert [r["op"] for r in encodings] == ["RaggedBincount"], records
+    assert "ragged rows" in encodings[0]["reason"], encodings
+
+
 def test_lookups_with_several_oov_slots_say_why_their_find_stays():
     # StringLookup(num_oov_indices=2) hashes a missing key into its OOV slots
     # by SelectV2(Equal(found, -1), hash(keys) + offset, found): the find and

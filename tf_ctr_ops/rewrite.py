@@ -432,7 +432,8 @@ _UNFUSED_FEATURE_OPS = {
     "DenseBincount": "a multi-hot or count encoding (CategoryEncoding, multi_hot lookups); one fuses into the "
                      "Dense it feeds on a CPU server, as a one-hot encoding does, unless its rows are ragged",
     "SparseBincount": "a multi-hot or count encoding",
-    "RaggedBincount": "a multi-hot or count encoding",
+    "RaggedBincount": "a multi-hot or count encoding of ragged rows (split strings, say); the fused encodings "
+                      "take dense or sparse ids",
     "Bucketize": "a bucketized numeric feature",
     "SparseCross": "a crossed feature",
     "SparseCrossV2": "a crossed feature",
@@ -463,16 +464,17 @@ _OOV_SLOTS_HASH = ", the out-of-vocabulary slot of a lookup with num_oov_indices
 
 
 def _row_length_bincounts(nodes):
-    """Names of the DenseBincount nodes that only a Cumsum reads: a
-    RaggedTensor's row lengths counted from its value_rowids (their cumsum
-    is its row_splits), not an encoding of features."""
+    """Names of the DenseBincount nodes a Cumsum reads: a RaggedTensor's row
+    lengths counted from its value_rowids (their cumsum is its row_splits;
+    its shape may read them too), not an encoding of features, which
+    nothing sums that way."""
     readers = {}
     for n in nodes:
         for tensor in n.input:
             if not tensor.startswith("^"):
                 readers.setdefault(tensor.split(":")[0], []).append(n.op)
     return {n.name for n in nodes
-            if n.op == "DenseBincount" and readers.get(n.name) and set(readers[n.name]) == {"Cumsum"}}
+            if n.op == "DenseBincount" and "Cumsum" in readers.get(n.name, ())}
 
 
 def _keras_lookup_forms(nodes):
