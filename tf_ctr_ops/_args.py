@@ -113,15 +113,12 @@ def check_default_id(default_id):
 
     A row past the table, or a negative one, fails as TF's lookups fail on
     it: at run time, on the first row left empty (a model without empty
-    rows never reads it). -1 is refused here: it is the attr's "none", which
-    would give such rows zeros where TF fails."""
+    rows never reads it). -1, the attr's "none", gives such rows zeros
+    where TF fails on them (tests/test_properties.py: lenient)."""
     if default_id is None:
         return -1
     if isinstance(default_id, (bool, np.bool_)) or not isinstance(default_id, (int, np.integer)):
         raise TypeError(f"default_id must be an integer row or None, got {default_id!r}")
-    if int(default_id) == -1:
-        raise ValueError("default_id -1 is not a row of the table (TF's lookup fails on it at the first empty "
-                         "row); give None for zeros")
     if not -2**63 <= int(default_id) < 2**63:
         raise ValueError(f"default_id must be a row of the table (an int64), got {int(default_id)}")
     return int(default_id)
