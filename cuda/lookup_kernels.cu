@@ -45,13 +45,39 @@ unsigned int BlocksFor(int64_t items, int64_t items_per_block) {
   return static_cast<unsigned int>(std::min(std::max<int64_t>(blocks, 1), kMaxBlocks));
 }
 
-// Smallest power-of-two group (4..32 lanes) that gives every lane at most one
-// fragment per tile; small dims get small groups so no bag wastes a warp.
-int LanesForDim(int64_t dim, int vec) {
+// Smallest power-of-two group (4..32 lanes) that gives every lane at most
+// max_fragments fragments per tile; small dims get small groups so no bag
+// wastes a warp.
+int LanesForDim(int64_t dim, int vec, int max_fragments = 1) {
   const int64_t fragments = (dim + vec - 1) / vec;
   int lanes = 4;
-  while (lanes < kWarpSize && lanes < fragments) lanes *= 2;
+  while (lanes < kWarpSize && int64_t{lanes} * max_fragments < fragments) lanes *= 2;
   return lanes;
+}
+
+// Lanes per bag of the group layout (short bags). Two fragments a lane, not
+// one: half the lanes resolve a bag's keys (bags this short rarely fill more)
+// and a warp pools twice the bags at once. On an H200 (bags of 1 to 4 ids,
+// 2026-11-30) float32 lookups ran 1.30x faster at D = 32 and 1.31x at D = 128,
+// hashed int keys 1.59x and 1.40x, 16-bit tables 1.17-1.20x at D = 128; at
+// D = 32 16-bit rows already fill only the 4-lane minimum. Four fragments a
+// lane lost again (fp32 D = 128: 2.47 against 2.27 ms).
+int BagGroupLanes(int64_t dim, int vec) { return LanesForDim(dim, vec, 2); }
+
+// Lanes per row of the warp layout (long bags): one fragment a lane, except
+// float32 rows of index-mode keys, which take two. Half the lanes per row
+// halve the shuffles and address arithmetic per row; on an H200 (bags of 1 to
+// 99 ids, 2026-11-30) that made float32 lookups of Zipf ids 1.11x faster at
+// D = 32 and 1.36x at D = 128, uniform ids 1.02x at D = 128 and the same at
+// D = 32, while 16-bit rows (0.83x at D = 32) and keys hashed in the kernel
+// (0.90x) lost it to register pressure. Four fragments lost everywhere. Rows
+// too wide for one fragment a lane of a warp keep their lanes: halved, they
+// would take more dim tiles, each resolving the bag's keys again.
+template <IdMode kMode, typename T>
+int WarpRowLanes(int64_t dim, int vec) {
+  const int lanes = RowGroupLanes(dim, vec);
+  const bool halve = kMode == IdMode::kIndex && sizeof(T) == 4 && dim <= int64_t{kWarpSize} * vec;
+  return halve ? std::max(1, lanes / 2) : lanes;
 }
 
 // Fragments per lane (1, 2 or kMaxFragments) that cover dim in one tile if
@@ -549,14 +575,14 @@ constexpr int64_t kWarpPerBagMinLength = 8;
 template <IdMode kMode, int kVec, int kFragments, typename T, typename TKey>
 void LaunchPoolBagsKernel(const LookupSpec& s, const T* params, const TKey* keys,
                           const float* weights, const int64_t* offsets, int64_t num_rows,
-                          bool warp_per_bag, T* out, int64_t* d_status, cudaStream_t stream) {
+                          bool warp_per_bag, int lanes, T* out, int64_t* d_status,
+                          cudaStream_t stream) {
   if (warp_per_bag) {
     auto* kernel = PoolBagsWarpKernel<kMode, kVec, kFragments, T, TKey>;
     kernel<<<OneWaveBlocks(kernel, num_rows, kBlockThreads / kWarpSize), kBlockThreads, 0, stream>>>(
-            s, params, keys, weights, offsets, num_rows, RowGroupLanes(s.dim, kVec), out, d_status);
+            s, params, keys, weights, offsets, num_rows, lanes, out, d_status);
     return;
   }
-  const int lanes = LanesForDim(s.dim, kVec);
   auto* kernel = PoolBagsKernel<kMode, kVec, kFragments, T, TKey>;
   kernel<<<OneWaveBlocks(kernel, num_rows, kBlockThreads / lanes), kBlockThreads, 0, stream>>>(
           s, params, keys, weights, offsets, num_rows, lanes, out, d_status);
@@ -566,20 +592,19 @@ template <IdMode kMode, int kVec, typename T, typename TKey>
 void LaunchPoolBagsForMode(const LookupSpec& s, const T* params, const TKey* keys,
                            const float* weights, const int64_t* offsets, int64_t num_rows,
                            bool warp_per_bag, T* out, int64_t* d_status, cudaStream_t stream) {
-  const int fragments = warp_per_bag ? RowGroupFragments(s.dim, kVec)
-                                     : FragmentsForDim(s.dim, kVec, LanesForDim(s.dim, kVec));
-  switch (fragments) {
+  const int lanes = warp_per_bag ? WarpRowLanes<kMode, T>(s.dim, kVec) : BagGroupLanes(s.dim, kVec);
+  switch (FragmentsForDim(s.dim, kVec, lanes)) {
     case 1:
       LaunchPoolBagsKernel<kMode, kVec, 1>(s, params, keys, weights, offsets, num_rows, warp_per_bag,
-                                           out, d_status, stream);
+                                           lanes, out, d_status, stream);
       break;
     case 2:
       LaunchPoolBagsKernel<kMode, kVec, 2>(s, params, keys, weights, offsets, num_rows, warp_per_bag,
-                                           out, d_status, stream);
+                                           lanes, out, d_status, stream);
       break;
     default:
       LaunchPoolBagsKernel<kMode, kVec, kMaxFragments>(s, params, keys, weights, offsets, num_rows,
-                                                       warp_per_bag, out, d_status, stream);
+                                                       warp_per_bag, lanes, out, d_status, stream);
   }
 }
 
