@@ -786,6 +786,16 @@ def _persistent_tape_cases():
     ], hashed
 
 
+def _plain_and_persistent_tape_grads(f, var):
+    """d sum(f() * [1, 2, 3, 4]) / d var under a plain tape, then a persistent one."""
+    grads = []
+    for persistent in (False, True):
+        with tf.GradientTape(persistent=persistent) as tape:
+            loss = tf.reduce_sum(f() * tf.range(1.0, 5.0))
+        grads.append(tape.gradient(loss, var))
+    return grads
+
+
 def test_a_persistent_tape_around_a_function_gets_indexed_slices_as_tf_gives():
     # A persistent tape differentiates a tf.function's side
     # outputs too: a gradient that read the table from inside the function
@@ -795,23 +805,15 @@ def test_a_persistent_tape_around_a_function_gets_indexed_slices_as_tf_gives():
     params = tf.Variable(np.random.default_rng(3).normal(size=(1000, 4)).astype(np.float32))
     for name, lookup in cases:
         f = tf.function(lambda: lookup(params))
-        grads = []
-        for persistent in (False, True):
-            with tf.GradientTape(persistent=persistent) as tape:
-                loss = tf.reduce_sum(f() * tf.range(1.0, 5.0))
-            grads.append(tape.gradient(loss, params))
+        grads = _plain_and_persistent_tape_grads(f, params)
         for g in grads:
             assert isinstance(g, tf.IndexedSlices), (name, type(g).__name__)
             assert g.values.shape[0] < 10, (name, g.values.shape)
         np.testing.assert_allclose(tf.convert_to_tensor(grads[1]), tf.convert_to_tensor(grads[0]), rtol=1e-6,
                                    err_msg=name)
     keys = tf.ragged.constant([[7, 8], [8]], tf.int64)
-    f = tf.function(lambda: tco.hash_table_embedding(hashed, keys, insert=True) * tf.range(1.0, 5.0))
-    grads = []
-    for persistent in (False, True):
-        with tf.GradientTape(persistent=persistent) as tape:
-            loss = tf.reduce_sum(f())
-        grads.append(tape.gradient(loss, hashed.values))
+    f = tf.function(lambda: tco.hash_table_embedding(hashed, keys, insert=True))
+    grads = _plain_and_persistent_tape_grads(f, hashed.values)
     for g in grads:
         assert isinstance(g, tf.IndexedSlices), type(g).__name__
         assert g.values.shape[0] == 3, g.values.shape
@@ -827,11 +829,7 @@ def test_a_persistent_tape_around_a_function_of_a_cast_table_gets_indexed_slices
     params = tf.Variable(np.random.default_rng(4).normal(size=(1000, 4)).astype(np.float32))
     for name, lookup in [case for case in cases if not case[0].endswith("/read")]:
         f = tf.function(lambda: tf.cast(lookup(tf.cast(params, dtype)), tf.float32))
-        grads = []
-        for persistent in (False, True):
-            with tf.GradientTape(persistent=persistent) as tape:
-                loss = tf.reduce_sum(f() * tf.range(1.0, 5.0))
-            grads.append(tape.gradient(loss, params))
+        grads = _plain_and_persistent_tape_grads(f, params)
         for g in grads:
             assert isinstance(g, tf.IndexedSlices), (name, type(g).__name__)
             assert g.dtype == tf.float32 and g.values.shape[0] < 10, (name, g.dtype, g.values.shape)
