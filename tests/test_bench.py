@@ -352,11 +352,37 @@ def test_markdown_is_a_well_formed_table(tiny_run):
     assert "NOT MET" in text or ", met" in text
 
 
+def test_markdown_gbps_legend_names_what_each_case_counts(tiny_run):
+    results, paths = tiny_run
+    # One rule for lookups and strings: the legend states it alone.
+    assert f"GB/s = {harness.POOLED_BYTES} / fused time" in paths["markdown"].read_text()
+    # The table suite's find and training rows count other bytes, and said they counted pooled rows.
+    from tf_ctr_ops.bench import report
+
+    def case(name, counted=None):
+        c = {"case": name, "fused": {}, "native": {}, "GBps": {}}
+        return c if counted is None else {**c, "bytes_counted": counted}
+
+    mixed = {"suites": {"lookup": {"cases": [case("lookup/zipf")]},
+                        "table": {"cases": [case("table/pooled-zipf", harness.POOLED_BYTES),
+                                            case("table/find-zipf", "16 bytes a key"),
+                                            case("table/train-step-zipf", "3 x rows")]}}}
+    assert report._bytes_legend(mixed) == (f"{harness.POOLED_BYTES} for lookup/zipf, table/pooled-zipf; "
+                                           "16 bytes a key for table/find-zipf; 3 x rows for table/train-step-zipf")
+
+
 def test_plot_writes_a_png(tiny_run):
     if not _have_matplotlib():
         pytest.skip("matplotlib is not installed (the optional 'plot' extra)")
     png = tiny_run[1]["plot"].read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
+
+
+def test_model_and_features_are_refused_together(capsys):
+    # --model ran its model and silently dropped --features.
+    with pytest.raises(SystemExit) as e:
+        bench.main(["rewrite", "--model", "keras-lookup", "--features", "40"])
+    assert e.value.code == 2 and "give one of them" in capsys.readouterr().err
 
 
 def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, tmp_path):
@@ -366,7 +392,8 @@ def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, tmp_path):
     assert not (tmp_path / "x.png").exists()
 
 
-@pytest.mark.parametrize("args", [["--vocab", "0"], ["--batch", "-5"], ["--max-len", "0"], ["--dim", "0"]])
+@pytest.mark.parametrize("args", [["--vocab", "0"], ["--batch", "-5"], ["--max-len", "0"], ["--dim", "0"],
+                                  ["--features", "-3"]])
 def test_shapes_must_be_positive(args, capsys):
     # --vocab 0 drew Zipf ids forever; the others ended in numpy tracebacks.
     with pytest.raises(SystemExit) as e:

@@ -84,9 +84,12 @@ def parse_args(argv=None):
     p.add_argument("--copy-mb", type=int, default=None, help=f"copy-probe array size (default {d.copy_mb})")
     p.add_argument("--model", choices=models.MODELS, default="",
                    help="rewrite suite: a real model style instead of its Criteo model (see tf_ctr_ops/bench/models.py)")
-    p.add_argument("--features", type=int, default=0,
+    p.add_argument("--features", type=_positive_int, default=0,
                    help="rewrite suite: time the optimizer alone on its model scaled to 26 .. FEATURES features")
     args = p.parse_args(argv)
+    if args.model and args.features:
+        # Each picks what the rewrite suite runs; neither scales the other.
+        p.error("--model and --features choose different rewrite runs: give one of them")
     if "all" in args.suites:
         order = harness.SUITE_ORDER
         args.suites = sorted(suites, key=lambda n: (order.index(n) if n in order else len(order), n))

@@ -459,8 +459,17 @@ def check_agreement(case, name, got, want, rtol=1e-5, atol=1e-5):
     return float(np.max(np.abs(got - want), initial=0.0))
 
 
-def timed_entry(case, fns, cfg, nbytes, copy, rtol=1e-5, atol=1e-5, native_paths=None):
+# What a case's `bytes` counts, unless its suite says otherwise: an embedding
+# lookup must read each id's row and write each bag's pooled row.
+POOLED_BYTES = "(ids + batch) x D x element size (rows read, pooled rows written)"
+
+
+def timed_entry(case, fns, cfg, nbytes, copy, rtol=1e-5, atol=1e-5, native_paths=None,
+                bytes_counted=POOLED_BYTES):
     """Checks every callable of `fns` against fns["fused"], then times them all: one case's record.
+
+    nbytes: the bytes the case must move at the least, described by
+    bytes_counted (the Markdown report's GB/s legend).
 
     native_paths: {key of fns: description} when TF has several native ways to
     compute the case; the fastest of them is the case's "native" (named in
@@ -476,7 +485,7 @@ def timed_entry(case, fns, cfg, nbytes, copy, rtol=1e-5, atol=1e-5, native_paths
         t["native"], errors["native"] = t[native_path], errors[native_path]
     fused_ms = t["fused"]["median_ms"]
     gbps = {k: nbytes / (v["median_ms"] * 1e-3) / 1e9 for k, v in t.items()}
-    entry = {"case": case, **t, "bytes": nbytes, "speedup": t["native"]["median_ms"] / fused_ms,
+    entry = {"case": case, **t, "bytes": nbytes, "bytes_counted": bytes_counted, "speedup": t["native"]["median_ms"] / fused_ms,
              "GBps": gbps, "frac_copy": gbps["fused"] / copy["best_GBps"], "max_abs_err": errors}
     if "core" in t:
         entry["tf_overhead_ms"] = fused_ms - t["core"]["median_ms"]

@@ -5,7 +5,7 @@ Reads the results the suites return (see `harness`); imports no suite.
 
 import numpy as np
 
-from tf_ctr_ops.bench.harness import BenchmarkError, Shape
+from tf_ctr_ops.bench.harness import POOLED_BYTES, BenchmarkError, Shape
 
 # ---------------------------------------------------------------------------
 # Terminal
@@ -93,6 +93,17 @@ def _config_shape(config):
         return ""
 
 
+def _bytes_legend(results):
+    """What the GB/s column divides, per group of cases counting alike."""
+    cases_by_rule = {}
+    for _, c in _all_cases(results):
+        if "GBps" in c:
+            cases_by_rule.setdefault(c.get("bytes_counted", POOLED_BYTES), []).append(c["case"])
+    if len(cases_by_rule) <= 1:
+        return next(iter(cases_by_rule), POOLED_BYTES)
+    return "; ".join(f"{rule} for {', '.join(cases)}" for rule, cases in cases_by_rule.items())
+
+
 def markdown(results):
     """The results as a Markdown table, with a line naming the machine and the date."""
     head = ("| case | shape | fused ms | native ms | speedup | GB/s | fraction of copy bandwidth |\n"
@@ -109,7 +120,7 @@ def markdown(results):
     copies = ", ".join(f"{name} {res['copy_bandwidth']['best_GBps']:.1f}"
                        for name, res in results["suites"].items() if "copy_bandwidth" in res)
     notes = [machine_line(results),
-             f"Medians of repeated calls; GB/s = (ids + batch) * D * 4 bytes / fused time; copy bandwidth "
+             f"Medians of repeated calls; GB/s = {_bytes_legend(results)} / fused time; copy bandwidth "
              f"(GB/s, read + write, measured in the same run): {copies}."]
     targets = [f"- {t['target']} >= {t['min_speedup']}x [{t['dist']}, {t.get('shape', '')}]: "
                f"{t['speedup']:.2f}x, {'met' if t['met'] else 'NOT MET'}"

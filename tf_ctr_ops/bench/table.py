@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from tf_ctr_ops.bench.harness import (TARGET_DIST, make_bags, measure_copy_bandwidth, memory_shortfall, progress,
+from tf_ctr_ops.bench.harness import (POOLED_BYTES, TARGET_DIST, make_bags, measure_copy_bandwidth, memory_shortfall, progress,
                                       progress_label, random_table, si, skip_table_group, suite, timed_entry, _ncpu)
 from tf_ctr_ops.bench.report import print_copy, print_table, print_targets
 
@@ -197,10 +197,12 @@ def _cases(cfg, shape, tables, rng, copy):
     fields = {"shape": shape.label(), "dist": shape.dist, "headline": shape.headline, "keys": nnz,
               "resident_keys": shape.vocab}
     out = []
-    for series, fns, arg, nbytes in (("pooled", pooled, keys, nnz * shape.dim * 4 + shape.batch * shape.dim * 4),
-                                     ("find", find, flat, nnz * 8 * 2)):
+    for series, fns, arg, nbytes, counted in (
+            ("pooled", pooled, keys, nnz * shape.dim * 4 + shape.batch * shape.dim * 4, POOLED_BYTES),
+            ("find", find, flat, nnz * 8 * 2, "16 bytes a key (the key read, its row number written)")):
         calls = {k: (lambda f=f: f(arg).numpy()) for k, f in fns.items()}
-        entry = timed_entry(f"table/{series}-{shape.dist}", calls, cfg, nbytes, copy, native_paths=NATIVE_TABLES)
+        entry = timed_entry(f"table/{series}-{shape.dist}", calls, cfg, nbytes, copy, native_paths=NATIVE_TABLES,
+                            bytes_counted=counted)
         entry.update(fields, series=series)
         entry["keys_per_s"] = {k: nnz / (entry[k]["median_ms"] * 1e-3) for k in ("fused", "native")}
         out.append(entry)
@@ -296,8 +298,10 @@ def _train_case(cfg, rng, copy):
             return loss
 
     fns = {"fused": lambda: fused_step(keys).numpy(), "native": lambda: native_step(keys).numpy()}
-    nbytes = batch * TRAIN_FEATURES * dim * 4 * 3  # rows read, gradient rows written, updated
-    entry = timed_entry("table/train-step-zipf", fns, cfg, nbytes, copy, rtol=1e-4, atol=1e-5)
+    nbytes = batch * TRAIN_FEATURES * dim * 4 * 3
+    entry = timed_entry("table/train-step-zipf", fns, cfg, nbytes, copy, rtol=1e-4, atol=1e-5,
+                        bytes_counted="3 x batch x features x D x 4 (rows read, gradient rows written, "
+                                      "rows updated)")
     entry.update({"series": "train", "dist": "zipf", "headline": False, "keys": batch * TRAIN_FEATURES,
                   "shape": f"B={batch}, {TRAIN_FEATURES} features x {si(key_space)} keys D={dim}"})
     entry["keys_per_s"] = {k: batch * TRAIN_FEATURES / (entry[k]["median_ms"] * 1e-3) for k in ("fused", "native")}
