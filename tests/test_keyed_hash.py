@@ -63,6 +63,15 @@ def test_core_rejects_a_key_of_other_than_two_integers():
         _core.hash_buckets([b"a"], 10, [1, 2, 3])
 
 
+def test_a_key_of_one_integer_in_a_list_fails_in_to_hash_bucket_strongs_words():
+    # TF's string_to_hash_bucket_op_test matches "Key must have 2 elements".
+    params = tf.zeros([10, 2])
+    for lookup in (lambda k: tco.hash_embedding(params, tf.ragged.constant([["a"]]), hash_key=k),
+                   lambda k: tco.string_embedding(["a"], params, hash_key=k)):
+        with pytest.raises(ValueError, match="Key must have 2 elements"):
+            lookup([98765])
+
+
 # ---------------------------------------------------------------------------
 # string_embedding
 

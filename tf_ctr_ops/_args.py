@@ -74,7 +74,10 @@ def check_hash_key(hash_key):
         key = [int(k) for k in hash_key]
     except (TypeError, ValueError):
         raise ValueError(f"hash_key must be None, an integer or two integers, got {hash_key!r}") from None
-    if len(key) != 2 or any(not -2**63 <= k < 2**63 for k in key):
+    if len(key) != 2:  # to_hash_bucket_strong's words for it, which TF's tests match
+        raise ValueError(f"Key must have 2 elements: hash_key must be None, an integer or two integers, "
+                         f"got {hash_key!r}")
+    if any(not -2**63 <= k < 2**63 for k in key):
         raise ValueError(f"hash_key must be None, an integer or two int64 integers, got {hash_key!r}")
     return key
 

@@ -5,6 +5,7 @@ This is what a `crossed_column` or a `bucketized_column` under a linear model
 or an `embedding_column` computes; the rewrite fuses their subgraphs into it.
 """
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import sparse_ops
 
@@ -54,12 +55,7 @@ def cross_embedding_lookup(params, inputs, num_buckets, hash_key=None, combiner=
     with tf.name_scope(name or "cross_embedding_lookup"):
         sparse = [i for i in inputs if isinstance(i, tf.SparseTensor)]
         dense = [tf.convert_to_tensor(i) for i in inputs if not isinstance(i, tf.SparseTensor)]
-        for sp in sparse:
-            if sp.shape.rank is not None and sp.shape.rank != 2:
-                raise ValueError(f"sparse inputs must be SparseTensors [B, N], got rank {sp.shape.rank}")
-        for t in dense:
-            if t.shape.rank is not None and t.shape.rank != 2:
-                raise ValueError(f"dense inputs must be Tensors [B, k], got shape {t.shape}")
+        # Inputs of another rank fail in the op, with SparseCross's errors.
         key = int(hash_key) if hash_key else DEFAULT_HASH_KEY  # TF's cross_hashed reads 0 as its default too
         if not -(1 << 63) <= key < (1 << 63):
             raise OverflowError(f"hash_key must fit in int64, as tf.sparse.cross_hashed's attr does; got {key}")
@@ -74,12 +70,9 @@ def cross_embedding_lookup(params, inputs, num_buckets, hash_key=None, combiner=
 
 
 def _crossable(values):
-    """Strings as they are; integers as int64, as tf.sparse.cross_hashed casts them."""
-    if values.dtype == tf.string:
-        return values
-    if not values.dtype.is_integer:
-        raise TypeError(f"crossed features must be strings or integers, got {values.dtype.name}")
-    return tf.cast(values, tf.int64)
+    """Strings as they are; anything else cast to int64 (1.5 crosses as 1, True
+    as 1), as tf.sparse.cross_hashed casts it."""
+    return values if values.dtype == tf.string else tf.cast(values, tf.int64)
 
 
 def bucketized_embedding_lookup(params, values, boundaries, combiner="mean", default_id=None, max_norm=None,
@@ -109,9 +102,12 @@ def bucketized_embedding_lookup(params, values, boundaries, combiner="mean", def
       [B] + params.shape[1:]. Its gradient reaches `params` as IndexedSlices.
       An id >= V is an InvalidArgument naming the id and its row.
     """
+    if not isinstance(boundaries, (list, tuple, np.ndarray)):
+        raise TypeError(f"Expected list for attr boundaries, got {boundaries!r}")  # Bucketize's words
     boundaries = [float(b) for b in boundaries]
     if boundaries != sorted(boundaries):
-        raise ValueError(f"boundaries must be sorted, got {boundaries}")
+        # bucketized_column's class (raised where it is built), with Bucketize's words.
+        raise ValueError(f"Expected sorted boundaries: boundaries must be sorted, got {boundaries}")
     combiner = check_combiner(combiner)
     with tf.name_scope(name or "bucketized_embedding_lookup"):
         values = tf.convert_to_tensor(values)

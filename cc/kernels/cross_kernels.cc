@@ -55,15 +55,19 @@ void HashFeatures(OpKernelContext* ctx, const Tensor& values, std::vector<uint64
   }
 }
 
-// SparseCross's checks, with its messages; the batch is the first sparse
-// input's dense_shape[0], else the first dense input's rows.
+// SparseCross's checks, its messages first (TF's tests match them); the batch
+// is the first sparse input's dense_shape[0], else the first dense input's rows.
 absl::Status ValidateCross(const OpInputList& indices, const OpInputList& values, const OpInputList& shapes,
                            const OpInputList& dense, int64_t* batch) {
   const int n = indices.size();
   for (int i = 0; i < n; ++i) {
-    if (indices[i].dims() != 2 || indices[i].dim_size(1) != 2)
-      return InvalidArgument("indices of sparse input ", i, " must be [nnz, 2], got shape ",
-                             indices[i].shape().DebugString());
+    if (indices[i].dims() != 2)
+      return InvalidArgument("Input indices should be a matrix but received shape ",
+                             indices[i].shape().DebugString(), " at position ", i,
+                             ": indices of sparse input ", i, " must be [nnz, 2]");
+    if (indices[i].dim_size(1) != 2)
+      return InvalidArgument("Expected D2 of index to be 2 got ", indices[i].dim_size(1), " at position ", i,
+                             ": indices of sparse input ", i, " must be [nnz, 2] (a 2-D SparseTensor)");
     if (values[i].dims() != 1 || values[i].dim_size(0) != indices[i].dim_size(0))
       return InvalidArgument("values of sparse input ", i, " must be [", indices[i].dim_size(0),
                              "], one per index, got shape ", values[i].shape().DebugString());
@@ -73,17 +77,20 @@ absl::Status ValidateCross(const OpInputList& indices, const OpInputList& values
   }
   for (int j = 0; j < dense.size(); ++j)
     if (dense[j].dims() != 2)
-      return InvalidArgument("dense input ", j, " must be a matrix [B, k], got shape ",
-                             dense[j].shape().DebugString());
+      return InvalidArgument("Dense inputs should be a matrix but received shape ",
+                             dense[j].shape().DebugString(), " at position ", j, ": dense input ", j,
+                             " must be [B, k]");
   *batch = n > 0 ? shapes[0].vec<int64_t>()(0) : dense.size() > 0 ? dense[0].dim_size(0) : 0;
   if (*batch < 0) return InvalidArgument("the batch size (dense_shape[0] of sparse input 0) is negative: ", *batch);
   for (int i = 0; i < n; ++i)
     if (shapes[i].vec<int64_t>()(0) != *batch)
-      return InvalidArgument("sparse input ", i, " has batch size ", shapes[i].vec<int64_t>()(0), ", expected ",
+      return InvalidArgument("Expected batch size ", *batch, " got ", shapes[i].vec<int64_t>()(0),
+                             ": sparse input ", i, " has batch size ", shapes[i].vec<int64_t>()(0), ", expected ",
                              *batch);
   for (int j = 0; j < dense.size(); ++j)
     if (dense[j].dim_size(0) != *batch)
-      return InvalidArgument("dense input ", j, " has batch size ", dense[j].dim_size(0), ", expected ", *batch);
+      return InvalidArgument("Expected batch size ", *batch, " got ", dense[j].dim_size(0), ": dense input ", j,
+                             " has batch size ", dense[j].dim_size(0), ", expected ", *batch);
   return absl::OkStatus();
 }
 
