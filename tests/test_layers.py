@@ -361,6 +361,22 @@ def test_fit_under_mixed_float16_policy():
     assert after < 0.6 * before, (before, after)
 
 
+def test_a_functional_model_of_dense_ids_of_another_rank_is_refused_at_construction():
+    # Keras built such a model ((None, 4) out of any input rank), and its
+    # first call failed with "dense ids must be [B, N]".
+    layers = [lambda: SparseEmbedding(10, 4), lambda: HashEmbedding(10, 4),
+              lambda: tco_layers.HashTableEmbedding(4, capacity=16)]
+    for make in layers:
+        with pytest.raises(ValueError, match=r"takes dense ids \[B\] or \[B, N\].*got shape \(None, 3, 2\)"):
+            make()(keras.Input(shape=(3, 2), dtype="int64"))
+        for shape in [(), (3,)]:
+            assert make()(keras.Input(shape=shape, dtype="int64")).shape == (None, 4)
+        assert make()(keras.Input(shape=(3,), dtype="int64", sparse=True)).shape == (None, 4)
+    with pytest.raises(ValueError, match="takes dense ids"):  # slots: each one's rank
+        tco_layers.HashTableEmbedding(4, capacity=16)([keras.Input(shape=(2,), dtype="int64"),
+                                                       keras.Input(shape=(2, 2), dtype="int64")])
+
+
 def test_functional_models_take_ragged_sparse_and_dense_inputs(rng):
     width = 5
     ids = random_bags(rng, 12, width, 0, 40)

@@ -261,6 +261,26 @@ def test_string_op_arguments_of_the_wrong_kind_are_clear(rng):
         tf_ctr_ops.string_embedding(["1"], params, default_id=2.7)
 
 
+def test_a_functional_model_of_inputs_of_another_shape_is_refused_at_construction():
+    # Keras built such a model (its output shape ignores the input's rank),
+    # and the first call failed.
+    with pytest.raises(ValueError, match=r"takes a vector of strings \[B\] \(or \[B, 1\]\), got shape \(None, 2\)"):
+        StringEmbedding(10, 2)(keras.Input(shape=(2,), dtype="string"))
+    with pytest.raises(ValueError, match="takes a vector of strings"):
+        MultiStringEmbedding([10, 10], [2, 3])([keras.Input(shape=(), dtype="string"),
+                                                keras.Input(shape=(3, 1), dtype="string")])
+    for shape in [(), (1,), (None,)]:  # [B], [B, 1], and [B, ?] checked at run time
+        assert StringEmbedding(10, 2)(keras.Input(shape=shape, dtype="string")).shape == (None, 2)
+
+
+def test_concat_keeps_a_static_batch():
+    # The concat op sees packed bytes: its output lost the features' batch.
+    f = tf.function(lambda a, b, t: tf_ctr_ops.multi_string_embedding([a, b], [t, t], id_modes="hash", concat=True),
+                    input_signature=[tf.TensorSpec([5], tf.string), tf.TensorSpec([None, 1], tf.string),
+                                     tf.TensorSpec([10, 8])])
+    assert f.get_concrete_function().structured_outputs.shape.as_list() == [5, 16]
+
+
 def test_a_functional_model_of_non_string_inputs_is_refused_at_construction():
     for dtype in ("int64", "float32"):
         with pytest.raises(TypeError, match="takes string inputs, got .*dtype='string'"):

@@ -208,6 +208,27 @@ class _PooledOutput:
         batch = input_shape[0] if input_shape is not None and len(input_shape) else None
         return (batch, self.output_dim)
 
+    def compute_output_spec(self, inputs, *args, **kwargs):
+        _check_dense_id_specs(self, inputs)
+        return super().compute_output_spec(inputs, *args, **kwargs)
+
+
+def _dense_specs(specs):
+    """The dense ones of a functional model's inputs (KerasTensors)."""
+    return [s for s in tf.nest.flatten(specs)
+            if getattr(s, "shape", None) is not None and not getattr(s, "sparse", False)
+            and not getattr(s, "ragged", False)]
+
+
+def _check_dense_id_specs(layer, specs):
+    """Dense ids are [B] or [B, N]. Keras infers a functional model's output
+    from compute_output_shape without calling the layer, so ids of another
+    rank would otherwise pass until the model's first call."""
+    for spec in _dense_specs(specs):
+        if len(spec.shape) not in (1, 2):
+            raise ValueError(f"{type(layer).__name__} {layer.name!r} takes dense ids [B] or [B, N] (padded with "
+                             f"-1, or '' for strings), got shape {tuple(spec.shape)}")
+
 
 class _PooledEmbeddingBase(_PooledOutput, _FusedOpLayer):
     """Shared table, config and casting of the pooled embedding layers."""
@@ -488,6 +509,15 @@ def _check_string_specs(layer, specs):
                             "(give its keras.Input dtype='string')")
 
 
+def _check_string_vector_specs(layer, specs):
+    """Each feature is a vector of strings [B] (or [B, 1]); see _check_string_specs."""
+    for spec in _dense_specs(specs):
+        shape = tuple(spec.shape)
+        if not (len(shape) == 1 or (len(shape) == 2 and shape[1] in (1, None))):
+            raise ValueError(f"{type(layer).__name__} {layer.name!r} takes a vector of strings [B] (or [B, 1]), "
+                             f"got shape {shape}")
+
+
 @keras.saving.register_keras_serializable(package="tf_ctr_ops")
 class StringEmbedding(_PooledEmbeddingBase):
     """Pooled embedding of strings of delimited ids, e.g. `"12,7,993"`.
@@ -542,6 +572,7 @@ class StringEmbedding(_PooledEmbeddingBase):
 
     def compute_output_spec(self, inputs, weights=None):
         _check_string_specs(self, inputs)
+        _check_string_vector_specs(self, inputs)
         return super().compute_output_spec(inputs, weights)
 
     def call(self, inputs, weights=None):
@@ -636,7 +667,9 @@ class MultiStringEmbedding(_FusedOpLayer):
 
     def compute_output_spec(self, inputs):
         _check_string_specs(self, inputs)
-        return super().compute_output_spec(inputs)
+        spec = super().compute_output_spec(inputs)  # refuses anything but a list of the features first
+        _check_string_vector_specs(self, inputs)
+        return spec
 
     def call(self, inputs):
         inputs = [_string_inputs(x) for x in _feature_list(inputs, len(self.num_buckets), self)]

@@ -279,8 +279,11 @@ def multi_string_embedding(features, tables, delimiters=",", combiners="mean", i
             # Feature i's strings are found by input_splits: the op checks
             # that the features' row counts agree, as a concat would.
             data, row_splits, input_splits = _ops.ctr_pack_strings(features)
-            return _ops.ctr_concat_string_embedding(params=tables, bytes=data, row_splits=row_splits,
-                                                    input_splits=input_splits, dense=[], **attrs)
+            out = _ops.ctr_concat_string_embedding(params=tables, bytes=data, row_splits=row_splits,
+                                                   input_splits=input_splits, dense=[], **attrs)
+            # The op's shape function sees packed bytes, not the batch.
+            from tf_ctr_ops import ops  # here: ops imports this module
+            return ops._with_batch_dim(out, next((f for f in features if f.shape[0] is not None), features[0]))
         data, row_splits, _ = _ops.ctr_pack_strings(features, equal_sizes=True)
         return _ops.ctr_multi_string_embedding(params=tables, bytes=data, row_splits=row_splits, **attrs)
 
