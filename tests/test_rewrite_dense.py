@@ -316,6 +316,52 @@ def test_keras_hashing_embedding_saved_model(tmp_path, rng):
                      tf.saved_model.load(str(src)).signatures["serving_default"](**feeds)["output_0"])
 
 
+def keras_deepfm_model(int_keys=False, num_bins=V, dim=D):
+    """DeepFM as Keras users write it: each field's one Hashing layer read by
+    its first-order Embedding(N, 1) and its Embedding(N, D)."""
+    import keras
+
+    keras.utils.set_random_seed(1)
+    names = ["site", "app"]
+    inputs = [keras.Input((1,), dtype="int64" if int_keys else "string", name=n) for n in names]
+    hashed = [keras.layers.Hashing(num_bins, name=f"{n}_hash")(x) for n, x in zip(names, inputs)]
+    first = [keras.layers.Flatten()(keras.layers.Embedding(num_bins, 1, name=f"{n}_w")(h)) for n, h in zip(names, hashed)]
+    second = [keras.layers.Flatten()(keras.layers.Embedding(num_bins, dim, name=f"{n}_v")(h))
+              for n, h in zip(names, hashed)]
+    linear = keras.layers.Add()(first)
+    fm = keras.layers.Dot(axes=1)(second)
+    deep = keras.layers.Dense(1)(keras.layers.Dense(8, activation="relu")(keras.layers.Concatenate()(second)))
+    return keras.Model(inputs, keras.layers.Activation("sigmoid")(keras.layers.Add()([linear, fm, deep])))
+
+
+@pytest.mark.saved_model
+@pytest.mark.parametrize("int_keys", [False, True])
+def test_one_hash_read_by_two_embeddings_fuses_both(tmp_path, rng, int_keys):
+    # Each hash had two gathers reading it: "has another consumer", nothing fused.
+    model = keras_deepfm_model(int_keys)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    model.export(str(src), verbose=False)
+    if int_keys:
+        samples = {n: rng.integers(-10**12, 10**12, size=(40, 1)) for n in ("site", "app")}
+    else:
+        samples = {n: np.array(random_strings(rng, 40), object).reshape(-1, 1) for n in ("site", "app")}
+    report = rewrite.optimize_saved_model(src, dst, signature_keys=["serving_default"],
+                                          sample_inputs={"serving_default": samples}, runs=2)
+    assert report.ok and report.verified
+    sig = report.signatures["serving_default"]
+    assert [m["pattern"] for m in sig.matches].count("hash_gather") == 4, sig.matches
+    hashes = {"StringToHashBucketFast", "_TensorToHashBucketFast", "AsString"}
+    assert not (hashes | {"GatherV2", "ResourceGather"}) & set(sig.op_counts_after), sig.op_counts_after
+    # Each hash is absorbed once, by the field's last gather.
+    absorbed = [r for m in sig.matches for r in m["replaced"]
+                if r.rsplit(" (", 1)[1].rstrip(")") in ("StringToHashBucketFast", "_TensorToHashBucketFast")]
+    assert len(absorbed) == 2, absorbed
+    assert sig.max_abs_diff == 0
+    feeds = {k: tf.constant(v) for k, v in samples.items()}
+    assert_identical(tf.saved_model.load(str(dst)).signatures["serving_default"](**feeds)["output_0"],
+                     tf.saved_model.load(str(src)).signatures["serving_default"](**feeds)["output_0"])
+
+
 def flatten_ops(graph_def):
     counts = rewrite.op_counts(graph_def, library=True)
     return {op: counts[op] for op in ("ExpandDims", "Shape", "StridedSlice", "Pack") if op in counts}

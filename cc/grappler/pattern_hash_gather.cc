@@ -25,6 +25,10 @@
 // fuses AsString + StringToHashBucketFast into _TensorToHashBucketFast) become
 // CtrEmbeddingLookup in hash mode with one key per row instead.
 //
+// One hash read by several gathers (DeepFM's Hashing layer feeding its
+// first-order Embedding(N, 1) and its Embedding(N, D)) fuses each gather
+// alone: the hash stays for the others, and the last one absorbs it.
+//
 // Hashes of split tokens are left to the pooled patterns.
 #include <climits>
 #include <set>
@@ -56,11 +60,21 @@ struct HashedKeys {
   std::vector<const NodeDef*> wrap;    // Keras' negative-index wrap: SelectV2, Less, AddV2
   std::string int_keys;                // what is hashed, when it is integers
   DataType key_type = tensorflow::DT_INVALID;
+  // Leading nodes of Chain() that other gathers read too: they stay.
+  size_t shared = 0;
+
+  // From the keys to the index the gather (or its wrap) reads.
+  std::vector<const NodeDef*> Chain() const {
+    std::vector<const NodeDef*> chain;
+    for (const NodeDef* n : {as_string, hash, cast})
+      if (n != nullptr) chain.push_back(n);
+    return chain;
+  }
 
   std::vector<const NodeDef*> Absorbed() const {
     std::vector<const NodeDef*> all = wrap;
-    for (const NodeDef* n : {cast, hash, as_string})
-      if (n != nullptr) all.push_back(n);
+    const std::vector<const NodeDef*> chain = Chain();
+    for (size_t i = chain.size(); i > shared; --i) all.push_back(chain[i - 1]);
     return all;
   }
 };
@@ -109,7 +123,7 @@ class HashGatherPattern : public NamedPattern<kName> {
       return Skip(ctx, anchor, "hash buckets do not fit the int32 cast");
     if (!keys.wrap.empty() && !WrapShiftIsScalar(ctx, keys.wrap))
       return Skip(ctx, anchor, "the negative-index wrap may broadcast (its shift is not known to be a scalar)");
-    if (!OnlyFeedsTheGather(g, keys, &why)) return Skip(ctx, anchor, why);
+    if (!OnlyFeedsTheGather(g, anchor, &keys, &why)) return Skip(ctx, anchor, why);
     const int rank = ctx->Rank(*h, 0);
     if (rank < 0) return Skip(ctx, anchor, "ids rank unknown");
     if (rank != 1 && rank != 2)
@@ -134,18 +148,55 @@ class HashGatherPattern : public NamedPattern<kName> {
 
  private:
   // Each intermediate between the strings and the gather feeds only the next
-  // one (the gradient of a gather reads its indices, so training graphs keep them).
-  static bool OnlyFeedsTheGather(const GraphIndex& g, const HashedKeys& keys, std::string* why) {
-    auto only = [&](const NodeDef* n, int readers) {
-      if (n == nullptr || g.DataConsumers(n->name()) == readers) return true;
-      *why = "intermediate " + Describe(*n) + " has another consumer";
+  // one (the gradient of a gather reads its indices, so training graphs keep
+  // them) -- except that a node of the chain may also feed other gathers of
+  // the same keys: it and the chain above it then stay (keys->shared).
+  static bool OnlyFeedsTheGather(const GraphIndex& g, const NodeDef& anchor, HashedKeys* keys, std::string* why) {
+    for (const NodeDef* n : keys->wrap) {
+      if (g.DataConsumers(n->name()) != 1) {
+        *why = "intermediate " + Describe(*n) + " has another consumer";
+        return false;
+      }
+    }
+    const std::vector<const NodeDef*> chain = keys->Chain();
+    const int index_readers = keys->wrap.empty() ? 1 : 3;  // the wrap reads the index three times
+    // Walked from the gather up: the first node with readers besides the
+    // chain is where the chain is shared.
+    for (size_t i = chain.size(); i > 0; --i) {
+      const NodeDef& n = *chain[i - 1];
+      const int own_readers = i == chain.size() ? index_readers : 1;
+      if (g.DataConsumers(n.name()) == own_readers) continue;
+      const NodeDef* next = i == chain.size() ? nullptr : chain[i];
+      if (!OthersAreGathersOfIt(g, n, anchor, keys->wrap, next)) {
+        *why = "intermediate " + Describe(n) + " has another consumer";
+        return false;
+      }
+      keys->shared = i;
+      return true;
+    }
+    return true;
+  }
+
+  // Whether every reader of `keys` besides this match's gather, its wrap
+  // and `next` (the chain's node after it) is another gather of `keys`, the
+  // negative-index wrap of one, or an index cast: what this pattern fuses.
+  static bool OthersAreGathersOfIt(const GraphIndex& g, const NodeDef& keys, const NodeDef& anchor,
+                                   const std::vector<const NodeDef*>& wrap, const NodeDef* next) {
+    const std::vector<const NodeDef*>& readers = g.DataReaders(keys.name());
+    if (g.DataConsumers(keys.name()) != static_cast<int>(readers.size())) return false;  // fetched
+    std::set<const NodeDef*> allowed(wrap.begin(), wrap.end());
+    allowed.insert(&anchor);
+    if (next != nullptr) allowed.insert(next);
+    for (const NodeDef* r : readers) {
+      std::vector<const NodeDef*> other_wrap;
+      if (UnwrapNegativeIndexFix(g, r, &other_wrap) == &keys) allowed.insert(other_wrap.begin(), other_wrap.end());
+    }
+    for (const NodeDef* r : readers) {
+      if (allowed.count(r) || IsIndexCast(r)) continue;
+      if ((IsOp(r, "ResourceGather") || IsOp(r, "GatherV2")) && g.Producer(*r, 1) == &keys) continue;
       return false;
-    };
-    for (const NodeDef* n : keys.wrap)
-      if (!only(n, 1)) return false;
-    const int index_readers = keys.wrap.empty() ? 1 : 3;  // the wrap reads the index three times
-    if (keys.cast != nullptr) return only(keys.cast, index_readers) && only(keys.hash, 1) && only(keys.as_string, 1);
-    return only(keys.hash, index_readers) && only(keys.as_string, 1);
+    }
+    return true;
   }
 
   static MatchRecord Absorb(RewriteContext* ctx, const NodeDef& anchor, const HashedKeys& keys, const char* fused_op) {
