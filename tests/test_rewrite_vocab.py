@@ -576,3 +576,49 @@ def test_a_table_on_another_device_than_its_embedding_is_left_native(tmp_path, d
     else:
         assert "vocab_lookup" not in out["matches"], out
         assert any("the lookup table is read on" in r and "CPU:0" in r and "CPU:1" in r for r in out["skips"]), out
+
+
+def export_deepfm(path, num_oov, mask):
+    """DeepFM's fields as Keras users write them: one StringLookup (and one
+    IntegerLookup) read by the field's first-order Embedding(N, 1) and its
+    Embedding(N, 4)."""
+    import keras
+
+    keras.utils.set_random_seed(2)
+    word = keras.Input(shape=(1,), dtype="string", name="word")
+    number = keras.Input(shape=(1,), dtype="int64", name="number")
+    extra = num_oov + mask
+    ids = [keras.layers.StringLookup(vocabulary=WORDS, mask_token="" if mask else None, num_oov_indices=num_oov)(word),
+           keras.layers.IntegerLookup(vocabulary=NUMBERS, mask_token=0 if mask else None,
+                                      num_oov_indices=num_oov)(number)]
+    rows = [len(WORDS) + extra, len(NUMBERS) + extra]
+    first = [keras.layers.Flatten()(keras.layers.Embedding(n, 1)(i)) for n, i in zip(rows, ids)]
+    factors = [keras.layers.Flatten()(keras.layers.Embedding(n, 4)(i)) for n, i in zip(rows, ids)]
+    out = keras.layers.Add()([*first, keras.layers.Dot(axes=1)(factors),
+                              keras.layers.Dense(1)(keras.layers.Concatenate()(factors))])
+    keras.Model([word, number], out).export(path, verbose=False)
+
+
+@pytest.mark.saved_model
+@pytest.mark.parametrize("num_oov, mask", [(0, False), (1, False), (2, True)])
+def test_one_lookup_read_by_two_embeddings_fuses_both(tmp_path, rng, num_oov, mask):
+    # Each lookup's ids had two gathers reading them: "has another consumer", nothing fused.
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    export_deepfm(str(src), num_oov, mask)
+    report = rewrite.optimize_saved_model(src, dst, runs=1, serving_device="cpu")
+    sig = report.signatures["serving_default"]
+    assert report.ok and sig.outputs_match
+    assert [m["pattern"] for m in sig.matches].count("vocab_lookup") == 4, sig.matches
+    assert not {"LookupTableFindV2", "GatherV2", "ResourceGather"} & set(sig.op_counts_after), sig.op_counts_after
+    # Each find is absorbed once, by its ids' last gather.
+    finds = [r for m in sig.matches for r in m["replaced"] if r.endswith("(LookupTableFindV2)")]
+    assert len(finds) == 2, finds
+    native, fused = _signature(src), _signature(dst)
+    for batch in (0, 1, 33):
+        feeds = inputs(rng, batch, oov=num_oov > 0, mask=mask)
+        np.testing.assert_allclose(fused(feeds), native(feeds), rtol=1e-6, atol=1e-6)
+    if num_oov == 0:  # the fused ops still refuse a key outside the vocabulary
+        feeds = inputs(rng, 3)
+        feeds["word"][1, 0] = "never-seen"
+        with pytest.raises(tf.errors.InvalidArgumentError, match="never-seen"):
+            serve(dst, feeds)

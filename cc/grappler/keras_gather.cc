@@ -45,6 +45,25 @@ const NodeDef* UnwrapNegativeIndexFix(const GraphIndex& g, const NodeDef* select
   return h;
 }
 
+bool OthersAreGathersOf(const GraphIndex& g, const NodeDef& ids, const NodeDef& gather,
+                        const std::vector<const NodeDef*>& wrap, const NodeDef* next) {
+  const std::vector<const NodeDef*>& readers = g.DataReaders(ids.name());
+  if (g.DataConsumers(ids.name()) != static_cast<int>(readers.size())) return false;  // fetched
+  std::set<const NodeDef*> allowed(wrap.begin(), wrap.end());
+  allowed.insert(&gather);
+  if (next != nullptr) allowed.insert(next);
+  for (const NodeDef* r : readers) {
+    std::vector<const NodeDef*> other_wrap;
+    if (UnwrapNegativeIndexFix(g, r, &other_wrap) == &ids) allowed.insert(other_wrap.begin(), other_wrap.end());
+  }
+  for (const NodeDef* r : readers) {
+    if (allowed.count(r) || IsIndexCast(r)) continue;
+    if ((IsOp(r, "ResourceGather") || IsOp(r, "GatherV2")) && g.Producer(*r, 1) == &ids) continue;
+    return false;
+  }
+  return true;
+}
+
 bool WrapShiftIsScalar(RewriteContext* ctx, const std::vector<const NodeDef*>& wrap) {
   const GraphIndex& g = ctx->index();
   const NodeDef* ids = g.Producer(*wrap[0], 2);

@@ -31,6 +31,15 @@ const tensorflow::NodeDef* UnwrapNegativeIndexFix(const GraphIndex& g, const ten
 // SelectV2 broadcasts: the wrap keeps h's shape only when the shift n is a scalar.
 bool WrapShiftIsScalar(RewriteContext* ctx, const std::vector<const tensorflow::NodeDef*>& wrap);
 
+// Whether every data reader of `ids` other than `gather`, its `wrap` and
+// `next` (may be null) is another gather of `ids` (at its indices), the
+// negative-index wrap of one, or an index cast: the gathers of one feature
+// by several Embeddings (DeepFM's Embedding(N, 1) and Embedding(N, D) of one
+// Hashing or StringLookup layer), each of which a pattern fuses on its own
+// while `ids` stays for the others. False when the caller reads `ids`.
+bool OthersAreGathersOf(const GraphIndex& g, const tensorflow::NodeDef& ids, const tensorflow::NodeDef& gather,
+                        const std::vector<const tensorflow::NodeDef*>& wrap, const tensorflow::NodeDef* next);
+
 // Keras' Flatten of the gathered rows (through the Identity that
 // tf.nn.embedding_lookup ends in), or a Squeeze of their axis 1: `reshape`
 // is the node whose [B, D] output the fused op's equals (the Squeeze has no

@@ -167,34 +167,12 @@ class HashGatherPattern : public NamedPattern<kName> {
       const int own_readers = i == chain.size() ? index_readers : 1;
       if (g.DataConsumers(n.name()) == own_readers) continue;
       const NodeDef* next = i == chain.size() ? nullptr : chain[i];
-      if (!OthersAreGathersOfIt(g, n, anchor, keys->wrap, next)) {
+      if (!OthersAreGathersOf(g, n, anchor, keys->wrap, next)) {
         *why = "intermediate " + Describe(n) + " has another consumer";
         return false;
       }
       keys->shared = i;
       return true;
-    }
-    return true;
-  }
-
-  // Whether every reader of `keys` besides this match's gather, its wrap
-  // and `next` (the chain's node after it) is another gather of `keys`, the
-  // negative-index wrap of one, or an index cast: what this pattern fuses.
-  static bool OthersAreGathersOfIt(const GraphIndex& g, const NodeDef& keys, const NodeDef& anchor,
-                                   const std::vector<const NodeDef*>& wrap, const NodeDef* next) {
-    const std::vector<const NodeDef*>& readers = g.DataReaders(keys.name());
-    if (g.DataConsumers(keys.name()) != static_cast<int>(readers.size())) return false;  // fetched
-    std::set<const NodeDef*> allowed(wrap.begin(), wrap.end());
-    allowed.insert(&anchor);
-    if (next != nullptr) allowed.insert(next);
-    for (const NodeDef* r : readers) {
-      std::vector<const NodeDef*> other_wrap;
-      if (UnwrapNegativeIndexFix(g, r, &other_wrap) == &keys) allowed.insert(other_wrap.begin(), other_wrap.end());
-    }
-    for (const NodeDef* r : readers) {
-      if (allowed.count(r) || IsIndexCast(r)) continue;
-      if ((IsOp(r, "ResourceGather") || IsOp(r, "GatherV2")) && g.Producer(*r, 1) == &keys) continue;
-      return false;
     }
     return true;
   }

@@ -22,6 +22,11 @@
 // the Assert waited on, so no ordering the graph had is lost and the fused
 // lookups of a model stay free to run in parallel.
 //
+// Ids read by several gathers (DeepFM's StringLookup feeding its
+// Embedding(N, 1) and Embedding(N, D)) fuse each gather alone: the find,
+// Keras' rules and check stay for the others (each fused op does them too),
+// and the last one absorbs them.
+//
 // Lookup tables live on the host, so the fused op runs on the CPU: it is
 // only used when the graph is served on the CPU (a GPU server would copy the
 // whole embedding table to the host on every call).
@@ -66,7 +71,9 @@ class VocabLookupPattern : public NamedPattern<kName> {
       return Skip(ctx, anchor, why);
     if (!ids.wrap.empty() && !WrapShiftIsRowCount(ctx, ids, anchor, resource))
       return Skip(ctx, anchor, "cannot prove that the negative-index wrap adds the table's row count");
-    if (!MatchVocabWaits(g, &ids, &why) || !OnlyFeedsTheGather(ctx, ids, &why)) return Skip(ctx, anchor, why);
+    bool shared = false;
+    if (!MatchVocabWaits(g, &ids, &why) || !OnlyFeedsTheGather(ctx, anchor, ids, &shared, &why))
+      return Skip(ctx, anchor, why);
     for (const NodeDef* n : ids.check)
       if (ctx->FetchedOrFed(n->name())) return Skip(ctx, anchor, "the caller reads " + Describe(*n));
     if (!MaskIsScalar(ctx, ids.rules)) return Skip(ctx, anchor, "the mask key or its id is not a scalar");
@@ -76,7 +83,7 @@ class VocabLookupPattern : public NamedPattern<kName> {
     FlattenOfRows flatten;
     if (rank == 2 && ctx->Dim(*ids.find, 0, 1) == 1) MatchFlatten(ctx, anchor, &flatten);
 
-    Replace(anchor, ids, resource, T, flatten, ctx);
+    Replace(anchor, ids, resource, T, flatten, shared, ctx);
     return true;
   }
 
@@ -139,11 +146,21 @@ class VocabLookupPattern : public NamedPattern<kName> {
   // Each intermediate feeds only the next one (a training graph's gather
   // gradient reads the ids too), and the find feeds only them and the check.
   // What waits on the find (automatic control dependencies) waits on the
-  // fused op, which does the find.
-  static bool OnlyFeedsTheGather(RewriteContext* ctx, const VocabIds& ids, std::string* why) {
+  // fused op, which does the find. Or the ids the gather reads are other
+  // gathers' too (*shared): then only the wrap goes.
+  static bool OnlyFeedsTheGather(RewriteContext* ctx, const NodeDef& anchor, const VocabIds& ids, bool* shared,
+                                 std::string* why) {
     for (const NodeDef* n : ids.wrap)
       if (!OnlyReadBy(ctx, *n, 1, why)) return false;
     const int index_readers = ids.wrap.empty() ? 1 : 3;  // the wrap reads the index three times
+    const NodeDef& gathered = ids.identities.empty() ? IdsSource(ids) : *ids.identities.front();
+    const bool checked_here = ids.identities.empty() && ids.assert_node != nullptr;  // the check reads it too
+    const GraphIndex& g = ctx->index();
+    if (!checked_here && g.DataConsumers(gathered.name()) > index_readers && !ctx->FetchedOrFed(gathered.name()) &&
+        OthersAreGathersOf(g, gathered, anchor, ids.wrap, nullptr)) {
+      *shared = true;
+      return true;
+    }
     const NodeDef* last = ids.identities.empty() ? ids.find : ids.identities.front();
     for (const NodeDef* n : ids.identities)
       if (!OnlyReadBy(ctx, *n, n == last ? index_readers : 1, why)) return false;
@@ -153,7 +170,7 @@ class VocabLookupPattern : public NamedPattern<kName> {
   }
 
   void Replace(const NodeDef& anchor_in, const VocabIds& ids, bool resource, DataType T, const FlattenOfRows& flatten,
-               RewriteContext* ctx) const {
+               bool shared, RewriteContext* ctx) const {
     const NodeDef anchor = anchor_in;  // the graph changes under the reference
     const NodeDef find = *ids.find;
     const std::string name = anchor.name(), device = anchor.device();
@@ -167,7 +184,11 @@ class VocabLookupPattern : public NamedPattern<kName> {
         rules.mask == nullptr ? std::vector<std::string>{}
                               : std::vector<std::string>{rules.mask_equal->input(rules.mask_key_operand),
                                                          rules.mask->input(1)};
-    AbsorbVocabNodes(ctx, ids, name, {}, &record.replaced);
+    if (shared) {
+      AbsorbWrap(ctx, ids.wrap, name, &record.replaced);
+    } else {
+      AbsorbVocabNodes(ctx, ids, name, {}, &record.replaced);
+    }
     record.replaced.push_back(Describe(anchor));
 
     const std::string params = GatheredTable(ctx, anchor, resource, T);
@@ -187,6 +208,18 @@ class VocabLookupPattern : public NamedPattern<kName> {
     attr["wrap_negative_ids"].set_b(!ids.wrap.empty());
     SetKeyRuleAttrs(rules, fused);
     ctx->Matched(record);
+  }
+
+  // Only this gather's negative-index wrap: the ids stay for the other gathers.
+  static void AbsorbWrap(RewriteContext* ctx, const std::vector<const NodeDef*>& wrap, const std::string& fused,
+                         std::vector<std::string>* replaced) {
+    for (const NodeDef* n : wrap) {
+      replaced->push_back(Describe(*n));
+      ctx->RedirectControlEdges(n->name(), fused);
+    }
+    for (const NodeDef* n : wrap)
+      for (int i = 0; i < n->input_size(); ++i) RemoveIfDeadShapeMath(ctx, ctx->index().Producer(*n, i), fused, 4);
+    for (const NodeDef* n : wrap) ctx->Remove(n->name(), fused);
   }
 
   static void SetKeyRuleAttrs(const KerasKeyRules& rules, NodeDef* fused) {
