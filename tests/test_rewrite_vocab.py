@@ -6,6 +6,8 @@ require to pass), and loaded here and compared again on the tests' inputs,
 including keys out of the vocabulary; the same patterns also run on concrete
 functions in this process (the sanitizer stage's tests)."""
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -518,6 +520,8 @@ def test_ragged_pooling_of_a_fused_vocabulary_lookup_says_why_it_stays(tmp_path)
 
 SPLIT_DEVICES_SCRIPT = r'''
 import json, sys
+import re
+
 import numpy as np
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
@@ -622,3 +626,24 @@ def test_one_lookup_read_by_two_embeddings_fuses_both(tmp_path, rng, num_oov, ma
         feeds["word"][1, 0] = "never-seen"
         with pytest.raises(tf.errors.InvalidArgumentError, match="never-seen"):
             serve(dst, feeds)
+
+
+@pytest.mark.saved_model
+def test_a_lookup_left_out_of_the_concatenation_names_its_other_reader(tmp_path, rng):
+    # Keras' Concatenate of a masked Embedding and an unmasked one reads the
+    # unmasked rows' Shape (ones_like, its mask): the reason named no reader.
+    import keras
+
+    word = keras.Input(shape=(), dtype="string", name="word")
+    tag = keras.Input(shape=(), dtype="string", name="tag")
+    masked = keras.layers.Embedding(len(WORDS) + 2, 4, mask_zero=True)(
+        keras.layers.StringLookup(vocabulary=WORDS, mask_token="")(tag))
+    plain = [keras.layers.Embedding(len(WORDS) + 1, 4)(keras.layers.StringLookup(vocabulary=WORDS)(word))
+             for _ in range(2)]
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    keras.Model([word, tag], keras.layers.Dense(1)(keras.layers.Concatenate()([*plain, masked]))).export(
+        str(src), verbose=False)
+    sig = rewrite.optimize_saved_model(src, dst, runs=1, serving_device="cpu").signatures["serving_default"]
+    assert sig.outputs_match
+    reasons = [s["reason"] for s in sig.skips if s["pattern"] == "concat_vocab"]
+    assert any(re.search(r"or its rows \(a gradient\): \S*ones_like\S* \(Shape\)", r) for r in reasons), sig.skips

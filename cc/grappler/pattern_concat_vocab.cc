@@ -140,6 +140,23 @@ class ConcatVocabPattern : public NamedPattern<kName> {
     return in == nullptr ? -1 : ctx->Rank(*in, port);
   }
 
+  // Who else reads `emb` (any output) than `concat`, for a skip reason: the
+  // first two readers, or the caller.
+  static std::string OtherReaders(const GraphIndex& g, const NodeDef& emb, const NodeDef& concat) {
+    std::vector<std::string> names;
+    int others = 0;
+    for (int port : {0, 1})
+      for (const auto& [reader, input] : g.PortReaders(emb.name(), port)) {
+        if (reader == &concat) continue;
+        if (++others <= 2) names.push_back(Describe(*reader));
+      }
+    if (others == 0) return "the caller fetches it";
+    std::string out = names[0];
+    if (names.size() > 1) out += ", " + names[1];
+    if (others > 2) out += " and " + std::to_string(others - 2) + " more";
+    return out;
+  }
+
   // Whether the concatenation may take `emb` over; `why` says why not (the first reason).
   static bool Takes(RewriteContext* ctx, const NodeDef& concat, const NodeDef& emb,
                     const std::vector<const NodeDef*>& identities, const std::string& device, std::string* why) {
@@ -150,7 +167,7 @@ class ConcatVocabPattern : public NamedPattern<kName> {
         reason = Describe(*id) + " is read by another node";
     if (!reason.empty()) {
     } else if (g.Consumers(emb.name(), 0) != 1 || g.Consumers(emb.name(), 1) != 0) {
-      reason = "another node reads " + Describe(emb) + " or its rows (a gradient)";
+      reason = "another node reads " + Describe(emb) + " or its rows (a gradient): " + OtherReaders(g, emb, concat);
     } else if (ctx->MustKeep(emb.name())) {
       // What waits on it (automatic control dependencies) waits on the fused op.
       reason = Describe(emb) + " is fetched or preserved";
