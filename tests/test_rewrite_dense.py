@@ -1053,3 +1053,31 @@ def test_online_gather_of_a_table_of_vector_keys_stays_native_with_vocab_lookup_
             tf.function(model)(keys)
     with rewrite.enable(serving_device="cpu", disabled_patterns=["vocab_lookup"]):
         np.testing.assert_array_equal(tf.function(model)(keys).numpy(), want)
+
+
+def test_one_hash_or_lookup_read_by_two_embeddings_fuses_online(tmp_path):
+    # Online, Grappler merges the Keras wraps of two tables of one row count
+    # before the rewrite runs: one wrap read by both gathers, which refused
+    # both ("has another consumer").
+    import collections
+
+    import keras
+
+    hashing, lookup = keras.layers.Hashing(50), keras.layers.StringLookup(vocabulary=["a", "b", "c"])
+    tables = [keras.layers.Embedding(50, d) for d in (1, 8)]
+    vocab_tables = [keras.layers.Embedding(lookup.vocabulary_size(), d) for d in (1, 8)]
+
+    def f(s):
+        h, i = hashing(s), lookup(s)
+        return [keras.layers.Flatten()(e(x)) for e, x in [(tables[0], h), (tables[1], h),
+                                                          (vocab_tables[0], i), (vocab_tables[1], i)]]
+
+    x = tf.constant([["a"], ["zz"], [""], ["c"]])
+    want = tf.function(f)(x)
+    report_file = str(tmp_path / "online.jsonl")
+    with rewrite.enable(report_file=report_file, serving_device="cpu"):
+        got = tf.function(f)(x)
+    for g, w in zip(got, want):
+        assert_identical(g, w)
+    counts = collections.Counter(m["pattern"] for m in rewrite.read_report(report_file)["match"])
+    assert counts["hash_gather"] == 2 and counts["vocab_lookup"] == 2, counts

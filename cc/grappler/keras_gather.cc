@@ -45,21 +45,39 @@ const NodeDef* UnwrapNegativeIndexFix(const GraphIndex& g, const NodeDef* select
   return h;
 }
 
-bool OthersAreGathersOf(const GraphIndex& g, const NodeDef& ids, const NodeDef& gather,
-                        const std::vector<const NodeDef*>& wrap, const NodeDef* next) {
-  const std::vector<const NodeDef*>& readers = g.DataReaders(ids.name());
-  if (g.DataConsumers(ids.name()) != static_cast<int>(readers.size())) return false;  // fetched
-  std::set<const NodeDef*> allowed(wrap.begin(), wrap.end());
-  allowed.insert(&gather);
-  if (next != nullptr) allowed.insert(next);
-  for (const NodeDef* r : readers) {
-    std::vector<const NodeDef*> other_wrap;
-    if (UnwrapNegativeIndexFix(g, r, &other_wrap) == &ids) allowed.insert(other_wrap.begin(), other_wrap.end());
+bool SharedWithOtherGathers(const GraphIndex& g, const std::vector<const NodeDef*>& match, const NodeDef& gather,
+                            const NodeDef* wrapped, std::set<const NodeDef*>* kept, std::string* why) {
+  const std::set<const NodeDef*> ours(match.begin(), match.end());
+  std::set<const NodeDef*> other_wraps;
+  if (wrapped != nullptr)
+    for (const NodeDef* r : g.DataReaders(wrapped->name())) {
+      std::vector<const NodeDef*> wrap;
+      if (UnwrapNegativeIndexFix(g, r, &wrap) == wrapped) other_wraps.insert(wrap.begin(), wrap.end());
+    }
+  kept->clear();
+  for (const NodeDef* n : match) {
+    const std::vector<const NodeDef*>& readers = g.DataReaders(n->name());
+    bool others_read = g.DataConsumers(n->name()) != static_cast<int>(readers.size());  // the caller does
+    for (const NodeDef* r : readers) {
+      if (r == &gather || ours.count(r)) continue;
+      const bool gathers_it = (IsOp(r, "ResourceGather") || IsOp(r, "GatherV2")) && g.Producer(*r, 1) == n;
+      if (!gathers_it && !IsIndexCast(r) && !other_wraps.count(r)) others_read = true;
+      kept->insert(n);
+    }
+    if (others_read) {
+      *why = "intermediate " + Describe(*n) + " has another consumer";
+      return false;
+    }
   }
-  for (const NodeDef* r : readers) {
-    if (allowed.count(r) || IsIndexCast(r)) continue;
-    if ((IsOp(r, "ResourceGather") || IsOp(r, "GatherV2")) && g.Producer(*r, 1) == &ids) continue;
-    return false;
+  // What a kept node reads stays too.
+  std::vector<const NodeDef*> todo(kept->begin(), kept->end());
+  while (!todo.empty()) {
+    const NodeDef* n = todo.back();
+    todo.pop_back();
+    for (int i = 0; i < n->input_size(); ++i) {
+      const NodeDef* p = g.Producer(*n, i);
+      if (p != nullptr && ours.count(p) && kept->insert(p).second) todo.push_back(p);
+    }
   }
   return true;
 }

@@ -4,6 +4,7 @@
 // fused op absorbs both where exact.
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,14 +32,20 @@ const tensorflow::NodeDef* UnwrapNegativeIndexFix(const GraphIndex& g, const ten
 // SelectV2 broadcasts: the wrap keeps h's shape only when the shift n is a scalar.
 bool WrapShiftIsScalar(RewriteContext* ctx, const std::vector<const tensorflow::NodeDef*>& wrap);
 
-// Whether every data reader of `ids` other than `gather`, its `wrap` and
-// `next` (may be null) is another gather of `ids` (at its indices), the
-// negative-index wrap of one, or an index cast: the gathers of one feature
-// by several Embeddings (DeepFM's Embedding(N, 1) and Embedding(N, D) of one
-// Hashing or StringLookup layer), each of which a pattern fuses on its own
-// while `ids` stays for the others. False when the caller reads `ids`.
-bool OthersAreGathersOf(const GraphIndex& g, const tensorflow::NodeDef& ids, const tensorflow::NodeDef& gather,
-                        const std::vector<const tensorflow::NodeDef*>& wrap, const tensorflow::NodeDef* next);
+// The nodes of `match` (the intermediates between a feature's ids and
+// `gather`, which a fused op replacing the gather would absorb) that must
+// stay because other gathers of the same ids read them: the gathers of one
+// feature by several Embeddings (DeepFM's Embedding(N, 1) and
+// Embedding(N, D) of one Hashing or StringLookup layer), each fused on its
+// own while what they share stays for the others -- also a negative-index
+// wrap Grappler merged when both tables have N rows. A reader outside
+// `match` may be a gather (at its indices), an index cast, or a node of a
+// wrap of `wrapped` (the ids the wraps read; null: none); a kept node keeps
+// what it reads in `match`. False, with *why, when another reader (or the
+// caller) reads a node of `match`.
+bool SharedWithOtherGathers(const GraphIndex& g, const std::vector<const tensorflow::NodeDef*>& match,
+                            const tensorflow::NodeDef& gather, const tensorflow::NodeDef* wrapped,
+                            std::set<const tensorflow::NodeDef*>* kept, std::string* why);
 
 // Keras' Flatten of the gathered rows (through the Identity that
 // tf.nn.embedding_lookup ends in), or a Squeeze of their axis 1: `reshape`

@@ -60,22 +60,22 @@ struct HashedKeys {
   std::vector<const NodeDef*> wrap;    // Keras' negative-index wrap: SelectV2, Less, AddV2
   std::string int_keys;                // what is hashed, when it is integers
   DataType key_type = tensorflow::DT_INVALID;
-  // Leading nodes of Chain() that other gathers read too: they stay.
-  size_t shared = 0;
+  // Nodes other gathers of the same keys read too: they stay.
+  std::set<const NodeDef*> kept;
 
-  // From the keys to the index the gather (or its wrap) reads.
-  std::vector<const NodeDef*> Chain() const {
-    std::vector<const NodeDef*> chain;
-    for (const NodeDef* n : {as_string, hash, cast})
-      if (n != nullptr) chain.push_back(n);
-    return chain;
+  // Every node between the keys and the gather.
+  std::vector<const NodeDef*> All() const {
+    std::vector<const NodeDef*> all = wrap;
+    for (const NodeDef* n : {cast, hash, as_string})
+      if (n != nullptr) all.push_back(n);
+    return all;
   }
 
   std::vector<const NodeDef*> Absorbed() const {
-    std::vector<const NodeDef*> all = wrap;
-    const std::vector<const NodeDef*> chain = Chain();
-    for (size_t i = chain.size(); i > shared; --i) all.push_back(chain[i - 1]);
-    return all;
+    std::vector<const NodeDef*> absorbed;
+    for (const NodeDef* n : All())
+      if (!kept.count(n)) absorbed.push_back(n);
+    return absorbed;
   }
 };
 
@@ -149,32 +149,10 @@ class HashGatherPattern : public NamedPattern<kName> {
  private:
   // Each intermediate between the strings and the gather feeds only the next
   // one (the gradient of a gather reads its indices, so training graphs keep
-  // them) -- except that a node of the chain may also feed other gathers of
-  // the same keys: it and the chain above it then stay (keys->shared).
+  // them) -- or other gathers of the same keys too: those nodes stay.
   static bool OnlyFeedsTheGather(const GraphIndex& g, const NodeDef& anchor, HashedKeys* keys, std::string* why) {
-    for (const NodeDef* n : keys->wrap) {
-      if (g.DataConsumers(n->name()) != 1) {
-        *why = "intermediate " + Describe(*n) + " has another consumer";
-        return false;
-      }
-    }
-    const std::vector<const NodeDef*> chain = keys->Chain();
-    const int index_readers = keys->wrap.empty() ? 1 : 3;  // the wrap reads the index three times
-    // Walked from the gather up: the first node with readers besides the
-    // chain is where the chain is shared.
-    for (size_t i = chain.size(); i > 0; --i) {
-      const NodeDef& n = *chain[i - 1];
-      const int own_readers = i == chain.size() ? index_readers : 1;
-      if (g.DataConsumers(n.name()) == own_readers) continue;
-      const NodeDef* next = i == chain.size() ? nullptr : chain[i];
-      if (!OthersAreGathersOf(g, n, anchor, keys->wrap, next)) {
-        *why = "intermediate " + Describe(n) + " has another consumer";
-        return false;
-      }
-      keys->shared = i;
-      return true;
-    }
-    return true;
+    const NodeDef* wrapped = keys->wrap.empty() ? nullptr : g.Producer(*keys->wrap[0], 2);
+    return SharedWithOtherGathers(g, keys->All(), anchor, wrapped, &keys->kept, why);
   }
 
   static MatchRecord Absorb(RewriteContext* ctx, const NodeDef& anchor, const HashedKeys& keys, const char* fused_op) {
@@ -186,7 +164,9 @@ class HashGatherPattern : public NamedPattern<kName> {
     }
     // The wrap's other operands (the table's row count, the constant 0) lose their reader.
     for (const NodeDef* n : keys.wrap)
-      for (int i = 0; i < n->input_size(); ++i) RemoveIfDeadShapeMath(ctx, ctx->index().Producer(*n, i), anchor.name(), 4);
+      if (!keys.kept.count(n))
+        for (int i = 0; i < n->input_size(); ++i)
+          RemoveIfDeadShapeMath(ctx, ctx->index().Producer(*n, i), anchor.name(), 4);
     record.replaced.push_back(Describe(anchor));
     return record;
   }

@@ -30,6 +30,7 @@
 // Lookup tables live on the host, so the fused op runs on the CPU: it is
 // only used when the graph is served on the CPU (a GPU server would copy the
 // whole embedding table to the host on every call).
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,8 +72,8 @@ class VocabLookupPattern : public NamedPattern<kName> {
       return Skip(ctx, anchor, why);
     if (!ids.wrap.empty() && !WrapShiftIsRowCount(ctx, ids, anchor, resource))
       return Skip(ctx, anchor, "cannot prove that the negative-index wrap adds the table's row count");
-    bool shared = false;
-    if (!MatchVocabWaits(g, &ids, &why) || !OnlyFeedsTheGather(ctx, anchor, ids, &shared, &why))
+    std::set<const NodeDef*> kept;
+    if (!MatchVocabWaits(g, &ids, &why) || !OnlyFeedsTheGather(ctx, anchor, ids, &kept, &why))
       return Skip(ctx, anchor, why);
     for (const NodeDef* n : ids.check)
       if (ctx->FetchedOrFed(n->name())) return Skip(ctx, anchor, "the caller reads " + Describe(*n));
@@ -83,7 +84,7 @@ class VocabLookupPattern : public NamedPattern<kName> {
     FlattenOfRows flatten;
     if (rank == 2 && ctx->Dim(*ids.find, 0, 1) == 1) MatchFlatten(ctx, anchor, &flatten);
 
-    Replace(anchor, ids, resource, T, flatten, shared, ctx);
+    Replace(anchor, ids, resource, T, flatten, kept, ctx);
     return true;
   }
 
@@ -146,21 +147,25 @@ class VocabLookupPattern : public NamedPattern<kName> {
   // Each intermediate feeds only the next one (a training graph's gather
   // gradient reads the ids too), and the find feeds only them and the check.
   // What waits on the find (automatic control dependencies) waits on the
-  // fused op, which does the find. Or the ids the gather reads are other
-  // gathers' too (*shared): then only the wrap goes.
-  static bool OnlyFeedsTheGather(RewriteContext* ctx, const NodeDef& anchor, const VocabIds& ids, bool* shared,
-                                 std::string* why) {
+  // fused op, which does the find. Or the ids the gather reads (or its wrap,
+  // which Grappler merges for tables of one row count) are other gathers'
+  // too: then only what is this gather's alone goes (*kept, the rest).
+  static bool OnlyFeedsTheGather(RewriteContext* ctx, const NodeDef& anchor, const VocabIds& ids,
+                                 std::set<const NodeDef*>* kept, std::string* why) {
+    const GraphIndex& g = ctx->index();
+    const NodeDef& gathered = ids.identities.empty() ? IdsSource(ids) : *ids.identities.front();
+    const bool checked_here = ids.identities.empty() && ids.assert_node != nullptr;  // the check reads it too
+    std::vector<const NodeDef*> match = ids.wrap;
+    match.push_back(&gathered);
+    std::string unshared;
+    if (!checked_here && !ctx->FetchedOrFed(gathered.name()) &&
+        SharedWithOtherGathers(g, match, anchor, ids.wrap.empty() ? nullptr : &gathered, kept, &unshared) &&
+        !kept->empty())
+      return true;
+    kept->clear();
     for (const NodeDef* n : ids.wrap)
       if (!OnlyReadBy(ctx, *n, 1, why)) return false;
     const int index_readers = ids.wrap.empty() ? 1 : 3;  // the wrap reads the index three times
-    const NodeDef& gathered = ids.identities.empty() ? IdsSource(ids) : *ids.identities.front();
-    const bool checked_here = ids.identities.empty() && ids.assert_node != nullptr;  // the check reads it too
-    const GraphIndex& g = ctx->index();
-    if (!checked_here && g.DataConsumers(gathered.name()) > index_readers && !ctx->FetchedOrFed(gathered.name()) &&
-        OthersAreGathersOf(g, gathered, anchor, ids.wrap, nullptr)) {
-      *shared = true;
-      return true;
-    }
     const NodeDef* last = ids.identities.empty() ? ids.find : ids.identities.front();
     for (const NodeDef* n : ids.identities)
       if (!OnlyReadBy(ctx, *n, n == last ? index_readers : 1, why)) return false;
@@ -170,7 +175,7 @@ class VocabLookupPattern : public NamedPattern<kName> {
   }
 
   void Replace(const NodeDef& anchor_in, const VocabIds& ids, bool resource, DataType T, const FlattenOfRows& flatten,
-               bool shared, RewriteContext* ctx) const {
+               const std::set<const NodeDef*>& kept, RewriteContext* ctx) const {
     const NodeDef anchor = anchor_in;  // the graph changes under the reference
     const NodeDef find = *ids.find;
     const std::string name = anchor.name(), device = anchor.device();
@@ -184,8 +189,11 @@ class VocabLookupPattern : public NamedPattern<kName> {
         rules.mask == nullptr ? std::vector<std::string>{}
                               : std::vector<std::string>{rules.mask_equal->input(rules.mask_key_operand),
                                                          rules.mask->input(1)};
-    if (shared) {
-      AbsorbWrap(ctx, ids.wrap, name, &record.replaced);
+    if (!kept.empty()) {
+      std::vector<const NodeDef*> own;
+      for (const NodeDef* n : ids.wrap)
+        if (!kept.count(n)) own.push_back(n);
+      AbsorbWrap(ctx, own, name, &record.replaced);
     } else {
       AbsorbVocabNodes(ctx, ids, name, {}, &record.replaced);
     }
@@ -210,7 +218,7 @@ class VocabLookupPattern : public NamedPattern<kName> {
     ctx->Matched(record);
   }
 
-  // Only this gather's negative-index wrap: the ids stay for the other gathers.
+  // Only this gather's own part of its negative-index wrap: the ids stay for the other gathers.
   static void AbsorbWrap(RewriteContext* ctx, const std::vector<const NodeDef*>& wrap, const std::string& fused,
                          std::vector<std::string>* replaced) {
     for (const NodeDef* n : wrap) {
