@@ -202,16 +202,13 @@ def test_not_rewritten_hash_has_another_consumer(rng, table):
         assert_identical(g, w)
 
 
-@pytest.mark.parametrize("case", ["float64 table", "ids [B, 2]", "ids of unknown rank", "rank-3 table",
-                                  "axis 1"])
+@pytest.mark.parametrize("case", ["float64 table", "ids of unknown rank", "rank-3 table", "axis 1"])
 def test_not_rewritten_with_reason(rng, case):
     spec, table = STRINGS_1D, tf.Variable(rng.normal(size=(V, D)).astype(np.float32))
     f = hashed_lookup(table)
     if case == "float64 table":
         table = tf.Variable(rng.normal(size=(V, D)))
         f, reason = hashed_lookup(table), "DT_DOUBLE"
-    elif case == "ids [B, 2]":
-        spec, reason = tf.TensorSpec([None, 2], tf.string), "N not known to be 1"
     elif case == "ids of unknown rank":
         spec, reason = tf.TensorSpec(None, tf.string), "rank unknown"
     elif case == "rank-3 table":
@@ -225,7 +222,7 @@ def test_not_rewritten_with_reason(rng, case):
     assert report["match"] == [] and not fused_ops(graph)
     assert any(reason in s["reason"] for s in report["skip"]), report["skip"]
     strings = tf.constant(random_strings(rng, 12))
-    if case == "ids [B, 2]" or case == "ids of unknown rank":
+    if case == "ids of unknown rank":
         strings = tf.reshape(strings, [6, 2])
     [got] = run_graph_def(cf, graph, strings)
     assert_identical(got, f(strings))
@@ -1081,3 +1078,61 @@ def test_one_hash_or_lookup_read_by_two_embeddings_fuses_online(tmp_path):
         assert_identical(g, w)
     counts = collections.Counter(m["pattern"] for m in rewrite.read_report(report_file)["match"])
     assert counts["hash_gather"] == 2 and counts["vocab_lookup"] == 2, counts
+
+
+def keras_field_matrix_model(int_keys, flatten):
+    """All fields in one [B, 3] tensor, one Hashing layer and one Embedding:
+    [B, 3, D] rows, flattened into the MLP or kept as the FM's field stack."""
+    import keras
+
+    keras.utils.set_random_seed(3)
+    x = keras.Input((3,), dtype="int64" if int_keys else "string", name="fields")
+    rows = keras.layers.Embedding(V, D)(keras.layers.Hashing(V)(x))
+    if flatten:
+        features = keras.layers.Flatten()(rows)
+    else:  # FM: 0.5 * ((sum_i v_i)^2 - sum_i v_i^2)
+        features = 0.5 * (keras.ops.square(keras.ops.sum(rows, axis=1)) - keras.ops.sum(keras.ops.square(rows), axis=1))
+    return keras.Model(x, keras.layers.Dense(1)(features))
+
+
+@pytest.mark.saved_model
+@pytest.mark.parametrize("int_keys", [False, True])
+@pytest.mark.parametrize("flatten", [True, False])
+def test_fields_hashed_in_one_matrix_fuse(tmp_path, rng, int_keys, flatten):
+    # Hashing on [B, F] keys: "ids are [B, N] with N not known to be 1", nothing fused.
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    keras_field_matrix_model(int_keys, flatten).export(str(src), verbose=False)
+
+    def fields(batch):
+        if int_keys:
+            return rng.integers(-10**12, 10**12, size=(batch, 3))
+        return np.array(random_strings(rng, max(3 * batch, 3))[:3 * batch], object).reshape(batch, 3)
+
+    report = rewrite.optimize_saved_model(src, dst, signature_keys=["serving_default"],
+                                          sample_inputs={"serving_default": {"fields": fields(30)}}, runs=2)
+    sig = report.signatures["serving_default"]
+    assert report.ok and report.verified and sig.max_abs_diff == 0
+    assert [m["pattern"] for m in sig.matches].count("hash_gather") == 1, sig.matches
+    hashes = {"StringToHashBucketFast", "_TensorToHashBucketFast", "AsString"}
+    assert not (hashes | {"GatherV2", "ResourceGather"}) & set(sig.op_counts_after), sig.op_counts_after
+    native = tf.saved_model.load(str(src)).signatures["serving_default"]
+    fused = tf.saved_model.load(str(dst)).signatures["serving_default"]
+    for batch in (0, 1, 17):
+        feeds = {"fields": tf.constant(fields(batch))}
+        assert_identical(fused(**feeds)["output_0"], native(**feeds)["output_0"])
+
+
+def test_a_hash_of_a_key_matrix_fuses_in_a_function(rng):
+    t = tf.Variable(rng.normal(size=(V, D)).astype(np.float32))
+
+    def f(keys):
+        return tf.nn.embedding_lookup(t, tf.strings.to_hash_bucket_fast(keys, V))
+
+    cf, graph, report, counts = offline(f, tf.TensorSpec([None, None], tf.string))
+    assert [m["pattern"] for m in report["match"]] == ["hash_gather"], report
+    for shape in [(5, 3), (1, 1), (0, 4), (4, 0)]:
+        keys = tf.reshape(tf.constant(random_strings(rng, max(shape[0] * shape[1], 3))[:shape[0] * shape[1]],
+                                      tf.string), shape)
+        [got] = run_graph_def(cf, graph, keys)
+        assert got.shape == shape + (D,)
+        assert_identical(got, f(keys))

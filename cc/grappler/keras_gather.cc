@@ -244,5 +244,52 @@ NodeDef* BecomeGatherOutput(RewriteContext* ctx, const NodeDef& anchor, const st
   return fused;
 }
 
+NodeDef* BecomeGatherOutputOfKeys(RewriteContext* ctx, const NodeDef& anchor, const std::string& op, DataType T,
+                                  const std::string& keys, DataType key_type) {
+  const std::string name = anchor.name(), device = anchor.device();
+  const NodeDef old = anchor;
+  // Names first: AddNode may move the nodes it returned before.
+  const std::string fused = ctx->AddNode(name + "/ctr_fused", op, device)->name();
+  auto shape_of = [&](const std::string& base, const std::string& x, DataType t) {
+    NodeDef* s = ctx->AddNode(base, "Shape", device);
+    s->add_input(x);
+    (*s->mutable_attr())["T"].set_type(t);
+    (*s->mutable_attr())["out_type"].set_type(tensorflow::DT_INT32);
+    return s->name();
+  };
+  const std::string keys_shape = shape_of(name + "/ctr_keys_shape", keys, key_type);
+  const std::string rows_shape = shape_of(name + "/ctr_rows_shape", fused, T);
+  const std::string begin = AddInt32Vector(ctx, name + "/ctr_row_begin", {1}, device);
+  const std::string end = AddInt32Vector(ctx, name + "/ctr_row_end", {0}, device);
+  const std::string stride = AddInt32Vector(ctx, name + "/ctr_row_stride", {1}, device);
+  const std::string axis = AddInt64Scalar(ctx, name + "/ctr_out_axis", 0, device);
+  // The shape of a row: rows_shape[1:].
+  NodeDef* row = ctx->AddNode(name + "/ctr_row_shape", "StridedSlice", device);
+  for (const std::string& in : {rows_shape, begin, end, stride}) row->add_input(in);
+  auto& ra = *row->mutable_attr();
+  ra["T"].set_type(tensorflow::DT_INT32);
+  ra["Index"].set_type(tensorflow::DT_INT32);
+  for (const char* mask : {"begin_mask", "ellipsis_mask", "new_axis_mask", "shrink_axis_mask"}) ra[mask].set_i(0);
+  ra["end_mask"].set_i(1);
+  const std::string row_shape = row->name();
+  NodeDef* concat = ctx->AddNode(name + "/ctr_out_shape", "ConcatV2", device);
+  for (const std::string& in : {keys_shape, row_shape, axis}) concat->add_input(in);
+  (*concat->mutable_attr())["N"].set_i(2);
+  (*concat->mutable_attr())["T"].set_type(tensorflow::DT_INT32);
+  (*concat->mutable_attr())["Tidx"].set_type(tensorflow::DT_INT64);
+  const std::string out_shape = concat->name();
+  NodeDef* reshape = ctx->Mutable(name);
+  reshape->clear_input();
+  reshape->clear_attr();
+  reshape->set_op("Reshape");
+  reshape->add_input(fused);
+  reshape->add_input(out_shape);
+  (*reshape->mutable_attr())["T"].set_type(T);
+  (*reshape->mutable_attr())["Tshape"].set_type(tensorflow::DT_INT32);
+  NodeDef* fused_node = ctx->Mutable(fused);
+  CopyControlInputs(old, fused_node);
+  return fused_node;
+}
+
 }  // namespace grappler
 }  // namespace tf_ctr

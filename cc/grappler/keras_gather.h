@@ -87,6 +87,12 @@ void AbsorbFlatten(RewriteContext* ctx, const std::string& fused, const FlattenO
 tensorflow::NodeDef* BecomeGatherOutput(RewriteContext* ctx, const tensorflow::NodeDef& anchor,
                                         const std::string& op, tensorflow::DataType T, int rank,
                                         const FlattenOfRows& flatten, MatchRecord* record);
+// The same for keys of any shape (`keys`, of type `key_type`) whose rows the
+// fused op gives flat, one per key: the gather becomes a Reshape of them to
+// keys.shape + [D].
+tensorflow::NodeDef* BecomeGatherOutputOfKeys(RewriteContext* ctx, const tensorflow::NodeDef& anchor,
+                                              const std::string& op, tensorflow::DataType T,
+                                              const std::string& keys, tensorflow::DataType key_type);
 
 }  // namespace grappler
 }  // namespace tf_ctr

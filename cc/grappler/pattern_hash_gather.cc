@@ -9,7 +9,9 @@
 //
 // becomes CtrStringEmbedding(table, CtrPackStrings(strings)) with an empty
 // delimiter (each whole string is one token), skip_empty false and combiner
-// sum: one row per string, bit-identical to the gather. [B, 1] strings go
+// sum: one row per string, bit-identical to the gather. [B, N] strings (all
+// of a model's fields in one tensor, one Hashing layer) go through a Reshape
+// to [B * N] and the rows back to [B, N, D]; [B, 1] strings go
 // through a Reshape to [B] and the result gets its middle axis back -- unless
 // the [B, 1, D] rows only feed Keras' Flatten,
 //
@@ -124,18 +126,22 @@ class HashGatherPattern : public NamedPattern<kName> {
     if (!keys.wrap.empty() && !WrapShiftIsScalar(ctx, keys.wrap))
       return Skip(ctx, anchor, "the negative-index wrap may broadcast (its shift is not known to be a scalar)");
     if (!OnlyFeedsTheGather(g, anchor, &keys, &why)) return Skip(ctx, anchor, why);
-    const int rank = ctx->Rank(*h, 0);
+    int rank = ctx->Rank(*h, 0);
     if (rank < 0) return Skip(ctx, anchor, "ids rank unknown");
     if (rank != 1 && rank != 2)
       return Skip(ctx, anchor, "ids of rank " + std::to_string(rank) + " (only [B] and [B, 1] fuse)");
-    if (rank == 2 && ctx->Dim(*h, 0, 1) != 1) return Skip(ctx, anchor, "ids are [B, N] with N not known to be 1");
+    // [B, N] keys (all of a model's fields in one tensor) give [B, N, D] rows,
+    // unless they are bags of a pooling, which the pooled patterns fuse whole.
+    const bool one_per_row = rank == 1 || ctx->Dim(*h, 0, 1) == 1;
+    if (!one_per_row && RowsMayBePooled(g, anchor)) return false;
     const int table_rank = GatherTableRank(ctx, anchor, resource, rank);
     if (table_rank != 2)
       return Skip(ctx, anchor,
                   table_rank < 0 ? "cannot prove the table is a matrix (rank unknown)" : "the table is not a matrix");
 
     FlattenOfRows flatten;
-    if (rank == 2) MatchFlatten(ctx, anchor, &flatten);
+    if (rank == 2 && one_per_row) MatchFlatten(ctx, anchor, &flatten);
+    if (!one_per_row) rank = 0;  // the rows take the keys' shape (ShapedGatherOutput)
 
     // Everything checked: from here on the graph changes.
     if (!keys.int_keys.empty()) {
@@ -153,6 +159,38 @@ class HashGatherPattern : public NamedPattern<kName> {
   static bool OnlyFeedsTheGather(const GraphIndex& g, const NodeDef& anchor, HashedKeys* keys, std::string* why) {
     const NodeDef* wrapped = keys->wrap.empty() ? nullptr : g.Producer(*keys->wrap[0], 2);
     return SharedWithOtherGathers(g, keys->All(), anchor, wrapped, &keys->kept, why);
+  }
+
+  // Whether only reductions (or the mask or weights before one) read the
+  // gathered rows, through Identities: a pooling's bags. Rows read by
+  // anything else no pooled pattern takes (an FM's square of each field).
+  static bool RowsMayBePooled(const GraphIndex& g, const NodeDef& gather) {
+    std::vector<const NodeDef*> todo = {&gather};
+    bool pooled = false;
+    while (!todo.empty()) {
+      const NodeDef* n = todo.back();
+      todo.pop_back();
+      for (const NodeDef* r : g.DataReaders(n->name())) {
+        if (IsOp(r, "Identity")) {
+          todo.push_back(r);
+        } else if (IsOp(r, "Sum") || IsOp(r, "Mean") || IsOp(r, "SelectV2") || IsOp(r, "Select") || IsOp(r, "Mul") ||
+                   IsOp(r, "UnsortedSegmentSum")) {
+          pooled = true;
+        } else {
+          return false;
+        }
+      }
+    }
+    return pooled;
+  }
+
+  // The fused node in the gather's place: rank 1 and [B, 1] keys as
+  // BecomeGatherOutput places it, rank 0 (keys [B, N]) reshaped to keys.shape + [D].
+  static NodeDef* ShapedGatherOutput(RewriteContext* ctx, const NodeDef& anchor, const char* op, DataType T, int rank,
+                                     const FlattenOfRows& flatten, const std::string& keys, DataType key_type,
+                                     MatchRecord* record) {
+    if (rank == 0) return BecomeGatherOutputOfKeys(ctx, anchor, op, T, keys, key_type);
+    return BecomeGatherOutput(ctx, anchor, op, T, rank, flatten, record);
   }
 
   static MatchRecord Absorb(RewriteContext* ctx, const NodeDef& anchor, const HashedKeys& keys, const char* fused_op) {
@@ -184,7 +222,8 @@ class HashGatherPattern : public NamedPattern<kName> {
     const std::string table = GatheredTable(ctx, anchor, resource, T);
     const std::string flat_strings = FlattenKeys(ctx, anchor.name(), strings, tensorflow::DT_STRING, rank, "");
 
-    NodeDef* fused = BecomeGatherOutput(ctx, anchor, "CtrStringEmbedding", T, rank, flatten, &record);
+    NodeDef* fused = ShapedGatherOutput(ctx, anchor, "CtrStringEmbedding", T, rank, flatten, strings,
+                                        tensorflow::DT_STRING, &record);
     FusedStrings f{table, flat_strings, T};
     f.id_mode = "hash";
     f.num_buckets = buckets;  // whole strings (empty delimiter), each kept, summed alone: the gathered row
@@ -231,7 +270,7 @@ class HashGatherPattern : public NamedPattern<kName> {
     const std::string num_rows = AddInt64Scalar(ctx, base + "/ctr_num_rows", -1, device);
     const std::string weights = AddEmptyFloatVector(ctx, base + "/ctr_no_weights", device);
 
-    NodeDef* fused = BecomeGatherOutput(ctx, anchor, "CtrEmbeddingLookup", T, rank, flatten, &record);
+    NodeDef* fused = ShapedGatherOutput(ctx, anchor, "CtrEmbeddingLookup", T, rank, flatten, int_keys, kt, &record);
     for (const NodeDef& n : absorbed) CopyControlInputs(n, fused);
     for (const std::string& in : {table, flat, splits, num_rows, weights}) fused->add_input(in);
     auto& attr = *fused->mutable_attr();
