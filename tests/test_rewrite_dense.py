@@ -1136,3 +1136,85 @@ def test_a_hash_of_a_key_matrix_fuses_in_a_function(rng):
         [got] = run_graph_def(cf, graph, keys)
         assert got.shape == shape + (D,)
         assert_identical(got, f(keys))
+
+
+# ---------------------------------------------------------------------------
+# Bucketized numeric features: Discretization / Bucketize + Embedding
+
+BINS = [-10.0, 0.0, 0.5, 18.0, 30.0]
+
+
+def keras_discretized_model(shape, flatten, dtype="float32"):
+    import keras
+
+    keras.utils.set_random_seed(4)
+    x = keras.Input(shape, dtype=dtype, name="age")
+    rows = keras.layers.Embedding(len(BINS) + 1, D)(keras.layers.Discretization(bin_boundaries=BINS)(x))
+    if len(shape) == 1 and flatten:
+        rows = keras.layers.Flatten()(rows)
+    elif len(shape) == 1:
+        rows = keras.ops.sum(rows, axis=1) * keras.ops.max(rows, axis=1)  # rows read as [B, N, D]
+    return keras.Model(x, keras.layers.Dense(1)(rows))
+
+
+@pytest.mark.saved_model
+@pytest.mark.parametrize("shape, flatten", [((), False), ((1,), True), ((1,), False), ((3,), True), ((3,), False)])
+@pytest.mark.parametrize("dtype", ["float32", "int64"])
+def test_discretized_features_fuse(tmp_path, rng, shape, flatten, dtype):
+    # Discretization + Embedding: Bucketize, a Cast and a gather, which nothing fused.
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    keras_discretized_model(shape, flatten, dtype).export(str(src), verbose=False)
+
+    def ages(batch):
+        values = rng.choice(np.array(BINS + [-50.0, 0.25, 17.9, 99.0, 1e9]), size=(batch,) + shape)
+        return values.astype(np.int64) if dtype == "int64" else values.astype(np.float32)
+
+    report = rewrite.optimize_saved_model(src, dst, signature_keys=["serving_default"], serving_device="cpu",
+                                          sample_inputs={"serving_default": {"age": ages(40)}}, runs=2)
+    sig = report.signatures["serving_default"]
+    assert report.ok and report.verified and sig.max_abs_diff == 0
+    assert [m["pattern"] for m in sig.matches] == ["bucketize_gather"], sig.matches
+    assert not {"Bucketize", "GatherV2", "ResourceGather"} & set(sig.op_counts_after), sig.op_counts_after
+    native = tf.saved_model.load(str(src)).signatures["serving_default"]
+    fused = tf.saved_model.load(str(dst)).signatures["serving_default"]
+    for batch in (0, 1, 23):
+        feeds = {"age": tf.constant(ages(batch))}
+        assert_identical(fused(**feeds)["output_0"], native(**feeds)["output_0"])
+
+
+def test_raw_bucketize_gather_fuses_on_a_cpu_server_only(rng):
+    t = tf.Variable(rng.normal(size=(len(BINS) + 1, D)).astype(np.float32))
+
+    def f(x):
+        return tf.gather(t, tf.raw_ops.Bucketize(input=x, boundaries=BINS))
+
+    cf = tf.function(f).get_concrete_function(tf.TensorSpec([None, None], tf.float32))
+    graph, report = rewrite.optimize_concrete_function(cf, serving_device="cpu")
+    assert [m["pattern"] for m in report["match"]] == ["bucketize_gather"], report
+    for shape in [(5, 3), (1, 1), (0, 2), (3, 0)]:
+        x = tf.constant(rng.uniform(-20, 40, size=shape).astype(np.float32))
+        [got] = run_graph_def(cf, graph, x)
+        assert got.shape == shape + (D,)
+        assert_identical(got, f(x))
+    _, report = rewrite.optimize_concrete_function(cf, serving_device="gpu")
+    assert report["match"] == [] and any("serving_device='cpu'" in s["reason"] for s in report["skip"]), report
+
+
+@pytest.mark.parametrize("pooling", ["sum and mean", "weighted sum", "length unknown"])
+def test_hashed_rows_no_pooled_pattern_takes_fuse_as_gathers(rng, pooling):
+    # The gather of a [B, L] hash waited for dense_reduce_lookup, which
+    # refuses these: nothing fused.
+    t = tf.Variable(rng.normal(size=(V, D)).astype(np.float32))
+    length = None if pooling == "length unknown" else 5
+
+    def f(keys):
+        rows = tf.nn.embedding_lookup(t, tf.strings.to_hash_bucket_fast(keys, V))
+        if pooling == "weighted sum":
+            return tf.reduce_sum(rows * tf.range(1.0, 6.0)[None, :, None], axis=1)
+        return tf.reduce_sum(rows, axis=1) + tf.reduce_mean(rows, axis=1)
+
+    cf, graph, report, counts = offline(f, tf.TensorSpec([None, length], tf.string))
+    assert [m["pattern"] for m in report["match"]] == ["hash_gather"], report
+    keys = tf.reshape(tf.constant(random_strings(rng, 20)), [4, 5])
+    [got] = run_graph_def(cf, graph, keys)
+    assert_identical(got, f(keys))

@@ -133,7 +133,7 @@ class HashGatherPattern : public NamedPattern<kName> {
     // [B, N] keys (all of a model's fields in one tensor) give [B, N, D] rows,
     // unless they are bags of a pooling, which the pooled patterns fuse whole.
     const bool one_per_row = rank == 1 || ctx->Dim(*h, 0, 1) == 1;
-    if (!one_per_row && RowsMayBePooled(g, anchor)) return false;
+    if (!one_per_row && RowsArePooledBags(ctx, anchor, *h, GatheredType(anchor, resource))) return false;
     const int table_rank = GatherTableRank(ctx, anchor, resource, rank);
     if (table_rank != 2)
       return Skip(ctx, anchor,
@@ -161,27 +161,22 @@ class HashGatherPattern : public NamedPattern<kName> {
     return SharedWithOtherGathers(g, keys->All(), anchor, wrapped, &keys->kept, why);
   }
 
-  // Whether only reductions (or the mask or weights before one) read the
-  // gathered rows, through Identities: a pooling's bags. Rows read by
-  // anything else no pooled pattern takes (an FM's square of each field).
-  static bool RowsMayBePooled(const GraphIndex& g, const NodeDef& gather) {
-    std::vector<const NodeDef*> todo = {&gather};
-    bool pooled = false;
-    while (!todo.empty()) {
-      const NodeDef* n = todo.back();
-      todo.pop_back();
-      for (const NodeDef* r : g.DataReaders(n->name())) {
-        if (IsOp(r, "Identity")) {
-          todo.push_back(r);
-        } else if (IsOp(r, "Sum") || IsOp(r, "Mean") || IsOp(r, "SelectV2") || IsOp(r, "Select") || IsOp(r, "Mul") ||
-                   IsOp(r, "UnsortedSegmentSum")) {
-          pooled = true;
-        } else {
-          return false;
-        }
-      }
+  // Whether the rows are a padded pooling's bags as dense_reduce_lookup fuses
+  // them whole: [B, L] ids of a known L into a float32 table, the rows read
+  // (through Identities) by one Sum or Mean, or by the Select of Keras'
+  // masked mean. Anything else it leaves native, so this pattern takes it.
+  static bool RowsArePooledBags(RewriteContext* ctx, const NodeDef& gather, const NodeDef& ids, DataType T) {
+    if (T != tensorflow::DT_FLOAT || ctx->Dim(ids, 0, 1) < 1) return false;
+    const GraphIndex& g = ctx->index();
+    const NodeDef* rows = &gather;
+    while (true) {
+      const std::vector<const NodeDef*>& readers = g.DataReaders(rows->name());
+      if (readers.size() != 1 || g.DataConsumers(rows->name()) != 1) return false;
+      const NodeDef* r = readers[0];
+      if (!IsOp(r, "Identity"))
+        return IsOp(r, "Sum") || IsOp(r, "Mean") || IsOp(r, "SelectV2") || IsOp(r, "Select");
+      rows = r;
     }
-    return pooled;
   }
 
   // The fused node in the gather's place: rank 1 and [B, 1] keys as
