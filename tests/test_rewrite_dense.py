@@ -1218,3 +1218,57 @@ def test_hashed_rows_no_pooled_pattern_takes_fuse_as_gathers(rng, pooling):
     keys = tf.reshape(tf.constant(random_strings(rng, 20)), [4, 5])
     [got] = run_graph_def(cf, graph, keys)
     assert_identical(got, f(keys))
+
+
+def keras_hash_then_slice_model(int_keys):
+    """One Hashing layer over all fields, then a slice per field into its own Embedding."""
+    import keras
+
+    keras.utils.set_random_seed(5)
+    x = keras.Input((3,), dtype="int64" if int_keys else "string", name="fields")
+    hashed = keras.layers.Hashing(V)(x)
+    rows = [keras.layers.Flatten()(keras.layers.Embedding(V, D)(hashed[:, f:f + 1])) for f in range(3)]
+    return keras.Model(x, keras.layers.Dense(1)(keras.layers.Concatenate()(rows)))
+
+
+@pytest.mark.saved_model
+@pytest.mark.parametrize("int_keys", [False, True])
+def test_fields_sliced_after_one_hash_fuse(tmp_path, rng, int_keys):
+    # Hashing over [B, F], then h[:, f:f + 1] per field: nothing fused.
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    keras_hash_then_slice_model(int_keys).export(str(src), verbose=False)
+
+    def fields(batch):
+        if int_keys:
+            return rng.integers(-10**12, 10**12, size=(batch, 3))
+        return np.array(random_strings(rng, max(3 * batch, 3))[:3 * batch], object).reshape(batch, 3)
+
+    report = rewrite.optimize_saved_model(src, dst, signature_keys=["serving_default"],
+                                          sample_inputs={"serving_default": {"fields": fields(30)}}, runs=2)
+    sig = report.signatures["serving_default"]
+    assert report.ok and report.verified and sig.max_abs_diff == 0
+    assert [m["pattern"] for m in sig.matches].count("hash_gather") == 3, sig.matches
+    hashes = {"StringToHashBucketFast", "_TensorToHashBucketFast", "AsString"}
+    assert not (hashes | {"GatherV2", "ResourceGather"}) & set(sig.op_counts_after), sig.op_counts_after
+    native = tf.saved_model.load(str(src)).signatures["serving_default"]
+    fused = tf.saved_model.load(str(dst)).signatures["serving_default"]
+    for batch in (0, 1, 17):
+        feeds = {"fields": tf.constant(fields(batch))}
+        assert_identical(fused(**feeds)["output_0"], native(**feeds)["output_0"])
+
+
+def test_a_slice_of_a_hashed_matrix_fuses_in_a_function(rng):
+    t = tf.Variable(rng.normal(size=(V, D)).astype(np.float32))
+
+    def f(keys):
+        h = tf.strings.to_hash_bucket_fast(keys, V)
+        return [tf.nn.embedding_lookup(t, h[:, 1]), tf.nn.embedding_lookup(t, h[:, ::2])]
+
+    cf, graph, report, counts = offline(f, tf.TensorSpec([None, 4], tf.string))
+    assert [m["pattern"] for m in report["match"]] == ["hash_gather"] * 2, report
+    assert "StringToHashBucketFast" not in counts, counts
+    for batch in (6, 1, 0):
+        keys = tf.reshape(tf.constant(random_strings(rng, max(4 * batch, 3))[:4 * batch], tf.string), [batch, 4])
+        got = run_graph_def(cf, graph, keys)
+        for g, w in zip(got, f(keys)):
+            assert_identical(g, w)

@@ -61,7 +61,8 @@ bool SharedWithOtherGathers(const GraphIndex& g, const std::vector<const NodeDef
     for (const NodeDef* r : readers) {
       if (r == &gather || ours.count(r)) continue;
       const bool gathers_it = (IsOp(r, "ResourceGather") || IsOp(r, "GatherV2")) && g.Producer(*r, 1) == n;
-      if (!gathers_it && !IsIndexCast(r) && !other_wraps.count(r)) others_read = true;
+      const bool slices_it = IsOp(r, "StridedSlice") && g.Producer(*r, 0) == n;  // another field of [B, F] ids
+      if (!gathers_it && !slices_it && !IsIndexCast(r) && !other_wraps.count(r)) others_read = true;
       kept->insert(n);
     }
     if (others_read) {

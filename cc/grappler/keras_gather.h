@@ -39,7 +39,8 @@ bool WrapShiftIsScalar(RewriteContext* ctx, const std::vector<const tensorflow::
 // Embedding(N, D) of one Hashing or StringLookup layer), each fused on its
 // own while what they share stays for the others -- also a negative-index
 // wrap Grappler merged when both tables have N rows. A reader outside
-// `match` may be a gather (at its indices), an index cast, or a node of a
+// `match` may be a gather (at its indices), an index cast, a StridedSlice of
+// it (another field of [B, F] ids), or a node of a
 // wrap of `wrapped` (the ids the wraps read; null: none); a kept node keeps
 // what it reads in `match`. False, with *why, when another reader (or the
 // caller) reads a node of `match`.

@@ -27,6 +27,10 @@
 // fuses AsString + StringToHashBucketFast into _TensorToHashBucketFast) become
 // CtrEmbeddingLookup in hash mode with one key per row instead.
 //
+// A field sliced out of hashed [B, F] keys (h[:, f:f + 1], one Hashing layer
+// over all fields, then a slice per field) is the hash of the keys' same
+// slice: the fused op takes that slice of the keys.
+//
 // One hash read by several gathers (DeepFM's Hashing layer feeding its
 // first-order Embedding(N, 1) and its Embedding(N, D)) fuses each gather
 // alone: the hash stays for the others, and the last one absorbs it.
@@ -59,6 +63,7 @@ struct HashedKeys {
   const NodeDef* hash = nullptr;
   const NodeDef* as_string = nullptr;  // integer keys hashed through AsString
   const NodeDef* cast = nullptr;       // int64 -> int32 (an int32 Keras Embedding input)
+  const NodeDef* slice = nullptr;      // a field of hashed [B, F] keys (h[:, f:f + 1]): the keys' slice hashed
   std::vector<const NodeDef*> wrap;    // Keras' negative-index wrap: SelectV2, Less, AddV2
   std::string int_keys;                // what is hashed, when it is integers
   DataType key_type = tensorflow::DT_INVALID;
@@ -68,10 +73,12 @@ struct HashedKeys {
   // Every node between the keys and the gather.
   std::vector<const NodeDef*> All() const {
     std::vector<const NodeDef*> all = wrap;
-    for (const NodeDef* n : {cast, hash, as_string})
+    for (const NodeDef* n : {cast, slice, hash, as_string})
       if (n != nullptr) all.push_back(n);
     return all;
   }
+  // The node whose output the gather's ids are (before the wrap and cast).
+  const NodeDef& Ids() const { return slice != nullptr ? *slice : *hash; }
 
   std::vector<const NodeDef*> Absorbed() const {
     std::vector<const NodeDef*> absorbed;
@@ -92,6 +99,14 @@ class HashGatherPattern : public NamedPattern<kName> {
     if (IsIndexCast(h)) {
       keys.cast = h;
       h = g.Producer(*h, 0);
+    }
+    // A field sliced out of hashed [B, F] keys: the hash of the keys' same
+    // slice, since a hash maps each key alone.
+    if (IsOp(h, "StridedSlice")) {
+      const NodeDef* hashed = g.Producer(*h, 0);
+      if (!IsStringHash(hashed) && !IsOp(hashed, "_TensorToHashBucketFast")) return false;
+      keys.slice = h;
+      h = hashed;
     }
     // Grappler's remapper fuses AsString + StringToHashBucketFast on integers
     // into _TensorToHashBucketFast before custom optimizers run.
@@ -126,14 +141,15 @@ class HashGatherPattern : public NamedPattern<kName> {
     if (!keys.wrap.empty() && !WrapShiftIsScalar(ctx, keys.wrap))
       return Skip(ctx, anchor, "the negative-index wrap may broadcast (its shift is not known to be a scalar)");
     if (!OnlyFeedsTheGather(g, anchor, &keys, &why)) return Skip(ctx, anchor, why);
-    int rank = ctx->Rank(*h, 0);
+    const NodeDef& ids = keys.Ids();
+    int rank = ctx->Rank(ids, 0);
     if (rank < 0) return Skip(ctx, anchor, "ids rank unknown");
     if (rank != 1 && rank != 2)
       return Skip(ctx, anchor, "ids of rank " + std::to_string(rank) + " (only [B] and [B, 1] fuse)");
     // [B, N] keys (all of a model's fields in one tensor) give [B, N, D] rows,
     // unless they are bags of a pooling, which the pooled patterns fuse whole.
-    const bool one_per_row = rank == 1 || ctx->Dim(*h, 0, 1) == 1;
-    if (!one_per_row && RowsArePooledBags(ctx, anchor, *h, GatheredType(anchor, resource))) return false;
+    const bool one_per_row = rank == 1 || ctx->Dim(ids, 0, 1) == 1;
+    if (!one_per_row && RowsArePooledBags(ctx, anchor, ids, GatheredType(anchor, resource))) return false;
     const int table_rank = GatherTableRank(ctx, anchor, resource, rank);
     if (table_rank != 2)
       return Skip(ctx, anchor,
@@ -204,11 +220,25 @@ class HashGatherPattern : public NamedPattern<kName> {
     return record;
   }
 
+  // `keys` (what the hash reads), cut as the slice of a field cut the hashed
+  // keys; `keys` itself when the gather reads no slice.
+  static std::string SlicedKeys(RewriteContext* ctx, const HashedKeys& hashed, const std::string& keys,
+                                DataType type) {
+    if (hashed.slice == nullptr) return keys;
+    const NodeDef slice = *hashed.slice;
+    NodeDef* n = ctx->AddNode(slice.name() + "/ctr_keys", "StridedSlice", slice.device());
+    *n->mutable_input() = slice.input();
+    n->set_input(0, keys);
+    *n->mutable_attr() = slice.attr();
+    (*n->mutable_attr())["T"].set_type(type);
+    return n->name();
+  }
+
   void RewriteStrings(const NodeDef& anchor_in, const HashedKeys& keys, bool resource, DataType T, int rank,
                       const FlattenOfRows& flatten, RewriteContext* ctx) const {
     const NodeDef anchor = anchor_in;  // the graph changes under the reference
     const std::string device = anchor.device();
-    const std::string strings = keys.hash->input(0);
+    const std::string strings = SlicedKeys(ctx, keys, keys.hash->input(0), tensorflow::DT_STRING);
     const int64_t buckets = IntAttr(*keys.hash, "num_buckets", 0);
     std::vector<NodeDef> absorbed;
     for (const NodeDef* n : keys.Absorbed()) absorbed.push_back(*n);
@@ -235,7 +265,7 @@ class HashGatherPattern : public NamedPattern<kName> {
     const std::string device = anchor.device();
     const std::string base = anchor.name();
     const DataType kt = keys.key_type;
-    const std::string int_keys = keys.int_keys;
+    const std::string int_keys = SlicedKeys(ctx, keys, keys.int_keys, kt);
     const int64_t buckets = IntAttr(*keys.hash, "num_buckets", 0);
     const std::vector<int64_t> hash_key = StringHashKey(*keys.hash);
     std::vector<NodeDef> absorbed;
