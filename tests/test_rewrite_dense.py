@@ -1095,13 +1095,12 @@ def keras_field_matrix_model(int_keys, flatten):
     return keras.Model(x, keras.layers.Dense(1)(features))
 
 
-@pytest.mark.saved_model
-@pytest.mark.parametrize("int_keys", [False, True])
-@pytest.mark.parametrize("flatten", [True, False])
-def test_fields_hashed_in_one_matrix_fuse(tmp_path, rng, int_keys, flatten):
-    # Hashing on [B, F] keys: "ids are [B, N] with N not known to be 1", nothing fused.
+def assert_field_matrix_model_fuses(tmp_path, rng, model, int_keys, hash_gathers):
+    """Exports a model of one [B, 3] "fields" input, rewrites it with
+    verification, checks that `hash_gathers` gathers fused with no hash or
+    gather left, and serves both at batches of 0, 1 and 17."""
     src, dst = tmp_path / "src", tmp_path / "dst"
-    keras_field_matrix_model(int_keys, flatten).export(str(src), verbose=False)
+    model.export(str(src), verbose=False)
 
     def fields(batch):
         if int_keys:
@@ -1112,7 +1111,7 @@ def test_fields_hashed_in_one_matrix_fuse(tmp_path, rng, int_keys, flatten):
                                           sample_inputs={"serving_default": {"fields": fields(30)}}, runs=2)
     sig = report.signatures["serving_default"]
     assert report.ok and report.verified and sig.max_abs_diff == 0
-    assert [m["pattern"] for m in sig.matches].count("hash_gather") == 1, sig.matches
+    assert [m["pattern"] for m in sig.matches].count("hash_gather") == hash_gathers, sig.matches
     hashes = {"StringToHashBucketFast", "_TensorToHashBucketFast", "AsString"}
     assert not (hashes | {"GatherV2", "ResourceGather"}) & set(sig.op_counts_after), sig.op_counts_after
     native = tf.saved_model.load(str(src)).signatures["serving_default"]
@@ -1120,6 +1119,15 @@ def test_fields_hashed_in_one_matrix_fuse(tmp_path, rng, int_keys, flatten):
     for batch in (0, 1, 17):
         feeds = {"fields": tf.constant(fields(batch))}
         assert_identical(fused(**feeds)["output_0"], native(**feeds)["output_0"])
+
+
+@pytest.mark.saved_model
+@pytest.mark.parametrize("int_keys", [False, True])
+@pytest.mark.parametrize("flatten", [True, False])
+def test_fields_hashed_in_one_matrix_fuse(tmp_path, rng, int_keys, flatten):
+    # Hashing on [B, F] keys: "ids are [B, N] with N not known to be 1", nothing fused.
+    assert_field_matrix_model_fuses(tmp_path, rng, keras_field_matrix_model(int_keys, flatten), int_keys,
+                                    hash_gathers=1)
 
 
 def test_a_hash_of_a_key_matrix_fuses_in_a_function(rng):
@@ -1235,26 +1243,7 @@ def keras_hash_then_slice_model(int_keys):
 @pytest.mark.parametrize("int_keys", [False, True])
 def test_fields_sliced_after_one_hash_fuse(tmp_path, rng, int_keys):
     # Hashing over [B, F], then h[:, f:f + 1] per field: nothing fused.
-    src, dst = tmp_path / "src", tmp_path / "dst"
-    keras_hash_then_slice_model(int_keys).export(str(src), verbose=False)
-
-    def fields(batch):
-        if int_keys:
-            return rng.integers(-10**12, 10**12, size=(batch, 3))
-        return np.array(random_strings(rng, max(3 * batch, 3))[:3 * batch], object).reshape(batch, 3)
-
-    report = rewrite.optimize_saved_model(src, dst, signature_keys=["serving_default"],
-                                          sample_inputs={"serving_default": {"fields": fields(30)}}, runs=2)
-    sig = report.signatures["serving_default"]
-    assert report.ok and report.verified and sig.max_abs_diff == 0
-    assert [m["pattern"] for m in sig.matches].count("hash_gather") == 3, sig.matches
-    hashes = {"StringToHashBucketFast", "_TensorToHashBucketFast", "AsString"}
-    assert not (hashes | {"GatherV2", "ResourceGather"}) & set(sig.op_counts_after), sig.op_counts_after
-    native = tf.saved_model.load(str(src)).signatures["serving_default"]
-    fused = tf.saved_model.load(str(dst)).signatures["serving_default"]
-    for batch in (0, 1, 17):
-        feeds = {"fields": tf.constant(fields(batch))}
-        assert_identical(fused(**feeds)["output_0"], native(**feeds)["output_0"])
+    assert_field_matrix_model_fuses(tmp_path, rng, keras_hash_then_slice_model(int_keys), int_keys, hash_gathers=3)
 
 
 def test_a_slice_of_a_hashed_matrix_fuses_in_a_function(rng):
