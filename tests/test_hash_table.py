@@ -639,6 +639,8 @@ def test_eviction_resets_the_optimizer_slots_of_reused_rows(make_optimizer, slot
     (None, 2.0 / np.sqrt(4)),  # HashTable's default: truncated normal, stddev 1/sqrt(dim), cut at 2 stddev
     (keras.initializers.GlorotUniform(seed=3), np.sqrt(6.0 / (64 + 4))),  # the fans of the whole [64, 4] table
     (keras.initializers.RandomUniform(-0.05, 0.05), 0.05),
+    ("glorot_uniform", np.sqrt(6.0 / (64 + 4))),  # a name, as the Keras layer takes it
+    ({"class_name": "RandomUniform", "config": {"minval": -0.05, "maxval": 0.05}}, 0.05),
 ])
 def test_rows_given_to_new_keys_restart_from_fresh_draws_of_the_initializer(initializer, bound):
     # Keras initializers are seeded once: called per eviction they gave every

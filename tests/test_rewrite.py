@@ -640,6 +640,33 @@ def test_optimize_saved_model_synthesizes_sparse_tensor_signature_inputs(tmp_pat
         assert_same(got[k], want[k])
 
 
+class RaggedSignatureModule(tf.Module):
+    def __init__(self, rng):
+        self.table = tf.Variable(rng.standard_normal((20, 4)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.RaggedTensorSpec([None, None], tf.int64)])
+    def serve(self, ids):
+        rows = tf.nn.embedding_lookup(self.table, ids)
+        return {"mean": tf.reduce_mean(rows, axis=1)}
+
+
+@pytest.mark.saved_model
+def test_optimize_saved_model_synthesizes_ragged_tensor_signature_inputs(tmp_path, rng):
+    # A RaggedTensorSpec input is flattened to its values (ids) and row splits
+    # (ids_1): drawn each alone they did not fit, the original refused them,
+    # and the CLI could not verify (nor write) the model.
+    module = RaggedSignatureModule(rng)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tf.saved_model.save(module, str(src), signatures={"serving_default": module.serve})
+    sig = rewrite.optimize_saved_model(src, dst, runs=1).signatures["serving_default"]
+    assert sig.inputs.startswith("synthesized"), sig.inputs
+    assert sig.outputs_match and sig.max_abs_diff is not None, sig
+    assert [m["pattern"] for m in sig.matches] == ["ragged_reduce_lookup"], sig.matches
+    ids = tf.ragged.constant([[3, 1], [], [19, 0, 7]], dtype=tf.int64)
+    got = tf.saved_model.load(str(dst)).signatures["serving_default"](ids=ids.values, ids_1=ids.row_splits)
+    assert_same(got["mean"], module.serve(ids)["mean"])
+
+
 def build_keras_ctr_model(seed=0):
     """A Keras 3 functional CTR model whose embedding layers are TF-native
     (tf.nn.embedding_lookup_sparse on the layer's own table)."""

@@ -84,7 +84,9 @@ def test_lookups_and_embeddings_fuse_and_serve_the_same(tmp_path, rng, num_oov, 
     # (to_hash_bucket_fast of a string, floormod of an integer) and a
     # mask_token gets id 0: the fused op does both, as Keras' Selects did.
     src, dst, sig = rewritten(tmp_path, num_oov, pooled=True, mask=mask)
-    fused = [m for m in sig.matches if m["fused_op"] == "CtrVocabEmbedding"]
+    # The tags' lookup goes into their pooling (dense_reduce_lookup).
+    fused = [m for m in sig.matches if m["fused_op"] in ("CtrVocabEmbedding", "CtrVocabEmbeddingLookup")]
+    assert [m["fused_op"] for m in fused].count("CtrVocabEmbeddingLookup") == 1, sig.matches
     assert len(fused) == 3, sig.matches
     replaced = " ".join(" ".join(m["replaced"]) for m in fused)
     assert ("Assert" in replaced) == (num_oov == 0)
@@ -100,6 +102,49 @@ def test_lookups_and_embeddings_fuse_and_serve_the_same(tmp_path, rng, num_oov, 
     for batch in (0, 1, 17, 300):  # the verification served it in a fresh process; here the tests' inputs
         feeds = inputs(rng, batch, oov=num_oov > 0, pooled=True, mask=mask)
         np.testing.assert_allclose(fused(feeds), native(feeds), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.saved_model
+@pytest.mark.parametrize("num_oov", [0, 1, 2])
+def test_masked_sequence_features_fuse_find_and_pooling_offline(tmp_path, rng, num_oov):
+    # A user's history features: StringLookup / IntegerLookup with a
+    # mask_token, Embedding(mask_zero=True) and GlobalAveragePooling1D. Each
+    # becomes one CtrVocabEmbeddingLookup; rows of padding only stay NaN.
+    import keras
+
+    keras.utils.set_random_seed(3)
+    words = keras.Input(shape=(6,), dtype="string", name="words")
+    numbers = keras.Input(shape=(6,), dtype="int64", name="numbers")
+    pooled = []
+    for x, lookup in ((words, keras.layers.StringLookup(vocabulary=WORDS, mask_token="", num_oov_indices=num_oov)),
+                      (numbers, keras.layers.IntegerLookup(vocabulary=NUMBERS, mask_token=0,
+                                                           num_oov_indices=num_oov))):
+        rows = keras.layers.Embedding(lookup.vocabulary_size(), 4, mask_zero=True)(lookup(x))
+        pooled.append(keras.layers.GlobalAveragePooling1D()(rows))
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    keras.Model([words, numbers], keras.layers.Concatenate()(pooled)).export(str(src), verbose=False)
+    sig = rewrite.optimize_saved_model(src, dst, runs=1, serving_device="cpu").signatures["serving_default"]
+    assert [m["fused_op"] for m in sig.matches].count("CtrVocabEmbeddingLookup") == 2, sig.matches
+    assert not any("LookupTableFindV2" in s["node"] for s in sig.skips), sig.skips
+    assert sig.outputs_match
+    native, fused = _signature(src), _signature(dst)
+    word_pool = np.array(WORDS + [""] * 3 + (["never-seen"] if num_oov else []), object)
+    number_pool = np.array(NUMBERS + [0] * 3 + ([99, -4] if num_oov else []), np.int64)
+    for batch in (0, 1, 33):
+        feeds = {"words": word_pool[rng.integers(0, len(word_pool), size=(batch, 6))],
+                 "numbers": number_pool[rng.integers(0, len(number_pool), size=(batch, 6))]}
+        if batch:
+            feeds["words"][0], feeds["numbers"][0] = "", 0  # padding only: 0 / 0
+        want = native(feeds)
+        assert batch == 0 or np.isnan(want[0]).all()
+        np.testing.assert_allclose(fused(feeds), want, rtol=1e-6, atol=1e-6)
+    if num_oov == 0:
+        feeds = {"words": np.array([["w1", "never-seen", "", "", "", ""]], object),
+                 "numbers": np.array([[NUMBERS[0]] * 6], np.int64)}
+        with pytest.raises(tf.errors.InvalidArgumentError, match="never-seen"):
+            native(feeds)
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"key 'never-seen' in row 0 is not in the vocab"):
+            fused(feeds)
 
 
 @pytest.mark.saved_model
@@ -405,24 +450,52 @@ def test_a_table_of_vector_values_is_left_native():
     np.testing.assert_array_equal(got.numpy(), f(keys).numpy())
 
 
-def test_masked_lookup_find_is_reported_with_its_mask(rng):
-    # StringLookup(mask_token="") + Embedding(mask_zero=True) + the masked
-    # mean: the pooling fuses, the find and its mask Select stay, and the
-    # report says why the find stays.
+def _masked_pooling_model(num_oov=1):
     import keras
 
-    lookup = keras.layers.StringLookup(vocabulary=["a", "b", "c", "d"], mask_token="")
+    lookup = keras.layers.StringLookup(vocabulary=["a", "b", "c", "d"], mask_token="", num_oov_indices=num_oov)
     x = keras.Input((3,), dtype="string")
-    model = keras.Model(x, keras.layers.GlobalAveragePooling1D()(
+    return keras.Model(x, keras.layers.GlobalAveragePooling1D()(
         keras.layers.Embedding(lookup.vocabulary_size(), 4, mask_zero=True)(lookup(x))))
+
+
+@pytest.mark.parametrize("num_oov", [0, 1, 2])
+def test_masked_lookup_pooling_fuses_the_find(rng, num_oov):
+    # StringLookup(mask_token="") + Embedding(mask_zero=True) + the masked
+    # mean: one CtrVocabEmbeddingLookup does the find, Keras' mask and OOV
+    # rules, the wrap and the pooling, dropping the masked ids; the mask's
+    # count reads the fused op's ids, so a row of padding only is 0 / 0.
+    model = _masked_pooling_model(num_oov)
     f = lambda keys: model(keys)  # noqa: E731
     fused, report, counts = _rewritten_in_process(f, [tf.TensorSpec([None, 3], tf.string)])
-    assert [m["pattern"] for m in report["match"]] == ["dense_reduce_lookup"], report["match"]
-    finds = [s["reason"] for s in report["skip"] if s["node"].endswith("LookupTableFindV2")]
-    assert len(finds) == 1 and "with a mask_token" in finds[0], report["skip"]
-    keys = tf.constant([["a", "", ""], ["zz", "d", "b"], ["", "", ""]])
+    assert [m["fused_op"] for m in report["match"]] == ["CtrVocabEmbeddingLookup"], report["match"]
+    assert "LookupTableFindV2" not in counts and "GatherV2" not in counts, counts
+    keys = tf.constant([["a", "", ""], ["zz", "d", "b"], ["", "", ""], ["c", "c", ""]] if num_oov else
+                       [["a", "", ""], ["b", "d", "b"], ["", "", ""], ["c", "c", ""]])
     [got] = fused(keys)
-    np.testing.assert_array_equal(got.numpy(), f(keys).numpy())
+    want = f(keys).numpy()
+    assert np.isnan(want[2]).all()
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
+    for batch in (0, 1, 300):
+        keys = tf.constant(rng.choice(["a", "b", "c", "d", ""] + ["zz"] * (num_oov > 0), size=(batch, 3)))
+        np.testing.assert_allclose(fused(keys)[0].numpy(), f(keys).numpy(), rtol=1e-6, atol=1e-6)
+    if num_oov == 0:
+        bad = tf.constant([["a", "", ""], ["b", "zz", ""]])
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"key 'zz' in row 1 is not in the vocabulary"):
+            fused(bad)
+
+
+def test_masked_lookup_find_left_out_of_the_pooling_says_why(rng):
+    # Not served on the CPU: the pooling fuses, the find stays, and the
+    # report says why with the pooling's own record.
+    model = _masked_pooling_model()
+    cf = tf.function(lambda keys: model(keys)).get_concrete_function(tf.TensorSpec([None, 3], tf.string))
+    _, report = rewrite.optimize_concrete_function(cf, serving_device="gpu")
+    assert [m["fused_op"] for m in report["match"]] == ["CtrEmbeddingLookup"], report["match"]
+    finds = [s for s in report["skip"] if s["node"].endswith("LookupTableFindV2")]
+    assert len(finds) == 1 and finds[0]["pattern"] == "dense_reduce_lookup", report["skip"]
+    assert "the pooling fused without the find" in finds[0]["reason"], finds
+    assert "serving_device='cpu'" in finds[0]["reason"], finds
 
 
 def test_unmasked_lookup_find_is_not_called_masked():

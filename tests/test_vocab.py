@@ -499,7 +499,7 @@ def test_a_default_of_one_value_per_key_is_an_error_not_an_abort(mutable):
     params = tf.ones([5, 2])
     lookup = lambda buckets: _ops.ctr_vocab_embedding_lookup(  # noqa: E731
         handle, default, params, keys, tf.constant([0, 2], tf.int64), tf.constant(-1, tf.int64), tf.zeros([0]),
-        segment_kind="row_splits", num_oov_buckets=buckets)
+        mask_keys=[], mask_ids=[], segment_kind="row_splits", num_oov_buckets=buckets)
     calls = [lambda: lookup(2)]
     if not mutable:
         calls += [

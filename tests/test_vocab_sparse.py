@@ -147,7 +147,7 @@ def test_in_a_tf_function_with_int32_segments(rng):
     np.testing.assert_allclose(serve(keys).numpy(), native(table, keys, params).numpy(), rtol=1e-6)
     # The raw op with int32 row ids, as a graph may feed them.
     out, ids = tco.vocab._ops.ctr_vocab_embedding_lookup(
-        table_handle=table.resource_handle, default_value=tf.constant(-1, tf.int64), params=params,
+        mask_keys=[], mask_ids=[], table_handle=table.resource_handle, default_value=tf.constant(-1, tf.int64), params=params,
         keys=keys.values, segments=tf.cast(keys.indices[:, 0], tf.int32), num_rows=tf.constant(12, tf.int64),
         weights=tf.zeros([0]), segment_kind="row_ids", invalid_ids="skip_negative")
     np.testing.assert_allclose(out.numpy(), native(table, keys, params).numpy(), rtol=1e-6)
@@ -188,12 +188,12 @@ def test_bad_segments_are_an_error_not_a_crash():
     table = table_of(tf.constant(VOCAB))
     with pytest.raises(tf.errors.InvalidArgumentError, match="sorted|out of range|one value per id"):
         tco.vocab._ops.ctr_vocab_embedding_lookup(
-            table_handle=table.resource_handle, default_value=tf.constant(-1, tf.int64), params=tf.zeros([30, 2]),
+            mask_keys=[], mask_ids=[], table_handle=table.resource_handle, default_value=tf.constant(-1, tf.int64), params=tf.zeros([30, 2]),
             keys=tf.constant(["w1", "w2"]), segments=tf.constant([5, 1], tf.int64), num_rows=tf.constant(2, tf.int64),
             weights=tf.zeros([0]), segment_kind="row_ids")
     with pytest.raises(tf.errors.InvalidArgumentError, match="row_splits"):
         tco.vocab._ops.ctr_vocab_embedding_lookup(
-            table_handle=table.resource_handle, default_value=tf.constant(-1, tf.int64), params=tf.zeros([30, 2]),
+            mask_keys=[], mask_ids=[], table_handle=table.resource_handle, default_value=tf.constant(-1, tf.int64), params=tf.zeros([30, 2]),
             keys=tf.constant(["w1", "w2"]), segments=tf.constant([0, 3], tf.int64),
             num_rows=tf.constant(-1, tf.int64), weights=tf.zeros([0]), segment_kind="row_splits")
 
@@ -293,3 +293,122 @@ def test_indicator_has_no_gradient_to_anything():
     with tf.GradientTape() as tape:
         y = tf.reduce_sum(tco.vocab_indicator(table, keys, 3) * x)
     assert float(tape.gradient(y, x)) == 1.0  # the count of w1, as a constant
+
+
+# The Keras form (the rewrite's StringLookup / IntegerLookup + Embedding +
+# GlobalAveragePooling1D over [B, L] keys): Keras' mask and OOV-slot rules,
+# its num_oov_indices=0 check, Keras 3's negative-index wrap and
+# Embedding(mask_zero=True)'s masked sum, against that composition.
+
+def keras_ids(table, keys, mask=None, slots=0, start=1, oov_id=-1):
+    ids = table.lookup(keys)
+    if mask is not None:
+        ids = tf.where(tf.equal(keys, mask), tf.constant(0, tf.int64), ids)
+    if slots:
+        slot = (tf.strings.to_hash_bucket_fast(keys, slots) if keys.dtype == tf.string
+                else tf.math.floormod(keys, slots))
+        ids = tf.where(tf.equal(ids, oov_id), slot + start, ids)
+    return ids
+
+
+def keras_pooling(params, ids, combiner, drop_zero):
+    rows = tf.gather(params, tf.where(ids < 0, ids + tf.shape(params, out_type=tf.int64)[0], ids))
+    if drop_zero:
+        rows = tf.where(tf.expand_dims(ids != 0, -1), rows, tf.zeros_like(rows))
+        return tf.reduce_sum(rows, axis=1)
+    return tf.reduce_mean(rows, axis=1) if combiner == "mean" else tf.reduce_sum(rows, axis=1)
+
+
+def fused_keras_pooling(table, keys, params, combiner, drop_zero, mask=None, slots=0, start=1, oov_id=-1,
+                        missing_error=False, segment_type=tf.int64, default=-1):
+    length = keys.shape[1]
+    flat = tf.reshape(keys, [-1])
+    splits = tf.range(0, tf.size(flat, out_type=segment_type) + 1, length)
+    masks = [] if mask is None else [tf.constant(mask, keys.dtype)]
+    return tco.ops._ops.ctr_vocab_embedding_lookup(
+        table_handle=table.resource_handle, default_value=tf.constant(default, tf.int64), params=params, keys=flat,
+        segments=splits, num_rows=tf.constant(-1, tf.int64), weights=tf.zeros([0]), mask_keys=masks,
+        mask_ids=[tf.constant(0, tf.int64)] * len(masks), combiner="sum" if drop_zero else combiner,
+        segment_kind="row_splits", missing_key="error" if missing_error else "default", missing_id=-1,
+        oov_slots=slots, oov_id=oov_id, oov_start=start, wrap_negative_ids=True, drop_zero_ids=drop_zero)
+
+
+@pytest.mark.parametrize("key_type", ["string", "int64"])
+@pytest.mark.parametrize("masked, slots", [(False, 0), (True, 0), (False, 3), (True, 2)])
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+def test_keras_rules_and_masked_pooling_match_keras(rng, key_type, masked, slots, combiner):
+    vocab, unknown, pad = (VOCAB, "never-seen", "") if key_type == "string" else (INT_VOCAB, 12345, 0)
+    vocab = np.array([k for k in vocab if k != pad], dtype=object if key_type == "string" else np.int64)
+    start = 1 + masked  # Keras' ids: mask 0, then the OOV slots, then the vocabulary
+    first = start + max(slots, 1)
+    init = tf.lookup.KeyValueTensorInitializer(tf.constant(vocab), tf.range(first, first + len(vocab),
+                                                                            dtype=tf.int64))
+    table = tf.lookup.StaticHashTable(init, -1 if slots else start)
+    params = tf.Variable(rng.normal(size=(first + len(vocab), 3)).astype(np.float32))
+    pool = np.array(list(vocab) + [unknown] + [pad] * 2, dtype=object if key_type == "string" else np.int64)
+    for batch in (0, 1, 37):
+        keys = tf.constant(pool[rng.integers(0, len(pool), size=(batch, 5))])
+        mask = pad if masked else None
+        oov_id = -1 if slots else start
+        with tf.GradientTape(persistent=True) as tape:
+            got, ids = fused_keras_pooling(table, keys, params, combiner, masked, mask, slots, start, oov_id,
+                                           default=-1 if slots else start)
+            want_ids = keras_ids(table, keys, mask, slots, start, oov_id)
+            want = keras_pooling(params, want_ids, combiner, masked)
+            loss_got, loss_want = tf.reduce_sum(got * got), tf.reduce_sum(want * want)
+        np.testing.assert_array_equal(tf.reshape(ids, [batch, 5]).numpy(), want_ids.numpy())
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+        g_got, g_want = tape.gradient(loss_got, params), tape.gradient(loss_want, params)
+        np.testing.assert_allclose(tf.convert_to_tensor(g_got).numpy(), tf.convert_to_tensor(g_want).numpy(),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_masked_ids_are_dropped_not_added_as_zero_times_a_row(rng):
+    # The Select keeps a row of inf out of the masked sum; so must the fused op.
+    table = table_of(tf.constant(VOCAB))
+    params = tf.Variable(np.concatenate([np.full((1, 2), np.inf), rng.normal(size=(len(VOCAB), 2))]), dtype=tf.float32)
+    init = tf.lookup.KeyValueTensorInitializer(tf.constant(VOCAB), tf.range(1, len(VOCAB) + 1, dtype=tf.int64))
+    table = tf.lookup.StaticHashTable(init, 0)
+    keys = tf.constant([["w1", "", "w2"], ["", "", ""]])
+    got, _ = fused_keras_pooling(table, keys, params, "sum", True, mask="", oov_id=0, default=0)
+    want = keras_pooling(params, keras_ids(table, keys, mask=""), "sum", True)
+    assert np.isfinite(got.numpy()).all()
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+
+
+def test_keras_missing_key_names_its_bag_and_wrap_errors_name_the_id(rng):
+    init = tf.lookup.KeyValueTensorInitializer(tf.constant(VOCAB), tf.range(0, len(VOCAB), dtype=tf.int64))
+    table = tf.lookup.StaticHashTable(init, -1)
+    params = tf.constant(rng.normal(size=(len(VOCAB), 2)), tf.float32)
+    keys = tf.constant([["w1", "w2"], ["w3", "nope"]])
+    for segment_type in (tf.int32, tf.int64):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"key 'nope' in row 1 is not in the vocabulary"):
+            fused_keras_pooling(table, keys, params, "sum", False, missing_error=True, segment_type=segment_type)
+    # Without the check the default -1 wraps to the last row, as Keras 3's
+    # take() does, in the gradient too.
+    table_var = tf.Variable(params)
+    with tf.GradientTape(persistent=True) as tape:
+        got, ids = fused_keras_pooling(table, keys, table_var, "sum", False)
+        want = keras_pooling(table_var, keras_ids(table, keys), "sum", False)
+        loss_got, loss_want = tf.reduce_sum(got * got), tf.reduce_sum(want * want)
+    assert ids.numpy().tolist() == [1, 2, 3, -1]
+    np.testing.assert_allclose(got.numpy()[1], (params[3] + params[len(VOCAB) - 1]).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+    grads = [tf.convert_to_tensor(tape.gradient(loss, table_var)).numpy() for loss in (loss_got, loss_want)]
+    assert np.abs(grads[1][len(VOCAB) - 1]).sum() > 0
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-6)
+    # A table value below -V stays out of range after the wrap: an error naming the key and the wrapped id.
+    init = tf.lookup.KeyValueTensorInitializer(tf.constant(["a", "b"]), tf.constant([0, -100], tf.int64))
+    bad = tf.lookup.StaticHashTable(init, -1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id -70 of key 'b' in row 1 is out of range \[0, 30\)"):
+        fused_keras_pooling(bad, tf.constant([["a"], ["b"]]), params, "sum", False)
+
+
+def test_drop_zero_ids_refuses_weights():
+    table = table_of(tf.constant(VOCAB))
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="drop_zero_ids needs has_weights false"):
+        tco.ops._ops.ctr_vocab_embedding_lookup(
+            table_handle=table.resource_handle, default_value=tf.constant(-1, tf.int64),
+            params=tf.zeros([30, 2]), keys=tf.constant(["w1"]), segments=tf.constant([0, 1], tf.int64),
+            num_rows=tf.constant(-1, tf.int64), weights=tf.ones([1]), mask_keys=[], mask_ids=[],
+            segment_kind="row_splits", has_weights=True, drop_zero_ids=True)

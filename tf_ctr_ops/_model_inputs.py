@@ -482,10 +482,29 @@ def flattened_sparse(specs):
     return out
 
 
+def flattened_ragged(specs):
+    """[(values, row_splits)] input names of the RaggedTensors (ragged_rank 1)
+    a TF2 signature takes: TF flattens a RaggedTensorSpec argument `x` into
+    the inputs x (values, [N, ...]) and x_1 (row_splits, int64 or int32
+    [B + 1]), whose values must fit each other."""
+    sparse = {k for parts in flattened_sparse(specs) for k in parts}
+    out = []
+    for k, values in specs.items():
+        splits = specs.get(f"{k}_1")
+        if splits is None or f"{k}_2" in specs or k in sparse or f"{k}_1" in sparse:
+            continue
+        if (splits.dtype in (tf.int32, tf.int64) and splits.shape.rank == 1 and values.shape.rank is not None
+                and values.shape.rank >= 1 and values.shape.as_list()[0] is None):
+            out.append((k, f"{k}_1"))
+    return out
+
+
 def sparse_structure_keys(specs):
-    """The inputs that hold a SparseTensor's indices or dense_shape: fixed
-    by plain_inputs, never searched (a new value would not fit the rest)."""
-    return {k for indices, _, dense_shape in flattened_sparse(specs) for k in (indices, dense_shape)}
+    """The inputs that hold a SparseTensor's indices or dense_shape, or a
+    RaggedTensor's row_splits: fixed by plain_inputs, never searched (a new
+    value would not fit the rest)."""
+    sparse = {k for indices, _, dense_shape in flattened_sparse(specs) for k in (indices, dense_shape)}
+    return sparse | {splits for _, splits in flattened_ragged(specs)}
 
 
 def _sparse_parts(indices_spec, values_spec, rng, dim):
@@ -509,26 +528,41 @@ def _sparse_parts(indices_spec, values_spec, rng, dim):
     return indices, values, dense_shape
 
 
+def _plain_value(spec, rng, dim, first=None):
+    """Values for one TensorSpec, its unknown dims `dim` (the first `first`
+    when given)."""
+    dims = spec.shape.as_list() if spec.shape.rank is not None else [None]
+    shape = [first if i == 0 and first is not None else dim if d is None else d for i, d in enumerate(dims)]
+    dtype = tf.as_dtype(spec.dtype)
+    if dtype.is_integer:
+        value = np.sort(rng.integers(0, 2, size=shape).ravel()).reshape(shape)
+    elif dtype.is_floating:
+        value = rng.standard_normal(shape)
+    elif dtype == tf.string:
+        value = _fill(np.array(ID_LISTS, dtype=object), shape)
+    elif dtype == tf.bool:
+        value = rng.integers(0, 2, size=shape).astype(bool)
+    else:
+        value = np.zeros(shape)
+    return np.asarray(value).astype(dtype.as_numpy_dtype) if dtype != tf.string else value
+
+
+def _ragged_parts(values_spec, splits_spec, rng, dim):
+    """(values, row_splits) of `dim` ragged rows holding 1, 0, 2 and 3
+    values in turn: an empty row among them."""
+    splits = np.concatenate([[0], np.cumsum(np.resize([1, 0, 2, 3], dim))]).astype(
+        tf.as_dtype(splits_spec.dtype).as_numpy_dtype)
+    return _plain_value(values_spec, rng, dim, first=int(splits[-1])), splits
+
+
 def plain_inputs(specs, rng, dim=BATCH):
     """Candidate 1: values from the TensorSpecs alone (the parts of each
-    SparseTensor input fitting each other)."""
-    out = {}
-    for key, spec in specs.items():
-        shape = [dim if d is None else d for d in (spec.shape.as_list() if spec.shape.rank is not None else [dim])]
-        dtype = tf.as_dtype(spec.dtype)
-        if dtype.is_integer:
-            value = np.sort(rng.integers(0, 2, size=shape).ravel()).reshape(shape)
-        elif dtype.is_floating:
-            value = rng.standard_normal(shape)
-        elif dtype == tf.string:
-            value = _fill(np.array(ID_LISTS, dtype=object), shape)
-        elif dtype == tf.bool:
-            value = rng.integers(0, 2, size=shape).astype(bool)
-        else:
-            value = np.zeros(shape)
-        out[key] = np.asarray(value).astype(dtype.as_numpy_dtype) if dtype != tf.string else value
+    SparseTensor or RaggedTensor input fitting each other)."""
+    out = {key: _plain_value(spec, rng, dim) for key, spec in specs.items()}
     for indices, values, dense_shape in flattened_sparse(specs):
         out[indices], out[values], out[dense_shape] = _sparse_parts(specs[indices], specs[values], rng, dim)
+    for values, splits in flattened_ragged(specs):
+        out[values], out[splits] = _ragged_parts(specs[values], specs[splits], rng, dim)
     return out
 
 

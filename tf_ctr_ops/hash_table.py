@@ -104,9 +104,11 @@ class HashTable(tf.Module):
       key_dtype: tf.int64 (int32 keys are accepted too) or tf.string. String
         keys are stored as their 64-bit `to_hash_bucket_fast` fingerprint.
       dtype: the values' dtype.
-      initializer: initializer of `values` (a callable taking shape and dtype);
-        every row starts with its value, so a key inserted later starts there
-        too. Default: truncated normal, stddev 1/sqrt(dim).
+      initializer: initializer of `values` (a callable taking shape and
+        dtype, or a Keras initializer's name or config, as
+        `keras.initializers.get` takes it); every row starts with its value,
+        so a key inserted later starts there too. Default: truncated normal,
+        stddev 1/sqrt(dim).
       admit_after: a key gets a row the admit_after-th time it is inserted;
         until then it reads no row (filters out one-off keys).
       eviction: when all rows are taken, "lru" evicts the keys least recently
@@ -132,6 +134,8 @@ class HashTable(tf.Module):
         self.table_device = check_table_device(table_device, self.eviction)
         if initializer is None:
             initializer = tf.keras.initializers.TruncatedNormal(stddev=1.0 / np.sqrt(self.dim))
+        elif not callable(initializer):
+            initializer = tf.keras.initializers.get(initializer)  # "he_normal", a config dict
         self.row_initializer = initializer
         self.reset_seed = reset_seed_of(initializer)
         self._slot_optimizer = _SlotOptimizer()

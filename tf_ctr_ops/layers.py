@@ -831,7 +831,9 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
         return _hash_table.table_statistics(self.table, self.capacity)
 
     def export(self):
-        """(keys, rows' values) of every key with a row, in insertion order."""
+        """(keys, rows' values) of every key with a row, in row order (the
+        order keys were inserted in, until eviction gives a freed row to a
+        new key)."""
         return _hash_table.export_rows(self.table, self.embeddings, self.num_slots)
 
     def call(self, inputs, weights=None, training=None):

@@ -391,7 +391,7 @@ def _optimize_graph_def(graph_def, fetches, handle_shapes, serving_device, disab
                                        serving_device=serving_device, disabled_patterns=disabled_patterns)
         optimized = _run_offline_driver(graph_def, fetches, config.graph_options.rewrite_options.custom_optimizers[0])
         report = read_report(report_file)
-    report["skip"].extend(_unfused_feature_records(optimized))
+    _add_unfused_feature_records(report, optimized)
     return optimized, report
 
 
@@ -443,6 +443,13 @@ _UNFUSED_FEATURE_OPS = {
 }
 
 
+def _add_unfused_feature_records(report, graph_def):
+    """Adds to `report` a record for each feature op left in `graph_def` that
+    no pattern's own skip record already explains."""
+    explained = {s.get("node") for s in report["skip"]}
+    report["skip"].extend(r for r in _unfused_feature_records(graph_def) if r["node"] not in explained)
+
+
 def _unfused_feature_records(graph_def):
     """Skip records for the feature ops left in `graph_def` and the functions it calls."""
     records = []
@@ -456,10 +463,11 @@ def _unfused_feature_records(graph_def):
 
 
 _MASKED_FIND = (", with a mask_token: its ids go through SelectV2(Equal(keys, mask), mask id, ids), which only "
-                "the vocabulary embedding of an Embedding's gather takes, not a pooling or an encoding")
+                "the vocabulary embedding of an Embedding's gather, or of its pooling over [B, L] ids, takes, not "
+                "an encoding")
 _OOV_SLOTS_FIND = (", with several out-of-vocabulary slots (num_oov_indices > 1): its missing keys are hashed into "
                    "them by SelectV2(Equal(ids, default), hash(keys) + offset, ids), which only the vocabulary "
-                   "embedding of an Embedding's gather takes, not a pooling or an encoding")
+                   "embedding of an Embedding's gather, or of its pooling over [B, L] ids, takes, not an encoding")
 _OOV_SLOTS_HASH = ", the out-of-vocabulary slot of a lookup with num_oov_indices > 1"
 
 
@@ -533,7 +541,7 @@ def optimize_meta_graph(meta_graph, serving_device=None, disabled_patterns=()):
                                        serving_device=serving_device, disabled_patterns=disabled_patterns)
         optimized = tf_optimizer.OptimizeGraph(config, meta, graph_id=b"tf_ctr_ops")
         report = read_report(report_file)
-    report["skip"].extend(_unfused_feature_records(optimized))
+    _add_unfused_feature_records(report, optimized)
     return optimized, report
 
 

@@ -164,6 +164,7 @@ def vocab_embedding_lookup_sparse(table, sp_keys, params, sp_weights=None, combi
         weights, has_weights = ops._op_weights(ops._weights_values(bags.weights))
         out, _ = _ops.ctr_vocab_embedding_lookup(
             table_handle=table.resource_handle, default_value=default, params=ops.div_table(params), keys=keys,
+            mask_keys=[], mask_ids=[],
             segments=tf.cast(bags.segments, tf.int64), num_rows=tf.cast(bags.num_rows, tf.int64),
             weights=weights, combiner=combiner,
             segment_kind=bags.kind, invalid_ids="skip_negative", prune_weights=has_weights and combiner != "sum",
@@ -293,17 +294,26 @@ def _vocab_multi_hot_grad(op, grad, _ids_grad):
 
 @tf.RegisterGradient("CtrVocabEmbeddingLookup")
 def _vocab_embedding_lookup_grad(op, grad, _ids_grad):
-    """CtrEmbeddingLookup's gradient on the ids the find gave."""
-    _, _, params, _, segments, num_rows, weights = op.inputs
+    """CtrEmbeddingLookup's gradient on the rows the found ids read (wrapped,
+    and with a Keras mask's 0s dropped, as the forward op pooled them)."""
+    _, _, params, _, segments, num_rows, weights = op.inputs[:7]
     params = forward_table(params)
     attrs = {k: op.get_attr(k) for k in ("combiner", "segment_kind", "invalid_ids", "prune_weights", "default_id",
                                          "max_norm", "has_weights")}
     attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
+    ids = op.outputs[1]
+    rows = ids
+    if op.get_attr("wrap_negative_ids"):
+        rows = tf.where(ids < 0, ids + tf.shape(params, out_type=tf.int64)[0], ids)
+    if op.get_attr("drop_zero_ids"):
+        weights = tf.cast(tf.not_equal(ids, 0), tf.float32)
+        attrs.update(has_weights=True, prune_weights=True)
     values, indices, weights_grad, _ = _ops.ctr_embedding_lookup_grad(
-        grad=grad, params=params, ids=op.outputs[1], segments=segments, num_rows=num_rows, weights=weights,
+        grad=grad, params=params, ids=rows, segments=segments, num_rows=num_rows, weights=weights,
         id_mode="index", grad_indices="per_id", **attrs)
     params_grad = table_gradient(values, indices, dense_table_shape(params))
-    return [None, None, params_grad, None, None, None, weights_grad if attrs["has_weights"] else None]
+    weights_grad = weights_grad if op.get_attr("has_weights") else None
+    return [None, None, params_grad, None, None, None, weights_grad] + [None] * (len(op.inputs) - 7)
 
 
 # Counts of ids: nothing upstream is differentiable.

@@ -292,5 +292,19 @@ NodeDef* BecomeGatherOutputOfKeys(RewriteContext* ctx, const NodeDef& anchor, co
   return fused_node;
 }
 
+bool RowsArePooledBags(RewriteContext* ctx, const NodeDef& gather, const NodeDef& ids, int ids_port,
+                       tensorflow::DataType T) {
+  if (T != tensorflow::DT_FLOAT || ctx->Rank(ids, ids_port) != 2 || ctx->Dim(ids, ids_port, 1) < 1) return false;
+  const GraphIndex& g = ctx->index();
+  const NodeDef* rows = &gather;
+  while (true) {
+    const std::vector<const NodeDef*>& readers = g.DataReaders(rows->name());
+    if (readers.size() != 1 || g.DataConsumers(rows->name()) != 1) return false;
+    const NodeDef* r = readers[0];
+    if (!IsOp(r, "Identity")) return IsOp(r, "Sum") || IsOp(r, "Mean") || IsOp(r, "SelectV2") || IsOp(r, "Select");
+    rows = r;
+  }
+}
+
 }  // namespace grappler
 }  // namespace tf_ctr

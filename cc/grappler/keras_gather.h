@@ -48,6 +48,14 @@ bool SharedWithOtherGathers(const GraphIndex& g, const std::vector<const tensorf
                             const tensorflow::NodeDef& gather, const tensorflow::NodeDef* wrapped,
                             std::set<const tensorflow::NodeDef*>* kept, std::string* why);
 
+// Whether `gather`'s rows are a padded pooling's bags as dense_reduce_lookup
+// fuses them whole: `ids` [B, L] of a known L into a table of T float32, the
+// rows read (through Identities) by one Sum or Mean, or by the Select of
+// Keras' masked mean. A pattern that would take the gather alone leaves it
+// to that one, which fuses the pooling too.
+bool RowsArePooledBags(RewriteContext* ctx, const tensorflow::NodeDef& gather, const tensorflow::NodeDef& ids,
+                       int ids_port, tensorflow::DataType T);
+
 // Keras' Flatten of the gathered rows (through the Identity that
 // tf.nn.embedding_lookup ends in), or a Squeeze of their axis 1: `reshape`
 // is the node whose [B, D] output the fused op's equals (the Squeeze has no

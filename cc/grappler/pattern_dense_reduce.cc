@@ -28,6 +28,7 @@
 // reduces half types in their own precision, the fused op in float32); the
 // rows have no other reader (a gradient's Shape of them, say); the reduced
 // axis is dropped.
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -36,6 +37,7 @@
 #include "cc/grappler/keras_gather.h"
 #include "cc/grappler/pattern.h"
 #include "cc/grappler/split_source.h"
+#include "cc/grappler/vocab_find.h"
 
 namespace tf_ctr {
 namespace grappler {
@@ -45,6 +47,7 @@ using tensorflow::DataType;
 using tensorflow::NodeDef;
 
 constexpr char kName[] = "dense_reduce_lookup";
+constexpr char kVocabOp[] = "CtrVocabEmbeddingLookup";
 
 // Whether `axes` is the constant axis 1 of a rank-3 tensor (1 or -2, as a
 // scalar or a one-element vector).
@@ -79,6 +82,8 @@ std::string FixedLengthSplits(RewriteContext* ctx, const std::string& base, cons
 // Keras' mask select: SelectV2(ExpandDims(mask [B, L], -1 or 2), rows, 0).
 struct MaskedRows {
   const NodeDef* select = nullptr;
+  const NodeDef* not_equal = nullptr;
+  int ids_operand = 0;    // of not_equal
   std::string mask;       // the bool [B, L] tensor
   std::string mask_of;    // the ids it compares with 0
   std::string zero;       // the Select's else constant
@@ -120,6 +125,8 @@ bool MatchMaskSelect(const GraphIndex& g, const NodeDef* select, MaskedRows* m) 
   for (int side = 0; side < 2; ++side) {
     if (!IsZeroScalar(g, g.Producer(*ne, 1 - side))) continue;
     m->select = select;
+    m->not_equal = ne;
+    m->ids_operand = side;
     m->mask = expand->input(0);
     m->mask_of = ne->input(side);
     m->zero = ParseTensorName(select->input(2)).node;
@@ -213,10 +220,23 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     }
     const DataType id_type = TypeAttr(*gather, "Tindices");
     if (!IsIndexDtype(id_type)) return Skip(ctx, anchor, "ids are not int32/int64");
+    // The ids of a vocabulary lookup (StringLookup / IntegerLookup): its find
+    // goes into the fused op where it can; else the pooling fuses alone.
+    VocabIds vocab;
+    const bool from_vocab = TraceToFind(g, UnwrapNegativeIndexFix(g, ids, &vocab.wrap), &vocab);
+    std::vector<const NodeDef*> dead_masks;
+    const bool fuse_find =
+        from_vocab && FindFuses(ctx, anchor, *gather, resource, masked, &vocab, &dead_masks, &why);
+    if (from_vocab && !fuse_find)
+      ctx->LeftOutOfMatch(kName, vocab.find->name(), "the pooling fused without the find: " + why);
 
     // Everything checked: from here on the graph changes.
     const NodeDef reduction = anchor;
     const std::string name = reduction.name(), device = reduction.device();
+    if (fuse_find) {
+      ReplaceWithVocabLookup(ctx, reduction, *gather, resource, identities, masked, vocab, dead_masks, length);
+      return true;
+    }
     RowSource src;
     src.keys = gather->input(1);
     src.key_type = id_type;
@@ -259,6 +279,161 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
 
  private:
   static std::string OtherConsumer(const NodeDef& n) { return "intermediate " + Describe(n) + " has another consumer"; }
+
+  // Whether CtrVocabEmbeddingLookup can take the find (and Keras' rules,
+  // check and wrap) of the pooled ids with the pooling: served on the CPU,
+  // the find's table one it reads, and every node between the find and the
+  // gather read only by the next (and the mask's NotEqual, which then reads
+  // the fused op's ids); else *why says why not.
+  static bool FindFuses(RewriteContext* ctx, const NodeDef& anchor, const NodeDef& gather, bool resource,
+                        const MaskedRows& masked, VocabIds* vocab, std::vector<const NodeDef*>* dead_masks,
+                        std::string* why) {
+    if (!ServedOnCpu(ctx, anchor)) {
+      *why = "CtrVocabEmbeddingLookup runs on the CPU (lookup tables live on the host): rewrite with "
+             "serving_device='cpu' for a CPU server";
+      return false;
+    }
+    if (!FindTypesFuse(ctx, *vocab->find, why) || !FindOnAnchorDevice(*vocab->find, anchor, why) ||
+        !MatchVocabWaits(ctx->index(), vocab, why))
+      return false;
+    if (!vocab->wrap.empty() && !WrapShiftIsRowCount(ctx, *vocab, gather, resource)) {
+      *why = "cannot prove that the negative-index wrap adds the table's row count";
+      return false;
+    }
+    if (!MaskIsScalar(ctx, vocab->rules)) {
+      *why = "the mask key or its id is not a scalar";
+      return false;
+    }
+    for (const NodeDef* n : vocab->check)
+      if (ctx->FetchedOrFed(n->name())) {
+        *why = "the caller reads " + Describe(*n);
+        return false;
+      }
+    const NodeDef& pooled = PooledIds(*vocab);
+    if (masked.found() && !SameTensor(masked.mask_of, pooled.name()) && !SameTensor(masked.mask_of, pooled.name() + ":0")) {
+      *why = "the mask does not compare the lookup's ids with 0";
+      return false;
+    }
+    *dead_masks = DeadMasksOf(ctx, pooled);
+    const int readers = (vocab->wrap.empty() ? 1 : 3) + (masked.found() ? 1 : 0) + dead_masks->size();
+    for (const NodeDef* n : vocab->wrap)
+      if (!OnlyReadBy(ctx, *n, 1, why)) return false;
+    const int check_readers = vocab->assert_node != nullptr ? 1 : 0;
+    for (const NodeDef* n : vocab->identities)
+      if (!OnlyReadBy(ctx, *n, n == &pooled ? readers : 1, why)) return false;
+    const bool pooled_is_source = vocab->identities.empty();
+    if (!OnlyReadBy(ctx, IdsSource(*vocab), (pooled_is_source ? readers : 1) + check_readers, why)) return false;
+    return KeyRulesFeedOnlyThemselves(ctx, *vocab, why);
+  }
+
+  // Keras computes a mask for every layer of a functional model: the masks
+  // no layer reads are NotEquals of the ids nothing reads, which go with them.
+  static std::vector<const NodeDef*> DeadMasksOf(RewriteContext* ctx, const NodeDef& ids) {
+    const GraphIndex& g = ctx->index();
+    std::vector<const NodeDef*> dead;
+    for (const NodeDef* r : g.DataReaders(ids.name()))
+      if (IsOp(r, "NotEqual") && g.DataConsumers(r->name()) == 0 && g.ControlConsumers(r->name()) == 0 &&
+          !HasControlInputs(*r) && !ctx->MustKeep(r->name()) &&
+          std::find(dead.begin(), dead.end(), r) == dead.end())
+        dead.push_back(r);
+    return dead;
+  }
+
+  // The ids the gather (through Keras' wrap) and Keras' mask read.
+  static const NodeDef& PooledIds(const VocabIds& vocab) {
+    return vocab.identities.empty() ? IdsSource(vocab) : *vocab.identities.front();
+  }
+
+  // CtrVocabEmbeddingLookup(table, default, params, keys [B * L], Range
+  // splits, -1, no weights [, mask key, mask id]) in the reduction's place.
+  // Keras' mask reads the fused op's ids ([B, L] again): with drop_zero_ids
+  // the op drops the 0s the Select zeroed, and the count of the rest stays.
+  static void ReplaceWithVocabLookup(RewriteContext* ctx, const NodeDef& reduction, const NodeDef& gather_in,
+                                     bool resource, const std::vector<const NodeDef*>& identities,
+                                     const MaskedRows& masked, const VocabIds& vocab,
+                                     const std::vector<const NodeDef*>& dead_masks, int64_t length) {
+    const std::string name = reduction.name(), device = reduction.device();
+    const NodeDef gather = gather_in, find = *vocab.find;
+    const DataType key_type = TypeAttr(find, "Tin");
+    const KerasKeyRules rules = vocab.rules;
+    const std::vector<std::string> masks =
+        rules.mask == nullptr ? std::vector<std::string>{}
+                              : std::vector<std::string>{rules.mask_equal->input(rules.mask_key_operand),
+                                                         rules.mask->input(1)};
+    MatchRecord record{kName, name, kVocabOp, {}};
+    std::vector<std::string> extra{gather.name()};
+    for (const NodeDef* n : identities) extra.push_back(n->name());
+    if (masked.found()) {
+      extra.push_back(masked.select->name());
+      NodeDef* shape = ctx->AddNode(name + "/ctr_keys_shape", "Shape", device);
+      shape->add_input(find.input(1));
+      (*shape->mutable_attr())["T"].set_type(key_type);
+      (*shape->mutable_attr())["out_type"].set_type(tensorflow::DT_INT32);
+      NodeDef* ids = ctx->AddNode(name + "/ctr_ids", "Reshape", device);
+      ids->add_input(TensorName(name, 1));
+      ids->add_input(shape->name());
+      (*ids->mutable_attr())["T"].set_type(tensorflow::DT_INT64);
+      (*ids->mutable_attr())["Tshape"].set_type(tensorflow::DT_INT32);
+      *ctx->Mutable(masked.not_equal->name())->mutable_input(masked.ids_operand) = ids->name();
+    }
+    for (const NodeDef* n : dead_masks) {
+      extra.push_back(n->name());
+      for (int i = 0; i < n->input_size(); ++i) RemoveIfDeadShapeMath(ctx, ctx->index().Producer(*n, i), name, 2);
+      ctx->Remove(n->name(), name);
+    }
+    AbsorbVocabNodes(ctx, vocab, name, extra, &record.replaced);
+    std::vector<const NodeDef*> rows{&gather};
+    rows.insert(rows.end(), identities.begin(), identities.end());
+    if (masked.found()) rows.push_back(masked.select);
+    for (const NodeDef* n : rows) {
+      record.replaced.push_back(Describe(*n));
+      ctx->RedirectControlEdges(n->name(), name);
+    }
+    record.replaced.push_back(Describe(reduction));
+    std::set<std::string> replaced{name};
+    for (const std::string& n : extra) replaced.insert(n);
+    std::set<std::string> dead{NodeOfInput(reduction.input(1))};
+    if (masked.found()) dead.insert(masked.zero);
+    RemoveDeadNodes(ctx, dead, replaced, name);
+    for (const NodeDef* n : rows) ctx->Remove(n->name(), name);
+
+    const std::string params = GatheredTable(ctx, gather, resource, tensorflow::DT_FLOAT);
+    const std::string splits = FixedLengthSplits(ctx, name + "/ctr_splits", find.input(1), key_type, length, device);
+    const std::string keys = FlattenKeys(ctx, name, find.input(1), key_type, 2, device);
+    NodeDef* fused = ctx->Mutable(name);
+    const NodeDef old = *fused;
+    fused->clear_input();
+    fused->clear_attr();
+    fused->set_op(kVocabOp);
+    for (const std::string& in : {find.input(0), find.input(2), params, keys, splits,
+                                  AddInt64Scalar(ctx, name + "/ctr_num_rows", -1, device),
+                                  AddEmptyFloatVector(ctx, name + "/ctr_no_weights", device)})
+      fused->add_input(in);
+    for (const std::string& in : masks) fused->add_input(in);
+    CopyControlInputs(old, fused);
+    CopyControlInputs(find, fused);
+    auto& attr = *fused->mutable_attr();
+    attr["T"].set_type(tensorflow::DT_FLOAT);
+    attr["Tseg"].set_type(tensorflow::DT_INT64);
+    attr["Tkey"].set_type(key_type);
+    attr["combiner"].set_s(IsOp(&old, "Mean") ? "mean" : "sum");
+    attr["segment_kind"].set_s("row_splits");
+    attr["invalid_ids"].set_s("error");
+    attr["prune_weights"].set_b(false);
+    attr["default_id"].set_i(-1);
+    attr["max_norm"].set_f(-1.f);
+    attr["has_weights"].set_b(false);
+    attr["num_oov_buckets"].set_i(0);
+    attr["missing_key"].set_s(vocab.assert_node != nullptr ? "error" : "default");
+    attr["missing_id"].set_i(vocab.missing_id);
+    attr["num_masks"].set_i(masks.empty() ? 0 : 1);
+    attr["oov_slots"].set_i(rules.oov_slots);
+    attr["oov_id"].set_i(rules.oov_id);
+    attr["oov_start"].set_i(rules.oov_start);
+    attr["wrap_negative_ids"].set_b(!vocab.wrap.empty());
+    attr["drop_zero_ids"].set_b(masked.found());
+    ctx->Matched(record);
+  }
 
   static std::string NodeOfInput(const std::string& input) { return ParseTensorName(input).node; }
 };

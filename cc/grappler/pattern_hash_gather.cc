@@ -149,7 +149,7 @@ class HashGatherPattern : public NamedPattern<kName> {
     // [B, N] keys (all of a model's fields in one tensor) give [B, N, D] rows,
     // unless they are bags of a pooling, which the pooled patterns fuse whole.
     const bool one_per_row = rank == 1 || ctx->Dim(ids, 0, 1) == 1;
-    if (!one_per_row && RowsArePooledBags(ctx, anchor, ids, GatheredType(anchor, resource))) return false;
+    if (!one_per_row && RowsArePooledBags(ctx, anchor, ids, 0, GatheredType(anchor, resource))) return false;
     const int table_rank = GatherTableRank(ctx, anchor, resource, rank);
     if (table_rank != 2)
       return Skip(ctx, anchor,
@@ -175,24 +175,6 @@ class HashGatherPattern : public NamedPattern<kName> {
   static bool OnlyFeedsTheGather(const GraphIndex& g, const NodeDef& anchor, HashedKeys* keys, std::string* why) {
     const NodeDef* wrapped = keys->wrap.empty() ? nullptr : g.Producer(*keys->wrap[0], 2);
     return SharedWithOtherGathers(g, keys->All(), anchor, wrapped, &keys->kept, why);
-  }
-
-  // Whether the rows are a padded pooling's bags as dense_reduce_lookup fuses
-  // them whole: [B, L] ids of a known L into a float32 table, the rows read
-  // (through Identities) by one Sum or Mean, or by the Select of Keras'
-  // masked mean. Anything else it leaves native, so this pattern takes it.
-  static bool RowsArePooledBags(RewriteContext* ctx, const NodeDef& gather, const NodeDef& ids, DataType T) {
-    if (T != tensorflow::DT_FLOAT || ctx->Dim(ids, 0, 1) < 1) return false;
-    const GraphIndex& g = ctx->index();
-    const NodeDef* rows = &gather;
-    while (true) {
-      const std::vector<const NodeDef*>& readers = g.DataReaders(rows->name());
-      if (readers.size() != 1 || g.DataConsumers(rows->name()) != 1) return false;
-      const NodeDef* r = readers[0];
-      if (!IsOp(r, "Identity"))
-        return IsOp(r, "Sum") || IsOp(r, "Mean") || IsOp(r, "SelectV2") || IsOp(r, "Select");
-      rows = r;
-    }
   }
 
   // The fused node in the gather's place: rank 1 and [B, 1] keys as

@@ -27,6 +27,9 @@
 // Keras' rules and check stay for the others (each fused op does them too),
 // and the last one absorbs them.
 //
+// Rows pooled over [B, L] ids (Embedding + GlobalAveragePooling1D) go to
+// dense_reduce_lookup, which fuses the find with the pooling.
+//
 // Lookup tables live on the host, so the fused op runs on the CPU: it is
 // only used when the graph is served on the CPU (a GPU server would copy the
 // whole embedding table to the host on every call).
@@ -66,6 +69,11 @@ class VocabLookupPattern : public NamedPattern<kName> {
     const DataType T = GatheredType(anchor, resource);
     if (!IsEmbeddingDtype(T) && T != tensorflow::DT_DOUBLE)
       return Skip(ctx, anchor, "table dtype " + tensorflow::DataType_Name(T) + " is not a float type");
+    // Rows pooled over [B, L] ids: dense_reduce_lookup fuses the find, the
+    // gather and the pooling into one op.
+    int ids_port = 0;
+    const NodeDef* gathered_ids = g.Producer(anchor, 1, &ids_port);
+    if (RowsArePooledBags(ctx, anchor, *gathered_ids, ids_port, T)) return false;
     std::string why;
     if (!FindTypesFuse(ctx, *ids.find, &why) || !FindOnAnchorDevice(*ids.find, anchor, &why) ||
         !GathersWholeRows(g, anchor, &why))
@@ -89,61 +97,6 @@ class VocabLookupPattern : public NamedPattern<kName> {
   }
 
  private:
-  // The value of an integer scalar known before run time, or -1: a constant,
-  // or Keras' Cast(Shape(params)[0]) with that dim known (Grappler may have
-  // folded the Shape into a constant vector).
-  static int64_t KnownScalar(RewriteContext* ctx, const NodeDef* node) {
-    const GraphIndex& g = ctx->index();
-    int64_t value = -1;
-    if (ConstScalarInt(node, &value)) return value;
-    if (IsOp(node, "Cast")) return KnownScalar(ctx, g.Producer(*node, 0));
-    if (!IsFirstElementSlice(g, node)) return -1;
-    int port = 0;
-    const NodeDef* shape = g.Producer(*node, 0, &port);
-    std::vector<int64_t> dims;
-    if (ConstIntVector(shape, &dims)) return dims.empty() ? -1 : dims[0];
-    if (!IsOp(shape, "Shape")) return -1;
-    const NodeDef* of = g.Producer(*shape, 0, &port);
-    return of == nullptr ? -1 : ctx->Dim(*of, port, 0);
-  }
-
-  // Keras' mask key and id are scalars: an operand of another known rank
-  // would broadcast in the Equal or the Select.
-  static bool MaskIsScalar(RewriteContext* ctx, const KerasKeyRules& rules) {
-    if (rules.mask == nullptr) return true;
-    const GraphIndex& g = ctx->index();
-    for (const auto& [node, operand] : {std::make_pair(rules.mask_equal, rules.mask_key_operand),
-                                        std::make_pair(rules.mask, 1)}) {
-      int port = 0;
-      const NodeDef* producer = g.Producer(*node, operand, &port);
-      const int rank = producer == nullptr ? -2 : ctx->Rank(*producer, port);
-      if (rank != 0 && rank != -1) return false;
-    }
-    return true;
-  }
-
-  // Table values and defaults may be negative, so the wrap is exact only
-  // when it adds what the fused op's own wrap adds: the table's row count.
-  static bool WrapShiftIsRowCount(RewriteContext* ctx, const VocabIds& ids, const NodeDef& gather, bool resource) {
-    const GraphIndex& g = ctx->index();
-    const NodeDef* wrapped = g.Producer(*ids.wrap[0], 2);
-    const NodeDef* shift = g.Producer(*ids.wrap[2], 0);
-    if (shift == wrapped) shift = g.Producer(*ids.wrap[2], 1);
-    const int64_t n = KnownScalar(ctx, shift);
-    int64_t rows = -1;
-    if (resource) {
-      NodeDef read;  // the variable's declared shape
-      read.set_op("ReadVariableOp");
-      read.add_input(gather.input(0));
-      rows = ctx->Dim(read, 0, 0);
-    } else {
-      int port = 0;
-      const NodeDef* params = g.Producer(gather, 0, &port);
-      rows = params == nullptr ? -1 : ctx->Dim(*params, port, 0);
-    }
-    return rows >= 0 && n == rows;
-  }
-
   // Each intermediate feeds only the next one (a training graph's gather
   // gradient reads the ids too), and the find feeds only them and the check.
   // What waits on the find (automatic control dependencies) waits on the

@@ -31,6 +31,7 @@ struct SkipRecord {
   std::string pattern;
   std::string node;
   std::string reason;
+  bool with_match = false;  // why a match left this node out: no later pass re-examines it
 };
 
 class RewriteContext {
@@ -84,8 +85,19 @@ class RewriteContext {
 
   void Matched(MatchRecord record) { matches_.push_back(std::move(record)); }
   void Skipped(const std::string& pattern, const std::string& node, const std::string& reason);
+  // Why a pattern that matched left `node` (part of what it could have
+  // absorbed) in place; kept when a later pass forgets the skips.
+  void LeftOutOfMatch(const std::string& pattern, const std::string& node, const std::string& reason) {
+    skips_.push_back(SkipRecord{pattern, node, reason, true});
+  }
 
-  void ForgetSkips() { skips_.clear(); }
+  // A later pass re-examines what the skips name with the new graph.
+  void ForgetSkips() {
+    std::vector<SkipRecord> kept;
+    for (SkipRecord& s : skips_)
+      if (s.with_match) kept.push_back(std::move(s));
+    skips_ = std::move(kept);
+  }
   const std::vector<MatchRecord>& matches() const { return matches_; }
   const std::vector<SkipRecord>& skips() const { return skips_; }
 

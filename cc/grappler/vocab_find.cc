@@ -221,6 +221,61 @@ bool KeyRulesFeedOnlyThemselves(RewriteContext* ctx, const VocabIds& ids, std::s
   return OnlyReadBy(ctx, *ids.find, 1, why);
 }
 
+namespace {
+
+// The value of an integer scalar known before run time, or -1: a constant,
+// or Keras' Cast(Shape(params)[0]) with that dim known (Grappler may have
+// folded the Shape into a constant vector).
+int64_t KnownScalar(RewriteContext* ctx, const NodeDef* node) {
+  const GraphIndex& g = ctx->index();
+  int64_t value = -1;
+  if (ConstScalarInt(node, &value)) return value;
+  if (IsOp(node, "Cast")) return KnownScalar(ctx, g.Producer(*node, 0));
+  if (!IsFirstElementSlice(g, node)) return -1;
+  int port = 0;
+  const NodeDef* shape = g.Producer(*node, 0, &port);
+  std::vector<int64_t> dims;
+  if (ConstIntVector(shape, &dims)) return dims.empty() ? -1 : dims[0];
+  if (!IsOp(shape, "Shape")) return -1;
+  const NodeDef* of = g.Producer(*shape, 0, &port);
+  return of == nullptr ? -1 : ctx->Dim(*of, port, 0);
+}
+
+}  // namespace
+
+bool MaskIsScalar(RewriteContext* ctx, const KerasKeyRules& rules) {
+  if (rules.mask == nullptr) return true;
+  const GraphIndex& g = ctx->index();
+  for (const auto& [node, operand] :
+       {std::make_pair(rules.mask_equal, rules.mask_key_operand), std::make_pair(rules.mask, 1)}) {
+    int port = 0;
+    const NodeDef* producer = g.Producer(*node, operand, &port);
+    const int rank = producer == nullptr ? -2 : ctx->Rank(*producer, port);
+    if (rank != 0 && rank != -1) return false;
+  }
+  return true;
+}
+
+bool WrapShiftIsRowCount(RewriteContext* ctx, const VocabIds& ids, const NodeDef& gather, bool resource) {
+  const GraphIndex& g = ctx->index();
+  const NodeDef* wrapped = g.Producer(*ids.wrap[0], 2);
+  const NodeDef* shift = g.Producer(*ids.wrap[2], 0);
+  if (shift == wrapped) shift = g.Producer(*ids.wrap[2], 1);
+  const int64_t n = KnownScalar(ctx, shift);
+  int64_t rows = -1;
+  if (resource) {
+    NodeDef read;  // the variable's declared shape
+    read.set_op("ReadVariableOp");
+    read.add_input(gather.input(0));
+    rows = ctx->Dim(read, 0, 0);
+  } else {
+    int port = 0;
+    const NodeDef* params = g.Producer(gather, 0, &port);
+    rows = params == nullptr ? -1 : ctx->Dim(*params, port, 0);
+  }
+  return rows >= 0 && n == rows;
+}
+
 bool MatchVocabWaits(const GraphIndex& g, VocabIds* ids, std::string* why) {
   for (const NodeDef* identity : ids->identities) {
     for (const std::string& in : identity->input()) {

@@ -63,6 +63,15 @@ const tensorflow::NodeDef& IdsSource(const VocabIds& ids);
 // next; else *why says which does not.
 bool KeyRulesFeedOnlyThemselves(RewriteContext* ctx, const VocabIds& ids, std::string* why);
 
+// Keras' mask key and id are scalars: an operand of another known rank
+// would broadcast in the Equal or the Select.
+bool MaskIsScalar(RewriteContext* ctx, const KerasKeyRules& rules);
+
+// Whether Keras' negative-index wrap of the ids (ids.wrap) adds the row count
+// of the table `gather` reads, as the fused ops' own wrap does: table values
+// and defaults may be negative, so only then is it exact.
+bool WrapShiftIsRowCount(RewriteContext* ctx, const VocabIds& ids, const tensorflow::NodeDef& gather, bool resource);
+
 // The only thing the ids may wait on is Keras' check of these ids.
 bool MatchVocabWaits(const GraphIndex& g, VocabIds* ids, std::string* why);
 

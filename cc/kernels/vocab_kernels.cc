@@ -286,18 +286,29 @@ absl::Status ApplyKeyRules(OpKernelContext* ctx, const KeyRules& rules, const Ma
 }
 
 // Keras' check of a key the table lacks (num_oov_indices=0).
-absl::Status NotInVocabulary(const Tensor& keys, int64_t i) {
-  return tensorflow::errors::InvalidArgument("key ", QuoteKey(keys, i), " in row ", RowOf(keys, i),
+absl::Status NotInVocabulary(const Tensor& keys, int64_t i, int64_t row) {
+  return tensorflow::errors::InvalidArgument("key ", QuoteKey(keys, i), " in row ", row,
                                              " is not in the vocabulary (no out-of-vocabulary id)");
+}
+absl::Status NotInVocabulary(const Tensor& keys, int64_t i) { return NotInVocabulary(keys, i, RowOf(keys, i)); }
+
+// Keras' num_oov_indices=0 check: the first key whose id says it is missing,
+// or -1.
+int64_t FirstMissingKey(const VocabRules& rules, const Tensor& ids) {
+  if (!rules.missing_is_error) return -1;
+  auto r = ids.flat<int64_t>();
+  for (int64_t i = 0; i < r.size(); ++i)
+    if (r(i) == rules.missing_id) return i;
+  return -1;
 }
 
 // Turns each found id into the row it reads, in key order so the error names
 // the first bad key.
 absl::Status ResolveRows(const VocabRules& rules, const Tensor& keys, int64_t vocab, Tensor* rows) {
+  if (const int64_t missing = FirstMissingKey(rules, *rows); missing >= 0) return NotInVocabulary(keys, missing);
   auto r = rows->flat<int64_t>();
   for (int64_t i = 0; i < r.size(); ++i) {
     const int64_t id = r(i);
-    if (rules.missing_is_error && id == rules.missing_id) return NotInVocabulary(keys, i);
     const int64_t row = ctr::VocabRow(id, vocab, rules.wrap_negative);
     if (row < 0)
       return tensorflow::errors::InvalidArgument("id ", id, " of key ", QuoteKey(keys, i), " in row ",
@@ -706,17 +717,27 @@ class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
 };
 
 // CtrVocabEmbeddingLookup: the find (memoized as CtrVocabEmbedding's), the
-// out-of-vocabulary buckets, then CtrEmbeddingLookup's pooling of the found
-// ids, with its checks, on TF's intra-op pool.
+// out-of-vocabulary buckets or Keras' rules and check, then
+// CtrEmbeddingLookup's pooling of the found ids (wrapped, and with the 0s of
+// a Keras mask dropped, where asked), with its checks, on TF's intra-op pool.
 template <typename T, typename TSeg>
 class VocabEmbeddingLookupOp : public LookupKernel {
  public:
   explicit VocabEmbeddingLookupOp(tensorflow::OpKernelConstruction* c) : LookupKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("num_oov_buckets", &oov_buckets_));
+    OP_REQUIRES_OK(c, ReadMissingKeyRule(c, &rules_));
+    OP_REQUIRES_OK(c, c->GetAttr("wrap_negative_ids", &rules_.wrap_negative));
+    OP_REQUIRES_OK(c, ReadKeyRules(c, &key_rules_));
+    OP_REQUIRES_OK(c, c->GetAttr("drop_zero_ids", &drop_zero_));
+    bool has_weights = false;
+    OP_REQUIRES_OK(c, c->GetAttr("has_weights", &has_weights));
+    OP_REQUIRES(c, !(drop_zero_ && has_weights),
+                tensorflow::errors::InvalidArgument("drop_zero_ids needs has_weights false: the dropped ids "
+                                                    "are the ones given weight 0"));
   }
 
   void Compute(OpKernelContext* ctx) override {
-    constexpr int kDefault = 1, kParams = 2, kKeys = 3;
+    constexpr int kDefault = 1, kParams = 2, kKeys = 3, kMasks = 7;
     const Tensor& params = ctx->input(kParams);
     const Tensor& keys = ctx->input(kKeys);
     LookupAttrs a;
@@ -724,7 +745,24 @@ class VocabEmbeddingLookupOp : public LookupKernel {
     OP_REQUIRES_OK(ctx, BindInputs(ctx, kParams, params, &a, &in));
     Tensor* ids = nullptr;
     OP_REQUIRES_OK(ctx, FindIntoOutput(ctx, &finder_, kKeys, kDefault, kParams, oov_buckets_, &ids));
+    const MaskInputs masks{kMasks, kMasks + key_rules_.num_masks};
+    OP_REQUIRES_OK(ctx, ApplyKeyRules(ctx, key_rules_, masks, keys, ids->flat<int64_t>().data()));
+    if (const int64_t missing = FirstMissingKey(rules_, *ids); missing >= 0) {
+      ctx->CtxFailure(NotInVocabulary(keys, missing, BagOf(ctx->input(4), a.segments_are_splits, missing)));
+      return;
+    }
     in.ids = ids;
+    Tensor wrapped, kept;
+    if (rules_.wrap_negative) {
+      OP_REQUIRES_OK(ctx, WrapNegative(ctx, *ids, a.spec.vocab, &wrapped));
+      in.ids = &wrapped;
+    }
+    if (drop_zero_) {
+      OP_REQUIRES_OK(ctx, NonZeroWeights(ctx, *ids, &kept));
+      in.weights = &kept;
+      a.has_weights = true;
+      a.spec.prune_weights = true;
+    }
     ctr::KeyError e;
     OP_REQUIRES_OK(ctx, (PoolLookupCpu<T, int64_t, TSeg>(ctx, a, in, &e)));
     OP_REQUIRES(ctx, !e.found(),
@@ -733,7 +771,41 @@ class VocabEmbeddingLookupOp : public LookupKernel {
   }
 
  private:
+  // The bag (output row) of entry i: its row id, or the row whose splits
+  // hold it (scanned, as the splits are not validated yet).
+  static int64_t BagOf(const Tensor& segments, bool splits, int64_t i) {
+    auto at = [&](int64_t j) -> int64_t {
+      return segments.dtype() == tensorflow::DT_INT32 ? segments.flat<int32_t>()(j) : segments.flat<int64_t>()(j);
+    };
+    if (!splits) return i < segments.NumElements() ? at(i) : 0;
+    for (int64_t b = 0; b + 1 < segments.NumElements(); ++b)
+      if (at(b + 1) > i) return b;
+    return 0;
+  }
+
+  // The rows Keras 3's Embedding reads: a negative id counts from the end.
+  static absl::Status WrapNegative(OpKernelContext* ctx, const Tensor& ids, int64_t vocab, Tensor* out) {
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT64, ids.shape(), out));
+    auto from = ids.flat<int64_t>();
+    auto to = out->flat<int64_t>();
+    for (int64_t i = 0; i < from.size(); ++i) to(i) = from(i) < 0 ? from(i) + vocab : from(i);
+    return absl::OkStatus();
+  }
+
+  // Embedding(mask_zero=True)'s mask as weights the pooling prunes: a
+  // masked id is dropped, never added as 0 * row (a row of inf stays out).
+  static absl::Status NonZeroWeights(OpKernelContext* ctx, const Tensor& ids, Tensor* out) {
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_FLOAT, ids.shape(), out));
+    auto from = ids.flat<int64_t>();
+    auto to = out->flat<float>();
+    for (int64_t i = 0; i < from.size(); ++i) to(i) = from(i) != 0 ? 1.f : 0.f;
+    return absl::OkStatus();
+  }
+
   int64_t oov_buckets_ = 0;
+  VocabRules rules_;
+  KeyRules key_rules_;
+  bool drop_zero_ = false;
   VocabFinder finder_;
 };
 

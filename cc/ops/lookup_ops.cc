@@ -160,11 +160,21 @@ REGISTER_OP("CtrVocabEmbeddingLookup")
     .Input("segments: Tseg")
     .Input("num_rows: int64")
     .Input("weights: float")
+    .Input("mask_keys: num_masks * Tkey")
+    .Input("mask_ids: num_masks * int64")
     .Output("output: T")
     .Output("ids: int64")
     .CTR_POOLING_ATTRS
     .Attr("Tkey: {string, int64}")  // TF has no int32 -> int64 table
     .Attr("num_oov_buckets: int >= 0 = 0")
+    .Attr("missing_key: {'default', 'error'} = 'default'")
+    .Attr("missing_id: int = -1")
+    .Attr("num_masks: int >= 0 = 0")
+    .Attr("oov_slots: int >= 0 = 0")
+    .Attr("oov_id: int = -1")
+    .Attr("oov_start: int = 0")
+    .Attr("wrap_negative_ids: bool = false")
+    .Attr("drop_zero_ids: bool = false")
     .SetShapeFn(VocabLookupShape)
     .Doc(std::string(R"doc(
 Looks each of `keys` [nnz] up in a key -> int64 lookup table (a
@@ -182,9 +192,23 @@ num_oov_buckets: 0: a key the table lacks gets `default_value` as its id (a
   equals `default_value` gets table.size() + to_hash_bucket_fast(key, n)
   instead (integer keys hash as their decimal string, as
   index_table_from_tensor hashes them).
-ids: the id each key found (after the buckets), for the gradient, which is
-  CtrEmbeddingLookupGrad's on these ids.
-A found id >= V is an InvalidArgument naming the key, its id and its row.
+Keras' StringLookup / IntegerLookup rules between the find and the ids, as
+CtrVocabEmbedding takes them (a Keras Embedding pooled over [B, L] ids:
+GlobalAveragePooling1D, with mask_zero=True or not):
+missing_key, missing_id: "error": a key whose found id is missing_id is an
+  InvalidArgument naming the key and its row (Keras' num_oov_indices=0 check).
+num_masks, mask_keys, mask_ids: a key equal to a mask key gets its mask id.
+oov_slots, oov_id, oov_start: oov_slots > 0: a key whose id is oov_id gets
+  oov_start + its slot (to_hash_bucket_fast(key, oov_slots) of a string,
+  floormod(key, oov_slots) of an integer).
+wrap_negative_ids: a negative id reads row id + V (Keras 3's Embedding
+  wraps its indices so); `ids` keeps the id before the wrap.
+drop_zero_ids: ids equal to 0 (before the wrap) are dropped from their bags,
+  as Embedding(mask_zero=True) masks them; needs has_weights false.
+ids: the id each key found (after the buckets and Keras' rules, before the
+  wrap), for the gradient, which is CtrEmbeddingLookupGrad's on these ids.
+A found id outside [0, V) (after the wrap) is an InvalidArgument naming the
+key, its id and its row.
 )doc") + kPoolingAttrs);
 
 REGISTER_OP("CtrCheckBags")
