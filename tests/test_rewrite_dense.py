@@ -821,8 +821,9 @@ def test_padded_pool_of_hashed_int_keys_is_hash_mode(rng, table):
     ("mixed_precision", "cast from DT_FLOAT to DT_HALF before the reduction"),
     ("mixed_precision_keras_mean", "cast from DT_FLOAT to DT_HALF before the reduction"),
     ("mixed_precision_masked", "cast from DT_FLOAT to DT_HALF before the reduction"),
-    ("multiplied_by_mask", "multiplied (by a mask or weights) before the reduction"),
-    ("squared", "sums the gathered rows' squares"),
+    ("mean_of_weighted", "a mean of weighted rows divides by the id axis' length"),
+    ("multiplied_by_a_row", "multiplied by something other than weights [B, L]"),
+    ("squared", "sums a product of gathered rows"),
     ("rows_read_twice", "has another consumer"),
 ])
 def test_padded_pool_left_alone_with_reason(rng, case, reason):
@@ -844,8 +845,10 @@ def test_padded_pool_left_alone_with_reason(rng, case, reason):
             return tf.reduce_mean(tf.cast(rows, tf.float16), axis=1)
         if case == "mixed_precision_keras_mean":  # and keras.ops.mean reduces half rows in float32
             return tf.cast(tf.reduce_mean(tf.cast(tf.cast(rows, tf.float16), tf.float32), axis=1), tf.float16)
-        if case == "multiplied_by_mask":  # a masked sum written by hand
-            return tf.reduce_sum(rows * tf.expand_dims(tf.cast(tf.not_equal(ids, 0), rows.dtype), -1), axis=1)
+        if case == "mean_of_weighted":
+            return tf.reduce_mean(rows * tf.expand_dims(tf.cast(tf.not_equal(ids, 0), rows.dtype), -1), axis=1)
+        if case == "multiplied_by_a_row":
+            return tf.reduce_sum(rows * tf.ones([D], rows.dtype), axis=1)
         if case == "squared":  # tf.clip_by_norm's norm, as embedding_lookup(max_norm=...) computes it
             return tf.reduce_sum(rows * rows, axis=1)
         if case == "mixed_precision_masked":  # the masked mean selects a half 0 for the masked rows
@@ -908,6 +911,125 @@ def test_masked_sum_is_the_fused_sum_of_unmasked_rows(rng, dtype):
         run_graph_def(cf, graph, tf.constant(bad))
     with pytest.raises(tf.errors.InvalidArgumentError):
         f(tf.constant(bad))
+
+
+@pytest.mark.parametrize("weights", ["mask", "bool_mask_cast_after", "float_of_ids", "mask_first", "ellipsis",
+                                     "slices"])
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
+def test_weighted_sum_written_by_hand_is_the_fused_weighted_sum(rng, weights, dtype):
+    # DIN-style pooling: reduce_sum(rows * expand_dims(w, -1), 1) with w [B, L]
+    # one per id; the weights go into the fused op as its weights (not
+    # pruned: 0 * inf is NaN, as the Mul makes it).
+    params = tf.Variable(rng.normal(size=(V, D)).astype(np.float32))
+    params[0].assign(np.full(D, np.inf, np.float32))
+
+    def f(ids):
+        rows = tf.nn.embedding_lookup(params, ids)
+        if weights in ("mask", "mask_first"):
+            w = tf.expand_dims(tf.cast(tf.not_equal(ids, 0), tf.float32), -1)
+        elif weights == "bool_mask_cast_after":
+            w = tf.cast(tf.expand_dims(tf.not_equal(ids, 0), -1), tf.float32)
+        elif weights == "ellipsis":  # DeepFM's feat_value[..., None]
+            w = tf.cast(ids % 3, tf.float32)[..., None]
+        elif weights == "slices":
+            w = tf.cast(ids % 3, tf.float32)[:, :, tf.newaxis]
+        else:
+            w = tf.expand_dims(tf.cast(ids % 3, tf.float32) - 0.5, -1)
+        pooled = tf.reduce_sum(w * rows if weights == "mask_first" else rows * w, axis=1)
+        return pooled / (tf.reduce_sum(w, axis=1) + 1e-8)
+
+    cf, graph, report, counts = offline(f, tf.TensorSpec([None, L], dtype))
+    assert [m["pattern"] for m in report["match"]] == ["dense_reduce_lookup"], report
+    assert fused_ops(graph) == {"CtrEmbeddingLookup": 1}
+    assert not {"Mul", "ResourceGather", "GatherV2"} & set(counts), counts
+    [node] = [n for n in graph.node if n.op == "CtrEmbeddingLookup"]
+    assert node.attr["has_weights"].b and not node.attr["prune_weights"].b and node.attr["combiner"].s == b"sum"
+    for ids in (masked_ids(rng, dtype=dtype.as_numpy_dtype), tf.zeros([0, L], dtype),
+                masked_ids(rng, rows=2000, dtype=dtype.as_numpy_dtype)):
+        [got] = run_graph_def(cf, graph, ids)
+        want = f(ids).numpy()
+        assert ids.shape[0] == 0 or np.isnan(want).any() == (weights not in ("float_of_ids",))  # 0 * inf
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("weights_shape", [[None, L], [1, L], [L], [None, 1], []])
+def test_weights_of_a_separate_input_broadcast_as_the_mul_broadcasts_them(rng, weights_shape):
+    # DeepFM's feat_index / feat_value: the weights are another input, whose
+    # batch nothing ties to the ids'. The fused op reads ids and weights
+    # broadcast to their common shape, as the Mul of rows and weights
+    # broadcasts them, failing where it fails.
+    params = tf.Variable(rng.normal(size=(V, D)).astype(np.float32))
+
+    def f(ids, w):
+        return tf.reduce_sum(tf.nn.embedding_lookup(params, ids) * w[..., None], axis=1)
+
+    cf, graph, report, counts = offline(f, tf.TensorSpec([None, L], tf.int64), tf.TensorSpec(weights_shape, tf.float32))
+    assert [m["pattern"] for m in report["match"]] == ["dense_reduce_lookup"], report
+    assert "BroadcastTo" in counts and not {"Mul", "ResourceGather"} & set(counts), counts
+
+    def weights(batch):
+        shape = [batch if d is None else d for d in weights_shape]
+        return tf.constant(rng.uniform(-2, 2, size=shape).astype(np.float32))
+
+    for batch in (0, 1, 37):
+        ids, w = padded_ids(rng, rows=batch), weights(batch)
+        [got] = run_graph_def(cf, graph, ids, w)
+        np.testing.assert_allclose(got, f(ids, w), rtol=1e-6, atol=1e-6)
+    if weights_shape == [None, L]:
+        # A single row of ids broadcast over the weights' batch, as the Mul does.
+        ids, w = padded_ids(rng, rows=1), weights(6)
+        [got] = run_graph_def(cf, graph, ids, w)
+        assert got.shape == (6, D)
+        np.testing.assert_allclose(got, f(ids, w), rtol=1e-6, atol=1e-6)
+        # Batches that do not broadcast fail in both.
+        ids, w = padded_ids(rng, rows=3), weights(2)
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            f(ids, w)
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            run_graph_def(cf, graph, ids, w)
+
+
+def test_one_id_per_row_over_longer_weights_is_left_alone(rng):
+    params = tf.Variable(rng.normal(size=(V, D)).astype(np.float32))
+
+    def f(ids, w):
+        return tf.reduce_sum(tf.nn.embedding_lookup(params, ids) * w[..., None], axis=1)
+
+    cf, graph, report, counts = offline(f, tf.TensorSpec([None, 1], tf.int64), tf.TensorSpec([None, None], tf.float32))
+    assert report["match"] == [], report
+    assert any("broadcast over weights of another length" in s["reason"] for s in report["skip"]), report["skip"]
+    ids, w = padded_ids(rng, rows=4, length=1), tf.constant(rng.normal(size=(4, 7)).astype(np.float32))
+    [got] = run_graph_def(cf, graph, ids, w)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(f(ids, w)))
+
+
+@pytest.mark.saved_model
+@pytest.mark.parametrize("int_keys", [False, True])
+@pytest.mark.parametrize("serving_device", ["cpu", None])
+def test_keras_hashed_sequence_fuses_hash_wrap_and_pooling(tmp_path, rng, int_keys, serving_device):
+    # Hashing + Embedding + GlobalAveragePooling1D on [B, L] keys: the hash
+    # (never negative, so Keras 3's wrap passes it through) goes into the
+    # pooled lookup, integer keys anywhere, string keys on a CPU server (the
+    # only device where the fused op hashes strings).
+    import keras
+
+    keras.utils.set_random_seed(4)
+    x = keras.Input((L,), dtype="int64" if int_keys else "string", name="history")
+    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(V, D)(keras.layers.Hashing(V)(x)))
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    keras.Model(x, keras.layers.Dense(1)(pooled)).export(str(src), verbose=False)
+    sig = rewrite.optimize_saved_model(src, dst, runs=1, serving_device=serving_device,
+                                       signature_keys=["serving_default"]).signatures["serving_default"]
+    assert sig.outputs_match and [m["pattern"] for m in sig.matches] == ["dense_reduce_lookup"], sig.matches
+    hashed = int_keys or serving_device == "cpu"
+    left = {"StringToHashBucketFast", "SelectV2", "Less"} & set(sig.op_counts_after)
+    assert not left if hashed else left, sig.op_counts_after
+    native = tf.saved_model.load(str(src)).signatures["serving_default"]
+    fused = tf.saved_model.load(str(dst)).signatures["serving_default"]
+    for batch in (0, 1, 40):
+        keys = (rng.integers(-10**12, 10**12, size=(batch, L)) if int_keys else
+                np.array(random_strings(rng, max(batch * L, 1))[:batch * L] or [], object).reshape(batch, L))
+        assert_model_close(fused(history=tf.constant(keys))["output_0"], native(history=tf.constant(keys))["output_0"])
 
 
 def test_mask_of_other_ids_is_left_alone_with_reason(rng, table):

@@ -1,5 +1,9 @@
 #include "cc/grappler/gathered_rows.h"
 
+#include <algorithm>
+
+#include "cc/grappler/keras_gather.h"
+
 #include "tensorflow/core/framework/attr_value.pb.h"
 
 namespace tf_ctr {
@@ -141,20 +145,50 @@ void SetGroupedHashKeys(const std::vector<std::vector<int64_t>>& keys, NodeDef* 
   }
 }
 
-void FuseHashProducer(RewriteContext* ctx, RowSource* src) {
+namespace {
+
+// Whether each node of Keras' wrap feeds only the next (the Select only the
+// gather) and broadcasts nothing (its shift is a scalar).
+bool WrapGoesWithTheGather(RewriteContext* ctx, const std::vector<const NodeDef*>& wrap) {
+  if (!WrapShiftIsScalar(ctx, wrap)) return false;
+  for (const NodeDef* n : wrap)
+    if (ctx->index().DataConsumers(n->name()) != 1 || ctx->FetchedOrFed(n->name())) return false;
+  return true;
+}
+
+}  // namespace
+
+void FuseHashProducer(RewriteContext* ctx, RowSource* src, bool string_keys) {
   const GraphIndex& g = ctx->index();
-  const NodeDef* hash = g.Node(ParseTensorName(src->keys).node);
-  if (!IsStringHash(hash) || g.DataConsumers(hash->name()) != 1) return;
+  std::vector<const NodeDef*> wrap;
+  const NodeDef* hash = UnwrapNegativeIndexFix(g, g.Node(ParseTensorName(src->keys).node), &wrap);
+  if (!IsStringHash(hash) || ctx->FetchedOrFed(hash->name())) return;
+  if (g.DataConsumers(hash->name()) != (wrap.empty() ? 1 : 3)) return;  // the wrap reads it three times
+  if (!wrap.empty() && !WrapGoesWithTheGather(ctx, wrap)) return;
   const NodeDef* as_string = g.Producer(*hash, 0);
-  if (as_string == nullptr || !IsPlainAsString(*as_string) || g.DataConsumers(as_string->name()) != 1) return;
-  const DataType kt = TypeAttr(*as_string, "T");
-  src->keys = as_string->input(0);
-  src->key_type = kt;
+  const bool int_keys =
+      as_string != nullptr && IsPlainAsString(*as_string) && g.DataConsumers(as_string->name()) == 1;
+  if (int_keys) {
+    src->keys = as_string->input(0);
+    src->key_type = TypeAttr(*as_string, "T");
+  } else if (string_keys) {
+    src->keys = hash->input(0);
+    src->key_type = tensorflow::DT_STRING;
+  } else {
+    return;
+  }
   src->id_mode = "hash";
   src->num_buckets = IntAttr(*hash, "num_buckets", 0);
   src->hash_key = StringHashKey(*hash);
+  src->absorbed.insert(src->absorbed.end(), wrap.begin(), wrap.end());
+  for (const NodeDef* n : wrap)
+    for (int i = 0; i < n->input_size(); ++i) {
+      const NodeDef* input = g.Producer(*n, i);
+      if (input != hash && std::find(wrap.begin(), wrap.end(), input) == wrap.end())
+        src->shape_math.push_back(input);
+    }
   src->absorbed.push_back(hash);
-  src->absorbed.push_back(as_string);
+  if (int_keys) src->absorbed.push_back(as_string);
 }
 
 std::string TableTensor(RewriteContext* ctx, const RowSource& src, const std::string& base) {
@@ -163,6 +197,7 @@ std::string TableTensor(RewriteContext* ctx, const RowSource& src, const std::st
 }
 
 void AbsorbSource(RewriteContext* ctx, const RowSource& src, const std::string& fused, MatchRecord* record) {
+  for (const NodeDef* n : src.shape_math) RemoveIfDeadShapeMath(ctx, n, fused, 4);
   for (const NodeDef* n : src.absorbed) {
     record->replaced.push_back(Describe(*n));
     ctx->RedirectControlEdges(n->name(), fused);

@@ -44,6 +44,9 @@ struct RowSource {
   int64_t num_buckets = 0;
   std::vector<int64_t> hash_key;  // hash mode: empty (fast) or the strong hash's key
   std::vector<const tensorflow::NodeDef*> absorbed;  // nodes the fused op replaces
+  // What only absorbed nodes read (the shift of a negative-index wrap): goes
+  // with them where nothing else reads it.
+  std::vector<const tensorflow::NodeDef*> shape_math;
 };
 
 // Sets src's table to what `gather` (ResourceGather when `resource`, else
@@ -62,8 +65,12 @@ SourceMatch MatchGatheredRows(const tensorflow::NodeDef& user, int data_input, i
 bool MatchDirectRows(const tensorflow::NodeDef& user, int data_input, int idx_input, tensorflow::DataType idx_type,
                      RewriteContext* ctx, RowSource* src, std::string* why);
 
-// Moves AsString + string hash producers of the keys into the source.
-void FuseHashProducer(RewriteContext* ctx, RowSource* src);
+// Moves the string hash that produces the keys into the source (id_mode
+// "hash"): AsString + hash of integer keys, and with `string_keys` (the
+// fused op runs on the CPU, the only device where it hashes strings) the
+// hash of string keys. Keras 3's negative-index wrap of the hashed ids goes
+// too: a hash is never negative, so the wrap passes it through.
+void FuseHashProducer(RewriteContext* ctx, RowSource* src, bool string_keys = false);
 
 // The table tensor for the fused op, adding the variable read when needed.
 // Call only once the rewrite is certain.

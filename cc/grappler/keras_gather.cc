@@ -292,6 +292,44 @@ NodeDef* BecomeGatherOutputOfKeys(RewriteContext* ctx, const NodeDef& anchor, co
   return fused_node;
 }
 
+namespace {
+
+// w[..., None] (ellipsis, then a new axis) or w[:, :, None] (two whole axes,
+// then a new one): w with a trailing unit axis, as ExpandDims(w, -1).
+bool IsTrailingNewAxis(const GraphIndex& g, const NodeDef& slice) {
+  if (IntAttr(slice, "shrink_axis_mask", 0) != 0) return false;
+  std::vector<int64_t> begin, end, strides;
+  if (!ConstIntVector(g.Producer(slice, 1), &begin) || !ConstIntVector(g.Producer(slice, 2), &end) ||
+      !ConstIntVector(g.Producer(slice, 3), &strides) || begin.size() != end.size() ||
+      begin.size() != strides.size())
+    return false;
+  const int64_t ellipsis = IntAttr(slice, "ellipsis_mask", 0), new_axis = IntAttr(slice, "new_axis_mask", 0);
+  if (strides.size() == 2) return ellipsis == 1 && new_axis == 2;
+  if (strides.size() != 3 || ellipsis != 0 || new_axis != 4 || strides[0] != 1 || strides[1] != 1) return false;
+  return (IntAttr(slice, "begin_mask", 0) & 3) == 3 && (IntAttr(slice, "end_mask", 0) & 3) == 3;
+}
+
+}  // namespace
+
+bool MatchExpandedWeights(const GraphIndex& g, const NodeDef* x, ExpandedWeights* w) {
+  const NodeDef* cast = nullptr;
+  if (IsOp(x, "Cast")) {
+    cast = x;
+    x = g.Producer(*x, 0);
+  }
+  if (x == nullptr) return false;
+  int64_t axis = 0;
+  if (IsOp(x, "ExpandDims")) {
+    if (!ConstScalarInt(g.Producer(*x, 1), &axis) || (axis != 2 && axis != -1)) return false;
+    *w = ExpandedWeights{x, cast, x->input(0), TypeAttr(*x, "T"), {ParseTensorName(x->input(1)).node}};
+    return true;
+  }
+  if (!IsOp(x, "StridedSlice") || !IsTrailingNewAxis(g, *x)) return false;
+  *w = ExpandedWeights{x, cast, x->input(0), TypeAttr(*x, "T"), {}};
+  for (int i = 1; i <= 3; ++i) w->constants.push_back(ParseTensorName(x->input(i)).node);
+  return true;
+}
+
 bool RowsArePooledBags(RewriteContext* ctx, const NodeDef& gather, const NodeDef& ids, int ids_port,
                        tensorflow::DataType T) {
   if (T != tensorflow::DT_FLOAT || ctx->Rank(ids, ids_port) != 2 || ctx->Dim(ids, ids_port, 1) < 1) return false;
@@ -301,6 +339,13 @@ bool RowsArePooledBags(RewriteContext* ctx, const NodeDef& gather, const NodeDef
     const std::vector<const NodeDef*>& readers = g.DataReaders(rows->name());
     if (readers.size() != 1 || g.DataConsumers(rows->name()) != 1) return false;
     const NodeDef* r = readers[0];
+    if (IsOp(r, "Mul")) {  // rows scaled by weights, summed
+      const std::vector<const NodeDef*>& sums = g.DataReaders(r->name());
+      ExpandedWeights w;
+      const bool rows_first = ParseTensorName(r->input(0)).node == rows->name();
+      return sums.size() == 1 && g.DataConsumers(r->name()) == 1 && IsOp(sums[0], "Sum") &&
+             MatchExpandedWeights(g, g.Producer(*r, rows_first ? 1 : 0), &w);
+    }
     if (!IsOp(r, "Identity")) return IsOp(r, "Sum") || IsOp(r, "Mean") || IsOp(r, "SelectV2") || IsOp(r, "Select");
     rows = r;
   }

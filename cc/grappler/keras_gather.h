@@ -48,10 +48,22 @@ bool SharedWithOtherGathers(const GraphIndex& g, const std::vector<const tensorf
                             const tensorflow::NodeDef& gather, const tensorflow::NodeDef* wrapped,
                             std::set<const tensorflow::NodeDef*>* kept, std::string* why);
 
+// Weights [B, L] expanded to [B, L, 1] to scale gathered rows [B, L, D]:
+// ExpandDims(w, -1 or 2), w[..., None] or w[:, :, None] (StridedSlice),
+// perhaps cast (a bool mask cast to float).
+struct ExpandedWeights {
+  const tensorflow::NodeDef* expand = nullptr;
+  const tensorflow::NodeDef* cast = nullptr;  // Cast(expand), or null
+  std::string weights;                        // w
+  tensorflow::DataType type = tensorflow::DT_INVALID;  // w's
+  std::vector<std::string> constants;         // the axis, or the slice's begin, end and strides
+};
+bool MatchExpandedWeights(const GraphIndex& g, const tensorflow::NodeDef* x, ExpandedWeights* w);
+
 // Whether `gather`'s rows are a padded pooling's bags as dense_reduce_lookup
 // fuses them whole: `ids` [B, L] of a known L into a table of T float32, the
-// rows read (through Identities) by one Sum or Mean, or by the Select of
-// Keras' masked mean. A pattern that would take the gather alone leaves it
+// rows read (through Identities) by one Sum or Mean, by the Select of
+// Keras' masked mean, or by a Mul (weights) one Sum reads. A pattern that would take the gather alone leaves it
 // to that one, which fuses the pooling too.
 bool RowsArePooledBags(RewriteContext* ctx, const tensorflow::NodeDef& gather, const tensorflow::NodeDef& ids,
                        int ids_port, tensorflow::DataType T);

@@ -31,6 +31,8 @@
 #include <algorithm>
 #include <set>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cc/grappler/gathered_rows.h"
@@ -135,12 +137,38 @@ bool MatchMaskSelect(const GraphIndex& g, const NodeDef* select, MaskedRows* m) 
   return false;
 }
 
+// Weights written by hand: Mul(rows, w [B, L] expanded to [B, L, 1]).
+struct WeightedRows {
+  const NodeDef* mul = nullptr;
+  int rows_operand = 0;
+  ExpandedWeights w;
+  // The weights may not be [B, L] as the ids are: the Mul broadcasts them
+  // (or the ids), so the fused op reads both broadcast to their common shape.
+  bool broadcast = false;
+  bool found() const { return mul != nullptr; }
+};
+
 // Whether input `i` of `node` is gathered rows (through Identities and Casts).
 bool ReadsGatheredRows(const GraphIndex& g, const NodeDef& node, int i) {
   const NodeDef* x = g.Producer(node, i);
   while (IsOp(x, "Identity") || IsOp(x, "Cast")) x = g.Producer(*x, 0);
   return IsOp(x, "GatherV2") || IsOp(x, "ResourceGather");
 }
+
+bool MatchWeightedRows(const GraphIndex& g, const NodeDef* mul, WeightedRows* w) {
+  if (!IsOp(mul, "Mul")) return false;
+  for (int side = 0; side < 2; ++side) {
+    if (!ReadsGatheredRows(g, *mul, side)) continue;
+    w->mul = mul;
+    w->rows_operand = side;
+    return MatchExpandedWeights(g, g.Producer(*mul, 1 - side), &w->w);
+  }
+  return false;
+}
+
+// Whether `a` and `b` are one size: equal known dims, or one symbolic dim of
+// Grappler's shape inference.
+bool SameDim(int64_t a, int64_t b) { return a == b && (a >= 0 || a < -1); }
 
 class DenseReduceLookupPattern : public NamedPattern<kName> {
  public:
@@ -157,11 +185,19 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     const NodeDef* input = g.Producer(anchor, 0);
     if (!mean && MatchMaskSelect(g, input, &masked)) input = g.Producer(*input, 1);
     if (IsOp(input, "Mul") && ReadsGatheredRows(g, *input, 0) && ReadsGatheredRows(g, *input, 1))
-      return Skip(ctx, anchor, "it sums the gathered rows' squares (the norm of a max_norm clip), not the rows");
-    if (IsOp(input, "Mul") && (ReadsGatheredRows(g, *input, 0) || ReadsGatheredRows(g, *input, 1)))
-      return Skip(ctx, anchor, "the gathered rows are multiplied (by a mask or weights) before the reduction: a "
-                               "masked pooling fuses in the form of Keras' GlobalAveragePooling1D, "
-                               "Select(mask, rows, 0)");
+      return Skip(ctx, anchor, "it sums a product of gathered rows (their squares in an FM term or a max_norm "
+                               "clip's norm, keys times a query in attention), not the rows");
+    WeightedRows weighted;
+    if (IsOp(input, "Mul") && (ReadsGatheredRows(g, *input, 0) || ReadsGatheredRows(g, *input, 1))) {
+      if (mean)
+        return Skip(ctx, anchor, "a mean of weighted rows divides by the id axis' length, where the fused op's "
+                                 "weighted mean divides by the weights' sum");
+      if (!MatchWeightedRows(g, input, &weighted))
+        return Skip(ctx, anchor, "the gathered rows are multiplied by something other than weights [B, L] "
+                                 "expanded on their last axis (ExpandDims(w, -1), w[..., None]) before the "
+                                 "reduction");
+      input = g.Producer(*input, weighted.rows_operand);
+    }
     std::vector<const NodeDef*> identities;
     const NodeDef* gather = SkipIdentities(g, input, &identities);
     // A mixed-precision policy's casts: the rows to the compute dtype, and
@@ -218,6 +254,7 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
                         (!wrap.empty() && SameTensor(masked.mask_of, wrap[0]->input(2)));
       if (!same) return Skip(ctx, anchor, "the mask does not compare the gathered ids with 0");
     }
+    if (weighted.found() && !WeightsFit(ctx, *ids, ids_port, length, &weighted, &why)) return Skip(ctx, anchor, why);
     const DataType id_type = TypeAttr(*gather, "Tindices");
     if (!IsIndexDtype(id_type)) return Skip(ctx, anchor, "ids are not int32/int64");
     // The ids of a vocabulary lookup (StringLookup / IntegerLookup): its find
@@ -234,7 +271,8 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     const NodeDef reduction = anchor;
     const std::string name = reduction.name(), device = reduction.device();
     if (fuse_find) {
-      ReplaceWithVocabLookup(ctx, reduction, *gather, resource, identities, masked, vocab, dead_masks, length);
+      ReplaceWithVocabLookup(ctx, reduction, *gather, resource, identities, masked, weighted, vocab, dead_masks,
+                             length);
       return true;
     }
     RowSource src;
@@ -243,7 +281,7 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     SetTableOfGather(*gather, resource, &src);
     src.absorbed = {gather};
     src.absorbed.insert(src.absorbed.end(), identities.begin(), identities.end());
-    FuseHashProducer(ctx, &src);
+    FuseHashProducer(ctx, &src, ServedOnCpu(ctx, reduction));
     const std::string axes = NodeOfInput(reduction.input(1));
     std::set<std::string> replaced{name};
     std::set<std::string> dead{axes};
@@ -252,9 +290,14 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
       src.absorbed.push_back(mask.select);
       dead.insert(mask.zero);
     }
+    const WeightedRows weights_of = weighted;
+    if (weights_of.found()) AbsorbWeightedMul(weights_of, &src.absorbed, &dead);
     for (const NodeDef* n : src.absorbed) replaced.insert(n->name());
     RemoveDeadNodes(ctx, dead, replaced, name);
 
+    std::string weights_in = weights_of.w.weights;
+    if (weights_of.broadcast)
+      std::tie(src.keys, weights_in) = BroadcastBags(ctx, name, src.keys, src.key_type, weights_of.w, device);
     const std::string splits = FixedLengthSplits(ctx, name + "/ctr_splits", src.keys, src.key_type, length, device);
     src.keys = FlattenKeys(ctx, name, src.keys, src.key_type, 2, device);
     const std::string num_rows = AddInt64Scalar(ctx, name + "/ctr_num_rows", -1, device);
@@ -262,14 +305,15 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
         mask.found() ? AddCast(ctx, name + "/ctr_mask_weights",
                                FlattenKeys(ctx, name + "/ctr_mask", mask.mask, tensorflow::DT_BOOL, 2, device),
                                tensorflow::DT_BOOL, tensorflow::DT_FLOAT, device)
-                     : AddEmptyFloatVector(ctx, name + "/ctr_no_weights", device);
+        : weights_of.found() ? FlatWeights(ctx, name, weights_of.w, weights_in, device)
+                             : AddEmptyFloatVector(ctx, name + "/ctr_no_weights", device);
     const std::string table = TableTensor(ctx, src, name + "/ctr_table");
     MatchRecord record{kName, name, "CtrEmbeddingLookup", {}};
     AbsorbSource(ctx, src, name, &record);
     record.replaced.push_back(Describe(reduction));
     BecomeFusedLookup(ctx, name, src,
                       FusedLookup{table, splits, num_rows, weights, T, tensorflow::DT_INT64, mean ? "mean" : "sum",
-                                  mask.found()});
+                                  mask.found() || weights_of.found()});
     auto& attr = *ctx->Mutable(name)->mutable_attr();
     attr["segment_kind"].set_s("row_splits");
     attr["prune_weights"].set_b(mask.found());  // masked ids are dropped, not added as 0 * row
@@ -279,6 +323,93 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
 
  private:
   static std::string OtherConsumer(const NodeDef& n) { return "intermediate " + Describe(n) + " has another consumer"; }
+
+  // The weights are float32 once cast as the graph casts them, and of rank
+  // 2 or less, so that they broadcast against [B, L] ids as the Mul
+  // broadcasts them against the rows; sets weighted->broadcast unless they
+  // are known to be [B, L] as the ids are (the ids' length, and a batch
+  // known to be theirs).
+  static bool WeightsFit(RewriteContext* ctx, const NodeDef& ids, int ids_port, int64_t length,
+                         WeightedRows* weighted, std::string* why) {
+    const GraphIndex& g = ctx->index();
+    const ExpandedWeights& w = weighted->w;
+    const DataType to = w.cast != nullptr ? TypeAttr(*w.cast, "DstT") : w.type;
+    if (to != tensorflow::DT_FLOAT) {
+      *why = "the weights are " + tensorflow::DataType_Name(to) + ", not float32";
+      return false;
+    }
+    if (w.cast != nullptr && w.type != tensorflow::DT_BOOL && !IsIndexDtype(w.type) && w.type != tensorflow::DT_FLOAT) {
+      *why = "the weights are cast from " + tensorflow::DataType_Name(w.type);
+      return false;
+    }
+    int port = 0;
+    const NodeDef* weights = g.Producer(*w.expand, 0, &port);
+    const int rank = weights == nullptr ? -1 : ctx->Rank(*weights, port);
+    if (rank < 0 || rank > 2) {
+      *why = rank < 0 ? "the weights' rank is unknown" : "the weights have rank " + std::to_string(rank) + ", not 2";
+      return false;
+    }
+    if (g.DataConsumers(weighted->mul->name()) != 1 || ctx->FetchedOrFed(weighted->mul->name())) {
+      *why = "intermediate " + Describe(*weighted->mul) + " has another consumer";
+      return false;
+    }
+    weighted->broadcast = !(rank == 2 && ctx->Dim(*weights, port, 1) == length &&
+                            SameDim(ctx->Dim(*weights, port, 0), ctx->Dim(ids, ids_port, 0)));
+    // The bags keep the ids' length L unless a single id broadcasts over
+    // longer weights.
+    if (weighted->broadcast && length == 1 && rank > 0 && ctx->Dim(*weights, port, rank - 1) != 1) {
+      *why = "one id per row may broadcast over weights of another length";
+      return false;
+    }
+    return true;
+  }
+
+  // Keys and weights broadcast to their common shape, as the Mul of the rows
+  // and the expanded weights broadcasts them (an error where it fails);
+  // BroadcastTo hands a tensor of that shape on as it is.
+  static std::pair<std::string, std::string> BroadcastBags(RewriteContext* ctx, const std::string& name,
+                                                           const std::string& keys, DataType key_type,
+                                                           const ExpandedWeights& w, const std::string& device) {
+    auto shape_of = [&](const std::string& x, DataType t, const char* suffix) {
+      NodeDef* shape = ctx->AddNode(name + suffix, "Shape", device);
+      shape->add_input(x);
+      (*shape->mutable_attr())["T"].set_type(t);
+      (*shape->mutable_attr())["out_type"].set_type(tensorflow::DT_INT64);
+      return shape->name();
+    };
+    NodeDef* common = ctx->AddNode(name + "/ctr_bags_shape", "BroadcastArgs", device);
+    common->add_input(shape_of(keys, key_type, "/ctr_keys_shape"));
+    common->add_input(shape_of(w.weights, w.type, "/ctr_weights_shape"));
+    (*common->mutable_attr())["T"].set_type(tensorflow::DT_INT64);
+    const std::string shape = common->name();
+    auto broadcast = [&](const std::string& x, DataType t, const char* suffix) {
+      NodeDef* to = ctx->AddNode(name + suffix, "BroadcastTo", device);
+      to->add_input(x);
+      to->add_input(shape);
+      (*to->mutable_attr())["T"].set_type(t);
+      (*to->mutable_attr())["Tidx"].set_type(tensorflow::DT_INT64);
+      return to->name();
+    };
+    return {broadcast(keys, key_type, "/ctr_keys_broadcast"), broadcast(w.weights, w.type, "/ctr_weights_broadcast")};
+  }
+
+  // The Mul goes with the fused op; the ExpandDims and its Cast where only it read them.
+  static void AbsorbWeightedMul(const WeightedRows& weighted, std::vector<const NodeDef*>* absorbed,
+                                std::set<std::string>* dead) {
+    absorbed->push_back(weighted.mul);
+    dead->insert(weighted.w.expand->name());
+    dead->insert(weighted.w.constants.begin(), weighted.w.constants.end());
+    if (weighted.w.cast != nullptr) dead->insert(weighted.w.cast->name());
+  }
+
+  // The weights (`weights`: w, or w broadcast to the bags) flattened to one
+  // per id, as float32 (cast as the graph cast them).
+  static std::string FlatWeights(RewriteContext* ctx, const std::string& name, const ExpandedWeights& w,
+                                 const std::string& weights, const std::string& device) {
+    const std::string flat = FlattenKeys(ctx, name + "/ctr_weights", weights, w.type, 2, device);
+    if (w.type == tensorflow::DT_FLOAT) return flat;
+    return AddCast(ctx, name + "/ctr_weights_cast", flat, w.type, tensorflow::DT_FLOAT, device);
+  }
 
   // Whether CtrVocabEmbeddingLookup can take the find (and Keras' rules,
   // check and wrap) of the pooled ids with the pooling: served on the CPU,
@@ -350,7 +481,7 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
   // the op drops the 0s the Select zeroed, and the count of the rest stays.
   static void ReplaceWithVocabLookup(RewriteContext* ctx, const NodeDef& reduction, const NodeDef& gather_in,
                                      bool resource, const std::vector<const NodeDef*>& identities,
-                                     const MaskedRows& masked, const VocabIds& vocab,
+                                     const MaskedRows& masked, const WeightedRows& weighted, const VocabIds& vocab,
                                      const std::vector<const NodeDef*>& dead_masks, int64_t length) {
     const std::string name = reduction.name(), device = reduction.device();
     const NodeDef gather = gather_in, find = *vocab.find;
@@ -385,6 +516,8 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     std::vector<const NodeDef*> rows{&gather};
     rows.insert(rows.end(), identities.begin(), identities.end());
     if (masked.found()) rows.push_back(masked.select);
+    std::set<std::string> dead{NodeOfInput(reduction.input(1))};
+    if (weighted.found()) AbsorbWeightedMul(weighted, &rows, &dead);
     for (const NodeDef* n : rows) {
       record.replaced.push_back(Describe(*n));
       ctx->RedirectControlEdges(n->name(), name);
@@ -392,14 +525,16 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     record.replaced.push_back(Describe(reduction));
     std::set<std::string> replaced{name};
     for (const std::string& n : extra) replaced.insert(n);
-    std::set<std::string> dead{NodeOfInput(reduction.input(1))};
+    for (const NodeDef* n : rows) replaced.insert(n->name());
     if (masked.found()) dead.insert(masked.zero);
     RemoveDeadNodes(ctx, dead, replaced, name);
     for (const NodeDef* n : rows) ctx->Remove(n->name(), name);
 
     const std::string params = GatheredTable(ctx, gather, resource, tensorflow::DT_FLOAT);
-    const std::string splits = FixedLengthSplits(ctx, name + "/ctr_splits", find.input(1), key_type, length, device);
-    const std::string keys = FlattenKeys(ctx, name, find.input(1), key_type, 2, device);
+    std::string bag_keys = find.input(1), weights = weighted.w.weights;
+    if (weighted.broadcast) std::tie(bag_keys, weights) = BroadcastBags(ctx, name, bag_keys, key_type, weighted.w, device);
+    const std::string splits = FixedLengthSplits(ctx, name + "/ctr_splits", bag_keys, key_type, length, device);
+    const std::string keys = FlattenKeys(ctx, name, bag_keys, key_type, 2, device);
     NodeDef* fused = ctx->Mutable(name);
     const NodeDef old = *fused;
     fused->clear_input();
@@ -407,7 +542,8 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     fused->set_op(kVocabOp);
     for (const std::string& in : {find.input(0), find.input(2), params, keys, splits,
                                   AddInt64Scalar(ctx, name + "/ctr_num_rows", -1, device),
-                                  AddEmptyFloatVector(ctx, name + "/ctr_no_weights", device)})
+                                  weighted.found() ? FlatWeights(ctx, name, weighted.w, weights, device)
+                                                   : AddEmptyFloatVector(ctx, name + "/ctr_no_weights", device)})
       fused->add_input(in);
     for (const std::string& in : masks) fused->add_input(in);
     CopyControlInputs(old, fused);
@@ -422,7 +558,7 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     attr["prune_weights"].set_b(false);
     attr["default_id"].set_i(-1);
     attr["max_norm"].set_f(-1.f);
-    attr["has_weights"].set_b(false);
+    attr["has_weights"].set_b(weighted.found());
     attr["num_oov_buckets"].set_i(0);
     attr["missing_key"].set_s(vocab.assert_node != nullptr ? "error" : "default");
     attr["missing_id"].set_i(vocab.missing_id);
