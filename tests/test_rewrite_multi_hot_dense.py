@@ -189,6 +189,74 @@ def test_in_process_concatenated_encodings_fuse(rng, binary):
         np.testing.assert_allclose(fused(*args)[0], f(*args), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("readers", [2, 3])
+def test_in_process_concatenation_read_by_several_dense_layers_fuses_each(rng, readers):
+    # Wide & Deep: a linear head and the deep tower's first Dense over one
+    # Concatenate. Each product fuses on its own; the encodings and the
+    # concatenation go with the last.
+    kernels = [Model(rng).kernel for _ in range(readers)]
+
+    def f(a, b, x):
+        joined = tf.concat([bincount(a, 5), x, bincount(b, 8)], axis=1)
+        return tf.add_n([tf.nn.relu(tf.matmul(joined, k)) for k in kernels])
+
+    fused, report, counts = _rewritten_in_process(f, SPEC)
+    assert [x["fused_op"] for x in report["match"]] == ["CtrMultiHotDense"] * readers, report
+    assert not {"DenseBincount", "ConcatV2", "MatMul"} & set(counts), counts
+    for batch in (0, 1, 50):
+        args = feeds(rng, batch)
+        np.testing.assert_allclose(fused(*args)[0], f(*args), rtol=1e-5, atol=1e-6)
+
+
+def test_in_process_concatenation_also_read_by_other_ops_stays(rng):
+    # A reader that is no Dense product would keep the encodings for good.
+    m = Model(rng)
+
+    def f(a, b, x):
+        joined = tf.concat([bincount(a, 5), x, bincount(b, 8)], axis=1)
+        return tf.matmul(joined, m.kernel), tf.matmul(joined, m.kernel, transpose_b=False) + tf.reduce_sum(joined)
+
+    fused, report, counts = _rewritten_in_process(f, SPEC)
+    assert not report["match"], report["match"]
+    assert any("has another consumer" in s["reason"] for s in report["skip"] if s["pattern"] == "multi_hot_dense")
+    args = feeds(rng, 7)
+    for got, want in zip(fused(*args), f(*args)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.saved_model
+def test_keras_wide_and_deep_over_one_concatenation_fuses_both_heads(tmp_path, rng):
+    import keras
+
+    keras.utils.set_random_seed(6)
+    device = keras.Input((1,), dtype="string", name="device")
+    cats = keras.Input((5,), dtype="string", name="cats")
+    num = keras.Input((4,), name="num")
+    joined = keras.layers.Concatenate()([
+        keras.layers.StringLookup(vocabulary=["ios", "android", "web"], output_mode="one_hot")(device),
+        keras.layers.StringLookup(vocabulary=[f"c{k}" for k in range(300)], output_mode="multi_hot")(cats), num])
+    wide = keras.layers.Dense(1)(joined)
+    deep = keras.layers.Dense(1)(keras.layers.Dense(16, activation="relu")(joined))
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    keras.Model([device, cats, num], keras.layers.Activation("sigmoid")(wide + deep)).export(str(src), verbose=False)
+    sig = rewrite.optimize_saved_model(src, dst, runs=1, serving_device="cpu").signatures["serving_default"]
+    assert [m["fused_op"] for m in sig.matches].count("CtrMultiHotDense") == 2, sig.matches
+    assert not {"DenseBincount", "OneHot", "ConcatV2"} & set(sig.op_counts_after), sig.op_counts_after
+    assert sig.op_counts_after["MatMul"] == sig.op_counts_before["MatMul"] - 2 == 1  # the deep tower's second Dense
+    assert sig.outputs_match
+    native = tf.saved_model.load(str(src)).signatures["serving_default"]
+    rewritten = tf.saved_model.load(str(dst)).signatures["serving_default"]
+    words = np.array(["ios", "android", "web", "other", ""], object)
+    tags = np.array([f"c{k}" for k in range(0, 320, 7)] + [""], object)
+    for batch in (0, 1, 64):
+        feeds = {"device": tf.constant(words[rng.integers(0, 5, (batch, 1))]),
+                 "cats": tf.constant(tags[rng.integers(0, len(tags), (batch, 5))]),
+                 "num": tf.constant(rng.normal(size=(batch, 4)), tf.float32)}
+        want, got = native(**feeds), rewritten(**feeds)
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6)
+
+
 def int_encodings(a, b, binary, *others):
     """A count (or multi-hot) encoding of b and a one-hot of a's column, both
     int64, concatenated (with `others`) to be cast, as Keras' Dense casts a

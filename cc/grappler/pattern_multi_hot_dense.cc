@@ -15,6 +15,10 @@
 //   MatMul(Cast(ConcatV2(enc_1, ..., enc_n)), kernel)   (integer encodings only,
 //     cast together: Keras' Dense over a Concatenate of count and one-hot lookups)
 //
+// (also where several Dense layers read one concatenation -- Wide & Deep's
+// linear head and deep tower -- each then fused on its own, the encodings
+// kept until the last goes)
+//
 // becomes CtrMultiHotDense(ids_1, ..., x_1, ..., kernel): each encoded block
 // adds the kernel rows its ids name, each dense block is multiplied as the
 // MatMul multiplies it, and neither the [B, depth] encodings nor their
@@ -231,16 +235,23 @@ class MultiHotDensePattern : public NamedPattern<kName> {
     if (BoolAttr(anchor, "transpose_a", false) || BoolAttr(anchor, "transpose_b", false))
       return Skip(ctx, anchor, "the MatMul transposes an operand");
     if (concat != nullptr && !JoinsSideBySide(g, *concat, &why)) return Skip(ctx, anchor, why);
-    if (concat != nullptr && (HasControlInputs(*concat) || !OnlyReadBy(ctx, *concat, 1, &why)))
-      return Skip(ctx, anchor, why.empty() ? Describe(*concat) + " waits on another node" : why);
+    if (concat != nullptr && HasControlInputs(*concat))
+      return Skip(ctx, anchor, Describe(*concat) + " waits on another node");
     if (outer_cast != nullptr) {
       if (TypeAttr(*outer_cast, "DstT") != T)
         return Skip(ctx, anchor, "the concatenation is cast to " +
                                      tensorflow::DataType_Name(TypeAttr(*outer_cast, "DstT")) + ", not the kernel's " +
                                      tensorflow::DataType_Name(T));
-      if (HasControlInputs(*outer_cast) || !OnlyReadBy(ctx, *outer_cast, 1, &why))
+      if (HasControlInputs(*outer_cast) || !OnlyReadBy(ctx, *concat, 1, &why))
         return Skip(ctx, anchor, why.empty() ? Describe(*outer_cast) + " waits on another node" : why);
     }
+    // What the MatMul reads may be read by others too (Wide & Deep: the
+    // linear head and the deep tower's first Dense over one Concatenate):
+    // this product fuses alone, and the encodings stay until the last goes.
+    const NodeDef* joined = outer_cast != nullptr ? outer_cast : concat;
+    std::string shared;
+    const bool keep_blocks = joined != nullptr && !OnlyReadBy(ctx, *joined, 1, &shared);
+    if (keep_blocks && !ReadByProductsOnly(ctx, *joined)) return Skip(ctx, anchor, shared);
     // An encoding that cannot be fused is a dense block like any other.
     std::vector<Encoding> fused;
     std::string first_reason;
@@ -260,7 +271,7 @@ class MultiHotDensePattern : public NamedPattern<kName> {
                                                        "that are not encodings");
     if (!EncodingsDominate(ctx, concat, fused, &why)) return Skip(ctx, anchor, why);
     if (!OnlyFeedTheMatMul(ctx, &fused, &why)) return Skip(ctx, anchor, why);
-    Replace(anchor, concat, outer_cast, fused, product, T, ctx);
+    Replace(anchor, concat, outer_cast, fused, product, T, keep_blocks, ctx);
     return true;
   }
 
@@ -271,6 +282,24 @@ class MultiHotDensePattern : public NamedPattern<kName> {
     int concat_port = 0;
     const NodeDef* concat = g.Producer(*left, 0, &concat_port);
     return IsOp(concat, "ConcatV2") && concat_port == 0 ? left : nullptr;
+  }
+
+  // Whether everything that reads `joined` is a Dense layer's product over
+  // it (its left operand, not transposed), which this pattern fuses in turn:
+  // a training graph's gradient, or any other reader, would keep the
+  // encodings for good, and the fused op would only add to them.
+  static bool ReadByProductsOnly(RewriteContext* ctx, const NodeDef& joined) {
+    const GraphIndex& g = ctx->index();
+    if (ctx->FetchedOrFed(joined.name()) || g.ControlConsumers(joined.name()) != 0) return false;
+    for (const NodeDef* reader : g.DataReaders(joined.name())) {
+      DenseProduct product;
+      std::string why;
+      if (!ReadDenseProduct(*reader, &product, &why) || ParseTensorName(reader->input(0)).node != joined.name() ||
+          ParseTensorName(reader->input(1)).node == joined.name() || BoolAttr(*reader, "transpose_a", false) ||
+          BoolAttr(*reader, "transpose_b", false))
+        return false;
+    }
+    return true;
   }
 
   // The fused op gains on the encoded columns (it reads one kernel row per
@@ -367,8 +396,10 @@ class MultiHotDensePattern : public NamedPattern<kName> {
     return expand->name();
   }
 
+  // `keep_blocks`: other readers of the concatenation keep it and its
+  // encodings; only the MatMul goes.
   void Replace(const NodeDef& anchor_in, const NodeDef* concat_in, const NodeDef* outer_cast,
-               const std::vector<Encoding>& fused, const DenseProduct& product, DataType T,
+               const std::vector<Encoding>& fused, const DenseProduct& product, DataType T, bool keep_blocks,
                RewriteContext* ctx) const {
     const NodeDef anchor = anchor_in;  // the graph changes under the references
     const GraphIndex& g = ctx->index();
@@ -405,6 +436,7 @@ class MultiHotDensePattern : public NamedPattern<kName> {
       drop_negative.push_back(e.one_hot);
       column_depths.push_back(e.column_depth);
       layout.push_back(static_cast<int64_t>(ids.size()) - 1);
+      if (keep_blocks) continue;
       std::vector<const NodeDef*> nodes = e.size_math;
       nodes.push_back(e.encoder);
       if (e.reshape != nullptr) nodes.push_back(e.reshape);
@@ -423,12 +455,12 @@ class MultiHotDensePattern : public NamedPattern<kName> {
     }
     for (int64_t& b : layout)
       if (b < 0) b = static_cast<int64_t>(ids.size()) - 1 - b;
-    if (concat_in != nullptr) {
+    if (concat_in != nullptr && !keep_blocks) {
       record.replaced.push_back(Describe(*concat_in));
       gone.insert(concat_in->name());
       if (const NodeDef* axis = AxisConstOnlyFor(ctx, *concat_in)) consts.push_back(axis);
     }
-    if (outer_cast != nullptr) {
+    if (outer_cast != nullptr && !keep_blocks) {
       record.replaced.push_back(Describe(*outer_cast));
       gone.insert(outer_cast->name());
     }
