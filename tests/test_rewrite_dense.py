@@ -595,6 +595,38 @@ def test_ragged_sum_of_split_strings(rng, table, convert):
         np.testing.assert_allclose(got, f(edge), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.saved_model
+def test_keras_hashing_of_split_tokens_through_map_flat_values_is_one_string_embedding(tmp_path, rng):
+    # Keras 3's Embedding takes no ragged ids, so users map a Hashing and an
+    # Embedding over the split's flat values: the Embedding's wrap of the
+    # hashed ids (never negative) goes with the split, hash and pooling.
+    import keras
+
+    class TagPool(keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.hash, self.emb = keras.layers.Hashing(V), keras.layers.Embedding(V, D)
+
+        def call(self, s):
+            ids = tf.ragged.map_flat_values(self.hash, tf.strings.split(s, " "))
+            return tf.reduce_mean(tf.ragged.map_flat_values(self.emb, ids), axis=1)
+
+    keras.utils.set_random_seed(8)
+    s = keras.Input((), dtype="string", name="tags")
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    keras.Model(s, keras.layers.Dense(1)(TagPool()(s))).export(str(src), verbose=False)
+    sig = rewrite.optimize_saved_model(src, dst, runs=1, signature_keys=["serving_default"]).signatures[
+        "serving_default"]
+    assert [m["fused_op"] for m in sig.matches] == ["CtrStringEmbedding"], sig.matches
+    assert not {"StringToHashBucketFast", "StringSplitV2", "SelectV2", "GatherV2"} & set(sig.op_counts_after)
+    assert sig.outputs_match
+    native = tf.saved_model.load(str(src)).signatures["serving_default"]
+    fused = tf.saved_model.load(str(dst)).signatures["serving_default"]
+    for tags in (random_strings(rng, 30), ["", " ", "a  b", "x"], []):
+        t = tf.constant(np.array([" ".join(w.split(",")) for w in tags], object).reshape(-1))
+        assert_model_close(fused(tags=t)["output_0"], native(tags=t)["output_0"])
+
+
 def test_ragged_sum_of_movielens_genres(table):
     genres = tf.constant([r["genres"] for r in read_csv("movielens_sample.txt")])
     f = split_ids(table, "hash", sep="|")

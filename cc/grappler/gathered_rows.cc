@@ -145,26 +145,13 @@ void SetGroupedHashKeys(const std::vector<std::vector<int64_t>>& keys, NodeDef* 
   }
 }
 
-namespace {
-
-// Whether each node of Keras' wrap feeds only the next (the Select only the
-// gather) and broadcasts nothing (its shift is a scalar).
-bool WrapGoesWithTheGather(RewriteContext* ctx, const std::vector<const NodeDef*>& wrap) {
-  if (!WrapShiftIsScalar(ctx, wrap)) return false;
-  for (const NodeDef* n : wrap)
-    if (ctx->index().DataConsumers(n->name()) != 1 || ctx->FetchedOrFed(n->name())) return false;
-  return true;
-}
-
-}  // namespace
-
 void FuseHashProducer(RewriteContext* ctx, RowSource* src, bool string_keys) {
   const GraphIndex& g = ctx->index();
   std::vector<const NodeDef*> wrap;
   const NodeDef* hash = UnwrapNegativeIndexFix(g, g.Node(ParseTensorName(src->keys).node), &wrap);
   if (!IsStringHash(hash) || ctx->FetchedOrFed(hash->name())) return;
   if (g.DataConsumers(hash->name()) != (wrap.empty() ? 1 : 3)) return;  // the wrap reads it three times
-  if (!wrap.empty() && !WrapGoesWithTheGather(ctx, wrap)) return;
+  if (!wrap.empty() && !WrapFeedsOnlyTheGather(ctx, wrap)) return;
   const NodeDef* as_string = g.Producer(*hash, 0);
   const bool int_keys =
       as_string != nullptr && IsPlainAsString(*as_string) && g.DataConsumers(as_string->name()) == 1;
@@ -181,12 +168,7 @@ void FuseHashProducer(RewriteContext* ctx, RowSource* src, bool string_keys) {
   src->num_buckets = IntAttr(*hash, "num_buckets", 0);
   src->hash_key = StringHashKey(*hash);
   src->absorbed.insert(src->absorbed.end(), wrap.begin(), wrap.end());
-  for (const NodeDef* n : wrap)
-    for (int i = 0; i < n->input_size(); ++i) {
-      const NodeDef* input = g.Producer(*n, i);
-      if (input != hash && std::find(wrap.begin(), wrap.end(), input) == wrap.end())
-        src->shape_math.push_back(input);
-    }
+  if (!wrap.empty()) src->shape_math = WrapOperands(g, wrap);
   src->absorbed.push_back(hash);
   if (int_keys) src->absorbed.push_back(as_string);
 }

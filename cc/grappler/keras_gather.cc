@@ -1,6 +1,8 @@
 // Helpers for patterns whose anchor is a Keras Embedding's gather: see keras_gather.h.
 #include "cc/grappler/keras_gather.h"
 
+#include <algorithm>
+
 #include <set>
 
 #include "cc/grappler/split_source.h"
@@ -91,6 +93,26 @@ bool WrapShiftIsScalar(RewriteContext* ctx, const std::vector<const NodeDef*>& w
   const NodeDef* shift = g.Producer(add, 0, &port);
   if (shift == ids) shift = g.Producer(add, 1, &port);
   return shift != nullptr && ctx->Rank(*shift, port) == 0;
+}
+
+bool WrapFeedsOnlyTheGather(RewriteContext* ctx, const std::vector<const NodeDef*>& wrap) {
+  if (!WrapShiftIsScalar(ctx, wrap)) return false;
+  for (const NodeDef* n : wrap)
+    if (ctx->index().DataConsumers(n->name()) != 1 || ctx->FetchedOrFed(n->name())) return false;
+  return true;
+}
+
+std::vector<const NodeDef*> WrapOperands(const GraphIndex& g, const std::vector<const NodeDef*>& wrap) {
+  if (wrap.empty()) return {};
+  const NodeDef* h = g.Producer(*wrap[0], 2);
+  std::vector<const NodeDef*> operands;
+  for (const NodeDef* n : wrap)
+    for (int i = 0; i < n->input_size(); ++i) {
+      const NodeDef* input = g.Producer(*n, i);
+      if (input != nullptr && input != h && std::find(wrap.begin(), wrap.end(), input) == wrap.end())
+        operands.push_back(input);
+    }
+  return operands;
 }
 
 // Reshape(rows, [b, D]) with a constant shape: Keras' Flatten once Grappler

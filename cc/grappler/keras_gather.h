@@ -31,6 +31,14 @@ const tensorflow::NodeDef* UnwrapNegativeIndexFix(const GraphIndex& g, const ten
                                                   std::vector<const tensorflow::NodeDef*>* wrap);
 // SelectV2 broadcasts: the wrap keeps h's shape only when the shift n is a scalar.
 bool WrapShiftIsScalar(RewriteContext* ctx, const std::vector<const tensorflow::NodeDef*>& wrap);
+// Whether each node of the wrap feeds only the next (the Select only the
+// gather) and broadcasts nothing: a wrap of ids never negative (a hash's)
+// passes them through, and may go with the gather.
+bool WrapFeedsOnlyTheGather(RewriteContext* ctx, const std::vector<const tensorflow::NodeDef*>& wrap);
+// The wrap's operands other than h and its own nodes: the constant 0 and the
+// shift (Keras' Cast(Shape(params)[0])), which go with it where only it reads them.
+std::vector<const tensorflow::NodeDef*> WrapOperands(const GraphIndex& g,
+                                                     const std::vector<const tensorflow::NodeDef*>& wrap);
 
 // The nodes of `match` (the intermediates between a feature's ids and
 // `gather`, which a fused op replacing the gather would absorb) that must

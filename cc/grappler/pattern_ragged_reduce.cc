@@ -33,6 +33,8 @@
 
 #include "cc/grappler/gathered_rows.h"
 #include "cc/grappler/pattern.h"
+#include "cc/grappler/vocab_find.h"
+#include "cc/grappler/keras_gather.h"
 #include "cc/grappler/split_source.h"
 #include "tensorflow/core/framework/attr_value.pb.h"
 #include "tensorflow/core/framework/tensor.pb.h"
@@ -167,10 +169,11 @@ class RaggedReduceLookupPattern : public NamedPattern<kName> {
 
     SplitSource split;
     const std::string name = anchor.name();
-    if (MatchRaggedSplit(g, ctx, *ids, ids_port, splits, &split, &dead)) {
+    if (MatchRaggedSplit(g, ctx, *ids, ids_port, splits, &split, &dead) ||
+        MatchWrappedSplitHash(ctx, *ids, splits, &split, &dead)) {
       RewriteStrings(anchor, src, split, T, dead, is_mean ? mean.div : nullptr, ctx);
     } else {
-      FuseHashProducer(ctx, &src);
+      FuseHashProducer(ctx, &src, ServedOnCpu(ctx, anchor));
       const std::string div = is_mean ? mean.div->name() : "";
       RewriteIds(anchor, src, splits, T, seg_type, dead, is_mean ? mean.div : nullptr, ctx);
       if (!div.empty()) DivideByRowLengths(ctx, div, splits, seg_type, T, ctx->Mutable(name)->device());
@@ -180,6 +183,31 @@ class RaggedReduceLookupPattern : public NamedPattern<kName> {
 
  private:
   static std::string OtherConsumer(const NodeDef& n) { return "intermediate " + Describe(n) + " has another consumer"; }
+
+  // The hashed tokens of a split through Keras 3's wrap (an Embedding over
+  // tf.ragged.map_flat_values of a Hashing layer's ids): a hash is never
+  // negative, so the wrap passes them through and goes with the split, as
+  // does its shift's shape math where only it reads it.
+  static bool MatchWrappedSplitHash(RewriteContext* ctx, const NodeDef& ids, const std::string& splits,
+                                    SplitSource* split, std::set<std::string>* dead) {
+    const GraphIndex& g = ctx->index();
+    std::vector<const NodeDef*> wrap;
+    const NodeDef* hash = UnwrapNegativeIndexFix(g, &ids, &wrap);
+    if (wrap.empty() || !IsStringHash(hash) || !WrapFeedsOnlyTheGather(ctx, wrap) ||
+        !MatchRaggedSplit(g, ctx, *hash, 0, splits, split, dead, 3))
+      return false;
+    for (const NodeDef* n : wrap) dead->insert(n->name());
+    std::vector<const NodeDef*> math = WrapOperands(g, wrap);
+    for (size_t i = 0; i < math.size(); ++i) {  // the shift: Cast(StridedSlice(Shape(params), ...))
+      static const std::set<std::string> kShapeMath = {"Const", "Cast", "StridedSlice", "Shape"};
+      if (!kShapeMath.count(math[i]->op()) || HasControlInputs(*math[i])) continue;
+      dead->insert(math[i]->name());
+      if (IsOp(math[i], "Shape")) continue;  // what it reads is the table's
+      for (int k = 0; k < math[i]->input_size(); ++k)
+        if (const NodeDef* in = g.Producer(*math[i], k)) math.push_back(in);
+    }
+    return true;
+  }
 
   // RaggedReduceMean's division and the nodes of its count.
   struct MeanCount {

@@ -93,7 +93,7 @@ void RemoveDeadNodes(RewriteContext* ctx, std::set<std::string> dead, const std:
 }
 
 bool MatchRaggedSplit(const GraphIndex& g, RewriteContext* ctx, const NodeDef& ids, int ids_port,
-                      const std::string& splits, SplitSource* out, std::set<std::string>* dead) {
+                      const std::string& splits, SplitSource* out, std::set<std::string>* dead, int ids_readers) {
   const bool hashed = IsStringHash(&ids);
   if (ids_port != 0 ||
       !(hashed || (IsOp(&ids, "StringToNumber") && TypeAttr(ids, "out_type") == tensorflow::DT_INT64)))
@@ -105,7 +105,7 @@ bool MatchRaggedSplit(const GraphIndex& g, RewriteContext* ctx, const NodeDef& i
   if (!ConstString(g.Producer(*split, 1), &delimiter) || delimiter.empty() || delimiter.size() > 16) return false;
   const NodeDef* strings = g.Producer(*split, 0, &port);
   if (strings == nullptr || ctx->Rank(*strings, port) != 1) return false;
-  if (g.Consumers(split->name(), 1) != 1 || g.DataConsumers(ids.name()) != 1) return false;
+  if (g.Consumers(split->name(), 1) != 1 || g.DataConsumers(ids.name()) != ids_readers) return false;
   std::set<std::string> partition;
   const TensorId s = ParseTensorName(split->input(0));
   if (!ComputedOnlyFrom(g, splits, {TensorName(s.node, s.port)}, {split->name()},

@@ -44,10 +44,12 @@ struct SplitSource {
 
 // `ids` (output ids_port) = convert(StringSplitV2(strings, sep).values) with
 // maxsplit -1, a constant delimiter of 1..16 bytes and vector strings, read
-// only by the caller; and `splits` is that split's row partition. Adds the
-// partition's nodes and the split to *dead.
+// only by the caller (`ids_readers` times: Keras' wrap reads a hash thrice);
+// and `splits` is that split's row partition. Adds the partition's nodes and
+// the split to *dead.
 bool MatchRaggedSplit(const GraphIndex& g, RewriteContext* ctx, const tensorflow::NodeDef& ids, int ids_port,
-                      const std::string& splits, SplitSource* out, std::set<std::string>* dead);
+                      const std::string& splits, SplitSource* out, std::set<std::string>* dead,
+                      int ids_readers = 1);
 
 }  // namespace grappler
 }  // namespace tf_ctr
