@@ -662,6 +662,30 @@ def test_hashed_string_keys_fold_into_the_lookup_on_cpu(rng, big_table, combiner
     assert_close(got, f(examples))
 
 
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_hashed_dense_string_keys_of_a_raw_receiver_fold_past_the_reorder(rng, big_table, combiner):
+    # A TF1 receiver of raw [B, N] strings ("" for a missing key), as the hash
+    # bucket column builds it: ids not known to be in row order get the safe
+    # lookup's SparseReorder, which then permutes the strings instead.
+    def f(keys):
+        sparse = tf.sparse.from_dense(keys)
+        sparse = tf.sparse.reorder(tf.SparseTensor(tf.reverse(sparse.indices, [0]), tf.reverse(sparse.values, [0]),
+                                                   sparse.dense_shape))
+        ids = tf.SparseTensor(sparse.indices, tf.strings.to_hash_bucket_fast(sparse.values, V), sparse.dense_shape)
+        return tf.nn.safe_embedding_lookup_sparse(big_table, ids, None, combiner=combiner)
+
+    cf = tf.function(f).get_concrete_function(tf.TensorSpec([None, 4], tf.string))
+    graph, report = rewrite.optimize_concrete_function(cf, serving_device="cpu")
+    counts = rewrite.op_counts(graph, library=True)
+    assert "string_keys" in patterns(report), report
+    assert "StringToHashBucketFast" not in counts, counts
+    words = np.array(["", "a", "bb", "ccc", "", "d"], object)
+    for batch in (0, 1, 30):
+        keys = tf.constant(words[rng.integers(0, len(words), size=(batch, 4))].astype(object))
+        [got] = run_graph_def(cf, graph, keys)
+        assert_close(got, f(keys))
+
+
 @pytest.mark.parametrize("serving_device", [None, "gpu"])
 def test_hashed_string_keys_stay_hashed_off_cpu(big_table, serving_device):
     # Without a serving device (or for a GPU) the buckets are what the lookup beside its table reads.

@@ -1,6 +1,6 @@
 // Pattern: a fused lookup of hashed string keys that will be served on a CPU --
 //
-//   CtrEmbeddingLookup(table, [Identity ->] StringToHashBucket{Fast,Strong}(strings, num_buckets), ...)   (index mode)
+//   CtrEmbeddingLookup(table, [Identity ->] [SparseReorder ->] StringToHashBucket{Fast,Strong}(strings, num_buckets), ...)   (index mode)
 //
 // (categorical_column_with_hash_bucket's embedding column once safe_lookup
 // fused it: the strings are ParseExample's values) becomes
@@ -37,7 +37,15 @@ class StringKeysPattern : public NamedPattern<kName> {
     if (!IsOp(&anchor, "CtrEmbeddingLookup") || StringAttr(anchor, "id_mode") != "index") return false;
     const GraphIndex& g = ctx->index();
     std::vector<const NodeDef*> chain;  // the Identity nodes, then the hash
-    const NodeDef* hash = SkipIdentities(g, g.Producer(anchor, 1), &chain);
+    int port = 0;
+    const NodeDef* hash = SkipIdentities(g, g.Producer(anchor, 1, &port), &chain);
+    // The safe lookup's SparseReorder of ids not known to be in row order
+    // permutes the strings instead: the hash is element-wise, so it commutes.
+    const NodeDef* reorder = nullptr;
+    if (IsOp(hash, "SparseReorder") && port == 1) {
+      reorder = hash;
+      hash = SkipIdentities(g, g.Producer(*reorder, 1), &chain);
+    }
     if (!IsStringHash(hash)) return false;
     const std::string placed = DeviceType(anchor.device());
     const std::string serving = placed.empty() ? ctx->serving_device() : placed;
@@ -46,14 +54,21 @@ class StringKeysPattern : public NamedPattern<kName> {
     for (const NodeDef* n : chain)
       if (g.DataConsumers(n->name()) != 1 || g.ControlConsumers(n->name()) != 0 || ctx->MustKeep(n->name()))
         return Skip(ctx, anchor, "intermediate " + Describe(*n) + " has another consumer");
+    if (reorder != nullptr && (g.Consumers(reorder->name(), 1) != 1 || ctx->MustKeep(reorder->name())))
+      return Skip(ctx, anchor, "the values of " + Describe(*reorder) + " have another consumer");
     const int64_t buckets = IntAttr(*hash, "num_buckets", 0);
     if (buckets <= 0) return Skip(ctx, anchor, Describe(*hash) + " has no positive num_buckets");
 
     std::vector<NodeDef> absorbed;  // copies: the graph changes under the index
     for (const NodeDef* n : chain) absorbed.push_back(*n);
     const std::string name = anchor.name();
+    if (reorder != nullptr) {
+      NodeDef* permute = ctx->Mutable(reorder->name());
+      *permute->mutable_input(1) = absorbed.back().input(0);
+      (*permute->mutable_attr())["T"].set_type(tensorflow::DT_STRING);
+    }
     NodeDef* op = ctx->Mutable(name);
-    *op->mutable_input(1) = absorbed.back().input(0);
+    if (reorder == nullptr) *op->mutable_input(1) = absorbed.back().input(0);
     auto& attr = *op->mutable_attr();
     attr["Tid"].set_type(tensorflow::DT_STRING);
     attr["id_mode"].set_s("hash");
