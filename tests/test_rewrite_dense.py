@@ -946,7 +946,7 @@ def test_masked_sum_is_the_fused_sum_of_unmasked_rows(rng, dtype):
 
 
 @pytest.mark.parametrize("weights", ["mask", "bool_mask_cast_after", "float_of_ids", "mask_first", "ellipsis",
-                                     "slices"])
+                                     "slices", "reshape"])
 @pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
 def test_weighted_sum_written_by_hand_is_the_fused_weighted_sum(rng, weights, dtype):
     # DIN-style pooling: reduce_sum(rows * expand_dims(w, -1), 1) with w [B, L]
@@ -965,6 +965,8 @@ def test_weighted_sum_written_by_hand_is_the_fused_weighted_sum(rng, weights, dt
             w = tf.cast(ids % 3, tf.float32)[..., None]
         elif weights == "slices":
             w = tf.cast(ids % 3, tf.float32)[:, :, tf.newaxis]
+        elif weights == "reshape":  # DeepFM's tf.reshape(feat_value, [-1, F, 1])
+            w = tf.reshape(tf.cast(ids % 3, tf.float32), [-1, L, 1])
         else:
             w = tf.expand_dims(tf.cast(ids % 3, tf.float32) - 0.5, -1)
         pooled = tf.reduce_sum(w * rows if weights == "mask_first" else rows * w, axis=1)
@@ -1019,6 +1021,22 @@ def test_weights_of_a_separate_input_broadcast_as_the_mul_broadcasts_them(rng, w
             f(ids, w)
         with pytest.raises(tf.errors.InvalidArgumentError):
             run_graph_def(cf, graph, ids, w)
+
+
+def test_weights_reshaped_without_known_columns_are_left_alone(rng):
+    # Reshape(w, [-1, L, 1]) keeps each weight beside its id only where w has
+    # L columns; else it moves weights between rows.
+    params = tf.Variable(rng.normal(size=(V, D)).astype(np.float32))
+
+    def f(ids, w):
+        return tf.reduce_sum(tf.nn.embedding_lookup(params, ids) * tf.reshape(w, [-1, L, 1]), axis=1)
+
+    cf, graph, report, counts = offline(f, tf.TensorSpec([None, L], tf.int64), tf.TensorSpec([None, None]))
+    assert report["match"] == [], report
+    assert any("is not known to keep each weight beside its id" in s["reason"] for s in report["skip"]), report
+    ids, w = padded_ids(rng, rows=2), tf.constant(rng.normal(size=(5, 2)).astype(np.float32))
+    [got] = run_graph_def(cf, graph, ids, w)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(f(ids, w)))
 
 
 def test_one_id_per_row_over_longer_weights_is_left_alone(rng):

@@ -346,6 +346,12 @@ bool MatchExpandedWeights(const GraphIndex& g, const NodeDef* x, ExpandedWeights
     *w = ExpandedWeights{x, cast, x->input(0), TypeAttr(*x, "T"), {ParseTensorName(x->input(1)).node}};
     return true;
   }
+  std::vector<int64_t> shape;
+  if (IsOp(x, "Reshape") && ConstIntVector(g.Producer(*x, 1), &shape) && shape.size() == 3 && shape[0] == -1 &&
+      shape[1] > 0 && shape[2] == 1) {
+    *w = ExpandedWeights{x, cast, x->input(0), TypeAttr(*x, "T"), {ParseTensorName(x->input(1)).node}, shape[1]};
+    return true;
+  }
   if (!IsOp(x, "StridedSlice") || !IsTrailingNewAxis(g, *x)) return false;
   *w = ExpandedWeights{x, cast, x->input(0), TypeAttr(*x, "T"), {}};
   for (int i = 1; i <= 3; ++i) w->constants.push_back(ParseTensorName(x->input(i)).node);

@@ -58,13 +58,16 @@ bool SharedWithOtherGathers(const GraphIndex& g, const std::vector<const tensorf
 
 // Weights [B, L] expanded to [B, L, 1] to scale gathered rows [B, L, D]:
 // ExpandDims(w, -1 or 2), w[..., None] or w[:, :, None] (StridedSlice),
-// perhaps cast (a bool mask cast to float).
+// or Reshape(w, [-1, L, 1]) (an expansion only where w is known to have L
+// columns: `reshaped_length` is L, for the caller to check), perhaps cast
+// (a bool mask cast to float).
 struct ExpandedWeights {
   const tensorflow::NodeDef* expand = nullptr;
   const tensorflow::NodeDef* cast = nullptr;  // Cast(expand), or null
   std::string weights;                        // w
   tensorflow::DataType type = tensorflow::DT_INVALID;  // w's
-  std::vector<std::string> constants;         // the axis, or the slice's begin, end and strides
+  std::vector<std::string> constants;         // the axis, the slice's begin, end and strides, or the shape
+  int64_t reshaped_length = 0;                // L of a Reshape to [-1, L, 1]; 0: no Reshape
 };
 bool MatchExpandedWeights(const GraphIndex& g, const tensorflow::NodeDef* x, ExpandedWeights* w);
 

@@ -194,8 +194,8 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
                                  "weighted mean divides by the weights' sum");
       if (!MatchWeightedRows(g, input, &weighted))
         return Skip(ctx, anchor, "the gathered rows are multiplied by something other than weights [B, L] "
-                                 "expanded on their last axis (ExpandDims(w, -1), w[..., None]) before the "
-                                 "reduction");
+                                 "expanded on their last axis (ExpandDims(w, -1), w[..., None], Reshape(w, [-1, L, "
+                                 "1])) before the reduction");
       input = g.Producer(*input, weighted.rows_operand);
     }
     std::vector<const NodeDef*> identities;
@@ -345,6 +345,14 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     int port = 0;
     const NodeDef* weights = g.Producer(*w.expand, 0, &port);
     const int rank = weights == nullptr ? -1 : ctx->Rank(*weights, port);
+    // A Reshape to [-1, L, 1] expands w only where w has L columns (else it
+    // moves values between rows).
+    if (w.reshaped_length != 0 &&
+        (rank != 2 || ctx->Dim(*weights, port, 1) != w.reshaped_length || w.reshaped_length != length)) {
+      *why = "the weights' Reshape to [-1, " + std::to_string(w.reshaped_length) +
+             ", 1] is not known to keep each weight beside its id";
+      return false;
+    }
     if (rank < 0 || rank > 2) {
       *why = rank < 0 ? "the weights' rank is unknown" : "the weights have rank " + std::to_string(rank) + ", not 2";
       return false;
