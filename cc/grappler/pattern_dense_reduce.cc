@@ -455,14 +455,7 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     }
     *dead_masks = DeadMasksOf(ctx, pooled);
     const int readers = (vocab->wrap.empty() ? 1 : 3) + (masked.found() ? 1 : 0) + dead_masks->size();
-    for (const NodeDef* n : vocab->wrap)
-      if (!OnlyReadBy(ctx, *n, 1, why)) return false;
-    const int check_readers = vocab->assert_node != nullptr ? 1 : 0;
-    for (const NodeDef* n : vocab->identities)
-      if (!OnlyReadBy(ctx, *n, n == &pooled ? readers : 1, why)) return false;
-    const bool pooled_is_source = vocab->identities.empty();
-    if (!OnlyReadBy(ctx, IdsSource(*vocab), (pooled_is_source ? readers : 1) + check_readers, why)) return false;
-    return KeyRulesFeedOnlyThemselves(ctx, *vocab, why);
+    return LookupFeedsOnly(ctx, *vocab, readers, why);
   }
 
   // Keras computes a mask for every layer of a functional model: the masks

@@ -116,15 +116,7 @@ class VocabLookupPattern : public NamedPattern<kName> {
         !kept->empty())
       return true;
     kept->clear();
-    for (const NodeDef* n : ids.wrap)
-      if (!OnlyReadBy(ctx, *n, 1, why)) return false;
-    const int index_readers = ids.wrap.empty() ? 1 : 3;  // the wrap reads the index three times
-    const NodeDef* last = ids.identities.empty() ? ids.find : ids.identities.front();
-    for (const NodeDef* n : ids.identities)
-      if (!OnlyReadBy(ctx, *n, n == last ? index_readers : 1, why)) return false;
-    const int check_readers = ids.assert_node != nullptr ? 1 : 0;
-    return OnlyReadBy(ctx, IdsSource(ids), (ids.identities.empty() ? index_readers : 1) + check_readers, why) &&
-           KeyRulesFeedOnlyThemselves(ctx, ids, why);
+    return LookupFeedsOnly(ctx, ids, ids.wrap.empty() ? 1 : 3, why);  // the wrap reads the ids three times
   }
 
   void Replace(const NodeDef& anchor_in, const VocabIds& ids, bool resource, DataType T, const FlattenOfRows& flatten,

@@ -276,6 +276,17 @@ bool WrapShiftIsRowCount(RewriteContext* ctx, const VocabIds& ids, const NodeDef
   return rows >= 0 && n == rows;
 }
 
+bool LookupFeedsOnly(RewriteContext* ctx, const VocabIds& ids, int readers, std::string* why) {
+  for (const NodeDef* n : ids.wrap)
+    if (!OnlyReadBy(ctx, *n, 1, why)) return false;
+  const NodeDef* nearest = ids.identities.empty() ? nullptr : ids.identities.front();
+  for (const NodeDef* n : ids.identities)
+    if (!OnlyReadBy(ctx, *n, n == nearest ? readers : 1, why)) return false;
+  const int check_readers = ids.assert_node != nullptr ? 1 : 0;
+  return OnlyReadBy(ctx, IdsSource(ids), (nearest == nullptr ? readers : 1) + check_readers, why) &&
+         KeyRulesFeedOnlyThemselves(ctx, ids, why);
+}
+
 bool MatchVocabWaits(const GraphIndex& g, VocabIds* ids, std::string* why) {
   for (const NodeDef* identity : ids->identities) {
     for (const std::string& in : identity->input()) {

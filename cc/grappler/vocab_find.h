@@ -72,6 +72,14 @@ bool MaskIsScalar(RewriteContext* ctx, const KerasKeyRules& rules);
 // and defaults may be negative, so only then is it exact.
 bool WrapShiftIsRowCount(RewriteContext* ctx, const VocabIds& ids, const tensorflow::NodeDef& gather, bool resource);
 
+// Whether the lookup's nodes feed only what the fused op replaces: the wrap
+// and Keras' rules each only the next, the ids the reader reads (the
+// Identity nearest it, or IdsSource) exactly `readers` times (the gather
+// once, or Keras' wrap thrice, plus any mask of them the caller absorbs),
+// the other Identities once, and IdsSource also Keras' check; else *why
+// says which node has another consumer.
+bool LookupFeedsOnly(RewriteContext* ctx, const VocabIds& ids, int readers, std::string* why);
+
 // The only thing the ids may wait on is Keras' check of these ids.
 bool MatchVocabWaits(const GraphIndex& g, VocabIds* ids, std::string* why);
 
