@@ -1,18 +1,28 @@
 // CUDA find and find-or-insert of the key-to-row hash table, on the
 // host/device rules of cc/core/hash_table.h that the CPU kernel uses.
 //
-// The find is a thread per key. The insert gives rows one key at a time, in
-// key order, as the CPU inserter does, so that a table trained on either
-// device holds the same rows: a block scans the keys a chunk at a time and
-// one thread places the chunk's missing keys. In a training step most keys
-// are found, so the serial part is the few new keys, not the batch.
+// The find is a thread per key. An inserting call finds and stamps every key,
+// counts those without a row, and then inserts them one of two ways, chosen
+// on the device (DecideInsertKernel), so that the host never waits:
+//  - in parallel, a thread per key, in the phases of hash_table_parallel.h,
+//    whenever no key can wait for admission, be dropped or need a row the
+//    table lacks: a training step's new keys in a table with room;
+//  - else serially: a block scans the keys a chunk at a time and one thread
+//    places the chunk's missing keys in key order (PlaceKey), as the CPU's
+//    Inserter does. Only a table near full or an admission filter takes it.
+// Both give every key the row the CPU gives it (rows in order of first
+// appearance), so a table trained on either device maps keys to the same
+// rows; the parallel path may put keys of one probe run in other slots.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <string>
 
 #include "cc/core/hash_table.h"
+#include "cc/core/hash_table_parallel.h"
 #include "cuda/hash_table_launchers.h"
+#include "cuda/lookup_launchers.h"  // ExclusiveScan
 
 namespace ctr {
 namespace gpu {
@@ -31,44 +41,116 @@ __global__ void HashTableFindKernel(const int64_t* __restrict__ pairs, int64_t n
   }
 }
 
+// An inserting call's status cells (int64[kStatusCells] on the device).
+enum InsertStatus : int {
+  kReusedCount = 0,  // rows taken off the free stack, written to reused[]
+  kBadHeader = 1,    // 1: the header does not fit the table; nothing is inserted
+  kMissing = 2,      // sightings the find left without a row (padding aside)
+  kParallel = 3,     // 1: the missing keys are inserted in parallel
+};
+
 // The header check and the clock of an inserting call (one thread). A
-// header that does not fit the table (status[1]) leaves the table as it was,
-// as the CPU kernel refuses such a table before touching it.
+// header that does not fit the table leaves the table as it was, as the CPU
+// kernel refuses such a table before touching it.
 __global__ void StartInsertKernel(int64_t* header, int64_t capacity, int64_t num_slots, bool new_step,
                                   int64_t* status) {
-  status[0] = 0;
-  status[1] = HeaderFits(header, capacity, num_slots) ? 0 : 1;
-  if (status[1] == 0) InsertingClock(header, new_step);
+  status[kReusedCount] = 0;
+  status[kBadHeader] = HeaderFits(header, capacity, num_slots) ? 0 : 1;
+  status[kMissing] = 0;
+  status[kParallel] = 0;
+  if (status[kBadHeader] == 0) InsertingClock(header, new_step);
 }
 
 // The find of an inserting call: found keys are stamped with the call's
-// clock, atomically since one key may come many times.
+// clock, atomically since one key may come many times; the missing ones are
+// counted, a warp's at once.
 __global__ void FindStampKernel(const int64_t* __restrict__ header, Slots slots, const int64_t* __restrict__ keys,
-                                int64_t n, bool dense_padding, int64_t* __restrict__ rows,
-                                const int64_t* __restrict__ status) {
-  const bool stamp = status[1] == 0;
+                                int64_t n, bool dense_padding, int64_t* __restrict__ rows, int64_t* status) {
+  const bool stamp = status[kBadHeader] == 0;
   const unsigned long long clock = static_cast<unsigned long long>(header[kClock]);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const int64_t s = ProbeSlot(slots.pairs, slots.num_slots, keys[i]);
-    rows[i] = RowInSlot(slots.pairs, s, keys[i], dense_padding);
-    if (rows[i] == kNoRow || !stamp) continue;
+    const int64_t row = RowInSlot(slots.pairs, s, keys[i], dense_padding);
+    rows[i] = row;
+    const auto warp = cooperative_groups::coalesced_threads();
+    const unsigned missing = warp.ballot(row == kNoRow && !IsPaddingKey(keys[i], dense_padding));
+    if (missing != 0 && warp.thread_rank() == 0) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(status + kMissing),
+                static_cast<unsigned long long>(__popc(missing)));
+    }
+    if (row == kNoRow || !stamp) continue;
     auto* stats = reinterpret_cast<unsigned long long*>(StatsAt(slots, s));
     atomicExch(stats + kLastSeen, clock);
     atomicAdd(stats + kCount, 1ULL);
   }
 }
 
+// Whether this call inserts in parallel (InsertsInParallel); one thread.
+__global__ void DecideInsertKernel(const int64_t* header, int64_t capacity, int64_t num_slots, int64_t admit_after,
+                                   int64_t* status) {
+  status[kParallel] =
+      status[kBadHeader] == 0 && InsertsInParallel(header, capacity, num_slots, admit_after, status[kMissing]);
+}
+
+// Phase 1 (hash_table_parallel.h): each missing key's slot, claimed or
+// found; -1 for keys with a row, padding, and every key of a serial call.
+__global__ void ClaimSlotsKernel(Slots slots, const int64_t* __restrict__ keys, int64_t n, bool dense_padding,
+                                 const int64_t* __restrict__ rows, const int64_t* __restrict__ status,
+                                 int64_t* __restrict__ slot) {
+  const bool parallel = status[kParallel] != 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const bool missing = parallel && rows[i] == kNoRow && !IsPaddingKey(keys[i], dense_padding);
+    slot[i] = missing ? ClaimSlot(slots.pairs, slots.num_slots, keys, n, i) : -1;
+  }
+}
+
+// Phase 2: flags[i] = 1 for each new key's first sighting.
+__global__ void FirstSightingsKernel(const int64_t* __restrict__ header, Slots slots,
+                                     const int64_t* __restrict__ keys, int64_t n, const int64_t* __restrict__ slot,
+                                     int64_t* __restrict__ flags) {
+  const int64_t clock = header[kClock];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    flags[i] = TakeFirstSighting(slots, slot[i], keys, i, clock) ? 1 : 0;
+  }
+}
+
+// Phase 4: rows for the first sightings (ranks: the flags' exclusive sum),
+// use counts for all.
+__global__ void GiveRowsKernel(TableView t, int64_t n, const int64_t* __restrict__ slot,
+                               const int64_t* __restrict__ flags, const int64_t* __restrict__ ranks,
+                               int64_t* __restrict__ reused) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    if (flags[i] != 0) GiveRow(t, slot[i], ranks[i], reused);
+    CountSighting(t.slots, slot[i]);
+  }
+}
+
+// Phase 5: each sighting's row, and the header once (ranks[n]: keys added).
+__global__ void ReadRowsKernel(TableView t, int64_t n, const int64_t* __restrict__ slot,
+                               const int64_t* __restrict__ ranks, int64_t* __restrict__ rows, int64_t* status) {
+  if (blockIdx.x == 0 && threadIdx.x == 0 && status[kParallel] != 0) {
+    status[kReusedCount] = FinishParallelInsert(t.header, ranks[n]);
+  }
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    if (slot[i] >= 0) rows[i] = RowOfClaimedSlot(t.slots, slot[i]);
+  }
+}
+
 // Rows for the keys the find left without one, placed by thread 0 in key
-// order (PlaceKey). One block: the table's header is the whole call's state.
-// A header that does not fit the table (status[1], from StartInsertKernel)
-// inserts nothing, since it indexes the free stack.
+// order (PlaceKey), where the call does not insert in parallel. One block:
+// the table's header is the whole call's state. A header that does not fit
+// the table inserts nothing, since it indexes the free stack.
 __global__ void InsertMissingKernel(TableView t, int64_t capacity, int64_t admit_after,
                                     const int64_t* __restrict__ keys, int64_t n, bool dense_padding,
                                     int64_t* __restrict__ rows, int64_t* __restrict__ reused,
                                     int64_t* __restrict__ status) {
   __shared__ bool missing[kInsertThreads];
-  if (status[1] != 0) return;
+  if (status[kBadHeader] != 0 || status[kParallel] != 0) return;
   int64_t num_reused = 0;  // thread 0's
   for (int64_t base = 0; base < n; base += kInsertThreads) {
     const int64_t i = base + threadIdx.x;
@@ -85,7 +167,7 @@ __global__ void InsertMissingKernel(TableView t, int64_t capacity, int64_t admit
     }
     __syncthreads();  // missing[] is rewritten by the next chunk
   }
-  if (threadIdx.x == 0) status[0] = num_reused;
+  if (threadIdx.x == 0) status[kReusedCount] = num_reused;
 }
 
 unsigned int GridFor(int64_t n, int threads) {
@@ -107,22 +189,71 @@ std::string HashTableFind(const int64_t* slot_rows, int64_t num_slots, const int
   return LaunchError("HashTableFindKernel");
 }
 
+namespace {
+
+// Where an inserting call's scratch lives: slot, flags and ranks per key,
+// then CUB's scan scratch, each 256-byte aligned as CUB expects its own.
+struct InsertScratch {
+  int64_t* slot = nullptr;   // [n]
+  int64_t* flags = nullptr;  // [n]
+  int64_t* ranks = nullptr;  // [n + 1]
+  void* scan = nullptr;
+  size_t scan_bytes = 0;
+  size_t total = 0;
+};
+
+size_t Aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+InsertScratch CarveInsertScratch(int64_t n, void* base) {
+  const size_t keys = static_cast<size_t>(std::max<int64_t>(n, 0));
+  InsertScratch w;
+  auto* bytes = static_cast<char*>(base);
+  const size_t per_key = Aligned(keys * sizeof(int64_t));
+  const size_t ranks_at = 2 * per_key, scan_at = ranks_at + Aligned((keys + 1) * sizeof(int64_t));
+  w.scan_bytes = ExclusiveScanTempBytes(static_cast<int64_t>(keys));
+  w.total = scan_at + Aligned(std::max<size_t>(w.scan_bytes, 1));
+  if (bytes != nullptr) {
+    w.slot = reinterpret_cast<int64_t*>(bytes);
+    w.flags = reinterpret_cast<int64_t*>(bytes + per_key);
+    w.ranks = reinterpret_cast<int64_t*>(bytes + ranks_at);
+    w.scan = bytes + scan_at;
+  }
+  return w;
+}
+
+}  // namespace
+
+size_t HashTableInsertScratchBytes(int64_t n) { return CarveInsertScratch(n, nullptr).total; }
+
 std::string HashTableFindOrInsert(int64_t* table, int64_t num_slots, int64_t capacity, int64_t admit_after,
                                   bool new_step, const int64_t* keys, int64_t n, bool dense_padding, int64_t* rows,
-                                  int64_t* reused, int64_t* status, void* stream) {
+                                  int64_t* reused, int64_t* status, void* scratch, size_t scratch_bytes,
+                                  void* stream) {
   const auto st = static_cast<cudaStream_t>(stream);
   const TableView t{table, SlotsOf(table + kColumns * kHeaderRows, num_slots),
                     table + kColumns * (kHeaderRows + num_slots)};
   StartInsertKernel<<<1, 1, 0, st>>>(t.header, capacity, num_slots, new_step, status);
   std::string error = LaunchError("StartInsertKernel");
   if (!error.empty() || n <= 0) return error;
-  FindStampKernel<<<GridFor(n, kFindThreads), kFindThreads, 0, st>>>(t.header, t.slots, keys, n, dense_padding,
-                                                                      rows, status);
-  error = LaunchError("FindStampKernel");
+  const InsertScratch w = CarveInsertScratch(n, scratch);
+  if (scratch == nullptr || scratch_bytes < w.total) {
+    return "HashTableFindOrInsert: scratch of " + std::to_string(scratch_bytes) + " bytes, needs " +
+           std::to_string(w.total) + " (HashTableInsertScratchBytes)";
+  }
+  const unsigned int grid = GridFor(n, kFindThreads);
+  FindStampKernel<<<grid, kFindThreads, 0, st>>>(t.header, t.slots, keys, n, dense_padding, rows, status);
+  DecideInsertKernel<<<1, 1, 0, st>>>(t.header, capacity, num_slots, admit_after, status);
+  ClaimSlotsKernel<<<grid, kFindThreads, 0, st>>>(t.slots, keys, n, dense_padding, rows, status, w.slot);
+  FirstSightingsKernel<<<grid, kFindThreads, 0, st>>>(t.header, t.slots, keys, n, w.slot, w.flags);
+  error = LaunchError("the parallel insert's claims");
   if (!error.empty()) return error;
+  error = ExclusiveScan(w.flags, n, w.ranks, w.scan, w.scan_bytes, stream);
+  if (!error.empty()) return error;
+  GiveRowsKernel<<<grid, kFindThreads, 0, st>>>(t, n, w.slot, w.flags, w.ranks, reused);
+  ReadRowsKernel<<<grid, kFindThreads, 0, st>>>(t, n, w.slot, w.ranks, rows, status);
   InsertMissingKernel<<<1, kInsertThreads, 0, st>>>(t, capacity, admit_after, keys, n, dense_padding, rows, reused,
                                                      status);
-  return LaunchError("InsertMissingKernel");
+  return LaunchError("the hash table's insert");
 }
 
 }  // namespace gpu

@@ -4,6 +4,7 @@
 // success, else a CUDA error message.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -20,15 +21,21 @@ std::string HashTableFind(const int64_t* slot_rows, int64_t num_slots, const int
 // An inserting find with no eviction (admission allowed) on a whole table
 // at `table` (its header first) of num_slots slots and `capacity` rows: the
 // clock advances as InsertingClock says, found keys are stamped, and the
-// missing ones get rows one at a time in key order, so rows and table come
-// out bit for bit as the CPU's CtrHashTableFind leaves them. reused [n]
-// receives the rows taken off the free stack (their values are evicted
-// keys'), status int64[2] {how many, 1 if the header does not fit the table
-// and nothing was inserted}. Keys must not be found or inserted by another
-// call at the same time.
+// missing ones get rows in order of first appearance, in parallel where
+// hash_table_parallel.h allows it, else one at a time in key order, so rows,
+// reused rows, header, free stack and each key's stats come out as the
+// CPU's CtrHashTableFind leaves them (the slots a key sits in may differ).
+// reused [n] receives the rows taken off the free stack (their values are
+// evicted keys'), status int64[kHashTableStatusCells] {how many, 1 if the
+// header does not fit the table and nothing was inserted, then scratch}.
+// `scratch` holds HashTableInsertScratchBytes(n) bytes of device memory.
+// Keys must not be found or inserted by another call at the same time.
+constexpr int64_t kHashTableStatusCells = 4;
+size_t HashTableInsertScratchBytes(int64_t n);
 std::string HashTableFindOrInsert(int64_t* table, int64_t num_slots, int64_t capacity, int64_t admit_after,
                                   bool new_step, const int64_t* keys, int64_t n, bool dense_padding, int64_t* rows,
-                                  int64_t* reused, int64_t* status, void* stream);
+                                  int64_t* reused, int64_t* status, void* scratch, size_t scratch_bytes,
+                                  void* stream);
 
 }  // namespace gpu
 }  // namespace ctr

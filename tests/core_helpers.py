@@ -63,6 +63,29 @@ def load_table_layout():
     return module
 
 
+def table_by_key(table, capacity):
+    """What a hash table holds, whatever slots its keys landed in (a parallel
+    insert may place keys of one probe run in another order): the header,
+    the free stack, and each occupied slot's (key, entry, last_seen, count)
+    sorted by key."""
+    layout = load_table_layout()
+    num_slots = table.shape[0] - layout.HEADER_ROWS - layout.free_list_rows(capacity)
+    slots = table[layout.HEADER_ROWS:layout.HEADER_ROWS + num_slots].reshape(-1)
+    pairs, stats = slots[:2 * num_slots].reshape(-1, 2), slots[2 * num_slots:].reshape(-1, 2)
+    used = pairs[:, 1] != layout.EMPTY_ENTRY
+    contents = np.concatenate([pairs[used], stats[used]], axis=1)
+    header = table[:layout.HEADER_ROWS].reshape(-1)
+    free = table[layout.HEADER_ROWS + num_slots:].reshape(-1)[:header[layout.FREE_COUNT]]
+    return header.copy(), free.copy(), contents[np.argsort(contents[:, 0], kind="stable")]
+
+
+def assert_same_table(got, want, capacity, err_msg=""):
+    """Two tables hold the same keys, rows, stats, header and free stack."""
+    for part, a, b in zip(("header", "free stack", "slots by key"), table_by_key(got, capacity),
+                          table_by_key(want, capacity)):
+        np.testing.assert_array_equal(a, b, err_msg=f"{part} {err_msg}")
+
+
 def core_or_skip(*needed, without_cuda="no CUDA device: tf_ctr_ops._core was built without CUDA"):
     """The core built with CUDA and the named bindings, else a module-level
     skip (`without_cuda` is the reason given for a core without CUDA)."""

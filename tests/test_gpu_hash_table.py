@@ -3,8 +3,10 @@ the CPU loops of the same framework-free core, through tf_ctr_ops._core.
 
 Tables are built on the host by _core.hash_table_find(insert=True) (the loops
 the TF kernel runs), copied to the device, and read back row for row by
-_core.gpu_hash_table_find; _core.gpu_hash_table_find_or_insert must leave
-rows and the whole table bit for bit as the CPU insert does. TensorFlow is never imported. Skips, with the
+_core.gpu_hash_table_find; _core.gpu_hash_table_find_or_insert must give the
+rows, reused rows, header, free stack and per-key stats the CPU's serial
+insert gives (its parallel path may seat keys of one probe run in other
+slots, so tables are compared key by key). TensorFlow is never imported. Skips, with the
 reason, when _core is not built, was built without CUDA, or no GPU is
 reachable through CuPy or PyTorch.
 """
@@ -12,7 +14,7 @@ reachable through CuPy or PyTorch.
 import numpy as np
 import pytest
 
-from core_helpers import Buffer, backend_or_skip, core_or_skip, load_table_layout
+from core_helpers import Buffer, assert_same_table, backend_or_skip, core_or_skip, load_table_layout
 from core_helpers import upload as upload_to
 
 core = core_or_skip()
@@ -76,31 +78,45 @@ def test_bad_tables_are_rejected_before_any_launch():
         core.gpu_hash_table_find(0, layout.table_shape(16, 8)[0], 8, 1, 1, False, 1)
 
 
+PARALLEL_CELL = 3  # status cell: 1 when the call inserted in parallel (cuda/hash_table_kernels.cu)
+
+
 def gpu_find_or_insert(table, capacity, keys, admit_after=1, dense_padding=False, new_step=True):
-    """The device insert on a copy of `table`: (rows, reused rows, the table after)."""
+    """The device insert on a copy of `table`: (rows, reused rows, the table
+    after, whether it inserted in parallel)."""
     keys = np.ascontiguousarray(keys, np.int64)
     m = max(keys.size, 1)
     table_buf, keys_buf = upload_to(backend, table), upload_to(backend, keys)
-    rows, reused, status = Buffer(backend, m * 8), Buffer(backend, m * 8), Buffer(backend, 16)
+    rows, reused = Buffer(backend, m * 8), Buffer(backend, m * 8)
+    status = Buffer(backend, 8 * core.gpu_hash_table_status_cells)
+    scratch = Buffer(backend, core.gpu_hash_table_insert_scratch_bytes(keys.size))
     count = core.gpu_hash_table_find_or_insert(
         table_buf.ptr, table.shape[0], capacity, keys_buf.ptr if keys.size else 0, keys.size,
-        rows.ptr if keys.size else 0, reused.ptr if keys.size else 0, status.ptr, admit_after=admit_after,
-        dense_padding=dense_padding, new_step=new_step)
+        rows.ptr if keys.size else 0, reused.ptr if keys.size else 0, status.ptr, scratch.ptr,
+        admit_after=admit_after, dense_padding=dense_padding, new_step=new_step)
     backend.synchronize()
+    in_parallel = bool(status.read(np.int64, (core.gpu_hash_table_status_cells,))[PARALLEL_CELL])
     return (rows.read(np.int64, (m,))[:keys.size], reused.read(np.int64, (m,))[:count],
-            table_buf.read(np.int64, table.shape))
+            table_buf.read(np.int64, table.shape), in_parallel)
 
 
-def assert_inserts_like_the_cpu(table, capacity, keys, admit_after=1, dense_padding=False):
-    """Inserts `keys` on both devices; returns the CPU's table after."""
-    got_rows, got_reused, got_table = gpu_find_or_insert(table, capacity, keys, admit_after, dense_padding)
+def assert_inserts_like_the_cpu(table, capacity, keys, admit_after=1, dense_padding=False, in_parallel=None):
+    """Inserts `keys` on the device and by the CPU's serial rules; returns the
+    device's table after. in_parallel, unless None: which path the device must take."""
+    got_rows, got_reused, got_table, took_parallel = gpu_find_or_insert(table, capacity, keys, admit_after,
+                                                                         dense_padding)
     want_table = table.copy()
     want_rows, want_reused = core.hash_table_find(want_table, np.asarray(keys, np.int64), capacity, insert=True,
-                                                  admit_after=admit_after, dense_padding=dense_padding)
+                                                  admit_after=admit_after, dense_padding=dense_padding,
+                                                  in_parallel=False)
     np.testing.assert_array_equal(got_rows, want_rows)
     np.testing.assert_array_equal(got_reused, want_reused)
-    np.testing.assert_array_equal(got_table, want_table)  # header, keys, entries, stats, free stack
-    return want_table
+    assert_same_table(got_table, want_table, capacity)
+    if not took_parallel:  # the serial kernel seats keys where the CPU does
+        np.testing.assert_array_equal(got_table, want_table)
+    if in_parallel is not None:
+        assert took_parallel == in_parallel
+    return got_table
 
 
 @pytest.mark.parametrize("admit_after", [1, 3])
@@ -134,17 +150,55 @@ def test_insert_takes_rows_off_the_free_stack_first(rng):
         core.hash_table_find(table, np.array([2**62 + 1], np.int64), 64, insert=True, eviction="lru")
     freed = table.reshape(-1)[layout.FREE_COUNT]
     assert freed > 0
-    table = assert_inserts_like_the_cpu(table, 64, rng.integers(-2**62, 2**62, size=freed + 3))
+    new_keys = rng.integers(-2**62, 2**62, size=freed + 3)
+    # Fewer new sightings than free rows insert in parallel; more, in a full table, serially.
+    after = assert_inserts_like_the_cpu(table, 64, new_keys[:freed - 1], in_parallel=True)
+    assert after.reshape(-1)[layout.FREE_COUNT] == 1
+    table = assert_inserts_like_the_cpu(table, 64, new_keys, in_parallel=False)
     assert table.reshape(-1)[layout.FREE_COUNT] == 0
+
+
+@pytest.mark.parametrize("capacity, num_slots, batch", [(200_000, 1 << 19, 150_000), (1_500_000, 1 << 22, 1 << 20)])
+def test_a_batch_of_new_and_repeated_keys_inserts_in_parallel(rng, capacity, num_slots, batch):
+    # A training step's shape: Zipf keys, most of them repeats, into a table
+    # with room; then a second batch of half known, half new keys.
+    table = empty_table(num_slots, capacity)
+    space = rng.integers(-2**62, 2**62, size=capacity // 2)
+    for call in range(2):
+        keys = space[np.minimum(rng.zipf(1.2, batch) - 1, space.size - 1)]
+        keys[rng.random(batch) < 0.3] = rng.integers(-2**62, 2**62, size=1)  # one hot key
+        table = assert_inserts_like_the_cpu(table, capacity, keys, in_parallel=True)
+    assert table.reshape(-1)[layout.NEXT_ROW] > 1000
+
+
+def test_many_threads_on_few_colliding_keys_give_one_row_per_key(rng):
+    # Thousands of threads on 48 keys in 128 slots: every claim races others of
+    # the same key and of keys whose probe runs overlap.
+    for trial in range(20):
+        table = empty_table(128, 64)
+        keys = rng.integers(0, 48, size=20_000)
+        table = assert_inserts_like_the_cpu(table, 64, keys, in_parallel=True)
+        _, first = np.unique(keys, return_index=True)
+        np.testing.assert_array_equal(gpu_find(table, 64, keys[np.sort(first)]), np.arange(first.size))
+
+
+def test_admission_and_a_full_table_insert_serially(rng):
+    table = empty_table(256, 128)
+    keys = rng.integers(0, 90, size=2000)
+    table = assert_inserts_like_the_cpu(table, 128, keys, admit_after=2, in_parallel=False)
+    # Keys still waiting from the admission filter keep later calls serial too.
+    table = assert_inserts_like_the_cpu(table, 128, rng.integers(0, 90, size=50), in_parallel=False)
+    full = empty_table(256, 128)
+    assert_inserts_like_the_cpu(full, 128, rng.integers(0, 400, size=3000), in_parallel=False)
 
 
 def test_a_call_that_continues_a_step_keeps_the_clock(rng):
     table = empty_table(16, 8)
-    _, _, after = gpu_find_or_insert(table, 8, [1, 2], new_step=True)
+    after = gpu_find_or_insert(table, 8, [1, 2], new_step=True)[2]
     assert after.reshape(-1)[layout.CLOCK] == 1
-    _, _, again = gpu_find_or_insert(after, 8, [1, 3], new_step=False)
+    again = gpu_find_or_insert(after, 8, [1, 3], new_step=False)[2]
     assert again.reshape(-1)[layout.CLOCK] == 1
-    _, _, next_step = gpu_find_or_insert(again, 8, [1], new_step=True)
+    next_step = gpu_find_or_insert(again, 8, [1], new_step=True)[2]
     assert next_step.reshape(-1)[layout.CLOCK] == 2
 
 
@@ -156,18 +210,22 @@ def test_a_corrupt_header_inserts_nothing(rng):
         bad.reshape(-1)[cell] = value
         keys = np.ascontiguousarray([4, 6, 7], np.int64)
         table_buf, keys_buf = upload_to(backend, bad), upload_to(backend, keys)
-        rows, reused, status = Buffer(backend, 24), Buffer(backend, 24), Buffer(backend, 16)
+        rows, reused = Buffer(backend, 24), Buffer(backend, 24)
+        status = Buffer(backend, 8 * core.gpu_hash_table_status_cells)
+        scratch = Buffer(backend, core.gpu_hash_table_insert_scratch_bytes(3))
         with pytest.raises(ValueError, match="corrupt hash table header"):
             core.gpu_hash_table_find_or_insert(table_buf.ptr, bad.shape[0], 8, keys_buf.ptr, 3, rows.ptr, reused.ptr,
-                                               status.ptr)
+                                               status.ptr, scratch.ptr)
         np.testing.assert_array_equal(table_buf.read(np.int64, bad.shape), bad)
 
 
 def test_insert_arguments_are_checked_before_any_launch():
     rows = layout.table_shape(16, 8)[0]
     with pytest.raises(ValueError, match="admit_after"):
-        core.gpu_hash_table_find_or_insert(1, rows, 8, 1, 1, 1, 1, 1, admit_after=0)
-    with pytest.raises(ValueError, match="must not be 0"):
-        core.gpu_hash_table_find_or_insert(1, rows, 8, 1, 1, 1, 0, 1)
+        core.gpu_hash_table_find_or_insert(1, rows, 8, 1, 1, 1, 1, 1, 1, admit_after=0)
+    with pytest.raises(ValueError, match="reused_ptr must not be 0"):
+        core.gpu_hash_table_find_or_insert(1, rows, 8, 1, 1, 1, 0, 1, 1)
+    with pytest.raises(ValueError, match="scratch_ptr must not be 0"):
+        core.gpu_hash_table_find_or_insert(1, rows, 8, 1, 1, 1, 1, 1, 0)
     with pytest.raises(ValueError, match="S a power of two"):
-        core.gpu_hash_table_find_or_insert(1, 7, 8, 1, 1, 1, 1, 1)
+        core.gpu_hash_table_find_or_insert(1, 7, 8, 1, 1, 1, 1, 1, 1)

@@ -1076,3 +1076,44 @@ def test_slots_reject_mismatched_batches_and_arguments(rng):
         tco.multi_hash_table_embedding([table] * 3, [tf.constant([[1]], tf.int64)] * 2)
     with pytest.raises(ValueError, match="non-empty"):
         tco.multi_hash_table_embedding(table, [])
+
+
+_OP_WITH_EIGHT_THREADS = r"""
+import sys
+import numpy as np
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(8)  # the op inserts in parallel from 4 threads up
+sys.path.insert(0, sys.argv[1])
+from core_helpers import assert_same_table
+from tf_ctr_ops import _core
+from tf_ctr_ops.hash_table import HashTable, _find
+
+rng = np.random.default_rng(7)
+capacity = 100_000
+table = HashTable(dim=2, capacity=capacity)
+mirror = table.table.numpy().copy()
+for step in range(4):
+    keys = (rng.zipf(1.2, size=40_000) % 90_000).astype(np.int64) * 104729
+    rows, reused = _find(table.table, tf.constant(keys), capacity, insert=True, admit_after=1, eviction="none")
+    want_rows, want_reused = _core.hash_table_find(mirror, keys, capacity, insert=True, in_parallel=False)
+    np.testing.assert_array_equal(rows.numpy(), want_rows)
+    np.testing.assert_array_equal(reused.numpy(), want_reused)
+    assert_same_table(table.table.numpy(), mirror, capacity, f"step {step}")
+print("ok", mirror.reshape(-1)[0])
+"""
+
+
+def test_the_op_with_eight_threads_inserts_as_the_serial_rules_do():
+    """The CPU op takes the parallel insert where its thread pool has 4 threads
+    or more (this machine's default may have fewer): a fresh process with 8."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import fresh_process_env
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-c", _OP_WITH_EIGHT_THREADS, tests], env=fresh_process_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert int(proc.stdout.split()[-1]) > 10_000, "rows were handed out"

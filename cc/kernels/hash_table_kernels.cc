@@ -2,8 +2,9 @@
 // the table variable. Reads take its lock shared and probe in parallel;
 // inserts take it exclusively (copying the buffer first if an earlier read
 // still holds it), find every key in parallel, then give rows to the missing
-// ones in key order, so that rows are assigned in order of first appearance
-// whatever the thread count.
+// ones: in parallel while the table has room for all of them, else one at a
+// time in key order (hash_table_parallel.h). Either way rows are assigned in
+// order of first appearance whatever the thread count.
 //
 // CtrHashTableEmbedding reads both the table and the values under their
 // shared locks (the table's first: an inserting find, which takes it
@@ -81,9 +82,10 @@ class HashTableFindOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, ViewTable(var->tensor(), attrs_.rules.capacity, &table));
     const int64_t clock = ctr::InsertingClock(table.header, attrs_.new_step);
     ctr::FindRows(table, key_data, n, attrs_.rules.dense_padding, clock, row_data, parallel_for);
-    ctr::Inserter inserter(table, attrs_.rules);
-    inserter.InsertMissing(key_data, n, row_data);
-    OP_REQUIRES_OK(ctx, OutputReused(ctx, inserter.reused_rows()));
+    const bool parallel =
+        ctx->device()->tensorflow_cpu_worker_threads()->num_threads >= ctr::kMinThreadsForParallelInsert;
+    OP_REQUIRES_OK(ctx, OutputReused(ctx, ctr::InsertMissing(table, attrs_.rules, key_data, n, row_data, parallel,
+                                                             parallel_for)));
   }
 
  private:

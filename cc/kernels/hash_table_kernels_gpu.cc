@@ -6,8 +6,10 @@
 // A read-only find is queued and returns: no read-back. An inserting find
 // must size its reused_rows output, so it reads {reused count, header check}
 // back synchronously, once per call (as the lookup's gradient reads its row
-// count). Eviction scans and sorts the whole table on the CPU and is refused
-// here. int32 keys are cast to int64 by the Python wrapper; only int64 keys
+// count). New keys get rows in parallel while the table has room for them,
+// else one at a time (cuda/hash_table_kernels.cu says how each is chosen on
+// the device). Eviction scans and sorts the whole table on the CPU and is
+// refused here. int32 keys are cast to int64 by the Python wrapper; only int64 keys
 // have a GPU kernel.
 #ifdef CTR_WITH_CUDA
 
@@ -82,15 +84,17 @@ class HashTableFindGpuOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, UnshareDeviceBuffer(ctx, var->tensor(), stream));
     int64_t num_slots = 0;
     OP_REQUIRES_OK(ctx, HashTableSlots(*var->tensor(), rules.capacity, &num_slots));
-    Tensor reused_all, status;
+    Tensor reused_all, status, scratch;
     OP_REQUIRES_OK(ctx, DeviceScratch(ctx, std::max<int64_t>(n, 1), &reused_all));
-    OP_REQUIRES_OK(ctx, DeviceScratch(ctx, 2, &status));
+    OP_REQUIRES_OK(ctx, DeviceScratch(ctx, ctr::gpu::kHashTableStatusCells, &status));
+    const size_t scratch_bytes = ctr::gpu::HashTableInsertScratchBytes(n);
+    OP_REQUIRES_OK(ctx, AllocateTemp(ctx, tensorflow::DT_INT8, {static_cast<int64_t>(scratch_bytes)}, &scratch));
     int64_t* st = status.flat<int64_t>().data();
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::HashTableFindOrInsert(
                             var->tensor()->flat<int64_t>().data(), num_slots, rules.capacity, rules.admit_after,
                             attrs_.new_step, keys.flat<int64_t>().data(), n, rules.dense_padding,
-                            rows->flat<int64_t>().data(),
-                            reused_all.flat<int64_t>().data(), st, stream)));
+                            rows->flat<int64_t>().data(), reused_all.flat<int64_t>().data(), st,
+                            scratch.flat<int8_t>().data(), scratch_bytes, stream)));
     int64_t h[2];
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ReadInt64(st, 2, h, stream)));
     OP_REQUIRES(ctx, h[1] == 0,

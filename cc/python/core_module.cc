@@ -203,7 +203,7 @@ py::array StringEmbedding(py::array params, py::array_t<uint8_t, py::array::c_st
 // CtrHashTableFind on a NumPy table, updated in place with insert: (rows, reused_rows).
 py::tuple HashTableFind(py::array table, py::array_t<int64_t, py::array::c_style | py::array::forcecast> keys,
                         int64_t capacity, bool insert, int64_t admit_after, bool dense_padding,
-                        const std::string& eviction, int threads) {
+                        const std::string& eviction, int threads, bool in_parallel) {
   if (!table.dtype().is(py::dtype::of<int64_t>()) || table.ndim() != 2 ||
       !(table.flags() & py::array::c_style) || !table.writeable()) {
     throw py::type_error("table must be a writable C-contiguous int64 array [2 + S + ceil(capacity / 4), 4]");
@@ -226,9 +226,7 @@ py::tuple HashTableFind(py::array table, py::array_t<int64_t, py::array::c_style
     ctr::FindRows(view, keys.data(), n, dense_padding, clock, rows.mutable_data(), parallel_for);
     if (insert) {
       const ctr::InsertRules rules{capacity, admit_after, dense_padding, ctr::ParseEviction(eviction)};
-      ctr::Inserter inserter(view, rules);
-      inserter.InsertMissing(keys.data(), n, rows.mutable_data());
-      reused = inserter.reused_rows();
+      reused = ctr::InsertMissing(view, rules, keys.data(), n, rows.mutable_data(), in_parallel, parallel_for);
     }
   }
   py::array_t<int64_t> reused_rows(static_cast<py::ssize_t>(reused.size()));
@@ -301,9 +299,10 @@ PYBIND11_MODULE(_core, m) {
         "Pooled tokens of packed strings: bytes uint8, string_splits int64 byte offsets [S+1].");
   m.def("hash_table_find", &HashTableFind, py::arg("table"), py::arg("keys"), py::arg("capacity"),
         py::arg("insert") = false, py::arg("admit_after") = 1, py::arg("dense_padding") = false,
-        py::arg("eviction") = "none", py::arg("threads") = 0,
+        py::arg("eviction") = "none", py::arg("threads") = 0, py::arg("in_parallel") = true,
         "CtrHashTableFind on a NumPy table (cc/core/hash_table.h layout), updated in place with insert: "
-        "(rows, reused_rows).");
+        "(rows, reused_rows). in_parallel=True inserts in parallel wherever the table's rules allow, "
+        "whatever the thread count (the op needs 4 threads); False, one key at a time.");
   m.def("hash_table_embedding", &HashTableEmbedding, py::arg("table"), py::arg("values"), py::arg("keys"),
         py::arg("offsets"), py::arg("weights") = py::none(), py::arg("combiner") = "mean", py::arg("capacity") = 0,
         py::arg("dense_padding") = false, py::arg("prune_weights") = false, py::arg("max_norm") = -1.0f,

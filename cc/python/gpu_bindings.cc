@@ -216,18 +216,21 @@ void GpuHashTableFind(uintptr_t table_ptr, int64_t table_rows, int64_t capacity,
 // returns how many rows were taken off the free stack (written to reused).
 int64_t GpuHashTableFindOrInsert(uintptr_t table_ptr, int64_t table_rows, int64_t capacity, uintptr_t keys_ptr,
                                  int64_t n, uintptr_t rows_ptr, uintptr_t reused_ptr, uintptr_t status_ptr,
-                                 int64_t admit_after, bool dense_padding, bool new_step, uintptr_t stream) {
+                                 uintptr_t scratch_ptr, int64_t admit_after, bool dense_padding, bool new_step,
+                                 uintptr_t stream) {
   const int64_t num_slots = TableSlots(table_rows, capacity, table_ptr, keys_ptr, n, rows_ptr);
   if (admit_after < 1) throw py::value_error("admit_after must be >= 1");
   RequirePointer(reused_ptr, n > 0, "reused_ptr");
   RequirePointer(status_ptr, true, "status_ptr");
+  RequirePointer(scratch_ptr, n > 0, "scratch_ptr");
   HostStatus status{0, 0};
   {
     py::gil_scoped_release nogil;
     Check(ctr::gpu::HashTableFindOrInsert(DevicePtr<int64_t>(table_ptr), num_slots, capacity, admit_after, new_step,
                                           DevicePtr<const int64_t>(keys_ptr), n, dense_padding,
                                           DevicePtr<int64_t>(rows_ptr), DevicePtr<int64_t>(reused_ptr),
-                                          DevicePtr<int64_t>(status_ptr), StreamPtr(stream)));
+                                          DevicePtr<int64_t>(status_ptr), DevicePtr<void>(scratch_ptr),
+                                          ctr::gpu::HashTableInsertScratchBytes(n), StreamPtr(stream)));
     Check(ctr::gpu::ReadInt64(DevicePtr<int64_t>(status_ptr), 2, status.data(), StreamPtr(stream)));
   }
   if (status[1] != 0) throw py::value_error("corrupt hash table header: nothing was inserted");
@@ -237,12 +240,16 @@ int64_t GpuHashTableFindOrInsert(uintptr_t table_ptr, int64_t table_rows, int64_
 void RegisterGpuBindings(py::module_& m) {
   m.def("gpu_hash_table_find_or_insert", &GpuHashTableFindOrInsert, py::arg("table_ptr"), py::arg("table_rows"),
         py::arg("capacity"), py::arg("keys_ptr"), py::arg("n"), py::arg("rows_ptr"), py::arg("reused_ptr"),
-        py::arg("status_ptr"), py::arg("admit_after") = 1, py::arg("dense_padding") = false,
+        py::arg("status_ptr"), py::arg("scratch_ptr"), py::arg("admit_after") = 1, py::arg("dense_padding") = false,
         py::arg("new_step") = true, py::arg("stream") = 0,
         "hash_table_find(insert=True, eviction='none') on the device: the int64 table [table_rows, 4] is "
         "updated in place and rows int64 [n] written; reused int64 [n] receives the rows taken off the free "
-        "stack, status is int64[2] scratch. Synchronizes the stream and returns how many rows were reused; "
-        "raises ValueError for a header that does not fit the table.");
+        "stack, status is int64[gpu_hash_table_status_cells] scratch and scratch "
+        "gpu_hash_table_insert_scratch_bytes(n) bytes. Synchronizes the stream and returns how many rows were "
+        "reused; raises ValueError for a header that does not fit the table.");
+  m.def("gpu_hash_table_insert_scratch_bytes", &ctr::gpu::HashTableInsertScratchBytes, py::arg("n"),
+        "Device scratch bytes gpu_hash_table_find_or_insert needs for n keys.");
+  m.attr("gpu_hash_table_status_cells") = ctr::gpu::kHashTableStatusCells;
   m.def("gpu_hash_table_find", &GpuHashTableFind, py::arg("table_ptr"), py::arg("table_rows"),
         py::arg("capacity"), py::arg("keys_ptr"), py::arg("n"), py::arg("dense_padding") = false,
         py::arg("rows_ptr") = 0, py::arg("stream") = 0,
