@@ -329,13 +329,15 @@ constexpr int kMinThreadsForParallelInsert = 4;
 template <typename Key, typename ParallelFor>
 std::vector<int64_t> InsertMissing(const TableView& t, const InsertRules& rules, const Key* keys, int64_t n,
                                    int64_t* rows, bool parallel, ParallelFor&& parallel_for) {
-  std::vector<int64_t> at;
-  for (int64_t i = 0; i < n; ++i) {
-    if (rows[i] == kNoRow && !IsPaddingKey(keys[i], rules.dense_padding)) at.push_back(i);
-  }
-  if (parallel && InsertsInParallel(t.header, rules.capacity, t.slots.num_slots, rules.admit_after,
-                                    static_cast<int64_t>(at.size()))) {
-    return InsertInParallel(t, keys, at, rows, parallel_for);
+  if (parallel) {
+    std::vector<int64_t> at;
+    for (int64_t i = 0; i < n; ++i) {
+      if (rows[i] == kNoRow && !IsPaddingKey(keys[i], rules.dense_padding)) at.push_back(i);
+    }
+    if (InsertsInParallel(t.header, rules.capacity, t.slots.num_slots, rules.admit_after,
+                          static_cast<int64_t>(at.size()))) {
+      return InsertInParallel(t, keys, at, rows, parallel_for);
+    }
   }
   Inserter inserter(t, rules);
   inserter.InsertMissing(keys, n, rows);
