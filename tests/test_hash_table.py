@@ -1103,7 +1103,7 @@ print("ok", mirror.reshape(-1)[0])
 """
 
 
-def test_the_op_with_eight_threads_inserts_as_the_serial_rules_do():
+def test_the_op_with_eight_threads_inserts_as_the_serial_rules_do(tmp_path):
     """The CPU op takes the parallel insert where its thread pool has 4 threads
     or more (this machine's default may have fewer): a fresh process with 8."""
     import os
@@ -1113,7 +1113,8 @@ def test_the_op_with_eight_threads_inserts_as_the_serial_rules_do():
     from conftest import fresh_process_env
 
     tests = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run([sys.executable, "-c", _OP_WITH_EIGHT_THREADS, tests], env=fresh_process_env(),
-                          capture_output=True, text=True, timeout=300)
+    # Run from elsewhere than the checkout's root, whose source tree would shadow the installed package.
+    proc = subprocess.run([sys.executable, "-c", _OP_WITH_EIGHT_THREADS, tests], cwd=tmp_path,
+                          env=fresh_process_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert int(proc.stdout.split()[-1]) > 10_000, "rows were handed out"
