@@ -53,9 +53,11 @@ CTR_HD bool CompareAndSwapCell(int64_t* p, int64_t expected, int64_t desired) {
 #endif
 }
 
+// The read first spares the atomic to most sightings of a hot key, which
+// would otherwise all queue on one address.
 CTR_HD void MinCell(int64_t* p, int64_t value) {
 #if defined(__CUDA_ARCH__)
-  atomicMin(reinterpret_cast<long long*>(p), static_cast<long long>(value));
+  if (value < LoadCell(p)) atomicMin(reinterpret_cast<long long*>(p), static_cast<long long>(value));
 #else
   int64_t current = __atomic_load_n(p, __ATOMIC_RELAXED);
   while (value < current &&
