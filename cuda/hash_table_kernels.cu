@@ -41,14 +41,6 @@ __global__ void HashTableFindKernel(const int64_t* __restrict__ pairs, int64_t n
   }
 }
 
-// An inserting call's status cells (int64[kStatusCells] on the device).
-enum InsertStatus : int {
-  kReusedCount = 0,  // rows taken off the free stack, written to reused[]
-  kBadHeader = 1,    // 1: the header does not fit the table; nothing is inserted
-  kMissing = 2,      // sightings the find left without a row (padding aside)
-  kParallel = 3,     // 1: the missing keys are inserted in parallel
-};
-
 // The header check and the clock of an inserting call (one thread). A
 // header that does not fit the table leaves the table as it was, as the CPU
 // kernel refuses such a table before touching it.

@@ -26,11 +26,17 @@ std::string HashTableFind(const int64_t* slot_rows, int64_t num_slots, const int
 // reused rows, header, free stack and each key's stats come out as the
 // CPU's CtrHashTableFind leaves them (the slots a key sits in may differ).
 // reused [n] receives the rows taken off the free stack (their values are
-// evicted keys'), status int64[kHashTableStatusCells] {how many, 1 if the
-// header does not fit the table and nothing was inserted, then scratch}.
-// `scratch` holds HashTableInsertScratchBytes(n) bytes of device memory.
-// Keys must not be found or inserted by another call at the same time.
-constexpr int64_t kHashTableStatusCells = 4;
+// evicted keys'), status int64[kHashTableStatusCells] the cells of
+// HashTableInsertStatus. `scratch` holds HashTableInsertScratchBytes(n)
+// bytes of device memory. Keys must not be found or inserted by another call
+// at the same time.
+enum HashTableInsertStatus : int {
+  kReusedCount = 0,  // rows taken off the free stack, written to reused[]
+  kBadHeader = 1,    // 1: the header does not fit the table; nothing was inserted
+  kMissing = 2,      // sightings the find left without a row (padding aside)
+  kParallel = 3,     // 1: the missing keys were inserted in parallel
+  kHashTableStatusCells = 4,
+};
 size_t HashTableInsertScratchBytes(int64_t n);
 std::string HashTableFindOrInsert(int64_t* table, int64_t num_slots, int64_t capacity, int64_t admit_after,
                                   bool new_step, const int64_t* keys, int64_t n, bool dense_padding, int64_t* rows,

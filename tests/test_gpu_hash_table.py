@@ -78,9 +78,6 @@ def test_bad_tables_are_rejected_before_any_launch():
         core.gpu_hash_table_find(0, layout.table_shape(16, 8)[0], 8, 1, 1, False, 1)
 
 
-PARALLEL_CELL = 3  # status cell: 1 when the call inserted in parallel (cuda/hash_table_kernels.cu)
-
-
 def gpu_find_or_insert(table, capacity, keys, admit_after=1, dense_padding=False, new_step=True):
     """The device insert on a copy of `table`: (rows, reused rows, the table
     after, whether it inserted in parallel)."""
@@ -95,7 +92,7 @@ def gpu_find_or_insert(table, capacity, keys, admit_after=1, dense_padding=False
         rows.ptr if keys.size else 0, reused.ptr if keys.size else 0, status.ptr, scratch.ptr,
         admit_after=admit_after, dense_padding=dense_padding, new_step=new_step)
     backend.synchronize()
-    in_parallel = bool(status.read(np.int64, (core.gpu_hash_table_status_cells,))[PARALLEL_CELL])
+    in_parallel = bool(status.read(np.int64, (core.gpu_hash_table_status_cells,))[core.gpu_hash_table_parallel_cell])
     return (rows.read(np.int64, (m,))[:keys.size], reused.read(np.int64, (m,))[:count],
             table_buf.read(np.int64, table.shape), in_parallel)
 

@@ -131,7 +131,7 @@ def bench_insert(core, cp, rng, table, capacity, keys, args, share_new):
     if not np.array_equal(cp.asnumpy(d_rows), want_rows):
         raise SystemExit("insert: GPU rows differ from the CPU insert")
     assert_same_table(cp.asnumpy(d_work), want_table, capacity, "insert: GPU table differs from the CPU insert")
-    path = "in parallel" if int(cp.asnumpy(d_status)[3]) else "one key at a time"
+    path = "in parallel" if int(cp.asnumpy(d_status)[core.gpu_hash_table_parallel_cell]) else "one key at a time"
     distinct = np.unique(batch[~np.isin(batch, keys)]).size
     t = statistics.median(insert() for _ in range(args.repeat))
     print(f"  insert   {t * 1e3:8.3f} ms  for {batch.size} keys, {n_new} new sightings of {distinct} new keys, "

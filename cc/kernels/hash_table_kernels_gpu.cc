@@ -97,16 +97,17 @@ class HashTableFindGpuOp : public tensorflow::OpKernel {
                             scratch.flat<int8_t>().data(), scratch_bytes, stream)));
     int64_t h[2];
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ReadInt64(st, 2, h, stream)));
-    OP_REQUIRES(ctx, h[1] == 0,
+    OP_REQUIRES(ctx, h[ctr::gpu::kBadHeader] == 0,
                 tensorflow::errors::InvalidArgument("corrupt hash table header (capacity ", rules.capacity, ", ",
                                                     num_slots, " slots): the table variable was assigned "
                                                     "something else; nothing was inserted"));
+    const int64_t reused_count = h[ctr::gpu::kReusedCount];
     Tensor* reused = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {h[0]}, &reused));
-    if (h[0] > 0)
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {reused_count}, &reused));
+    if (reused_count > 0)
       OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::CopyDeviceToDevice(reused_all.flat<int64_t>().data(),
                                                                     reused->flat<int64_t>().data(),
-                                                                    h[0] * sizeof(int64_t), stream)));
+                                                                    reused_count * sizeof(int64_t), stream)));
   }
 
  private:

@@ -233,8 +233,8 @@ int64_t GpuHashTableFindOrInsert(uintptr_t table_ptr, int64_t table_rows, int64_
                                           ctr::gpu::HashTableInsertScratchBytes(n), StreamPtr(stream)));
     Check(ctr::gpu::ReadInt64(DevicePtr<int64_t>(status_ptr), 2, status.data(), StreamPtr(stream)));
   }
-  if (status[1] != 0) throw py::value_error("corrupt hash table header: nothing was inserted");
-  return status[0];
+  if (status[ctr::gpu::kBadHeader] != 0) throw py::value_error("corrupt hash table header: nothing was inserted");
+  return status[ctr::gpu::kReusedCount];
 }
 
 void RegisterGpuBindings(py::module_& m) {
@@ -249,7 +249,8 @@ void RegisterGpuBindings(py::module_& m) {
         "reused; raises ValueError for a header that does not fit the table.");
   m.def("gpu_hash_table_insert_scratch_bytes", &ctr::gpu::HashTableInsertScratchBytes, py::arg("n"),
         "Device scratch bytes gpu_hash_table_find_or_insert needs for n keys.");
-  m.attr("gpu_hash_table_status_cells") = ctr::gpu::kHashTableStatusCells;
+  m.attr("gpu_hash_table_status_cells") = static_cast<int>(ctr::gpu::kHashTableStatusCells);
+  m.attr("gpu_hash_table_parallel_cell") = static_cast<int>(ctr::gpu::kParallel);
   m.def("gpu_hash_table_find", &GpuHashTableFind, py::arg("table_ptr"), py::arg("table_rows"),
         py::arg("capacity"), py::arg("keys_ptr"), py::arg("n"), py::arg("dense_padding") = false,
         py::arg("rows_ptr") = 0, py::arg("stream") = 0,
