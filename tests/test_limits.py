@@ -52,6 +52,12 @@ def _string_raw(splits, data=b"1,2"):
                                      id_mode="index")
 
 
+def _cross_rows(batch):
+    return _ops.ctr_cross_embedding_lookup(params=tf.zeros([4, 3]), indices=[tf.zeros([0, 2], tf.int64)],
+                                           values=[tf.zeros([0], tf.int64)], shapes=[tf.constant([batch, 1], tf.int64)],
+                                           dense_inputs=[], num_buckets=4, hash_key=1)
+
+
 CASES = {
     # Bag counts from row ids / num_rows: checked before anything is sized by them.
     "last_row_id_negative": lambda: _lookup([1], [-5], -1),
@@ -78,6 +84,9 @@ CASES = {
     # floats (which would be 4 TiB; under ASan a failed `new` aborts).
     "core_empty_batch_huge_dim": lambda: _core.embedding_lookup(np.zeros((0, 2**40), np.float32),
                                                                 np.zeros(0, np.int64), np.zeros(1, np.int64)),
+    # A crossed batch the size a sparse input's dense_shape claims, with no entries.
+    "cross_dense_shape_2^40": lambda: _cross_rows(2**40),
+    "cross_dense_shape_int64_max": lambda: _cross_rows(I64_MAX),
     # int64 byte offsets past the end of a small packed buffer.
     "splits_2^31_past_buffer": lambda: _string_raw([0, 2**31 + 5]),
     "splits_2^33_past_buffer": lambda: _string_raw([2**33, 2**33]),

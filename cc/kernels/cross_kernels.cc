@@ -26,13 +26,16 @@ using tensorflow::Tensor;
 using tensorflow::errors::InvalidArgument;
 
 // One input of the cross, as 64-bit features: a sparse input's features of
-// row b are features[start[b], start[b] + count[b]); a dense one's are its
-// row's `width` values.
+// row b are features[start[b], start[b + 1]); a dense one's are its row's
+// `width` values.
 struct CrossColumn {
   std::vector<uint64_t> features;
-  std::vector<int64_t> start, count;
+  // A TF tensor, not a vector: its size is the batch the input claims, and an
+  // allocation too large must fail as an error, not as an exception.
+  Tensor starts;
+  const int64_t* start = nullptr;
   int64_t width = -1;  // >= 0 for a dense input
-  int64_t Count(int64_t b) const { return width >= 0 ? width : count[b]; }
+  int64_t Count(int64_t b) const { return width >= 0 ? width : start[b + 1] - start[b]; }
   uint64_t Feature(int64_t b, int64_t n) const {
     return features[width >= 0 ? b * width + n : start[b] + n];
   }
@@ -82,6 +85,9 @@ absl::Status ValidateCross(const OpInputList& indices, const OpInputList& values
                              " must be [B, k]");
   *batch = n > 0 ? shapes[0].vec<int64_t>()(0) : dense.size() > 0 ? dense[0].dim_size(0) : 0;
   if (*batch < 0) return InvalidArgument("the batch size (dense_shape[0] of sparse input 0) is negative: ", *batch);
+  // Row offsets take batch + 1 entries.
+  if (*batch == std::numeric_limits<int64_t>::max())
+    return InvalidArgument("the batch size (dense_shape[0] of sparse input 0) is too large: ", *batch);
   for (int i = 0; i < n; ++i)
     if (shapes[i].vec<int64_t>()(0) != *batch)
       return InvalidArgument("Expected batch size ", *batch, " got ", shapes[i].vec<int64_t>()(0),
@@ -97,17 +103,19 @@ absl::Status ValidateCross(const OpInputList& indices, const OpInputList& values
 // Each row's features of a sparse input, as SparseCross finds them: the run of
 // entries whose row index is b, from where row b - 1's run ended (so entries
 // out of row order, or of rows outside [0, batch), are in no row).
-void WalkRows(const Tensor& indices, int64_t batch, CrossColumn* col) {
+absl::Status WalkRows(OpKernelContext* ctx, const Tensor& indices, int64_t batch, CrossColumn* col) {
+  TF_RETURN_IF_ERROR(AllocateTemp(ctx, tensorflow::DT_INT64, {batch + 1}, &col->starts));
+  int64_t* start = col->starts.flat<int64_t>().data();
+  col->start = start;
   const auto idx = indices.matrix<int64_t>();
   const int64_t nnz = indices.dim_size(0);
-  col->start.resize(batch);
-  col->count.resize(batch);
   int64_t at = 0;
   for (int64_t b = 0; b < batch; ++b) {
-    col->start[b] = at;
+    start[b] = at;
     while (at < nnz && idx(at, 0) == b) ++at;
-    col->count[b] = at - col->start[b];
   }
+  start[batch] = at;
+  return absl::OkStatus();
 }
 
 // Row b's cross count (the product of its feature counts), or an error when
@@ -178,7 +186,7 @@ class CrossEmbeddingLookupOp : public tensorflow::OpKernel {
     std::vector<CrossColumn> cols(indices.size() + dense.size());
     for (int i = 0; i < indices.size(); ++i) {
       HashFeatures(ctx, values[i], &cols[i].features);
-      WalkRows(indices[i], batch, &cols[i]);
+      OP_REQUIRES_OK(ctx, WalkRows(ctx, indices[i], batch, &cols[i]));
     }
     for (int j = 0; j < dense.size(); ++j) {
       CrossColumn& col = cols[indices.size() + j];
