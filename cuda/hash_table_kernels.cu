@@ -79,10 +79,14 @@ __global__ void FindStampKernel(const int64_t* __restrict__ header, Slots slots,
 }
 
 // Whether this call inserts in parallel (InsertsInParallel); one thread.
-__global__ void DecideInsertKernel(const int64_t* header, int64_t capacity, int64_t num_slots, int64_t admit_after,
+__global__ void DecideInsertKernel(TableView t, int64_t capacity, int64_t num_slots, int64_t admit_after,
                                    int64_t* status) {
+  if (status[kBadHeader] == 0) {
+    const int64_t pops = status[kMissing] < t.header[kFreeCount] ? status[kMissing] : t.header[kFreeCount];
+    if (FirstBadFreeRow(t, capacity, pops) >= 0) status[kBadHeader] = 1;  // neither insert path runs
+  }
   status[kParallel] =
-      status[kBadHeader] == 0 && InsertsInParallel(header, capacity, num_slots, admit_after, status[kMissing]);
+      status[kBadHeader] == 0 && InsertsInParallel(t.header, capacity, num_slots, admit_after, status[kMissing]);
 }
 
 // Phase 1 (hash_table_parallel.h): each missing key's slot, claimed or
@@ -234,7 +238,7 @@ std::string HashTableFindOrInsert(int64_t* table, int64_t num_slots, int64_t cap
   }
   const unsigned int grid = GridFor(n, kFindThreads);
   FindStampKernel<<<grid, kFindThreads, 0, st>>>(t.header, t.slots, keys, n, dense_padding, rows, status);
-  DecideInsertKernel<<<1, 1, 0, st>>>(t.header, capacity, num_slots, admit_after, status);
+  DecideInsertKernel<<<1, 1, 0, st>>>(t, capacity, num_slots, admit_after, status);
   ClaimSlotsKernel<<<grid, kFindThreads, 0, st>>>(t.slots, keys, n, dense_padding, rows, status, w.slot);
   FirstSightingsKernel<<<grid, kFindThreads, 0, st>>>(t.header, t.slots, keys, n, w.slot, w.flags);
   error = LaunchError("the parallel insert's claims");

@@ -32,7 +32,7 @@ std::string HashTableFind(const int64_t* slot_rows, int64_t num_slots, const int
 // at the same time.
 enum HashTableInsertStatus : int {
   kReusedCount = 0,  // rows taken off the free stack, written to reused[]
-  kBadHeader = 1,    // 1: the header does not fit the table; nothing was inserted
+  kBadHeader = 1,    // 1: the header, or a free row the call could take, does not fit the table; nothing was inserted
   kMissing = 2,      // sightings the find left without a row (padding aside)
   kParallel = 3,     // 1: the missing keys were inserted in parallel
   kHashTableStatusCells = 4,

@@ -381,7 +381,9 @@ def test_a_corrupt_table_variable_is_an_invalid_argument():
     with pytest.raises(tf.errors.InvalidArgumentError):
         _find(small, tf.constant([1], tf.int64), capacity=8, insert=True, admit_after=1)
     table = HashTable(dim=2, capacity=8, eviction="lru")
-    for header in ([9, 0, 0, 0, 0, 0], [2, 0, 0, 0, 3, 0], [0, -1, 0, 0, 0, 0], [0, 0, 0, 0, 0, -5]):
+    # The last: a clock that could not advance without overflowing.
+    for header in ([9, 0, 0, 0, 0, 0], [2, 0, 0, 0, 3, 0], [0, -1, 0, 0, 0, 0], [0, 0, 0, 0, 0, -5],
+                   [0, 0, 0, 0, 0, 2**63 - 1]):
         corrupt = table.table.numpy()
         corrupt[0, :] = header[:4]
         corrupt[1, :2] = header[4:]
@@ -389,6 +391,40 @@ def test_a_corrupt_table_variable_is_an_invalid_argument():
         for insert in (False, True):
             with pytest.raises(tf.errors.InvalidArgumentError, match="corrupt hash table header"):
                 table.find([1, 2], insert=insert)
+
+
+def _free_stack_table(free_rows, capacity=8):
+    """A table holding no key whose rows were all handed out, free_rows (bottom
+    first) back on its free stack, as evictions leave them."""
+    table = HashTable(dim=2, capacity=capacity)
+    data = table.table.numpy()
+    data[0, 0], data[1, 0] = capacity, len(free_rows)  # next_row, free count
+    stack = data[-((capacity + 3) // 4):]  # the free-list rows end the table
+    stack.reshape(-1)[:len(free_rows)] = free_rows
+    table.table.assign(data)
+    return table
+
+
+def test_free_rows_outside_the_values_are_refused_before_any_key_gets_one():
+    good = _free_stack_table([5, 6])
+    np.testing.assert_array_equal(good.find([11, 12, 13], insert=True).numpy(), [6, 5, -1])
+    bad = _free_stack_table([5, 10**9])
+    before = bad.table.numpy()
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"free row 1000000000 at stack position 1 is out of "
+                                                             r"range \[0, 8\)"):
+        bad.find([11, 12], insert=True)
+    after = bad.table.numpy()
+    np.testing.assert_array_equal(after[0], before[0])  # rows handed out, slots occupied: unchanged
+    assert after[1, 0] == before[1, 0]
+    np.testing.assert_array_equal(bad.find([11, 12]).numpy(), [-1, -1])
+    from tf_ctr_ops import _core
+    with pytest.raises(ValueError, match="free row -3 at stack position 0"):
+        _core.hash_table_find(_free_stack_table([-3]).table.numpy(), np.array([1], np.int64), 8, insert=True)
+    # Only the rows a call can reach are read: one new key takes the top one.
+    deep = _free_stack_table([10**9, 5])
+    np.testing.assert_array_equal(deep.find([11], insert=True).numpy(), [5])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="free row 1000000000"):
+        deep.find([12], insert=True)
 
 
 def test_default_slots_keep_rows_under_half_load():

@@ -260,3 +260,30 @@ def test_slots_read_still_refuses_mismatched_batches(rng):
     table = _filled_table(rng)
     with pytest.raises(tf.errors.InvalidArgumentError, match="feature 1 has another batch size"):
         tco.multi_hash_table_embedding(table, [tf.constant([[1]], tf.int64), tf.constant([[1], [2]], tf.int64)])
+
+
+def test_one_variable_as_table_and_values_is_refused_not_a_deadlock(tmp_path):
+    """Binding the values takes their lock exclusively while the table's is
+    held shared: one variable for both would wait forever. Run in a child
+    process, so that a regression fails the test instead of hanging the run."""
+    import subprocess
+    import sys
+
+    from conftest import fresh_process_env
+
+    code = (
+        "import tensorflow as tf\n"
+        "from tf_ctr_ops._loader import load_op_library\n"
+        "from tf_ctr_ops.table_layout import empty_table_array\n"
+        "t = tf.Variable(empty_table_array(8, 4))\n"
+        "try:\n"
+        "    load_op_library().ctr_hash_table_embedding(\n"
+        "        table=t.handle, values=t.handle, keys=tf.constant([5], tf.int64),\n"
+        "        segments=tf.constant([0, 1], tf.int64), num_rows=tf.constant(-1, tf.int64), weights=tf.zeros([0]),\n"
+        "        T=tf.float32, capacity=4, segment_kind='row_splits')\n"
+        "except tf.errors.InvalidArgumentError as e:\n"
+        "    print('REFUSED', e.message)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=fresh_process_env(), capture_output=True,
+                          text=True, timeout=240)
+    assert "REFUSED" in proc.stdout and "table and values are one variable" in proc.stdout, \
+        proc.stdout + proc.stderr[-2000:]

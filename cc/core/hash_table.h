@@ -67,8 +67,23 @@ struct TableView {
 // slots. The header indexes the free stack, so inserts into a table assigned
 // garbage must not start until this holds.
 CTR_HD bool HeaderFits(const int64_t* h, int64_t capacity, int64_t num_slots) {
+  // The clock must still be able to advance: an inserting call adds 1.
   return h[kNextRow] >= 0 && h[kNextRow] <= capacity && h[kFreeCount] >= 0 && h[kFreeCount] <= h[kNextRow] &&
-         h[kOccupied] >= 0 && h[kOccupied] <= num_slots && h[kClock] >= 0;
+         h[kOccupied] >= 0 && h[kOccupied] <= num_slots && h[kClock] >= 0 && h[kClock] < INT64_MAX;
+}
+
+// The stack position of the first of the rows an inserting call may take off
+// the free stack (its top `pops`) that is outside [0, capacity), else -1.
+// Rows come off the stack as they are, so a table assigned garbage is refused
+// before any key gets a row outside the values. A call takes at most one row
+// per missing sighting, and rows its evictions push go on top, so the top
+// min(free count, missing sightings) rows are all it can reach.
+CTR_HD int64_t FirstBadFreeRow(const TableView& t, int64_t capacity, int64_t pops) {
+  const int64_t top = t.header[kFreeCount];
+  for (int64_t i = top - 1; i >= 0 && i >= top - pops; --i) {
+    if (t.free_rows[i] < 0 || t.free_rows[i] >= capacity) return i;
+  }
+  return -1;
 }
 
 // Slots are claimed only while under 3/4 of them are occupied, so a probe

@@ -160,6 +160,22 @@ struct InsertRules {
   Eviction eviction;
 };
 
+// An error message (empty when none) for a table whose free stack holds rows
+// outside the values among those this call may take (FirstBadFreeRow): the
+// check before InsertMissing, once FindRows has left `rows`.
+template <typename Key>
+std::string CheckFreeRows(const TableView& t, const InsertRules& rules, const Key* keys, int64_t n,
+                          const int64_t* rows) {
+  if (t.header[kFreeCount] == 0) return "";
+  int64_t missing = 0;
+  for (int64_t i = 0; i < n; ++i) missing += rows[i] == kNoRow && !IsPaddingKey(keys[i], rules.dense_padding);
+  const int64_t bad = FirstBadFreeRow(t, rules.capacity, missing);
+  if (bad < 0) return "";
+  return "corrupt hash table: free row " + std::to_string(t.free_rows[bad]) + " at stack position " +
+         std::to_string(bad) + " is out of range [0, " + std::to_string(rules.capacity) +
+         "): the table variable was assigned something else; nothing was inserted";
+}
+
 // Inserts of one call: rows for the keys FindRows left without one.
 class Inserter {
  public:

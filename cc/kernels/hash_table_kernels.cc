@@ -47,6 +47,17 @@ absl::Status LookupTable(OpKernelContext* ctx, tensorflow::core::RefCountPtr<ten
   return tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, 0), var);
 }
 
+// The values must be another variable than the table: binding them takes
+// their lock exclusively (copy-on-read mode) while the table's is held shared,
+// which on one variable would wait forever.
+absl::Status CheckTwoVariables(OpKernelContext* ctx, const tensorflow::Var* table) {
+  tensorflow::core::RefCountPtr<tensorflow::Var> values;
+  TF_RETURN_IF_ERROR(tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, 1), &values));
+  if (values.get() != table) return absl::OkStatus();
+  return tensorflow::errors::InvalidArgument("table and values are one variable (", tensorflow::HandleFromInput(ctx, 0).name(),
+                                             "): the values must be the table's own value matrix");
+}
+
 }  // namespace
 
 template <typename Key>
@@ -82,6 +93,7 @@ class HashTableFindOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, ViewTable(var->tensor(), attrs_.rules.capacity, &table));
     const int64_t clock = ctr::InsertingClock(table.header, attrs_.new_step);
     ctr::FindRows(table, key_data, n, attrs_.rules.dense_padding, clock, row_data, parallel_for);
+    OP_REQUIRES_OK(ctx, CoreStatus(ctr::CheckFreeRows(table, attrs_.rules, key_data, n, row_data)));
     const bool parallel =
         ctx->device()->tensorflow_cpu_worker_threads()->num_threads >= ctr::kMinThreadsForParallelInsert;
     OP_REQUIRES_OK(ctx, OutputReused(ctx, ctr::InsertMissing(table, attrs_.rules, key_data, n, row_data, parallel,
@@ -121,6 +133,7 @@ class HashTableEmbeddingOp : public tensorflow::OpKernel {
   void Compute(OpKernelContext* ctx) override {
     tensorflow::core::RefCountPtr<tensorflow::Var> var;
     OP_REQUIRES_OK(ctx, LookupTable(ctx, &var));
+    OP_REQUIRES_OK(ctx, CheckTwoVariables(ctx, var.get()));
     tensorflow::tf_shared_lock table_lock(*var->mu());
     ctr::TableView table;
     OP_REQUIRES_OK(ctx, ViewTable(var->tensor(), capacity_, &table));

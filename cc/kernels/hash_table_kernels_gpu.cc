@@ -98,9 +98,9 @@ class HashTableFindGpuOp : public tensorflow::OpKernel {
     int64_t h[2];
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ReadInt64(st, 2, h, stream)));
     OP_REQUIRES(ctx, h[ctr::gpu::kBadHeader] == 0,
-                tensorflow::errors::InvalidArgument("corrupt hash table header (capacity ", rules.capacity, ", ",
-                                                    num_slots, " slots): the table variable was assigned "
-                                                    "something else; nothing was inserted"));
+                tensorflow::errors::InvalidArgument("corrupt hash table header or free stack (capacity ",
+                                                    rules.capacity, ", ", num_slots, " slots): the table variable "
+                                                    "was assigned something else; nothing was inserted"));
     const int64_t reused_count = h[ctr::gpu::kReusedCount];
     Tensor* reused = nullptr;
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {reused_count}, &reused));
