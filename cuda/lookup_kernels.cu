@@ -356,9 +356,10 @@ __global__ void __launch_bounds__(kBlockThreads, CTR_LOOKUP_MIN_BLOCKS)
 }
 
 // Fills d_status[1] with the first bad key of the lowest bad bag, once all
-// bags are done. One warp; the key order within the bag is the CPU's.
+// bags are done. One warp; the key order within the bag is the CPU's, and
+// pruned entries are passed over, as the CPU passes them.
 template <typename TKey>
-__global__ void FindFirstBadKeyKernel(const LookupSpec spec, const TKey* keys,
+__global__ void FindFirstBadKeyKernel(const LookupSpec spec, const TKey* keys, const float* weights,
                                       const int64_t* offsets, int64_t num_rows,
                                       int64_t* d_status) {
   // Only index mode has bad keys.
@@ -370,7 +371,7 @@ __global__ void FindFirstBadKeyKernel(const LookupSpec spec, const TKey* keys,
   const int64_t end = offsets[r + 1];
   for (int64_t base = offsets[r]; base < end; base += kWarpSize) {
     const int64_t i = base + lane;
-    const bool bad = i < end && ResolveKey(keys[i], s) == kBadKey;
+    const bool bad = ResolveEntry(s, keys, weights, i, end).row == kBadKey;
     const unsigned bad_lanes = __ballot_sync(kFullMask, bad);
     if (bad_lanes != 0) {
       if (lane == LowestBit(bad_lanes)) d_status[1] = static_cast<int64_t>(keys[i]);
@@ -462,7 +463,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     GradRowCountsKernel(const LookupSpec spec, const TKey* __restrict__ keys,
                         const float* __restrict__ weights,
                         const int64_t* __restrict__ offsets, int64_t num_rows,
-                        int64_t* __restrict__ counts) {
+                        int64_t* __restrict__ counts, int64_t* d_status) {
   const LookupSpec s = WithIdMode<kMode>(spec);
   const LaneGroup g = LaneGroup::Make(kWarpSize);
   for (int64_t r = g.Index(); r < num_rows; r += g.Count()) {
@@ -470,6 +471,9 @@ __global__ void __launch_bounds__(kBlockThreads)
     int64_t n = 0;
     for (int64_t base = offsets[r]; base < end; base += g.lanes) {
       const Entry mine = ResolveEntry(s, keys, weights, base + g.rank, end);
+      // Ids the forward op rejects fail the gradient too (the op is callable
+      // on its own), rather than being left out.
+      if (g.Ballot(mine.row == kBadKey) != 0 && g.rank == 0) RecordLowest(d_status, r);
       n += __popc(g.Ballot(mine.row >= 0));
     }
     if (n == 0 && EmptyBagGradRow(s).row >= 0) n = 1;
@@ -672,22 +676,26 @@ std::string EmbeddingLookup(const LookupSpec& spec, const T* params, const TKey*
                                       d_status, st);
   // Hashing maps every key to a bucket, so only index mode can have bad keys.
   if (!err.empty() || spec.id_mode == IdMode::kHash) return err;
-  FindFirstBadKeyKernel<<<1, kWarpSize, 0, st>>>(spec, keys, offsets, num_rows, d_status);
+  FindFirstBadKeyKernel<<<1, kWarpSize, 0, st>>>(spec, keys, weights, offsets, num_rows, d_status);
   return CheckLaunch("FindFirstBadKeyKernel");
 }
 
 template <typename TKey>
 std::string GradRowCounts(const LookupSpec& spec, const TKey* keys, const float* weights,
                           const int64_t* offsets, int64_t num_rows, int64_t* counts,
-                          void* stream) {
+                          int64_t* d_status, void* stream) {
   std::string err = ValidateSpec(spec);
   if (!err.empty() || num_rows <= 0) return err;
+  const cudaStream_t st = AsStream(stream);
   const unsigned int blocks = BlocksFor(num_rows, kBlockThreads / kWarpSize);
   ForIdMode(spec.id_mode, [&](auto mode) {
-    GradRowCountsKernel<decltype(mode)::value><<<blocks, kBlockThreads, 0, AsStream(stream)>>>(
-        spec, keys, weights, offsets, num_rows, counts);
+    GradRowCountsKernel<decltype(mode)::value><<<blocks, kBlockThreads, 0, st>>>(
+        spec, keys, weights, offsets, num_rows, counts, d_status);
   });
-  return CheckLaunch("GradRowCountsKernel");
+  err = CheckLaunch("GradRowCountsKernel");
+  if (!err.empty() || spec.id_mode == IdMode::kHash) return err;
+  FindFirstBadKeyKernel<<<1, kWarpSize, 0, st>>>(spec, keys, weights, offsets, num_rows, d_status);
+  return CheckLaunch("FindFirstBadKeyKernel");
 }
 
 size_t ExclusiveScanTempBytes(int64_t n) {
@@ -771,7 +779,7 @@ CTR_INSTANTIATE_VALUE(BFloat16)
   template std::string SplitsToOffsets<TIndex>(const TIndex*, int64_t, int64_t, int64_t*,    \
                                                int64_t*, void*);                             \
   template std::string GradRowCounts<TIndex>(const LookupSpec&, const TIndex*, const float*, \
-                                             const int64_t*, int64_t, int64_t*, void*);
+                                             const int64_t*, int64_t, int64_t*, int64_t*, void*);
 CTR_INSTANTIATE_INDEX(int32_t)
 CTR_INSTANTIATE_INDEX(int64_t)
 #undef CTR_INSTANTIATE_INDEX

@@ -42,10 +42,13 @@ std::string EmbeddingLookup(const LookupSpec& spec, const T* params,
 // Gradient, in three steps because the number of gradient rows depends on the
 // data: GradRowCounts writes counts[num_rows] ; ExclusiveScan turns them into
 // grad_offsets[num_rows + 1] (total at the end) ; LookupGrad fills the rows.
+// GradRowCounts records the first key the forward pass would reject in
+// d_status as EmbeddingLookup does ({row, key}; InitStatus first); LookupGrad
+// leaves such keys out.
 template <typename TKey>
 std::string GradRowCounts(const LookupSpec& spec, const TKey* keys,
                           const float* weights, const int64_t* offsets,
-                          int64_t num_rows, int64_t* counts, void* stream);
+                          int64_t num_rows, int64_t* counts, int64_t* d_status, void* stream);
 
 // Scratch bytes ExclusiveScan needs for n elements.
 size_t ExclusiveScanTempBytes(int64_t n);

@@ -548,13 +548,14 @@ __global__ void __launch_bounds__(kBlockThreads)
     StringGradRowCountsKernel(const StringSpec s, const uint8_t* __restrict__ bytes,
                               const int64_t* __restrict__ string_splits,
                               const int64_t* __restrict__ bag_splits, int64_t num_bags,
-                              int64_t* __restrict__ counts) {
+                              int64_t* __restrict__ counts, int64_t* d_status) {
   for (int64_t r = GlobalWarp(); r < num_bags; r += GridWarps()) {
     int64_t n = 0;
     auto count = [&](const TokenSlots& t) {
       int64_t row, value;
       unsigned bad;
       n += BitCount(ResolveSlots(s, bytes, t, &row, &value, &bad));
+      if (bad != 0 && d_status != nullptr && Lane() == 0) RecordLowestRow(d_status, r);
       return true;
     };
     VisitBagTokens(s, bytes, string_splits, bag_splits, r, count);
@@ -695,13 +696,17 @@ std::string MultiStringEmbedding(const FeatureDesc* h_features, FeatureDesc* d_f
 
 std::string StringGradRowCounts(const StringSpec& spec, const uint8_t* bytes,
                                 const int64_t* string_splits, const int64_t* bag_splits,
-                                int64_t num_bags, int64_t* counts, void* stream) {
+                                int64_t num_bags, int64_t* counts, int64_t* d_status, void* stream) {
   std::string err = ValidateSpec(spec);
   if (err.empty()) err = CheckBags(num_bags);
   if (!err.empty() || num_bags == 0) return err;
-  StringGradRowCountsKernel<<<BlocksForBags(num_bags), kBlockThreads, 0, AsStream(stream)>>>(
-      spec, bytes, string_splits, bag_splits, num_bags, counts);
-  return CheckLaunch("StringGradRowCountsKernel");
+  const cudaStream_t st = AsStream(stream);
+  StringGradRowCountsKernel<<<BlocksForBags(num_bags), kBlockThreads, 0, st>>>(
+      spec, bytes, string_splits, bag_splits, num_bags, counts, d_status);
+  err = CheckLaunch("StringGradRowCountsKernel");
+  if (!err.empty() || d_status == nullptr || spec.mode == TokenMode::kHash) return err;
+  FillTokenErrorKernel<<<1, kWarpSize, 0, st>>>(spec, bytes, string_splits, bag_splits, num_bags, d_status);
+  return CheckLaunch("FillTokenErrorKernel");
 }
 
 template <typename T>

@@ -62,10 +62,12 @@ std::string MultiStringEmbedding(const FeatureDesc* h_features, FeatureDesc* d_f
 
 // Gradient: counts[num_bags] of gradient rows (tokens, or 1 for an empty bag
 // with a default row), then ctr::gpu::ExclusiveScan (lookup_launchers.h), then
-// the rows. Bad tokens are skipped (the forward pass rejected them).
+// the rows, which leave bad tokens out. With a token status (InitTokenStatus
+// first) the counts record the first token the forward pass would reject, as
+// StringEmbedding does; null only counts.
 std::string StringGradRowCounts(const StringSpec& spec, const uint8_t* bytes,
                                 const int64_t* string_splits, const int64_t* bag_splits,
-                                int64_t num_bags, int64_t* counts, void* stream);
+                                int64_t num_bags, int64_t* counts, int64_t* d_status, void* stream);
 template <typename T>
 std::string StringGrad(const StringSpec& spec, const T* params, const uint8_t* bytes,
                        const int64_t* string_splits, const int64_t* bag_splits, int64_t num_bags,

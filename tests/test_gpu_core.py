@@ -316,6 +316,11 @@ def test_bad_ids_raise_like_cpu(rng, key_dtype, invalid_ids, bad_id, max_len):
         gpu_lookup(values, "float32", keys, offsets, weights, **opts)
     assert str(gpu_err.value) == str(cpu_err.value)
     assert "in row 117 " in str(gpu_err.value)
+    # The gradient, called on its own, rejects the same id.
+    grad_out = rng.normal(size=(len(offsets) - 1, 8)).astype(np.float32)
+    with pytest.raises(ValueError) as grad_err:
+        gpu_lookup_grad(values, "float32", keys, offsets, grad_out, weights, **opts)
+    assert str(grad_err.value) == str(cpu_err.value)
     # The device is still usable after a rejected call.
     keys[keys < 0] = 0
     keys[keys >= vocab] = 0

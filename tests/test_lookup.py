@@ -435,6 +435,48 @@ def test_single_id_bags_with_a_bad_id_name_its_row(rng):
         tco.sparse_embedding(params, tf.constant(ids, tf.int64))
 
 
+@pytest.mark.parametrize("resource", [False, True])
+def test_gradient_ops_reject_the_ids_their_forward_op_rejects(rng, resource):
+    """Called directly (a hand-built graph), a gradient op fails on the id its
+    forward op fails on, rather than leaving it out; a pruned entry's id is
+    not checked, as in the forward op."""
+    params = table(rng, 4, 3)
+    params = tf.Variable(params) if resource else params
+    grad_op = tco_ops._ops.ctr_resource_embedding_lookup_grad if resource else tco_ops._ops.ctr_embedding_lookup_grad
+    forward = tco_ops._ops.ctr_resource_embedding_lookup if resource else tco_ops._ops.ctr_embedding_lookup
+    operand = params.handle if resource else params
+    forward_attrs = {"T": tf.float32} if resource else {}  # the gradient's T is its grad's
+
+    def args(ids, weights=None, combiner="mean"):
+        w = tf.zeros([0]) if weights is None else tf.constant(weights, tf.float32)
+        return dict(params=operand, ids=tf.constant(ids, tf.int64), segments=tf.constant([0, 2, 3], tf.int64),
+                    num_rows=tf.constant(-1, tf.int64), weights=w, segment_kind="row_splits", combiner=combiner,
+                    has_weights=weights is not None, prune_weights=weights is not None)
+
+    for ids in ([0, 1, 7], [0, -3, 2]):
+        bad = ids[2] if ids[2] == 7 else -3
+        row = 1 if bad == 7 else 0
+        for fn, extra in ((forward, forward_attrs), (grad_op, {"grad": tf.ones([2, 3])})):
+            with pytest.raises(tf.errors.InvalidArgumentError, match=rf"id {bad} in row {row} is out of range"):
+                fn(**args(ids), **extra)
+    pruned = args([0, 1, 7], weights=[1.0, 2.0, -1.0])
+    values, indices, _, _ = grad_op(grad=tf.ones([2, 3]), **pruned)
+    np.testing.assert_array_equal(indices.numpy(), [0, 1])
+    assert forward(**pruned, **forward_attrs).shape == (2, 3)
+
+
+def test_string_gradient_rejects_the_tokens_its_forward_op_rejects(rng):
+    params = table(rng, 4, 3)
+    for strings, message in ((["0,1", "2,9"], r"token '9' in row 1 is id 9, out of range \[0, 4\)"),
+                             (["3", "0,x"], r"token 'x' in row 1 is not an int64 number")):
+        data, splits = tco.pack_strings(tf.constant(strings))
+        kw = dict(params=params, bytes=data, row_splits=splits, bag_splits=tf.zeros([0], tf.int64), id_mode="index")
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            tco_ops._ops.ctr_string_embedding(**kw)
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            tco_ops._ops.ctr_string_embedding_grad(grad=tf.ones([2, 3]), **kw)
+
+
 def test_single_string_key_bags_match_to_hash_bucket_fast(rng):
     params = table(rng, 64, 8)
     keys = tf.constant(rng.integers(0, 10**6, size=(500, 1)).astype(str).astype(object))

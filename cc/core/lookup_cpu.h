@@ -490,6 +490,22 @@ void PoolBagsCpu(const LookupSpec& s, const T* params, const TKey* keys,
   pool.FinishBefore(row_end);
 }
 
+// The first bad key of bags [row_begin, row_end) that the pooling would
+// reject (pruned entries are dropped first), recorded in *err; the gradient
+// ops check their ids with it, so that a gradient fed ids its forward op
+// would reject fails as that op does instead of leaving them out.
+template <typename TKey>
+void FindBadKey(const LookupSpec& s, const TKey* keys, const float* weights, const int64_t* offsets,
+                int64_t row_begin, int64_t row_end, KeyError* err) {
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
+      if (ResolveCpuKey(keys[i], s) != kBadKey || !KeepWeight(weights ? weights[i] : 1.f, s)) continue;
+      *err = {r, ErrorKeyValue(keys[i], s), i};
+      return;
+    }
+  }
+}
+
 // The first of bags [0, rows) that keeps no entry (every key skipped, or its
 // weight pruned), or -1: the first bag a default row would fill. Bad keys
 // count as kept: the pooling reports them.

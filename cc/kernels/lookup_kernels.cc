@@ -177,11 +177,20 @@ class EmbeddingLookupGradCpuOp : public LookupKernel {
     OP_REQUIRES_OK(ctx, AllocateTemp(ctx, tensorflow::DT_INT64, {rows + 1}, &grad_offsets_t));
     int64_t* grad_offsets = grad_offsets_t.flat<int64_t>().data();
     grad_offsets[0] = 0;
+    ctr::LowestRowError<ctr::KeyError> first_error;
     ParallelFor(ctx, rows, 8 * (in.nnz() / std::max<int64_t>(rows, 1) + 1),
                 [&](int64_t begin, int64_t end) {
+                  ctr::KeyError err;
+                  ctr::FindBadKey(a.spec, ids, weights, offsets, begin, end, &err);
+                  first_error.Offer(err);
                   for (int64_t r = begin; r < end; ++r)
                     grad_offsets[r + 1] = ctr::CountBagGradRows(a.spec, visit, r);
                 });
+    if (first_error.found()) {
+      ctx->CtxFailure(tensorflow::errors::InvalidArgument(
+          DescribeLookupKeyError<TId>(first_error.error(), a.spec, *in.ids)));
+      return;
+    }
     for (int64_t r = 0; r < rows; ++r) grad_offsets[r + 1] += grad_offsets[r];
     const int64_t total = grad_offsets[rows];
 

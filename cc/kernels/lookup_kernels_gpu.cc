@@ -19,7 +19,9 @@
 // gather does); finding empty bags on the host would need the ids there.
 //
 // The gradient needs the number of gradient rows to size its outputs, so it
-// reads that back synchronously; training steps pay it once per table.
+// reads that back synchronously; training steps pay it once per table. It
+// reads back its ids' check then too: called on its own, it fails on the ids
+// the forward op rejects.
 #ifdef CTR_WITH_CUDA
 
 #include <limits>
@@ -167,18 +169,26 @@ class EmbeddingLookupGradGpuOp : public LookupKernel {
     const float* weights = in.weights ? in.weights->flat<float>().data() : nullptr;
     const int64_t* off = offsets.flat<int64_t>().data();
 
-    Tensor counts, grad_offsets, scan_temp;
+    Tensor counts, grad_offsets, scan_temp, status;
+    OP_REQUIRES_OK(ctx, DeviceScratch(ctx, 2, &status));
+    int64_t* st = status.flat<int64_t>().data();
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::InitStatus(st, stream)));
     OP_REQUIRES_OK(ctx, DeviceScratch(ctx, std::max<int64_t>(rows, 1), &counts));
     OP_REQUIRES_OK(ctx, DeviceScratch(ctx, rows + 1, &grad_offsets));
     const size_t temp_bytes = ctr::gpu::ExclusiveScanTempBytes(rows);
     OP_REQUIRES_OK(ctx, AllocateTemp(ctx, tensorflow::DT_INT8, {static_cast<int64_t>(temp_bytes) + 1}, &scan_temp));
     int64_t* goff = grad_offsets.flat<int64_t>().data();
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::GradRowCounts(a.spec, ids, weights, off, rows,
-                                                             counts.flat<int64_t>().data(), stream)));
+                                                             counts.flat<int64_t>().data(), st, stream)));
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ExclusiveScan(counts.flat<int64_t>().data(), rows, goff,
                                                              scan_temp.flat<int8_t>().data(), temp_bytes, stream)));
-    int64_t total = 0;
+    int64_t total = 0, h[2];
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ReadInt64(goff + rows, 1, &total, stream)));
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ReadInt64(st, 2, h, stream)));  // the stream is drained: cheap
+    ctr::KeyError err;
+    err.row = h[0];
+    err.key = h[1];
+    OP_REQUIRES(ctx, !err.found(), tensorflow::errors::InvalidArgument(ctr::DescribeKeyError(err, a.spec.vocab)));
 
     Tensor *values = nullptr, *indices = nullptr, *weights_grad = nullptr;
     OP_REQUIRES_OK(ctx, AllocatePooled(ctx, 0, *in.params, total, &values));

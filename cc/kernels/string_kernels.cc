@@ -188,9 +188,17 @@ class StringEmbeddingGradCpuOp : public StringKernel {
     const ctr::TokenBagVisitor visit{spec, in.bytes, in.num_bytes, in.string_splits, in.bag_splits, nullptr};
     std::vector<int64_t> grad_offsets(in.num_bags + 1, 0);
     const int64_t cost = StringBagCost(spec, ctx->input(2).NumElements(), in.num_bags);
+    // Counted with a visitor that stops at a bad token, so that strings the
+    // forward op would reject fail here as they fail there.
+    FirstTokenError first;
     ParallelFor(ctx, in.num_bags, cost, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) grad_offsets[r + 1] = ctr::CountBagGradRows(spec.lookup, visit, r);
+      ctr::TokenError err;
+      const ctr::TokenBagVisitor checked{spec, in.bytes, in.num_bytes, in.string_splits, in.bag_splits, &err};
+      for (int64_t r = begin; r < end && !err.found(); ++r)
+        grad_offsets[r + 1] = ctr::CountBagGradRows(spec.lookup, checked, r);
+      first.Offer(err);
     });
+    OP_REQUIRES_OK(ctx, TokenErrorStatus(first, in.bytes, spec.lookup.vocab));
     for (int64_t r = 0; r < in.num_bags; ++r) grad_offsets[r + 1] += grad_offsets[r];
     const int64_t total = grad_offsets[in.num_bags];
     Tensor *values = nullptr, *indices = nullptr;

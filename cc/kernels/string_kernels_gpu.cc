@@ -223,7 +223,8 @@ class StringEmbeddingGpuOp : public StringKernelOn<tensorflow::AsyncOpKernel> {
       no_default.lookup.default_id = -1;
       TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::StringGradRowCounts(no_default, in.bytes, in.string_splits,
                                                                     in.bag_splits, in.num_bags,
-                                                                    counts.flat<int64_t>().data(), stream)));
+                                                                    counts.flat<int64_t>().data(), nullptr,
+                                                                    stream)));
       TF_RETURN_IF_ERROR(LaunchStatus(
           ctr::gpu::CountThroughLastNonZero(counts.flat<int64_t>().data(), in.num_bags, &rows, stream)));
     }
@@ -260,12 +261,20 @@ class StringEmbeddingGradGpuOp : public StringKernel {
     const size_t temp_bytes = ctr::gpu::ExclusiveScanTempBytes(rows);
     OP_REQUIRES_OK(ctx, AllocateTemp(ctx, tensorflow::DT_INT8, {static_cast<int64_t>(temp_bytes) + 1}, &scan_temp));
     int64_t* goff = grad_offsets.flat<int64_t>().data();
+    // The counts record the first token the forward op would reject: called
+    // on its own, the gradient fails on it too.
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::StringGradRowCounts(spec, in.bytes, in.string_splits, in.bag_splits,
-                                                                   rows, counts.flat<int64_t>().data(), stream)));
+                                                                   rows, counts.flat<int64_t>().data(),
+                                                                   st + kTokenStatus, stream)));
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ExclusiveScan(counts.flat<int64_t>().data(), rows, goff,
                                                              scan_temp.flat<int8_t>().data(), temp_bytes, stream)));
-    int64_t total = 0;
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::CaptureTokenBytes(st + kTokenStatus, in.bytes, kShownBytes,
+                                                                 reinterpret_cast<uint8_t*>(st + kTokenBytes),
+                                                                 stream)));
+    int64_t total = 0, h[kStatusWords];
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ReadInt64(goff + rows, 1, &total, stream)));
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ReadInt64(st, kStatusWords, h, stream)));
+    OP_REQUIRES_OK(ctx, StringStatusError(h, StringCounts{in.num_bytes, in.num_strings}, &spec, {}));
     Tensor *values = nullptr, *indices = nullptr;
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {total, spec.lookup.dim}, &values));
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {total}, &indices));
@@ -392,7 +401,7 @@ class ConcatStringEmbeddingGpuOp : public ConcatStringKernelOn<tensorflow::Async
     no_default.lookup.default_id = -1;
     TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::StringGradRowCounts(no_default, in.bytes, in.string_splits + first[f],
                                                                   nullptr, count, counts.flat<int64_t>().data(),
-                                                                  stream)));
+                                                                  nullptr, stream)));
     return LaunchStatus(ctr::gpu::CountThroughLastNonZero(counts.flat<int64_t>().data(), count, rows, stream));
   }
 };

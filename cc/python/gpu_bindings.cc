@@ -152,21 +152,24 @@ int64_t GpuEmbeddingLookupGrad(
   char* workspace = DevicePtr<char>(workspace_ptr);
   int64_t* counts = reinterpret_cast<int64_t*>(workspace + ws.counts);
   int64_t* grad_offsets = reinterpret_cast<int64_t*>(workspace + ws.grad_offsets);
-  int64_t total = 0;
+  int64_t* status = reinterpret_cast<int64_t*>(workspace + ws.status);
+  int64_t total = 0, bad[2] = {-1, 0};
   WithValueType(params_dtype, [&](auto value_tag) {
     using T = typename decltype(value_tag)::type;
     WithIndexType(keys_dtype, "keys", [&](auto key_tag) {
       using TKey = typename decltype(key_tag)::type;
       py::gil_scoped_release nogil;
+      Check(ctr::gpu::InitStatus(status, StreamPtr(stream)));
       Check(ctr::gpu::GradRowCounts<TKey>(spec, DevicePtr<const TKey>(keys_ptr),
                                           DevicePtr<const float>(weights_ptr),
-                                          DevicePtr<const int64_t>(offsets_ptr), num_rows, counts,
+                                          DevicePtr<const int64_t>(offsets_ptr), num_rows, counts, status,
                                           StreamPtr(stream)));
       Check(ctr::gpu::ExclusiveScan(counts, num_rows, grad_offsets, workspace + ws.scan,
                                     ws.scan_bytes, StreamPtr(stream)));
       Check(ctr::gpu::ReadInt64(grad_offsets + num_rows, 1, &total, StreamPtr(stream)));
+      Check(ctr::gpu::ReadInt64(status, 2, bad, StreamPtr(stream)));
       // Checked before the rows are written: the buffers are sized by the caller.
-      if (total > max_grad_rows) return;
+      if (total > max_grad_rows || bad[0] >= 0) return;
       if (total > 0) {
         if (grad_values_ptr == 0 && dim > 0) throw std::runtime_error("grad_values_ptr is 0");
         if (grad_indices_ptr == 0) throw std::runtime_error("grad_indices_ptr is 0");
@@ -179,6 +182,12 @@ int64_t GpuEmbeddingLookupGrad(
           StreamPtr(stream)));
     });
   });
+  if (bad[0] >= 0) {
+    ctr::KeyError err;
+    err.row = bad[0];
+    err.key = bad[1];
+    throw py::value_error(ctr::DescribeKeyError(err, vocab));
+  }
   if (total > max_grad_rows)
     throw py::value_error("the gradient has " + std::to_string(total) +
                           " rows but the output buffers hold max_grad_rows = " +
@@ -233,7 +242,7 @@ int64_t GpuHashTableFindOrInsert(uintptr_t table_ptr, int64_t table_rows, int64_
                                           ctr::gpu::HashTableInsertScratchBytes(n), StreamPtr(stream)));
     Check(ctr::gpu::ReadInt64(DevicePtr<int64_t>(status_ptr), 2, status.data(), StreamPtr(stream)));
   }
-  if (status[ctr::gpu::kBadHeader] != 0) throw py::value_error("corrupt hash table header: nothing was inserted");
+  if (status[ctr::gpu::kBadHeader] != 0) throw py::value_error("corrupt hash table header or free stack: nothing was inserted");
   return status[ctr::gpu::kReusedCount];
 }
 

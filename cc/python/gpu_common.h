@@ -58,6 +58,7 @@ inline void Check(const std::string& err) {
 // buffer (the id and string gradients lay it out alike, per bag).
 struct GradWorkspace {
   size_t counts = 0;        // int64[bags]
+  size_t status = 0;        // int64[8]: the first rejected key's {row, key}, or token's status
   size_t grad_offsets = 0;  // int64[bags + 1]
   size_t scan = 0;          // CUB scratch
   size_t scan_bytes = 0;
@@ -70,7 +71,8 @@ inline GradWorkspace GradWorkspaceFor(int64_t num_bags) {
   const size_t bags = static_cast<size_t>(num_bags < 0 ? 0 : num_bags);
   GradWorkspace w;
   w.grad_offsets = align(bags * sizeof(int64_t));
-  w.scan = w.grad_offsets + align((bags + 1) * sizeof(int64_t));
+  w.status = w.grad_offsets + align((bags + 1) * sizeof(int64_t));
+  w.scan = w.status + align(8 * sizeof(int64_t));
   w.scan_bytes = ctr::gpu::ExclusiveScanTempBytes(static_cast<int64_t>(bags));
   w.total = w.scan + align(w.scan_bytes > 0 ? w.scan_bytes : 1);
   return w;

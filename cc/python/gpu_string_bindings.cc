@@ -256,17 +256,21 @@ int64_t GpuStringEmbeddingGrad(uintptr_t params_ptr, const std::string& params_d
   const uint8_t* d_bytes = DevicePtr<const uint8_t>(bytes_ptr);
   const int64_t* d_splits = DevicePtr<const int64_t>(string_splits_ptr);
   const int64_t* d_bag_splits = DevicePtr<const int64_t>(bag_splits_ptr);
+  int64_t* status = reinterpret_cast<int64_t*>(workspace + ws.status);
   int64_t total = 0;
+  HostTokenError bad;
   WithValueType(params_dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     py::gil_scoped_release nogil;
-    Check(ctr::gpu::StringGradRowCounts(spec, d_bytes, d_splits, d_bag_splits, num_bags, counts,
+    Check(ctr::gpu::InitTokenStatus(status, StreamPtr(stream)));
+    Check(ctr::gpu::StringGradRowCounts(spec, d_bytes, d_splits, d_bag_splits, num_bags, counts, status,
                                         StreamPtr(stream)));
     Check(ctr::gpu::ExclusiveScan(counts, num_bags, grad_offsets, workspace + ws.scan,
                                   ws.scan_bytes, StreamPtr(stream)));
     Check(ctr::gpu::ReadInt64(grad_offsets + num_bags, 1, &total, StreamPtr(stream)));
+    bad = ReadTokenError(status, d_bytes, StreamPtr(stream));
     // Checked before the rows are written: the buffers are sized by the caller.
-    if (total > max_grad_rows || total == 0) return;
+    if (total > max_grad_rows || total == 0 || bad.error.found()) return;
     if (grad_values_ptr == 0 && dim > 0) throw std::runtime_error("grad_values_ptr is 0");
     if (grad_indices_ptr == 0) throw std::runtime_error("grad_indices_ptr is 0");
     Check(ctr::gpu::StringGrad<T>(spec, DevicePtr<const T>(params_ptr), d_bytes, d_splits,
@@ -274,6 +278,7 @@ int64_t GpuStringEmbeddingGrad(uintptr_t params_ptr, const std::string& params_d
                                   grad_offsets, DevicePtr<T>(grad_values_ptr),
                                   DevicePtr<int64_t>(grad_indices_ptr), StreamPtr(stream)));
   });
+  if (bad.error.found()) throw py::value_error(Describe(bad, vocab));
   if (total > max_grad_rows)
     throw py::value_error("the gradient has " + std::to_string(total) +
                           " rows but the output buffers hold max_grad_rows = " +
