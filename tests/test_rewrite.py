@@ -24,7 +24,7 @@ import tensorflow as tf
 
 import tf_ctr_ops  # noqa: F401  (registers the ops and the optimizer)
 from tf_ctr_ops import rewrite
-from conftest import data_file, fresh_process_env
+from conftest import data_file, fresh_process_env, serve_in_fresh_process
 
 COMBINERS = ("sum", "mean", "sqrtn")
 V, D = 64, 8
@@ -908,3 +908,53 @@ def test_an_online_report_lists_each_function_once(table, tmp_path):
     report = rewrite.read_report(report_file)
     assert len(report["graph"]) == 1 < len(passes), (report["graph"], passes)
     assert report["graph"][0]["matches"] == len(report["match"]) > 0, report
+
+
+@tf.custom_gradient
+def _doubled(x):
+    return x * 2.0, lambda dy: dy * 2.0
+
+
+class CustomGradientModule(tf.Module):
+    def __init__(self, rng):
+        self.table = tf.Variable(rng.normal(size=(100, 4)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="s")])
+    def serve(self, s):
+        return {"e": _doubled(tf.nn.embedding_lookup(self.table, tf.strings.to_hash_bucket_fast(s, 100)))}
+
+
+def _int8_keras_model():
+    import keras
+
+    s = keras.Input((1,), dtype="string", name="s")
+    x = keras.layers.Flatten()(keras.layers.Embedding(64, 4)(keras.layers.Hashing(64)(s)))
+    model = keras.Model(s, keras.layers.Dense(1)(x))
+    model.quantize("int8")  # its quantized layers hold tf.custom_gradient functions
+    return model
+
+
+@pytest.mark.saved_model
+def test_a_model_with_custom_gradients_is_rewritten_without_them(tmp_path, rng):
+    """TF cannot re-save custom gradients from a rewritten graph: the model is
+    rewritten and saved without them (serving never calls them), with a
+    warning, rather than refused."""
+    module = CustomGradientModule(rng)
+    cases = [(module, lambda path: tf.saved_model.save(module, path, signatures=module.serve), "serving_default",
+              np.array(["a", "", "zz", "a"], object)),
+             (None, lambda path: _int8_keras_model().export(path, verbose=False), "serve",
+              np.array([["a"], [""], ["zz"]], object))]
+    for n, (_, save, key, strings) in enumerate(cases):
+        src, dst = tmp_path / f"src{n}", tmp_path / f"dst{n}"
+        save(str(src))
+        with pytest.warns(UserWarning, match="custom_gradient gradients are not kept"):
+            report = rewrite.optimize_saved_model(src, dst)
+        assert report.ok and report.verified, report.summary()
+        if n == 0:
+            assert [m["pattern"] for m in report.matches] == ["hash_gather"]
+        inputs = {"s": strings}
+        want = {k: v.numpy() for k, v in tf.saved_model.load(str(src)).signatures[key](s=tf.constant(strings)).items()}
+        got = serve_in_fresh_process(dst, key, inputs, tmp_path)
+        assert set(got) == set(want)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-6)

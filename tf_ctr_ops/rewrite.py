@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -1193,12 +1194,34 @@ def _tf2_builder(src, loaded, proto, available, selected, serving_device, merge_
         # the rewritten model); variables the rewrite made (merged partitions)
         # are tracked beside them.
         loaded.ctr_variables = made
-        tf.saved_model.save(loaded, folder, signatures=functions)
+        _save_rebuilt(loaded, folder, functions)
         _files.restore_method_names(proto, folder)
         _files.copy_assets_extra(src, folder)
         return reports, rewrite_seconds
 
     return build
+
+
+def _save_rebuilt(loaded, folder, functions):
+    """tf.saved_model.save of the loaded model with its rebuilt signatures. TF
+    cannot save the gradient functions of functions rebuilt from a GraphDef
+    (a model with a tf.custom_gradient, as Keras' int8-quantized layers have):
+    such a model is saved without its custom gradients, which serving never
+    calls, and the user is told."""
+    try:
+        tf.saved_model.save(loaded, folder, signatures=functions)
+        return
+    except ValueError as e:
+        if "experimental_custom_gradients" not in str(e):
+            raise
+    for entry in os.listdir(folder):  # what the refused save wrote
+        path = os.path.join(folder, entry)
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    warnings.warn("tf_ctr_ops: the model's tf.custom_gradient gradients are not kept in the rewritten model (TF "
+                  "cannot re-save them from a rewritten graph); it serves the same, but a gradient requested "
+                  "through it may fail", stacklevel=2)
+    tf.saved_model.save(loaded, folder, signatures=functions,
+                        options=tf.saved_model.SaveOptions(experimental_custom_gradients=False))
 
 
 def _tf1_builder(src, proto, serving_device):
