@@ -318,3 +318,42 @@ def test_a_default_id_past_int64_is_refused_at_construction(default_id):
     for call in calls:
         with pytest.raises(ValueError, match=f"an int64\\), got {default_id}$"):
             call()
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_entries_the_safe_lookup_drops_never_have_their_index_checked(combiner):
+    """TF's safe lookup drops negative ids (and, but for "sum", weights <= 0)
+    before SparseFillEmptyRows checks the indices: an entry it drops may sit
+    at any index; one it keeps may not."""
+    params = tf.constant(np.arange(30, dtype=np.float32).reshape(10, 3))
+    cases = [([[-1, 0], [0, 0]], [1, 2], [-0.5, 1.5]),   # pruned by its weight (not for "sum")
+             ([[7, 0], [1, 1]], [-4, 2], [1.0, 1.0]),    # dropped by its id, past the batch
+             ([[0, 0], [1, 1], [-3, 0]], [3, 2, -1], None)]
+    for indices, ids, weights in cases:
+        sp = tf.SparseTensor(indices, tf.constant(ids, tf.int64), [2, 2])
+        w = None if weights is None else tf.SparseTensor(indices, tf.constant(weights), [2, 2])
+        try:
+            want = tf.nn.safe_embedding_lookup_sparse(params, sp, w, combiner=combiner).numpy()
+        except tf.errors.InvalidArgumentError:
+            with pytest.raises(tf.errors.InvalidArgumentError):
+                tco.safe_embedding_lookup_sparse(params, sp, w, combiner=combiner)
+            continue
+        np.testing.assert_allclose(tco.safe_embedding_lookup_sparse(params, sp, w, combiner=combiner).numpy(), want,
+                                   rtol=1e-6)
+    kept_outside = tf.SparseTensor([[5, 0]], tf.constant([1], tf.int64), [2, 2])
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tf.nn.safe_embedding_lookup_sparse(params, kept_outside, combiner=combiner)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tco.safe_embedding_lookup_sparse(params, kept_outside, combiner=combiner)
+
+
+@pytest.mark.parametrize("values", [["a", "b"], [7, 9]])
+def test_sparse_keys_outside_the_batch_are_an_invalid_argument(values):
+    """As the TF composition (to_hash_bucket_fast + the safe lookup) fails,
+    eagerly and in a graph, for string keys as for integer ones."""
+    params = tf.ones([10, 3])
+    for indices in ([[0, 0], [5, 0]], [[-2, 0], [0, 1]]):
+        keys = tf.SparseTensor(indices, tf.constant(values), [2, 2])
+        for fn in (tco.hash_embedding, tf.function(tco.hash_embedding)):
+            with pytest.raises(tf.errors.InvalidArgumentError):
+                fn(params, keys)

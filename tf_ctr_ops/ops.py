@@ -561,10 +561,11 @@ def _in_row_order(rows, ids, weights):
     return out[0], out[1], (out[2] if weights is not None else None)
 
 
-def _safe_sparse_bags(sparse_ids, sparse_weights):
+def _safe_sparse_bags(sparse_ids, sparse_weights, prune_weights=None):
     """(bags, lead) of safe_embedding_lookup_sparse's SparseTensor ids [d0, ..., dn]:
     a bag per index of the lead dimensions [d0, ..., dn-1], linearised as
-    sparse_reshape does."""
+    sparse_reshape does. prune_weights: whether the lookup drops weights <= 0;
+    None when the values are keys to find, not ids (nothing is dropped yet)."""
     w = None
     if sparse_weights is not None:
         if not isinstance(sparse_weights, tf.SparseTensor):
@@ -581,6 +582,14 @@ def _safe_sparse_bags(sparse_ids, sparse_weights):
         strides = tf.math.cumprod(lead, exclusive=True, reverse=True)
         rows = tf.reduce_sum(sparse_ids.indices[:, :-1] * strides[tf.newaxis, :], axis=1)
         num_rows = tf.reduce_prod(lead)
+    # TF drops negative ids (and pruned weights) before SparseFillEmptyRows
+    # checks the indices, so a dropped entry's index is never checked: it
+    # goes to row 0 here, where the lookup drops it as well.
+    if prune_weights is not None and sparse_ids.values.dtype.is_integer:  # others: refused by the lookup
+        dropped = sparse_ids.values < 0
+        if prune_weights and w is not None:
+            dropped = tf.logical_or(dropped, tf.logical_not(w > 0))  # NaN too, as tf.greater(w, 0) says
+        rows = tf.where(dropped, tf.zeros_like(rows), rows)
     rows, ids, w = _in_row_order(rows, sparse_ids.values, w)
     return _Bags(ids, rows, num_rows, "row_ids", w), lead
 
@@ -609,7 +618,7 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
             ids, w = _ragged_bags(sparse_ids, sparse_weights, ("sparse_ids", "sparse_weights"))
             bags = _Bags(ids.values, ids.row_splits, -1, "row_splits", w)
         elif isinstance(sparse_ids, tf.SparseTensor):
-            bags, lead = _safe_sparse_bags(sparse_ids, sparse_weights)
+            bags, lead = _safe_sparse_bags(sparse_ids, sparse_weights, combiner != "sum")
         else:
             raise TypeError(f"sparse_ids must be a SparseTensor or a RaggedTensor, got {type(sparse_ids)}")
         weighted = bags.weights is not None

@@ -307,7 +307,12 @@ def _sparse_rows(sparse):
     in_order = tf.debugging.assert_non_negative(
         rows[1:] - rows[:-1], message="sparse keys: row ids must be sorted (row-major order, as tf.sparse.reorder "
                                       "gives)")
-    with tf.control_dependencies([in_order]):
+    # An InvalidArgument, as the integer keys' is, before from_value_rowids
+    # (which, eagerly, raises a ValueError).
+    in_batch = [tf.debugging.assert_non_negative(rows, message="sparse keys: a row id is negative"),
+                tf.debugging.assert_less(rows, sparse.dense_shape[0],
+                                         message="sparse keys: a row id is outside the batch (dense_shape[0])")]
+    with tf.control_dependencies([in_order] + in_batch):
         rows = tf.identity(rows)
     return tf.RaggedTensor.from_value_rowids(sparse.values, rows, nrows=sparse.dense_shape[0])
 
