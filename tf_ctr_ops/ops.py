@@ -543,22 +543,42 @@ def _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, nam
                        grad_indices=_DROP_IN_GRAD_INDICES, name=scope)
 
 
-def _in_row_order(rows, ids, weights):
+def _in_row_order(rows, ids, weights, num_rows, drops=None):
     """Entries stably sorted by row, when they are not already.
 
     TF's safe lookup accepts a SparseTensor out of canonical order (its
     sparse_fill_empty_rows sorts by row); the fused op takes bags in row order.
-    The sort runs only for such input.
+    It also drops negative ids (and pruned weights) before that op checks the
+    indices, so a dropped entry's index is never checked: drops(ids, weights)
+    names such entries, which go to row 0, where the lookup drops them too.
+    Both run only for such input: rows in order and inside [0, num_rows) have
+    nothing to sort or move.
     """
     tensors = [rows, ids] + ([] if weights is None else [weights])
     ordered = tf.reduce_all(rows[1:] >= rows[:-1])
+    if drops is not None:  # sorted, so the ends bound every row
+        ordered = tf.logical_and(ordered, tf.logical_and(tf.reduce_all(rows[:1] >= 0),
+                                                         tf.reduce_all(rows[-1:] < num_rows)))
 
     def sort():
-        perm = tf.argsort(rows, stable=True)
-        return [tf.gather(t, perm) for t in tensors]
+        kept_rows = rows if drops is None else tf.where(drops(ids, weights), tf.zeros_like(rows), rows)
+        perm = tf.argsort(kept_rows, stable=True)
+        return [tf.gather(t, perm) for t in [kept_rows] + tensors[1:]]
 
     out = tf.cond(ordered, lambda: [tf.identity(t) for t in tensors], sort)
     return out[0], out[1], (out[2] if weights is not None else None)
+
+
+def _safe_drops(prune_weights):
+    """The entries TF's safe lookup drops before it checks their indices:
+    negative ids and, with prune_weights, weights <= 0 (NaN too, as
+    tf.greater(w, 0) says)."""
+    def drops(ids, weights):
+        dropped = ids < 0
+        if prune_weights and weights is not None:
+            dropped = tf.logical_or(dropped, tf.logical_not(weights > 0))
+        return dropped
+    return drops
 
 
 def _safe_sparse_bags(sparse_ids, sparse_weights, prune_weights=None):
@@ -582,15 +602,9 @@ def _safe_sparse_bags(sparse_ids, sparse_weights, prune_weights=None):
         strides = tf.math.cumprod(lead, exclusive=True, reverse=True)
         rows = tf.reduce_sum(sparse_ids.indices[:, :-1] * strides[tf.newaxis, :], axis=1)
         num_rows = tf.reduce_prod(lead)
-    # TF drops negative ids (and pruned weights) before SparseFillEmptyRows
-    # checks the indices, so a dropped entry's index is never checked: it
-    # goes to row 0 here, where the lookup drops it as well.
-    if prune_weights is not None and sparse_ids.values.dtype.is_integer:  # others: refused by the lookup
-        dropped = sparse_ids.values < 0
-        if prune_weights and w is not None:
-            dropped = tf.logical_or(dropped, tf.logical_not(w > 0))  # NaN too, as tf.greater(w, 0) says
-        rows = tf.where(dropped, tf.zeros_like(rows), rows)
-    rows, ids, w = _in_row_order(rows, sparse_ids.values, w)
+    # Other id types are refused by the lookup.
+    drops = _safe_drops(prune_weights) if prune_weights is not None and sparse_ids.values.dtype.is_integer else None
+    rows, ids, w = _in_row_order(rows, sparse_ids.values, w, num_rows, drops)
     return _Bags(ids, rows, num_rows, "row_ids", w), lead
 
 
