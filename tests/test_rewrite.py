@@ -374,6 +374,34 @@ def test_session_config_tf1_session_with_string_features(rng):
     assert_same(got, want)
 
 
+def test_session_config_honours_feeds_of_computed_tensors(rng):
+    """A TF1 session may feed any tensor. A run that feeds one the pass would
+    fuse away (the hashed ids of a gather, the split values of a lookup) is
+    left alone, so the fed value is read as TF reads it; runs that feed only
+    the graph's inputs still fuse."""
+    vocab = 50
+    params = rng.normal(size=(vocab, 4)).astype(np.float32)
+    with tf.Graph().as_default() as g:
+        table = tf.constant(params)
+        s = tf.compat.v1.placeholder(tf.string, [None])
+        t = tf.compat.v1.placeholder(tf.string, [None])
+        hashed = tf.strings.to_hash_bucket_fast(s, vocab)
+        sp = tf.compat.v1.string_split(t, ",")
+        split_ids = tf.strings.to_hash_bucket_fast(sp.values, vocab)
+        pooled = tf.nn.embedding_lookup_sparse(table, tf.SparseTensor(sp.indices, split_ids, sp.dense_shape), None,
+                                               combiner="sum")
+        out = tf.concat([tf.nn.embedding_lookup(table, hashed), pooled], 1)
+        inputs = {s: [b"a", b"bb", b""], t: [b"x,y", b"", b"z"]}
+        runs = [{}, {hashed: [1, 2, 3]}, {split_ids: [7, 8, 9]}]
+        with tf.compat.v1.Session(graph=g) as sess:
+            want = [sess.run(out, {**inputs, **extra}) for extra in runs]
+        with tf.compat.v1.Session(graph=g, config=rewrite.session_config()) as sess:
+            for extra, expected in zip(runs, want):
+                before = rewrite.fusion_stats()
+                assert_same(sess.run(out, {**inputs, **extra}), expected)
+                assert (delta(before, rewrite.fusion_stats())["rewrites"] > 0) == (not extra)
+
+
 def test_session_config_keeps_the_given_config():
     base = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1)
     config = rewrite.session_config(base)

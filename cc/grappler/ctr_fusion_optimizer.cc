@@ -86,6 +86,18 @@ std::set<std::string> NodesInLoops(const tensorflow::GraphDef& graph) {
   return names;
 }
 
+// The first node whose output the run feeds that is not a graph input (a
+// TF1 session may feed any tensor), or "". A fused op computes what it
+// absorbs from the subgraph's own inputs, so it would compute such a tensor
+// again and never read the fed value; and a fed node absorbed would be left
+// without the outputs the feed needs.
+std::string FedComputedNode(const tensorflow::GraphDef& graph, const std::set<std::string>& fed) {
+  static const std::set<std::string> kInputs = {"Placeholder", "PlaceholderV2", "PlaceholderWithDefault", "_Arg"};
+  for (const auto& n : graph.node())
+    if (fed.count(n.name()) && !kInputs.count(n.op())) return n.name();
+  return "";
+}
+
 class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
  public:
   std::string name() const override { return "CtrFusionOptimizer"; }
@@ -136,6 +148,14 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
                        have_shapes ? &properties : nullptr);
     std::set<std::string> fed;
     for (const auto& feed : item.feed) fed.insert(ParseTensorName(feed.first).node);
+    const std::string fed_computed = FedComputedNode(item.graph, fed);
+    if (!fed_computed.empty()) {
+      ctx.Skipped("all", fed_computed,
+                  "the run feeds " + fed_computed + ", a computed tensor: the graph is left alone, as a fused op "
+                  "would compute it again instead of reading the fed value");
+      Report(item.id, ctx);
+      return absl::OkStatus();
+    }
     ctx.SetFed(std::move(fed));
     ctx.SetServingDevice(serving_device_);
     const std::set<std::string> in_loops = NodesInLoops(item.graph);
