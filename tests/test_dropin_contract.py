@@ -718,3 +718,63 @@ def test_second_order_gradients_are_a_clear_error(rng, variable):
         penalty = tf.reduce_sum(inner.gradient(loss, weights) ** 2)
     with pytest.raises(NotImplementedError, match="second-order gradients"):
         outer.gradient(penalty, weights)
+
+
+def _gradient_form(g):
+    """A table gradient as (form, indices, values): dense tensors have no indices."""
+    if isinstance(g, tf.IndexedSlices):
+        return "slices", np.asarray(g.indices), np.asarray(g.values)
+    return "dense", None, np.asarray(g)
+
+
+@pytest.mark.parametrize("fname", ["embedding_lookup_sparse", "safe_embedding_lookup_sparse"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("fast", [False, True])
+def test_allow_fast_lookup_gives_a_tensor_table_the_gradient_form_tf_gives(rng, fname, weighted, fast):
+    """With allow_fast_lookup TF skips Unique for a table that reaches it as a
+    tensor: its gradient is then dense (unweighted) or one row per id
+    (weighted), which optimizers and clip_by_global_norm see. The drop-ins
+    give the same form and rows; a resource variable's stays unique rows."""
+    params = rng.normal(size=(10, 3)).astype(np.float32)
+    sp = tf.SparseTensor([[0, 0], [0, 1], [2, 0], [2, 1], [3, 0]], tf.constant([3, 5, 3, 9, 3], tf.int64), [5, 2])
+    w = tf.SparseTensor(sp.indices, tf.constant([0.5, 2.0, 1.0, -1.0, 3.0]), sp.dense_shape) if weighted else None
+    scale = np.arange(15, dtype=np.float32).reshape(5, 3)
+
+    def gradient(module, table):
+        with tf.GradientTape() as tape:
+            tape.watch(table)
+            out = getattr(module, fname)(table, sp, w, combiner="mean", allow_fast_lookup=fast)
+            loss = tf.reduce_sum(out * scale[:out.shape[0]])
+        return _gradient_form(tape.gradient(loss, table))
+
+    want, got = gradient(tf.nn, tf.constant(params)), gradient(tco, tf.constant(params))
+    assert got[0] == want[0] == ("dense" if fast and not weighted else "slices")
+    if fast and weighted:  # TF's rows, in TF's order
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_allclose(got[2], want[2], rtol=1e-6)
+    dense = [tf.convert_to_tensor(tf.IndexedSlices(v, i, [10, 3])) if f == "slices" else v for f, i, v in (want, got)]
+    np.testing.assert_allclose(dense[1], dense[0], rtol=1e-6, atol=1e-6)
+    variable = tf.Variable(params)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(getattr(tco, fname)(variable, sp, w, combiner="mean", allow_fast_lookup=fast))
+    assert isinstance(tape.gradient(loss, variable), tf.IndexedSlices)
+
+
+def test_allow_fast_lookup_trains_a_tf1_ref_variable_as_tf_does(rng):
+    """A TF1 RefVariable reaches TF's lookup as a tensor: with
+    allow_fast_lookup its unweighted gradient is dense, so Ftrl's l1 updates
+    every row (zeroing the untouched ones), as it does with TF's lookup."""
+    params = rng.normal(size=(6, 2)).astype(np.float32)
+    results = []
+    for lookup in (tf.compat.v1.nn.embedding_lookup_sparse, tco.compat.v1.embedding_lookup_sparse):
+        with tf.Graph().as_default():
+            table = tf.compat.v1.get_variable("t", initializer=params, use_resource=False)
+            sp = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([1, 3], tf.int64), [2, 1])
+            loss = tf.reduce_sum(lookup(table, sp, None, combiner="sum", allow_fast_lookup=True))
+            step = tf.compat.v1.train.FtrlOptimizer(0.1, l1_regularization_strength=0.01).minimize(loss)
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                for _ in range(2):
+                    sess.run(step)
+                results.append(sess.run(table))
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-6)

@@ -6,6 +6,7 @@ id containers) in place of the TF-native subgraph it replaces.
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import composite_tensor
 from tensorflow.python.ops import embedding_ops, resource_variable_ops, variables
 
 from tf_ctr_ops import strings
@@ -130,13 +131,16 @@ def pooled_grads(grad, grad_op, table_shape, params, ids, segments, num_rows, we
     values, indices, weights_grad, merged = grad_op(
         grad=grad, params=params, ids=ids, segments=segments, num_rows=num_rows,
         weights=weights, grad_indices=order, **attrs)
+    weights_grad = weights_grad if attrs["has_weights"] else None
+    if order == "dense":
+        return tf.math.unsorted_segment_sum(values, indices, table_shape(params)[0]), weights_grad
     if order != "per_id":  # the CPU kernel merges the rows; the GPU kernel leaves that to us
         values, indices = tf.cond(merged, lambda: (values, indices), lambda: _merge_grad_rows(values, indices))
     if attrs["id_mode"] != "hash" and indices.dtype != ids.dtype:
         # TF's gradient names rows in the ids' own dtype (Gather's indices);
         # a tf.cond whose other branch is a TF lookup needs the same dtypes.
         indices = tf.cast(indices, ids.dtype)
-    return table_gradient(values, indices, table_shape(params)), weights_grad if attrs["has_weights"] else None
+    return table_gradient(values, indices, table_shape(params)), weights_grad
 
 
 # Every table gradient's dense_shape is int32, as Gather's and
@@ -476,10 +480,29 @@ def _sharded_lookup(shards, bags, *, strategy="div", dtype=None, default_id=None
 
 
 # The drop-ins' params gradient: unique rows in first-appearance order, as TF
-# gives it for variables (eager or in a tf.function) and in every tf.function.
-# (Only for a constant table in eager mode does TF take other paths: sorted
-# unique rows unweighted, dense with allow_fast_lookup; docs/tf_contract.md.)
+# gives it for variables, and for tensor tables but where _drop_in_grad_form
+# says otherwise (docs/tf_contract.md).
 _DROP_IN_GRAD_INDICES = "first_appearance"
+
+
+def _drop_in_grad_form(table_is_tensor, weighted, allow_fast_lookup, max_norm):
+    """The params gradient TF's embedding_lookup_sparse_impl gives: with
+    allow_fast_lookup, no max_norm and one table that reaches it as a tensor
+    (not a resource variable, which is a CompositeTensor), it skips Unique:
+    the gradient is then one row per id (weighted, Gather's gradient) or
+    dense (unweighted, SparseSegment*Grad's). Optimizers see the difference:
+    a dense gradient updates every row, and clip_by_global_norm counts a
+    repeated id's rows apart."""
+    if not (allow_fast_lookup and max_norm is None and table_is_tensor):
+        return _DROP_IN_GRAD_INDICES
+    return "per_id" if weighted else "dense"
+
+
+def _single_table(params):
+    """params as the one table of a lookup, or None for shards."""
+    if isinstance(params, (list, tuple)):
+        return params[0] if len(params) == 1 else None
+    return None if isinstance(params, variables.PartitionedVariable) else params
 
 
 def _ragged_bags(ids, weights, arg_names):
@@ -519,9 +542,15 @@ def _lookup_sparse_bags(sp_ids, sp_weights):
     return _Bags(sp_ids.values, sp_ids.indices[:, 0], -1, "row_ids", _sparse_weights_values(sp_ids, sp_weights))
 
 
-def _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, name, combiner, max_norm):
+def _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, name, combiner, max_norm,
+                             allow_fast_lookup=False):
     combiner = check_combiner(combiner or "mean")
     bags = _lookup_sparse_bags(sp_ids, sp_weights)
+    table = _single_table(params)
+    # TF converts a lone table that is neither a tensor nor a composite one (a
+    # TF1 RefVariable) to a tensor.
+    grad_form = _drop_in_grad_form(table is not None and not isinstance(table, composite_tensor.CompositeTensor),
+                                   sp_weights is not None, allow_fast_lookup, max_norm)
     # The output is named as the scope (`foo:0` for name="foo"), as TF's is.
     with tf.name_scope(name or "embedding_lookup_sparse") as scope:
         shards = sharded_variables(params)
@@ -539,8 +568,8 @@ def _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, nam
         _check_shards(parts)
         merged = _MergedShards(parts, partition_strategy)
         return _lookup(merged.table, merged.rows(bags.ids), bags.segments, -1, _weights_values(bags.weights),
-                       segment_kind="row_ids", combiner=combiner, max_norm=max_norm,
-                       grad_indices=_DROP_IN_GRAD_INDICES, name=scope)
+                       segment_kind="row_ids", combiner=combiner, max_norm=max_norm, grad_indices=grad_form,
+                       name=scope)
 
 
 def _in_row_order(rows, ids, weights, num_rows, drops=None):
@@ -609,7 +638,7 @@ def _safe_sparse_bags(sparse_ids, sparse_weights, prune_weights=None):
 
 
 def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights, combiner, default_id, name,
-                                  partition_strategy, max_norm):
+                                  partition_strategy, max_norm, allow_fast_lookup=False):
     if embedding_weights is None:
         raise ValueError(f"Missing embedding_weights {embedding_weights}.")
     check_default_id(default_id)
@@ -636,11 +665,16 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
         else:
             raise TypeError(f"sparse_ids must be a SparseTensor or a RaggedTensor, got {type(sparse_ids)}")
         weighted = bags.weights is not None
+        table = _single_table(embedding_weights)
+        # TF keeps a resource variable of the weights' dtype; any other table it converts to a tensor.
+        table_is_tensor = table is not None and not sharded and not (
+            resource_variable_ops.is_resource_variable(table) and dtype in (None, table.dtype))
         attrs = dict(combiner=combiner, invalid_ids="skip_negative", prune_weights=combiner != "sum" and weighted,
-                     max_norm=max_norm, grad_indices=_DROP_IN_GRAD_INDICES)
+                     max_norm=max_norm)
         if sharded:
             result = _sharded_lookup(parts, bags, strategy=strategy, dtype=shards_dtype, default_id=default_id,
-                                     empty_grad_row=0 if default_id is None else -1, **attrs)
+                                     empty_grad_row=0 if default_id is None else -1,
+                                     grad_indices=_DROP_IN_GRAD_INDICES, **attrs)
             row_shape = parts[0].shape[1:]
         else:
             merged = _MergedShards(parts, partition_strategy)
@@ -648,7 +682,9 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
                              _weights_values(bags.weights), segment_kind=bags.kind,
                              default_id=merged.default_row(default_id),
                              # TF fills a bag left empty with id 0, row 0 of the concatenation too
-                             empty_grad_row=0 if default_id is None else -1, **attrs)
+                             empty_grad_row=0 if default_id is None else -1,
+                             grad_indices=_drop_in_grad_form(table_is_tensor, weighted, allow_fast_lookup, max_norm),
+                             **attrs)
             row_shape = merged.table.shape[1:]
         rank = sparse_ids.shape.rank
         if isinstance(sparse_ids, tf.SparseTensor) and rank != 2:
@@ -678,8 +714,9 @@ def embedding_lookup_sparse(params, sp_ids, sp_weights, combiner=None, max_norm=
     each lives, as TF gathers them, never concatenated (unless their row
     counts are known only at run time). One `CtrEmbeddingLookup` op replaces
     Unique, Gather and SparseSegment*; the params gradient is IndexedSlices
-    with unique indices in first-appearance order, as TF's. `allow_fast_lookup`
-    is accepted and changes nothing: the fused op is always the fast path.
+    with unique indices in first-appearance order, as TF's, or, with
+    `allow_fast_lookup` on a tensor table (a TF1 RefVariable too), the form
+    TF's path without Unique gives: one row per id weighted, dense unweighted.
 
     Args:
       params: `[V, ...]` table, a list of shards in TF's "div" layout, a
@@ -690,7 +727,8 @@ def embedding_lookup_sparse(params, sp_ids, sp_weights, combiner=None, max_norm=
       combiner: "sum", "mean" (default) or "sqrtn".
       max_norm: if set, rows are clipped to this L2 norm before pooling.
       name: a name scope for the op.
-      allow_fast_lookup: accepted as TF accepts it.
+      allow_fast_lookup: as TF's: it changes only the form of a tensor
+        table's gradient (the fused op never runs Unique).
 
     Returns:
       `[rows] + params.shape[1:]` tensor of the params dtype.
@@ -698,7 +736,7 @@ def embedding_lookup_sparse(params, sp_ids, sp_weights, combiner=None, max_norm=
     if _run_time_max_norm(max_norm):
         return embedding_ops.embedding_lookup_sparse_v2(params, sp_ids, sp_weights, combiner, max_norm, name,
                                                         allow_fast_lookup)
-    return _embedding_lookup_sparse(params, sp_ids, sp_weights, "div", name, combiner, max_norm)
+    return _embedding_lookup_sparse(params, sp_ids, sp_weights, "div", name, combiner, max_norm, allow_fast_lookup)
 
 
 def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=None, combiner="mean",
@@ -724,7 +762,8 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
       default_id: row for empty rows; `None` gives zeros.
       max_norm: if set, rows are clipped to this L2 norm before pooling.
       name: a name scope for the op.
-      allow_fast_lookup: accepted as TF accepts it.
+      allow_fast_lookup: as TF's: it changes only the form of a tensor
+        table's gradient, as for `embedding_lookup_sparse`.
 
     Returns:
       The pooled rows, of the params dtype.
@@ -733,7 +772,7 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
         return embedding_ops.safe_embedding_lookup_sparse_v2(embedding_weights, sparse_ids, sparse_weights, combiner,
                                                              default_id, max_norm, name, allow_fast_lookup)
     return _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights, combiner, default_id,
-                                         name, "div", max_norm)
+                                         name, "div", max_norm, allow_fast_lookup)
 
 
 def embedding_lookup_sparse_v1(params, sp_ids, sp_weights, partition_strategy="mod", name=None, combiner=None,
@@ -744,7 +783,8 @@ def embedding_lookup_sparse_v1(params, sp_ids, sp_weights, partition_strategy="m
     if _run_time_max_norm(max_norm):
         return embedding_ops.embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, name, combiner,
                                                      max_norm, allow_fast_lookup)
-    return _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, name, combiner, max_norm)
+    return _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, name, combiner, max_norm,
+                                    allow_fast_lookup)
 
 
 def safe_embedding_lookup_sparse_v1(embedding_weights, sparse_ids, sparse_weights=None, combiner="mean",
@@ -758,7 +798,7 @@ def safe_embedding_lookup_sparse_v1(embedding_weights, sparse_ids, sparse_weight
                                                           default_id, name, partition_strategy, max_norm,
                                                           allow_fast_lookup)
     return _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights, combiner, default_id,
-                                         name, partition_strategy, max_norm)
+                                         name, partition_strategy, max_norm, allow_fast_lookup)
 
 
 # ---------------------------------------------------------------------------

@@ -43,7 +43,10 @@ hash_key: hash mode only: empty, or two integers that make the hash SipHash-2-4
   (keras.layers.Hashing with a salt).
 grad_indices: the params gradient's rows: "per_id", one per looked-up id in bag
   order; "first_appearance", the rows of each table row summed into one, in
-  order of first appearance, as TF's Unique + Gather gives them.
+  order of first appearance, as TF's Unique + Gather gives them; "dense", the
+  gradient op's rows are per id, and the caller sums them into a dense
+  [V, ...] gradient, as TF's lookup without Unique (allow_fast_lookup on a
+  tensor table, unweighted) gives it.
 empty_grad_row: without a default_id, the row a bag left empty lists in the
   params gradient, with a zero row (-1: none, or not a table row). TF's
   safe_embedding_lookup_sparse fills such a bag with id 0 and zeroes its
@@ -96,7 +99,7 @@ absl::Status LookupGradShape(InferenceContext* c) {
       .Attr("id_mode: {'index', 'hash'} = 'index'")      \
       .Attr("num_buckets: int = 0")                      \
       .Attr("hash_key: list(int) = []")                  \
-      .Attr("grad_indices: {'per_id', 'first_appearance'} = 'per_id'") \
+      .Attr("grad_indices: {'per_id', 'first_appearance', 'dense'} = 'per_id'") \
       .Attr("empty_grad_row: int = -1")
 
 // Each op has a form reading its table from a variable (PARAMS "resource").
