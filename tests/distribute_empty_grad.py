@@ -3,7 +3,8 @@ gradients have no rows on any replica: an all-padding batch of a
 SparseEmbedding, and the first steps of a HashTableEmbedding that admits a key
 on its third sighting. TF 2.21's collective all-gather of IndexedSlices
 crashes the process on such gradients; the layers' gradients must not reach
-it empty."""
+it empty. And a step where only some replicas have no rows, under a TF1
+momentum optimizer."""
 
 import numpy as np
 
@@ -40,4 +41,37 @@ def run(strategy, out):
                 keys, rows = (np.asarray(t) for t in layer.export())
                 order = np.argsort(keys)
                 results[f"{name}_keys"], results[f"{name}_rows"] = keys[order], rows[order]
+    results["momentum_table"] = _momentum_beside_an_empty_replica(strategy)
     np.savez(out, **results)
+
+
+def _momentum_beside_an_empty_replica(strategy):
+    """A replica whose half of a batch has no id (all padding, or no example
+    of an uneven last batch) beside one with rows: a TF1 sparse optimizer with
+    momentum must not get a zero row 0 from it (row 0 has momentum here, so
+    such a row would move it). Returns the trained table."""
+    import tensorflow as tf
+
+    import tf_ctr_ops as tco
+
+    with strategy.scope():
+        table = tf.Variable(np.random.default_rng(0).normal(size=(10, 3)).astype(np.float32))
+        optimizer = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9)
+
+    def replica_step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(tco.sparse_embedding(table, ids, combiner="sum") - 1.0))
+        optimizer.apply_gradients([(tape.gradient(loss, table), table)])
+
+    @tf.function
+    def step(ids):
+        strategy.run(replica_step, args=(ids,))
+
+    for batch in (np.array([[0, 2], [3, -1], [4, 5], [6, 7]]), np.array([[1, 2], [3, 4], [-1, -1], [-1, -1]]),
+                  np.array([[5, -1]])):
+        if strategy.num_replicas_in_sync == 1:
+            step(tf.constant(batch))
+            continue
+        for ids in strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices(batch).batch(len(batch))):
+            step(ids)
+    return table.numpy()

@@ -32,15 +32,16 @@ def half_rows_merged(values, indices):
 
 def table_gradient(values, indices, dense_shape):
     """`tf.IndexedSlices(values, indices, dense_shape)`, with one zero row
-    (row 0) when it would have none under a strategy of several replicas.
+    (row 0) when no replica's would have one, under a strategy of several.
 
     Why: MirroredStrategy and MultiWorkerMirroredStrategy aggregate
     IndexedSlices with a collective all-gather, and TF 2.21's (RingGatherer)
     crashes the process when every replica's gradient has no rows, as on a
     step whose bags hold no id with a row (all padding, or hash-table keys
-    not yet admitted). The zero row is the same gradient: optimizers that
-    add it (SGD, Adagrad) or densify it (Keras' Adam) update as without it.
-    """
+    not yet admitted). Only then: a zero row beside other replicas' rows
+    would reach a sparse optimizer as an update of row 0, which momentum,
+    RMSProp or Ftrl move (TF1's optimizers; Keras' skip or densify it). So
+    the replicas count their rows together first (one scalar all-reduce)."""
     if tf.distribute.has_strategy() and tf.distribute.get_strategy().num_replicas_in_sync > 1:
         values, indices = _at_least_one_row(values, indices, dense_shape)
     return tf.IndexedSlices(values, indices, dense_shape)
@@ -50,8 +51,11 @@ def _at_least_one_row(values, indices, dense_shape):
     def one_zero_row():
         return tf.zeros(tf.concat([[1], tf.shape(values)[1:]], 0), values.dtype), tf.zeros([1], indices.dtype)
 
+    rows = tf.cast(tf.size(indices), tf.float32)
+    if not tf.distribute.in_cross_replica_context():  # a gradient outside strategy.run has no replicas to ask
+        rows = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, rows)
     # a table of no rows has no row 0 to name
-    empty = tf.logical_and(tf.equal(tf.size(indices), 0), dense_shape[0] > 0)
+    empty = tf.logical_and(tf.equal(rows, 0.0), dense_shape[0] > 0)
     return tf.cond(empty, one_zero_row, lambda: (values, indices))
 
 
