@@ -22,7 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import tensorflow as tf  # noqa: E402
 
-MIRRORED = ("layers", "table", "empty_grad", "slots")
+MIRRORED = ("layers", "table", "empty_grad", "slots", "subclassed")
 MULTI_WORKER = ("layers", "table", "slots")  # the all-padding steps: under MirroredStrategy
 
 
@@ -40,6 +40,7 @@ def run_scenario(name, strategy, mode, task, out_dir):
     # Imported after the device setup: they run no op when imported.
     import distribute_empty_grad
     import distribute_slots
+    import distribute_subclassed
     import distribute_train
 
     print(f"scenario {name} under {mode}", flush=True)  # names the scenario a failure's traceback follows
@@ -48,6 +49,8 @@ def run_scenario(name, strategy, mode, task, out_dir):
         distribute_train.train(strategy, mode, task, out, name)
     elif name == "empty_grad":
         distribute_empty_grad.run(strategy, out)
+    elif name == "subclassed":
+        distribute_subclassed.run(strategy, out)
     else:
         distribute_slots.run(strategy, mode, task, out)
 

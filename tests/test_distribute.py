@@ -173,6 +173,17 @@ def check_hash_table_slots_mirrored(mirrored):
     np.testing.assert_array_equal(runs["mirrored"]["outputs"], runs["single"]["outputs"])
 
 
+def check_subclassed_model_keeps_one_key_table(mirrored):
+    """A subclassed model's variables are created after Keras' symbolic build
+    (tests/distribute_subclassed.py): the key table is still one variable,
+    and fit gives every key the row and vector one replica gives it."""
+    runs = {mode: np.load(mirrored / f"subclassed.{mode}.npz") for mode in ("single", "mirrored")}
+    assert str(runs["mirrored"]["variable_type"]) == "ResourceVariable", runs["mirrored"]["variable_type"]
+    assert runs["single"]["keys"].size > 30
+    np.testing.assert_array_equal(runs["mirrored"]["keys"], runs["single"]["keys"])
+    np.testing.assert_allclose(runs["mirrored"]["values"], runs["single"]["values"], rtol=1e-5, atol=1e-6)
+
+
 def check_hash_table_slots_multi_worker(multiworker):
     """Each worker has its own table and finds all workers' keys slot by slot,
     so both copies give every key the row one process gives it, and each
@@ -194,7 +205,8 @@ def test_mirrored_strategy_matches_single_replica(tmp_path):
     output, _ = proc.communicate(timeout=TIMEOUT_S)
     assert proc.returncode == 0, output[-3000:]
     run_checks(tmp_path, [check_layers_mirrored, check_hash_table_layer_mirrored,
-                          check_steps_without_gradient_rows_mirrored, check_hash_table_slots_mirrored])
+                          check_steps_without_gradient_rows_mirrored, check_hash_table_slots_mirrored,
+                          check_subclassed_model_keeps_one_key_table])
 
 
 def test_multi_worker_mirrored_strategy_matches_single_replica(tmp_path):

@@ -616,6 +616,25 @@ def create_table_variable(create, device="/CPU:0"):
         return create()
 
 
+def create_table_weight(create, device="/CPU:0"):
+    """create_table_variable for a Keras weight (create() calls add_weight).
+    Keras builds a subclassed model (or a Sequential without an Input)
+    symbolically, in a stateless scope that defers creating its layers'
+    variables until after build returns, outside this scope: the table would
+    then be mirrored or sharded by the strategy. So a deferred creation runs
+    in the same scope when it comes."""
+    weight = create_table_variable(create, device)
+    if getattr(weight, "_value", False) is None:  # Keras deferred it (its private API, Keras 3)
+        initialize = weight._initialize
+
+        def initialize_as_one_copy(value):
+            with tf.device(device), tf.variable_creator_scope(_one_copy_creator):
+                initialize(value)
+
+        weight._initialize = initialize_as_one_copy
+    return weight
+
+
 def check_table_device(device, eviction):
     """The table's device as a string; a GPU table cannot evict (its insert is the CUDA kernel's)."""
     try:

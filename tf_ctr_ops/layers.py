@@ -791,7 +791,7 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
     def build(self, input_shape=None):
         if self.built:
             return
-        self.table = _hash_table.create_table_variable(lambda: self.add_weight(
+        self.table = _hash_table.create_table_weight(lambda: self.add_weight(
             shape=_hash_table.table_shape(self.num_slots, self.capacity), dtype="int64",
             initializer=EmptyHashTable(self.num_slots, self.capacity, self.key_dtype), name="table", trainable=False),
             self.table_device)
