@@ -845,6 +845,52 @@ def test_online_lookups_after_an_assign_read_the_assigned_table(form):
         np.testing.assert_allclose(results[1], results[0], rtol=1e-6)
 
 
+def _ancestors(graph_def, name):
+    inputs = {n.name: [i.lstrip("^").split(":")[0] for i in n.input] for n in graph_def.node}
+    seen, stack = set(), [name]
+    while stack:
+        for i in inputs[stack.pop()]:
+            if i not in seen:
+                seen.add(i)
+                stack.append(i)
+    return seen
+
+
+@pytest.mark.parametrize("form", ["bucketize_fields", "bucketize_column", "hash_fields"])
+def test_table_reads_the_rewrite_adds_wait_on_the_update_before_the_lookup(form):
+    """Where the fused op's output is reshaped back under the gather's name
+    ([B, N] and [B, 1] keys), the variable read the rewrite adds for it still
+    waits on the assign the gather waited on; read before it, the lookup saw
+    the old table in about one call of five (a race, so the graph is checked)."""
+    table = tf.Variable(np.zeros((6, 8), np.float32))
+    lookups = {
+        "bucketize_fields": (tf.TensorSpec([None, 3], tf.float32),
+                             lambda x: tf.gather(table, tf.raw_ops.Bucketize(input=x, boundaries=[0.0, 1.0]))),
+        "bucketize_column": (tf.TensorSpec([None, 3], tf.float32), lambda x: tf.reshape(
+            tf.gather(table, tf.raw_ops.Bucketize(input=x[:, :1], boundaries=[0.0, 1.0])), [-1, 8])),
+        "hash_fields": (tf.TensorSpec([None, 2], tf.string),
+                        lambda x: tf.nn.embedding_lookup(table, tf.strings.to_hash_bucket_fast(x, 6))),
+    }
+    spec, lookup = lookups[form]
+
+    @tf.function(input_signature=[spec])
+    def step(x):
+        table.assign_add(tf.ones_like(table))
+        return lookup(x)
+
+    concrete = step.get_concrete_function()
+    graph_def = concrete.graph.as_graph_def()
+    optimized, report = rewrite.optimize_graph_def(graph_def, [t.name for t in concrete.outputs],
+                                                   handle_shapes=rewrite.captured_handle_shapes(concrete),
+                                                   serving_device="cpu")
+    assert report["match"], report
+    assign = [n.name for n in optimized.node if n.op == "AssignAddVariableOp"]
+    reads = [n.name for n in optimized.node if n.op in ("ReadVariableOp", "DisableCopyOnRead") and "ctr_" in n.name]
+    assert assign and reads
+    for read in reads:
+        assert assign[0] in _ancestors(optimized, read), read
+
+
 @pytest.mark.parametrize("use_resource", [False, True])
 def test_tf1_lookups_under_control_dependencies_read_the_updated_table(use_resource):
     tf1 = tf.compat.v1

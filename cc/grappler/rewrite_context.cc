@@ -185,17 +185,26 @@ void RewriteContext::KeepWaitsOfAbsorbed() {
   }
   // A variable read this rewrite added (AddReadVariable) feeds a fused node
   // and must see the variable as that node would: after what it waits on.
+  // That is what the matches' fused nodes wait on, and what the read's own
+  // readers do: a match's record may name a node that only reshapes the op
+  // that reads the table (its anchor, kept under its name), which the
+  // anchor's waits moved to.
   std::vector<std::string> reads;
   for (const auto& [name, n] : pending_)
     if (n->op() == "ReadVariableOp" || n->op() == "DisableCopyOnRead") reads.push_back(name);
   if (reads.empty()) return;
   std::set<std::string> waited;
-  for (const std::string& f : fused) {
-    const NodeDef* n = Current(f);
-    if (n == nullptr) continue;
-    for (const std::string& in : n->input())
+  auto add_waits_of = [&waited](const NodeDef& n) {
+    for (const std::string& in : n.input())
       if (!in.empty() && in[0] == '^') waited.insert(in.substr(1));
-  }
+  };
+  for (const std::string& f : fused)
+    if (const NodeDef* n = Current(f)) add_waits_of(*n);
+  const std::set<std::string> read_set(reads.begin(), reads.end());
+  for (const auto* nodes : {&pending_, &touched_})
+    for (const auto& [name, n] : *nodes)
+      for (const std::string& in : n->input())
+        if (!in.empty() && in[0] != '^' && read_set.count(ParseTensorName(in).node)) add_waits_of(*n);
   for (const std::string& read : reads)
     for (const std::string& w : waited) AddWait(read, w, absorbed);
 }
