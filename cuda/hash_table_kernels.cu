@@ -53,8 +53,8 @@ __global__ void StartInsertKernel(int64_t* header, int64_t capacity, int64_t num
   if (status[kBadHeader] == 0) InsertingClock(header, new_step);
 }
 
-// The find of an inserting call: found keys are stamped with the call's
-// clock, atomically since one key may come many times; the missing ones are
+// The find of an inserting call: found keys, and keys waiting for admission
+// (WaitsInSlot), are stamped with the call's clock, atomically since one key may come many times; the missing ones are
 // counted, a warp's at once.
 __global__ void FindStampKernel(const int64_t* __restrict__ header, Slots slots, const int64_t* __restrict__ keys,
                                 int64_t n, bool dense_padding, int64_t* __restrict__ rows, int64_t* status) {
@@ -71,10 +71,14 @@ __global__ void FindStampKernel(const int64_t* __restrict__ header, Slots slots,
       atomicAdd(reinterpret_cast<unsigned long long*>(status + kMissing),
                 static_cast<unsigned long long>(__popc(missing)));
     }
-    if (row == kNoRow || !stamp) continue;
+    if (!stamp) continue;
     auto* stats = reinterpret_cast<unsigned long long*>(StatsAt(slots, s));
-    atomicExch(stats + kLastSeen, clock);
-    atomicAdd(stats + kCount, 1ULL);
+    if (row != kNoRow) {
+      atomicExch(stats + kLastSeen, clock);
+      atomicAdd(stats + kCount, 1ULL);
+    } else if (WaitsInSlot(slots.pairs, s, keys[i], dense_padding)) {
+      atomicExch(stats + kLastSeen, clock);
+    }
   }
 }
 

@@ -545,6 +545,25 @@ def test_eviction_never_takes_a_key_of_the_running_call():
     assert int(table.statistics()["dropped"]) == 2 and int(table.statistics()["evicted"]) == 0
 
 
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+@pytest.mark.parametrize("order", [[5, 6, 100], [100, 5, 6]])
+def test_eviction_never_takes_a_waiting_key_of_the_running_call(policy, order):
+    # Key 100 waits from an earlier call; its second sighting here admits it.
+    # The new keys before it evicted it for their slots (it was not stamped
+    # until the inserter reached it), and it then took a trained key's row.
+    table = HashTable(dim=2, capacity=4, admit_after=2, eviction=policy)
+    table.find([100], insert=True)
+    table.find([1, 1, 2, 2, 3, 3, 4, 4], insert=True)
+    rows = table.find(order, insert=True).numpy()
+    row_of_100 = rows[order.index(100)]
+    assert row_of_100 >= 0, rows
+    np.testing.assert_array_equal(table.find([100]).numpy(), [row_of_100])
+    held = table.find([1, 2, 3, 4]).numpy()
+    assert sorted(held[held >= 0].tolist() + [row_of_100]) == [0, 1, 2, 3]
+    stats = table.statistics()
+    assert int(stats["size"]) == 4 and int(stats["evicted"]) == 1
+
+
 def test_lfu_keeps_frequent_keys_and_lru_keeps_recent_ones():
     for policy, survivor in (("lfu", 1), ("lru", 2)):
         table = HashTable(dim=2, capacity=2, eviction=policy)

@@ -164,6 +164,14 @@ CTR_HD int64_t RowInSlot(const int64_t* pairs, int64_t s, int64_t key, bool dens
   return entry >= 0 && !IsPaddingKey(key, dense_padding) ? entry : kNoRow;
 }
 
+// Whether a key of an inserting call waits for admission in slot s: the find
+// marks it as seen by the call (last_seen only; its sighting's count is
+// PlaceKey's), so that no eviction of the call, run for a key before it,
+// takes it before the inserter reaches it.
+CTR_HD bool WaitsInSlot(const int64_t* pairs, int64_t s, int64_t key, bool dense_padding) {
+  return s >= 0 && PairAt(pairs, s)[kEntry] < kEmptyEntry && !IsPaddingKey(key, dense_padding);
+}
+
 // The clock an inserting find stamps the keys it sees with (their last_seen).
 // Keys stamped with the running step's clock are never evicted. A find that
 // starts a step advances the clock; one that continues a step (a table read

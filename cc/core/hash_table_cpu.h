@@ -98,7 +98,8 @@ class SlotFinder {
 
 // Rows of `keys` (kNoRow for none). With clock > 0 (an inserting call), each
 // found key is stamped as seen by this call and its use count goes up: the
-// scores eviction reads. Threads may stamp one slot at once, hence atomics;
+// scores eviction reads; a key waiting for admission is stamped as seen only
+// (WaitsInSlot). Threads may stamp one slot at once, hence atomics;
 // the stats are prefetched with the pairs, since a locked add on a line not
 // yet in cache stalls every later load until the line arrives: unprefetched,
 // the stamps took two thirds of an inserting find of a table out of cache.
@@ -111,10 +112,13 @@ void FindRows(const TableView& t, const Key* keys, int64_t n, bool dense_padding
     for (int64_t i = begin; i < end; ++i) {
       const int64_t s = finder.SlotOf(i);
       rows[i] = RowInSlot(t.slots.pairs, s, keys[i], dense_padding);
-      if (rows[i] != kNoRow && clock > 0) {
-        int64_t* stats = StatsAt(t.slots, s);
+      if (clock == 0) continue;
+      int64_t* stats = StatsAt(t.slots, s);
+      if (rows[i] != kNoRow) {
         __atomic_store_n(&stats[kLastSeen], clock, __ATOMIC_RELAXED);
         __atomic_fetch_add(&stats[kCount], 1, __ATOMIC_RELAXED);
+      } else if (WaitsInSlot(t.slots.pairs, s, keys[i], dense_padding)) {
+        __atomic_store_n(&stats[kLastSeen], clock, __ATOMIC_RELAXED);
       }
     }
   });
