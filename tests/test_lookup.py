@@ -862,6 +862,38 @@ def test_a_persistent_tape_around_a_function_gets_indexed_slices_as_tf_gives():
     np.testing.assert_allclose(tf.convert_to_tensor(grads[1]), tf.convert_to_tensor(grads[0]), rtol=1e-6)
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_tape_around_a_loop_of_lookups_in_a_function_gets_their_gradient(persistent):
+    # The gradient of a lookup in a while loop is built in the gradient
+    # loop's body: reading the table from the function around the loop there
+    # failed to build ("in list of internal_captures but not in
+    # internal_capture_to_output"). TF's gathers differentiate there.
+    cases, hashed = _persistent_tape_cases()
+    cases.append(("hash_table_embedding", lambda p: tco.hash_table_embedding(
+        hashed, tf.ragged.constant([[7, 8], [8]], tf.int64))))
+    hashed.find([7, 8], insert=True)
+    params = tf.Variable(np.random.default_rng(5).normal(size=(1000, 4)).astype(np.float32))
+    if persistent:  # TF's own gather of a StaticHashTable's lookup fails there too (a table handle has no handle data)
+        cases = [case for case in cases if case[0] != "vocab_embedding"]
+    for name, lookup in cases:
+        var = hashed.values if name == "hash_table_embedding" else params
+
+        @tf.function
+        def looped():
+            with tf.GradientTape(persistent=persistent) as tape:
+                total = tf.zeros([4])
+                for i in tf.range(3):
+                    total += tf.reduce_sum(lookup(params), 0) * tf.cast(i + 1, tf.float32)
+                loss = tf.reduce_sum(total * tf.range(1.0, 5.0))
+            return tf.convert_to_tensor(tape.gradient(loss, var))
+
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.reduce_sum(lookup(params), 0) * tf.range(1.0, 5.0)) * 6.0
+        expected = tf.convert_to_tensor(tape.gradient(loss, var))
+        assert np.abs(expected.numpy()).sum() > 0, name
+        np.testing.assert_allclose(looped(), expected, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
 def test_a_persistent_tape_around_a_function_of_a_cast_table_gets_indexed_slices(dtype):
     # A mixed-precision model reads its float32 table through a cast in the

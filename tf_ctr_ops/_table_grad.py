@@ -4,6 +4,7 @@ import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.framework.func_graph import FuncGraph
 from tensorflow.python.ops import resource_variable_ops
+from tensorflow.python.ops.control_flow_v2_func_graphs import WhileBodyFuncGraph
 
 
 def dense_table_shape(params):
@@ -79,7 +80,10 @@ def forward_table(table):
         return table
     graph = table.graph
     here = tf.compat.v1.get_default_graph()
-    if not isinstance(graph, FuncGraph) or here is graph:
+    if not isinstance(graph, FuncGraph) or here is graph or isinstance(graph, WhileBodyFuncGraph):
+        # A loop body's gradient is built in the gradient loop's body, which
+        # reads the forward body's tensors through while_v2's accumulators
+        # only: a tensor of a graph around the loop there fails to build.
         return table
     source, casts = table, []
     while source.op.type in ("Identity", "Cast"):  # a mixed-precision layer's table is a cast of its variable
