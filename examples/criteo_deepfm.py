@@ -248,13 +248,14 @@ def serve_in_fresh_process(export_dir, batch, workdir):
     np.savez(os.path.join(workdir, "batch.npz"), dense=batch["dense"], categorical=batch["categorical"].astype(str))
     out_path = os.path.join(workdir, "served.npy")
     # cwd=workdir: a `-c` script puts its cwd first on sys.path, and a checkout
-    # root there would shadow the installed package with the unbuilt sources.
+    # root there would shadow the installed package with the unbuilt sources;
+    # so paths given relative to ours (--out DIR) are made absolute.
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     if env.get("PYTHONPATH"):
         # Relative entries (PYTHONPATH=.) would resolve against workdir.
         env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else p
                                             for p in env["PYTHONPATH"].split(os.pathsep))
-    proc = subprocess.run([sys.executable, "-c", SERVE_SCRIPT, export_dir, "batch.npz", out_path],
+    proc = subprocess.run([sys.executable, "-c", SERVE_SCRIPT, os.path.abspath(export_dir), "batch.npz", out_path],
                           cwd=workdir, capture_output=True, text=True, timeout=300, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"serving in a fresh process failed:\n{proc.stdout}{proc.stderr}")

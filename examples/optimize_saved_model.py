@@ -42,14 +42,14 @@ def main(argv=None):
     dst = args.dst or os.path.normpath(args.src) + "_ctr_fused"
     try:
         report = rewrite.optimize_saved_model(args.src, dst, signature_keys=args.signatures, verify=args.verify)
-    except rewrite.RewriteError as e:  # nothing was written to dst
+    except (rewrite.RewriteError, ValueError) as e:  # nothing was written to dst (a bad src or dst: ValueError)
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(report.summary())
     if args.report:
         with open(args.report, "w") as f:
             f.write(report.to_json() + "\n")
-    print(f"wrote {dst}: {len(report.matches)} subgraph(s) fused, {len(report.skips)} left alone"
+    print(f"wrote {dst}: {rewrite.fused_subgraph_count(report.matches)} subgraph(s) fused, {len(report.skips)} left alone"
           + ("" if report.ok else "; the rewritten model does NOT reproduce the original"))
     return 0 if report.ok else 1
 

@@ -393,9 +393,10 @@ def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("args", [["--vocab", "0"], ["--batch", "-5"], ["--max-len", "0"], ["--dim", "0"],
-                                  ["--features", "-3"]])
+                                  ["--features", "-3"], ["--copy-mb", "0"], ["--runs", "0"]])
 def test_shapes_must_be_positive(args, capsys):
-    # --vocab 0 drew Zipf ids forever; the others ended in numpy tracebacks.
+    # --vocab 0 drew Zipf ids forever; the others ended in numpy tracebacks
+    # (--copy-mb 0 in a division by the copy bandwidth, after the whole run).
     with pytest.raises(SystemExit) as e:
         bench.main(["lookup", *args])
     assert e.value.code == 2 and "must be a positive integer" in capsys.readouterr().err

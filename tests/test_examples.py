@@ -61,7 +61,8 @@ def check_criteo_run(out, serve_batch):
 # test_generated_criteo_has_criteo_shape below checks the generator.
 def test_criteo_deepfm_real_sample(tmp_path):
     path = data_file("criteo_sample.txt")
-    out = run_example("criteo_deepfm.py", "--smoke", "--data", path, "--out", tmp_path / "models", cwd=tmp_path)
+    # --out relative to the cwd: the fresh serving process runs elsewhere
+    out = run_example("criteo_deepfm.py", "--smoke", "--data", path, "--out", "models", cwd=tmp_path)
     assert "(200 rows): 160 train / 40 held out" in out, out
     check_criteo_run(out, 256)
     for model in ("deepfm_tf_ctr_ops", "deepfm_native", "deepfm_native_rewritten", "deepfm_tf_ctr_ops_rewritten"):
@@ -100,6 +101,10 @@ def test_optimize_saved_model_example(tmp_path):
     assert "outputs match" in out, out
     assert "wrote model_ctr_fused: 1 subgraph(s) fused, 0 left alone" in out, out
     assert (tmp_path / "model_ctr_fused" / "saved_model.pb").exists() and (tmp_path / "report.json").exists()
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "optimize_saved_model.py"), "nosuch"], cwd=tmp_path,
+                          env=fresh_process_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1 and "error: nosuch is not a SavedModel" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
 
 
 # ---------------------------------------------------------------------------
@@ -165,6 +170,8 @@ def check_hash_table_run(out):
 
 def test_criteo_hash_table_real_sample(tmp_path):
     path = data_file("criteo_sample.txt")
-    out = run_example("criteo_hash_table.py", "--smoke", "--data", path, "--admit-after", "2", cwd=tmp_path)
+    out = run_example("criteo_hash_table.py", "--smoke", "--data", path, "--admit-after", "2", "--out", "ht",
+                      cwd=tmp_path)
     assert "(200 rows): 160 train / 40 held out" in out, out
     check_hash_table_run(out)
+    assert (tmp_path / "ht" / "deepfm_hash_table" / "saved_model.pb").exists()

@@ -1174,6 +1174,15 @@ def test_an_unwritable_report_path_is_refused_before_the_rewrite(tmp_path):
     assert not (tmp_path / "dst").exists()
 
 
+def test_a_report_path_naming_dst_is_refused_before_the_rewrite(tmp_path):
+    # It passed the check while DST did not exist yet, and the report's
+    # open() then met the written DST folder: a traceback after success.
+    save_split_safe_lookup_model(str(tmp_path / "src"))
+    cli = run_cli(["src", "dst", "--report", "dst"], tmp_path)
+    assert cli.returncode == 2 and "--report dst is DST" in cli.stderr, cli.stderr
+    assert not (tmp_path / "dst").exists()
+
+
 def test_an_inputs_file_serves_a_rewrite_of_some_signatures(tmp_path):
     # Arrays named for a signature left out by --signature were "arrays that
     # no signature takes": one file could not serve a subset.

@@ -241,6 +241,9 @@ def test_packed_input_and_pack_strings(params):
                                   tco.string_embedding(strings, params).numpy())
     d1, s1 = tco.pack_strings(tf.constant([["x"], ["yz"]]))
     assert s1.numpy().tolist() == [0, 1, 3]
+    # the grouped op packs its features itself: a pack was a Pack op's dtype error
+    with pytest.raises(TypeError, match="packed strings are string_embedding's input"):
+        tco.multi_string_embedding([(data, splits)], [params], id_modes="index")
 
 
 def test_raw_op_rejects_bad_splits(params):

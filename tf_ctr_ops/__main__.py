@@ -52,6 +52,8 @@ def optimize_main(argv):
 
     if args.report and _errors.unwritable(args.report):  # checked now, not once the model is rewritten
         parser.error(f"--report {_errors.unwritable(args.report)}")
+    if args.report and _errors.same_path(args.report, args.dst):  # DST is still to be written as a folder
+        parser.error(f"--report {args.report} is DST: give the report a file name of its own")
 
     import tensorflow as tf
     from google.protobuf.message import DecodeError
@@ -71,8 +73,12 @@ def optimize_main(argv):
         return 1
     print(report.summary())
     if args.report:
-        with open(args.report, "w") as f:
-            f.write(report.to_json() + "\n")
+        try:
+            with open(args.report, "w") as f:
+                f.write(report.to_json() + "\n")
+        except OSError as e:
+            print(f"tf-ctr-ops optimize: error: the report was not written: {_errors.summary(e)}", file=sys.stderr)
+            return 1
     return 0 if report.ok else 1
 
 

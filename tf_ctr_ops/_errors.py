@@ -18,6 +18,12 @@ def summary(e):
     return f"{type(e).__name__}: {text}"
 
 
+def same_path(a, b):
+    """Whether two paths name one file or folder (links and `..` resolved),
+    whether or not it exists yet."""
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def unwritable(path):
     """Why no file can be written at `path` (checked before a long run, not
     after it), or "" when one can."""

@@ -32,6 +32,9 @@ def dense_strings(strings):
     if isinstance(strings, (tf.RaggedTensor, tf.SparseTensor)):
         raise TypeError(f"strings must be a dense string tensor [B] or [B, 1] (one string of delimited ids per "
                         f"example), got a {type(strings).__name__}")
+    if _is_packed(strings):
+        raise TypeError("strings must be a dense string tensor [B] or [B, 1], got pack_strings' (bytes, row_splits): "
+                        "packed strings are string_embedding's input; the grouped ops pack their features themselves")
     return tf.convert_to_tensor(strings)
 
 
