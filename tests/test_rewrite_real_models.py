@@ -655,6 +655,25 @@ def test_examples_that_lost_their_trailing_nul_in_an_npz_say_why_they_fail(tmp_p
     assert _model_inputs.nul_hint(tmp_path / "in.npz", "indices[0,2] = 5000 is not in [0, 1000)") == ""
 
 
+@pytest.mark.saved_model
+def test_inputs_no_synthesized_example_satisfies_say_why_the_examples_failed(tmp_path):
+    # The error quoted only the plain strings' parse failure, not why the
+    # tf.Examples built from the ParseExample spec failed (the real cause).
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def serve(examples):
+        ids = tf.io.parse_example(examples, {"ids": tf.io.VarLenFeature(tf.int64)})["ids"]
+        check = tf.debugging.assert_equal(tf.size(ids.values), 1000, message="needs exactly 1000 ids")
+        with tf.control_dependencies([check]):
+            return {"y": tf.sparse.reduce_sum(ids, axis=1)}
+
+    tf.saved_model.save(tf.Module(), str(tmp_path / "src"), signatures={"serving_default": serve})
+    cli = run_cli(["src", "dst"], tmp_path)
+    assert cli.returncode == 1 and "no synthesized inputs" in cli.stderr, cli.stderr
+    assert "on plain values:" in cli.stderr and "on tf.Examples of the ParseExample spec:" in cli.stderr, cli.stderr
+    assert "needs exactly 1000 ids" in cli.stderr, cli.stderr
+    assert not (tmp_path / "dst").exists()
+
+
 def test_inputs_file_kind_is_read_from_its_content_not_its_name(tmp_path):
     """An .npz saved under another name (np.savez to an open file) was read
     as a TFRecord file and refused."""

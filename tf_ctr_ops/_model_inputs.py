@@ -865,7 +865,7 @@ def _accepted_inputs(specs, searched, run, facts, rng):
     error = run(current)
     if error is None:
         return current, "synthesized", set(), None
-    first_error = error
+    tried = [f"on plain values: {error.splitlines()[0]}"]
     known = _known_vocabularies(specs, facts)
     string_inputs = [k for k, s in specs.items() if s.dtype == tf.string]
     if facts.example_specs and string_inputs:
@@ -873,9 +873,11 @@ def _accepted_inputs(specs, searched, run, facts, rng):
         trial = dict(current)
         for k in string_inputs:
             trial[k] = _fill(examples, np.shape(current[k]))
-        if run(trial) is None:
+        example_error = run(trial)
+        if example_error is None:
             return (trial, "synthesized (tf.Example from the ParseExample spec)", set(string_inputs),
                     (string_inputs, facts.example_specs, facts.tokens()))
+        tried.append(f"on tf.Examples of the ParseExample spec: {example_error.splitlines()[0]}")
     if known:
         trial = dict(current, **{k: _fill(v, np.shape(current[k])) for k, v in known.items()})
         trial_error = run(trial)
@@ -910,5 +912,4 @@ def _accepted_inputs(specs, searched, run, facts, rng):
                     current, error, progressed = trial, trial_error, True
                     fixed.add(k)
                     break
-    raise InputsError("no synthesized inputs that the original model accepts "
-                      f"(on plain values: {first_error.splitlines()[0]})")
+    raise InputsError(f"no synthesized inputs that the original model accepts ({'; '.join(tried)})")
