@@ -52,6 +52,22 @@ def _string_raw(splits, data=b"1,2"):
                                      id_mode="index")
 
 
+def _graph_of(build):
+    """Builds `build()`'s ops in a fresh graph: shape functions run there, at
+    construction, where a failed CHECK aborts the process."""
+    with tf.Graph().as_default():
+        build()
+
+
+def _string_of_empty_splits(bagged):
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.uint8), tf.TensorSpec([None if bagged else 0], tf.int64),
+                                  tf.TensorSpec([0 if bagged else None], tf.int64)])
+    def f(data, row_splits, bag_splits):
+        return _ops.ctr_string_embedding(params=tf.ones([4, 2]), bytes=data, row_splits=row_splits,
+                                         bag_splits=bag_splits, bagged=bagged, id_mode="index")
+    f.get_concrete_function()
+
+
 def _cross_rows(batch):
     return _ops.ctr_cross_embedding_lookup(params=tf.zeros([4, 3]), indices=[tf.zeros([0, 2], tf.int64)],
                                            values=[tf.zeros([0], tf.int64)], shapes=[tf.constant([batch, 1], tf.int64)],
@@ -87,6 +103,12 @@ CASES = {
     # A crossed batch the size a sparse input's dense_shape claims, with no entries.
     "cross_dense_shape_2^40": lambda: _cross_rows(2**40),
     "cross_dense_shape_int64_max": lambda: _cross_rows(I64_MAX),
+    # Shape functions: a batch the cross's splits cannot count; splits of no offset.
+    "cross_dense_batch_int64_max_in_a_graph": lambda: _graph_of(lambda: _ops.ctr_cross_embedding_lookup(
+        params=tf.zeros([4, 3]), indices=[], values=[], shapes=[],
+        dense_inputs=[tf.compat.v1.placeholder(tf.int64, [I64_MAX, 1])], num_buckets=4, hash_key=1)),
+    "string_row_splits_of_shape_0_in_a_function": lambda: _string_of_empty_splits(bagged=False),
+    "string_bag_splits_of_shape_0_in_a_function": lambda: _string_of_empty_splits(bagged=True),
     # int64 byte offsets past the end of a small packed buffer.
     "splits_2^31_past_buffer": lambda: _string_raw([0, 2**31 + 5]),
     "splits_2^33_past_buffer": lambda: _string_raw([2**33, 2**33]),
@@ -105,6 +127,9 @@ EXPECT = {name: ERRORS for name in CASES}
 EXPECT["core_output_overflow"] = ("ValueError", "MemoryError")
 EXPECT["core_splits_past_buffer"] = ("ValueError",)
 EXPECT["core_empty_batch_huge_dim"] = ("ok",)
+for _name in ("cross_dense_batch_int64_max_in_a_graph", "string_row_splits_of_shape_0_in_a_function",
+              "string_bag_splits_of_shape_0_in_a_function"):
+    EXPECT[_name] = ("ValueError",)  # TF's name for a shape function's error at graph construction
 
 
 def _outcome(fn):

@@ -310,6 +310,23 @@ def test_keras_hashed_crossing_embedding_fuses_and_matches(rng, rank):
         np.testing.assert_array_equal(run(*feeds).numpy(), crossed(*feeds).numpy())
 
 
+@pytest.mark.parametrize("batch_in_signature", [None, 7])
+def test_keras_hashed_crossing_of_rows_fuses_online(rng, tmp_path, batch_in_signature):
+    # Online, no recorded shapes: the crossed ids' [B, 1] came from
+    # SparseCross's run-time dense_shape, unknown to shape inference, and a
+    # function traced for one batch has its Flatten folded to Reshape(rows,
+    # [B, D]): both left the pattern skipped as "not flattened".
+    crossed = KerasCross(rank=2)
+    spec = tf.TensorSpec([batch_in_signature, 1], tf.string), tf.TensorSpec([batch_in_signature, 1], tf.int64)
+    feeds = crossed.feeds(rng, 7)
+    report_file = tmp_path / "report.jsonl"
+    with rewrite.enable(report_file=str(report_file), serving_device="cpu"):
+        got = tf.function(crossed, input_signature=spec)(*feeds)
+    report = rewrite.read_report(str(report_file))
+    assert [m["pattern"] for m in report["match"]] == ["cross_gather"], report
+    np.testing.assert_array_equal(got.numpy(), crossed(*feeds).numpy())
+
+
 def test_keras_hashed_crossing_past_the_table_fails_as_the_gather_does(rng):
     crossed = KerasCross(num_bins=1000, rows=3)
     run, _, counts = _rewritten(crossed, crossed.specs)

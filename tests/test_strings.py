@@ -254,9 +254,11 @@ def test_raw_op_rejects_bad_splits(params):
         with pytest.raises(tf.errors.InvalidArgumentError, match=pattern):
             _ops.ctr_string_embedding(params=params, bytes=data, row_splits=tf.constant(splits, tf.int64),
                                       bag_splits=tf.zeros([0], tf.int64))
-    with pytest.raises(tf.errors.InvalidArgumentError, match="row_splits"):
+    # bag_splits split the strings: the message said row_splits and ids
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"bag_splits\[-1\] = 7 does not match the number of strings 1"):
         _ops.ctr_string_embedding(params=params, bytes=data, row_splits=tf.constant([0, 3], tf.int64),
-                                  bag_splits=tf.constant([0, 2], tf.int64), bagged=True)
+                                  bag_splits=tf.constant([0, 7], tf.int64), bagged=True)
     with pytest.raises(tf.errors.InvalidArgumentError, match="at least one row"):
         tco.string_embedding(["a"], tf.zeros([0, 4]))
 

@@ -7,20 +7,22 @@
 
 namespace ctr {
 
-// Empty string on success, else what is wrong.
+// Empty string on success, else what is wrong; `name` is the splits' and
+// `counted` what they split (bag_splits split strings, not ids).
 template <typename TSeg>
-std::string ValidateRowSplits(const TSeg* splits, int64_t num_splits, int64_t nnz) {
-  if (num_splits < 1) return "row_splits must have at least one element";
-  if (splits[0] != 0) return "row_splits[0] must be 0, got " + std::to_string(static_cast<int64_t>(splits[0]));
+std::string ValidateRowSplits(const TSeg* splits, int64_t num_splits, int64_t nnz, const std::string& name = "row_splits",
+                              const char* counted = "ids") {
+  if (num_splits < 1) return name + " must have at least one element";
+  if (splits[0] != 0) return name + "[0] must be 0, got " + std::to_string(static_cast<int64_t>(splits[0]));
   for (int64_t i = 1; i < num_splits; ++i) {
     if (splits[i] < splits[i - 1])
-      return "row_splits must be non-decreasing: row_splits[" + std::to_string(i) + "] = " +
-             std::to_string(static_cast<int64_t>(splits[i])) + " < row_splits[" +
-             std::to_string(i - 1) + "] = " + std::to_string(static_cast<int64_t>(splits[i - 1]));
+      return name + " must be non-decreasing: " + name + "[" + std::to_string(i) + "] = " +
+             std::to_string(static_cast<int64_t>(splits[i])) + " < " + name + "[" + std::to_string(i - 1) +
+             "] = " + std::to_string(static_cast<int64_t>(splits[i - 1]));
   }
   if (splits[num_splits - 1] != nnz)
-    return "row_splits[-1] = " + std::to_string(static_cast<int64_t>(splits[num_splits - 1])) +
-           " does not match the number of ids " + std::to_string(nnz);
+    return name + "[-1] = " + std::to_string(static_cast<int64_t>(splits[num_splits - 1])) +
+           " does not match the number of " + counted + " " + std::to_string(nnz);
   return "";
 }
 

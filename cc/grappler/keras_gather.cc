@@ -119,20 +119,21 @@ std::vector<const NodeDef*> WrapOperands(const GraphIndex& g, const std::vector<
 // has folded its Shape(rows)[0] (a function specialized to its call's batch,
 // as online rewriting sees it), b that known batch, or -1 with D > 0 (a -1
 // beside a 0 fails on an empty batch, where the fused op would not).
-static bool IsConstantFlatten(RewriteContext* ctx, const NodeDef& gather, const NodeDef& rows, const NodeDef* reshape) {
+static bool IsConstantFlatten(RewriteContext* ctx, const NodeDef& gather, const NodeDef& rows, const NodeDef* reshape,
+                              int64_t proven_batch) {
   std::vector<int64_t> shape;
   if (!IsOp(reshape, "Reshape") || ctx->index().Producer(*reshape, 0) != &rows || HasControlInputs(*reshape) ||
       ctx->MustKeep(reshape->name()))
     return false;
   if (!ConstIntVector(ctx->index().Producer(*reshape, 1), &shape) || shape.size() != 2) return false;
-  const int64_t batch = ctx->Dim(gather, 0, 0), dim = ctx->Dim(gather, 0, 2);
+  const int64_t batch = proven_batch >= 0 ? proven_batch : ctx->Dim(gather, 0, 0), dim = ctx->Dim(gather, 0, 2);
   return dim >= 0 && shape[1] == dim && ((shape[0] == -1 && dim > 0) || (batch >= 0 && shape[0] == batch));
 }
 
-bool MatchFlatten(RewriteContext* ctx, const NodeDef& gather, FlattenOfRows* f) {
+bool MatchFlatten(RewriteContext* ctx, const NodeDef& gather, FlattenOfRows* f, const ProvenIds& proven) {
   const GraphIndex& g = ctx->index();
   if (ctx->MustKeep(gather.name())) return false;
-  if (ctx->Rank(gather, 0) != 3 || ctx->Dim(gather, 0, 1) != 1) return false;
+  if (ctx->Rank(gather, 0) != 3 || (!proven.one_per_row && ctx->Dim(gather, 0, 1) != 1)) return false;
   const NodeDef* rows = &gather;
   std::vector<std::string> identities;
   while (g.DataConsumers(rows->name()) == 1) {
@@ -146,7 +147,7 @@ bool MatchFlatten(RewriteContext* ctx, const NodeDef& gather, FlattenOfRows* f) 
   if (rows != &gather && g.ControlConsumers(rows->name()) != 0) return false;
   if (g.DataConsumers(rows->name()) == 1) {
     const NodeDef* squeeze = g.DataReaders(rows->name())[0];
-    if (IsConstantFlatten(ctx, gather, *rows, squeeze)) {
+    if (IsConstantFlatten(ctx, gather, *rows, squeeze, proven.batch)) {
       *f = FlattenOfRows{identities, "", "", "", squeeze->name()};
       return true;
     }

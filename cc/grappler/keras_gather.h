@@ -93,7 +93,16 @@ struct FlattenOfRows {
 // [B, D] (D a known constant): then the Flatten's output is exactly the
 // fused op's, bit for bit. Control edges on the gather stay valid (the
 // fused node takes its name); the nodes in between must have none.
-bool MatchFlatten(RewriteContext* ctx, const tensorflow::NodeDef& gather, FlattenOfRows* f);
+// What a pattern proved of the gather's ids where shape inference cannot:
+// ids from a run-time dense_shape (a SparseCross's, online, where Keras'
+// set_shape left no recorded shape) are [batch, 1] ([0, 0] at B = 0), the
+// batch known from the cross's inputs (a function traced for one batch).
+struct ProvenIds {
+  bool one_per_row = false;
+  int64_t batch = -1;  // -1: unknown
+};
+bool MatchFlatten(RewriteContext* ctx, const tensorflow::NodeDef& gather, FlattenOfRows* f,
+                  const ProvenIds& proven = {});
 
 // The rank of the table a gather reads: its output has rank ids + table - 1;
 // the variable's declared shape is the fallback. -1 when unknown.

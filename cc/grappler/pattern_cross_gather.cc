@@ -20,6 +20,7 @@
 // under a Flatten of the gathered rows: on a batch of 0 SparseCross's shape
 // is [0, 0], and the gather's [0, 0, D] would differ from [0, 1, D]. Only
 // where the graph is served on a CPU, as SparseCross runs.
+#include <algorithm>
 #include <climits>
 #include <string>
 #include <vector>
@@ -92,7 +93,8 @@ class CrossGatherPattern : public NamedPattern<kName> {
     if (!BoolAttr(cross, "hashed_output", false) || TypeAttr(cross, "out_type") != tensorflow::DT_INT64)
       return Skip(ctx, anchor, Describe(cross) + " crosses into strings, not hashed ids");
     std::string why;
-    if (!EachRowHasOneCross(ctx, cross, &why)) return Skip(ctx, anchor, why);
+    int64_t batch = -1;
+    if (!EachRowHasOneCross(ctx, cross, &batch, &why)) return Skip(ctx, anchor, why);
     if (ids.squeeze != nullptr && !IsSqueezeOfAxis(ids.squeeze, 1, 2))
       return Skip(ctx, anchor, Describe(*ids.squeeze) + " does not squeeze axis 1 alone");
     const DataType T = GatheredType(anchor, resource);
@@ -114,7 +116,7 @@ class CrossGatherPattern : public NamedPattern<kName> {
       return Skip(ctx, anchor, "CtrCrossEmbeddingLookup runs on the CPU (as SparseCross does): rewrite with "
                                "serving_device='cpu' for a CPU server");
     FlattenOfRows flatten;
-    if (ids.Rank() == 2 && !MatchFlatten(ctx, anchor, &flatten))
+    if (ids.Rank() == 2 && !MatchFlatten(ctx, anchor, &flatten, ProvenIds{/*one_per_row=*/true, batch}))
       return Skip(ctx, anchor, "[B, 1] crossed ids whose gathered rows are not flattened (or whose Flatten is "
                                "a node the graph must keep, such as its output): on a batch of 0 the gather "
                                "gives [0, 0, D]");
@@ -123,8 +125,9 @@ class CrossGatherPattern : public NamedPattern<kName> {
   }
 
  private:
-  // A row has one cross when every input is dense with one value per row.
-  static bool EachRowHasOneCross(RewriteContext* ctx, const NodeDef& cross, std::string* why) {
+  // A row has one cross when every input is dense with one value per row;
+  // *batch is their known batch (-1 for none).
+  static bool EachRowHasOneCross(RewriteContext* ctx, const NodeDef& cross, int64_t* batch, std::string* why) {
     if (IntAttr(cross, "N", 0) != 0) {
       *why = Describe(cross) + " has sparse inputs: a row may have several crosses or none";
       return false;
@@ -137,6 +140,7 @@ class CrossGatherPattern : public NamedPattern<kName> {
         *why = "input " + std::to_string(i) + " of " + Describe(cross) + " is not known to be [B, 1]";
         return false;
       }
+      *batch = std::max(*batch, ctx->Dim(*x, port, 0));  // SparseCross refuses inputs of other batches
     }
     return true;
   }

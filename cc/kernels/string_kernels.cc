@@ -130,7 +130,7 @@ inline absl::Status ValidateStringInputs(const Tensor& bytes, const Tensor& spli
     return absl::OkStatus();
   }
   const int64_t* b = bag_splits.flat<int64_t>().data();
-  TF_RETURN_IF_ERROR(CoreStatus(ctr::ValidateRowSplits(b, bag_splits.NumElements(), num_strings)));
+  TF_RETURN_IF_ERROR(CoreStatus(ctr::ValidateRowSplits(b, bag_splits.NumElements(), num_strings, "bag_splits", "strings")));
   in->bag_splits = b;
   in->num_bags = bag_splits.NumElements() - 1;
   return absl::OkStatus();

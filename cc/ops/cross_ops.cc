@@ -34,7 +34,7 @@ absl::Status CrossLookupShape(InferenceContext* c) {
   c->set_output(0, out);
   c->set_output(1, c->Vector(c->UnknownDim()));
   DimensionHandle splits = c->UnknownDim();
-  if (c->ValueKnown(rows)) splits = c->MakeDim(c->Value(rows) + 1);
+  if (c->ValueKnown(rows)) TF_RETURN_IF_ERROR(c->Add(rows, 1, &splits));  // refuses a batch of INT64_MAX
   c->set_output(2, c->Vector(splits));
   c->set_output(3, c->Vector(2));
   return absl::OkStatus();

@@ -14,10 +14,14 @@ using shape_inference::DimensionHandle;
 using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
 
-DimensionHandle RowsFromSplits(InferenceContext* c, int input) {
-  DimensionHandle n = c->Dim(c->input(input), 0), rows = c->UnknownDim();
-  if (c->ValueKnown(n)) TF_CHECK_OK(c->Subtract(n, 1, &rows));
-  return rows;
+// The rows of a splits vector; a known empty one (no offset at all) is an
+// error here, as it is when the kernel runs.
+absl::Status RowsFromSplits(InferenceContext* c, int input, const char* name, DimensionHandle* rows) {
+  const DimensionHandle n = c->Dim(c->input(input), 0);
+  *rows = c->UnknownDim();
+  if (!c->ValueKnown(n)) return absl::OkStatus();
+  if (c->Value(n) == 0) return errors::InvalidArgument(name, " must hold at least one offset, got shape [0]");
+  return c->Subtract(n, 1, rows);
 }
 
 // Columns of one [B, C] matrix: K * B strings.
@@ -65,7 +69,9 @@ absl::Status StringEmbeddingShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &unused));
   bool bagged;
   TF_RETURN_IF_ERROR(c->GetAttr("bagged", &bagged));
-  c->set_output(0, c->Matrix(RowsFromSplits(c, bagged ? 3 : 2), c->Dim(params, 1)));
+  DimensionHandle rows;
+  TF_RETURN_IF_ERROR(RowsFromSplits(c, bagged ? 3 : 2, bagged ? "bag_splits" : "row_splits", &rows));
+  c->set_output(0, c->Matrix(rows, c->Dim(params, 1)));
   return absl::OkStatus();
 }
 

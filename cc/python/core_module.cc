@@ -186,7 +186,8 @@ py::array StringEmbedding(py::array params, py::array_t<uint8_t, py::array::c_st
   if (!bag_splits.is_none()) {
     auto b = bag_splits.cast<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>();
     bags_vec.assign(b.data(), b.data() + b.size());
-    err = ctr::ValidateRowSplits(bags_vec.data(), static_cast<int64_t>(bags_vec.size()), num_strings);
+    err = ctr::ValidateRowSplits(bags_vec.data(), static_cast<int64_t>(bags_vec.size()), num_strings, "bag_splits",
+                                 "strings");
     if (!err.empty()) throw py::value_error(err);
     bag_ptr = bags_vec.data();
     bags = static_cast<int64_t>(bags_vec.size()) - 1;
