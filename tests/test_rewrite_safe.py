@@ -431,6 +431,22 @@ def test_partitioned_table_merged_offline_and_served_in_fresh_process(tmp_path, 
             fn(**{k: tf.constant(v) for k, v in bad.items()})
 
 
+@pytest.mark.saved_model
+def test_more_mod_partitions_than_rows_merge(tmp_path, rng):
+    # TF's 'mod' rule serves 3 rows in 5 partitions; the merge was refused
+    # as if the 'div' rule (which divides by zero there) read them.
+    module = PartitionedModule(rng, "mod", sizes=(1, 1, 1, 0, 0))
+    inputs = partitioned_inputs(rng, 3)
+    report, sig, dst = save_and_optimize(tmp_path, module, inputs)
+    merges = [m for m in sig.matches if m["pattern"] == "partitioned_table"]
+    assert len(merges) == 2 and {m["strategy"] for m in merges} == {"mod"}, (sig.matches, sig.skips)
+    assert report.ok and sig.outputs_match and sig.max_abs_diff == 0
+    got = tf.saved_model.load(str(dst)).signatures["serving_default"](**{k: tf.constant(v) for k, v in inputs.items()})
+    want = module.serve(**{k: tf.constant(v) for k, v in inputs.items()})
+    for k in want:
+        assert_close(got[k], want[k])
+
+
 @pytest.mark.parametrize("case,reason", [
     ("sizes off the layout", "do not follow the layout"),
     ("constant partitions", "not read by ResourceGather from variables"),

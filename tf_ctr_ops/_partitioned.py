@@ -146,13 +146,13 @@ def _match_stitch(body, stitch, part_shapes):
         return "the ids are not flattened and counted as embedding_lookup does"
     ids = flat.input[0]
     total = sum(s[0] for s in shapes)
-    if total < p:
-        return f"{total} rows in {p} partitions (TF's 'div' rule divides by zero)"
     if _layout_sizes(total, p) != [s[0] for s in shapes]:
         return (f"partition sizes {[s[0] for s in shapes]} do not follow the layout "
                 f"{_layout_sizes(total, p)} of {total} rows in {p} partitions")
     got = (body.expr(dp_ids.input[1], flat_ref), body.expr(dp_ids.input[0], flat_ref))
     strategy = next((s for s in ("mod", "div") if got == _expected(s, total, p)), None)
+    if strategy == "div" and total < p:
+        return f"{total} rows in {p} partitions (TF's 'div' rule divides by zero)"
     if strategy is None:
         return "the partition assignment is neither the 'mod' nor the 'div' rule for these partitions"
     return strategy, parts, shapes[0][1], flat.attr["T"].type, ids
