@@ -362,3 +362,44 @@ def test_each_call_of_a_step_draws_its_own_fresh_rows():
     values = layer.embeddings.numpy()
     first, second = (values[find_rows(layer, tf.reshape(k, [-1])).numpy()] for k in (a, b))
     assert not np.isclose(first, second).any()
+
+
+def _late_linked_adagrad_model():
+    import tensorflow as tf
+
+    keys = keras.Input(shape=(None,), dtype="int64")
+    emb = HashTableEmbedding(2, capacity=16, eviction="lru", combiner="sum", name="emb")
+    model = keras.Model(keys, keras.layers.Dense(1)(emb(keys)))
+    model.compile(optimizer=keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.1), loss="mse")
+    y = np.ones((16, 1), np.float32)
+    model.fit(tf.constant(np.arange(16).reshape(16, 1)), y, batch_size=16, verbose=0)  # traces the step; fills
+    return model, emb, y
+
+
+def _accumulator_of_the_reused_row(model, emb, y):
+    import tensorflow as tf
+    from tf_ctr_ops import hash_table
+
+    (accumulator,) = [v for v in model.optimizer.variables if tuple(v.shape) == (16, 2)]
+    accumulator.assign(np.full([16, 2], 100.0, np.float32))
+    keys = np.arange(16).reshape(16, 1)
+    keys[0, 0] = 100  # evicts key 0
+    model.fit(tf.constant(keys), y, batch_size=16, verbose=0)
+    assert int(emb.statistics()["evicted"]) == 1
+    row = int(hash_table.find_rows(emb, tf.constant([100], tf.int64))[0])
+    return accumulator.numpy()[row]
+
+
+def test_linking_the_optimizer_after_the_first_fit_warns_and_a_retraced_step_resets():
+    # The step traced by the first fit resets the slots of the optimizer
+    # linked then (none): a later reset_slots_of changed nothing, silently.
+    model, emb, y = _late_linked_adagrad_model()
+    with pytest.warns(UserWarning, match=r"reset_slots_of\(Adagrad\) on layer 'emb' after a training step"):
+        emb.reset_slots_of(model.optimizer)
+    assert (_accumulator_of_the_reused_row(model, emb, y) > 50).all()  # as the warning says: not reset
+
+    model, emb, y = _late_linked_adagrad_model()
+    with pytest.warns(UserWarning):
+        emb.reset_slots_of(model.optimizer)
+    model.make_train_function(force=True)
+    assert (_accumulator_of_the_reused_row(model, emb, y) < 1).all()  # 0.1 + g**2: restarted

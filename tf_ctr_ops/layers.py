@@ -782,8 +782,9 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
     def reset_slots_of(self, optimizer):
         """With eviction: also reset the optimizer's slots (momentums,
         accumulators, ...) of a row given to a new key, e.g.
-        `layer.reset_slots_of(model.optimizer)` after `compile`."""
-        self._slot_optimizer.set(optimizer)
+        `layer.reset_slots_of(model.optimizer)` after `compile`, before the
+        first `fit` (whose traced step keeps the slots it was traced with)."""
+        self._slot_optimizer.set(optimizer, owner=f"layer {self.name!r}")
 
     def slot_optimizer(self):
         return self._slot_optimizer.get()
