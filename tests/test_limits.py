@@ -68,6 +68,19 @@ def _string_of_empty_splits(bagged):
     f.get_concrete_function()
 
 
+def _vocab():
+    return tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
+        tf.constant(["a", "b"]), tf.constant([0, 1], tf.int64)), -1).resource_handle
+
+
+def _concat_vocab_of_widths(width):
+    keys, params = tf.constant([], tf.string), tf.zeros([0, width])
+    return _ops.ctr_concat_vocab_embedding(
+        table_handles=[_vocab()] * 2, keys=[keys, keys], default_values=[tf.constant(-1, tf.int64)] * 2,
+        params=[params, params], dense=[], mask_keys=[], mask_ids=[], missing_keys=["default"] * 2,
+        missing_ids=[-1, -1], wrap_negative_ids=[False, False])
+
+
 def _cross_rows(batch):
     return _ops.ctr_cross_embedding_lookup(params=tf.zeros([4, 3]), indices=[tf.zeros([0, 2], tf.int64)],
                                            values=[tf.zeros([0], tf.int64)], shapes=[tf.constant([batch, 1], tf.int64)],
@@ -109,6 +122,18 @@ CASES = {
         dense_inputs=[tf.compat.v1.placeholder(tf.int64, [I64_MAX, 1])], num_buckets=4, hash_key=1)),
     "string_row_splits_of_shape_0_in_a_function": lambda: _string_of_empty_splits(bagged=False),
     "string_bag_splits_of_shape_0_in_a_function": lambda: _string_of_empty_splits(bagged=True),
+    # Vocabulary ops: an output of too many dims, or of more than 2^63 elements.
+    "vocab_embedding_of_300_dims": lambda: _ops.ctr_vocab_embedding(
+        table_handle=_vocab(), keys=tf.fill([1] * 200, "a"), default_value=tf.constant(-1, tf.int64),
+        params=tf.zeros([2] + [1] * 100), mask_keys=[], mask_ids=[]),
+    "concat_vocab_width_past_int64": lambda: _concat_vocab_of_widths(2**62),
+    "vocab_multi_hot_output_past_int64": lambda: _ops.ctr_vocab_multi_hot(
+        table_handle=_vocab(), keys=tf.zeros([2**40, 0], tf.string), default_value=tf.constant(-1, tf.int64),
+        kernel=tf.zeros([0, 2**40])),
+    # No elements out, 2^40 rows: the rows were still walked (for hours).
+    "vocab_multi_hot_2^40_rows_of_no_units": lambda: _ops.ctr_vocab_multi_hot(
+        table_handle=_vocab(), keys=tf.zeros([2**40, 0], tf.string), default_value=tf.constant(-1, tf.int64),
+        kernel=tf.zeros([3, 0])),
     # int64 byte offsets past the end of a small packed buffer.
     "splits_2^31_past_buffer": lambda: _string_raw([0, 2**31 + 5]),
     "splits_2^33_past_buffer": lambda: _string_raw([2**33, 2**33]),
@@ -127,6 +152,7 @@ EXPECT = {name: ERRORS for name in CASES}
 EXPECT["core_output_overflow"] = ("ValueError", "MemoryError")
 EXPECT["core_splits_past_buffer"] = ("ValueError",)
 EXPECT["core_empty_batch_huge_dim"] = ("ok",)
+EXPECT["vocab_multi_hot_2^40_rows_of_no_units"] = ("ok",)
 for _name in ("cross_dense_batch_int64_max_in_a_graph", "string_row_splits_of_shape_0_in_a_function",
               "string_bag_splits_of_shape_0_in_a_function"):
     EXPECT[_name] = ("ValueError",)  # TF's name for a shape function's error at graph construction

@@ -1225,26 +1225,22 @@ def _save_rebuilt(loaded, folder, functions):
 
 
 def _tf1_builder(src, proto, serving_device):
-    """build(folder, disabled) for a TF1 SavedModel: every MetaGraphDef's graph
-    optimized in place, everything else copied (see _saved_model_files)."""
-    serving_tags = set(_files.serving_meta_graph(proto).meta_info_def.tags)
+    """build(folder, disabled) for a TF1 SavedModel of one MetaGraphDef (the
+    caller refuses more): its graph optimized in place, everything else
+    copied (see _saved_model_files)."""
 
     def build(folder, disabled):
         out = saved_model_pb2.SavedModel()
         out.CopyFrom(proto)
-        reports, t0 = {}, time.perf_counter()
-        for meta in out.meta_graphs:
-            before = op_counts(meta.graph_def, library=True)
-            optimized, records = optimize_meta_graph(meta, serving_device, disabled)
-            meta.graph_def.CopyFrom(optimized)
-            if set(meta.meta_info_def.tags) != serving_tags:
-                continue
-            after = op_counts(optimized, library=True)
-            for key in meta.signature_def:
-                if key != "__saved_model_init_op":
-                    reports[key] = SignatureReport(key, True, matches=list(records["match"]),
-                                                   skips=list(records["skip"]), op_counts_before=before,
-                                                   op_counts_after=after)
+        (meta,) = out.meta_graphs
+        t0 = time.perf_counter()
+        before = op_counts(meta.graph_def, library=True)
+        optimized, records = optimize_meta_graph(meta, serving_device, disabled)
+        meta.graph_def.CopyFrom(optimized)
+        after = op_counts(optimized, library=True)
+        reports = {key: SignatureReport(key, True, matches=list(records["match"]), skips=list(records["skip"]),
+                                        op_counts_before=before, op_counts_after=after)
+                   for key in meta.signature_def if key != "__saved_model_init_op"}
         seconds = time.perf_counter() - t0
         _files.write_tf1(src, folder, out)
         return reports, seconds
@@ -1285,8 +1281,10 @@ def optimize_saved_model(src, dst, signature_keys=None, sample_inputs=None, veri
     GraphDef limit); `dst` holds the variables the signatures read. Signatures
     not selected are copied unchanged. A TF1 SavedModel (written by
     `tf.compat.v1.saved_model.Builder`, as Estimator exports are) is rewritten
-    graph by graph instead, keeping its main op / legacy init op, table
-    initializers, assets, saver and collections as they are.
+    as one graph instead, keeping its main op / legacy init op, table
+    initializers, assets, saver and collections as they are. A SavedModel of
+    several MetaGraphs (tag sets) is refused: only the serving one could be
+    verified.
     Lookups into partitioned tables ('mod' or 'div' lists of variables) are
     first rewritten into gathers from one merged variable per partition
     list, created here and saved in `dst` (see tf_ctr_ops/_partitioned.py).

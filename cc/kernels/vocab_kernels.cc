@@ -417,8 +417,8 @@ class VocabEmbeddingOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, ApplyKeyRules(ctx, key_rules_, masks, keys, rows->flat<int64_t>().data()));
     OP_REQUIRES_OK(ctx, ResolveRows(rules_, keys, params.dim_size(0), rows));
 
-    tensorflow::TensorShape out_shape = keys.shape();
-    for (int d = 1; d < params.dims(); ++d) out_shape.AddDim(params.dim_size(d));
+    tensorflow::TensorShape out_shape = keys.shape();  // AddDim would abort on too many dims or elements
+    for (int d = 1; d < params.dims(); ++d) OP_REQUIRES_OK(ctx, out_shape.AddDimWithStatus(params.dim_size(d)));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out));
     CopyRows(ctx, params, *rows, out);
@@ -510,7 +510,8 @@ class VocabMultiHotOp : public tensorflow::OpKernel {
     const int64_t batch = keys.dim_size(0), width = keys.dim_size(1);
     const int64_t depth = kernel.dim_size(0), units = kernel.dim_size(1);
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({batch, units}), &out));
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {batch, units}, &out));
+    if (out->NumElements() == 0) return;  // no rows to walk (there may be 2^40 of no width)
     const int64_t* id = ids->flat<int64_t>().data();
     const T* rows = kernel.flat<T>().data();
     T* dst = out->flat<T>().data();
@@ -578,6 +579,15 @@ class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(c, ReadFeatureKeyRules(c));
   }
 
+  // The output's width so far plus one block's: an overflow is an error, not
+  // a negative width for TensorShape to abort on.
+  static absl::Status AddWidth(int64_t block, int64_t* width) {
+    if (__builtin_add_overflow(*width, block, width))
+      return tensorflow::errors::InvalidArgument("the concatenated width overflows int64 at a block of width ",
+                                                 block);
+    return absl::OkStatus();
+  }
+
   void Compute(OpKernelContext* ctx) override {
     const int64_t batch = ctx->input(n_).dims() >= 1 ? ctx->input(n_).dim_size(0) : -1;
     std::vector<Block> blocks(n_ + m_);
@@ -586,7 +596,7 @@ class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
     int64_t width = 0;
     for (int i = 0; i < n_; ++i) {
       OP_REQUIRES_OK(ctx, Prepare(ctx, i, batch, &tables[i], &rows[i], &blocks[i]));
-      width += blocks[i].width;
+      OP_REQUIRES_OK(ctx, AddWidth(blocks[i].width, &width));
     }
     // The features' finds are independent, and with the separate ops TF ran
     // them on its inter-op threads at once: here they share the intra-op pool.
@@ -603,10 +613,11 @@ class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
                                                       ", w] matrix, as the keys have ", batch,
                                                       " rows; got shape ", dense.shape().DebugString()));
       blocks[n_ + j] = {dense.flat<T>().data(), nullptr, dense.dim_size(1)};
-      width += dense.dim_size(1);
+      OP_REQUIRES_OK(ctx, AddWidth(dense.dim_size(1), &width));
     }
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({batch, width}), &out));
+    OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {batch, width}, &out));
+    if (out->NumElements() == 0) return;
     T* dst = out->flat<T>().data();
     ForRows(ctx, batch, width * sizeof(T), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
