@@ -134,6 +134,10 @@ CASES = {
     "vocab_multi_hot_2^40_rows_of_no_units": lambda: _ops.ctr_vocab_multi_hot(
         table_handle=_vocab(), keys=tf.zeros([2**40, 0], tf.string), default_value=tf.constant(-1, tf.int64),
         kernel=tf.zeros([3, 0])),
+    "multi_hot_dense_output_past_int64": lambda: _ops.ctr_multi_hot_dense(
+        ids=[tf.zeros([2**40, 0], tf.int64)], dense=[], kernel=tf.zeros([0, 2**40]), depths=[0], binary_output=[True]),
+    "multi_hot_dense_2^40_rows_of_no_units": lambda: _ops.ctr_multi_hot_dense(
+        ids=[tf.zeros([2**40, 0], tf.int64)], dense=[], kernel=tf.zeros([1, 0]), depths=[1], binary_output=[True]),
     # int64 byte offsets past the end of a small packed buffer.
     "splits_2^31_past_buffer": lambda: _string_raw([0, 2**31 + 5]),
     "splits_2^33_past_buffer": lambda: _string_raw([2**33, 2**33]),
@@ -153,6 +157,7 @@ EXPECT["core_output_overflow"] = ("ValueError", "MemoryError")
 EXPECT["core_splits_past_buffer"] = ("ValueError",)
 EXPECT["core_empty_batch_huge_dim"] = ("ok",)
 EXPECT["vocab_multi_hot_2^40_rows_of_no_units"] = ("ok",)
+EXPECT["multi_hot_dense_2^40_rows_of_no_units"] = ("ok",)
 for _name in ("cross_dense_batch_int64_max_in_a_graph", "string_row_splits_of_shape_0_in_a_function",
               "string_bag_splits_of_shape_0_in_a_function"):
     EXPECT[_name] = ("ValueError",)  # TF's name for a shape function's error at graph construction
