@@ -358,12 +358,11 @@ __global__ void __launch_bounds__(kBlockThreads, CTR_LOOKUP_MIN_BLOCKS)
 // Fills d_status[1] with the first bad key of the lowest bad bag, once all
 // bags are done. One warp; the key order within the bag is the CPU's, and
 // pruned entries are passed over, as the CPU passes them.
-template <typename TKey>
+template <IdMode Mode, typename TKey>
 __global__ void FindFirstBadKeyKernel(const LookupSpec spec, const TKey* keys, const float* weights,
                                       const int64_t* offsets, int64_t num_rows,
                                       int64_t* d_status) {
-  // Only index mode has bad keys.
-  const LookupSpec s = WithIdMode<IdMode::kIndex>(spec);
+  const LookupSpec s = WithIdMode<Mode>(spec);
   if (!StatusHasError(d_status)) return;
   const int64_t r = d_status[0];
   if (r >= num_rows) return;  // recorded by someone else; nothing of ours to read
@@ -661,6 +660,18 @@ std::string SplitsToOffsets(const TSeg* splits, int64_t num_splits, int64_t nnz,
   return CheckLaunch("RecordStatusValueKernel");
 }
 
+// Names the first bad key of the lowest bad bag, where keys can be bad at all.
+template <typename TKey>
+std::string LaunchFindFirstBadKey(const LookupSpec& spec, const TKey* keys, const float* weights,
+                                  const int64_t* offsets, int64_t num_rows, int64_t* d_status, cudaStream_t st) {
+  if (!CanHaveBadKeys(spec)) return "";
+  ForIdMode(spec.id_mode, [&](auto mode) {
+    FindFirstBadKeyKernel<decltype(mode)::value><<<1, kWarpSize, 0, st>>>(spec, keys, weights, offsets, num_rows,
+                                                                          d_status);
+  });
+  return CheckLaunch("FindFirstBadKeyKernel");
+}
+
 template <typename T, typename TKey>
 std::string EmbeddingLookup(const LookupSpec& spec, const T* params, const TKey* keys,
                             const float* weights, const int64_t* offsets, int64_t num_rows,
@@ -674,10 +685,8 @@ std::string EmbeddingLookup(const LookupSpec& spec, const T* params, const TKey*
                                          d_status, st)
                   : LaunchPoolBags<1>(spec, params, keys, weights, offsets, num_rows, nnz, out,
                                       d_status, st);
-  // Hashing maps every key to a bucket, so only index mode can have bad keys.
-  if (!err.empty() || spec.id_mode == IdMode::kHash) return err;
-  FindFirstBadKeyKernel<<<1, kWarpSize, 0, st>>>(spec, keys, weights, offsets, num_rows, d_status);
-  return CheckLaunch("FindFirstBadKeyKernel");
+  if (!err.empty()) return err;
+  return LaunchFindFirstBadKey(spec, keys, weights, offsets, num_rows, d_status, st);
 }
 
 template <typename TKey>
@@ -693,9 +702,8 @@ std::string GradRowCounts(const LookupSpec& spec, const TKey* keys, const float*
         spec, keys, weights, offsets, num_rows, counts, d_status);
   });
   err = CheckLaunch("GradRowCountsKernel");
-  if (!err.empty() || spec.id_mode == IdMode::kHash) return err;
-  FindFirstBadKeyKernel<<<1, kWarpSize, 0, st>>>(spec, keys, weights, offsets, num_rows, d_status);
-  return CheckLaunch("FindFirstBadKeyKernel");
+  if (!err.empty()) return err;
+  return LaunchFindFirstBadKey(spec, keys, weights, offsets, num_rows, d_status, st);
 }
 
 size_t ExclusiveScanTempBytes(int64_t n) {

@@ -634,8 +634,7 @@ std::string StringEmbedding(const StringSpec& spec, const T* params, const uint8
             spec, params, bytes, string_splits, bag_splits, num_bags, lanes, out, d_status);
   });
   err = CheckLaunch("PoolStringsKernel");
-  // Every token hashes to a bucket, so only the parse modes can fail.
-  if (!err.empty() || spec.mode == TokenMode::kHash) return err;
+  if (!err.empty() || !CanHaveBadTokens(spec)) return err;
   FillTokenErrorKernel<<<1, kWarpSize, 0, st>>>(spec, bytes, string_splits, bag_splits, num_bags,
                                                 d_status);
   return CheckLaunch("FillTokenErrorKernel");
@@ -667,7 +666,7 @@ std::string MultiStringEmbedding(const FeatureDesc* h_features, FeatureDesc* d_f
     const int64_t dim = d.spec.lookup.dim;
     vectorize = vectorize && dim % VecWidth<T>() == 0 && d.out_stride % VecWidth<T>() == 0 &&
                 IsVectorAligned(d.params) && IsVectorAligned(d.out);
-    can_fail = can_fail || d.spec.mode != TokenMode::kHash;
+    can_fail = can_fail || CanHaveBadTokens(d.spec);
   }
   const int64_t num_rows = num_features * batch;
   if (num_rows == 0) return "";
@@ -704,7 +703,7 @@ std::string StringGradRowCounts(const StringSpec& spec, const uint8_t* bytes,
   StringGradRowCountsKernel<<<BlocksForBags(num_bags), kBlockThreads, 0, st>>>(
       spec, bytes, string_splits, bag_splits, num_bags, counts, d_status);
   err = CheckLaunch("StringGradRowCountsKernel");
-  if (!err.empty() || d_status == nullptr || spec.mode == TokenMode::kHash) return err;
+  if (!err.empty() || d_status == nullptr || !CanHaveBadTokens(spec)) return err;
   FillTokenErrorKernel<<<1, kWarpSize, 0, st>>>(spec, bytes, string_splits, bag_splits, num_bags, d_status);
   return CheckLaunch("FillTokenErrorKernel");
 }

@@ -300,6 +300,32 @@ def test_max_norm_keras_variable_read_eagerly():
 
 # --- default_id ---------------------------------------------------------------
 
+def test_a_default_id_given_as_an_int64_scalar_tensor_is_taken_as_tf_takes_it():
+    # TF's safe lookup takes an eager int64 tensor; the drop-ins refused any
+    # tensor. Floats and strings are TF's TypeError, and the drop-ins'.
+    params = tf.constant(np.arange(20, dtype=np.float32).reshape(5, 4))
+    sp = tf.sparse.SparseTensor([[0, 0], [2, 0]], tf.constant([1, 3], tf.int64), [3, 2])  # row 1 empty
+    ragged = tf.RaggedTensor.from_row_lengths(tf.constant([1, 3], tf.int64), [1, 0, 1])
+    for ids in (sp, ragged):
+        want = tf.nn.safe_embedding_lookup_sparse(params, ids, default_id=tf.constant(4, tf.int64))
+        np.testing.assert_array_equal(want.numpy()[1], [16, 17, 18, 19])
+        for default_id in (tf.constant(4, tf.int64), tf.constant(4, tf.int32), np.int64(4)):
+            np.testing.assert_array_equal(tco.safe_embedding_lookup_sparse(params, ids, default_id=default_id), want)
+        np.testing.assert_array_equal(
+            tco.compat.v1.safe_embedding_lookup_sparse([params], ids, default_id=tf.constant(4, tf.int64)), want)
+        in_function = tf.function(lambda: tco.safe_embedding_lookup_sparse(params, ids,
+                                                                           default_id=tf.constant(4, tf.int64)))
+        np.testing.assert_array_equal(in_function(), want)
+        for default_id in (4.0, "4"):
+            with pytest.raises(TypeError):
+                tf.nn.safe_embedding_lookup_sparse(params, ids, default_id=default_id)
+            with pytest.raises(TypeError, match="default_id must be an integer row or None"):
+                tco.safe_embedding_lookup_sparse(params, ids, default_id=default_id)
+    run_time = tf.function(lambda d: tco.safe_embedding_lookup_sparse(params, sp, default_id=d))
+    with pytest.raises(TypeError, match="a scalar tensor of known value"):
+        run_time(tf.constant(4, tf.int64))
+
+
 @pytest.mark.parametrize("default_id", [2**63, -2**63 - 1])
 def test_a_default_id_past_int64_is_refused_at_construction(default_id):
     # It was a raw OverflowError. (Other negative or too-large rows fail at

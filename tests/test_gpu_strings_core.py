@@ -598,6 +598,15 @@ def test_hash_num_buckets_below_table_rows(rng):
     assert got.shape == (50, dim)
 
 
+def test_hash_buckets_past_the_table_rows_name_the_token_as_the_cpu(rng):
+    # Hashing was taken to have no bad keys: a bucket past the rows failed,
+    # but the kernel naming the token never ran, and the message named none.
+    values = random_table(rng, 8, 4)
+    raw, splits = pack([",".join(f"k{i}" for i in rng.integers(0, 10**6, size=5)) for _ in range(50)])
+    message = assert_same_error(values, raw, splits, id_mode="hash", combiner="sum", num_buckets=1000)
+    assert "'k" in message, message
+
+
 # ---------------------------------------------------------------------------
 # The grouped launch.
 

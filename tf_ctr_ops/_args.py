@@ -120,6 +120,12 @@ def check_default_id(default_id):
     where TF fails on them (tests/test_properties.py: lenient)."""
     if default_id is None:
         return -1
+    if tf.is_tensor(default_id) and default_id.dtype.is_integer:  # TF takes an eager int64 scalar too
+        value = tf.get_static_value(default_id)
+        if value is None or np.ndim(value) != 0:
+            raise TypeError(f"default_id must be an integer row or None (a scalar tensor of known value: the fused "
+                            f"op takes it as an attr), got {default_id!r}")
+        default_id = int(value)
     if isinstance(default_id, (bool, np.bool_)) or not isinstance(default_id, (int, np.integer)):
         raise TypeError(f"default_id must be an integer row or None, got {default_id!r}")
     if not -2**63 <= int(default_id) < 2**63:

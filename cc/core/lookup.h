@@ -80,6 +80,13 @@ CTR_HD int64_t ResolveKey(TKey key, const LookupSpec& s) {
   return kBadKey;
 }
 
+// Whether a key can resolve to kBadKey: in index mode, and in hash mode
+// when the buckets outnumber the table rows. The GPU launches its kernel
+// that names the bad key only then.
+CTR_HD bool CanHaveBadKeys(const LookupSpec& s) {
+  return s.id_mode != IdMode::kHash || s.buckets > s.vocab;
+}
+
 CTR_HD bool KeepWeight(float w, const LookupSpec& s) {
   return !s.prune_weights || w > 0.f;  // NaN is pruned, as tf.greater(w, 0) says
 }

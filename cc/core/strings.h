@@ -212,6 +212,12 @@ inline void ForEachTokenChunked(const uint8_t* s, int64_t len, int64_t readable,
 
 constexpr int64_t kBadNumber = -3;  // ResolveToken: not an int64 literal
 
+// Whether a token can fail (kBadNumber or kBadKey): in the parse modes, and
+// in hash mode when the buckets outnumber the table rows.
+CTR_HD bool CanHaveBadTokens(const StringSpec& s) {
+  return s.mode != TokenMode::kHash || s.buckets > s.lookup.vocab;
+}
+
 // The table row of a parsed id in index or mod mode: kSkipKey for a negative
 // id under skip_negative, kBadKey outside [0, V) in index mode.
 CTR_HD int64_t RowOfId(int64_t id, const StringSpec& s) {

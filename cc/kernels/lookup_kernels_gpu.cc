@@ -122,7 +122,7 @@ class EmbeddingLookupGpuOp : public LookupKernelOn<tensorflow::AsyncOpKernel> {
     OP_REQUIRES_OK_ASYNC(ctx, LaunchStatus(ctr::gpu::InitStatus(st + 2, stream)), done);
     Tensor* out = nullptr;
     OP_REQUIRES_OK_ASYNC(ctx, AllocatePooled(ctx, 0, *in.params, rows, &out), done);
-    if (rows > 0 && a.spec.dim > 0)
+    if (rows > 0)  // with D = 0 too: the ids are checked as the CPU checks them
       OP_REQUIRES_OK_ASYNC(ctx,
                            LaunchStatus(ctr::gpu::EmbeddingLookup(
                                a.spec, CorePtr<T>(*in.params), in.ids->flat<TId>().data(),
