@@ -3,6 +3,7 @@ composition) it replaces: tables of unknown rank, lists of shards for the
 computed-id lookups, the gradient's IndexedSlices dtypes, and max_norm
 given as a tensor."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -301,15 +302,17 @@ def test_max_norm_keras_variable_read_eagerly():
 # --- default_id ---------------------------------------------------------------
 
 def test_a_default_id_given_as_an_int64_scalar_tensor_is_taken_as_tf_takes_it():
-    # TF's safe lookup takes an eager int64 tensor; the drop-ins refused any
-    # tensor. Floats and strings are TF's TypeError, and the drop-ins'.
+    # TF's safe lookup takes an eager int64 tensor (a variable, a 0-d array);
+    # the drop-ins refused them. Floats and strings are TF's TypeError, and
+    # the drop-ins'.
     params = tf.constant(np.arange(20, dtype=np.float32).reshape(5, 4))
     sp = tf.sparse.SparseTensor([[0, 0], [2, 0]], tf.constant([1, 3], tf.int64), [3, 2])  # row 1 empty
     ragged = tf.RaggedTensor.from_row_lengths(tf.constant([1, 3], tf.int64), [1, 0, 1])
     for ids in (sp, ragged):
         want = tf.nn.safe_embedding_lookup_sparse(params, ids, default_id=tf.constant(4, tf.int64))
         np.testing.assert_array_equal(want.numpy()[1], [16, 17, 18, 19])
-        for default_id in (tf.constant(4, tf.int64), tf.constant(4, tf.int32), np.int64(4)):
+        for default_id in (tf.constant(4, tf.int64), tf.constant(4, tf.int32), np.int64(4), np.array(4),
+                           tf.Variable(4, dtype=tf.int64), keras.Variable(4, dtype="int64")):
             np.testing.assert_array_equal(tco.safe_embedding_lookup_sparse(params, ids, default_id=default_id), want)
         np.testing.assert_array_equal(
             tco.compat.v1.safe_embedding_lookup_sparse([params], ids, default_id=tf.constant(4, tf.int64)), want)
@@ -322,7 +325,7 @@ def test_a_default_id_given_as_an_int64_scalar_tensor_is_taken_as_tf_takes_it():
             with pytest.raises(TypeError, match="default_id must be an integer row or None"):
                 tco.safe_embedding_lookup_sparse(params, ids, default_id=default_id)
     run_time = tf.function(lambda d: tco.safe_embedding_lookup_sparse(params, sp, default_id=d))
-    with pytest.raises(TypeError, match="a scalar tensor of known value"):
+    with pytest.raises(TypeError, match="a tensor or variable of known value"):
         run_time(tf.constant(4, tf.int64))
 
 

@@ -21,24 +21,25 @@ def check_combiner(combiner):
     return combiner
 
 
-def known_max_norm(max_norm):
-    """max_norm's value where the call knows it (a number, a constant or
-    eager tensor, a variable read eagerly), else None: a tensor or a
-    variable captured by a function, whose value only a run gives."""
-    if not isinstance(max_norm, (tf.Tensor, tf.Variable)):
-        max_norm = getattr(max_norm, "_value", max_norm)  # a Keras 3 variable wraps a tf.Variable
-    if not (tf.is_tensor(max_norm) or isinstance(max_norm, tf.Variable)):
-        return max_norm
-    if isinstance(max_norm, tf.Variable):
-        return max_norm.numpy() if tf.executing_eagerly() else None
-    return tf.get_static_value(max_norm)
+def known_value(x):
+    """x's value where the call knows it (a number, a constant or eager
+    tensor, a variable read eagerly), else None: a tensor or a variable
+    captured by a function, whose value only a run gives. For attrs that
+    TF's functions take as tensors (max_norm, default_id)."""
+    if not isinstance(x, (tf.Tensor, tf.Variable)):
+        x = getattr(x, "_value", x)  # a Keras 3 variable wraps a tf.Variable
+    if not (tf.is_tensor(x) or isinstance(x, tf.Variable)):
+        return x
+    if isinstance(x, tf.Variable):
+        return x.numpy() if tf.executing_eagerly() else None
+    return tf.get_static_value(x)
 
 
 def max_norm_attr(max_norm):
     """The max_norm attr: -1 (off) for None, else a positive float."""
     if max_norm is None:
         return -1.0
-    value = known_max_norm(max_norm)
+    value = known_value(max_norm)
     if value is None:
         raise ValueError(f"max_norm must be a number or a tensor of known value (the fused op takes it as an "
                          f"attr), got {max_norm}")
@@ -120,14 +121,15 @@ def check_default_id(default_id):
     where TF fails on them (tests/test_properties.py: lenient)."""
     if default_id is None:
         return -1
-    if tf.is_tensor(default_id) and default_id.dtype.is_integer:  # TF takes an eager int64 scalar too
-        value = tf.get_static_value(default_id)
-        if value is None or np.ndim(value) != 0:
-            raise TypeError(f"default_id must be an integer row or None (a scalar tensor of known value: the fused "
-                            f"op takes it as an attr), got {default_id!r}")
-        default_id = int(value)
-    if isinstance(default_id, (bool, np.bool_)) or not isinstance(default_id, (int, np.integer)):
+    value = known_value(default_id)  # TF takes eager int64 tensors, variables and 0-d arrays too
+    if value is None:
+        raise TypeError(f"default_id must be an integer row or None (a tensor or variable of known value: the "
+                        f"fused op takes it as an attr), got {default_id!r}")
+    if isinstance(value, np.ndarray) and value.ndim == 0 and np.issubdtype(value.dtype, np.integer):
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"default_id must be an integer row or None, got {default_id!r}")
+    default_id = value
     if not -2**63 <= int(default_id) < 2**63:
         raise ValueError(f"default_id must be a row of the table (an int64), got {int(default_id)}")
     return int(default_id)

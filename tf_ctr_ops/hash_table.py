@@ -20,7 +20,6 @@ keeps slots for) only those rows.
 """
 
 import functools
-import warnings
 import weakref
 
 import numpy as np
@@ -151,7 +150,7 @@ class HashTable(tf.Module):
         """With eviction: also reset the rows of `optimizer`'s slots (momentums,
         accumulators, ...) of `values` when a row goes to a new key. Keras 3
         optimizers; build the optimizer (or take a step) first."""
-        self._slot_optimizer.set(optimizer, owner=f"HashTable {self.name!r}")
+        self._slot_optimizer.set(optimizer)
 
     def slot_optimizer(self):
         return self._slot_optimizer.get()
@@ -408,7 +407,7 @@ def _find_and_reset(table, ids, insert, dense_padding=False):
         fresh = fresh_rows(table.row_initializer, reused, (table.capacity, table.dim), values.dtype,
                            tf.stack([tf.constant(table.reset_seed, tf.int64), clock + in_step * 2**40]))
         resets = [values.scatter_update(tf.IndexedSlices(fresh, reused))]
-        for slot, initial in optimizer_slots(table._slot_optimizer.read_by_trace(), table.values):
+        for slot, initial in optimizer_slots(table.slot_optimizer(), table.values):
             slot = _variable(slot)
             start = tf.cast(fresh, slot.dtype) if initial is FRESH_ROW else tf.fill(shape, tf.cast(initial, slot.dtype))
             resets.append(slot.scatter_update(tf.IndexedSlices(start, reused)))
@@ -660,32 +659,17 @@ def check_eviction_outside_replicas(eviction):
 class _SlotOptimizer:
     """The optimizer whose slots an evicting table resets, held weakly: not a
     dependency of the table's checkpoints, and never keeps the optimizer alive.
-
-    A traced step resets the slots of the optimizer linked when it was
-    traced: Keras keeps the train function of the first `fit`, so linking
-    another one afterwards changed nothing, silently. It warns now."""
+    A traced step resets the slots of the optimizer linked when it was traced
+    (docs/hash_table.md, Limits)."""
 
     def __init__(self):
         self._ref = None
-        self._traced = False  # a traced function resets the slots of get() as it was then
 
-    def set(self, optimizer, owner=""):
-        if self._traced and optimizer is not self.get():
-            warnings.warn(
-                f"reset_slots_of({type(optimizer).__name__}) on {owner} after a training step using it was "
-                "traced: that step keeps resetting the slots it was traced with (none, or the previous "
-                "optimizer's). Call it after compile and before the first fit, or retrace the step "
-                "(model.make_train_function(force=True)).", stacklevel=3)
+    def set(self, optimizer):
         self._ref = None if optimizer is None else weakref.ref(optimizer)
 
     def get(self):
         return None if self._ref is None else self._ref()
-
-    def read_by_trace(self):
-        """get(), from a function being traced: recorded as traced."""
-        if tf.inside_function():
-            self._traced = True
-        return self.get()
 
 
 def _variable(v):

@@ -782,9 +782,10 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
     def reset_slots_of(self, optimizer):
         """With eviction: also reset the optimizer's slots (momentums,
         accumulators, ...) of a row given to a new key, e.g.
-        `layer.reset_slots_of(model.optimizer)` after `compile`, before the
-        first `fit` (whose traced step keeps the slots it was traced with)."""
-        self._slot_optimizer.set(optimizer, owner=f"layer {self.name!r}")
+        `layer.reset_slots_of(model.optimizer)` after `compile` (a step traced
+        before keeps the slots it was traced with: `fit` retraces after a
+        `compile`, else `model.make_train_function(force=True)` does)."""
+        self._slot_optimizer.set(optimizer)
 
     def slot_optimizer(self):
         return self._slot_optimizer.get()

@@ -20,7 +20,7 @@ from tf_ctr_ops._args import (  # noqa: F401  (COMBINERS, canonical_shard_sizes:
     gathered_shards,
     hash_bucket,
     in_place_variable,
-    known_max_norm,
+    known_value,
     max_norm_attr,
     read_table,
     separate_shards,
@@ -698,7 +698,7 @@ def _run_time_max_norm(max_norm):
     """Whether max_norm is a tensor (or variable) whose value only a run
     gives. The fused op takes max_norm as an attr, so TF's own function
     (from its module: tf.nn is never patched) computes such a lookup."""
-    return max_norm is not None and known_max_norm(max_norm) is None
+    return max_norm is not None and known_value(max_norm) is None
 
 
 def embedding_lookup_sparse(params, sp_ids, sp_weights, combiner=None, max_norm=None, name=None,
