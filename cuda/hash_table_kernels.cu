@@ -54,8 +54,8 @@ __global__ void StartInsertKernel(int64_t* header, int64_t capacity, int64_t num
 }
 
 // The find of an inserting call: found keys, and keys waiting for admission
-// (WaitsInSlot), are stamped with the call's clock, atomically since one key may come many times; the missing ones are
-// counted, a warp's at once.
+// (WaitsInSlot), are stamped with the call's clock, atomically since one key
+// may come many times; the missing ones are counted, a warp's at once.
 __global__ void FindStampKernel(const int64_t* __restrict__ header, Slots slots, const int64_t* __restrict__ keys,
                                 int64_t n, bool dense_padding, int64_t* __restrict__ rows, int64_t* status) {
   const bool stamp = status[kBadHeader] == 0;

@@ -49,7 +49,8 @@ def main(argv=None):
     if args.report:
         with open(args.report, "w") as f:
             f.write(report.to_json() + "\n")
-    print(f"wrote {dst}: {rewrite.fused_subgraph_count(report.matches)} subgraph(s) fused, {len(report.skips)} left alone"
+    fused = rewrite.fused_subgraph_count(report.matches)
+    print(f"wrote {dst}: {fused} subgraph(s) fused, {len(report.skips)} left alone"
           + ("" if report.ok else "; the rewritten model does NOT reproduce the original"))
     return 0 if report.ok else 1
 

@@ -10,8 +10,8 @@ namespace ctr {
 // Empty string on success, else what is wrong; `name` is the splits' and
 // `counted` what they split (bag_splits split strings, not ids).
 template <typename TSeg>
-std::string ValidateRowSplits(const TSeg* splits, int64_t num_splits, int64_t nnz, const std::string& name = "row_splits",
-                              const char* counted = "ids") {
+std::string ValidateRowSplits(const TSeg* splits, int64_t num_splits, int64_t nnz,
+                              const std::string& name = "row_splits", const char* counted = "ids") {
   if (num_splits < 1) return name + " must have at least one element";
   if (splits[0] != 0) return name + "[0] must be 0, got " + std::to_string(static_cast<int64_t>(splits[0]));
   for (int64_t i = 1; i < num_splits; ++i) {
