@@ -720,6 +720,52 @@ def test_second_order_gradients_are_a_clear_error(rng, variable):
         outer.gradient(penalty, weights)
 
 
+def _vocabulary_table():
+    return tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(tf.constant(["a", "b"]), tf.constant([1, 2], tf.int64)), 0)
+
+
+_FORWARD_MODE_CASES = {
+    # name: (fused, TF-native), each of (vocabulary table, params)
+    "vocab_embedding": (lambda t, p: tco.vocab_embedding(t, [["a"], ["b"], ["x"]], p),
+                        lambda t, p: tf.gather(p, t.lookup(tf.constant([["a"], ["b"], ["x"]])))),
+    "vocab_multi_hot": (lambda t, p: tco.vocab_multi_hot(t, [["a", "b"], ["x", "a"]], p),
+                        lambda t, p: tf.matmul(tf.math.bincount(t.lookup(tf.constant([["a", "b"], ["x", "a"]])),
+                                                                minlength=6, maxlength=6, binary_output=True,
+                                                                axis=-1, dtype=p.dtype), p)),
+    "multi_hot_dense": (lambda t, p: tco.multi_hot_dense([([[2], [0]], 6)], p),
+                        lambda t, p: tf.matmul(tf.one_hot([2, 0], 6, dtype=p.dtype), p)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_FORWARD_MODE_CASES))
+@pytest.mark.parametrize("in_function", [False, True])
+def test_forward_mode_of_ops_linear_in_the_table_matches_tf(rng, name, in_function):
+    # TF's generic JVP also asks for the gradient of the table handle, which
+    # has none, and failed with a TypeError from inside TF.
+    fused, native = _FORWARD_MODE_CASES[name]
+    table, params = _vocabulary_table(), tf.Variable(rng.normal(size=(6, 3)).astype(np.float32))
+    tangent = tf.constant(rng.normal(size=(6, 3)).astype(np.float32))
+
+    def jvp(fn):
+        with tf.autodiff.ForwardAccumulator(params, tangent) as acc:
+            y = fn(table, params)
+        return acc.jvp(y)
+
+    if in_function:
+        jvp = tf.function(jvp)
+    expected = jvp(native)
+    np.testing.assert_allclose(jvp(fused), expected, rtol=1e-6, atol=1e-6)
+    assert np.abs(expected).sum() > 0
+
+
+def test_forward_mode_of_a_pooled_lookup_is_a_clear_error(rng):
+    params = tf.Variable(rng.normal(size=(6, 3)).astype(np.float32))
+    with pytest.raises(NotImplementedError, match="forward-mode differentiation"):
+        with tf.autodiff.ForwardAccumulator(params, tf.ones([6, 3])):
+            tco.sparse_embedding(params, tf.ragged.constant([[1, 2], [3]], tf.int64))
+
+
 def _gradient_form(g):
     """A table gradient as (form, indices, values): dense tensors have no indices."""
     if isinstance(g, tf.IndexedSlices):

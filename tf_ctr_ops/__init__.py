@@ -29,6 +29,9 @@ from tf_ctr_ops.vocab import (  # noqa: E402
 from tf_ctr_ops.multi_hot import multi_hot_dense  # noqa: E402
 from tf_ctr_ops.columns import bucketized_embedding_lookup, cross_embedding_lookup  # noqa: E402
 from tf_ctr_ops.hash_table import HashTable, hash_table_embedding, multi_hash_table_embedding  # noqa: E402
+from tf_ctr_ops import _forward_mode  # noqa: E402
+
+_forward_mode.register()  # after every module above registered its gradients
 
 __version__ = "0.1.0"
 

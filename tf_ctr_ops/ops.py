@@ -161,7 +161,8 @@ def _resource_embedding_lookup_grad(op, grad):
 def _no_second_order(op, *grads):
     raise NotImplementedError(
         f"{op.type}: gradients of tf_ctr_ops' lookup gradients (second-order gradients, a gradient penalty, a "
-        f"Hessian-vector product) are not implemented; use the TF-native lookup where a model needs them")
+        f"Hessian-vector product, forward-mode differentiation) are not implemented; use the TF-native lookup where "
+        f"a model needs them")
 
 
 for _grad_op in ("CtrEmbeddingLookupGrad", "CtrResourceEmbeddingLookupGrad", "CtrStringEmbeddingGrad"):
