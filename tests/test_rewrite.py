@@ -328,6 +328,31 @@ def test_enable_handles_of_two_threads_are_apart(rng, table):
     assert b_result["rewrites"] == 1
 
 
+def test_disable_in_another_thread_is_an_error_and_leaves_the_handle_working(rng, table):
+    # It restored the config of the thread it ran in, and dropped the
+    # handle: the enabling thread kept the rewrite with no way to stop it.
+    import threading
+
+    ids = random_sparse_ids(rng)
+    f = lambda sp: tf.nn.embedding_lookup_sparse(table, sp, None)  # noqa: E731
+    handle, errors = rewrite.enable(), []
+
+    def disable_elsewhere():
+        try:
+            handle.disable()
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    other = threading.Thread(target=disable_elsewhere)
+    other.start()
+    other.join()
+    handle.disable()
+    before = rewrite.fusion_stats()
+    tf.function(f)(ids)
+    assert delta(before, rewrite.fusion_stats())["rewrites"] == 0
+    assert len(errors) == 1 and "thread that called enable()" in errors[0]
+
+
 def test_session_config_tf1_session(rng):
     params = rng.normal(size=(V, D)).astype(np.float32)
     ids = random_sparse_ids(rng)

@@ -137,6 +137,7 @@ class _Enabled:
 
     def __init__(self, previous):
         self._previous = previous
+        self._thread = threading.get_ident()
         self._active = _Enabled._active_in_this_thread()
         self._active.append(self)
 
@@ -157,7 +158,11 @@ class _Enabled:
     def disable(self):
         """The newest handle restores the config it replaced; an older one
         hands its own predecessor's to the handle after it, so handles may be
-        disabled in any order."""
+        disabled in any order. Only in the thread that enabled it: the config
+        it restores is that thread's."""
+        if threading.get_ident() != self._thread:
+            raise RuntimeError("disable() must be called in the thread that called enable(): the rewrite was "
+                               "enabled for that thread's functions only")
         if self not in self._active:
             return
         i = self._active.index(self)
@@ -199,7 +204,8 @@ def enable(report_file=None, serving_device=None, disabled_patterns=()):
     previous configuration on exit. Functions are optimized when first
     instantiated under the configuration. TensorFlow keeps this
     configuration per thread: a thread that runs functions of its own (a
-    background trainer, say) calls `enable()` itself. With `report_file`, the optimizer
+    background trainer, say) calls `enable()` itself, and a handle is
+    disabled in the thread that enabled it. With `report_file`, the optimizer
     appends its match and skip records there (JSON lines; `read_report`).
     `serving_device` is as `optimize_saved_model`'s ("cpu": this process
     serves on its CPU). `disabled_patterns` names patterns not to run
