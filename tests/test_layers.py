@@ -283,6 +283,52 @@ def test_dtype_policies(rng, policy, out_dtype, table_dtype, tol, cls):
     assert isinstance(grad, tf.IndexedSlices) and grad.values.dtype == table_dtype
 
 
+# Rows that cancel: their float32 sum, 2^-12, is a float16, but the first
+# row rounds to 1 in float16, where the sum is 0.
+_CANCELLING_ROWS = np.array([[1 + 2.0 ** -12], [-1.0]], np.float32)
+
+
+def _cancelling_layer(kind, policy):
+    if kind == "sparse":
+        return SparseEmbedding(2, 1, combiner="sum", dtype=policy), tf.ragged.constant([[0, 1]], tf.int64)
+    if kind == "string":
+        return tco_layers.StringEmbedding(2, 1, combiner="sum", id_mode="index", delimiter=",", dtype=policy), \
+            tf.constant(["0,1"])
+    if kind == "multi_string":
+        return tco_layers.MultiStringEmbedding([2], [1], combiners="sum", id_modes="index", delimiters=",",
+                                                dtype=policy), \
+            [tf.constant(["0,1"])]
+    layer = tco_layers.HashTableEmbedding(1, capacity=2, combiner="sum", dtype=policy)
+    keys = tf.constant([[10, 20]], tf.int64)
+    layer(keys, training=True)  # rows 0 and 1, in the keys' order
+    return layer, keys
+
+
+@pytest.mark.parametrize("kind", ["sparse", "string", "multi_string", "hash_table"])
+@pytest.mark.parametrize("in_float32_model", [False, True])
+def test_mixed_layers_pool_their_float32_rows_wherever_they_are_called(kind, in_float32_model):
+    # Keras autocast the table to float16 in a layer's own call (a layer
+    # called alone, or a mixed layer in a float32 model, as a `.keras` file of
+    # a mixed model loads in a fresh process): the rows were rounded before
+    # pooling, and the whole table cast every call.
+    layer, ids = _cancelling_layer(kind, "mixed_float16")
+    if kind != "hash_table":
+        layer(ids)  # builds
+    table = layer.embeddings if kind != "multi_string" else layer.embeddings_0
+    table.assign(_CANCELLING_ROWS)
+    if in_float32_model:
+        assert keras.config.dtype_policy().name == "float32"
+        inputs = [keras.Input(shape=x.shape[1:], dtype=x.dtype, ragged=isinstance(x, tf.RaggedTensor))
+                  for x in (ids if isinstance(ids, list) else [ids])]
+        model = keras.Model(inputs, layer(inputs if isinstance(ids, list) else inputs[0]))
+        out = model(ids)
+    else:
+        out = layer(ids)
+    out = out[0] if isinstance(out, list) else out
+    assert out.dtype == tf.float16
+    assert float(out[0, 0]) == 2.0 ** -12
+
+
 # ---------------------------------------------------------------------------
 # Keras models: functional inputs, training, saving, export
 

@@ -30,6 +30,14 @@ from tf_ctr_ops import strings as _strings
 
 __all__ = ["SparseEmbedding", "HashEmbedding", "StringEmbedding", "MultiStringEmbedding", "HashTableEmbedding"]
 
+# A table is read in its own (variable) dtype: autocasting it to a mixed
+# policy's compute dtype would cast the whole [V, D] table every call and pool
+# rounded rows. Keras opens its autocast scope in a layer's own call whatever
+# the layer's `autocast` (a layer called alone, or a mixed layer in a float32
+# model, as a `.keras` file loads into a fresh process), so the weight itself
+# opts out, and the layer's `autocast = False` says so where Keras asks.
+_TABLE_WEIGHT = {"trainable": True, "autocast": False}
+
 _CONTAINERS_DOC = """
     Inputs:
         The ids of each example, in one of three containers (of int32 or int64
@@ -245,9 +253,7 @@ class _PooledEmbeddingBase(_PooledOutput, _FusedOpLayer):
         self.embeddings_initializer = initializers.get(embeddings_initializer)
         self.embeddings_regularizer = regularizers.get(embeddings_regularizer)
         self.embeddings_constraint = constraints.get(embeddings_constraint)
-        # The table is read in its own (variable) dtype: autocasting it to the
-        # compute dtype would cast the whole [V, D] table every step.
-        self.autocast = False
+        self.autocast = False  # see _TABLE_WEIGHT
 
     def build(self, input_shape=None):
         if self.built:
@@ -258,7 +264,7 @@ class _PooledEmbeddingBase(_PooledOutput, _FusedOpLayer):
             name="embeddings",
             regularizer=self.embeddings_regularizer,
             constraint=self.embeddings_constraint,
-            trainable=True,
+            **_TABLE_WEIGHT,
         )
         self.built = True
 
@@ -649,7 +655,7 @@ class MultiStringEmbedding(_FusedOpLayer):
         self.embeddings_initializer = initializers.get(embeddings_initializer)
         self.max_norm = _check_max_norm(max_norm)
         self.concat = bool(concat)
-        self.autocast = False
+        self.autocast = False  # see _TABLE_WEIGHT
 
     def build(self, input_shape=None):
         if self.built:
@@ -658,7 +664,7 @@ class MultiStringEmbedding(_FusedOpLayer):
         # variables of a layer's attributes, but not those of its lists.
         for i, (v, d) in enumerate(zip(self.num_buckets, self.output_dims)):
             setattr(self, f"embeddings_{i}", self.add_weight(shape=(v, d), initializer=self.embeddings_initializer,
-                                                             name=f"embeddings_{i}", trainable=True))
+                                                             name=f"embeddings_{i}", **_TABLE_WEIGHT))
         self.built = True
 
     @property
@@ -776,7 +782,7 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
         self.embeddings_initializer = initializers.get(embeddings_initializer)
         self.reset_seed = _hash_table.reset_seed_of(self.embeddings_initializer)
         self.max_norm = _check_max_norm(max_norm)
-        self.autocast = False
+        self.autocast = False  # see _TABLE_WEIGHT
         self._slot_optimizer = _hash_table._SlotOptimizer()
 
     def reset_slots_of(self, optimizer):
@@ -799,7 +805,7 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
             self.table_device)
         self.embeddings = self.add_weight(shape=(self.capacity, self.output_dim),
                                           initializer=self.embeddings_initializer, name="embeddings",
-                                          trainable=True)
+                                          **_TABLE_WEIGHT)
         _hash_table.check_restored_key_kind(self)
         _hash_table.restore_any_capacity(self)
         self.built = True
