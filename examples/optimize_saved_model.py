@@ -39,7 +39,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    dst = args.dst or os.path.normpath(args.src) + "_ctr_fused"
+    # Through abspath: a SRC of "." gives ../NAME_ctr_fused, not ./._ctr_fused inside it.
+    dst = args.dst or os.path.relpath(os.path.abspath(args.src) + "_ctr_fused")
     try:
         report = rewrite.optimize_saved_model(args.src, dst, signature_keys=args.signatures, verify=args.verify)
     except (rewrite.RewriteError, ValueError) as e:  # nothing was written to dst (a bad src or dst: ValueError)

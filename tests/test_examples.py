@@ -6,6 +6,7 @@ those lines depend on (the Criteo reader, AUC)."""
 import importlib.util
 import math
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,10 @@ def test_optimize_saved_model_example(tmp_path):
     assert "outputs match" in out, out
     assert "wrote model_ctr_fused: 1 subgraph(s) fused, 0 left alone" in out, out
     assert (tmp_path / "model_ctr_fused" / "saved_model.pb").exists() and (tmp_path / "report.json").exists()
+    shutil.rmtree(tmp_path / "model_ctr_fused")
+    out = run_example("optimize_saved_model.py", ".", cwd=tmp_path / "model")  # beside it, not inside
+    assert "wrote ../model_ctr_fused: 1 subgraph(s) fused" in out, out
+    assert (tmp_path / "model_ctr_fused" / "saved_model.pb").exists()
     proc = subprocess.run([sys.executable, str(EXAMPLES / "optimize_saved_model.py"), "nosuch"], cwd=tmp_path,
                           env=fresh_process_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1 and "error: nosuch is not a SavedModel" in proc.stderr, proc.stderr
