@@ -373,6 +373,28 @@ def test_keras_hashed_crossing_left_alone_with_the_reason(rng, case, reason):
         np.testing.assert_array_equal(g.numpy(), w.numpy())
 
 
+def test_cross_of_an_int64_input_under_a_string_internal_type_is_left_alone(rng):
+    # TF refuses such a SparseCross (public APIs never build one); fused, it
+    # crossed the int64 values as ids and served.
+    table = tf.Variable(rng.normal(size=(20, 3)), dtype=tf.float32)
+
+    def fn(a, b):
+        indices, values, shape = tf.raw_ops.SparseCross(
+            indices=[], values=[], shapes=[], dense_inputs=[a, b], hashed_output=True, num_buckets=20,
+            hash_key=956888297470, out_type=tf.int64, internal_type=tf.string)
+        return tf.gather(table, tf.squeeze(tf.sparse.to_dense(tf.SparseTensor(indices, values, shape)), 1))
+
+    run, report, counts = _rewritten(fn, [tf.TensorSpec([None, 1], tf.string), tf.TensorSpec([None, 1], tf.int64)])
+    assert "CtrCrossEmbeddingLookup" not in counts, counts
+    assert any(s["pattern"] == "cross_gather" and "internal type" in s["reason"] for s in report["skip"]), \
+        report["skip"]
+    feeds = (tf.constant([["x"], ["y"]]), tf.constant([[1], [2]], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="internal type"):
+        tf.function(fn)(*feeds)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="internal type"):
+        run(*feeds)
+
+
 def test_tf_dense_cross_gather_fuses(rng):
     table = tf.Variable(rng.normal(size=(20, 3)), dtype=tf.float32)
     fn = _dense_cross_gather(table)

@@ -330,3 +330,27 @@ def test_in_process_indicator_left_alone_where_not_exact(rng, fill, axis, reason
     assert any(s["pattern"] == "vocab_indicator" and reason in s["reason"] for s in report["skip"]), report["skip"]
     feeds = {k: tf.constant(v) for k, v in sparse_feeds(rng, 9).items()}
     np.testing.assert_array_equal(run(feeds).numpy(), indicator(**feeds).numpy())
+
+
+class IndicatorOfOneKey(Indicator):
+    """SparseToDense of one scalar id, which it broadcasts to every index."""
+
+    def __call__(self, indices, values, shape):
+        del values
+        ids = self.table.lookup(tf.constant("de"))
+        dense = tf.raw_ops.SparseToDense(sparse_indices=indices, output_shape=shape, sparse_values=ids,
+                                         default_value=tf.constant(self.fill, tf.int64))
+        return tf.reduce_sum(tf.one_hot(dense, self.depth, 1.0, 0.0), axis=self.axis)
+
+
+def test_in_process_indicator_of_a_scalar_key_left_alone(rng):
+    # Fused, it failed on every call ("keys must be a vector").
+    indicator = IndicatorOfOneKey()
+    run, report, counts = _rewritten_in_process(indicator)
+    assert "CtrVocabIndicator" not in counts, counts
+    assert any(s["pattern"] == "vocab_indicator" and "vector of keys" in s["reason"] for s in report["skip"]), \
+        report["skip"]
+    feeds = {k: tf.constant(v) for k, v in sparse_feeds(rng, 9).items()}
+    want = indicator(**feeds).numpy()
+    assert want.sum() > 0
+    np.testing.assert_array_equal(run(feeds).numpy(), want)

@@ -200,6 +200,25 @@ bool IsPlainAsString(const NodeDef& n) {
          StringAttr(n, "fill").empty();
 }
 
+bool IsRunnableHashedCross(const NodeDef& cross, std::string* why) {
+  if (!BoolAttr(cross, "hashed_output", false) || TypeAttr(cross, "out_type") != tensorflow::DT_INT64) {
+    *why = Describe(cross) + " crosses into strings, not hashed ids";
+    return false;
+  }
+  if (TypeAttr(cross, "internal_type") != tensorflow::DT_STRING) return true;
+  for (const char* types : {"sparse_types", "dense_types"}) {
+    const auto it = cross.attr().find(types);
+    if (it == cross.attr().end()) continue;
+    for (int t : it->second.list().type()) {
+      if (t == tensorflow::DT_INT64) {
+        *why = Describe(cross) + " has an int64 input under a string internal type, which TF refuses";
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 bool HasControlInputs(const NodeDef& node) {
   for (const auto& in : node.input())
     if (!in.empty() && in[0] == '^') return true;

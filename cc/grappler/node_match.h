@@ -75,6 +75,10 @@ bool IsReshapeToBatchRows(const GraphIndex& g, const tensorflow::NodeDef& reshap
 // An AsString of integers with no formatting attrs: the decimal form the
 // kernels' integer hash (HashIntKeyBucket) formats.
 bool IsPlainAsString(const tensorflow::NodeDef& node);
+// A SparseCross that hashes into int64 ids, as CtrCrossEmbeddingLookup
+// does, with input types TF runs it on (an internal type of string refuses
+// int64 inputs; the fused op would cross them); else *why says why not.
+bool IsRunnableHashedCross(const tensorflow::NodeDef& cross, std::string* why);
 bool HasControlInputs(const tensorflow::NodeDef& node);
 // The device type in a device name ("/job:x/device:GPU:0" -> "GPU"), or
 // empty for an unplaced node.

@@ -90,9 +90,8 @@ class CrossGatherPattern : public NamedPattern<kName> {
 
     // The subgraph has the right shape; now every condition for exactness.
     const NodeDef& cross = *ids.cross;
-    if (!BoolAttr(cross, "hashed_output", false) || TypeAttr(cross, "out_type") != tensorflow::DT_INT64)
-      return Skip(ctx, anchor, Describe(cross) + " crosses into strings, not hashed ids");
     std::string why;
+    if (!IsRunnableHashedCross(cross, &why)) return Skip(ctx, anchor, why);
     int64_t batch = -1;
     if (!EachRowHasOneCross(ctx, cross, &batch, &why)) return Skip(ctx, anchor, why);
     if (ids.squeeze != nullptr && !IsSqueezeOfAxis(ids.squeeze, 1, 2))

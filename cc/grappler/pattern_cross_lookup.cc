@@ -59,8 +59,7 @@ class CrossLookupPattern : public NamedPattern<kName> {
     if (!traced) return Skip(ctx, anchor, why);
     if (!SameTensor(c.indices, TensorName(cross->name(), 0)) || !SameTensor(c.shape, TensorName(cross->name(), 2)))
       return Skip(ctx, anchor, "the crossed ids and their indices come from different SparseTensors");
-    if (!BoolAttr(*cross, "hashed_output", false) || TypeAttr(*cross, "out_type") != tensorflow::DT_INT64)
-      return Skip(ctx, anchor, Describe(*cross) + " crosses into strings, not hashed ids");
+    if (!IsRunnableHashedCross(*cross, &why)) return Skip(ctx, anchor, why);
     if (BoolAttr(anchor, "has_weights", false))
       return Skip(ctx, anchor, "the lookup of the crossed ids is weighted");
     if (!ServedOnCpu(ctx, anchor))

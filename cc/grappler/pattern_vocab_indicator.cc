@@ -59,7 +59,8 @@ class VocabIndicatorPattern : public NamedPattern<kName> {
                                "rewrite with serving_device='cpu' for a CPU server");
     std::string why;
     if (!FindTypesFuse(ctx, *ids.find, &why) || !FindOnAnchorDevice(*ids.find, anchor, &why) ||
-        !EncodesCounts(ctx, anchor, *one_hot, *dense, &why) || !BucketedFindFeedsOneReader(ctx, ids, oov, &why) ||
+        !EncodesCounts(ctx, anchor, *one_hot, *dense, &why) || !FindsAVectorOfKeys(ctx, *ids.find, &why) ||
+        !BucketedFindFeedsOneReader(ctx, ids, oov, &why) ||
         !OnlyReadBy(ctx, *dense, 1, &why) || !OnlyReadBy(ctx, *one_hot, 1, &why))
       return Skip(ctx, anchor, why);
 
@@ -93,6 +94,15 @@ class VocabIndicatorPattern : public NamedPattern<kName> {
     } else {
       return true;
     }
+    return false;
+  }
+
+  // SparseToDense also takes one scalar value for every index, where the
+  // fused op reads one key per index.
+  static bool FindsAVectorOfKeys(RewriteContext* ctx, const NodeDef& find, std::string* why) {
+    if (ctx->Rank(find, 0) == 1) return true;
+    *why = "cannot prove " + Describe(find) + " finds a vector of keys, one per index (SparseToDense also "
+           "broadcasts a scalar)";
     return false;
   }
 
