@@ -22,10 +22,14 @@ def run(strategy, mode, task, out):
         # than in one process would pool another vector.
         table = tco.HashTable(dim=4, capacity=200, initializer=lambda shape, dtype: tf.reshape(
             tf.range(shape[0] * shape[1], dtype=dtype) / 100.0, shape))
+        # Too small for the keys: each key without room counts as dropped once.
+        small = tco.HashTable(dim=4, capacity=30, initializer=lambda shape, dtype: tf.reshape(
+            tf.range(shape[0] * shape[1], dtype=dtype) / 100.0, shape))
 
     @tf.function
     def step(a, b):
         pooled = tco.multi_hash_table_embedding(table, [a, b], insert=True)
+        pooled += tco.multi_hash_table_embedding(small, [a, b], insert=True)
         return tf.concat(pooled, axis=1)
 
     def mirrored_step(a, b):
@@ -45,4 +49,4 @@ def run(strategy, mode, task, out):
     outputs = np.stack([one(a, b) for a, b in batches])
     keys, values = table.export()
     np.savez(f"{out}.{task}.npz" if mode == "multiworker" else out, keys=keys.numpy(), values=values.numpy(),
-             outputs=outputs)
+             outputs=outputs, small_statistics=[int(small.statistics()[k]) for k in ("size", "dropped")])

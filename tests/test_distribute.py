@@ -171,6 +171,11 @@ def check_hash_table_slots_mirrored(mirrored):
     assert runs["single"]["keys"].size > 50
     np.testing.assert_array_equal(runs["mirrored"]["keys"], runs["single"]["keys"])
     np.testing.assert_array_equal(runs["mirrored"]["outputs"], runs["single"]["outputs"])
+    # Every replica finds all replicas' keys; each inserted and counted the
+    # keys without room as dropped, once per replica.
+    size, dropped = runs["single"]["small_statistics"]
+    assert size == 30 and dropped > 0, runs["single"]["small_statistics"]
+    np.testing.assert_array_equal(runs["mirrored"]["small_statistics"], runs["single"]["small_statistics"])
 
 
 def check_subclassed_model_keeps_one_key_table(mirrored):
@@ -194,6 +199,7 @@ def check_hash_table_slots_multi_worker(multiworker):
     for task in (0, 1):
         np.testing.assert_array_equal(got[task]["keys"], want["keys"])
         np.testing.assert_array_equal(got[task]["values"], want["values"])
+        np.testing.assert_array_equal(got[task]["small_statistics"], want["small_statistics"])
     np.testing.assert_array_equal(np.concatenate([got[0]["outputs"], got[1]["outputs"]], axis=1), want["outputs"])
 
 

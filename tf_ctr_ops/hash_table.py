@@ -504,12 +504,12 @@ def _under_multi_worker_strategy():
 
 
 def _find_gathered(table, ids, dense_padding):
-    """Inserting finds under MultiWorkerMirroredStrategy. Every replica inserts
-    the keys of all replicas, in replica order, into its worker's table, and
-    keeps the rows of its own keys. Rows go to new keys in order of first
-    appearance (CtrHashTableFind), so the copies of every worker give each key
-    the same row, which the mirrored values' aggregated gradients need; a
-    worker's other local replicas find the keys its first one inserted."""
+    """Inserting finds under MultiWorkerMirroredStrategy. The keys of all
+    replicas, in replica order, go into every worker's table (see
+    _find_keys_of_all_replicas), and each replica keeps the rows of its own
+    keys. Rows go to new keys in order of first appearance
+    (CtrHashTableFind), so the copies of every worker give each key the same
+    row, which the mirrored values' aggregated gradients need."""
     if table.admit_after > 1 and len(tf.distribute.get_strategy().extended.worker_devices) > 1:
         raise NotImplementedError("hash tables with admit_after > 1 train under MultiWorkerMirroredStrategy with one "
                                   "replica per worker only: the local replicas of a worker would each count a "
@@ -517,11 +517,37 @@ def _find_gathered(table, ids, dense_padding):
     context = tf.distribute.get_replica_context()
     flat = tf.reshape(ids, [-1])
     sizes = context.all_gather(tf.size(flat, out_type=tf.int64)[tf.newaxis], axis=0)
-    rows, _ = _find(_variable(table.table), context.all_gather(flat, axis=0), table.capacity, True,
-                    table.admit_after, dense_padding=dense_padding)
+    rows = _find_keys_of_all_replicas(table, context.all_gather(flat, axis=0), dense_padding)
     start = tf.math.cumsum(sizes, exclusive=True)[context.replica_id_in_sync_group]
     return tf.reshape(tf.slice(rows, start[tf.newaxis], tf.size(flat, out_type=tf.int64)[tf.newaxis]),
                       tf.shape(ids))
+
+
+def _find_keys_of_all_replicas(table, keys, dense_padding=False):
+    """Rows of the keys that every replica gathered from all replicas. The
+    first replica of each worker inserts them into the worker's table; its
+    other replicas find them once it has (a collective waits for it), so a
+    key without room is counted as dropped once, not once per replica."""
+    context = tf.distribute.get_replica_context()
+    local_replicas = len(tf.distribute.get_strategy().extended.worker_devices)
+    replica = tf.get_static_value(context.replica_id_in_sync_group)
+    if local_replicas == 1 or replica is None:
+        return _find(_variable(table.table), keys, table.capacity, True, table.admit_after,
+                     dense_padding=dense_padding)[0]
+    inserts = replica % local_replicas == 0
+    if inserts:
+        rows, _ = _find(_variable(table.table), keys, table.capacity, True, table.admit_after,
+                        dense_padding=dense_padding)
+        inserted = tf.size(rows, out_type=tf.int64)
+    else:
+        inserted = tf.constant(0, tf.int64)
+    done = context.all_reduce(tf.distribute.ReduceOp.SUM, inserted)
+    if inserts:
+        with tf.control_dependencies([done]):
+            return tf.identity(rows)
+    with tf.control_dependencies([done]):
+        return _find(_variable(table.table), keys, table.capacity, False, table.admit_after,
+                     dense_padding=dense_padding)[0]
 
 
 def optimizer_slots(optimizer, variable):
@@ -872,8 +898,8 @@ def _find_slot_rows_gathered(table, slots):
     then the next feature's); replica by replica, the slots would interleave
     and keys would get other rows (other initial values) than in one
     process. So every replica finds the keys of all replicas, slot-major
-    (the first to run inserts them, the others find them), and keeps the
-    rows of its own. Admission would count each sighting once per replica."""
+    (see _find_keys_of_all_replicas), and keeps the rows of its own.
+    Admission would count each sighting once per replica."""
     if table.admit_after > 1:
         raise NotImplementedError("hash-table slots with admit_after > 1 do not train under a strategy of several "
                                   "replicas: each replica would count a sighting of every key")
@@ -886,7 +912,7 @@ def _find_slot_rows_gathered(table, slots):
         sizes = context.all_gather(size[tf.newaxis], axis=0)
         gathered.append(context.all_gather(flat, axis=0))
         own.append((tf.math.cumsum(sizes, exclusive=True)[context.replica_id_in_sync_group], size))
-    rows, _ = _find(_variable(table.table), tf.concat(gathered, 0), table.capacity, True, table.admit_after)
+    rows = _find_keys_of_all_replicas(table, tf.concat(gathered, 0))
     slot_start = tf.constant(0, tf.int64)
     for s, g, (start, size) in zip(slots, gathered, own):
         s.rows = tf.reshape(tf.slice(rows, (slot_start + start)[tf.newaxis], size[tf.newaxis]), tf.shape(s.ids))
