@@ -414,17 +414,37 @@ def test_skip_negative_and_default_id_are_the_safe_lookup(rng, params, combiner,
         tco.string_embedding(["1"], params, id_mode="index", default_id=1000)
 
 
-def test_unit_bag_weights_equal_adding_ones_in_float32():
-    """The pooling loops take n unit weights as n in closed form; it must be
-    what adding 1.0 n times in float32 gives, past 2^24 too, where the running
-    sum stops growing (2^24 + 1 rounds back to 2^24)."""
-    limit = 2**24
-    running = np.cumsum(np.ones(limit + 8, np.float32), dtype=np.float32)  # sequential float32 adds
-    for n in (0, 1, 2, 3, 1000, limit - 1, limit, limit + 1, limit + 8):
-        want = 0.0 if n == 0 else float(running[n - 1])
+def test_unit_bag_weights_are_the_count_as_tf_divides_by_it():
+    """n unit weights sum to float32(n), past 2^24 too, as TF's
+    SparseSegmentMean / SqrtN divide by the count of the segment; adding 1.0
+    n times in float32 would stop at 2^24 (2^24 + 1 rounds back to it)."""
+    for n in (0, 1, 2, 3, 1000, 2**24 - 1, 2**24, 2**24 + 1, 3 * 2**24, 10**12):
+        want = float(np.float32(n))
         assert _core.unit_bag_weights(n) == (want, want), n
-    assert _core.unit_bag_weights(10**12) == (float(running[-1]),) * 2
-    assert running[-1] == limit
+
+
+@pytest.mark.parametrize("combiner", ["mean", "sqrtn"])
+def test_a_bag_of_more_than_2_to_24_ids_is_divided_by_its_count(combiner):
+    # The bag's rows sum to exactly 1.0; its count, 3 * 2^24, is a float32.
+    n = 3 * 2**24
+    params = tf.constant([[1.0], [0.0]])
+    ids = np.ones(n, np.int64)
+    ids[0] = 0
+    segments = np.zeros(n, np.int32)
+    reference = {"mean": tf.sparse.segment_mean, "sqrtn": tf.sparse.segment_sqrt_n}[combiner]
+    with tf.GradientTape() as tape:
+        tape.watch(params)
+        want = reference(params, ids, segments)
+    want_grad = tf.convert_to_tensor(tape.gradient(want, params))
+    with tf.GradientTape() as tape:
+        tape.watch(params)
+        got = tco.sparse_embedding(params, tf.RaggedTensor.from_row_lengths(ids, [n]), combiner=combiner)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    np.testing.assert_allclose(tf.convert_to_tensor(tape.gradient(got, params)).numpy(), want_grad.numpy(),
+                               rtol=1e-6)
+    packed = b"0" + b",1" * (n - 1)
+    np.testing.assert_array_equal(tco.string_embedding([packed], params, id_mode="index", combiner=combiner).numpy(),
+                                  want.numpy())
 
 
 def test_core_module_safe_options_match_tf_op(rng, params):

@@ -17,21 +17,30 @@ inline std::string ParseCombiner(const std::string& s, Combiner* out) {
   return ParseEnum("combiner", kCombinerNames, s, out);
 }
 
-// Running sums a bag needs for its final scale.
+// Running sums a bag needs for its final scale. A bag whose weights are all 1
+// (every unweighted bag) sums to its entry count, as TF's SparseSegmentMean /
+// SqrtN and their gradients divide by float(count): float adds of 1 would
+// stop counting at 2^24, where 2^24 + 1 rounds back to 2^24.
 struct BagWeights {
   float sum = 0.f;
   float sum_sq = 0.f;
+  int64_t count = 0;
+  bool units = true;
   CTR_HD void Add(float w) {
-    sum += w;
-    sum_sq += w * w;
+    ++count;
+    units = units && w == 1.f;
+    if (units) {
+      sum = sum_sq = static_cast<float>(count);
+    } else {
+      sum += w;
+      sum_sq += w * w;
+    }
   }
-  // n Add(1.f) calls on fresh sums, without their chain of n dependent float
-  // adds: counting up by 1 is exact to 2^24, where 2^24 + 1 rounds back
-  // to 2^24, so the sums stop there.
+  // n Add(1.f) calls on fresh sums, without their chain of n dependent adds.
   CTR_HD static BagWeights Units(int64_t n) {
-    constexpr int64_t kExactCount = int64_t{1} << 24;
     BagWeights w;
-    w.sum = w.sum_sq = static_cast<float>(n < kExactCount ? n : kExactCount);
+    w.count = n;
+    w.sum = w.sum_sq = static_cast<float>(n);
     return w;
   }
 };
