@@ -380,6 +380,10 @@ def test_a_corrupt_table_variable_is_an_invalid_argument():
     small = tf.Variable(tf.zeros(table_shape(4, 8), tf.int64))
     with pytest.raises(tf.errors.InvalidArgumentError):
         _find(small, tf.constant([1], tf.int64), capacity=8, insert=True, admit_after=1)
+    # The free list's row count of the largest capacity: it overflowed into
+    # a negative number in the message.
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"\[2 \+ S \+ 2305843009213693952, 4\]"):
+        _find(small, tf.constant([1], tf.int64), capacity=2**63 - 1, insert=False, admit_after=1)
     table = HashTable(dim=2, capacity=8, eviction="lru")
     # The last: a clock that could not advance without overflowing.
     for header in ([9, 0, 0, 0, 0, 0], [2, 0, 0, 0, 3, 0], [0, -1, 0, 0, 0, 0], [0, 0, 0, 0, 0, -5],

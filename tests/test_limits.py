@@ -81,6 +81,15 @@ def _concat_vocab_of_widths(width):
         missing_ids=[-1, -1], wrap_negative_ids=[False, False])
 
 
+def _concat_vocab_of_oov_lists(slots, ids, starts):
+    """One feature whose Keras rules name oov_slots but not all three lists:
+    the kernel read entry 0 of the empty ones (a segfault)."""
+    return _ops.ctr_concat_vocab_embedding(
+        table_handles=[_vocab()], keys=[tf.constant(["a"])], default_values=[tf.constant(-1, tf.int64)],
+        params=[tf.ones([5, 2])], dense=[], mask_keys=[], mask_ids=[], missing_keys=["default"], missing_ids=[-1],
+        wrap_negative_ids=[False], oov_slots=slots, oov_ids=ids, oov_starts=starts)
+
+
 def _cross_rows(batch):
     return _ops.ctr_cross_embedding_lookup(params=tf.zeros([4, 3]), indices=[tf.zeros([0, 2], tf.int64)],
                                            values=[tf.zeros([0], tf.int64)], shapes=[tf.constant([batch, 1], tf.int64)],
@@ -138,6 +147,9 @@ CASES = {
         ids=[tf.zeros([2**40, 0], tf.int64)], dense=[], kernel=tf.zeros([0, 2**40]), depths=[0], binary_output=[True]),
     "multi_hot_dense_2^40_rows_of_no_units": lambda: _ops.ctr_multi_hot_dense(
         ids=[tf.zeros([2**40, 0], tf.int64)], dense=[], kernel=tf.zeros([1, 0]), depths=[1], binary_output=[True]),
+    "concat_vocab_oov_slots_alone": lambda: _concat_vocab_of_oov_lists([0], [], []),
+    "concat_vocab_oov_ids_missing": lambda: _concat_vocab_of_oov_lists([1], [], [0]),
+    "concat_vocab_oov_starts_missing": lambda: _concat_vocab_of_oov_lists([1], [-1], []),
     # int64 byte offsets past the end of a small packed buffer.
     "splits_2^31_past_buffer": lambda: _string_raw([0, 2**31 + 5]),
     "splits_2^33_past_buffer": lambda: _string_raw([2**33, 2**33]),

@@ -54,7 +54,8 @@ CTR_HD Slots SlotsOf(int64_t* first_slot_row, int64_t num_slots) {
   return {first_slot_row, first_slot_row + 2 * num_slots, num_slots};
 }
 
-CTR_HD int64_t FreeListRows(int64_t capacity) { return (capacity + kColumns - 1) / kColumns; }
+// Rounded up without capacity + kColumns - 1, which overflows near INT64_MAX.
+CTR_HD int64_t FreeListRows(int64_t capacity) { return capacity / kColumns + (capacity % kColumns != 0); }
 
 // A table tensor's parts (ViewTable in hash_table_cpu.h cuts them).
 struct TableView {

@@ -694,10 +694,13 @@ class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
     if (static_cast<int>(masked.size()) != num_masked || static_cast<int>(mask_types.size()) != num_masked)
       return tensorflow::errors::InvalidArgument("masked_features and Tmasks must have num_masked = ", num_masked,
                                                  " entries each");
-    for (const std::vector<int64_t>* list : {&slots, &oov_ids, &starts})
-      if (!list->empty() && static_cast<int>(list->size()) != n_)
-        return tensorflow::errors::InvalidArgument("oov_slots, oov_ids and oov_starts must have N = ", n_,
-                                                   " entries each, or none");
+    // All three or none: the rules of feature i read entry i of each.
+    const bool none = slots.empty() && oov_ids.empty() && starts.empty();
+    const auto has_n = [&](const std::vector<int64_t>& list) { return static_cast<int>(list.size()) == n_; };
+    if (!none && !(has_n(slots) && has_n(oov_ids) && has_n(starts)))
+      return tensorflow::errors::InvalidArgument("oov_slots, oov_ids and oov_starts must have N = ", n_,
+                                                 " entries each, or none; got ", slots.size(), ", ",
+                                                 oov_ids.size(), " and ", starts.size());
     key_rules_.assign(n_, KeyRules{});
     mask_inputs_.assign(n_, MaskInputs{});
     const int first_key = 4 * n_ + m_;
