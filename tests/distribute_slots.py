@@ -1,7 +1,8 @@
 """Scenario "slots" of tests/distribute_run.py: hash-table slots
 (multi_hash_table_embedding) inserting under MirroredStrategy or
 MultiWorkerMirroredStrategy, against one replica on the same global batches:
-every key must get the row one process gives it."""
+every key must get the row one process gives it. Also: a table with eviction
+is refused under the strategy (one process evicts)."""
 
 import numpy as np
 import tensorflow as tf
@@ -48,5 +49,13 @@ def run(strategy, mode, task, out):
            "multiworker": worker_step}[mode]
     outputs = np.stack([one(a, b) for a, b in batches])
     keys, values = table.export()
+    with strategy.scope():
+        evicting = tco.HashTable(dim=4, capacity=4, eviction="lru")
+    refusal = ""
+    try:  # under a strategy, before any collective, in every worker alike
+        strategy.run(tf.function(lambda k: tco.hash_table_embedding(evicting, k, insert=True)),
+                     args=(tf.constant([[1], [2]], tf.int64),))
+    except NotImplementedError as e:
+        refusal = str(e)
     np.savez(f"{out}.{task}.npz" if mode == "multiworker" else out, keys=keys.numpy(), values=values.numpy(),
-             outputs=outputs, small_statistics=[int(small.statistics()[k]) for k in ("size", "dropped")])
+             outputs=outputs, eviction_refusal=refusal, small_statistics=[int(small.statistics()[k]) for k in ("size", "dropped")])

@@ -176,6 +176,8 @@ def check_hash_table_slots_mirrored(mirrored):
     size, dropped = runs["single"]["small_statistics"]
     assert size == 30 and dropped > 0, runs["single"]["small_statistics"]
     np.testing.assert_array_equal(runs["mirrored"]["small_statistics"], runs["single"]["small_statistics"])
+    assert str(runs["single"]["eviction_refusal"]) == ""
+    assert "eviction" in str(runs["mirrored"]["eviction_refusal"])
 
 
 def check_subclassed_model_keeps_one_key_table(mirrored):
@@ -200,6 +202,9 @@ def check_hash_table_slots_multi_worker(multiworker):
         np.testing.assert_array_equal(got[task]["keys"], want["keys"])
         np.testing.assert_array_equal(got[task]["values"], want["values"])
         np.testing.assert_array_equal(got[task]["small_statistics"], want["small_statistics"])
+        # It inserted without evicting, dropping new keys once full.
+        assert "eviction" in str(got[task]["eviction_refusal"]), got[task]["eviction_refusal"]
+    assert str(want["eviction_refusal"]) == ""
     np.testing.assert_array_equal(np.concatenate([got[0]["outputs"], got[1]["outputs"]], axis=1), want["outputs"])
 
 

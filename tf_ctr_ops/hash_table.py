@@ -389,10 +389,10 @@ def _on_gpu(var):
 def _find_and_reset(table, ids, insert, dense_padding=False):
     """Rows of ids; rows that eviction handed to new keys get fresh initial
     values (and optimizer slots, see reset_slots_of) first."""
-    if insert and _under_multi_worker_strategy():
-        return _find_gathered(table, ids, dense_padding)
     if insert:
         check_eviction_outside_replicas(table.eviction)  # before the find inserts
+    if insert and _under_multi_worker_strategy():
+        return _find_gathered(table, ids, dense_padding)
     in_step = _find_index_in_step(table) if insert else 0
     rows, reused = _find(_variable(table.table), ids, table.capacity, insert, table.admit_after,
                          dense_padding=dense_padding, eviction=table.eviction if insert else "none",
