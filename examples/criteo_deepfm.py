@@ -40,7 +40,7 @@ import tensorflow as tf  # noqa: E402
 import tf_ctr_ops  # noqa: E402  (loads the op library before any SavedModel using it)
 from tf_ctr_ops import rewrite  # noqa: E402
 from tf_ctr_ops.layers import HashEmbedding  # noqa: E402
-from ctr_metrics import logloss, roc_auc, stratified_split  # noqa: E402  (examples/, beside this file)
+from ctr_metrics import agrees, logloss, positive_int, roc_auc, stratified_split  # noqa: E402  (examples/, beside this file)
 
 DENSE = [f"I{i}" for i in range(1, 14)]
 CATEGORICAL = [f"C{i}" for i in range(1, 27)]
@@ -269,20 +269,25 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", metavar="PATH", help="Criteo-format file (TSV without header, or CSV with the "
                         "header label,I1..I13,C1..C26); default: generated data")
-    parser.add_argument("--rows", type=int, help="rows to generate, or to read at most from --data "
+    parser.add_argument("--rows", type=positive_int, help="rows to generate, or to read at most from --data "
                         "(default: 60000 generated, the whole file)")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=512)
-    parser.add_argument("--max-buckets", type=int, default=2 ** 17, help="hash buckets per field at most")
-    parser.add_argument("--serve-batch", type=int, default=1024, help="batch size of the latency comparison")
-    parser.add_argument("--rounds", type=int, default=100, help="interleaved calls per model for the latency")
+    parser.add_argument("--epochs", type=positive_int, help="default 2 (--smoke: 1)")
+    parser.add_argument("--batch-size", type=positive_int, default=512)
+    parser.add_argument("--max-buckets", type=positive_int, help="hash buckets per field at most (default 2^17, "
+                        "--smoke: 2^12)")
+    parser.add_argument("--serve-batch", type=positive_int, help="batch size of the latency comparison (default "
+                        "1024, --smoke: 256)")
+    parser.add_argument("--rounds", type=positive_int, help="interleaved calls per model for the latency (default "
+                        "100, --smoke: 5)")
     parser.add_argument("--out", metavar="DIR", help="keep the SavedModels here (default: a temporary folder)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true", help="a tiny, fast run (tests)")
+    parser.add_argument("--smoke", action="store_true", help="a tiny, fast run (tests); options given still hold")
     args = parser.parse_args(argv)
-    if args.smoke:
-        args.rows = args.rows or 3000
-        args.epochs, args.max_buckets, args.serve_batch, args.rounds = 1, 2 ** 12, 256, 5
+    defaults = dict(rows=3000, epochs=1, max_buckets=2 ** 12, serve_batch=256, rounds=5) if args.smoke else dict(
+        epochs=2, max_buckets=2 ** 17, serve_batch=1024, rounds=100)
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     return args
 
 
@@ -330,8 +335,11 @@ def main(argv=None):
         model.export(ours_dir, verbose=False)
         fresh = serve_in_fresh_process(ours_dir, serve_batch, tmp)
         where = ours_dir if args.out else "a temporary folder (--out DIR keeps it)"
+        export_diff = np.abs(fresh - in_process).max()
         print(f"export    SavedModel in {where}; a fresh process served {len(fresh):,} rows, "
-              f"max |diff| vs in-process {np.abs(fresh - in_process).max():.3g}")
+              f"max |diff| vs in-process {export_diff:.3g}")
+        if not agrees("the exported model's outputs in a fresh process and the model's", export_diff):
+            return 1
 
         twin = deepfm(native_field, buckets)
         copy_weights(model, twin)
@@ -345,7 +353,10 @@ def main(argv=None):
         sig = report.signatures["serving_default"]
         verdict = "outputs match" if report.ok and sig.outputs_match else "OUTPUTS DIFFER"
         print(f"rewrite   TF-native twin (keras Hashing + Embedding, the trained weights): "
-              f"{len(sig.matches)} subgraph(s) fused, {len(sig.skips)} left alone; {verdict}")
+              f"{rewrite.fused_subgraph_count(sig.matches)} subgraph(s) fused, {len(sig.skips)} left alone; "
+              f"{verdict}")
+        if verdict != "outputs match":
+            return 1
         if not sig.matches and not sig.skips:
             print("            (the optimizer found no subgraph it rewrites in this model)")
         for reason, count in skip_reasons(sig.skips):
@@ -358,6 +369,8 @@ def main(argv=None):
         fused_ops = sorted({m["fused_op"] for m in sig.matches})
         print(f"rewrite   tf-ctr-ops model (one HashEmbedding per field): {len(sig.matches)} subgraph(s) grouped "
               f"({', '.join(fused_ops) or 'none'}); {verdict}")
+        if verdict != "outputs match":
+            return 1
 
         models = {"native twin": tf.saved_model.load(twin_dir).signatures["serving_default"],
                   "rewritten twin": tf.saved_model.load(fused_dir).signatures["serving_default"],
@@ -367,6 +380,8 @@ def main(argv=None):
         outputs = {name: fn(**inputs)["output_0"].numpy() for name, fn in models.items()}
         agreement = max(np.abs(o - outputs["native twin"]).max() for o in outputs.values())
         print(f"agree     all four SavedModels on {len(in_process):,} rows: max |diff| {agreement:.3g}")
+        if not agrees("the four SavedModels' outputs", agreement):
+            return 1  # before timing: a speedup of a model that computes something else means nothing
         latency = interleaved_median_ms(models, inputs, args.rounds)
         print(f"serving   batch {args.serve_batch:,}, median of {args.rounds} interleaved calls "
               f"(speedup against the native twin):")

@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 
 import tf_ctr_ops  # noqa: E402,F401  (loads the op library before any SavedModel using it)
 from tf_ctr_ops.layers import HashTableEmbedding  # noqa: E402
+from ctr_metrics import agrees, positive_int  # noqa: E402  (examples/, beside this file)
 from criteo_deepfm import (CATEGORICAL, CRITEO_CARDINALITIES, as_tensors, batch_of, deepfm,  # noqa: E402
                            load_split, serve_in_fresh_process, train_and_evaluate)
 
@@ -43,20 +44,22 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", metavar="PATH", help="Criteo-format file (TSV without header, or CSV with the "
                         "header label,I1..I13,C1..C26); default: generated data")
-    parser.add_argument("--rows", type=int, help="rows to generate, or to read at most from --data "
+    parser.add_argument("--rows", type=positive_int, help="rows to generate, or to read at most from --data "
                         "(default: 60000 generated, the whole file)")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=512)
-    parser.add_argument("--max-capacity", type=int, default=2 ** 17, help="rows per field's table at most")
+    parser.add_argument("--epochs", type=positive_int, help="default 2 (--smoke: 1)")
+    parser.add_argument("--batch-size", type=positive_int, default=512)
+    parser.add_argument("--max-capacity", type=positive_int, help="rows per field's table at most (default 2^17, "
+                        "--smoke: 2^12)")
     parser.add_argument("--admit-after", type=int, default=1,
                         help="a key gets a row on its N-th sighting in training (1: the first)")
     parser.add_argument("--out", metavar="DIR", help="keep the SavedModel here (default: a temporary folder)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true", help="a tiny, fast run (tests)")
+    parser.add_argument("--smoke", action="store_true", help="a tiny, fast run (tests); options given still hold")
     args = parser.parse_args(argv)
-    if args.smoke:
-        args.rows = args.rows or 3000
-        args.epochs, args.max_capacity = 1, 2 ** 12
+    defaults = dict(rows=3000, epochs=1, max_capacity=2 ** 12) if args.smoke else dict(epochs=2, max_capacity=2 ** 17)
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     return args
 
 
@@ -88,10 +91,12 @@ def main(argv=None):
         fresh = serve_in_fresh_process(export_dir, serve_batch, tmp)
         unchanged = sizes == [int(t.statistics()["size"]) for t in tables]
         where = export_dir if args.out else "a temporary folder (--out DIR keeps it)"
+        export_diff = np.abs(fresh - in_process).max()
         print(f"export    SavedModel in {where}; a fresh process served {len(fresh):,} rows, "
-              f"max |diff| vs in-process {np.abs(fresh - in_process).max():.3g}; "
+              f"max |diff| vs in-process {export_diff:.3g}; "
               f"serving inserted {'nothing' if unchanged else 'KEYS (a bug)'}")
-        if not unchanged:
+        if not unchanged or not agrees("the exported model's outputs in a fresh process and the model's",
+                                       export_diff):
             return 1
     print(f"done      in {time.perf_counter() - t_start:.0f} s")
     return 0

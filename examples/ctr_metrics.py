@@ -1,7 +1,30 @@
 """Evaluation helpers shared by the examples: a stratified train/held-out
-split, logloss and ROC AUC (NumPy only, so the examples need no scikit-learn)."""
+split, logloss and ROC AUC (NumPy only, so the examples need no scikit-learn),
+and the checks that make an example fail rather than print a difference."""
+
+import argparse
+import sys
 
 import numpy as np
+
+AGREE_ATOL = 1e-5  # the same weights served two ways: float32 rounding only
+
+
+def positive_int(text):
+    """argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def agrees(what, diff, atol=AGREE_ATOL):
+    """Whether a max |difference| is within atol (NaN is not); if not, says so
+    on stderr, and the example exits 1."""
+    if diff <= atol:
+        return True
+    print(f"error: {what} differ by {diff:.3g} (more than {atol:g})", file=sys.stderr)
+    return False
 
 
 def stratified_split(labels, holdout, seed=0):

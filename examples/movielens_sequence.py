@@ -37,7 +37,7 @@ import tensorflow as tf  # noqa: E402
 
 import tf_ctr_ops  # noqa: E402,F401  (loads the op library, registers the layers)
 from tf_ctr_ops.layers import MultiStringEmbedding, StringEmbedding  # noqa: E402
-from ctr_metrics import logloss, roc_auc, stratified_split  # noqa: E402  (examples/, beside this file)
+from ctr_metrics import agrees, logloss, positive_int, roc_auc, stratified_split  # noqa: E402  (examples/, beside this file)
 
 GENRES = ["Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary", "Drama", "Fantasy",
           "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller", "War", "Western"]
@@ -182,15 +182,17 @@ def composition_difference(layer, strings, delimiter, id_mode):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", metavar="PATH", help="MovieLens ratings CSV (see above); default: generated")
-    parser.add_argument("--rows", type=int, help="ratings to generate, or to read at most (default: 40000 "
-                        "generated, the whole file)")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--rows", type=positive_int, help="ratings to generate, or to read at most (default: "
+                        "40000 generated, the whole file)")
+    parser.add_argument("--epochs", type=positive_int, help="default 2 (--smoke: 1)")
+    parser.add_argument("--batch-size", type=positive_int, default=256)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true", help="a tiny, fast run (tests)")
+    parser.add_argument("--smoke", action="store_true", help="a tiny, fast run (tests); options given still hold")
     args = parser.parse_args(argv)
-    if args.smoke:
-        args.rows, args.epochs = args.rows or 2000, 1
+    defaults = dict(rows=2000, epochs=1) if args.smoke else dict(epochs=2)
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     return args
 
 
@@ -217,6 +219,8 @@ def main(argv=None):
              for name, delim, mode in (("genres", "|", "hash"), ("history", ",", "index"))}
     print("check     StringEmbedding vs tf.strings.split + convert + safe_embedding_lookup_sparse: "
           + ", ".join(f"{name} max |diff| {d:.3g}" for name, d in diffs.items()))
+    if not agrees("StringEmbedding's outputs and the TF-native composition's", max(diffs.values())):
+        return 1
 
     model.compile(optimizer=keras.optimizers.Adam(2e-3), loss="binary_crossentropy")
     t0 = time.perf_counter()

@@ -126,6 +126,23 @@ def criteo():
     return module
 
 
+def test_criteo_example_fails_when_its_savedmodels_disagree(criteo, monkeypatch, capsys):
+    # The agreement was printed, never checked: a twin of random weights was
+    # timed as the native model and the run exited 0.
+    monkeypatch.setattr(criteo, "copy_weights", lambda src, dst: None)
+    assert criteo.main(["--smoke", "--rows", "600", "--rounds", "1"]) == 1
+    out, err = capsys.readouterr()
+    assert "error: the four SavedModels' outputs differ by" in err, err
+    assert "serving   batch" not in out, out
+
+
+def test_criteo_example_options_hold_under_smoke(criteo):
+    args = criteo.parse_args(["--smoke", "--epochs", "3", "--serve-batch", "8"])
+    assert (args.epochs, args.serve_batch, args.rounds, args.rows) == (3, 8, 5, 3000)
+    with pytest.raises(SystemExit):
+        criteo.parse_args(["--serve-batch", "0"])
+
+
 def test_criteo_reader_takes_tsv_and_csv_alike(criteo, tmp_path):
     rows = [["1", "", "-3", "7"] + [""] * 10 + ["05db9164", ""] + [f"{i:08x}" for i in range(24)],
             ["0"] + ["2"] * 13 + ["68fd1e64"] * 26]
