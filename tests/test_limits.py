@@ -90,6 +90,22 @@ def _concat_vocab_of_oov_lists(slots, ids, starts):
         wrap_negative_ids=[False], oov_slots=slots, oov_ids=ids, oov_starts=starts)
 
 
+def _cross_of_values(values):
+    """A sparse input (N = 1) with `values` tensors: the kernel and the shape
+    function read them at offsets of N (an abort, a segfault)."""
+    return _ops.ctr_cross_embedding_lookup(params=tf.ones([10, 4]), indices=[tf.constant([[0, 0], [1, 0]], tf.int64)],
+                                           values=values, shapes=[tf.constant([2, 1], tf.int64)], dense_inputs=[],
+                                           num_buckets=10, hash_key=0)
+
+
+def _concat_vocab_of_keys(keys):
+    """One feature (N = 1) given `keys`: the kernel read its other inputs at
+    offsets of len(keys) (an abort: an int64 tensor read as floats)."""
+    return _ops.ctr_concat_vocab_embedding(
+        table_handles=[_vocab()], keys=keys, default_values=[tf.zeros([3, 4], tf.int64)], params=[tf.ones([3, 4])],
+        dense=[], mask_keys=[], mask_ids=[], missing_keys=["default"], missing_ids=[-1], wrap_negative_ids=[False])
+
+
 def _cross_rows(batch):
     return _ops.ctr_cross_embedding_lookup(params=tf.zeros([4, 3]), indices=[tf.zeros([0, 2], tf.int64)],
                                            values=[tf.zeros([0], tf.int64)], shapes=[tf.constant([batch, 1], tf.int64)],
@@ -150,6 +166,13 @@ CASES = {
     "concat_vocab_oov_slots_alone": lambda: _concat_vocab_of_oov_lists([0], [], []),
     "concat_vocab_oov_ids_missing": lambda: _concat_vocab_of_oov_lists([1], [], [0]),
     "concat_vocab_oov_starts_missing": lambda: _concat_vocab_of_oov_lists([1], [-1], []),
+    "cross_values_fewer_than_N": lambda: _cross_of_values([]),
+    "cross_values_fewer_than_N_in_a_graph": lambda: _graph_of(lambda: _cross_of_values([])),
+    "cross_values_more_than_N": lambda: _cross_of_values([tf.constant([1, 2], tf.int64)] * 2),
+    "concat_vocab_keys_more_than_N": lambda: _concat_vocab_of_keys([tf.constant(["a", "b", "c"]),
+                                                                    tf.constant(0, tf.int64)]),
+    "concat_vocab_keys_more_than_N_in_a_graph": lambda: _graph_of(lambda: _concat_vocab_of_keys(
+        [tf.constant(["a", "b", "c"]), tf.constant(0, tf.int64)])),
     # int64 byte offsets past the end of a small packed buffer.
     "splits_2^31_past_buffer": lambda: _string_raw([0, 2**31 + 5]),
     "splits_2^33_past_buffer": lambda: _string_raw([2**33, 2**33]),
@@ -171,7 +194,8 @@ EXPECT["core_empty_batch_huge_dim"] = ("ok",)
 EXPECT["vocab_multi_hot_2^40_rows_of_no_units"] = ("ok",)
 EXPECT["multi_hot_dense_2^40_rows_of_no_units"] = ("ok",)
 for _name in ("cross_dense_batch_int64_max_in_a_graph", "string_row_splits_of_shape_0_in_a_function",
-              "string_bag_splits_of_shape_0_in_a_function"):
+              "string_bag_splits_of_shape_0_in_a_function", "cross_values_fewer_than_N_in_a_graph",
+              "concat_vocab_keys_more_than_N_in_a_graph"):
     EXPECT[_name] = ("ValueError",)  # TF's name for a shape function's error at graph construction
 
 

@@ -63,6 +63,9 @@ void HashFeatures(OpKernelContext* ctx, const Tensor& values, std::vector<uint64
 absl::Status ValidateCross(const OpInputList& indices, const OpInputList& values, const OpInputList& shapes,
                            const OpInputList& dense, int64_t* batch) {
   const int n = indices.size();
+  if (values.size() != n)
+    return InvalidArgument("sparse_types must have N = ", n, " entries (one values tensor per sparse input), got ",
+                           values.size());
   for (int i = 0; i < n; ++i) {
     if (indices[i].dims() != 2)
       return InvalidArgument("Input indices should be a matrix but received shape ",

@@ -691,6 +691,9 @@ class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
     TF_RETURN_IF_ERROR(c->GetAttr("oov_slots", &slots));
     TF_RETURN_IF_ERROR(c->GetAttr("oov_ids", &oov_ids));
     TF_RETURN_IF_ERROR(c->GetAttr("oov_starts", &starts));
+    if (static_cast<int>(key_types.size()) != n_)  // inputs are read at offsets of N
+      return tensorflow::errors::InvalidArgument("Tkeys must have N = ", n_, " entries (one key tensor per "
+                                                 "feature), got ", key_types.size());
     if (static_cast<int>(masked.size()) != num_masked || static_cast<int>(mask_types.size()) != num_masked)
       return tensorflow::errors::InvalidArgument("masked_features and Tmasks must have num_masked = ", num_masked,
                                                  " entries each");

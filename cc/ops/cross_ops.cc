@@ -17,6 +17,11 @@ using shape_inference::ShapeHandle;
 absl::Status CrossLookupShape(InferenceContext* c) {
   int n;
   TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  std::vector<tensorflow::DataType> sparse_types;
+  TF_RETURN_IF_ERROR(c->GetAttr("sparse_types", &sparse_types));
+  if (static_cast<int>(sparse_types.size()) != n)  // the inputs below are read at offsets of N
+    return tensorflow::errors::InvalidArgument("sparse_types must have N = ", n, " entries (one values tensor per "
+                                               "sparse input), got ", sparse_types.size());
   ShapeHandle params, row_shape, shape, out;
   TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &params));
   TF_RETURN_IF_ERROR(c->Subshape(params, 1, &row_shape));

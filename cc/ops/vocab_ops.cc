@@ -31,6 +31,11 @@ absl::Status ConcatVocabShape(InferenceContext* c) {
   int n, m;
   TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
   TF_RETURN_IF_ERROR(c->GetAttr("M", &m));
+  std::vector<tensorflow::DataType> key_types;
+  TF_RETURN_IF_ERROR(c->GetAttr("Tkeys", &key_types));
+  if (static_cast<int>(key_types.size()) != n)  // the inputs below are read at offsets of N
+    return tensorflow::errors::InvalidArgument("Tkeys must have N = ", n, " entries (one key tensor per feature), "
+                                               "got ", key_types.size());
   shape_inference::DimensionHandle width = c->MakeDim(0), rows = c->UnknownDim();
   ShapeHandle shape;
   for (int i = 0; i < n; ++i) {
