@@ -186,7 +186,7 @@ def test_adversarial_attrs_are_errors_not_crashes():
 
     ids = tf.constant([[1, 2], [0, 3]], tf.int64)
     kernel = tf.ones([8, 2])
-    with pytest.raises(tf.errors.InvalidArgumentError, match="more columns wide but the kernel has 8 rows"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="more than 8 columns wide but the kernel has 8 rows"):
         _ops.ctr_multi_hot_dense(ids=[ids, ids], dense=[], kernel=kernel, depths=[2**62, 2**62 + 7],
                                  binary_output=[True, True])
     with pytest.raises(tf.errors.InvalidArgumentError, match="one-hot depth 3, but the block is 8 wide"):

@@ -154,6 +154,18 @@ def test_row_counts_that_differ_fail(rng):
         tensor_op(ts, strings, attrs)
 
 
+def test_bad_input_splits_are_named_as_such(rng):
+    # The message read "input_splits: row_splits must be non-decreasing ... (strings)".
+    ts = tables(rng, dims=(8, 4))
+    attrs = [dict(combiner="sum", id_mode="hash", delimiter="", skip_empty=True)] * 2
+    data, splits, _ = string_ops.ctr_pack_strings([tf.constant(keys(rng, 3))] * 2)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"input_splits must be non-decreasing: input_splits\[2\] = 1 < input_splits\[1\] = 3"):
+        string_ops.ctr_concat_string_embedding(params=ts, bytes=data, row_splits=splits,
+                                               input_splits=tf.constant([0, 3, 1], tf.int64),
+                                               **attr_lists(attrs))
+
+
 def test_a_string_count_that_is_not_n_fails_at_construction(rng):
     ts = tables(rng, dims=(8, 4))
     attrs = [dict(combiner="sum", id_mode="hash", delimiter="", skip_empty=True)] * 2

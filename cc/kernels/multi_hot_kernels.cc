@@ -99,7 +99,9 @@ class MultiHotDenseOp : public tensorflow::OpKernel {
       width += blocks[b].width;
     }
     OP_REQUIRES(ctx, fits && width == kernel.dim_size(0),
-                tensorflow::errors::InvalidArgument("the blocks are ", fits ? std::to_string(width) : "more",
+                tensorflow::errors::InvalidArgument("the blocks are ",
+                                                    fits ? std::to_string(width)
+                                                         : "more than " + std::to_string(kernel.dim_size(0)),
                                                     " columns wide but the kernel has ", kernel.dim_size(0),
                                                     " rows (kernel shape ", kernel.shape().DebugString(), ")"));
     const int64_t units = kernel.dim_size(1);

@@ -297,8 +297,9 @@ class ConcatStringKernelOn : public MultiStringKernelOn<Base> {
       return tensorflow::errors::InvalidArgument("input_splits must hold N + 1 = ", num_features() + 1,
                                                  " entries, got ", input_splits.NumElements());
     const int64_t* v = input_splits.flat<int64_t>().data();
-    const std::string err = ctr::ValidateRowSplits(v, input_splits.NumElements(), num_strings);
-    if (!err.empty()) return tensorflow::errors::InvalidArgument("input_splits: ", err, " (strings)");
+    const std::string err = ctr::ValidateRowSplits(v, input_splits.NumElements(), num_strings, "input_splits",
+                                                   "strings");
+    if (!err.empty()) return tensorflow::errors::InvalidArgument(err);
     first->assign(v, v + input_splits.NumElements());
     return absl::OkStatus();
   }
