@@ -21,6 +21,9 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import tensorflow as tf  # noqa: E402
+from google.protobuf.message import DecodeError  # noqa: E402
+
 from tf_ctr_ops import rewrite  # noqa: E402
 
 
@@ -34,7 +37,11 @@ def parse_args(argv=None):
     parser.add_argument("--signature", metavar="KEY", action="append", dest="signatures",
                         help="rewrite only this signature (repeatable); others are copied unchanged")
     parser.add_argument("--report", metavar="REPORT.json", help="also write the full report as JSON")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    report_dir = os.path.dirname(os.path.abspath(args.report or "."))
+    if args.report and (os.path.isdir(args.report) or not os.access(report_dir, os.W_OK)):
+        parser.error(f"--report {args.report} cannot be written")  # now, not once DST is written
+    return args
 
 
 def main(argv=None):
@@ -45,6 +52,9 @@ def main(argv=None):
         report = rewrite.optimize_saved_model(args.src, dst, signature_keys=args.signatures, verify=args.verify)
     except (rewrite.RewriteError, ValueError) as e:  # nothing was written to dst (a bad src or dst: ValueError)
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (OSError, DecodeError, tf.errors.OpError) as e:  # a SavedModel TF cannot read, a DST not writable
+        print(f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         return 1
     print(report.summary())
     if args.report:

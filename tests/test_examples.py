@@ -110,6 +110,15 @@ def test_optimize_saved_model_example(tmp_path):
                           env=fresh_process_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1 and "error: nosuch is not a SavedModel" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
+    # A report that cannot be written is refused before DST is: it was a traceback after.
+    (tmp_path / "corrupt").mkdir()
+    (tmp_path / "corrupt" / "saved_model.pb").write_bytes(b"not a proto")
+    for args, want in ((["model", "out", "--report", "."], "--report . cannot be written"),
+                       (["corrupt"], "error: ")):
+        proc = subprocess.run([sys.executable, str(EXAMPLES / "optimize_saved_model.py"), *args], cwd=tmp_path,
+                              env=fresh_process_env(), capture_output=True, text=True, timeout=600)
+        assert proc.returncode != 0 and want in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------------------
