@@ -353,6 +353,36 @@ def test_disable_in_another_thread_is_an_error_and_leaves_the_handle_working(rng
     assert len(errors) == 1 and "thread that called enable()" in errors[0]
 
 
+def test_a_handle_of_a_thread_that_ended_is_refused_in_the_next(rng, table):
+    # The next thread may get the ended one's id: the check by id let the
+    # old handle restore its config over the new thread's own enable().
+    import threading
+
+    ids = random_sparse_ids(rng)
+    f = lambda sp: tf.nn.embedding_lookup_sparse(table, sp, None)  # noqa: E731
+    box = {}
+    first = threading.Thread(target=lambda: box.update(handle=rewrite.enable()))
+    first.start()
+    first.join()
+
+    def second():
+        own = rewrite.enable()
+        try:
+            box["handle"].disable()
+        except RuntimeError as e:
+            box["error"] = str(e)
+        before = rewrite.fusion_stats()
+        tf.function(f)(ids)
+        box["rewrites"] = delta(before, rewrite.fusion_stats())["rewrites"]
+        own.disable()
+
+    other = threading.Thread(target=second)
+    other.start()
+    other.join()
+    assert "thread that called enable()" in box.get("error", ""), box
+    assert box["rewrites"] == 1
+
+
 def test_session_config_tf1_session(rng):
     params = rng.normal(size=(V, D)).astype(np.float32)
     ids = random_sparse_ids(rng)

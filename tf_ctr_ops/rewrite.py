@@ -137,7 +137,6 @@ class _Enabled:
 
     def __init__(self, previous):
         self._previous = previous
-        self._thread = threading.get_ident()
         self._active = _Enabled._active_in_this_thread()
         self._active.append(self)
 
@@ -160,7 +159,9 @@ class _Enabled:
         hands its own predecessor's to the handle after it, so handles may be
         disabled in any order. Only in the thread that enabled it: the config
         it restores is that thread's."""
-        if threading.get_ident() != self._thread:
+        # By the thread's own list, not its id: Python reuses the id of a
+        # thread that ended for the next one.
+        if self._active is not _Enabled._active_in_this_thread():
             raise RuntimeError("disable() must be called in the thread that called enable(): the rewrite was "
                                "enabled for that thread's functions only")
         if self not in self._active:
