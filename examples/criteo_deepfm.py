@@ -40,7 +40,8 @@ import tensorflow as tf  # noqa: E402
 import tf_ctr_ops  # noqa: E402  (loads the op library before any SavedModel using it)
 from tf_ctr_ops import rewrite  # noqa: E402
 from tf_ctr_ops.layers import HashEmbedding  # noqa: E402
-from ctr_metrics import agrees, logloss, positive_int, roc_auc, stratified_split  # noqa: E402  (examples/, beside this file)
+# ctr_metrics: examples/, beside this file
+from ctr_metrics import agrees, fill_defaults, logloss, positive_int, roc_auc, stratified_split  # noqa: E402
 
 DENSE = [f"I{i}" for i in range(1, 14)]
 CATEGORICAL = [f"C{i}" for i in range(1, 27)]
@@ -285,10 +286,7 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     defaults = dict(rows=3000, epochs=1, max_buckets=2 ** 12, serve_batch=256, rounds=5) if args.smoke else dict(
         epochs=2, max_buckets=2 ** 17, serve_batch=1024, rounds=100)
-    for name, value in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    return args
+    return fill_defaults(args, defaults)
 
 
 def load_split(args):

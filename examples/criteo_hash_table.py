@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 
 import tf_ctr_ops  # noqa: E402,F401  (loads the op library before any SavedModel using it)
 from tf_ctr_ops.layers import HashTableEmbedding  # noqa: E402
-from ctr_metrics import agrees, positive_int  # noqa: E402  (examples/, beside this file)
+from ctr_metrics import agrees, fill_defaults, positive_int  # noqa: E402  (examples/, beside this file)
 from criteo_deepfm import (CATEGORICAL, CRITEO_CARDINALITIES, as_tensors, batch_of, deepfm,  # noqa: E402
                            load_split, serve_in_fresh_process, train_and_evaluate)
 
@@ -57,10 +57,7 @@ def parse_args(argv=None):
     parser.add_argument("--smoke", action="store_true", help="a tiny, fast run (tests); options given still hold")
     args = parser.parse_args(argv)
     defaults = dict(rows=3000, epochs=1, max_capacity=2 ** 12) if args.smoke else dict(epochs=2, max_capacity=2 ** 17)
-    for name, value in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    return args
+    return fill_defaults(args, defaults)
 
 
 def main(argv=None):

@@ -18,6 +18,15 @@ def positive_int(text):
     return value
 
 
+def fill_defaults(args, defaults):
+    """Sets each option of `defaults` that the command line left None: an
+    option given still holds under --smoke."""
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
 def agrees(what, diff, atol=AGREE_ATOL):
     """Whether a max |difference| is within atol (NaN is not); if not, says so
     on stderr, and the example exits 1."""

@@ -37,7 +37,8 @@ import tensorflow as tf  # noqa: E402
 
 import tf_ctr_ops  # noqa: E402,F401  (loads the op library, registers the layers)
 from tf_ctr_ops.layers import MultiStringEmbedding, StringEmbedding  # noqa: E402
-from ctr_metrics import agrees, logloss, positive_int, roc_auc, stratified_split  # noqa: E402  (examples/, beside this file)
+# ctr_metrics: examples/, beside this file
+from ctr_metrics import agrees, fill_defaults, logloss, positive_int, roc_auc, stratified_split  # noqa: E402
 
 GENRES = ["Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary", "Drama", "Fantasy",
           "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller", "War", "Western"]
@@ -190,10 +191,7 @@ def parse_args(argv=None):
     parser.add_argument("--smoke", action="store_true", help="a tiny, fast run (tests); options given still hold")
     args = parser.parse_args(argv)
     defaults = dict(rows=2000, epochs=1) if args.smoke else dict(epochs=2)
-    for name, value in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    return args
+    return fill_defaults(args, defaults)
 
 
 def main(argv=None):

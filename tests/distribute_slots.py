@@ -58,4 +58,5 @@ def run(strategy, mode, task, out):
     except NotImplementedError as e:
         refusal = str(e)
     np.savez(f"{out}.{task}.npz" if mode == "multiworker" else out, keys=keys.numpy(), values=values.numpy(),
-             outputs=outputs, eviction_refusal=refusal, small_statistics=[int(small.statistics()[k]) for k in ("size", "dropped")])
+             outputs=outputs, eviction_refusal=refusal,
+             small_statistics=[int(small.statistics()[k]) for k in ("size", "dropped")])
