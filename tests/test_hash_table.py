@@ -384,6 +384,15 @@ def test_a_corrupt_table_variable_is_an_invalid_argument():
     # a negative number in the message.
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"\[2 \+ S \+ 2305843009213693952, 4\]"):
         _find(small, tf.constant([1], tf.int64), capacity=2**63 - 1, insert=False, admit_after=1)
+    # A values variable of another dtype is named as the values, not the table.
+    from tf_ctr_ops.hash_table import _ops as hash_ops
+    good = HashTable(dim=2, capacity=8)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="the values variable holds int64"):
+        hash_ops.ctr_hash_table_embedding(
+            table=good.table.handle, values=tf.Variable(tf.zeros([8, 2], tf.int64)).handle,
+            keys=tf.constant([1], tf.int64), segments=tf.constant([0, 1], tf.int64),
+            num_rows=tf.constant(-1, tf.int64), weights=tf.zeros([0]), T=tf.float32, capacity=8,
+            segment_kind="row_splits")
     table = HashTable(dim=2, capacity=8, eviction="lru")
     # The last: a clock that could not advance without overflowing.
     for header in ([9, 0, 0, 0, 0, 0], [2, 0, 0, 0, 3, 0], [0, -1, 0, 0, 0, 0], [0, 0, 0, 0, 0, -5],

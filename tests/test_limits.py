@@ -173,6 +173,10 @@ CASES = {
                                                                     tf.constant(0, tf.int64)]),
     "concat_vocab_keys_more_than_N_in_a_graph": lambda: _graph_of(lambda: _concat_vocab_of_keys(
         [tf.constant(["a", "b", "c"]), tf.constant(0, tf.int64)])),
+    # A negative base made kept entries' indices read as "not kept" (-1).
+    "unique_kept_negative_idx_base": lambda: _ops.ctr_unique_kept(
+        ids=tf.constant([3, 9], tf.int64), segments=tf.constant([0, 2], tf.int64), num_rows=tf.constant(-1, tf.int64),
+        weights=tf.zeros([0]), segment_kind="row_splits", table_rows=5, idx_base=-1),
     # int64 byte offsets past the end of a small packed buffer.
     "splits_2^31_past_buffer": lambda: _string_raw([0, 2**31 + 5]),
     "splits_2^33_past_buffer": lambda: _string_raw([2**33, 2**33]),

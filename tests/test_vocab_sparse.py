@@ -196,6 +196,13 @@ def test_bad_segments_are_an_error_not_a_crash():
             mask_keys=[], mask_ids=[], table_handle=table.resource_handle, default_value=tf.constant(-1, tf.int64), params=tf.zeros([30, 2]),
             keys=tf.constant(["w1", "w2"]), segments=tf.constant([0, 3], tf.int64),
             num_rows=tf.constant(-1, tf.int64), weights=tf.zeros([0]), segment_kind="row_splits")
+    # A missing key's error names its row, read off the segments: bad ones are the error, not a row of them.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="row_splits"):
+        tco.vocab._ops.ctr_vocab_embedding_lookup(
+            mask_keys=[], mask_ids=[], table_handle=table.resource_handle, default_value=tf.constant(-1, tf.int64),
+            params=tf.zeros([30, 2]), keys=tf.constant(["w1", "nope", "w2", "w3"]),
+            segments=tf.constant([5, -2, 3, 1, 0], tf.int64), num_rows=tf.constant(-1, tf.int64),
+            weights=tf.zeros([0]), segment_kind="row_splits", missing_key="error", missing_id=-1)
 
 
 def test_static_vocabulary_table_is_the_same_lookup(rng):

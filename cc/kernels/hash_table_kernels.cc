@@ -138,7 +138,7 @@ class HashTableEmbeddingOp : public tensorflow::OpKernel {
     ctr::TableView table;
     OP_REQUIRES_OK(ctx, ViewTable(var->tensor(), capacity_, &table));
     TableInput values;
-    OP_REQUIRES_OK(ctx, values.Bind<T>(ctx, 1));
+    OP_REQUIRES_OK(ctx, values.Bind<T>(ctx, 1, "the values variable"));
     LookupAttrs a = attrs_;
     LookupInputs in;
     OP_REQUIRES_OK(ctx, ValidateBagInputs(ctx, 2, a, &in));

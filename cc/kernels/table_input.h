@@ -47,8 +47,9 @@ inline absl::Status EnterCopyOnReadMode(tensorflow::OpKernelContext* ctx, tensor
 class TableInput {
  public:
   // Binds input `index`: a T tensor, or a handle to a variable of T on the host.
+  // `what` names the variable in errors (the hash-table op has two).
   template <typename T>
-  absl::Status Bind(tensorflow::OpKernelContext* ctx, int index) {
+  absl::Status Bind(tensorflow::OpKernelContext* ctx, int index, const char* what = "the table variable") {
     if (ctx->input_dtype(index) != tensorflow::DT_RESOURCE) {
       tensor_ = &ctx->input(index);
       return absl::OkStatus();
@@ -56,16 +57,16 @@ class TableInput {
     const tensorflow::ResourceHandle& handle = tensorflow::HandleFromInput(ctx, index);
     const absl::Status found = tensorflow::LookupResource(ctx, handle, &var_);
     if (!found.ok())  // as ReadVariableOp says it
-      return tensorflow::errors::FailedPrecondition("could not find the table variable ", handle.name(),
+      return tensorflow::errors::FailedPrecondition("could not find ", what, " ", handle.name(),
                                                     ": it was deleted, or (in TF1) is not initialized. ",
                                                     found.message());
     TF_RETURN_IF_ERROR(EnterCopyOnReadMode(ctx, var_.get()));
     lock_.emplace(*var_->mu());
     if (!var_->is_initialized)
-      return tensorflow::errors::FailedPrecondition("the table variable is not initialized");
+      return tensorflow::errors::FailedPrecondition(what, " is not initialized");
     const tensorflow::DataType want = tensorflow::DataTypeToEnum<T>::value;
     if (var_->tensor()->dtype() != want)
-      return tensorflow::errors::InvalidArgument("the table variable holds ",
+      return tensorflow::errors::InvalidArgument(what, " holds ",
                                                  tensorflow::DataTypeString(var_->tensor()->dtype()),
                                                  ", the op was built for ", tensorflow::DataTypeString(want));
     tensor_ = var_->tensor();

@@ -765,6 +765,8 @@ class VocabEmbeddingLookupOp : public LookupKernel {
     const MaskInputs masks{kMasks, kMasks + key_rules_.num_masks};
     OP_REQUIRES_OK(ctx, ApplyKeyRules(ctx, key_rules_, masks, keys, ids->flat<int64_t>().data()));
     if (const int64_t missing = FirstMissingKey(rules_, *ids); missing >= 0) {
+      Tensor offsets;  // the row named below is read off the segments: bad ones are the error
+      OP_REQUIRES_OK(ctx, BuildOffsets<TSeg>(ctx, a, in, &offsets));
       ctx->CtxFailure(NotInVocabulary(keys, missing, BagOf(ctx->input(4), a.segments_are_splits, missing)));
       return;
     }

@@ -252,7 +252,7 @@ REGISTER_OP("CtrUniqueKept")
     .Attr("table_rows: int >= 0")
     .Attr("prune_weights: bool = false")
     .Attr("fill_id: int = -1")
-    .Attr("idx_base: int = 0")
+    .Attr("idx_base: int >= 0 = 0")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle ids;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &ids));
