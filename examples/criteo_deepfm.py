@@ -41,7 +41,8 @@ import tf_ctr_ops  # noqa: E402  (loads the op library before any SavedModel usi
 from tf_ctr_ops import rewrite  # noqa: E402
 from tf_ctr_ops.layers import HashEmbedding  # noqa: E402
 # ctr_metrics: examples/, beside this file
-from ctr_metrics import agrees, fill_defaults, logloss, positive_int, roc_auc, stratified_split  # noqa: E402
+from ctr_metrics import (agrees, exit_on_bad_data, fill_defaults, logloss, positive_int, roc_auc,  # noqa: E402
+                         stratified_split)
 
 DENSE = [f"I{i}" for i in range(1, 14)]
 CATEGORICAL = [f"C{i}" for i in range(1, 27)]
@@ -317,7 +318,7 @@ def main(argv=None):
     args = parse_args(argv)
     keras.utils.set_random_seed(args.seed)
     t_start = time.perf_counter()
-    train, test = load_split(args)
+    train, test = exit_on_bad_data(load_split, args)
 
     buckets = [num_buckets(c, args.max_buckets) for c in CRITEO_CARDINALITIES]
     model = deepfm(fused_field, buckets)

@@ -27,7 +27,8 @@ import numpy as np  # noqa: E402
 
 import tf_ctr_ops  # noqa: E402,F401  (loads the op library before any SavedModel using it)
 from tf_ctr_ops.layers import HashTableEmbedding  # noqa: E402
-from ctr_metrics import agrees, fill_defaults, positive_int  # noqa: E402  (examples/, beside this file)
+# ctr_metrics: examples/, beside this file
+from ctr_metrics import agrees, exit_on_bad_data, fill_defaults, positive_int  # noqa: E402
 from criteo_deepfm import (CATEGORICAL, CRITEO_CARDINALITIES, as_tensors, batch_of, deepfm,  # noqa: E402
                            load_split, serve_in_fresh_process, train_and_evaluate)
 
@@ -64,7 +65,7 @@ def main(argv=None):
     args = parse_args(argv)
     keras.utils.set_random_seed(args.seed)
     t_start = time.perf_counter()
-    train, test = load_split(args)
+    train, test = exit_on_bad_data(load_split, args)
 
     capacities = {name: int(min(max(c, 16), args.max_capacity)) for name, c in zip(CATEGORICAL, CRITEO_CARDINALITIES)}
     model = deepfm(table_field(capacities, args.admit_after), [0] * len(CATEGORICAL))

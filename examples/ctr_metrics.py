@@ -37,7 +37,10 @@ def agrees(what, diff, atol=AGREE_ATOL):
 
 
 def stratified_split(labels, holdout, seed=0):
-    """Train and held-out row indices with both classes in the held-out part."""
+    """Train and held-out row indices, each class split in proportion, with at
+    least one row on each side (a model cannot be evaluated on no rows)."""
+    if len(labels) < 2:
+        raise ValueError(f"{len(labels)} row(s) cannot be split into train and held-out rows; give at least 2")
     rng = np.random.default_rng(seed)
     train, test = [], []
     for cls in np.unique(labels):
@@ -45,7 +48,19 @@ def stratified_split(labels, holdout, seed=0):
         cut = max(1, int(round(len(rows) * holdout))) if len(rows) > 1 else 0
         test.append(rows[:cut])
         train.append(rows[cut:])
-    return rng.permutation(np.concatenate(train)), np.sort(np.concatenate(test))
+    train, test = rng.permutation(np.concatenate(train)), np.concatenate(test)
+    if not len(test):  # every class had one row
+        train, test = train[1:], train[:1]
+    return train, np.sort(test)
+
+
+def exit_on_bad_data(load, *args):
+    """load(*args), or a one-line error and exit status 2 where the data cannot be used."""
+    try:
+        return load(*args)
+    except ValueError as e:  # a malformed --data file, or too few rows to hold some out
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 def logloss(labels, probs):

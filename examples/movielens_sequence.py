@@ -38,7 +38,8 @@ import tensorflow as tf  # noqa: E402
 import tf_ctr_ops  # noqa: E402,F401  (loads the op library, registers the layers)
 from tf_ctr_ops.layers import MultiStringEmbedding, StringEmbedding  # noqa: E402
 # ctr_metrics: examples/, beside this file
-from ctr_metrics import agrees, fill_defaults, logloss, positive_int, roc_auc, stratified_split  # noqa: E402
+from ctr_metrics import (agrees, exit_on_bad_data, fill_defaults, logloss, positive_int, roc_auc,  # noqa: E402
+                         stratified_split)
 
 GENRES = ["Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary", "Drama", "Fantasy",
           "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller", "War", "Western"]
@@ -194,12 +195,17 @@ def parse_args(argv=None):
     return fill_defaults(args, defaults)
 
 
+def load_split(args):
+    """The ratings (from --data or generated) and their (train, held-out) row indices."""
+    data = load_movielens(args.data, args.rows) if args.data else generate_movielens(args.rows or 40_000, args.seed)
+    return data, stratified_split(data.labels, 0.2, args.seed)
+
+
 def main(argv=None):
     args = parse_args(argv)
     keras.utils.set_random_seed(args.seed)
     t_start = time.perf_counter()
-    data = load_movielens(args.data, args.rows) if args.data else generate_movielens(args.rows or 40_000, args.seed)
-    train_rows, test_rows = stratified_split(data.labels, 0.2, args.seed)
+    data, (train_rows, test_rows) = exit_on_bad_data(load_split, args)
     train, test = data.take(train_rows), data.take(test_rows)
     lengths = np.array([len(h.split(",")) if h else 0 for h in data.features["history"]])
     genre_counts = np.array([len(g.split("|")) for g in data.features["genres"]])

@@ -206,3 +206,21 @@ def test_criteo_hash_table_real_sample(tmp_path):
     assert "(200 rows): 160 train / 40 held out" in out, out
     check_hash_table_run(out)
     assert (tmp_path / "ht" / "deepfm_hash_table" / "saved_model.pb").exists()
+
+
+@pytest.mark.parametrize("labels", [[0, 1], [1, 1], [0, 0, 1, 1, 1], [0, 1, 2]])
+def test_the_split_holds_out_at_least_one_row_and_trains_on_the_rest(criteo, labels):
+    # Two rows of different classes held out nothing, and the example died in
+    # Keras' predict on an empty dataset.
+    metrics = sys.modules["ctr_metrics"]
+    train, test = metrics.stratified_split(np.array(labels), 0.2, seed=0)
+    assert len(test) >= 1 and len(train) >= 1
+    assert sorted(np.concatenate([train, test]).tolist()) == list(range(len(labels)))
+
+
+def test_too_few_rows_to_split_is_a_one_line_error(criteo, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        criteo.main(["--smoke", "--rows", "1"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: 1 row(s) cannot be split into train and held-out rows; give at least 2")
