@@ -226,3 +226,12 @@ def test_multi_worker_mirrored_strategy_matches_single_replica(tmp_path):
     run_two_workers(lambda env: start_run("multiworker", tmp_path, env=env))
     run_checks(tmp_path, [check_layers_multi_worker, check_hash_table_layer_multi_worker,
                           check_hash_table_slots_multi_worker])
+
+
+def test_hash_table_slots_step_on_new_strategies_traced_and_eager():
+    """tests/distribute_new_strategies.py: an eager step after a traced one
+    on a new MirroredStrategy aborted in a collective (shape mismatch)."""
+    proc = subprocess.run([sys.executable, str(SCRIPT.with_name("distribute_new_strategies.py"))],
+                          env=fresh_process_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert proc.stdout.split() == ["traced", "ok", "eager", "ok"] * 2, proc.stdout

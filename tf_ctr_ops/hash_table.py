@@ -538,10 +538,13 @@ def _find_keys_of_all_replicas(table, keys, dense_padding=False):
     if inserts:
         rows, _ = _find(_variable(table.table), keys, table.capacity, True, table.admit_after,
                         dense_padding=dense_padding)
-        inserted = tf.size(rows, out_type=tf.int64)
+        inserted = tf.size(rows, out_type=tf.int64)[tf.newaxis]
     else:
-        inserted = tf.constant(0, tf.int64)
-    done = context.all_reduce(tf.distribute.ReduceOp.SUM, inserted)
+        inserted = tf.zeros([1], tf.int64)
+    # An all_gather like the callers' own, not an all_reduce: a new strategy
+    # object reuses collective instance keys, and a scalar all_reduce met
+    # there a [1] all_gather of an earlier eager (or traced) step.
+    done = context.all_gather(inserted, axis=0)
     if inserts:
         with tf.control_dependencies([done]):
             return tf.identity(rows)
