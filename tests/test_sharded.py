@@ -89,6 +89,24 @@ def test_safe_embedding_lookup_sparse_matches_tf_on_shards(rng, combiner, weight
              lambda t: tf.nn.safe_embedding_lookup_sparse(t, sp, w, combiner=combiner, default_id=default_id))
 
 
+V1_LOOKUPS = {"plain": (tco.compat.v1.embedding_lookup_sparse, tf.compat.v1.nn.embedding_lookup_sparse, {}),
+              "safe": (tco.compat.v1.safe_embedding_lookup_sparse, tf.compat.v1.nn.safe_embedding_lookup_sparse, {}),
+              "safe default_id": (tco.compat.v1.safe_embedding_lookup_sparse,
+                                  tf.compat.v1.nn.safe_embedding_lookup_sparse, {"default_id": 17})}
+
+
+@pytest.mark.parametrize("strategy", ["mod", "div"])
+@pytest.mark.parametrize("lookup", V1_LOOKUPS)
+def test_v1_lookups_read_the_shards_in_their_partition_strategy_as_tf(rng, strategy, lookup):
+    # TF's dispatch hands a ShardedVariable's shards on as a list with the
+    # caller's partition_strategy; the safe v1 drop-in read them as "div".
+    ours, theirs, kw = V1_LOOKUPS[lookup]
+    table, sp = sharded(rng), random_ids(rng, 60, negatives=lookup != "plain")
+    w = weights_like(rng, sp)
+    run_both(table, lambda t: ours(t, sp, w, partition_strategy=strategy, **kw),
+             lambda t: theirs(t, sp, w, partition_strategy=strategy, **kw))
+
+
 @pytest.mark.parametrize("default_id", [V, 40, -4])
 def test_a_default_id_past_the_shards_fails_only_on_an_empty_row(rng, default_id):
     table = sharded(rng)

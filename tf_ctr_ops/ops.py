@@ -648,8 +648,9 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
     if not shards:
         raise ValueError(f"Missing embedding_weights {embedding_weights}.")
     dtype = sparse_weights.dtype if sparse_weights is not None else None
-    # TF's lookups read a ShardedVariable in "div"'s layout, and never convert it.
-    strategy, shards_dtype = ("div", dtype) if sharded else (partition_strategy, None)
+    # TF's dispatch for a ShardedVariable passes its shards on as a list, in
+    # partition_strategy's layout ("div" in v2), and never converts them.
+    shards_dtype = dtype if sharded else None
     if not sharded:
         # Converted as TF converts them (a tf.function's captured tensor
         # keeps its dtype, as TF's lookup finds it).
@@ -673,8 +674,8 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
         attrs = dict(combiner=combiner, invalid_ids="skip_negative", prune_weights=combiner != "sum" and weighted,
                      max_norm=max_norm)
         if sharded:
-            result = _sharded_lookup(parts, bags, strategy=strategy, dtype=shards_dtype, default_id=default_id,
-                                     empty_grad_row=0 if default_id is None else -1,
+            result = _sharded_lookup(parts, bags, strategy=partition_strategy, dtype=shards_dtype,
+                                     default_id=default_id, empty_grad_row=0 if default_id is None else -1,
                                      grad_indices=_DROP_IN_GRAD_INDICES, **attrs)
             row_shape = parts[0].shape[1:]
         else:
