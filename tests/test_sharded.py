@@ -369,3 +369,22 @@ def test_safe_lookup_lists_shard_0_row_0_for_empty_bags_as_tf(rng, combiner):
     grads = tape.gradient(got, table.variables), tape.gradient(want, table.variables)
     assert 0 in grads[1][0].indices.numpy()
     assert_same_gradients(*grads)
+
+
+def one_table_lookups():
+    vocab = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(tf.constant(["a", "b"]),
+                                                                          tf.constant([0, 1], tf.int64)), -1)
+    keys = tf.ragged.constant([["a"], ["b", "a"]]).to_sparse()
+    ids = tf.ragged.constant([[1, 2], [3]], tf.int64).to_sparse()
+    return {"vocab_embedding_lookup_sparse": lambda t: tco.vocab_embedding_lookup_sparse(vocab, keys, t),
+            "bucketized_embedding_lookup": lambda t: tco.bucketized_embedding_lookup(t, tf.constant([[0.5]]), [1.0]),
+            "cross_embedding_lookup": lambda t: tco.cross_embedding_lookup(t, [ids, ids], V)}
+
+
+@pytest.mark.parametrize("op", one_table_lookups())
+def test_one_table_lookups_refuse_a_sharded_variable_naming_themselves(rng, op):
+    # They read one table: TF's conversion of the ShardedVariable failed with
+    # "Converting ShardedVariable to tensor in embedding lookup ops is disallowed".
+    with pytest.raises(TypeError, match=f"{op} gathers from one table; a ShardedVariable"):
+        one_table_lookups()[op](sharded(rng))
+    assert one_table_lookups()[op](tf.Variable(rng.normal(size=(V, D)).astype(np.float32))).shape[-1] == D

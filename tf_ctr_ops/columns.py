@@ -60,7 +60,7 @@ def cross_embedding_lookup(params, inputs, num_buckets, hash_key=None, combiner=
         if not -(1 << 63) <= key < (1 << 63):
             raise OverflowError(f"hash_key must fit in int64, as tf.sparse.cross_hashed's attr does; got {key}")
         out, _, _, _ = _ops.ctr_cross_embedding_lookup(
-            params=ops.div_table(params), indices=[sp.indices for sp in sparse],
+            params=ops.div_table(params, "cross_embedding_lookup"), indices=[sp.indices for sp in sparse],
             values=[_crossable(sp.values) for sp in sparse], shapes=[sp.dense_shape for sp in sparse],
             dense_inputs=[_crossable(t) for t in dense], num_buckets=int(num_buckets),
             hash_key=key, combiner=combiner,
@@ -121,7 +121,8 @@ def bucketized_embedding_lookup(params, values, boundaries, combiner="mean", def
         if values.shape.rank is not None and values.shape.rank != 2:
             raise ValueError(f"values must be [B] or [B, S], got shape {values.shape}")
         out, _, _, _ = _ops.ctr_bucketize_embedding_lookup(
-            params=ops.div_table(params), input=values, boundaries=boundaries, column_stride=len(boundaries) + 1,
+            params=ops.div_table(params, "bucketized_embedding_lookup"), input=values, boundaries=boundaries,
+            column_stride=len(boundaries) + 1,
             combiner=combiner, default_id=check_default_id(default_id),
             max_norm=max_norm_attr(max_norm))
         return ops._with_batch_dim(out, values)

@@ -275,10 +275,17 @@ def _read_shard(shard, dtype=None, in_place=False):
     return table_operand(shard) if in_place else read_table(shard)
 
 
-def div_table(params):
+def div_table(params, op):
     """One table from `params` as tf.nn.safe_embedding_lookup_sparse reads
     them: a list or a PartitionedVariable is shards in the "div" layout (in
-    order, so ids need no remapping), anything else one table."""
+    order, so ids need no remapping), anything else one table. A
+    ShardedVariable is refused: op gathers from one table, and reading its
+    shards whole on every step is what ParameterServerStrategy shards them
+    to avoid."""
+    if sharded_variables(params) is not None:
+        raise TypeError(f"{op} gathers from one table; a ShardedVariable (ParameterServerStrategy) is not "
+                        "supported. Look the ids up first and pool them with "
+                        "tf_ctr_ops.safe_embedding_lookup_sparse, which gathers shard by shard.")
     shards = _shard_list(params)
     if not shards:
         raise ValueError(f"Missing embedding_weights {params}.")

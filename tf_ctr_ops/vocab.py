@@ -163,7 +163,8 @@ def vocab_embedding_lookup_sparse(table, sp_keys, params, sp_weights=None, combi
         keys, default, _ = _find_args(table, bags.ids, "default")
         weights, has_weights = ops._op_weights(ops._weights_values(bags.weights))
         out, _ = _ops.ctr_vocab_embedding_lookup(
-            table_handle=table.resource_handle, default_value=default, params=ops.div_table(params), keys=keys,
+            table_handle=table.resource_handle, default_value=default,
+            params=ops.div_table(params, "vocab_embedding_lookup_sparse"), keys=keys,
             mask_keys=[], mask_ids=[],
             segments=tf.cast(bags.segments, tf.int64), num_rows=tf.cast(bags.num_rows, tf.int64),
             weights=weights, combiner=combiner,
