@@ -4,6 +4,7 @@ import dataclasses
 import io
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -540,3 +541,34 @@ def test_columns_suite_quick(tmp_path):
         assert _positive_finite(c["speedup"]) and c["max_abs_err"]["native"] <= 1e-4
     assert json.loads((tmp_path / "c.json").read_text())["suites"]["columns"]["cases"][0]["nnz"] == \
         res["cases"][0]["nnz"]
+
+
+@pytest.mark.parametrize("flag", ["--json", "--markdown"])
+def test_an_output_file_only_opening_shows_unwritable_fails_before_the_run(flag, tmp_path):
+    # A link to a missing folder passed the folder check, and the run ended in
+    # a FileNotFoundError traceback after all its work.
+    os.symlink(tmp_path / "gone" / "out", tmp_path / "out")
+    with pytest.raises(bench.BenchmarkError, match=f"{flag} .* cannot be written: No such file or directory"):
+        bench.main(["lookup", *TINY, flag, str(tmp_path / "out")])
+
+
+@pytest.mark.parametrize("value", ["1.5", "abc"])
+def test_a_number_option_that_is_no_integer_says_so(value, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["lookup", "--runs", value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"must be a positive integer, got {value}" in err, err
+
+
+def test_rewrite_time_needs_at_least_the_models_26_features(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["rewrite", "--features", "25"])
+    assert e.value.code == 2 and "--features must be at least 26" in capsys.readouterr().err
+
+
+def test_the_bench_command_names_itself_in_its_errors(capsys):
+    from tf_ctr_ops.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["bench", "lookup", "--runs", "0"])
+    assert capsys.readouterr().err.startswith("usage: tf-ctr-ops bench")

@@ -356,7 +356,7 @@ def test_disabled_patterns_keep_their_subgraphs_native(tmp_path):
     assert "string_split_lookup" not in fused and "safe_lookup" in fused, fused
     assert "StringSplitV2" in report["signatures"]["serving_default"]["op_counts_after"]
     bad = run_cli(["src", "dst2", "--disable", "no_such_pattern"], tmp_path)
-    assert bad.returncode == 1 and "unknown pattern(s) ['no_such_pattern']" in bad.stderr, bad.stderr
+    assert bad.returncode == 2 and "--disable: unknown pattern(s) no_such_pattern;" in bad.stderr, bad.stderr
     assert not (tmp_path / "dst2").exists()
     with pytest.raises(TypeError, match="list of pattern names"):
         rewrite.enable(disabled_patterns="vocab_lookup")
@@ -700,6 +700,24 @@ def test_inputs_file_tfrecord_plain_or_gzip(tmp_path, options):
             w.write(record)
     got = _model_inputs.load_inputs_file(tmp_path / "in.tfrecord", {"serving_default": fn})["serving_default"]
     assert list(got["examples"]) == [b"first", b"second"]
+
+
+def test_a_tfrecord_inputs_file_for_an_input_not_a_vector_is_refused(tmp_path):
+    # Its [N] records went into a [None, None] input: verified "on inputs
+    # file" on inputs the signature does not take.
+    from tf_ctr_ops import _model_inputs
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.string)])
+    def serve(examples):
+        return {"n": tf.strings.length(examples)}
+
+    tf.saved_model.save(tf.Module(), str(tmp_path / "m"), signatures={"serving_default": serve})
+    fn = tf.saved_model.load(str(tmp_path / "m")).signatures["serving_default"]
+    with tf.io.TFRecordWriter(str(tmp_path / "in.tfrecord")) as w:
+        w.write(b"first")
+    with pytest.raises(_model_inputs.InputsError, match=r"feeds a vector of serialized tf.Examples; input "
+                       r"'examples' of signature 'serving_default' is \(None, None\): use an .npz file"):
+        _model_inputs.load_inputs_file(tmp_path / "in.tfrecord", {"serving_default": fn})
 
 
 def test_plain_string_inputs_hold_bags_of_several_lengths():
@@ -1200,6 +1218,62 @@ def test_a_report_path_naming_dst_is_refused_before_the_rewrite(tmp_path):
     cli = run_cli(["src", "dst", "--report", "dst"], tmp_path)
     assert cli.returncode == 2 and "--report dst is DST" in cli.stderr, cli.stderr
     assert not (tmp_path / "dst").exists()
+
+
+def test_a_report_path_inside_src_or_dst_or_on_the_inputs_is_refused_before_the_rewrite(tmp_path):
+    # --report DST/saved_model.pb overwrote the model just written (and
+    # SRC/saved_model.pb the source), and the command exited 0.
+    save_split_safe_lookup_model(str(tmp_path / "src"))
+    assert run_cli(["src", "dst"], tmp_path).returncode == 0
+    pb = {name: (tmp_path / name / "saved_model.pb").read_bytes() for name in ("src", "dst")}
+    np.savez(tmp_path / "in.npz", x=np.array([b"1|2"]))
+    for report, why in (("dst/saved_model.pb", "lies inside DST"), ("src/saved_model.pb", "lies inside SRC"),
+                        ("src/variables/new.json", "lies inside SRC"), ("in.npz", "is the --inputs file")):
+        cli = run_cli(["src", "dst", "--inputs", "in.npz", "--report", report], tmp_path)
+        assert cli.returncode == 2 and f"--report {report} {why}" in cli.stderr, cli.stderr
+    assert not (tmp_path / "src" / "variables" / "new.json").exists()
+    assert {name: (tmp_path / name / "saved_model.pb").read_bytes() for name in ("src", "dst")} == pb
+
+
+def test_a_report_path_that_only_opening_shows_unwritable_is_refused_before_the_rewrite(tmp_path):
+    # A link to a missing folder passed the folder check; the report then
+    # failed after DST was written, with exit status 1.
+    save_split_safe_lookup_model(str(tmp_path / "src"))
+    os.symlink(tmp_path / "gone" / "r.json", tmp_path / "r.json")
+    cli = run_cli(["src", "dst", "--report", "r.json"], tmp_path)
+    assert cli.returncode == 2 and "--report r.json cannot be written: No such file or directory" in cli.stderr
+    assert not (tmp_path / "dst").exists()
+    cli = run_cli(["src", "dst", "--report", "new.json"], tmp_path)  # a writable path is only checked
+    assert cli.returncode == 0 and json.loads((tmp_path / "new.json").read_text())
+
+
+def test_a_dst_that_is_a_file_is_refused_before_the_rewrite(tmp_path, monkeypatch):
+    save_split_safe_lookup_model(str(tmp_path / "src"))
+    (tmp_path / "dst").write_text("mine")
+    monkeypatch.setattr(rewrite, "_servable_rewrite", lambda *a: pytest.fail("rewritten before the check"))
+    with pytest.raises(ValueError, match="dst .*dst exists and is not a folder"):
+        rewrite.optimize_saved_model(tmp_path / "src", tmp_path / "dst")
+    assert (tmp_path / "dst").read_text() == "mine"
+
+
+def test_a_killed_optimize_removes_its_temporary_model(tmp_path):
+    # SIGTERM left the rewrite's .ctr-rewrite-* folder beside DST, as big as
+    # the model; Ctrl-C removed it.
+    import signal
+    import time
+
+    save_split_safe_lookup_model(str(tmp_path / "src"))
+    proc = subprocess.Popen([sys.executable, "-m", "tf_ctr_ops", "optimize", "src", "dst"], cwd=tmp_path,
+                            env=fresh_process_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".ctr-rewrite-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(tmp_path.glob(".ctr-rewrite-*")), "the rewrite made no temporary model"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().endswith("stopped by signal 15; DST is left as it was"), err
+    assert not list(tmp_path.glob(".ctr-*")) and not (tmp_path / "dst").exists()
 
 
 def test_an_inputs_file_serves_a_rewrite_of_some_signatures(tmp_path):

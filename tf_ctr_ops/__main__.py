@@ -10,7 +10,10 @@ Commands:
 """
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 
 
 def optimize_main(argv):
@@ -50,21 +53,26 @@ def optimize_main(argv):
         parser.error("--inputs is for verification: drop --no-verify")
     from tf_ctr_ops import _errors
 
-    if args.report and _errors.unwritable(args.report):  # checked now, not once the model is rewritten
-        parser.error(f"--report {_errors.unwritable(args.report)}")
-    if args.report and _errors.same_path(args.report, args.dst):  # DST is still to be written as a folder
-        parser.error(f"--report {args.report} is DST: give the report a file name of its own")
+    if args.report:  # checked now, not once the model is rewritten
+        why = _report_clash(args, _errors) or _errors.unwritable(args.report)
+        if why:
+            parser.error(f"--report {why}")
 
     import tensorflow as tf
     from google.protobuf.message import DecodeError
 
     from tf_ctr_ops import rewrite
 
+    unknown = sorted(set(args.disable) - set(rewrite.pattern_names()))
+    if unknown:
+        parser.error(f"--disable: unknown pattern(s) {', '.join(unknown)}; the patterns are "
+                     f"{', '.join(rewrite.pattern_names())}")
     try:
-        report = rewrite.optimize_saved_model(args.src, args.dst, signature_keys=args.signatures,
-                                              verify=args.verify, serving_device=args.serving_device,
-                                              inputs_file=args.inputs, disabled_patterns=args.disable,
-                                              merge_partitions=args.merge_partitions)
+        with _exiting_on_signals(rewrite.exit_on_signal):  # a kill removes the temporary models beside DST
+            report = rewrite.optimize_saved_model(args.src, args.dst, signature_keys=args.signatures,
+                                                  verify=args.verify, serving_device=args.serving_device,
+                                                  inputs_file=args.inputs, disabled_patterns=args.disable,
+                                                  merge_partitions=args.merge_partitions)
     except (rewrite.RewriteError, ValueError) as e:
         print(f"tf-ctr-ops optimize: error: {e}", file=sys.stderr)
         return 1
@@ -82,6 +90,33 @@ def optimize_main(argv):
     return 0 if report.ok else 1
 
 
+@contextlib.contextmanager
+def _exiting_on_signals(handler):
+    """SIGTERM and SIGINT handled by `handler` within, then as before (the
+    command may run inside another program's process: the tests')."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+def _report_clash(args, _errors):
+    """Why the report would overwrite a file the command reads or writes, or ""."""
+    if _errors.same_path(args.report, args.dst):  # DST is still to be written as a folder
+        return f"{args.report} is DST: give the report a file name of its own"
+    for what, folder in (("DST", args.dst), ("SRC", args.src)):
+        if _errors.inside(args.report, folder):
+            return f"{args.report} lies inside {what}, whose files it would overwrite"
+    if args.inputs and _errors.same_path(args.report, args.inputs):
+        return f"{args.report} is the --inputs file"
+    return ""
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -92,7 +127,7 @@ def main(argv=None):
         from tf_ctr_ops import bench
 
         try:
-            bench.main(rest)
+            bench.main(rest, prog="tf-ctr-ops bench")
         except bench.BenchmarkError as e:
             print(f"tf-ctr-ops bench: error: {e}", file=sys.stderr)
             return 2

@@ -24,10 +24,25 @@ def same_path(a, b):
     return os.path.realpath(a) == os.path.realpath(b)
 
 
+def inside(path, folder):
+    """Whether path is folder or lies inside it (links and `..` resolved)."""
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([path, folder]) == folder
+
+
 def unwritable(path):
     """Why no file can be written at `path` (checked before a long run, not
-    after it), or "" when one can."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        return f"{path} cannot be written (a folder, or its folder is missing or read-only)"
+    after it), or "" when one can. It opens the file to append, as only that
+    tells (a link to a missing folder, /proc), and removes it if it made it."""
+    real = os.path.realpath(path)
+    if os.path.isdir(real):
+        return f"{path} cannot be written: it is a folder"
+    existed = os.path.exists(real)
+    try:
+        with open(real, "a"):
+            pass
+    except OSError as e:
+        return f"{path} cannot be written: {e.strerror or e}"
+    if not existed:
+        os.remove(real)
     return ""

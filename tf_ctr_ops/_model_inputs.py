@@ -205,6 +205,10 @@ def _inputs_from_tfrecord(path, signatures):
         if len(specs) != 1 or len(strings) != 1:
             raise InputsError(f"a TFRecord inputs file feeds a signature with one string input (serialized "
                               f"tf.Examples); signature {key!r} takes {sorted(specs)}: use an .npz file")
+        spec = specs[strings[0]]
+        if not spec.shape.is_compatible_with([len(records)]):
+            raise InputsError(f"a TFRecord inputs file feeds a vector of serialized tf.Examples; input "
+                              f"{strings[0]!r} of signature {key!r} is {spec.shape}: use an .npz file")
         out[key] = {strings[0]: np.array(records, dtype=object)}
     return out
 

@@ -1071,8 +1071,56 @@ class _RebuildError(Exception):
         self.reports, self.error = reports, error
 
 
+class _Termination:
+    """A killed `tf-ctr-ops optimize` (SIGTERM, SIGINT) removes its temporary
+    models, each as big as the model. An exception raised by a signal
+    handler may land in a __del__, where Python ignores it (and the command
+    went on), so the handler removes them itself and exits at once; but
+    while DST is being replaced, only once that is done."""
+
+    def __init__(self):
+        self.start()
+
+    def start(self):
+        """A new rewrite: no temporary model yet, DST not yet replaced."""
+        self.folders = set()
+        self.replacing = False
+        self.replaced = False
+        self.pending = None
+
+    def exit(self, signum):
+        if self.replacing:
+            self.pending = signum
+            return
+        for folder in list(self.folders):
+            shutil.rmtree(folder, ignore_errors=True)
+        dst = "DST was written (its verification was cut short)" if self.replaced else "DST is left as it was"
+        print(f"tf-ctr-ops optimize: stopped by signal {signum}; {dst}", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+
+    @contextlib.contextmanager
+    def replacing_dst(self):
+        self.replacing = True
+        try:
+            yield
+            self.replaced = True
+        finally:
+            self.replacing = False
+            if self.pending is not None:
+                self.exit(self.pending)
+
+
+_TERMINATION = _Termination()
+
+
+def exit_on_signal(signum, frame=None):
+    """A signal handler for the command line: see _Termination."""
+    _TERMINATION.exit(signum)
+
+
 def _attempt(build, parent, inputs, reference, disabled):
     folder = tempfile.mkdtemp(prefix=".ctr-rewrite-", dir=parent)
+    _TERMINATION.folders.add(folder)
     _readable_as_made(folder)
     try:
         reports, seconds = build(folder, frozenset(disabled))
@@ -1114,8 +1162,8 @@ def _servable_rewrite(build, parent, inputs, reference, disabled, src):
     if best.failure:
         original_failure, _ = _fresh_process_failure(src, inputs, reference)
         if original_failure:
-            raise RewriteError(f"the original model itself {original_failure} when loaded again (does its init "
-                               "op re-initialize variables?): nothing can be verified")
+            raise RewriteError(f"the original model itself {original_failure} when loaded again (are its outputs "
+                               "random, or does its init op re-initialize variables?): nothing can be verified")
         raise RewriteError(f"with any pattern fused the rewritten model {first.failure}; with none, it "
                            f"{best.failure}")
     kept, dropped = [], {}
@@ -1140,15 +1188,17 @@ def _readable_as_made(folder):
 def _move_into_place(folder, dst):
     """Renames `folder` to `dst`, replacing a previous `dst` only now."""
     if not os.path.lexists(dst):
-        os.rename(folder, dst)
+        with _TERMINATION.replacing_dst():
+            os.rename(folder, dst)
         return
     if not os.path.isdir(dst):
         shutil.rmtree(folder, ignore_errors=True)
         raise RewriteError(f"{dst} exists and is not a folder")
-    old = tempfile.mkdtemp(prefix=".ctr-replaced-", dir=os.path.dirname(os.path.abspath(dst)))
-    os.rename(dst, os.path.join(old, "model"))
-    os.rename(folder, dst)
-    shutil.rmtree(old, ignore_errors=True)
+    with _TERMINATION.replacing_dst():
+        old = tempfile.mkdtemp(prefix=".ctr-replaced-", dir=os.path.dirname(os.path.abspath(dst)))
+        os.rename(dst, os.path.join(old, "model"))
+        os.rename(folder, dst)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _tf2_builder(src, loaded, proto, available, selected, serving_device, merge_partitions):
@@ -1265,6 +1315,8 @@ def _check_apart(src, dst):
     if os.path.commonpath([a, b]) in (a, b):
         inner, outer = (a, b) if os.path.commonpath([a, b]) == b else (b, a)
         raise ValueError(f"dst and src must not lie inside one another: {inner} is inside {outer}")
+    if os.path.lexists(dst) and not os.path.isdir(dst):
+        raise ValueError(f"dst {dst} exists and is not a folder")
     folder = os.path.dirname(b)
     while not os.path.exists(folder):  # the first folder that exists is where dst will be made
         folder = os.path.dirname(folder)
@@ -1356,6 +1408,7 @@ def _optimize_saved_model(src, dst, signature_keys, sample_inputs, verify, runs,
     start = time.perf_counter()
     src, dst = os.fspath(src), os.fspath(dst)
     _check_apart(src, dst)
+    _TERMINATION.start()
     proto = _files.read(src)
     if len(proto.meta_graphs) > 1:  # only the serving graph could be verified
         tag_sets = [sorted(m.meta_info_def.tags) for m in proto.meta_graphs]

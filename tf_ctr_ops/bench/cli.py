@@ -45,16 +45,19 @@ def _json_default(o):
 
 
 def _positive_int(text):
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
 
 
-def parse_args(argv=None):
+def parse_args(argv=None, prog="python -m tf_ctr_ops.bench"):
     # harness.SUITES, read when called: the suites registered by then (tests may swap the registry).
     suites = harness.SUITES
-    p = argparse.ArgumentParser(prog="python -m tf_ctr_ops.bench", description=DESCRIPTION,
+    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION,
                                 epilog="Shapes: --grid picks them; any of --batch/--vocab/--dim/--max-len "
                                        "runs one custom shape instead (the rest from the headline).")
     p.add_argument("suites", nargs="+", choices=sorted(suites) + ["all"],
@@ -87,6 +90,8 @@ def parse_args(argv=None):
     p.add_argument("--features", type=_positive_int, default=0,
                    help="rewrite suite: time the optimizer alone on its model scaled to 26 .. FEATURES features")
     args = p.parse_args(argv)
+    if 0 < args.features < 26:
+        p.error(f"--features must be at least 26, the rewrite suite's model's own count; got {args.features}")
     if args.model and args.features:
         # Each picks what the rewrite suite runs; neither scales the other.
         p.error("--model and --features choose different rewrite runs: give one of them")
@@ -129,10 +134,10 @@ def estimate(cfg, suites):
     return steps, seconds, unknown
 
 
-def main(argv=None):
+def main(argv=None, prog="python -m tf_ctr_ops.bench"):
     """Runs the suites named in argv; returns {"env": ..., "suites": {name: result}, ...}."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    args = parse_args(argv)
+    args = parse_args(argv, prog)
     cfg = config_from_args(args)
     # Fail before the long part, not after it.
     for path, what in ((args.json, "--json"), (args.markdown, "--markdown"), (args.plot, "--plot")):
@@ -151,7 +156,10 @@ def main(argv=None):
     with showing_progress(bar), contextlib.redirect_stdout(out):
         results = _run(args, cfg, bar, seconds, unknown, argv)
     with contextlib.redirect_stdout(sys.stderr if json_to_stdout else real_stdout):
-        _write_outputs(args, results, real_stdout)
+        try:
+            _write_outputs(args, results, real_stdout)
+        except OSError as e:  # checked before the run, but the disk may have filled or the folder gone since
+            raise harness.BenchmarkError(f"the results were not written: {_errors.summary(e)}") from e
     return results
 
 
