@@ -1097,6 +1097,23 @@ def test_slots_match_one_call_per_feature(rng, weighted, batch):
                                    tf.convert_to_tensor(tape.gradient(loss_want, theirs.values)), rtol=1e-5, atol=1e-6)
 
 
+def test_an_unweighted_slot_pooled_beside_a_weighted_one_is_bit_equal_to_its_own_call(rng):
+    # Given weights of 1 to pool with the weighted feature, it took the
+    # weighted pooling's order and divisor: off by a rounding.
+    keys = tf.ragged.constant([rng.integers(0, 40, size=int(n)).tolist() for n in rng.integers(1, 12, size=200)],
+                              tf.int64)
+    weights = tf.ones_like(keys, tf.float32)
+    for insert in (True, False):
+        ours, theirs = _twin_tables()
+        got = tco.multi_hash_table_embedding(ours, [keys, keys], [None, weights], combiners="mean", insert=True)
+        want = [hash_table_embedding(theirs, keys, w, combiner="mean", insert=True) for w in (None, weights)]
+        if not insert:  # the read path: found rows
+            got = tco.multi_hash_table_embedding(ours, [keys, keys], [None, weights], combiners="mean")
+            want = [hash_table_embedding(theirs, keys, w, combiner="mean") for w in (None, weights)]
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+
+
 def test_slots_take_int32_and_int64_features_together():
     # The slots' keys are found by one op: features of both int types were
     # concatenated as they came (a ConcatV2 type error).

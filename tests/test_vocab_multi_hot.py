@@ -130,3 +130,17 @@ def test_in_a_tf_function_with_unknown_batch(rng):
     for shape in ((0, 2), (3, 3), (1, 7)):
         keys = tf.constant(string_keys(rng, shape, oov=0.3))
         np.testing.assert_allclose(fn(keys), native(table, keys, kernel), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.int32])
+def test_half_or_integer_kernels_and_indicators_are_type_errors(dtype):
+    # TF's raw "Value for attr 'T' of half is not in the list of allowed values".
+    kernel = tf.zeros([40, 4], dtype)
+    with pytest.raises(TypeError, match=f"kernel must be float32 or float64, got {dtype.name}"):
+        tco.vocab_multi_hot(string_table(), tf.constant([["w1"]]), kernel)
+    with pytest.raises(TypeError, match=f"kernel must be float32 or float64, got {dtype.name}"):
+        tco.multi_hot_dense([(tf.constant([[1]]), 40)], kernel)
+    keys = tf.SparseTensor([[0, 0]], tf.constant(["w1"]), [1, 1])
+    with pytest.raises(TypeError, match=f"dtype must be float32 or float64, got {dtype.name}"):
+        tco.vocab_indicator(string_table(), keys, 40, dtype=dtype)
+    assert tco.vocab_indicator(string_table(), keys, 40, dtype=tf.float64).dtype == tf.float64

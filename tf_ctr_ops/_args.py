@@ -112,6 +112,15 @@ def check_delimiter(delimiter):
     return delimiter
 
 
+def check_matmul_dtype(dtype, what):
+    """The dtype of a multi-hot product's kernel or an indicator's output:
+    float32 or float64, the types its CPU kernels are built for."""
+    dtype = tf.as_dtype(dtype)
+    if dtype not in (tf.float32, tf.float64):
+        raise TypeError(f"{what} must be float32 or float64, got {dtype.name}")
+    return dtype
+
+
 def check_default_id(default_id):
     """The default_id attr: -1 (none) for None, else the integer given.
 

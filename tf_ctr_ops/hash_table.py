@@ -810,7 +810,9 @@ def multi_hash_table_embedding(tables, features, weights=None, combiners="mean",
                 # table inserts: a refused call changes no table.
                 with tf.control_dependencies([batch] + [s.ids for s in slots]):
                     _find_slot_rows(table, [slots[i] for i in members], insert)
-            for pooled in _grouped(members, lambda i: (combiners[i], max_norms[i])):
+            # Weighted and unweighted features apart: an unweighted one given
+            # weights of 1 would take the weighted pooling's rounding.
+            for pooled in _grouped(members, lambda i: (combiners[i], max_norms[i], slots[i].weights is None)):
                 outs = _pool_slots(table, [slots[i] for i in pooled], batch, combiners[pooled[0]],
                                    max_norms[pooled[0]], found_by_pooling)
                 for i, out in zip(pooled, outs):

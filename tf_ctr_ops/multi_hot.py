@@ -3,7 +3,7 @@ dense columns, without building the encodings (CtrMultiHotDense)."""
 
 import tensorflow as tf
 
-from tf_ctr_ops._args import read_table
+from tf_ctr_ops._args import check_matmul_dtype, read_table
 from tf_ctr_ops._loader import load_op_library
 
 _ops = load_op_library()
@@ -63,6 +63,7 @@ def multi_hot_dense(blocks, kernel, name=None):
     if not ids:
         raise ValueError("multi_hot_dense needs at least one encoded block (ids, depth); use tf.matmul otherwise")
     kernel = read_table(kernel)
+    check_matmul_dtype(kernel.dtype, "kernel")
     dense = [tf.convert_to_tensor(d, dtype=kernel.dtype) for d in dense]
     if not dense:
         # The op's dense list takes its type from `kernel`, which graph

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tf_ctr_ops import ops
 from tf_ctr_ops._loader import load_op_library
-from tf_ctr_ops._args import check_combiner, check_default_id, max_norm_attr, read_table
+from tf_ctr_ops._args import check_combiner, check_default_id, check_matmul_dtype, max_norm_attr, read_table
 from tf_ctr_ops._table_grad import dense_table_shape, forward_table, table_gradient
 
 _ops = load_op_library()
@@ -107,8 +107,10 @@ def vocab_multi_hot(table, keys, kernel, binary_output=True, missing_key="defaul
     keys, default, missing_id = _find_args(table, keys, missing_key)
     if keys.shape.rank is not None and keys.shape.rank != 2:
         raise ValueError(f"keys must be a [B, L] matrix, got shape {keys.shape}")
+    kernel = read_table(kernel)
+    check_matmul_dtype(kernel.dtype, "kernel")
     out, _ = _ops.ctr_vocab_multi_hot(table_handle=table.resource_handle, keys=keys, default_value=default,
-                                      kernel=read_table(kernel), missing_key=missing_key, missing_id=missing_id,
+                                      kernel=kernel, missing_key=missing_key, missing_id=missing_id,
                                       binary_output=bool(binary_output), name=name)
     return out
 
@@ -204,10 +206,11 @@ def vocab_indicator(table, sp_keys, depth, num_oov_buckets=0, dtype=tf.float32, 
         raise ValueError(f"sp_keys must be a SparseTensor [B, N], got rank {sp_keys.shape.rank}")
     if int(depth) < 0 or int(num_oov_buckets) < 0:
         raise ValueError(f"depth and num_oov_buckets must be >= 0, got {depth} and {num_oov_buckets}")
+    dtype = check_matmul_dtype(dtype, "dtype")
     keys, default, _ = _find_args(table, sp_keys.values, "default")
     return _ops.ctr_vocab_indicator(table_handle=table.resource_handle, default_value=default, keys=keys,
                                     indices=sp_keys.indices, dense_shape=sp_keys.dense_shape, depth=int(depth),
-                                    num_oov_buckets=int(num_oov_buckets), T=tf.as_dtype(dtype), name=name)
+                                    num_oov_buckets=int(num_oov_buckets), T=dtype, name=name)
 
 
 def _find_args(table, keys, missing_key):
