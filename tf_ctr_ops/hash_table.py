@@ -234,8 +234,9 @@ def restore_any_capacity(table):
         return  # distributed values: their strategy restores them, at the saved shape only
     restore = _AnyCapacityRestore(table)
     for part, variable in variables.items():
-        original = variable._restore_from_tensors
-        variable._restore_from_tensors = functools.partial(restore.arrive, part, variable, original)
+        # A weak reference, and the class's own method: a variable holding
+        # itself would wait for the cycle collector to free a deleted table.
+        variable._restore_from_tensors = functools.partial(restore.arrive, part, weakref.ref(variable))
 
 
 class _AnyCapacityRestore:
@@ -246,7 +247,9 @@ class _AnyCapacityRestore:
         self._saved = {}
         self._before = {}  # part -> (variable, its value before this restore assigned it)
 
-    def arrive(self, part, variable, original, restored_tensors):
+    def arrive(self, part, variable_ref, restored_tensors):
+        variable = variable_ref()
+        original = functools.partial(type(variable)._restore_from_tensors, variable)
         saved = restored_tensors["VARIABLE_VALUE"]
         if not tf.executing_eagerly():
             return original(restored_tensors)
@@ -265,7 +268,7 @@ class _AnyCapacityRestore:
         same_shape = tuple(saved.shape) == tuple(variable.shape)
         result = None
         if same_shape:  # restored as any variable (a checkpoint may hold this part alone)
-            self._before[part] = (variable, tf.identity(_variable(variable)))
+            self._before[part] = (variable_ref, tf.identity(_variable(variable)))
             result = original(restored_tensors)
             if part == "table":
                 _keep_key_kind(variable, table.key_dtype)  # a table saved before the cell has 0 there
@@ -278,8 +281,9 @@ class _AnyCapacityRestore:
         return result
 
     def _put_back(self):
-        for variable, value in self._before.values():
-            _variable(variable).assign(value)
+        for variable_ref, value in self._before.values():
+            if variable_ref() is not None:
+                _variable(variable_ref()).assign(value)
         self._saved, self._before = {}, {}
 
     def _insert_saved(self, saved_table, saved_values):
