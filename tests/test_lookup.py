@@ -953,3 +953,18 @@ def test_unique_kept_checks_its_bags():
     bags = tco_ops._Bags(None, tf.constant([1, 0], tf.int64), 2, "row_ids", None)
     with pytest.raises(tf.errors.InvalidArgumentError, match="sorted"):
         tco_ops._unique_kept(tf.constant([1, 2], tf.int64), None, bags, table_rows=5, prune_weights=False, fill=0)
+
+
+def test_a_nan_max_norm_is_refused_by_the_raw_ops(rng):
+    # The docs say <= 0 turns clipping off; NaN did too, silently, where TF's
+    # clip_by_norm makes the rows NaN. (The Python functions refuse it first.)
+    keys = tf.ragged.constant([[1, 2]], tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_norm must be a number .* got nan"):
+        tco.ops._ops.ctr_embedding_lookup(params=table(rng, 4, 2), ids=keys.values, segments=keys.row_splits,
+                                          num_rows=tf.constant(-1, tf.int64), weights=tf.zeros([0]),
+                                          combiner="sum", segment_kind="row_splits", max_norm=float("nan"))
+    data, splits = tco.pack_strings(tf.constant(["1,2"]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_norm must be a number .* got nan"):
+        tco.strings._ops.ctr_string_embedding(params=table(rng, 4, 2), bytes=data, row_splits=splits,
+                                              bag_splits=tf.zeros([0], tf.int64), id_mode="index",
+                                              max_norm=float("nan"))

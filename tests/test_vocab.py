@@ -529,3 +529,11 @@ def test_a_table_of_vector_keys_is_an_error_not_an_abort():
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"keys must be scalars, got keys of shape \[2\]"):
         _ops.ctr_vocab_embedding(table.resource_handle, tf.constant([[1, 2], [3, 4], [9, 9]], tf.int64),
                                  tf.constant(0, tf.int64), tf.ones([5, 2]), [], [])
+
+
+def test_concat_vocab_with_scalar_first_keys_names_their_shape():
+    # It said "feature 0 must have a [-1] key vector, as feature 0 has".
+    table = string_table()
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature 0 must have a \[B\] key vector, got keys \[\]"):
+        concat_vocab([table, table], [tf.constant("w1"), tf.constant(["w2"])], [tf.ones([40, 3]), tf.ones([40, 2])],
+                     [], [0, 1], wrap=(False, False))

@@ -17,6 +17,12 @@ inline std::string ParseCombiner(const std::string& s, Combiner* out) {
   return ParseEnum("combiner", kCombinerNames, s, out);
 }
 
+// The max_norm attr: <= 0 turns clipping off; a NaN would too, silently,
+// where TF's clip_by_norm makes the rows NaN.
+inline std::string CheckMaxNorm(float max_norm) {
+  return std::isnan(max_norm) ? "max_norm must be a number (<= 0: no clipping), got nan" : "";
+}
+
 // Running sums a bag needs for its final scale. A bag whose weights are all 1
 // (every unweighted bag) sums to its entry count, as TF's SparseSegmentMean /
 // SqrtN and their gradients divide by float(count): float adds of 1 would

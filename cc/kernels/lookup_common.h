@@ -33,6 +33,7 @@ inline absl::Status ReadPoolingAttrs(tensorflow::OpKernelConstruction* c, ctr::L
   TF_RETURN_IF_ERROR(c->GetAttr("combiner", &combiner));
   if (c->HasAttr("default_id")) TF_RETURN_IF_ERROR(c->GetAttr("default_id", &spec->default_id));
   TF_RETURN_IF_ERROR(c->GetAttr("max_norm", &spec->max_norm));
+  TF_RETURN_IF_ERROR(CoreStatus(ctr::CheckMaxNorm(spec->max_norm)));
   TF_RETURN_IF_ERROR(CoreStatus(ctr::ParseCombiner(combiner, &spec->combiner)));
   return absl::OkStatus();
 }

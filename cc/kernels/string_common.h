@@ -21,6 +21,7 @@ inline absl::Status MakeStringSpec(const std::string& combiner, const std::strin
                                    const std::string& delimiter, bool skip_empty, float max_norm,
                                    ctr::StringSpec* s) {
   TF_RETURN_IF_ERROR(CoreStatus(ctr::ParseCombiner(combiner, &s->lookup.combiner)));
+  TF_RETURN_IF_ERROR(CoreStatus(ctr::CheckMaxNorm(max_norm)));
   s->lookup.max_norm = max_norm;
   TF_RETURN_IF_ERROR(CoreStatus(ctr::ParseTokenMode(mode, &s->mode)));
   s->skip_empty = skip_empty;

@@ -589,7 +589,11 @@ class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const int64_t batch = ctx->input(n_).dims() >= 1 ? ctx->input(n_).dim_size(0) : -1;
+    const Tensor& first_keys = ctx->input(n_);
+    OP_REQUIRES(ctx, first_keys.dims() == 1,  // the batch every feature's keys must have
+                tensorflow::errors::InvalidArgument("feature 0 must have a [B] key vector, got keys ",
+                                                    first_keys.shape().DebugString()));
+    const int64_t batch = first_keys.dim_size(0);
     std::vector<Block> blocks(n_ + m_);
     std::vector<Tensor> rows(n_);
     std::vector<tensorflow::core::RefCountPtr<tensorflow::lookup::LookupInterface>> tables(n_);
