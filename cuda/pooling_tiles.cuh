@@ -9,8 +9,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 
 #include "cc/core/combiner.h"
 #include "cc/core/float_types.h"
@@ -80,16 +82,28 @@ inline std::string CheckLaunch(const char* kernel) { return CudaError(kernel, cu
 // so with a block per 8 bags of lengths 1..99 the warps of finished bags sat
 // idle (an H200's ncu: 34% achieved occupancy of 50% possible). In one wave
 // each warp strides over many bags and their lengths average out.
+//
+// The occupancy is cached per kernel address (and architecture: a process's
+// GPUs are one in practice). A static in this template would be per
+// signature, which index, hash and fragment variants share: every variant
+// would get the first one launched's figure.
+inline int BlocksPerSm(const void* kernel) {
+  static std::mutex mu;
+  static auto* cache = new std::unordered_map<const void*, int>();  // never destroyed: used at exit too
+  std::lock_guard<std::mutex> lock(mu);
+  const auto found = cache->find(kernel);
+  if (found != cache->end()) return found->second;
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kBlockThreads, 0) != cudaSuccess) n = 0;
+  cache->emplace(kernel, n);
+  return n;
+}
+
 template <typename Kernel>
 unsigned int OneWaveBlocks(Kernel* kernel, int64_t items, int64_t items_per_block) {
   const int64_t needed =
       std::min(std::max<int64_t>((items + items_per_block - 1) / items_per_block, 1), kMaxBlocks);
-  // Per kernel and architecture; a process's GPUs are one architecture in practice.
-  static const int blocks_per_sm = [kernel] {
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kBlockThreads, 0) != cudaSuccess) n = 0;
-    return n;
-  }();
+  const int blocks_per_sm = BlocksPerSm(reinterpret_cast<const void*>(kernel));
   int device = 0, sms = 0;
   if (blocks_per_sm <= 0 || cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) {

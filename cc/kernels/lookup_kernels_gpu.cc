@@ -27,6 +27,7 @@
 #include <limits>
 
 #include "cc/core/lookup.h"
+#include "cc/core/segments.h"
 #include "cc/kernels/gpu_util.h"
 #include "cc/kernels/lookup_common.h"
 #include "cc/kernels/tf_types.h"
@@ -79,12 +80,13 @@ absl::Status QueueOffsets(OpKernelContext* ctx, const LookupAttrs& a, const Look
                                             : ctr::gpu::RowIdsToOffsets(seg, n, rows, off, d_status, stream));
 }
 
-// The error an offsets status {entry, value} read back stands for.
+// The error an offsets status {entry, value} read back stands for, in the
+// CPU kernel's words.
 absl::Status OffsetsError(const LookupAttrs& a, const LookupInputs& in, int64_t rows, const int64_t* h) {
   if (h[0] < 0) return absl::OkStatus();
   return tensorflow::errors::InvalidArgument(
-      a.segments_are_splits ? "invalid row_splits" : "row ids must be sorted and in [0, rows)", ": entry ", h[0],
-      " has value ", h[1], " (", in.nnz(), " ids, ", rows, " rows)");
+      a.segments_are_splits ? ctr::DescribeSplitError(h[0], h[1], in.segments->NumElements(), in.nnz())
+                            : ctr::DescribeRowIdError(h[0], h[1], rows));
 }
 
 // Offsets for the gradient, checked at once (it reads back anyway).
