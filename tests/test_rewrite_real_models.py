@@ -1247,6 +1247,73 @@ def test_a_report_path_that_only_opening_shows_unwritable_is_refused_before_the_
     assert cli.returncode == 0 and json.loads((tmp_path / "new.json").read_text())
 
 
+_KILLED_DURING_A_FRESH_PROCESS = """
+import os, signal, sys, threading, time
+from tf_ctr_ops import rewrite
+folder, pid_file = sys.argv[1], sys.argv[2]
+signal.signal(signal.SIGTERM, rewrite.exit_on_signal)
+def kill_once_the_child_runs():
+    while not os.path.exists(pid_file):
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)
+threading.Thread(target=kill_once_the_child_runs, daemon=True).start()
+child = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+rewrite._TERMINATION.run([sys.executable, "-c", child, pid_file], folder, dict(os.environ))
+"""
+
+
+def test_a_kill_during_the_fresh_process_check_ends_the_child_and_removes_its_inputs(tmp_path):
+    # The check's child ran on, and its folder of (maybe large) inputs stayed.
+    import signal
+
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    (folder / "request.pkl").write_bytes(b"x")
+    proc = subprocess.run([sys.executable, "-c", _KILLED_DURING_A_FRESH_PROCESS, str(folder), str(tmp_path / "pid")],
+                          env=fresh_process_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-2000:]
+    assert not folder.exists()
+    assert not os.path.exists(f"/proc/{(tmp_path / 'pid').read_text()}"), "the child still runs"
+
+
+def test_a_signal_ignored_from_the_start_stays_ignored_by_the_command():
+    # A shell's background job starts with SIGINT ignored; the command caught it.
+    import signal
+
+    from tf_ctr_ops.__main__ import _exiting_on_signals
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with _exiting_on_signals(rewrite.exit_on_signal):
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is rewrite.exit_on_signal
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is not rewrite.exit_on_signal
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_a_report_on_a_pipe_is_checked_without_opening_it(tmp_path):
+    # Opening a FIFO with no reader blocked the command forever, and with one
+    # ended the reader's input; /dev/fd/N of a pipe resolved to a path that
+    # cannot be opened and was refused.
+    import threading
+
+    from tf_ctr_ops import _errors
+
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    read, write = os.pipe()
+    results = []
+    checker = threading.Thread(target=lambda: results.extend(
+        [_errors.unwritable(str(fifo)), _errors.unwritable(f"/dev/fd/{write}")]), daemon=True)
+    checker.start()
+    checker.join(timeout=30)
+    os.close(read)
+    os.close(write)
+    assert results == ["", ""], "the check blocked on the FIFO" if not results else results
+
+
 def test_a_dst_that_is_a_file_is_refused_before_the_rewrite(tmp_path, monkeypatch):
     save_split_safe_lookup_model(str(tmp_path / "src"))
     (tmp_path / "dst").write_text("mine")

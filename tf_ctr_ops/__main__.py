@@ -97,7 +97,9 @@ def _exiting_on_signals(handler):
     if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
         yield
         return
-    previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)}
+    # A signal ignored since the start (SIGINT in a shell's background job) stays ignored.
+    previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)
+                if signal.getsignal(signum) is not signal.SIG_IGN}
     try:
         yield
     finally:

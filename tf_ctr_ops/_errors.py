@@ -2,6 +2,7 @@
 
 import os
 import re
+import stat
 
 _BOILERPLATE = ("Graph execution error", "Detected at node", "<stack traces", "[[", "Traceback", "File ")
 # An eager op's framing around its message: "{{function_node __wrapped__X}} "
@@ -32,17 +33,23 @@ def inside(path, folder):
 
 def unwritable(path):
     """Why no file can be written at `path` (checked before a long run, not
-    after it), or "" when one can. It opens the file to append, as only that
-    tells (a link to a missing folder, /proc), and removes it if it made it."""
-    real = os.path.realpath(path)
-    if os.path.isdir(real):
+    after it), or "" when one can. A file is opened to append, as only that
+    tells (a link to a missing folder, /proc), and removed if that made it;
+    a pipe or a device is only checked for permission, as opening one may
+    block or end its reader's input."""
+    if os.path.isdir(path):
         return f"{path} cannot be written: it is a folder"
-    existed = os.path.exists(real)
     try:
-        with open(real, "a"):
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = None  # nothing there yet (or a link to nothing)
+    if mode is not None and not stat.S_ISREG(mode):
+        return "" if os.access(path, os.W_OK) else f"{path} cannot be written: permission denied"
+    try:
+        with open(path, "a"):
             pass
     except OSError as e:
         return f"{path} cannot be written: {e.strerror or e}"
-    if not existed:
-        os.remove(real)
+    if mode is None:
+        os.remove(os.path.realpath(path))  # what the open made, not a link to it
     return ""

@@ -1022,9 +1022,8 @@ def _serve_in_fresh_process(model_dir, inputs):
         with open(request, "wb") as f:
             pickle.dump({k: {n: np.asarray(v) for n, v in feeds.items()} for k, feeds in inputs.items()}, f)
         # cwd outside any checkout: its unbuilt source tree would shadow the package.
-        proc = subprocess.run([sys.executable, "-m", "tf_ctr_ops._serve_check", os.path.abspath(model_dir), request,
-                               result], cwd=tmp, env=env, capture_output=True, text=True,
-                              timeout=_FRESH_PROCESS_TIMEOUT_S)
+        proc = _TERMINATION.run([sys.executable, "-m", "tf_ctr_ops._serve_check", os.path.abspath(model_dir),
+                                 request, result], tmp, env)
         if proc.returncode != 0 or not os.path.exists(result):
             tail = (proc.stderr or proc.stdout).strip().splitlines()
             return {"load_error": f"the process exited with status {proc.returncode}"
@@ -1084,6 +1083,7 @@ class _Termination:
     def start(self):
         """A new rewrite: no temporary model yet, DST not yet replaced."""
         self.folders = set()
+        self.children = set()
         self.replacing = False
         self.replaced = False
         self.pending = None
@@ -1092,11 +1092,35 @@ class _Termination:
         if self.replacing:
             self.pending = signum
             return
+        for child in list(self.children):
+            child.kill()
+            try:
+                child.wait(timeout=10)  # gone before this process is
+            except subprocess.TimeoutExpired:
+                pass
         for folder in list(self.folders):
             shutil.rmtree(folder, ignore_errors=True)
         dst = "DST was written (its verification was cut short)" if self.replaced else "DST is left as it was"
         print(f"tf-ctr-ops optimize: stopped by signal {signum}; {dst}", file=sys.stderr, flush=True)
         os._exit(128 + signum)
+
+    def run(self, args, folder, env):
+        """subprocess.run(args) in `folder` with output captured and the fresh
+        process's time limit; a kill meanwhile kills the child and removes
+        `folder` (the verification's inputs)."""
+        with subprocess.Popen(args, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) as proc:
+            self.children.add(proc)
+            self.folders.add(folder)
+            try:
+                out, err = proc.communicate(timeout=_FRESH_PROCESS_TIMEOUT_S)
+            except BaseException:  # a time-out, Ctrl-C in a program of the caller's: no child left running
+                proc.kill()
+                raise
+            finally:
+                self.children.discard(proc)
+                self.folders.discard(folder)
+        return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
     @contextlib.contextmanager
     def replacing_dst(self):
