@@ -101,6 +101,31 @@ def test_checkpoint_restores_a_model_into_a_bigger_table(rng, tmp_path):
     assert int(bigger.get_layer("ids").statistics()["size"]) > int(model.get_layer("ids").statistics()["size"])
 
 
+class _Subclassed(keras.Model):
+    def __init__(self, capacity):
+        super().__init__()
+        self.ids = HashTableEmbedding(4, capacity, combiner="sum")
+
+    def call(self, keys, training=None):
+        return self.ids(keys, training=training)
+
+
+def test_checkpoint_restores_a_subclassed_model_into_a_bigger_table(tmp_path):
+    # Keras builds a subclassed model's layers before their variables exist,
+    # so the resizing restore was never taken over: "incompatible tensor".
+    import tensorflow as tf
+
+    keys = tf.reshape(tf.range(100, 140, dtype=tf.int64), [-1, 1])
+    model = _Subclassed(64)
+    model(keys, training=True)
+    path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
+    bigger = _Subclassed(200)
+    bigger(keys[:1])  # built as the docs ask, before the restore
+    tf.train.Checkpoint(model=bigger).read(path).assert_consumed()
+    np.testing.assert_array_equal(bigger(keys).numpy(), model(keys).numpy())
+    assert int(bigger.ids.statistics()["size"]) == 40
+
+
 def test_a_layer_refuses_a_checkpoint_of_the_other_key_dtype(tmp_path):
     import tensorflow as tf
 

@@ -227,16 +227,19 @@ def restore_any_capacity(table):
     saved row order; keys beyond the capacity are dropped and counted in
     `statistics()["dropped"]`). Eager restores only (TF2's default), outside
     tf.distribute strategies; the optimizer's slots of `values` still need a
-    checkpoint of the same capacity.
+    checkpoint of the same capacity. Returns whether it took them over.
     """
     variables = {part: getattr(table, part) for part in ("table", "values")}
     if not all(isinstance(_variable(v), resource_variable_ops.BaseResourceVariable) for v in variables.values()):
-        return  # distributed values: their strategy restores them, at the saved shape only
+        # Distributed values (their strategy restores them, at the saved
+        # shape only), or a Keras variable not yet initialized: False.
+        return False
     restore = _AnyCapacityRestore(table)
     for part, variable in variables.items():
         # A weak reference, and the class's own method: a variable holding
         # itself would wait for the cycle collector to free a deleted table.
         variable._restore_from_tensors = functools.partial(restore.arrive, part, weakref.ref(variable))
+    return True
 
 
 class _AnyCapacityRestore:

@@ -807,7 +807,7 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
                                           initializer=self.embeddings_initializer, name="embeddings",
                                           **_TABLE_WEIGHT)
         _hash_table.check_restored_key_kind(self)
-        _hash_table.restore_any_capacity(self)
+        self._restores_any_capacity = _hash_table.restore_any_capacity(self)
         self.built = True
 
     @property
@@ -856,6 +856,8 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
             return outputs if isinstance(inputs, (list, tuple)) else outputs[0]
         if floats:
             raise _float_keys_error(self, floats[0])
+        if not self._restores_any_capacity:  # a subclassed model's layer is built before its variables exist
+            self._restores_any_capacity = _hash_table.restore_any_capacity(self)
         if isinstance(inputs, (list, tuple)):  # slots: features sharing this table
             if weights is not None and not isinstance(weights, (list, tuple)):
                 raise ValueError(f"weights of a list of {len(inputs)} features must be a list of {len(inputs)} "
