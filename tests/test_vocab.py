@@ -537,3 +537,11 @@ def test_concat_vocab_with_scalar_first_keys_names_their_shape():
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature 0 must have a \[B\] key vector, got keys \[\]"):
         concat_vocab([table, table], [tf.constant("w1"), tf.constant(["w2"])], [tf.ones([40, 3]), tf.ones([40, 2])],
                      [], [0, 1], wrap=(False, False))
+
+
+def test_a_static_vocabulary_table_is_refused_with_the_way_round():
+    init = tf.lookup.KeyValueTensorInitializer(tf.constant(["w1", "w2"]), tf.constant([0, 1], tf.int64))
+    table = tf.lookup.StaticVocabularyTable(init, num_oov_buckets=2)
+    with pytest.raises(TypeError, match="got StaticVocabularyTable .*StaticHashTable of the vocabulary with "
+                       "default_value=-1, and num_oov_buckets"):
+        tco.vocab_embedding(table, tf.constant(["w1"]), tf.ones([4, 2]))

@@ -237,7 +237,10 @@ def _default_value(table):
     if value is None:
         value = getattr(table, "_default_value", None)
     if value is None:
-        raise TypeError(f"table must be a tf.lookup table with a default value, got {type(table).__name__}")
+        hint = (" (its out-of-vocabulary keys hash to buckets: pass a StaticHashTable of the vocabulary with "
+                "default_value=-1, and num_oov_buckets where the function takes it)"
+                if isinstance(table, tf.lookup.StaticVocabularyTable) else "")
+        raise TypeError(f"table must be a tf.lookup table with a default value, got {type(table).__name__}{hint}")
     value = tf.cast(value, tf.int64)
     if value.shape.rank not in (None, 0):
         raise ValueError(f"the table's default value must be a scalar row id, got shape {value.shape}")
