@@ -460,3 +460,13 @@ def test_bucketized_values_of_a_rank_known_only_at_run_time(rng):
     for bad in (tf.zeros([2, 1, 1]), tf.constant(1.0)):
         with pytest.raises(tf.errors.InvalidArgumentError, match="must be a matrix"):
             lookup(bad)
+
+
+@pytest.mark.parametrize("hash_key", [[1, 2], 1.5, "7"])
+def test_a_hash_key_other_than_one_integer_is_named(hash_key):
+    # [1, 2] (hash_embedding's two-integer form) failed in int() with "int()
+    # argument must be ... not 'list'".
+    inputs = [tf.constant([["a"]]), tf.constant([["b"]])]
+    with pytest.raises(TypeError, match="hash_key must be None or one integer"):
+        tco.cross_embedding_lookup(tf.ones([10, 4]), inputs, 10, hash_key=hash_key)
+    assert tco.cross_embedding_lookup(tf.ones([10, 4]), inputs, 10, hash_key=np.int64(7)).shape == (1, 4)

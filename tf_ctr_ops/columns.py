@@ -5,6 +5,8 @@ This is what a `crossed_column` or a `bucketized_column` under a linear model
 or an `embedding_column` computes; the rewrite fuses their subgraphs into it.
 """
 
+import numbers
+
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import sparse_ops
@@ -56,6 +58,8 @@ def cross_embedding_lookup(params, inputs, num_buckets, hash_key=None, combiner=
         sparse = [i for i in inputs if isinstance(i, tf.SparseTensor)]
         dense = [tf.convert_to_tensor(i) for i in inputs if not isinstance(i, tf.SparseTensor)]
         # Inputs of another rank fail in the op, with SparseCross's errors.
+        if hash_key is not None and not isinstance(hash_key, numbers.Integral):
+            raise TypeError(f"hash_key must be None or one integer, as tf.sparse.cross_hashed's; got {hash_key!r}")
         key = int(hash_key) if hash_key else DEFAULT_HASH_KEY  # TF's cross_hashed reads 0 as its default too
         if not -(1 << 63) <= key < (1 << 63):
             raise OverflowError(f"hash_key must fit in int64, as tf.sparse.cross_hashed's attr does; got {key}")
