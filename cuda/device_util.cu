@@ -50,22 +50,19 @@ __global__ void LastNonZeroKernel(const int64_t* counts, int64_t n, unsigned lon
 }  // namespace
 
 template <>
-std::string ReadLastAsInt64<int64_t>(const int64_t* d, int64_t n, int64_t* h_out, void* stream) {
+std::string ReadLastAsInt64<int64_t>(const int64_t* d, int64_t n, int64_t*, int64_t* h_out, void* stream) {
   auto st = static_cast<cudaStream_t>(stream);
   std::string err = Check(cudaMemcpyAsync(h_out, d + n - 1, sizeof(int64_t), cudaMemcpyDeviceToHost, st));
   return err.empty() ? Check(cudaStreamSynchronize(st)) : err;
 }
 
 template <>
-std::string ReadLastAsInt64<int32_t>(const int32_t* d, int64_t n, int64_t* h_out, void* stream) {
+std::string ReadLastAsInt64<int32_t>(const int32_t* d, int64_t n, int64_t* d_scratch, int64_t* h_out,
+                                    void* stream) {
   auto st = static_cast<cudaStream_t>(stream);
-  int64_t* tmp = nullptr;
-  std::string err = Check(cudaMallocAsync(&tmp, sizeof(int64_t), st));
-  if (!err.empty()) return err;
-  LastAsInt64Kernel<<<1, 1, 0, st>>>(d, n, tmp);
-  err = Check(cudaGetLastError());
-  if (err.empty()) err = Check(cudaMemcpyAsync(h_out, tmp, sizeof(int64_t), cudaMemcpyDeviceToHost, st));
-  cudaFreeAsync(tmp, st);
+  LastAsInt64Kernel<<<1, 1, 0, st>>>(d, n, d_scratch);
+  std::string err = Check(cudaGetLastError());
+  if (err.empty()) err = Check(cudaMemcpyAsync(h_out, d_scratch, sizeof(int64_t), cudaMemcpyDeviceToHost, st));
   return err.empty() ? Check(cudaStreamSynchronize(st)) : err;
 }
 
@@ -93,12 +90,12 @@ std::string CopyRows2D(const void* d_src, size_t src_pitch, void* d_dst, size_t 
                                  static_cast<cudaStream_t>(stream)));
 }
 
-std::string CountThroughLastNonZero(const int64_t* d_counts, int64_t n, int64_t* h_out, void* stream) {
+std::string CountThroughLastNonZero(const int64_t* d_counts, int64_t n, int64_t* d_scratch, int64_t* h_out,
+                                    void* stream) {
+  static_assert(sizeof(unsigned long long) == sizeof(int64_t), "atomicMax's type must fit the scratch");
   auto st = static_cast<cudaStream_t>(stream);
-  unsigned long long* through = nullptr;
-  std::string err = Check(cudaMallocAsync(&through, sizeof(*through), st));
-  if (!err.empty()) return err;
-  err = Check(cudaMemsetAsync(through, 0, sizeof(*through), st));
+  auto* through = reinterpret_cast<unsigned long long*>(d_scratch);
+  std::string err = Check(cudaMemsetAsync(through, 0, sizeof(*through), st));
   if (err.empty() && n > 0) {
     const int threads = 256;
     LastNonZeroKernel<<<static_cast<unsigned>((n + threads - 1) / threads), threads, 0, st>>>(d_counts, n, through);
@@ -107,7 +104,6 @@ std::string CountThroughLastNonZero(const int64_t* d_counts, int64_t n, int64_t*
   unsigned long long h = 0;
   if (err.empty()) err = Check(cudaMemcpyAsync(&h, through, sizeof(h), cudaMemcpyDeviceToHost, st));
   if (err.empty()) err = Check(cudaStreamSynchronize(st));
-  cudaFreeAsync(through, st);
   *h_out = static_cast<int64_t>(h);
   return err;
 }

@@ -10,9 +10,11 @@ namespace ctr {
 namespace gpu {
 
 // Reads the last of n row ids as int64 (synchronizes): the inferred bag count
-// of a SparseTensor lookup is last row id + 1.
+// of a SparseTensor lookup is last row id + 1. d_scratch: one int64 of device
+// memory the caller allocated (a TF op through its allocator, not
+// cudaMallocAsync, which a device without memory pools refuses).
 template <typename TSeg>
-std::string ReadLastAsInt64(const TSeg* d_values, int64_t n, int64_t* h_out, void* stream);
+std::string ReadLastAsInt64(const TSeg* d_values, int64_t n, int64_t* d_scratch, int64_t* h_out, void* stream);
 
 // Copies bytes device->host and synchronizes (error messages, small reads).
 std::string CopyToHost(const void* d_src, void* h_dst, size_t bytes, void* stream);
@@ -31,8 +33,9 @@ std::string CopyRows2D(const void* d_src, size_t src_pitch, void* d_dst, size_t 
                        size_t rows, void* stream);
 
 // 1 + the index of the last non-zero of n counts (0 when all are zero);
-// synchronizes to return it.
-std::string CountThroughLastNonZero(const int64_t* d_counts, int64_t n, int64_t* h_out, void* stream);
+// synchronizes to return it. d_scratch: one int64 of device memory, as above.
+std::string CountThroughLastNonZero(const int64_t* d_counts, int64_t n, int64_t* d_scratch, int64_t* h_out,
+                                    void* stream);
 
 // Flags in d_status[0..1] = {index, value} the first string split that is
 // negative, decreasing or past num_bytes ({-1, 0} when all are valid).

@@ -44,7 +44,8 @@ using tensorflow::Tensor;
 // The bag count: num_rows, the splits' length, or (row ids without num_rows)
 // the last row id + 1, read back synchronously.
 template <typename TSeg>
-absl::Status BagCount(const LookupAttrs& a, const LookupInputs& in, void* stream, int64_t* rows) {
+absl::Status BagCount(OpKernelContext* ctx, const LookupAttrs& a, const LookupInputs& in, void* stream,
+                      int64_t* rows) {
   const int64_t n = in.segments->NumElements();
   if (a.segments_are_splits) {
     *rows = n - 1;
@@ -54,8 +55,10 @@ absl::Status BagCount(const LookupAttrs& a, const LookupInputs& in, void* stream
     *rows = 0;
   } else {
     int64_t last = 0;
-    TF_RETURN_IF_ERROR(
-        LaunchStatus(ctr::gpu::ReadLastAsInt64(in.segments->flat<TSeg>().data(), n, &last, stream)));
+    Tensor scratch;
+    TF_RETURN_IF_ERROR(DeviceScratch(ctx, 1, &scratch));
+    TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::ReadLastAsInt64(in.segments->flat<TSeg>().data(), n,
+                                                             scratch.flat<int64_t>().data(), &last, stream)));
     if (last < 0 || last == std::numeric_limits<int64_t>::max())
       return tensorflow::errors::InvalidArgument("row id ", last, " of entry ", n - 1,
                                                  " is out of range [0, 2^63 - 1)");
@@ -93,7 +96,7 @@ absl::Status OffsetsError(const LookupAttrs& a, const LookupInputs& in, int64_t 
 template <typename TSeg>
 absl::Status DeviceOffsets(OpKernelContext* ctx, const LookupAttrs& a, const LookupInputs& in, void* stream,
                            Tensor* offsets, int64_t* rows) {
-  TF_RETURN_IF_ERROR(BagCount<TSeg>(a, in, stream, rows));
+  TF_RETURN_IF_ERROR(BagCount<TSeg>(ctx, a, in, stream, rows));
   Tensor status;
   TF_RETURN_IF_ERROR(DeviceScratch(ctx, 2, &status));
   int64_t* st = status.flat<int64_t>().data();
@@ -114,7 +117,7 @@ class EmbeddingLookupGpuOp : public LookupKernelOn<tensorflow::AsyncOpKernel> {
     OP_REQUIRES_OK_ASYNC(ctx, BindInputs(ctx, 0, ctx->input(0), &a, &in), done);
     void* stream = GpuStream(ctx);
     int64_t rows = 0;
-    OP_REQUIRES_OK_ASYNC(ctx, BagCount<TSeg>(a, in, stream, &rows), done);
+    OP_REQUIRES_OK_ASYNC(ctx, BagCount<TSeg>(ctx, a, in, stream, &rows), done);
     // Status words: the offsets' {entry, value}, then the ids' {row, id}.
     Tensor status, offsets, host_status;
     OP_REQUIRES_OK_ASYNC(ctx, DeviceScratch(ctx, 4, &status), done);

@@ -218,7 +218,7 @@ class StringEmbeddingGpuOp : public StringKernelOn<tensorflow::AsyncOpKernel> {
     int64_t rows = 0;
     if (in.num_bags > 0) {
       Tensor counts;
-      TF_RETURN_IF_ERROR(DeviceScratch(ctx, in.num_bags, &counts));
+      TF_RETURN_IF_ERROR(DeviceScratch(ctx, in.num_bags + 1, &counts));  // the last: CountThroughLastNonZero's
       ctr::StringSpec no_default = spec;
       no_default.lookup.default_id = -1;
       TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::StringGradRowCounts(no_default, in.bytes, in.string_splits,
@@ -226,7 +226,8 @@ class StringEmbeddingGpuOp : public StringKernelOn<tensorflow::AsyncOpKernel> {
                                                                     counts.flat<int64_t>().data(), nullptr,
                                                                     stream)));
       TF_RETURN_IF_ERROR(LaunchStatus(
-          ctr::gpu::CountThroughLastNonZero(counts.flat<int64_t>().data(), in.num_bags, &rows, stream)));
+          ctr::gpu::CountThroughLastNonZero(counts.flat<int64_t>().data(), in.num_bags,
+                                            counts.flat<int64_t>().data() + in.num_bags, &rows, stream)));
     }
     Tensor* out = nullptr;
     TF_RETURN_IF_ERROR(AllocateOutput(ctx, 0, {rows, spec.lookup.dim}, &out));
@@ -396,13 +397,14 @@ class ConcatStringEmbeddingGpuOp : public ConcatStringKernelOn<tensorflow::Async
     *rows = count;
     if (!trimmed(f) || count == 0) return absl::OkStatus();
     Tensor counts;
-    TF_RETURN_IF_ERROR(DeviceScratch(ctx, count, &counts));
+    TF_RETURN_IF_ERROR(DeviceScratch(ctx, count + 1, &counts));  // the last: CountThroughLastNonZero's
     ctr::StringSpec no_default = spec;
     no_default.lookup.default_id = -1;
     TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::StringGradRowCounts(no_default, in.bytes, in.string_splits + first[f],
                                                                   nullptr, count, counts.flat<int64_t>().data(),
                                                                   nullptr, stream)));
-    return LaunchStatus(ctr::gpu::CountThroughLastNonZero(counts.flat<int64_t>().data(), count, rows, stream));
+    return LaunchStatus(ctr::gpu::CountThroughLastNonZero(counts.flat<int64_t>().data(), count,
+                                                          counts.flat<int64_t>().data() + count, rows, stream));
   }
 };
 
