@@ -101,13 +101,18 @@ def test_checkpoint_restores_a_model_into_a_bigger_table(rng, tmp_path):
     assert int(bigger.get_layer("ids").statistics()["size"]) > int(model.get_layer("ids").statistics()["size"])
 
 
+@keras.saving.register_keras_serializable(package="tf_ctr_ops_tests")
 class _Subclassed(keras.Model):
-    def __init__(self, capacity):
-        super().__init__()
+    def __init__(self, capacity, **kwargs):
+        super().__init__(**kwargs)
+        self.capacity = capacity
         self.ids = HashTableEmbedding(4, capacity, combiner="sum")
 
     def call(self, keys, training=None):
         return self.ids(keys, training=training)
+
+    def get_config(self):
+        return {"capacity": self.capacity}
 
 
 def test_checkpoint_restores_a_subclassed_model_into_a_bigger_table(tmp_path):
@@ -124,6 +129,23 @@ def test_checkpoint_restores_a_subclassed_model_into_a_bigger_table(tmp_path):
     tf.train.Checkpoint(model=bigger).read(path).assert_consumed()
     np.testing.assert_array_equal(bigger(keys).numpy(), model(keys).numpy())
     assert int(bigger.ids.statistics()["size"]) == 40
+
+
+def test_checkpoint_restores_a_loaded_subclassed_model_into_a_bigger_table(tmp_path):
+    # A .keras load builds the layer in a symbolic pass and makes its
+    # variables after: it refused another capacity until called once.
+    import tensorflow as tf
+
+    keys = tf.reshape(tf.range(100, 140, dtype=tf.int64), [-1, 1])
+    model = _Subclassed(64)
+    model(keys, training=True)
+    path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
+    bigger = _Subclassed(200)
+    bigger(keys[:1])
+    bigger.save(tmp_path / "bigger.keras")
+    loaded = keras.models.load_model(tmp_path / "bigger.keras")
+    tf.train.Checkpoint(model=loaded).read(path).assert_consumed()
+    np.testing.assert_array_equal(loaded(keys).numpy(), model(keys).numpy())
 
 
 def test_a_layer_refuses_a_checkpoint_of_the_other_key_dtype(tmp_path):

@@ -1314,6 +1314,28 @@ def test_a_report_on_a_pipe_is_checked_without_opening_it(tmp_path):
     assert results == ["", ""], "the check blocked on the FIFO" if not results else results
 
 
+def test_a_report_on_a_socket_is_refused_before_the_rewrite(tmp_path):
+    # Only pipes and terminals are checked without opening: a socket passed,
+    # and the report failed after DST was written.
+    import socket
+
+    from tf_ctr_ops import _errors
+
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(tmp_path / "r.sock"))
+        assert "cannot be written" in _errors.unwritable(str(tmp_path / "r.sock"))
+
+
+def test_a_fresh_process_check_past_its_time_limit_is_a_one_line_error(tmp_path, monkeypatch):
+    save_split_safe_lookup_model(str(tmp_path / "src"))
+    monkeypatch.setattr(rewrite, "_FRESH_PROCESS_TIMEOUT_S", 0.01)
+    cli = run_cli(["src", "dst"], tmp_path)
+    assert cli.returncode == 1, cli.stderr
+    assert cli.stderr.strip() == ("tf-ctr-ops optimize: error: a model's check in a fresh process ran past 0.01 s; "
+                                  "DST is left as it was"), cli.stderr
+    assert not (tmp_path / "dst").exists() and not list(tmp_path.glob(".ctr-*"))
+
+
 def test_a_dst_that_is_a_file_is_refused_before_the_rewrite(tmp_path, monkeypatch):
     save_split_safe_lookup_model(str(tmp_path / "src"))
     (tmp_path / "dst").write_text("mine")

@@ -12,6 +12,7 @@ Commands:
 import argparse
 import contextlib
 import signal
+import subprocess
 import sys
 import threading
 
@@ -75,6 +76,10 @@ def optimize_main(argv):
                                                   merge_partitions=args.merge_partitions)
     except (rewrite.RewriteError, ValueError) as e:
         print(f"tf-ctr-ops optimize: error: {e}", file=sys.stderr)
+        return 1
+    except subprocess.TimeoutExpired as e:
+        print(f"tf-ctr-ops optimize: error: a model's check in a fresh process ran past {e.timeout:g} s; DST is "
+              "left as it was", file=sys.stderr)
         return 1
     except (OSError, DecodeError, tf.errors.OpError) as e:  # a SavedModel TF cannot read, a DST not writable
         print(f"tf-ctr-ops optimize: error: {_errors.summary(e)}", file=sys.stderr)

@@ -34,16 +34,16 @@ def inside(path, folder):
 def unwritable(path):
     """Why no file can be written at `path` (checked before a long run, not
     after it), or "" when one can. A file is opened to append, as only that
-    tells (a link to a missing folder, /proc), and removed if that made it;
-    a pipe or a device is only checked for permission, as opening one may
-    block or end its reader's input."""
+    tells (a link to a missing folder, /proc, a socket), and removed if that
+    made it; a pipe or a terminal is only checked for permission, as opening
+    one may block or end its reader's input."""
     if os.path.isdir(path):
         return f"{path} cannot be written: it is a folder"
     try:
         mode = os.stat(path).st_mode
     except OSError:
         mode = None  # nothing there yet (or a link to nothing)
-    if mode is not None and not stat.S_ISREG(mode):
+    if mode is not None and (stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
         return "" if os.access(path, os.W_OK) else f"{path} cannot be written: permission denied"
     try:
         with open(path, "a"):

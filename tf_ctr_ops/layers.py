@@ -822,6 +822,8 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
             if variable is self.table and str(i) in store:
                 _hash_table.check_saved_key_kind(store[str(i)], self)
         super().load_own_variables(store)
+        if not self._restores_any_capacity:  # built in a symbolic pass, its variables only made now
+            self._restores_any_capacity = _hash_table.restore_any_capacity(self)
 
     def _variables_initialized(self):
         return all(_hash_table._variable(v) is not None for v in (self.table, self.embeddings))
