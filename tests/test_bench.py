@@ -572,3 +572,47 @@ def test_the_bench_command_names_itself_in_its_errors(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "lookup", "--runs", "0"])
     assert capsys.readouterr().err.startswith("usage: tf-ctr-ops bench")
+
+
+def test_the_gradient_digest_sees_rows_at_other_indices_and_moved_columns():
+    # Plain per-bucket sums of index mod 1024 took a row sent to id + 1024,
+    # or with its columns swapped, for the right one.
+    import tensorflow as tf
+
+    from tf_ctr_ops.bench.lookup import _grad_digest
+
+    values = tf.constant([[1.0, 2.0], [3.0, 5.0], [0.5, 0.25]])
+    right = tf.IndexedSlices(values, tf.constant([3, 5, 3], tf.int64), tf.constant([4096, 2], tf.int64))
+    merged = tf.IndexedSlices(tf.constant([[1.5, 2.25], [3.0, 5.0]]), tf.constant([3, 5], tf.int64),
+                              right.dense_shape)
+    np.testing.assert_allclose(_grad_digest(merged), _grad_digest(right), rtol=1e-6)  # merging changes nothing
+    for wrong in (tf.IndexedSlices(values, right.indices + 1024, right.dense_shape),
+                  tf.IndexedSlices(tf.reverse(values, [1]), right.indices, right.dense_shape)):
+        assert np.abs(_grad_digest(wrong) - _grad_digest(right)).max() > 0.1
+
+
+def test_a_training_step_with_a_wrong_update_is_a_mismatch(monkeypatch):
+    # Only the first step's loss was compared, which reads the initial values:
+    # a 10x gradient was timed as correct.
+    import tensorflow as tf
+
+    import tf_ctr_ops as tco
+
+    exact = tco.hash_table_embedding
+
+    def tenfold_gradient(table, keys, **kwargs):
+        out = exact(table, keys, **kwargs)
+        return tf.stop_gradient(out) + 10.0 * (out - tf.stop_gradient(out)) if kwargs.get("insert") else out
+
+    monkeypatch.setattr(tco, "hash_table_embedding", tenfold_gradient)
+    with pytest.raises(bench.BenchmarkMismatch, match="train-step"):
+        bench.main(["table", "--batch", "64", "--vocab", "2000", "--dim", "8", "--max-len", "5", "--runs", "3",
+                    "--copy-mb", "8"])
+
+
+@pytest.mark.parametrize("speedup, need, text", [(2.4996, 2.5, "2.4996x"), (2.5, 2.5, "2.50x"),
+                                                  (2.4949, 2.5, "2.49x"), (3.731, 2.5, "3.73x")])
+def test_a_missed_target_is_never_printed_rounded_up_to_it(speedup, need, text):
+    from tf_ctr_ops.bench.report import speedup_text
+
+    assert speedup_text(speedup, need) == text

@@ -55,11 +55,16 @@ SHARDS = 4
 
 def _grad_digest(grad, buckets=1024):
     """A small digest of an IndexedSlices gradient that does not depend on its
-    index order or on whether rows of one index are merged: per-bucket sums."""
+    index order or on whether rows of one index are merged: per-bucket sums
+    of each row's columns weighted by position, times a weight of the row's
+    own index. A row at another index (of the same bucket) or with its
+    columns moved changes it; plain per-bucket sums missed both."""
     import tensorflow as tf
 
-    rows = tf.reduce_sum(tf.reshape(grad.values, [tf.shape(grad.values)[0], -1]), axis=1)
-    return tf.math.unsorted_segment_sum(rows, tf.math.floormod(grad.indices, buckets), buckets)
+    values = tf.reshape(grad.values, [tf.shape(grad.values)[0], -1])
+    by_column = tf.linalg.matvec(values, tf.cast(tf.range(1, tf.shape(values)[1] + 1), values.dtype))
+    by_index = 1.0 + tf.math.floormod(tf.cast(grad.indices, values.dtype) * 0.6180339887, 1.0)
+    return tf.math.unsorted_segment_sum(by_column * by_index, tf.math.floormod(grad.indices, buckets), buckets)
 
 
 def _lookup_graphs(cfg, fused_table, native_table, tensor_table, vocab, shards):

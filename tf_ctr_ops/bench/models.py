@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from tf_ctr_ops.bench.harness import check_agreement, keyword_call, served_graph_call, time_interleaved
+from tf_ctr_ops.bench.report import speedup_text
 
 MODELS = ("keras-lookup", "keras-feature-space", "tf1-feature-columns")
 TARGET = 1.5  # rewritten vs native serving latency at batch 1024
@@ -318,6 +319,6 @@ def print_model_style(result):
                   f"{finds:.3f} ms ({100 * finds / fused:.0f}% of the rewritten model's time; the fused ops "
                   "find through a memo of each table)")
     for t in result["targets"]:
-        print(f"target {t['target']} >= {t['min_speedup']}x: {t['speedup']:.2f}x  "
+        print(f"target {t['target']} >= {t['min_speedup']}x: {speedup_text(t['speedup'], t['min_speedup'])}  "
               f"{'met' if t['met'] else 'NOT MET'}")
     print()

@@ -35,6 +35,7 @@ import numpy as np
 
 from tf_ctr_ops.bench.harness import check_agreement, keyword_call, served_graph_call, suite, time_interleaved
 from tf_ctr_ops.bench.models import model_style_suite
+from tf_ctr_ops.bench.report import speedup_text
 
 HASHED, LISTS = 20, 6
 LIST_DELIMITER = "|"
@@ -264,7 +265,8 @@ def print_rewrite(result):
     print("floor: the same signature and MLP with no embedding (call and MLP costs both models pay); "
           "beyond floor: (native - floor) / (rewritten - floor)")
     for t in result["targets"]:
-        print(f"target {t['target']} >= {t['min_speedup']}x [batch {t['batch']}]: {t['speedup']:.2f}x  "
+        print(f"target {t['target']} >= {t['min_speedup']}x [batch {t['batch']}]: "
+              f"{speedup_text(t['speedup'], t['min_speedup'])}  "
               f"{'met' if t['met'] else 'NOT MET'}")
     print()
 

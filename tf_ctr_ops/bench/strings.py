@@ -235,15 +235,19 @@ def _multi_cases(cfg, shape, features, rng, copy):
         with tf.device(dev):
             return tco.multi_string_embedding(list(xs), tables, combiners="sqrtn", id_modes="index", concat=True)
 
+    # One function each, not a call of the functions above: a nested
+    # function call read the native tables whole (copy-on-read after the
+    # gathers), a 128 MB copy per call at the headline shape.
     @tf.function
     def grouped_then_concat(*xs):
         with tf.device(dev):
-            return tf.concat(fused(*xs), axis=1)
+            return tf.concat(tco.multi_string_embedding(list(xs), tables, combiners="sqrtn", id_modes="index"),
+                             axis=1)
 
     @tf.function
     def native_concat(*xs):
         with tf.device(dev):
-            return tf.concat(native(*xs), axis=1)
+            return tf.concat([_composition(tf, t, x, "index", V) for x, t in zip(xs, native_tables)], axis=1)
 
     nbytes = (nnz + features * shape.batch) * D * 4
     fns = {"fused": stacked(fused), "native": stacked(native), "singles": stacked(singles)}

@@ -236,8 +236,9 @@ def _train_case(cfg, rng, copy):
     """One SGD step of a DeepFM-style model (26 single-key features, each a
     table of raw int64 keys, FM + MLP) with find-or-insert: HashTable +
     hash_table_embedding against MutableHashTable (TF's find-or-insert
-    composition) + tf.nn.embedding_lookup. Both start from the same values,
-    so their first losses must agree."""
+    composition) + tf.nn.embedding_lookup. Both start from the same values
+    and take one step before the check, so the losses it compares read the
+    updated values: a wrong gradient or update fails it."""
     import tensorflow as tf
 
     import tf_ctr_ops as tco
@@ -297,6 +298,8 @@ def _train_case(cfg, rng, copy):
             sgd(zip(tape.gradient(loss, variables), variables))
             return loss
 
+    fused_step(keys)  # the first step's loss reads only the initial values
+    native_step(keys)
     fns = {"fused": lambda: fused_step(keys).numpy(), "native": lambda: native_step(keys).numpy()}
     nbytes = batch * TRAIN_FEATURES * dim * 4 * 3
     entry = timed_entry("table/train-step-zipf", fns, cfg, nbytes, copy, rtol=1e-4, atol=1e-5,
