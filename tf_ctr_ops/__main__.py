@@ -55,7 +55,7 @@ def optimize_main(argv):
     from tf_ctr_ops import _errors
 
     if args.report:  # checked now, not once the model is rewritten
-        why = _report_clash(args, _errors) or _errors.unwritable(args.report)
+        why = _report_clash(args) or _errors.unwritable(args.report)
         if why:
             parser.error(f"--report {why}")
 
@@ -112,8 +112,10 @@ def _exiting_on_signals(handler):
             signal.signal(signum, old)
 
 
-def _report_clash(args, _errors):
+def _report_clash(args):
     """Why the report would overwrite a file the command reads or writes, or ""."""
+    from tf_ctr_ops import _errors
+
     if _errors.same_path(args.report, args.dst):  # DST is still to be written as a folder
         return f"{args.report} is DST: give the report a file name of its own"
     for what, folder in (("DST", args.dst), ("SRC", args.src)):
