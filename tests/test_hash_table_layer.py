@@ -136,6 +136,15 @@ def test_checkpoint_restores_a_subclassed_model_into_a_bigger_table(tmp_path, lo
     assert int(bigger.ids.statistics()["size"]) == 40
 
 
+def test_an_unbuilt_layer_saved_to_keras_loads(tmp_path):
+    # Keras loads an unbuilt layer's (empty) variables too: the load read an
+    # attribute only build set.
+    model = keras.Sequential([HashTableEmbedding(4, 64), keras.layers.Dense(1)])  # no Input: not built
+    model.save(tmp_path / "unbuilt.keras")
+    loaded = keras.models.load_model(tmp_path / "unbuilt.keras")
+    assert loaded.layers[0].capacity == 64 and not loaded.layers[0].built
+
+
 def test_a_layer_refuses_a_checkpoint_of_the_other_key_dtype(tmp_path):
     import tensorflow as tf
 

@@ -1336,6 +1336,26 @@ def test_a_fresh_process_check_past_its_time_limit_is_a_one_line_error(tmp_path,
     assert not (tmp_path / "dst").exists() and not list(tmp_path.glob(".ctr-*"))
 
 
+def test_a_time_out_while_dropping_patterns_leaves_no_temporary_model(tmp_path, monkeypatch):
+    # The best model so far (as big as the model) stayed beside DST.
+    def build(folder, disabled):  # fuses p1 and p2 unless disabled
+        (tmp_path / folder / "saved_model.pb").write_text("x")
+        return {"serving_default": types.SimpleNamespace(
+            matches=[{"pattern": p} for p in ("p1", "p2") if p not in disabled])}, 0.0
+
+    checks = iter([("differs", {}), (None, {})])  # all fused: fails; none: passes; then a time-out
+
+    def check(folder, inputs, reference):
+        for outcome in checks:
+            return outcome
+        raise subprocess.TimeoutExpired(["python"], 900)
+
+    monkeypatch.setattr(rewrite, "_fresh_process_failure", check)
+    with pytest.raises(subprocess.TimeoutExpired):
+        rewrite._servable_rewrite(build, str(tmp_path), {}, {}, set(), "src")
+    assert not list(tmp_path.glob(".ctr-*"))
+
+
 def test_a_dst_that_is_a_file_is_refused_before_the_rewrite(tmp_path, monkeypatch):
     save_split_safe_lookup_model(str(tmp_path / "src"))
     (tmp_path / "dst").write_text("mine")

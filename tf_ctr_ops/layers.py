@@ -772,6 +772,7 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
     def __init__(self, output_dim, capacity, combiner="mean", key_dtype="int64", embeddings_initializer="uniform",
                  admit_after=1, eviction=None, num_slots=None, max_norm=None, table_device="/CPU:0", **kwargs):
         super().__init__(**kwargs)
+        self._restores_any_capacity = False  # until its variables exist (build, a load, or a first call)
         self.output_dim = _check_positive_int(output_dim, "output_dim")
         self.capacity, self.num_slots, self.admit_after = _hash_table.check_table_args(
             capacity, num_slots, admit_after)
@@ -822,7 +823,7 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
             if variable is self.table and str(i) in store:
                 _hash_table.check_saved_key_kind(store[str(i)], self)
         super().load_own_variables(store)
-        if not self._restores_any_capacity:  # built in a symbolic pass, its variables only made now
+        if self.built and not self._restores_any_capacity:  # built in a symbolic pass, its variables made now
             self._restores_any_capacity = _hash_table.restore_any_capacity(self)
 
     def _variables_initialized(self):

@@ -1191,13 +1191,17 @@ def _servable_rewrite(build, parent, inputs, reference, disabled, src):
         raise RewriteError(f"with any pattern fused the rewritten model {first.failure}; with none, it "
                            f"{best.failure}")
     kept, dropped = [], {}
-    for pattern in fused:
-        trial = _attempt(build, parent, inputs, reference, set(disabled) | (set(fused) - set(kept) - {pattern}))
-        if trial.failure:
-            dropped[pattern] = trial.failure
-            continue
+    try:
+        for pattern in fused:
+            trial = _attempt(build, parent, inputs, reference, set(disabled) | (set(fused) - set(kept) - {pattern}))
+            if trial.failure:
+                dropped[pattern] = trial.failure
+                continue
+            shutil.rmtree(best.folder, ignore_errors=True)
+            best, kept = trial, kept + [pattern]
+    except BaseException:  # a time-out, Ctrl-C: the best model so far is as big as the model
         shutil.rmtree(best.folder, ignore_errors=True)
-        best, kept = trial, kept + [pattern]
+        raise
     return best, dropped
 
 

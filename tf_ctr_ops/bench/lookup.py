@@ -63,7 +63,8 @@ def _grad_digest(grad, buckets=1024):
 
     values = tf.reshape(grad.values, [tf.shape(grad.values)[0], -1])
     by_column = tf.linalg.matvec(values, tf.cast(tf.range(1, tf.shape(values)[1] + 1), values.dtype))
-    by_index = 1.0 + tf.math.floormod(tf.cast(grad.indices, values.dtype) * 0.6180339887, 1.0)
+    # From an integer hash of the index: a float product loses the low bits of large ones.
+    by_index = 1.0 + tf.cast(tf.math.floormod(tf.cast(grad.indices, tf.int64) * 40503, 65521), values.dtype) / 65521
     return tf.math.unsorted_segment_sum(by_column * by_index, tf.math.floormod(grad.indices, buckets), buckets)
 
 
