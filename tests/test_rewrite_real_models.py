@@ -1269,8 +1269,9 @@ def test_a_kill_during_the_fresh_process_check_ends_the_child_and_removes_its_in
     folder = tmp_path / "inputs"
     folder.mkdir()
     (folder / "request.pkl").write_bytes(b"x")
+    # cwd outside the checkout: its unbuilt source tree would shadow the installed package.
     proc = subprocess.run([sys.executable, "-c", _KILLED_DURING_A_FRESH_PROCESS, str(folder), str(tmp_path / "pid")],
-                          env=fresh_process_env(), capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, env=fresh_process_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-2000:]
     assert not folder.exists()
     assert not os.path.exists(f"/proc/{(tmp_path / 'pid').read_text()}"), "the child still runs"
