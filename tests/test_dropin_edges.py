@@ -386,3 +386,18 @@ def test_sparse_keys_outside_the_batch_are_an_invalid_argument(values):
         for fn in (tco.hash_embedding, tf.function(tco.hash_embedding)):
             with pytest.raises(tf.errors.InvalidArgumentError):
                 fn(params, keys)
+
+
+# --- ids containers -------------------------------------------------------------
+
+def test_dense_ids_are_a_type_error_naming_both_containers_the_drop_ins_take():
+    # TF raises a TypeError for dense ids; the drop-ins also take ragged ids,
+    # so their message names both (it said "must be SparseTensor" alone).
+    ids = tf.constant([[1, 2]], tf.int64)
+    with pytest.raises(TypeError):
+        tf.nn.embedding_lookup_sparse(P, ids, None)
+    for lookup in (lambda: tco.embedding_lookup_sparse(P, ids, None),
+                   lambda: tco.safe_embedding_lookup_sparse(P, ids),
+                   lambda: tco.compat.v1.embedding_lookup_sparse([P], ids, None)):
+        with pytest.raises(TypeError, match="a SparseTensor or a RaggedTensor, got EagerTensor"):
+            lookup()

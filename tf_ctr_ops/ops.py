@@ -546,7 +546,7 @@ def _lookup_sparse_bags(sp_ids, sp_weights):
         ids, w = _ragged_bags(sp_ids, sp_weights, ("sp_ids", "sp_weights"))
         return _Bags(ids.values, ids.value_rowids(), -1, "row_ids", w)
     if not isinstance(sp_ids, tf.SparseTensor):
-        raise TypeError(f"sp_ids must be SparseTensor, got {type(sp_ids)}")
+        raise TypeError(f"sp_ids must be a SparseTensor or a RaggedTensor, got {type(sp_ids).__name__}")
     return _Bags(sp_ids.values, sp_ids.indices[:, 0], -1, "row_ids", _sparse_weights_values(sp_ids, sp_weights))
 
 
@@ -672,7 +672,7 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
         elif isinstance(sparse_ids, tf.SparseTensor):
             bags, lead = _safe_sparse_bags(sparse_ids, sparse_weights, combiner != "sum")
         else:
-            raise TypeError(f"sparse_ids must be a SparseTensor or a RaggedTensor, got {type(sparse_ids)}")
+            raise TypeError(f"sparse_ids must be a SparseTensor or a RaggedTensor, got {type(sparse_ids).__name__}")
         weighted = bags.weights is not None
         table = _single_table(embedding_weights)
         # TF keeps a resource variable of the weights' dtype; any other table it converts to a tensor.
