@@ -1232,6 +1232,11 @@ def test_a_report_path_inside_src_or_dst_or_on_the_inputs_is_refused_before_the_
         cli = run_cli(["src", "dst", "--inputs", "in.npz", "--report", report], tmp_path)
         assert cli.returncode == 2 and f"--report {report} {why}" in cli.stderr, cli.stderr
     assert not (tmp_path / "src" / "variables" / "new.json").exists()
+    # A hard link is no path inside SRC, DST or the inputs, but one file.
+    for name, target in (("src.json", "src/saved_model.pb"), ("dst.json", "dst/saved_model.pb"), ("in.json", "in.npz")):
+        os.link(tmp_path / target, tmp_path / name)
+        cli = run_cli(["src", "dst", "--inputs", "in.npz", "--report", name], tmp_path)
+        assert cli.returncode == 2 and f"--report {name} is a hard link to {target}" in cli.stderr, cli.stderr
     assert {name: (tmp_path / name / "saved_model.pb").read_bytes() for name in ("src", "dst")} == pb
 
 
@@ -1247,34 +1252,70 @@ def test_a_report_path_that_only_opening_shows_unwritable_is_refused_before_the_
     assert cli.returncode == 0 and json.loads((tmp_path / "new.json").read_text())
 
 
-_KILLED_DURING_A_FRESH_PROCESS = """
+_KILLED_AROUND_A_FRESH_PROCESS = """
 import os, signal, sys, threading, time
 from tf_ctr_ops import rewrite
-folder, pid_file = sys.argv[1], sys.argv[2]
+where, folder_file, pid_file = sys.argv[1], sys.argv[2], sys.argv[3]
 signal.signal(signal.SIGTERM, rewrite.exit_on_signal)
 def kill_once_the_child_runs():
     while not os.path.exists(pid_file):
         time.sleep(0.05)
     os.kill(os.getpid(), signal.SIGTERM)
-threading.Thread(target=kill_once_the_child_runs, daemon=True).start()
-child = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
-rewrite._TERMINATION.run([sys.executable, "-c", child, pid_file], folder, dict(os.environ))
+with rewrite._TERMINATION.temporary_folder() as folder:
+    open(folder_file, "w").write(folder)
+    open(os.path.join(folder, "request.pkl"), "wb").write(b"x")
+    if where == "before":
+        os.kill(os.getpid(), signal.SIGTERM)
+    if where == "during":
+        threading.Thread(target=kill_once_the_child_runs, daemon=True).start()
+    child = ("import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); "
+             "time.sleep(120 if sys.argv[2] == 'during' else 0)")
+    rewrite._TERMINATION.run([sys.executable, "-c", child, pid_file, where], folder, dict(os.environ))
+    os.kill(os.getpid(), signal.SIGTERM)  # "after": reading the child's result
+    time.sleep(60)
 """
 
 
-def test_a_kill_during_the_fresh_process_check_ends_the_child_and_removes_its_inputs(tmp_path):
-    # The check's child ran on, and its folder of (maybe large) inputs stayed.
+@pytest.mark.parametrize("where", ["before", "during", "after"])
+def test_a_kill_around_the_fresh_process_check_ends_the_child_and_removes_its_inputs(tmp_path, where):
+    # The check's child ran on, and its folder of (maybe large) inputs stayed,
+    # also when the kill came while the inputs were written or the result read.
     import signal
 
-    folder = tmp_path / "inputs"
-    folder.mkdir()
-    (folder / "request.pkl").write_bytes(b"x")
     # cwd outside the checkout: its unbuilt source tree would shadow the installed package.
-    proc = subprocess.run([sys.executable, "-c", _KILLED_DURING_A_FRESH_PROCESS, str(folder), str(tmp_path / "pid")],
+    proc = subprocess.run([sys.executable, "-c", _KILLED_AROUND_A_FRESH_PROCESS, where, str(tmp_path / "folder"),
+                           str(tmp_path / "pid")],
                           cwd=tmp_path, env=fresh_process_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-2000:]
-    assert not folder.exists()
-    assert not os.path.exists(f"/proc/{(tmp_path / 'pid').read_text()}"), "the child still runs"
+    folder = (tmp_path / "folder").read_text()
+    assert folder and not os.path.exists(folder)
+    if where != "before":
+        assert not os.path.exists(f"/proc/{(tmp_path / 'pid').read_text()}"), "the child still runs"
+
+
+def test_the_fresh_process_check_and_the_optimizer_keep_their_temporary_folders_where_a_kill_finds_them(monkeypatch):
+    # Their TemporaryDirectory was registered only while the child ran.
+    seen, folders = [], []
+
+    def child(args, folder, env):
+        seen.append(folder in rewrite._TERMINATION.folders and os.path.exists(os.path.join(folder, "request.pkl")))
+        folders.append(folder)
+        return subprocess.CompletedProcess(args, 1, "", "")
+
+    monkeypatch.setattr(rewrite._TERMINATION, "run", child)
+    assert "status 1" in rewrite._serve_in_fresh_process("unused", {"serving_default": {}})["load_error"]
+    real_driver = rewrite._run_offline_driver
+
+    def driver(graph_def, fetches, config):
+        report = [p.s.decode() for name, p in config.parameter_map.items() if name == "report_file"]
+        seen.append(len(report) == 1 and os.path.dirname(report[0]) in rewrite._TERMINATION.folders)
+        folders.append(os.path.dirname(report[0]))
+        return real_driver(graph_def, fetches, config)
+
+    monkeypatch.setattr(rewrite, "_run_offline_driver", driver)
+    rewrite.optimize_graph_def(tf.Graph().as_graph_def(), [])
+    assert seen == [True, True]
+    assert not any(os.path.exists(f) or f in rewrite._TERMINATION.folders for f in folders)
 
 
 def test_a_signal_ignored_from_the_start_stays_ignored_by_the_command():

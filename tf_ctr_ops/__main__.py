@@ -123,6 +123,10 @@ def _report_clash(args):
             return f"{args.report} lies inside {what}, whose files it would overwrite"
     if args.inputs and _errors.same_path(args.report, args.inputs):
         return f"{args.report} is the --inputs file"
+    for place in (args.dst, args.src, args.inputs):
+        linked = place and _errors.hard_link_in(args.report, place)
+        if linked:
+            return f"{args.report} is a hard link to {linked}, which it would overwrite"
     return ""
 
 

@@ -31,6 +31,28 @@ def inside(path, folder):
     return os.path.commonpath([path, folder]) == folder
 
 
+def hard_link_in(path, place):
+    """The file in `place` (a file, or a folder searched whole) that an
+    existing `path` is a hard link to, or "": writing one writes the other,
+    and realpath does not tell."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2:
+        return ""
+    candidates = [place] if not os.path.isdir(place) else (
+        os.path.join(root, name) for root, _, names in os.walk(place) for name in names)
+    for candidate in candidates:
+        try:
+            other = os.stat(candidate)
+        except OSError:
+            continue
+        if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+            return candidate
+    return ""
+
+
 def unwritable(path):
     """Why no file can be written at `path` (checked before a long run, not
     after it), or "" when one can. A file is opened to append, as only that

@@ -393,7 +393,7 @@ def _optimize_graph_def(graph_def, fetches, handle_shapes, serving_device, disab
     _annotate_handle_shapes(graph_def, handle_shapes or {})
     _annotate_called_handle_shapes(graph_def)
     _keep_recorded_shapes(graph_def)
-    with tempfile.TemporaryDirectory() as tmp:
+    with _TERMINATION.temporary_folder() as tmp:
         report_file = os.path.join(tmp, "report.jsonl")
         config = _add_fusion_optimizer(config_pb2.ConfigProto(), report_file=report_file, only=True,
                                        serving_device=serving_device, disabled_patterns=disabled_patterns)
@@ -543,7 +543,7 @@ def optimize_meta_graph(meta_graph, serving_device=None, disabled_patterns=()):
     meta.CopyFrom(meta_graph)
     _plain_signature_tensors(meta)
     _keep_recorded_shapes(meta.graph_def)
-    with tempfile.TemporaryDirectory() as tmp:
+    with _TERMINATION.temporary_folder() as tmp:
         report_file = os.path.join(tmp, "report.jsonl")
         config = _add_fusion_optimizer(config_pb2.ConfigProto(), report_file=report_file, only=True,
                                        serving_device=serving_device, disabled_patterns=disabled_patterns)
@@ -1017,7 +1017,7 @@ def _serve_in_fresh_process(model_dir, inputs):
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
                PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")])))
-    with tempfile.TemporaryDirectory() as tmp:
+    with _TERMINATION.temporary_folder() as tmp:
         request, result = os.path.join(tmp, "request.pkl"), os.path.join(tmp, "result.pkl")
         with open(request, "wb") as f:
             pickle.dump({k: {n: np.asarray(v) for n, v in feeds.items()} for k, feeds in inputs.items()}, f)
@@ -1104,14 +1104,25 @@ class _Termination:
         print(f"tf-ctr-ops optimize: stopped by signal {signum}; {dst}", file=sys.stderr, flush=True)
         os._exit(128 + signum)
 
+    @contextlib.contextmanager
+    def temporary_folder(self):
+        """tempfile.TemporaryDirectory that a kill removes too, from its
+        making on (the verification's inputs are written before its child
+        starts, and its result read after the child ends)."""
+        folder = tempfile.mkdtemp()
+        self.folders.add(folder)
+        try:
+            yield folder
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+            self.folders.discard(folder)
+
     def run(self, args, folder, env):
         """subprocess.run(args) in `folder` with output captured and the fresh
-        process's time limit; a kill meanwhile kills the child and removes
-        `folder` (the verification's inputs)."""
+        process's time limit; a kill meanwhile kills the child."""
         with subprocess.Popen(args, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) as proc:
             self.children.add(proc)
-            self.folders.add(folder)
             try:
                 out, err = proc.communicate(timeout=_FRESH_PROCESS_TIMEOUT_S)
             except BaseException:  # a time-out, Ctrl-C in a program of the caller's: no child left running
@@ -1119,7 +1130,6 @@ class _Termination:
                 raise
             finally:
                 self.children.discard(proc)
-                self.folders.discard(folder)
         return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
     @contextlib.contextmanager
