@@ -55,8 +55,41 @@ def load_op_library():
         path = library_path()
         if not os.path.exists(path):
             raise _not_built_error()
-        _LIB = tf.load_op_library(path)
+        check_whole_library(path)
+        lib = tf.load_op_library(path)
+        if not hasattr(lib, "ctr_embedding_lookup"):
+            raise ImportError(
+                f"TensorFlow found no ops in {path}: another copy of the tf_ctr_ops op library (or this one "
+                "under another path) was loaded into this process first, and TensorFlow keeps the ops of the "
+                "first. Import tf_ctr_ops before any tf.load_op_library of its library, and load one copy only.")
+        _LIB = lib
     return _LIB
+
+
+def check_whole_library(path):
+    """An ImportError for a library cut short (an interrupted copy or
+    download): the dynamic loader maps the parts its ELF header names and
+    the process dies of SIGBUS where the file ends before them."""
+    import struct
+
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        header = f.read(64)
+        if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
+            return  # not a 64-bit little-endian ELF file: the loader refuses it itself, cleanly
+        phoff, shoff = struct.unpack_from("<QQ", header, 32)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", header, 54)
+        needed = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
+        if needed <= size:
+            f.seek(phoff)
+            table = f.read(phentsize * phnum)
+            for i in range(phnum if len(table) == phentsize * phnum else 0):
+                p_type, _, p_offset, _, _, p_filesz = struct.unpack_from("<IIQQQQ", table, i * phentsize)
+                if p_type == 1:  # PT_LOAD
+                    needed = max(needed, p_offset + p_filesz)
+    if needed > size:
+        raise ImportError(f"{path} is cut short ({size} bytes; its ELF header needs {needed}): reinstall "
+                          "tf_ctr_ops, or rebuild it (python setup.py build_ext --inplace)")
 
 
 def c_library():

@@ -278,9 +278,19 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
   std::set<std::string> disabled_;
 };
 
-}  // namespace
+// TF's registrar aborts the process when the name is taken, as it is when a
+// second copy of this library loads (an installed wheel beside an in-place
+// build); that copy's op registrations then fail with an error instead, and
+// the first copy's optimizer serves both.
+const bool kRegistered = [] {
+  using tensorflow::grappler::CustomGraphOptimizerRegistry;
+  const auto names = CustomGraphOptimizerRegistry::GetRegisteredOptimizers();
+  if (std::find(names.begin(), names.end(), "CtrFusionOptimizer") != names.end()) return false;
+  CustomGraphOptimizerRegistry::RegisterOptimizerOrDie([] { return new CtrFusionOptimizer; }, "CtrFusionOptimizer");
+  return true;
+}();
 
-REGISTER_GRAPH_OPTIMIZER_AS(CtrFusionOptimizer, "CtrFusionOptimizer");
+}  // namespace
 
 }  // namespace grappler
 }  // namespace tf_ctr
