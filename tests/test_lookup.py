@@ -459,6 +459,17 @@ def test_gradient_ops_reject_the_ids_their_forward_op_rejects(rng, resource):
         for fn, extra in ((forward, forward_attrs), (grad_op, {"grad": tf.ones([2, 3])})):
             with pytest.raises(tf.errors.InvalidArgumentError, match=rf"id {bad} in row {row} is out of range"):
                 fn(**args(ids), **extra)
+    # A default_id that is not a row fails where a bag is empty, in both
+    # (the gradient left that bag's row out).
+    empty_bag = dict(args([0, 1, 2]), segments=tf.constant([0, 3, 3], tf.int64))
+    for default_id, fails in ((99, True), (-5, True), (3, False)):
+        for fn, extra in ((forward, forward_attrs), (grad_op, {"grad": tf.ones([2, 3])})):
+            if fails:
+                with pytest.raises(tf.errors.InvalidArgumentError,
+                                   match=rf"default_id {default_id} for empty row 1 is out of range \[0, 4\)"):
+                    fn(**empty_bag, default_id=default_id, **extra)
+            else:
+                fn(**empty_bag, default_id=default_id, **extra)
     pruned = args([0, 1, 7], weights=[1.0, 2.0, -1.0])
     values, indices, _, _ = grad_op(grad=tf.ones([2, 3]), **pruned)
     np.testing.assert_array_equal(indices.numpy(), [0, 1])

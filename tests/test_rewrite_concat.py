@@ -578,3 +578,40 @@ def test_a_stack_of_one_field_becomes_one_op_and_a_reshape(rng):
         assert_identical(got, f(*args))
     bad = [tf.constant(["1|2", "x"])]
     assert_both_fail(f, cf, graph, bad, "token 'x' in row 1")
+
+
+class _VariableFields(tf.Module):
+    """Two hashed string fields of tf.Variable tables, gathered and joined
+    as a tf.Module written by hand does it."""
+
+    def __init__(self, join):
+        self.a = tf.Variable(tf.random.stateless_normal([50, 4], seed=[1, 1]))
+        self.b = tf.Variable(tf.random.stateless_normal([50, 4], seed=[1, 2]))
+        self.join = join
+
+    @tf.function(input_signature=[STRINGS_1D, STRINGS_1D])
+    def serve(self, x, y):
+        fields = [tf.nn.embedding_lookup(self.a, tf.strings.to_hash_bucket_fast(x, 50)),
+                  tf.gather(self.b, tf.strings.to_hash_bucket_fast(y, 50))]
+        return {"c": tf.concat(fields, 1) if self.join == "concat" else tf.stack(fields, 1)}
+
+
+@pytest.mark.parametrize("join", ["concat", "stack"])
+def test_offline_a_join_of_variable_gathers_is_taken_over_past_the_functions_control_outputs(rng, tmp_path, join):
+    # A stateful ResourceGather gets a control output (a NoOp waiting on it)
+    # in its function; fused, it lives on as an Identity that NoOp waits on,
+    # which the join took for another reader: "is read by another node".
+    from conftest import serve_in_fresh_process
+    from tf_ctr_ops import rewrite
+
+    module = _VariableFields(join)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tf.saved_model.save(module, str(src), signatures={"serving_default": module.serve})
+    report = rewrite.optimize_saved_model(src, dst, runs=1)
+    sig = report.signatures["serving_default"]
+    assert report.ok and report.verified and sig.outputs_match
+    assert [m["pattern"] for m in sig.matches][-1] == "concat_strings", (sig.matches, sig.skips)
+    assert sig.op_counts_after.get("CtrConcatStringEmbedding") == 1, sig.op_counts_after
+    feeds = {"x": np.array(random_strings(rng, 30), object), "y": np.array(random_strings(rng, 30), object)}
+    want = module.serve(**{k: tf.constant(v) for k, v in feeds.items()})["c"].numpy()
+    np.testing.assert_array_equal(serve_in_fresh_process(dst, "serving_default", feeds, tmp_path)["c"], want)

@@ -281,3 +281,35 @@ def test_a_rewritten_drop_in_keeps_tfs_default_id_rule(rng, table, default_id):
         tf_f(negative_only)
     with pytest.raises(tf.errors.InvalidArgumentError, match=f"default_id {default_id} for empty row 1"):
         run_graph_def(cf, graph, negative_only)
+
+
+def _any_rank_inputs(graph_def):
+    """graph_def with its placeholders' declared shapes dropped: a model
+    server feeds by name, and TF does not hold a feed to the signature's shape."""
+    out = type(graph_def)()
+    out.CopyFrom(graph_def)
+    for node in out.node:
+        if node.op == "Placeholder":
+            node.attr["shape"].shape.unknown_rank = True
+            node.attr["shape"].shape.ClearField("dim")
+            node.attr.pop("_output_shapes", None)
+    return out
+
+
+@pytest.mark.parametrize("route", ["safe_lookup", "ragged_sum"])
+def test_a_split_fused_away_still_refuses_strings_that_are_not_a_vector(table, route):
+    # StringSplit refuses a [B, 1] feed; its pack flattened one and served it.
+    def f(x):
+        ids = tf.strings.to_hash_bucket_fast(tf.strings.split(x, "|"), table.shape[0])
+        if route == "ragged_sum":
+            return tf.reduce_sum(tf.gather(table, ids), axis=1)
+        return tf.nn.safe_embedding_lookup_sparse(table, ids.to_sparse(), combiner="mean")
+
+    cf, graph, report, counts = offline_specs(f, STRINGS)
+    assert counts.get("CtrStringEmbedding") == 1 and not {"StringSplitV2"} & set(counts), counts
+    good = tf.constant(["1|2", "", "3"])
+    np.testing.assert_allclose(run_graph_def(cf, graph, good)[0], f(good), rtol=1e-6, atol=1e-6)
+    column = tf.constant([["1|2"], ["3"]])
+    for g in (cf.graph.as_graph_def(), graph):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="must be a vector|is not compatible with expected shape"):
+            run_graph_def(cf, _any_rank_inputs(g), column)

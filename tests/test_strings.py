@@ -661,6 +661,24 @@ def test_sparse_string_keys_out_of_row_order_are_a_clear_error():
                                           keys.values, 20), [2, 2]), combiner="sum"))
 
 
+@pytest.mark.parametrize("case", [([[0, 0], [5, 0]], r"row id 5 of entry 1 is out of range \[0, 2\)"),
+                                  ([[0, 0], [-1, 0]], r"row id -1 of entry 1 is out of range \[0, 2\)"),
+                                  ([[1, 0], [0, 0]], "row ids must be sorted: entry 1 has row 0 after row 1")])
+def test_sparse_string_keys_outside_the_batch_or_out_of_order_name_the_entry_and_row(case):
+    # As the integer keys' errors do; the string keys' said only "a row id is
+    # outside the batch" (eagerly), or dumped an Assert's data in a function.
+    indices, message = case
+    table = tf.reshape(tf.range(40.0), [20, 2])
+    for key_dtype in (tf.string, tf.int64):
+        values = tf.constant(["x", "y"]) if key_dtype == tf.string else tf.constant([3, 4], tf.int64)
+        keys = tf.SparseTensor(indices, values, [2, 3])
+        spec = tf.SparseTensorSpec([None, None], key_dtype)
+        for lookup in (lambda k: tco.hash_embedding(table, k), tf.function(lambda k: tco.hash_embedding(table, k),
+                                                                           input_signature=[spec])):
+            with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+                lookup(keys)
+
+
 def test_packed_bytes_of_partial_splits_with_a_sharded_table():
     # Splits that cover part of the buffer (one string: byte 2 of "1,234").
     table = np.arange(20, dtype=np.float32).reshape(10, 2)

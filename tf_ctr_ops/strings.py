@@ -305,19 +305,14 @@ def _sparse_rows(sparse):
     if sparse.shape.rank is not None and sparse.shape.rank != 2:
         raise ValueError(f"sparse keys must be a SparseTensor [B, N], got rank {sparse.shape.rank}")
     rows = sparse.indices[:, 0]
-    # As the integer keys' check words it; from_value_rowids would only say
-    # that its row partition is invalid.
-    in_order = tf.debugging.assert_non_negative(
-        rows[1:] - rows[:-1], message="sparse keys: row ids must be sorted (row-major order, as tf.sparse.reorder "
-                                      "gives)")
-    # An InvalidArgument, as the integer keys' is, before from_value_rowids
-    # (which, eagerly, raises a ValueError).
-    in_batch = [tf.debugging.assert_non_negative(rows, message="sparse keys: a row id is negative"),
-                tf.debugging.assert_less(rows, sparse.dense_shape[0],
-                                         message="sparse keys: a row id is outside the batch (dense_shape[0])")]
-    with tf.control_dependencies([in_order] + in_batch):
+    # The integer keys' checks and messages (a row out of the batch or out of
+    # order, named with its entry), before from_value_rowids, which would
+    # only say that its row partition is invalid.
+    values = _ops.ctr_check_bags(ids=sparse.values, segments=rows, num_rows=sparse.dense_shape[0],
+                                 weights=tf.zeros([0], tf.float32), segment_kind="row_ids")
+    with tf.control_dependencies([values]):
         rows = tf.identity(rows)
-    return tf.RaggedTensor.from_value_rowids(sparse.values, rows, nrows=sparse.dense_shape[0])
+    return tf.RaggedTensor.from_value_rowids(values, rows, nrows=sparse.dense_shape[0])
 
 
 def string_key_bags(keys, weights=None):

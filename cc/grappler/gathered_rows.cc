@@ -212,11 +212,21 @@ void BecomeFusedLookup(RewriteContext* ctx, const std::string& name, const RowSo
   SetHashKeyAttr(src.hash_key, fused);
 }
 
+// EnsureShape(strings, [?]): StringSplit's "input must be a vector" kept.
+static std::string StringVectorGuard(RewriteContext* ctx, const std::string& base, const std::string& strings) {
+  NodeDef* guard = ctx->AddNode(base + "/ctr_strings_vector", "EnsureShape", "");
+  guard->add_input(strings);
+  auto& attr = *guard->mutable_attr();
+  attr["T"].set_type(tensorflow::DT_STRING);
+  attr["shape"].mutable_shape()->add_dim()->set_size(-1);
+  return guard->name();
+}
+
 void BecomeStringEmbedding(RewriteContext* ctx, const std::string& base, const std::string& device,
                            const FusedStrings& f, NodeDef* fused) {
   // Packing is host work: no device, so it stays beside the strings.
   NodeDef* pack = ctx->AddNode(base + "/ctr_pack_strings", "CtrPackStrings", "");
-  pack->add_input(f.strings);
+  pack->add_input(f.vector_only ? StringVectorGuard(ctx, base, f.strings) : f.strings);
   (*pack->mutable_attr())["N"].set_i(1);
   const std::string pack_name = pack->name();
   NodeDef* no_bags = ctx->AddNode(base + "/ctr_no_bags", "Const", device);

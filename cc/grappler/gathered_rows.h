@@ -116,6 +116,10 @@ struct FusedStrings {
   bool trim_empty_tail = false;
   std::string invalid_ids = "error";  // or skip_negative (safe lookups)
   int64_t default_id = -1;
+  // The strings fed a StringSplit, whose kernel refuses any other rank: a
+  // server's feed is not held to the signature's shape, so a guard keeps that
+  // error (the pack would flatten a [B, 1] feed and serve it).
+  bool vector_only = false;
 };
 
 // Makes `fused` (which must have no data inputs yet) CtrStringEmbedding over

@@ -143,12 +143,25 @@ class ConcatStringsPattern : public NamedPattern<kName> {
     const NodeDef* p = g.Producer(node, k, port);
     while (IsOp(p, "Identity")) {
       if (shared)
-        *shared |= g.Consumers(p->name(), 0) != 1 || g.ControlConsumers(p->name()) != 0 ||
+        *shared |= g.Consumers(p->name(), 0) != 1 || !OnlyLaterNodesWaitOn(g, p->name(), node) ||
                    ctx->FetchedOrFed(p->name());
       if (identities) identities->push_back(p);
       p = g.Producer(*p, 0, port);
     }
     return p;
+  }
+
+  // Whether nothing that waits on `name` is an ancestor of `join`: then it
+  // may wait on the op that replaces the join instead without closing a
+  // cycle. A function's control outputs (TF waits on each stateful gather
+  // with a NoOp its return value waits on) come after the join.
+  static bool OnlyLaterNodesWaitOn(const GraphIndex& g, const std::string& name, const NodeDef& join) {
+    const auto& waiting = g.ControlReaders(name);
+    if (waiting.empty()) return true;
+    const std::set<std::string> before = Ancestors(g, {join.name()});
+    for (const NodeDef* r : waiting)
+      if (before.count(r->name())) return false;
+    return true;
   }
 
   // The static width of output `port` of `node` as a [B, D] matrix, or -1.

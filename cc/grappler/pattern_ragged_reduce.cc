@@ -353,6 +353,7 @@ class RaggedReduceLookupPattern : public NamedPattern<kName> {
     fused->clear_input();
     fused->clear_attr();
     FusedStrings f{table, strings, T};
+    f.vector_only = true;
     f.id_mode = split.hashed ? "hash" : "index";
     f.delimiter = split.delimiter;  // empty tokens kept, as tf.strings.split keeps them
     f.num_buckets = buckets;

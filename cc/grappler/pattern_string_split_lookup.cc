@@ -322,6 +322,7 @@ class StringSplitLookupPattern : public NamedPattern<kName> {
     fused->clear_input();
     fused->clear_attr();
     FusedStrings f{anchor.input(0), strings, anchor.attr().at("T").type(), anchor.attr().at("combiner").s()};
+    f.vector_only = true;
     f.id_mode = m.hashed ? "hash" : "index";
     f.delimiter = m.delimiter;
     f.skip_empty = m.v1 ? BoolAttr(*m.split, "skip_empty", true) : false;

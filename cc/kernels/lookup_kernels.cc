@@ -191,6 +191,7 @@ class EmbeddingLookupGradCpuOp : public LookupKernel {
           DescribeLookupKeyError<TId>(first_error.error(), a.spec, *in.ids)));
       return;
     }
+    OP_REQUIRES_OK(ctx, CheckDefaultOfEmptyBags(a, ids, weights, offsets, rows));
     for (int64_t r = 0; r < rows; ++r) grad_offsets[r + 1] += grad_offsets[r];
     const int64_t total = grad_offsets[rows];
 

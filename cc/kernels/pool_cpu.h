@@ -53,6 +53,18 @@ inline absl::Status BuildOffsets(tensorflow::OpKernelContext* ctx, const LookupA
   return CoreStatus(error);
 }
 
+// A default_id that is not a table row is an error only where a bag is left
+// empty: the lookup and its gradient fail alike.
+template <typename TId>
+absl::Status CheckDefaultOfEmptyBags(const LookupAttrs& a, const TId* ids, const float* weights,
+                                     const int64_t* offsets, int64_t rows) {
+  if (a.default_not_a_row == -1) return absl::OkStatus();
+  const int64_t empty = ctr::FirstBagWithoutEntries(a.spec, ids, weights, offsets, rows);
+  if (empty < 0) return absl::OkStatus();
+  return tensorflow::errors::InvalidArgument("default_id ", a.default_not_a_row, " for empty row ", empty,
+                                             " is out of range [0, ", a.spec.vocab, ")");
+}
+
 // Pools the bags of a bound lookup (its ids of type TId) into output 0, on
 // TF's intra-op pool. A bad key stops its range: *error is then the one in
 // the lowest row (found() is false when every key was good). A default_id
@@ -80,11 +92,7 @@ absl::Status PoolLookupCpu(tensorflow::OpKernelContext* ctx, const LookupAttrs& 
     first_error.Offer(err);
   });
   *error = first_error.found() ? first_error.error() : ctr::KeyError();
-  if (error->found() || a.default_not_a_row == -1) return absl::OkStatus();
-  const int64_t empty = ctr::FirstBagWithoutEntries(a.spec, ids, weights, offsets, rows);
-  if (empty < 0) return absl::OkStatus();
-  return tensorflow::errors::InvalidArgument("default_id ", a.default_not_a_row, " for empty row ", empty,
-                                             " is out of range [0, ", a.spec.vocab, ")");
+  return error->found() ? absl::OkStatus() : CheckDefaultOfEmptyBags(a, ids, weights, offsets, rows);
 }
 
 // Pools the bags of int64 ids an op computed itself (crossed, bucketized),
