@@ -259,6 +259,13 @@ def test_insert_rows_refuses_rows_that_do_not_fit(values):
     assert int(table.size()) == 0
 
 
+def test_insert_rows_names_the_counts_of_keys_and_rows_that_differ():
+    table = HashTable(dim=2, capacity=4)
+    with pytest.raises(ValueError, match="values must hold one row per key: 2 keys, 3 rows"):
+        table.insert_rows([1, 2], np.ones([3, 2], np.float32))
+    assert int(table.size()) == 0
+
+
 def test_bad_arguments_are_clear_errors():
     with pytest.raises(ValueError, match="capacity"):
         HashTable(dim=2, capacity=-1)

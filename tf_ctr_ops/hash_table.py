@@ -202,6 +202,8 @@ def insert_rows(table, keys, values):
     values = tf.convert_to_tensor(values, _variable(table.values).dtype)
     if values.shape.rank not in (None, 2) or values.shape[-1] not in (None, table.dim):
         raise ValueError(f"values must be [n, {table.dim}] rows of the table's width, got shape {values.shape}")
+    if keys.shape[0] is not None and values.shape.rank == 2 and values.shape[0] not in (None, keys.shape[0]):
+        raise ValueError(f"values must hold one row per key: {keys.shape[0]} keys, {values.shape[0]} rows")
     with tf.control_dependencies([tf.debugging.assert_equal(
             tf.shape(values, out_type=tf.int64), tf.stack([tf.size(keys, out_type=tf.int64), table.dim]),
             message=f"values must hold one row of width {table.dim} per key")]):
