@@ -177,6 +177,10 @@ CASES = {
     "unique_kept_negative_idx_base": lambda: _ops.ctr_unique_kept(
         ids=tf.constant([3, 9], tf.int64), segments=tf.constant([0, 2], tf.int64), num_rows=tf.constant(-1, tf.int64),
         weights=tf.zeros([0]), segment_kind="row_splits", table_rows=5, idx_base=-1),
+    # A base near int64's end wrapped the indices to negative ones.
+    "unique_kept_idx_base_past_int64": lambda: _ops.ctr_unique_kept(
+        ids=tf.constant([3, 9], tf.int64), segments=tf.constant([0, 2], tf.int64), num_rows=tf.constant(-1, tf.int64),
+        weights=tf.zeros([0]), segment_kind="row_splits", table_rows=10, idx_base=2**63 - 1),
     # int64 byte offsets past the end of a small packed buffer.
     "splits_2^31_past_buffer": lambda: _string_raw([0, 2**31 + 5]),
     "splits_2^33_past_buffer": lambda: _string_raw([2**33, 2**33]),

@@ -151,9 +151,14 @@ def _weights_aligned(ids, weights):
         return weights  # of another kind: the op's own checks apply
     checks = []
     for a, b, what in parts:
-        same = tf.logical_and(tf.equal(tf.size(a), tf.size(b)),
-                              tf.reduce_all(tf.equal(tf.reshape(a, [-1])[:tf.size(b)], tf.reshape(b, [-1])[:tf.size(a)])))
-        checks.append(tf.debugging.Assert(same, [f"weights must hold one weight per id: their {what} differ from the ids'"]))
+        a, b = tf.reshape(a, [-1]), tf.reshape(b, [-1])
+        n = tf.minimum(tf.size(a), tf.size(b))
+        # The first position where they differ (n: one is a prefix of the other).
+        first = tf.concat([tf.cast(tf.where(tf.not_equal(a[:n], b[:n]))[:, 0], tf.int32), [n]], 0)[0]
+        same = tf.logical_and(tf.equal(tf.size(a), tf.size(b)), tf.equal(first, n))
+        checks.append(tf.debugging.Assert(same, [
+            f"weights must hold one weight per id: their {what} differ from the ids' at flat position", first,
+            "(ids':", a[first:first + 1], "weights':", b[first:first + 1], "; sizes", tf.size(a), tf.size(b), ")"]))
     with tf.control_dependencies(checks):
         return tf.nest.map_structure(tf.identity, weights, expand_composites=True)
 

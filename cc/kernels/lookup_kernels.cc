@@ -313,6 +313,10 @@ class UniqueKeptOp : public tensorflow::OpKernel {
     ctr::FirstAppearance slots(n + 1);
     const int64_t fill_slot = ctr::NumberKeptEntries(ids, offsets.flat<int64_t>().data(), offsets.NumElements() - 1,
                                                      kept, fill_id_, &slots, idx->flat<int64_t>().data());
+    // Slots are < n + 1, so idx + idx_base overflows only for a base past that.
+    OP_REQUIRES(ctx, idx_base_ <= std::numeric_limits<int64_t>::max() - (n + 1),
+                tensorflow::errors::InvalidArgument("idx_base ", idx_base_, " overflows int64 indices of ", n,
+                                                    " ids"));
     if (idx_base_ != 0) {
       int64_t* idx_flat = idx->flat<int64_t>().data();
       for (int64_t e = 0; e < n; ++e) idx_flat[e] += idx_flat[e] >= 0 ? idx_base_ : 0;
