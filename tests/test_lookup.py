@@ -979,3 +979,17 @@ def test_a_nan_max_norm_is_refused_by_the_raw_ops(rng):
         tco.strings._ops.ctr_string_embedding(params=table(rng, 4, 2), bytes=data, row_splits=splits,
                                               bag_splits=tf.zeros([0], tf.int64), id_mode="index",
                                               max_norm=float("nan"))
+
+
+@pytest.mark.parametrize("dtype", [tf.int32, tf.bool, tf.complex64])
+def test_tables_of_a_type_no_op_pools_are_a_type_error_as_in_the_drop_ins(dtype):
+    # The drop-ins' TypeError; these were the op's attr error naming its NodeDef.
+    t = tf.zeros([5, 2], dtype)
+    ids = tf.ragged.constant([[1]], tf.int64)
+    for lookup in (lambda: tco.sparse_embedding(t, ids), lambda: tco.sparse_embedding(tf.Variable(t), ids),
+                   lambda: tco.hash_embedding(t, ids), lambda: tco.safe_embedding_lookup_sparse(t, ids),
+                   lambda: tco.bucketized_embedding_lookup(t, tf.constant([1.0]), [0.5]),
+                   lambda: tco.cross_embedding_lookup(t, [tf.constant([[1]], tf.int64)] * 2, 5)):
+        with pytest.raises(TypeError, match=f"embedding tables must be float16, bfloat16, float32 or float64, "
+                                            f"got {dtype.name}"):
+            lookup()

@@ -313,3 +313,23 @@ def test_a_split_fused_away_still_refuses_strings_that_are_not_a_vector(table, r
     for g in (cf.graph.as_graph_def(), graph):
         with pytest.raises(tf.errors.InvalidArgumentError, match="must be a vector|is not compatible with expected shape"):
             run_graph_def(cf, _any_rank_inputs(g), column)
+
+
+@pytest.mark.parametrize("join", ["add_n", "concat"])
+def test_split_columns_of_one_matrix_still_group_as_columns_behind_their_vector_checks(rng, join):
+    # The split's vector check (an EnsureShape) hid the column slices from
+    # group_strings: no group for add_n, three packed slices for concat.
+    tables = [tf.Variable(rng.normal(size=(50, 4)).astype(np.float32)) for _ in range(3)]
+
+    def feature(t, s):
+        return tf.reduce_sum(tf.gather(t, tf.strings.to_hash_bucket_fast(tf.strings.split(s, "|"), 50)), axis=1)
+
+    def f(x):
+        fields = [feature(tables[i], x[:, i]) for i in range(3)]
+        return tf.add_n(fields) if join == "add_n" else tf.concat(fields, 1)
+
+    cf, graph, report, counts = offline_specs(f, tf.TensorSpec([None, 3], tf.string))
+    assert "group_strings" in [m["pattern"] for m in report["match"]], report["skip"]
+    assert counts.get("CtrPackStrings") == 1 and not {"StridedSlice", "EnsureShape"} & set(counts), counts
+    x = tf.constant([["1|2", "", "a"], ["b|c|d", "e", "|"]])
+    np.testing.assert_allclose(run_graph_def(cf, graph, x)[0], f(x), rtol=1e-6, atol=1e-6)

@@ -679,6 +679,27 @@ def test_sparse_string_keys_outside_the_batch_or_out_of_order_name_the_entry_and
                 lookup(keys)
 
 
+def test_gradient_of_the_weights_of_sparse_string_keys_is_tfs():
+    # The weights went through the bags' check op, which has no gradient.
+    idx = [[0, 0], [0, 1], [2, 0]]
+    keys = tf.SparseTensor(idx, tf.constant(["a", "b", "c"]), [3, 4])
+    table = tf.Variable(tf.reshape(tf.range(40.0), [20, 2]))
+    weights = tf.Variable([1.0, 2.0, 3.0])
+    hashed = tf.SparseTensor(idx, tf.strings.to_hash_bucket_fast(keys.values, 20), [3, 4])
+
+    def gradients(lookup):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(lookup(tf.SparseTensor(idx, weights * 1.0, [3, 4]))))
+        return [tf.convert_to_tensor(g) for g in tape.gradient(loss, [table, weights])]
+
+    for combiner in ("sum", "mean", "sqrtn"):
+        want = gradients(lambda w: tf.nn.embedding_lookup_sparse(table, hashed, w, combiner=combiner))
+        for got in (gradients(lambda w: tco.hash_embedding(table, keys, w, combiner=combiner)),
+                    tf.function(lambda: gradients(lambda w: tco.hash_embedding(table, keys, w, combiner=combiner)))()):
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-6)
+
+
 def test_packed_bytes_of_partial_splits_with_a_sharded_table():
     # Splits that cover part of the buffer (one string: byte 2 of "1,234").
     table = np.arange(20, dtype=np.float32).reshape(10, 2)

@@ -124,9 +124,9 @@ def _report_clash(args):
     if args.inputs and _errors.same_path(args.report, args.inputs):
         return f"{args.report} is the --inputs file"
     for place in (args.dst, args.src, args.inputs):
-        linked = place and _errors.hard_link_in(args.report, place)
-        if linked:
-            return f"{args.report} is a hard link to {linked}, which it would overwrite"
+        same = place and _errors.same_file_in(args.report, place)
+        if same:
+            return f"{args.report} is the file {same} (a hard link, or a path through a link), which it would overwrite"
     return ""
 
 

@@ -31,19 +31,18 @@ def inside(path, folder):
     return os.path.commonpath([path, folder]) == folder
 
 
-def hard_link_in(path, place):
-    """The file in `place` (a file, or a folder searched whole) that an
-    existing `path` is a hard link to, or "": writing one writes the other,
-    and realpath does not tell."""
+def same_file_in(path, place):
+    """The file in `place` (a file, or a folder searched whole, through its
+    links) that an existing `path` also names, or "": a hard link, or a path
+    through a link to a folder of it. Writing one writes the other, and
+    realpath tells neither."""
     try:
         st = os.stat(path)
     except OSError:
         return ""
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2:
+    if not stat.S_ISREG(st.st_mode):
         return ""
-    candidates = [place] if not os.path.isdir(place) else (
-        os.path.join(root, name) for root, _, names in os.walk(place) for name in names)
-    for candidate in candidates:
+    for candidate in _files_in(place):
         try:
             other = os.stat(candidate)
         except OSError:
@@ -51,6 +50,34 @@ def hard_link_in(path, place):
         if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
             return candidate
     return ""
+
+
+def _files_in(place):
+    """`place` if it is not a folder, else every file below it, links to
+    folders followed (each folder once: links may loop)."""
+    if not os.path.isdir(place):
+        yield place
+        return
+    seen, folders = set(), [place]
+    while folders:
+        folder = folders.pop()
+        try:
+            st = os.stat(folder)
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                is_folder = entry.is_dir()
+            except OSError:
+                continue
+            if is_folder:
+                folders.append(entry.path)
+            else:
+                yield entry.path
 
 
 def unwritable(path):

@@ -64,6 +64,12 @@ def _op_weights(weights):
     return (tf.zeros([0], tf.float32), False) if weights is None else (weights, True)
 
 
+@tf.RegisterGradient("CtrCheckBags")
+def _check_bags_grad(op, grad):
+    """The checked values pass through (sparse string keys' weights do)."""
+    return [grad, None, None, None]
+
+
 def _checked_bag_ids(ids, bags):
     """`ids` once `bags` are bags the lookup accepts (CtrCheckBags): what an
     inserting find reads, so that input the pooling refuses changes nothing."""
@@ -97,6 +103,7 @@ def _lookup(table, ids, segments, num_rows, weights, *, segment_kind, combiner, 
         name=name,
     )
     var = in_place_variable(table)
+    check_table_dtype((var if var is not None else table).dtype)
     if var is None:
         return _ops.ctr_embedding_lookup(params=read_table(table), **args)
     # As ResourceVariable.sparse_read does: the tape (or the graph) records
@@ -289,16 +296,21 @@ def div_table(params, op):
     shards = _shard_list(params)
     if not shards:
         raise ValueError(f"Missing embedding_weights {params}.")
-    return _MergedShards([read_table(s) for s in shards], "div").table
+    table = _MergedShards([read_table(s) for s in shards], "div").table
+    check_table_dtype(table.dtype)
+    return table
+
+
+def check_table_dtype(dtype):
+    if dtype not in POOLED_DTYPES:
+        raise TypeError(f"embedding tables must be float16, bfloat16, float32 or float64, got {dtype.name}")
 
 
 def _check_shards(parts):
     dtypes = {p.dtype for p in parts}
     if len(dtypes) > 1:
         raise TypeError(f"all shards of a table must have one dtype, got {[p.dtype.name for p in parts]}")
-    dtype = parts[0].dtype
-    if dtype not in POOLED_DTYPES:
-        raise TypeError(f"embedding tables must be float16, bfloat16, float32 or float64, got {dtype.name}")
+    check_table_dtype(parts[0].dtype)
     for p in parts:
         if p.shape.rank == 0:
             raise ValueError(f"an embedding table must have rank >= 1 ([V] or [V, d1, ...]), got shape {p.shape}")

@@ -308,6 +308,8 @@ def _sparse_rows(sparse):
     # The integer keys' checks and messages (a row out of the batch or out of
     # order, named with its entry), before from_value_rowids, which would
     # only say that its row partition is invalid.
+    # The values go through the check (a control edge alone, Grappler drops
+    # with the stateless op); weights take their gradient through it.
     values = _ops.ctr_check_bags(ids=sparse.values, segments=rows, num_rows=sparse.dense_shape[0],
                                  weights=tf.zeros([0], tf.float32), segment_kind="row_ids")
     with tf.control_dependencies([values]):

@@ -92,7 +92,7 @@ bool SliceKeepsDim0(const GraphIndex& g, const NodeDef& slice) {
 
 // Ids of dim 0 of tensor `input` of `user`: the inferred dim, and through
 // shape-preserving producers (a Reshape to [-1] or a Squeeze of [B, 1], an
-// Identity, a slice that keeps all of axis 0) the dim 0 of what they read. Added nodes have no inferred shapes,
+// Identity or EnsureShape, a slice that keeps all of axis 0) the dim 0 of what they read. Added nodes have no inferred shapes,
 // so the flattening Reshapes the other patterns add are looked through.
 void Dim0Ids(RewriteContext* ctx, const NodeDef& user, int input, int depth, std::vector<std::string>* ids) {
   int port = 0;
@@ -100,7 +100,8 @@ void Dim0Ids(RewriteContext* ctx, const NodeDef& user, int input, int depth, std
   if (node == nullptr || depth == 0) return;
   ids->push_back("@" + TensorName(node->name(), port));
   if (!ctx->Added(node->name()) && ctx->Rank(*node, port) >= 1) AddBatchId(ctx->Dim(*node, port, 0), ids);
-  if (IsOp(node, "Identity") || SliceKeepsDim0(ctx->index(), *node)) return Dim0Ids(ctx, *node, 0, depth - 1, ids);
+  if (IsOp(node, "Identity") || IsOp(node, "EnsureShape") || SliceKeepsDim0(ctx->index(), *node))
+    return Dim0Ids(ctx, *node, 0, depth - 1, ids);
   const NodeDef* in = ctx->index().Producer(*node, 0, &port);
   if (in == nullptr) return;
   std::vector<int64_t> shape;
@@ -112,8 +113,10 @@ void Dim0Ids(RewriteContext* ctx, const NodeDef& user, int input, int depth, std
 }
 
 // Column c of a [B, C] matrix, whole: x[:, c] (a StridedSlice shrinking axis
-// 1) or x[:, c:c+1], read through a Reshape to [-1], an Identity, or (of
-// x[:, c:c+1]) a Squeeze of axis 1. The pack then reads the column from the
+// 1) or x[:, c:c+1], read through a Reshape to [-1], an Identity, an
+// EnsureShape (a fused split's vector check: the packed columns of a matrix
+// are vectors, and the pack checks that it is one), or (of x[:, c:c+1]) a
+// Squeeze of axis 1. The pack then reads the column from the
 // matrix itself, and `chain` (the slice and what follows it, nearest the
 // pack first) is left to remove where nothing else reads it.
 struct ColumnSource {
@@ -142,6 +145,13 @@ bool IsWholeColumnSlice(RewriteContext* ctx, const NodeDef& slice, int64_t* colu
   return true;
 }
 
+// EnsureShape(x, [?]): vacuous on a column of a matrix.
+bool IsVectorCheck(const NodeDef& node) {
+  if (!IsOp(&node, "EnsureShape") || !node.attr().count("shape")) return false;
+  const auto& shape = node.attr().at("shape").shape();
+  return !shape.unknown_rank() && shape.dim_size() == 1 && shape.dim(0).size() == -1;
+}
+
 bool AsColumn(RewriteContext* ctx, const std::string& tensor, ColumnSource* out) {
   const GraphIndex& g = ctx->index();
   TensorId t = ParseTensorName(tensor);
@@ -160,7 +170,7 @@ bool AsColumn(RewriteContext* ctx, const std::string& tensor, ColumnSource* out)
     if (IsOp(node, "Squeeze")) {
       if (!IsSqueezeOfAxis(node, 1, 2)) return false;
       squeezed = true;
-    } else if (!IsOp(node, "Identity") &&
+    } else if (!IsOp(node, "Identity") && !IsVectorCheck(*node) &&
                !(IsOp(node, "Reshape") && ConstIntVector(g.Producer(*node, 1), &shape) &&
                  shape == std::vector<int64_t>{-1})) {
       return false;
