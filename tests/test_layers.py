@@ -749,17 +749,18 @@ def test_weights_must_line_up_with_the_ids(layer):
     ids = tf.ragged.constant([[1, 2], [3]], tf.int64)
     emb(ids, tf.ragged.constant([[1.0, 1.0], [2.0]]))
     for weights in (tf.ragged.constant([[1.0], [1.0, 2.0]]), tf.ragged.constant([[1.0], [1.0], [2.0]])):
-        with pytest.raises(tf.errors.InvalidArgumentError, match="one weight per id: their row splits differ"):
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match="one weight per id: the ids' and their row splits differ"):
             emb(ids, weights)
     # In a function, where the message is the Assert's data, it names where
     # and what differs (it was the sentence alone).
     in_function = tf.function(lambda i, w: emb(i, w))
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"row splits differ from the ids\\?' at flat position\] "
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"their row splits differ at flat position\] "
                                                              r"\[1\] \[\(ids\\?':\] \[2\] \[weights\\?':\] \[1\]"):
         in_function(ids, tf.ragged.constant([[1.0], [1.0, 2.0]]))
     sparse = ids.to_sparse()
     moved = tf.SparseTensor(tf.constant([[0, 0], [1, 0], [1, 1]], tf.int64), tf.ones([3]), sparse.dense_shape)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="their indices differ"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="the ids' and their indices differ"):
         emb(sparse, moved)
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError)):
         emb(tf.constant([[1, 2]], tf.int64), tf.ones([1, 3]))

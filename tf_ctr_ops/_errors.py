@@ -42,6 +42,8 @@ def same_file_in(path, place):
         return ""
     if not stat.S_ISREG(st.st_mode):
         return ""
+    if st.st_nlink < 2:  # no hard link: only a folder `place` links to can hold it
+        return _through_folder_links(path, place)
     for candidate in _files_in(place):
         try:
             other = os.stat(candidate)
@@ -49,6 +51,21 @@ def same_file_in(path, place):
             continue
         if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
             return candidate
+    return ""
+
+
+def _through_folder_links(path, place):
+    """`path` as named through a link to a folder in `place`'s own tree
+    (links not followed: a SavedModel's few files are walked, not what they
+    link to), or ""."""
+    if not os.path.isdir(place):
+        return ""
+    real = os.path.realpath(path)
+    for root, folders, _ in os.walk(place):
+        for name in folders:
+            link = os.path.join(root, name)
+            if os.path.islink(link) and inside(real, link):
+                return os.path.join(link, os.path.relpath(real, os.path.realpath(link)))
     return ""
 
 

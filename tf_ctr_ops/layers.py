@@ -157,7 +157,7 @@ def _weights_aligned(ids, weights):
         first = tf.concat([tf.cast(tf.where(tf.not_equal(a[:n], b[:n]))[:, 0], tf.int32), [n]], 0)[0]
         same = tf.logical_and(tf.equal(tf.size(a), tf.size(b)), tf.equal(first, n))
         checks.append(tf.debugging.Assert(same, [
-            f"weights must hold one weight per id: their {what} differ from the ids' at flat position", first,
+            f"weights must hold one weight per id: the ids' and their {what} differ at flat position", first,
             "(ids':", a[first:first + 1], "weights':", b[first:first + 1], "; sizes", tf.size(a), tf.size(b), ")"]))
     with tf.control_dependencies(checks):
         return tf.nest.map_structure(tf.identity, weights, expand_composites=True)
