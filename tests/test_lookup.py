@@ -993,3 +993,22 @@ def test_tables_of_a_type_no_op_pools_are_a_type_error_as_in_the_drop_ins(dtype)
         with pytest.raises(TypeError, match=f"embedding tables must be float16, bfloat16, float32 or float64, "
                                             f"got {dtype.name}"):
             lookup()
+
+
+def test_dense_ids_of_unknown_rank_in_a_function_are_checked_when_it_runs():
+    # A TensorSpec(None) was refused while tracing; [B, N] ids now run, and
+    # other ranks fail at run time.
+    table = tf.Variable(tf.reshape(tf.range(40.0), [10, 4]))
+    ids = tf.constant([[1, 3, -1], [3, -1, -1]], tf.int64)
+    keys = tf.constant([["a", "b"], ["c", ""]])
+    cases = ((lambda x: tco.sparse_embedding(table, x), ids), (lambda x: tco.hash_embedding(table, x), ids),
+             (lambda x: tco.hash_embedding(table, x), keys))
+    for lookup, x in cases:
+        in_function = tf.function(lookup, input_signature=[tf.TensorSpec(None, x.dtype)])
+        np.testing.assert_array_equal(in_function(x), lookup(x))
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"is not compatible with expected shape \[\?,\?\]"):
+            in_function(x[0])
+    weighted = tf.function(lambda x, w: tco.sparse_embedding(table, x, w),
+                           input_signature=[tf.TensorSpec(None, tf.int64), tf.TensorSpec(None)])
+    w = tf.constant([[1.0, 2.0, 0.0], [0.5, 0.0, 0.0]])
+    np.testing.assert_array_equal(weighted(ids, w), tco.sparse_embedding(table, ids, w))

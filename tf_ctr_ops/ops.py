@@ -223,6 +223,8 @@ def _bags_from_container(ids, weights, padding_value):
             w = weights.values
         return _Bags(ids.values, ids.indices[:, 0], ids.dense_shape[0], "row_ids", w)
     ids = tf.convert_to_tensor(ids)
+    if ids.shape.rank is None:  # a function's TensorSpec(None): checked when it runs
+        ids = tf.ensure_shape(ids, [None, None])
     if ids.shape.rank != 2:
         raise ValueError(f"dense ids must be [B, N] padded with {padding_value!r}, got shape {ids.shape}")
     shape = tf.shape(ids, out_type=tf.int64)
@@ -232,6 +234,8 @@ def _bags_from_container(ids, weights, padding_value):
         if isinstance(weights, (tf.RaggedTensor, tf.SparseTensor)):
             raise TypeError(f"weights must be a dense tensor [B, N] like ids, got a {type(weights).__name__}")
         weights = tf.convert_to_tensor(weights)
+        if weights.shape.rank is None:
+            weights = tf.ensure_shape(weights, [None, None])
         if weights.shape.rank != 2:
             raise ValueError(f"dense weights must be [B, N] like ids, got shape {weights.shape}")
         w = tf.reshape(weights, [-1])

@@ -336,6 +336,8 @@ def string_key_bags(keys, weights=None):
 
 def _dense_string_keys(keys):
     keys = tf.convert_to_tensor(keys)
+    if keys.shape.rank is None:  # a function's TensorSpec(None): checked when it runs
+        return tf.ensure_shape(keys, [None, None])
     if keys.shape.rank != 2:
         raise ValueError(f"dense keys must be [B, N], got shape {keys.shape}")
     return keys
