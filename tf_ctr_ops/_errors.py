@@ -33,16 +33,16 @@ def inside(path, folder):
 
 def same_file_in(path, place):
     """The file in `place` (a file, or a folder searched whole, through its
-    links) that an existing `path` also names, or "": a hard link, or a path
-    through a link to a folder of it. Writing one writes the other, and
-    realpath tells neither."""
+    links) that `path` also names, or "": a hard link, or a path through a
+    link to a folder of it (the file may not exist yet). Writing one writes
+    the other, and realpath tells neither."""
     try:
         st = os.stat(path)
     except OSError:
+        st = None  # not made yet: a folder `place` links to may still be where it would go
+    if st is not None and not stat.S_ISREG(st.st_mode):
         return ""
-    if not stat.S_ISREG(st.st_mode):
-        return ""
-    if st.st_nlink < 2:  # no hard link: only a folder `place` links to can hold it
+    if st is None or st.st_nlink < 2:  # no hard link: only a folder `place` links to can hold it
         return _through_folder_links(path, place)
     for candidate in _files_in(place):
         try:
