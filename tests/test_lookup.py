@@ -1012,3 +1012,23 @@ def test_dense_ids_of_unknown_rank_in_a_function_are_checked_when_it_runs():
                            input_signature=[tf.TensorSpec(None, tf.int64), tf.TensorSpec(None)])
     w = tf.constant([[1.0, 2.0, 0.0], [0.5, 0.0, 0.0]])
     np.testing.assert_array_equal(weighted(ids, w), tco.sparse_embedding(table, ids, w))
+    # The layers take [B] ids as [B, 1], whatever the rank known when tracing.
+    for layer in (tco.layers.SparseEmbedding(10, 4), tco.layers.HashEmbedding(10, 4)):
+        layer(ids)
+        in_function = tf.function(layer, input_signature=[tf.TensorSpec(None, tf.int64)])
+        for x in (ids, ids[:, 0], ids[:0, 0]):
+            np.testing.assert_array_equal(in_function(x), layer(x))
+
+
+def test_dense_weights_of_another_shape_than_the_ids_are_refused():
+    # [3, 2] weights for [2, 3] ids were read in the ids' layout; TF's
+    # Embedding(ids) * w[..., None] fails to broadcast them.
+    table = tf.reshape(tf.range(40.0), [10, 4])
+    ids, w = tf.constant([[1, 2, 3], [4, 5, 6]], tf.int64), tf.ones([3, 2])
+    with pytest.raises(ValueError, match=r"dense weights must be \[B, N\] like ids, got shape \(3, 2\)"):
+        tco.sparse_embedding(table, ids, w)
+    in_function = tf.function(lambda i, w: tco.hash_embedding(table, i, w),
+                              input_signature=[tf.TensorSpec([None, None], tf.int64), tf.TensorSpec([None, None])])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"dense weights must have the ids\\?' shape"):
+        in_function(ids, w)
+    np.testing.assert_array_equal(in_function(ids, tf.ones([2, 3])), tco.hash_embedding(table, ids, tf.ones([2, 3])))

@@ -297,6 +297,67 @@ def test_one_of_two_handles_disabled_keeps_the_other_on(rng, table):
         second.disable()
 
 
+def _function_config():
+    from tensorflow.python.eager import context
+
+    return tf.compat.v1.ConfigProto.FromString(context.context().function_call_options.config_proto_serialized)
+
+
+_SETTER_AFTER_ENABLE = """
+import tensorflow as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
+from tensorflow.python.eager import context
+from tf_ctr_ops import rewrite
+def config():
+    return tf.compat.v1.ConfigProto.FromString(context.context().function_call_options.config_proto_serialized)
+table = tf.ones([8, 2])
+ids = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([1, 3], tf.int64), [2, 1])
+handle = rewrite.enable()
+tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+handle.disable()
+rewrites = config().graph_options.rewrite_options
+print(rewrites.arithmetic_optimization == rewriter_config_pb2.RewriterConfig.OFF,
+      [c.name for c in rewrites.custom_optimizers])
+"""
+
+
+def test_disable_keeps_tf_config_settings_made_after_enable(tmp_path):
+    # A tf.config setter rebuilds the thread's function options (the rewrite
+    # is then off, as documented); disable() then restored the whole config
+    # enable() had saved, undoing the user's later setting. In a process of
+    # its own: the setting is process-wide.
+    proc = subprocess.run([sys.executable, "-c", _SETTER_AFTER_ENABLE], cwd=tmp_path, env=fresh_process_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "True []", proc.stdout
+
+
+def test_a_nested_enable_takes_its_own_options_alone(tmp_path):
+    # The inner enable() kept the outer one's report file but not its other options.
+    with rewrite.enable(report_file=str(tmp_path / "r.jsonl"), serving_device="cpu",
+                        disabled_patterns=["safe_lookup"]):
+        with rewrite.enable():
+            [entry] = [c for c in _function_config().graph_options.rewrite_options.custom_optimizers
+                       if c.name == "CtrFusionOptimizer"]
+            assert dict(entry.parameter_map) == {}
+        [entry] = [c for c in _function_config().graph_options.rewrite_options.custom_optimizers
+                   if c.name == "CtrFusionOptimizer"]
+        assert set(entry.parameter_map) == {"report_file", "serving_device", "disabled_patterns"}
+
+
+def test_options_that_would_silently_do_nothing_are_errors(tmp_path):
+    # A report in a missing folder was dropped unseen; a config without the
+    # meta optimizer never ran the pass.
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        rewrite.enable(report_file=str(tmp_path / "missing" / "r.jsonl"))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        rewrite.session_config(report_file=str(tmp_path / "missing" / "r.jsonl"))
+    off = tf.compat.v1.ConfigProto()
+    off.graph_options.rewrite_options.disable_meta_optimizer = True
+    with pytest.raises(ValueError, match="disables Grappler's meta optimizer"):
+        rewrite.session_config(off)
+
+
 def test_enable_handles_of_two_threads_are_apart(rng, table):
     # The config is per thread: one process-wide list of handles let a
     # handle of thread B decide what thread A's disable restored.

@@ -1236,14 +1236,21 @@ def test_a_report_path_inside_src_or_dst_or_on_the_inputs_is_refused_before_the_
     for name, target in (("src.json", "src/saved_model.pb"), ("dst.json", "dst/saved_model.pb"), ("in.json", "in.npz")):
         os.link(tmp_path / target, tmp_path / name)
         cli = run_cli(["src", "dst", "--inputs", "in.npz", "--report", name], tmp_path)
-        assert cli.returncode == 2 and f"--report {name} is {target} (through a hard link" in cli.stderr, cli.stderr
+        assert cli.returncode == 2 and f"--report {name} is {target} (through a link)" in cli.stderr, cli.stderr
     # Nor is a file of a folder SRC links to (SRC/variables a link to it).
     (tmp_path / "src" / "variables").rename(tmp_path / "store")
     os.symlink(tmp_path / "store", tmp_path / "src" / "variables")
     index = {p.name: p.read_bytes() for p in (tmp_path / "store").iterdir()}
     for report in ("variables.index", "new.json"):  # SRC's file, or a new one in SRC's folder
         cli = run_cli(["src", "dst", "--inputs", "in.npz", "--report", f"store/{report}"], tmp_path)
-        assert cli.returncode == 2 and f"is src/variables/{report} (through a" in cli.stderr, cli.stderr
+        assert cli.returncode == 2 and f"is src/variables/{report} (through a link)" in cli.stderr, cli.stderr
+    # Nor is a file SRC links to (an asset kept outside it).
+    (tmp_path / "vocab.txt").write_text("a\n")
+    (tmp_path / "src" / "assets").mkdir(exist_ok=True)
+    os.symlink(tmp_path / "vocab.txt", tmp_path / "src" / "assets" / "vocab.txt")
+    cli = run_cli(["src", "dst", "--inputs", "in.npz", "--report", "vocab.txt"], tmp_path)
+    assert cli.returncode == 2 and "is src/assets/vocab.txt (through a link)" in cli.stderr, cli.stderr
+    assert (tmp_path / "vocab.txt").read_text() == "a\n"
     assert {p.name: p.read_bytes() for p in (tmp_path / "store").iterdir()} == index
     assert {name: (tmp_path / name / "saved_model.pb").read_bytes() for name in ("src", "dst")} == pb
 

@@ -126,7 +126,7 @@ def _report_clash(args):
     for place in (args.dst, args.src, args.inputs):
         same = place and _errors.same_file_in(args.report, place)
         if same:
-            return f"{args.report} is {same} (through a hard link or a link to a folder), which it would write"
+            return f"{args.report} is {same} (through a link), which it would write"
     return ""
 
 

@@ -299,3 +299,10 @@ def as_table(params, dtype=None, in_place=False):
         check_div_layout(parts)
         return tf.concat(parts, axis=0)
     return table_operand(params, dtype) if in_place else read_table(params, dtype)
+
+
+def dense_matrix(x):
+    """`x`, of unknown rank, checked to be a matrix when it runs (TF's
+    EnsureShape error otherwise: an assert's own message would not do, as TF
+    may run the shape check before any op it waits on)."""
+    return tf.ensure_shape(x, [None, None])

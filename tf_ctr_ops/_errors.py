@@ -33,48 +33,42 @@ def inside(path, folder):
 
 def same_file_in(path, place):
     """The file in `place` (a file, or a folder searched whole, through its
-    links) that `path` also names, or "": a hard link, or a path through a
-    link to a folder of it (the file may not exist yet). Writing one writes
-    the other, and realpath tells neither."""
+    links) that `path` names too, or would name once made, or "": through a
+    hard link, a link to the file, or a link to a folder of it. Writing one
+    writes the other, and realpath tells none of these."""
+    real = os.path.realpath(path)
     try:
         st = os.stat(path)
     except OSError:
-        st = None  # not made yet: a folder `place` links to may still be where it would go
+        st = None  # not made yet: where it would go still counts
     if st is not None and not stat.S_ISREG(st.st_mode):
         return ""
-    if st is None or st.st_nlink < 2:  # no hard link: only a folder `place` links to can hold it
-        return _through_folder_links(path, place)
-    for candidate in _files_in(place):
+
+    def same(candidate):
+        if os.path.realpath(candidate) == real:
+            return True
+        if st is None or st.st_nlink < 2:
+            return False
         try:
             other = os.stat(candidate)
         except OSError:
-            continue
-        if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
-            return candidate
-    return ""
+            return False
+        return (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino)
 
-
-def _through_folder_links(path, place):
-    """`path` as named through a link to a folder in `place`'s own tree
-    (links not followed: a SavedModel's few files are walked, not what they
-    link to), or ""."""
     if not os.path.isdir(place):
-        return ""
-    real = os.path.realpath(path)
-    for root, folders, _ in os.walk(place):
-        for name in folders:
-            link = os.path.join(root, name)
-            if os.path.islink(link) and inside(real, link):
-                return os.path.join(link, os.path.relpath(real, os.path.realpath(link)))
+        return place if same(place) else ""
+    for folder, files in _folders_in(place):
+        if os.path.realpath(folder) == os.path.dirname(real):
+            return os.path.join(folder, os.path.basename(real))
+        for file in files:
+            if same(file):
+                return file
     return ""
 
 
-def _files_in(place):
-    """`place` if it is not a folder, else every file below it, links to
+def _folders_in(place):
+    """(folder, its files) for `place` and every folder below it, links to
     folders followed (each folder once: links may loop)."""
-    if not os.path.isdir(place):
-        yield place
-        return
     seen, folders = set(), [place]
     while folders:
         folder = folders.pop()
@@ -86,15 +80,13 @@ def _files_in(place):
             entries = list(os.scandir(folder))
         except OSError:
             continue
+        files = []
         for entry in entries:
             try:
-                is_folder = entry.is_dir()
+                (folders if entry.is_dir() else files).append(entry.path)
             except OSError:
                 continue
-            if is_folder:
-                folders.append(entry.path)
-            else:
-                yield entry.path
+        yield folder, files
 
 
 def unwritable(path):

@@ -131,6 +131,9 @@ def _id_bags(x):
     x = _as_container(x)
     if isinstance(x, tf.Tensor) and x.shape.rank == 1:
         x = tf.expand_dims(x, 1)
+    elif isinstance(x, tf.Tensor) and x.shape.rank is None:  # a function's TensorSpec(None): [B] known when it runs
+        one_column = tf.ones(tf.cast(tf.equal(tf.rank(x), 1), tf.int32)[tf.newaxis], tf.int32)
+        x = tf.reshape(x, tf.concat([tf.shape(x), one_column], 0))
     return x
 
 

@@ -17,6 +17,7 @@ from tf_ctr_ops._args import (  # noqa: F401  (COMBINERS, canonical_shard_sizes:
     check_combiner,
     check_default_id,
     check_hash_key,
+    dense_matrix,
     gathered_shards,
     hash_bucket,
     in_place_variable,
@@ -224,7 +225,7 @@ def _bags_from_container(ids, weights, padding_value):
         return _Bags(ids.values, ids.indices[:, 0], ids.dense_shape[0], "row_ids", w)
     ids = tf.convert_to_tensor(ids)
     if ids.shape.rank is None:  # a function's TensorSpec(None): checked when it runs
-        ids = tf.ensure_shape(ids, [None, None])
+        ids = dense_matrix(ids)
     if ids.shape.rank != 2:
         raise ValueError(f"dense ids must be [B, N] padded with {padding_value!r}, got shape {ids.shape}")
     shape = tf.shape(ids, out_type=tf.int64)
@@ -235,9 +236,15 @@ def _bags_from_container(ids, weights, padding_value):
             raise TypeError(f"weights must be a dense tensor [B, N] like ids, got a {type(weights).__name__}")
         weights = tf.convert_to_tensor(weights)
         if weights.shape.rank is None:
-            weights = tf.ensure_shape(weights, [None, None])
-        if weights.shape.rank != 2:
-            raise ValueError(f"dense weights must be [B, N] like ids, got shape {weights.shape}")
+            weights = dense_matrix(weights)
+        if weights.shape.rank != 2 or not weights.shape.is_compatible_with(ids.shape):
+            raise ValueError(f"dense weights must be [B, N] like ids, got shape {weights.shape} for ids of shape "
+                             f"{ids.shape}")
+        if not (weights.shape.is_fully_defined() and ids.shape.is_fully_defined()):
+            # Of as many values but another shape, they would be read in the ids' layout.
+            with tf.control_dependencies([tf.debugging.assert_equal(
+                    tf.shape(weights), tf.shape(ids), message="dense weights must have the ids' shape [B, N]")]):
+                weights = tf.identity(weights)
         w = tf.reshape(weights, [-1])
     return _Bags(tf.reshape(ids, [-1]), splits, -1, "row_splits", w)
 

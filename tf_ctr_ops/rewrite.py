@@ -82,15 +82,24 @@ def _check_disabled(disabled_patterns):
 
 
 def _add_fusion_optimizer(config, report_file=None, only=False, serving_device=None, disabled_patterns=()):
-    """Adds CtrFusionOptimizer to a ConfigProto's rewriter config (in place)."""
+    """Adds CtrFusionOptimizer to a ConfigProto's rewriter config (in place),
+    with these options alone (an entry already there loses its others)."""
     _check_serving_device(serving_device)
     rewrite = config.graph_options.rewrite_options
+    if rewrite.disable_meta_optimizer:
+        raise ValueError("the config disables Grappler's meta optimizer (rewrite_options.disable_meta_optimizer), "
+                         "which is what runs CtrFusionOptimizer: nothing would be rewritten")
     custom = next((c for c in rewrite.custom_optimizers if c.name == OPTIMIZER_NAME), None)
     if custom is None:
         custom = rewrite.custom_optimizers.add()
         custom.name = OPTIMIZER_NAME
     if report_file:
+        folder = os.path.dirname(os.path.abspath(report_file))
+        if not os.path.isdir(folder):  # the optimizer would drop every record, unseen
+            raise FileNotFoundError(f"report_file {report_file}: its folder {folder} does not exist")
         custom.parameter_map["report_file"].s = os.fsencode(report_file)
+    elif "report_file" in custom.parameter_map:
+        del custom.parameter_map["report_file"]
     if serving_device:
         custom.parameter_map["serving_device"].s = serving_device.encode()
     elif "serving_device" in custom.parameter_map:
@@ -135,8 +144,9 @@ class _Enabled:
 
     _threads = threading.local()  # function_call_options are per thread, so are their handles
 
-    def __init__(self, previous):
+    def __init__(self, previous, installed):
         self._previous = previous
+        self._installed = installed
         self._active = _Enabled._active_in_this_thread()
         self._active.append(self)
 
@@ -158,7 +168,9 @@ class _Enabled:
         """The newest handle restores the config it replaced; an older one
         hands its own predecessor's to the handle after it, so handles may be
         disabled in any order. Only in the thread that enabled it: the config
-        it restores is that thread's."""
+        it restores is that thread's. Where TF rebuilt that config since (a
+        tf.config setter does), the rebuilt one stays, with the fusion entry
+        as it was before enable()."""
         # By the thread's own list, not its id: Python reuses the id of a
         # thread that ended for the next one.
         if self._active is not _Enabled._active_in_this_thread():
@@ -171,7 +183,23 @@ class _Enabled:
         if i < len(self._active):
             self._active[i]._previous = self._previous
         else:
-            context.context().function_call_options.config_proto_serialized = self._previous
+            options = context.context().function_call_options
+            current = config_pb2.ConfigProto.FromString(options.config_proto_serialized)
+            options.config_proto_serialized = (self._previous if current == self._installed
+                                               else _with_fusion_entry_of(current, self._previous))
+
+
+def _with_fusion_entry_of(config, source):
+    """`config` with `source`'s CtrFusionOptimizer entry (or none) and its
+    min_graph_nodes, the two things enable() sets."""
+    out = config_pb2.ConfigProto()
+    out.CopyFrom(config)
+    rewrite, before = out.graph_options.rewrite_options, source.graph_options.rewrite_options
+    others = [c for c in rewrite.custom_optimizers if c.name != OPTIMIZER_NAME]
+    del rewrite.custom_optimizers[:]
+    rewrite.custom_optimizers.extend(others + [c for c in before.custom_optimizers if c.name == OPTIMIZER_NAME])
+    rewrite.min_graph_nodes = before.min_graph_nodes
+    return out
 
 
 @contextlib.contextmanager
@@ -211,16 +239,22 @@ def enable(report_file=None, serving_device=None, disabled_patterns=()):
     `serving_device` is as `optimize_saved_model`'s ("cpu": this process
     serves on its CPU). `disabled_patterns` names patterns not to run
     (`pattern_names()`): the way to keep one kind of subgraph native while
-    the others fuse.
+    the others fuse. An `enable()` inside another takes only its own
+    options (no report unless it names one).
+
+    TF rebuilds this configuration when `tf.config.optimizer.set_jit`,
+    `set_experimental_options`, the threading setters or the device
+    placement setters run, and the rewrite is then off: call them before
+    `enable()`. A handle's `disable()` keeps what they set.
     """
     options = context.context().function_call_options
     previous = config_pb2.ConfigProto.FromString(options.config_proto_serialized)
     updated = config_pb2.ConfigProto()
     updated.CopyFrom(previous)
-    options.config_proto_serialized = _add_fusion_optimizer(updated, report_file=report_file,
-                                                            serving_device=serving_device,
-                                                            disabled_patterns=_check_disabled(disabled_patterns))
-    return _Enabled(previous)
+    _add_fusion_optimizer(updated, report_file=report_file, serving_device=serving_device,
+                          disabled_patterns=_check_disabled(disabled_patterns))
+    options.config_proto_serialized = updated
+    return _Enabled(previous, updated)
 
 
 def fusion_stats():

@@ -16,6 +16,7 @@ from tf_ctr_ops._args import (
     check_delimiter,
     check_hash_key,
     check_id_mode,
+    dense_matrix,
     gathered_shards,
     hash_bucket,
     max_norm_attr,
@@ -337,7 +338,7 @@ def string_key_bags(keys, weights=None):
 def _dense_string_keys(keys):
     keys = tf.convert_to_tensor(keys)
     if keys.shape.rank is None:  # a function's TensorSpec(None): checked when it runs
-        return tf.ensure_shape(keys, [None, None])
+        return dense_matrix(keys)
     if keys.shape.rank != 2:
         raise ValueError(f"dense keys must be [B, N], got shape {keys.shape}")
     return keys
