@@ -66,11 +66,16 @@ def same_file_in(path, place):
     return ""
 
 
+_MOST_FOLDERS = 20_000
+
+
 def _folders_in(place):
     """(folder, its files) for `place` and every folder below it, links to
-    folders followed (each folder once: links may loop)."""
+    folders followed (each folder once: links may loop); the first
+    _MOST_FOLDERS only: a link to / would walk the whole machine, and no
+    SavedModel's own tree is that big."""
     seen, folders = set(), [place]
-    while folders:
+    while folders and len(seen) < _MOST_FOLDERS:
         folder = folders.pop()
         try:
             st = os.stat(folder)

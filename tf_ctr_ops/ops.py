@@ -243,7 +243,7 @@ def _bags_from_container(ids, weights, padding_value):
         if not (weights.shape.is_fully_defined() and ids.shape.is_fully_defined()):
             # Of as many values but another shape, they would be read in the ids' layout.
             with tf.control_dependencies([tf.debugging.assert_equal(
-                    tf.shape(weights), tf.shape(ids), message="dense weights must have the ids' shape [B, N]")]):
+                    tf.shape(weights), tf.shape(ids), message="dense weights must have the shape [B, N] of the ids")]):
                 weights = tf.identity(weights)
         w = tf.reshape(weights, [-1])
     return _Bags(tf.reshape(ids, [-1]), splits, -1, "row_splits", w)

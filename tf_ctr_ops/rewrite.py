@@ -97,7 +97,7 @@ def _add_fusion_optimizer(config, report_file=None, only=False, serving_device=N
         folder = os.path.dirname(os.path.abspath(report_file))
         if not os.path.isdir(folder):  # the optimizer would drop every record, unseen
             raise FileNotFoundError(f"report_file {report_file}: its folder {folder} does not exist")
-        custom.parameter_map["report_file"].s = os.fsencode(report_file)
+        custom.parameter_map["report_file"].s = os.fsencode(os.path.abspath(report_file))  # cwd may change
     elif "report_file" in custom.parameter_map:
         del custom.parameter_map["report_file"]
     if serving_device:
@@ -181,7 +181,9 @@ class _Enabled:
         i = self._active.index(self)
         self._active.pop(i)
         if i < len(self._active):
-            self._active[i]._previous = self._previous
+            # The next handle's saved config, with the fusion entry this
+            # handle found (a tf.config setter may have run between the two).
+            self._active[i]._previous = _with_fusion_entry_of(self._active[i]._previous, self._previous)
         else:
             options = context.context().function_call_options
             current = config_pb2.ConfigProto.FromString(options.config_proto_serialized)
