@@ -328,6 +328,11 @@ newer.disable()
 rewrites = config().graph_options.rewrite_options
 print(rewrites.constant_folding == rewriter_config_pb2.RewriterConfig.OFF,
       [c.name for c in rewrites.custom_optimizers])
+# A min_graph_nodes set since enable() (which sets its own) stays.
+handle = rewrite.enable()
+tf.config.optimizer.set_experimental_options({"min_graph_nodes": 7})
+handle.disable()
+print(config().graph_options.rewrite_options.min_graph_nodes)
 """
 
 
@@ -339,7 +344,7 @@ def test_disable_keeps_tf_config_settings_made_after_enable(tmp_path):
     proc = subprocess.run([sys.executable, "-c", _SETTER_AFTER_ENABLE], cwd=tmp_path, env=fresh_process_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split("\n")[-3:] == ["True []", "True []", ""], proc.stdout
+    assert proc.stdout.split("\n")[-4:] == ["True []", "True []", "7", ""], proc.stdout
 
 
 def test_a_nested_enable_takes_its_own_options_alone(tmp_path):
@@ -366,6 +371,13 @@ def test_a_relative_report_file_is_written_where_it_was_named(rng, table, tmp_pa
         monkeypatch.chdir(tmp_path / "elsewhere")
         tf.function(lambda sp: tf.nn.embedding_lookup_sparse(table, sp, None))(ids)
     assert rewrite.read_report(str(tmp_path / "reports" / "r.jsonl"))["match"]
+    # "link/.." is where the link's target's parent is, as the OS reads it
+    # (made absolute lexically, it was this folder).
+    (tmp_path / "deep" / "inner").mkdir(parents=True)
+    os.symlink(tmp_path / "deep" / "inner", tmp_path / "elsewhere" / "link")
+    with rewrite.enable(report_file="link/../r.jsonl"):
+        tf.function(lambda sp: tf.nn.embedding_lookup_sparse(table, sp, None))(ids)
+    assert rewrite.read_report(str(tmp_path / "deep" / "r.jsonl"))["match"]
 
 
 def test_options_that_would_silently_do_nothing_are_errors(tmp_path):

@@ -1255,6 +1255,23 @@ def test_a_report_path_inside_src_or_dst_or_on_the_inputs_is_refused_before_the_
     assert {name: (tmp_path / name / "saved_model.pb").read_bytes() for name in ("src", "dst")} == pb
 
 
+def test_the_same_file_check_walks_srcs_own_tree_before_what_its_links_lead_to(tmp_path, monkeypatch):
+    # Depth first, a link to a big tree listed before SRC's own folders used
+    # up the walk's bound before SRC's own file was seen.
+    from tf_ctr_ops import _errors
+
+    (tmp_path / "src" / "assets").mkdir(parents=True)
+    (tmp_path / "src" / "assets" / "vocab.txt").write_text("a\n")
+    for i in range(10):
+        for j in range(10):
+            (tmp_path / f"big{i}" / f"d{j}").mkdir(parents=True)
+        os.symlink(tmp_path / f"big{i}", tmp_path / "src" / f"link{i}")
+    os.link(tmp_path / "src" / "assets" / "vocab.txt", tmp_path / "report.json")
+    monkeypatch.setattr(_errors, "_MOST_FOLDERS", 5)
+    assert _errors.same_file_in(str(tmp_path / "report.json"), str(tmp_path / "src")) == str(
+        tmp_path / "src" / "assets" / "vocab.txt")
+
+
 def test_a_report_path_that_only_opening_shows_unwritable_is_refused_before_the_rewrite(tmp_path):
     # A link to a missing folder passed the folder check; the report then
     # failed after DST was written, with exit status 1.

@@ -1,5 +1,6 @@
 """One informative line from an exception, for reports and CLI errors."""
 
+import collections
 import os
 import re
 import stat
@@ -71,12 +72,12 @@ _MOST_FOLDERS = 20_000
 
 def _folders_in(place):
     """(folder, its files) for `place` and every folder below it, links to
-    folders followed (each folder once: links may loop); the first
-    _MOST_FOLDERS only: a link to / would walk the whole machine, and no
-    SavedModel's own tree is that big."""
-    seen, folders = set(), [place]
-    while folders and len(seen) < _MOST_FOLDERS:
-        folder = folders.pop()
+    folders followed (each folder once: links may loop): its own tree
+    first, then what links lead to, the first _MOST_FOLDERS only (a link to
+    / would walk the whole machine)."""
+    seen, own, linked = set(), collections.deque([place]), collections.deque()
+    while (own or linked) and len(seen) < _MOST_FOLDERS:
+        folder, through_link = (own.popleft(), False) if own else (linked.popleft(), True)
         try:
             st = os.stat(folder)
             if (st.st_dev, st.st_ino) in seen:
@@ -88,7 +89,12 @@ def _folders_in(place):
         files = []
         for entry in entries:
             try:
-                (folders if entry.is_dir() else files).append(entry.path)
+                if not entry.is_dir():
+                    files.append(entry.path)
+                elif through_link or entry.is_symlink():
+                    linked.append(entry.path)
+                else:
+                    own.append(entry.path)
             except OSError:
                 continue
         yield folder, files

@@ -94,10 +94,11 @@ def _add_fusion_optimizer(config, report_file=None, only=False, serving_device=N
         custom = rewrite.custom_optimizers.add()
         custom.name = OPTIMIZER_NAME
     if report_file:
-        folder = os.path.dirname(os.path.abspath(report_file))
-        if not os.path.isdir(folder):  # the optimizer would drop every record, unseen
-            raise FileNotFoundError(f"report_file {report_file}: its folder {folder} does not exist")
-        custom.parameter_map["report_file"].s = os.fsencode(os.path.abspath(report_file))  # cwd may change
+        # Absolute, as the OS resolves it (no lexical `..`: a link may precede it), for the cwd may change.
+        path = os.path.join(os.getcwd(), os.fsdecode(report_file))
+        if not os.path.isdir(os.path.dirname(path)):  # the optimizer would drop every record, unseen
+            raise FileNotFoundError(f"report_file {report_file}: its folder {os.path.dirname(path)} does not exist")
+        custom.parameter_map["report_file"].s = os.fsencode(path)
     elif "report_file" in custom.parameter_map:
         del custom.parameter_map["report_file"]
     if serving_device:
@@ -164,6 +165,21 @@ class _Enabled:
         self.disable()
         return False
 
+    def _undone(self, config):
+        """`config` without what this handle set (the fusion entry and
+        min_graph_nodes), as they were before it; a min_graph_nodes a
+        tf.config setter set since stays."""
+        out = config_pb2.ConfigProto()
+        out.CopyFrom(config)
+        rewrite = out.graph_options.rewrite_options
+        before, set_here = self._previous.graph_options.rewrite_options, self._installed.graph_options.rewrite_options
+        others = [c for c in rewrite.custom_optimizers if c.name != OPTIMIZER_NAME]
+        del rewrite.custom_optimizers[:]
+        rewrite.custom_optimizers.extend(others + [c for c in before.custom_optimizers if c.name == OPTIMIZER_NAME])
+        if rewrite.min_graph_nodes == set_here.min_graph_nodes:
+            rewrite.min_graph_nodes = before.min_graph_nodes
+        return out
+
     def disable(self):
         """The newest handle restores the config it replaced; an older one
         hands its own predecessor's to the handle after it, so handles may be
@@ -183,25 +199,14 @@ class _Enabled:
         if i < len(self._active):
             # The next handle's saved config, with the fusion entry this
             # handle found (a tf.config setter may have run between the two).
-            self._active[i]._previous = _with_fusion_entry_of(self._active[i]._previous, self._previous)
+            self._active[i]._previous = self._undone(self._active[i]._previous)
         else:
             options = context.context().function_call_options
             current = config_pb2.ConfigProto.FromString(options.config_proto_serialized)
             options.config_proto_serialized = (self._previous if current == self._installed
-                                               else _with_fusion_entry_of(current, self._previous))
+                                               else self._undone(current))
 
 
-def _with_fusion_entry_of(config, source):
-    """`config` with `source`'s CtrFusionOptimizer entry (or none) and its
-    min_graph_nodes, the two things enable() sets."""
-    out = config_pb2.ConfigProto()
-    out.CopyFrom(config)
-    rewrite, before = out.graph_options.rewrite_options, source.graph_options.rewrite_options
-    others = [c for c in rewrite.custom_optimizers if c.name != OPTIMIZER_NAME]
-    del rewrite.custom_optimizers[:]
-    rewrite.custom_optimizers.extend(others + [c for c in before.custom_optimizers if c.name == OPTIMIZER_NAME])
-    rewrite.min_graph_nodes = before.min_graph_nodes
-    return out
 
 
 @contextlib.contextmanager
