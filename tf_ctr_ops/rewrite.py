@@ -173,9 +173,7 @@ class _Enabled:
         out.CopyFrom(config)
         rewrite = out.graph_options.rewrite_options
         before, set_here = self._previous.graph_options.rewrite_options, self._installed.graph_options.rewrite_options
-        others = [c for c in rewrite.custom_optimizers if c.name != OPTIMIZER_NAME]
-        del rewrite.custom_optimizers[:]
-        rewrite.custom_optimizers.extend(others + [c for c in before.custom_optimizers if c.name == OPTIMIZER_NAME])
+        _set_fusion_entries(rewrite, [c for c in before.custom_optimizers if c.name == OPTIMIZER_NAME])
         if rewrite.min_graph_nodes == set_here.min_graph_nodes:
             rewrite.min_graph_nodes = before.min_graph_nodes
         return out
@@ -207,6 +205,12 @@ class _Enabled:
                                                else self._undone(current))
 
 
+def _set_fusion_entries(rewrite_options, entries):
+    """`rewrite_options`' custom optimizers with their CtrFusionOptimizer
+    entry replaced by `entries` (none, or one), the others kept in order."""
+    others = [c for c in rewrite_options.custom_optimizers if c.name != OPTIMIZER_NAME]
+    del rewrite_options.custom_optimizers[:]
+    rewrite_options.custom_optimizers.extend(others + list(entries))
 
 
 @contextlib.contextmanager
@@ -218,13 +222,11 @@ def _fusion_off():
     saved = config_pb2.ConfigProto.FromString(options.config_proto_serialized)
     config = config_pb2.ConfigProto()
     config.CopyFrom(saved)
-    custom = config.graph_options.rewrite_options.custom_optimizers
-    others = [c for c in custom if c.name != OPTIMIZER_NAME]
-    if len(others) == len(custom):
+    rewrite_options = config.graph_options.rewrite_options
+    if all(c.name != OPTIMIZER_NAME for c in rewrite_options.custom_optimizers):
         yield
         return
-    del custom[:]
-    custom.extend(others)
+    _set_fusion_entries(rewrite_options, [])
     options.config_proto_serialized = config
     try:
         yield
