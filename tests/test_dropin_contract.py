@@ -294,8 +294,11 @@ def test_dtype_rules_and_errors_are_tfs(rng):
             # numpy shards convert to the weights' dtype
             assert fn(parts, sp, w).dtype == tf.float32
     sp = random_sparse(rng, 4, 6)
+    for fn in (tco.embedding_lookup_sparse, tf.nn.embedding_lookup_sparse):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="SparseSegmentMean"):  # TF's own, as TF computes it
+            fn(tf.ones([6, 2], tf.int32), sp, None)
     with pytest.raises(TypeError, match="float16, bfloat16, float32 or float64"):
-        tco.embedding_lookup_sparse(tf.ones([6, 2], tf.int32), sp, None)
+        tco.embedding_lookup_sparse(tf.ones([6, 2], tf.bool), sp, None)
 
 
 # ---------------------------------------------------------------------------

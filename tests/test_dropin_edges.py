@@ -41,6 +41,20 @@ def test_safe_lookup_rank3_ids_unknown_rank_table(table):
     close(run(tco.safe_embedding_lookup_sparse), run(tf.nn.safe_embedding_lookup_sparse))
 
 
+@pytest.mark.parametrize("index", [[0, 0, 3], [0, 1, 9], [1, 0, 5], [0, 0, 1]])
+def test_safe_lookup_rank3_index_past_the_last_dim_carries_as_sparse_reshape_does(index):
+    # TF reshapes the ids to [bags, dense_shape[-1]]: a last index past it
+    # lands in a later bag, or past the last bag (an InvalidArgumentError).
+    ids = tf.SparseTensor([index, [1, 1, 0]], tf.constant([1, 2], tf.int64), [2, 2, 2])
+    try:
+        want = tf.nn.safe_embedding_lookup_sparse(P, ids, None)
+    except tf.errors.InvalidArgumentError:
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            tco.safe_embedding_lookup_sparse(P, ids, None)
+        return
+    close(tco.safe_embedding_lookup_sparse(P, ids, None), want)
+
+
 def test_safe_lookup_rank3_ids_v1_placeholder():
     with tf.Graph().as_default():
         ph, ids = tf.compat.v1.placeholder(tf.float32, None), rank3_ids()
@@ -401,3 +415,28 @@ def test_dense_ids_are_a_type_error_naming_both_containers_the_drop_ins_take():
                    lambda: tco.compat.v1.embedding_lookup_sparse([P], ids, None)):
         with pytest.raises(TypeError, match="a SparseTensor or a RaggedTensor, got EagerTensor"):
             lookup()
+
+
+# --- integer tables ---------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
+def test_integer_tables_are_computed_as_tf_computes_them(dtype):
+    # TF pools integer tables (Gather and SparseSegmentSum take them); the
+    # fused kernels pool floats, so the drop-ins hand such a call to TF.
+    table = tf.reshape(tf.range(24, dtype=dtype), [8, 3])
+    ids = tf.SparseTensor([[0, 0], [0, 1], [2, 0]], tf.constant([1, 3, 5], tf.int64), [3, 2])
+    cases = [(tco.embedding_lookup_sparse, tf.nn.embedding_lookup_sparse, (table, ids, None), {"combiner": "sum"}),
+             (tco.safe_embedding_lookup_sparse, tf.nn.safe_embedding_lookup_sparse, (table, ids), {"combiner": "sum"}),
+             (tco.compat.v1.embedding_lookup_sparse, tf.compat.v1.nn.embedding_lookup_sparse, ([table], ids, None),
+              {"combiner": "sum"}),
+             (tco.compat.v1.safe_embedding_lookup_sparse, tf.compat.v1.nn.safe_embedding_lookup_sparse,
+              ([table], ids), {"combiner": "sum"})]
+    for ours, ref, args, kwargs in cases:
+        got, want = ours(*args, **kwargs), ref(*args, **kwargs)
+        assert got.dtype == want.dtype == dtype
+        np.testing.assert_array_equal(got, want)
+        assert not [op for op in tf.function(lambda: ours(*args, **kwargs)).get_concrete_function().graph
+                    .get_operations() if op.type.startswith("Ctr")]
+    weights = tf.SparseTensor(ids.indices, tf.constant([2, 1, 4], dtype), ids.dense_shape)
+    np.testing.assert_array_equal(tco.embedding_lookup_sparse(table, ids, weights, combiner="mean"),
+                                  tf.nn.embedding_lookup_sparse(table, ids, weights, combiner="mean"))

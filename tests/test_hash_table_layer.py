@@ -8,6 +8,7 @@ import sys
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tf_ctr_ops.layers import HashTableEmbedding
 from conftest import fresh_process_env, serve_in_fresh_process
@@ -228,6 +229,16 @@ def test_layer_config_errors():
         HashTableEmbedding(4, capacity=10, eviction="lfu", table_device="/GPU:0")
     with pytest.raises(ValueError, match="table_device"):
         HashTableEmbedding(4, capacity=10, table_device="TPU:0")
+
+
+def test_statistics_and_export_of_an_unbuilt_layer_say_to_build_it():
+    layer = HashTableEmbedding(2, capacity=3)
+    for method in (layer.statistics, layer.export):
+        with pytest.raises(RuntimeError, match="call the layer .* first"):
+            method()
+    layer(tf.constant([[5]], tf.int64))
+    assert int(layer.statistics()["size"]) == 0  # a call outside training inserts nothing
+    assert layer.export()[0].shape == (0,)
 
 
 def test_numpy_sizes_are_taken_as_ints():

@@ -702,6 +702,16 @@ def test_float_keys_are_a_clear_error_naming_the_fix(rng, kind):
         model.fit(x, np.ones((len(x), 1), np.float32), verbose=0)
 
 
+def test_string_ids_to_sparse_embedding_name_the_layers_that_take_them():
+    # The kernel's message spoke of an id_mode the layer has no argument for.
+    message = r"SparseEmbedding .* takes integer ids, got strings: hash string keys with HashEmbedding"
+    with pytest.raises(TypeError, match=message):
+        SparseEmbedding(10, 4)(tf.constant([["1"]]))
+    with pytest.raises(TypeError, match=message):  # when the model is built, not at its first call
+        SparseEmbedding(10, 4)(keras.Input(shape=(None,), dtype="string"))
+    assert tco_layers.HashEmbedding(10, 4)(tf.constant([["1"]])).shape == (1, 4)
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda: SparseEmbedding(10, 2)(tf.constant([[1, 2]]), weights=tf.ragged.constant([[1.0, 2.0]])),
      "weights must be a dense tensor \\[B, N\\] like ids, got a RaggedTensor"),

@@ -273,6 +273,25 @@ def test_a_functional_model_of_inputs_of_another_shape_is_refused_at_constructio
         assert StringEmbedding(10, 2)(keras.Input(shape=shape, dtype="string")).shape == (None, 2)
 
 
+def test_a_functional_model_of_ragged_or_sparse_strings_is_refused_at_construction():
+    # Such a model was built, and its first call failed.
+    for kind in ("ragged", "sparse"):
+        x = keras.Input(shape=(None,), dtype="string", **{kind: True})
+        with pytest.raises(TypeError, match=f"takes a dense vector of strings .* got a {kind} input"):
+            StringEmbedding(10, 3)(x)
+        with pytest.raises(TypeError, match=f"takes a dense vector of strings .* got a {kind} input"):
+            MultiStringEmbedding([10], [3])([x])
+
+
+def test_float_inputs_outside_keras_symbolic_pass_name_the_fix():
+    # Exporting a subclassed model without an input_signature traces it on
+    # float32: the error said only "strings must be a string tensor".
+    for layer in (StringEmbedding(10, 2), MultiStringEmbedding([10], [2])):
+        x = tf.constant([1.0, 2.0])
+        with pytest.raises(TypeError, match=r"got float32 inputs: it takes strings.*dtype=\"string\".*tf\.string"):
+            layer(x if isinstance(layer, StringEmbedding) else [x])
+
+
 def test_concat_keeps_a_static_batch():
     # The concat op sees packed bytes: its output lost the features' batch.
     f = tf.function(lambda a, b, t: tf_ctr_ops.multi_string_embedding([a, b], [t, t], id_modes="hash", concat=True),

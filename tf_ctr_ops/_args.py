@@ -306,3 +306,22 @@ def dense_matrix(x):
     EnsureShape error otherwise: an assert's own message would not do, as TF
     may run the shape check before any op it waits on)."""
     return tf.ensure_shape(x, [None, None])
+
+
+def dense_weights_like(weights, ids):
+    """Dense weights `[B, N]` of the dense ids (or keys) `ids`, checked to have
+    their shape: statically where both shapes are known, else when it runs."""
+    if isinstance(weights, (tf.RaggedTensor, tf.SparseTensor)):
+        raise TypeError(f"weights must be a dense tensor [B, N] like ids, got a {type(weights).__name__}")
+    weights = tf.convert_to_tensor(weights)
+    if weights.shape.rank is None:
+        weights = dense_matrix(weights)
+    if weights.shape.rank != 2 or not weights.shape.is_compatible_with(ids.shape):
+        raise ValueError(f"dense weights must be [B, N] like ids, got shape {weights.shape} for ids of shape "
+                         f"{ids.shape}")
+    if weights.shape.is_fully_defined() and ids.shape.is_fully_defined():
+        return weights
+    # Of as many values but another shape, they would be read in the ids' layout.
+    with tf.control_dependencies([tf.debugging.assert_equal(
+            tf.shape(weights), tf.shape(ids), message="dense weights must have the shape [B, N] of the ids")]):
+        return tf.identity(weights)

@@ -196,12 +196,22 @@ def _symbolic_output(inputs, output_dim, dtype):
 
 
 def _float_keys_error(layer, dtype):
+    if isinstance(layer, (StringEmbedding, MultiStringEmbedding)):
+        what, wanted = "inputs: it takes strings of delimited ids", "string"
+    else:
+        strings = ' or a string' if isinstance(layer, (HashEmbedding, HashTableEmbedding)) else ''
+        what, wanted = f"keys: a key must be an integer{strings}", "int64"
     return TypeError(
-        f"{type(layer).__name__} {layer.name!r} got {tf.as_dtype(dtype).name} keys: a key must be an integer"
-        f"{' or a string' if isinstance(layer, (HashEmbedding, HashTableEmbedding)) else ''}. Keras converts a "
+        f"{type(layer).__name__} {layer.name!r} got {tf.as_dtype(dtype).name} {what}. Keras converts a "
         f"model's inputs to its input layer's dtype, which is float32 unless set: start the model with "
-        f"keras.Input(shape=..., dtype=\"int64\") (a Sequential model too); export a subclassed model with "
-        f"model.export(path, input_signature=[tf.TensorSpec(..., tf.int64)])")
+        f"keras.Input(shape=..., dtype=\"{wanted}\") (a Sequential model too); export a subclassed model with "
+        f"model.export(path, input_signature=[tf.TensorSpec(..., tf.{wanted})])")
+
+
+def _string_ids_error(layer):
+    return TypeError(f"{type(layer).__name__} {layer.name!r} takes integer ids, got strings: hash string keys with "
+                     f"HashEmbedding or HashTableEmbedding, split strings of delimited ids with StringEmbedding, or "
+                     f"map a vocabulary to ids with keras.layers.StringLookup first")
 
 
 class _FusedOpLayer(keras.layers.Layer):
@@ -226,6 +236,9 @@ class _PooledOutput:
 
     def compute_output_spec(self, inputs, *args, **kwargs):
         _check_dense_id_specs(self, inputs)
+        if getattr(self, "_takes_ids", False) and not getattr(self, "_takes_string_keys", True):
+            if any(getattr(spec, "dtype", None) == "string" for spec in tf.nest.flatten(inputs)):
+                raise _string_ids_error(self)
         return super().compute_output_spec(inputs, *args, **kwargs)
 
 
@@ -294,10 +307,13 @@ class _PooledEmbeddingBase(_PooledOutput, _FusedOpLayer):
             if _in_keras_symbolic_pass():
                 return _symbolic_output(inputs, self.output_dim, self.compute_dtype)
             inputs = self._float_ids(inputs)
+        if self._takes_ids and not self._takes_string_keys and _values_dtype(inputs) == tf.string:
+            raise _string_ids_error(self)
         table = self._embeddings  # read without copy-on-read copies (_args.read_table)
         return self._in_compute_dtype(self._lookup(table, inputs, weights))
 
     _takes_ids = True  # StringEmbedding takes strings
+    _takes_string_keys = False  # HashEmbedding hashes them
 
     def _float_ids(self, inputs):
         """Ids given as floats (by a model whose input layer was left float32)."""
@@ -441,6 +457,7 @@ class HashEmbedding(_PooledEmbeddingBase):
     """
 
     _rows_arg = "num_buckets"
+    _takes_string_keys = True
 
     def __init__(self, num_buckets, output_dim, combiner="mean", embeddings_initializer="uniform",
                  embeddings_regularizer=None, embeddings_constraint=None, max_norm=None, salt=None, **kwargs):
@@ -524,7 +541,12 @@ def _check_string_specs(layer, specs):
 
 
 def _check_string_vector_specs(layer, specs):
-    """Each feature is a vector of strings [B] (or [B, 1]); see _check_string_specs."""
+    """Each feature is a dense vector of strings [B] (or [B, 1]); see _check_string_specs."""
+    for spec in tf.nest.flatten(specs):
+        for kind in ("ragged", "sparse"):
+            if getattr(spec, kind, False):
+                raise TypeError(f"{type(layer).__name__} {layer.name!r} takes a dense vector of strings [B] (or "
+                                f"[B, 1]) of delimited ids, one string per example; got a {kind} input")
     for spec in _dense_specs(specs):
         shape = tuple(spec.shape)
         if not (len(shape) == 1 or (len(shape) == 2 and shape[1] in (1, None))):
@@ -592,8 +614,11 @@ class StringEmbedding(_PooledEmbeddingBase):
     def call(self, inputs, weights=None):
         # Keras rebuilds a loaded model on float32 placeholders; other
         # non-string inputs go on to the op's TypeError, at construction.
-        if _in_keras_symbolic_pass() and _values_dtype(_as_container(inputs)).is_floating:
-            return _symbolic_output(_string_inputs(inputs), self.output_dim, self.compute_dtype)
+        dtype = _values_dtype(_as_container(inputs))
+        if dtype.is_floating:
+            if _in_keras_symbolic_pass():
+                return _symbolic_output(_string_inputs(inputs), self.output_dim, self.compute_dtype)
+            raise _float_keys_error(self, dtype)
         return super().call(inputs, weights)
 
     def _lookup(self, table, inputs, weights):
@@ -687,7 +712,10 @@ class MultiStringEmbedding(_FusedOpLayer):
 
     def call(self, inputs):
         inputs = [_string_inputs(x) for x in _feature_list(inputs, len(self.num_buckets), self)]
-        if _in_keras_symbolic_pass() and any(x.dtype.is_floating for x in inputs):  # as StringEmbedding's
+        floats = [x.dtype for x in inputs if x.dtype.is_floating]
+        if floats:  # as StringEmbedding's
+            if not _in_keras_symbolic_pass():
+                raise _float_keys_error(self, floats[0])
             outs = [_symbolic_output(inputs[0], d, self.compute_dtype) for d in self.output_dims]
             return tf.concat(outs, 1) if self.concat else outs
         outs = _strings.multi_string_embedding(
@@ -847,13 +875,20 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
 
     def statistics(self):
         """A dict of scalar tensors: size, occupied slots, dropped inserts, load factor."""
+        self._check_built("statistics")
         return _hash_table.table_statistics(self.table, self.capacity)
 
     def export(self):
         """(keys, rows' values) of every key with a row, in row order (the
         order keys were inserted in, until eviction gives a freed row to a
         new key)."""
+        self._check_built("export")
         return _hash_table.export_rows(self.table, self.embeddings, self.num_slots)
+
+    def _check_built(self, what):
+        if not self.built:
+            raise RuntimeError(f"HashTableEmbedding.{what}() needs the layer's table: call the layer (or build "
+                               f"it) first")
 
     def call(self, inputs, weights=None, training=None):
         # A frozen layer (trainable=False) only reads, as Keras' BatchNorm

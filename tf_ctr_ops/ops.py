@@ -18,6 +18,7 @@ from tf_ctr_ops._args import (  # noqa: F401  (COMBINERS, canonical_shard_sizes:
     check_default_id,
     check_hash_key,
     dense_matrix,
+    dense_weights_like,
     gathered_shards,
     hash_bucket,
     in_place_variable,
@@ -232,20 +233,7 @@ def _bags_from_container(ids, weights, padding_value):
     splits = tf.range(shape[0] + 1, dtype=tf.int64) * shape[1]
     w = None
     if weights is not None:
-        if isinstance(weights, (tf.RaggedTensor, tf.SparseTensor)):
-            raise TypeError(f"weights must be a dense tensor [B, N] like ids, got a {type(weights).__name__}")
-        weights = tf.convert_to_tensor(weights)
-        if weights.shape.rank is None:
-            weights = dense_matrix(weights)
-        if weights.shape.rank != 2 or not weights.shape.is_compatible_with(ids.shape):
-            raise ValueError(f"dense weights must be [B, N] like ids, got shape {weights.shape} for ids of shape "
-                             f"{ids.shape}")
-        if not (weights.shape.is_fully_defined() and ids.shape.is_fully_defined()):
-            # Of as many values but another shape, they would be read in the ids' layout.
-            with tf.control_dependencies([tf.debugging.assert_equal(
-                    tf.shape(weights), tf.shape(ids), message="dense weights must have the shape [B, N] of the ids")]):
-                weights = tf.identity(weights)
-        w = tf.reshape(weights, [-1])
+        w = tf.reshape(dense_weights_like(weights, ids), [-1])
     return _Bags(tf.reshape(ids, [-1]), splits, -1, "row_splits", w)
 
 
@@ -659,8 +647,11 @@ def _safe_sparse_bags(sparse_ids, sparse_weights, prune_weights=None):
         rows, num_rows, lead = sparse_ids.indices[:, 0], dense_shape[0], dense_shape[:1]
     else:
         lead = dense_shape[:-1]
-        strides = tf.math.cumprod(lead, exclusive=True, reverse=True)
-        rows = tf.reduce_sum(sparse_ids.indices[:, :-1] * strides[tf.newaxis, :], axis=1)
+        # As sparse_reshape to [bags, dense_shape[-1]] does, in C++'s integer
+        # division: a last index past dense_shape[-1] carries into a later bag.
+        strides = tf.math.cumprod(dense_shape, exclusive=True, reverse=True)
+        flat = tf.reduce_sum(sparse_ids.indices * strides[tf.newaxis, :], axis=1)
+        rows = tf.truncatediv(flat, tf.maximum(dense_shape[-1], 1))
         num_rows = tf.reduce_prod(lead)
     # Other id types are refused by the lookup.
     drops = _safe_drops(prune_weights) if prune_weights is not None and sparse_ids.values.dtype.is_integer else None
@@ -733,6 +724,22 @@ def _run_time_max_norm(max_norm):
     return max_norm is not None and known_value(max_norm) is None
 
 
+def _integer_table(params):
+    """Whether the table (or its first shard) holds integers: TF's lookups
+    pool those (Gather and SparseSegmentSum take them), the fused kernels pool
+    floats only, so TF's own function computes such a lookup."""
+    first = params[0] if isinstance(params, (list, tuple)) and params else params
+    dtype = getattr(first, "dtype", None)
+    try:
+        return dtype is not None and tf.as_dtype(dtype).is_integer
+    except TypeError:
+        return False
+
+
+def _tf_computes(params, max_norm):
+    return _run_time_max_norm(max_norm) or _integer_table(params)
+
+
 def embedding_lookup_sparse(params, sp_ids, sp_weights, combiner=None, max_norm=None, name=None,
                             allow_fast_lookup=False):
     """Fused drop-in for `tf.nn.embedding_lookup_sparse` (TF 2.21).
@@ -765,7 +772,7 @@ def embedding_lookup_sparse(params, sp_ids, sp_weights, combiner=None, max_norm=
     Returns:
       `[rows] + params.shape[1:]` tensor of the params dtype.
     """
-    if _run_time_max_norm(max_norm):
+    if _tf_computes(params, max_norm):
         return embedding_ops.embedding_lookup_sparse_v2(params, sp_ids, sp_weights, combiner, max_norm, name,
                                                         allow_fast_lookup)
     return _embedding_lookup_sparse(params, sp_ids, sp_weights, "div", name, combiner, max_norm, allow_fast_lookup)
@@ -800,7 +807,7 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
     Returns:
       The pooled rows, of the params dtype.
     """
-    if _run_time_max_norm(max_norm):
+    if _tf_computes(embedding_weights, max_norm):
         return embedding_ops.safe_embedding_lookup_sparse_v2(embedding_weights, sparse_ids, sparse_weights, combiner,
                                                              default_id, max_norm, name, allow_fast_lookup)
     return _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights, combiner, default_id,
@@ -812,7 +819,7 @@ def embedding_lookup_sparse_v1(params, sp_ids, sp_weights, partition_strategy="m
     """Fused drop-in for `tf.compat.v1.nn.embedding_lookup_sparse`: as
     `embedding_lookup_sparse`, with a list of shards read in `partition_strategy`'s
     layout ("mod" by default, as TF's v1 function)."""
-    if _run_time_max_norm(max_norm):
+    if _tf_computes(params, max_norm):
         return embedding_ops.embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, name, combiner,
                                                      max_norm, allow_fast_lookup)
     return _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, name, combiner, max_norm,
@@ -825,7 +832,7 @@ def safe_embedding_lookup_sparse_v1(embedding_weights, sparse_ids, sparse_weight
     """Fused drop-in for `tf.compat.v1.nn.safe_embedding_lookup_sparse`: as
     `safe_embedding_lookup_sparse`, with a list of shards read in
     `partition_strategy`'s layout ("div" by default, as TF's v1 function)."""
-    if _run_time_max_norm(max_norm):
+    if _tf_computes(embedding_weights, max_norm):
         return embedding_ops.safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights, combiner,
                                                           default_id, name, partition_strategy, max_norm,
                                                           allow_fast_lookup)

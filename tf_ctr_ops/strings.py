@@ -17,6 +17,7 @@ from tf_ctr_ops._args import (
     check_hash_key,
     check_id_mode,
     dense_matrix,
+    dense_weights_like,
     gathered_shards,
     hash_bucket,
     max_norm_attr,
@@ -328,8 +329,8 @@ def string_key_bags(keys, weights=None):
     elif not isinstance(keys, tf.RaggedTensor):
         keys = _dense_string_keys(keys)
         mask = tf.not_equal(keys, "")  # dense string keys are padded with ""
+        weights = None if weights is None else tf.ragged.boolean_mask(dense_weights_like(weights, keys), mask)
         keys = tf.ragged.boolean_mask(keys, mask)
-        weights = None if weights is None else tf.ragged.boolean_mask(weights, mask)
     if keys.ragged_rank != 1:
         raise ValueError(f"keys must be a RaggedTensor [B, (n)], got ragged rank {keys.ragged_rank}")
     return keys, weights
