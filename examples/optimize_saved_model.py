@@ -61,7 +61,7 @@ def main(argv=None):
         with open(args.report, "w") as f:
             f.write(report.to_json() + "\n")
     fused = rewrite.fused_subgraph_count(report.matches)
-    print(f"wrote {dst}: {fused} subgraph(s) fused, {len(report.skips)} left alone"
+    print(f"wrote {dst}: {fused} subgraph(s) fused, {rewrite.left_alone_count(report.skips)} left alone"
           + ("" if report.ok else "; the rewritten model does NOT reproduce the original"))
     return 0 if report.ok else 1
 

@@ -55,6 +55,17 @@ def test_safe_lookup_rank3_index_past_the_last_dim_carries_as_sparse_reshape_doe
     close(tco.safe_embedding_lookup_sparse(P, ids, None), want)
 
 
+@pytest.mark.parametrize("dense_shape", [[3, 2, 0], [0, 2, 2]])
+def test_safe_lookup_rank3_entries_in_a_shape_of_no_elements_are_an_error_as_in_tf(dense_shape):
+    # With dense_shape[-1] == 0 every entry was pooled into bag 0.
+    ids = tf.SparseTensor([[1, 1, 0], [2, 0, 0]], tf.constant([3, 2], tf.int64), dense_shape)
+    for lookup in (tf.nn.safe_embedding_lookup_sparse, tco.safe_embedding_lookup_sparse):
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            lookup(P, ids, None, combiner="sum")
+    empty = tf.SparseTensor(tf.zeros([0, 3], tf.int64), tf.zeros([0], tf.int64), dense_shape)
+    close(tco.safe_embedding_lookup_sparse(P, empty, None), tf.nn.safe_embedding_lookup_sparse(P, empty, None))
+
+
 def test_safe_lookup_rank3_ids_v1_placeholder():
     with tf.Graph().as_default():
         ph, ids = tf.compat.v1.placeholder(tf.float32, None), rank3_ids()
@@ -437,6 +448,11 @@ def test_integer_tables_are_computed_as_tf_computes_them(dtype):
         np.testing.assert_array_equal(got, want)
         assert not [op for op in tf.function(lambda: ours(*args, **kwargs)).get_concrete_function().graph
                     .get_operations() if op.type.startswith("Ctr")]
+    # Nested Python lists convert to int32, as TF converts them.
+    nested = table.numpy().tolist()
+    for params in ([nested], nested):
+        np.testing.assert_array_equal(tco.embedding_lookup_sparse(params, ids, None, combiner="sum"),
+                                      tf.nn.embedding_lookup_sparse(params, ids, None, combiner="sum"))
     weights = tf.SparseTensor(ids.indices, tf.constant([2, 1, 4], dtype), ids.dense_shape)
     np.testing.assert_array_equal(tco.embedding_lookup_sparse(table, ids, weights, combiner="mean"),
                                   tf.nn.embedding_lookup_sparse(table, ids, weights, combiner="mean"))

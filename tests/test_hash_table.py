@@ -413,6 +413,44 @@ def test_a_corrupt_table_variable_is_an_invalid_argument():
                 table.find([1, 2], insert=insert)
 
 
+def _slots_holding(entry, key_base, capacity=8, **kwargs):
+    """A table whose every slot holds a key (key_base + slot) with `entry`,
+    and whose rows were all handed out: a variable assigned something else."""
+    table = HashTable(dim=2, capacity=capacity, **kwargs)
+    data = table.table.numpy()
+    pairs = data[2:2 + table.num_slots // 2].reshape(-1, 2)  # (key, entry) of each slot
+    pairs[:, 0] = key_base + np.arange(table.num_slots)
+    pairs[:, 1] = entry
+    data[2:2 + table.num_slots // 2] = pairs.reshape(-1, 4)
+    data[0, 0], data[0, 1] = capacity, table.num_slots  # rows handed out, slots occupied
+    table.table.assign(data)
+    return table
+
+
+def test_an_eviction_never_hands_out_a_corrupt_slots_row():
+    # Evicted keys' rows went onto the free stack unchecked, and new keys got
+    # rows past the values (10**12 here) with no error.
+    from tf_ctr_ops import _core
+    table = _slots_holding(10**12, 1000, eviction="lru")
+    message = r"corrupt hash table: an evicted key held row 1000000000000, out of range \[0, 8\)"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        table.find([1, 2, 3], insert=True)
+    with pytest.raises(ValueError, match=message):
+        _core.hash_table_find(_slots_holding(10**12, 1000, eviction="lru").table.numpy(), np.array([1, 2, 3]), 8,
+                              insert=True, eviction="lru")
+
+
+def test_a_waiting_key_seen_2_63_times_is_admitted_not_wrapped_into_a_row():
+    # -(INT64_MIN) - 1 overflowed: the key got row INT64_MAX.
+    table = _slots_holding(-2**63, 77, admit_after=3)
+    data = table.table.numpy()
+    data[0, 0] = 0  # no row handed out yet
+    table.table.assign(data)
+    rows = table.find([77], insert=True).numpy()
+    assert 0 <= rows[0] < 8, rows
+    np.testing.assert_array_equal(table.find([77]).numpy(), rows)
+
+
 def _free_stack_table(free_rows, capacity=8):
     """A table holding no key whose rows were all handed out, free_rows (bottom
     first) back on its free stack, as evictions leave them."""

@@ -1118,6 +1118,25 @@ def test_report_drops_skips_of_what_another_pass_or_pattern_replaced(tmp_path):
     assert report["graph"] == [{"id": "g", "matches": 1, "skips": 2}, {"id": "other", "matches": 0, "skips": 1}]
 
 
+def test_signatures_sharing_a_function_count_its_candidates_once():
+    # model.export's "serve" and "serving_default" share one function: the
+    # header counted its fusions once but its skips once per signature.
+    match = {"pattern": "dense_reduce_lookup", "fused_node": "pool/Sum", "fused_op": "CtrEmbeddingLookup",
+             "replaced": ["emb/GatherV2 (GatherV2)", "pool/Sum (Sum)"], "graph": "__inference_call_1"}
+    skips = [{"pattern": "vocab_lookup", "node": "lookup/Find", "reason": "another layer reads it",
+              "graph": "__inference_call_1"},
+             {"pattern": "multi_hot_dense", "node": "MatMul", "reason": "one encoding", "graph": "__inference_call_1"}]
+    signatures = {k: rewrite.SignatureReport(k, True, matches=[match], skips=list(skips))
+                  for k in ("serve", "serving_default")}
+    report = rewrite.RewriteReport("src", "dst", signatures, 0.1, 0.2, verified=False)
+    assert "1 subgraph(s) fused, 2 left alone" in report.summary()
+    assert "signature 'serve': 1 fused, 2 left alone" in report.summary()
+    assert report.to_dict()["num_skips"] == 2
+    # Different functions' candidates of one node name are each counted.
+    signatures["serve"].skips = [dict(k, graph="__inference_call_2") for k in skips]
+    assert rewrite.left_alone_count(report.skips) == 4
+
+
 def test_an_online_report_lists_each_function_once(table, tmp_path):
     """Grappler runs the optimizer in each of its meta-optimizer passes over
     a function: the report lists the function once, with what was fused."""

@@ -144,14 +144,13 @@ def column_pack(graph):
     return pack
 
 
-@pytest.mark.parametrize("form", ["shrink", "range_flattened", "range_squeezed"])
+@pytest.mark.parametrize("form", ["shrink", "range_squeezed"])
 def test_columns_of_one_matrix_are_packed_from_the_matrix(rng, form):
-    """x[:, c] (or x[:, c:c+1] flattened or squeezed) of one [B, C] input:
-    the group's pack reads the columns from x, in feature order, and the
-    slices that copied them go."""
+    """x[:, c] (or x[:, c:c+1] squeezed) of one [B, C] input: the group's
+    pack reads the columns from x, in feature order, and the slices that
+    copied them go."""
     t = tables(rng, dims=(8, 4, 8))
     column = {"shrink": lambda x, c: x[:, c],
-              "range_flattened": lambda x, c: tf.reshape(x[:, c:c + 1], [-1]),
               "range_squeezed": lambda x, c: tf.squeeze(x[:, c:c + 1], axis=1)}[form]
     order = (2, 0, 3)  # not the matrix's order; column 1 unused
     f = lambda x: tf.concat([hashed(tab, column(x, c)) for tab, c in zip(t, order)], axis=1)  # noqa: E731
@@ -166,6 +165,36 @@ def test_columns_of_one_matrix_are_packed_from_the_matrix(rng, form):
         x = tf.constant(np.array(random_strings(rng, 4 * max(batch, 1)), object)[:4 * batch].reshape(batch, 4))
         [got] = run_graph_def(cf, graph, x)
         assert_identical(got, f(x))
+
+
+def any_shape_inputs(graph_def):
+    """The graph with its placeholders' shapes unknown: a model server feeds
+    tensors by name, never held to the signature's shape."""
+    graph_def = type(graph_def).FromString(graph_def.SerializeToString())
+    for node in graph_def.node:
+        if node.op == "Placeholder":
+            node.attr["shape"].shape.Clear()
+            node.attr["shape"].shape.unknown_rank = True
+            node.attr.pop("_output_shapes", None)
+    return graph_def
+
+
+def test_a_models_own_flattened_column_is_packed_as_the_feature_it_is(rng):
+    """reshape(x[:, c:c+1], [-1]) flattens a feed of rank 3 too ([B, 1, K]
+    to B * K strings), where a column of x would fail: such features are
+    packed as they are, never read as columns of x."""
+    t = tables(rng, dims=(8, 4))
+    f = lambda x: tf.concat([hashed(tab, tf.reshape(x[:, c:c + 1], [-1])) for tab, c in zip(t, (1, 0))], 1)  # noqa: E731
+    cf, graph, report, counts = offline(f, tf.TensorSpec([None, 2], tf.string))
+    [group] = group_matches(report)
+    assert list(column_pack(graph).attr["columns"].list.i) == []
+    for shape in [(5, 2), (3, 2, 2), (0, 2, 3)]:
+        x = tf.constant(np.array(random_strings(rng, max(int(np.prod(shape)), 1)), object)[:np.prod(shape)]
+                        .reshape(shape))
+        [got] = run_graph_def(cf, any_shape_inputs(graph), x)
+        [want] = run_graph_def(cf, any_shape_inputs(cf.graph.as_graph_def()), x)
+        assert got.shape[0] == int(np.prod(shape)) // 2
+        assert_identical(got, want)
 
 
 def test_a_column_read_elsewhere_keeps_its_slice(rng):

@@ -651,7 +651,12 @@ def _safe_sparse_bags(sparse_ids, sparse_weights, prune_weights=None):
         # division: a last index past dense_shape[-1] carries into a later bag.
         strides = tf.math.cumprod(dense_shape, exclusive=True, reverse=True)
         flat = tf.reduce_sum(sparse_ids.indices * strides[tf.newaxis, :], axis=1)
-        rows = tf.truncatediv(flat, tf.maximum(dense_shape[-1], 1))
+        nnz = tf.size(flat, out_type=tf.int64)
+        # sparse_reshape's own check: entries in a shape of no elements.
+        with tf.control_dependencies([tf.debugging.assert_equal(
+                tf.logical_or(tf.equal(nnz, 0), tf.reduce_prod(dense_shape) > 0), True,
+                message="sparse_ids has entries but its dense_shape holds no elements")]):
+            rows = tf.truncatediv(flat, tf.maximum(dense_shape[-1], 1))
         num_rows = tf.reduce_prod(lead)
     # Other id types are refused by the lookup.
     drops = _safe_drops(prune_weights) if prune_weights is not None and sparse_ids.values.dtype.is_integer else None
@@ -731,8 +736,10 @@ def _integer_table(params):
     first = params[0] if isinstance(params, (list, tuple)) and params else params
     dtype = getattr(first, "dtype", None)
     try:
-        return dtype is not None and tf.as_dtype(dtype).is_integer
-    except TypeError:
+        if dtype is None:  # nested Python lists, converted as TF converts them
+            dtype = tf.constant(first).dtype
+        return tf.as_dtype(dtype).is_integer
+    except (TypeError, ValueError):
         return False
 
 

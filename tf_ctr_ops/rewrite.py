@@ -332,6 +332,13 @@ def _one_record_per_graph(records):
     return list(graphs.values())
 
 
+def left_alone_count(skips):
+    """The candidates the skip records left alone: signatures that share a
+    function (model.export's "serve" and "serving_default") report its
+    candidates each, as fused_subgraph_count counts its fusions once."""
+    return len(_one_per_node(skips))
+
+
 def _replaced_node_names(matches):
     """(graph, node) of the nodes match records replaced ("name (Op)"), but
     not those a fused node took the name of."""
@@ -739,7 +746,7 @@ class RewriteReport:
         out["signatures"] = {k: dataclasses.asdict(v) for k, v in self.signatures.items()}
         out.update(ok=self.ok, max_abs_diff=self.max_abs_diff, num_matches=len(self.matches),
                    num_fused_subgraphs=fused_subgraph_count(self.matches),
-                   num_skips=len(self.skips))
+                   num_skips=left_alone_count(self.skips))
         return out
 
     def to_json(self, indent=2):
@@ -748,13 +755,13 @@ class RewriteReport:
     def summary(self):
         lines = [f"tf-ctr-ops optimize: {self.src} -> {self.dst}",
                  f"  rewrite {self.rewrite_seconds:.2f} s, total {self.total_seconds:.2f} s; "
-                 f"{fused_subgraph_count(self.matches)} subgraph(s) fused, {len(self.skips)} left alone"]
+                 f"{fused_subgraph_count(self.matches)} subgraph(s) fused, {left_alone_count(self.skips)} left alone"]
         rewritten = [s.key for s in self.signatures.values() if s.rewritten]
         shared = self.tf1 and len(rewritten) > 1
         if shared:
             # One graph: its records once, not under each signature.
             lines.append(f"graph of signatures {', '.join(map(repr, rewritten))}: {fused_subgraph_count(self.matches)} fused, "
-                         f"{len(self.skips)} left alone")
+                         f"{left_alone_count(self.skips)} left alone")
             lines += _record_lines(self.matches, self.skips)
         for s in self.signatures.values():
             if not s.rewritten:

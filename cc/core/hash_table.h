@@ -149,12 +149,13 @@ CTR_HD void DeleteSlot(const Slots& t, int64_t s) {
 CTR_HD int64_t RowOfEntry(int64_t entry) { return entry >= 0 ? entry : kNoRow; }
 
 // How often the admission filter has seen a key that has no row yet.
-CTR_HD int64_t TimesSeen(int64_t entry) { return entry <= -2 ? -entry - 1 : 0; }
+// (Negated after the +1: a corrupt entry of INT64_MIN must not overflow.)
+CTR_HD int64_t TimesSeen(int64_t entry) { return entry <= -2 ? -(entry + 1) : 0; }
 CTR_HD int64_t PendingEntry(int64_t times_seen) { return -times_seen - 1; }
 
 // Whether this sighting of a key whose entry is `entry` earns it a row:
 // its admit_after-th sighting does (admit_after 1: the first).
-CTR_HD bool AdmitsKey(int64_t entry, int64_t admit_after) { return TimesSeen(entry) + 1 >= admit_after; }
+CTR_HD bool AdmitsKey(int64_t entry, int64_t admit_after) { return TimesSeen(entry) >= admit_after - 1; }
 
 // Whether `key` is the padding of dense keys (never inserted, reads no row).
 CTR_HD bool IsPaddingKey(int64_t key, bool dense_padding) { return dense_padding && key == -1; }

@@ -198,6 +198,10 @@ class Inserter {
   // are the evicted keys' and must be reset.
   const std::vector<int64_t>& reused_rows() const { return reused_; }
 
+  // The first row past the capacity an eviction met (-1 for none): the table
+  // was assigned something else, and such a row is never handed out.
+  int64_t corrupt_row() const { return corrupt_row_; }
+
  private:
   // Evicts first where the key needs a row or a slot the table lacks; the
   // rest is PlaceKey's, which the GPU insert shares.
@@ -283,7 +287,9 @@ class Inserter {
       // A key awaiting admission frees a slot and no row, so a full free
       // stack (every row free) must not stop its eviction; the bound only
       // keeps a corrupt table's rows from overflowing the stack.
-      if (entry >= 0 && h_[kFreeCount] < rules_.capacity) t_.free_rows[h_[kFreeCount]++] = entry;
+      if (entry >= rules_.capacity && corrupt_row_ < 0) corrupt_row_ = entry;
+      if (entry >= 0 && entry < rules_.capacity && h_[kFreeCount] < rules_.capacity)
+        t_.free_rows[h_[kFreeCount]++] = entry;
       DeleteSlot(t, s);
       --h_[kOccupied];
       ++h_[kEvicted];
@@ -295,6 +301,7 @@ class Inserter {
   const InsertRules& rules_;
   int64_t* h_;
   std::vector<int64_t> reused_;
+  int64_t corrupt_row_ = -1;
   bool exhausted_[3] = {false, false, false};  // [Victims]: a scan of this call found nothing to evict
 };
 
@@ -345,10 +352,10 @@ constexpr int kMinThreadsForParallelInsert = 4;
 // InsertsInParallel allows (a training step's new keys, the table not full)
 // all at once, else by the Inserter, one key at a time in key order. Returns
 // the rows given to new keys off the free stack (evicted keys' rows, to be
-// reset).
+// reset); *error says where an eviction found the table corrupt.
 template <typename Key, typename ParallelFor>
 std::vector<int64_t> InsertMissing(const TableView& t, const InsertRules& rules, const Key* keys, int64_t n,
-                                   int64_t* rows, bool parallel, ParallelFor&& parallel_for) {
+                                   int64_t* rows, bool parallel, ParallelFor&& parallel_for, std::string* error) {
   if (parallel) {
     std::vector<int64_t> at;
     for (int64_t i = 0; i < n; ++i) {
@@ -361,6 +368,10 @@ std::vector<int64_t> InsertMissing(const TableView& t, const InsertRules& rules,
   }
   Inserter inserter(t, rules);
   inserter.InsertMissing(keys, n, rows);
+  if (inserter.corrupt_row() >= 0)
+    *error = "corrupt hash table: an evicted key held row " + std::to_string(inserter.corrupt_row()) +
+             ", out of range [0, " + std::to_string(rules.capacity) +
+             "): the table variable was assigned something else";
   return inserter.reused_rows();
 }
 

@@ -96,8 +96,11 @@ class HashTableFindOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, CoreStatus(ctr::CheckFreeRows(table, attrs_.rules, key_data, n, row_data)));
     const bool parallel =
         ctx->device()->tensorflow_cpu_worker_threads()->num_threads >= ctr::kMinThreadsForParallelInsert;
-    OP_REQUIRES_OK(ctx, OutputReused(ctx, ctr::InsertMissing(table, attrs_.rules, key_data, n, row_data, parallel,
-                                                             parallel_for)));
+    std::string corrupt;
+    const std::vector<int64_t> reused =
+        ctr::InsertMissing(table, attrs_.rules, key_data, n, row_data, parallel, parallel_for, &corrupt);
+    OP_REQUIRES_OK(ctx, CoreStatus(corrupt));
+    OP_REQUIRES_OK(ctx, OutputReused(ctx, reused));
   }
 
  private:

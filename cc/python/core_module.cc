@@ -219,7 +219,7 @@ py::tuple HashTableFind(py::array table, py::array_t<int64_t, py::array::c_style
   const int64_t n = keys.size();
   py::array_t<int64_t> rows(n);
   std::vector<int64_t> reused;
-  std::string free_rows_error;
+  std::string table_error;
   {
     py::gil_scoped_release nogil;
     const int num_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
@@ -228,12 +228,13 @@ py::tuple HashTableFind(py::array table, py::array_t<int64_t, py::array::c_style
     ctr::FindRows(view, keys.data(), n, dense_padding, clock, rows.mutable_data(), parallel_for);
     if (insert) {
       const ctr::InsertRules rules{capacity, admit_after, dense_padding, ctr::ParseEviction(eviction)};
-      free_rows_error = ctr::CheckFreeRows(view, rules, keys.data(), n, rows.data());
-      if (free_rows_error.empty())
-        reused = ctr::InsertMissing(view, rules, keys.data(), n, rows.mutable_data(), in_parallel, parallel_for);
+      table_error = ctr::CheckFreeRows(view, rules, keys.data(), n, rows.data());
+      if (table_error.empty())
+        reused = ctr::InsertMissing(view, rules, keys.data(), n, rows.mutable_data(), in_parallel, parallel_for,
+                                    &table_error);
     }
   }
-  if (!free_rows_error.empty()) throw py::value_error(free_rows_error);
+  if (!table_error.empty()) throw py::value_error(table_error);
   py::array_t<int64_t> reused_rows(static_cast<py::ssize_t>(reused.size()));
   std::copy(reused.begin(), reused.end(), reused_rows.mutable_data());
   return py::make_tuple(rows, reused_rows);
