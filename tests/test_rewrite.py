@@ -1137,6 +1137,38 @@ def test_signatures_sharing_a_function_count_its_candidates_once():
     assert rewrite.left_alone_count(report.skips) == 4
 
 
+@pytest.mark.saved_model
+def test_features_left_in_two_functions_are_each_counted(tmp_path):
+    # The records of the feature ops left native had no graph: two functions'
+    # nodes of one name counted once (and explained each other away).
+    class Model(tf.Module):
+        def __init__(self):
+            init = tf.lookup.KeyValueTensorInitializer(["a", "b"], [0, 1], tf.string, tf.int64)
+            self.table = tf.lookup.StaticHashTable(init, -1)
+            self.emb = tf.Variable(np.ones((4, 3), np.float32))
+
+        def body(self, x):
+            return {"out": tf.one_hot(self.table.lookup(x) + 1, 4) @ self.emb}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def f1(self, x):
+            return self.body(x)
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def f2(self, x):
+            return self.body(x)
+
+    model = Model()
+    tf.saved_model.save(model, str(tmp_path / "src"), signatures={"a": model.f1, "b": model.f2})
+    report = rewrite.optimize_saved_model(str(tmp_path / "src"), str(tmp_path / "dst"), verify=False)
+    per_signature = [len(s.skips) for s in report.signatures.values()]
+    assert per_signature[0] == per_signature[1] > 0
+    assert {r["graph"] for s in report.signatures.values() for r in s.skips} == {
+        s.skips[0]["graph"] for s in report.signatures.values()} and len(per_signature) == 2
+    assert report.to_dict()["num_skips"] == sum(per_signature)
+    assert f"{sum(per_signature)} left alone" in report.summary().splitlines()[1]
+
+
 def test_an_online_report_lists_each_function_once(table, tmp_path):
     """Grappler runs the optimizer in each of its meta-optimizer passes over
     a function: the report lists the function once, with what was fused."""

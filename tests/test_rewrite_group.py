@@ -144,13 +144,14 @@ def column_pack(graph):
     return pack
 
 
-@pytest.mark.parametrize("form", ["shrink", "range_squeezed"])
+@pytest.mark.parametrize("form", ["shrink", "range_flattened", "range_squeezed"])
 def test_columns_of_one_matrix_are_packed_from_the_matrix(rng, form):
-    """x[:, c] (or x[:, c:c+1] squeezed) of one [B, C] input: the group's
-    pack reads the columns from x, in feature order, and the slices that
-    copied them go."""
+    """x[:, c] (or x[:, c:c+1] flattened or squeezed) of one [B, C] input:
+    the group's pack reads the columns from x, in feature order, and the
+    slices that copied them go."""
     t = tables(rng, dims=(8, 4, 8))
     column = {"shrink": lambda x, c: x[:, c],
+              "range_flattened": lambda x, c: tf.reshape(x[:, c:c + 1], [-1]),
               "range_squeezed": lambda x, c: tf.squeeze(x[:, c:c + 1], axis=1)}[form]
     order = (2, 0, 3)  # not the matrix's order; column 1 unused
     f = lambda x: tf.concat([hashed(tab, column(x, c)) for tab, c in zip(t, order)], axis=1)  # noqa: E731
@@ -158,7 +159,7 @@ def test_columns_of_one_matrix_are_packed_from_the_matrix(rng, form):
     [group] = group_matches(report)
     pack = column_pack(graph)
     assert list(pack.attr["columns"].list.i) == list(order) and pack.attr["N"].i == 1
-    assert [i for i in pack.input if not i.startswith("^")] == [cf.inputs[0].op.name]
+    assert [i for i in pack.input if not i.startswith("^")] == [cf.inputs[0].op.name + "/ctr_feed_shape"]  # x, checked
     assert [n.op for n in graph.node if n.op == "StridedSlice"] == []
     assert sum(r.endswith("(StridedSlice)") for r in group["replaced"]) == 3
     for batch in (13, 1, 0):
@@ -179,22 +180,27 @@ def any_shape_inputs(graph_def):
     return graph_def
 
 
-def test_a_models_own_flattened_column_is_packed_as_the_feature_it_is(rng):
-    """reshape(x[:, c:c+1], [-1]) flattens a feed of rank 3 too ([B, 1, K]
-    to B * K strings), where a column of x would fail: such features are
-    packed as they are, never read as columns of x."""
+@pytest.mark.parametrize("form", ["shrink", "range_flattened", "negative_column"])
+def test_a_feed_of_another_rank_than_the_signature_is_an_error_not_another_result(rng, form):
+    """A model server feeds tensors by name, unchecked: fed [B, 2, K] for a
+    [None, 2] input, the original computes something of another shape
+    (reshape(x[:, c:c+1], [-1]) flattens it to B * K strings), which the
+    fused ops, built on the declared shape, would not. The rewritten graph
+    holds its inputs to the shapes the rewrite assumed."""
     t = tables(rng, dims=(8, 4))
-    f = lambda x: tf.concat([hashed(tab, tf.reshape(x[:, c:c + 1], [-1])) for tab, c in zip(t, (1, 0))], 1)  # noqa: E731
+    column = {"shrink": lambda x, c: x[:, c], "range_flattened": lambda x, c: tf.reshape(x[:, c:c + 1], [-1]),
+              "negative_column": lambda x, c: x[:, c - 2]}[form]
+    f = lambda x: tf.concat([hashed(tab, column(x, c)) for tab, c in zip(t, (1, 0))], -1)  # noqa: E731
     cf, graph, report, counts = offline(f, tf.TensorSpec([None, 2], tf.string))
     [group] = group_matches(report)
-    assert list(column_pack(graph).attr["columns"].list.i) == []
-    for shape in [(5, 2), (3, 2, 2), (0, 2, 3)]:
-        x = tf.constant(np.array(random_strings(rng, max(int(np.prod(shape)), 1)), object)[:np.prod(shape)]
-                        .reshape(shape))
-        [got] = run_graph_def(cf, any_shape_inputs(graph), x)
-        [want] = run_graph_def(cf, any_shape_inputs(cf.graph.as_graph_def()), x)
-        assert got.shape[0] == int(np.prod(shape)) // 2
-        assert_identical(got, want)
+    [guard] = [n for n in graph.node if n.op == "EnsureShape" and n.input == [cf.inputs[0].op.name]]
+    x = tf.constant(np.array(random_strings(rng, 12), object).reshape(3, 2, 2))
+    run_graph_def(cf, any_shape_inputs(cf.graph.as_graph_def()), x)  # the original computes
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"is not compatible with expected shape \[\?,2\]"):
+        run_graph_def(cf, any_shape_inputs(graph), x)
+    x = tf.constant(np.array(random_strings(rng, 10), object).reshape(5, 2))
+    [got] = run_graph_def(cf, any_shape_inputs(graph), x)
+    assert_identical(got, f(x))
 
 
 def test_a_column_read_elsewhere_keeps_its_slice(rng):
@@ -437,7 +443,7 @@ def test_group_pack_reads_column_inputs_unflattened(rng):
     pack = column_pack(graph)
     args = [i.op.name for i in cf.inputs[:3]]
     data_inputs = [i for i in pack.input if not i.startswith("^")]
-    assert data_inputs[:2] == args[:2], data_inputs  # read straight from the inputs
+    assert data_inputs[:2] == [a + "/ctr_feed_shape" for a in args[:2]], data_inputs  # the inputs, shape-checked
     reshape = {n.name: n for n in graph.node}[data_inputs[2].split(":")[0]]
     assert reshape.op == "Reshape"  # c's Reshape has another reader: it stays
     assert sum(r.endswith("(Reshape)") for r in group["replaced"]) == 2

@@ -721,3 +721,32 @@ def test_strings_of_a_shape_known_only_at_run_time_are_checked_then(spec):
         np.testing.assert_array_equal(f(tf.constant(["1,2", "3"])), want)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"strings must be a vector \[B\] \(or \[B, 1\]\)"):
         f(tf.constant([["1", "2"]]))
+
+
+def _fed_unchecked(fn, spec, value):
+    """Runs fn's graph with `value` fed as a model server feeds it: by name,
+    not held to the signature's shape (the placeholder's shape cleared)."""
+    from tensorflow.python.eager import wrap_function
+
+    cf = tf.function(fn).get_concrete_function(spec)
+    graph_def = cf.graph.as_graph_def()
+    for node in graph_def.node:
+        if node.op == "Placeholder":
+            node.attr["shape"].shape.Clear()
+            node.attr["shape"].shape.unknown_rank = True
+            node.attr.pop("_output_shapes", None)
+    captures = {internal.op.name: external for external, internal in cf.graph.captures}
+    inputs = [t.name for t in cf.inputs[:len(cf.inputs) - len(captures)]]
+    return wrap_function.function_from_graph_def(graph_def, inputs, [t.name for t in cf.outputs], captures)(value)
+
+
+@pytest.mark.parametrize("spec_shape, feed", [([None], [["1", "2"], ["3", "4"]]), ([None], "1,2"),
+                                              ([None, 1], [[["1"]], [["2"]]])])
+def test_a_feed_of_another_rank_than_the_signature_is_refused_at_run_time(params, spec_shape, feed):
+    # A [B] signature fed [2, 2] by a model server pooled 4 bags for 2 rows.
+    for fn in (lambda s: tco.string_embedding(s, params), tco.layers.StringEmbedding(10, 4)):
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            _fed_unchecked(fn, tf.TensorSpec(spec_shape, tf.string), tf.constant(feed))
+    good = tf.constant(["1,2", "3"]) if spec_shape == [None] else tf.constant([["1,2"], ["3"]])
+    [got] = _fed_unchecked(lambda s: tco.string_embedding(s, params), tf.TensorSpec(spec_shape, tf.string), good)
+    np.testing.assert_array_equal(got, tco.string_embedding(good, params))

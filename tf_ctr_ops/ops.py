@@ -655,7 +655,7 @@ def _safe_sparse_bags(sparse_ids, sparse_weights, prune_weights=None):
         # sparse_reshape's own check: entries in a shape of no elements.
         with tf.control_dependencies([tf.debugging.assert_equal(
                 tf.logical_or(tf.equal(nnz, 0), tf.reduce_prod(dense_shape) > 0), True,
-                message="sparse_ids has entries but its dense_shape holds no elements")]):
+                message="sparse_ids has entries but its dense_shape holds no elements (or more than 2^63 - 1)")]):
             rows = tf.truncatediv(flat, tf.maximum(dense_shape[-1], 1))
         num_rows = tf.reduce_prod(lead)
     # Other id types are refused by the lookup.

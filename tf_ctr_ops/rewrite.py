@@ -504,19 +504,27 @@ _UNFUSED_FEATURE_OPS = {
 def _add_unfused_feature_records(report, graph_def):
     """Adds to `report` a record for each feature op left in `graph_def` that
     no pattern's own skip record already explains."""
-    explained = {s.get("node") for s in report["skip"]}
-    report["skip"].extend(r for r in _unfused_feature_records(graph_def) if r["node"] not in explained)
+    explained = {(s.get("graph"), s.get("node")) for s in report["skip"]}
+    report["skip"].extend(r for r in _unfused_feature_records(graph_def) if (r["graph"], r["node"]) not in explained)
+
+
+_MAIN_GRAPH_ID = "tf_ctr_ops"  # the id the offline rewrite gives the graph itself (its functions: their names)
 
 
 def _unfused_feature_records(graph_def):
-    """Skip records for the feature ops left in `graph_def` and the functions it calls."""
+    """Skip records for the feature ops left in `graph_def` and the functions
+    it calls, each under its graph's id as the optimizer's records are (two
+    functions may hold nodes of one name)."""
     records = []
-    for nodes in [list(graph_def.node)] + [list(f.node_def) for f in reachable_functions(graph_def)]:
+    graphs = [(_MAIN_GRAPH_ID, list(graph_def.node))] + [(f.signature.name, list(f.node_def))
+                                                         for f in reachable_functions(graph_def)]
+    for graph, nodes in graphs:
         forms, row_lengths = _keras_lookup_forms(nodes), _row_length_bincounts(nodes)
         for n in nodes:
             if n.op in _UNFUSED_FEATURE_OPS and n.name not in row_lengths:
                 why = _UNFUSED_FEATURE_OPS[n.op] + forms.get(n.name, "")
-                records.append({"pattern": "-", "node": n.name, "op": n.op, "reason": f"{n.op} stays TF's ({why})"})
+                records.append({"pattern": "-", "node": n.name, "op": n.op, "reason": f"{n.op} stays TF's ({why})",
+                                "graph": graph})
     return records
 
 
@@ -597,7 +605,7 @@ def optimize_meta_graph(meta_graph, serving_device=None, disabled_patterns=()):
         report_file = os.path.join(tmp, "report.jsonl")
         config = _add_fusion_optimizer(config_pb2.ConfigProto(), report_file=report_file, only=True,
                                        serving_device=serving_device, disabled_patterns=disabled_patterns)
-        optimized = tf_optimizer.OptimizeGraph(config, meta, graph_id=b"tf_ctr_ops")
+        optimized = tf_optimizer.OptimizeGraph(config, meta, graph_id=_MAIN_GRAPH_ID.encode())
         report = read_report(report_file)
     _add_unfused_feature_records(report, optimized)
     return optimized, report
@@ -785,7 +793,7 @@ class RewriteReport:
                 lines.append(f"  verify {verdict} on inputs {s.inputs}: max |diff| {s.max_abs_diff:.3g}{latency}")
         for pattern, why in self.rejected_patterns.items():
             lines.append(f"dropped pattern {pattern}: {why}")
-        cpu_only = {k["node"] for k in self.skips if CPU_ONLY_HINT in k["reason"]}
+        cpu_only = {(k.get("graph"), k["node"]) for k in self.skips if CPU_ONLY_HINT in k["reason"]}
         if cpu_only:
             lines.append(f"{len(cpu_only)} subgraph(s) left native because their fused ops run on the CPU only: "
                          "for a model served on CPUs, rewrite with --serving-device cpu (serving_device='cpu')")

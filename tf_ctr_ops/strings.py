@@ -57,7 +57,9 @@ def _string_vector(strings):
             return tf.reshape(strings, [-1])
     if strings.shape.rank != 1:
         raise ValueError(f"strings must be a vector [B] (or [B, 1]), got shape {strings.shape}")
-    return strings
+    # Checked when it runs too: a model server feeds a signature's inputs
+    # unchecked, and the pack would flatten a matrix into more bags than rows.
+    return tf.ensure_shape(strings, [None])
 
 
 def pack_strings(strings, name=None):

@@ -134,9 +134,9 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
     const uint64_t t_start = tensorflow::Env::Default()->NowMicros();
     *optimized = item.graph;
     tensorflow::grappler::GraphProperties properties(item);
-    // Feeds are trusted to match their placeholders' declared shapes: TF
-    // checks them when a function or session is called. Without shapes,
-    // patterns that need them skip with a reason.
+    // Feeds are taken to match their placeholders' declared shapes, as a
+    // Python call checks (GuardFeedShapes holds a server's feeds to them).
+    // Without shapes, patterns that need them skip with a reason.
     const absl::Status shapes_status = properties.InferStatically(
         /*assume_valid_feeds=*/true, /*aggressive_shape_inference=*/false,
         /*include_input_tensor_values=*/false, /*include_output_tensor_values=*/false);
@@ -177,6 +177,7 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
                   std::to_string(in_loops.size()) + " nodes inside while loops (Enter/Exit frames) left alone: "
                   "a fused op added there would run outside the loop's frame");
     VLOG(2) << "CtrFusionOptimizer: patterns done " << (tensorflow::Env::Default()->NowMicros() - t_start) / 1000 << " ms";
+    if (have_shapes && !ctx.matches().empty()) GuardFeedShapes(&ctx);
     ctx.DropStaleShapes();
     if (FullyPlaced(item.graph)) PlaceAddedNodes(optimized);
     Report(item.id, ctx);
@@ -230,6 +231,44 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
         }
       }
     }
+  }
+
+  // The patterns took the graph inputs' shapes from inference, which trusts
+  // feeds to match them; a Python call checks that, but a model server's
+  // session feeds tensors by name unchecked. So each input whose rank was
+  // known is held to its shape at run time: a feed of another shape fails
+  // (EnsureShape's error naming the input) where a fused op would have
+  // computed something else than the nodes it replaced.
+  static void GuardFeedShapes(RewriteContext* ctx) {
+    static const std::set<std::string> kInputs = {"Placeholder", "PlaceholderV2", "PlaceholderWithDefault", "_Arg"};
+    std::vector<const tensorflow::NodeDef*> inputs;
+    for (const auto* n : ctx->index().nodes())
+      if (kInputs.count(n->op())) inputs.push_back(n);
+    for (const tensorflow::NodeDef* input : inputs) {
+      const std::string name = input->name();
+      const tensorflow::DataType dtype = TypeAttr(*input, input->op() == "_Arg" ? "T" : "dtype");
+      const int rank = ctx->Rank(*input, 0);
+      if (rank < 0 || dtype == tensorflow::DT_RESOURCE || dtype == tensorflow::DT_VARIANT ||
+          dtype == tensorflow::DT_INVALID || !NeedsGuard(ctx->index(), name))
+        continue;
+      tensorflow::NodeDef* guard = ctx->AddNode(name + "/ctr_feed_shape", "EnsureShape", "");
+      auto& attr = *guard->mutable_attr();
+      attr["T"].set_type(dtype);
+      auto* shape = attr["shape"].mutable_shape();
+      for (int d = 0; d < rank; ++d) shape->add_dim()->set_size(std::max<int64_t>(ctx->Dim(*input, 0, d), -1));
+      const std::string guard_name = guard->name();
+      ctx->RedirectDataEdges(name, 0, guard_name);
+      ctx->Mutable(guard_name)->add_input(name);
+      ctx->Commit();
+    }
+  }
+
+  // An input read by data edges, not all of them its shape check already (a
+  // second run of the optimizer over its own output).
+  static bool NeedsGuard(const GraphIndex& g, const std::string& input) {
+    for (const tensorflow::NodeDef* reader : g.DataReaders(input))
+      if (reader->op() != "EnsureShape") return true;
+    return false;
   }
 
   static bool RunPatterns(int stage, const std::set<std::string>& disabled, const std::set<std::string>& in_loops,

@@ -113,7 +113,7 @@ void Dim0Ids(RewriteContext* ctx, const NodeDef& user, int input, int depth, std
 }
 
 // Column c of a [B, C] matrix, whole: x[:, c] (a StridedSlice shrinking axis
-// 1) or x[:, c:c+1], read through a Reshape to [-1] another pattern added, an Identity, an
+// 1) or x[:, c:c+1], read through a Reshape to [-1], an Identity, an
 // EnsureShape (a fused split's vector check: the packed columns of a matrix
 // are vectors, and the pack checks that it is one), or (of x[:, c:c+1]) a
 // Squeeze of axis 1. The pack then reads the column from the
@@ -171,11 +171,8 @@ bool AsColumn(RewriteContext* ctx, const std::string& tensor, ColumnSource* out)
       if (!IsSqueezeOfAxis(node, 1, 2)) return false;
       squeezed = true;
     } else if (!IsOp(node, "Identity") && !IsVectorCheck(*node) &&
-               !(IsOp(node, "Reshape") && ctx->Added(node->name()) && ConstIntVector(g.Producer(*node, 1), &shape) &&
+               !(IsOp(node, "Reshape") && ConstIntVector(g.Producer(*node, 1), &shape) &&
                  shape == std::vector<int64_t>{-1})) {
-      // A model's own Reshape to [-1] flattens a feed of rank > 2 too (as
-      // [B, 1, K] -> B * K strings), which a column of the matrix is not:
-      // such a feature is packed as it is.
       return false;
     }
     if (node->input_size() < 1) return false;
