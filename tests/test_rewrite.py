@@ -496,6 +496,24 @@ def test_session_config_tf1_session(rng):
     assert_same(got, want)
 
 
+def test_a_placeholder_with_default_is_fed_any_size_its_declared_shape_takes(rng):
+    # Inference gave it its default's shape: the rewritten graph held a feed
+    # of 3 ids to [2] (and a rewrite's verification failed on it).
+    params = rng.normal(size=(V, D)).astype(np.float32)
+    with tf.Graph().as_default() as g:
+        table = tf.compat.v1.get_variable("table", initializer=params, use_resource=True)
+        ids = tf.compat.v1.placeholder_with_default(tf.constant([1, 2], tf.int64), shape=[None], name="ids")
+        out = tf.nn.embedding_lookup_sparse(table, tf.sparse.from_dense(tf.reshape(ids, [-1, 1])), None,
+                                            combiner="sum")
+        before = rewrite.fusion_stats()
+        with tf.compat.v1.Session(graph=g, config=rewrite.session_config()) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for feed in ([1, 2, 3], [4], []):
+                assert_same(sess.run(out, {ids: feed}), params[feed].reshape(-1, D))
+            assert_same(sess.run(out), params[[1, 2]])
+    assert delta(before, rewrite.fusion_stats())["rewrites"] >= 1
+
+
 def test_session_config_tf1_session_with_string_features(rng):
     """A session's graph reaches the optimizer placed; the string patterns add
     their packs without a device, which the optimizer then places beside the

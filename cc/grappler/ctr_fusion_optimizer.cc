@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -133,7 +134,9 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
                         tensorflow::GraphDef* optimized) override {
     const uint64_t t_start = tensorflow::Env::Default()->NowMicros();
     *optimized = item.graph;
-    tensorflow::grappler::GraphProperties properties(item);
+    std::optional<tensorflow::grappler::GrapplerItem> defaults_fed;
+    if (HasDefaultedInputs(item.graph)) defaults_fed = WithDefaultsAsPlaceholders(item);
+    tensorflow::grappler::GraphProperties properties(defaults_fed ? *defaults_fed : item);
     // Feeds are taken to match their placeholders' declared shapes, as a
     // Python call checks (GuardFeedShapes holds a server's feeds to them).
     // Without shapes, patterns that need them skip with a reason.
@@ -231,6 +234,26 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
         }
       }
     }
+  }
+
+  // The item whose shapes the patterns read: a PlaceholderWithDefault
+  // becomes the Placeholder it is to a feed, of its declared shape (inference
+  // gives it its default value's, [2] for a default of two ids, which a feed
+  // need not have).
+  static bool HasDefaultedInputs(const tensorflow::GraphDef& graph) {
+    for (const auto& n : graph.node())
+      if (n.op() == "PlaceholderWithDefault") return true;
+    return false;
+  }
+
+  static tensorflow::grappler::GrapplerItem WithDefaultsAsPlaceholders(const tensorflow::grappler::GrapplerItem& item) {
+    tensorflow::grappler::GrapplerItem copy = item;
+    for (auto& n : *copy.graph.mutable_node()) {
+      if (n.op() != "PlaceholderWithDefault") continue;
+      n.set_op("Placeholder");
+      n.clear_input();
+    }
+    return copy;
   }
 
   // The patterns took the graph inputs' shapes from inference, which trusts
