@@ -1053,3 +1053,47 @@ def test_dense_string_keys_check_their_weights_shape_too():
                 in_function(keys, bad)
         good = tf.constant([[1.0, 2.0], [0.5, 9.0]])
         np.testing.assert_array_equal(in_function(keys, good), tco.hash_embedding(table, keys, good))
+
+
+def test_a_max_norm_below_float32s_least_normal_clips_rows_to_zeros_as_tf_does():
+    # The float32 attr read 1e-40 (a denormal) and 1e-50 (0) as "no clipping".
+    table = tf.reshape(tf.range(15.0), [5, 3])
+    sp = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([1, 4], tf.int64), [2, 1])
+    for max_norm in (1e-40, 1e-50, 1e-30):
+        want = tf.nn.embedding_lookup_sparse(table, sp, None, combiner="sum", max_norm=max_norm)
+        for got in (tco.embedding_lookup_sparse(table, sp, None, combiner="sum", max_norm=max_norm),
+                    tco.sparse_embedding(table, sp, combiner="sum", max_norm=max_norm)):
+            np.testing.assert_allclose(got, want, atol=1e-30)
+            assert np.abs(got.numpy()).max() < 1e-29
+
+
+@pytest.mark.parametrize("dense_shape", [[-1, 1], [-3, 1]])
+def test_a_negative_dense_shape_is_an_error_as_in_tf(dense_shape):
+    # -1 rows passed as the op's "as many as the row ids say".
+    table = tf.reshape(tf.range(15.0), [5, 3])
+    make = lambda shape: tf.SparseTensor([[0, 0], [1, 0]], tf.constant([1, 2], tf.int64), shape)  # noqa: E731
+    spec = tf.TensorSpec([2], tf.int64)
+    for lookup in (lambda sp: tco.safe_embedding_lookup_sparse(table, sp), lambda sp: tco.sparse_embedding(table, sp)):
+        in_function = tf.function(lambda shape: lookup(make(shape)), input_signature=[spec])
+        with pytest.raises(tf.errors.InvalidArgumentError, match="dense_shape must be non-negative"):
+            in_function(tf.constant(dense_shape, tf.int64))
+        np.testing.assert_array_equal(in_function(tf.constant([2, 1], tf.int64)), lookup(make([2, 1])))
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tf.function(lambda shape: tf.nn.safe_embedding_lookup_sparse(table, make(shape)),
+                    input_signature=[spec])(tf.constant(dense_shape, tf.int64))
+
+
+def test_clear_errors_for_ids_of_the_wrong_kind():
+    table = tf.reshape(tf.range(15.0), [5, 3])
+    with pytest.raises(TypeError, match="sparse_embedding takes integer ids, got strings"):
+        tco.sparse_embedding(table, tf.ragged.constant([["1"]]))
+    with pytest.raises(TypeError, match="ids must be a dense \\[B, L\\] matrix .* got a RaggedTensor in block 0"):
+        tco.multi_hot_dense([(tf.ragged.constant([[1, 2], []], tf.int64), 5)], tf.ones([5, 2]))
+    init = tf.lookup.KeyValueTensorInitializer(["a", "b"], tf.constant([0, 1], tf.int64))
+    vocab = tf.lookup.StaticHashTable(init, -1)
+    with pytest.raises(TypeError, match="keys must be a dense tensor .* got a RaggedTensor"):
+        tco.vocab_embedding(vocab, tf.ragged.constant([["a"], []]), table)
+    with pytest.raises(TypeError, match="table must be a tf_ctr_ops.HashTable, got EagerTensor"):
+        tco.hash_table_embedding(table, tf.ragged.constant([[1]], tf.int64))
+    with pytest.raises(ValueError, match="dtype \\(of the values\\) must be a float type, got int32"):
+        tco.HashTable(dim=2, capacity=8, dtype=tf.int32)

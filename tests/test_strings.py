@@ -750,3 +750,9 @@ def test_a_feed_of_another_rank_than_the_signature_is_refused_at_run_time(params
     good = tf.constant(["1,2", "3"]) if spec_shape == [None] else tf.constant([["1,2"], ["3"]])
     [got] = _fed_unchecked(lambda s: tco.string_embedding(s, params), tf.TensorSpec(spec_shape, tf.string), good)
     np.testing.assert_array_equal(got, tco.string_embedding(good, params))
+
+
+def test_a_grouped_tables_error_names_its_feature():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="feature 1: hash and mod modes need a table"):
+        tco.multi_string_embedding([tf.constant(["a"]), tf.constant(["b"])], [tf.ones([4, 2]), tf.ones([0, 2])],
+                                   id_modes="hash")

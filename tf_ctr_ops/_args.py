@@ -54,7 +54,10 @@ def max_norm_attr(max_norm):
     max_norm = float(value.reshape(()))
     if not max_norm > 0:
         raise ValueError(f"max_norm must be positive or None, got {max_norm}")
-    return max_norm
+    # The attr is a float32, and the kernels read a denormal (TF flushes
+    # them) or 0 as "no clipping": a norm below float32's least normal clips
+    # rows to (nearly) zeros, as TF's float32 clip does.
+    return max(max_norm, float(np.finfo(np.float32).tiny))
 
 
 def check_id_mode(id_mode):

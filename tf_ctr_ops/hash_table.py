@@ -130,6 +130,9 @@ class HashTable(tf.Module):
         self.dim = int(dim)
         self.capacity, self.num_slots, self.admit_after = check_table_args(capacity, num_slots, admit_after)
         self.key_dtype = check_key_dtype(key_dtype)
+        dtype = tf.as_dtype(dtype)
+        if not dtype.is_floating:
+            raise ValueError(f"dtype (of the values) must be a float type, got {dtype.name}")
         self.eviction = check_eviction(eviction)
         self.table_device = check_table_device(table_device, self.eviction)
         if initializer is None:
@@ -753,6 +756,8 @@ def hash_table_embedding(table, keys, weights=None, combiner="mean", max_norm=No
     Returns:
       `[B, dim]`, a zero row for a bag with no key that has a row.
     """
+    if not all(hasattr(table, a) for a in ("table", "values", "key_dtype", "capacity")):  # a layer is one too
+        raise TypeError(f"table must be a tf_ctr_ops.HashTable, got {type(table).__name__}")
     check_combiner(combiner)
     max_norm_attr(max_norm)  # refused before any key is inserted
     with tf.name_scope(name or "hash_table_embedding"):

@@ -45,6 +45,9 @@ def multi_hot_dense(blocks, kernel, name=None):
             if len(block) not in (2, 3, 4):
                 raise ValueError("an encoded block is (ids, depth[, binary_output[, drop_negative]]), "
                                  f"got {len(block)} items")
+            if isinstance(block[0], (tf.RaggedTensor, tf.SparseTensor)):
+                raise TypeError(f"ids must be a dense [B, L] matrix (pad ragged ids with -1 and pass "
+                                f"drop_negative=True), got a {type(block[0]).__name__} in block {position}")
             block_ids = tf.convert_to_tensor(block[0])
             if block_ids.dtype not in (tf.int32, tf.int64):
                 raise TypeError(f"ids must be int32 or int64, got {block_ids.dtype.name} in block {position}")

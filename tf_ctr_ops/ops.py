@@ -223,7 +223,7 @@ def _bags_from_container(ids, weights, padding_value):
             if not isinstance(weights, tf.SparseTensor):
                 raise TypeError("weights must be a SparseTensor like ids")
             w = weights.values
-        return _Bags(ids.values, ids.indices[:, 0], ids.dense_shape[0], "row_ids", w)
+        return _Bags(ids.values, ids.indices[:, 0], _checked_dense_shape(ids)[0], "row_ids", w)
     ids = tf.convert_to_tensor(ids)
     if ids.shape.rank is None:  # a function's TensorSpec(None): checked when it runs
         ids = dense_matrix(ids)
@@ -235,6 +235,19 @@ def _bags_from_container(ids, weights, padding_value):
     if weights is not None:
         w = tf.reshape(dense_weights_like(weights, ids), [-1])
     return _Bags(tf.reshape(ids, [-1]), splits, -1, "row_splits", w)
+
+
+def _checked_dense_shape(sparse):
+    """The SparseTensor's dense_shape, checked to be non-negative as TF's
+    sparse ops check it (-1 rows is the fused op's "as many as the row ids
+    say", which a bad shape must not become)."""
+    shape = sparse.dense_shape
+    static = tf.get_static_value(shape)
+    if static is not None and (np.asarray(static) >= 0).all():
+        return shape
+    with tf.control_dependencies([tf.debugging.assert_non_negative(
+            shape, message="SparseTensor dense_shape must be non-negative")]):
+        return tf.identity(shape)
 
 
 def _with_batch_dim(out, ids):
@@ -642,7 +655,7 @@ def _safe_sparse_bags(sparse_ids, sparse_weights, prune_weights=None):
         # TF rebuilds the weights as SparseTensor(ids.indices, weights.values, ...).
         sparse_ids.indices.shape[:1].assert_is_compatible_with(sparse_weights.values.shape)
         w = sparse_weights.values
-    dense_shape = sparse_ids.dense_shape
+    dense_shape = _checked_dense_shape(sparse_ids)
     if sparse_ids.shape.rank == 2:
         rows, num_rows, lead = sparse_ids.indices[:, 0], dense_shape[0], dense_shape[:1]
     else:
@@ -875,6 +888,9 @@ def sparse_embedding(params, ids, weights=None, combiner="mean", max_norm=None, 
         if not isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
             ids = tf.convert_to_tensor(ids)  # a list or an array of dense [B, N] ids
         bags = _bags_from_container(ids, weights, -1)
+        if bags.ids.dtype == tf.string:
+            raise TypeError("sparse_embedding takes integer ids, got strings: hash_embedding hashes string keys "
+                            "into rows, vocab_embedding looks them up in a vocabulary")
         attrs = dict(combiner=combiner, invalid_ids="skip_padding", max_norm=max_norm)
         shards = gathered_shards(params)
         if shards is not None:

@@ -219,6 +219,9 @@ def _find_args(table, keys, missing_key):
         raise ValueError(f"missing_key must be one of {MISSING_KEY}, got {missing_key!r}")
     if table.value_dtype != tf.int64:
         raise TypeError(f"the table's values must be int64 row ids, got {table.value_dtype.name}")
+    if isinstance(keys, (tf.RaggedTensor, tf.SparseTensor)):
+        raise TypeError(f"keys must be a dense tensor (of any shape), got a {type(keys).__name__}: look up its values "
+                        f"(tf.ragged.map_flat_values), or pool bags with vocab_embedding_lookup_sparse")
     keys = tf.convert_to_tensor(keys)
     if keys.dtype != table.key_dtype:
         raise TypeError(f"keys must have the table's key dtype {table.key_dtype.name}, got {keys.dtype.name}")

@@ -180,7 +180,10 @@ class MultiStringKernelOn : public Base {
   // Each feature's spec bound to its table (input i).
   absl::Status BindTables(tensorflow::OpKernelContext* ctx, std::vector<ctr::StringSpec>* specs) const {
     *specs = specs_;
-    for (int i = 0; i < num_features(); ++i) TF_RETURN_IF_ERROR(BindTable(ctx->input(i), &(*specs)[i]));
+    for (int i = 0; i < num_features(); ++i) {
+      const absl::Status bound = BindTable(ctx->input(i), &(*specs)[i]);
+      if (!bound.ok()) return tensorflow::errors::InvalidArgument("feature ", i, ": ", bound.message());
+    }
     return absl::OkStatus();
   }
 
