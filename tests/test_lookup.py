@@ -1093,7 +1093,23 @@ def test_clear_errors_for_ids_of_the_wrong_kind():
     vocab = tf.lookup.StaticHashTable(init, -1)
     with pytest.raises(TypeError, match="keys must be a dense tensor .* got a RaggedTensor"):
         tco.vocab_embedding(vocab, tf.ragged.constant([["a"], []]), table)
-    with pytest.raises(TypeError, match="table must be a tf_ctr_ops.HashTable, got EagerTensor"):
+    with pytest.raises(TypeError, match="table must be a tf_ctr_ops.HashTable .*, got EagerTensor"):
         tco.hash_table_embedding(table, tf.ragged.constant([[1]], tf.int64))
+    with pytest.raises(TypeError, match="tables\\[1\\] must be a tf_ctr_ops.HashTable .*, got ResourceVariable"):
+        tco.multi_hash_table_embedding([tco.HashTable(dim=3, capacity=8), tf.Variable(table)],
+                                       [tf.ragged.constant([[1]], tf.int64)] * 2)
+    with pytest.raises(ValueError, match="HashTableEmbedding layer that is not built yet: call \\(or build\\) it"):
+        tco.hash_table_embedding(tco.layers.HashTableEmbedding(8, 3), tf.ragged.constant([[1]], tf.int64))
+    with pytest.raises(TypeError, match="keys must be a dense tensor \\[B, L\\], got a RaggedTensor: .*vocab_indicator"):
+        tco.vocab_multi_hot(vocab, tf.ragged.constant([["a"], []]), table)
+    string_ids = tf.ragged.constant([["1"], []])
+    for drop_in, argument in [(tco.embedding_lookup_sparse, "sp_ids"), (tco.safe_embedding_lookup_sparse, "sparse_ids")]:
+        for ids in (string_ids, string_ids.to_sparse()):
+            with pytest.raises(TypeError, match=f"{argument} must hold integer ids, got strings: .*hash_embedding"):
+                drop_in(table, ids, None)
+    with pytest.raises(TypeError, match="^ids must be integers that int64 holds .*\\), got float32$"):
+        tco.sparse_embedding(table, tf.ragged.constant([[1.0]]))
+    with pytest.raises(TypeError, match="^keys must be strings or integers that int64 holds .*, got float32$"):
+        tco.hash_embedding(table, tf.ragged.constant([[1.0]]))
     with pytest.raises(ValueError, match="dtype \\(of the values\\) must be a float type, got int32"):
         tco.HashTable(dim=2, capacity=8, dtype=tf.int32)

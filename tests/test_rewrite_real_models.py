@@ -633,6 +633,26 @@ def test_an_inputs_file_serves_a_subset_of_the_signatures(tmp_path):
         _model_inputs.load_inputs_file(tmp_path / "in.npz", selected, unselected)
 
 
+def test_an_inputs_file_names_an_input_by_its_signature_def_key(tmp_path):
+    # TF makes `feat/x` the loaded function's argument `feat_x`; servers and
+    # saved_model_cli show `feat/x`, and either name is taken.
+    from tf_ctr_ops import _model_inputs
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64, name="feat/x"), tf.TensorSpec([None], tf.int64)])
+    def serve(feat_x, plain):
+        return {"y": feat_x + plain}
+
+    tf.saved_model.save(tf.Module(), str(tmp_path / "m"), signatures={"serving_default": serve})
+    signatures = {"serving_default": tf.saved_model.load(str(tmp_path / "m")).signatures["serving_default"]}
+    for name in ("feat/x", "feat_x", "serving_default/feat/x"):
+        np.savez(tmp_path / "in.npz", **{name: np.array([3], np.int64), "plain": np.array([1], np.int64)})
+        got = _model_inputs.load_inputs_file(tmp_path / "in.npz", signatures)["serving_default"]
+        assert sorted(got) == ["feat_x", "plain"] and list(got["feat_x"]) == [3], (name, got)
+    np.savez(tmp_path / "in.npz", plain=np.array([1], np.int64))
+    with pytest.raises(_model_inputs.InputsError, match=r"no array for input\(s\) \['feat/x'\]"):
+        _model_inputs.load_inputs_file(tmp_path / "in.npz", signatures)
+
+
 @pytest.mark.saved_model
 def test_examples_that_lost_their_trailing_nul_in_an_npz_say_why_they_fail(tmp_path):
     # numpy's 'S' dtype strips trailing NUL bytes: a tf.Example whose last

@@ -121,6 +121,22 @@ def test_max_norm_nan_and_inf_rows_match_tf(rng):
     np.testing.assert_allclose(got.numpy(), f(ids).numpy(), rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
+@pytest.mark.parametrize("max_norm", [1e-39, 1e-45], ids=["denormal", "least_denormal"])
+def test_max_norm_below_least_normal_float_clips_to_zeros_as_tf_does(rng, big_table, max_norm):
+    # TF's clip of such a norm is zeros; the kernels, with denormals
+    # flushed, would read the constant as 0, i.e. no clipping.
+    f = lambda sp: tf.nn.embedding_lookup_sparse(big_table, sp, None, combiner="sum", max_norm=max_norm)  # noqa: E731
+    cf, graph, report, _ = offline(f, SPARSE2)
+    assert "max_norm_lookup" in patterns(report)
+    [fused] = [n for n in graph.node if n.op == "CtrEmbeddingLookup"]
+    assert fused.attr["max_norm"].f > 0
+    ids = random_ids(rng)
+    [got] = run_graph_def(cf, graph, ids)
+    want = f(ids).numpy()
+    assert not np.any(want)
+    np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=1e-30)
+
+
 def manual_clip_lookup(table, case):
     """The pooled clip written out, with one thing off per case."""
     def f(sp):

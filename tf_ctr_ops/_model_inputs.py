@@ -119,6 +119,18 @@ def nul_hint(path, error):
     return f"; note that a dtype='S' array in an .npz {_S_DROPS_NULS}" if has_bytes else ""
 
 
+def _input_keys(name, spec):
+    """The keys an input goes by: its argument name and, where TF had to
+    make that a Python name (`feat/x` -> `feat_x`), its SignatureDef key,
+    which saved_model_cli and servers show."""
+    signature_def_key = spec.name if spec.name and not spec.name.isidentifier() else None
+    return [name] + ([signature_def_key] if signature_def_key not in (None, name) else [])
+
+
+def _candidates(key, name, spec):
+    return [c for k in _input_keys(name, spec) for c in (f"{key}/{k}", k)]
+
+
 def _inputs_from_npz(path, signatures, unselected=None):
     try:
         data = np.load(path, allow_pickle=False)
@@ -143,23 +155,24 @@ def _inputs_from_npz(path, signatures, unselected=None):
         specs = fn.structured_input_signature[1]
         given = {}
         for name, spec in specs.items():
-            for candidate in (f"{key}/{name}", name):
+            for candidate in _candidates(key, name, spec):
                 if candidate in arrays:
                     given[name] = _file_array_as_input(path, candidate, arrays[candidate], spec)
                     used.add(candidate)
                     break
         if not given:
             continue  # none of its inputs: synthesized, as without a file
-        missing = [n for n in specs if n not in given]
+        missing = [_input_keys(n, specs[n])[-1] for n in specs if n not in given]
         if missing:
             raise InputsError(f"inputs file {path} has no array for input(s) {missing} of signature {key!r} "
                               f"(name them INPUT or {key}/INPUT); it has {sorted(arrays)}")
         out[key] = given
     for key, fn in (unselected or {}).items():  # left out of this rewrite: one file serves any subset
-        used |= {c for name in fn.structured_input_signature[1] for c in (f"{key}/{name}", name)}
+        used |= {c for name, spec in fn.structured_input_signature[1].items() for c in _candidates(key, name, spec)}
     unused = sorted(set(arrays) - used)
     if unused:  # a misspelt name would otherwise go unnoticed
-        inputs = sorted({f"{k}/{n}" for k, fn in signatures.items() for n in fn.structured_input_signature[1]})
+        inputs = sorted({f"{k}/{_input_keys(n, spec)[-1]}" for k, fn in signatures.items()
+                         for n, spec in fn.structured_input_signature[1].items()})
         raise InputsError(f"inputs file {path} has array(s) {unused} that no signature takes; the inputs are "
                           f"{inputs} (SIGNATURE/INPUT, or INPUT alone for every signature)")
     return out

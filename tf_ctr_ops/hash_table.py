@@ -756,8 +756,7 @@ def hash_table_embedding(table, keys, weights=None, combiner="mean", max_norm=No
     Returns:
       `[B, dim]`, a zero row for a bag with no key that has a row.
     """
-    if not all(hasattr(table, a) for a in ("table", "values", "key_dtype", "capacity")):  # a layer is one too
-        raise TypeError(f"table must be a tf_ctr_ops.HashTable, got {type(table).__name__}")
+    _check_table(table, "table")
     check_combiner(combiner)
     max_norm_attr(max_norm)  # refused before any key is inserted
     with tf.name_scope(name or "hash_table_embedding"):
@@ -774,6 +773,18 @@ def hash_table_embedding(table, keys, weights=None, combiner="mean", max_norm=No
         rows = _find_and_reset(table, ids, insert, dense_padding=dense)
         rows_bags = _lookup_ops._Bags(rows, bags.segments, bags.num_rows, bags.kind, bags.weights)
         return _lookup_ops._with_batch_dim(_pool_rows(table, rows_bags, combiner, max_norm), keys)
+
+
+def _check_table(table, argument):
+    """A `HashTable`, or a built layer that has one (duck-typed: a layer's
+    table is a Keras variable)."""
+    if all(hasattr(table, a) for a in ("table", "values", "key_dtype", "capacity")):
+        return table
+    if getattr(table, "built", True) is False and hasattr(table, "key_dtype"):
+        raise ValueError(f"{argument} is a {type(table).__name__} layer that is not built yet: "
+                         "call (or build) it first, then pass it")
+    raise TypeError(f"{argument} must be a tf_ctr_ops.HashTable (or a built layers.HashTableEmbedding), "
+                    f"got {type(table).__name__}")
 
 
 def multi_hash_table_embedding(tables, features, weights=None, combiners="mean", max_norms=None, insert=False,
@@ -806,7 +817,9 @@ def multi_hash_table_embedding(tables, features, weights=None, combiners="mean",
     n = len(features)
     if n == 0:
         raise ValueError("features must be a non-empty list")
-    tables = per_feature(tables, n, "tables")
+    listed = isinstance(tables, (list, tuple))
+    tables = [_check_table(t, f"tables[{i}]" if listed else "tables")
+              for i, t in enumerate(per_feature(tables, n, "tables"))]
     weights = per_feature(weights, n, "weights")
     combiners = [check_combiner(c) for c in per_feature(combiners, n, "combiners")]
     # Refused before any key is inserted; as numbers, features group by them.

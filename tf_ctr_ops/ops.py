@@ -40,15 +40,15 @@ _ops = load_op_library()
 # Argument normalisation
 
 
-def _ids_tensor(values):
+def _ids_tensor(values, hashed):
     # Other integer types widen exactly. Floats, bools and uint64 would not
     # (1.7 would read row 1, NaN and 2**64 - 1 wrap to negative ids that the
     # safe lookup drops unsaid): TF's lookups refuse them, and so do these.
     if values.dtype in (tf.int32, tf.int64, tf.string):  # strings: hash mode's keys
         return values
     if not values.dtype.is_integer or values.dtype == tf.uint64:
-        raise TypeError(f"ids must be integers that int64 holds (int8 to int64, uint8 to uint32; or strings for "
-                        f"hashing), got {values.dtype.name}")
+        what = "keys must be strings or integers" if hashed else "ids must be integers"
+        raise TypeError(f"{what} that int64 holds (int8 to int64, uint8 to uint32), got {values.dtype.name}")
     return tf.cast(values, tf.int64)
 
 
@@ -87,7 +87,7 @@ def _lookup(table, ids, segments, num_rows, weights, *, segment_kind, combiner, 
     """The fused op over `table`: a tensor, or a variable (`table_operand`) read in place."""
     weights, has_weights = _op_weights(weights)
     args = dict(
-        ids=_ids_tensor(ids),
+        ids=_ids_tensor(ids, hashed=id_mode == "hash"),
         segments=_op_segments(segments),
         num_rows=tf.cast(num_rows, tf.int64),
         weights=weights,
@@ -574,10 +574,19 @@ def _lookup_sparse_bags(sp_ids, sp_weights):
     return _Bags(sp_ids.values, sp_ids.indices[:, 0], -1, "row_ids", _sparse_weights_values(sp_ids, sp_weights))
 
 
+def _drop_in_ids(bags, argument):
+    """The drop-ins' ids are rows: strings are refused before the kernel,
+    whose message is about its id_mode, an argument the drop-ins lack."""
+    if bags.ids.dtype == tf.string:
+        raise TypeError(f"{argument} must hold integer ids, got strings: hash string keys with "
+                        f"tf_ctr_ops.hash_embedding (or tf.strings.to_hash_bucket_fast)")
+    return bags
+
+
 def _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, name, combiner, max_norm,
                              allow_fast_lookup=False):
     combiner = check_combiner(combiner or "mean")
-    bags = _lookup_sparse_bags(sp_ids, sp_weights)
+    bags = _drop_in_ids(_lookup_sparse_bags(sp_ids, sp_weights), "sp_ids")
     table = _single_table(params)
     # TF converts a lone table that is neither a tensor nor a composite one (a
     # TF1 RefVariable) to a tensor.
@@ -705,6 +714,7 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
             bags, lead = _safe_sparse_bags(sparse_ids, sparse_weights, combiner != "sum")
         else:
             raise TypeError(f"sparse_ids must be a SparseTensor or a RaggedTensor, got {type(sparse_ids).__name__}")
+        _drop_in_ids(bags, "sparse_ids")
         weighted = bags.weights is not None
         table = _single_table(embedding_weights)
         # TF keeps a resource variable of the weights' dtype; any other table it converts to a tensor.

@@ -104,7 +104,10 @@ def vocab_multi_hot(table, keys, kernel, binary_output=True, missing_key="defaul
       [B, units]. Its gradient reaches `kernel` as MatMul's does. A negative
       id is an InvalidArgument naming the key, the id and the row.
     """
-    keys, default, missing_id = _find_args(table, keys, missing_key)
+    keys, default, missing_id = _find_args(
+        table, keys, missing_key, dense_shape="[B, L]", ragged_hint="the count product of bags of keys is "
+        "tf.matmul(vocab_indicator(table, keys.to_sparse(), depth), kernel) (multi-hot: tf.minimum of the "
+        "indicator and 1)")
     if keys.shape.rank is not None and keys.shape.rank != 2:
         raise ValueError(f"keys must be a [B, L] matrix, got shape {keys.shape}")
     kernel = read_table(kernel)
@@ -213,15 +216,18 @@ def vocab_indicator(table, sp_keys, depth, num_oov_buckets=0, dtype=tf.float32, 
                                     num_oov_buckets=int(num_oov_buckets), T=dtype, name=name)
 
 
-def _find_args(table, keys, missing_key):
+_POOL_BAGS_HINT = ("look up its values (tf.ragged.map_flat_values), or pool bags with "
+                   "vocab_embedding_lookup_sparse")
+
+
+def _find_args(table, keys, missing_key, dense_shape="(of any shape)", ragged_hint=_POOL_BAGS_HINT):
     """(keys, default, missing_id) of a find in `table`, checked."""
     if missing_key not in MISSING_KEY:
         raise ValueError(f"missing_key must be one of {MISSING_KEY}, got {missing_key!r}")
     if table.value_dtype != tf.int64:
         raise TypeError(f"the table's values must be int64 row ids, got {table.value_dtype.name}")
     if isinstance(keys, (tf.RaggedTensor, tf.SparseTensor)):
-        raise TypeError(f"keys must be a dense tensor (of any shape), got a {type(keys).__name__}: look up its values "
-                        f"(tf.ragged.map_flat_values), or pool bags with vocab_embedding_lookup_sparse")
+        raise TypeError(f"keys must be a dense tensor {dense_shape}, got a {type(keys).__name__}: {ragged_hint}")
     keys = tf.convert_to_tensor(keys)
     if keys.dtype != table.key_dtype:
         raise TypeError(f"keys must have the table's key dtype {table.key_dtype.name}, got {keys.dtype.name}")

@@ -13,6 +13,7 @@
 // the same function of each row: rows * c / max(|row|, c), NaN rows staying
 // NaN (Maximum propagates NaN). Only float32 tables: TF clips half rows in
 // half precision, where squares overflow that the fused op keeps in float32.
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <vector>
@@ -111,7 +112,10 @@ bool MatchClip(const GraphIndex& g, const NodeDef* out, Clip* clip, std::string*
     *why = "the squared norm is not summed over axis 1 with keep_dims";
     return false;
   }
-  clip->max_norm = c;
+  // The kernels run with denormals flushed, where a denormal max_norm reads
+  // as 0 (no clipping); TF's own clip of such a norm gives zeros, as the
+  // least normal float does.
+  clip->max_norm = std::max(c, std::numeric_limits<float>::min());
   clip->rows = rows;
   clip->nodes = identities;
   for (const NodeDef* n : {div, scaled, maximum, l2, sqrt, safe, pred, l2sum, square})
