@@ -108,7 +108,11 @@ def test_optimize_saved_model_example(tmp_path):
     assert (tmp_path / "model_ctr_fused" / "saved_model.pb").exists()
     proc = subprocess.run([sys.executable, str(EXAMPLES / "optimize_saved_model.py"), "nosuch"], cwd=tmp_path,
                           env=fresh_process_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 1 and "error: nosuch is not a SavedModel" in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and "error: nosuch is not a SavedModel: it does not exist" in proc.stderr, proc.stderr
+    (tmp_path / "empty").mkdir()
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "optimize_saved_model.py"), "empty"], cwd=tmp_path,
+                          env=fresh_process_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1 and "error: empty is not a SavedModel: it has no saved_model.pb" in proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     # A report that cannot be written is refused before DST is: it was a traceback after.
     (tmp_path / "corrupt").mkdir()

@@ -30,6 +30,8 @@ def read(model_dir):
     elif os.path.exists(pbtxt):
         with open(pbtxt) as f:
             text_format.Parse(f.read(), proto)
+    elif not os.path.exists(model_dir):
+        raise ValueError(f"{model_dir} is not a SavedModel: it does not exist")
     else:
         raise ValueError(f"{model_dir} is not a SavedModel: it has no saved_model.pb")
     return proto
