@@ -345,7 +345,11 @@ class SparseEmbedding(_PooledEmbeddingBase):
     sparse_weights, combiner)`, without its chain of sparse ops; weights that
     are not positive are kept, as `tf.nn.embedding_lookup_sparse` keeps them.
     Its table gradient is a `tf.IndexedSlices` of the rows looked up, so
-    optimizers touch only those rows.
+    optimizers touch only those rows. It has one row per id, as
+    `keras.layers.Embedding`'s has: optimizers that square gradients (Adam,
+    RMSprop, Adagrad) or clip them see a repeated id's rows apart, where
+    `tf.nn`'s lookups sum them first, so such training follows an
+    `Embedding`-based model's, not a `tf.nn`-based one's.
 
     Example:
 
