@@ -977,6 +977,22 @@ def test_verification_reads_equal_infinities_as_equal():
         assert _max_abs_diff({"y": y}, {"y": np.array(other, np.float32)}) == (np.inf, False)
 
 
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+def test_verification_compares_half_outputs_as_floats(dtype):
+    # bfloat16's numpy kind is 'V': it was compared byte for byte, so a NaN
+    # (a masked mean of an all-padding row) never equalled itself.
+    from tf_ctr_ops.rewrite import _max_abs_diff
+
+    y = tf.constant([np.inf, np.nan, 1.0, 256.0], dtype).numpy()
+    assert _max_abs_diff({"y": y}, {"y": y.copy()}) == (0.0, True)
+    worst, close = _max_abs_diff({"y": y}, {"y": tf.constant([np.inf, np.nan, 1.0, 258.0], dtype).numpy()})
+    assert worst == 2.0 and not close
+    assert _max_abs_diff({"y": y}, {"y": tf.constant([np.inf, 0.0, 1.0, 256.0], dtype).numpy()}) == (np.inf, False)
+    strings = np.array([b"a", b"b"], object)
+    assert _max_abs_diff({"s": strings}, {"s": strings.copy()}) == (0.0, True)
+    assert _max_abs_diff({"s": strings}, {"s": strings[::-1].copy()}) == (np.inf, False)
+
+
 def _lookups_after_an_update(ids=None, keys=None):
     """Lookups of a [V, E] table by `ids` ([B, 3]) and `keys` ([B] strings),
     each of a form a pattern fuses."""

@@ -940,6 +940,17 @@ def _with_static_shape_of(original, rebuilt):
     return rebuilt
 
 
+def _numeric(dtype):
+    """Numbers numpy knows, or one of ml_dtypes' floats (bfloat16), whose
+    numpy kind is 'V' (raw bytes), not 'f'."""
+    if dtype.kind in "fciub":
+        return True
+    try:
+        return tf.as_dtype(dtype).is_floating
+    except (TypeError, ValueError):
+        return False
+
+
 def _max_abs_diff(reference, actual):
     """Largest |difference| over matching outputs, and whether all are close."""
     worst, close = 0.0, True
@@ -953,7 +964,7 @@ def _max_abs_diff(reference, actual):
             if not np.array_equal(a, b):
                 diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
                 return float(diff.max()) if diff.size else float("inf"), False
-        elif a.dtype.kind in "fciub" and b.dtype.kind in "fciub":
+        elif _numeric(a.dtype) and _numeric(b.dtype):
             a64, b64 = a.astype(np.float64), b.astype(np.float64)
             # Equal infinities (and NaN against NaN) do not differ; inf - inf
             # would be NaN, reported as an infinite difference.
