@@ -988,6 +988,10 @@ def test_verification_compares_half_outputs_as_floats(dtype):
     worst, close = _max_abs_diff({"y": y}, {"y": tf.constant([np.inf, np.nan, 1.0, 258.0], dtype).numpy()})
     assert worst == 2.0 and not close
     assert _max_abs_diff({"y": y}, {"y": tf.constant([np.inf, 0.0, 1.0, 256.0], dtype).numpy()}) == (np.inf, False)
+    complex_y = np.array([1 + 1j, 2 - 1j])
+    assert _max_abs_diff({"c": complex_y}, {"c": complex_y + [1j, 0]}) == (1.0, False)
+    big = np.array([2**62 + 1, 7], np.int64)  # differs from 2**62 beyond float64's 53 bits
+    assert _max_abs_diff({"ids": big}, {"ids": big - [1, 0]}) == (1.0, False)
     strings = np.array([b"a", b"b"], object)
     assert _max_abs_diff({"s": strings}, {"s": strings.copy()}) == (0.0, True)
     assert _max_abs_diff({"s": strings}, {"s": strings[::-1].copy()}) == (np.inf, False)

@@ -651,6 +651,13 @@ def test_an_inputs_file_names_an_input_by_its_signature_def_key(tmp_path):
     np.savez(tmp_path / "in.npz", plain=np.array([1], np.int64))
     with pytest.raises(_model_inputs.InputsError, match=r"no array for input\(s\) \['feat/x'\]"):
         _model_inputs.load_inputs_file(tmp_path / "in.npz", signatures)
+    # A signature's own name for an input goes before the one all signatures take.
+    signatures = {"serving_default": signatures["serving_default"], "other": signatures["serving_default"]}
+    for shared, own in (("feat_x", "other/feat/x"), ("feat/x", "other/feat_x")):
+        np.savez(tmp_path / "in.npz", **{shared: np.array([3], np.int64), own: np.array([5], np.int64),
+                                         "plain": np.array([1], np.int64)})
+        got = _model_inputs.load_inputs_file(tmp_path / "in.npz", signatures)
+        assert [list(got[k]["feat_x"]) for k in ("serving_default", "other")] == [[3], [5]], (shared, own, got)
 
 
 @pytest.mark.saved_model

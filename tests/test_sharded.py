@@ -210,6 +210,25 @@ def test_shards_off_the_div_layout_are_refused(rng):
         tco.embedding_lookup_sparse(table, random_ids(rng, 4), None)
 
 
+@pytest.mark.parametrize("as_list", [False, True], ids=["sharded_variable", "list"])
+def test_ids_that_int64_does_not_hold_are_refused_as_on_one_table(rng, as_list):
+    # The shards' path cast ids to int64 before any check: 1.7 read row 1,
+    # 2**64 - 1 became a dropped -1, and float keys were hashed as "1.700000".
+    table = sharded(rng)
+    table = list(table.variables) if as_list else table
+    floats = tf.ragged.constant([[1.7, 2.2], [9.9]], tf.float32)
+    for lookup in (lambda ids: tco.sparse_embedding(table, ids, combiner="sum"),
+                   lambda ids: tco.safe_embedding_lookup_sparse(table, ids, None, combiner="sum"),
+                   lambda ids: tco.embedding_lookup_sparse(table, ids, None, combiner="sum")):
+        with pytest.raises(TypeError, match="ids must be integers that int64 holds .*got float32"):
+            lookup(floats)
+        with pytest.raises(TypeError, match="ids must be integers that int64 holds .*got uint64"):
+            lookup(tf.ragged.constant([[2**64 - 1, 3]], tf.uint64))
+    for keys in (floats, tf.constant([[1.7, 2.0]]), tf.constant([[True, False]]), tf.constant([[2**64 - 1]], tf.uint64)):
+        with pytest.raises(TypeError, match="keys must be strings or integers that int64 holds"):
+            tco.hash_embedding(table, keys)
+
+
 @pytest.mark.parametrize("kind", ["int-ragged", "int-sparse", "int-dense", "string-ragged", "string-dense"])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_hash_embedding_on_shards_is_the_one_table_lookup(rng, kind, weighted):

@@ -128,7 +128,10 @@ def _input_keys(name, spec):
 
 
 def _candidates(key, name, spec):
-    return [c for k in _input_keys(name, spec) for c in (f"{key}/{k}", k)]
+    """An input's names in an .npz, the signature's own (SIGNATURE/INPUT)
+    before those every signature may take."""
+    keys = _input_keys(name, spec)
+    return [f"{key}/{k}" for k in keys] + keys
 
 
 def _inputs_from_npz(path, signatures, unselected=None):

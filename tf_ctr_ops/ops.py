@@ -40,16 +40,20 @@ _ops = load_op_library()
 # Argument normalisation
 
 
-def _ids_tensor(values, hashed):
+def _check_ids_dtype(dtype, hashed):
     # Other integer types widen exactly. Floats, bools and uint64 would not
     # (1.7 would read row 1, NaN and 2**64 - 1 wrap to negative ids that the
     # safe lookup drops unsaid): TF's lookups refuse them, and so do these.
-    if values.dtype in (tf.int32, tf.int64, tf.string):  # strings: hash mode's keys
-        return values
-    if not values.dtype.is_integer or values.dtype == tf.uint64:
+    if dtype in (tf.int32, tf.int64, tf.string):  # strings: hash mode's keys
+        return
+    if not dtype.is_integer or dtype == tf.uint64:
         what = "keys must be strings or integers" if hashed else "ids must be integers"
-        raise TypeError(f"{what} that int64 holds (int8 to int64, uint8 to uint32), got {values.dtype.name}")
-    return tf.cast(values, tf.int64)
+        raise TypeError(f"{what} that int64 holds (int8 to int64, uint8 to uint32), got {dtype.name}")
+
+
+def _ids_tensor(values, hashed):
+    _check_ids_dtype(values.dtype, hashed)
+    return values if values.dtype in (tf.int32, tf.int64, tf.string) else tf.cast(values, tf.int64)
 
 
 def _weights_values(weights):
@@ -472,7 +476,7 @@ def _sharded_lookup(shards, bags, *, strategy="div", dtype=None, default_id=None
     _layout_checks(shards, strategy)
     total = sum(sizes)
     attrs.update(default_id=check_default_id(default_id))
-    ids = tf.cast(bags.ids, tf.int64)
+    ids = tf.cast(_ids_tensor(bags.ids, hashed=False), tf.int64)
     weights = _weights_values(bags.weights)
     check = _lookup(tf.zeros([total, 0], shards[0].dtype), ids, bags.segments, bags.num_rows, weights,
                     segment_kind=bags.kind, **attrs)
@@ -939,13 +943,14 @@ def hash_embedding(params, keys, weights=None, combiner="mean", max_norm=None, h
     """
     hash_key = check_hash_key(hash_key)
     with tf.name_scope(name or "hash_embedding"):
+        dense = not isinstance(keys, (tf.RaggedTensor, tf.SparseTensor))
+        if dense:
+            keys = tf.convert_to_tensor(keys)
+        _check_ids_dtype(keys.dtype, hashed=True)  # before the -1 padding is compared with them
         shards = gathered_shards(params)
         if shards is not None:
             return _sharded_hash_embedding(shards, keys, weights, combiner, max_norm, hash_key)
         table = as_table(params, in_place=True)
-        dense = not isinstance(keys, (tf.RaggedTensor, tf.SparseTensor))
-        if dense:
-            keys = tf.convert_to_tensor(keys)
         if keys.dtype == tf.string:
             table = read_table(table)
             if weights is None:  # the packed-string path owns unweighted string keys

@@ -962,10 +962,12 @@ def _max_abs_diff(reference, actual):
             continue
         if a.dtype.kind in "iub" and b.dtype.kind in "iub":  # ids, counts, flags: exact
             if not np.array_equal(a, b):
-                diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
-                return float(diff.max()) if diff.size else float("inf"), False
+                # In Python ints: int64 ids that differ beyond float64's 53 bits would read as equal.
+                return float(np.abs(a.astype(object) - b.astype(object)).max()), False
         elif _numeric(a.dtype) and _numeric(b.dtype):
-            a64, b64 = a.astype(np.float64), b.astype(np.float64)
+            # Complex values keep their imaginary parts (float64 would drop them).
+            wide = np.complex128 if "c" in (a.dtype.kind, b.dtype.kind) else np.float64
+            a64, b64 = a.astype(wide), b.astype(wide)
             # Equal infinities (and NaN against NaN) do not differ; inf - inf
             # would be NaN, reported as an infinite difference.
             same = (a64 == b64) | (np.isnan(a64) & np.isnan(b64))

@@ -106,8 +106,8 @@ def vocab_multi_hot(table, keys, kernel, binary_output=True, missing_key="defaul
     """
     keys, default, missing_id = _find_args(
         table, keys, missing_key, dense_shape="[B, L]", ragged_hint="the count product of bags of keys is "
-        "tf.matmul(vocab_indicator(table, keys.to_sparse(), depth), kernel) (multi-hot: tf.minimum of the "
-        "indicator and 1)")
+        "tf.matmul(vocab_indicator(table, sparse_keys, depth, dtype=kernel.dtype), kernel), with sparse_keys a "
+        "SparseTensor (a RaggedTensor's .to_sparse()); multi-hot: tf.minimum of the indicator and 1")
     if keys.shape.rank is not None and keys.shape.rank != 2:
         raise ValueError(f"keys must be a [B, L] matrix, got shape {keys.shape}")
     kernel = read_table(kernel)
@@ -216,7 +216,7 @@ def vocab_indicator(table, sp_keys, depth, num_oov_buckets=0, dtype=tf.float32, 
                                     num_oov_buckets=int(num_oov_buckets), T=dtype, name=name)
 
 
-_POOL_BAGS_HINT = ("look up its values (tf.ragged.map_flat_values), or pool bags with "
+_POOL_BAGS_HINT = ("look up its values (tf.ragged.map_flat_values, or SparseTensor.with_values), or pool bags with "
                    "vocab_embedding_lookup_sparse")
 
 
