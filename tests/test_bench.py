@@ -23,6 +23,36 @@ def _positive_finite(x):
     return isinstance(x, float) and math.isfinite(x) and x > 0
 
 
+def test_the_native_fast_path_is_tfs_fast_path():
+    # On the Variable itself TF never takes it (a Variable is a
+    # CompositeTensor), nor on a captured constant (its device string is not
+    # the ids'): the two 'paths' were one graph, timed twice.
+    import tensorflow as tf
+
+    from tf_ctr_ops.bench import lookup
+
+    table = tf.Variable(np.ones([50, 4], np.float32))
+    constant = tf.constant(np.ones([50, 4], np.float32))
+    spec = tf.SparseTensorSpec([None, None], tf.int64)
+
+    def graph(table_of):
+        @tf.function(input_signature=[spec])
+        def run(sp):
+            with tf.device("/CPU:0"):
+                return tf.nn.embedding_lookup_sparse(table_of(), sp, None, combiner="mean", allow_fast_lookup=True)
+        return run
+
+    def ops(fn):
+        return {op.type for op in fn.get_concrete_function().graph.get_operations()}
+
+    assert "Unique" in ops(graph(lambda: table)) and "Unique" in ops(graph(lambda: constant))
+    for source in (table, constant):
+        fast = graph(lambda source=source: lookup.tf_fast_path_table(source))
+        assert "Unique" not in ops(lookup.check_fast_path(fast, "fast"))
+    with pytest.raises(RuntimeError, match="did not take its fast path"):
+        lookup.check_fast_path(graph(lambda: table), "native_fast")
+
+
 def test_lookup_suite_quick(tmp_path):
     out = tmp_path / "bench.json"
     results = bench.main(["lookup", *TINY, "--json", str(out)])
@@ -327,6 +357,10 @@ def test_json_has_the_environment_and_every_case(tiny_run):
             assert _positive_finite(c["speedup"]) and _positive_finite(c["frac_copy"])
     assert {c["case"] for c in loaded["suites"]["string"]["cases"]} == {
         f"string/{m}/{d}" for m in ("index", "hash") for d in ("zipf", "uniform")}
+    for c in loaded["suites"]["string"]["cases"] + loaded["suites"]["multi"]["cases"]:
+        # Both of tf.nn's paths timed; native is the faster.
+        fastest = min(NATIVE_PATHS, key=lambda k: c[k]["median_ms"])
+        assert c["native"] == c[fastest] and c["native_path"] == NATIVE_PATHS[fastest], c["case"]
 
 
 def test_markdown_is_a_well_formed_table(tiny_run):

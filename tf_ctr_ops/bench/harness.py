@@ -464,6 +464,36 @@ def check_agreement(case, name, got, want, rtol=1e-5, atol=1e-5):
 POOLED_BYTES = "(ids + batch) x D x element size (rows read, pooled rows written)"
 
 
+# TF 2.21's two native paths for a lookup of one table: Unique + Gather, and
+# the fast path, which gathers rows per id with no Unique. TF takes the fast
+# one only for a table that is no CompositeTensor (a Variable is one) on the
+# ids' own device, so native_fast reads the Variable into such a tensor
+# (tf_fast_path_table). Every case is timed against both and compared with
+# the faster.
+NATIVE_PATHS = {"native_unique": "allow_fast_lookup=False on the Variable",
+                "native_fast": "allow_fast_lookup=True on a tensor read of it (TF's fast path, no Unique)"}
+
+
+def tf_fast_path_table(table):
+    """`table` as tf.nn's fast path takes it, called in the lookup's device
+    scope: a plain tensor there (a captured constant's device string, fully
+    qualified, differs from the ids' and keeps TF on its Unique path too)."""
+    import tensorflow as tf
+
+    read = getattr(table, "read_value_no_copy", None)
+    return tf.identity(read() if read is not None else table)
+
+
+def check_fast_path(fn, what, *args):
+    """Refuse to time a 'fast path' that TF did not take (a TF change could
+    silently bring its Unique back). args: what to trace `fn` with, if it has
+    no input signature."""
+    ops = {op.type for op in fn.get_concrete_function(*args).graph.get_operations()}
+    if "Unique" in ops:
+        raise RuntimeError(f"{what}: tf.nn did not take its fast path (the graph has a Unique op)")
+    return fn
+
+
 def timed_entry(case, fns, cfg, nbytes, copy, rtol=1e-5, atol=1e-5, native_paths=None,
                 bytes_counted=POOLED_BYTES):
     """Checks every callable of `fns` against fns["fused"], then times them all: one case's record.

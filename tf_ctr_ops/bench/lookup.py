@@ -23,7 +23,7 @@ from tf_ctr_ops.bench.harness import (call_s, check_agreement, core_or_none, est
                                       host_table_copies, make_bags, measure_copy_bandwidth, memory_shortfall,
                                       progress, progress_label, random_table, shape_fields, si, skip_table_group,
                                       suite, table_build_s, targets_at_headline, time_interleaved, timed_entry,
-                                      twin_tables)
+                                      twin_tables, NATIVE_PATHS, check_fast_path, tf_fast_path_table)  # noqa: F401
 from tf_ctr_ops.bench.report import fmt_t, print_copy, print_table, print_targets
 
 LOOKUP_TARGETS = {  # series -> (label, minimum fused speedup over native), at the headline shape
@@ -45,11 +45,6 @@ class LookupCase:
     extra: dict = dataclasses.field(default_factory=dict)  # more fused variants, timed beside
 
 
-# TF 2.21's two native paths for an unweighted lookup of one table: with
-# allow_fast_lookup it gathers rows per id with no Unique (and its gradient is
-# dense over the table); without, it may take the Unique + Gather path. Every
-# case is timed against both and compared with the faster.
-NATIVE_PATHS = {"native_unique": "allow_fast_lookup=False", "native_fast": "allow_fast_lookup=True"}
 SHARDS = 4
 
 
@@ -87,14 +82,18 @@ def _lookup_graphs(cfg, fused_table, native_table, tensor_table, vocab, shards):
                 return fn(x)
         return on_device
 
-    def natives(lookup, spec):
-        """The native tf.functions of `lookup(x, allow_fast_lookup)`, one per path."""
-        return {key: (label, graph(lambda x, fast=(key == "native_fast"): lookup(x, fast), spec))
-                for key, label in NATIVE_PATHS.items()}
+    def natives(lookup, spec, one_table=True):
+        """The native tf.functions of `lookup(x, allow_fast_lookup)`, one per path;
+        with one table, the fast one checked to be TF's fast path."""
+        out = {key: (label, graph(lambda x, fast=(key == "native_fast"): lookup(x, fast), spec))
+               for key, label in NATIVE_PATHS.items()}
+        if one_table:
+            check_fast_path(out["native_fast"][1], "native_fast")
+        return out
 
     def native_sparse(table):
-        return lambda sp, fast: tf.nn.embedding_lookup_sparse(table, sp, None, combiner="mean",
-                                                                allow_fast_lookup=fast)
+        return lambda sp, fast: tf.nn.embedding_lookup_sparse(tf_fast_path_table(table) if fast else table, sp,
+                                                                None, combiner="mean", allow_fast_lookup=fast)
 
     def native_safe(tables):
         return lambda sp, fast: tf.nn.safe_embedding_lookup_sparse(tables, sp, None, combiner="mean",
@@ -110,15 +109,18 @@ def _lookup_graphs(cfg, fused_table, native_table, tensor_table, vocab, shards):
         def run(x, *args):
             with tf.GradientTape() as tape:
                 out = lookup(x, *args)
-            return _grad_digest(tape.gradient(out, table))
+            grad = tape.gradient(out, table)
+            if isinstance(grad, tf.Tensor):  # TF's fast path: dense over the table
+                grad = tf.IndexedSlices(grad, tf.range(tf.shape(grad)[0]))
+            return _grad_digest(grad)
         return run
 
     def fused_per_id(sp):  # the fused lookup, its gradient left with one row per id
         return tco_ops._lookup(tco_ops.read_table(fused_table), sp.values, sp.indices[:, 0], -1, None,
                                segment_kind="row_ids", combiner="mean", grad_indices="per_id")
 
-    native_tensor = (graph(lambda sp: native_sparse(tensor_table)(sp, True), sparse_spec)
-                     if tensor_table is not None else None)
+    native_tensor = (check_fast_path(graph(lambda sp: native_sparse(tensor_table)(sp, True), sparse_spec),
+                                     "native_tensor") if tensor_table is not None else None)
     return [
         LookupCase("lookup", "sparse",
                    graph(lambda sp: tco.embedding_lookup_sparse(fused_table, sp, None, combiner="mean"),
@@ -143,7 +145,7 @@ def _lookup_graphs(cfg, fused_table, native_table, tensor_table, vocab, shards):
         LookupCase("sharded", "sparse",
                    graph(lambda sp: tco.safe_embedding_lookup_sparse(shards[0], sp, None, combiner="mean"),
                          sparse_spec),
-                   natives(native_safe(shards[1]), sparse_spec),
+                   natives(native_safe(shards[1]), sparse_spec, one_table=False),
                    f"tco.safe_embedding_lookup_sparse ({SHARDS} shards)",
                    f"tf.nn.safe_embedding_lookup_sparse ({SHARDS} shards)", None),
     ]
@@ -296,7 +298,7 @@ def print_lookup(result):
               "tf_ctr_ops._core on the NumPy data, no TF; TF ovh = fused - core; native_tensor "
               "(headline only) = tf.nn on a plain Tensor table, TF's fast path (no Unique, no "
               "ResourceGather), and the fused speedup over it")
-        print("native = the faster of tf.nn's two paths on a Variable table, both timed: "
+        print("native = the faster of tf.nn's two paths of a Variable table, both timed: "
               + ", ".join(f"{k} = {v}" for k, v in NATIVE_PATHS.items()) + "; compared with: "
               + ", ".join(f"{c['case']} {c['native_path']}" for c in result["cases"] if "native_path" in c))
         print("grad = forward + params gradient of the sum of the outputs; fused_per_id = the same fused "

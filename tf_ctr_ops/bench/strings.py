@@ -2,9 +2,11 @@
 
 string: `string_embedding` on strings of delimited ids ("12,7,993") against the
         composition it replaces, tf.strings.split -> to_number(int64) or
-        to_hash_bucket_fast -> tf.nn.embedding_lookup_sparse(sqrtn).
+        to_hash_bucket_fast -> tf.nn.embedding_lookup_sparse(sqrtn), on the
+        faster of tf.nn's two paths (harness.NATIVE_PATHS).
 multi:  `multi_string_embedding` over 20 string features against 20 separate
-        compositions, and against 20 separate `string_embedding` calls.
+        compositions (the faster of tf.nn's two paths), and against 20 separate
+        `string_embedding` calls.
 
 Both sides run as tf.functions in one process on the same strings, and their
 outputs must agree before anything is timed. Both take host strings: on GPU the
@@ -19,10 +21,11 @@ import time
 
 import numpy as np
 
-from tf_ctr_ops.bench.harness import (call_s, core_or_none, estimate_case_s, group_by_table, host_table_copies,
-                                      make_bags, measure_copy_bandwidth, memory_shortfall, progress, progress_label,
-                                      random_table, shape_fields, si, skip_note, skip_table_group, suite,
-                                      table_build_s, targets_at_headline, timed_entry, twin_tables)
+from tf_ctr_ops.bench.harness import (NATIVE_PATHS, call_s, check_fast_path, core_or_none, estimate_case_s,
+                                      group_by_table, host_table_copies, make_bags, measure_copy_bandwidth,
+                                      memory_shortfall, progress, progress_label, random_table, shape_fields, si,
+                                      skip_note, skip_table_group, suite, table_build_s, targets_at_headline,
+                                      tf_fast_path_table, timed_entry, twin_tables)
 from tf_ctr_ops.bench.report import print_copy, print_table, print_targets
 
 STRING_TARGETS = {  # series -> (label, minimum fused speedup over native), at the headline shape
@@ -40,13 +43,16 @@ def id_strings(ids, offsets, delimiter=","):
                     dtype=object)
 
 
-def _composition(tf, table, strings, id_mode, vocab):
+def _composition(tf, table, strings, id_mode, vocab, fast=False):
+    """split + to_number / to_hash_bucket_fast + tf.nn's lookup; fast: on its
+    fast path (see lookup.NATIVE_PATHS)."""
     tokens = tf.strings.split(strings, ",")
     if id_mode == "index":
         ids = tf.strings.to_number(tokens, tf.int64)
     else:
         ids = tf.strings.to_hash_bucket_fast(tokens, vocab)
-    return tf.nn.embedding_lookup_sparse(table, ids.to_sparse(), None, combiner="sqrtn")
+    return tf.nn.embedding_lookup_sparse(tf_fast_path_table(table) if fast else table, ids.to_sparse(), None,
+                                         combiner="sqrtn", allow_fast_lookup=fast)
 
 
 def _string_call_s(shape):
@@ -96,7 +102,7 @@ def string_suite(cfg):
 
 
 def _string_graphs(cfg, fused_table, native_table, vocab):
-    """{id_mode: (fused, native)} tf.functions over host string vectors."""
+    """{id_mode: (fused, {native path: native})} tf.functions over host string vectors."""
     import tensorflow as tf
 
     import tf_ctr_ops as tco
@@ -109,12 +115,16 @@ def _string_graphs(cfg, fused_table, native_table, vocab):
             with tf.device(cfg.device):
                 return tco.string_embedding(x, fused_table, combiner="sqrtn", id_mode=m)
 
-        @tf.function(input_signature=spec)
-        def native(x, m=id_mode):
-            with tf.device(cfg.device):
-                return _composition(tf, native_table, x, m, vocab)
+        def native(fast, m=id_mode):
+            @tf.function(input_signature=spec)
+            def run(x):
+                with tf.device(cfg.device):
+                    return _composition(tf, native_table, x, m, vocab, fast)
+            return run
 
-        graphs[id_mode] = (fused, native)
+        natives = {key: native(key == "native_fast") for key in NATIVE_PATHS}
+        check_fast_path(natives["native_fast"], f"string/{id_mode} native_fast")
+        graphs[id_mode] = (fused, natives)
     return graphs
 
 
@@ -129,13 +139,15 @@ def _string_cases(cfg, shape, graphs, params, rng, copy):
     data, splits = (t.numpy() for t in tco.pack_strings(s))
     nbytes = (bags["nnz"] + shape.batch) * shape.dim * 4
     cases = []
-    for id_mode, (fused, native) in graphs.items():
-        fns = {"fused": lambda f=fused: f(s).numpy(), "native": lambda f=native: f(s).numpy()}
+    for id_mode, (fused, natives) in graphs.items():
+        fns = {"fused": lambda f=fused: f(s).numpy(),
+               **{key: lambda f=native: f(s).numpy() for key, native in natives.items()}}
         core = core_or_none(cfg, lambda m=id_mode: _core.string_embedding(params, data, splits, combiner="sqrtn",
                                                                            id_mode=m))
         if core is not None:
             fns["core"] = core
-        entry = timed_entry(f"string/{id_mode}/{shape.dist}", fns, cfg, nbytes, copy, rtol=1e-4, atol=1e-5)
+        entry = timed_entry(f"string/{id_mode}/{shape.dist}", fns, cfg, nbytes, copy, rtol=1e-4, atol=1e-5,
+                            native_paths=NATIVE_PATHS)
         entry.update({"series": f"string/{id_mode}", "id_mode": id_mode, "nnz": bags["nnz"],
                       "bytes_packed": int(len(data)), **shape_fields(shape)})
         cases.append(entry)
@@ -222,10 +234,12 @@ def _multi_cases(cfg, shape, features, rng, copy):
         with tf.device(dev):
             return [tco.string_embedding(x, t, combiner="sqrtn", id_mode="index") for x, t in zip(xs, tables)]
 
-    @tf.function
-    def native(*xs):
-        with tf.device(dev):
-            return [_composition(tf, t, x, "index", V) for x, t in zip(xs, native_tables)]
+    def native(fast):
+        @tf.function
+        def run(*xs):
+            with tf.device(dev):
+                return [_composition(tf, t, x, "index", V, fast) for x, t in zip(xs, native_tables)]
+        return run
 
     def stacked(fn):
         return lambda: np.concatenate([o.numpy() for o in fn(*feats)], axis=1)
@@ -244,20 +258,31 @@ def _multi_cases(cfg, shape, features, rng, copy):
             return tf.concat(tco.multi_string_embedding(list(xs), tables, combiners="sqrtn", id_modes="index"),
                              axis=1)
 
-    @tf.function
-    def native_concat(*xs):
-        with tf.device(dev):
-            return tf.concat([_composition(tf, t, x, "index", V) for x, t in zip(xs, native_tables)], axis=1)
+    def native_concat(fast):
+        @tf.function
+        def run(*xs):
+            with tf.device(dev):
+                return tf.concat([_composition(tf, t, x, "index", V, fast) for x, t in zip(xs, native_tables)],
+                                 axis=1)
+        return run
+
+    def natives(build):
+        out = {key: build(key == "native_fast") for key in NATIVE_PATHS}
+        check_fast_path(out["native_fast"], f"multi/{features}x native_fast", *feats)
+        return out
 
     nbytes = (nnz + features * shape.batch) * D * 4
-    fns = {"fused": stacked(fused), "native": stacked(native), "singles": stacked(singles)}
-    entry = timed_entry(f"multi/{features}x/{shape.dist}", fns, cfg, nbytes, copy, rtol=1e-4, atol=1e-5)
+    fns = {"fused": stacked(fused), **{k: stacked(fn) for k, fn in natives(native).items()},
+           "singles": stacked(singles)}
+    entry = timed_entry(f"multi/{features}x/{shape.dist}", fns, cfg, nbytes, copy, rtol=1e-4, atol=1e-5,
+                        native_paths=NATIVE_PATHS)
     entry.update({"series": f"multi/{features}x", "features": features, "nnz": nnz, **shape_fields(shape),
                   "speedup_vs_singles": entry["singles"]["median_ms"] / entry["fused"]["median_ms"]})
-    concat_fns = {"fused": lambda: fused_concat(*feats).numpy(), "native": lambda: native_concat(*feats).numpy(),
+    concat_fns = {"fused": lambda: fused_concat(*feats).numpy(),
+                  **{k: lambda fn=fn: fn(*feats).numpy() for k, fn in natives(native_concat).items()},
                   "grouped": lambda: grouped_then_concat(*feats).numpy()}
     concat = timed_entry(f"multi/{features}x/concat/{shape.dist}", concat_fns, cfg, nbytes, copy,
-                         rtol=1e-4, atol=1e-5)
+                         rtol=1e-4, atol=1e-5, native_paths=NATIVE_PATHS)
     concat.update({"series": f"multi/{features}x/concat", "features": features, "nnz": nnz, **shape_fields(shape),
                    "speedup_vs_grouped": concat["grouped"]["median_ms"] / concat["fused"]["median_ms"]})
     return [entry, concat]
