@@ -651,7 +651,9 @@ def test_a_training_step_with_a_wrong_update_is_a_mismatch(monkeypatch):
 
 @pytest.mark.parametrize("speedup, need, text", [(2.4996, 2.5, "2.49x"), (2.49996, 2.5, "2.49x"),
                                                   (0.99995, 1.0, "0.99x"), (0.29, 1.0, "0.29x"), (2.5, 2.5, "2.50x"),
-                                                  (2.4949, 2.5, "2.49x"), (3.731, 2.5, "3.73x")])
+                                                  (2.4949, 2.5, "2.49x"), (3.731, 2.5, "3.73x"),
+                                                  # far from the target: as the table rounds it
+                                                  (1.0259, 3.0, "1.03x"), (5.937, 6.0, "5.94x")])
 def test_a_missed_target_is_never_printed_rounded_up_to_it(speedup, need, text):
     from tf_ctr_ops.bench.report import speedup_text
 

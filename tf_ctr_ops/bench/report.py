@@ -61,9 +61,9 @@ def print_table(result):
 def speedup_text(speedup, need):
     """A speedup as "2.49x": two decimals, cut rather than rounded where a
     missed target would round up to it ("2.50x NOT MET" for 2.4996)."""
-    if speedup < need:
+    if speedup < need and float(f"{speedup:.2f}") >= need:
         return f"{math.floor(round(speedup * 100, 6)) / 100:.2f}x"  # round first: 0.29 * 100 is 28.999...
-    return f"{speedup:.2f}x"
+    return f"{speedup:.2f}x"  # as the table prints it
 
 
 def print_targets(result):
