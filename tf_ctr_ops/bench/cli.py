@@ -82,8 +82,8 @@ def parse_args(argv=None, prog="python -m tf_ctr_ops.bench"):
                                                f"(headline {d.max_len})")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--runs", type=_positive_int, default=None,
-                   help=f"max timed calls per callable (default {d.runs}; at least {d.min_runs}, else "
-                        f"~{d.budget_s:g} s per callable)")
+                   help=f"timed calls per callable, rounded up to whole interleaved blocks of {d.block} "
+                        f"(default {d.runs}; at least {d.min_runs}, else ~{d.budget_s:g} s per callable)")
     p.add_argument("--copy-mb", type=_positive_int, default=None, help=f"copy-probe array size (default {d.copy_mb})")
     p.add_argument("--model", choices=models.MODELS, default="",
                    help="rewrite suite: a real model style instead of its Criteo model (see tf_ctr_ops/bench/models.py)")
