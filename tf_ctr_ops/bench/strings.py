@@ -97,6 +97,8 @@ def string_suite(cfg):
     result = {"suite": "string", "config": dataclasses.asdict(cfg), "copy_bandwidth": copy, "cases": cases,
               "targets": targets_at_headline(cases, STRING_TARGETS), "skipped": skipped}
     print_table(result)
+    print("core = tf_ctr_ops._core on strings packed beforehand; TF ovh = fused - core, so it also holds the "
+          "fused call's packing of the strings")
     print_targets(result)
     return result
 
