@@ -613,14 +613,19 @@ def test_v2_signatures_take_allow_fast_lookup_and_name(rng):
 
 
 @pytest.mark.parametrize("v1", [False, True])
-def test_the_output_is_named_as_tfs(v1):
+@pytest.mark.parametrize("table", ["one", "list", "partitioned"])
+def test_the_output_is_named_as_tfs(v1, table):
     # TF1 graphs fetch embedding_lookup_sparse's output by the name given
-    # (`foo:0`); ours was the fused op's inside the scope.
+    # (`foo:0`); ours was the fused op's inside the scope (a table in shards:
+    # its concat's, foo/concat_1:0).
     names = []
     for module in ((tf.compat.v1.nn, tco.compat.v1) if v1 else (tf.nn, tco)):
         with tf.Graph().as_default():
+            params = {"one": lambda: tf.ones([5, 2]), "list": lambda: [tf.ones([3, 2]), tf.ones([2, 2])],
+                      "partitioned": lambda: tf.compat.v1.get_variable(
+                          "t", [5, 2], partitioner=tf.compat.v1.fixed_size_partitioner(2))}[table]()
             ids = tf.compat.v1.sparse_placeholder(tf.int64, shape=[None, None])
-            names.append(module.embedding_lookup_sparse(tf.ones([5, 2]), ids, None, name="foo").name)
+            names.append(module.embedding_lookup_sparse(params, ids, None, name="foo").name)
     assert names == ["foo:0", "foo:0"]
 
 

@@ -600,15 +600,15 @@ def _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, nam
     with tf.name_scope(name or "embedding_lookup_sparse") as scope:
         shards = sharded_variables(params)
         if shards is not None:
-            return _sharded_lookup(shards, bags, combiner=combiner, max_norm=max_norm,
-                                   grad_indices=_DROP_IN_GRAD_INDICES)
+            return tf.identity(_sharded_lookup(shards, bags, combiner=combiner, max_norm=max_norm,
+                                               grad_indices=_DROP_IN_GRAD_INDICES), name=scope)
         shards = _shard_list(params)
         if not shards:
             raise ValueError("Need at least one param")
         separate = separate_shards(shards)
         if separate is not None:
-            return _sharded_lookup(separate, bags, strategy=partition_strategy, combiner=combiner,
-                                   max_norm=max_norm, grad_indices=_DROP_IN_GRAD_INDICES)
+            return tf.identity(_sharded_lookup(separate, bags, strategy=partition_strategy, combiner=combiner,
+                                               max_norm=max_norm, grad_indices=_DROP_IN_GRAD_INDICES), name=scope)
         parts = [_read_shard(p, in_place=len(shards) == 1) for p in shards]
         _check_shards(parts)
         merged = _MergedShards(parts, partition_strategy)
