@@ -14,7 +14,7 @@ from conftest import fresh_process_env
 
 from tf_ctr_ops import bench
 from tf_ctr_ops.bench import harness
-from tf_ctr_ops.bench.lookup import NATIVE_PATHS
+from tf_ctr_ops.bench.lookup import NATIVE_PATHS, SHARDED_NATIVE_PATH
 
 TINY = ["--quick", "--batch", "32", "--vocab", "500", "--dim", "8", "--max-len", "9", "--copy-mb", "4"]
 
@@ -68,21 +68,23 @@ def test_lookup_suite_quick(tmp_path):
                           for d in ("zipf", "uniform")}
     for c in cases.values():
         assert 32 <= c["nnz"] <= 32 * 9
-        sides = ("fused", "native", "native_unique", "native_fast") + (
-            () if c["kind"] in ("grad", "sharded") else ("core",))
+        # A table in shards has no fast path in TF: one native side, named so.
+        paths = ("native_unique",) if c["kind"] == "sharded" else ("native_unique", "native_fast")
+        sides = ("fused", "native") + paths + (() if c["kind"] in ("grad", "sharded") else ("core",))
+        assert ("native_fast" in c) == (c["kind"] != "sharded")
         for side in sides:
             t = c[side]
             assert t["runs"] >= 1
             assert 0 < t["p10_ms"] <= t["median_ms"] <= t["p90_ms"]
             assert _positive_finite(c["GBps"][side])
         # native is the faster of TF's two paths, and the case says which it was.
-        fastest = min(("native_unique", "native_fast"), key=lambda k: c[k]["median_ms"])
+        fastest = min(paths, key=lambda k: c[k]["median_ms"])
         assert c["native"] == c[fastest]
-        assert c["native_path"] == NATIVE_PATHS[fastest]
+        assert c["native_path"] == (SHARDED_NATIVE_PATH if c["kind"] == "sharded" else NATIVE_PATHS[fastest])
         assert _positive_finite(c["speedup"])
         assert _positive_finite(c["frac_copy"])
         # The suite checked agreement before timing; the recorded errors say so.
-        assert set(c["max_abs_err"]) >= {"native", "native_unique", "native_fast"} | set(sides[4:])
+        assert set(c["max_abs_err"]) >= {"native", *paths} | set(sides[2 + len(paths):])
         assert all(0 <= e <= (1e-4 if c["kind"] == "grad" else 1e-5) for e in c["max_abs_err"].values())
     # The gradient case times the fused gradient with and without TF's unique indices.
     for d in ("zipf", "uniform"):

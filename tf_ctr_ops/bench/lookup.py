@@ -46,6 +46,7 @@ class LookupCase:
 
 
 SHARDS = 4
+SHARDED_NATIVE_PATH = "Unique + Gather per shard (TF has no fast path for a table in shards)"
 
 
 def _grad_digest(grad, buckets=1024):
@@ -83,12 +84,14 @@ def _lookup_graphs(cfg, fused_table, native_table, tensor_table, vocab, shards):
         return on_device
 
     def natives(lookup, spec, one_table=True):
-        """The native tf.functions of `lookup(x, allow_fast_lookup)`, one per path;
-        with one table, the fast one checked to be TF's fast path."""
+        """The native tf.functions of `lookup(x, allow_fast_lookup)`, one per path,
+        the fast one checked to be TF's fast path; a table in shards has only
+        the Unique path (TF's fast path takes one table)."""
+        if not one_table:
+            return {"native_unique": (SHARDED_NATIVE_PATH, graph(lambda x: lookup(x, False), spec))}
         out = {key: (label, graph(lambda x, fast=(key == "native_fast"): lookup(x, fast), spec))
                for key, label in NATIVE_PATHS.items()}
-        if one_table:
-            check_fast_path(out["native_fast"][1], "native_fast")
+        check_fast_path(out["native_fast"][1], "native_fast")
         return out
 
     def native_sparse(table):
