@@ -1085,7 +1085,7 @@ def test_a_negative_dense_shape_is_an_error_as_in_tf(dense_shape):
 
 def test_clear_errors_for_ids_of_the_wrong_kind():
     table = tf.reshape(tf.range(15.0), [5, 3])
-    with pytest.raises(TypeError, match="sparse_embedding takes integer ids, got strings"):
+    with pytest.raises(TypeError, match="sparse_embedding.s ids must hold integer ids, got strings: hash_embedding"):
         tco.sparse_embedding(table, tf.ragged.constant([["1"]]))
     with pytest.raises(TypeError, match="ids must be a dense \\[B, L\\] matrix .* got a RaggedTensor in block 0"):
         tco.multi_hot_dense([(tf.ragged.constant([[1, 2], []], tf.int64), 5)], tf.ones([5, 2]))

@@ -578,19 +578,19 @@ def _lookup_sparse_bags(sp_ids, sp_weights):
     return _Bags(sp_ids.values, sp_ids.indices[:, 0], -1, "row_ids", _sparse_weights_values(sp_ids, sp_weights))
 
 
-def _drop_in_ids(bags, argument):
-    """The drop-ins' ids are rows: strings are refused before the kernel,
-    whose message is about its id_mode, an argument the drop-ins lack."""
+def _integer_ids(bags, argument, fix="hash string keys with tf_ctr_ops.hash_embedding "
+                 "(or tf.strings.to_hash_bucket_fast)"):
+    """Bags whose ids index rows: strings are refused before the kernel,
+    whose message is about its id_mode, an argument these functions lack."""
     if bags.ids.dtype == tf.string:
-        raise TypeError(f"{argument} must hold integer ids, got strings: hash string keys with "
-                        f"tf_ctr_ops.hash_embedding (or tf.strings.to_hash_bucket_fast)")
+        raise TypeError(f"{argument} must hold integer ids, got strings: {fix}")
     return bags
 
 
 def _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, name, combiner, max_norm,
                              allow_fast_lookup=False):
     combiner = check_combiner(combiner or "mean")
-    bags = _drop_in_ids(_lookup_sparse_bags(sp_ids, sp_weights), "sp_ids")
+    bags = _integer_ids(_lookup_sparse_bags(sp_ids, sp_weights), "sp_ids")
     table = _single_table(params)
     # TF converts a lone table that is neither a tensor nor a composite one (a
     # TF1 RefVariable) to a tensor.
@@ -718,7 +718,7 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
             bags, lead = _safe_sparse_bags(sparse_ids, sparse_weights, combiner != "sum")
         else:
             raise TypeError(f"sparse_ids must be a SparseTensor or a RaggedTensor, got {type(sparse_ids).__name__}")
-        _drop_in_ids(bags, "sparse_ids")
+        _integer_ids(bags, "sparse_ids")
         weighted = bags.weights is not None
         table = _single_table(embedding_weights)
         # TF keeps a resource variable of the weights' dtype; any other table it converts to a tensor.
@@ -901,10 +901,9 @@ def sparse_embedding(params, ids, weights=None, combiner="mean", max_norm=None, 
     with tf.name_scope(name or "sparse_embedding"):
         if not isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
             ids = tf.convert_to_tensor(ids)  # a list or an array of dense [B, N] ids
-        bags = _bags_from_container(ids, weights, -1)
-        if bags.ids.dtype == tf.string:
-            raise TypeError("sparse_embedding takes integer ids, got strings: hash_embedding hashes string keys "
-                            "into rows, vocab_embedding looks them up in a vocabulary")
+        bags = _integer_ids(_bags_from_container(ids, weights, -1), "sparse_embedding's ids",
+                            fix="hash_embedding hashes string keys into rows, vocab_embedding looks them up "
+                            "in a vocabulary")
         attrs = dict(combiner=combiner, invalid_ids="skip_padding", max_norm=max_norm)
         shards = gathered_shards(params)
         if shards is not None:
