@@ -380,6 +380,19 @@ def test_a_relative_report_file_is_written_where_it_was_named(rng, table, tmp_pa
     assert rewrite.read_report(str(tmp_path / "deep" / "r.jsonl"))["match"]
 
 
+def test_reading_a_report_that_was_never_written_is_an_error(rng, table, tmp_path):
+    # It read as an empty report: "nothing fused" for a mistyped path.
+    path = str(tmp_path / "r.jsonl")
+    f = tf.function(lambda sp: tf.nn.embedding_lookup_sparse(table, sp, None))
+    with rewrite.enable(report_file=path):
+        with pytest.raises(FileNotFoundError, match="no rewrite report at .*r.jsonl: no graph was optimized"):
+            rewrite.read_report(path)  # defined, not yet called: nothing optimized
+        f(random_sparse_ids(rng))
+    assert rewrite.read_report(path)["match"]
+    with pytest.raises(FileNotFoundError, match="or the path is wrong"):
+        rewrite.read_report(str(tmp_path / "r.json"))
+
+
 def test_options_that_would_silently_do_nothing_are_errors(tmp_path):
     # A report in a missing folder was dropped unseen; a config without the
     # meta optimizer never ran the pass.

@@ -279,6 +279,11 @@ def fusion_stats():
 def read_report(path):
     """The JSON-lines report the optimizer appends to: matches, skips, graphs.
 
+    Raises FileNotFoundError when there is no file at `path`: the optimizer
+    writes one record per graph it runs on, so a missing report is a wrong
+    path, or a report file no optimized graph has used yet (a tf.function is
+    optimized when it is first called, not when it is defined).
+
     Each match and skip record gets the id of its graph ("graph": the
     function's name, or the id given to an offline run). A graph optimized
     twice (Grappler's passes) has one "graph" record and its identical skip
@@ -287,6 +292,15 @@ def read_report(path):
     skip of a fused node stays: it says why a later pattern, grouping say,
     left the fused op as it was.)
     """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no rewrite report at {path}: no graph was optimized with this report file yet "
+                                "(a tf.function is optimized when first called), or the path is wrong")
+    return _read_records(path)
+
+
+def _read_records(path):
+    """read_report's records; none for a missing file (an offline run of a
+    graph Grappler found too small to optimize writes none)."""
     records = {"match": [], "skip": [], "graph": []}
     seen_skips = set()
     pending = []  # a graph's records come before its "graph" record
@@ -448,7 +462,7 @@ def _optimize_graph_def(graph_def, fetches, handle_shapes, serving_device, disab
         config = _add_fusion_optimizer(config_pb2.ConfigProto(), report_file=report_file, only=True,
                                        serving_device=serving_device, disabled_patterns=disabled_patterns)
         optimized = _run_offline_driver(graph_def, fetches, config.graph_options.rewrite_options.custom_optimizers[0])
-        report = read_report(report_file)
+        report = _read_records(report_file)
     _add_unfused_feature_records(report, optimized)
     return optimized, report
 
@@ -606,7 +620,7 @@ def optimize_meta_graph(meta_graph, serving_device=None, disabled_patterns=()):
         config = _add_fusion_optimizer(config_pb2.ConfigProto(), report_file=report_file, only=True,
                                        serving_device=serving_device, disabled_patterns=disabled_patterns)
         optimized = tf_optimizer.OptimizeGraph(config, meta, graph_id=_MAIN_GRAPH_ID.encode())
-        report = read_report(report_file)
+        report = _read_records(report_file)
     _add_unfused_feature_records(report, optimized)
     return optimized, report
 
