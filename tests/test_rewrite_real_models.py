@@ -1582,6 +1582,9 @@ def test_a_function_xla_compiles_keeps_its_ops_and_costs_no_pattern_elsewhere(tm
     assert sig.outputs_match
     assert [m["pattern"] for m in sig.matches] == ["dense_reduce_lookup"], sig.matches
     assert not [s for s in sig.skips if s["reason"].startswith("dropped")], sig.skips
+    # ... and the report says why it was left alone (it said nothing).
+    xla = [s for s in sig.skips if "compiled by XLA (jit_compile=True)" in s["reason"]]
+    assert len(xla) == 1 and xla[0]["op"] in ("GatherV2", "ResourceGather"), sig.skips
     ids = {"ids": np.array([[1, 2, 59], [0, 0, 7]], np.int64)}
     got = serve_in_fresh_process(tmp_path / "dst", "serving_default", ids, tmp_path)
     want = outputs_of(tmp_path / "src", ids)

@@ -530,9 +530,13 @@ def _unfused_feature_records(graph_def):
     it calls, each under its graph's id as the optimizer's records are (two
     functions may hold nodes of one name)."""
     records = []
-    graphs = [(_MAIN_GRAPH_ID, list(graph_def.node))] + [(f.signature.name, list(f.node_def))
-                                                         for f in reachable_functions(graph_def)]
+    functions = reachable_functions(graph_def)
+    graphs = [(_MAIN_GRAPH_ID, list(graph_def.node))] + [(f.signature.name, list(f.node_def)) for f in functions]
+    compiled = _compiled_by_xla(functions)
     for graph, nodes in graphs:
+        if graph in compiled:
+            records.extend(_xla_function_record(graph, nodes))
+            continue
         forms, row_lengths = _keras_lookup_forms(nodes), _row_length_bincounts(nodes)
         for n in nodes:
             if n.op in _UNFUSED_FEATURE_OPS and n.name not in row_lengths:
@@ -540,6 +544,41 @@ def _unfused_feature_records(graph_def):
                 records.append({"pattern": "-", "node": n.name, "op": n.op, "reason": f"{n.op} stays TF's ({why})",
                                 "graph": graph})
     return records
+
+
+# Ops of the subgraphs the patterns fuse, beside the feature ops: a function
+# XLA compiles that holds one gets a record saying why it was left alone.
+_LOOKUP_OPS = {"ResourceGather", "GatherV2", "SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN",
+               "SparseSegmentSumWithNumSegments", "SparseSegmentMeanWithNumSegments",
+               "SparseSegmentSqrtNWithNumSegments", "StringSplitV2", "StringToNumber"}
+
+
+def _compiled_by_xla(functions):
+    """Names of the functions XLA compiles (tf.function(jit_compile=True))
+    and of those they call: the rewrite leaves them alone (offline_rewrite.cc's
+    CompiledByXla), since the fused ops have no XLA kernels."""
+    by_name = {f.signature.name: f for f in functions}
+    todo = [name for name, f in by_name.items()
+            if "_XlaMustCompile" in f.attr and f.attr["_XlaMustCompile"].b]
+    compiled = set()
+    while todo:
+        name = todo.pop()
+        if name in compiled or name not in by_name:
+            continue
+        compiled.add(name)
+        todo.extend(_called_functions(by_name[name].node_def, set(by_name)))
+    return compiled
+
+
+def _xla_function_record(graph, nodes):
+    """One record for a function XLA compiles, at its first op a pattern
+    could fuse (none when it has no such op)."""
+    for n in nodes:
+        if n.op in _UNFUSED_FEATURE_OPS or n.op in _LOOKUP_OPS:
+            return [{"pattern": "-", "node": n.name, "op": n.op, "graph": graph,
+                     "reason": f"{graph} is compiled by XLA (jit_compile=True) and the fused ops have no XLA "
+                               "kernels, so its ops stay TF's: serve it without jit_compile to fuse it"}]
+    return []
 
 
 _MASKED_FIND = (", with a mask_token: its ids go through SelectV2(Equal(keys, mask), mask id, ids), which only "
