@@ -98,6 +98,8 @@ def test_lookup_suite_quick(tmp_path):
 
     cor = res["copy_on_read"]
     assert _positive_finite(cor["fused_copy_on_read"]["median_ms"]) and _positive_finite(cor["copy_cost_ms"])
+    # A ratio of the probe's own two timings, not of a native time from another run.
+    assert cor["time_ratio"] == cor["fused_copy_on_read"]["median_ms"] / cor["fused"]["median_ms"]
 
     loaded = json.loads(out.read_text())
     assert loaded["suites"]["lookup"]["cases"][0]["case"] == res["cases"][0]["case"]

@@ -288,7 +288,8 @@ def copy_on_read_probe(cfg, params, fused_lookup, sp, reference_case, copy_GBps)
     extra = t["fused_copy_on_read"]["median_ms"] - t["fused"]["median_ms"]
     out = {"case": "lookup/zipf", "shape": reference_case["shape"], "table_MiB": params.nbytes / 2**20, **t,
            "extra_ms": extra, "copy_cost_ms": 2 * params.nbytes / (copy_GBps * 1e9) * 1e3,
-           "speedup_vs_native": reference_case["native"]["median_ms"] / t["fused_copy_on_read"]["median_ms"]}
+           # Of this run's two timings only: the native lookup was timed in another run.
+           "time_ratio": t["fused_copy_on_read"]["median_ms"] / t["fused"]["median_ms"]}
     del cor_table
     return out
 
@@ -312,6 +313,6 @@ def print_lookup(result):
         print(f"copy-on-read check: fused lookup/zipf on a Variable in copy-on-read mode (as after any "
               f"sparse read or sparse optimizer update of it): {fmt_t(cor['fused_copy_on_read'])} ms vs "
               f"{fmt_t(cor['fused'])} ms, {cor['extra_ms']:+.2f} ms per call (copying the "
-              f"{cor['table_MiB']:.0f} MiB table would cost ~{cor['copy_cost_ms']:.1f} ms); speedup over "
-              f"native there: {cor['speedup_vs_native']:.2f}x")
+              f"{cor['table_MiB']:.0f} MiB table would cost ~{cor['copy_cost_ms']:.1f} ms), "
+              f"{cor['time_ratio']:.2f}x the time of the plain one")
     print_targets(result)
