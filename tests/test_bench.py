@@ -410,6 +410,21 @@ def test_markdown_gbps_legend_names_what_each_case_counts(tiny_run):
                                            "16 bytes a key for table/find-zipf; 3 x rows for table/train-step-zipf")
 
 
+def test_markdown_of_whole_model_timings_has_no_empty_bandwidth_legend(tiny_run):
+    # The rewrite suite counts no bytes and probes no copy; its legend read
+    # "GB/s = ... / fused time; copy bandwidth (...): ." all the same.
+    from tf_ctr_ops.bench import report
+
+    results, _ = tiny_run
+    case = {"case": "rewrite/batch1024", "shape": "B=1024", "fused": {"median_ms": 1.0},
+            "native": {"median_ms": 3.0}, "speedup": 3.0}
+    text = report.markdown({**results, "suites": {"rewrite": {"cases": [case]}}})
+    legend = next(ln for ln in text.splitlines() if ln.startswith("Medians"))
+    assert legend == "Medians of repeated calls.", legend
+    text = report.markdown(results)
+    assert "; copy bandwidth (GB/s, read + write, measured in the same run): lookup " in text
+
+
 def test_plot_writes_a_png(tiny_run):
     if not _have_matplotlib():
         pytest.skip("matplotlib is not installed (the optional 'plot' extra)")
