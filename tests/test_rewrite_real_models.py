@@ -1592,6 +1592,53 @@ def test_a_function_xla_compiles_keeps_its_ops_and_costs_no_pattern_elsewhere(tm
         np.testing.assert_array_equal(got[key], want[key])
 
 
+def test_lookups_no_pattern_takes_are_reported_with_their_reason(tmp_path):
+    """Each of these printed "0 fused, 0 left alone": a pooling of gathered
+    rows of a form no pattern takes, and the legacy string hash, were left
+    without a word, though the docs promise each its reason."""
+    table = tf.Variable(np.arange(200, dtype=np.float32).reshape(50, 4) / 100)
+    module = tf.Module()
+    module.table = table
+    ragged = tf.RaggedTensorSpec([None, None], tf.int64, 1)
+    dense = tf.TensorSpec([None, 3], tf.int64, name="ids")
+    module.ragged_max = tf.function(lambda r: {"y": tf.reduce_max(tf.gather(table, r), axis=1)},
+                                    input_signature=[ragged])
+    module.dense_max = tf.function(lambda ids: {"y": tf.reduce_max(tf.gather(table, ids), axis=1)},
+                                   input_signature=[dense])
+    module.clipped = tf.function(
+        lambda ids: {"y": tf.reduce_sum(tf.nn.embedding_lookup(table, ids, max_norm=1.0), axis=1)},
+        input_signature=[dense])
+    module.legacy_hash = tf.function(lambda s: {"y": tf.gather(table, tf.strings.to_hash_bucket(s, 50))},
+                                     input_signature=[tf.TensorSpec([None], tf.string, name="s")])
+    signatures = {k: getattr(module, k) for k in ("ragged_max", "dense_max", "clipped", "legacy_hash")}
+    tf.saved_model.save(module, str(tmp_path / "src"), signatures=signatures)
+    report = rewrite.optimize_saved_model(str(tmp_path / "src"), str(tmp_path / "dst"), runs=1)
+    expected = {"ragged_max": ("UnsortedSegmentMax", "stays TF's (a pooling of gathered rows"),
+                "dense_max": ("Max", "stays TF's (a pooling of gathered rows"),
+                "clipped": ("Sum", "stays TF's (a pooling of gathered rows"),
+                "legacy_hash": ("StringToHashBucket", "the legacy string hash")}
+    for key, (op, reason) in expected.items():
+        sig = report.signatures[key]
+        assert sig.outputs_match and not sig.matches, (key, sig.matches)
+        assert [s for s in sig.skips if s.get("op") == op and reason in s["reason"]], (key, sig.skips)
+
+
+def test_a_tf_idf_encoding_says_what_keeps_it_from_its_dense(tmp_path):
+    # Its reason said it fuses into the Dense it feeds on a CPU server, which
+    # it did feed there: the idf Mul between them was what kept it apart.
+    import keras
+
+    keys = keras.Input(shape=(3,), dtype="string", name="k")
+    lookup = keras.layers.StringLookup(vocabulary=["a", "b", "c"], idf_weights=[1.0, 2.0, 3.0], output_mode="tf_idf")
+    keras.Model(keys, keras.layers.Dense(2)(lookup(keys))).export(str(tmp_path / "src"), verbose=False)
+    report = rewrite.optimize_saved_model(str(tmp_path / "src"), str(tmp_path / "dst"), runs=1,
+                                          serving_device="cpu")
+    sig = report.signatures["serving_default"]
+    assert sig.outputs_match
+    assert [s for s in sig.skips if s.get("op") == "DenseBincount" and "(tf_idf's idf weights)" in s["reason"]], \
+        sig.skips
+
+
 def test_synthesized_inputs_whose_outputs_are_all_empty_compare_nothing(tmp_path):
     """Outputs that a mask empties on every synthesized input: nothing was
     compared, so the CLI must not report a match."""

@@ -512,6 +512,8 @@ _UNFUSED_FEATURE_OPS = {
     "SparseCrossHashed": "a crossed feature",
     "StringToHashBucketFast": "a string hash that no fused lookup absorbed",
     "StringToHashBucketStrong": "a keyed string hash (Hashing with a salt) that no fused lookup absorbed",
+    "StringToHashBucket": "tf.strings.to_hash_bucket, the legacy string hash, which no fused op computes: "
+                          "to_hash_bucket_fast is the one they compute",
 }
 
 
@@ -537,13 +539,77 @@ def _unfused_feature_records(graph_def):
         if graph in compiled:
             records.extend(_xla_function_record(graph, nodes))
             continue
-        forms, row_lengths = _keras_lookup_forms(nodes), _row_length_bincounts(nodes)
+        forms = {**_weighted_encoding_forms(nodes), **_keras_lookup_forms(nodes)}
+        row_lengths = _row_length_bincounts(nodes)
         for n in nodes:
             if n.op in _UNFUSED_FEATURE_OPS and n.name not in row_lengths:
                 why = _UNFUSED_FEATURE_OPS[n.op] + forms.get(n.name, "")
                 records.append({"pattern": "-", "node": n.name, "op": n.op, "reason": f"{n.op} stays TF's ({why})",
                                 "graph": graph})
+        records.extend(dict(r, graph=graph) for r in _unfused_pooling_records(nodes))
     return records
+
+
+# Reductions of gathered rows, and the ops that may stand between the
+# gather and the reduction (a max_norm clip, a scaling, a cast).
+_POOLING_OPS = {"Sum", "Mean", "Max", "Min", "Prod", "UnsortedSegmentSum", "UnsortedSegmentMax",
+                "UnsortedSegmentMin", "UnsortedSegmentProd", "SegmentSum", "SegmentMean", "SegmentMax",
+                "SegmentMin", "SegmentProd"}
+_GATHER_OPS = {"GatherV2", "ResourceGather", "Gather"}
+_ROW_TRANSFORMS = {"Identity", "Cast", "Mul", "RealDiv", "Maximum", "Minimum", "Select", "SelectV2"}
+
+
+def _unfused_pooling_records(nodes):
+    """Records for the poolings of gathered rows left in a graph (its
+    reductions of a Gather's rows, through a few elementwise ops): the forms
+    no pattern takes (a max, a segment op by hand, rows of another rank,
+    rows transformed before the pooling) say so instead of nothing. The
+    caller drops those a pattern's own record explains."""
+    by_name = {n.name: n for n in nodes}
+
+    def reads_gathered_rows(node, depth=6):
+        for tensor in node.input[:2]:
+            source = by_name.get(tensor.lstrip("^").split(":")[0])
+            if source is None or tensor.startswith("^"):
+                continue
+            if source.op in _GATHER_OPS:
+                return source
+            if depth > 1 and source.op in _ROW_TRANSFORMS:
+                found = reads_gathered_rows(source, depth - 1)
+                if found is not None:
+                    return found
+        return None
+
+    records = []
+    for n in nodes:
+        gather = reads_gathered_rows(n) if n.op in _POOLING_OPS else None
+        if gather is not None:
+            records.append({"pattern": "-", "node": n.name, "op": n.op,
+                            "reason": f"{n.op} of the rows of {gather.name} stays TF's (a pooling of gathered rows "
+                                      "of a form no pattern takes: they fuse sums and means over the ids of padded "
+                                      "[B, L] ids, ragged rows and sparse ids, straight from the gather; a max, a "
+                                      "segment op written by hand, rows of another rank or rows transformed "
+                                      "before the pooling stay TF's)"})
+    return records
+
+
+def _weighted_encoding_forms(nodes):
+    """{node name: what its report line adds} for the count encodings that a
+    Mul scales before anything reads them (StringLookup's tf_idf: the idf
+    weights), which the fused encodings do not take."""
+    by_name = {n.name: n for n in nodes}
+    forms = {}
+    for n in nodes:
+        if n.op != "Mul":
+            continue
+        for tensor in n.input[:2]:
+            source = by_name.get(tensor.lstrip("^").split(":")[0])
+            while source is not None and source.op in ("Cast", "Identity"):  # the counts cast to float
+                source = by_name.get(source.input[0].split(":")[0])
+            if source is not None and source.op in ("DenseBincount", "SparseBincount", "RaggedBincount"):
+                forms[source.name] = (", scaled by a Mul before the Dense (tf_idf's idf weights), which the fused "
+                                      "encodings do not take")
+    return forms
 
 
 # Ops of the subgraphs the patterns fuse, beside the feature ops: a function
