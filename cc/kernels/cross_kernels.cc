@@ -11,6 +11,7 @@
 
 #include "cc/core/cross.h"
 #include "cc/core/lookup.h"
+#include "cc/kernels/huge_pages.h"
 #include "cc/kernels/lookup_common.h"
 #include "cc/kernels/pool_cpu.h"
 #include "cc/kernels/tf_types.h"
@@ -183,6 +184,7 @@ class CrossEmbeddingLookupOp : public tensorflow::OpKernel {
     const Tensor& params = ctx->input(0);
     LookupAttrs a = attrs_;
     OP_REQUIRES_OK(ctx, BindTable(params, &a));
+    AdviseHugePages(ctx, params);
     int64_t batch = 0;
     OP_REQUIRES_OK(ctx, ValidateCross(indices, values, shapes, dense, &batch));
 

@@ -18,6 +18,7 @@
 #include "cc/core/hash_table_cpu.h"
 #include "cc/core/lowest_row_error.h"
 #include "cc/kernels/hash_table_tensor.h"
+#include "cc/kernels/huge_pages.h"
 #include "cc/kernels/lookup_common.h"
 #include "cc/kernels/pool_cpu.h"
 #include "cc/kernels/table_input.h"
@@ -35,9 +36,10 @@ namespace {
 
 constexpr int64_t kProbeCost = 40;
 
-absl::Status ViewTable(Tensor* table, int64_t capacity, ctr::TableView* view) {
+absl::Status ViewTable(OpKernelContext* ctx, Tensor* table, int64_t capacity, ctr::TableView* view) {
   int64_t num_slots = 0;
   TF_RETURN_IF_ERROR(HashTableSlots(*table, capacity, &num_slots));
+  AdviseHugePages(ctx, *table);
   return CoreStatus(ctr::ViewTable(table->flat<int64_t>().data(), table->dim_size(0), table->dim_size(1), capacity,
                                    view));
 }
@@ -82,7 +84,7 @@ class HashTableFindOp : public tensorflow::OpKernel {
     ctr::TableView table;
     if (!attrs_.insert) {
       tensorflow::tf_shared_lock lock(*var->mu());
-      OP_REQUIRES_OK(ctx, ViewTable(var->tensor(), attrs_.rules.capacity, &table));
+      OP_REQUIRES_OK(ctx, ViewTable(ctx, var->tensor(), attrs_.rules.capacity, &table));
       ctr::FindRows(table, key_data, n, attrs_.rules.dense_padding, /*clock=*/0, row_data, parallel_for);
       OP_REQUIRES_OK(ctx, OutputReused(ctx, {}));
       return;
@@ -90,7 +92,7 @@ class HashTableFindOp : public tensorflow::OpKernel {
     tensorflow::mutex_lock lock(*var->mu());
     // Writes in place would change the tensors earlier reads still hold.
     OP_REQUIRES_OK(ctx, UnshareBuffer(ctx, var->tensor()));
-    OP_REQUIRES_OK(ctx, ViewTable(var->tensor(), attrs_.rules.capacity, &table));
+    OP_REQUIRES_OK(ctx, ViewTable(ctx, var->tensor(), attrs_.rules.capacity, &table));
     const int64_t clock = ctr::InsertingClock(table.header, attrs_.new_step);
     ctr::FindRows(table, key_data, n, attrs_.rules.dense_padding, clock, row_data, parallel_for);
     OP_REQUIRES_OK(ctx, CoreStatus(ctr::CheckFreeRows(table, attrs_.rules, key_data, n, row_data)));
@@ -139,7 +141,7 @@ class HashTableEmbeddingOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, CheckTwoVariables(ctx, var.get()));
     tensorflow::tf_shared_lock table_lock(*var->mu());
     ctr::TableView table;
-    OP_REQUIRES_OK(ctx, ViewTable(var->tensor(), capacity_, &table));
+    OP_REQUIRES_OK(ctx, ViewTable(ctx, var->tensor(), capacity_, &table));
     TableInput values;
     OP_REQUIRES_OK(ctx, values.Bind<T>(ctx, 1, "the values variable"));
     LookupAttrs a = attrs_;

@@ -10,6 +10,7 @@
 
 #include "cc/core/segments.h"
 #include "cc/core/strings.h"
+#include "cc/kernels/huge_pages.h"
 #include "cc/kernels/lookup_common.h"
 #include "cc/kernels/tf_types.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -183,6 +184,7 @@ class MultiStringKernelOn : public Base {
     for (int i = 0; i < num_features(); ++i) {
       const absl::Status bound = BindTable(ctx->input(i), &(*specs)[i]);
       if (!bound.ok()) return tensorflow::errors::InvalidArgument("feature ", i, ": ", bound.message());
+      AdviseHugePages(ctx, ctx->input(i));
     }
     return absl::OkStatus();
   }

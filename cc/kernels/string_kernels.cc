@@ -146,6 +146,7 @@ class StringEmbeddingCpuOp : public StringKernel {
     StringInputs in;
     OP_REQUIRES_OK(ctx, BindSpec(ctx->input(0), &spec));
     OP_REQUIRES_OK(ctx, ValidateStringInputs(ctx->input(1), ctx->input(2), ctx->input(3), bagged(), &in));
+    AdviseHugePages(ctx, ctx->input(0));
     const bool trim = trim_empty_tail();
     Tensor pooled;
     Tensor* dst = nullptr;

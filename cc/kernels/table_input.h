@@ -12,6 +12,7 @@
 #include <cstring>
 #include <optional>
 
+#include "cc/kernels/huge_pages.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
@@ -52,6 +53,7 @@ class TableInput {
   absl::Status Bind(tensorflow::OpKernelContext* ctx, int index, const char* what = "the table variable") {
     if (ctx->input_dtype(index) != tensorflow::DT_RESOURCE) {
       tensor_ = &ctx->input(index);
+      AdviseHugePages(ctx, *tensor_);
       return absl::OkStatus();
     }
     const tensorflow::ResourceHandle& handle = tensorflow::HandleFromInput(ctx, index);
@@ -70,6 +72,7 @@ class TableInput {
                                                  tensorflow::DataTypeString(var_->tensor()->dtype()),
                                                  ", the op was built for ", tensorflow::DataTypeString(want));
     tensor_ = var_->tensor();
+    AdviseHugePages(ctx, *tensor_);
     return absl::OkStatus();
   }
 

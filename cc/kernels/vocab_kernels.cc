@@ -20,6 +20,7 @@
 #include "cc/core/vocab.h"
 #include "cc/core/vocab_memo.h"
 #include "cc/kernels/block_layout.h"
+#include "cc/kernels/huge_pages.h"
 #include "cc/kernels/pool_cpu.h"
 #include "cc/kernels/tf_types.h"
 #include "tensorflow/core/framework/lookup_interface.h"
@@ -411,6 +412,7 @@ class VocabEmbeddingOp : public tensorflow::OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& keys = ctx->input(1);
     const Tensor& params = ctx->input(3);
+    AdviseHugePages(ctx, params);
     Tensor* rows = nullptr;
     OP_REQUIRES_OK(ctx, FindIntoOutput(ctx, &finder_, 1, 2, 3, 0, &rows));
     const MaskInputs masks{4, 4 + key_rules_.num_masks};
@@ -662,6 +664,7 @@ class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
     const Tensor& keys = ctx->input(n_ + i);
     const Tensor& params = ctx->input(3 * n_ + i);
     TF_RETURN_IF_ERROR(CheckFind(table->get(), keys, ctx->input(2 * n_ + i)));
+    AdviseHugePages(ctx, params);
     TF_RETURN_IF_ERROR(CheckTableRank(params));
     if (keys.dims() != 1 || keys.dim_size(0) != batch || params.dims() != 2)
       return tensorflow::errors::InvalidArgument("feature ", i, " must have a [", batch,
@@ -764,6 +767,7 @@ class VocabEmbeddingLookupOp : public LookupKernel {
     LookupAttrs a;
     LookupInputs in;
     OP_REQUIRES_OK(ctx, BindInputs(ctx, kParams, params, &a, &in));
+    AdviseHugePages(ctx, params);
     Tensor* ids = nullptr;
     OP_REQUIRES_OK(ctx, FindIntoOutput(ctx, &finder_, kKeys, kDefault, kParams, oov_buckets_, &ids));
     const MaskInputs masks{kMasks, kMasks + key_rules_.num_masks};
