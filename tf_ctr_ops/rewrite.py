@@ -550,6 +550,11 @@ def _unfused_feature_records(graph_def):
     return records
 
 
+def _producer(by_name, tensor):
+    """The node of `by_name` that outputs `tensor` ("node", "node:1" or a "^node" control input)."""
+    return by_name.get(tensor.lstrip("^").split(":")[0])
+
+
 # Reductions of gathered rows, and the ops that may stand between the
 # gather and the reduction (a max_norm clip, a scaling, a cast).
 _POOLING_OPS = {"Sum", "Mean", "Max", "Min", "Prod", "UnsortedSegmentSum", "UnsortedSegmentMax",
@@ -569,7 +574,7 @@ def _unfused_pooling_records(nodes):
 
     def reads_gathered_rows(node, depth=6):
         for tensor in node.input[:2]:
-            source = by_name.get(tensor.lstrip("^").split(":")[0])
+            source = _producer(by_name, tensor)
             if source is None or tensor.startswith("^"):
                 continue
             if source.op in _GATHER_OPS:
@@ -603,9 +608,9 @@ def _weighted_encoding_forms(nodes):
         if n.op != "Mul":
             continue
         for tensor in n.input[:2]:
-            source = by_name.get(tensor.lstrip("^").split(":")[0])
+            source = _producer(by_name, tensor)
             while source is not None and source.op in ("Cast", "Identity"):  # the counts cast to float
-                source = by_name.get(source.input[0].split(":")[0])
+                source = _producer(by_name, source.input[0])
             if source is not None and source.op in ("DenseBincount", "SparseBincount", "RaggedBincount"):
                 forms[source.name] = (", scaled by a Mul before the Dense (tf_idf's idf weights), which the fused "
                                       "encodings do not take")
@@ -679,7 +684,7 @@ def _keras_lookup_forms(nodes):
     by_name = {n.name: n for n in nodes}
 
     def producer(tensor):
-        return by_name.get(tensor.lstrip("^").split(":")[0])
+        return _producer(by_name, tensor)
 
     def same_tensor(a, b):  # "x" and "x:0" name one tensor
         return a.removesuffix(":0") == b.removesuffix(":0")
