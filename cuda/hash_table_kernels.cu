@@ -9,7 +9,12 @@
 //    table lacks: a training step's new keys in a table with room;
 //  - else serially: a block scans the keys a chunk at a time and one thread
 //    places the chunk's missing keys in key order (PlaceKey), as the CPU's
-//    Inserter does. Only a table near full or an admission filter takes it.
+//    Inserter does. Only a table near full or an admission filter takes it;
+//  - else, where the table evicts and RoomForAll fails (a full table), on the
+//    host, by the CPU's inserter (FinishFindOrInsert): an eviction scans and
+//    sorts every slot, a pass a GPU would spend in one sort of keys it then
+//    deletes serially from linear-probing runs, and it happens once per
+//    capacity/16 new keys, not per call.
 // Both give every key the row the CPU gives it (rows in order of first
 // appearance), so a table trained on either device maps keys to the same
 // rows; the parallel path may put keys of one probe run in other slots.
@@ -18,9 +23,12 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "cc/core/hash_table.h"
+#include "cc/core/hash_table_cpu.h"  // InsertMissing, for the inserts that evict
 #include "cc/core/hash_table_parallel.h"
+#include "cuda/cuda_status.cuh"
 #include "cuda/hash_table_launchers.h"
 #include "cuda/lookup_launchers.h"  // ExclusiveScan
 
@@ -50,6 +58,7 @@ __global__ void StartInsertKernel(int64_t* header, int64_t capacity, int64_t num
   status[kBadHeader] = HeaderFits(header, capacity, num_slots) ? 0 : 1;
   status[kMissing] = 0;
   status[kParallel] = 0;
+  status[kOnHost] = 0;
   if (status[kBadHeader] == 0) InsertingClock(header, new_step);
 }
 
@@ -82,15 +91,18 @@ __global__ void FindStampKernel(const int64_t* __restrict__ header, Slots slots,
   }
 }
 
-// Whether this call inserts in parallel (InsertsInParallel); one thread.
-__global__ void DecideInsertKernel(TableView t, int64_t capacity, int64_t num_slots, int64_t admit_after,
-                                   int64_t* status) {
+// Whether this call inserts in parallel (InsertsInParallel), on the host (it
+// may evict) or serially on the device; one thread.
+__global__ void DecideInsertKernel(TableView t, InsertRules rules, int64_t* status) {
+  const int64_t capacity = rules.capacity, num_slots = t.slots.num_slots, missing = status[kMissing];
   if (status[kBadHeader] == 0) {
-    const int64_t pops = status[kMissing] < t.header[kFreeCount] ? status[kMissing] : t.header[kFreeCount];
-    if (FirstBadFreeRow(t, capacity, pops) >= 0) status[kBadHeader] = 1;  // neither insert path runs
+    const int64_t pops = missing < t.header[kFreeCount] ? missing : t.header[kFreeCount];
+    if (FirstBadFreeRow(t, capacity, pops) >= 0) status[kBadHeader] = 1;  // no insert path runs
   }
-  status[kParallel] =
-      status[kBadHeader] == 0 && InsertsInParallel(t.header, capacity, num_slots, admit_after, status[kMissing]);
+  if (status[kBadHeader] != 0) return;
+  status[kParallel] = InsertsInParallel(t.header, capacity, num_slots, rules.admit_after, missing);
+  status[kOnHost] = !status[kParallel] && rules.eviction != Eviction::kNone &&
+                    !RoomForAll(t.header, capacity, num_slots, missing);
 }
 
 // Phase 1 (hash_table_parallel.h): each missing key's slot, claimed or
@@ -150,7 +162,7 @@ __global__ void InsertMissingKernel(TableView t, int64_t capacity, int64_t admit
                                     int64_t* __restrict__ rows, int64_t* __restrict__ reused,
                                     int64_t* __restrict__ status) {
   __shared__ bool missing[kInsertThreads];
-  if (status[kBadHeader] != 0 || status[kParallel] != 0) return;
+  if (status[kBadHeader] != 0 || status[kParallel] != 0 || status[kOnHost] != 0) return;
   int64_t num_reused = 0;  // thread 0's
   for (int64_t base = 0; base < n; base += kInsertThreads) {
     const int64_t i = base + threadIdx.x;
@@ -174,19 +186,15 @@ unsigned int GridFor(int64_t n, int threads) {
   return static_cast<unsigned int>(std::min<int64_t>((n + threads - 1) / threads, kMaxFindBlocks));
 }
 
-std::string LaunchError(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  return e == cudaSuccess ? "" : std::string(what) + ": " + cudaGetErrorString(e);
-}
 
 }  // namespace
 
 std::string HashTableFind(const int64_t* slot_rows, int64_t num_slots, const int64_t* keys, int64_t n,
                           bool dense_padding, int64_t* rows, void* stream) {
   if (n <= 0) return "";
-  HashTableFindKernel<<<GridFor(n, kFindThreads), kFindThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+  HashTableFindKernel<<<GridFor(n, kFindThreads), kFindThreads, 0, AsStream(stream)>>>(
       slot_rows, num_slots, keys, n, dense_padding, rows);
-  return LaunchError("HashTableFindKernel");
+  return CheckLaunch("HashTableFindKernel");
 }
 
 namespace {
@@ -221,19 +229,23 @@ InsertScratch CarveInsertScratch(int64_t n, void* base) {
   return w;
 }
 
+TableView TableAt(int64_t* table, int64_t num_slots) {
+  return {table, SlotsOf(table + kColumns * kHeaderRows, num_slots), table + kColumns * (kHeaderRows + num_slots)};
+}
+
 }  // namespace
 
 size_t HashTableInsertScratchBytes(int64_t n) { return CarveInsertScratch(n, nullptr).total; }
 
-std::string HashTableFindOrInsert(int64_t* table, int64_t num_slots, int64_t capacity, int64_t admit_after,
-                                  bool new_step, const int64_t* keys, int64_t n, bool dense_padding, int64_t* rows,
-                                  int64_t* reused, int64_t* status, void* scratch, size_t scratch_bytes,
-                                  void* stream) {
-  const auto st = static_cast<cudaStream_t>(stream);
-  const TableView t{table, SlotsOf(table + kColumns * kHeaderRows, num_slots),
-                    table + kColumns * (kHeaderRows + num_slots)};
+std::string HashTableFindOrInsert(int64_t* table, int64_t num_slots, const InsertRules& rules, bool new_step,
+                                  const int64_t* keys, int64_t n, int64_t* rows, int64_t* reused, int64_t* status,
+                                  void* scratch, size_t scratch_bytes, void* stream) {
+  const auto st = AsStream(stream);
+  const TableView t = TableAt(table, num_slots);
+  const int64_t capacity = rules.capacity, admit_after = rules.admit_after;
+  const bool dense_padding = rules.dense_padding;
   StartInsertKernel<<<1, 1, 0, st>>>(t.header, capacity, num_slots, new_step, status);
-  std::string error = LaunchError("StartInsertKernel");
+  std::string error = CheckLaunch("StartInsertKernel");
   if (!error.empty() || n <= 0) return error;
   const InsertScratch w = CarveInsertScratch(n, scratch);
   if (scratch == nullptr || scratch_bytes < w.total) {
@@ -242,10 +254,10 @@ std::string HashTableFindOrInsert(int64_t* table, int64_t num_slots, int64_t cap
   }
   const unsigned int grid = GridFor(n, kFindThreads);
   FindStampKernel<<<grid, kFindThreads, 0, st>>>(t.header, t.slots, keys, n, dense_padding, rows, status);
-  DecideInsertKernel<<<1, 1, 0, st>>>(t, capacity, num_slots, admit_after, status);
+  DecideInsertKernel<<<1, 1, 0, st>>>(t, rules, status);
   ClaimSlotsKernel<<<grid, kFindThreads, 0, st>>>(t.slots, keys, n, dense_padding, rows, status, w.slot);
   FirstSightingsKernel<<<grid, kFindThreads, 0, st>>>(t.header, t.slots, keys, n, w.slot, w.flags);
-  error = LaunchError("the parallel insert's claims");
+  error = CheckLaunch("the parallel insert's claims");
   if (!error.empty()) return error;
   error = ExclusiveScan(w.flags, n, w.ranks, w.scan, w.scan_bytes, stream);
   if (!error.empty()) return error;
@@ -253,7 +265,56 @@ std::string HashTableFindOrInsert(int64_t* table, int64_t num_slots, int64_t cap
   ReadRowsKernel<<<grid, kFindThreads, 0, st>>>(t, n, w.slot, w.ranks, rows, status);
   InsertMissingKernel<<<1, kInsertThreads, 0, st>>>(t, capacity, admit_after, keys, n, dense_padding, rows, reused,
                                                      status);
-  return LaunchError("the hash table's insert");
+  return CheckLaunch("the hash table's insert");
+}
+
+std::string FinishFindOrInsert(int64_t* table, int64_t num_slots, const InsertRules& rules, const int64_t* keys,
+                               int64_t n, int64_t* rows, int64_t* reused, const int64_t* status,
+                               InsertOutcome* outcome, void* stream) {
+  int64_t cells[kHashTableStatusCells];
+  std::string error = ReadInt64(status, kHashTableStatusCells, cells, stream);
+  if (!error.empty()) return error;
+  *outcome = InsertOutcome{};
+  outcome->bad_header = cells[kBadHeader] != 0;
+  outcome->reused_count = cells[kReusedCount];
+  outcome->on_host = cells[kOnHost] != 0;
+  if (!outcome->on_host || outcome->bad_header || n <= 0) return "";
+
+  const auto st = AsStream(stream);
+  const size_t table_bytes =
+      static_cast<size_t>(kColumns * (kHeaderRows + num_slots + FreeListRows(rules.capacity))) * sizeof(int64_t);
+  const size_t key_bytes = static_cast<size_t>(n) * sizeof(int64_t);
+  std::vector<int64_t> host_table(table_bytes / sizeof(int64_t)), host_keys(n), host_rows(n);
+  error = CudaError("copying the table to the host", cudaMemcpyAsync(host_table.data(), table, table_bytes,
+                                                                     cudaMemcpyDeviceToHost, st));
+  if (error.empty())
+    error = CudaError("copying keys to the host",
+                      cudaMemcpyAsync(host_keys.data(), keys, key_bytes, cudaMemcpyDeviceToHost, st));
+  if (error.empty())
+    error = CudaError("copying rows to the host",
+                      cudaMemcpyAsync(host_rows.data(), rows, key_bytes, cudaMemcpyDeviceToHost, st));
+  if (error.empty()) error = CudaError("FinishFindOrInsert", cudaStreamSynchronize(st));
+  if (!error.empty()) return error;
+
+  const auto serial_for = [](int64_t count, const auto& fn) {
+    if (count > 0) fn(int64_t{0}, count);
+  };
+  const std::vector<int64_t> taken = InsertMissing(TableAt(host_table.data(), num_slots), rules, host_keys.data(),
+                                                   n, host_rows.data(), /*parallel=*/false, serial_for,
+                                                   &outcome->corrupt);
+  outcome->reused_count = static_cast<int64_t>(taken.size());
+  error = CudaError("copying the table back", cudaMemcpyAsync(table, host_table.data(), table_bytes,
+                                                              cudaMemcpyHostToDevice, st));
+  if (error.empty())
+    error = CudaError("copying rows back",
+                      cudaMemcpyAsync(rows, host_rows.data(), key_bytes, cudaMemcpyHostToDevice, st));
+  if (error.empty() && !taken.empty())
+    error = CudaError("copying reused rows back",
+                      cudaMemcpyAsync(reused, taken.data(), taken.size() * sizeof(int64_t),
+                                      cudaMemcpyHostToDevice, st));
+  // The host buffers die on return: the copies must be done by then.
+  const std::string sync = CudaError("FinishFindOrInsert", cudaStreamSynchronize(st));
+  return error.empty() ? sync : error;
 }
 
 }  // namespace gpu

@@ -1,5 +1,5 @@
 // Device code the id and string pooling kernels share: launch constants,
-// host error helpers, the register tile a lane pools its slice of a row in
+// host helpers, the register tile a lane pools its slice of a row in
 // (vector loads and stores of 32-bit and 16-bit rows), and the clipped
 // gradient row. Every function here works for any lane group. Included by the
 // .cu files only; no TF headers.
@@ -18,6 +18,7 @@
 #include "cc/core/float_types.h"
 #include "cc/core/lookup.h"
 #include "cc/core/strings.h"
+#include "cuda/cuda_status.cuh"
 
 namespace ctr {
 namespace gpu {
@@ -67,14 +68,6 @@ inline bool IsVectorAligned(const void* p) { return reinterpret_cast<uintptr_t>(
 // ---------------------------------------------------------------------------
 // Host helpers.
 
-inline cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
-
-inline std::string CudaError(const char* what, cudaError_t e) {
-  if (e == cudaSuccess) return "";
-  return std::string(what) + ": " + cudaGetErrorString(e);
-}
-
-inline std::string CheckLaunch(const char* kernel) { return CudaError(kernel, cudaGetLastError()); }
 
 // Blocks for a grid-stride pooling kernel over `items` (bags, each taken by a
 // warp or a lane group; items_per_block of them per block at once): no more

@@ -13,7 +13,7 @@ first. Skips, with the reason, where _core was built without CUDA.
 import numpy as np
 import pytest
 
-from core_helpers import core_or_skip
+from core_helpers import core_or_skip, load_table_layout
 
 core = core_or_skip(without_cuda="tf_ctr_ops._core was built without CUDA: no GPU bindings to check")
 
@@ -109,6 +109,18 @@ def test_gpu_grouped_feature_layout_is_checked(layout, batch):
     feature = dict(vocab=VOCAB, dim=DIM, params_ptr=1, out_ptr=1, **layout)
     with pytest.raises(ValueError, match="features\\[0\\]: needs 0 <= first_string"):
         core.gpu_multi_string_embedding([feature], "float32", batch, 1, 1, 1, 1 << 20, 1)
+
+
+@pytest.mark.parametrize("what,kwargs", [("unknown eviction", dict(eviction="fifo")),
+                                         ("admit_after below 1", dict(admit_after=0))])
+def test_gpu_hash_table_insert_rejects_what_the_cpu_rejects(what, kwargs):
+    # One place builds both bindings' insert rules (MakeInsertRules): the same
+    # ValueError, raised before any pointer is read.
+    table = load_table_layout().empty_table_array(16, 8)
+    want = _cpu_error(core.hash_table_find, table, np.zeros(1, np.int64), 8, insert=True, **kwargs)
+    with pytest.raises(ValueError) as gpu:
+        core.gpu_hash_table_find_or_insert(1, table.shape[0], 8, 1, 1, 1, 1, 1, 1, **kwargs)
+    assert str(gpu.value) == want, what
 
 
 def test_gpu_bindings_reject_unknown_table_dtypes():

@@ -78,9 +78,11 @@ def test_bad_tables_are_rejected_before_any_launch():
         core.gpu_hash_table_find(0, layout.table_shape(16, 8)[0], 8, 1, 1, False, 1)
 
 
-def gpu_find_or_insert(table, capacity, keys, admit_after=1, dense_padding=False, new_step=True):
+def gpu_find_or_insert(table, capacity, keys, admit_after=1, dense_padding=False, new_step=True, eviction="none",
+                       path=None):
     """The device insert on a copy of `table`: (rows, reused rows, the table
-    after, whether it inserted in parallel)."""
+    after, whether it inserted in parallel). path: a list the path taken is
+    appended to ("parallel", "serial" or "host")."""
     keys = np.ascontiguousarray(keys, np.int64)
     m = max(keys.size, 1)
     table_buf, keys_buf = upload_to(backend, table), upload_to(backend, keys)
@@ -90,22 +92,26 @@ def gpu_find_or_insert(table, capacity, keys, admit_after=1, dense_padding=False
     count = core.gpu_hash_table_find_or_insert(
         table_buf.ptr, table.shape[0], capacity, keys_buf.ptr if keys.size else 0, keys.size,
         rows.ptr if keys.size else 0, reused.ptr if keys.size else 0, status.ptr, scratch.ptr,
-        admit_after=admit_after, dense_padding=dense_padding, new_step=new_step)
+        admit_after=admit_after, dense_padding=dense_padding, new_step=new_step, eviction=eviction)
     backend.synchronize()
-    in_parallel = bool(status.read(np.int64, (core.gpu_hash_table_status_cells,))[core.gpu_hash_table_parallel_cell])
+    cells = status.read(np.int64, (core.gpu_hash_table_status_cells,))
+    in_parallel = bool(cells[core.gpu_hash_table_parallel_cell])
+    if path is not None:
+        path.append("host" if cells[core.gpu_hash_table_on_host_cell] else "parallel" if in_parallel else "serial")
     return (rows.read(np.int64, (m,))[:keys.size], reused.read(np.int64, (m,))[:count],
             table_buf.read(np.int64, table.shape), in_parallel)
 
 
-def assert_inserts_like_the_cpu(table, capacity, keys, admit_after=1, dense_padding=False, in_parallel=None):
+def assert_inserts_like_the_cpu(table, capacity, keys, admit_after=1, dense_padding=False, in_parallel=None,
+                                eviction="none", path=None):
     """Inserts `keys` on the device and by the CPU's serial rules; returns the
     device's table after. in_parallel, unless None: which path the device must take."""
-    got_rows, got_reused, got_table, took_parallel = gpu_find_or_insert(table, capacity, keys, admit_after,
-                                                                         dense_padding)
+    got_rows, got_reused, got_table, took_parallel = gpu_find_or_insert(
+        table, capacity, keys, admit_after, dense_padding, eviction=eviction, path=path)
     want_table = table.copy()
     want_rows, want_reused = core.hash_table_find(want_table, np.asarray(keys, np.int64), capacity, insert=True,
                                                   admit_after=admit_after, dense_padding=dense_padding,
-                                                  in_parallel=False)
+                                                  eviction=eviction, in_parallel=False)
     np.testing.assert_array_equal(got_rows, want_rows)
     np.testing.assert_array_equal(got_reused, want_reused)
     assert_same_table(got_table, want_table, capacity)
@@ -187,6 +193,37 @@ def test_admission_and_a_full_table_insert_serially(rng):
     table = assert_inserts_like_the_cpu(table, 128, rng.integers(0, 90, size=50), in_parallel=False)
     full = empty_table(256, 128)
     assert_inserts_like_the_cpu(full, 128, rng.integers(0, 400, size=3000), in_parallel=False)
+
+
+@pytest.mark.parametrize("eviction, admit_after", [("lru", 1), ("lfu", 1), ("lru", 2)])
+@pytest.mark.parametrize("capacity, num_slots", [(16, 32), (1000, 2048), (20_000, 1 << 15)])
+def test_a_table_that_evicts_inserts_like_the_cpu_call_after_call(rng, capacity, num_slots, eviction, admit_after):
+    # Steps of Zipf keys over a key space 3x the capacity: the first calls
+    # insert on the device, the ones that must evict on the host, by the CPU's
+    # inserter, and the table must come out as the CPU's after every call.
+    table = empty_table(num_slots, capacity)
+    space = rng.integers(-2**62, 2**62, size=3 * capacity)
+    path = []
+    for n in (1, capacity // 2, capacity // 2, capacity, 2 * capacity, 7, 3 * capacity):
+        keys = space[np.minimum(rng.zipf(1.2, n) - 1, space.size - 1)]
+        keys = rng.permutation(np.concatenate([keys, rng.permutation(space)[:n // 3]]))
+        keys = np.repeat(keys, admit_after)
+        table = assert_inserts_like_the_cpu(table, capacity, keys, admit_after, eviction=eviction, path=path)
+    flat = table.reshape(-1)
+    assert flat[layout.EVICTED] > 0 and "host" in path and path[0] != "host", path
+
+
+def test_an_evicting_call_on_a_corrupt_table_is_refused(rng):
+    # A free stack past the rows it could take is refused on the device before
+    # the host runs any insert (FirstBadFreeRow), as on the CPU.
+    table, _ = filled_table(rng, 64, 128, 600, eviction="lru")
+    if table.reshape(-1)[layout.FREE_COUNT] == 0:
+        core.hash_table_find(table, np.array([2**62 + 1], np.int64), 64, insert=True, eviction="lru")
+    bad = table.copy()
+    free_stack = bad.reshape(-1)[layout.COLUMNS * (layout.HEADER_ROWS + 128):]
+    free_stack[bad.reshape(-1)[layout.FREE_COUNT] - 1] = 10**9
+    with pytest.raises(ValueError, match="corrupt"):
+        gpu_find_or_insert(bad, 64, rng.integers(-2**62, 2**62, size=200), eviction="lru")
 
 
 def test_a_call_that_continues_a_step_keeps_the_clock(rng):

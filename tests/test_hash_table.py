@@ -277,8 +277,6 @@ def test_bad_arguments_are_clear_errors():
         HashTable(dim=2, capacity=10, key_dtype=tf.float32)
     with pytest.raises(ValueError, match="admit_after"):
         HashTable(dim=2, capacity=10, admit_after=0)
-    with pytest.raises(ValueError, match="does not evict"):
-        HashTable(dim=2, capacity=10, eviction="lru", table_device="/GPU:0")
     for device in ("TPU:0", "bogus", 3):
         with pytest.raises(ValueError, match="table_device"):
             HashTable(dim=2, capacity=10, table_device=device)
@@ -309,6 +307,20 @@ def test_a_gpu_table_on_a_machine_without_one_lives_on_the_cpu():
         np.testing.assert_array_equal(hash_table_embedding(on_gpu, keys, insert=insert),
                                       hash_table_embedding(on_cpu, keys, insert=insert))
     np.testing.assert_array_equal(on_gpu.find(tf.constant([9, 7, 5, 4], tf.int64)), [2, 1, 0, -1])
+
+
+@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="tests the fallback of a machine without a GPU")
+def test_a_gpu_table_that_evicts_is_accepted_and_evicts_as_the_cpu_one():
+    tables = [HashTable(dim=2, capacity=4, eviction="lru", table_device=device) for device in ("/GPU:0", "/CPU:0")]
+    for step in range(4):
+        keys = tf.constant([[10 * step + k for k in range(3)]], tf.int64)
+        got, want = (hash_table_embedding(t, keys, insert=True) for t in tables)
+        np.testing.assert_array_equal(got.shape, want.shape)
+    stats = [t.statistics() for t in tables]
+    assert int(stats[0]["evicted"]) > 0
+    for name in stats[1]:
+        assert float(stats[0][name]) == float(stats[1][name]), name
+    np.testing.assert_array_equal(tables[0].table.numpy(), tables[1].table.numpy())
 
 
 def _malformed_bags():

@@ -225,8 +225,6 @@ def test_layer_config_errors():
         HashTableEmbedding(4, capacity=0)
     with pytest.raises(ValueError, match="combiner"):
         HashTableEmbedding(4, capacity=10, combiner="max")
-    with pytest.raises(ValueError, match="does not evict"):
-        HashTableEmbedding(4, capacity=10, eviction="lfu", table_device="/GPU:0")
     with pytest.raises(ValueError, match="table_device"):
         HashTableEmbedding(4, capacity=10, table_device="TPU:0")
 

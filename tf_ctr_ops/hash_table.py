@@ -118,7 +118,8 @@ class HashTable(tf.Module):
       num_slots: hash slots, a power of two (default: >= 2 x capacity).
       table_device: where the key table lives and its keys are found: the
         CPU (default), or a GPU ("/GPU:0"), which finds and inserts keys on
-        the device with the CPU's rules (same rows) but without eviction.
+        the device with the CPU's rules (same rows); a call that must evict
+        runs its inserts on the host, on a copy of the key table.
         `values` goes where the caller's device scope puts it.
     """
 
@@ -134,7 +135,7 @@ class HashTable(tf.Module):
         if not dtype.is_floating:
             raise ValueError(f"dtype (of the values) must be a float type, got {dtype.name}")
         self.eviction = check_eviction(eviction)
-        self.table_device = check_table_device(table_device, self.eviction)
+        self.table_device = check_table_device(table_device)
         if initializer is None:
             initializer = tf.keras.initializers.TruncatedNormal(stddev=1.0 / np.sqrt(self.dim))
         elif not callable(initializer):
@@ -676,17 +677,14 @@ def create_table_weight(create, device="/CPU:0"):
     return weight
 
 
-def check_table_device(device, eviction):
-    """The table's device as a string; a GPU table cannot evict (its insert is the CUDA kernel's)."""
+def check_table_device(device):
+    """The table's device as a string."""
     try:
         spec = tf.DeviceSpec.from_string(device)
     except (AttributeError, TypeError, ValueError) as e:  # AttributeError: not a string
         raise ValueError(f"table_device must be a device string such as '/CPU:0' or '/GPU:0', got {device!r}") from e
     if spec.device_type not in ("CPU", "GPU"):
         raise ValueError(f"table_device must name a CPU or a GPU, got {device!r}")
-    if spec.device_type == "GPU" and eviction != "none":
-        raise ValueError(f"a table on a GPU does not evict (eviction={eviction!r}): keep it on the CPU "
-                         "(table_device='/CPU:0') to evict")
     return spec.to_string()
 
 

@@ -797,8 +797,7 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
         num_slots: Hash slots, a power of two (default: >= 2 x capacity).
         max_norm: If set, rows are clipped to this L2 norm before pooling.
         table_device: Where `table` lives and keys are found: "/CPU:0"
-            (default) or a GPU, which inserts without eviction (see
-            `tco.HashTable`).
+            (default) or a GPU (see `tco.HashTable`).
 
     The weights are `table` (int64 slots, non-trainable, on `table_device`) and
     `embeddings`. Inputs and weights: as `SparseEmbedding`, with -1 (or "")
@@ -819,7 +818,7 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
         self.combiner = _args.check_combiner(combiner)
         self.key_dtype = _hash_table.check_key_dtype(key_dtype)
         self.eviction = _hash_table.check_eviction(eviction)
-        self.table_device = _hash_table.check_table_device(table_device, self.eviction)
+        self.table_device = _hash_table.check_table_device(table_device)
         self.embeddings_initializer = initializers.get(embeddings_initializer)
         self.reset_seed = _hash_table.reset_seed_of(self.embeddings_initializer)
         self.max_norm = _check_max_norm(max_norm)

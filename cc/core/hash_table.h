@@ -195,6 +195,15 @@ CTR_HD bool RowAvailable(const int64_t* h, int64_t capacity) {
   return h[kFreeCount] > 0 || h[kNextRow] < capacity;
 }
 
+// Whether `missing` sightings of keys without a row can each claim a slot and
+// take a row with none evicted (a bound: a key seen twice takes one). Where
+// it holds, an inserting call evicts nothing whatever its policy, so a GPU
+// table inserts on the device; the CPU inserter tests it too, which keeps
+// every CPU eviction test a test of this bound.
+CTR_HD bool RoomForAll(const int64_t* h, int64_t capacity, int64_t num_slots, int64_t missing) {
+  return h[kOccupied] + missing <= num_slots - num_slots / 4 && missing <= h[kFreeCount] + capacity - h[kNextRow];
+}
+
 // One sighting of `key` by an inserting call, its probe having ended at slot
 // s (after any eviction, which is the caller's): the key's row, given from the
 // free stack first (*reused then says so: its values are an evicted key's),
@@ -237,6 +246,13 @@ CTR_HD int64_t PlaceKey(const TableView& t, int64_t s, int64_t key, int64_t capa
 }
 
 enum class Eviction { kNone, kLru, kLfu };
+
+struct InsertRules {
+  int64_t capacity;
+  int64_t admit_after;
+  bool dense_padding;
+  Eviction eviction;
+};
 
 // A slot's eviction order (lower goes first): LRU by last use, then by use
 // count; LFU by use count, then by last use. Ties go by row.

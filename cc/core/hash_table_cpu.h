@@ -157,13 +157,6 @@ void PoolTableBagsCpu(const Slots& slots, const LookupSpec& s, const T* values, 
   if (err->found()) err->key = static_cast<int64_t>(keys[err->entry]);
 }
 
-struct InsertRules {
-  int64_t capacity;
-  int64_t admit_after;
-  bool dense_padding;
-  Eviction eviction;
-};
-
 // An error message (empty when none) for a table whose free stack holds rows
 // outside the values among those this call may take (FirstBadFreeRow): the
 // check before InsertMissing, once FindRows has left `rows`.
@@ -353,20 +346,23 @@ constexpr int kMinThreadsForParallelInsert = 4;
 // all at once, else by the Inserter, one key at a time in key order. Returns
 // the rows given to new keys off the free stack (evicted keys' rows, to be
 // reset); *error says where an eviction found the table corrupt.
+// Where RoomForAll holds the inserter runs without its eviction policy: the
+// same rows, and the bound the GPU relies on to insert on the device is
+// checked by every CPU test that evicts.
 template <typename Key, typename ParallelFor>
 std::vector<int64_t> InsertMissing(const TableView& t, const InsertRules& rules, const Key* keys, int64_t n,
                                    int64_t* rows, bool parallel, ParallelFor&& parallel_for, std::string* error) {
-  if (parallel) {
-    std::vector<int64_t> at;
-    for (int64_t i = 0; i < n; ++i) {
-      if (rows[i] == kNoRow && !IsPaddingKey(keys[i], rules.dense_padding)) at.push_back(i);
-    }
-    if (InsertsInParallel(t.header, rules.capacity, t.slots.num_slots, rules.admit_after,
-                          static_cast<int64_t>(at.size()))) {
-      return InsertInParallel(t, keys, at, rows, parallel_for);
-    }
+  std::vector<int64_t> at;
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] == kNoRow && !IsPaddingKey(keys[i], rules.dense_padding)) at.push_back(i);
   }
-  Inserter inserter(t, rules);
+  const int64_t missing = static_cast<int64_t>(at.size());
+  if (parallel && InsertsInParallel(t.header, rules.capacity, t.slots.num_slots, rules.admit_after, missing)) {
+    return InsertInParallel(t, keys, at, rows, parallel_for);
+  }
+  InsertRules serial = rules;
+  if (RoomForAll(t.header, rules.capacity, t.slots.num_slots, missing)) serial.eviction = Eviction::kNone;
+  Inserter inserter(t, serial);
   inserter.InsertMissing(keys, n, rows);
   if (inserter.corrupt_row() >= 0)
     *error = "corrupt hash table: an evicted key held row " + std::to_string(inserter.corrupt_row()) +

@@ -83,7 +83,7 @@ CTR_HD void AddToCell(int64_t* p, int64_t value) {
 CTR_HD bool InsertsInParallel(const int64_t* h, int64_t capacity, int64_t num_slots, int64_t admit_after,
                               int64_t missing) {
   return admit_after == 1 && h[kOccupied] == h[kNextRow] - h[kFreeCount] &&
-         h[kOccupied] + missing <= num_slots - num_slots / 4 && missing <= h[kFreeCount] + capacity - h[kNextRow];
+         RoomForAll(h, capacity, num_slots, missing);
 }
 
 // An entry claimed by sighting j during phases 1-4: below every entry the

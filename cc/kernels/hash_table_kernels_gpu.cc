@@ -4,13 +4,15 @@
 // trained on either device holds the same rows.
 //
 // A read-only find is queued and returns: no read-back. An inserting find
-// must size its reused_rows output, so it reads {reused count, header check}
-// back synchronously, once per call (as the lookup's gradient reads its row
+// must size its reused_rows output, so it reads its status back
+// synchronously, once per call (as the lookup's gradient reads its row
 // count). New keys get rows in parallel while the table has room for them,
 // else one at a time (cuda/hash_table_kernels.cu says how each is chosen on
-// the device). Eviction scans and sorts the whole table on the CPU and is
-// refused here. int32 keys are cast to int64 by the Python wrapper; only int64 keys
-// have a GPU kernel.
+// the device). A call that may have to evict runs its inserts on the host,
+// by the CPU kernel's inserter, on a copy of the table (FinishFindOrInsert):
+// eviction scans and sorts the whole table, once per capacity/16 new keys.
+// int32 keys are cast to int64 by the Python wrapper; only int64 keys have a
+// GPU kernel.
 #ifdef CTR_WITH_CUDA
 
 #include <algorithm>
@@ -23,7 +25,6 @@
 #include "cc/kernels/tf_types.h"
 #include "cuda/device_util.h"
 #include "cuda/hash_table_launchers.h"
-#include "cuda/lookup_launchers.h"  // ReadInt64
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
@@ -54,9 +55,6 @@ class HashTableFindGpuOp : public tensorflow::OpKernel {
  public:
   explicit HashTableFindGpuOp(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, ReadFindAttrs(c, &attrs_));
-    OP_REQUIRES(c, !attrs_.insert || attrs_.rules.eviction == ctr::Eviction::kNone,
-                tensorflow::errors::Unimplemented("a hash table on a GPU inserts without eviction only (got eviction='",
-                                                  attrs_.eviction, "'): place the table on the CPU to evict"));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -90,18 +88,22 @@ class HashTableFindGpuOp : public tensorflow::OpKernel {
     const size_t scratch_bytes = ctr::gpu::HashTableInsertScratchBytes(n);
     OP_REQUIRES_OK(ctx, AllocateTemp(ctx, tensorflow::DT_INT8, {static_cast<int64_t>(scratch_bytes)}, &scratch));
     int64_t* st = status.flat<int64_t>().data();
+    int64_t* table = var->tensor()->flat<int64_t>().data();
+    const int64_t* key_data = keys.flat<int64_t>().data();
+    int64_t* row_data = rows->flat<int64_t>().data();
+    int64_t* reused_data = reused_all.flat<int64_t>().data();
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::HashTableFindOrInsert(
-                            var->tensor()->flat<int64_t>().data(), num_slots, rules.capacity, rules.admit_after,
-                            attrs_.new_step, keys.flat<int64_t>().data(), n, rules.dense_padding,
-                            rows->flat<int64_t>().data(), reused_all.flat<int64_t>().data(), st,
+                            table, num_slots, rules, attrs_.new_step, key_data, n, row_data, reused_data, st,
                             scratch.flat<int8_t>().data(), scratch_bytes, stream)));
-    int64_t h[2];
-    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::ReadInt64(st, 2, h, stream)));
-    OP_REQUIRES(ctx, h[ctr::gpu::kBadHeader] == 0,
+    ctr::gpu::InsertOutcome outcome;
+    OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::FinishFindOrInsert(table, num_slots, rules, key_data, n, row_data,
+                                                                  reused_data, st, &outcome, stream)));
+    OP_REQUIRES(ctx, !outcome.bad_header,
                 tensorflow::errors::InvalidArgument("corrupt hash table header or free stack (capacity ",
                                                     rules.capacity, ", ", num_slots, " slots): the table variable "
                                                     "was assigned something else; nothing was inserted"));
-    const int64_t reused_count = h[ctr::gpu::kReusedCount];
+    OP_REQUIRES_OK(ctx, CoreStatus(outcome.corrupt));
+    const int64_t reused_count = outcome.reused_count;
     Tensor* reused = nullptr;
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {reused_count}, &reused));
     if (reused_count > 0)

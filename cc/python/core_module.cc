@@ -209,9 +209,7 @@ py::tuple HashTableFind(py::array table, py::array_t<int64_t, py::array::c_style
       !(table.flags() & py::array::c_style) || !table.writeable()) {
     throw py::type_error("table must be a writable C-contiguous int64 array [2 + S + ceil(capacity / 4), 4]");
   }
-  if (admit_after < 1) throw py::value_error("admit_after must be >= 1");
-  if (eviction != "none" && eviction != "lru" && eviction != "lfu")
-    throw py::value_error("eviction must be 'none', 'lru' or 'lfu', got '" + eviction + "'");
+  const ctr::InsertRules rules = tf_ctr_py::MakeInsertRules(capacity, admit_after, dense_padding, eviction);
   ctr::TableView view;
   const std::string error = ctr::ViewTable(static_cast<int64_t*>(table.mutable_data()), table.shape(0),
                                            table.shape(1), capacity, &view);
@@ -227,7 +225,6 @@ py::tuple HashTableFind(py::array table, py::array_t<int64_t, py::array::c_style
     const int64_t clock = insert ? ctr::InsertingClock(view.header, /*new_step=*/true) : 0;
     ctr::FindRows(view, keys.data(), n, dense_padding, clock, rows.mutable_data(), parallel_for);
     if (insert) {
-      const ctr::InsertRules rules{capacity, admit_after, dense_padding, ctr::ParseEviction(eviction)};
       table_error = ctr::CheckFreeRows(view, rules, keys.data(), n, rows.data());
       if (table_error.empty())
         reused = ctr::InsertMissing(view, rules, keys.data(), n, rows.mutable_data(), in_parallel, parallel_for,

@@ -221,45 +221,52 @@ void GpuHashTableFind(uintptr_t table_ptr, int64_t table_rows, int64_t capacity,
                                 DevicePtr<int64_t>(rows_ptr), StreamPtr(stream)));
 }
 
-// The inserting find on device pointers (no eviction): synchronizes, and
-// returns how many rows were taken off the free stack (written to reused).
+// The inserting find on device pointers: synchronizes, and returns how many
+// rows were taken off the free stack (written to reused).
 int64_t GpuHashTableFindOrInsert(uintptr_t table_ptr, int64_t table_rows, int64_t capacity, uintptr_t keys_ptr,
                                  int64_t n, uintptr_t rows_ptr, uintptr_t reused_ptr, uintptr_t status_ptr,
                                  uintptr_t scratch_ptr, int64_t admit_after, bool dense_padding, bool new_step,
-                                 uintptr_t stream) {
+                                 const std::string& eviction, uintptr_t stream) {
   const int64_t num_slots = TableSlots(table_rows, capacity, table_ptr, keys_ptr, n, rows_ptr);
-  if (admit_after < 1) throw py::value_error("admit_after must be >= 1");
+  const ctr::InsertRules rules = tf_ctr_py::MakeInsertRules(capacity, admit_after, dense_padding, eviction);
   RequirePointer(reused_ptr, n > 0, "reused_ptr");
   RequirePointer(status_ptr, true, "status_ptr");
   RequirePointer(scratch_ptr, n > 0, "scratch_ptr");
-  HostStatus status{0, 0};
+  ctr::gpu::InsertOutcome outcome;
   {
     py::gil_scoped_release nogil;
-    Check(ctr::gpu::HashTableFindOrInsert(DevicePtr<int64_t>(table_ptr), num_slots, capacity, admit_after, new_step,
-                                          DevicePtr<const int64_t>(keys_ptr), n, dense_padding,
-                                          DevicePtr<int64_t>(rows_ptr), DevicePtr<int64_t>(reused_ptr),
-                                          DevicePtr<int64_t>(status_ptr), DevicePtr<void>(scratch_ptr),
-                                          ctr::gpu::HashTableInsertScratchBytes(n), StreamPtr(stream)));
-    Check(ctr::gpu::ReadInt64(DevicePtr<int64_t>(status_ptr), 2, status.data(), StreamPtr(stream)));
+    auto* table = DevicePtr<int64_t>(table_ptr);
+    const auto* keys = DevicePtr<const int64_t>(keys_ptr);
+    auto* rows = DevicePtr<int64_t>(rows_ptr);
+    auto* reused = DevicePtr<int64_t>(reused_ptr);
+    auto* status = DevicePtr<int64_t>(status_ptr);
+    Check(ctr::gpu::HashTableFindOrInsert(table, num_slots, rules, new_step, keys, n, rows, reused, status,
+                                          DevicePtr<void>(scratch_ptr), ctr::gpu::HashTableInsertScratchBytes(n),
+                                          StreamPtr(stream)));
+    Check(ctr::gpu::FinishFindOrInsert(table, num_slots, rules, keys, n, rows, reused, status, &outcome,
+                                       StreamPtr(stream)));
   }
-  if (status[ctr::gpu::kBadHeader] != 0) throw py::value_error("corrupt hash table header or free stack: nothing was inserted");
-  return status[ctr::gpu::kReusedCount];
+  if (outcome.bad_header) throw py::value_error("corrupt hash table header or free stack: nothing was inserted");
+  if (!outcome.corrupt.empty()) throw py::value_error(outcome.corrupt);
+  return outcome.reused_count;
 }
 
 void RegisterGpuBindings(py::module_& m) {
   m.def("gpu_hash_table_find_or_insert", &GpuHashTableFindOrInsert, py::arg("table_ptr"), py::arg("table_rows"),
         py::arg("capacity"), py::arg("keys_ptr"), py::arg("n"), py::arg("rows_ptr"), py::arg("reused_ptr"),
         py::arg("status_ptr"), py::arg("scratch_ptr"), py::arg("admit_after") = 1, py::arg("dense_padding") = false,
-        py::arg("new_step") = true, py::arg("stream") = 0,
-        "hash_table_find(insert=True, eviction='none') on the device: the int64 table [table_rows, 4] is "
+        py::arg("new_step") = true, py::arg("eviction") = "none", py::arg("stream") = 0,
+        "hash_table_find(insert=True) on the device: the int64 table [table_rows, 4] is "
         "updated in place and rows int64 [n] written; reused int64 [n] receives the rows taken off the free "
         "stack, status is int64[gpu_hash_table_status_cells] scratch and scratch "
-        "gpu_hash_table_insert_scratch_bytes(n) bytes. Synchronizes the stream and returns how many rows were "
+        "gpu_hash_table_insert_scratch_bytes(n) bytes. A call that evicts runs its inserts on the host, on a "
+        "copy of the table. Synchronizes the stream and returns how many rows were "
         "reused; raises ValueError for a header that does not fit the table.");
   m.def("gpu_hash_table_insert_scratch_bytes", &ctr::gpu::HashTableInsertScratchBytes, py::arg("n"),
         "Device scratch bytes gpu_hash_table_find_or_insert needs for n keys.");
   m.attr("gpu_hash_table_status_cells") = static_cast<int>(ctr::gpu::kHashTableStatusCells);
   m.attr("gpu_hash_table_parallel_cell") = static_cast<int>(ctr::gpu::kParallel);
+  m.attr("gpu_hash_table_on_host_cell") = static_cast<int>(ctr::gpu::kOnHost);
   m.def("gpu_hash_table_find", &GpuHashTableFind, py::arg("table_ptr"), py::arg("table_rows"),
         py::arg("capacity"), py::arg("keys_ptr"), py::arg("n"), py::arg("dense_padding") = false,
         py::arg("rows_ptr") = 0, py::arg("stream") = 0,

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/core/hash_table_cpu.h"  // ParseEviction
 #include "cc/core/lookup.h"
 #include "cc/core/strings.h"
 
@@ -17,6 +18,14 @@ namespace tf_ctr_py {
 // A core parser's message as the ValueError of the binding.
 inline void Require(const std::string& error) {
   if (!error.empty()) throw pybind11::value_error(error);
+}
+
+inline ctr::InsertRules MakeInsertRules(int64_t capacity, int64_t admit_after, bool dense_padding,
+                                       const std::string& eviction) {
+  if (admit_after < 1) throw pybind11::value_error("admit_after must be >= 1");
+  if (eviction != "none" && eviction != "lru" && eviction != "lfu")
+    throw pybind11::value_error("eviction must be 'none', 'lru' or 'lfu', got '" + eviction + "'");
+  return {capacity, admit_after, dense_padding, ctr::ParseEviction(eviction)};
 }
 
 inline ctr::LookupSpec MakeLookupSpec(int64_t vocab, int64_t dim, const std::string& combiner,
