@@ -16,7 +16,9 @@ include reading back its two status words), and the issue's target is 1.5e9
 finds/s on an H100 with 10M resident keys. The insert is timed twice: a
 training batch with --new of its keys new, and a batch of new keys only (a
 first step); each line says whether the device inserted in parallel or one
-key at a time.
+key at a time. A third insert is of an LRU table that is full (capacity =
+the resident keys): its new keys need an eviction, which runs on the host
+(the key table copied there and back); its time is that path's.
 """
 
 import argparse
@@ -99,9 +101,11 @@ def main():
 
     bench_insert(core, cp, rng, table, capacity, keys, args, args.new)
     bench_insert(core, cp, rng, table, capacity, keys, args, 1.0)
+    full = build_table(core, keys, args.keys)
+    bench_insert(core, cp, rng, full, args.keys, keys, args, args.new, eviction="lru")
 
 
-def bench_insert(core, cp, rng, table, capacity, keys, args, share_new):
+def bench_insert(core, cp, rng, table, capacity, keys, args, share_new, eviction="none"):
     """An inserting find of a Zipf batch of resident keys with share_new of
     them replaced by new ones (Zipf over twice their number, so new keys
     repeat too), each repeat on a fresh device copy of the table."""
@@ -120,21 +124,25 @@ def bench_insert(core, cp, rng, table, capacity, keys, args, share_new):
         start.record()
         core.gpu_hash_table_find_or_insert(d_work.data.ptr, table.shape[0], capacity, d_keys.data.ptr, batch.size,
                                            d_rows.data.ptr, d_reused.data.ptr, d_status.data.ptr,
-                                           d_scratch.data.ptr, stream=cp.cuda.get_current_stream().ptr)
+                                           d_scratch.data.ptr, eviction=eviction,
+                                           stream=cp.cuda.get_current_stream().ptr)
         end.record()
         end.synchronize()
         return cp.cuda.get_elapsed_time(start, end) * 1e-3
 
     insert()
     want_table = table.copy()
-    want_rows, _ = core.hash_table_find(want_table, batch, capacity, insert=True, in_parallel=False)
+    want_rows, _ = core.hash_table_find(want_table, batch, capacity, insert=True, eviction=eviction,
+                                        in_parallel=False)
     if not np.array_equal(cp.asnumpy(d_rows), want_rows):
         raise SystemExit("insert: GPU rows differ from the CPU insert")
     assert_same_table(cp.asnumpy(d_work), want_table, capacity, "insert: GPU table differs from the CPU insert")
-    path = "in parallel" if int(cp.asnumpy(d_status)[core.gpu_hash_table_parallel_cell]) else "one key at a time"
+    cells = cp.asnumpy(d_status)
+    path = ("on the host, evicting" if cells[core.gpu_hash_table_on_host_cell]
+            else "in parallel" if cells[core.gpu_hash_table_parallel_cell] else "one key at a time")
     distinct = np.unique(batch[~np.isin(batch, keys)]).size
     t = statistics.median(insert() for _ in range(args.repeat))
-    print(f"  insert   {t * 1e3:8.3f} ms  for {batch.size} keys, {n_new} new sightings of {distinct} new keys, "
+    print(f"  insert{'/' + eviction if eviction != 'none' else '':5s}{t * 1e3:8.3f} ms  for {batch.size} keys, {n_new} new sightings of {distinct} new keys, "
           f"{path} ({batch.size / t / 1e6:.1f}M keys/s, {t / max(distinct, 1) * 1e6:.3f} us per new key)")
 
 
