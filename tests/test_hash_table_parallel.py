@@ -141,3 +141,21 @@ def test_a_table_with_claim_like_entries_stays_in_bounds(rng):
         rows, reused = core.hash_table_find(table, keys, capacity, insert=True, threads=4)
         assert ((rows >= -1) & (rows < capacity)).all()
         assert reused.size == 0
+
+
+@pytest.mark.parametrize("eviction", ["lru", "lfu"])
+def test_an_evicting_table_evicts_only_once_a_sighting_lacks_a_row(eviction):
+    # RoomForAll (a slot and a row for every sighting the find misses) turns
+    # the eviction policy off for a call, and a GPU table inserts on the device
+    # where it holds: at its edge, the call that takes the last free row
+    # evicts nothing, and the next new key evicts one (capacity / 16 < 1).
+    capacity = 8
+    table = layout.empty_table_array(16, capacity)
+    core.hash_table_find(table, np.arange(7, dtype=np.int64), capacity, insert=True, eviction=eviction)
+    rows, reused = core.hash_table_find(table, np.array([100, 100], np.int64), capacity, insert=True,
+                                        eviction=eviction)
+    h = table.reshape(-1)
+    assert list(rows) == [7, 7] and reused.size == 0 and h[layout.EVICTED] == 0 and h[layout.NEXT_ROW] == capacity
+    rows, reused = core.hash_table_find(table, np.array([101], np.int64), capacity, insert=True, eviction=eviction)
+    assert h[layout.EVICTED] == 1 and list(reused) == list(rows) and 0 <= rows[0] < 7
+    assert (core.hash_table_find(table, np.array([101, 100], np.int64), capacity)[0] >= 0).all()
