@@ -64,9 +64,12 @@ __global__ void StartInsertKernel(int64_t* header, int64_t capacity, int64_t num
 
 // The find of an inserting call: found keys, and keys waiting for admission
 // (WaitsInSlot), are stamped with the call's clock, atomically since one key
-// may come many times; the missing ones are counted, a warp's at once.
-__global__ void FindStampKernel(const int64_t* __restrict__ header, Slots slots, const int64_t* __restrict__ keys,
-                                int64_t n, bool dense_padding, int64_t* __restrict__ rows, int64_t* status) {
+// may come many times; the missing ones are counted, a warp's at once. A
+// probe that meets no empty slot, or a row past the capacity (the CPU's
+// TableFault), marks the table bad: no insert path runs.
+__global__ void FindStampKernel(const int64_t* __restrict__ header, Slots slots, int64_t capacity,
+                                const int64_t* __restrict__ keys, int64_t n, bool dense_padding,
+                                int64_t* __restrict__ rows, int64_t* status) {
   const bool stamp = status[kBadHeader] == 0;
   const unsigned long long clock = static_cast<unsigned long long>(header[kClock]);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -74,6 +77,7 @@ __global__ void FindStampKernel(const int64_t* __restrict__ header, Slots slots,
     const int64_t s = ProbeSlot(slots.pairs, slots.num_slots, keys[i]);
     const int64_t row = RowInSlot(slots.pairs, s, keys[i], dense_padding);
     rows[i] = row;
+    if (s < 0 || row >= capacity) status[kBadHeader] = 1;
     const auto warp = cooperative_groups::coalesced_threads();
     const unsigned missing = warp.ballot(row == kNoRow && !IsPaddingKey(keys[i], dense_padding));
     if (missing != 0 && warp.thread_rank() == 0) {
@@ -253,7 +257,7 @@ std::string HashTableFindOrInsert(int64_t* table, int64_t num_slots, const Inser
            std::to_string(w.total) + " (HashTableInsertScratchBytes)";
   }
   const unsigned int grid = GridFor(n, kFindThreads);
-  FindStampKernel<<<grid, kFindThreads, 0, st>>>(t.header, t.slots, keys, n, dense_padding, rows, status);
+  FindStampKernel<<<grid, kFindThreads, 0, st>>>(t.header, t.slots, capacity, keys, n, dense_padding, rows, status);
   DecideInsertKernel<<<1, 1, 0, st>>>(t, rules, status);
   ClaimSlotsKernel<<<grid, kFindThreads, 0, st>>>(t.slots, keys, n, dense_padding, rows, status, w.slot);
   FirstSightingsKernel<<<grid, kFindThreads, 0, st>>>(t.header, t.slots, keys, n, w.slot, w.flags);

@@ -35,7 +35,8 @@ std::string HashTableFind(const int64_t* slot_rows, int64_t num_slots, const int
 // be found or inserted by another call at the same time. Asynchronous.
 enum HashTableInsertStatus : int {
   kReusedCount = 0,  // rows taken off the free stack, written to reused[]
-  kBadHeader = 1,    // 1: the header, or a free row the call could take, does not fit the table; nothing was inserted
+  kBadHeader = 1,    // 1: the header, a free row the call could take, or a slot the find met does not fit the
+                     // table (TableFault); nothing was inserted
   kMissing = 2,      // sightings the find left without a row (padding aside)
   kParallel = 3,     // 1: the missing keys were inserted in parallel
   kOnHost = 4,       // 1: the call may evict; its inserts are FinishFindOrInsert's, on the host

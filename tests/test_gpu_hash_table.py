@@ -226,6 +226,22 @@ def test_an_evicting_call_on_a_corrupt_table_is_refused(rng):
         gpu_find_or_insert(bad, 64, rng.integers(-2**62, 2**62, size=200), eviction="lru")
 
 
+@pytest.mark.parametrize("corrupt", ["row past the capacity", "no empty slot"])
+def test_an_inserting_find_refuses_slots_no_insert_leaves(corrupt):
+    # The CPU's TableFault: the device flags the table bad and inserts nothing.
+    table = empty_table(16, 8)
+    core.hash_table_find(table, np.array([5], np.int64), 8, insert=True)
+    pairs = table[layout.HEADER_ROWS:layout.HEADER_ROWS + 8].reshape(-1)  # (key, entry) of the 16 slots
+    if corrupt == "no empty slot":
+        pairs[:] = 0
+    else:
+        pairs[1::2][pairs[0::2] == 5] = 1000
+    with pytest.raises(ValueError, match="corrupt hash table"):
+        core.hash_table_find(table.copy(), np.array([5, 7], np.int64), 8, insert=True)
+    with pytest.raises(ValueError, match="corrupt hash table header, free stack or slots"):
+        gpu_find_or_insert(table, 8, [5, 7])
+
+
 def test_a_call_that_continues_a_step_keeps_the_clock(rng):
     table = empty_table(16, 8)
     after = gpu_find_or_insert(table, 8, [1, 2], new_step=True)[2]

@@ -425,14 +425,17 @@ def test_a_corrupt_table_variable_is_an_invalid_argument():
                 table.find([1, 2], insert=insert)
 
 
-def _slots_holding(entry, key_base, capacity=8, **kwargs):
-    """A table whose every slot holds a key (key_base + slot) with `entry`,
-    and whose rows were all handed out: a variable assigned something else."""
+def _slots_holding(entry, key_base, capacity=8, empty_slot=None, **kwargs):
+    """A table whose every slot (but empty_slot) holds a key (key_base + slot)
+    with `entry`, and whose rows were all handed out: a variable assigned
+    something else."""
     table = HashTable(dim=2, capacity=capacity, **kwargs)
     data = table.table.numpy()
     pairs = data[2:2 + table.num_slots // 2].reshape(-1, 2)  # (key, entry) of each slot
     pairs[:, 0] = key_base + np.arange(table.num_slots)
     pairs[:, 1] = entry
+    if empty_slot is not None:
+        pairs[empty_slot] = (0, -1)
     data[2:2 + table.num_slots // 2] = pairs.reshape(-1, 4)
     data[0, 0], data[0, 1] = capacity, table.num_slots  # rows handed out, slots occupied
     table.table.assign(data)
@@ -443,13 +446,86 @@ def test_an_eviction_never_hands_out_a_corrupt_slots_row():
     # Evicted keys' rows went onto the free stack unchecked, and new keys got
     # rows past the values (10**12 here) with no error.
     from tf_ctr_ops import _core
-    table = _slots_holding(10**12, 1000, eviction="lru")
+    # One empty slot ends the probes (a table without one is refused by the
+    # find, before any eviction); the header says every slot is taken.
+    table = _slots_holding(10**12, 1000, eviction="lru", empty_slot=5)
     message = r"corrupt hash table: an evicted key held row 1000000000000, out of range \[0, 8\)"
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         table.find([1, 2, 3], insert=True)
     with pytest.raises(ValueError, match=message):
-        _core.hash_table_find(_slots_holding(10**12, 1000, eviction="lru").table.numpy(), np.array([1, 2, 3]), 8,
-                              insert=True, eviction="lru")
+        _core.hash_table_find(_slots_holding(10**12, 1000, eviction="lru", empty_slot=5).table.numpy(),
+                              np.array([1, 2, 3]), 8, insert=True, eviction="lru")
+
+
+@pytest.mark.parametrize("insert", [False, True])
+def test_a_zeroed_table_is_an_error_naming_the_key_not_a_scan_per_key(insert):
+    # Zeros make every slot hold key 0 with row 0: no probe of another key
+    # ends, and each one scanned every slot, then read as absent (a training
+    # call dropped every key, silently, at O(slots) a key).
+    from tf_ctr_ops import _core
+    table = HashTable(dim=2, capacity=1 << 14)
+    table.table.assign(tf.zeros_like(table.table))
+    message = f"corrupt hash table: key [78]'s probe met no empty slot among its {table.num_slots} slots"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        table.find(tf.constant([0, 7] + [8] * 5000, tf.int64), insert=insert)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        hash_table_embedding(table, tf.ragged.constant([[0], [7, 0]], tf.int64), insert=insert)
+    with pytest.raises(ValueError, match=message):
+        _core.hash_table_find(table.table.numpy(), np.array([7]), table.capacity, insert=insert)
+    assert int(table.statistics()["dropped"]) == 0
+
+
+def test_a_row_past_the_capacity_is_an_error_not_a_row():
+    # find() handed out the corrupt row as it was (the pooling ops check rows;
+    # find's caller gets them raw).
+    from tf_ctr_ops import _core
+    table = HashTable(dim=2, capacity=8)
+    table.find([5], insert=True)
+    data = table.table.numpy()
+    pairs = data[2:2 + table.num_slots // 2].reshape(-1, 2)
+    pairs[pairs[:, 0] == 5, 1] = 1000
+    data[2:2 + table.num_slots // 2] = pairs.reshape(-1, 4)
+    table.table.assign(data)
+    message = "corrupt hash table: key 5 has row 1000, past its capacity 8"
+    for insert in (False, True):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            table.find([4, 5], insert=insert)
+        with pytest.raises(ValueError, match=message):
+            _core.hash_table_find(data.copy(), np.array([5]), 8, insert=insert)
+
+
+def test_counters_assigned_their_largest_value_stay_there():
+    # dropped, evicted and a key's use count were incremented unchecked:
+    # signed overflow (undefined; the sanitizer stage halts on it).
+    from tf_ctr_ops.table_layout import DROPPED, EVICTED, HEADER_ROWS
+    big = 2**63 - 1
+
+    def assigned(table, cell, value):
+        data = table.table.numpy()
+        data.reshape(-1)[cell] = value
+        table.table.assign(data)
+
+    full = HashTable(dim=2, capacity=8, num_slots=16)
+    full.find(list(range(100, 108)), insert=True)
+    assigned(full, DROPPED, big)
+    assert full.find([999], insert=True).numpy()[0] == -1
+    assert int(full.statistics()["dropped"]) == big
+    evicting = HashTable(dim=2, capacity=8, num_slots=16, eviction="lru")
+    evicting.find(list(range(100, 108)), insert=True)
+    assigned(evicting, EVICTED, big)
+    assert evicting.find([999], insert=True).numpy()[0] >= 0
+    assert int(evicting.statistics()["evicted"]) == big
+    waiting = HashTable(dim=2, capacity=8, num_slots=16, admit_after=3)
+    waiting.find([5], insert=True)
+    data = waiting.table.numpy()
+    pairs = data[HEADER_ROWS:HEADER_ROWS + 8].reshape(-1)  # pairs, read flat
+    slot = int(np.flatnonzero(pairs[0::2] == 5)[0])
+    stats = data[HEADER_ROWS + 8:HEADER_ROWS + 16].reshape(-1)
+    stats[2 * slot + 1] = big  # the waiting key's use count
+    data[HEADER_ROWS + 8:HEADER_ROWS + 16] = stats.reshape(-1, 4)
+    waiting.table.assign(data)
+    waiting.find([5], insert=True)
+    assert waiting.table.numpy()[HEADER_ROWS + 8:HEADER_ROWS + 16].reshape(-1)[2 * slot + 1] == big
 
 
 def test_a_waiting_key_seen_2_63_times_is_admitted_not_wrapped_into_a_row():
@@ -993,6 +1069,28 @@ def test_a_refused_restore_leaves_the_table_as_it_was(tmp_path, capacity):
     np.testing.assert_array_equal(table.table.numpy(), before[0])
     np.testing.assert_array_equal(table.values.numpy(), before[1])
     np.testing.assert_array_equal(table.find([11, 99]).numpy(), [-1, 0])
+
+
+def test_a_checkpoint_whose_rows_pass_its_values_restores_nothing(tmp_path):
+    # Another capacity with the same slot count: the saved table has this
+    # one's shape and was assigned as it was; its keys' rows then failed to
+    # read (a raw GatherV2 error), and the table stayed the checkpoint's, unusable.
+    saved = HashTable(dim=2, capacity=100, num_slots=256)
+    saved.find(list(range(100)), insert=True)
+    data = saved.table.numpy()
+    pairs = data[2:2 + 128].reshape(-1, 2)
+    pairs[pairs[:, 0] == 42, 1] = 10**12
+    data[2:2 + 128] = pairs.reshape(-1, 4)
+    saved.table.assign(data)
+    path = tf.train.Checkpoint(emb=saved).save(str(tmp_path / "ckpt"))
+    table = HashTable(dim=2, capacity=97, num_slots=256)
+    table.find([5, 6], insert=True)
+    before = table.table.numpy(), table.values.numpy()
+    with pytest.raises(ValueError, match="could not be restored into this one .*as it was before the restore"):
+        tf.train.Checkpoint(emb=table).restore(path)
+    np.testing.assert_array_equal(table.table.numpy(), before[0])
+    np.testing.assert_array_equal(table.values.numpy(), before[1])
+    np.testing.assert_array_equal(table.find([5, 6, 42]).numpy(), [0, 1, -1])
 
 
 def test_a_deleted_table_frees_its_variables_at_once(tmp_path):

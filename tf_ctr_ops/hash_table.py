@@ -284,10 +284,27 @@ class _AnyCapacityRestore:
         self._saved[part] = (saved, same_shape)
         if len(self._saved) == 2:
             (saved_table, same_table), (saved_values, same_values) = self._saved["table"], self._saved["values"]
-            self._saved, self._before = {}, {}
             if not (same_table and same_values):
-                self._insert_saved(saved_table, saved_values)
+                self._insert_saved_or_put_back(saved_table, saved_values)
+            self._saved, self._before = {}, {}
         return result
+
+    def _insert_saved_or_put_back(self, saved_table, saved_values):
+        """Inserts the saved keys; a checkpoint whose keys cannot be read or
+        inserted (a row past its values, say) leaves both variables as they
+        were before the restore, as a refused restore does."""
+        table = self._table()
+        for part, var in (("table", table.table), ("values", table.values)):
+            if part not in self._before:  # not assigned by this restore: its value now is the one to keep
+                self._before[part] = (lambda v=var: v, tf.identity(_variable(var)))
+        try:
+            self._insert_saved(saved_table, saved_values)
+        except (ValueError, tf.errors.OpError) as e:
+            self._put_back()
+            if isinstance(e, ValueError):
+                raise
+            raise ValueError(f"the checkpoint's table could not be restored into this one ({e.message.strip()}); "
+                             "the table is as it was before the restore") from e
 
     def _put_back(self):
         for variable_ref, value in self._before.values():

@@ -184,11 +184,18 @@ CTR_HD int64_t InsertingClock(int64_t* header, bool new_step) {
   return header[kClock];
 }
 
+// Adds one to a counter (dropped, evicted, a key's use count) short of
+// INT64_MAX: the header check bounds the cells that index the table, not
+// these, and a table assigned a count of INT64_MAX must not overflow.
+CTR_HD void CountUp(int64_t* cell) {
+  if (*cell < INT64_MAX) ++*cell;
+}
+
 // Marks slot s as seen by the inserting call of `clock`: the LRU and LFU scores.
 CTR_HD void StampSlot(const Slots& t, int64_t s, int64_t clock) {
   int64_t* stats = StatsAt(t, s);
   stats[kLastSeen] = clock;
-  ++stats[kCount];
+  CountUp(&stats[kCount]);
 }
 
 CTR_HD bool RowAvailable(const int64_t* h, int64_t capacity) {
@@ -224,7 +231,7 @@ CTR_HD int64_t PlaceKey(const TableView& t, int64_t s, int64_t key, int64_t capa
   const bool new_slot = entry == kEmptyEntry;
   if (s < 0 || (new_slot && !CanClaimSlot(h[kOccupied], t.slots.num_slots)) ||
       (admitted && !RowAvailable(h, capacity))) {
-    ++h[kDropped];
+    CountUp(&h[kDropped]);
     return kNoRow;
   }
   int64_t* pair = PairAt(t.slots.pairs, s);

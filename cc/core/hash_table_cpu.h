@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -96,7 +97,44 @@ class SlotFinder {
   int64_t home_[kProbeDistance];  // key i's home slot in home_[i % kProbeDistance]
 };
 
-// Rows of `keys` (kNoRow for none). With clock > 0 (an inserting call), each
+// What a find met that no insert can have left (a table variable assigned
+// something else: zeros make every slot hold key 0 with row 0): a probe that
+// found no empty slot to end at, or a row past the capacity. Threads keep
+// the first one; a find stops at it, so such a table costs one scan of its
+// slots instead of one per key, and the op fails naming the key.
+class TableFault {
+ public:
+  bool found() const { return kind_.load(std::memory_order_relaxed) != kNone; }
+  void NoEmptySlot(int64_t key) { Record(kNoEmptySlot, key, 0); }
+  void RowPastCapacity(int64_t key, int64_t row) { Record(kRowPastCapacity, key, row); }
+
+  // The error message, empty when nothing was found. Read once the threads are done.
+  std::string Describe(int64_t capacity, int64_t num_slots) const {
+    const int kind = kind_.load(std::memory_order_acquire);
+    if (kind == kNone) return "";
+    const std::string what = kind == kNoEmptySlot
+                                 ? "'s probe met no empty slot among its " + std::to_string(num_slots) + " slots"
+                                 : " has row " + std::to_string(value_) + ", past its capacity " +
+                                       std::to_string(capacity);
+    return "corrupt hash table: key " + std::to_string(key_) + what +
+           " (the table variable was assigned something else)";
+  }
+
+ private:
+  enum : int { kClaimed = -1, kNone = 0, kNoEmptySlot = 1, kRowPastCapacity = 2 };
+  void Record(int kind, int64_t key, int64_t value) {
+    int none = kNone;
+    if (!kind_.compare_exchange_strong(none, kClaimed)) return;
+    key_ = key;
+    value_ = value;
+    kind_.store(kind, std::memory_order_release);
+  }
+  std::atomic<int> kind_{kNone};
+  int64_t key_ = 0, value_ = 0;
+};
+
+// Rows of `keys` (kNoRow for none); a table no insert can have left stops
+// the find with *fault set (TableFault). With clock > 0 (an inserting call), each
 // found key is stamped as seen by this call and its use count goes up: the
 // scores eviction reads; a key waiting for admission is stamped as seen only
 // (WaitsInSlot). Threads may stamp one slot at once, hence atomics;
@@ -105,13 +143,16 @@ class SlotFinder {
 // the stamps took two thirds of an inserting find of a table out of cache.
 // parallel_for(n, fn) runs fn(begin, end) over [0, n), on threads or not.
 template <typename Key, typename ParallelFor>
-void FindRows(const TableView& t, const Key* keys, int64_t n, bool dense_padding, int64_t clock, int64_t* rows,
-              ParallelFor&& parallel_for) {
+void FindRows(const TableView& t, int64_t capacity, const Key* keys, int64_t n, bool dense_padding, int64_t clock,
+              int64_t* rows, TableFault* fault, ParallelFor&& parallel_for) {
   parallel_for(n, [&](int64_t begin, int64_t end) {
     SlotFinder<Key> finder(t.slots, keys, begin, end, /*stamps=*/clock > 0);
     for (int64_t i = begin; i < end; ++i) {
+      if (fault->found()) return;
       const int64_t s = finder.SlotOf(i);
+      if (s < 0) return fault->NoEmptySlot(static_cast<int64_t>(keys[i]));
       rows[i] = RowInSlot(t.slots.pairs, s, keys[i], dense_padding);
+      if (rows[i] >= capacity) return fault->RowPastCapacity(static_cast<int64_t>(keys[i]), rows[i]);
       if (clock == 0) continue;
       int64_t* stats = StatsAt(t.slots, s);
       if (rows[i] != kNoRow) {
@@ -135,7 +176,8 @@ void FindRows(const TableView& t, const Key* keys, int64_t n, bool dense_padding
 // -1 out, and the rules after that are the lookup's: a pruned entry is
 // dropped before its row is checked; a row outside `values` (a table
 // assigned other tensors) stops the range, recorded in *err with the key
-// (its row is rows[err->entry]).
+// (its row is rows[err->entry]); a probe that meets no empty slot stops it
+// before any pooling, recorded in *fault.
 // The message of PoolTableBagsCpu's error, `row` being the key's (rows[e.entry]).
 inline std::string DescribeTableRowError(const KeyError& e, int64_t row, int64_t num_values) {
   return "key " + std::to_string(e.key) + " in row " + std::to_string(e.row) + " has table row " +
@@ -146,10 +188,15 @@ inline std::string DescribeTableRowError(const KeyError& e, int64_t row, int64_t
 template <typename T, typename Key>
 void PoolTableBagsCpu(const Slots& slots, const LookupSpec& s, const T* values, const Key* keys,
                       const float* weights, const int64_t* offsets, int64_t row_begin, int64_t row_end,
-                      bool dense_padding, AccT<T>* acc, T* out, int64_t* rows, KeyError* err) {
+                      bool dense_padding, AccT<T>* acc, T* out, int64_t* rows, KeyError* err,
+                      TableFault* fault) {
   const int64_t first = offsets[row_begin], last = offsets[row_end];
   SlotFinder<Key> finder(slots, keys, first, last);
-  for (int64_t i = first; i < last; ++i) rows[i] = RowInSlot(slots.pairs, finder.SlotOf(i), keys[i], dense_padding);
+  for (int64_t i = first; i < last; ++i) {
+    const int64_t s = finder.SlotOf(i);
+    if (s < 0) return fault->NoEmptySlot(static_cast<int64_t>(keys[i]));
+    rows[i] = RowInSlot(slots.pairs, s, keys[i], dense_padding);
+  }
   LookupSpec found = s;
   found.id_mode = IdMode::kIndex;
   found.invalid_ids = InvalidIds::kSkipNegative;
@@ -285,7 +332,7 @@ class Inserter {
         t_.free_rows[h_[kFreeCount]++] = entry;
       DeleteSlot(t, s);
       --h_[kOccupied];
-      ++h_[kEvicted];
+      CountUp(&h_[kEvicted]);
     }
     return true;
   }

@@ -85,7 +85,10 @@ class HashTableFindOp : public tensorflow::OpKernel {
     if (!attrs_.insert) {
       tensorflow::tf_shared_lock lock(*var->mu());
       OP_REQUIRES_OK(ctx, ViewTable(ctx, var->tensor(), attrs_.rules.capacity, &table));
-      ctr::FindRows(table, key_data, n, attrs_.rules.dense_padding, /*clock=*/0, row_data, parallel_for);
+      ctr::TableFault fault;
+      ctr::FindRows(table, attrs_.rules.capacity, key_data, n, attrs_.rules.dense_padding, /*clock=*/0, row_data,
+                    &fault, parallel_for);
+      OP_REQUIRES_OK(ctx, CoreStatus(fault.Describe(attrs_.rules.capacity, table.slots.num_slots)));
       OP_REQUIRES_OK(ctx, OutputReused(ctx, {}));
       return;
     }
@@ -94,7 +97,10 @@ class HashTableFindOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, UnshareBuffer(ctx, var->tensor()));
     OP_REQUIRES_OK(ctx, ViewTable(ctx, var->tensor(), attrs_.rules.capacity, &table));
     const int64_t clock = ctr::InsertingClock(table.header, attrs_.new_step);
-    ctr::FindRows(table, key_data, n, attrs_.rules.dense_padding, clock, row_data, parallel_for);
+    ctr::TableFault fault;
+    ctr::FindRows(table, attrs_.rules.capacity, key_data, n, attrs_.rules.dense_padding, clock, row_data, &fault,
+                  parallel_for);
+    OP_REQUIRES_OK(ctx, CoreStatus(fault.Describe(attrs_.rules.capacity, table.slots.num_slots)));
     OP_REQUIRES_OK(ctx, CoreStatus(ctr::CheckFreeRows(table, attrs_.rules, key_data, n, row_data)));
     const bool parallel =
         ctx->device()->tensorflow_cpu_worker_threads()->num_threads >= ctr::kMinThreadsForParallelInsert;
@@ -162,14 +168,16 @@ class HashTableEmbeddingOp : public tensorflow::OpKernel {
     const float* weights = in.weights ? in.weights->flat<float>().data() : nullptr;
     int64_t* row_data = rows->flat<int64_t>().data();
     ctr::LowestRowError<ctr::KeyError> first_error;
+    ctr::TableFault fault;
     const int64_t cost = BagCost(in, a.spec, bags) + (in.nnz() / std::max<int64_t>(bags, 1) + 1) * kProbeCost;
     ParallelFor(ctx, bags, cost, [&](int64_t begin, int64_t end) {
       std::vector<ctr::AccT<CT>> acc(a.spec.dim);
       ctr::KeyError err;
       ctr::PoolTableBagsCpu(table.slots, a.spec, CorePtr<T>(values.tensor()), keys, weights, offsets, begin, end,
-                            dense_padding_, acc.data(), CorePtr<T>(out), row_data, &err);
+                            dense_padding_, acc.data(), CorePtr<T>(out), row_data, &err, &fault);
       first_error.Offer(err);
     });
+    OP_REQUIRES_OK(ctx, CoreStatus(fault.Describe(capacity_, table.slots.num_slots)));
     if (!first_error.found()) return;
     const ctr::KeyError& e = first_error.error();
     ctx->CtxFailure(tensorflow::errors::InvalidArgument(

@@ -99,7 +99,7 @@ class HashTableFindGpuOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, LaunchStatus(ctr::gpu::FinishFindOrInsert(table, num_slots, rules, key_data, n, row_data,
                                                                   reused_data, st, &outcome, stream)));
     OP_REQUIRES(ctx, !outcome.bad_header,
-                tensorflow::errors::InvalidArgument("corrupt hash table header or free stack (capacity ",
+                tensorflow::errors::InvalidArgument("corrupt hash table header, free stack or slots (capacity ",
                                                     rules.capacity, ", ", num_slots, " slots): the table variable "
                                                     "was assigned something else; nothing was inserted"));
     OP_REQUIRES_OK(ctx, CoreStatus(outcome.corrupt));

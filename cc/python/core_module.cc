@@ -60,6 +60,7 @@ py::array RunLookup(const ctr::LookupSpec& spec, const py::array& params, const 
   const T* p = static_cast<const T*>(params.data());
   const TKey* k = static_cast<const TKey*>(keys.data());
   ctr::LowestRowError<ctr::KeyError> first;
+  ctr::TableFault fault;
   {
     py::gil_scoped_release release;
     ParallelRanges(rows, threads, [&](int64_t b, int64_t e) {
@@ -223,8 +224,10 @@ py::tuple HashTableFind(py::array table, py::array_t<int64_t, py::array::c_style
     const int num_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
     auto parallel_for = [num_threads](int64_t count, auto&& fn) { ParallelRanges(count, num_threads, fn); };
     const int64_t clock = insert ? ctr::InsertingClock(view.header, /*new_step=*/true) : 0;
-    ctr::FindRows(view, keys.data(), n, dense_padding, clock, rows.mutable_data(), parallel_for);
-    if (insert) {
+    ctr::TableFault fault;
+    ctr::FindRows(view, capacity, keys.data(), n, dense_padding, clock, rows.mutable_data(), &fault, parallel_for);
+    table_error = fault.Describe(capacity, view.slots.num_slots);
+    if (insert && table_error.empty()) {
       table_error = ctr::CheckFreeRows(view, rules, keys.data(), n, rows.data());
       if (table_error.empty())
         reused = ctr::InsertMissing(view, rules, keys.data(), n, rows.mutable_data(), in_parallel, parallel_for,
@@ -262,6 +265,7 @@ py::tuple HashTableEmbedding(py::array table, py::array_t<float, py::array::c_st
   py::array_t<float> out(std::vector<py::ssize_t>{bags, spec.dim});
   py::array_t<int64_t> rows(keys.shape(0));
   ctr::LowestRowError<ctr::KeyError> first;
+  ctr::TableFault fault;
   {
     py::gil_scoped_release release;
     const int num_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
@@ -269,10 +273,11 @@ py::tuple HashTableEmbedding(py::array table, py::array_t<float, py::array::c_st
       std::vector<float> acc(spec.dim);
       ctr::KeyError err;
       ctr::PoolTableBagsCpu(view.slots, spec, values.data(), keys.data(), wptr, off.data(), b, e, dense_padding,
-                            acc.data(), out.mutable_data(), rows.mutable_data(), &err);
+                            acc.data(), out.mutable_data(), rows.mutable_data(), &err, &fault);
       first.Offer(err);
     });
   }
+  tf_ctr_py::Require(fault.Describe(capacity, view.slots.num_slots));
   if (first.found())
     throw py::value_error(ctr::DescribeTableRowError(first.error(), rows.data()[first.error().entry], spec.vocab));
   return py::make_tuple(out, rows);

@@ -246,7 +246,7 @@ int64_t GpuHashTableFindOrInsert(uintptr_t table_ptr, int64_t table_rows, int64_
     Check(ctr::gpu::FinishFindOrInsert(table, num_slots, rules, keys, n, rows, reused, status, &outcome,
                                        StreamPtr(stream)));
   }
-  if (outcome.bad_header) throw py::value_error("corrupt hash table header or free stack: nothing was inserted");
+  if (outcome.bad_header) throw py::value_error("corrupt hash table header, free stack or slots: nothing was inserted");
   if (!outcome.corrupt.empty()) throw py::value_error(outcome.corrupt);
   return outcome.reused_count;
 }
