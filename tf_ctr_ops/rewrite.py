@@ -11,8 +11,10 @@ This module switches it on:
   tf_ctr_ops optimize SRC DST`), which writes a new SavedModel serving the
   same signatures and returns a `RewriteReport`.
 
-Every rewrite preserves semantics exactly; a subgraph the fused op would not
-reproduce is left alone and the reason is reported.
+Every rewrite preserves semantics: the same outputs, up to float rounding
+where the fused op orders its arithmetic differently (a max_norm clip, a
+mean's division: a few ulps); a subgraph the fused op would not reproduce is
+left alone and the reason is reported.
 """
 
 import contextlib
