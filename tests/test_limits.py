@@ -112,6 +112,18 @@ def _cross_rows(batch):
                                            dense_inputs=[], num_buckets=4, hash_key=1)
 
 
+def _int_vocab():
+    return tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
+        tf.constant([1], tf.int64), tf.constant([0], tf.int64)), -1)
+
+
+def _lookup_grad_of_no_rows(dim):
+    return _ops.ctr_embedding_lookup_grad(
+        grad=tf.zeros([0, dim]), params=tf.zeros([0, dim]), ids=tf.zeros([0], tf.int64),
+        segments=tf.constant([0], tf.int64), num_rows=tf.constant(-1, tf.int64), weights=tf.zeros([0]),
+        segment_kind="row_splits")
+
+
 CASES = {
     # Bag counts from row ids / num_rows: checked before anything is sized by them.
     "last_row_id_negative": lambda: _lookup([1], [-5], -1),
@@ -132,6 +144,21 @@ CASES = {
     "string_output_overflow": lambda: tco.string_embedding(["", "", "", ""], tf.zeros([0, 2**62]), id_mode="index"),
     "multi_string_output_overflow": lambda: tco.multi_string_embedding(
         [tf.constant(["", "", "", ""])], [tf.zeros([0, 2**62])], id_modes="index"),
+    # Tables of no row and huge rows: products and sums of their widths (the
+    # row size, the sharding cost, a concatenation) overflowed int64.
+    "lookup_rows_of_2^65_elements": lambda: tco.sparse_embedding(tf.zeros([0, 2**62, 8]), tf.ragged.constant(
+        [[]], tf.int64)),
+    "lookup_rows_of_2^62_no_bags": lambda: tco.sparse_embedding(tf.zeros([0, 2**62]), tf.ragged.constant(
+        [], tf.int64, ragged_rank=1)),
+    "lookup_grad_rows_of_2^62_no_bags": lambda: _lookup_grad_of_no_rows(2**62),
+    "string_rows_of_2^62_no_strings": lambda: tco.string_embedding(tf.constant([], tf.string), tf.zeros([0, 2**62]),
+                                                                   id_mode="index"),
+    "concat_strings_width_past_int64": lambda: tco.multi_string_embedding(
+        [tf.constant([], tf.string)] * 2, [tf.zeros([0, 2**62])] * 2, id_modes="index", concat=True),
+    "vocab_oov_ids_past_int64": lambda: tco.vocab_embedding(_int_vocab(), tf.constant([5], tf.int64), tf.ones([4, 3]),
+                                                            oov_slots=4, oov_start=I64_MAX, oov_id=-1),
+    "bucketize_column_stride_past_int64": lambda: _ops.ctr_bucketize_embedding_lookup(
+        params=tf.ones([4, 3]), input=tf.constant([[1.0, 2.0, 3.0]]), boundaries=[0.5], column_stride=2**62),
     "core_output_overflow": lambda: _core.embedding_lookup(np.zeros((0, 2**40), np.float32), np.zeros(0, np.int64),
                                                            np.zeros(2**23 + 1, np.int64)),
     # An empty batch of a huge-D table: a [0, D] result, with no scratch of D
@@ -199,6 +226,8 @@ EXPECT = {name: ERRORS for name in CASES}
 EXPECT["core_output_overflow"] = ("ValueError", "MemoryError")
 EXPECT["core_splits_past_buffer"] = ("ValueError",)
 EXPECT["core_empty_batch_huge_dim"] = ("ok",)
+for _name in ("lookup_rows_of_2^62_no_bags", "lookup_grad_rows_of_2^62_no_bags", "string_rows_of_2^62_no_strings"):
+    EXPECT[_name] = ("ok",)  # empty results: the sanitizer stage catches an overflow on the way
 EXPECT["vocab_multi_hot_2^40_rows_of_no_units"] = ("ok",)
 EXPECT["multi_hot_dense_2^40_rows_of_no_units"] = ("ok",)
 for _name in ("cross_dense_batch_int64_max_in_a_graph", "string_row_splits_of_shape_0_in_a_function",

@@ -24,4 +24,13 @@ inline absl::Status ReadBlockLayout(tensorflow::OpKernelConstruction* c, int blo
   return tensorflow::errors::InvalidArgument("layout must order the ", blocks, " column blocks, each once");
 }
 
+// The concatenation's width so far plus one block's: an overflow (blocks of
+// tables [0, 2^62] have no element but that width) is an error, not a
+// negative width for TensorShape to abort on.
+inline absl::Status AddBlockWidth(int64_t block, int64_t* width) {
+  if (__builtin_add_overflow(*width, block, width))
+    return tensorflow::errors::InvalidArgument("the concatenated width overflows int64 at a block of width ", block);
+  return absl::OkStatus();
+}
+
 }  // namespace tf_ctr

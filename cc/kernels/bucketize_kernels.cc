@@ -40,6 +40,12 @@ class BucketizeEmbeddingLookupOp : public tensorflow::OpKernel {
                 InvalidArgument("input must be a matrix [B, S] of values to bucket, got shape ",
                                 input.shape().DebugString()));
     const int64_t rows = input.dim_size(0), cols = input.dim_size(1);
+    int64_t last_id = 0;  // the last column's last bucket: ids are bucket + column * column_stride
+    OP_REQUIRES(ctx, cols == 0 || (!__builtin_mul_overflow(cols - 1, stride_, &last_id) &&
+                                   !__builtin_add_overflow(last_id, static_cast<int64_t>(boundaries_.size()),
+                                                           &last_id)),
+                InvalidArgument("column_stride ", stride_, " times ", cols - 1,
+                                " columns overflows int64 ids"));
 
     Tensor* ids = nullptr;
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {rows * cols}, &ids));
@@ -47,7 +53,7 @@ class BucketizeEmbeddingLookupOp : public tensorflow::OpKernel {
     int64_t* out = ids->flat<int64_t>().data();
     const float* bounds = boundaries_.data();
     const int64_t n = static_cast<int64_t>(boundaries_.size());
-    ParallelFor(ctx, rows, cols * 20 + 1, [&](int64_t begin, int64_t end) {
+    ParallelFor(ctx, rows, ShardCost(20.0 * cols + 1), [&](int64_t begin, int64_t end) {
       for (int64_t i = begin * cols; i < end * cols; ++i)
         out[i] = ctr::BucketizedId(x[i], bounds, n, i % cols, stride_);
     });

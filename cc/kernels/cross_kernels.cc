@@ -220,7 +220,7 @@ class CrossEmbeddingLookupOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 1, {offsets[batch]}, &ids));
     int64_t* out = ids->flat<int64_t>().data();
     const int64_t avg = batch > 0 ? offsets[batch] / batch + 1 : 1;
-    ParallelFor(ctx, batch, avg * 20 * static_cast<int64_t>(cols.size() + 1), [&](int64_t begin, int64_t end) {
+    ParallelFor(ctx, batch, ShardCost(20.0 * avg * (cols.size() + 1)), [&](int64_t begin, int64_t end) {
       std::vector<int64_t> at(cols.size());
       std::vector<uint64_t> chain(cols.size() + 1);
       for (int64_t b = begin; b < end; ++b)

@@ -84,7 +84,11 @@ inline absl::Status BindTable(const tensorflow::Tensor& params, LookupAttrs* a) 
     return InvalidArgument("params must have rank >= 1 ([V] or [V, d1, ...]), got a scalar");
   spec->vocab = params.dim_size(0);
   spec->dim = 1;
-  for (int i = 1; i < params.dims(); ++i) spec->dim *= params.dim_size(i);
+  for (int i = 1; i < params.dims(); ++i) {
+    // [0, 2^62, 8] has no element but rows of 2^65.
+    if (__builtin_mul_overflow(spec->dim, params.dim_size(i), &spec->dim))
+      return InvalidArgument("params ", params.shape().DebugString(), " has rows of more than 2^63 elements");
+  }
   if (spec->id_mode == ctr::IdMode::kHash && spec->vocab <= 0)
     return InvalidArgument("hash mode needs at least one bucket (table row), got ", spec->vocab);
   if (spec->default_id < -1 || spec->default_id >= spec->vocab) {
@@ -200,9 +204,9 @@ using LookupKernel = LookupKernelOn<tensorflow::OpKernel>;
 
 // Rough cost of pooling one bag, for the thread pool's sharding.
 inline int64_t BagCost(const LookupInputs& in, const ctr::LookupSpec& spec, int64_t num_rows) {
-  const int64_t avg = num_rows > 0 ? in.nnz() / num_rows + 1 : 1;
-  const int64_t per_key = spec.dim * 2 + (spec.id_mode == ctr::IdMode::kHash ? 40 : 4);
-  return avg * per_key + spec.dim;
+  const double avg = num_rows > 0 ? in.nnz() / num_rows + 1 : 1;
+  const double per_key = 2.0 * spec.dim + (spec.id_mode == ctr::IdMode::kHash ? 40 : 4);
+  return ShardCost(avg * per_key + spec.dim);
 }
 
 }  // namespace tf_ctr

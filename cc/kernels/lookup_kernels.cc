@@ -133,7 +133,7 @@ absl::Status MergedGradRows(OpKernelContext* ctx, const ctr::LookupSpec& s, cons
   const CT* g = CorePtr<T>(grad);
   const CT* table = CorePtr<T>(params);
   CT* out = CorePtr<T>(values);
-  ParallelFor(ctx, u, 2 * dim * (total / std::max<int64_t>(u, 1) + 1) + dim, [&](int64_t begin, int64_t end) {
+  ParallelFor(ctx, u, ShardCost(2.0 * dim * (total / std::max<int64_t>(u, 1) + 1) + dim), [&](int64_t begin, int64_t end) {
     std::vector<ctr::AccT<CT>> sum(dim), dst(dim);
     for (int64_t i = begin; i < end; ++i) {
       std::fill(sum.begin(), sum.end(), 0.f);

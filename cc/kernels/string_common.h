@@ -10,6 +10,7 @@
 
 #include "cc/core/segments.h"
 #include "cc/core/strings.h"
+#include "cc/kernels/block_layout.h"  // AddBlockWidth
 #include "cc/kernels/huge_pages.h"
 #include "cc/kernels/lookup_common.h"
 #include "cc/kernels/tf_types.h"
@@ -328,7 +329,7 @@ class ConcatStringKernelOn : public MultiStringKernelOn<Base> {
     int64_t column = 0;
     for (const int block : layout_) {
       (*columns)[block] = column;
-      column += width[block];
+      TF_RETURN_IF_ERROR(AddBlockWidth(width[block], &column));
     }
     columns->back() = column;
     return absl::OkStatus();

@@ -38,7 +38,7 @@ inline void ParallelForWeighted(tensorflow::OpKernelContext* ctx, int64_t n, int
     }
     bounds[j] = lo;
   }
-  ParallelFor(ctx, k, std::max<int64_t>(1, cost_per_row * n / k), [&](int64_t begin, int64_t end) {
+  ParallelFor(ctx, k, ShardCost(static_cast<double>(cost_per_row) * n / k), [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j)
       if (bounds[j] < bounds[j + 1]) fn(bounds[j], bounds[j + 1]);
   });
@@ -57,7 +57,7 @@ inline void ParallelForBytes(tensorflow::OpKernelContext* ctx, const int64_t* sp
 // ParallelFor's cost per bag of `bags` holding `bytes` in all.
 inline int64_t StringBagCost(const ctr::StringSpec& s, int64_t bytes, int64_t bags) {
   const int64_t avg_bytes = bags > 0 ? bytes / bags + 1 : 1;
-  return avg_bytes * 12 + (avg_bytes / 4 + 1) * s.lookup.dim * 2;
+  return ShardCost(12.0 * avg_bytes + 2.0 * (avg_bytes / 4 + 1) * s.lookup.dim);
 }
 
 // Each dense input's rows into its columns of out, [rows, width]: dense

@@ -66,6 +66,14 @@ inline absl::Status CheckGradShape(const tensorflow::Tensor& grad, int64_t rows,
                                              grad.shape().DebugString());
 }
 
+// ParallelFor's cost per unit from sizes that may be huge with no work
+// behind them (a [0, 2^62] table has rows of 2^62 elements): computed in
+// double and capped, so the sharding hint never overflows int64.
+inline int64_t ShardCost(double cost) {
+  constexpr double kMaxCost = 1e12;
+  return cost >= kMaxCost ? static_cast<int64_t>(kMaxCost) : cost < 1 ? 1 : static_cast<int64_t>(cost);
+}
+
 // Runs fn(begin, end) over [0, n) on TF's intra-op pool.
 inline void ParallelFor(tensorflow::OpKernelContext* ctx, int64_t n, int64_t cost_per_unit,
                         const std::function<void(int64_t, int64_t)>& fn) {

@@ -224,11 +224,21 @@ struct KeyRules {
   int64_t oov_start = 0;
 };
 
+// A key's OOV id is oov_start + its slot: the last slot's must be an int64.
+absl::Status CheckOovIds(const KeyRules& rules) {
+  int64_t last = 0;
+  if (rules.oov_slots > 0 && __builtin_add_overflow(rules.oov_start, rules.oov_slots - 1, &last))
+    return tensorflow::errors::InvalidArgument("oov_start ", rules.oov_start, " + oov_slots ", rules.oov_slots,
+                                               " - 1 overflows int64");
+  return absl::OkStatus();
+}
+
 absl::Status ReadKeyRules(tensorflow::OpKernelConstruction* c, KeyRules* rules) {
   TF_RETURN_IF_ERROR(c->GetAttr("num_masks", &rules->num_masks));
   TF_RETURN_IF_ERROR(c->GetAttr("oov_slots", &rules->oov_slots));
   TF_RETURN_IF_ERROR(c->GetAttr("oov_id", &rules->oov_id));
-  return c->GetAttr("oov_start", &rules->oov_start);
+  TF_RETURN_IF_ERROR(c->GetAttr("oov_start", &rules->oov_start));
+  return CheckOovIds(*rules);
 }
 
 // Where a feature's mask inputs are: num_masks keys from input `keys`, their
@@ -581,15 +591,6 @@ class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(c, ReadFeatureKeyRules(c));
   }
 
-  // The output's width so far plus one block's: an overflow is an error, not
-  // a negative width for TensorShape to abort on.
-  static absl::Status AddWidth(int64_t block, int64_t* width) {
-    if (__builtin_add_overflow(*width, block, width))
-      return tensorflow::errors::InvalidArgument("the concatenated width overflows int64 at a block of width ",
-                                                 block);
-    return absl::OkStatus();
-  }
-
   void Compute(OpKernelContext* ctx) override {
     const Tensor& first_keys = ctx->input(n_);
     OP_REQUIRES(ctx, first_keys.dims() == 1,  // the batch every feature's keys must have
@@ -602,7 +603,7 @@ class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
     int64_t width = 0;
     for (int i = 0; i < n_; ++i) {
       OP_REQUIRES_OK(ctx, Prepare(ctx, i, batch, &tables[i], &rows[i], &blocks[i]));
-      OP_REQUIRES_OK(ctx, AddWidth(blocks[i].width, &width));
+      OP_REQUIRES_OK(ctx, AddBlockWidth(blocks[i].width, &width));
     }
     // The features' finds are independent, and with the separate ops TF ran
     // them on its inter-op threads at once: here they share the intra-op pool.
@@ -619,7 +620,7 @@ class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
                                                       ", w] matrix, as the keys have ", batch,
                                                       " rows; got shape ", dense.shape().DebugString()));
       blocks[n_ + j] = {dense.flat<T>().data(), nullptr, dense.dim_size(1)};
-      OP_REQUIRES_OK(ctx, AddWidth(dense.dim_size(1), &width));
+      OP_REQUIRES_OK(ctx, AddBlockWidth(dense.dim_size(1), &width));
     }
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, AllocateOutput(ctx, 0, {batch, width}, &out));
@@ -728,6 +729,7 @@ class ConcatVocabEmbeddingOp : public tensorflow::OpKernel {
       key_rules_[i].oov_slots = slots[i];
       key_rules_[i].oov_id = oov_ids[i];
       key_rules_[i].oov_start = starts[i];
+      TF_RETURN_IF_ERROR(CheckOovIds(key_rules_[i]));
     }
     return absl::OkStatus();
   }
