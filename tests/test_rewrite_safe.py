@@ -810,3 +810,91 @@ def test_partitions_on_different_devices_are_never_merged(tmp_path, placement):
     else:
         assert result["merged"] == 0, result
         assert any("different devices (/device:CPU:0, /device:CPU:1)" in r for r in result["skips"]), result
+
+
+# ---------------------------------------------------------------------------
+# GraphDefs TF itself would refuse, given to the offline driver
+
+
+_MALFORMED_GRAPH_SCRIPT = textwrap.dedent('''
+    import sys
+    import tensorflow as tf
+    import tf_ctr_ops
+    from tf_ctr_ops import rewrite
+
+    table = tf.Variable(tf.random.normal([100, 4]))
+
+    def build(fn, spec):
+        cf = tf.function(fn, input_signature=[spec]).get_concrete_function()
+        return cf.graph.as_graph_def(add_shapes=True), [t.name for t in cf.outputs], rewrite.captured_handle_shapes(cf)
+
+    def node(gd, op):
+        return next(n for n in gd.node if n.op == op)
+
+    case = sys.argv[1]
+    if case == "bucketize_without_boundaries" or case == "bucketize_without_inputs":
+        gd, f, s = build(lambda x: tf.gather(table, tf.raw_ops.Bucketize(input=x, boundaries=[0., 1., 2.])),
+                         tf.TensorSpec([None], tf.float32))
+        if case == "bucketize_without_boundaries":
+            del node(gd, "Bucketize").attr["boundaries"]
+        else:
+            del node(gd, "Bucketize").input[:]
+    else:
+        gd, f, s = build(lambda x: tf.gather(table, tf.strings.to_hash_bucket_fast(x, 100) + tf.constant(0, tf.int64)),
+                         tf.TensorSpec([None], tf.string))
+        hashed = node(gd, "StringToHashBucketFast")
+        if case == "duplicate_name":
+            gd.node.add().CopyFrom(hashed)
+        elif case == "control_input_first":
+            hashed.input.insert(0, "^" + hashed.input[0].split(":")[0])
+        elif case == "const_without_value":
+            del next(n for n in gd.node if n.op == "Const").attr["value"]
+        elif case == "identity_cycle":
+            ident = gd.node.add()
+            ident.name, ident.op = "loop", "Identity"
+            ident.input.append("loop")
+            ident.attr["T"].type = tf.int64.as_datatype_enum
+            hashed.input.append("^loop")
+    try:
+        rewrite.optimize_graph_def(gd, f, s, serving_device="cpu")
+    except RuntimeError as e:
+        print("REFUSED", str(e).splitlines()[0])
+''')
+
+
+@pytest.mark.parametrize("case", ["bucketize_without_boundaries", "bucketize_without_inputs", "duplicate_name",
+                                  "control_input_first", "const_without_value", "identity_cycle"])
+def test_a_malformed_graph_def_is_refused_not_a_crash(tmp_path, case):
+    # Each one aborted the process (a CHECK in a pattern or in TF's shape
+    # inference), or, the Identity cycle, looped forever: the offline driver
+    # now validates the graph as TF does before running one.
+    import subprocess
+    import sys
+    from conftest import fresh_process_env
+    script = tmp_path / "malformed.py"
+    script.write_text(_MALFORMED_GRAPH_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), case], capture_output=True, text=True, timeout=300,
+                          env=fresh_process_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "REFUSED CtrFusionOptimizer failed" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
+def test_attrs_stripped_at_their_defaults_are_read_as_their_defaults(big_table):
+    # An export that strips default attrs (Estimator's) left a CtrEmbeddingLookup
+    # without max_norm: the string-split pattern read it with map::at (abort).
+    table = tf.Variable(tf.random.normal([100, 4]))
+    cf = tf.function(lambda x: tf.nn.safe_embedding_lookup_sparse(
+        table, tf.strings.to_hash_bucket_fast(tf.strings.split(x, ","), 100).to_sparse()),
+        input_signature=[tf.TensorSpec([None], tf.string)]).get_concrete_function()
+    gd, fetches = cf.graph.as_graph_def(add_shapes=True), [t.name for t in cf.outputs]
+    shapes = rewrite.captured_handle_shapes(cf)
+    gd, _ = rewrite.optimize_graph_def(gd, fetches, shapes, serving_device="cpu",
+                                       disabled_patterns=["string_split_lookup"])
+    lookup = next(n for n in gd.node if n.op == "CtrEmbeddingLookup")
+    combiner = lookup.attr["combiner"].s
+    for attr in ("max_norm", "default_id"):  # at their defaults here (no clip, no default row)
+        del lookup.attr[attr]
+    optimized, report = rewrite.optimize_graph_def(gd, fetches, shapes, serving_device="cpu")
+    assert [m["fused_op"] for m in report["match"]] == ["CtrStringEmbedding"]
+    fused = next(n for n in optimized.node if n.op == "CtrStringEmbedding")
+    assert fused.attr["combiner"].s == combiner and fused.attr["max_norm"].f < 0

@@ -176,8 +176,9 @@ void FindRows(const TableView& t, int64_t capacity, const Key* keys, int64_t n, 
 // -1 out, and the rules after that are the lookup's: a pruned entry is
 // dropped before its row is checked; a row outside `values` (a table
 // assigned other tensors) stops the range, recorded in *err with the key
-// (its row is rows[err->entry]); a probe that meets no empty slot stops it
-// before any pooling, recorded in *fault.
+// (its row is rows[err->entry]), and so does a row past `capacity`, as the
+// find refuses it whatever rows the values have; a probe that meets no
+// empty slot stops it before any pooling, recorded in *fault.
 // The message of PoolTableBagsCpu's error, `row` being the key's (rows[e.entry]).
 inline std::string DescribeTableRowError(const KeyError& e, int64_t row, int64_t num_values) {
   return "key " + std::to_string(e.key) + " in row " + std::to_string(e.row) + " has table row " +
@@ -186,7 +187,7 @@ inline std::string DescribeTableRowError(const KeyError& e, int64_t row, int64_t
 }
 
 template <typename T, typename Key>
-void PoolTableBagsCpu(const Slots& slots, const LookupSpec& s, const T* values, const Key* keys,
+void PoolTableBagsCpu(const Slots& slots, int64_t capacity, const LookupSpec& s, const T* values, const Key* keys,
                       const float* weights, const int64_t* offsets, int64_t row_begin, int64_t row_end,
                       bool dense_padding, AccT<T>* acc, T* out, int64_t* rows, KeyError* err,
                       TableFault* fault) {
@@ -200,6 +201,7 @@ void PoolTableBagsCpu(const Slots& slots, const LookupSpec& s, const T* values, 
   LookupSpec found = s;
   found.id_mode = IdMode::kIndex;
   found.invalid_ids = InvalidIds::kSkipNegative;
+  found.vocab = std::min(s.vocab, capacity);
   PoolBagsCpu(found, values, rows, weights, offsets, row_begin, row_end, acc, out, err);
   if (err->found()) err->key = static_cast<int64_t>(keys[err->entry]);
 }

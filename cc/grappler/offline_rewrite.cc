@@ -28,6 +28,8 @@
 #include "tensorflow/core/framework/function.h"
 #include "tensorflow/core/framework/function.pb.h"
 #include "tensorflow/core/framework/graph.pb.h"
+#include "tensorflow/core/framework/graph_def_util.h"
+#include "tensorflow/core/graph/validate.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/grappler/grappler_item.h"
 #include "tensorflow/core/grappler/optimizers/custom_graph_optimizer.h"
@@ -155,10 +157,30 @@ absl::Status OptimizeFunctions(tensorflow::grappler::CustomGraphOptimizer* optim
   return absl::OkStatus();
 }
 
+// What TF checks before any graph it runs reaches Grappler, and the offline
+// path must check itself: a hand-made or edited GraphDef could otherwise
+// abort the process in TF's shape inference (duplicate names, a data input
+// after a control one, a Const without its value) or send a pattern round an
+// Identity cycle forever. Attrs an export stripped at their defaults
+// (Estimator exports do) are put back first, as TF's loader does, so the
+// patterns read every attr the op defines.
+absl::Status CheckAndCompleteGraph(GraphDef* graph) {
+  std::set<std::string> names;
+  for (const tensorflow::NodeDef& node : graph->node())
+    if (!names.insert(node.name()).second)
+      return tensorflow::errors::InvalidArgument("the graph has two nodes named ", node.name());
+  // Inputs that exist, no cycle but a loop's back edges.
+  TF_RETURN_IF_ERROR(tensorflow::grappler::TopologicalSort(graph));
+  const tensorflow::FunctionLibraryDefinition ops(tensorflow::OpRegistry::Global(), graph->library());
+  TF_RETURN_IF_ERROR(tensorflow::AddDefaultAttrsToGraphDef(graph, ops, 0));
+  return tensorflow::graph::ValidateGraphDefAgainstOpRegistry(*graph, ops);
+}
+
 absl::Status OptimizeSerialized(const std::string& graph_bytes, const std::string& fetches,
                                 const std::string& config_bytes, std::string* out) {
   GraphDef graph;
   if (!graph.ParseFromString(graph_bytes)) return tensorflow::errors::InvalidArgument("not a serialized GraphDef");
+  TF_RETURN_IF_ERROR(CheckAndCompleteGraph(&graph));
   tensorflow::RewriterConfig_CustomGraphOptimizer config;
   if (!config.ParseFromString(config_bytes))
     return tensorflow::errors::InvalidArgument("not a serialized RewriterConfig.CustomGraphOptimizer");

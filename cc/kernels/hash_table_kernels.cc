@@ -173,7 +173,7 @@ class HashTableEmbeddingOp : public tensorflow::OpKernel {
     ParallelFor(ctx, bags, cost, [&](int64_t begin, int64_t end) {
       std::vector<ctr::AccT<CT>> acc(a.spec.dim);
       ctr::KeyError err;
-      ctr::PoolTableBagsCpu(table.slots, a.spec, CorePtr<T>(values.tensor()), keys, weights, offsets, begin, end,
+      ctr::PoolTableBagsCpu(table.slots, capacity_, a.spec, CorePtr<T>(values.tensor()), keys, weights, offsets, begin, end,
                             dense_padding_, acc.data(), CorePtr<T>(out), row_data, &err, &fault);
       first_error.Offer(err);
     });
@@ -181,7 +181,7 @@ class HashTableEmbeddingOp : public tensorflow::OpKernel {
     if (!first_error.found()) return;
     const ctr::KeyError& e = first_error.error();
     ctx->CtxFailure(tensorflow::errors::InvalidArgument(
-        ctr::DescribeTableRowError(e, row_data[e.entry], a.spec.vocab)));
+        ctr::DescribeTableRowError(e, row_data[e.entry], std::min(a.spec.vocab, capacity_))));
   }
 
  private:

@@ -272,14 +272,15 @@ py::tuple HashTableEmbedding(py::array table, py::array_t<float, py::array::c_st
     ParallelRanges(bags, num_threads, [&](int64_t b, int64_t e) {
       std::vector<float> acc(spec.dim);
       ctr::KeyError err;
-      ctr::PoolTableBagsCpu(view.slots, spec, values.data(), keys.data(), wptr, off.data(), b, e, dense_padding,
+      ctr::PoolTableBagsCpu(view.slots, capacity, spec, values.data(), keys.data(), wptr, off.data(), b, e, dense_padding,
                             acc.data(), out.mutable_data(), rows.mutable_data(), &err, &fault);
       first.Offer(err);
     });
   }
   tf_ctr_py::Require(fault.Describe(capacity, view.slots.num_slots));
   if (first.found())
-    throw py::value_error(ctr::DescribeTableRowError(first.error(), rows.data()[first.error().entry], spec.vocab));
+    throw py::value_error(ctr::DescribeTableRowError(first.error(), rows.data()[first.error().entry],
+                                                     std::min(spec.vocab, capacity)));
   return py::make_tuple(out, rows);
 }
 
