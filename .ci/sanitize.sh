@@ -78,7 +78,7 @@ TESTS=(tests/test_lookup.py tests/test_strings.py
 for t in tests/test_rewrite*.py; do
   [ -f "$t" ] && [ "$t" != tests/test_rewrite_real_models.py ] && TESTS+=("$t")
 done
-MARKERS="${MARKERS:-not slow and not saved_model}"
+MARKERS="${MARKERS:-not slow and not saved_model and not huge}"
 if [ "$#" -gt 0 ]; then TESTS=("$@"); fi
 
 # The real-data samples live next to the checkout, not next to the copy.

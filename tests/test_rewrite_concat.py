@@ -596,6 +596,7 @@ class _VariableFields(tf.Module):
         return {"c": tf.concat(fields, 1) if self.join == "concat" else tf.stack(fields, 1)}
 
 
+@pytest.mark.saved_model
 @pytest.mark.parametrize("join", ["concat", "stack"])
 def test_offline_a_join_of_variable_gathers_is_taken_over_past_the_functions_control_outputs(rng, tmp_path, join):
     # A stateful ResourceGather gets a control output (a NoOp waiting on it)

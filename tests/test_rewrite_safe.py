@@ -463,6 +463,7 @@ def test_more_mod_partitions_than_rows_merge(tmp_path, rng):
         assert_close(got[k], want[k])
 
 
+@pytest.mark.saved_model
 @pytest.mark.parametrize("case,reason", [
     ("sizes off the layout", "do not follow the layout"),
     ("constant partitions", "not read by ResourceGather from variables"),
@@ -480,6 +481,7 @@ def test_partitioned_table_left_alone_with_reason(tmp_path, rng, case, reason):
     assert report.ok and sig.outputs_match
 
 
+@pytest.mark.saved_model
 def test_partitions_another_signature_writes_are_not_merged(tmp_path, rng):
     # A merged table is a copy: a signature updating the partitions (a
     # hot-update hook) no longer reached what the rewritten lookup reads.
@@ -596,6 +598,7 @@ def test_partitioned_table_online_left_alone_with_reason(rng):
     assert any(s["pattern"] == "partitioned_table" and "offline" in s["reason"] for s in report["skip"]), report
 
 
+@pytest.mark.saved_model
 def test_partitioned_table_with_max_norm_fuses_completely(tmp_path, rng):
     module = tf.Module()
     module.parts = [tf.Variable(rng.normal(size=(n, D)).astype(np.float32)) for n in PART_SIZES]
@@ -831,52 +834,69 @@ _MALFORMED_GRAPH_SCRIPT = textwrap.dedent('''
     def node(gd, op):
         return next(n for n in gd.node if n.op == op)
 
-    case = sys.argv[1]
-    if case == "bucketize_without_boundaries" or case == "bucketize_without_inputs":
-        gd, f, s = build(lambda x: tf.gather(table, tf.raw_ops.Bucketize(input=x, boundaries=[0., 1., 2.])),
-                         tf.TensorSpec([None], tf.float32))
-        if case == "bucketize_without_boundaries":
-            del node(gd, "Bucketize").attr["boundaries"]
+    def malformed(case):
+        if case == "bucketize_without_boundaries" or case == "bucketize_without_inputs":
+            gd, f, s = build(lambda x: tf.gather(table, tf.raw_ops.Bucketize(input=x, boundaries=[0., 1., 2.])),
+                             tf.TensorSpec([None], tf.float32))
+            if case == "bucketize_without_boundaries":
+                del node(gd, "Bucketize").attr["boundaries"]
+            else:
+                del node(gd, "Bucketize").input[:]
         else:
-            del node(gd, "Bucketize").input[:]
-    else:
-        gd, f, s = build(lambda x: tf.gather(table, tf.strings.to_hash_bucket_fast(x, 100) + tf.constant(0, tf.int64)),
-                         tf.TensorSpec([None], tf.string))
-        hashed = node(gd, "StringToHashBucketFast")
-        if case == "duplicate_name":
-            gd.node.add().CopyFrom(hashed)
-        elif case == "control_input_first":
-            hashed.input.insert(0, "^" + hashed.input[0].split(":")[0])
-        elif case == "const_without_value":
-            del next(n for n in gd.node if n.op == "Const").attr["value"]
-        elif case == "identity_cycle":
-            ident = gd.node.add()
-            ident.name, ident.op = "loop", "Identity"
-            ident.input.append("loop")
-            ident.attr["T"].type = tf.int64.as_datatype_enum
-            hashed.input.append("^loop")
-    try:
-        rewrite.optimize_graph_def(gd, f, s, serving_device="cpu")
-    except RuntimeError as e:
-        print("REFUSED", str(e).splitlines()[0])
-''')
+            gd, f, s = build(lambda x: tf.gather(table, tf.strings.to_hash_bucket_fast(x, 100) + tf.constant(0, tf.int64)),
+                             tf.TensorSpec([None], tf.string))
+            hashed = node(gd, "StringToHashBucketFast")
+            if case == "duplicate_name":
+                gd.node.add().CopyFrom(hashed)
+            elif case == "control_input_first":
+                hashed.input.insert(0, "^" + hashed.input[0].split(":")[0])
+            elif case == "const_without_value":
+                del next(n for n in gd.node if n.op == "Const").attr["value"]
+            elif case == "identity_cycle":
+                ident = gd.node.add()
+                ident.name, ident.op = "loop", "Identity"
+                ident.input.append("loop")
+                ident.attr["T"].type = tf.int64.as_datatype_enum
+                hashed.input.append("^loop")
+        return gd, f, s
+
+    # One process for all the cases: each spawn pays TensorFlow's import. A
+    # case that aborts takes the later ones with it, and their tests fail too.
+    for case in sys.argv[1:]:
+        gd, f, s = malformed(case)
+        try:
+            rewrite.optimize_graph_def(gd, f, s, serving_device="cpu")
+            print(case, "ACCEPTED", flush=True)
+        except RuntimeError as e:
+            print(case, "REFUSED", str(e).splitlines()[0], flush=True)
+    ''')
 
 
-@pytest.mark.parametrize("case", ["bucketize_without_boundaries", "bucketize_without_inputs", "duplicate_name",
-                                  "control_input_first", "const_without_value", "identity_cycle"])
-def test_a_malformed_graph_def_is_refused_not_a_crash(tmp_path, case):
-    # Each one aborted the process (a CHECK in a pattern or in TF's shape
-    # inference), or, the Identity cycle, looped forever: the offline driver
-    # now validates the graph as TF does before running one.
+_MALFORMED_CASES = ["bucketize_without_boundaries", "bucketize_without_inputs", "duplicate_name",
+                    "control_input_first", "const_without_value", "identity_cycle"]
+
+
+@pytest.fixture(scope="module")
+def malformed_graph_run(tmp_path_factory):
     import subprocess
     import sys
     from conftest import fresh_process_env
-    script = tmp_path / "malformed.py"
+    cwd = tmp_path_factory.mktemp("malformed")
+    script = cwd / "malformed.py"
     script.write_text(_MALFORMED_GRAPH_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), case], capture_output=True, text=True, timeout=300,
-                          env=fresh_process_env(), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "REFUSED CtrFusionOptimizer failed" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    return subprocess.run([sys.executable, str(script), *_MALFORMED_CASES], capture_output=True, text=True,
+                          timeout=300, env=fresh_process_env(), cwd=cwd)
+
+
+@pytest.mark.parametrize("case", _MALFORMED_CASES)
+def test_a_malformed_graph_def_is_refused_not_a_crash(malformed_graph_run, case):
+    # Each one aborted the process (a CHECK in a pattern or in TF's shape
+    # inference), or, the Identity cycle, looped forever: the offline driver
+    # now validates the graph as TF does before running one.
+    proc = malformed_graph_run
+    outcome = [line for line in proc.stdout.splitlines() if line.startswith(case + " ")]
+    assert outcome, f"the child died before {case}: rc {proc.returncode}\n" + proc.stderr[-3000:]
+    assert outcome[0].startswith(case + " REFUSED CtrFusionOptimizer failed"), outcome[0]
 
 
 def test_attrs_stripped_at_their_defaults_are_read_as_their_defaults(big_table):

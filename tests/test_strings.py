@@ -423,6 +423,7 @@ def test_unit_bag_weights_are_the_count_as_tf_divides_by_it():
         assert _core.unit_bag_weights(n) == (want, want), n
 
 
+@pytest.mark.huge
 @pytest.mark.parametrize("combiner", ["mean", "sqrtn"])
 def test_a_bag_of_more_than_2_to_24_ids_is_divided_by_its_count(combiner):
     # The bag's rows sum to exactly 1.0; its count, 3 * 2^24, is a float32.

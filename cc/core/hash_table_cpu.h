@@ -207,18 +207,12 @@ void PoolTableBagsCpu(const Slots& slots, int64_t capacity, const LookupSpec& s,
 }
 
 // An error message (empty when none) for a table whose free stack holds rows
-// outside the values among those this call may take (FirstBadFreeRow): the
-// check before InsertMissing, once FindRows has left `rows`.
-template <typename Key>
-std::string CheckFreeRows(const TableView& t, const InsertRules& rules, const Key* keys, int64_t n,
-                          const int64_t* rows) {
-  if (t.header[kFreeCount] == 0) return "";
-  int64_t missing = 0;
-  for (int64_t i = 0; i < n; ++i) missing += rows[i] == kNoRow && !IsPaddingKey(keys[i], rules.dense_padding);
-  const int64_t bad = FirstBadFreeRow(t, rules.capacity, missing);
+// outside the values among the `missing` this call may take (FirstBadFreeRow).
+inline std::string BadFreeRowError(const TableView& t, int64_t capacity, int64_t missing) {
+  const int64_t bad = t.header[kFreeCount] == 0 ? -1 : FirstBadFreeRow(t, capacity, missing);
   if (bad < 0) return "";
   return "corrupt hash table: free row " + std::to_string(t.free_rows[bad]) + " at stack position " +
-         std::to_string(bad) + " is out of range [0, " + std::to_string(rules.capacity) +
+         std::to_string(bad) + " is out of range [0, " + std::to_string(capacity) +
          "): the table variable was assigned something else; nothing was inserted";
 }
 
@@ -227,13 +221,10 @@ class Inserter {
  public:
   Inserter(const TableView& t, const InsertRules& rules) : t_(t), rules_(rules), h_(t.header) {}
 
+  // `at`: the entries FindRows left without a row, in key order.
   template <typename Key>
-  void InsertMissing(const Key* keys, int64_t n, int64_t* rows) {
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t key = keys[i];
-      if (rows[i] != kNoRow || IsPaddingKey(key, rules_.dense_padding)) continue;
-      rows[i] = Insert(key);
-    }
+  void InsertMissing(const Key* keys, const std::vector<int64_t>& at, int64_t* rows) {
+    for (const int64_t i : at) rows[i] = Insert(static_cast<int64_t>(keys[i]));
   }
 
   // Rows freed by eviction and handed to new keys in this call: their values
@@ -394,7 +385,8 @@ constexpr int kMinThreadsForParallelInsert = 4;
 // InsertsInParallel allows (a training step's new keys, the table not full)
 // all at once, else by the Inserter, one key at a time in key order. Returns
 // the rows given to new keys off the free stack (evicted keys' rows, to be
-// reset); *error says where an eviction found the table corrupt.
+// reset); *error says where the free stack or an eviction found the table
+// corrupt (nothing inserted in the first case).
 // Where RoomForAll holds the inserter runs without its eviction policy: the
 // same rows, and the bound the GPU relies on to insert on the device is
 // checked by every CPU test that evicts.
@@ -406,13 +398,15 @@ std::vector<int64_t> InsertMissing(const TableView& t, const InsertRules& rules,
     if (rows[i] == kNoRow && !IsPaddingKey(keys[i], rules.dense_padding)) at.push_back(i);
   }
   const int64_t missing = static_cast<int64_t>(at.size());
+  *error = BadFreeRowError(t, rules.capacity, missing);
+  if (!error->empty()) return {};
   if (parallel && InsertsInParallel(t.header, rules.capacity, t.slots.num_slots, rules.admit_after, missing)) {
     return InsertInParallel(t, keys, at, rows, parallel_for);
   }
   InsertRules serial = rules;
   if (RoomForAll(t.header, rules.capacity, t.slots.num_slots, missing)) serial.eviction = Eviction::kNone;
   Inserter inserter(t, serial);
-  inserter.InsertMissing(keys, n, rows);
+  inserter.InsertMissing(keys, at, rows);
   if (inserter.corrupt_row() >= 0)
     *error = "corrupt hash table: an evicted key held row " + std::to_string(inserter.corrupt_row()) +
              ", out of range [0, " + std::to_string(rules.capacity) +

@@ -101,7 +101,6 @@ class HashTableFindOp : public tensorflow::OpKernel {
     ctr::FindRows(table, attrs_.rules.capacity, key_data, n, attrs_.rules.dense_padding, clock, row_data, &fault,
                   parallel_for);
     OP_REQUIRES_OK(ctx, CoreStatus(fault.Describe(attrs_.rules.capacity, table.slots.num_slots)));
-    OP_REQUIRES_OK(ctx, CoreStatus(ctr::CheckFreeRows(table, attrs_.rules, key_data, n, row_data)));
     const bool parallel =
         ctx->device()->tensorflow_cpu_worker_threads()->num_threads >= ctr::kMinThreadsForParallelInsert;
     std::string corrupt;

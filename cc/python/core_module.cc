@@ -227,12 +227,9 @@ py::tuple HashTableFind(py::array table, py::array_t<int64_t, py::array::c_style
     ctr::TableFault fault;
     ctr::FindRows(view, capacity, keys.data(), n, dense_padding, clock, rows.mutable_data(), &fault, parallel_for);
     table_error = fault.Describe(capacity, view.slots.num_slots);
-    if (insert && table_error.empty()) {
-      table_error = ctr::CheckFreeRows(view, rules, keys.data(), n, rows.data());
-      if (table_error.empty())
-        reused = ctr::InsertMissing(view, rules, keys.data(), n, rows.mutable_data(), in_parallel, parallel_for,
-                                    &table_error);
-    }
+    if (insert && table_error.empty())
+      reused = ctr::InsertMissing(view, rules, keys.data(), n, rows.mutable_data(), in_parallel, parallel_for,
+                                  &table_error);
   }
   if (!table_error.empty()) throw py::value_error(table_error);
   py::array_t<int64_t> reused_rows(static_cast<py::ssize_t>(reused.size()));
