@@ -1324,42 +1324,59 @@ def test_a_hash_of_a_key_matrix_fuses_in_a_function(rng):
 BINS = [-10.0, 0.0, 0.5, 18.0, 30.0]
 
 
-def keras_discretized_model(shape, flatten, dtype="float32"):
+DISCRETIZED = [(dtype, shape, flatten) for dtype in ("float32", "int64")
+               for shape, flatten in [((), False), ((1,), True), ((1,), False), ((3,), True), ((3,), False)]]
+
+
+def discretized_rows(keras, x, shape, flatten):
+    rows = keras.layers.Embedding(len(BINS) + 1, D)(keras.layers.Discretization(bin_boundaries=BINS)(x))
+    if len(shape) == 1 and flatten:
+        return keras.layers.Flatten()(rows)
+    if len(shape) == 1:
+        return keras.ops.sum(rows, axis=1) * keras.ops.max(rows, axis=1)  # rows read as [B, N, D]
+    return rows
+
+
+def keras_discretized_model():
+    """One input and one output per DISCRETIZED case, each its own Dense: one
+    SavedModel (and one verification process) for all of them."""
     import keras
 
     keras.utils.set_random_seed(4)
-    x = keras.Input(shape, dtype=dtype, name="age")
-    rows = keras.layers.Embedding(len(BINS) + 1, D)(keras.layers.Discretization(bin_boundaries=BINS)(x))
-    if len(shape) == 1 and flatten:
-        rows = keras.layers.Flatten()(rows)
-    elif len(shape) == 1:
-        rows = keras.ops.sum(rows, axis=1) * keras.ops.max(rows, axis=1)  # rows read as [B, N, D]
-    return keras.Model(x, keras.layers.Dense(1)(rows))
+    inputs = [keras.Input(shape, dtype=dtype, name=f"age{i}") for i, (dtype, shape, _) in enumerate(DISCRETIZED)]
+    outputs = [keras.layers.Dense(1)(discretized_rows(keras, x, shape, flatten))
+               for x, (_, shape, flatten) in zip(inputs, DISCRETIZED)]
+    return keras.Model(inputs, outputs)
 
 
 @pytest.mark.saved_model
-@pytest.mark.parametrize("shape, flatten", [((), False), ((1,), True), ((1,), False), ((3,), True), ((3,), False)])
-@pytest.mark.parametrize("dtype", ["float32", "int64"])
-def test_discretized_features_fuse(tmp_path, rng, shape, flatten, dtype):
-    # Discretization + Embedding: Bucketize, a Cast and a gather, which nothing fused.
+def test_discretized_features_fuse(tmp_path, rng):
+    # Discretization + Embedding: Bucketize, a Cast and a gather, which nothing
+    # fused; scalar and [N] features, flattened or read as [B, N, D], float and int.
     src, dst = tmp_path / "src", tmp_path / "dst"
-    keras_discretized_model(shape, flatten, dtype).export(str(src), verbose=False)
+    keras_discretized_model().export(str(src), verbose=False)
 
     def ages(batch):
-        values = rng.choice(np.array(BINS + [-50.0, 0.25, 17.9, 99.0, 1e9]), size=(batch,) + shape)
-        return values.astype(np.int64) if dtype == "int64" else values.astype(np.float32)
+        values = {}
+        for i, (dtype, shape, _) in enumerate(DISCRETIZED):
+            v = rng.choice(np.array(BINS + [-50.0, 0.25, 17.9, 99.0, 1e9]), size=(batch,) + shape)
+            values[f"age{i}"] = v.astype(np.int64) if dtype == "int64" else v.astype(np.float32)
+        return values
 
     report = rewrite.optimize_saved_model(src, dst, signature_keys=["serving_default"], serving_device="cpu",
-                                          sample_inputs={"serving_default": {"age": ages(40)}}, runs=2)
+                                          sample_inputs={"serving_default": ages(40)}, runs=2)
     sig = report.signatures["serving_default"]
     assert report.ok and report.verified and sig.max_abs_diff == 0
-    assert [m["pattern"] for m in sig.matches] == ["bucketize_gather"], sig.matches
+    assert [m["pattern"] for m in sig.matches] == ["bucketize_gather"] * len(DISCRETIZED), sig.matches
     assert not {"Bucketize", "GatherV2", "ResourceGather"} & set(sig.op_counts_after), sig.op_counts_after
     native = tf.saved_model.load(str(src)).signatures["serving_default"]
     fused = tf.saved_model.load(str(dst)).signatures["serving_default"]
     for batch in (0, 1, 23):
-        feeds = {"age": tf.constant(ages(batch))}
-        assert_identical(fused(**feeds)["output_0"], native(**feeds)["output_0"])
+        feeds = {k: tf.constant(v) for k, v in ages(batch).items()}
+        got, want = fused(**feeds), native(**feeds)
+        assert sorted(got) == sorted(want) and len(want) == len(DISCRETIZED)
+        for key in want:
+            assert_identical(got[key], want[key])
 
 
 def test_raw_bucketize_gather_fuses_on_a_cpu_server_only(rng):
