@@ -74,7 +74,9 @@ TESTS=(tests/test_lookup.py tests/test_strings.py
 # real-model tests, and the tests marked saved_model in the others, run the
 # same patterns through SavedModel writing and fresh Python processes, which is
 # mostly TensorFlow's time; each pattern also has in-process tests here, so
-# the main suite runs those.
+# the main suite runs those. So are the tests marked huge (tens of millions of
+# elements through TF's reference ops): the same kernels run here on small
+# inputs.
 for t in tests/test_rewrite*.py; do
   [ -f "$t" ] && [ "$t" != tests/test_rewrite_real_models.py ] && TESTS+=("$t")
 done

@@ -747,6 +747,60 @@ def test_a_tfrecord_inputs_file_for_an_input_not_a_vector_is_refused(tmp_path):
         _model_inputs.load_inputs_file(tmp_path / "in.tfrecord", {"serving_default": fn})
 
 
+def test_a_tfrecord_inputs_file_feeds_the_signatures_of_examples_and_the_others_are_synthesized(tmp_path):
+    # A second signature of raw features (or of none) refused the whole file.
+    from tf_ctr_ops import _model_inputs
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def examples(records):
+        return {"n": tf.strings.length(records)}
+
+    @tf.function(input_signature=[])
+    def info():
+        return {"v": tf.constant(1)}
+
+    tf.saved_model.save(tf.Module(), str(tmp_path / "m"), signatures={"serving_default": examples, "info": info})
+    loaded = tf.saved_model.load(str(tmp_path / "m")).signatures
+    with tf.io.TFRecordWriter(str(tmp_path / "in.tfrecord")) as w:
+        w.write(b"first")
+    got = _model_inputs.load_inputs_file(tmp_path / "in.tfrecord", dict(loaded))
+    assert list(got) == ["serving_default"] and list(got["serving_default"]["records"]) == [b"first"], got
+    with pytest.raises(_model_inputs.InputsError, match=r"signature 'info' takes \[\]: use an .npz file"):
+        _model_inputs.load_inputs_file(tmp_path / "in.tfrecord", {"info": loaded["info"]})
+
+
+def test_an_npz_member_that_is_no_npy_array_says_so(tmp_path):
+    # A member not named .npy came back as bytes (an AttributeError traceback);
+    # a damaged .npy was called "an object array, which would need pickle".
+    import io
+    import zipfile
+    from tf_ctr_ops import _model_inputs
+    fn = _ids_and_strings_signature(tmp_path)
+    buffer = io.BytesIO()
+    np.save(buffer, np.array(["a"]))
+    npy = buffer.getvalue()
+    for member, data, why in (("s", b"not an npy", "its bytes are no .npy array"),
+                              ("s.npy", npy[:-4], "EOF"),
+                              ("s.npy", npy[:6] + b"\x09\x00" + npy[8:], "version")):
+        with zipfile.ZipFile(tmp_path / "in.npz", "w") as z:
+            z.writestr(member, data)
+        with pytest.raises(_model_inputs.InputsError, match=rf"member 's' is not a readable .npy array \(.*{why}"):
+            _model_inputs.load_inputs_file(tmp_path / "in.npz", {"serving_default": fn})
+
+
+def test_sample_inputs_for_a_signature_the_model_lacks_are_refused(tmp_path):
+    # A misspelt key left its signature verified on synthesized inputs.
+    module = tf.Module()
+    module.table = tf.Variable(tf.random.normal([10, 2]))
+    serve = tf.function(lambda ids: {"y": tf.gather(module.table, ids)},
+                        input_signature=[tf.TensorSpec([None], tf.int64)])
+    tf.saved_model.save(module, str(tmp_path / "src"), signatures={"serving_default": serve})
+    with pytest.raises(ValueError, match=r"sample_inputs for signature\(s\) \['serving_defualt'\] not in"):
+        rewrite.optimize_saved_model(tmp_path / "src", tmp_path / "dst",
+                                     sample_inputs={"serving_defualt": {"ids": np.array([1, 2])}})
+    assert not (tmp_path / "dst").exists()
+
+
 def test_plain_string_inputs_hold_bags_of_several_lengths():
     """Verification's first candidate: id lists of 1 to 8 ids, so that a
     pooling exact on two ids but not on eight is compared on eight too."""

@@ -70,8 +70,8 @@ def load_inputs_file(path, signatures, unselected=None):
     ({key: concrete function}: those left out of this rewrite) are ignored,
     so that one file serves any subset. Strings as numpy str or bytes arrays. Any other file is read as a TFRecord file (plain or gzip) of
     serialized `tf.Example`s,
-    fed to each signature's one string input (a signature that parses
-    examples).
+    fed to each signature whose one input is a string (a signature that
+    parses examples); the other signatures' inputs are synthesized.
     """
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -144,13 +144,16 @@ def _inputs_from_npz(path, signatures, unselected=None):
         for k in data.files:
             try:
                 arrays[k] = data[k]
-            except ValueError as e:  # an object array: loading it would unpickle, i.e. run code
-                raise InputsError(f"inputs file {path}: array {k!r} is an object array, which is not loaded "
-                                  f"(it would need pickle); save strings as a bytes or str array, e.g. "
-                                  f"np.array(values, dtype='S'), which {_S_DROPS_NULS}") from e
+            except ValueError as e:
+                if "allow_pickle" in str(e):  # an object array: loading it would unpickle, i.e. run code
+                    raise InputsError(f"inputs file {path}: array {k!r} is an object array, which is not loaded "
+                                      f"(it would need pickle); save strings as a bytes or str array, e.g. "
+                                      f"np.array(values, dtype='S'), which {_S_DROPS_NULS}") from e
+                raise _unreadable_member(path, k, e) from None
             except (OSError, AttributeError, zipfile.BadZipFile) as e:  # a member that is no .npy
-                raise InputsError(f"inputs file {path}: member {k!r} is not a readable .npy array "
-                                  f"({type(e).__name__}: {e})") from None
+                raise _unreadable_member(path, k, e) from None
+            if not isinstance(arrays[k], np.ndarray):  # np.load hands a member not named .npy over as bytes
+                raise _unreadable_member(path, k, "its bytes are no .npy array")
     if not arrays:
         raise InputsError(f"inputs file {path} holds no arrays")
     out, used = {}, set()
@@ -179,6 +182,11 @@ def _inputs_from_npz(path, signatures, unselected=None):
         raise InputsError(f"inputs file {path} has array(s) {unused} that no signature takes; the inputs are "
                           f"{inputs} (SIGNATURE/INPUT, or INPUT alone for every signature)")
     return out
+
+
+def _unreadable_member(path, member, why):
+    why = f"{type(why).__name__}: {why}" if isinstance(why, Exception) else why
+    return InputsError(f"inputs file {path}: member {member!r} is not a readable .npy array ({why})")
 
 
 # The numpy kinds an input of each kind of dtype takes: integers convert to
@@ -214,18 +222,22 @@ def _inputs_from_tfrecord(path, signatures):
         raise InputsError(f"inputs file {path} holds no records" if not size else
                           f"inputs file {path} is neither an .npz nor a TFRecord file (no whole record in its "
                           f"{size} bytes)")
-    out = {}
+    out, others = {}, {}
     for key, fn in signatures.items():
         specs = fn.structured_input_signature[1]
         strings = [k for k, s in specs.items() if s.dtype == tf.string]
         if len(specs) != 1 or len(strings) != 1:
-            raise InputsError(f"a TFRecord inputs file feeds a signature with one string input (serialized "
-                              f"tf.Examples); signature {key!r} takes {sorted(specs)}: use an .npz file")
+            others[key] = sorted(specs)  # synthesized, as without a file
+            continue
         spec = specs[strings[0]]
         if not spec.shape.is_compatible_with([len(records)]):
             raise InputsError(f"a TFRecord inputs file feeds a vector of serialized tf.Examples; input "
                               f"{strings[0]!r} of signature {key!r} is {spec.shape}: use an .npz file")
         out[key] = {strings[0]: np.array(records, dtype=object)}
+    if not out:
+        key, names = next(iter(others.items()))
+        raise InputsError(f"a TFRecord inputs file feeds a signature with one string input (serialized "
+                          f"tf.Examples); signature {key!r} takes {names}: use an .npz file")
     return out
 
 

@@ -1658,6 +1658,11 @@ def _optimize_saved_model(src, dst, signature_keys, sample_inputs, verify, runs,
         missing = [k for k in selected if k not in available]
         if missing:
             raise ValueError(f"signature(s) {missing} not in {src}; it has {available}")
+    # Those of signatures left out of this rewrite are ignored; a misspelt key
+    # would leave its signature verified on synthesized inputs without a word.
+    unknown = sorted(k for k in (sample_inputs or {}) if k not in available)
+    if unknown:
+        raise ValueError(f"sample_inputs for signature(s) {unknown} not in {src}; it has {available}")
     tf1 = _files.is_tf1(proto)
     # A TF2 signature with composite outputs is copied unchanged; a TF1 graph
     # is optimized whole, composite outputs and all (see _plain_signature_tensors).
