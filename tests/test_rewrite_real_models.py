@@ -1520,6 +1520,48 @@ def test_a_dst_that_is_a_file_is_refused_before_the_rewrite(tmp_path, monkeypatc
     assert (tmp_path / "dst").read_text() == "mine"
 
 
+def test_a_dst_through_a_missing_folder_is_written_where_the_checks_read_it(tmp_path, monkeypatch):
+    # "nosuch/../dst": the checks read tmp/dst, the final rename walked
+    # through nosuch and failed once the rewrite had run, leaving its
+    # .ctr-rewrite-* folder (the whole model) beside dst.
+    save_split_safe_lookup_model(str(tmp_path / "src"))
+    monkeypatch.chdir(tmp_path)
+    rewrite.optimize_saved_model("src", os.path.join("nosuch", "..", "dst"), runs=0)
+    assert (tmp_path / "dst" / "saved_model.pb").exists() and not (tmp_path / "nosuch").exists()
+    assert not list(tmp_path.glob(".ctr-*"))
+
+
+def test_the_current_folder_as_dst_is_refused_before_the_rewrite(tmp_path, monkeypatch):
+    save_split_safe_lookup_model(str(tmp_path / "src"))
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    monkeypatch.setattr(rewrite, "_servable_rewrite", lambda *a: pytest.fail("rewritten before the check"))
+    for dst in (".", ""):
+        with pytest.raises(ValueError, match="dst must not be the current folder"):
+            rewrite.optimize_saved_model("../src", dst)
+
+
+@pytest.mark.parametrize("step", ["move_aside", "move_in"])
+def test_a_rename_that_fails_puts_dst_back_and_leaves_no_temporary_folder(tmp_path, monkeypatch, step):
+    # Another rewrite to the same dst at once: the renames failed with an
+    # OSError, leaving .ctr-rewrite-* (and .ctr-replaced-*, the old model).
+    (tmp_path / "dst").mkdir()
+    (tmp_path / "dst" / "saved_model.pb").write_text("old")
+    (tmp_path / ".ctr-rewrite-x").mkdir()
+    real_rename = os.rename
+
+    def rename(a, b):
+        if os.path.basename(a) == {"move_aside": "dst", "move_in": ".ctr-rewrite-x"}[step]:
+            raise OSError(39, "Directory not empty")
+        real_rename(a, b)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(rewrite.RewriteError, match=r"could not be put in place \(Directory not empty\)"):
+        rewrite._move_into_place(str(tmp_path / ".ctr-rewrite-x"), str(tmp_path / "dst"))
+    assert (tmp_path / "dst" / "saved_model.pb").read_text() == "old"
+    assert not list(tmp_path.glob(".ctr-*"))
+
+
 def test_a_killed_optimize_removes_its_temporary_model(tmp_path):
     # SIGTERM left the rewrite's .ctr-rewrite-* folder beside DST, as big as
     # the model; Ctrl-C removed it.

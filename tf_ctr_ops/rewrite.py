@@ -1421,19 +1421,46 @@ def _readable_as_made(folder):
 
 
 def _move_into_place(folder, dst):
-    """Renames `folder` to `dst`, replacing a previous `dst` only now."""
+    """Renames `folder` to `dst` (an absolute path), replacing a previous
+    `dst` only now. Where a rename fails (another rewrite to the same dst at
+    once) the previous dst is put back and `folder` removed."""
     if not os.path.lexists(dst):
         with _TERMINATION.replacing_dst():
-            os.rename(folder, dst)
+            _rename_or_remove(folder, dst)
         return
     if not os.path.isdir(dst):
         shutil.rmtree(folder, ignore_errors=True)
         raise RewriteError(f"{dst} exists and is not a folder")
     with _TERMINATION.replacing_dst():
-        old = tempfile.mkdtemp(prefix=".ctr-replaced-", dir=os.path.dirname(os.path.abspath(dst)))
-        os.rename(dst, os.path.join(old, "model"))
-        os.rename(folder, dst)
-        shutil.rmtree(old, ignore_errors=True)
+        old = tempfile.mkdtemp(prefix=".ctr-replaced-", dir=os.path.dirname(dst))
+        aside = os.path.join(old, "model")
+        try:
+            os.rename(dst, aside)
+        except OSError as e:
+            shutil.rmtree(old, ignore_errors=True)
+            _rename_or_remove(folder, None, e)
+        try:
+            _rename_or_remove(folder, dst)
+        except RewriteError:
+            with contextlib.suppress(OSError):
+                os.rename(aside, dst)
+            raise
+        finally:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _rename_or_remove(folder, dst, error=None):
+    """os.rename(folder, dst); where it fails (or `error` was met before)
+    `folder` is removed and a RewriteError raised."""
+    if error is None:
+        try:
+            os.rename(folder, dst)
+            return
+        except OSError as e:
+            error = e
+    shutil.rmtree(folder, ignore_errors=True)
+    raise RewriteError(f"the rewritten model could not be put in place ({error.strerror or error}); did another "
+                       "process change dst meanwhile? This run did not replace it")
 
 
 def _tf2_builder(src, loaded, proto, available, selected, serving_device, merge_partitions):
@@ -1642,6 +1669,11 @@ def _optimize_saved_model(src, dst, signature_keys, sample_inputs, verify, runs,
     disabled_patterns = _check_disabled(disabled_patterns)
     start = time.perf_counter()
     src, dst = os.fspath(src), os.fspath(dst)
+    # dst as the checks below read it: a literal "nosuch/../dst" would be
+    # walked through nosuch by the final rename, once the whole rewrite ran.
+    dst = os.path.abspath(dst)
+    if dst == os.path.abspath(os.getcwd()):
+        raise ValueError("dst must not be the current folder: it is replaced by a rename")
     _check_apart(src, dst)
     _TERMINATION.start()
     proto = _files.read(src)
