@@ -396,6 +396,14 @@ def _asset_vocabularies(model_dir):
     return vocabularies
 
 
+def _integers(lines):
+    """The lines as int64 values, or None where one is not an integer."""
+    try:
+        return np.array([int(line) for line in lines], np.int64)
+    except (ValueError, OverflowError):
+        return None
+
+
 class GraphFacts:
     """Vocabularies and example specs read off a SavedModel's MetaGraphDefs."""
 
@@ -421,8 +429,13 @@ class GraphFacts:
                     spec = _example_spec(node, resolve)
                     if spec:
                         self.example_specs.append(spec)
-        if model_dir:
-            self.string_vocabularies.extend(_asset_vocabularies(model_dir))
+        for vocabulary in _asset_vocabularies(model_dir) if model_dir else []:
+            # A file's keys are text, an integer table's too (IntegerLookup's
+            # vocabulary file): such a file is a vocabulary of both kinds.
+            self.string_vocabularies.append(vocabulary)
+            integers = _integers(vocabulary)
+            if integers is not None:
+                self.int_vocabularies.append(integers)
 
     def tokens(self):
         """A few string values, taken from the vocabularies when there are any."""

@@ -26,9 +26,46 @@ def half_rows_merged(values, indices):
     """
     if values.dtype not in (tf.float16, tf.bfloat16):
         return values, indices
+    return rows_merged(values, indices)
+
+
+def rows_merged(values, indices):
+    """(values, indices) with one row per distinct index, in order of first
+    appearance, as TF's gradient of Unique + Gather gives them; half types
+    are summed in float32."""
     distinct, position = tf.unique(indices)
-    summed = tf.math.unsorted_segment_sum(tf.cast(values, tf.float32), position, tf.size(distinct))
+    exact = tf.float32 if values.dtype in (tf.float16, tf.bfloat16) else values.dtype
+    summed = tf.math.unsorted_segment_sum(tf.cast(values, exact), position, tf.size(distinct))
     return tf.cast(summed, values.dtype), distinct
+
+
+def optional_attr(op, name, default):
+    """op's attr `name`, or `default` where the op has none (a graph built
+    before the attr was added)."""
+    try:
+        return op.get_attr(name)
+    except ValueError:
+        return default
+
+
+def grad_form(op, index=None):
+    """The op's grad_indices, or feature `index`'s in a grouped op (whose
+    list is empty where every feature's is "per_id")."""
+    form = optional_attr(op, "grad_indices", [] if index is not None else b"per_id")
+    if index is not None:
+        form = form[index] if index < len(form) else b"per_id"
+    return form.decode()
+
+
+def string_table_gradient(values, indices, params, form):
+    """A string op's params gradient from its gradient op's rows (one per
+    token) in `form`, its grad_indices: the form of the TF subgraph it stands
+    for (the rewrite sets it), so that optimizers that are not linear in the
+    gradient (Adagrad, Adam, Ftrl) update the rows as they did."""
+    if form == "dense":
+        return tf.math.unsorted_segment_sum(values, indices, tf.shape(params, out_type=tf.int64)[0])
+    values, indices = rows_merged(values, indices) if form == "first_appearance" else half_rows_merged(values, indices)
+    return table_gradient(values, indices, dense_table_shape(params))
 
 
 def table_gradient(values, indices, dense_shape):

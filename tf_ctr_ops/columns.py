@@ -14,7 +14,7 @@ from tensorflow.python.ops import sparse_ops
 from tf_ctr_ops import ops
 from tf_ctr_ops._args import check_combiner, check_default_id, max_norm_attr
 from tf_ctr_ops._loader import load_op_library
-from tf_ctr_ops._table_grad import dense_table_shape, forward_table, table_gradient
+from tf_ctr_ops._table_grad import dense_table_shape, forward_table, grad_form, optional_attr
 
 _ops = load_op_library()
 
@@ -138,10 +138,10 @@ def _computed_ids_lookup_grad(op, grad, _ids_grad, _splits_grad, _shape_grad):
     """CtrEmbeddingLookup's gradient on the ids the op computed (crossed or
     bucketized) and their bags; the features have none."""
     params = forward_table(op.inputs[0])
-    attrs = {k: op.get_attr(k) for k in ("combiner", "default_id", "max_norm")}
-    values, indices, _, _ = _ops.ctr_embedding_lookup_grad(
-        grad=grad, params=params, ids=op.outputs[1], segments=op.outputs[2], num_rows=tf.constant(-1, tf.int64),
-        weights=tf.zeros([0], tf.float32), combiner=attrs["combiner"].decode(), segment_kind="row_splits",
-        invalid_ids="error", default_id=attrs["default_id"], max_norm=attrs["max_norm"], has_weights=False)
-    params_grad = table_gradient(values, indices, dense_table_shape(params))
+    attrs = dict(combiner=op.get_attr("combiner").decode(), segment_kind="row_splits", invalid_ids="error",
+                 default_id=op.get_attr("default_id"), max_norm=op.get_attr("max_norm"), has_weights=False,
+                 id_mode="index", prune_weights=False, empty_grad_row=optional_attr(op, "empty_grad_row", -1))
+    params_grad, _ = ops.pooled_grads(grad, _ops.ctr_embedding_lookup_grad, dense_table_shape, params, op.outputs[1],
+                                      op.outputs[2], tf.constant(-1, tf.int64), tf.zeros([0], tf.float32), attrs,
+                                      grad_form(op))
     return [params_grad] + [None] * (len(op.inputs) - 1)

@@ -31,7 +31,7 @@ from tf_ctr_ops._args import (  # noqa: F401  (COMBINERS, canonical_shard_sizes:
     table_operand,
 )
 from tf_ctr_ops._loader import load_op_library
-from tf_ctr_ops._table_grad import dense_table_shape, forward_table, table_gradient
+from tf_ctr_ops._table_grad import dense_table_shape, forward_table, grad_form, table_gradient
 
 _ops = load_op_library()
 
@@ -134,7 +134,7 @@ def _lookup_grads(op, grad, grad_op, table_shape):
     params, ids, segments, num_rows, weights = op.inputs
     params = forward_table(params)
     params_grad, weights_grad = pooled_grads(grad, grad_op, table_shape, params, ids, segments, num_rows, weights,
-                                             _lookup_grad_attrs(op), _grad_indices_attr(op))
+                                             _lookup_grad_attrs(op), grad_form(op))
     return [params_grad, None, None, None, weights_grad]
 
 
@@ -180,13 +180,6 @@ def _no_second_order(op, *grads):
 
 for _grad_op in ("CtrEmbeddingLookupGrad", "CtrResourceEmbeddingLookupGrad", "CtrStringEmbeddingGrad"):
     tf.RegisterGradient(_grad_op)(_no_second_order)
-
-
-def _grad_indices_attr(op):
-    try:
-        return op.get_attr("grad_indices").decode()
-    except ValueError:  # a node built without the attr (by an older graph): its default
-        return "per_id"
 
 
 def _merge_grad_rows(values, indices):
@@ -594,8 +587,8 @@ def _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, nam
     table = _single_table(params)
     # TF converts a lone table that is neither a tensor nor a composite one (a
     # TF1 RefVariable) to a tensor.
-    grad_form = _drop_in_grad_form(table is not None and not isinstance(table, composite_tensor.CompositeTensor),
-                                   sp_weights is not None, allow_fast_lookup, max_norm)
+    form = _drop_in_grad_form(table is not None and not isinstance(table, composite_tensor.CompositeTensor),
+                              sp_weights is not None, allow_fast_lookup, max_norm)
     # The output is named as the scope (`foo:0` for name="foo"), as TF's is.
     with tf.name_scope(name or "embedding_lookup_sparse") as scope:
         shards = sharded_variables(params)
@@ -613,7 +606,7 @@ def _embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy, nam
         _check_shards(parts)
         merged = _MergedShards(parts, partition_strategy)
         return _lookup(merged.table, merged.rows(bags.ids), bags.segments, -1, _weights_values(bags.weights),
-                       segment_kind="row_ids", combiner=combiner, max_norm=max_norm, grad_indices=grad_form,
+                       segment_kind="row_ids", combiner=combiner, max_norm=max_norm, grad_indices=form,
                        name=scope)
 
 

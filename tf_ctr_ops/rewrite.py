@@ -1715,7 +1715,7 @@ def _optimize_saved_model(src, dst, signature_keys, sample_inputs, verify, runs,
         inputs, hows, reference = _verification_inputs(src, selected, facts, sample_inputs, inputs_file, seed)
     build = (_tf1_builder(src, proto, serving_device) if tf1
              else _tf2_builder(src, loaded, proto, available, selected, serving_device, merge_partitions))
-    parent = os.path.dirname(os.path.abspath(dst))
+    parent = os.path.dirname(dst)
     os.makedirs(parent, exist_ok=True)
     best, dropped = _servable_rewrite(build, parent, inputs, reference, set(disabled_patterns), src)
     for key, report in best.reports.items():

@@ -24,7 +24,7 @@ from tf_ctr_ops._args import (
     per_feature,
 )
 from tf_ctr_ops._loader import load_op_library
-from tf_ctr_ops._table_grad import dense_table_shape, forward_table, half_rows_merged, table_gradient
+from tf_ctr_ops._table_grad import forward_table, grad_form, string_table_gradient
 
 _ops = load_op_library()
 
@@ -395,7 +395,7 @@ def _string_embedding_grad(op, grad):
         grad = tf.pad(grad, [[0, bags - tf.shape(grad)[0]], [0, 0]])
     values, indices = _ops.ctr_string_embedding_grad(grad=grad, params=params, bytes=data, row_splits=row_splits,
                                                      bag_splits=bag_splits, **attrs)
-    return [table_gradient(*half_rows_merged(values, indices), dense_table_shape(params)), None, None, None]
+    return [string_table_gradient(values, indices, params, grad_form(op)), None, None, None]
 
 
 def _feature_hash_keys(op, n):
@@ -438,7 +438,7 @@ def _multi_string_embedding_grad(op, *grads):
             id_mode=attrs["id_modes"][i].decode(), delimiter=attrs["delimiters"][i],
             skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i], bagged=False,
             num_buckets=buckets[i], hash_key=hash_keys[i])
-        out.append(table_gradient(*half_rows_merged(values, indices), dense_table_shape(tables[i])))
+        out.append(string_table_gradient(values, indices, tables[i], grad_form(op, i)))
     return out + [None, None]
 
 
@@ -484,7 +484,7 @@ def _concat_grad(op, grad, tables, data, row_splits, input_splits, dense, string
             combiner=attrs["combiners"][i].decode(), id_mode=attrs["id_modes"][i].decode(),
             delimiter=attrs["delimiters"][i], skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i],
             bagged=False, num_buckets=buckets[i], hash_key=hash_keys[i])
-        out.append(table_gradient(*half_rows_merged(values, indices), dense_table_shape(tables[i])))
+        out.append(string_table_gradient(values, indices, tables[i], grad_form(op, i)))
     dense_grads = [grad[:, columns[n + j]:columns[n + j] + widths[n + j]] for j in range(m)]
     return out + [None] * string_inputs + dense_grads
 

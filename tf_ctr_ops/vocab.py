@@ -9,7 +9,7 @@ import tensorflow as tf
 from tf_ctr_ops import ops
 from tf_ctr_ops._loader import load_op_library
 from tf_ctr_ops._args import check_combiner, check_default_id, check_matmul_dtype, max_norm_attr, read_table
-from tf_ctr_ops._table_grad import dense_table_shape, forward_table, table_gradient
+from tf_ctr_ops._table_grad import dense_table_shape, forward_table, grad_form, optional_attr, table_gradient
 
 _ops = load_op_library()
 
@@ -324,10 +324,9 @@ def _vocab_embedding_lookup_grad(op, grad, _ids_grad):
     if op.get_attr("drop_zero_ids"):
         weights = tf.cast(tf.not_equal(ids, 0), tf.float32)
         attrs.update(has_weights=True, prune_weights=True)
-    values, indices, weights_grad, _ = _ops.ctr_embedding_lookup_grad(
-        grad=grad, params=params, ids=rows, segments=segments, num_rows=num_rows, weights=weights,
-        id_mode="index", grad_indices="per_id", **attrs)
-    params_grad = table_gradient(values, indices, dense_table_shape(params))
+    attrs.update(id_mode="index", empty_grad_row=optional_attr(op, "empty_grad_row", -1))
+    params_grad, weights_grad = ops.pooled_grads(grad, _ops.ctr_embedding_lookup_grad, dense_table_shape, params, rows,
+                                             segments, num_rows, weights, attrs, grad_form(op))
     weights_grad = weights_grad if op.get_attr("has_weights") else None
     return [None, None, params_grad, None, None, None, weights_grad] + [None] * (len(op.inputs) - 7)
 

@@ -63,6 +63,7 @@ SourceMatch MatchGatheredRows(const NodeDef& user, int data_input, int idx_input
     return SourceMatch::kRejected;
   }
   src->keys = unique->input(0);
+  src->grad_indices = "first_appearance";
   SetTableOfGather(*gather, resource, src);
   src->absorbed = {unique, gather};
   src->absorbed.insert(src->absorbed.end(), identities.begin(), identities.end());
@@ -145,6 +146,23 @@ void SetGroupedHashKeys(const std::vector<std::vector<int64_t>>& keys, NodeDef* 
   }
 }
 
+std::string GradIndicesAttr(const NodeDef& fused) {
+  const std::string form = StringAttr(fused, "grad_indices");
+  return form.empty() ? "per_id" : form;
+}
+
+std::string GroupedGradIndices(const NodeDef& grouped, int i) {
+  auto it = grouped.attr().find("grad_indices");
+  if (it == grouped.attr().end() || it->second.list().s_size() <= i) return "per_id";
+  return it->second.list().s(i);
+}
+
+void SetGroupedGradIndices(const std::vector<std::string>& forms, NodeDef* grouped) {
+  if (std::all_of(forms.begin(), forms.end(), [](const std::string& f) { return f == "per_id"; })) return;
+  auto* list = (*grouped->mutable_attr())["grad_indices"].mutable_list();
+  for (const std::string& f : forms) list->add_s(f);
+}
+
 void FuseHashProducer(RewriteContext* ctx, RowSource* src, bool string_keys) {
   const GraphIndex& g = ctx->index();
   std::vector<const NodeDef*> wrap;
@@ -209,6 +227,7 @@ void BecomeFusedLookup(RewriteContext* ctx, const std::string& name, const RowSo
   attr["max_norm"].set_f(-1.f);
   attr["has_weights"].set_b(f.has_weights);
   attr["num_buckets"].set_i(src.num_buckets);
+  attr["grad_indices"].set_s(src.grad_indices);
   SetHashKeyAttr(src.hash_key, fused);
 }
 
@@ -252,6 +271,7 @@ void BecomeStringEmbedding(RewriteContext* ctx, const std::string& base, const s
   attr["trim_empty_tail"].set_b(f.trim_empty_tail);
   attr["invalid_ids"].set_s(f.invalid_ids);
   attr["default_id"].set_i(f.default_id);
+  attr["grad_indices"].set_s(f.grad_indices);
 }
 
 }  // namespace grappler

@@ -31,6 +31,12 @@ std::vector<int64_t> GroupedHashKey(const tensorflow::NodeDef& grouped, int i);
 // Sets a grouped string op's keyed_features and hash_keys from each of its
 // features' keys, in feature order; none keyed leaves both unset.
 void SetGroupedHashKeys(const std::vector<std::vector<int64_t>>& keys, tensorflow::NodeDef* grouped);
+// A fused op's grad_indices ("per_id" where unset); feature i's in a grouped
+// string op; and a grouped op's list from its features' (left unset when all
+// are "per_id").
+std::string GradIndicesAttr(const tensorflow::NodeDef& fused);
+std::string GroupedGradIndices(const tensorflow::NodeDef& grouped, int i);
+void SetGroupedGradIndices(const std::vector<std::string>& forms, tensorflow::NodeDef* grouped);
 
 // Where the pooled rows come from: the table and the (non-unique) keys.
 struct RowSource {
@@ -43,6 +49,10 @@ struct RowSource {
   std::string id_mode = "index";
   int64_t num_buckets = 0;
   std::vector<int64_t> hash_key;  // hash mode: empty (fast) or the strong hash's key
+  // The params gradient's form in TF's graph (the fused op's grad_indices):
+  // one row per table row through Unique, else the reader's (a gather's one
+  // row per id; a segment reduction of the table's, dense).
+  std::string grad_indices = "per_id";
   std::vector<const tensorflow::NodeDef*> absorbed;  // nodes the fused op replaces
   // What only absorbed nodes read (the shift of a negative-index wrap): goes
   // with them where nothing else reads it.
@@ -113,6 +123,7 @@ struct FusedStrings {
   float max_norm = -1.f;
   int64_t num_buckets = 0;  // hash mode; 0: the table's rows
   std::vector<int64_t> hash_key;  // hash mode: empty (fast) or the strong hash's key
+  std::string grad_indices = "per_id";  // as RowSource's
   bool trim_empty_tail = false;
   std::string invalid_ids = "error";  // or skip_negative (safe lookups)
   int64_t default_id = -1;

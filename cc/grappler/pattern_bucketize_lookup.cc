@@ -215,10 +215,7 @@ class BucketizeLookupPattern : public NamedPattern<kName> {
     CopyControlInputs(anchor, fused);
     auto& attr = *fused->mutable_attr();
     attr.clear();
-    for (const char* a : {"T", "combiner", "default_id", "max_norm"}) {
-      const auto it = anchor.attr().find(a);  // absent at its default when stripped on export
-      if (it != anchor.attr().end()) attr[a] = it->second;
-    }
+    CopyAttrsIfSet(anchor, {"T", "combiner", "default_id", "max_norm", "grad_indices", "empty_grad_row"}, fused);
     attr["Tin"] = bucketize.attr().at("T");
     attr["boundaries"] = bucketize.attr().at("boundaries");
     attr["column_stride"].set_i(m.stride);

@@ -89,7 +89,7 @@ class CrossLookupPattern : public NamedPattern<kName> {
       if (in.empty() || in[0] != '^') fused->add_input(in);
     CopyControlInputs(anchor, fused);
     fused->mutable_attr()->clear();
-    CopyAttrsIfSet(anchor, {"T", "combiner", "default_id", "max_norm"}, fused);
+    CopyAttrsIfSet(anchor, {"T", "combiner", "default_id", "max_norm", "grad_indices", "empty_grad_row"}, fused);
     CopyAttrsIfSet(cross, {"N", "sparse_types", "dense_types", "num_buckets", "hash_key"}, fused);
 
     MatchRecord record{kName, name, kFusedOp, {Describe(anchor)}};

@@ -180,6 +180,7 @@ class MaxNormLookupPattern : public NamedPattern<kName> {
     RowSource src;
     src.keys = unique->input(0);
     src.key_type = key_type;
+    src.grad_indices = "first_appearance";
     SetTableOfGather(*gather, resource, &src);
     src.absorbed = absorbed;
     FuseHashProducer(ctx, &src);
@@ -197,6 +198,7 @@ class MaxNormLookupPattern : public NamedPattern<kName> {
     attr["num_buckets"].set_i(src.num_buckets);
     SetHashKeyAttr(src.hash_key, fused);
     attr["max_norm"].set_f(clip.max_norm);
+    attr["grad_indices"].set_s(src.grad_indices);
     ctx->Matched(record);
     return true;
   }

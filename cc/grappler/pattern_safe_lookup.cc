@@ -145,6 +145,7 @@ struct Safe {
   std::string weights;  // weights' values (before any retain)
   bool prune_weights = false;
   int64_t default_id = -1;
+  int64_t empty_grad_row = -1;
   std::vector<const NodeDef*> absorbed;
 };
 
@@ -282,6 +283,10 @@ class SafeLookupPattern : public NamedPattern<kName> {
         return fail(rows < 0 ? "cannot prove default_id is a table row (table rows unknown)"
                              : "default_id " + std::to_string(fill_value) + " is not a table row");
       s->default_id = fill_value;
+    } else {
+      // The zeroed rows' filled id still reads its row in TF's graph: its
+      // gradient lists that row, with zeros.
+      s->empty_grad_row = fill_value;
     }
     std::string outsider;
     s->absorbed = Unique(s->absorbed);
@@ -483,6 +488,7 @@ class SafeLookupPattern : public NamedPattern<kName> {
     attr["invalid_ids"].set_s("skip_negative");
     attr["prune_weights"].set_b(s.prune_weights);
     attr["default_id"].set_i(s.default_id);
+    if (StringAttr(pool, "grad_indices") != "dense") attr["empty_grad_row"].set_i(s.empty_grad_row);
     if (!final_reshape.empty()) DropFinalReshape(ctx, final_reshape, out_name, &record);
     if (sp.rank2) DropUnreadReshape(ctx, *s.reshape, Unique(s.absorbed), out_name, &record);
     ctx->Matched(record);

@@ -57,8 +57,13 @@ class SparseSegmentLookupPattern : public NamedPattern<kName> {
     std::string why;
     const SourceMatch shape = MatchGatheredRows(anchor, 0, 1, ctx, &src, &why);
     if (shape == SourceMatch::kRejected) return Skip(ctx, anchor, why);
-    if (shape == SourceMatch::kOther && !MatchDirectRows(anchor, 0, 1, TypeAttr(anchor, "Tidx"), ctx, &src, &why))
-      return Skip(ctx, anchor, why);
+    if (shape == SourceMatch::kOther) {
+      if (!MatchDirectRows(anchor, 0, 1, TypeAttr(anchor, "Tidx"), ctx, &src, &why)) return Skip(ctx, anchor, why);
+      // The reduction's own gradient: dense, or with sparse_gradient its
+      // rows of distinct ids (sorted, where the fused op's come in order of
+      // first appearance: the same update).
+      src.grad_indices = BoolAttr(anchor, "sparse_gradient", false) ? "first_appearance" : "dense";
+    }
     FuseHashProducer(ctx, &src);
 
     // Everything checked: from here on the graph changes.

@@ -107,7 +107,7 @@ class VocabSparseLookupPattern : public NamedPattern<kName> {
       fused->add_input(in);
     AddControlInputsOnce(waits, fused);
     auto& attr = *fused->mutable_attr();
-    for (const char* gone : {"Tid", "id_mode", "num_buckets", "hash_key", "grad_indices"}) attr.erase(gone);
+    for (const char* gone : {"Tid", "id_mode", "num_buckets", "hash_key"}) attr.erase(gone);
     attr["Tkey"].set_type(TypeAttr(find, "Tin"));
     attr["num_oov_buckets"].set_i(oov.buckets);
     ctx->Matched(record);

@@ -48,9 +48,10 @@ inline absl::Status ReadBagAttrs(tensorflow::OpKernelConstruction* c, LookupAttr
   return absl::OkStatus();
 }
 
-// The id attrs (id_mode, num_buckets) and grad_indices are optional: an op
-// whose ids are always table rows (CtrVocabEmbeddingLookup's found ids) has
-// none of them, and reads as index mode.
+// The id attrs (id_mode, num_buckets) are optional: an op whose ids are
+// always table rows (CtrVocabEmbeddingLookup's found ids) has none of them,
+// and reads as index mode. So are the gradient's (grad_indices,
+// empty_grad_row), which only the gradient kernels use.
 inline absl::Status ReadLookupAttrs(tensorflow::OpKernelConstruction* c, LookupAttrs* a) {
   std::string mode = "index", invalid, grad_indices = "per_id";
   TF_RETURN_IF_ERROR(ReadPoolingAttrs(c, &a->spec));

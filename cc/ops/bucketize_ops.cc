@@ -1,5 +1,6 @@
 // Bucketized-feature embedding: tf.raw_ops.Bucketize (bucketized_column) and
 // the pooled lookup of its bucket ids, in one op.
+#include "cc/ops/pooled_shape.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -45,8 +46,9 @@ REGISTER_OP("CtrBucketizeEmbeddingLookup")
     .Attr("combiner: {'sum', 'mean', 'sqrtn'} = 'mean'")
     .Attr("default_id: int = -1")
     .Attr("max_norm: float = -1.0")
+    .CTR_GRAD_FORM_ATTRS
     .SetShapeFn(BucketizeLookupShape)
-    .Doc(R"doc(
+    .Doc(std::string(R"doc(
 Buckets the values of `input` [B, S] and pools the rows of `params` [V, ...]
 their bucket ids name: output [B, ...], in one op.
 
@@ -62,6 +64,6 @@ is an InvalidArgument naming the id and its row.
 
 The outputs after the pooled one are the ids and their bags' row_splits (for
 the gradient), and the bucketized column's dense_shape, [B, S].
-)doc");
+)doc") + ctr_shapes::GradFormAttrsDoc());
 
 }  // namespace tensorflow

@@ -1,5 +1,6 @@
 // Crossed-feature embedding: tf.sparse.cross_hashed (crossed_column, Keras
 // HashedCrossing) and the pooled lookup of its ids, in one op.
+#include "cc/ops/pooled_shape.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -66,8 +67,9 @@ REGISTER_OP("CtrCrossEmbeddingLookup")
     .Attr("combiner: {'sum', 'mean', 'sqrtn'} = 'mean'")
     .Attr("default_id: int = -1")
     .Attr("max_norm: float = -1.0")
+    .CTR_GRAD_FORM_ATTRS
     .SetShapeFn(CrossLookupShape)
-    .Doc(R"doc(
+    .Doc(std::string(R"doc(
 Crosses the features of each row and pools the rows of `params` [V, ...] that
 the crossed ids name: output [B, ...], in one op.
 
@@ -89,6 +91,6 @@ is an InvalidArgument naming the id and its row.
 The outputs after the pooled one are the crossed ids and their bags'
 row_splits (for the gradient), and SparseCross's dense_shape: [B, the largest
 cross count of a row].
-)doc");
+)doc") + ctr_shapes::GradFormAttrsDoc());
 
 }  // namespace tensorflow

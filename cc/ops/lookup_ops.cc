@@ -41,16 +41,6 @@ num_buckets: hash mode only: the bucket count of the hash (0: V). A bucket
 hash_key: hash mode only: empty, or two integers that make the hash SipHash-2-4
   keyed with them, bit-exact with tf.strings.to_hash_bucket_strong(key=...)
   (keras.layers.Hashing with a salt).
-grad_indices: the params gradient's rows: "per_id", one per looked-up id in bag
-  order; "first_appearance", the rows of each table row summed into one, in
-  order of first appearance, as TF's Unique + Gather gives them; "dense", the
-  gradient op's rows are per id, and the caller sums them into a dense
-  [V, ...] gradient, as TF's lookup without Unique (allow_fast_lookup on a
-  tensor table, unweighted) gives it.
-empty_grad_row: without a default_id, the row a bag left empty lists in the
-  params gradient, with a zero row (-1: none, or not a table row). TF's
-  safe_embedding_lookup_sparse fills such a bag with id 0 and zeroes its
-  output, so its gradient names row 0.
 )doc";
 
 
@@ -99,8 +89,7 @@ absl::Status LookupGradShape(InferenceContext* c) {
       .Attr("id_mode: {'index', 'hash'} = 'index'")      \
       .Attr("num_buckets: int = 0")                      \
       .Attr("hash_key: list(int) = []")                  \
-      .Attr("grad_indices: {'per_id', 'first_appearance', 'dense'} = 'per_id'") \
-      .Attr("empty_grad_row: int = -1")
+      .CTR_GRAD_FORM_ATTRS
 
 // Each op has a form reading its table from a variable (PARAMS "resource").
 #define CTR_LOOKUP_SIGNATURE(PARAMS)                                                                    \
@@ -123,7 +112,7 @@ Gather, clip_by_norm, SparseSegment* or Mul+SegmentSum+DivNoNan) and, in hash
 mode, AsString + StringToHashBucketFast (or Strong, with hash_key) before them. Half types accumulate in
 float32. num_rows: the bag count for row_ids segments; -1 takes last row id + 1
 as tf.math.segment_sum does. Ignored for row_splits.
-)doc") + kPoolingAttrs + kIdAttrs);
+)doc") + kPoolingAttrs + kIdAttrs + ctr_shapes::GradFormAttrsDoc());
 
 REGISTER_OP("CtrEmbeddingLookupGrad")
     .CTR_LOOKUP_GRAD_SIGNATURE("T")
@@ -135,7 +124,7 @@ left empty; or, with grad_indices "first_appearance", one per table row: see
 `merged`) and the dense gradient of `weights` (zeros when has_weights is false).
 merged: whether the kernel merged the rows as grad_indices asks (the CPU
 kernel does; the GPU kernel leaves one row per id, for the caller to merge).
-)doc") + kPoolingAttrs + kIdAttrs);
+)doc") + kPoolingAttrs + kIdAttrs + ctr_shapes::GradFormAttrsDoc());
 
 REGISTER_OP("CtrResourceEmbeddingLookup")
     .CTR_LOOKUP_SIGNATURE("resource")
@@ -145,7 +134,7 @@ CtrEmbeddingLookup of the table in a resource variable of T (on the host),
 read in place under the variable's lock as ResourceGather reads it. A
 ReadVariableOp would hand out the variable's buffer, and the next sparse
 update of the table (an optimizer's) would then copy all of it.
-)doc") + kPoolingAttrs + kIdAttrs);
+)doc") + kPoolingAttrs + kIdAttrs + ctr_shapes::GradFormAttrsDoc());
 
 REGISTER_OP("CtrResourceEmbeddingLookupGrad")
     .CTR_LOOKUP_GRAD_SIGNATURE("resource")
@@ -153,7 +142,7 @@ REGISTER_OP("CtrResourceEmbeddingLookupGrad")
     .Doc(std::string(R"doc(
 CtrEmbeddingLookupGrad of CtrResourceEmbeddingLookup: the table is read in
 place from its variable.
-)doc") + kPoolingAttrs + kIdAttrs);
+)doc") + kPoolingAttrs + kIdAttrs + ctr_shapes::GradFormAttrsDoc());
 
 REGISTER_OP("CtrVocabEmbeddingLookup")
     .Input("table_handle: resource")
@@ -178,6 +167,7 @@ REGISTER_OP("CtrVocabEmbeddingLookup")
     .Attr("oov_start: int = 0")
     .Attr("wrap_negative_ids: bool = false")
     .Attr("drop_zero_ids: bool = false")
+    .CTR_GRAD_FORM_ATTRS
     .SetShapeFn(VocabLookupShape)
     .Doc(std::string(R"doc(
 Looks each of `keys` [nnz] up in a key -> int64 lookup table (a
@@ -212,7 +202,7 @@ ids: the id each key found (after the buckets and Keras' rules, before the
   wrap), for the gradient, which is CtrEmbeddingLookupGrad's on these ids.
 A found id outside [0, V) (after the wrap) is an InvalidArgument naming the
 key, its id and its row.
-)doc") + kPoolingAttrs);
+)doc") + kPoolingAttrs + ctr_shapes::GradFormAttrsDoc());
 
 REGISTER_OP("CtrCheckBags")
     .Input("ids: Tid")

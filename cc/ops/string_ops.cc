@@ -3,6 +3,7 @@
 // SparseTensor assembly + the embedding lookup.
 #include <vector>
 
+#include "cc/ops/pooled_shape.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -214,6 +215,7 @@ REGISTER_OP("CtrStringEmbedding")
     .Input("bag_splits: int64")
     .Output("output: T")
     .CTR_STRING_ATTRS
+    .CTR_GRAD_INDICES_ATTR
     .SetShapeFn(StringEmbeddingShape)
     .Doc(std::string(R"doc(
 Pools the tokens of packed strings into rows of `params` [V, D]. With
@@ -221,7 +223,7 @@ bagged=false each string is a bag and the output is [B, D] for row_splits
 [B+1]; with bagged=true bag r holds strings [bag_splits[r], bag_splits[r+1])
 (string keys grouped by a RaggedTensor). row_splits are byte offsets into
 `bytes`; they must be non-decreasing and inside the buffer.
-)doc") + kStringAttrsDoc);
+)doc") + kStringAttrsDoc + ctr_shapes::kGradIndicesDoc);
 
 REGISTER_OP("CtrStringEmbeddingGrad")
     .Input("grad: T")
@@ -251,7 +253,8 @@ one per token, computed from the packed bytes without re-splitting in Python.
       .Attr("max_norms: list(float)")            \
       .Attr("num_buckets: list(int) = []")       \
       .Attr("keyed_features: list(int) = []")    \
-      .Attr("hash_keys: list(int) = []")
+      .Attr("hash_keys: list(int) = []")         \
+      .Attr("grad_indices: list(string) = []")
 
 REGISTER_OP("CtrMultiStringEmbedding")
     .Input("params: N * T")
@@ -269,7 +272,8 @@ of the same attribute of CtrStringEmbedding; so has num_buckets, which may
 also be empty (every feature hashes into its whole table). keyed_features
 lists the features whose hash is keyed (CtrStringEmbedding's hash_key), in
 increasing order, and hash_keys their keys, two integers each in that order;
-every other feature hashes with to_hash_bucket_fast.
+every other feature hashes with to_hash_bucket_fast. grad_indices holds each
+feature's CtrStringEmbedding grad_indices (empty: "per_id" for every one).
 )doc"));
 
 REGISTER_OP("CtrConcatStringEmbedding")
