@@ -48,8 +48,12 @@ def assert_same_params_gradient(rng, params, fused, native):
             loss = tf.reduce_sum(fn() * upstream)
         g = tape.gradient(loss, params)
         assert isinstance(g, tf.IndexedSlices)
-        grads.append(tf.convert_to_tensor(g).numpy())
-    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-5, atol=1e-6)
+        grads.append(g)
+    # The same rows in the same order (an optimizer such as Adagrad updates
+    # each row it is given), in the same dtype, and the same values.
+    assert grads[0].indices.dtype == grads[1].indices.dtype
+    np.testing.assert_array_equal(grads[0].indices.numpy(), grads[1].indices.numpy())
+    np.testing.assert_allclose(grads[0].values.numpy(), grads[1].values.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def sparse_features(rng, batch, width, make, empty_rows=0.2):
@@ -333,8 +337,8 @@ def bucketized_ids(values, boundaries):
     rows = tf.reshape(tf.tile(tf.range(batch)[:, None], [1, width]), [-1])
     cols = tf.tile(tf.range(width), [batch])
     ids = tf.reshape(buckets, [-1]) + (len(boundaries) + 1) * cols
-    return tf.SparseTensor(tf.cast(tf.stack([rows, cols], 1), tf.int64), tf.cast(ids, tf.int64),
-                           tf.cast(tf.stack([batch, width]), tf.int64))
+    # int32 ids, Bucketize's, as the column keeps them (its gradient names rows so)
+    return tf.SparseTensor(tf.cast(tf.stack([rows, cols], 1), tf.int64), ids, tf.cast(tf.stack([batch, width]), tf.int64))
 
 
 def native_bucketized(params, values, boundaries, combiner="mean", default_id=None, max_norm=None):

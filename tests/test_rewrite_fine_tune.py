@@ -21,7 +21,8 @@ pytestmark = pytest.mark.saved_model
 
 V, D, BUCKETS = 12, 3, 12
 WORDS = ["a", "b", "c", "d", "e"]
-TABLES = ["sparse", "weighted", "safe", "fast", "vocab", "cross", "hashed", "split"]
+TABLES = ["sparse", "weighted", "safe", "fast", "vocab", "cross", "hashed", "split", "safe_split", "joined_safe_split"]
+OUTPUTS = ["sparse", "weighted", "safe", "fast", "vocab", "cross", "joined", "safe_split"]
 
 
 class Lookups(tf.Module):
@@ -59,13 +60,23 @@ class Lookups(tf.Module):
             "cross": tf.nn.safe_embedding_lookup_sparse(
                 t["cross"], tf.sparse.cross_hashed([tf.sparse.from_dense(words[:, :1]), city], BUCKETS), None,
                 combiner="sum"),
-            # A gather (one row per key) and a split string's Unique-based
-            # lookup, concatenated: one fused op of two gradient forms.
+            # A gather (one row per key), a split string's Unique-based lookup
+            # and a safe one with empty rows, concatenated: one fused op of
+            # three gradient forms.
             "joined": tf.concat([
                 tf.nn.embedding_lookup(t["hashed"], tf.strings.to_hash_bucket_fast(text, BUCKETS)),
                 tf.nn.embedding_lookup_sparse(t["split"], tf.strings.to_hash_bucket_fast(tokens, BUCKETS).to_sparse(),
-                                              None, combiner="mean")], 1),
+                                              None, combiner="mean"),
+                _safe_split_lookup(t["joined_safe_split"], text)], 1),
+            "safe_split": _safe_split_lookup(t["safe_split"], text),
         }
+
+
+def _safe_split_lookup(table, text):
+    # TF1's split drops empty tokens: an empty string is an empty row.
+    split = tf.compat.v1.string_split(text, "|")
+    ids = tf.SparseTensor(split.indices, tf.strings.to_hash_bucket_fast(split.values, BUCKETS), split.dense_shape)
+    return tf.nn.safe_embedding_lookup_sparse(table, ids, None, combiner="mean")
 
 
 def _feeds(rng, batch):
@@ -75,6 +86,7 @@ def _feeds(rng, batch):
     ids[::5] = -1  # empty rows
     words = rng.choice(WORDS, size=(batch, 4))
     text = np.array(["|".join(rng.choice(WORDS, size=rng.integers(1, 5))) for _ in range(batch)], object)
+    text[1::6] = ""  # a split of no token: the safe lookup's empty row
     return {"ids": tf.constant(ids, tf.int64), "weights": tf.constant(rng.random((batch, 4)) + 0.5, tf.float32),
             "words": tf.constant(words), "text": tf.constant(text),
             "city": tf.constant(rng.choice(["x", "y", "z"], size=(batch, 1)))}
@@ -110,7 +122,8 @@ def test_every_form_fuses(rewritten):
     _, _, sig = rewritten
     assert sig.outputs_match
     fused = [m["fused_op"] for m in sig.matches]
-    for op in ("CtrVocabEmbeddingLookup", "CtrCrossEmbeddingLookup", "CtrConcatStringTensorEmbedding"):
+    for op in ("CtrVocabEmbeddingLookup", "CtrCrossEmbeddingLookup", "CtrConcatStringTensorEmbedding",
+               "CtrStringEmbedding"):
         assert op in fused, sig.matches
     after = sig.op_counts_after
     # (GatherV2s stay: the sparse bookkeeping of the inputs' padding.)
@@ -120,11 +133,11 @@ def test_every_form_fuses(rewritten):
 def test_gradients_have_the_original_form(rewritten, rng):
     src, dst, _ = rewritten
     feeds = _feeds(rng, 40)
-    out_weights = {k: tf.constant(rng.standard_normal((40, 2 * D if k == "joined" else D)), tf.float32)
-                   for k in ("sparse", "weighted", "safe", "fast", "vocab", "cross", "joined")}
+    out_weights = {k: tf.constant(rng.standard_normal((40, 3 * D if k == "joined" else D)), tf.float32)
+                   for k in OUTPUTS}
     _, _, native = _gradients(src, feeds, out_weights)
     _, _, fused = _gradients(dst, feeds, out_weights)
-    assert set(native) == set(fused) and len(native) == 8
+    assert set(native) == set(fused) and len(native) == len(TABLES)
     for name in native:
         want_indices, want_values = _form(native[name])
         got_indices, got_values = _form(fused[name])
@@ -136,27 +149,37 @@ def test_gradients_have_the_original_form(rewritten, rng):
         np.testing.assert_allclose(got_values, want_values, rtol=1e-5, atol=1e-6, err_msg=name)
     # The forms themselves, so that a TF change to its graphs shows here.
     assert _form(native["fast"])[0] is None
-    for name in ("sparse", "weighted", "safe", "vocab", "cross", "split"):
+    for name in ("sparse", "weighted", "safe", "vocab", "cross", "split", "safe_split", "joined_safe_split"):
         indices = _form(native[name])[0]
         assert len(np.unique(indices)) == len(indices), name
-    assert 0 in _form(native["safe"])[0]  # the empty rows' filled id
+    for name in ("safe", "safe_split", "joined_safe_split"):
+        assert 0 in _form(native[name])[0], name  # the empty rows' filled id
     hashed = _form(native["hashed"])[0]
     assert len(np.unique(hashed)) < len(hashed)
 
 
-@pytest.mark.parametrize("optimizer", ["adagrad", "adam", "ftrl"])
-def test_fine_tuning_moves_the_tables_as_the_original(rewritten, rng, optimizer):
-    import keras
+def _apply(optimizer, grads, variables):
+    if optimizer.startswith("v1-"):  # TF1's sparse updates: a zero row still moves with momentum or Ftrl
+        opt = {"v1-ftrl": lambda: tf.compat.v1.train.FtrlOptimizer(0.5),
+               "v1-momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.5, 0.9)}[optimizer]()
+    else:
+        import keras
 
+        opt = keras.optimizers.get({"class_name": optimizer, "config": {"learning_rate": 0.5}})
+    for _ in range(2):
+        opt.apply_gradients([(grads[k], variables[k]) for k in sorted(variables)])
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam", "ftrl", "v1-ftrl", "v1-momentum"])
+def test_fine_tuning_moves_the_tables_as_the_original(rewritten, rng, optimizer):
     src, dst, _ = rewritten
     feeds = _feeds(rng, 25)
-    out_weights = {k: tf.constant(rng.standard_normal((25, 2 * D if k == "joined" else D)), tf.float32)
-                   for k in ("sparse", "weighted", "safe", "fast", "vocab", "cross", "joined")}
+    out_weights = {k: tf.constant(rng.standard_normal((25, 3 * D if k == "joined" else D)), tf.float32)
+                   for k in OUTPUTS}
     tables = []
     for path in (src, dst):
         model, variables, grads = _gradients(path, feeds, out_weights)
-        opt = keras.optimizers.get({"class_name": optimizer, "config": {"learning_rate": 0.5}})
-        opt.apply_gradients([(grads[k], variables[k]) for k in sorted(variables)])
+        _apply(optimizer, grads, variables)
         tables.append({k: v.numpy() for k, v in variables.items()})
     for name in tables[0]:
         np.testing.assert_allclose(tables[1][name], tables[0][name], rtol=1e-5, atol=1e-6, err_msg=name)

@@ -3,6 +3,7 @@ rewritten SavedModel is served in a fresh process and compared with the
 original, verification always compares, and nothing broken is written."""
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -301,6 +302,82 @@ def test_keras_lookups_without_oov_verify_on_vocabulary_values(tmp_path, rng):
                         serve_in_fresh_process(dst, "serving_default", inputs, tmp_path))
 
 
+def _export_keras_dict_model(path):
+    import keras
+
+    keras.utils.set_random_seed(5)
+    ids = keras.Input((3,), dtype="int64", name="ids")
+    num = keras.Input((1,), dtype="float32", name="num")
+    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(10, 4)(ids))
+    model = keras.Model({"ids": ids, "num": num},
+                        {"p": keras.layers.Dense(1)(keras.layers.Concatenate()([pooled, num])), "q": pooled})
+    model.export(str(path), verbose=False)
+    return model
+
+
+def test_keras_serve_function_calls_the_rewritten_signature(tmp_path, rng):
+    # model.export() saves `serve` and signatures that only call it;
+    # reloaded.serve(x) and TFSMLayer call the function, which kept TF's
+    # graph while the signatures were rewritten (hunt 127).
+    import keras
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _export_keras_dict_model(src)
+    report = rewrite.optimize_saved_model(src, dst, runs=1)
+    assert report.signatures["serve"].endpoints == ["serve"], report.signatures
+    assert report.signatures["serving_default"].endpoints == []
+    assert "calls  from serve too" in report.summary()
+    fused = tf.saved_model.load(str(dst))
+    graph = fused.serve.concrete_functions[0].graph.as_graph_def()
+    ops = {n.op for f in graph.library.function for n in f.node_def}
+    assert "CtrEmbeddingLookup" in ops and "GatherV2" not in ops, sorted(ops)
+    native = tf.saved_model.load(str(src))
+    feeds = {"ids": tf.constant(rng.integers(0, 10, (7, 3)), tf.int64), "num": tf.constant(rng.random((7, 1)),
+                                                                                          tf.float32)}
+    want = native.serve(feeds)
+    for got in (fused.serve(feeds), keras.layers.TFSMLayer(str(dst))(feeds)):
+        assert set(got) == {"p", "q"}
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-6)
+
+
+def test_a_serve_function_that_differs_from_its_signature_fails_verification(tmp_path, monkeypatch):
+    # The fresh process runs each such function on its signature's inputs: a
+    # wrong wiring (here outputs swapped) is caught, not written.
+    from tf_ctr_ops import _endpoints
+
+    src = tmp_path / "src"
+    _export_keras_dict_model(src)
+    wire = _endpoints.rewritten
+
+    def swapped(endpoint, signature):
+        return wire(dataclasses.replace(endpoint, outputs=endpoint.outputs[::-1]), signature)
+
+    monkeypatch.setattr(_endpoints, "rewritten", swapped)
+    with pytest.raises(rewrite.RewriteError, match="function 'serve', which calls it, returns another"):
+        rewrite.optimize_saved_model(src, tmp_path / "dst", runs=1)
+    assert not (tmp_path / "dst").exists()
+
+
+def test_functions_that_do_more_than_call_a_signature_are_left_as_they_are(tmp_path):
+    class Model(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = tf.Variable(tf.ones([6, 2]))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.int64)])
+        def pooled(self, ids):
+            return tf.reduce_mean(tf.gather(self.table, ids), 1)
+
+    model = Model()
+    serving = tf.function(lambda ids: {"y": model.pooled(ids) * 2.0},
+                          input_signature=[tf.TensorSpec([None, 2], tf.int64, name="ids")])
+    src = tmp_path / "src"
+    tf.saved_model.save(model, str(src), signatures={"serving_default": serving})
+    report = rewrite.optimize_saved_model(src, tmp_path / "dst", runs=1)
+    assert report.signatures["serving_default"].endpoints == []
+
+
 def test_an_integer_vocabulary_file_gives_the_synthesized_keys(tmp_path):
     # IntegerLookup(vocabulary=FILE, num_oov_indices=0) fails on any key not
     # in the file: the file (an asset) was read as strings only, and nothing
@@ -490,8 +567,8 @@ def test_pattern_whose_result_fails_is_dropped_and_reported(tmp_path, monkeypatc
     save_split_safe_lookup_model(str(src))
     real_check = rewrite._fresh_process_failure
 
-    def check(model_dir, inputs, reference):
-        failure, diffs = real_check(model_dir, inputs, reference)
+    def check(model_dir, inputs, reference, endpoints):
+        failure, diffs = real_check(model_dir, inputs, reference, endpoints)
         if failure is None and b"CtrStringEmbedding" in (tmp_path.joinpath(model_dir, "saved_model.pb")).read_bytes():
             return "gives other outputs than the original (injected)", diffs
         return failure, diffs
@@ -1135,14 +1212,14 @@ def test_a_pattern_whose_result_cannot_be_rebuilt_is_dropped(tmp_path, monkeypat
     # graph, so they are tried one at a time as for any other failure.
     from tf_ctr_ops import rewrite as rw
 
-    monkeypatch.setattr(rw, "_fresh_process_failure", lambda folder, inputs, reference: (None, {}))
+    monkeypatch.setattr(rw, "_fresh_process_failure", lambda folder, inputs, reference, endpoints: (None, {}))
 
     def build(folder, disabled):
         fused = [p for p in ("hash_gather", "group_strings") if p not in disabled]
         reports = {"s": rw.SignatureReport("s", True, matches=[{"pattern": p} for p in fused])}
         if "group_strings" in fused:
             raise rw._RebuildError(reports, ValueError("13 nodes in a cycle"))
-        return reports, 0.0
+        return reports, 0.0, []
 
     best, dropped = rw._servable_rewrite(build, str(tmp_path), None, None, set(), str(tmp_path))
     assert rw._fused_patterns(best.reports) == ["hash_gather"] and not best.failure
@@ -1514,11 +1591,11 @@ def test_a_time_out_while_dropping_patterns_leaves_no_temporary_model(tmp_path, 
     def build(folder, disabled):  # fuses p1 and p2 unless disabled
         (tmp_path / folder / "saved_model.pb").write_text("x")
         return {"serving_default": types.SimpleNamespace(
-            matches=[{"pattern": p} for p in ("p1", "p2") if p not in disabled])}, 0.0
+            matches=[{"pattern": p} for p in ("p1", "p2") if p not in disabled])}, 0.0, []
 
     checks = iter([("differs", {}), (None, {})])  # all fused: fails; none: passes; then a time-out
 
-    def check(folder, inputs, reference):
+    def check(folder, inputs, reference, endpoints):
         for outcome in checks:
             return outcome
         raise subprocess.TimeoutExpired(["python"], 900)

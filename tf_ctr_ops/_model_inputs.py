@@ -355,17 +355,65 @@ def _lookup_vocabularies(meta_graph):
         return None
 
     out = {}
-    for fdef, bound in _bound_functions(meta_graph):
-        args = {a.name: _user_specified_name(fdef, i) or a.name for i, a in enumerate(fdef.signature.input_arg)}
+
+    def visit(fdef, inputs, handles, depth):
+        """Table reads in `fdef` whose keys are one of `inputs` (argument ->
+        the model's input name) and whose table is one of `handles`
+        (argument -> object node), and in the functions it calls: a
+        rewritten model's signature calls its body, the function that Keras'
+        `serve` became calls the signature."""
+        inputs = _through_pass_throughs(fdef, inputs)
         for node in fdef.node_def:
-            if node.op != "LookupTableFindV2" or len(node.input) < 2:
+            for handle, keys in _table_reads(node):
+                if keys in inputs and handle in handles and inputs[keys] not in out:
+                    vocabulary = table_keys(handles[handle])
+                    if vocabulary is not None:
+                        out[inputs[keys]] = vocabulary
+            callee = functions.get(node.attr["f"].func.name) if "f" in node.attr else None
+            if callee is None or depth >= 4:
                 continue
-            handle, keys = (ref.split(":")[0] for ref in node.input[:2])
-            if keys in args and keys not in bound and handle in bound and args[keys] not in out:
-                vocabulary = table_keys(bound[handle])
-                if vocabulary is not None:
-                    out[args[keys]] = vocabulary
+            passed = [(arg.name, ref.split(":")[0]) for arg, ref in zip(callee.signature.input_arg, node.input)]
+            visit(callee, {arg: inputs[ref] for arg, ref in passed if ref in inputs},
+                  {arg: handles[ref] for arg, ref in passed if ref in handles}, depth + 1)
+
+    for fdef, bound in _bound_functions(meta_graph):
+        inputs = {a.name: _user_specified_name(fdef, i) or a.name
+                  for i, a in enumerate(fdef.signature.input_arg) if a.name not in bound}
+        visit(fdef, inputs, bound, 0)
     return out
+
+
+def _through_pass_throughs(fdef, inputs):
+    """`inputs` ({name: input name}) with the nodes of `fdef` that pass the
+    values of one of them on (Identity; the rewrite's EnsureShape of a feed
+    and Reshape of keys to a vector)."""
+    inputs = dict(inputs)
+    grown = True
+    while grown:
+        grown = False
+        for node in fdef.node_def:
+            if node.op in ("Identity", "EnsureShape", "Reshape") and node.name not in inputs and node.input:
+                source = node.input[0].split(":")[0]
+                if source in inputs:
+                    inputs[node.name] = inputs[source]
+                    grown = True
+    return inputs
+
+
+# Ops that find keys in a table: (table handle input, keys input).
+_TABLE_READS = {"LookupTableFindV2": (0, 1), "CtrVocabEmbedding": (0, 1), "CtrVocabMultiHot": (0, 1),
+                "CtrVocabIndicator": (0, 2), "CtrVocabEmbeddingLookup": (0, 3)}
+
+
+def _table_reads(node):
+    """(table handle, keys) argument names `node` reads, for each table it finds keys in."""
+    if node.op == "CtrConcatVocabEmbedding":
+        n = node.attr["N"].i
+        pairs = [(i, n + i) for i in range(n)]
+    else:
+        pairs = [_TABLE_READS[node.op]] if node.op in _TABLE_READS else []
+    return [(node.input[h].split(":")[0], node.input[k].split(":")[0]) for h, k in pairs
+            if k < len(node.input) and not node.input[k].startswith("^")]
 
 
 def _user_specified_name(fdef, index):

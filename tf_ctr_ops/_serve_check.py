@@ -5,10 +5,12 @@
 `optimize_saved_model` runs this in a new Python process on every model it
 writes, before moving it to its destination: a model that loads and serves
 only in the process that rewrote it (functions, tables or shapes that exist
-only there) is caught here. REQUEST holds {signature key: {input: array}};
-RESULT receives {"load_error": str or None, "outputs": {key: {output: array}},
-"errors": {key: str}}. Both are pickles this package writes and reads in
-its own temporary folder.
+only there) is caught here. REQUEST holds {"inputs": {signature key:
+{input: array}}, "endpoints": {function name: (signature key, feeds,
+outputs)}} (see _endpoints.Endpoint: functions that call a rewritten
+signature, which must give its outputs); RESULT receives {"load_error": str
+or None, "outputs": {key: {output: array}}, "errors": {key: str}}. Both are
+pickles this package writes and reads in its own temporary folder.
 """
 
 import os
@@ -32,7 +34,7 @@ def output_arrays(outputs):
     return arrays
 
 
-def serve(model_dir, request):
+def serve(model_dir, request, endpoints=None):
     import tensorflow as tf
 
     import tf_ctr_ops  # noqa: F401  (registers the fused ops the model may hold)
@@ -52,14 +54,47 @@ def serve(model_dir, request):
             result["outputs"][key] = output_arrays(fn(**feeds))
         except Exception as e:  # noqa: BLE001
             result["errors"][key] = summary(e)
+            continue
+        # Right after the signature, before another one changes the state it
+        # reads (the rewrite takes only functions whose signature writes none).
+        for name, (signature, feeds, outputs) in (endpoints or {}).items():
+            if signature != key:
+                continue
+            try:
+                differs = _endpoint_differs(loaded, name, key, feeds, outputs, inputs, result["outputs"][key])
+            except Exception as e:  # noqa: BLE001
+                differs = summary(e)
+            if differs:
+                result["errors"][key] = f"function {name!r}, which calls it, {differs}"
     return result
+
+
+def _endpoint_differs(loaded, name, key, feeds, outputs, inputs, want):
+    """Why function `name` of `loaded` does not return signature `key`'s
+    outputs `want` on its `inputs`, or None."""
+    import numpy as np
+    import tensorflow as tf
+
+    specs = loaded.signatures[key].structured_input_signature[1]
+    by_position = [tf.constant(inputs[k], dtype=specs[k].dtype) for k in tf.nest.flatten({k: k for k in specs})]
+    fn = getattr(loaded, name)
+    args = tf.nest.pack_sequence_as(fn.concrete_functions[0].structured_input_signature[0],
+                                    [by_position[p] for p in feeds], expand_composites=True)
+    got = tf.nest.flatten(fn(*args), expand_composites=True)
+    for key_out, tensor in zip(outputs, got):
+        a, b = tensor.numpy(), want[key_out]
+        same = (np.allclose(a, b, rtol=1e-5, atol=1e-6, equal_nan=True) if a.dtype.kind in "fc"
+                else np.array_equal(a, b))
+        if a.shape != b.shape or not same:
+            return f"returns another {key_out!r}"
+    return None
 
 
 def main(argv):
     model_dir, request_path, result_path = argv
     with open(request_path, "rb") as f:
         request = pickle.load(f)
-    result = serve(model_dir, request)
+    result = serve(model_dir, request["inputs"], request["endpoints"])
     with open(result_path, "wb") as f:
         pickle.dump(result, f)
     return 0

@@ -68,7 +68,8 @@ def cross_embedding_lookup(params, inputs, num_buckets, hash_key=None, combiner=
             values=[_crossable(sp.values) for sp in sparse], shapes=[sp.dense_shape for sp in sparse],
             dense_inputs=[_crossable(t) for t in dense], num_buckets=int(num_buckets),
             hash_key=key, combiner=combiner,
-            default_id=check_default_id(default_id), max_norm=max_norm_attr(max_norm))
+            default_id=check_default_id(default_id), max_norm=max_norm_attr(max_norm),
+            **_safe_lookup_grad_form(default_id))
         first = sparse[0] if sparse else dense[0]
         return ops._with_batch_dim(out, first)
 
@@ -128,8 +129,15 @@ def bucketized_embedding_lookup(params, values, boundaries, combiner="mean", def
             params=ops.div_table(params, "bucketized_embedding_lookup"), input=values, boundaries=boundaries,
             column_stride=len(boundaries) + 1,
             combiner=combiner, default_id=check_default_id(default_id),
-            max_norm=max_norm_attr(max_norm))
+            max_norm=max_norm_attr(max_norm), **_safe_lookup_grad_form(default_id))
         return ops._with_batch_dim(out, values)
+
+
+def _safe_lookup_grad_form(default_id):
+    """The gradient form of the safe_embedding_lookup_sparse these ops stand
+    for: a row per distinct id (its Unique), and without a default_id a zero
+    row for id 0, which fills the bags left empty."""
+    return dict(grad_indices="first_appearance", empty_grad_row=0 if default_id is None else -1)
 
 
 @tf.RegisterGradient("CtrBucketizeEmbeddingLookup")
@@ -141,7 +149,10 @@ def _computed_ids_lookup_grad(op, grad, _ids_grad, _splits_grad, _shape_grad):
     attrs = dict(combiner=op.get_attr("combiner").decode(), segment_kind="row_splits", invalid_ids="error",
                  default_id=op.get_attr("default_id"), max_norm=op.get_attr("max_norm"), has_weights=False,
                  id_mode="index", prune_weights=False, empty_grad_row=optional_attr(op, "empty_grad_row", -1))
-    params_grad, _ = ops.pooled_grads(grad, _ops.ctr_embedding_lookup_grad, dense_table_shape, params, op.outputs[1],
+    # The gradient names rows in the dtype of TF's ids: a cross's are int64,
+    # Bucketize's int32.
+    ids = op.outputs[1] if op.type == "CtrCrossEmbeddingLookup" else tf.cast(op.outputs[1], tf.int32)
+    params_grad, _ = ops.pooled_grads(grad, _ops.ctr_embedding_lookup_grad, dense_table_shape, params, ids,
                                       op.outputs[2], tf.constant(-1, tf.int64), tf.zeros([0], tf.float32), attrs,
                                       grad_form(op))
     return [params_grad] + [None] * (len(op.inputs) - 1)

@@ -39,7 +39,7 @@ from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config
 from tensorflow.python.eager import context
 from tensorflow.python.grappler import tf_optimizer
 
-from tf_ctr_ops import _errors, _loader, _model_inputs, _partitioned
+from tf_ctr_ops import _endpoints, _errors, _loader, _model_inputs, _partitioned
 from tf_ctr_ops import _saved_model_files as _files
 from tf_ctr_ops._loader import load_op_library
 from tf_ctr_ops._serve_check import output_arrays
@@ -838,6 +838,7 @@ class SignatureReport:
     outputs_match: bool = None  # allclose(rtol=1e-5, atol=1e-6) on float outputs, equality on the others
     latency_ms_before: float = None  # median of `runs` calls
     latency_ms_after: float = None
+    endpoints: list = dataclasses.field(default_factory=list)  # the object's functions that call it (Keras' `serve`)
 
 
 @dataclasses.dataclass
@@ -912,6 +913,8 @@ class RewriteReport:
             before, after = sum(s.op_counts_before.values()), sum(s.op_counts_after.values())
             delta = _count_delta(s.op_counts_before, s.op_counts_after)
             lines.append(f"  ops    {before} -> {after}" + (f": {delta}" if delta else ""))
+            if s.endpoints:
+                lines.append(f"  calls  from {', '.join(s.endpoints)} too (functions that only called the original)")
             if s.max_abs_diff is not None:
                 verdict = "outputs match" if s.outputs_match else "OUTPUTS DIFFER"
                 latency = ("" if s.latency_ms_before is None else  # runs=0 times nothing
@@ -922,7 +925,8 @@ class RewriteReport:
         cpu_only = {(k.get("graph"), k["node"]) for k in self.skips if CPU_ONLY_HINT in k["reason"]}
         if cpu_only:
             lines.append(f"{len(cpu_only)} subgraph(s) left native because their fused ops run on the CPU only: "
-                         "for a model served on CPUs, rewrite with --serving-device cpu (serving_device='cpu')")
+                         "for a model served on CPUs, rewrite the original model with --serving-device cpu "
+                         "(serving_device='cpu'), not this rewritten one, whose fused ops no longer match them")
         if not self.verified:
             lines.append("not verified (--no-verify): the rewritten model was loaded in a fresh process, "
                          "its outputs were not compared")
@@ -1209,15 +1213,18 @@ def _chosen_inputs(loaded, selected, facts, sample_inputs, inputs_file, seed):
     return inputs, hows
 
 
-def _serve_in_fresh_process(model_dir, inputs):
-    """tf_ctr_ops._serve_check's result for `model_dir` run on `inputs`."""
+def _serve_in_fresh_process(model_dir, inputs, endpoints=()):
+    """tf_ctr_ops._serve_check's result for `model_dir` run on `inputs`, each
+    of `endpoints` (_endpoints.Endpoint) checked against its signature."""
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
                PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")])))
     with _TERMINATION.temporary_folder() as tmp:
         request, result = os.path.join(tmp, "request.pkl"), os.path.join(tmp, "result.pkl")
         with open(request, "wb") as f:
-            pickle.dump({k: {n: np.asarray(v) for n, v in feeds.items()} for k, feeds in inputs.items()}, f)
+            pickle.dump({"inputs": {k: {n: np.asarray(v) for n, v in feeds.items()} for k, feeds in inputs.items()},
+                         "endpoints": {e.name: (e.key, e.feeds, e.outputs) for e in endpoints if e.key in inputs}},
+                        f)
         # cwd outside any checkout: its unbuilt source tree would shadow the package.
         proc = _TERMINATION.run([sys.executable, "-m", "tf_ctr_ops._serve_check", os.path.abspath(model_dir),
                                  request, result], tmp, env)
@@ -1229,11 +1236,11 @@ def _serve_in_fresh_process(model_dir, inputs):
             return pickle.load(f)
 
 
-def _fresh_process_failure(model_dir, inputs, reference):
+def _fresh_process_failure(model_dir, inputs, reference, endpoints=()):
     """(None, diffs) when `model_dir` loads in a fresh process and reproduces
-    `reference` on `inputs`; else (what went wrong, diffs so far). diffs:
-    {signature: (max |diff|, close)}."""
-    result = _serve_in_fresh_process(model_dir, inputs)
+    `reference` on `inputs`, and its `endpoints` their signatures' outputs;
+    else (what went wrong, diffs so far). diffs: {signature: (max |diff|, close)}."""
+    result = _serve_in_fresh_process(model_dir, inputs, endpoints)
     if result["load_error"]:
         return f"does not load in a fresh process ({result['load_error']})", {}
     diffs = {}
@@ -1354,8 +1361,8 @@ def _attempt(build, parent, inputs, reference, disabled):
     _TERMINATION.folders.add(folder)
     _readable_as_made(folder)
     try:
-        reports, seconds = build(folder, frozenset(disabled))
-        failure, diffs = _fresh_process_failure(folder, inputs, reference)
+        reports, seconds, endpoints = build(folder, frozenset(disabled))
+        failure, diffs = _fresh_process_failure(folder, inputs, reference, endpoints)
     except (_RebuildError, ValueError, tf.errors.OpError) as e:  # TF's importer refused the rewritten graph
         shutil.rmtree(folder, ignore_errors=True)
         reports, e = (e.reports, e.error) if isinstance(e, _RebuildError) else ({}, e)
@@ -1470,6 +1477,7 @@ def _tf2_builder(src, loaded, proto, available, selected, serving_device, merge_
 
     written = (_partitioned.EVERY_VARIABLE if _partitioned.library_writes(proto)
                else _partitioned.written_variables(loaded.signatures[k] for k in available))
+    endpoints = _endpoints.wrapped_endpoints(loaded, selected)
 
     def build(folder, disabled):
         reports, functions, made = {}, {}, []
@@ -1513,10 +1521,15 @@ def _tf2_builder(src, loaded, proto, available, selected, serving_device, merge_
         # the rewritten model); variables the rewrite made (merged partitions)
         # are tracked beside them.
         loaded.ctr_variables = made
+        # The functions a signature only calls (Keras' `serve`) call its
+        # rewritten function instead; set again on each build.
+        for endpoint in endpoints:
+            setattr(loaded, endpoint.name, _endpoints.rewritten(endpoint, functions[endpoint.key]))
+            reports[endpoint.key].endpoints.append(endpoint.name)
         _save_rebuilt(loaded, folder, functions)
         _files.restore_method_names(proto, folder)
         _files.copy_assets_extra(src, folder)
-        return reports, rewrite_seconds
+        return reports, rewrite_seconds, endpoints
 
     return build
 
@@ -1562,7 +1575,7 @@ def _tf1_builder(src, proto, serving_device):
                    for key in meta.signature_def if key != "__saved_model_init_op"}
         seconds = time.perf_counter() - t0
         _files.write_tf1(src, folder, out)
-        return reports, seconds
+        return reports, seconds, []
 
     return build
 

@@ -24,7 +24,7 @@ from tf_ctr_ops._args import (
     per_feature,
 )
 from tf_ctr_ops._loader import load_op_library
-from tf_ctr_ops._table_grad import forward_table, grad_form, string_table_gradient
+from tf_ctr_ops._table_grad import forward_table, grad_form, optional_attr, string_table_gradient, with_empty_bag_rows
 
 _ops = load_op_library()
 
@@ -393,9 +393,28 @@ def _string_embedding_grad(op, grad):
         # The trimmed rows had no tokens: their gradient is zero.
         bags = tf.shape(bag_splits if attrs["bagged"] else row_splits)[0] - 1
         grad = tf.pad(grad, [[0, bags - tf.shape(grad)[0]], [0, 0]])
-    values, indices = _ops.ctr_string_embedding_grad(grad=grad, params=params, bytes=data, row_splits=row_splits,
-                                                     bag_splits=bag_splits, **attrs)
-    return [string_table_gradient(values, indices, params, grad_form(op)), None, None, None]
+    return [_table_grad(grad, params, grad_form(op), optional_attr(op, "empty_grad_row", -1), bytes=data,
+                        row_splits=row_splits, bag_splits=bag_splits, **attrs), None, None, None]
+
+
+def _table_grad(grad, params, form, empty_row, **grad_op_args):
+    """A string op's params gradient in `form` (its grad_indices) from its
+    gradient op's rows, one per token; with `empty_row` >= 0, a zero row
+    naming it in place of each bag that has no token, as TF's safe lookup
+    fills such a bag with that id (and zeroes its output) before it gathers.
+
+    Which bag each token is in comes from a second run of the gradient op:
+    summed, unclipped, on gradient rows that hold each bag's number."""
+    values, indices = _ops.ctr_string_embedding_grad(grad=grad, params=params, **grad_op_args)
+    if empty_row >= 0:
+        bags = tf.shape(grad, out_type=tf.int64)[0]
+        numbers = tf.cast(tf.range(1, bags + 1), tf.float32)[:, tf.newaxis]
+        token_bags, _ = _ops.ctr_string_embedding_grad(
+            grad=numbers, params=tf.zeros(tf.stack([tf.shape(params, out_type=tf.int64)[0], 1]), tf.float32),
+            **dict(grad_op_args, combiner="sum", max_norm=-1.0))
+        values, indices = with_empty_bag_rows(values, indices, tf.cast(token_bags[:, 0], tf.int64) - 1, bags,
+                                              empty_row)
+    return string_table_gradient(values, indices, params, form)
 
 
 def _feature_hash_keys(op, n):
@@ -432,14 +451,20 @@ def _multi_string_embedding_grad(op, *grads):
     out = []
     for i in range(n):
         grad = grads[i] if grads[i] is not None else tf.zeros([batch, tf.shape(tables[i])[1]], tables[i].dtype)
-        values, indices = _ops.ctr_string_embedding_grad(
-            grad=grad, params=tables[i], bytes=data, row_splits=row_splits[i * batch:(i + 1) * batch + 1],
-            bag_splits=tf.zeros([0], tf.int64), combiner=attrs["combiners"][i].decode(),
-            id_mode=attrs["id_modes"][i].decode(), delimiter=attrs["delimiters"][i],
-            skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i], bagged=False,
-            num_buckets=buckets[i], hash_key=hash_keys[i])
-        out.append(string_table_gradient(values, indices, tables[i], grad_form(op, i)))
+        out.append(_table_grad(
+            grad, tables[i], grad_form(op, i), _empty_grad_row(op, i), bytes=data,
+            row_splits=row_splits[i * batch:(i + 1) * batch + 1], bag_splits=tf.zeros([0], tf.int64),
+            combiner=attrs["combiners"][i].decode(), id_mode=attrs["id_modes"][i].decode(),
+            delimiter=attrs["delimiters"][i], skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i],
+            bagged=False, num_buckets=buckets[i], hash_key=hash_keys[i]))
     return out + [None, None]
+
+
+def _empty_grad_row(op, feature):
+    """A grouped op's feature's empty_grad_row (its list is empty where every
+    feature's is -1)."""
+    rows = optional_attr(op, "empty_grad_rows", [])
+    return rows[feature] if feature < len(rows) else -1
 
 
 @tf.RegisterGradient("CtrConcatStringEmbedding")
@@ -478,13 +503,13 @@ def _concat_grad(op, grad, tables, data, row_splits, input_splits, dense, string
     for i in range(n):
         # Rows past the output (a trimmed tail) had no tokens: the output's
         # rows are the feature's first strings, whatever their count.
-        values, indices = _ops.ctr_string_embedding_grad(
-            grad=grad[:, columns[i]:columns[i] + widths[i]], params=tables[i], bytes=data,
-            row_splits=row_splits[input_splits[i]:input_splits[i] + rows + 1], bag_splits=tf.zeros([0], tf.int64),
-            combiner=attrs["combiners"][i].decode(), id_mode=attrs["id_modes"][i].decode(),
-            delimiter=attrs["delimiters"][i], skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i],
-            bagged=False, num_buckets=buckets[i], hash_key=hash_keys[i])
-        out.append(string_table_gradient(values, indices, tables[i], grad_form(op, i)))
+        out.append(_table_grad(
+            grad[:, columns[i]:columns[i] + widths[i]], tables[i], grad_form(op, i), _empty_grad_row(op, i),
+            bytes=data, row_splits=row_splits[input_splits[i]:input_splits[i] + rows + 1],
+            bag_splits=tf.zeros([0], tf.int64), combiner=attrs["combiners"][i].decode(),
+            id_mode=attrs["id_modes"][i].decode(), delimiter=attrs["delimiters"][i],
+            skip_empty=attrs["skip_empty"][i], max_norm=attrs["max_norms"][i], bagged=False,
+            num_buckets=buckets[i], hash_key=hash_keys[i]))
     dense_grads = [grad[:, columns[n + j]:columns[n + j] + widths[n + j]] for j in range(m)]
     return out + [None] * string_inputs + dense_grads
 

@@ -146,21 +146,32 @@ void SetGroupedHashKeys(const std::vector<std::vector<int64_t>>& keys, NodeDef* 
   }
 }
 
-std::string GradIndicesAttr(const NodeDef& fused) {
-  const std::string form = StringAttr(fused, "grad_indices");
-  return form.empty() ? "per_id" : form;
+GradForm GradFormAttr(const NodeDef& fused) {
+  GradForm form;
+  if (!StringAttr(fused, "grad_indices").empty()) form.indices = StringAttr(fused, "grad_indices");
+  form.empty_row = IntAttr(fused, "empty_grad_row", -1);
+  return form;
 }
 
-std::string GroupedGradIndices(const NodeDef& grouped, int i) {
-  auto it = grouped.attr().find("grad_indices");
-  if (it == grouped.attr().end() || it->second.list().s_size() <= i) return "per_id";
-  return it->second.list().s(i);
+GradForm GroupedGradForm(const NodeDef& grouped, int i) {
+  GradForm form;
+  auto indices = grouped.attr().find("grad_indices");
+  if (indices != grouped.attr().end() && indices->second.list().s_size() > i)
+    form.indices = indices->second.list().s(i);
+  auto rows = grouped.attr().find("empty_grad_rows");
+  if (rows != grouped.attr().end() && rows->second.list().i_size() > i) form.empty_row = rows->second.list().i(i);
+  return form;
 }
 
-void SetGroupedGradIndices(const std::vector<std::string>& forms, NodeDef* grouped) {
-  if (std::all_of(forms.begin(), forms.end(), [](const std::string& f) { return f == "per_id"; })) return;
-  auto* list = (*grouped->mutable_attr())["grad_indices"].mutable_list();
-  for (const std::string& f : forms) list->add_s(f);
+void SetGroupedGradForms(const std::vector<GradForm>& forms, NodeDef* grouped) {
+  if (std::all_of(forms.begin(), forms.end(),
+                  [](const GradForm& f) { return f.indices == "per_id" && f.empty_row < 0; }))
+    return;
+  auto& attr = *grouped->mutable_attr();
+  for (const GradForm& f : forms) {
+    attr["grad_indices"].mutable_list()->add_s(f.indices);
+    attr["empty_grad_rows"].mutable_list()->add_i(f.empty_row);
+  }
 }
 
 void FuseHashProducer(RewriteContext* ctx, RowSource* src, bool string_keys) {
@@ -271,7 +282,8 @@ void BecomeStringEmbedding(RewriteContext* ctx, const std::string& base, const s
   attr["trim_empty_tail"].set_b(f.trim_empty_tail);
   attr["invalid_ids"].set_s(f.invalid_ids);
   attr["default_id"].set_i(f.default_id);
-  attr["grad_indices"].set_s(f.grad_indices);
+  attr["grad_indices"].set_s(f.grad.indices);
+  attr["empty_grad_row"].set_i(f.grad.empty_row);
 }
 
 }  // namespace grappler

@@ -31,12 +31,17 @@ std::vector<int64_t> GroupedHashKey(const tensorflow::NodeDef& grouped, int i);
 // Sets a grouped string op's keyed_features and hash_keys from each of its
 // features' keys, in feature order; none keyed leaves both unset.
 void SetGroupedHashKeys(const std::vector<std::vector<int64_t>>& keys, tensorflow::NodeDef* grouped);
-// A fused op's grad_indices ("per_id" where unset); feature i's in a grouped
-// string op; and a grouped op's list from its features' (left unset when all
-// are "per_id").
-std::string GradIndicesAttr(const tensorflow::NodeDef& fused);
-std::string GroupedGradIndices(const tensorflow::NodeDef& grouped, int i);
-void SetGroupedGradIndices(const std::vector<std::string>& forms, tensorflow::NodeDef* grouped);
+// A fused op's params gradient form: its grad_indices and empty_grad_row.
+struct GradForm {
+  std::string indices = "per_id";
+  int64_t empty_row = -1;
+};
+// A fused op's form (the defaults where unset); feature i's in a grouped
+// string op; and a grouped op's lists from its features' (left unset when
+// all are the defaults).
+GradForm GradFormAttr(const tensorflow::NodeDef& fused);
+GradForm GroupedGradForm(const tensorflow::NodeDef& grouped, int i);
+void SetGroupedGradForms(const std::vector<GradForm>& forms, tensorflow::NodeDef* grouped);
 
 // Where the pooled rows come from: the table and the (non-unique) keys.
 struct RowSource {
@@ -123,7 +128,7 @@ struct FusedStrings {
   float max_norm = -1.f;
   int64_t num_buckets = 0;  // hash mode; 0: the table's rows
   std::vector<int64_t> hash_key;  // hash mode: empty (fast) or the strong hash's key
-  std::string grad_indices = "per_id";  // as RowSource's
+  GradForm grad;  // grad_indices as RowSource's; empty_grad_row as the safe lookup's
   bool trim_empty_tail = false;
   std::string invalid_ids = "error";  // or skip_negative (safe lookups)
   int64_t default_id = -1;

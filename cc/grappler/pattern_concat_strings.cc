@@ -67,7 +67,7 @@ struct Part {
   float max_norm = -1.f;
   int64_t buckets = 0;
   std::vector<int64_t> hash_key;
-  std::string grad_indices = "per_id";
+  GradForm grad;
   bool trim = false;
   int64_t width = -1;  // static columns (the table's dim, or a dense input's); -1 unknown
 };
@@ -332,7 +332,7 @@ class ConcatStringsPattern : public NamedPattern<kName> {
     part->max_norm = it == emb.attr().end() ? -1.f : it->second.f();
     part->buckets = IntAttr(emb, "num_buckets", 0);
     part->hash_key = HashKeyAttr(emb);
-    part->grad_indices = GradIndicesAttr(emb);
+    part->grad = GradFormAttr(emb);
     part->trim = BoolAttr(emb, "trim_empty_tail", false);
     return true;
   }
@@ -356,7 +356,7 @@ class ConcatStringsPattern : public NamedPattern<kName> {
     auto buckets = a.find("num_buckets");
     part->buckets = buckets != a.end() && buckets->second.list().i_size() > i ? buckets->second.list().i(i) : 0;
     part->hash_key = GroupedHashKey(multi, i);
-    part->grad_indices = GroupedGradIndices(multi, i);
+    part->grad = GroupedGradForm(multi, i);
   }
 
   static bool OneMatrix(const std::vector<Part>& parts) {
@@ -399,11 +399,11 @@ class ConcatStringsPattern : public NamedPattern<kName> {
     for (const Part& p : src.parts)
       attr["layout"].mutable_list()->add_i(p.dense.empty() ? next_feature++ : next_dense++);
     std::vector<std::vector<int64_t>> hash_keys;
-    std::vector<std::string> grad_forms;
+    std::vector<GradForm> grad_forms;
     for (const Part* f : features) {
       const Part& p = *f;
       hash_keys.push_back(p.hash_key);
-      grad_forms.push_back(p.grad_indices);
+      grad_forms.push_back(p.grad);
       attr["combiners"].mutable_list()->add_s(p.combiner);
       attr["id_modes"].mutable_list()->add_s(p.id_mode);
       attr["delimiters"].mutable_list()->add_s(p.delimiter);
@@ -413,7 +413,7 @@ class ConcatStringsPattern : public NamedPattern<kName> {
       attr["trim_empty_tail"].mutable_list()->add_b(p.trim);
     }
     SetGroupedHashKeys(hash_keys, op);
-    SetGroupedGradIndices(grad_forms, op);
+    SetGroupedGradForms(grad_forms, op);
     AddControlInputsOnce(controls, op);
     const std::string op_name = op->name();
     record.fused_node = op_name;

@@ -475,10 +475,10 @@ class GroupStringsPattern : public NamedPattern<kName> {
     attr["N"].set_i(n);
     attr["T"] = first.attr().at("T");
     std::vector<std::vector<int64_t>> hash_keys;
-    std::vector<std::string> grad_forms;
+    std::vector<GradForm> grad_forms;
     for (const NodeDef& e : embeddings) {
       hash_keys.push_back(HashKeyAttr(e));
-      grad_forms.push_back(GradIndicesAttr(e));
+      grad_forms.push_back(GradFormAttr(e));
       attr["combiners"].mutable_list()->add_s(StringAttr(e, "combiner"));
       attr["id_modes"].mutable_list()->add_s(StringAttr(e, "id_mode"));
       attr["delimiters"].mutable_list()->add_s(StringAttr(e, "delimiter"));
@@ -488,7 +488,7 @@ class GroupStringsPattern : public NamedPattern<kName> {
       attr["num_buckets"].mutable_list()->add_i(IntAttr(e, "num_buckets", 0));
     }
     SetGroupedHashKeys(hash_keys, multi);
-    SetGroupedGradIndices(grad_forms, multi);
+    SetGroupedGradForms(grad_forms, multi);
     const std::string multi_name = multi->name();
     record.fused_node = multi_name;
 

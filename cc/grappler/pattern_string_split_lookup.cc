@@ -329,9 +329,7 @@ class StringSplitLookupPattern : public NamedPattern<kName> {
     f.max_norm = anchor.attr().at("max_norm").f();
     f.num_buckets = m.hashed ? IntAttr(*m.convert, "num_buckets", 0) : 0;
     if (m.hashed) f.hash_key = StringHashKey(*m.convert);
-    // The lookup's gradient form; the safe form's zero row for its empty
-    // rows (empty_grad_row) has no place in the string op's gradient.
-    f.grad_indices = StringAttr(anchor, "grad_indices");
+    f.grad = GradFormAttr(anchor);
     f.trim_empty_tail = !m.safe;  // embedding_lookup_sparse's rows end at the last row id + 1
     if (m.safe) {
       // Hash buckets are never negative: "error" keeps such features groupable.

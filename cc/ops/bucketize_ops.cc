@@ -64,6 +64,6 @@ is an InvalidArgument naming the id and its row.
 
 The outputs after the pooled one are the ids and their bags' row_splits (for
 the gradient), and the bucketized column's dense_shape, [B, S].
-)doc") + ctr_shapes::GradFormAttrsDoc());
+)doc") + ctr_shapes::kGradFormAttrsDoc);
 
 }  // namespace tensorflow

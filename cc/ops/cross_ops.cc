@@ -91,6 +91,6 @@ is an InvalidArgument naming the id and its row.
 The outputs after the pooled one are the crossed ids and their bags'
 row_splits (for the gradient), and SparseCross's dense_shape: [B, the largest
 cross count of a row].
-)doc") + ctr_shapes::GradFormAttrsDoc());
+)doc") + ctr_shapes::kGradFormAttrsDoc);
 
 }  // namespace tensorflow

@@ -112,7 +112,7 @@ Gather, clip_by_norm, SparseSegment* or Mul+SegmentSum+DivNoNan) and, in hash
 mode, AsString + StringToHashBucketFast (or Strong, with hash_key) before them. Half types accumulate in
 float32. num_rows: the bag count for row_ids segments; -1 takes last row id + 1
 as tf.math.segment_sum does. Ignored for row_splits.
-)doc") + kPoolingAttrs + kIdAttrs + ctr_shapes::GradFormAttrsDoc());
+)doc") + kPoolingAttrs + kIdAttrs + ctr_shapes::kGradFormAttrsDoc);
 
 REGISTER_OP("CtrEmbeddingLookupGrad")
     .CTR_LOOKUP_GRAD_SIGNATURE("T")
@@ -124,7 +124,7 @@ left empty; or, with grad_indices "first_appearance", one per table row: see
 `merged`) and the dense gradient of `weights` (zeros when has_weights is false).
 merged: whether the kernel merged the rows as grad_indices asks (the CPU
 kernel does; the GPU kernel leaves one row per id, for the caller to merge).
-)doc") + kPoolingAttrs + kIdAttrs + ctr_shapes::GradFormAttrsDoc());
+)doc") + kPoolingAttrs + kIdAttrs + ctr_shapes::kGradFormAttrsDoc);
 
 REGISTER_OP("CtrResourceEmbeddingLookup")
     .CTR_LOOKUP_SIGNATURE("resource")
@@ -134,7 +134,7 @@ CtrEmbeddingLookup of the table in a resource variable of T (on the host),
 read in place under the variable's lock as ResourceGather reads it. A
 ReadVariableOp would hand out the variable's buffer, and the next sparse
 update of the table (an optimizer's) would then copy all of it.
-)doc") + kPoolingAttrs + kIdAttrs + ctr_shapes::GradFormAttrsDoc());
+)doc") + kPoolingAttrs + kIdAttrs + ctr_shapes::kGradFormAttrsDoc);
 
 REGISTER_OP("CtrResourceEmbeddingLookupGrad")
     .CTR_LOOKUP_GRAD_SIGNATURE("resource")
@@ -142,7 +142,7 @@ REGISTER_OP("CtrResourceEmbeddingLookupGrad")
     .Doc(std::string(R"doc(
 CtrEmbeddingLookupGrad of CtrResourceEmbeddingLookup: the table is read in
 place from its variable.
-)doc") + kPoolingAttrs + kIdAttrs + ctr_shapes::GradFormAttrsDoc());
+)doc") + kPoolingAttrs + kIdAttrs + ctr_shapes::kGradFormAttrsDoc);
 
 REGISTER_OP("CtrVocabEmbeddingLookup")
     .Input("table_handle: resource")
@@ -202,7 +202,7 @@ ids: the id each key found (after the buckets and Keras' rules, before the
   wrap), for the gradient, which is CtrEmbeddingLookupGrad's on these ids.
 A found id outside [0, V) (after the wrap) is an InvalidArgument naming the
 key, its id and its row.
-)doc") + kPoolingAttrs + ctr_shapes::GradFormAttrsDoc());
+)doc") + kPoolingAttrs + ctr_shapes::kGradFormAttrsDoc);
 
 REGISTER_OP("CtrCheckBags")
     .Input("ids: Tid")

@@ -10,29 +10,25 @@
 // per table row; a segment reduction of the table itself, dense): the rewrite
 // sets it to the form of the subgraph it replaced, so that an optimizer
 // fine-tuning a rewritten model updates its rows as it did the original's.
-#define CTR_GRAD_INDICES_ATTR Attr("grad_indices: {'per_id', 'first_appearance', 'dense'} = 'per_id'")
-#define CTR_GRAD_FORM_ATTRS CTR_GRAD_INDICES_ATTR.Attr("empty_grad_row: int = -1")
+#define CTR_GRAD_FORM_ATTRS                                                    \
+  Attr("grad_indices: {'per_id', 'first_appearance', 'dense'} = 'per_id'") \
+      .Attr("empty_grad_row: int = -1")
 
 namespace tensorflow {
 namespace ctr_shapes {
 
-constexpr char kGradIndicesDoc[] = R"doc(
+constexpr char kGradFormAttrsDoc[] = R"doc(
 grad_indices: the params gradient's rows: "per_id", one per looked-up id in bag
   order; "first_appearance", the rows of each table row summed into one, in
   order of first appearance, as TF's Unique + Gather gives them; "dense", the
   gradient op's rows are per id, and the caller sums them into a dense
   [V, ...] gradient, as TF's lookup without Unique (allow_fast_lookup on a
   tensor table, unweighted) gives it.
-)doc";
-
-constexpr char kEmptyGradRowDoc[] = R"doc(
 empty_grad_row: without a default_id, the row a bag left empty lists in the
   params gradient, with a zero row (-1: none, or not a table row). TF's
   safe_embedding_lookup_sparse fills such a bag with id 0 and zeroes its
   output, so its gradient names row 0.
 )doc";
-
-inline std::string GradFormAttrsDoc() { return std::string(kGradIndicesDoc) + kEmptyGradRowDoc; }
 
 using shape_inference::DimensionHandle;
 using shape_inference::InferenceContext;

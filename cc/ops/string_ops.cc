@@ -215,7 +215,7 @@ REGISTER_OP("CtrStringEmbedding")
     .Input("bag_splits: int64")
     .Output("output: T")
     .CTR_STRING_ATTRS
-    .CTR_GRAD_INDICES_ATTR
+    .CTR_GRAD_FORM_ATTRS
     .SetShapeFn(StringEmbeddingShape)
     .Doc(std::string(R"doc(
 Pools the tokens of packed strings into rows of `params` [V, D]. With
@@ -223,7 +223,7 @@ bagged=false each string is a bag and the output is [B, D] for row_splits
 [B+1]; with bagged=true bag r holds strings [bag_splits[r], bag_splits[r+1])
 (string keys grouped by a RaggedTensor). row_splits are byte offsets into
 `bytes`; they must be non-decreasing and inside the buffer.
-)doc") + kStringAttrsDoc + ctr_shapes::kGradIndicesDoc);
+)doc") + kStringAttrsDoc + ctr_shapes::kGradFormAttrsDoc);
 
 REGISTER_OP("CtrStringEmbeddingGrad")
     .Input("grad: T")
@@ -254,7 +254,8 @@ one per token, computed from the packed bytes without re-splitting in Python.
       .Attr("num_buckets: list(int) = []")       \
       .Attr("keyed_features: list(int) = []")    \
       .Attr("hash_keys: list(int) = []")         \
-      .Attr("grad_indices: list(string) = []")
+      .Attr("grad_indices: list(string) = []")   \
+      .Attr("empty_grad_rows: list(int) = []")
 
 REGISTER_OP("CtrMultiStringEmbedding")
     .Input("params: N * T")
@@ -272,8 +273,9 @@ of the same attribute of CtrStringEmbedding; so has num_buckets, which may
 also be empty (every feature hashes into its whole table). keyed_features
 lists the features whose hash is keyed (CtrStringEmbedding's hash_key), in
 increasing order, and hash_keys their keys, two integers each in that order;
-every other feature hashes with to_hash_bucket_fast. grad_indices holds each
-feature's CtrStringEmbedding grad_indices (empty: "per_id" for every one).
+every other feature hashes with to_hash_bucket_fast. grad_indices and
+empty_grad_rows hold each feature's CtrStringEmbedding grad_indices and
+empty_grad_row (empty: "per_id" and -1 for every one).
 )doc"));
 
 REGISTER_OP("CtrConcatStringEmbedding")
