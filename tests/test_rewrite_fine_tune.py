@@ -183,3 +183,33 @@ def test_fine_tuning_moves_the_tables_as_the_original(rewritten, rng, optimizer)
         tables.append({k: v.numpy() for k, v in variables.items()})
     for name in tables[0]:
         np.testing.assert_allclose(tables[1][name], tables[0][name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_lone_safe_split_lists_its_empty_rows_filled_id(tmp_path):
+    # One safe lookup of split strings stays a single CtrStringEmbedding (not
+    # grouped): its gradient too names row 0 for the empty string's row.
+    class Lone(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = tf.Variable(tf.random.stateless_uniform([BUCKETS, D], seed=[3, 4]), name="table")
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def serve(self, text):
+            return {"y": _safe_split_lookup(self.table, text)}
+
+    module = Lone()
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tf.saved_model.save(module, str(src), signatures={"serving_default": module.serve})
+    text = np.array(["a|b", "", "e|d|a", ""], object)
+    report = rewrite.optimize_saved_model(src, dst, runs=1, serving_device="cpu",
+                                          sample_inputs={"serving_default": {"text": text}})
+    assert [m["fused_op"] for m in report.signatures["serving_default"].matches].count("CtrStringEmbedding") == 1
+    grads = []
+    for path in (src, dst):
+        model = tf.saved_model.load(str(path))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model.signatures["serving_default"](text=tf.constant(text))["y"])
+        grads.append(tape.gradient(loss, model.table))
+    np.testing.assert_array_equal(grads[1].indices.numpy(), grads[0].indices.numpy())
+    np.testing.assert_allclose(grads[1].values.numpy(), grads[0].values.numpy(), rtol=1e-6, atol=1e-7)
+    assert 0 in grads[0].indices.numpy()

@@ -393,11 +393,11 @@ def _string_embedding_grad(op, grad):
         # The trimmed rows had no tokens: their gradient is zero.
         bags = tf.shape(bag_splits if attrs["bagged"] else row_splits)[0] - 1
         grad = tf.pad(grad, [[0, bags - tf.shape(grad)[0]], [0, 0]])
-    return [_table_grad(grad, params, grad_form(op), optional_attr(op, "empty_grad_row", -1), bytes=data,
+    return [_params_grad(grad, params, grad_form(op), optional_attr(op, "empty_grad_row", -1), bytes=data,
                         row_splits=row_splits, bag_splits=bag_splits, **attrs), None, None, None]
 
 
-def _table_grad(grad, params, form, empty_row, **grad_op_args):
+def _params_grad(grad, params, form, empty_row, **grad_op_args):
     """A string op's params gradient in `form` (its grad_indices) from its
     gradient op's rows, one per token; with `empty_row` >= 0, a zero row
     naming it in place of each bag that has no token, as TF's safe lookup
@@ -451,7 +451,7 @@ def _multi_string_embedding_grad(op, *grads):
     out = []
     for i in range(n):
         grad = grads[i] if grads[i] is not None else tf.zeros([batch, tf.shape(tables[i])[1]], tables[i].dtype)
-        out.append(_table_grad(
+        out.append(_params_grad(
             grad, tables[i], grad_form(op, i), _empty_grad_row(op, i), bytes=data,
             row_splits=row_splits[i * batch:(i + 1) * batch + 1], bag_splits=tf.zeros([0], tf.int64),
             combiner=attrs["combiners"][i].decode(), id_mode=attrs["id_modes"][i].decode(),
@@ -503,7 +503,7 @@ def _concat_grad(op, grad, tables, data, row_splits, input_splits, dense, string
     for i in range(n):
         # Rows past the output (a trimmed tail) had no tokens: the output's
         # rows are the feature's first strings, whatever their count.
-        out.append(_table_grad(
+        out.append(_params_grad(
             grad[:, columns[i]:columns[i] + widths[i]], tables[i], grad_form(op, i), _empty_grad_row(op, i),
             bytes=data, row_splits=row_splits[input_splits[i]:input_splits[i] + rows + 1],
             bag_splits=tf.zeros([0], tf.int64), combiner=attrs["combiners"][i].decode(),
