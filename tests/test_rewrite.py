@@ -970,44 +970,44 @@ def test_cli_rewrites_keras_savedmodel_served_in_fresh_process(tmp_path, rng):
 def test_verification_compares_integer_outputs_exactly():
     # Ids near 10^6 that differ by a few are within rtol=1e-5 of each other:
     # only float outputs get the tolerance.
-    from tf_ctr_ops.rewrite import _max_abs_diff
+    from tf_ctr_ops._compare import max_abs_diff
 
     ids = np.array([1_000_000, 7], np.int64)
-    assert _max_abs_diff({"ids": ids}, {"ids": ids + [3, 0]}) == (3.0, False)
-    assert _max_abs_diff({"ids": ids}, {"ids": ids.copy()}) == (0.0, True)
+    assert max_abs_diff({"ids": ids}, {"ids": ids + [3, 0]}) == (3.0, False)
+    assert max_abs_diff({"ids": ids}, {"ids": ids.copy()}) == (0.0, True)
     floats = np.array([1_000_000.0, 7.0], np.float32)
-    worst, close = _max_abs_diff({"y": floats}, {"y": floats + np.float32([3, 0])})
+    worst, close = max_abs_diff({"y": floats}, {"y": floats + np.float32([3, 0])})
     assert close and worst == 3.0
-    assert _max_abs_diff({"b": np.array([True])}, {"b": np.array([False])})[1] is False
+    assert max_abs_diff({"b": np.array([True])}, {"b": np.array([False])})[1] is False
 
 
 def test_verification_reads_equal_infinities_as_equal():
-    from tf_ctr_ops.rewrite import _max_abs_diff
+    from tf_ctr_ops._compare import max_abs_diff
 
     y = np.array([np.inf, -np.inf, np.nan, 1.0], np.float32)
-    assert _max_abs_diff({"y": y}, {"y": y.copy()}) == (0.0, True)
+    assert max_abs_diff({"y": y}, {"y": y.copy()}) == (0.0, True)
     for other in ([-np.inf, -np.inf, np.nan, 1.0], [np.inf, 5.0, np.nan, 1.0], [np.inf, -np.inf, 0.0, 1.0]):
-        assert _max_abs_diff({"y": y}, {"y": np.array(other, np.float32)}) == (np.inf, False)
+        assert max_abs_diff({"y": y}, {"y": np.array(other, np.float32)}) == (np.inf, False)
 
 
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
 def test_verification_compares_half_outputs_as_floats(dtype):
     # bfloat16's numpy kind is 'V': it was compared byte for byte, so a NaN
     # (a masked mean of an all-padding row) never equalled itself.
-    from tf_ctr_ops.rewrite import _max_abs_diff
+    from tf_ctr_ops._compare import max_abs_diff
 
     y = tf.constant([np.inf, np.nan, 1.0, 256.0], dtype).numpy()
-    assert _max_abs_diff({"y": y}, {"y": y.copy()}) == (0.0, True)
-    worst, close = _max_abs_diff({"y": y}, {"y": tf.constant([np.inf, np.nan, 1.0, 258.0], dtype).numpy()})
+    assert max_abs_diff({"y": y}, {"y": y.copy()}) == (0.0, True)
+    worst, close = max_abs_diff({"y": y}, {"y": tf.constant([np.inf, np.nan, 1.0, 258.0], dtype).numpy()})
     assert worst == 2.0 and not close
-    assert _max_abs_diff({"y": y}, {"y": tf.constant([np.inf, 0.0, 1.0, 256.0], dtype).numpy()}) == (np.inf, False)
+    assert max_abs_diff({"y": y}, {"y": tf.constant([np.inf, 0.0, 1.0, 256.0], dtype).numpy()}) == (np.inf, False)
     complex_y = np.array([1 + 1j, 2 - 1j])
-    assert _max_abs_diff({"c": complex_y}, {"c": complex_y + [1j, 0]}) == (1.0, False)
+    assert max_abs_diff({"c": complex_y}, {"c": complex_y + [1j, 0]}) == (1.0, False)
     big = np.array([2**62 + 1, 7], np.int64)  # differs from 2**62 beyond float64's 53 bits
-    assert _max_abs_diff({"ids": big}, {"ids": big - [1, 0]}) == (1.0, False)
+    assert max_abs_diff({"ids": big}, {"ids": big - [1, 0]}) == (1.0, False)
     strings = np.array([b"a", b"b"], object)
-    assert _max_abs_diff({"s": strings}, {"s": strings.copy()}) == (0.0, True)
-    assert _max_abs_diff({"s": strings}, {"s": strings[::-1].copy()}) == (np.inf, False)
+    assert max_abs_diff({"s": strings}, {"s": strings.copy()}) == (0.0, True)
+    assert max_abs_diff({"s": strings}, {"s": strings[::-1].copy()}) == (np.inf, False)
 
 
 def _lookups_after_an_update(ids=None, keys=None):

@@ -15,6 +15,8 @@ import dataclasses
 
 import tensorflow as tf
 
+from tf_ctr_ops._state_writes import all_nodes, writes_state
+
 _CALL_OPS = ("StatefulPartitionedCall", "PartitionedCall")
 
 
@@ -40,7 +42,7 @@ def wrapped_endpoints(loaded, keys):
         # A function that writes state would run twice in verification (as
         # the signature, then as itself), the second time on the state the
         # first left.
-        if len(calls) == 1 and not _writes_state(signature):
+        if len(calls) == 1 and not any(writes_state(n) for n in all_nodes(signature.graph.as_graph_def())):
             wrapping.setdefault(calls[0].get_attr("f").name, key)
     found = []
     for name, value in sorted(vars(loaded).items()):
@@ -53,19 +55,6 @@ def wrapped_endpoints(loaded, keys):
         if wiring:
             found.append(Endpoint(name, key, value, concrete, *wiring))
     return found
-
-
-def _writes_state(function):
-    """Whether `function` (or one it calls) may write a variable or a table."""
-    graph_def = function.graph.as_graph_def()
-    for node in list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]:
-        if node.op.startswith(("Assign", "ResourceScatter", "ResourceApply", "ResourceSparseApply",
-                               "ResourceStridedSliceAssign", "LookupTableInsert", "LookupTableRemove",
-                               "LookupTableImport", "InitializeTable")):
-            return True
-        if node.op == "CtrHashTableFind" and node.attr["insert"].b:
-            return True
-    return False
 
 
 def _through_identities(tensor):

@@ -26,6 +26,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import types_pb2
 
+from tf_ctr_ops._state_writes import all_nodes, writes_variable
+
 _RESOURCE = types_pb2.DT_RESOURCE
 PATTERN = "partitioned_table"  # the name reports give this merge, as a Grappler pattern's
 
@@ -212,10 +214,6 @@ def _remove_dead(body, candidates, replaced_by):
             fdef.signature.control_output.extend(outputs)
 
 
-_WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "ResourceStridedSliceAssign")
-_WRITE_PREFIXES = ("ResourceScatter", "ResourceApply", "ResourceSparseApply")
-
-
 class _EveryVariable:
     def __contains__(self, handle):
         return True
@@ -237,8 +235,7 @@ def library_writes(saved_model_proto):
         restore = meta_graph.saver_def.restore_op_name.split(":")[0]
         saver = {n.attr["f"].func.name for n in meta_graph.graph_def.node if n.name == restore and "f" in n.attr}
         for f in meta_graph.graph_def.library.function:
-            if f.signature.name not in saver and any(
-                    n.op in _WRITES or n.op.startswith(_WRITE_PREFIXES) for n in f.node_def):
+            if f.signature.name not in saver and any(writes_variable(n) for n in f.node_def):
                 return True
     return False
 
@@ -250,9 +247,7 @@ def written_variables(functions):
     be to another variable of the function)."""
     handles = set()
     for fn in functions:
-        graph_def = fn.graph.as_graph_def()
-        nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
-        if any(n.op in _WRITES or n.op.startswith(_WRITE_PREFIXES) for n in nodes):
+        if any(writes_variable(n) for n in all_nodes(fn.graph.as_graph_def())):
             handles |= {id(v.handle) for v in fn.variables}
     return handles
 

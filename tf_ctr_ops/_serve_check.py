@@ -72,8 +72,9 @@ def serve(model_dir, request, endpoints=None):
 def _endpoint_differs(loaded, name, key, feeds, outputs, inputs, want):
     """Why function `name` of `loaded` does not return signature `key`'s
     outputs `want` on its `inputs`, or None."""
-    import numpy as np
     import tensorflow as tf
+
+    from tf_ctr_ops._compare import max_abs_diff
 
     specs = loaded.signatures[key].structured_input_signature[1]
     by_position = [tf.constant(inputs[k], dtype=specs[k].dtype) for k in tf.nest.flatten({k: k for k in specs})]
@@ -82,10 +83,7 @@ def _endpoint_differs(loaded, name, key, feeds, outputs, inputs, want):
                                     [by_position[p] for p in feeds], expand_composites=True)
     got = tf.nest.flatten(fn(*args), expand_composites=True)
     for key_out, tensor in zip(outputs, got):
-        a, b = tensor.numpy(), want[key_out]
-        same = (np.allclose(a, b, rtol=1e-5, atol=1e-6, equal_nan=True) if a.dtype.kind in "fc"
-                else np.array_equal(a, b))
-        if a.shape != b.shape or not same:
+        if not max_abs_diff({key_out: want[key_out]}, {key_out: tensor.numpy()})[1]:
             return f"returns another {key_out!r}"
     return None
 

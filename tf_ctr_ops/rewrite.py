@@ -41,6 +41,7 @@ from tensorflow.python.grappler import tf_optimizer
 
 from tf_ctr_ops import _endpoints, _errors, _loader, _model_inputs, _partitioned
 from tf_ctr_ops import _saved_model_files as _files
+from tf_ctr_ops._compare import max_abs_diff
 from tf_ctr_ops._loader import load_op_library
 from tf_ctr_ops._serve_check import output_arrays
 
@@ -835,7 +836,7 @@ class SignatureReport:
     op_counts_after: dict = dataclasses.field(default_factory=dict)
     inputs: str = None  # "given", "file" or "synthesized ...", when verified
     max_abs_diff: float = None  # over all outputs (inf when a non-numeric output differs)
-    outputs_match: bool = None  # allclose(rtol=1e-5, atol=1e-6) on float outputs, equality on the others
+    outputs_match: bool = None  # by _compare.max_abs_diff: floats allclose, the others equal
     latency_ms_before: float = None  # median of `runs` calls
     latency_ms_after: float = None
     endpoints: list = dataclasses.field(default_factory=list)  # the object's functions that call it (Keras' `serve`)
@@ -1070,47 +1071,6 @@ def _with_static_shape_of(original, rebuilt):
     return rebuilt
 
 
-def _numeric(dtype):
-    """Numbers numpy knows, or one of ml_dtypes' floats (bfloat16), whose
-    numpy kind is 'V' (raw bytes), not 'f'."""
-    if dtype.kind in "fciub":
-        return True
-    try:
-        return tf.as_dtype(dtype).is_floating
-    except (TypeError, ValueError):
-        return False
-
-
-def _max_abs_diff(reference, actual):
-    """Largest |difference| over matching outputs, and whether all are close."""
-    worst, close = 0.0, True
-    for key in reference:
-        a, b = np.asarray(reference[key]), np.asarray(actual[key])
-        if a.shape != b.shape:
-            return float("inf"), False
-        if a.size == 0:
-            continue
-        if a.dtype.kind in "iub" and b.dtype.kind in "iub":  # ids, counts, flags: exact
-            if not np.array_equal(a, b):
-                # In Python ints: int64 ids that differ beyond float64's 53 bits would read as equal.
-                return float(np.abs(a.astype(object) - b.astype(object)).max()), False
-        elif _numeric(a.dtype) and _numeric(b.dtype):
-            # Complex values keep their imaginary parts (float64 would drop them).
-            wide = np.complex128 if "c" in (a.dtype.kind, b.dtype.kind) else np.float64
-            a64, b64 = a.astype(wide), b.astype(wide)
-            # Equal infinities (and NaN against NaN) do not differ; inf - inf
-            # would be NaN, reported as an infinite difference.
-            same = (a64 == b64) | (np.isnan(a64) & np.isnan(b64))
-            with np.errstate(invalid="ignore"):
-                diff = np.where(same, 0.0, np.abs(a64 - b64))
-            diff = np.where(np.isnan(diff), np.inf, diff)
-            worst = max(worst, float(diff.max()))
-            close &= bool(np.allclose(a64, b64, rtol=1e-5, atol=1e-6, equal_nan=True))
-        elif not np.array_equal(a, b):
-            return float("inf"), False
-    return worst, close
-
-
 def _median_latency_ms(fn, inputs, runs):
     for _ in range(2):
         output_arrays(fn(**inputs))
@@ -1250,7 +1210,7 @@ def _fresh_process_failure(model_dir, inputs, reference, endpoints=()):
         outputs = result["outputs"][key]
         if set(outputs) != set(reference[key]):
             return f"returns outputs {sorted(outputs)} on signature {key!r}, not {sorted(reference[key])}", diffs
-        diffs[key] = _max_abs_diff(reference[key], outputs)
+        diffs[key] = max_abs_diff(reference[key], outputs)
         if not diffs[key][1]:
             return f"gives other outputs than the original on signature {key!r} (max |diff| {diffs[key][0]:.3g})", diffs
     return None, diffs
