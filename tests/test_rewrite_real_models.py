@@ -72,8 +72,10 @@ def test_tf1_feature_column_model_keeps_tables_assets_and_signatures(tmp_path, r
     assert fused_lines and len(fused_lines) == len(set(fused_lines)) == report["num_matches"], cli.stdout
     for key in ("serving_default", "predict"):
         sig = report["signatures"][key]
-        # Compared on tf.Examples built from the graph's ParseExample spec.
-        assert sig["inputs"] == "synthesized (tf.Example from the ParseExample spec)", sig["inputs"]
+        # Compared on tf.Examples built from the graph's ParseExample spec,
+        # each vocabulary column's keys from its own vocabulary.
+        assert sig["inputs"] == ("synthesized (tf.Example from the ParseExample spec, vocabulary keys in 3 "
+                                 "features)"), sig["inputs"]
         assert sig["outputs_match"] and sig["max_abs_diff"] <= 1e-5
     fused_ops = {m["fused_op"] for m in report["signatures"]["predict"]["matches"]}
     assert "CtrEmbeddingLookup" in fused_ops, report["signatures"]["predict"]

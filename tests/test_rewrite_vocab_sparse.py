@@ -354,3 +354,43 @@ def test_in_process_indicator_of_a_scalar_key_left_alone(rng):
     want = indicator(**feeds).numpy()
     assert want.sum() > 0
     np.testing.assert_array_equal(run(feeds).numpy(), want)
+
+
+def _keys_through_regex_replace(graph_def, pattern, rewrite_to):
+    """graph_def with the string keys each fused vocabulary op reads passed
+    through a StaticRegexReplace: a fused op wrong for those keys alone."""
+    from tf_ctr_ops import _model_inputs
+
+    for node in list(graph_def.node):
+        fused = node.op.startswith("Ctr") and node.op in _model_inputs._TABLE_READS
+        if not fused or node.attr["Tkey"].type != tf.string.as_datatype_enum:
+            continue
+        keys = _model_inputs._TABLE_READS[node.op][1]
+        fault = graph_def.node.add(name=f"{node.name}/fault", op="StaticRegexReplace", input=[node.input[keys]])
+        fault.attr["pattern"].s, fault.attr["rewrite"].s = pattern, rewrite_to
+        fault.attr["replace_global"].b = True
+        node.input[keys] = fault.name
+    return graph_def
+
+
+@pytest.mark.saved_model
+def test_verification_reaches_past_a_vocabularys_first_key(tmp_path, monkeypatch):
+    # Synthesized tf.Examples hold keys from each feature's own vocabulary,
+    # its later entries too: a rewrite wrong only for a vocabulary's second
+    # key ("fr" read as "de") fails verification, and its patterns are left
+    # out of the model written. Each vocabulary's first key in every feature
+    # (what synthesis gave before) left the fault unseen.
+    src = tmp_path / "src"
+    save_tf1_vocabulary_model(src, tmp_path)
+    optimize = rewrite.optimize_meta_graph
+
+    def faulty(*args, **kwargs):
+        graph_def, records = optimize(*args, **kwargs)
+        return _keys_through_regex_replace(graph_def, b"^fr$", b"de"), records
+
+    monkeypatch.setattr(rewrite, "optimize_meta_graph", faulty)
+    report = rewrite.optimize_saved_model(src, tmp_path / "dst", runs=1, serving_device="cpu")
+    assert {"vocab_sparse_lookup", "vocab_indicator"} <= set(report.rejected_patterns), report.rejected_patterns
+    sig = report.signatures["serving_default"]
+    assert "vocabulary keys in 3 features" in sig.inputs and sig.outputs_match, sig.inputs
+    assert not any(op.startswith("CtrVocab") for op in sig.op_counts_after), sig.op_counts_after

@@ -12,7 +12,10 @@ the judge:
    ids ("1,0", "0,1,1,1,1", "1", ...: bags of several lengths, as a pooling
    that rounds differently shows itself only on longer ones), random bools;
 2. serialized `tf.Example`s for every string input, built from the feature
-   spec of the graph's ParseExample node (its keys, dtypes and dense shapes);
+   spec of the graph's ParseExample node (its keys, dtypes and dense shapes),
+   a string feature that a lookup finds straight from the parse holding keys
+   spread over that lookup's vocabulary (a fused lookup wrong for a later
+   entry alone would go unseen on the first);
 3. every input a lookup reads directly (a function argument of the input's
    name, as Keras exports them) at once, with the vocabulary of that
    lookup's table (read through the table's object in the SavedModel);
@@ -428,8 +431,11 @@ def _const_value(node):
 
 
 def _asset_vocabularies(model_dir):
+    """{file name: its keys} for each text file in the SavedModel's assets/
+    (each line's first tab-separated field, as TextFileIndex.WHOLE_LINE
+    tables and Keras' vocabulary files read them)."""
     folder = os.path.join(model_dir, "assets")
-    vocabularies = []
+    vocabularies = {}
     if not os.path.isdir(folder):
         return vocabularies
     for name in sorted(os.listdir(folder)):
@@ -440,7 +446,7 @@ def _asset_vocabularies(model_dir):
             continue
         lines = [line for line in lines if line]
         if lines:
-            vocabularies.append(np.array(lines, dtype=object))
+            vocabularies[name] = np.array(lines, dtype=object)
     return vocabularies
 
 
@@ -458,6 +464,7 @@ class GraphFacts:
     def __init__(self, meta_graphs, model_dir=None):
         self.string_vocabularies, self.int_vocabularies, self.example_specs = [], [], []
         self.input_vocabularies = {}  # input name -> the vocabulary of the lookup that reads it
+        self.example_vocabularies = {}  # tf.Example feature key -> the vocabulary of the lookup that reads it
         # signature key -> its SparseTensor inputs (TF1), which no synthesized values could fit
         self.sparse_inputs = {}
         for meta_graph in meta_graphs:
@@ -477,7 +484,11 @@ class GraphFacts:
                     spec = _example_spec(node, resolve)
                     if spec:
                         self.example_specs.append(spec)
-        for vocabulary in _asset_vocabularies(model_dir) if model_dir else []:
+        assets = _asset_vocabularies(model_dir) if model_dir else {}
+        for meta_graph in meta_graphs:
+            for key, vocabulary in _example_vocabularies(meta_graph, assets).items():
+                self.example_vocabularies.setdefault(key, vocabulary)
+        for vocabulary in assets.values():
             # A file's keys are text, an integer table's too (IntegerLookup's
             # vocabulary file): such a file is a vocabulary of both kinds.
             self.string_vocabularies.append(vocabulary)
@@ -489,6 +500,74 @@ class GraphFacts:
         """A few string values, taken from the vocabularies when there are any."""
         picked = [v[0] for v in self.string_vocabularies]
         return [t if isinstance(t, bytes) else str(t).encode() for t in picked] or [b"1"]
+
+
+_FILE_INIT_OPS = ("InitializeTableFromTextFileV2",)
+
+
+def _example_vocabularies(meta_graph, assets):
+    """{tf.Example feature key: vocabulary} where a LookupTableFindV2 finds
+    the values a ParseExample node parsed for that key (TF1 feature columns
+    look them up straight from the parse) in a table initialized from
+    constant keys or from one of `assets` ({file name: keys})."""
+    vocabularies, reads = {}, []
+    for node, resolve in _all_nodes(meta_graph):
+        if node.op in _TABLE_INIT_OPS + _FILE_INIT_OPS and len(node.input) > 1:
+            table, _ = _through_identities(node.input[0], resolve)
+            vocabulary = _init_vocabulary(node, resolve, assets)
+            if table is not None and vocabulary is not None:
+                vocabularies.setdefault(id(table), vocabulary)
+        elif node.op == "LookupTableFindV2" and len(node.input) > 1:
+            parse, ref = _through_identities(node.input[1], resolve)
+            if parse is not None and parse.op in _PARSE_EXAMPLE_OPS:
+                reads.append((_through_identities(node.input[0], resolve)[0], _parsed_key(parse, ref, resolve)))
+    out = {}
+    for table, key in reads:
+        if key is not None and id(table) in vocabularies:
+            out.setdefault(key, vocabularies[id(table)])
+    return out
+
+
+def _through_identities(ref, resolve):
+    """(node, reference) that `ref` names once Identity nodes are passed."""
+    node = resolve(ref)
+    while node is not None and node.op == "Identity" and node.input:
+        ref = node.input[0]
+        node = resolve(ref)
+    return node, ref
+
+
+def _init_vocabulary(node, resolve, assets):
+    """The keys table initializer `node` gives its table, or None."""
+    if node.op in _TABLE_INIT_OPS:
+        keys = _const_value(resolve(node.input[1]))
+        return keys.ravel() if keys is not None and keys.size else None
+    path = _const_value(_through_identities(node.input[1], resolve)[0])
+    if path is None or path.size != 1:
+        return None
+    return assets.get(os.path.basename(path.item().decode(errors="replace")))
+
+
+def _parsed_key(parse, ref, resolve):
+    """The feature key whose values output `ref` of ParseExample node `parse`
+    names, or None for another output (indices, shapes, row splits)."""
+    spec = _example_spec(parse, resolve)
+    if not spec:
+        return None
+    counts = {kind: sum(1 for _, k, _, _ in spec if k == kind) for kind in ("sparse", "dense", "ragged")}
+    ns, nd = counts["sparse"], counts["dense"]
+    parts = ref.split(":")
+    if len(parts) == 3:  # a function's "node:output_arg:index"
+        starts = {"sparse_values": ns, "dense_values": 3 * ns, "ragged_values": 3 * ns + nd}
+        if parts[1] not in starts:
+            return None
+        index = starts[parts[1]] + int(parts[2])
+    else:
+        index = int(parts[1]) if len(parts) == 2 else 0
+    for kind, start in (("sparse", ns), ("dense", 3 * ns), ("ragged", 3 * ns + nd)):
+        if start <= index < start + counts[kind]:
+            return [key for key, k, _, _ in spec if k == kind][index - start]
+    return None
 
 
 def _example_spec(node, resolve):
@@ -523,8 +602,7 @@ def _example_spec(node, resolve):
 
 def _feature(dtype, count, row, tokens, id_high):
     if dtype == tf.string:
-        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[tokens[(row + i) % len(tokens)]
-                                                                     for i in range(count)]))
+        return _bytes_feature([tokens[(row + i) % len(tokens)] for i in range(count)])
     if dtype.is_integer:
         # row 0 holds the top id; the others repeat small ones, as Zipf ids do
         ids = [id_high - 1 if row == 0 else (row + i) % min(id_high, 3) for i in range(count)]
@@ -532,20 +610,50 @@ def _feature(dtype, count, row, tokens, id_high):
     return tf.train.Feature(float_list=tf.train.FloatList(value=[0.25 * (row + i + 1) for i in range(count)]))
 
 
-def serialized_examples(specs, tokens, batch=BATCH, id_high=2):
+def _bytes_feature(values):
+    return tf.train.Feature(bytes_list=tf.train.BytesList(
+        value=[v if isinstance(v, bytes) else str(v).encode() for v in values]))
+
+
+def _vocabulary_feature(vocabulary, start, count, slots, last_row, tokens):
+    """Keys `start` to `start + count` of the `slots` keys a string feature
+    has in the batch, spread over the `vocabulary` its lookup reads (the
+    batch reaches later entries, not only the first); the last row's last
+    key is one of `tokens` (other vocabularies' keys: a miss). Counts stay
+    as other features' are: a weight feature has as many values as keys."""
+    stride = max(1, len(vocabulary) // slots)
+    values = [vocabulary[((start + i) * stride) % len(vocabulary)] for i in range(count)]
+    if last_row:
+        values[-1] = tokens[start % len(tokens)]
+    return _bytes_feature(values)
+
+
+def _counts(kind, shape, batch):
+    """The number of values a feature has in each row of the batch."""
+    if kind == "dense":
+        return [1 if shape is None or any(d is None or d < 0 for d in shape) else int(np.prod(shape))] * batch
+    return [1 + row % 2 for row in range(batch)]
+
+
+def serialized_examples(specs, tokens, batch=BATCH, id_high=2, vocabularies=None):
     """`batch` serialized tf.Examples holding every feature of `specs`, their
-    integers in [0, id_high) (an int, or a dict by feature key)."""
+    integers in [0, id_high) (an int, or a dict by feature key), their
+    strings from `tokens`, or, for the keys of `vocabularies` ({feature key:
+    vocabulary}), spread over the vocabulary their lookup reads."""
+    counts = {key: _counts(kind, shape, batch) for spec in specs for key, kind, _, shape in spec}
     out = []
     for row in range(batch):
         features = {}
         for spec in specs:
             for key, kind, dtype, shape in spec:
-                if kind == "dense":
-                    count = 1 if shape is None or any(d is None or d < 0 for d in shape) else int(np.prod(shape))
-                else:
-                    count = 1 + row % 2
+                count = counts[key][row]
                 high = id_high.get(key, 2) if isinstance(id_high, dict) else id_high
-                features[key.decode(errors="replace")] = _feature(dtype, count, row, tokens, high)
+                vocabulary = (vocabularies or {}).get(key)
+                features[key.decode(errors="replace")] = (
+                    _vocabulary_feature(vocabulary, sum(counts[key][:row]), count, sum(counts[key]),
+                                        row == batch - 1, tokens)
+                    if vocabulary is not None and dtype == tf.string
+                    else _feature(dtype, count, row, tokens, high))
         out.append(tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString())
     return np.array(out, dtype=object)
 
@@ -788,19 +896,19 @@ def _bisect_ids(build, run, trial, high, refused):
 
 def _with_wide_ids(inputs, how, specs, run, rng, vocabulary_keys, examples):
     """`inputs` (and `how`) with their plain ids widened; `examples`
-    is None, or (string inputs, ParseExample specs, tokens) when those inputs
-    hold serialized tf.Examples.
+    is None, or (string inputs, ParseExample specs, tokens, vocabularies) when
+    those inputs hold serialized tf.Examples.
 
     First every id input at once, to the widest range all of them take; then
     each alone, holding the others there: a model whose tables differ in
     size (a weighted column of 11 buckets beside an identity column of 23)
     would otherwise be compared on the smallest table's ids only."""
     if examples is not None:
-        keys, example_specs, tokens = examples
+        keys, example_specs, tokens, vocabularies = examples
         parts = sorted({key for spec in example_specs for key, _, t, _ in spec if t.is_integer})
 
         def build(highs):
-            serialized = serialized_examples(example_specs, tokens, id_high=highs)
+            serialized = serialized_examples(example_specs, tokens, id_high=highs, vocabularies=vocabularies)
             return dict(inputs, **{k: _fill(serialized, np.shape(inputs[k])) for k in keys})
     else:
         parts = _plain_batch_keys(specs, vocabulary_keys)
@@ -962,15 +1070,22 @@ def _accepted_inputs(specs, searched, run, facts, rng):
     known = _known_vocabularies(specs, facts)
     string_inputs = [k for k, s in specs.items() if s.dtype == tf.string]
     if facts.example_specs and string_inputs:
-        examples = serialized_examples(facts.example_specs, facts.tokens())
-        trial = dict(current)
-        for k in string_inputs:
-            trial[k] = _fill(examples, np.shape(current[k]))
-        example_error = run(trial)
-        if example_error is None:
-            return (trial, "synthesized (tf.Example from the ParseExample spec)", set(string_inputs),
-                    (string_inputs, facts.example_specs, facts.tokens()))
-        tried.append(f"on tf.Examples of the ParseExample spec: {example_error.splitlines()[0]}")
+        # Keys spread over each feature's vocabulary first; then, where the
+        # original refuses those, each vocabulary's first key in every feature.
+        spread = len(facts.example_vocabularies)
+        choices = [(facts.example_vocabularies, f"tf.Example from the ParseExample spec, vocabulary keys in {spread} "
+                    "features", "tf.Examples of the ParseExample spec with vocabulary keys")] if spread else []
+        choices.append(({}, "tf.Example from the ParseExample spec", "tf.Examples of the ParseExample spec"))
+        for vocabularies, how, what in choices:
+            examples = serialized_examples(facts.example_specs, facts.tokens(), vocabularies=vocabularies)
+            trial = dict(current)
+            for k in string_inputs:
+                trial[k] = _fill(examples, np.shape(current[k]))
+            example_error = run(trial)
+            if example_error is None:
+                return (trial, f"synthesized ({how})", set(string_inputs),
+                        (string_inputs, facts.example_specs, facts.tokens(), vocabularies))
+            tried.append(f"on {what}: {example_error.splitlines()[0]}")
     if known:
         trial = dict(current, **{k: _fill(v, np.shape(current[k])) for k, v in known.items()})
         trial_error = run(trial)
