@@ -137,6 +137,20 @@ def test_batch_of_zero_and_all_empty_bags():
     assert int(table.size()) == 0
 
 
+@pytest.mark.parametrize("key_dtype", [tf.int64, tf.string])
+def test_empty_python_keys_take_the_tables_key_dtype(key_dtype):
+    # As MutableHashTable.lookup([]) does: [] alone converts to float32.
+    table = HashTable(dim=3, capacity=10, key_dtype=key_dtype)
+    rows = table.find([])
+    assert rows.dtype == tf.int64 and rows.shape == (0,)
+    assert table.find(np.zeros([2, 0])).shape == (2, 0)
+    np.testing.assert_array_equal(hash_table_embedding(table, [[], []]).numpy(), np.zeros([2, 3]))
+    (pooled,) = tco.multi_hash_table_embedding(table, [[[]]])
+    assert pooled.shape == (1, 3)
+    with pytest.raises(TypeError, match="got float"):
+        table.find([1.5])
+
+
 def test_large_batch_matches_reference(rng):
     table = HashTable(dim=16, capacity=200_000)
     ref = ReferenceTable(200_000)

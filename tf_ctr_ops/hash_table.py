@@ -161,7 +161,7 @@ class HashTable(tf.Module):
 
     def find(self, keys, insert=False):
         """The row of each key (any shape), -1 for keys without one."""
-        return find_rows(self, tf.convert_to_tensor(keys), insert=insert)
+        return find_rows(self, dense_keys(keys, self.key_dtype), insert=insert)
 
     def size(self):
         """Keys that have a row."""
@@ -732,6 +732,19 @@ def _variable(v):
     return getattr(v, "_value", v)  # a Keras 3 variable wraps a tf.Variable
 
 
+def dense_keys(keys, key_dtype):
+    """Dense keys as a tensor; an empty Python list or array as keys of the
+    table's dtype (converted alone it would be float32, which no table takes)."""
+    if isinstance(keys, (list, tuple, np.ndarray)):
+        try:
+            empty = np.size(keys) == 0
+        except ValueError:  # rows of different lengths: not a dense tensor, as convert_to_tensor says
+            empty = False
+        if empty:
+            return tf.zeros(np.shape(keys), key_dtype)
+    return tf.convert_to_tensor(keys)
+
+
 def _int_keys(keys, key_dtype, dense):
     """Keys as int64 (strings as fingerprints, dense "" as the -1 padding)."""
     if keys.dtype == tf.string:
@@ -777,7 +790,7 @@ def hash_table_embedding(table, keys, weights=None, combiner="mean", max_norm=No
     with tf.name_scope(name or "hash_table_embedding"):
         dense = not isinstance(keys, (tf.RaggedTensor, tf.SparseTensor))
         if dense:
-            keys = tf.convert_to_tensor(keys)
+            keys = dense_keys(keys, table.key_dtype)
         bags = _lookup_ops._bags_from_container(keys, weights, -1)
         ids = _int_keys(bags.ids, table.key_dtype, dense)
         if not insert and _find_pools_in_one_op(table):
@@ -872,7 +885,7 @@ class _Slot:
 
 def _slot(keys, weights, key_dtype):
     dense = not isinstance(keys, (tf.RaggedTensor, tf.SparseTensor))
-    keys = tf.convert_to_tensor(keys) if dense else keys
+    keys = dense_keys(keys, key_dtype) if dense else keys
     bags = _lookup_ops._bags_from_container(keys, weights, -1)
     batch = _batch_size(keys)
     # Checked here, not by the pooling of all the slots' bags, where a row
