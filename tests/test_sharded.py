@@ -374,6 +374,20 @@ def test_a_list_of_shards_is_gathered_shard_by_shard(rng, op):
     assert_same_as_one_table(shards, whole, lookup)
 
 
+@pytest.mark.parametrize("wrap", [lambda f: f(), lambda f: tf.function(f)()], ids=["eager", "tf.function"])
+@pytest.mark.parametrize("concat", [False, True])
+def test_grouped_string_errors_name_the_feature_beside_a_sharded_table(rng, wrap, concat):
+    # The grouped op pools the plain table and checks the sharded one's
+    # strings on a [V, 0] view: the error is the grouped op's, feature first.
+    table = sharded(rng)
+    whole = tf.concat([v.numpy() for v in table.variables], 0)
+    good, bad = tf.constant(["1,2", ""]), tf.constant(["3", "4,-1"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature 1: token '-1' in row 1 is id -1"):
+        wrap(lambda: tco.multi_string_embedding([good, bad], [whole, table], id_modes="index", concat=concat))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature 0: token '-1' in row 1 is id -1"):
+        wrap(lambda: tco.multi_string_embedding([bad, good], [table, whole], id_modes="index", concat=concat))
+
+
 @pytest.mark.parametrize("combiner", COMBINERS)
 def test_safe_lookup_lists_shard_0_row_0_for_empty_bags_as_tf(rng, combiner):
     """TF fills a bag left empty with id 0 and zeroes its output: shard 0's

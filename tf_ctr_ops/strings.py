@@ -181,7 +181,7 @@ def string_embedding(strings, params, delimiter=",", combiner="mean", id_mode="h
                           default_id=default_id, hash_key=hash_key)
 
 
-def _sharded_string_embedding(shards, strings, **attrs):
+def _sharded_string_embedding(shards, strings, check=None, **attrs):
     """string_embedding over a table in shards, which is never read whole.
 
     The fused op first runs on a [V, 0] view of the table: it splits and
@@ -190,15 +190,18 @@ def _sharded_string_embedding(shards, strings, **attrs):
     split, to_number and string hash, whose rules the kernel follows bit for
     bit (cc/core/parse.h, string_hash.h), then give the ids, and the
     sharded lookup gathers each shard's rows on its own device (its parameter
-    server) and pools them here.
+    server) and pools them here. A grouped op that ran this feature with its
+    others on such a view passes its output as `check` (its errors name the
+    feature), which is then not run again.
     """
     from tf_ctr_ops import ops  # here: ops imports this module
 
-    packed = strings if _is_packed(strings) else pack_strings(strings)
     num_rows = sum(int(s.shape[0]) for s in shards)
-    check = _string_op(tf.zeros([num_rows, 0], shards[0].dtype), packed, None, **attrs)
+    if check is None:
+        packed = strings if _is_packed(strings) else pack_strings(strings)
+        check = _string_op(_zero_width_view(shards), packed, None, **attrs)
     with tf.control_dependencies([check]):
-        strings = _unpack_strings(packed) if _is_packed(strings) else _string_vector(strings)
+        strings = _unpack_strings(strings) if _is_packed(strings) else _string_vector(strings)
         tokens = _split_tokens(strings, attrs["delimiter"], attrs["skip_empty"])
     if attrs["id_mode"] == "hash":
         ids = hash_bucket(tokens.values, num_rows, attrs["hash_key"])
@@ -260,20 +263,29 @@ def multi_string_embedding(features, tables, delimiters=",", combiners="mean", i
     max_norms = [max_norm_attr(m) for m in per_feature(max_norms, n, "max_norms")]
     key_attrs = _grouped_hash_key_attrs(hash_keys, n)
     with tf.name_scope(name or "multi_string_embedding"):
-        if any(gathered_shards(t) is not None for t in tables):
-            # A sharded table is gathered shard by shard on its own devices:
-            # no grouped op can read it, so each feature is looked up alone.
-            keys = hash_keys if hash_keys is not None else [None] * n
-            outs = [string_embedding(f, t, delimiter=d or None, combiner=c, id_mode=m, skip_empty=e,
-                                     max_norm=None if mn < 0 else mn, hash_key=k)
-                    for f, t, d, c, m, e, mn, k in zip(features, tables, delimiters, combiners, id_modes,
-                                                       skip_empty, max_norms, keys)]
-            return tf.concat(outs, axis=1) if concat else outs
-        tables = [_string_table(as_table(t)) for t in tables]
+        shards = [gathered_shards(t) for t in tables]
+        tables = [_string_table(as_table(t)) if ts is None else _zero_width_view(ts)
+                  for t, ts in zip(tables, shards)]
         for i, t in enumerate(tables):
             if t.dtype != tables[0].dtype:
                 raise TypeError(f"tables must share one dtype: table 0 is {tables[0].dtype.name}, table {i} is "
                                 f"{t.dtype.name}")
+        if any(ts is not None for ts in shards):
+            # A sharded table is gathered shard by shard on its own devices,
+            # which no grouped op can do: the grouped op pools the other
+            # features and splits and checks a sharded one's strings on a
+            # [V, 0] view (its errors naming the feature, as for the others).
+            grouped = multi_string_embedding(features, tables, [d or None for d in delimiters], combiners, id_modes,
+                                             skip_empty, [None if m < 0 else m for m in max_norms],
+                                             hash_keys=hash_keys)
+            keys = hash_keys if hash_keys is not None else [None] * n
+            outs = [out if ts is None else _sharded_string_embedding(
+                        ts, f, check=out, delimiter=d, combiner=c, id_mode=m, skip_empty=e,
+                        max_norm=None if mn < 0 else mn, invalid_ids="error", default_id=None,
+                        hash_key=check_hash_key(k))
+                    for out, ts, f, d, c, m, e, mn, k in zip(grouped, shards, features, delimiters, combiners,
+                                                             id_modes, skip_empty, max_norms, keys)]
+            return tf.concat(outs, axis=1) if concat else outs
         features = [_string_vector(f) for f in features]
         _check_same_batch(features)
         # One pack straight from the N feature tensors: a string concat first
@@ -293,6 +305,12 @@ def multi_string_embedding(features, tables, delimiters=",", combiners="mean", i
             return ops._with_batch_dim(out, next((f for f in features if f.shape[0] is not None), features[0]))
         data, row_splits, _ = _ops.ctr_pack_strings(features, equal_sizes=True)
         return _ops.ctr_multi_string_embedding(params=tables, bytes=data, row_splits=row_splits, **attrs)
+
+
+def _zero_width_view(shards):
+    """A [V, 0] stand-in of a sharded table: what a string op needs to split,
+    parse and check ids against V, and nothing to read."""
+    return tf.zeros([sum(int(s.shape[0]) for s in shards), 0], shards[0].dtype)
 
 
 def _check_same_batch(features):
