@@ -262,6 +262,34 @@ def test_mutable_hash_table_lookups_fuse_and_serve_the_same(tmp_path, kind):
         np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.saved_model
+@pytest.mark.parametrize("reduce", [tf.reduce_mean, tf.reduce_sum])
+def test_a_pooling_of_a_mutable_tables_rows_fuses_with_its_find(tmp_path, reduce):
+    # A loaded SavedModel records no shape for a MutableHashTable's find (a
+    # StaticHashTable's it does): the fused vocabulary op, which does the
+    # find itself and refuses vector keys when it runs, takes the keys'
+    # [B, 3] shape as the ids', so the find, the gather and the pooling are
+    # one op (hunt 132: the pooling stayed TF's, its reason telling the
+    # user to do the offline rewrite they were doing). (A loaded
+    # DenseHashTable finds no [B, L] keys at all: TF's own limit.)
+    m = tf.Module()
+    m.table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=0)
+    m.table.insert(tf.constant([10, 20, 30], tf.int64), tf.constant([1, 2, 3], tf.int64))
+    m.values = tf.Variable(tf.random.stateless_normal([5, 4], seed=[3, 4]))
+    m.serve = tf.function(lambda keys: {"y": reduce(tf.gather(m.values, m.table.lookup(keys)), axis=1)},
+                          input_signature=[tf.TensorSpec([None, 3], tf.int64)])
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tf.saved_model.save(m, str(src), signatures={"serving_default": m.serve})
+    feeds = {"keys": np.array([[10, 20, 99], [30, 30, 10], [7, 8, 9]], np.int64)}
+    report = rewrite.optimize_saved_model(src, dst, runs=1, serving_device="cpu",
+                                          sample_inputs={"serving_default": feeds})
+    sig = report.signatures["serving_default"]
+    assert [(m["pattern"], m["fused_op"]) for m in sig.matches] == [
+        ("dense_reduce_lookup", "CtrVocabEmbeddingLookup")], sig.matches
+    assert report.ok and sig.outputs_match  # on these feeds, in a fresh process
+    np.testing.assert_allclose(serve(dst, feeds)["y"], serve(src, feeds)["y"], rtol=1e-6, atol=1e-6)
+
+
 # ---------------------------------------------------------------------------
 # concat_vocab: the fused lookups a Concatenate joins become one
 # CtrConcatVocabEmbedding, around the other inputs (a numeric column, a
