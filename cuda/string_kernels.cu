@@ -448,10 +448,16 @@ __device__ void GradBag(const StringSpec& s, const T* params, const uint8_t* byt
 
   int64_t next = grad_offsets[bag];
   if (!any) {
-    if (s.lookup.default_id >= 0 && g.index == 0) {
-      WriteTokenGradRow(s, params + s.lookup.default_id * dim, grad_row, 1.f,
-                        grad_values + next * dim, g);
-      if (g.rank == 0) grad_indices[next] = s.lookup.default_id;
+    // The default row's gradient, or the zero row TF's safe lookup lists for
+    // the id it fills an empty bag with (EmptyBagGradRow, as on the CPU).
+    const EmptyBagGrad empty = EmptyBagGradRow(s.lookup);
+    if (empty.row >= 0 && g.index == 0) {
+      if (empty.zeros) {
+        for (int64_t d = g.rank; d < dim; d += g.lanes) grad_values[next * dim + d] = FromAcc<T>(0.f);
+      } else {
+        WriteTokenGradRow(s, params + empty.row * dim, grad_row, 1.f, grad_values + next * dim, g);
+      }
+      if (g.rank == 0) grad_indices[next] = empty.row;
     }
     return;
   }
@@ -559,7 +565,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       return true;
     };
     VisitBagTokens(s, bytes, string_splits, bag_splits, r, count);
-    if (n == 0 && s.lookup.default_id >= 0) n = 1;
+    if (n == 0 && EmptyBagGradRow(s.lookup).row >= 0) n = 1;
     if (Lane() == 0) counts[r] = n;
   }
 }

@@ -456,3 +456,45 @@ def test_integer_tables_are_computed_as_tf_computes_them(dtype):
     weights = tf.SparseTensor(ids.indices, tf.constant([2, 1, 4], dtype), ids.dense_shape)
     np.testing.assert_array_equal(tco.embedding_lookup_sparse(table, ids, weights, combiner="mean"),
                                   tf.nn.embedding_lookup_sparse(table, ids, weights, combiner="mean"))
+
+
+# --- one id and no weight: TF's safe lookup prunes with a broadcast mask ----
+
+def _sparse_2x3(values, indices, dtype):
+    indices = tf.reshape(tf.constant(indices, tf.int64), [-1, 2])
+    return tf.SparseTensor(indices, tf.constant(values, dtype), [2, 3])
+
+
+UNKNOWN_SPARSE = [tf.SparseTensorSpec([None, None], tf.int64), tf.SparseTensorSpec([None, None], tf.float32)]
+
+
+@pytest.mark.parametrize("default_id", [None, 2])
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+@pytest.mark.parametrize("ids, weights", [(([], []), ([1.0], [0, 0])), (([3], [1, 0]), ([], []))],
+                         ids=["no id, one weight", "one id, no weight"])
+def test_safe_lookup_one_id_and_no_weight_pools_empty_bags_as_tf(ids, weights, combiner, default_id):
+    # logical_and(ids >= 0, ones_like(weights)) broadcasts one value against
+    # none: TF prunes every entry, and fills the empty bags, where shapes are
+    # known only when the graph runs (a served model's parsed features).
+    table = tf.Variable(P)
+    sp_ids, sp_weights = _sparse_2x3(*ids, tf.int64), _sparse_2x3(*weights, tf.float32)
+
+    def run(fn):
+        @tf.function(input_signature=UNKNOWN_SPARSE)
+        def step(i, w):
+            with tf.GradientTape() as tape:
+                out = fn(table, i, w, combiner=combiner, default_id=default_id)
+            return out, tf.convert_to_tensor(tape.gradient(out, table))
+        return step(sp_ids, sp_weights)
+
+    got, want = run(tco.safe_embedding_lookup_sparse), run(tf.nn.safe_embedding_lookup_sparse)
+    close(got[0], want[0])
+    close(got[1], want[1])
+
+
+def test_safe_lookup_other_count_mismatches_fail_as_in_tf():
+    table = tf.constant(P)
+    sp_ids, sp_weights = _sparse_2x3([3, 4], [0, 0, 1, 0], tf.int64), _sparse_2x3([2.0], [0, 0], tf.float32)
+    for fn in (tco.safe_embedding_lookup_sparse, tf.nn.safe_embedding_lookup_sparse):
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            tf.function(lambda i, w, fn=fn: fn(table, i, w), input_signature=UNKNOWN_SPARSE)(sp_ids, sp_weights)

@@ -149,6 +149,9 @@ def test_empty_python_keys_take_the_tables_key_dtype(key_dtype):
     assert pooled.shape == (1, 3)
     with pytest.raises(TypeError, match="got float"):
         table.find([1.5])
+    padding = '""' if key_dtype == tf.string else "-1"
+    with pytest.raises(ValueError, match=f"padded with {padding}, got shape"):
+        hash_table_embedding(table, [])
 
 
 def test_large_batch_matches_reference(rng):

@@ -1140,13 +1140,11 @@ def test_keras_sequence_training_step_online_gradients_match(rng, mask_zero):
 
 
 @pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="online graphs are placed on a GPU here")
-def test_online_masked_mean_of_a_captured_vocabulary_fuses_with_its_find(tmp_path):
+def test_online_masked_mean_of_a_captured_vocabulary_says_why_it_stays(tmp_path):
     """StringLookup(mask_token="") + Embedding(mask_zero=True) + GAP: online
-    the captured table hides the shape of its ids; CtrVocabEmbeddingLookup,
-    which does the find itself (and refuses vector keys when it runs), takes
-    them as the keys' [B, 3], so the masked mean fuses online as offline
-    (test_keras_embedding_global_average_pooling_saved_model). It was left
-    TF's before, its reason advising the offline rewrite."""
+    the captured table hides the shape of its ids, so the masked mean cannot
+    be proved a [B, L] pooling; the report says so (offline it fuses:
+    test_keras_embedding_global_average_pooling_saved_model)."""
     import keras
 
     keras.utils.set_random_seed(0)
@@ -1160,9 +1158,9 @@ def test_online_masked_mean_of_a_captured_vocabulary_fuses_with_its_find(tmp_pat
     with rewrite.enable(serving_device="cpu", report_file=str(report)):
         got = tf.function(lambda k: model(k))(x).numpy()
     np.testing.assert_array_equal(got, want)  # the all-masked row is NaN in both
-    records = rewrite.read_report(report)
-    assert [(m["pattern"], m["fused_op"]) for m in records["match"]] == [
-        ("dense_reduce_lookup", "CtrVocabEmbeddingLookup")], records
+    skips = [r for r in rewrite.read_report(report)["skip"] if r["pattern"] == "dense_reduce_lookup"]
+    assert skips and all("whose shape the table does not show (a table a function captures online" in r["reason"]
+                         for r in skips), skips
 
 
 @pytest.mark.parametrize("dtype, big", [(tf.float16, 2048.0), (tf.bfloat16, 256.0)])

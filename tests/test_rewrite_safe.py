@@ -729,6 +729,10 @@ def test_hashed_string_keys_stay_hashed_off_cpu(big_table, serving_device):
     counts = rewrite.op_counts(graph, library=True)
     assert "string_keys" not in patterns(report), report
     assert counts.get("CtrEmbeddingLookup") == 1 and counts.get("StringToHashBucketFast") == 1, counts
+    # The report says what a CPU server would fuse (hunt 134: it said only
+    # that no fused lookup absorbed the hash).
+    [reason] = [s["reason"] for s in report["skip"] if s.get("op") == "StringToHashBucketFast"]
+    assert "(pattern string_keys): rewrite with " + rewrite.CPU_ONLY_HINT in reason, reason
 
 
 def test_hashed_string_keys_read_elsewhere_stay_with_reason(rng, big_table):

@@ -264,14 +264,13 @@ def test_mutable_hash_table_lookups_fuse_and_serve_the_same(tmp_path, kind):
 
 @pytest.mark.saved_model
 @pytest.mark.parametrize("reduce", [tf.reduce_mean, tf.reduce_sum])
-def test_a_pooling_of_a_mutable_tables_rows_fuses_with_its_find(tmp_path, reduce):
-    # A loaded SavedModel records no shape for a MutableHashTable's find (a
-    # StaticHashTable's it does): the fused vocabulary op, which does the
-    # find itself and refuses vector keys when it runs, takes the keys'
-    # [B, 3] shape as the ids', so the find, the gather and the pooling are
-    # one op (hunt 132: the pooling stayed TF's, its reason telling the
-    # user to do the offline rewrite they were doing). (A loaded
-    # DenseHashTable finds no [B, L] keys at all: TF's own limit.)
+def test_a_pooling_of_a_mutable_tables_rows_says_truly_why_it_stays(tmp_path, reduce):
+    # A loaded SavedModel shows no shape for a MutableHashTable's find (a
+    # StaticHashTable's it does), and a table of vector keys (DenseHashTable)
+    # finds one id per key vector: the pooling cannot take the keys' shape
+    # as the ids'. The gather fuses with its find; the reason the pooling
+    # stays no longer tells the user to rewrite offline, as they were
+    # doing (hunt 132).
     m = tf.Module()
     m.table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=0)
     m.table.insert(tf.constant([10, 20, 30], tf.int64), tf.constant([1, 2, 3], tf.int64))
@@ -284,10 +283,37 @@ def test_a_pooling_of_a_mutable_tables_rows_fuses_with_its_find(tmp_path, reduce
     report = rewrite.optimize_saved_model(src, dst, runs=1, serving_device="cpu",
                                           sample_inputs={"serving_default": feeds})
     sig = report.signatures["serving_default"]
-    assert [(m["pattern"], m["fused_op"]) for m in sig.matches] == [
-        ("dense_reduce_lookup", "CtrVocabEmbeddingLookup")], sig.matches
+    assert [(m["pattern"], m["fused_op"]) for m in sig.matches] == [("vocab_lookup", "CtrVocabEmbedding")]
     assert report.ok and sig.outputs_match  # on these feeds, in a fresh process
     np.testing.assert_allclose(serve(dst, feeds)["y"], serve(src, feeds)["y"], rtol=1e-6, atol=1e-6)
+    # Without vocab_lookup, the pooling's reason is the one the user read.
+    report = rewrite.optimize_saved_model(src, tmp_path / "dst2", runs=1, serving_device="cpu",
+                                          sample_inputs={"serving_default": feeds},
+                                          disabled_patterns=["vocab_lookup"])
+    [reason] = [s["reason"] for s in report.signatures["serving_default"].skips
+                if s["pattern"] == "dense_reduce_lookup"]
+    assert "offline, a SavedModel shows a StaticHashTable's, not a MutableHashTable's" in reason, reason
+    assert "rewriting the SavedModel offline" not in reason
+
+
+@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="online graphs are placed on a GPU here")
+def test_a_pooling_of_a_vector_key_tables_find_stays_tfs_online():
+    # A DenseHashTable of [2] keys finds one id per key pair: pooling its
+    # [B, 2] keys' rows over axis 1 would read them as [B, L] ids, which the
+    # fused op refuses when it runs (hunt 133), where TF pools each row.
+    values = tf.Variable(tf.random.stateless_normal([6, 4], seed=[1, 2]))
+    table = tf.lookup.experimental.DenseHashTable(tf.int64, tf.int64, default_value=0, empty_key=[-1, -1],
+                                                  deleted_key=[-2, -2])
+    table.insert(tf.constant([[1, 2], [3, 4]], tf.int64), tf.constant([1, 2], tf.int64))
+    keys = tf.constant([[1, 2], [3, 4], [5, 6]], tf.int64)
+
+    def pooled(k):
+        return tf.reduce_mean(tf.gather(values, table.lookup(k)), axis=1)
+
+    want = pooled(keys).numpy()
+    with rewrite.enable(serving_device="cpu", disabled_patterns=["vocab_lookup"]):
+        got = tf.function(pooled)(keys).numpy()
+    np.testing.assert_array_equal(got, want)
 
 
 # ---------------------------------------------------------------------------

@@ -757,3 +757,33 @@ def test_a_grouped_tables_error_names_its_feature():
     with pytest.raises(tf.errors.InvalidArgumentError, match="feature 1: hash and mod modes need a table"):
         tco.multi_string_embedding([tf.constant(["a"]), tf.constant(["b"])], [tf.ones([4, 2]), tf.ones([0, 2])],
                                    id_modes="hash")
+
+
+@pytest.mark.parametrize("max_norm", [-1.0, 0.5])
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_gradient_op_lists_a_zero_row_for_each_empty_bag_in_bag_order(rng, combiner, max_norm):
+    # What TF's safe lookup's gradient lists for a bag it filled with
+    # empty_grad_row and zeroed: that row, zero, where the bag stands. A row
+    # outside the table lists nothing; default_id keeps its own row.
+    from tf_ctr_ops.strings import _ops
+
+    params = tf.constant(rng.normal(size=[6, 3]), tf.float32)
+    data, splits = tco.pack_strings(tf.constant(["1,2", "", "3", ",", "4,4"]))
+    grad = tf.constant(rng.normal(size=[5, 3]), tf.float32)
+
+    def rows(**attrs):
+        values, indices = _ops.ctr_string_embedding_grad(
+            grad=grad, params=params, bytes=data, row_splits=splits, bag_splits=tf.zeros([0], tf.int64),
+            combiner=combiner, id_mode="index", max_norm=max_norm, **attrs)
+        return values.numpy(), indices.numpy()
+
+    plain_values, plain_indices = rows()
+    np.testing.assert_array_equal(plain_indices, [1, 2, 3, 4, 4])
+    values, indices = rows(empty_grad_row=5)
+    np.testing.assert_array_equal(indices, [1, 2, 5, 3, 5, 4, 4])
+    np.testing.assert_array_equal(values[[2, 4]], np.zeros([2, 3]))
+    np.testing.assert_array_equal(values[[0, 1, 3, 5, 6]], plain_values)
+    np.testing.assert_array_equal(rows(empty_grad_row=6)[1], plain_indices)
+    default_values, default_indices = rows(empty_grad_row=5, default_id=0)
+    np.testing.assert_array_equal(default_indices, [1, 2, 0, 3, 0, 4, 4])
+    assert np.abs(default_values[2]).sum() > 0

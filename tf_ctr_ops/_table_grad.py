@@ -57,26 +57,6 @@ def grad_form(op, index=None):
     return form.decode()
 
 
-def with_empty_bag_rows(values, indices, token_bags, bags, row):
-    """(values, indices), one row per token in bag order (`token_bags`: each
-    token's bag, of `bags`), with a zero row naming `row` placed where each
-    bag without a token stands."""
-    counts = tf.math.bincount(token_bags, minlength=bags, maxlength=bags, dtype=tf.int64)
-    empty = tf.equal(counts, 0)
-    slots = counts + tf.cast(empty, tf.int64)  # an empty bag takes one row
-    starts = tf.cumsum(slots, exclusive=True)
-    token = tf.range(tf.size(token_bags, out_type=tf.int64))
-    token_at = tf.gather(starts, token_bags) + token - tf.gather(tf.cumsum(counts, exclusive=True), token_bags)
-    empty_at = tf.boolean_mask(starts, empty)
-    total = tf.reduce_sum(slots)
-    shape = tf.concat([[total], tf.shape(values, out_type=tf.int64)[1:]], 0)
-    values = tf.scatter_nd(token_at[:, tf.newaxis], values, shape)
-    indices = (tf.scatter_nd(token_at[:, tf.newaxis], indices, [total])
-               + tf.scatter_nd(empty_at[:, tf.newaxis], tf.fill(tf.shape(empty_at), tf.cast(row, indices.dtype)),
-                               [total]))
-    return values, indices
-
-
 def string_table_gradient(values, indices, params, form):
     """A string op's params gradient from its gradient op's rows (one per
     token) in `form`, its grad_indices: the form of the TF subgraph it stands

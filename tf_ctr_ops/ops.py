@@ -87,7 +87,7 @@ def _checked_bag_ids(ids, bags):
 
 def _lookup(table, ids, segments, num_rows, weights, *, segment_kind, combiner, id_mode="index",
             invalid_ids="error", prune_weights=False, default_id=-1, max_norm=None, grad_indices="per_id",
-            empty_grad_row=-1, hash_key=(), name=None):
+            empty_grad_row=-1, hash_key=(), prune_broadcast=False, name=None):
     """The fused op over `table`: a tensor, or a variable (`table_operand`) read in place."""
     weights, has_weights = _op_weights(weights)
     args = dict(
@@ -106,6 +106,7 @@ def _lookup(table, ids, segments, num_rows, weights, *, segment_kind, combiner, 
         grad_indices=grad_indices,
         empty_grad_row=empty_grad_row,
         hash_key=list(hash_key),
+        prune_broadcast=prune_broadcast,
         name=name,
     )
     var = in_place_variable(table)
@@ -122,7 +123,7 @@ def _lookup_grad_attrs(op):
     attrs = {k: op.get_attr(k) for k in (
         "combiner", "segment_kind", "id_mode", "invalid_ids", "prune_weights", "default_id",
         "max_norm", "has_weights", "num_buckets")}
-    for optional in ("empty_grad_row", "hash_key"):
+    for optional in ("empty_grad_row", "hash_key", "prune_broadcast"):
         try:
             attrs[optional] = op.get_attr(optional)
         except ValueError:  # a node built without the attr (by an older graph): its default
@@ -225,7 +226,8 @@ def _bags_from_container(ids, weights, padding_value):
     if ids.shape.rank is None:  # a function's TensorSpec(None): checked when it runs
         ids = dense_matrix(ids)
     if ids.shape.rank != 2:
-        raise ValueError(f"dense ids must be [B, N] padded with {padding_value!r}, got shape {ids.shape}")
+        padding = '""' if ids.dtype == tf.string else repr(padding_value)  # string keys pad with ""
+        raise ValueError(f"dense ids must be [B, N] padded with {padding}, got shape {ids.shape}")
     shape = tf.shape(ids, out_type=tf.int64)
     splits = tf.range(shape[0] + 1, dtype=tf.int64) * shape[1]
     w = None
@@ -731,6 +733,8 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
                              default_id=merged.default_row(default_id),
                              # TF fills a bag left empty with id 0, row 0 of the concatenation too
                              empty_grad_row=0 if default_id is None else -1,
+                             # and prunes ids and weights with one broadcast mask
+                             prune_broadcast=weighted,
                              grad_indices=_drop_in_grad_form(table_is_tensor, weighted, allow_fast_lookup, max_norm),
                              **attrs)
             row_shape = merged.table.shape[1:]

@@ -466,7 +466,7 @@ def _optimize_graph_def(graph_def, fetches, handle_shapes, serving_device, disab
                                        serving_device=serving_device, disabled_patterns=disabled_patterns)
         optimized = _run_offline_driver(graph_def, fetches, config.graph_options.rewrite_options.custom_optimizers[0])
         report = _read_records(report_file)
-    _add_unfused_feature_records(report, optimized)
+    _add_unfused_feature_records(report, optimized, serving_device)
     return optimized, report
 
 
@@ -520,17 +520,18 @@ _UNFUSED_FEATURE_OPS = {
 }
 
 
-def _add_unfused_feature_records(report, graph_def):
+def _add_unfused_feature_records(report, graph_def, serving_device=None):
     """Adds to `report` a record for each feature op left in `graph_def` that
     no pattern's own skip record already explains."""
     explained = {(s.get("graph"), s.get("node")) for s in report["skip"]}
-    report["skip"].extend(r for r in _unfused_feature_records(graph_def) if (r["graph"], r["node"]) not in explained)
+    report["skip"].extend(r for r in _unfused_feature_records(graph_def, serving_device)
+                          if (r["graph"], r["node"]) not in explained)
 
 
 _MAIN_GRAPH_ID = "tf_ctr_ops"  # the id the offline rewrite gives the graph itself (its functions: their names)
 
 
-def _unfused_feature_records(graph_def):
+def _unfused_feature_records(graph_def, serving_device=None):
     """Skip records for the feature ops left in `graph_def` and the functions
     it calls, each under its graph's id as the optimizer's records are (two
     functions may hold nodes of one name)."""
@@ -543,6 +544,8 @@ def _unfused_feature_records(graph_def):
             records.extend(_xla_function_record(graph, nodes))
             continue
         forms = {**_weighted_encoding_forms(nodes), **_keras_lookup_forms(nodes)}
+        if serving_device != "cpu":
+            forms.update(_hashed_into_fused_lookup_forms(nodes))
         row_lengths = _row_length_bincounts(nodes)
         for n in nodes:
             if n.op in _UNFUSED_FEATURE_OPS and n.name not in row_lengths:
@@ -617,6 +620,29 @@ def _weighted_encoding_forms(nodes):
             if source is not None and source.op in ("DenseBincount", "SparseBincount", "RaggedBincount"):
                 forms[source.name] = (", scaled by a Mul before the Dense (tf_idf's idf weights), which the fused "
                                       "encodings do not take")
+    return forms
+
+
+def _hashed_into_fused_lookup_forms(nodes):
+    """{node name: what its report line adds} for the string hashes whose
+    buckets a fused lookup reads (through Identity nodes, or as the values a
+    safe lookup's SparseReorder permutes): pattern string_keys moves such a
+    hash into the lookup where the model is served on a CPU only (the fused
+    op hashes strings on the CPU)."""
+    by_name = {n.name: n for n in nodes}
+    forms = {}
+    for n in nodes:
+        if n.op not in ("CtrEmbeddingLookup", "CtrResourceEmbeddingLookup") or len(n.input) < 2:
+            continue
+        tensor = n.input[1]
+        source = _producer(by_name, tensor)
+        while source is not None and (source.op == "Identity" or (source.op == "SparseReorder"
+                                                                   and tensor.endswith(":1"))):
+            tensor = source.input[0] if source.op == "Identity" else source.input[1]
+            source = _producer(by_name, tensor)
+        if source is not None and source.op == "StringToHashBucketFast":
+            forms[source.name] = ("; the fused lookup it feeds hashes the strings itself on a CPU server "
+                                  f"(pattern string_keys): rewrite with {CPU_ONLY_HINT}")
     return forms
 
 
@@ -734,7 +760,7 @@ def optimize_meta_graph(meta_graph, serving_device=None, disabled_patterns=()):
                                        serving_device=serving_device, disabled_patterns=disabled_patterns)
         optimized = tf_optimizer.OptimizeGraph(config, meta, graph_id=_MAIN_GRAPH_ID.encode())
         report = _read_records(report_file)
-    _add_unfused_feature_records(report, optimized)
+    _add_unfused_feature_records(report, optimized, serving_device)
     return optimized, report
 
 

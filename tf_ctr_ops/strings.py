@@ -24,7 +24,7 @@ from tf_ctr_ops._args import (
     per_feature,
 )
 from tf_ctr_ops._loader import load_op_library
-from tf_ctr_ops._table_grad import forward_table, grad_form, optional_attr, string_table_gradient, with_empty_bag_rows
+from tf_ctr_ops._table_grad import forward_table, grad_form, optional_attr, string_table_gradient
 
 _ops = load_op_library()
 
@@ -417,21 +417,11 @@ def _string_embedding_grad(op, grad):
 
 def _params_grad(grad, params, form, empty_row, **grad_op_args):
     """A string op's params gradient in `form` (its grad_indices) from its
-    gradient op's rows, one per token; with `empty_row` >= 0, a zero row
+    gradient op's rows: one per token, and with `empty_row` >= 0 a zero row
     naming it in place of each bag that has no token, as TF's safe lookup
-    fills such a bag with that id (and zeroes its output) before it gathers.
-
-    Which bag each token is in comes from a second run of the gradient op:
-    summed, unclipped, on gradient rows that hold each bag's number."""
-    values, indices = _ops.ctr_string_embedding_grad(grad=grad, params=params, **grad_op_args)
-    if empty_row >= 0:
-        bags = tf.shape(grad, out_type=tf.int64)[0]
-        numbers = tf.cast(tf.range(1, bags + 1), tf.float32)[:, tf.newaxis]
-        token_bags, _ = _ops.ctr_string_embedding_grad(
-            grad=numbers, params=tf.zeros(tf.stack([tf.shape(params, out_type=tf.int64)[0], 1]), tf.float32),
-            **dict(grad_op_args, combiner="sum", max_norm=-1.0))
-        values, indices = with_empty_bag_rows(values, indices, tf.cast(token_bags[:, 0], tf.int64) - 1, bags,
-                                              empty_row)
+    fills such a bag with that id (and zeroes its output) before it gathers."""
+    values, indices = _ops.ctr_string_embedding_grad(grad=grad, params=params, empty_grad_row=empty_row,
+                                                      **grad_op_args)
     return string_table_gradient(values, indices, params, form)
 
 

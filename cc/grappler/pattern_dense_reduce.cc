@@ -29,7 +29,6 @@
 // rows have no other reader (a gradient's Shape of them, say); the reduced
 // axis is dropped.
 #include <algorithm>
-#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -109,7 +108,11 @@ bool ComesFromTableFind(const GraphIndex& g, const NodeDef* node, int depth = 6)
 
 std::string UnknownIdsShape(const GraphIndex& g, const NodeDef* ids) {
   std::string why = "cannot prove the ids are a [B, L] matrix of a known L (their shape is unknown)";
-  if (ComesFromTableFind(g, ids)) why += ": they come from a lookup table's find, whose table hides their shape";
+  // Its keys' shape may not be its own: a table of vector keys (a
+  // DenseHashTable's) finds one id per key vector.
+  if (ComesFromTableFind(g, ids))
+    why += ": they come from a lookup table's find, whose shape the table does not show (a table a function "
+           "captures online; offline, a SavedModel shows a StaticHashTable's, not a MutableHashTable's)";
   return why;
 }
 
@@ -211,21 +214,7 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     int ids_port = 0;
     const NodeDef* ids = g.Producer(*gather, 1, &ids_port);
     if (ids == nullptr) return false;
-    // The ids of a vocabulary lookup (StringLookup / IntegerLookup, a
-    // MutableHashTable's find): its find goes into the fused op where it
-    // can; else the pooling fuses alone.
-    VocabIds vocab;
-    const bool from_vocab = TraceToFind(g, UnwrapNegativeIndexFix(g, ids, &vocab.wrap), &vocab);
-    int ids_rank = ctx->Rank(*ids, ids_port);
-    // A captured table hides the shape of what it finds (a MutableHashTable's
-    // in a SavedModel too): CtrVocabEmbeddingLookup, which does the find
-    // itself, may take it as the keys' shape (see AssumeScalarKeyFinds); the
-    // pooling alone may not.
-    std::optional<AssumeScalarKeyFinds> assumed;
-    if (ids_rank < 0 && from_vocab) {
-      assumed.emplace();
-      ids_rank = ctx->Rank(*ids, ids_port);
-    }
+    const int ids_rank = ctx->Rank(*ids, ids_port);
     if (ids_rank < 0 && IsAxisOne(g.Producer(anchor, 1)))
       return Skip(ctx, anchor, UnknownIdsShape(g, ids));  // padded ids [B, L], perhaps: say why it cannot tell
     if (ids_rank != 2) return false;  // not padded ids [B, L]
@@ -270,12 +259,13 @@ class DenseReduceLookupPattern : public NamedPattern<kName> {
     if (weighted.found() && !WeightsFit(ctx, *ids, ids_port, length, &weighted, &why)) return Skip(ctx, anchor, why);
     const DataType id_type = TypeAttr(*gather, "Tindices");
     if (!IsIndexDtype(id_type)) return Skip(ctx, anchor, "ids are not int32/int64");
+    // The ids of a vocabulary lookup (StringLookup / IntegerLookup): its find
+    // goes into the fused op where it can; else the pooling fuses alone.
+    VocabIds vocab;
+    const bool from_vocab = TraceToFind(g, UnwrapNegativeIndexFix(g, ids, &vocab.wrap), &vocab);
     std::vector<const NodeDef*> dead_masks;
     const bool fuse_find =
         from_vocab && FindFuses(ctx, anchor, *gather, resource, masked, &vocab, &dead_masks, &why);
-    if (assumed && !fuse_find)
-      return Skip(ctx, anchor, UnknownIdsShape(g, ids) + "; only the fused vocabulary lookup may take them as "
-                               "the keys' shape, and it does not take this find: " + why);
     if (from_vocab && !fuse_find)
       ctx->LeftOutOfMatch(kName, vocab.find->name(), "the pooling fused without the find: " + why);
 

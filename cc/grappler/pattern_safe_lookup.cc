@@ -487,6 +487,8 @@ class SafeLookupPattern : public NamedPattern<kName> {
     attr["Tseg"].set_type(tensorflow::DT_INT64);
     attr["invalid_ids"].set_s("skip_negative");
     attr["prune_weights"].set_b(s.prune_weights);
+    // TF prunes ids and weights with one broadcast mask (see the attr's doc).
+    attr["prune_broadcast"].set_b(BoolAttr(pool, "has_weights", false));
     attr["default_id"].set_i(s.default_id);
     if (StringAttr(pool, "grad_indices") != "dense") attr["empty_grad_row"].set_i(s.empty_grad_row);
     if (!final_reshape.empty()) DropFinalReshape(ctx, final_reshape, out_name, &record);

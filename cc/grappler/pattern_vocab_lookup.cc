@@ -69,9 +69,6 @@ class VocabLookupPattern : public NamedPattern<kName> {
     const DataType T = GatheredType(anchor, resource);
     if (!IsEmbeddingDtype(T) && T != tensorflow::DT_DOUBLE)
       return Skip(ctx, anchor, "table dtype " + tensorflow::DataType_Name(T) + " is not a float type");
-    // CtrVocabEmbedding refuses a table of vector keys when it runs, as does
-    // dense_reduce_lookup's op.
-    AssumeScalarKeyFinds scalar_keys;
     // Rows pooled over [B, L] ids: dense_reduce_lookup fuses the find, the
     // gather and the pooling into one op.
     int ids_port = 0;
@@ -89,6 +86,8 @@ class VocabLookupPattern : public NamedPattern<kName> {
     for (const NodeDef* n : ids.check)
       if (ctx->FetchedOrFed(n->name())) return Skip(ctx, anchor, "the caller reads " + Describe(*n));
     if (!MaskIsScalar(ctx, ids.rules)) return Skip(ctx, anchor, "the mask key or its id is not a scalar");
+    // CtrVocabEmbedding refuses a table of vector keys when it runs.
+    AssumeScalarKeyFinds scalar_keys;
     const int rank = ctx->Rank(*ids.find, 0);
     FlattenOfRows flatten;
     if (rank == 2 && ctx->Dim(*ids.find, 0, 1) == 1) MatchFlatten(ctx, anchor, &flatten);

@@ -3,6 +3,7 @@
 // attributes only, never tensor contents, so it is device-agnostic.
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "cc/core/lookup.h"
@@ -16,6 +17,7 @@ struct LookupAttrs {
   bool segments_are_splits = false;
   bool has_weights = false;
   bool merge_grad_rows = false;  // grad_indices "first_appearance"
+  bool prune_broadcast = false;  // TF's safe-lookup mask (see AllPrunedByBroadcast)
   // A default_id that is not a row of the bound table (BindTable moves it
   // here and leaves spec.default_id -1), or -1. TF's safe lookup fills empty
   // rows with default_id before its gather, so such a default fails only
@@ -67,6 +69,7 @@ inline absl::Status ReadLookupAttrs(tensorflow::OpKernelConstruction* c, LookupA
   }
   if (c->HasAttr("grad_indices")) TF_RETURN_IF_ERROR(c->GetAttr("grad_indices", &grad_indices));
   if (c->HasAttr("empty_grad_row")) TF_RETURN_IF_ERROR(c->GetAttr("empty_grad_row", &a->spec.empty_grad_row));
+  if (c->HasAttr("prune_broadcast")) TF_RETURN_IF_ERROR(c->GetAttr("prune_broadcast", &a->prune_broadcast));
   a->merge_grad_rows = grad_indices == "first_appearance";
   if (a->spec.buckets < 0)
     return tensorflow::errors::InvalidArgument("num_buckets must be >= 0, got ", a->spec.buckets);
@@ -108,8 +111,32 @@ struct LookupInputs {
   const tensorflow::Tensor* segments;
   int64_t num_rows_arg;  // -1: infer from the row ids
   const tensorflow::Tensor* weights;  // nullptr when unweighted
+  bool all_pruned = false;  // the bags are empty views (AllPrunedByBroadcast)
   int64_t nnz() const { return ids->NumElements(); }
 };
+
+// Whether TF's safe lookup would prune every entry of these bags, where ours
+// would refuse them: it prunes ids and weights with one mask,
+// logical_and(ids >= 0, ones_like(weights)), which broadcasts one value
+// against none. So one id without a weight, or one weight without an id (a
+// served request missing a weighted column's weight feature, or its id
+// feature) is served as bags left empty. With row_splits the splits count
+// the ids: only row ids are views TF could have given it.
+inline bool AllPrunedByBroadcast(const LookupAttrs& a, int64_t num_ids, int64_t num_weights) {
+  return a.prune_broadcast && a.has_weights && !a.segments_are_splits && num_ids + num_weights == 1;
+}
+
+// An empty vector of `dtype`, shared and never written.
+inline const tensorflow::Tensor& EmptyVector(tensorflow::DataType dtype) {
+  static const auto* const kEmpty = [] {
+    auto* empty = new std::map<tensorflow::DataType, tensorflow::Tensor>();
+    for (tensorflow::DataType t : {tensorflow::DT_INT32, tensorflow::DT_INT64, tensorflow::DT_STRING,
+                                   tensorflow::DT_FLOAT})
+      empty->emplace(t, tensorflow::Tensor(t, tensorflow::TensorShape({0})));
+    return empty;
+  }();
+  return kEmpty->at(dtype);
+}
 
 // The bags (ids, segments, num_rows, weights: inputs first.. first + 3) after
 // validation of their shapes; BuildOffsets checks their values.
@@ -126,6 +153,17 @@ inline absl::Status ValidateBagInputs(tensorflow::OpKernelContext* ctx, int firs
     return InvalidArgument("segments must be a vector, got shape ", segments.shape().DebugString());
   if (num_rows.dims() != 0)
     return InvalidArgument("num_rows must be a scalar, got shape ", num_rows.shape().DebugString());
+  in->num_rows_arg = num_rows.scalar<int64_t>()();
+  if (in->num_rows_arg < -1)
+    return InvalidArgument("num_rows must be >= -1, got ", in->num_rows_arg);
+  if (weights.dims() == 1 && segments.NumElements() == ids.NumElements() &&
+      AllPrunedByBroadcast(a, ids.NumElements(), weights.NumElements())) {
+    in->ids = &EmptyVector(ids.dtype());
+    in->segments = &EmptyVector(segments.dtype());
+    in->weights = &EmptyVector(tensorflow::DT_FLOAT);
+    in->all_pruned = true;
+    return absl::OkStatus();
+  }
   if (a.has_weights && (weights.dims() != 1 || weights.NumElements() != ids.NumElements()))
     return InvalidArgument("weights must have one value per id: ids has shape ",
                            ids.shape().DebugString(), ", weights has shape ",
@@ -137,9 +175,6 @@ inline absl::Status ValidateBagInputs(tensorflow::OpKernelContext* ctx, int firs
                            " values, row ids have ", segments.NumElements());
   in->ids = &ids;
   in->segments = &segments;
-  in->num_rows_arg = num_rows.scalar<int64_t>()();
-  if (in->num_rows_arg < -1)
-    return InvalidArgument("num_rows must be >= -1, got ", in->num_rows_arg);
   in->weights = a.has_weights ? &weights : nullptr;
   return absl::OkStatus();
 }

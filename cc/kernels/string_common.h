@@ -48,6 +48,7 @@ inline absl::Status ReadStringAttrs(tensorflow::OpKernelConstruction* c, ctr::St
   TF_RETURN_IF_ERROR(c->GetAttr("invalid_ids", &invalid_ids));
   s->skip_negative = invalid_ids == "skip_negative";
   TF_RETURN_IF_ERROR(c->GetAttr("default_id", &s->lookup.default_id));
+  if (c->HasAttr("empty_grad_row")) TF_RETURN_IF_ERROR(c->GetAttr("empty_grad_row", &s->lookup.empty_grad_row));
   std::vector<int64_t> hash_key;
   if (c->HasAttr("hash_key")) TF_RETURN_IF_ERROR(c->GetAttr("hash_key", &hash_key));
   TF_RETURN_IF_ERROR(CoreStatus(ctr::SetHashKey(hash_key, &s->lookup.hash)));
@@ -124,10 +125,19 @@ inline absl::Status BindTable(const tensorflow::Tensor& params, ctr::StringSpec*
   if (s->lookup.default_id >= s->lookup.vocab)
     return tensorflow::errors::InvalidArgument("default_id ", s->lookup.default_id, " is out of range [0, ",
                                                s->lookup.vocab, ")");
+  if (s->lookup.empty_grad_row >= s->lookup.vocab) s->lookup.empty_grad_row = -1;
   if (s->lookup.vocab <= 0 && s->mode != ctr::TokenMode::kIndex)
     return tensorflow::errors::InvalidArgument(
         "hash and mod modes need a table with at least one row, got ", s->lookup.vocab);
   return absl::OkStatus();
+}
+
+// `s` for counting each bag's tokens with the gradient's row counter: no
+// default row and no zero row for a bag without tokens.
+inline ctr::StringSpec TokenCountSpec(ctr::StringSpec s) {
+  s.lookup.default_id = -1;
+  s.lookup.empty_grad_row = -1;
+  return s;
 }
 
 // What every single-feature string kernel (CPU and GPU, forward and

@@ -219,9 +219,8 @@ class StringEmbeddingGpuOp : public StringKernelOn<tensorflow::AsyncOpKernel> {
     if (in.num_bags > 0) {
       Tensor counts;
       TF_RETURN_IF_ERROR(DeviceScratch(ctx, in.num_bags + 1, &counts));  // the last: CountThroughLastNonZero's
-      ctr::StringSpec no_default = spec;
-      no_default.lookup.default_id = -1;
-      TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::StringGradRowCounts(no_default, in.bytes, in.string_splits,
+      const ctr::StringSpec tokens = TokenCountSpec(spec);
+      TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::StringGradRowCounts(tokens, in.bytes, in.string_splits,
                                                                     in.bag_splits, in.num_bags,
                                                                     counts.flat<int64_t>().data(), nullptr,
                                                                     stream)));
@@ -398,9 +397,8 @@ class ConcatStringEmbeddingGpuOp : public ConcatStringKernelOn<tensorflow::Async
     if (!trimmed(f) || count == 0) return absl::OkStatus();
     Tensor counts;
     TF_RETURN_IF_ERROR(DeviceScratch(ctx, count + 1, &counts));  // the last: CountThroughLastNonZero's
-    ctr::StringSpec no_default = spec;
-    no_default.lookup.default_id = -1;
-    TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::StringGradRowCounts(no_default, in.bytes, in.string_splits + first[f],
+    const ctr::StringSpec tokens = TokenCountSpec(spec);
+    TF_RETURN_IF_ERROR(LaunchStatus(ctr::gpu::StringGradRowCounts(tokens, in.bytes, in.string_splits + first[f],
                                                                   nullptr, count, counts.flat<int64_t>().data(),
                                                                   nullptr, stream)));
     return LaunchStatus(ctr::gpu::CountThroughLastNonZero(counts.flat<int64_t>().data(), count,

@@ -780,9 +780,12 @@ class VocabEmbeddingLookupOp : public LookupKernel {
       ctx->CtxFailure(NotInVocabulary(keys, missing, BagOf(ctx->input(4), a.segments_are_splits, missing)));
       return;
     }
-    in.ids = ids;
+    // The found ids are an output whatever happens; they are pooled unless
+    // TF's safe lookup would prune them all (LookupInputs::all_pruned: then
+    // the empty ids stand in for the keys, as int64 ids).
+    in.ids = in.all_pruned ? &EmptyVector(tensorflow::DT_INT64) : ids;
     Tensor wrapped, kept;
-    if (rules_.wrap_negative) {
+    if (rules_.wrap_negative && !in.all_pruned) {
       OP_REQUIRES_OK(ctx, WrapNegative(ctx, *ids, a.spec.vocab, &wrapped));
       in.ids = &wrapped;
     }

@@ -29,6 +29,11 @@ default_id: row used for bags left empty; -1 gives zeros. Any other value
   the GPU.
 max_norm: clip each looked-up row to this L2 norm first; <= 0 disables.
 has_weights: whether `weights` holds one float per id (else it is ignored).
+prune_broadcast: with has_weights and row_ids segments, prune as
+  safe_embedding_lookup_sparse does, with one mask of ids and weights that TF
+  broadcasts: one id and no weight, or one weight and no id (a request whose
+  weight feature is missing, or its id feature), leave every bag empty where
+  it would fail. Other counts that differ fail, as in TF.
 )doc";
 
 constexpr char kIdAttrs[] = R"doc(
@@ -83,7 +88,8 @@ absl::Status LookupGradShape(InferenceContext* c) {
       .Attr("prune_weights: bool = false")                                        \
       .Attr("default_id: int = -1")                                               \
       .Attr("max_norm: float = -1.0")                                             \
-      .Attr("has_weights: bool = false")
+      .Attr("has_weights: bool = false")                                          \
+      .Attr("prune_broadcast: bool = false")
 #define CTR_LOOKUP_ATTRS                                 \
   CTR_POOLING_ATTRS.Attr("Tid: {int32, int64, string}")  \
       .Attr("id_mode: {'index', 'hash'} = 'index'")      \

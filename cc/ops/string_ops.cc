@@ -234,10 +234,14 @@ REGISTER_OP("CtrStringEmbeddingGrad")
     .Output("values: T")
     .Output("indices: int64")
     .CTR_STRING_ATTRS
+    .Attr("empty_grad_row: int = -1")
     .SetShapeFn(StringGradShape)
     .Doc(std::string(R"doc(
 Gradient of CtrStringEmbedding with respect to params, as IndexedSlices rows:
 one per token, computed from the packed bytes without re-splitting in Python.
+empty_grad_row: without default_id, a bag with no token gets one zero row
+  naming this row (-1: none; a row past the table: none), as TF's safe lookup
+  fills such a bag with that id and zeroes its output.
 )doc") + kStringAttrsDoc);
 
 #undef CTR_STRING_ATTRS
