@@ -7,6 +7,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.distribute import sharded_variable
 
 import tf_ctr_ops as tco
 
@@ -468,28 +469,33 @@ def _sparse_2x3(values, indices, dtype):
 UNKNOWN_SPARSE = [tf.SparseTensorSpec([None, None], tf.int64), tf.SparseTensorSpec([None, None], tf.float32)]
 
 
+@pytest.mark.parametrize("table", ["variable", "shard list", "sharded variable"])
 @pytest.mark.parametrize("default_id", [None, 2])
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 @pytest.mark.parametrize("ids, weights", [(([], []), ([1.0], [0, 0])), (([3], [1, 0]), ([], []))],
                          ids=["no id, one weight", "one id, no weight"])
-def test_safe_lookup_one_id_and_no_weight_pools_empty_bags_as_tf(ids, weights, combiner, default_id):
+def test_safe_lookup_one_id_and_no_weight_pools_empty_bags_as_tf(ids, weights, combiner, default_id, table):
     # logical_and(ids >= 0, ones_like(weights)) broadcasts one value against
     # none: TF prunes every entry, and fills the empty bags, where shapes are
     # known only when the graph runs (a served model's parsed features).
-    table = tf.Variable(P)
+    shards = [tf.Variable(P[:4]), tf.Variable(P[4:])]
+    params = {"variable": tf.Variable(P), "shard list": shards,
+              "sharded variable": sharded_variable.ShardedVariable(shards)}[table]
     sp_ids, sp_weights = _sparse_2x3(*ids, tf.int64), _sparse_2x3(*weights, tf.float32)
 
     def run(fn):
         @tf.function(input_signature=UNKNOWN_SPARSE)
         def step(i, w):
             with tf.GradientTape() as tape:
-                out = fn(table, i, w, combiner=combiner, default_id=default_id)
-            return out, tf.convert_to_tensor(tape.gradient(out, table))
+                out = fn(params, i, w, combiner=combiner, default_id=default_id)
+            grads = tape.gradient(out, params.variables if table == "sharded variable" else params)
+            return out, [tf.convert_to_tensor(g) for g in tf.nest.flatten(grads)]
         return step(sp_ids, sp_weights)
 
     got, want = run(tco.safe_embedding_lookup_sparse), run(tf.nn.safe_embedding_lookup_sparse)
     close(got[0], want[0])
-    close(got[1], want[1])
+    for g, w in zip(got[1], want[1], strict=True):
+        close(g, w)
 
 
 def test_safe_lookup_other_count_mismatches_fail_as_in_tf():

@@ -733,6 +733,14 @@ def test_hashed_string_keys_stay_hashed_off_cpu(big_table, serving_device):
     # that no fused lookup absorbed the hash).
     [reason] = [s["reason"] for s in report["skip"] if s.get("op") == "StringToHashBucketFast"]
     assert "(pattern string_keys): rewrite with " + rewrite.CPU_ONLY_HINT in reason, reason
+    # Not where a CPU server would not fuse it either (hunt 135): buckets
+    # read elsewhere, or the pattern disabled.
+    read_twice = tf.function(hashed_column_fn(big_table, "mean", also_read_buckets=True))
+    for fn, disabled in ((read_twice, ()), (tf.function(hashed_column_fn(big_table, "mean")), ("string_keys",))):
+        _, report = rewrite.optimize_concrete_function(fn.get_concrete_function(tf.TensorSpec([None], tf.string)),
+                                                       serving_device=serving_device, disabled_patterns=disabled)
+        reasons = [s["reason"] for s in report["skip"] if s.get("op") == "StringToHashBucketFast"]
+        assert reasons and not any("string_keys" in r for r in reasons), reasons
 
 
 def test_hashed_string_keys_read_elsewhere_stay_with_reason(rng, big_table):

@@ -650,6 +650,19 @@ def _safe_drops(prune_weights):
     return drops
 
 
+def _pruned_by_broadcast(rows, ids, weights):
+    """(rows, ids, weights), none of them where TF's safe lookup prunes every
+    entry: its one mask of ids and weights, logical_and(ids >= 0,
+    ones_like(weights)), broadcasts one value against none when the graph
+    runs, so one id and no weight, or one weight and no id (a request that
+    lacks a weighted column's weight feature, or its id feature), leave every
+    bag empty. The rewrite's fused ops do the same (their prune_broadcast)."""
+    n, m = tf.size(ids, out_type=tf.int64), tf.size(weights, out_type=tf.int64)
+    pruned = tf.equal(n + m, 1)
+    kept_ids, kept_weights = tf.where(pruned, tf.zeros_like(n), n), tf.where(pruned, tf.zeros_like(m), m)
+    return rows[:kept_ids], ids[:kept_ids], weights[:kept_weights]
+
+
 def _safe_sparse_bags(sparse_ids, sparse_weights, prune_weights=None):
     """(bags, lead) of safe_embedding_lookup_sparse's SparseTensor ids [d0, ..., dn]:
     a bag per index of the lead dimensions [d0, ..., dn-1], linearised as
@@ -679,9 +692,12 @@ def _safe_sparse_bags(sparse_ids, sparse_weights, prune_weights=None):
                 message="sparse_ids has entries but its dense_shape holds no elements (or more than 2^63 - 1)")]):
             rows = tf.truncatediv(flat, tf.maximum(dense_shape[-1], 1))
         num_rows = tf.reduce_prod(lead)
+    ids = sparse_ids.values
+    if w is not None:
+        rows, ids, w = _pruned_by_broadcast(rows, ids, w)
     # Other id types are refused by the lookup.
     drops = _safe_drops(prune_weights) if prune_weights is not None and sparse_ids.values.dtype.is_integer else None
-    rows, ids, w = _in_row_order(rows, sparse_ids.values, w, num_rows, drops)
+    rows, ids, w = _in_row_order(rows, ids, w, num_rows, drops)
     return _Bags(ids, rows, num_rows, "row_ids", w), lead
 
 
@@ -733,8 +749,6 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
                              default_id=merged.default_row(default_id),
                              # TF fills a bag left empty with id 0, row 0 of the concatenation too
                              empty_grad_row=0 if default_id is None else -1,
-                             # and prunes ids and weights with one broadcast mask
-                             prune_broadcast=weighted,
                              grad_indices=_drop_in_grad_form(table_is_tensor, weighted, allow_fast_lookup, max_norm),
                              **attrs)
             row_shape = merged.table.shape[1:]

@@ -466,7 +466,7 @@ def _optimize_graph_def(graph_def, fetches, handle_shapes, serving_device, disab
                                        serving_device=serving_device, disabled_patterns=disabled_patterns)
         optimized = _run_offline_driver(graph_def, fetches, config.graph_options.rewrite_options.custom_optimizers[0])
         report = _read_records(report_file)
-    _add_unfused_feature_records(report, optimized, serving_device)
+    _add_unfused_feature_records(report, optimized, serving_device, disabled_patterns)
     return optimized, report
 
 
@@ -520,18 +520,18 @@ _UNFUSED_FEATURE_OPS = {
 }
 
 
-def _add_unfused_feature_records(report, graph_def, serving_device=None):
+def _add_unfused_feature_records(report, graph_def, serving_device=None, disabled_patterns=()):
     """Adds to `report` a record for each feature op left in `graph_def` that
     no pattern's own skip record already explains."""
     explained = {(s.get("graph"), s.get("node")) for s in report["skip"]}
-    report["skip"].extend(r for r in _unfused_feature_records(graph_def, serving_device)
+    report["skip"].extend(r for r in _unfused_feature_records(graph_def, serving_device, disabled_patterns)
                           if (r["graph"], r["node"]) not in explained)
 
 
 _MAIN_GRAPH_ID = "tf_ctr_ops"  # the id the offline rewrite gives the graph itself (its functions: their names)
 
 
-def _unfused_feature_records(graph_def, serving_device=None):
+def _unfused_feature_records(graph_def, serving_device=None, disabled_patterns=()):
     """Skip records for the feature ops left in `graph_def` and the functions
     it calls, each under its graph's id as the optimizer's records are (two
     functions may hold nodes of one name)."""
@@ -544,7 +544,7 @@ def _unfused_feature_records(graph_def, serving_device=None):
             records.extend(_xla_function_record(graph, nodes))
             continue
         forms = {**_weighted_encoding_forms(nodes), **_keras_lookup_forms(nodes)}
-        if serving_device != "cpu":
+        if serving_device != "cpu" and "string_keys" not in disabled_patterns:
             forms.update(_hashed_into_fused_lookup_forms(nodes))
         row_lengths = _row_length_bincounts(nodes)
         for n in nodes:
@@ -628,19 +628,27 @@ def _hashed_into_fused_lookup_forms(nodes):
     buckets a fused lookup reads (through Identity nodes, or as the values a
     safe lookup's SparseReorder permutes): pattern string_keys moves such a
     hash into the lookup where the model is served on a CPU only (the fused
-    op hashes strings on the CPU)."""
+    op hashes strings on the CPU), and only where nothing else reads the
+    hash or what passes it on (a shared hash, an output, stays)."""
     by_name = {n.name: n for n in nodes}
+    readers = {}
+    for n in nodes:
+        for tensor in n.input:
+            readers[tensor.lstrip("^").split(":")[0]] = readers.get(tensor.lstrip("^").split(":")[0], 0) + 1
     forms = {}
     for n in nodes:
         if n.op not in ("CtrEmbeddingLookup", "CtrResourceEmbeddingLookup") or len(n.input) < 2:
             continue
         tensor = n.input[1]
         source = _producer(by_name, tensor)
+        only_reader = True
         while source is not None and (source.op == "Identity" or (source.op == "SparseReorder"
                                                                    and tensor.endswith(":1"))):
+            only_reader &= source.op == "SparseReorder" or readers.get(source.name) == 1
             tensor = source.input[0] if source.op == "Identity" else source.input[1]
             source = _producer(by_name, tensor)
-        if source is not None and source.op == "StringToHashBucketFast":
+        if source is not None and source.op == "StringToHashBucketFast" and only_reader \
+                and readers.get(source.name) == 1:
             forms[source.name] = ("; the fused lookup it feeds hashes the strings itself on a CPU server "
                                   f"(pattern string_keys): rewrite with {CPU_ONLY_HINT}")
     return forms
@@ -760,7 +768,7 @@ def optimize_meta_graph(meta_graph, serving_device=None, disabled_patterns=()):
                                        serving_device=serving_device, disabled_patterns=disabled_patterns)
         optimized = tf_optimizer.OptimizeGraph(config, meta, graph_id=_MAIN_GRAPH_ID.encode())
         report = _read_records(report_file)
-    _add_unfused_feature_records(report, optimized, serving_device)
+    _add_unfused_feature_records(report, optimized, serving_device, disabled_patterns)
     return optimized, report
 
 
@@ -796,12 +804,12 @@ def captured_handle_shapes(concrete_function):
     return shapes
 
 
-def optimize_concrete_function(concrete_function, serving_device=None):
+def optimize_concrete_function(concrete_function, serving_device=None, disabled_patterns=()):
     """Optimized GraphDef of a concrete function's body, and the report."""
     graph_def = concrete_function.graph.as_graph_def(add_shapes=True)
     fetches = [t.name for t in concrete_function.outputs]
     return optimize_graph_def(graph_def, fetches, captured_handle_shapes(concrete_function),
-                              serving_device=serving_device)
+                              serving_device=serving_device, disabled_patterns=disabled_patterns)
 
 
 def _called_functions(nodes, library_names):

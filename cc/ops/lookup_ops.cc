@@ -33,7 +33,8 @@ prune_broadcast: with has_weights and row_ids segments, prune as
   safe_embedding_lookup_sparse does, with one mask of ids and weights that TF
   broadcasts: one id and no weight, or one weight and no id (a request whose
   weight feature is missing, or its id feature), leave every bag empty where
-  it would fail. Other counts that differ fail, as in TF.
+  it would fail. Other counts that differ fail (TF too, but for N ids and one
+  weight where only the first id is kept, or one negative id and N weights).
 )doc";
 
 constexpr char kIdAttrs[] = R"doc(
