@@ -196,3 +196,26 @@ class _NotAGraph:
 def _optimizer_config():
     config = rewrite._add_fusion_optimizer(tf.compat.v1.ConfigProto(), only=True)
     return config.graph_options.rewrite_options.custom_optimizers[0]
+
+
+@pytest.mark.parametrize("disabled, hinted", [(None, True), ((), True), (["string_keys"], False),
+                                              (iter(["string_keys"]), False)],
+                         ids=["None", "empty", "list", "iterator"])
+def test_the_meta_path_takes_disabled_patterns_as_the_driver_does(disabled, hinted):
+    # None, or an iterator read once (hunt 136: None raised a TypeError, an
+    # iterator was spent before the report read it).
+    table = tf.Variable(tf.random.stateless_normal([V, 4], seed=[5, 6]))
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def hashed_column(serialized):  # categorical_column_with_hash_bucket's embedding
+        keys = tf.io.parse_example(serialized, {"cat": tf.io.VarLenFeature(tf.string)})["cat"]
+        ids = tf.SparseTensor(keys.indices, tf.strings.to_hash_bucket_fast(keys.values, V), keys.dense_shape)
+        return tf.nn.safe_embedding_lookup_sparse(table, ids, None, combiner="mean")
+
+    concrete = hashed_column.get_concrete_function()
+    meta = meta_graph_pb2.MetaGraphDef()
+    meta.graph_def.CopyFrom(concrete.graph.as_graph_def(add_shapes=True))
+    meta.collection_def["train_op"].node_list.value.extend(t.name for t in concrete.outputs)
+    _, report = rewrite.optimize_meta_graph(meta, disabled_patterns=disabled)
+    reasons = [s["reason"] for s in report["skip"] if s.get("op") == "StringToHashBucketFast"]
+    assert reasons and any("(pattern string_keys)" in r for r in reasons) == hinted, reasons

@@ -758,6 +758,7 @@ def optimize_meta_graph(meta_graph, serving_device=None, disabled_patterns=()):
     report dict)` as `optimize_graph_def`; the skips also name each feature
     op that stays TF's (pattern "-").
     """
+    disabled_patterns = _check_disabled(disabled_patterns)  # None, or an iterator read once
     meta = meta_graph_pb2.MetaGraphDef()
     meta.CopyFrom(meta_graph)
     _plain_signature_tensors(meta)
