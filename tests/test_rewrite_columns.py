@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import tf_ctr_ops  # noqa: F401
-from test_rewrite_vocab_sparse import assert_serves_like_source
+from test_rewrite_vocab_sparse import assert_serves_like_source, export_tf1_predict_model
 from tf_ctr_ops import rewrite
 
 EDUCATION = ["Bachelors", "Masters", "Doctorate", "HS-grad"]
@@ -43,17 +43,7 @@ def save_census_model(path):
         linear = fc.linear_model(features, wide)
         net = fc.input_layer(features, deep)
         logits = tf.matmul(net, tf.compat.v1.get_variable("w", [net.shape[1], 1])) + linear
-        main_op = tf.group(tf.compat.v1.tables_initializer(), tf.compat.v1.local_variables_initializer())
-        with tf.compat.v1.Session() as sess:
-            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.tables_initializer()])
-            for v in tf.compat.v1.global_variables():  # the linear weights start at zero
-                sess.run(v.assign(tf.random.normal(tf.shape(v), seed=1)))
-            builder = tf.compat.v1.saved_model.Builder(str(path))
-            builder.add_meta_graph_and_variables(
-                sess, ["serve"], main_op=main_op,
-                signature_def_map={"serving_default": tf.compat.v1.saved_model.predict_signature_def(
-                    {"examples": serialized}, {"logits": logits, "linear": linear})})
-            builder.save()
+        export_tf1_predict_model(path, serialized, {"logits": logits, "linear": linear}, redraw_seed=1)
 
 
 def examples(rng, n):

@@ -20,6 +20,27 @@ COUNTRIES = ["de", "fr", "us", "jp", "br"]
 SIZES = [1, 2, 4, 8, 16]
 
 
+def export_tf1_predict_model(path, serialized, outputs, redraw_seed=None):
+    """Saves the current TF1 graph as Estimators export it: a Builder
+    SavedModel whose main_op initializes the tables, its vocabulary files
+    kept as assets, one predict signature on serialized tf.Examples.
+    redraw_seed: draw every variable again (a linear model's weights start
+    at zero, which would compare nothing)."""
+    main_op = tf.group(tf.compat.v1.tables_initializer(), tf.compat.v1.local_variables_initializer())
+    with tf.compat.v1.Session() as sess:
+        sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.tables_initializer()])
+        if redraw_seed is not None:
+            for v in tf.compat.v1.global_variables():
+                sess.run(v.assign(tf.random.normal(tf.shape(v), seed=redraw_seed)))
+        builder = tf.compat.v1.saved_model.Builder(str(path))
+        builder.add_meta_graph_and_variables(
+            sess, ["serve"], main_op=main_op,
+            signature_def_map={"serving_default": tf.compat.v1.saved_model.predict_signature_def(
+                {"examples": serialized}, outputs)},
+            assets_collection=tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.ASSET_FILEPATHS))
+        builder.save()
+
+
 def save_tf1_vocabulary_model(path, work_dir):
     """Estimator-style TF1 SavedModel: vocabulary-list (string, with OOV
     buckets), vocabulary-file, integer vocabulary-list (with an OOV bucket)
@@ -51,16 +72,7 @@ def save_tf1_vocabulary_model(path, work_dir):
         features = tf.compat.v1.io.parse_example(serialized, fc.make_parse_example_spec(columns))
         net = fc.input_layer(features, columns)
         logits = tf.matmul(net, tf.compat.v1.get_variable("w", [net.shape[1], 1]))
-        main_op = tf.group(tf.compat.v1.tables_initializer(), tf.compat.v1.local_variables_initializer())
-        with tf.compat.v1.Session() as sess:
-            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.tables_initializer()])
-            builder = tf.compat.v1.saved_model.Builder(str(path))
-            builder.add_meta_graph_and_variables(
-                sess, ["serve"], main_op=main_op,
-                signature_def_map={"serving_default": tf.compat.v1.saved_model.predict_signature_def(
-                    {"examples": serialized}, {"logits": logits, "net": net})},
-                assets_collection=tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.ASSET_FILEPATHS))
-            builder.save()
+        export_tf1_predict_model(path, serialized, {"logits": logits, "net": net})
 
 
 def examples(rng, n):
@@ -411,17 +423,7 @@ def save_tf1_weighted_model(path):
         net = fc.input_layer(features, deep)
         logits = tf.matmul(net, tf.compat.v1.get_variable("w", [net.shape[1], 1])) + fc.linear_model(features,
                                                                                                      [genre])
-        main_op = tf.group(tf.compat.v1.tables_initializer(), tf.compat.v1.local_variables_initializer())
-        with tf.compat.v1.Session() as sess:
-            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.tables_initializer()])
-            for v in tf.compat.v1.global_variables():  # the linear weights start at zero
-                sess.run(v.assign(tf.random.normal(tf.shape(v), seed=2)))
-            builder = tf.compat.v1.saved_model.Builder(str(path))
-            builder.add_meta_graph_and_variables(
-                sess, ["serve"], main_op=main_op,
-                signature_def_map={"serving_default": tf.compat.v1.saved_model.predict_signature_def(
-                    {"examples": serialized}, {"logits": logits, "net": net})})
-            builder.save()
+        export_tf1_predict_model(path, serialized, {"logits": logits, "net": net}, redraw_seed=2)
 
 
 def _weighted_example(**features):
