@@ -87,7 +87,9 @@ _CONTAINERS_DOC = """
           archive.write_out(path)
           ```
         - To run an exported SavedModel, `import tf_ctr_ops` first (it loads
-          the op library), then `tf.saved_model.load(path).serve(ids)`.
+          the op library), then `loaded = tf.saved_model.load(path)` and
+          `loaded.serve(ids)` (kept in a name: the functions of a loaded
+          object that is dropped lose its variables).
 """
 
 
@@ -236,6 +238,7 @@ class _PooledOutput:
 
     def compute_output_spec(self, inputs, *args, **kwargs):
         _check_dense_id_specs(self, inputs)
+        _check_weights_spec(self, inputs, kwargs.get("weights", args[0] if args else None))
         if getattr(self, "_takes_ids", False) and not getattr(self, "_takes_string_keys", True):
             if any(getattr(spec, "dtype", None) == "string" for spec in tf.nest.flatten(inputs)):
                 raise _string_ids_error(self)
@@ -257,6 +260,27 @@ def _check_dense_id_specs(layer, specs):
         if len(spec.shape) not in (1, 2):
             raise ValueError(f"{type(layer).__name__} {layer.name!r} takes dense ids [B] or [B, N] (padded with "
                              f"-1, or '' for strings), got shape {tuple(spec.shape)}")
+
+
+def _container_name(spec):
+    if getattr(spec, "ragged", False):
+        return "RaggedTensor"
+    return "SparseTensor" if getattr(spec, "sparse", False) else "dense tensor"
+
+
+def _check_weights_spec(layer, ids, weights):
+    """Weights in ids' container (and, [B, N], of their shape), refused when
+    the functional model is built rather than at its first call."""
+    if weights is None or not all(hasattr(x, "shape") for x in (ids, weights)):
+        return
+    ids_kind, weights_kind = _container_name(ids), _container_name(weights)
+    if ids_kind != weights_kind:
+        raise TypeError(f"{type(layer).__name__} {layer.name!r}: weights must be a {ids_kind} like ids, got a "
+                        f"{weights_kind}")
+    both_matrices = len(ids.shape) == len(weights.shape) == 2  # [B] ids take [B] or [B, 1] weights
+    if both_matrices and not tf.TensorShape(weights.shape).is_compatible_with(tf.TensorShape(ids.shape)):
+        raise ValueError(f"{type(layer).__name__} {layer.name!r}: weights must have ids' shape "
+                         f"{tuple(ids.shape)}, got {tuple(weights.shape)}")
 
 
 class _PooledEmbeddingBase(_PooledOutput, _FusedOpLayer):
