@@ -202,6 +202,21 @@ def test_pending_keys_stop_at_three_quarters_of_the_slots():
     assert stats["occupied"] == 6 and stats["dropped"] == 14 and stats["size"] == 0
 
 
+def test_keys_waiting_for_admission_never_fill_a_tables_last_empty_slot():
+    """Capacity 1 has 2 slots by default: a second waiting key claimed the
+    other, and every later probe for a key the table lacked met no empty
+    slot (an error calling the table corrupt)."""
+    table = HashTable(dim=2, capacity=1, admit_after=2)
+    assert table.num_slots == 2
+    table.find([5], insert=True)
+    table.find([6], insert=True)
+    stats = {k: int(v) for k, v in table.statistics().items() if k != "load_factor"}
+    assert stats["occupied"] == 1 and stats["dropped"] == 1 and stats["size"] == 0
+    np.testing.assert_array_equal(table.find([7, 6]).numpy(), [-1, -1])
+    np.testing.assert_array_equal(hash_table_embedding(table, tf.ragged.constant([[7]], tf.int64)).numpy(), 0.0)
+    np.testing.assert_array_equal(table.find([5], insert=True).numpy(), [0])  # its second sighting: admitted
+
+
 def test_tf_function_and_graph_mode_insert():
     table = HashTable(dim=4, capacity=100)
 
@@ -1160,6 +1175,29 @@ def test_restoring_another_capacity_gives_the_unsaved_rows_fresh_values(tmp_path
     np.testing.assert_array_equal(table.values.numpy(), 0.0)
     [row] = table.find([999], insert=True).numpy()
     assert row == 3
+
+
+@pytest.mark.parametrize("in_function", [False, True])
+def test_a_table_without_eviction_resets_the_freed_rows_an_evicting_tables_checkpoint_gives_it(tmp_path,
+                                                                                               in_function):
+    """Eviction left rows on the saved free stack, which the restored table
+    hands to new keys: fresh from its initializer, not the evicted keys'."""
+    saved = HashTable(dim=2, capacity=64, eviction="lru", initializer=tf.keras.initializers.Constant(0.5))
+    saved.find(np.arange(64), insert=True)
+    saved.values.assign(tf.fill([64, 2], 9.0))
+    saved.find([1000], insert=True)  # evicts a round of 64 / 16 rows: one goes to 1000, three stay free
+    path = tf.train.Checkpoint(t=saved).save(str(tmp_path / "ckpt"))
+    table = HashTable(dim=2, capacity=64, initializer=tf.keras.initializers.Constant(0.5))
+    tf.train.Checkpoint(t=table).restore(path)
+    before = table.values.numpy()
+    lookup = (tf.function(lambda k: hash_table_embedding(table, k, insert=True)) if in_function
+              else lambda k: hash_table_embedding(table, k, insert=True))
+    out = lookup(tf.ragged.constant([[4000], [4001]], tf.int64)).numpy()
+    np.testing.assert_array_equal(out, 0.5)
+    rows = table.find([4000, 4001]).numpy()
+    assert (rows >= 0).all() and (before[rows] == 9.0).all()  # rows the evicted keys had trained
+    kept = np.setdiff1d(np.arange(64), rows)
+    np.testing.assert_array_equal(table.values.numpy()[kept], before[kept])
 
 
 @pytest.mark.parametrize("how", ["checkpoint", "restore_resized"])

@@ -20,13 +20,13 @@ layout = load_table_layout()
 def takes_parallel_path(table, keys, capacity, admit_after=1, dense_padding=False):
     """InsertsInParallel's rule, restated as the test's oracle: no admission
     filter, no key waiting from earlier calls, and a free slot (under 3/4 of
-    them) and row for every sighting the find misses."""
+    them, never the last empty one) and row for every sighting the find misses."""
     h = table.reshape(-1)
     num_slots = table.shape[0] - layout.HEADER_ROWS - layout.free_list_rows(capacity)
     rows, _ = core.hash_table_find(table, keys, capacity, dense_padding=dense_padding)
     missing = int(((rows == -1) & ~(dense_padding & (keys == -1))).sum())
     held = h[layout.NEXT_ROW] - h[layout.FREE_COUNT]
-    return (admit_after == 1 and h[layout.OCCUPIED] == held and h[layout.OCCUPIED] + missing <= num_slots - num_slots // 4
+    return (admit_after == 1 and h[layout.OCCUPIED] == held and h[layout.OCCUPIED] + missing <= num_slots - max(num_slots // 4, 1)
             and missing <= capacity - held)
 
 

@@ -427,22 +427,35 @@ def _find_and_reset(table, ids, insert, dense_padding=False):
     rows, reused = _find(_variable(table.table), ids, table.capacity, insert, table.admit_after,
                          dense_padding=dense_padding, eviction=table.eviction if insert else "none",
                          new_step=in_step == 0)
-    if insert and table.eviction != "none":
-        values = _variable(table.values)
-        shape = tf.stack([tf.size(reused), table.dim])
-        with tf.control_dependencies([rows]):  # the clock this call advanced
-            clock = resource_variable_ops.resource_gather(_variable(table.table).handle, [CLOCK // COLUMNS],
-                                                          dtype=tf.int64)[0, CLOCK % COLUMNS]
-        # The finds of one step share a clock: each has its own draw.
-        fresh = fresh_rows(table.row_initializer, reused, (table.capacity, table.dim), values.dtype,
-                           tf.stack([tf.constant(table.reset_seed, tf.int64), clock + in_step * 2**40]))
-        resets = [values.scatter_update(tf.IndexedSlices(fresh, reused))]
-        for slot, initial in optimizer_slots(table.slot_optimizer(), table.values):
-            slot = _variable(slot)
-            start = tf.cast(fresh, slot.dtype) if initial is FRESH_ROW else tf.fill(shape, tf.cast(initial, slot.dtype))
-            resets.append(slot.scatter_update(tf.IndexedSlices(start, reused)))
-        with tf.control_dependencies(resets):
-            rows = tf.identity(rows)
+    if not insert:
+        return rows
+    if table.eviction != "none":
+        return _reset_reused_rows(table, rows, reused, in_step)
+    if tf.distribute.has_strategy():
+        return rows  # (docs/hash_table.md, Limits)
+    # Without eviction, rows are reused only from a free stack restored from an
+    # evicting table's checkpoint: rare, so the resets run only where one is.
+    return tf.cond(tf.size(reused) > 0, lambda: _reset_reused_rows(table, rows, reused, in_step),
+                   lambda: tf.identity(rows))
+
+
+def _reset_reused_rows(table, rows, reused, in_step):
+    """`rows`, once the `reused` ones hold fresh values and optimizer slots."""
+    values = _variable(table.values)
+    shape = tf.stack([tf.size(reused), table.dim])
+    with tf.control_dependencies([rows]):  # the clock this call advanced
+        clock = resource_variable_ops.resource_gather(_variable(table.table).handle, [CLOCK // COLUMNS],
+                                                      dtype=tf.int64)[0, CLOCK % COLUMNS]
+    # The finds of one step share a clock: each has its own draw.
+    fresh = fresh_rows(table.row_initializer, reused, (table.capacity, table.dim), values.dtype,
+                       tf.stack([tf.constant(table.reset_seed, tf.int64), clock + in_step * 2**40]))
+    resets = [values.scatter_update(tf.IndexedSlices(fresh, reused))]
+    for slot, initial in optimizer_slots(table.slot_optimizer(), table.values):
+        slot = _variable(slot)
+        start = tf.cast(fresh, slot.dtype) if initial is FRESH_ROW else tf.fill(shape, tf.cast(initial, slot.dtype))
+        resets.append(slot.scatter_update(tf.IndexedSlices(start, reused)))
+    with tf.control_dependencies(resets):
+        return tf.identity(rows)
     return rows
 
 

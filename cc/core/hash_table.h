@@ -87,9 +87,12 @@ CTR_HD int64_t FirstBadFreeRow(const TableView& t, int64_t capacity, int64_t pop
   return -1;
 }
 
-// Slots are claimed only while under 3/4 of them are occupied, so a probe
-// always ends at an empty slot, after a few steps on average.
-CTR_HD bool CanClaimSlot(int64_t occupied, int64_t num_slots) { return occupied < num_slots - num_slots / 4; }
+// Slots are claimed only while under 3/4 of them are occupied, and never the
+// last empty one (2 slots, a capacity of 1, would otherwise fill: keys waiting
+// for admission claim slots too), so a probe always ends at an empty slot,
+// after a few steps on average.
+CTR_HD int64_t ClaimableSlots(int64_t num_slots) { return num_slots - (num_slots >= 4 ? num_slots / 4 : 1); }
+CTR_HD bool CanClaimSlot(int64_t occupied, int64_t num_slots) { return occupied < ClaimableSlots(num_slots); }
 
 CTR_HD int64_t* PairAt(int64_t* pairs, int64_t s) { return pairs + 2 * s; }
 CTR_HD const int64_t* PairAt(const int64_t* pairs, int64_t s) { return pairs + 2 * s; }
@@ -208,7 +211,7 @@ CTR_HD bool RowAvailable(const int64_t* h, int64_t capacity) {
 // table inserts on the device; the CPU inserter tests it too, which keeps
 // every CPU eviction test a test of this bound.
 CTR_HD bool RoomForAll(const int64_t* h, int64_t capacity, int64_t num_slots, int64_t missing) {
-  return h[kOccupied] + missing <= num_slots - num_slots / 4 && missing <= h[kFreeCount] + capacity - h[kNextRow];
+  return h[kOccupied] + missing <= ClaimableSlots(num_slots) && missing <= h[kFreeCount] + capacity - h[kNextRow];
 }
 
 // One sighting of `key` by an inserting call, its probe having ended at slot
