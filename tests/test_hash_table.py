@@ -1178,8 +1178,8 @@ def test_restoring_another_capacity_gives_the_unsaved_rows_fresh_values(tmp_path
 
 
 @pytest.mark.parametrize("in_function", [False, True])
-def test_a_table_without_eviction_resets_the_freed_rows_an_evicting_tables_checkpoint_gives_it(tmp_path,
-                                                                                               in_function):
+def test_a_table_without_eviction_restored_from_an_evicting_ones_checkpoint_gives_freed_rows_fresh_values(
+        tmp_path, in_function):
     """Eviction left rows on the saved free stack, which the restored table
     hands to new keys: fresh from its initializer, not the evicted keys'."""
     saved = HashTable(dim=2, capacity=64, eviction="lru", initializer=tf.keras.initializers.Constant(0.5))
@@ -1188,16 +1188,19 @@ def test_a_table_without_eviction_resets_the_freed_rows_an_evicting_tables_check
     saved.find([1000], insert=True)  # evicts a round of 64 / 16 rows: one goes to 1000, three stay free
     path = tf.train.Checkpoint(t=saved).save(str(tmp_path / "ckpt"))
     table = HashTable(dim=2, capacity=64, initializer=tf.keras.initializers.Constant(0.5))
+    lookup = lambda k: hash_table_embedding(table, k, insert=True)  # noqa: E731
+    lookup = tf.function(lookup) if in_function else lookup
+    lookup(tf.ragged.constant([[5]], tf.int64))  # traced before the restore, as a resumed fit's step may be
     tf.train.Checkpoint(t=table).restore(path)
-    before = table.values.numpy()
-    lookup = (tf.function(lambda k: hash_table_embedding(table, k, insert=True)) if in_function
-              else lambda k: hash_table_embedding(table, k, insert=True))
-    out = lookup(tf.ragged.constant([[4000], [4001]], tf.int64)).numpy()
-    np.testing.assert_array_equal(out, 0.5)
+    trained = saved.values.numpy()
+    out = lookup(tf.ragged.constant([[4000], [4001], [7]], tf.int64)).numpy()
+    np.testing.assert_array_equal(out, [[0.5, 0.5], [0.5, 0.5], [9.0, 9.0]])
     rows = table.find([4000, 4001]).numpy()
-    assert (rows >= 0).all() and (before[rows] == 9.0).all()  # rows the evicted keys had trained
-    kept = np.setdiff1d(np.arange(64), rows)
-    np.testing.assert_array_equal(table.values.numpy()[kept], before[kept])
+    assert (rows >= 0).all() and (trained[rows] == 9.0).all()  # rows the evicted keys had trained
+    kept = np.setdiff1d(np.arange(64), table.find(np.arange(4003)).numpy())
+    np.testing.assert_array_equal(table.values.numpy()[kept], 0.5)  # the stack's third row, still free
+    taken = np.setdiff1d(np.arange(64), np.concatenate([kept, rows]))
+    np.testing.assert_array_equal(table.values.numpy()[taken], trained[taken])
 
 
 @pytest.mark.parametrize("how", ["checkpoint", "restore_resized"])

@@ -34,7 +34,7 @@ from tf_ctr_ops._table_grad import forward_table
 from tf_ctr_ops.table_layout import (CLOCK, COLUMNS, DROPPED, EMPTY_ENTRY, EVICTED, FREE_COUNT,  # noqa: F401
                                      HEADER_ROWS, INT_KEYS, KEY_KIND, NEXT_ROW, OCCUPIED, STRING_KEYS,
                                      UNKNOWN_KEYS, default_num_slots, empty_table_array, free_list_rows,
-                                     table_shape)
+                                     free_rows, table_shape)
 
 _ops = load_op_library()
 
@@ -286,6 +286,8 @@ class _AnyCapacityRestore:
             (saved_table, same_table), (saved_values, same_values) = self._saved["table"], self._saved["values"]
             if not (same_table and same_values):
                 self._insert_saved_or_put_back(saved_table, saved_values)
+            elif table.eviction == "none":
+                _reset_free_rows(table)
             self._saved, self._before = {}, {}
         return result
 
@@ -323,6 +325,20 @@ class _AnyCapacityRestore:
                                                   _variable(table.values).dtype,
                                                   tf.constant([table.reset_seed, 0], tf.int64)))
         insert_rows(table, keys, values)
+
+
+def _reset_free_rows(table):
+    """Fresh values for the rows on a restored table's free stack. Only an
+    evicting table frees rows, and resets each as a new key takes it (see
+    _find_and_reset); a table without eviction restored from such a table's
+    checkpoint would hand those rows to new keys as the evicted keys left them."""
+    rows = free_rows(_variable(table.table).numpy(), table.capacity)
+    rows = rows[(rows >= 0) & (rows < table.capacity)]  # a corrupt stack is the find's to refuse
+    if rows.size:
+        values = _variable(table.values)
+        fresh = fresh_rows(table.row_initializer, tf.constant(rows), (table.capacity, table.dim), values.dtype,
+                           tf.constant([table.reset_seed, 0], tf.int64))
+        values.scatter_update(tf.IndexedSlices(fresh, tf.constant(rows)))
 
 
 def _keep_key_kind(table_var, key_dtype):
@@ -427,16 +443,9 @@ def _find_and_reset(table, ids, insert, dense_padding=False):
     rows, reused = _find(_variable(table.table), ids, table.capacity, insert, table.admit_after,
                          dense_padding=dense_padding, eviction=table.eviction if insert else "none",
                          new_step=in_step == 0)
-    if not insert:
-        return rows
-    if table.eviction != "none":
-        return _reset_reused_rows(table, rows, reused, in_step)
-    if tf.distribute.has_strategy():
-        return rows  # (docs/hash_table.md, Limits)
-    # Without eviction, rows are reused only from a free stack restored from an
-    # evicting table's checkpoint: rare, so the resets run only where one is.
-    return tf.cond(tf.size(reused) > 0, lambda: _reset_reused_rows(table, rows, reused, in_step),
-                   lambda: tf.identity(rows))
+    # Without eviction, the only rows a find reuses are those of a free stack
+    # restored from an evicting table's checkpoint, which the restore reset.
+    return _reset_reused_rows(table, rows, reused, in_step) if insert and table.eviction != "none" else rows
 
 
 def _reset_reused_rows(table, rows, reused, in_step):

@@ -25,6 +25,13 @@ def free_list_rows(capacity):
     return -(-capacity // COLUMNS)
 
 
+def free_rows(table, capacity):
+    """The rows on a table array's free stack (freed by eviction, for new keys)."""
+    table = np.asarray(table)
+    count = int(table.reshape(-1)[FREE_COUNT])
+    return table[-free_list_rows(capacity):].reshape(-1)[:max(count, 0)]
+
+
 def table_shape(num_slots, capacity):
     return [HEADER_ROWS + num_slots + free_list_rows(capacity), COLUMNS]
 
