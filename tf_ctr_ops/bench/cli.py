@@ -54,6 +54,16 @@ def _positive_int(text):
     return value
 
 
+def _non_negative_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text}")
+    return value
+
+
 def parse_args(argv=None, prog="python -m tf_ctr_ops.bench"):
     # harness.SUITES, read when called: the suites registered by then (tests may swap the registry).
     suites = harness.SUITES
@@ -80,7 +90,7 @@ def parse_args(argv=None, prog="python -m tf_ctr_ops.bench"):
     p.add_argument("--dim", type=_positive_int, help=f"custom shape: embedding dim (headline {d.dim})")
     p.add_argument("--max-len", type=_positive_int, help=f"custom shape: ids per row are uniform in [1, MAX_LEN] "
                                                f"(headline {d.max_len})")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=_non_negative_int, default=d.seed)
     p.add_argument("--runs", type=_positive_int, default=None,
                    help=f"timed calls per callable, rounded up to whole interleaved blocks of {d.block} "
                         f"(default {d.runs}; at least {d.min_runs}, else ~{d.budget_s:g} s per callable)")
@@ -95,6 +105,9 @@ def parse_args(argv=None, prog="python -m tf_ctr_ops.bench"):
     if args.model and args.features:
         # Each picks what the rewrite suite runs; neither scales the other.
         p.error("--model and --features choose different rewrite runs: give one of them")
+    for option, given in (("--model", args.model), ("--features", args.features)):
+        if given and not {"rewrite", "all"} & set(args.suites):
+            p.error(f"{option} is an option of the rewrite suite, which is not among the suites run")
     if "all" in args.suites:
         order = harness.SUITE_ORDER
         args.suites = sorted(suites, key=lambda n: (order.index(n) if n in order else len(order), n))

@@ -149,8 +149,8 @@ def _lookup_graphs(cfg, fused_table, native_table, tensor_table, vocab, shards):
                    graph(lambda sp: tco.safe_embedding_lookup_sparse(shards[0], sp, None, combiner="mean"),
                          sparse_spec),
                    natives(native_safe(shards[1]), sparse_spec, one_table=False),
-                   f"tco.safe_embedding_lookup_sparse ({SHARDS} shards)",
-                   f"tf.nn.safe_embedding_lookup_sparse ({SHARDS} shards)", None),
+                   f"tco.safe_embedding_lookup_sparse ({len(shards[0])} shards)",
+                   f"tf.nn.safe_embedding_lookup_sparse ({len(shards[0])} shards)", None),
     ]
 
 
@@ -196,9 +196,10 @@ def lookup_suite(cfg):
         # The copy-on-read cost twin_tables avoids is measured on its own below
         # (copy_on_read). A plain Tensor table shows TF's best native path.
         fused_table, native_table = twin_tables(cfg, params)
-        # "div" shards: the first V % SHARDS hold one row more, as TF splits a table. Lists: TF
-        # reads a tuple as one table.
-        shards = [list(side) for side in zip(*(twin_tables(cfg, part) for part in np.array_split(params, SHARDS)))]
+        # "div" shards: the first V % SHARDS hold one row more, as TF splits a table (none empty:
+        # TF's "div" divides by the rows per shard). Lists: TF reads a tuple as one table.
+        parts = np.array_split(params, min(SHARDS, V))
+        shards = [list(side) for side in zip(*(twin_tables(cfg, part) for part in parts))]
         with tf.device(cfg.device):
             tensor_table = tf.constant(params) if with_headline else None
         graphs = _lookup_graphs(cfg, fused_table, native_table, tensor_table, V, shards)

@@ -18,6 +18,8 @@
   size), a vocabulary-list and a vocabulary-file embedding column, an
   indicator column, numeric and bucketized columns.
 
+With --quick each has 4 fields, not 26 (the cases' shapes say so).
+
 The rewrite tests build the same models small (tests/test_rewrite_real_models.py).
 Each suite run rewrites the model with `optimize_saved_model` on synthesized
 inputs (the verification a user gets with no inputs of their own), then
@@ -224,11 +226,13 @@ def tf_examples(rng, n, hashed=2):
 # The suite
 
 
-def _build(name, folder, rng, quick):
-    """(SavedModel path, signature key, make_inputs(batch)) of model `name`:
-    Criteo's 26 categorical fields at bench size, 4 with --quick."""
+FIELDS, QUICK_FIELDS = 26, 4  # Criteo's categorical fields at bench size; --quick's
+
+
+def _build(name, folder, rng, fields):
+    """(SavedModel path, signature key, make_inputs(batch)) of model `name`
+    with `fields` categorical fields."""
     path = os.path.join(folder, "native")
-    fields = 4 if quick else 26
     if name == "keras-lookup":
         features, vocab = fields - 2, 1000  # with the IntegerLookup and the multi-hot lookup
         _, lookups = export_keras_lookup_model(path, features=features, vocab=vocab, dim=16)
@@ -251,10 +255,11 @@ def model_style_suite(cfg, name):
     if name not in MODELS:
         raise ValueError(f"--model must be one of {MODELS}, got {name!r}")
     rng = np.random.default_rng(cfg.seed)
+    fields = QUICK_FIELDS if cfg.quick else FIELDS
     batches = tuple(sorted({min(b, cfg.batch) for b in SERVE_BATCHES}, reverse=True))
     with tempfile.TemporaryDirectory(prefix="tf_ctr_ops_bench_models_") as tmp:
         with tf.device(cfg.device):
-            src, key, make_inputs, finds = _build(name, tmp, rng, cfg.quick)
+            src, key, make_inputs, finds = _build(name, tmp, rng, fields)
         dst = os.path.join(tmp, "rewritten")
         t0 = time.perf_counter()
         # Synthesized inputs, as a user without any; served where this suite times it.
@@ -272,7 +277,7 @@ def model_style_suite(cfg, name):
                                   rtol=1e-5, atol=1e-6)
             with tf.device(cfg.device):
                 t = time_interleaved(calls, cfg)
-            cases.append({"case": case, "batch": batch, "shape": f"B={batch}, model {name}", **t,
+            cases.append({"case": case, "batch": batch, "shape": f"B={batch}, model {name}, {fields} fields", **t,
                           "speedup": t["native"]["median_ms"] / t["fused"]["median_ms"],
                           "max_abs_err": {"native": err}})
             if finds is not None and batch == max(batches):
@@ -286,7 +291,7 @@ def model_style_suite(cfg, name):
                 "dist": name, "shape": c["shape"], "batch": c["batch"], "min_speedup": TARGET,
                 "speedup": c["speedup"], "met": bool(c["speedup"] >= TARGET)}
                for c in cases if c["batch"] == max(batches)]
-    result = {"suite": "rewrite", "model": name,
+    result = {"suite": "rewrite", "model": name, "fields": fields,
               # Subgraphs fused: a later stage (string_keys) refines an op an earlier one made.
               "rewrite": {"matches": rewrite.fused_subgraph_count(sig.matches), "skips": len(sig.skips), "unfused_feature_ops": len(left),
                           "unfused_by_op": _count_ops(left), "fused_ops": sorted({m["fused_op"] for m in sig.matches}),
@@ -307,7 +312,7 @@ def _count_ops(records):
 def print_model_style(result):
     r = result["rewrite"]
     unfused = ", ".join(f"{op} x{n}" for op, n in sorted(r["unfused_by_op"].items())) or "none"
-    print(f"model {result['model']}: {r['matches']} subgraph(s) fused ({', '.join(r['fused_ops']) or 'none'}); "
+    print(f"model {result['model']} ({result['fields']} fields): {r['matches']} subgraph(s) fused ({', '.join(r['fused_ops']) or 'none'}); "
           f"feature ops left unfused: {unfused}; verified on {r['verified_on']} inputs "
           f"(max |diff| {r['max_abs_diff']:.2g}); optimize {r['optimize_seconds']:.1f}s")
     for c in result["cases"]:

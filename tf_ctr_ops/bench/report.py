@@ -131,7 +131,7 @@ def markdown(results):
                        for name, res in results["suites"].items() if "copy_bandwidth" in res)
     legend = "Medians of repeated calls"
     if any("GBps" in c for _, c in _all_cases(results)):
-        legend += f"; GB/s = {_bytes_legend(results)} / fused time"
+        legend += f"; GB/s = bytes / fused time, the bytes counted as {_bytes_legend(results)}"
     if copies:  # a suite timing whole models (rewrite) counts no bytes and probes no copy
         legend += f"; copy bandwidth (GB/s, read + write, measured in the same run): {copies}"
     notes = [machine_line(results), legend + "."]
