@@ -1203,6 +1203,43 @@ def test_a_table_without_eviction_restored_from_an_evicting_ones_checkpoint_give
     np.testing.assert_array_equal(table.values.numpy()[taken], trained[taken])
 
 
+def _evicting_tables_checkpoint(tmp_path):
+    """A checkpoint of a full LRU table of 64 rows of 9.0 that evicted a
+    round of 4 rows for key 1000, three of them left free."""
+    saved = HashTable(dim=2, capacity=64, eviction="lru")
+    saved.find(np.arange(64), insert=True)
+    saved.values.assign(tf.fill([64, 2], 9.0))
+    saved.find([1000], insert=True)
+    return tf.train.Checkpoint(t=saved).save(str(tmp_path / "ckpt"))
+
+
+def test_freed_rows_restored_into_a_table_whose_initializer_gives_its_whole_matrix_take_their_rows(tmp_path):
+    # The initializer ignores the shape asked for: its rows are read as a static-shape initializer's.
+    pretrained = np.arange(128, dtype=np.float32).reshape(64, 2)
+    table = HashTable(dim=2, capacity=64, initializer=lambda shape, dtype: tf.constant(pretrained, dtype))
+    tf.train.Checkpoint(t=table).restore(_evicting_tables_checkpoint(tmp_path))
+    [row] = table.find([4000], insert=True).numpy()
+    np.testing.assert_array_equal(table.values.numpy()[row], pretrained[row])
+
+
+def test_a_restore_whose_freed_rows_cannot_be_reset_leaves_the_table_as_it_was(tmp_path):
+    calls = []
+
+    def once(shape, dtype):  # gives the table its values, then refuses
+        calls.append(shape)
+        if len(calls) > 1:
+            raise ValueError("no more values")
+        return tf.fill(shape, tf.constant(0.25, dtype))
+
+    table = HashTable(dim=2, capacity=64, initializer=once)
+    table.find([1, 2], insert=True)
+    before = table.table.numpy(), table.values.numpy()
+    with pytest.raises(ValueError, match="could not be given fresh values from its initializer.*no more values"):
+        tf.train.Checkpoint(t=table).restore(_evicting_tables_checkpoint(tmp_path))
+    np.testing.assert_array_equal(table.table.numpy(), before[0])
+    np.testing.assert_array_equal(table.values.numpy(), before[1])
+
+
 @pytest.mark.parametrize("how", ["checkpoint", "restore_resized"])
 @pytest.mark.parametrize("capacity", [10, 20])
 def test_a_checkpoint_of_the_other_key_dtype_is_refused(tmp_path, how, capacity):

@@ -195,6 +195,39 @@ def test_a_checkpoint_restored_before_the_layer_is_built_is_checked_too(tmp_path
         other(tf.constant([["a"]]))
 
 
+@pytest.mark.parametrize("how", ["checkpoint before the build", "checkpoint after the build", "weights.h5"])
+def test_a_layer_without_eviction_gives_the_rows_an_evicting_layer_freed_fresh_values(tmp_path, how):
+    """Each way an evicting layer's table reaches one that does not evict
+    (a checkpoint restored before the build loads in add_weight, before the
+    restore hooks exist; a weights file is assigned as it is): the rows its
+    eviction freed start from the initializer, not from the evicted keys'."""
+    import tensorflow as tf
+
+    def model(eviction):
+        keys = keras.Input(shape=(1,), dtype="int64")
+        layer = HashTableEmbedding(2, capacity=64, eviction=eviction, name="e",
+                                   embeddings_initializer=keras.initializers.Constant(0.5))
+        return keras.Model(keys, layer(keys)), layer
+
+    saved_model, saved = model("lru")
+    saved(np.arange(64)[:, None], training=True)
+    saved.embeddings.assign(tf.fill([64, 2], 9.0))
+    saved(tf.constant([[1000]], tf.int64), training=True)  # evicts 64 / 16 rows: one to 1000, three stay free
+    if how == "weights.h5":
+        path = str(tmp_path / "m.weights.h5")
+        saved_model.save_weights(path)
+        target, layer = model("none")
+        target.load_weights(path)
+    else:
+        path = tf.train.Checkpoint(layer=saved).save(str(tmp_path / "ckpt"))
+        layer = HashTableEmbedding(2, capacity=64, embeddings_initializer=keras.initializers.Constant(0.5))
+        if how == "checkpoint after the build":
+            layer.build()
+        tf.train.Checkpoint(layer=layer).restore(path)
+    out = layer(tf.constant([[4000], [4001], [4002], [7]], tf.int64), training=True).numpy()
+    np.testing.assert_array_equal(out, [[0.5, 0.5]] * 3 + [[9.0, 9.0]])
+
+
 @pytest.mark.parametrize("fmt", ["weights.h5", "keras"])
 def test_keras_weight_files_of_the_other_key_kind_are_refused(tmp_path, fmt):
     # Keras assigns a weights file's arrays as they are: a string-key table

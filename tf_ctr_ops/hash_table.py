@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_v2_func_graphs, resource_variable_ops
 
+from tf_ctr_ops import _errors
 from tf_ctr_ops import ops as _lookup_ops
 from tf_ctr_ops._args import (check_combiner, in_place_variable, max_norm_attr, per_feature, sharded_variables,
                              table_operand)
@@ -287,7 +288,7 @@ class _AnyCapacityRestore:
             if not (same_table and same_values):
                 self._insert_saved_or_put_back(saved_table, saved_values)
             elif table.eviction == "none":
-                _reset_free_rows(table)
+                self._reset_free_rows_or_put_back()
             self._saved, self._before = {}, {}
         return result
 
@@ -308,6 +309,15 @@ class _AnyCapacityRestore:
             raise ValueError(f"the checkpoint's table could not be restored into this one ({e.message.strip()}); "
                              "the table is as it was before the restore") from e
 
+    def _reset_free_rows_or_put_back(self):
+        try:
+            reset_free_rows(self._table())
+        except (TypeError, ValueError, tf.errors.OpError) as e:
+            self._put_back()
+            raise ValueError(f"the rows this table's checkpoint had freed could not be given fresh values from "
+                             f"its initializer ({_errors.summary(e)}); the table is as it was before the "
+                             "restore") from e
+
     def _put_back(self):
         for variable_ref, value in self._before.values():
             if variable_ref() is not None:
@@ -327,11 +337,14 @@ class _AnyCapacityRestore:
         insert_rows(table, keys, values)
 
 
-def _reset_free_rows(table):
-    """Fresh values for the rows on a restored table's free stack. Only an
-    evicting table frees rows, and resets each as a new key takes it (see
-    _find_and_reset); a table without eviction restored from such a table's
-    checkpoint would hand those rows to new keys as the evicted keys left them."""
+def reset_free_rows(table):
+    """Fresh values for the rows on a restored table's free stack, where the
+    table does not evict (eager). Only an evicting table frees rows, and
+    resets each as a new key takes it (see _find_and_reset); a table without
+    eviction restored from such a table's checkpoint would hand those rows to
+    new keys as the evicted keys left them."""
+    if table.eviction != "none":
+        return
     rows = free_rows(_variable(table.table).numpy(), table.capacity)
     rows = rows[(rows >= 0) & (rows < table.capacity)]  # a corrupt stack is the find's to refuse
     if rows.size:
@@ -364,8 +377,8 @@ def _refuse_other_key_kind(saved, own):
 
 
 def check_restored_key_kind(table):
-    """The key-kind check of a restore that ran as the table variable was
-    created, before restore_any_capacity could take it over: Keras restores
+    """The key-kind check (and free-row reset) of a restore that ran as the
+    table variable was created, before restore_any_capacity could take it over: Keras restores
     a layer's weights in add_weight when the checkpoint was restored before
     the layer was built. A layer first built while a tf.function traces
     (a subclassed model's fit) has no value to read yet, nor a restore."""
@@ -378,6 +391,7 @@ def check_restored_key_kind(table):
         _refuse_other_key_kind(saved, key_kind(table.key_dtype))
         if saved == UNKNOWN_KEYS:
             _keep_key_kind(table.table, table.key_dtype)
+        reset_free_rows(table)
 
 
 # Inserting finds of each table traced into a function graph so far (by
@@ -528,8 +542,11 @@ def fresh_rows(initializer, rows, table_shape, dtype, seed):
     if kind is None:
         if not _of_static_shape(initializer):
             try:
-                return initializer(shape, dtype=dtype)
-            except (TypeError, ValueError):  # a callable of the user's that wants a static shape
+                values = initializer(shape, dtype=dtype)
+                # One that ignores the shape asked for (returns its whole table, say) is read as one of static shape.
+                if values.shape.is_compatible_with([rows.shape[0], table_shape[1]]):
+                    return values
+            except (TypeError, ValueError, AttributeError):  # a callable of the user's that wants a static shape
                 pass
         return tf.gather(initializer(list(table_shape), dtype=dtype), rows)
     name, a, b = kind

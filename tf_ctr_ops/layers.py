@@ -238,7 +238,6 @@ class _PooledOutput:
 
     def compute_output_spec(self, inputs, *args, **kwargs):
         _check_dense_id_specs(self, inputs)
-        _check_weights_spec(self, inputs, kwargs.get("weights", args[0] if args else None))
         if getattr(self, "_takes_ids", False) and not getattr(self, "_takes_string_keys", True):
             if any(getattr(spec, "dtype", None) == "string" for spec in tf.nest.flatten(inputs)):
                 raise _string_ids_error(self)
@@ -260,27 +259,6 @@ def _check_dense_id_specs(layer, specs):
         if len(spec.shape) not in (1, 2):
             raise ValueError(f"{type(layer).__name__} {layer.name!r} takes dense ids [B] or [B, N] (padded with "
                              f"-1, or '' for strings), got shape {tuple(spec.shape)}")
-
-
-def _container_name(spec):
-    if getattr(spec, "ragged", False):
-        return "RaggedTensor"
-    return "SparseTensor" if getattr(spec, "sparse", False) else "dense tensor"
-
-
-def _check_weights_spec(layer, ids, weights):
-    """Weights in ids' container (and, [B, N], of their shape), refused when
-    the functional model is built rather than at its first call."""
-    if weights is None or not all(hasattr(x, "shape") for x in (ids, weights)):
-        return
-    ids_kind, weights_kind = _container_name(ids), _container_name(weights)
-    if ids_kind != weights_kind:
-        raise TypeError(f"{type(layer).__name__} {layer.name!r}: weights must be a {ids_kind} like ids, got a "
-                        f"{weights_kind}")
-    both_matrices = len(ids.shape) == len(weights.shape) == 2  # [B] ids take [B] or [B, 1] weights
-    if both_matrices and not tf.TensorShape(weights.shape).is_compatible_with(tf.TensorShape(ids.shape)):
-        raise ValueError(f"{type(layer).__name__} {layer.name!r}: weights must have ids' shape "
-                         f"{tuple(ids.shape)}, got {tuple(weights.shape)}")
 
 
 class _PooledEmbeddingBase(_PooledOutput, _FusedOpLayer):
@@ -886,6 +864,8 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
             if variable is self.table and str(i) in store:
                 _hash_table.check_saved_key_kind(store[str(i)], self)
         super().load_own_variables(store)
+        if self.built and tf.executing_eagerly() and self._variables_initialized():
+            _hash_table.reset_free_rows(self)  # an evicting layer's table loaded into one that does not evict
         if self.built and not self._restores_any_capacity:  # built in a symbolic pass, its variables made now
             self._restores_any_capacity = _hash_table.restore_any_capacity(self)
 
