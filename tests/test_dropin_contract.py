@@ -62,6 +62,26 @@ def test_shard_lists_match_tf_row_for_row(rng, strategy, num_shards, safe, id_dt
                   theirs(shards, sp, weights, combiner=comb, partition_strategy=strategy))
 
 
+@pytest.mark.parametrize("safe", [False, True])
+@pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
+def test_variable_shards_gradients_have_tfs_indices_dtype(rng, safe, id_dtype):
+    """The ids' own dtype, as TF's gathers give it (int32 ids gave int64
+    indices: a tf.cond of the drop-in and TF's lookup joins gradients of one dtype)."""
+    full = rng.normal(size=(6, 2)).astype(np.float32)
+    sp = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([1, 4], id_dtype), [2, 1])
+    ours, theirs = ((tco.safe_embedding_lookup_sparse, tf.nn.safe_embedding_lookup_sparse) if safe
+                    else (tco.embedding_lookup_sparse, tf.nn.embedding_lookup_sparse))
+    grads = []
+    for lookup in (ours, theirs):
+        shards = [tf.Variable(s) for s in shards_of(full, 2, "div")]
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(lookup(shards, sp, None))
+        grads.append(tape.gradient(loss, shards))
+    for got, want in zip(*grads):
+        assert got.indices.dtype == want.indices.dtype == id_dtype
+        close(tf.convert_to_tensor(got), tf.convert_to_tensor(want))
+
+
 @pytest.mark.parametrize("strategy", ["mod", "div"])
 def test_default_id_is_read_in_the_shards_layout(rng, strategy):
     full = rng.normal(size=(13, 2)).astype(np.float32)

@@ -495,7 +495,11 @@ def _sharded_lookup(shards, bags, *, strategy="div", dtype=None, default_id=None
         shard, local = _place_ids(unique, sizes, strategy)
         positions = tf.dynamic_partition(tf.range(tf.size(unique)), shard, len(shards))
         locals_ = tf.dynamic_partition(local, shard, len(shards))
-        rows = tf.dynamic_stitch(positions, [_gather_on_shard(s, ids_p) for s, ids_p in zip(shards, locals_)])
+        # Gathered by ids of the ids' own dtype, as TF gathers them: the
+        # shards' IndexedSlices gradients then have TF's indices dtype.
+        index_dtype = tf.int32 if bags.ids.dtype == tf.int32 else tf.int64
+        rows = tf.dynamic_stitch(positions, [_gather_on_shard(s, tf.cast(ids_p, index_dtype))
+                                             for s, ids_p in zip(shards, locals_)])
         if filled:
             fill_row = tf.cond(fill_idx >= 0, lambda: tf.gather(rows, fill_idx[None]),
                                lambda: tf.zeros(tf.concat([[1], tf.shape(rows)[1:]], 0), rows.dtype))
