@@ -1608,6 +1608,37 @@ def test_a_time_out_while_dropping_patterns_leaves_no_temporary_model(tmp_path, 
     assert not list(tmp_path.glob(".ctr-*"))
 
 
+@pytest.mark.parametrize("original_fails_in_run", [None, 1, 3])
+def test_an_original_whose_outputs_vary_between_runs_is_named_not_the_rewrite(tmp_path, monkeypatch,
+                                                                              original_fails_in_run):
+    """With nothing fused the rewrite still differs: the original is run a
+    few more times, and one run that differs names the original (an original
+    whose reads and writes of a variable are unordered passed one run, and
+    the error blamed the rewrite)."""
+    def build(folder, disabled):
+        (tmp_path / folder / "saved_model.pb").write_text("x")
+        return {"serving_default": types.SimpleNamespace(
+            matches=[{"pattern": "p1"}] if "p1" not in disabled else [])}, 0.0, []
+
+    original_runs = []
+
+    def check(folder, inputs, reference, endpoints=None):
+        if folder != "src":
+            return "gives other outputs", {}
+        original_runs.append(folder)
+        return ("gives other outputs" if len(original_runs) == original_fails_in_run else None), {}
+
+    monkeypatch.setattr(rewrite, "_fresh_process_failure", check)
+    with pytest.raises(rewrite.RewriteError) as e:
+        rewrite._servable_rewrite(build, str(tmp_path), {}, {}, set(), "src")
+    if original_fails_in_run is None:
+        assert len(original_runs) == 3 and "while the original gave the same outputs in 3 more runs" in str(e.value)
+    else:
+        assert len(original_runs) == original_fails_in_run
+        assert str(e.value).startswith("the original model itself gives other outputs when loaded again")
+    assert not list(tmp_path.glob(".ctr-*"))
+
+
 def test_a_dst_that_is_a_file_is_refused_before_the_rewrite(tmp_path, monkeypatch):
     save_split_safe_lookup_model(str(tmp_path / "src"))
     (tmp_path / "dst").write_text("mine")
