@@ -988,6 +988,29 @@ def test_static_shape_initializers_reset_rows_from_the_whole_table(initializer, 
     np.testing.assert_allclose(table.values.numpy()[rows], initializer([16, 4]).numpy()[rows], atol=1e-6)
 
 
+_MATRIX = np.arange(64, dtype=np.float32).reshape(16, 4)
+
+
+@pytest.mark.parametrize("initializer, want", [
+    # One that ignores the shape asked for: in a graph its static [16, 4] passed for the [n, 4] asked for.
+    (lambda shape, dtype=None: tf.constant(_MATRIX, dtype), lambda rows: _MATRIX[rows]),
+    # NumPy float64, which creation casts: the reset refused it (a float64 gather into float32 values).
+    (lambda shape, dtype=None: np.full([int(d) for d in shape], 0.25), lambda rows: 0.25),
+])
+@pytest.mark.parametrize("in_function", [False, True])
+def test_user_initializers_reset_evicted_rows_as_they_initialize_the_table(initializer, want, in_function):
+    table = HashTable(dim=4, capacity=16, eviction="lru", initializer=initializer)
+    assert table.values.dtype == tf.float32
+    insert = lambda keys: table.find(keys, insert=True)  # noqa: E731
+    if in_function:
+        insert = tf.function(insert, input_signature=[tf.TensorSpec([None], tf.int64)])
+    insert(tf.range(16, dtype=tf.int64))
+    table.values.assign(tf.fill([16, 4], 9.0))
+    insert(tf.constant([1000, 1001], tf.int64))
+    rows = table.find([1000, 1001]).numpy()
+    np.testing.assert_array_equal(table.values.numpy()[rows], np.broadcast_to(want(rows), [2, 4]))
+
+
 def test_bad_pooling_arguments_are_refused_before_any_insert():
     table = HashTable(dim=3, capacity=20)
     keys = tf.ragged.constant([[101, 102], [103]], dtype=tf.int64)

@@ -228,6 +228,35 @@ def test_a_layer_without_eviction_gives_the_rows_an_evicting_layer_freed_fresh_v
     np.testing.assert_array_equal(out, [[0.5, 0.5]] * 3 + [[9.0, 9.0]])
 
 
+def test_a_weights_file_whose_freed_rows_cannot_be_reset_loads_nothing(tmp_path):
+    import tensorflow as tf
+
+    def model(eviction, initializer):
+        keys = keras.Input(shape=(1,), dtype="int64")
+        layer = HashTableEmbedding(2, capacity=64, eviction=eviction, name="e", embeddings_initializer=initializer)
+        return keras.Model(keys, layer(keys)), layer
+
+    saved_model, saved = model("lru", "zeros")
+    saved(np.arange(64)[:, None], training=True)
+    saved(tf.constant([[1000]], tf.int64), training=True)  # leaves three freed rows
+    path = str(tmp_path / "m.weights.h5")
+    saved_model.save_weights(path)
+    calls = []
+
+    def once(shape, dtype=None):  # gives the layer its values, then refuses
+        calls.append(shape)
+        if len(calls) > 1:
+            raise ValueError("no more values")
+        return tf.fill(shape, tf.constant(0.25, dtype))
+
+    target, layer = model("none", once)
+    before = layer.table.numpy(), layer.embeddings.numpy()
+    with pytest.raises(ValueError, match="could not be given fresh values from its initializer.*no more values"):
+        target.load_weights(path)
+    np.testing.assert_array_equal(layer.table.numpy(), before[0])
+    np.testing.assert_array_equal(layer.embeddings.numpy(), before[1])
+
+
 @pytest.mark.parametrize("fmt", ["weights.h5", "keras"])
 def test_keras_weight_files_of_the_other_key_kind_are_refused(tmp_path, fmt):
     # Keras assigns a weights file's arrays as they are: a string-key table

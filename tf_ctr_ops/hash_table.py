@@ -148,7 +148,8 @@ class HashTable(tf.Module):
             self.table = create_table_variable(  # the find kernel runs where the table lives
                 lambda: tf.Variable(empty_table(self.num_slots, self.capacity, self.key_dtype), trainable=False,
                                     name="table"), self.table_device)
-            self.values = tf.Variable(initializer([self.capacity, self.dim], dtype=dtype), name="values")
+            values = tf.cast(initializer([self.capacity, self.dim], dtype=dtype), dtype)  # a NumPy float64 too
+            self.values = tf.Variable(values, name="values")
         restore_any_capacity(self)
 
     def reset_slots_of(self, optimizer):
@@ -343,15 +344,24 @@ def reset_free_rows(table):
     resets each as a new key takes it (see _find_and_reset); a table without
     eviction restored from such a table's checkpoint would hand those rows to
     new keys as the evicted keys left them."""
+    reset = free_row_reset(table, _variable(table.table).numpy())
+    if reset is not None:
+        _variable(table.values).scatter_update(reset)
+
+
+def free_row_reset(table, table_array):
+    """The IndexedSlices of fresh values that reset_free_rows writes for the
+    table array `table_array` (drawn before it is loaded, so that an
+    initializer that fails leaves a load undone), or None."""
     if table.eviction != "none":
-        return
-    rows = free_rows(_variable(table.table).numpy(), table.capacity)
+        return None
+    rows = free_rows(table_array, table.capacity)
     rows = rows[(rows >= 0) & (rows < table.capacity)]  # a corrupt stack is the find's to refuse
-    if rows.size:
-        values = _variable(table.values)
-        fresh = fresh_rows(table.row_initializer, tf.constant(rows), (table.capacity, table.dim), values.dtype,
-                           tf.constant([table.reset_seed, 0], tf.int64))
-        values.scatter_update(tf.IndexedSlices(fresh, tf.constant(rows)))
+    if not rows.size:
+        return None
+    fresh = fresh_rows(table.row_initializer, tf.constant(rows), (table.capacity, table.dim),
+                       _variable(table.values).dtype, tf.constant([table.reset_seed, 0], tf.int64))
+    return tf.IndexedSlices(fresh, tf.constant(rows))
 
 
 def _keep_key_kind(table_var, key_dtype):
@@ -542,13 +552,17 @@ def fresh_rows(initializer, rows, table_shape, dtype, seed):
     if kind is None:
         if not _of_static_shape(initializer):
             try:
-                values = initializer(shape, dtype=dtype)
-                # One that ignores the shape asked for (returns its whole table, say) is read as one of static shape.
-                if values.shape.is_compatible_with([rows.shape[0], table_shape[1]]):
+                values = tf.cast(initializer(shape, dtype=dtype), dtype)  # NumPy float64 too, as at creation
+                # A row count other than the one asked for (in a graph, any
+                # static one: the count asked for is not) is an initializer
+                # that ignores the shape, its whole table, say: read as one
+                # of static shape.
+                if values.shape.rank == 2 and values.shape[0] == rows.shape[0] \
+                        and values.shape[1] in (None, table_shape[1]):
                     return values
-            except (TypeError, ValueError, AttributeError):  # a callable of the user's that wants a static shape
+            except (TypeError, ValueError):  # a callable of the user's that wants a static shape
                 pass
-        return tf.gather(initializer(list(table_shape), dtype=dtype), rows)
+        return tf.gather(tf.cast(initializer(list(table_shape), dtype=dtype), dtype), rows)
     name, a, b = kind
     if name == "uniform":
         rows = tf.random.stateless_uniform(shape, seed, minval=a, maxval=b)

@@ -860,14 +860,24 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
         # `.weights.h5` and `.keras` loads assign the stored arrays as they
         # are: refuse a table of the other key kind, as a restore does.
         stored = self._trainable_variables + self._non_trainable_variables
+        reset = None
         for i, variable in enumerate(stored):
             if variable is self.table and str(i) in store:
                 _hash_table.check_saved_key_kind(store[str(i)], self)
+                if tf.executing_eagerly():  # an evicting layer's table loaded into one that does not evict
+                    reset = self._free_row_reset(store[str(i)])
         super().load_own_variables(store)
-        if self.built and tf.executing_eagerly() and self._variables_initialized():
-            _hash_table.reset_free_rows(self)  # an evicting layer's table loaded into one that does not evict
+        if reset is not None:
+            _hash_table._variable(self.embeddings).scatter_update(reset)
         if self.built and not self._restores_any_capacity:  # built in a symbolic pass, its variables made now
             self._restores_any_capacity = _hash_table.restore_any_capacity(self)
+
+    def _free_row_reset(self, table_array):
+        try:
+            return _hash_table.free_row_reset(self, np.asarray(table_array))
+        except (TypeError, ValueError, tf.errors.OpError) as e:
+            raise ValueError(f"{type(self).__name__} {self.name!r}: the rows its weights' table had freed could "
+                             f"not be given fresh values from its initializer ({e}); nothing was loaded") from e
 
     def _variables_initialized(self):
         return all(_hash_table._variable(v) is not None for v in (self.table, self.embeddings))
