@@ -877,6 +877,37 @@ def test_optimize_saved_model_synthesizes_ragged_tensor_signature_inputs(tmp_pat
     assert_same(got["mean"], module.serve(ids)["mean"])
 
 
+class DelimitedIdsModule(tf.Module):
+    """Ids in strings split on another delimiter than ","."""
+
+    def __init__(self, rng, sep):
+        self.table, self.sep = tf.Variable(rng.standard_normal((50, 4)).astype(np.float32)), sep
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def serve(self, x):
+        ids = tf.strings.to_number(tf.strings.split(x, self.sep), tf.int64).to_sparse()
+        return {"y": tf.nn.safe_embedding_lookup_sparse(self.table, ids, combiner="sum")}
+
+
+@pytest.mark.saved_model
+@pytest.mark.parametrize("sep, joined", [(None, "' '"), ("||", "'||'")])
+def test_optimize_saved_model_synthesizes_ids_joined_by_the_graphs_delimiter(tmp_path, rng, sep, joined):
+    # The synthesized id lists were joined by "," alone: the original refused
+    # them ("could not correctly convert string: 1,0") and a model splitting
+    # on whitespace or "||" could not be verified (nor written).
+    module = DelimitedIdsModule(rng, sep)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tf.saved_model.save(module, str(src), signatures={"serving_default": module.serve})
+    sig = rewrite.optimize_saved_model(src, dst, runs=1).signatures["serving_default"]
+    assert sig.inputs.startswith(f"synthesized (id lists joined by {joined}), ids in [0, 50)"), sig.inputs
+    assert sig.outputs_match and sig.max_abs_diff is not None, sig
+    assert sig.matches, sig
+    s = sep or " "
+    x = tf.constant([f"3{s}49{s}0", "7", f"12{s}12"])
+    got = tf.saved_model.load(str(dst)).signatures["serving_default"](x=x)["y"]
+    assert_same(got, module.serve(x)["y"])
+
+
 def build_keras_ctr_model(seed=0):
     """A Keras 3 functional CTR model whose embedding layers are TF-native
     (tf.nn.embedding_lookup_sparse on the layer's own table)."""

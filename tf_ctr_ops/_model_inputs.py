@@ -11,6 +11,9 @@ the judge:
    in canonical order), standard-normal floats, delimited id lists of 1 to 8
    ids ("1,0", "0,1,1,1,1", "1", ...: bags of several lengths, as a pooling
    that rounds differently shows itself only on longer ones), random bools;
+   where the original refuses them, the id lists joined by each delimiter
+   the graph's string splits use instead of "," (`tf.strings.split(x)`
+   splits on whitespace, `"||"` on itself);
 2. serialized `tf.Example`s for every string input, built from the feature
    spec of the graph's ParseExample node (its keys, dtypes and dense shapes),
    a string feature that a lookup finds straight from the parse holding keys
@@ -467,6 +470,7 @@ class GraphFacts:
         self.example_vocabularies = {}  # tf.Example feature key -> the vocabulary of the lookup that reads it
         # signature key -> its SparseTensor inputs (TF1), which no synthesized values could fit
         self.sparse_inputs = {}
+        self.delimiters = []  # what the graph's string splits split on, other than ","
         for meta_graph in meta_graphs:
             for key, signature in meta_graph.signature_def.items():
                 sparse = sorted(k for k, info in signature.inputs.items() if info.WhichOneof("encoding") == "coo_sparse")
@@ -484,6 +488,10 @@ class GraphFacts:
                     spec = _example_spec(node, resolve)
                     if spec:
                         self.example_specs.append(spec)
+                elif node.op in _SPLIT_OPS and len(node.input) > 1:
+                    delimiter = _id_list_delimiter(node.op, _const_value(resolve(node.input[1])))
+                    if delimiter is not None and delimiter not in self.delimiters:
+                        self.delimiters.append(delimiter)
         assets = _asset_vocabularies(model_dir) if model_dir else {}
         for meta_graph in meta_graphs:
             for key, vocabulary in _example_vocabularies(meta_graph, assets).items():
@@ -503,6 +511,21 @@ class GraphFacts:
 
 
 _FILE_INIT_OPS = ("InitializeTableFromTextFileV2",)
+_SPLIT_OPS = ("StringSplitV2", "StringSplit")
+
+
+def _id_list_delimiter(op, sep):
+    """What to join ids with for a `op` split on the constant `sep`, or None
+    where "," does (or no join of ids 0 and 1 would: a digit). StringSplitV2
+    splits on whitespace where sep is empty; v1's StringSplit on each
+    character of its delimiter (its first is one)."""
+    if sep is None or sep.size != 1:
+        return None
+    sep = sep.item() if isinstance(sep.item(), bytes) else str(sep.item()).encode()
+    delimiter = (sep or b" ") if op == "StringSplitV2" else sep[:1]
+    if delimiter == b"," or re.search(rb"\d", delimiter):
+        return None
+    return delimiter
 
 
 def _example_vocabularies(meta_graph, assets):
@@ -823,16 +846,22 @@ def _spread_ids(rng, high, shape):
     return flat.reshape(shape)
 
 
+_ID = re.compile(rb"\d+")
+
+
 def _spread_id_lists(rng, high, id_lists):
-    """`id_lists` (delimited ids, ID_LISTS) with the same bag lengths, their
-    ids spread over [0, high)."""
-    flat = [v.split(b",") for v in np.ravel(id_lists)]
-    ids = _spread_ids(rng, high, (sum(len(bag) for bag in flat),))[::-1]  # the top id first
-    out, at = [], 0
-    for bag in flat:
-        out.append(b",".join(b"%d" % i for i in ids[at:at + len(bag)]))
-        at += len(bag)
+    """`id_lists` (ID_LISTS, joined by whichever delimiter) with the same
+    bags and delimiters, their ids spread over [0, high)."""
+    flat = list(np.ravel(id_lists))
+    ids = iter(_spread_ids(rng, high, (sum(len(_ID.findall(v)) for v in flat),))[::-1])  # the top id first
+    out = [_ID.sub(lambda _: b"%d" % next(ids), v) for v in flat]
     return np.array(out, dtype=object).reshape(np.shape(id_lists))
+
+
+def _joined_by(inputs, delimiter, keys):
+    """`inputs` with the id lists of the string inputs `keys` joined by `delimiter`."""
+    return dict(inputs, **{k: np.array([v.replace(b",", delimiter) for v in np.ravel(inputs[k])],
+                                       dtype=object).reshape(np.shape(inputs[k])) for k in keys})
 
 
 _BISECT_TRIES = 8
@@ -1069,6 +1098,15 @@ def _accepted_inputs(specs, searched, run, facts, rng):
     tried = [f"on plain values: {error.splitlines()[0]}"]
     known = _known_vocabularies(specs, facts)
     string_inputs = [k for k, s in specs.items() if s.dtype == tf.string]
+    for delimiter in facts.delimiters if string_inputs else ():
+        trial = _joined_by(current, delimiter, string_inputs)
+        trial_error = run(trial)
+        if trial_error is None:
+            return trial, f"synthesized (id lists joined by {delimiter.decode(errors='replace')!r})", set(), None
+        tried.append(f"on id lists joined by {delimiter.decode(errors='replace')!r}: {trial_error.splitlines()[0]}")
+        if _failure_site(trial_error) != _failure_site(error):  # that split is fed: another input fails now
+            current, error = trial, trial_error
+            break
     if facts.example_specs and string_inputs:
         # Keys spread over each feature's vocabulary first; then, where the
         # original refuses those, each vocabulary's first key in every feature.
