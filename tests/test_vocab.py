@@ -122,6 +122,26 @@ def test_gradient_is_indexed_slices_of_the_rows_read(rng):
     np.testing.assert_allclose(tf.convert_to_tensor(grads[0]), tf.convert_to_tensor(grads[1]), rtol=1e-6, atol=1e-6)
 
 
+def test_shards_in_the_div_layout_read_as_the_other_lookups_read_them(rng):
+    # A list of shards was packed into one [3, ...] tensor ("Shapes of all
+    # inputs must match"), where the other lookups take TF's "div" layout.
+    table = string_table(default=3)
+    shards = [tf.Variable(rng.normal(size=(n, 4)).astype(np.float32)) for n in (14, 13, 13)]
+    keys = tf.constant(string_keys(rng, (25, 2), oov=0.2))
+    with tf.GradientTape() as tape:
+        got = tco.vocab_embedding(table, keys, shards)
+        loss = tf.reduce_sum(got * got)
+    whole = tf.Variable(tf.concat(shards, 0))
+    with tf.GradientTape() as native_tape:
+        want = native(table, keys, whole)
+        native_loss = tf.reduce_sum(want * want)
+    np.testing.assert_array_equal(got, want)
+    grads, whole_grad = tape.gradient(loss, shards), tf.convert_to_tensor(native_tape.gradient(native_loss, whole))
+    np.testing.assert_allclose(tf.concat([tf.convert_to_tensor(g) for g in grads], 0), whole_grad, rtol=1e-6)
+    with pytest.raises(ValueError, match="'div' layout"):
+        tco.vocab_embedding(table, keys, shards[::-1][:2] + [tf.zeros([20, 4])])
+
+
 def test_in_a_tf_function_and_empty_batch(rng):
     table = string_table(default=0)
     params = tf.constant(rng.normal(size=(40, 4)), tf.float32)

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tf_ctr_ops import ops
 from tf_ctr_ops._loader import load_op_library
-from tf_ctr_ops._args import check_combiner, check_default_id, check_matmul_dtype, max_norm_attr, read_table
+from tf_ctr_ops._args import as_table, check_combiner, check_default_id, check_matmul_dtype, max_norm_attr, read_table
 from tf_ctr_ops._table_grad import dense_table_shape, forward_table, grad_form, optional_attr, table_gradient
 
 _ops = load_op_library()
@@ -27,7 +27,8 @@ def vocab_embedding(table, keys, params, missing_key="default", wrap_negative_id
         (`tf.lookup.StaticHashTable`, the table of a `StringLookup` or
         `IntegerLookup` layer's `lookup_table`).
       keys: string or int64 keys of any shape, the table's key dtype.
-      params: the [V, ...] embedding table: a Tensor or a Variable.
+      params: the [V, ...] embedding table: a Tensor, a Variable, or a list
+        of shards in TF's "div" layout (as the other lookups take them).
       missing_key: "default": a key the table lacks reads the row of the
         table's default value. "error": a key whose id is the default value is
         an InvalidArgument naming the key and its row (StringLookup with
@@ -63,7 +64,7 @@ def vocab_embedding(table, keys, params, missing_key="default", wrap_negative_id
     masks = [] if mask_key is None else [_mask_key(mask_key, keys.dtype)]
     mask_ids = [tf.constant(mask_id, tf.int64)] if masks else []
     out, _ = _ops.ctr_vocab_embedding(table_handle=table.resource_handle, keys=keys, default_value=default,
-                                      params=read_table(params), mask_keys=masks, mask_ids=mask_ids,
+                                      params=as_table(params), mask_keys=masks, mask_ids=mask_ids,
                                       missing_key=missing_key, missing_id=missing_id,
                                       wrap_negative_ids=bool(wrap_negative_ids), oov_slots=int(oov_slots),
                                       oov_start=int(oov_start), oov_id=-1 if oov_id is None else int(oov_id),
