@@ -1,5 +1,6 @@
 """Scenario "slots" of tests/distribute_run.py: hash-table slots
-(multi_hash_table_embedding) inserting under MirroredStrategy or
+(multi_hash_table_embedding), a table found twice a step and tables that
+admit keys on their second sighting, inserting under MirroredStrategy or
 MultiWorkerMirroredStrategy, against one replica on the same global batches:
 every key must get the row one process gives it. Also: a table with eviction
 is refused under the strategy (one process evicts)."""
@@ -26,11 +27,19 @@ def run(strategy, mode, task, out):
         # Too small for the keys: each key without room counts as dropped once.
         small = tco.HashTable(dim=4, capacity=30, initializer=lambda shape, dtype: tf.reshape(
             tf.range(shape[0] * shape[1], dtype=dtype) / 100.0, shape))
+        # Found twice a step, a feature at a time; and keys admitted on their
+        # second sighting, in slots and in single finds.
+        shared, admitting = (tco.HashTable(dim=4, capacity=200, admit_after=admit, initializer=lambda shape, dtype:
+                                           tf.reshape(tf.range(shape[0] * shape[1], dtype=dtype) / 100.0, shape))
+                             for admit in (1, 2))
 
     @tf.function
     def step(a, b):
         pooled = tco.multi_hash_table_embedding(table, [a, b], insert=True)
         pooled += tco.multi_hash_table_embedding(small, [a, b], insert=True)
+        pooled += [tco.hash_table_embedding(shared, b, insert=True), tco.hash_table_embedding(shared, a, insert=True)]
+        pooled += tco.multi_hash_table_embedding(admitting, [a, b], insert=True)
+        pooled += [tco.hash_table_embedding(admitting, a[:, :1] + 1000, insert=True)]
         return tf.concat(pooled, axis=1)
 
     def mirrored_step(a, b):
@@ -49,6 +58,7 @@ def run(strategy, mode, task, out):
            "multiworker": worker_step}[mode]
     outputs = np.stack([one(a, b) for a, b in batches])
     keys, values = table.export()
+    shared_keys, admitted_keys = (t.export()[0].numpy() for t in (shared, admitting))
     with strategy.scope():
         evicting = tco.HashTable(dim=4, capacity=4, eviction="lru")
     refusal = ""
@@ -58,5 +68,5 @@ def run(strategy, mode, task, out):
     except NotImplementedError as e:
         refusal = str(e)
     np.savez(f"{out}.{task}.npz" if mode == "multiworker" else out, keys=keys.numpy(), values=values.numpy(),
-             outputs=outputs, eviction_refusal=refusal,
+             outputs=outputs, eviction_refusal=refusal, shared_keys=shared_keys, admitted_keys=admitted_keys,
              small_statistics=[int(small.statistics()[k]) for k in ("size", "dropped")])

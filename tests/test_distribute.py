@@ -170,6 +170,12 @@ def check_hash_table_slots_mirrored(mirrored):
     runs = {mode: np.load(mirrored / f"slots.{mode}.npz") for mode in ("single", "mirrored")}
     assert runs["single"]["keys"].size > 50
     np.testing.assert_array_equal(runs["mirrored"]["keys"], runs["single"]["keys"])
+    # A table found twice a step (replica by replica, the second find's keys
+    # of the first replica took rows before the first find's of the second)
+    # and tables that admit keys on their second sighting, counted once.
+    assert runs["single"]["shared_keys"].size > 50 and 0 < runs["single"]["admitted_keys"].size < 80
+    for k in ("shared_keys", "admitted_keys"):
+        np.testing.assert_array_equal(runs["mirrored"][k], runs["single"][k], err_msg=k)
     np.testing.assert_array_equal(runs["mirrored"]["outputs"], runs["single"]["outputs"])
     # Every replica finds all replicas' keys; each inserted and counted the
     # keys without room as dropped, once per replica.
@@ -202,6 +208,8 @@ def check_hash_table_slots_multi_worker(multiworker):
         np.testing.assert_array_equal(got[task]["keys"], want["keys"])
         np.testing.assert_array_equal(got[task]["values"], want["values"])
         np.testing.assert_array_equal(got[task]["small_statistics"], want["small_statistics"])
+        for k in ("shared_keys", "admitted_keys"):
+            np.testing.assert_array_equal(got[task][k], want[k], err_msg=k)
         # It inserted without evicting, dropping new keys once full.
         assert "eviction" in str(got[task]["eviction_refusal"]), got[task]["eviction_refusal"]
     assert str(want["eviction_refusal"]) == ""

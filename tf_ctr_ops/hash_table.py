@@ -461,7 +461,7 @@ def _find_and_reset(table, ids, insert, dense_padding=False):
     values (and optimizer slots, see reset_slots_of) first."""
     if insert:
         check_eviction_outside_replicas(table.eviction)  # before the find inserts
-    if insert and _under_multi_worker_strategy():
+    if insert and (_under_multi_worker_strategy() or _several_replicas()):
         return _find_gathered(table, ids, dense_padding)
     in_step = _find_index_in_step(table) if insert else 0
     rows, reused = _find(_variable(table.table), ids, table.capacity, insert, table.admit_after,
@@ -587,16 +587,16 @@ def _under_multi_worker_strategy():
 
 
 def _find_gathered(table, ids, dense_padding):
-    """Inserting finds under MultiWorkerMirroredStrategy. The keys of all
+    """Inserting finds under a strategy of several replicas. The keys of all
     replicas, in replica order, go into every worker's table (see
     _find_keys_of_all_replicas), and each replica keeps the rows of its own
     keys. Rows go to new keys in order of first appearance
     (CtrHashTableFind), so the copies of every worker give each key the same
-    row, which the mirrored values' aggregated gradients need."""
-    if table.admit_after > 1 and len(tf.distribute.get_strategy().extended.worker_devices) > 1:
-        raise NotImplementedError("hash tables with admit_after > 1 train under MultiWorkerMirroredStrategy with one "
-                                  "replica per worker only: the local replicas of a worker would each count a "
-                                  "sighting of every key")
+    row, which the mirrored values' aggregated gradients need; and finds of
+    one table in one step (a table shared by two features, called twice)
+    insert call by call, all replicas' keys at a time, as one replica does
+    on the global batch: replica by replica, the second call's keys of the
+    first replica would take rows before the first call's of the second."""
     context = tf.distribute.get_replica_context()
     flat = tf.reshape(ids, [-1])
     sizes = context.all_gather(tf.size(flat, out_type=tf.int64)[tf.newaxis], axis=0)
@@ -608,32 +608,30 @@ def _find_gathered(table, ids, dense_padding):
 
 def _find_keys_of_all_replicas(table, keys, dense_padding=False):
     """Rows of the keys that every replica gathered from all replicas. The
-    first replica of each worker inserts them into the worker's table; its
-    other replicas find them once it has (a collective waits for it), so a
-    key without room is counted as dropped once, not once per replica."""
+    first replica of each worker inserts them into the worker's table and
+    hands its rows to the worker's other replicas (a collective), so a
+    sighting is counted once and a key without room is dropped once, not
+    once per replica. Those replicas take its rows rather than find the keys
+    after it: with admission, a key's sightings before its admitting one
+    read no row in the inserting call, where a later find reads the row."""
     context = tf.distribute.get_replica_context()
     local_replicas = len(tf.distribute.get_strategy().extended.worker_devices)
     replica = tf.get_static_value(context.replica_id_in_sync_group)
     if local_replicas == 1 or replica is None:
         return _find(_variable(table.table), keys, table.capacity, True, table.admit_after,
                      dense_padding=dense_padding)[0]
-    inserts = replica % local_replicas == 0
-    if inserts:
+    if replica % local_replicas == 0:
         rows, _ = _find(_variable(table.table), keys, table.capacity, True, table.admit_after,
                         dense_padding=dense_padding)
-        inserted = tf.size(rows, out_type=tf.int64)[tf.newaxis]
     else:
-        inserted = tf.zeros([1], tf.int64)
-    # An all_gather like the callers' own, not an all_reduce: a new strategy
-    # object reuses collective instance keys, and a scalar all_reduce met
-    # there a [1] all_gather of an earlier eager (or traced) step.
-    done = context.all_gather(inserted, axis=0)
-    if inserts:
-        with tf.control_dependencies([done]):
-            return tf.identity(rows)
-    with tf.control_dependencies([done]):
-        return _find(_variable(table.table), keys, table.capacity, False, table.admit_after,
-                     dense_padding=dense_padding)[0]
+        rows = tf.zeros([0], tf.int64)
+    # The inserters' rows, worker by worker (the others give none). An
+    # all_gather like the callers' own, not an all_reduce: a new strategy
+    # object reuses collective instance keys, and an all_reduce met there an
+    # all_gather of an earlier eager (or traced) step.
+    inserted = context.all_gather(rows, axis=0)
+    count = tf.size(keys, out_type=tf.int64)
+    return tf.reshape(tf.slice(inserted, [replica // local_replicas * count], [count]), tf.shape(keys))
 
 
 def optimizer_slots(optimizer, variable):
@@ -1011,11 +1009,7 @@ def _find_slot_rows_gathered(table, slots):
     then the next feature's); replica by replica, the slots would interleave
     and keys would get other rows (other initial values) than in one
     process. So every replica finds the keys of all replicas, slot-major
-    (see _find_keys_of_all_replicas), and keeps the rows of its own.
-    Admission would count each sighting once per replica."""
-    if table.admit_after > 1:
-        raise NotImplementedError("hash-table slots with admit_after > 1 do not train under a strategy of several "
-                                  "replicas: each replica would count a sighting of every key")
+    (see _find_keys_of_all_replicas), and keeps the rows of its own."""
     check_eviction_outside_replicas(table.eviction)
     context = tf.distribute.get_replica_context()
     gathered, own = [], []
