@@ -341,6 +341,18 @@ def test_keras_serve_function_calls_the_rewritten_signature(tmp_path, rng):
         assert set(got) == {"p", "q"}
         for k in want:
             np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-6)
+    # Rewritten again, `serve` (now a call of the first rewrite's function)
+    # follows the signature's second rewrite: it kept the first's graph.
+    again = tmp_path / "again"
+    report = rewrite.optimize_saved_model(dst, again, runs=1, serving_device="cpu")
+    assert report.signatures["serve"].endpoints == ["serve"], report.signatures
+    twice = tf.saved_model.load(str(again))
+    callee = lambda fn: [op.get_attr("f").name for op in fn.graph.get_operations()  # noqa: E731
+                         if op.type == "StatefulPartitionedCall"]
+    assert callee(twice.serve.concrete_functions[0]) == callee(twice.signatures["serve"])
+    got = twice.serve(feeds)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-6)
 
 
 def test_a_serve_function_that_differs_from_its_signature_fails_verification(tmp_path, monkeypatch):

@@ -448,6 +448,29 @@ def test_partitioned_table_merged_offline_and_served_in_fresh_process(tmp_path, 
 
 
 @pytest.mark.saved_model
+def test_a_model_whose_partitions_were_merged_is_rewritten_again(tmp_path, rng):
+    # The second rewrite tracked only the variables it merged itself: the
+    # first one's merged table, which the signatures read, was left untracked
+    # and the save failed (AssertionError: an 'untracked' resource).
+    module = PartitionedModule(rng, "mod")
+    inputs = partitioned_inputs(rng, sum(PART_SIZES))
+    _, _, dst = save_and_optimize(tmp_path, module, inputs)
+    feeds = {k: tf.constant(v) for k, v in inputs.items()}
+    want = module.serve(**feeds)
+    for again, merge in (("dst2", False), ("dst3", True)):
+        report = rewrite.optimize_saved_model(dst, tmp_path / again, sample_inputs={"serving_default": inputs},
+                                              runs=1, merge_partitions=merge)
+        sig = report.signatures["serving_default"]
+        assert report.ok and sig.outputs_match and sig.max_abs_diff == 0, report.summary()
+        dst = tmp_path / again
+        loaded = tf.saved_model.load(str(dst))
+        assert len([v for v in loaded.ctr_variables if v.shape[0] == sum(PART_SIZES)]) == 1
+        got = loaded.signatures["serving_default"](**feeds)
+        for k in want:
+            assert_close(got[k], want[k])
+
+
+@pytest.mark.saved_model
 def test_more_mod_partitions_than_rows_merge(tmp_path, rng):
     # TF's 'mod' rule serves 3 rows in 5 partitions; the merge was refused
     # as if the 'div' rule (which divides by zero there) read them.

@@ -34,27 +34,41 @@ class Endpoint:
 
 
 def wrapped_endpoints(loaded, keys):
-    """The Endpoints of `loaded` that signatures `keys` wrap."""
+    """The Endpoints of `loaded` that signatures `keys` wrap: functions that
+    are the one function a signature calls, or one call of it (a model this
+    rewrite wrote: its `serve` calls the rewritten function the signature
+    calls, and is re-pointed again by a second rewrite)."""
     wrapping = {}
     for key in keys:
         signature = loaded.signatures[key]
-        calls = [op for op in signature.graph.get_operations() if op.type in _CALL_OPS]
+        call = _the_call(signature.graph)
         # A function that writes state would run twice in verification (as
         # the signature, then as itself), the second time on the state the
         # first left.
-        if len(calls) == 1 and not any(writes_state(n) for n in all_nodes(signature.graph.as_graph_def())):
-            wrapping.setdefault(calls[0].get_attr("f").name, key)
+        if call is not None and not any(writes_state(n) for n in all_nodes(signature.graph.as_graph_def())):
+            wrapping.setdefault(call.get_attr("f").name, key)
     found = []
     for name, value in sorted(vars(loaded).items()):
         concretes = getattr(value, "concrete_functions", None)
         if name.startswith("_") or not concretes or len(concretes) != 1:
             continue
         concrete = concretes[0]
-        key = wrapping.get(concrete.name.decode() if isinstance(concrete.name, bytes) else concrete.name)
-        wiring = _wiring(loaded.signatures[key], concrete) if key else None
+        call = None if _name(concrete) in wrapping else _the_call(concrete.graph)
+        key = wrapping.get(_name(concrete) if call is None else call.get_attr("f").name)
+        wiring = _wiring(loaded.signatures[key], concrete, call) if key else None
         if wiring:
             found.append(Endpoint(name, key, value, concrete, *wiring))
     return found
+
+
+def _name(concrete):
+    return concrete.name.decode() if isinstance(concrete.name, bytes) else concrete.name
+
+
+def _the_call(graph):
+    """A function graph's one call of a function, or None."""
+    calls = [op for op in graph.get_operations() if op.type in _CALL_OPS]
+    return calls[0] if len(calls) == 1 else None
 
 
 def _through_identities(tensor):
@@ -63,29 +77,58 @@ def _through_identities(tensor):
     return tensor
 
 
-def _wiring(signature, concrete):
+def _passed_through(graph_inputs, graph_outputs, call, count):
+    """(args, returns) of a graph that is one `call` with its first `count`
+    inputs fed straight in and each output returned: args[i] the argument
+    graph input i feeds, returns[m] the call output graph output m is; None
+    otherwise."""
+    position = {t.op.name: i for i, t in enumerate(graph_inputs[:count])}
+    fed = [position.get(_through_identities(t).op.name) for t in call.inputs[:count]]
+    if None in fed or sorted(fed) != list(range(count)):
+        return None
+    args = [None] * count
+    for arg, index in enumerate(fed):
+        args[index] = arg
+    returns = []
+    for tensor in graph_outputs:
+        source = _through_identities(tensor)
+        if source.op is not call:
+            return None
+        returns.append(source.value_index)
+    return args, returns
+
+
+def _wiring(signature, concrete, call=None):
     """(feeds, outputs) of `concrete` in `signature`, or None where the
-    signature does more than call it with its inputs and return its outputs."""
+    signature does more than call it with its inputs and return its outputs.
+    `call`: None where `concrete` is the function the signature calls, else
+    `concrete`'s one call of that function."""
     args, kwargs = concrete.structured_input_signature
     if kwargs:  # a tf.function's input_signature is positional
         return None
-    call = next(op for op in signature.graph.get_operations() if op.type in _CALL_OPS)
+    flat_inputs = len(tf.nest.flatten(args, expand_composites=True))
+    own = (_passed_through(concrete.inputs, concrete.outputs, call, flat_inputs) if call is not None
+           else (list(range(flat_inputs)), list(range(len(concrete.outputs)))))
+    if own is None:
+        return None
     keys = tf.nest.flatten({k: k for k in signature.structured_input_signature[1]})
     position = {t.op.name: i for i, t in enumerate(signature.inputs[:len(keys)])}
-    flat_inputs = len(tf.nest.flatten(args, expand_composites=True))
-    feeds = [position.get(_through_identities(t).op.name) for t in call.inputs[:flat_inputs]]
-    if None in feeds or sorted(feeds) != list(range(len(keys))):
+    sig_call = _the_call(signature.graph)
+    arg_feeds = [position.get(_through_identities(t).op.name) for t in sig_call.inputs[:flat_inputs]]
+    if None in arg_feeds or sorted(arg_feeds) != list(range(len(keys))):
         return None
-    outputs = [None] * len(concrete.outputs)
+    returned = {}  # the called function's output -> the signature output key returning it
     output_keys = tf.nest.flatten({k: k for k in signature.structured_outputs})
     for key, tensor in zip(output_keys, signature.outputs):
         source = _through_identities(tensor)
-        if source.op is not call or source.value_index >= len(outputs) or outputs[source.value_index]:
+        if source.op is not sig_call or source.value_index in returned:
             return None
-        outputs[source.value_index] = key
-    if None in outputs or len(output_keys) != len(outputs):
+        returned[source.value_index] = key
+    own_args, own_returns = own
+    outputs = [returned.get(index) for index in own_returns]
+    if None in outputs or sorted(outputs) != sorted(output_keys):
         return None
-    return feeds, outputs
+    return [arg_feeds[arg] for arg in own_args], outputs
 
 
 def rewritten(endpoint, signature):

@@ -1482,6 +1482,9 @@ def _tf2_builder(src, loaded, proto, available, selected, serving_device, merge_
     written = (_partitioned.EVERY_VARIABLE if _partitioned.library_writes(proto)
                else _partitioned.written_variables(loaded.signatures[k] for k in available))
     endpoints = _endpoints.wrapped_endpoints(loaded, selected)
+    # Partitions an earlier rewrite of this model merged: its signatures
+    # (rewritten again, or copied) still read them.
+    earlier = list(getattr(loaded, "ctr_variables", None) or [])
 
     def build(folder, disabled):
         reports, functions, made = {}, {}, []
@@ -1524,7 +1527,7 @@ def _tf2_builder(src, loaded, proto, available, selected, serving_device, merge_
         # checkpoint keys (a training checkpoint of the original restores into
         # the rewritten model); variables the rewrite made (merged partitions)
         # are tracked beside them.
-        loaded.ctr_variables = made
+        loaded.ctr_variables = earlier + made
         # The functions a signature only calls (Keras' `serve`) call its
         # rewritten function instead; set again on each build.
         for endpoint in endpoints:
