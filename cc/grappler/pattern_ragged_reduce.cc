@@ -127,8 +127,8 @@ class RaggedReduceLookupPattern : public NamedPattern<kName> {
     const DataType T = TypeAttr(anchor, "T");
     if (T != tensorflow::DT_FLOAT)
       return Skip(ctx, anchor, "data dtype " + tensorflow::DataType_Name(T) +
-                                   " is not float32 (TF's UnsortedSegmentSum adds half types in their own precision, "
-                                   "the fused op in float32)");
+                                   " is not float32 (the fused op adds rows in float32, TF's UnsortedSegmentSum "
+                                   "in the table's own precision)");
     std::string why;
     if (!GathersWholeRows(g, *gather, &why)) return Skip(ctx, anchor, why);
     MeanCount mean;

@@ -104,8 +104,11 @@ class WeightedLookupPattern : public NamedPattern<kName> {
     const GraphIndex& g = ctx->index();
     Weighted w;
     if (!FindWeighted(g, anchor, &w)) return false;
-    if (TypeAttr(anchor, "T") != tensorflow::DT_FLOAT)
-      return Skip(ctx, anchor, "only float32 tables fuse in the weighted form (half tables are cast in TF's graph)");
+    const tensorflow::DataType T = TypeAttr(anchor, "T");
+    if (T != tensorflow::DT_FLOAT)
+      return Skip(ctx, anchor, "data dtype " + tensorflow::DataType_Name(T) +
+                                   " is not float32 (the fused weighted op pools in float32, TF in the "
+                                   "table's own precision)");
     const std::string seg = w.weighted_sum->input(1);
     const tensorflow::DataType Tseg = TypeAttr(*w.weighted_sum, "Tindices");
     if (!IsIndexDtype(Tseg)) return Skip(ctx, anchor, "segment ids are not int32/int64");
