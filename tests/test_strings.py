@@ -246,6 +246,24 @@ def test_packed_input_and_pack_strings(params):
         tco.multi_string_embedding([(data, splits)], [params], id_modes="index")
 
 
+def test_packed_pairs_of_other_dtypes_are_refused_by_name(params):
+    # Splits of any dtype were cast to int64 (2.9 read as 2, True as 1, a
+    # large uint64 as a negative value), and bytes of another dtype, or a
+    # pair given as a list, went to a Pack op's unrelated dtype error.
+    data, splits = tco.pack_strings(tf.constant(["1,2,3", "", "5", "7,,8"]))
+    want = tco.string_embedding((data, splits), params, id_mode="index")
+    for pair in ([data, splits], (data, tf.cast(splits, tf.int32))):
+        np.testing.assert_array_equal(tco.string_embedding(pair, params, id_mode="index"), want)
+    for bad_splits in (tf.constant([0.0, 2.9, 5.0, 10.0]), tf.constant([False, True]),
+                       tf.constant([0, 2**63 + 5], tf.uint64)):
+        with pytest.raises(TypeError, match=f"row_splits must be int32 or int64, got {bad_splits.dtype.name}"):
+            tco.string_embedding((data, bad_splits), params, id_mode="index")
+    with pytest.raises(TypeError, match="bytes must be uint8, as pack_strings gives them, got int8"):
+        tco.string_embedding((tf.cast(data, tf.int8), splits), params)
+    with pytest.raises(TypeError, match="packed strings are string_embedding's input"):
+        tco.layers.StringEmbedding(10, 4)([data, splits])
+
+
 def test_raw_op_rejects_bad_splits(params):
     from tf_ctr_ops.strings import _ops
 

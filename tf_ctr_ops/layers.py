@@ -618,6 +618,8 @@ class StringEmbedding(_PooledEmbeddingBase):
         return super().compute_output_spec(inputs, weights)
 
     def call(self, inputs, weights=None):
+        if _strings._is_packed(inputs):  # before the list of features is refused as such
+            _strings.dense_strings(inputs)
         # Keras rebuilds a loaded model on float32 placeholders; other
         # non-string inputs go on to the op's TypeError, at construction.
         dtype = _values_dtype(_as_container(inputs))

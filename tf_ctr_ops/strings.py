@@ -77,8 +77,25 @@ def pack_strings(strings, name=None):
 
 
 def _is_packed(strings):
-    return (isinstance(strings, tuple) and len(strings) == 2
-            and getattr(strings[0], "dtype", None) == tf.uint8)
+    """Whether `strings` is pack_strings' (bytes, row_splits): a pair (a
+    tuple, or a list as Keras passes two inputs) of uint8 bytes and int32 or
+    int64 splits. A pair of integer tensors of another bytes dtype, or splits
+    of another dtype, is a TypeError: stacked as strings it failed with an
+    unrelated Pack error, and a cast would pass float splits truncated, bools
+    as 0 and 1, and large uint64 values as negative ones."""
+    if not (isinstance(strings, (tuple, list)) and len(strings) == 2):
+        return False
+    dtypes = [getattr(t, "dtype", None) for t in strings]
+    if None in dtypes:
+        return False
+    data, splits = (tf.as_dtype(d) for d in dtypes)
+    if data != tf.uint8:
+        if data.is_integer and splits.is_integer:
+            raise TypeError(f"packed strings' bytes must be uint8, as pack_strings gives them, got {data.name}")
+        return False
+    if splits not in (tf.int32, tf.int64):
+        raise TypeError(f"packed strings' row_splits must be int32 or int64, got {splits.name}")
+    return True
 
 
 def _unpack_strings(packed):
