@@ -317,6 +317,62 @@ def _export_keras_dict_model(path):
     return model
 
 
+class CallersModule(tf.Module):
+    """Functions kept for Python callers around the signature's function f:
+    one only calls it; the others also count, assert, or return a None."""
+
+    def __init__(self, rng):
+        super().__init__()
+        self.table = tf.Variable(rng.normal(size=(50, 8)).astype(np.float32))
+        self.calls = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.int64, name="a"),
+                                  tf.TensorSpec([None, 1], tf.float32, name="b")])
+    def f(self, a, b):
+        return {"p": tf.nn.embedding_lookup_sparse(self.table, tf.sparse.from_dense(a), None, combiner="mean") * b}
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.int64), tf.TensorSpec([None, 1], tf.float32)])
+    def only_calls(self, a, b):
+        return self.f(a, b)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.int64), tf.TensorSpec([None, 1], tf.float32)])
+    def counted(self, a, b):
+        self.calls.assign_add(1)
+        return self.f(a, b)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.int64), tf.TensorSpec([None, 1], tf.float32)])
+    def checked(self, a, b):
+        tf.debugging.assert_non_negative(b, message="negative weight")
+        return self.f(a, b)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.int64), tf.TensorSpec([None, 1], tf.float32)])
+    def with_none(self, a, b):
+        return self.f(a, b), None
+
+
+def test_only_functions_that_just_call_the_signatures_function_follow_its_rewrite(tmp_path, rng):
+    # Re-pointing a function that is one call of the signature's function
+    # (what a first rewrite makes of Keras' serve) took functions that also
+    # count, assert or print: their rewritten copies dropped that. One that
+    # returned a None beside the call failed the whole rewrite.
+    module = CallersModule(rng)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tf.saved_model.save(module, str(src), signatures={"serving_default": module.f})
+    report = rewrite.optimize_saved_model(src, dst, runs=1)
+    assert report.signatures["serving_default"].endpoints == ["f", "only_calls"], report.signatures
+    loaded = tf.saved_model.load(str(dst))
+    a, b = tf.constant([[1, 2, 3], [4, 0, 0]], tf.int64), tf.constant([[0.5], [2.0]])
+    want = module.f(a, b)["p"]
+    for fn in (loaded.only_calls, loaded.counted, loaded.checked):
+        np.testing.assert_allclose(fn(a, b)["p"], want, rtol=1e-6)
+    assert int(loaded.calls.numpy()) == 1
+    got, none = loaded.with_none(a, b)
+    assert none is None
+    np.testing.assert_allclose(got["p"], want, rtol=1e-6)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="negative weight"):
+        loaded.checked(a, -b)
+
+
 def test_keras_serve_function_calls_the_rewritten_signature(tmp_path, rng):
     # model.export() saves `serve` and signatures that only call it;
     # reloaded.serve(x) and TFSMLayer call the function, which kept TF's

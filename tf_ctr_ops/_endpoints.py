@@ -53,7 +53,7 @@ def wrapped_endpoints(loaded, keys):
         if name.startswith("_") or not concretes or len(concretes) != 1:
             continue
         concrete = concretes[0]
-        call = None if _name(concrete) in wrapping else _the_call(concrete.graph)
+        call = None if _name(concrete) in wrapping else _the_only_call(concrete.graph)
         key = wrapping.get(_name(concrete) if call is None else call.get_attr("f").name)
         wiring = _wiring(loaded.signatures[key], concrete, call) if key else None
         if wiring:
@@ -69,6 +69,21 @@ def _the_call(graph):
     """A function graph's one call of a function, or None."""
     calls = [op for op in graph.get_operations() if op.type in _CALL_OPS]
     return calls[0] if len(calls) == 1 else None
+
+
+# What a function that only calls another holds besides the call: a
+# function that also writes a variable, asserts or prints does more than
+# the signature, which its re-pointed copy would not do.
+_PASS_THROUGH_OPS = ("Placeholder", "Identity", "NoOp")
+
+
+def _the_only_call(graph):
+    """A function graph's one call of a function, where the graph holds
+    nothing else that runs (its inputs, Identities), else None."""
+    call = _the_call(graph)
+    if call is None or any(op is not call and op.type not in _PASS_THROUGH_OPS for op in graph.get_operations()):
+        return None
+    return call
 
 
 def _through_identities(tensor):
@@ -106,6 +121,8 @@ def _wiring(signature, concrete, call=None):
     args, kwargs = concrete.structured_input_signature
     if kwargs:  # a tf.function's input_signature is positional
         return None
+    if len(tf.nest.flatten(concrete.structured_outputs, expand_composites=True)) != len(concrete.outputs):
+        return None  # it returns a None or a Python value beside its tensors
     flat_inputs = len(tf.nest.flatten(args, expand_composites=True))
     own = (_passed_through(concrete.inputs, concrete.outputs, call, flat_inputs) if call is not None
            else (list(range(flat_inputs)), list(range(len(concrete.outputs)))))

@@ -11,9 +11,9 @@ the judge:
    in canonical order), standard-normal floats, delimited id lists of 1 to 8
    ids ("1,0", "0,1,1,1,1", "1", ...: bags of several lengths, as a pooling
    that rounds differently shows itself only on longer ones), random bools;
-   where the original refuses them, the id lists joined by each delimiter
-   the graph's string splits use instead of "," (`tf.strings.split(x)`
-   splits on whitespace, `"||"` on itself);
+   the id lists of an input a string split reads joined as it splits them
+   (`tf.strings.split(x)` on whitespace, `"||"` on itself), and, where the
+   original refuses those, joined by each delimiter the graph's splits use;
 2. serialized `tf.Example`s for every string input, built from the feature
    spec of the graph's ParseExample node (its keys, dtypes and dense shapes),
    a string feature that a lookup finds straight from the parse holding keys
@@ -328,13 +328,15 @@ def _init_keys(fdef, by_name, functions=None, depth=0):
     return None
 
 
-def _lookup_vocabularies(meta_graph):
+def _lookup_vocabularies(meta_graph, delimiters=None):
     """{argument name: vocabulary} for each LookupTableFindV2 of a function
     whose keys are an argument of the function and whose table is a tracked
     resource (a StaticHashTable, a Keras lookup's table): the keys its
     `_initialize` function imports. Keras names those arguments after the
     model's inputs, which a FunctionDef's argument names lower-case (`sC`
-    becomes `sc`): each argument goes by its `_user_specified_name`."""
+    becomes `sc`): each argument goes by its `_user_specified_name`.
+    `delimiters`: a dict that gets {argument name: what to join its ids
+    with} for each argument a string split reads (see _id_list_delimiter)."""
     graph_def, objects = meta_graph.graph_def, meta_graph.object_graph_def
     functions = {f.signature.name: f for f in graph_def.library.function}
     captured = _captured_constants(meta_graph)
@@ -369,7 +371,13 @@ def _lookup_vocabularies(meta_graph):
         rewritten model's signature calls its body, the function that Keras'
         `serve` became calls the signature."""
         inputs = _through_pass_throughs(fdef, inputs)
+        scope = _function_scope(fdef, captured)
         for node in fdef.node_def:
+            split = node.input[0].split(":")[0] if node.op in _SPLIT_OPS and len(node.input) > 1 else None
+            if delimiters is not None and split in inputs:
+                delimiter = _id_list_delimiter(node.op, _const_value(scope.get(node.input[1].split(":")[0])))
+                if delimiter is not None:
+                    delimiters.setdefault(inputs[split], delimiter)
             for handle, keys in _table_reads(node):
                 if keys in inputs and handle in handles and inputs[keys] not in out:
                     vocabulary = table_keys(handles[handle])
@@ -471,12 +479,13 @@ class GraphFacts:
         # signature key -> its SparseTensor inputs (TF1), which no synthesized values could fit
         self.sparse_inputs = {}
         self.delimiters = []  # what the graph's string splits split on, other than ","
+        self.input_delimiters = {}  # input name -> what the split that reads it splits on, other than ","
         for meta_graph in meta_graphs:
             for key, signature in meta_graph.signature_def.items():
                 sparse = sorted(k for k, info in signature.inputs.items() if info.WhichOneof("encoding") == "coo_sparse")
                 if sparse:
                     self.sparse_inputs.setdefault(key, sparse)
-            for name, vocabulary in _lookup_vocabularies(meta_graph).items():
+            for name, vocabulary in _lookup_vocabularies(meta_graph, self.input_delimiters).items():
                 self.input_vocabularies.setdefault(name, vocabulary)
             for node, resolve in _all_nodes(meta_graph):
                 if node.op in _TABLE_INIT_OPS and len(node.input) > 1:
@@ -1092,6 +1101,17 @@ def _accepted_inputs(specs, searched, run, facts, rng):
     of the inputs whose values may change."""
     current = plain_inputs(specs, rng)
     specs = searched
+    own = {k: d for k, d in sorted(facts.input_delimiters.items()) if k in specs and specs[k].dtype == tf.string}
+    if own:
+        # Each input's ids joined as its own split splits them: a pooling
+        # of one token per bag would be all that "," gives a hash of split
+        # tokens to compare.
+        trial = current
+        for k, delimiter in own.items():
+            trial = _joined_by(trial, delimiter, [k])
+        if run(trial) is None:
+            joined = ", ".join(f"{d.decode(errors='replace')!r} in {k}" for k, d in own.items())
+            return trial, f"synthesized (id lists joined by {joined})", set(), None
     error = run(current)
     if error is None:
         return current, "synthesized", set(), None
