@@ -42,6 +42,15 @@ def run_cli(args, cwd):
     return types.SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
+def graph_facts(**known):
+    """The facts of a graph that holds nothing the synthesis reads, but `known`."""
+    from tf_ctr_ops import _model_inputs
+
+    facts = _model_inputs.GraphFacts([])
+    vars(facts).update(known)
+    return facts
+
+
 def outputs(model_dir, key, inputs):
     fn = tf.saved_model.load(str(model_dir)).signatures[key]
     specs = fn.structured_input_signature[1]
@@ -1005,8 +1014,7 @@ def test_lookups_that_accept_any_key_are_fed_keys_of_their_vocabulary_too(rng):
     from tf_ctr_ops import _model_inputs
     vocabulary = np.array([b"sf", b"nyc", b"la"], object)
     specs = {"city": tf.TensorSpec([None], tf.string), "n": tf.TensorSpec([None], tf.int64)}
-    facts = types.SimpleNamespace(example_specs=None, input_vocabularies={"city": vocabulary},
-                                  string_vocabularies=[], int_vocabularies=[])
+    facts = graph_facts(input_vocabularies={"city": vocabulary})
     inputs, how = _model_inputs.synthesize(specs, lambda inputs: None, facts, rng)
     fed = set(inputs["city"].ravel().tolist())
     assert set(vocabulary[:2]) <= fed and fed - set(vocabulary), fed  # in order, at the even places of 4
@@ -1052,8 +1060,7 @@ def test_synthesized_inputs_do_not_depend_on_the_order_the_signature_lists_them(
 
     specs = {"b": tf.TensorSpec([None], tf.float32), "a": tf.TensorSpec([None, 2], tf.int64),
              "c": tf.TensorSpec([None], tf.float32)}
-    facts = types.SimpleNamespace(example_specs=None, input_vocabularies={}, string_vocabularies=[],
-                                  int_vocabularies=[])
+    facts = graph_facts()
     run = lambda inputs: None  # noqa: E731 - the original accepts anything
     got = [_model_inputs.synthesize(dict(order), run, facts, np.random.default_rng(3))[0]
            for order in (specs.items(), reversed(list(specs.items())))]
@@ -1073,8 +1080,7 @@ def test_fixed_batch_id_matrices_are_widened_too():
     def model(ids, shape):
         return tf.reduce_sum(tf.gather(table, ids), axis=1) + tf.cast(tf.reduce_sum(shape), tf.float32)
 
-    facts = types.SimpleNamespace(example_specs=[], input_vocabularies={}, string_vocabularies=[],
-                                  int_vocabularies=[])
+    facts = graph_facts()
     specs = {"ids": tf.TensorSpec([8, 3], tf.int64), "shape": tf.TensorSpec([2], tf.int64)}
     inputs, how = _model_inputs.synthesize(specs, _judge(model, []), facts, np.random.default_rng(0))
     assert inputs["ids"].shape == (8, 3) and how == "synthesized, ids in [0, 57)", how
@@ -1101,8 +1107,7 @@ def test_plain_int_ids_are_widened_to_what_the_original_accepts(limit, expected_
             return tf.identity(ids) + tf.reduce_sum(shape)
 
     tries = []
-    facts = types.SimpleNamespace(example_specs=[], input_vocabularies={}, string_vocabularies=[],
-                                  int_vocabularies=[])
+    facts = graph_facts()
     specs = {"ids": tf.TensorSpec([None, 3], tf.int64), "shape": tf.TensorSpec([2], tf.int64)}
     inputs, how = _model_inputs.synthesize(specs, _judge(model, tries), facts, np.random.default_rng(0))
     ids = inputs["ids"]
@@ -1158,8 +1163,7 @@ def test_each_id_input_is_widened_to_its_own_table():
     def model(a, b):
         return tf.reduce_sum(tf.gather(small, a), axis=1) + tf.reduce_sum(tf.gather(large, b), axis=1)
 
-    facts = types.SimpleNamespace(example_specs=[], input_vocabularies={}, string_vocabularies=[],
-                                  int_vocabularies=[])
+    facts = graph_facts()
     specs = {"a": tf.TensorSpec([None, 2], tf.int64), "b": tf.TensorSpec([None, 3], tf.int64)}
     inputs, how = _model_inputs.synthesize(specs, _judge(model, []), facts, np.random.default_rng(0))
     assert how == "synthesized, ids in [0, 11) and wider where taken (b [0, 23))", how
@@ -1203,8 +1207,7 @@ def test_plain_id_lists_are_widened_keeping_their_bag_lengths():
         ids = tf.strings.to_number(tf.strings.split(s, ","), tf.int64)
         return tf.reduce_sum(tf.gather(table, ids), axis=1)
 
-    facts = types.SimpleNamespace(example_specs=[], input_vocabularies={}, string_vocabularies=[],
-                                  int_vocabularies=[])
+    facts = graph_facts()
     inputs, how = _model_inputs.synthesize({"s": tf.TensorSpec([None], tf.string)}, _judge(model, []), facts,
                                            np.random.default_rng(0))
     assert how == "synthesized, ids in [0, 40)", how
@@ -1230,8 +1233,7 @@ def test_synthesized_strings_include_an_empty_one_where_the_original_takes_it(sp
             return tf.nn.safe_embedding_lookup_sparse(table, ids, None)
         return tf.reduce_sum(tf.gather(table, tf.strings.to_number(tf.strings.split(s, ","), tf.int64)), axis=1)
 
-    facts = types.SimpleNamespace(example_specs=[], input_vocabularies={}, string_vocabularies=[],
-                                  int_vocabularies=[])
+    facts = graph_facts()
     inputs, how = _model_inputs.synthesize({"s": tf.TensorSpec([None], tf.string)}, _judge(model, []), facts,
                                            np.random.default_rng(0))
     if split == "v1":
