@@ -358,12 +358,18 @@ class CallersModule(tf.Module):
     def with_none(self, a, b):
         return self.f(a, b), None
 
+    @tf.function(input_signature=[tf.TensorSpec([2, 3], tf.int64), tf.TensorSpec([2, 1], tf.float32)])
+    def narrow(self, a, b):
+        return self.f(a, b)
+
 
 def test_only_functions_that_just_call_the_signatures_function_follow_its_rewrite(tmp_path, rng):
     # Re-pointing a function that is one call of the signature's function
     # (what a first rewrite makes of Keras' serve) took functions that also
     # count, assert or print: their rewritten copies dropped that. One that
-    # returned a None beside the call failed the whole rewrite.
+    # returned a None beside the call failed the whole rewrite, as did one
+    # traced for a narrower shape (verified on the signature's inputs).
+    # Re-pointed functions lost their argument names.
     module = CallersModule(rng)
     src, dst = tmp_path / "src", tmp_path / "dst"
     tf.saved_model.save(module, str(src), signatures={"serving_default": module.f})
@@ -380,6 +386,10 @@ def test_only_functions_that_just_call_the_signatures_function_follow_its_rewrit
     np.testing.assert_allclose(got["p"], want, rtol=1e-6)
     with pytest.raises(tf.errors.InvalidArgumentError, match="negative weight"):
         loaded.checked(a, -b)
+    np.testing.assert_allclose(loaded.narrow(a, b)["p"], want, rtol=1e-6)
+    for fn in (loaded.f, loaded.only_calls):
+        np.testing.assert_allclose(fn(a=a, b=b)["p"], want, rtol=1e-6)
+        np.testing.assert_allclose(fn(a, b=b)["p"], want, rtol=1e-6)
 
 
 def test_keras_serve_function_calls_the_rewritten_signature(tmp_path, rng):

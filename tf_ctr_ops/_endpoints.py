@@ -12,6 +12,7 @@ compare.
 """
 
 import dataclasses
+import inspect
 
 import tensorflow as tf
 
@@ -145,16 +146,28 @@ def _wiring(signature, concrete, call=None):
     outputs = [returned.get(index) for index in own_returns]
     if None in outputs or sorted(outputs) != sorted(output_keys):
         return None
-    return [arg_feeds[arg] for arg in own_args], outputs
+    feeds = [arg_feeds[arg] for arg in own_args]
+    # Only a function that takes exactly what the signature takes: one
+    # traced for a narrower shape would refuse the signature's inputs, and
+    # a wider one would refuse, once re-pointed, calls it took before.
+    for own_input, position in zip(concrete.inputs[:flat_inputs], feeds):
+        fed = signature.inputs[position]
+        if own_input.dtype != fed.dtype or own_input.shape != fed.shape:
+            return None
+    return feeds, outputs
 
 
 def rewritten(endpoint, signature):
-    """A tf.function with `endpoint`'s inputs and outputs that runs the
-    rewritten `signature` (a concrete function taking the signature's inputs
-    positionally, in key order, and returning its output dict)."""
+    """A tf.function with `endpoint`'s inputs, argument names and outputs
+    that runs the rewritten `signature` (a concrete function taking the
+    signature's inputs positionally, in key order, and returning its output
+    dict)."""
     concrete = endpoint.concrete
+    names = _argument_names(concrete)
 
-    def call(*args):
+    def call(*args, **kwargs):
+        if kwargs:  # by name, as the original took them
+            args = args + tuple(kwargs[name] for name in names[len(args):])
         flat = tf.nest.flatten(args, expand_composites=True)
         positional = [None] * len(flat)
         for index, position in enumerate(endpoint.feeds):
@@ -164,4 +177,18 @@ def rewritten(endpoint, signature):
                                         expand_composites=True)
 
     call.__name__ = endpoint.name
+    if names:
+        call.__signature__ = inspect.Signature(
+            [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in names])
     return tf.function(call, input_signature=list(concrete.structured_input_signature[0]))
+
+
+def _argument_names(concrete):
+    """The names `concrete`'s positional arguments may be passed by, or []
+    where it takes them by position only (Keras' `serve(*args)`)."""
+    function_type = getattr(concrete, "function_type", None)
+    parameters = list(function_type.parameters.values()) if function_type is not None else []
+    if (len(parameters) != len(concrete.structured_input_signature[0])
+            or any(p.kind != inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters)):
+        return []
+    return [p.name for p in parameters]

@@ -1109,13 +1109,16 @@ def _accepted_inputs(specs, searched, run, facts, rng):
         trial = current
         for k, delimiter in own.items():
             trial = _joined_by(trial, delimiter, [k])
-        if run(trial) is None:
-            joined = ", ".join(f"{d.decode(errors='replace')!r} in {k}" for k, d in own.items())
+        joined = ", ".join(f"{d.decode(errors='replace')!r} in {k}" for k, d in own.items())
+        own_error = run(trial)
+        if own_error is None:
             return trial, f"synthesized (id lists joined by {joined})", set(), None
     error = run(current)
     if error is None:
         return current, "synthesized", set(), None
     tried = [f"on plain values: {error.splitlines()[0]}"]
+    if own:
+        tried.append(f"on id lists joined by {joined}: {own_error.splitlines()[0]}")
     known = _known_vocabularies(specs, facts)
     string_inputs = [k for k, s in specs.items() if s.dtype == tf.string]
     for delimiter in facts.delimiters if string_inputs else ():
