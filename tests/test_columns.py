@@ -301,6 +301,16 @@ def test_bad_inputs_are_errors_not_crashes(case, message):
             dense_inputs=dense, num_buckets=10, hash_key=1)
 
 
+def test_ragged_features_are_refused_as_cross_hashed_refuses_them():
+    # Converted as a dense tensor, a RaggedTensor met "object of type
+    # 'RaggedTensor' has no len()".
+    features = [tf.ragged.constant([["a"], []]), tf.constant([["x"], ["y"]])]
+    with pytest.raises(TypeError):
+        tf.sparse.cross_hashed(features, 10)
+    with pytest.raises(TypeError, match="input 0 is a RaggedTensor"):
+        tco.cross_embedding_lookup(tf.ones([10, 2]), features, 10)
+
+
 def test_too_many_crosses_is_an_error_not_a_crash():
     # One row with 2^21 features in each of three inputs: 2^63 crosses.
     n = 1 << 21

@@ -95,6 +95,28 @@ def test_gradients_match(rng, weighted):
         assert got[1] is None and want[1] is None
 
 
+@pytest.mark.parametrize("default_id", [None, 2])
+def test_gradient_has_tfs_rows_so_a_sparse_optimizer_updates_as_tf(rng, default_id):
+    # TF's safe lookup fills an empty bag with id 0, whose zero row its
+    # gradient lists (without a default_id): a momentum update then moves
+    # row 0. The op's gradient had one row per id found, not TF's.
+    table = table_of(tf.constant(VOCAB))
+    keys = sparse_keys(rng, 12, VOCAB, empty_rows=0.4)
+    params = {}
+    for name, fn in (("fused", lambda p: tco.vocab_embedding_lookup_sparse(table, keys, p, default_id=default_id)),
+                     ("native", lambda p: native(table, keys, p, default_id=default_id))):
+        var = tf.Variable(np.ones((len(VOCAB), 3), np.float32))
+        optimizer = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9)
+        for step in range(3):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(fn(var) * (step + 1.0))
+            grad = tape.gradient(loss, var)
+            optimizer.apply_gradients([(grad, var)])
+        params[name] = (var.numpy(), np.sort(grad.indices.numpy()))
+    np.testing.assert_array_equal(params["fused"][1], params["native"][1])
+    np.testing.assert_allclose(params["fused"][0], params["native"][0], rtol=1e-6)
+
+
 def test_ragged_keys_and_empty_strings(rng):
     table = table_of(tf.constant(VOCAB + [""]))  # the empty string is a word of this vocabulary
     params = tf.constant(rng.normal(size=(len(VOCAB) + 3, 3)), tf.float32)

@@ -51,6 +51,10 @@ def cross_embedding_lookup(params, inputs, num_buckets, hash_key=None, combiner=
     """
     if not isinstance(inputs, (list, tuple)) or not inputs:
         raise TypeError("inputs must be a non-empty list of SparseTensors and Tensors")
+    ragged = [i for i, x in enumerate(inputs) if isinstance(x, tf.RaggedTensor)]
+    if ragged:  # as tf.sparse.cross_hashed refuses it; converted, it met an unrelated len() error
+        raise TypeError(f"inputs must be SparseTensors and Tensors, as tf.sparse.cross_hashed takes them; input "
+                        f"{ragged[0]} is a RaggedTensor (pass its .to_sparse())")
     if int(num_buckets) < 1:
         raise ValueError(f"num_buckets must be >= 1, got {num_buckets}")
     combiner = check_combiner(combiner)
@@ -69,7 +73,7 @@ def cross_embedding_lookup(params, inputs, num_buckets, hash_key=None, combiner=
             dense_inputs=[_crossable(t) for t in dense], num_buckets=int(num_buckets),
             hash_key=key, combiner=combiner,
             default_id=check_default_id(default_id), max_norm=max_norm_attr(max_norm),
-            **_safe_lookup_grad_form(default_id))
+            **ops.safe_lookup_grad_form(default_id))
         first = sparse[0] if sparse else dense[0]
         return ops._with_batch_dim(out, first)
 
@@ -129,15 +133,8 @@ def bucketized_embedding_lookup(params, values, boundaries, combiner="mean", def
             params=ops.div_table(params, "bucketized_embedding_lookup"), input=values, boundaries=boundaries,
             column_stride=len(boundaries) + 1,
             combiner=combiner, default_id=check_default_id(default_id),
-            max_norm=max_norm_attr(max_norm), **_safe_lookup_grad_form(default_id))
+            max_norm=max_norm_attr(max_norm), **ops.safe_lookup_grad_form(default_id))
         return ops._with_batch_dim(out, values)
-
-
-def _safe_lookup_grad_form(default_id):
-    """The gradient form of the safe_embedding_lookup_sparse these ops stand
-    for: a row per distinct id (its Unique), and without a default_id a zero
-    row for id 0, which fills the bags left empty."""
-    return dict(grad_indices="first_appearance", empty_grad_row=0 if default_id is None else -1)
 
 
 @tf.RegisterGradient("CtrBucketizeEmbeddingLookup")

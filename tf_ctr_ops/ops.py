@@ -520,6 +520,15 @@ def _sharded_lookup(shards, bags, *, strategy="div", dtype=None, default_id=None
 _DROP_IN_GRAD_INDICES = "first_appearance"
 
 
+def safe_lookup_grad_form(default_id):
+    """The gradient form of a safe_embedding_lookup_sparse (which the column
+    and vocabulary lookups stand for too): a row per distinct id (its
+    Unique), and without a default_id a zero row for id 0, which fills the
+    bags left empty: a sparse optimizer update such as momentum's moves that
+    row as TF's does."""
+    return dict(grad_indices=_DROP_IN_GRAD_INDICES, empty_grad_row=0 if default_id is None else -1)
+
+
 def _drop_in_grad_form(table_is_tensor, weighted, allow_fast_lookup, max_norm):
     """The params gradient TF's embedding_lookup_sparse_impl gives: with
     allow_fast_lookup, no max_norm and one table that reaches it as a tensor
@@ -743,8 +752,7 @@ def _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
                      max_norm=max_norm)
         if sharded:
             result = _sharded_lookup(parts, bags, strategy=partition_strategy, dtype=shards_dtype,
-                                     default_id=default_id, empty_grad_row=0 if default_id is None else -1,
-                                     grad_indices=_DROP_IN_GRAD_INDICES, **attrs)
+                                     default_id=default_id, **safe_lookup_grad_form(default_id), **attrs)
             row_shape = parts[0].shape[1:]
         else:
             merged = _MergedShards(parts, partition_strategy)

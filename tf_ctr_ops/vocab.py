@@ -176,7 +176,7 @@ def vocab_embedding_lookup_sparse(table, sp_keys, params, sp_weights=None, combi
             weights=weights, combiner=combiner,
             segment_kind=bags.kind, invalid_ids="skip_negative", prune_weights=has_weights and combiner != "sum",
             default_id=check_default_id(default_id), max_norm=max_norm_attr(max_norm),
-            has_weights=has_weights, num_oov_buckets=int(num_oov_buckets))
+            has_weights=has_weights, num_oov_buckets=int(num_oov_buckets), **ops.safe_lookup_grad_form(default_id))
         return ops._with_batch_dim(out, sp_keys)
 
 
