@@ -131,8 +131,12 @@ def test_negative_id_is_an_error_naming_block_row_and_value():
     blocks = [(tf.constant([[1], [2], [0]]), 4), (tf.constant([[0, 1], [2, -7], [-1, 0]]), 4)]
     with pytest.raises(tf.errors.InvalidArgumentError, match="non-negative"):
         native(blocks, kernel)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id -7 in row 1 of encoded block 1 is negative"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id -7 in row 1 of block 1 \(an encoding\) is negative"):
         tco.multi_hot_dense(blocks, kernel)
+    # Its place among all the blocks, as the Python checks number them: it
+    # was its place among the encodings (block 1 here).
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id -7 in row 1 of block 2 \(an encoding\)"):
+        tco.multi_hot_dense([tf.ones([3, 2])] + blocks, tf.ones([10, 2]))
 
 
 def test_shape_mismatches_are_errors():

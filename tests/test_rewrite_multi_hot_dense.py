@@ -318,7 +318,7 @@ def test_in_process_negative_ids_fail_alike(rng):
     b = tf.tensor_scatter_nd_update(b, [[2, 1]], [-3])
     with pytest.raises(tf.errors.InvalidArgumentError, match="non-negative"):
         f(a, b, x)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id -3 in row 2 of encoded block 1 is negative"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id -3 in row 2 of block 2 \(an encoding\) is negative"):
         fused(a, b, x)
 
 

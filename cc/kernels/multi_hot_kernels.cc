@@ -35,16 +35,17 @@ struct Block {
   int64_t first = 0;
 };
 
-// DenseBincount rejects negative ids; the first one in row order is named.
+// DenseBincount rejects negative ids; the first one in row order is named,
+// with its block's position in the concatenation (the caller's block list).
 template <typename Id>
-absl::Status CheckNotNegative(const Tensor& ids, int block) {
+absl::Status CheckNotNegative(const Tensor& ids, int64_t block) {
   // Over the elements, not rows x columns: 2^40 rows of no ids took hours.
   const auto id = ids.flat<Id>();
   for (int64_t e = 0; e < id.size(); ++e)
     if (id(e) < 0)
       return tensorflow::errors::InvalidArgument("id ", static_cast<int64_t>(id(e)), " in row ", e / ids.dim_size(1),
-                                                 " of encoded block ", block,
-                                                 " is negative: an encoding counts ids >= 0");
+                                                 " of block ", block,
+                                                 " (an encoding) is negative: an encoding counts ids >= 0");
   return absl::OkStatus();
 }
 
@@ -146,8 +147,8 @@ class MultiHotDenseOp : public tensorflow::OpKernel {
       }
       if (i < n_) {
         if (!drop_negative_[i] && column_depths_[i] == 0)
-          TF_RETURN_IF_ERROR(in.dtype() == tensorflow::DT_INT32 ? CheckNotNegative<int32_t>(in, i)
-                                                                : CheckNotNegative<int64_t>(in, i));
+          TF_RETURN_IF_ERROR(in.dtype() == tensorflow::DT_INT32 ? CheckNotNegative<int32_t>(in, PositionOf(i))
+                                                                : CheckNotNegative<int64_t>(in, PositionOf(i)));
         block.ids = &in;
         block.width = block.depth = depths_[i];
         block.binary = binary_[i];
@@ -203,6 +204,11 @@ class MultiHotDenseOp : public tensorflow::OpKernel {
       ctr::AddMultiHotRow(block.ids->template flat<int64_t>().data() + r * n, n, block.depth, block.binary, rows, units, out,
                           sorted);
     }
+  }
+
+  // Where input block `input` sits in the concatenation (layout_ is a permutation).
+  int64_t PositionOf(int input) const {
+    return std::find(layout_.begin(), layout_.end(), input) - layout_.begin();
   }
 
   int n_ = 0, m_ = 0;
