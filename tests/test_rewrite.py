@@ -850,6 +850,13 @@ def test_optimize_saved_model_synthesizes_sparse_tensor_signature_inputs(tmp_pat
         assert_same(got[k], want[k])
 
 
+def saved_and_rewritten(tmp_path, module):
+    """(the serving signature's report, DST) of `module.serve` saved and rewritten with one verifying run."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tf.saved_model.save(module, str(src), signatures={"serving_default": module.serve})
+    return rewrite.optimize_saved_model(src, dst, runs=1).signatures["serving_default"], dst
+
+
 class RaggedSignatureModule(tf.Module):
     def __init__(self, rng):
         self.table = tf.Variable(rng.standard_normal((20, 4)).astype(np.float32))
@@ -866,9 +873,7 @@ def test_optimize_saved_model_synthesizes_ragged_tensor_signature_inputs(tmp_pat
     # (ids_1): drawn each alone they did not fit, the original refused them,
     # and the CLI could not verify (nor write) the model.
     module = RaggedSignatureModule(rng)
-    src, dst = tmp_path / "src", tmp_path / "dst"
-    tf.saved_model.save(module, str(src), signatures={"serving_default": module.serve})
-    sig = rewrite.optimize_saved_model(src, dst, runs=1).signatures["serving_default"]
+    sig, dst = saved_and_rewritten(tmp_path, module)
     assert sig.inputs.startswith("synthesized"), sig.inputs
     assert sig.outputs_match and sig.max_abs_diff is not None, sig
     assert [m["pattern"] for m in sig.matches] == ["ragged_reduce_lookup"], sig.matches
@@ -896,9 +901,7 @@ def test_optimize_saved_model_synthesizes_ids_joined_by_the_graphs_delimiter(tmp
     # them ("could not correctly convert string: 1,0") and a model splitting
     # on whitespace or "||" could not be verified (nor written).
     module = DelimitedIdsModule(rng, sep)
-    src, dst = tmp_path / "src", tmp_path / "dst"
-    tf.saved_model.save(module, str(src), signatures={"serving_default": module.serve})
-    sig = rewrite.optimize_saved_model(src, dst, runs=1).signatures["serving_default"]
+    sig, dst = saved_and_rewritten(tmp_path, module)
     assert sig.inputs.startswith(f"synthesized (id lists joined by {joined} in x), ids in [0, 50)"), sig.inputs
     assert sig.outputs_match and sig.max_abs_diff is not None, sig
     assert sig.matches, sig
@@ -930,9 +933,7 @@ def test_optimize_saved_model_joins_each_inputs_ids_by_its_own_splits_delimiter(
     # refused... nothing (a hash takes any token), so x was compared on
     # single-token bags "1;0", or the model could not be verified at all.
     module = TwoDelimitersModule(rng)
-    src, dst = tmp_path / "src", tmp_path / "dst"
-    tf.saved_model.save(module, str(src), signatures={"serving_default": module.serve})
-    sig = rewrite.optimize_saved_model(src, dst, runs=1).signatures["serving_default"]
+    sig, dst = saved_and_rewritten(tmp_path, module)
     assert sig.inputs.startswith("synthesized (id lists joined by '|' in x, ';' in y)"), sig.inputs
     assert sig.outputs_match and sig.max_abs_diff is not None, sig
     x, y = tf.constant(["a|b|c", "", "d"]), tf.constant(["3;49", "7", "12;12"])
