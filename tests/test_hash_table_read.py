@@ -287,3 +287,43 @@ def test_one_variable_as_table_and_values_is_refused_not_a_deadlock(tmp_path):
                           text=True, timeout=240)
     assert "REFUSED" in proc.stdout and "table and values are one variable" in proc.stdout, \
         proc.stdout + proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("kind", ["int", "string", "layer"])
+def test_a_table_loaded_from_a_saved_model_reads_as_the_saved_one(rng, tmp_path, kind):
+    # tf.saved_model.load restores the table's variables, not its Python
+    # attributes: a loaded table is read through what its variables tell.
+    if kind == "string":
+        table = HashTable(dim=4, capacity=40, key_dtype=tf.string)
+        table.find(tf.constant([b"a", b"bb", b"c"]), insert=True)
+        keys = tf.ragged.constant([[b"a", b"zz"], [], [b"bb", b"c", b"a"]])
+    else:
+        keys = _random_ragged(rng, 9, 4)
+        if kind == "int":
+            table = _filled_table(rng)
+        else:
+            table = tco.layers.HashTableEmbedding(output_dim=5, capacity=64)
+            table(keys.to_tensor(default_value=-1), training=True)
+    module = tf.Module()
+    module.table = table
+    tf.saved_model.save(module, str(tmp_path / "m"))
+    loaded = tf.saved_model.load(str(tmp_path / "m")).table
+
+    expected = hash_table_embedding(table, keys, combiner="sqrtn").numpy()
+    np.testing.assert_array_equal(hash_table_embedding(loaded, keys, combiner="sqrtn").numpy(), expected)
+    traced = tf.function(lambda k: hash_table_embedding(loaded, k, combiner="sqrtn"))
+    np.testing.assert_array_equal(traced(keys).numpy(), expected)
+    one, two = tco.multi_hash_table_embedding([loaded, loaded], [keys, keys], combiners="sqrtn")
+    np.testing.assert_array_equal(one.numpy(), expected)
+    np.testing.assert_array_equal(two.numpy(), expected)
+    with pytest.raises(ValueError, match=r"restored by tf.saved_model.load.*restore_resized"):
+        hash_table_embedding(loaded, keys, insert=True)
+
+
+def test_a_loaded_string_table_refuses_int_keys(tmp_path):
+    module = tf.Module()
+    module.table = HashTable(dim=2, capacity=8, key_dtype=tf.string)
+    tf.saved_model.save(module, str(tmp_path / "m"))
+    loaded = tf.saved_model.load(str(tmp_path / "m")).table
+    with pytest.raises(TypeError, match="key_dtype=tf.string takes string keys"):
+        hash_table_embedding(loaded, tf.constant([[1]], tf.int64))

@@ -835,7 +835,7 @@ def hash_table_embedding(table, keys, weights=None, combiner="mean", max_norm=No
     Returns:
       `[B, dim]`, a zero row for a bag with no key that has a row.
     """
-    _check_table(table, "table")
+    table = _check_table(table, "table", insert)
     check_combiner(combiner)
     max_norm_attr(max_norm)  # refused before any key is inserted
     with tf.name_scope(name or "hash_table_embedding"):
@@ -854,16 +854,53 @@ def hash_table_embedding(table, keys, weights=None, combiner="mean", max_norm=No
         return _lookup_ops._with_batch_dim(_pool_rows(table, rows_bags, combiner, max_norm), keys)
 
 
-def _check_table(table, argument):
-    """A `HashTable`, or a built layer that has one (duck-typed: a layer's
-    table is a Keras variable)."""
+def _check_table(table, argument, insert=False):
+    """A `HashTable`, a built layer that has one (duck-typed: a layer's
+    table is a Keras variable), or a read-only view of one that
+    tf.saved_model.load restored."""
     if all(hasattr(table, a) for a in ("table", "values", "key_dtype", "capacity")):
         return table
     if getattr(table, "built", True) is False and hasattr(table, "key_dtype"):
         raise ValueError(f"{argument} is a {type(table).__name__} layer that is not built yet: "
                          "call (or build) it first, then pass it")
+    if _LoadedTable.holds(table):
+        if insert:
+            raise ValueError(f"{argument} is a table restored by tf.saved_model.load, which can only be read: its "
+                             "admission, eviction and initializer are not saved. To insert keys, make a "
+                             "tf_ctr_ops.HashTable and load this one into it with table.restore_resized("
+                             "'EXPORT_DIR/variables/variables', NAME), NAME being its attribute path in the "
+                             "saved object")
+        return _LoadedTable(table)
     raise TypeError(f"{argument} must be a tf_ctr_ops.HashTable (or a built layers.HashTableEmbedding), "
                     f"got {type(table).__name__}")
+
+
+class _LoadedTable:
+    """A HashTable (or HashTableEmbedding layer) as tf.saved_model.load
+    restores it: its two variables without the Python attributes, which a
+    SavedModel does not keep. The attributes a read needs follow from the
+    variables: capacity and width from the values, the slot count from the
+    table's rows, the key dtype from the table's header."""
+
+    @staticmethod
+    def _values_of(loaded):
+        values = getattr(loaded, "values", None)
+        return getattr(loaded, "embeddings", None) if values is None else values
+
+    @classmethod
+    def holds(cls, loaded):
+        table, values = getattr(loaded, "table", None), cls._values_of(loaded)
+        return (isinstance(table, tf.Variable) and isinstance(values, tf.Variable) and table.dtype == tf.int64
+                and table.shape.rank == 2 and table.shape[1] == COLUMNS and values.shape.rank == 2)
+
+    def __init__(self, loaded):
+        self.table, self.values = loaded.table, self._values_of(loaded)
+        self.capacity, self.dim = (int(n) for n in self.values.shape)
+        self.num_slots = int(self.table.shape[0]) - HEADER_ROWS - free_list_rows(self.capacity)
+        with tf.init_scope():  # the header is read once, eagerly, also when called in a tf.function
+            kind = int(tf.reshape(self.table[:HEADER_ROWS], [-1])[KEY_KIND])
+        self.key_dtype = tf.string if kind == STRING_KEYS else tf.int64
+        self.admit_after, self.eviction = 1, None
 
 
 def multi_hash_table_embedding(tables, features, weights=None, combiners="mean", max_norms=None, insert=False,
@@ -897,7 +934,7 @@ def multi_hash_table_embedding(tables, features, weights=None, combiners="mean",
     if n == 0:
         raise ValueError("features must be a non-empty list")
     listed = isinstance(tables, (list, tuple))
-    tables = [_check_table(t, f"tables[{i}]" if listed else "tables")
+    tables = [_check_table(t, f"tables[{i}]" if listed else "tables", insert)
               for i, t in enumerate(per_feature(tables, n, "tables"))]
     weights = per_feature(weights, n, "weights")
     combiners = [check_combiner(c) for c in per_feature(combiners, n, "combiners")]
@@ -907,7 +944,8 @@ def multi_hash_table_embedding(tables, features, weights=None, combiners="mean",
         slots = [_slot(keys, w, t.key_dtype) for keys, w, t in zip(features, weights, tables)]
         batch = _common_batch_size([slot.batch for slot in slots])
         outputs = [None] * n
-        for members in _grouped(range(n), lambda i: id(tables[i])):
+        # By the key table, which read-only views of one loaded table share.
+        for members in _grouped(range(n), lambda i: id(tables[i].table)):
             table = tables[members[0]]
             # A read finds the keys of each group of slots as it pools them.
             found_by_pooling = not insert and _find_pools_in_one_op(table)
