@@ -539,6 +539,9 @@ def test_disabled_patterns_keep_their_subgraphs_native(tmp_path):
     fused = {m["pattern"] for m in report["signatures"]["serving_default"]["matches"]}
     assert "string_split_lookup" not in fused and "safe_lookup" in fused, fused
     assert "StringSplitV2" in report["signatures"]["serving_default"]["op_counts_after"]
+    # The left-alone string hash's own reason cannot say its pattern was off; the summary does.
+    assert report["disabled_patterns"] == ["string_split_lookup"]
+    assert "disabled string_split_lookup: not run, so what they fuse is left alone" in cli.stdout, cli.stdout
     bad = run_cli(["src", "dst2", "--disable", "no_such_pattern"], tmp_path)
     assert bad.returncode == 2 and "--disable: unknown pattern(s) no_such_pattern;" in bad.stderr, bad.stderr
     assert not (tmp_path / "dst2").exists()

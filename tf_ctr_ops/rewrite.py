@@ -890,6 +890,7 @@ class RewriteReport:
     verified: bool  # outputs compared with the original's, in a fresh process
     tf1: bool = False  # a TF1 (Builder) SavedModel: its signatures share one rewritten graph
     rejected_patterns: dict = dataclasses.field(default_factory=dict)  # pattern -> why its result was dropped
+    disabled_patterns: list = dataclasses.field(default_factory=list)  # not run, as asked
 
     @property
     def matches(self):
@@ -927,6 +928,10 @@ class RewriteReport:
         lines = [f"tf-ctr-ops optimize: {self.src} -> {self.dst}",
                  f"  rewrite {self.rewrite_seconds:.2f} s, total {self.total_seconds:.2f} s; "
                  f"{fused_subgraph_count(self.matches)} subgraph(s) fused, {left_alone_count(self.skips)} left alone"]
+        if self.disabled_patterns:
+            # The left-alone lines give each op's own reason, which may be only that its pattern did not run.
+            lines.append(f"  disabled {', '.join(sorted(self.disabled_patterns))}: not run, so what they fuse "
+                         "is left alone")
         rewritten = [s.key for s in self.signatures.values() if s.rewritten]
         shared = self.tf1 and len(rewritten) > 1
         if shared:
@@ -1760,4 +1765,4 @@ def _optimize_saved_model(src, dst, signature_keys, sample_inputs, verify, runs,
                                                          _feeds(rewritten.signatures[key], inputs[key]), runs)
     return RewriteReport(src=src, dst=dst, signatures=best.reports, rewrite_seconds=best.rewrite_seconds,
                          total_seconds=time.perf_counter() - start, verified=bool(verify), tf1=tf1,
-                         rejected_patterns=dropped)
+                         rejected_patterns=dropped, disabled_patterns=list(disabled_patterns))
