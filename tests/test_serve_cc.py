@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import tf_ctr_ops
 from real_models import save_split_safe_lookup_model
-from tf_ctr_ops import _saved_model_files, rewrite
+from tf_ctr_ops import rewrite
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "serve_cc"
 
@@ -28,28 +28,68 @@ def server(tmp_path_factory):
     return out
 
 
+OP_LIBRARY = Path(tf_ctr_ops.__file__).with_name("_tf_ctr_ops.so")
+
+
+def _serve(server, model, signature, inputs_file, runs="3"):
+    return subprocess.run([str(server), str(OP_LIBRARY), str(model), signature, str(inputs_file), runs],
+                          capture_output=True, text=True, timeout=300)
+
+
+def _rows(served):
+    assert served.returncode == 0, served.stdout + served.stderr
+    assert "median latency" in served.stderr
+    return np.array([[float(v) for v in line.split()] for line in served.stdout.splitlines()], np.float32)
+
+
 def test_cc_server_serves_the_rewritten_model_as_python_does(tmp_path, server):
     src, dst = tmp_path / "src", tmp_path / "dst"
     save_split_safe_lookup_model(str(src))
     report = rewrite.optimize_saved_model(src, dst, runs=1)
     assert "CtrStringEmbedding" in {m["fused_op"] for m in report.signatures["serving_default"].matches}
-    signature = _saved_model_files.serving_meta_graph(_saved_model_files.read(dst)).signature_def["serving_default"]
-    input_name, output_name = signature.inputs["x"].name, signature.outputs["y"].name
     strings = ["a|b|c", "", "a||d", "zz", "b|b"]
-    (tmp_path / "strings.txt").write_text("\n".join(strings) + "\n")
-    op_library = Path(tf_ctr_ops.__file__).with_name("_tf_ctr_ops.so")
-    served = subprocess.run([str(server), str(op_library), str(dst), input_name, output_name,
-                             str(tmp_path / "strings.txt"), "3"], capture_output=True, text=True, timeout=300)
-    assert served.returncode == 0, served.stdout + served.stderr
-    assert "median latency" in served.stderr
-    got = np.array([[float(v) for v in line.split()] for line in served.stdout.splitlines()], np.float32)
+    # Lines ended by "\r\n" read as those ended by "\n": the "\r" is no part of the string.
+    (tmp_path / "strings.txt").write_bytes(("\r\n".join(strings) + "\r\n").encode())
+    got = _rows(_serve(server, dst, "serving_default", tmp_path / "strings.txt"))
 
     python = tf.saved_model.load(str(dst)).signatures["serving_default"]
     want = python(x=tf.constant(strings))["y"].numpy()
     np.testing.assert_array_equal(got, want)  # printed with 9 significant digits: float32 round-trips
 
 
+def test_cc_server_serves_an_estimator_model_on_tf_examples_from_a_tfrecord_file(tmp_path, server):
+    # Serialized tf.Examples hold newlines: they come one per TFRecord record.
+    from tf_ctr_ops.bench.models import save_tf1_feature_column_model, tf_examples
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    save_tf1_feature_column_model(str(src), str(tmp_path))
+    rewrite.optimize_saved_model(src, dst, runs=1, serving_device="cpu")
+    examples = tf_examples(np.random.default_rng(5), 16)
+    assert any(b"\n" in e for e in examples)
+    with tf.io.TFRecordWriter(str(tmp_path / "batch.tfrecord")) as writer:
+        for example in examples:
+            writer.write(example)
+    for signature, output in (("predict", "logits"), ("serving_default", "scores")):
+        got = _rows(_serve(server, dst, f"{signature}:{output}", tmp_path / "batch.tfrecord"))
+        python = tf.saved_model.load(str(dst)).signatures[signature]
+        want = python(tf.constant(examples))[output].numpy()
+        np.testing.assert_array_equal(got, want.reshape(len(examples), -1))
+
+
+def test_cc_server_names_what_the_model_has_when_asked_for_what_it_lacks(tmp_path, server):
+    src = tmp_path / "src"
+    save_split_safe_lookup_model(str(src))
+    (tmp_path / "strings.txt").write_text("a|b\n")
+    (tmp_path / "cut.tfrecord").write_bytes(b"\x05\x00\x00")
+    for signature, inputs, message in (
+            ("predict", "strings.txt", "the SavedModel has no signature predict; its signatures: serving_default"),
+            ("serving_default:z", "strings.txt", "signature serving_default has no output z; its outputs: y"),
+            ("serving_default", "cut.tfrecord", "is not a TFRecord file")):
+        served = _serve(server, src, signature, tmp_path / inputs)
+        assert served.returncode == 1 and message in served.stderr, served.stderr
+
+
 def test_cc_server_without_the_op_library_fails_clearly(tmp_path, server):
-    served = subprocess.run([str(server), str(tmp_path / "missing.so"), str(tmp_path), "x:0", "y:0",
+    served = subprocess.run([str(server), str(tmp_path / "missing.so"), str(tmp_path), "serving_default",
                              str(tmp_path / "none.txt")], capture_output=True, text=True, timeout=120)
     assert served.returncode == 1 and "serve: loading the op library" in served.stderr
