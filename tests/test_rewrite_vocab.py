@@ -296,6 +296,40 @@ def test_a_pooling_of_a_mutable_tables_rows_says_truly_why_it_stays(tmp_path, re
     assert "rewriting the SavedModel offline" not in reason
 
 
+@pytest.mark.saved_model
+def test_a_signature_that_writes_the_table_another_reads_leaves_a_written_model_and_a_report(tmp_path):
+    # Timing calls each signature again and again on one loaded copy of the
+    # model: "record", called again, inserts ids that "serve" then cannot
+    # gather, which one call each (the reference, the verification) never does. The
+    # model was verified and written by then; the command must not fail
+    # after writing DST, and the report says why there is no latency (hunt 163).
+    m = tf.Module()
+    m.table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=0)
+    m.values = tf.Variable(tf.random.stateless_normal([10, 4], seed=[1, 2]))
+    m.calls = tf.Variable(tf.constant(0, tf.int64))
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)] * 3)
+    def record(q, k, v):
+        y = tf.gather(m.values, m.table.lookup(q))
+        m.table.insert(k, v * m.calls.assign_add(1))
+        return {"y": y}
+
+    m.record = record
+    m.serve = tf.function(lambda q: {"y": tf.gather(m.values, m.table.lookup(q))},
+                          input_signature=[tf.TensorSpec([None], tf.int64)])
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tf.saved_model.save(m, str(src), signatures={"record": m.record, "serve": m.serve})
+    feeds = {"record": {"q": np.array([1, 2], np.int64), "k": np.array([5, 6], np.int64),
+                        "v": np.array([3, 4], np.int64)},
+             "serve": {"q": np.array([5, 6, 7], np.int64)}}
+    report = rewrite.optimize_saved_model(src, dst, runs=3, serving_device="cpu", sample_inputs=feeds)
+    assert report.ok and (dst / "saved_model.pb").exists()
+    timed = {k: (s.latency_ms_before, s.latency_note) for k, s in report.signatures.items()}
+    assert timed["record"][0] is not None, timed
+    assert timed["serve"][0] is None and "indices" in timed["serve"][1], timed
+    assert f"latency {timed['serve'][1]}" in report.summary()
+
+
 @pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="online graphs are placed on a GPU here")
 def test_a_pooling_of_a_vector_key_tables_find_stays_tfs_online():
     # A DenseHashTable of [2] keys finds one id per key pair: pooling its
