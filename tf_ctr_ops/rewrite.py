@@ -501,7 +501,8 @@ def _run_offline_driver(graph_def, fetches, optimizer_config):
 # of them is reported, so that a model with nothing fused still says what it
 # holds. A pattern's own skip record, where there is one, says why.
 _UNFUSED_FEATURE_OPS = {
-    "LookupTableFindV2": "a vocabulary lookup (StringLookup, IntegerLookup, categorical_column_with_vocabulary_*)",
+    "LookupTableFindV2": "a table lookup: a vocabulary's (StringLookup, IntegerLookup, "
+                         "categorical_column_with_vocabulary_*) or a MutableHashTable's or DenseHashTable's",
     "OneHot": "a one-hot encoding; one fuses into the Dense it feeds (alone or in a concatenation) on a CPU "
               "server, where nothing sits between them and the encodings are most of its columns",
     "DenseBincount": "a multi-hot or count encoding (CategoryEncoding, multi_hot lookups); one fuses into the "
