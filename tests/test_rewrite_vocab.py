@@ -682,6 +682,26 @@ def test_ragged_pooling_of_a_fused_vocabulary_lookup_says_why_it_stays(tmp_path)
     assert reasons and all("fused vocabulary lookup" in r for r in reasons), found["skip"]
 
 
+def test_a_pooling_of_fused_vocabulary_rows_of_unknown_length_says_why_it_stays(rng):
+    """StringLookup + Embedding + reduce_mean over [B, None] keys: L is
+    unknown, so dense_reduce_lookup cannot take the pooling; vocab_lookup
+    takes the find and the gather, and the Mean left on its rows is reported
+    with the reason rather than not at all."""
+    import keras
+
+    keras.utils.set_random_seed(2)
+    lookup, embedding = keras.layers.StringLookup(vocabulary=["a", "b", "c"]), keras.layers.Embedding(4, 3)
+    embedding.build((None,))
+    run, report, counts = _rewritten_in_process(lambda x: tf.reduce_mean(embedding(lookup(x)), axis=1),
+                                                [tf.TensorSpec([None, None], tf.string)])
+    x = tf.constant(rng.choice(["a", "b", "c", "zz"], size=(6, 5)))
+    np.testing.assert_array_equal(run(x)[0], tf.reduce_mean(embedding(lookup(x)), axis=1))
+    assert [m["pattern"] for m in report["match"]] == ["vocab_lookup"], report["match"]
+    assert counts.get("Mean") == 1, counts
+    reasons = [s["reason"] for s in report["skip"] if s["op"] == "Mean"]
+    assert len(reasons) == 1 and "vocab_lookup fused the vocabulary's find" in reasons[0], report["skip"]
+
+
 SPLIT_DEVICES_SCRIPT = r'''
 import json, sys
 import re

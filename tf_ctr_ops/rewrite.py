@@ -584,7 +584,7 @@ def _unfused_pooling_records(nodes):
             source = _producer(by_name, tensor)
             if source is None or tensor.startswith("^"):
                 continue
-            if source.op in _GATHER_OPS:
+            if source.op in _GATHER_OPS or source.op == "CtrVocabEmbedding":
                 return source
             if depth > 1 and source.op in _ROW_TRANSFORMS:
                 found = reads_gathered_rows(source, depth - 1)
@@ -597,12 +597,18 @@ def _unfused_pooling_records(nodes):
         gather = reads_gathered_rows(n) if n.op in _POOLING_OPS else None
         if gather is not None:
             records.append({"pattern": "-", "node": n.name, "op": n.op,
-                            "reason": f"{n.op} of the rows of {gather.name} stays TF's (a pooling of gathered rows "
-                                      "of a form no pattern takes: they fuse sums and means over the ids of padded "
-                                      "[B, L] ids, ragged rows and sparse ids, straight from the gather; a max, a "
-                                      "segment op written by hand, rows of another rank or rows transformed "
-                                      "before the pooling stay TF's)"})
+                            "reason": f"{n.op} of the rows of {gather.name} stays TF's ({_pooling_left_why(gather)})"})
     return records
+
+
+def _pooling_left_why(gather):
+    if gather.op == "CtrVocabEmbedding":
+        return ("vocab_lookup fused the vocabulary's find with the gather, and a pooling fuses with a find only "
+                "in dense_reduce_lookup's form: a Sum or Mean over axis 1 of padded [B, L] ids, L a known "
+                "constant, served on the CPU")
+    return ("a pooling of gathered rows of a form no pattern takes: they fuse sums and means over the ids of "
+            "padded [B, L] ids, ragged rows and sparse ids, straight from the gather; a max, a segment op "
+            "written by hand, rows of another rank or rows transformed before the pooling stay TF's")
 
 
 def _weighted_encoding_forms(nodes):
