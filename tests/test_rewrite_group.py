@@ -294,7 +294,7 @@ def test_mismatched_batches_still_fail(rng):
     a, b = tf.constant(random_strings(rng, 3)), tf.constant(random_strings(rng, 5))  # 8 strings: splits evenly
     with pytest.raises(tf.errors.InvalidArgumentError):
         f(a, b)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="equal_sizes: input 1 holds 5 strings, input 0 holds 3"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="share one batch size, but feature 1 holds 5 strings where feature 0 holds 3"):
         run_graph_def(cf, graph, a, b)
 
 
@@ -421,7 +421,7 @@ def test_pack_equal_sizes_op():
     a, b = tf.constant(["x", "yz"]), tf.constant(["", "w"])
     data, splits, _ = string_ops.ctr_pack_strings([a, b], equal_sizes=True)
     assert bytes(data.numpy()) == b"xyzw" and splits.numpy().tolist() == [0, 1, 3, 3, 4]
-    with pytest.raises(tf.errors.InvalidArgumentError, match="input 1 holds 1 strings, input 0 holds 2"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="feature 1 holds 1 strings where feature 0 holds 2"):
         string_ops.ctr_pack_strings([a, tf.constant(["w"])], equal_sizes=True)
     data, splits, _ = string_ops.ctr_pack_strings([a, tf.constant(["w"])])  # sizes may differ by default
     assert splits.numpy().tolist() == [0, 1, 3, 4]
@@ -460,7 +460,7 @@ def test_pack_any_rank_op():
     want_data, want_splits, _ = string_ops.ctr_pack_strings([tf.reshape(m, [-1]), tf.constant(["z"])])
     assert bytes(data.numpy()) == bytes(want_data.numpy()) == b"abbddddeffz"
     assert splits.numpy().tolist() == want_splits.numpy().tolist() == [0, 1, 3, 3, 7, 8, 10, 11]
-    with pytest.raises(tf.errors.InvalidArgumentError, match="input 1 holds 3 strings, input 0 holds 6"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="feature 1 holds 3 strings where feature 0 holds 6"):
         string_ops.ctr_pack_strings([m, m[0]], equal_sizes=True)
     fn = tf.function(lambda a, b: string_ops.ctr_pack_strings([a, b], equal_sizes=True))
     out = fn.get_concrete_function(tf.TensorSpec([7, 1], tf.string), tf.TensorSpec([2, 3], tf.string)).structured_outputs

@@ -373,7 +373,7 @@ def test_multi_features_must_share_a_batch(params):
         return tco.multi_string_embedding([a, b], [params, params], id_modes="index")
 
     # 3 strings in all: no batch split would be wrong silently.
-    with pytest.raises(tf.errors.InvalidArgumentError, match="input 1 holds 4 strings, input 0 holds 2"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="feature 1 holds 4 strings where feature 0 holds 2"):
         grouped(tf.constant(["1", "2"]), tf.constant(["3", "4", "5", "6"]))
     a, b = grouped(tf.constant(["1", "2,3"]), tf.constant(["4", ""]))
     np.testing.assert_allclose(b.numpy(), tco.string_embedding(["4", ""], params, id_mode="index").numpy())

@@ -59,8 +59,9 @@ inline absl::Status InputStringRuns(const tensorflow::OpInputList& inputs, bool 
     const tensorflow::Tensor& in = inputs[i];
     // A grouped op would split mismatched features at the wrong rows.
     if (equal_sizes && in.NumElements() != inputs[0].NumElements())
-      return tensorflow::errors::InvalidArgument(op, " with equal_sizes: input ", i, " holds ", in.NumElements(),
-                                                 " strings, input 0 holds ", inputs[0].NumElements());
+      return tensorflow::errors::InvalidArgument(op, ": grouped features must share one batch size, but feature ", i,
+                                                 " holds ", in.NumElements(), " strings where feature 0 holds ",
+                                                 inputs[0].NumElements());
     runs->push_back({in.flat<tensorflow::tstring>().data(), in.NumElements(), 1});  // flat() checks the dtype
   }
   return absl::OkStatus();
