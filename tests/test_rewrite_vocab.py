@@ -330,7 +330,29 @@ def test_a_signature_that_writes_the_table_another_reads_leaves_a_written_model_
     timed = {k: (s.latency_ms_before, s.latency_note) for k, s in report.signatures.items()}
     assert timed["record"][0] is not None, timed
     assert timed["serve"][0] is None and "indices" in timed["serve"][1], timed
+    assert "after the other signatures' calls, the original and the rewritten model failed" in timed["serve"][1]
     assert f"latency {timed['serve'][1]}" in report.summary()
+
+
+@pytest.mark.saved_model
+def test_a_lone_signature_that_fails_when_called_again_gets_a_note_naming_no_other_signature(tmp_path):
+    m = tf.Module()
+    m.calls = tf.Variable(tf.constant(0, tf.int64))
+    m.values = tf.Variable(tf.ones([10, 2]))
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+    def once(q):
+        calls = m.calls.assign_add(1)
+        with tf.control_dependencies([tf.debugging.assert_less(calls, tf.constant(2, tf.int64), message="again")]):
+            return {"y": tf.gather(m.values, q)}
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    tf.saved_model.save(m, str(src), signatures={"serving_default": once})
+    report = rewrite.optimize_saved_model(src, dst, runs=3, serving_device="cpu",
+                                          sample_inputs={"serving_default": {"q": np.array([1, 2], np.int64)}})
+    assert report.ok and (dst / "saved_model.pb").exists()
+    note = report.signatures["serving_default"].latency_note
+    assert note.startswith("not timed: called again, the original and the rewritten model failed (") and "again" in note
 
 
 @pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="online graphs are placed on a GPU here")
@@ -700,6 +722,39 @@ def test_a_pooling_of_fused_vocabulary_rows_of_unknown_length_says_why_it_stays(
     assert counts.get("Mean") == 1, counts
     reasons = [s["reason"] for s in report["skip"] if s["op"] == "Mean"]
     assert len(reasons) == 1 and "vocab_lookup fused the vocabulary's find" in reasons[0], report["skip"]
+
+
+@pytest.mark.parametrize("keys", ["vocabulary", "hashed"])
+def test_switching_dense_reduce_lookup_off_leaves_the_gather_to_the_gather_patterns(rng, keys):
+    """StringLookup (or Hashing) + Embedding + reduce_mean over [B, 5] keys:
+    vocab_lookup and hash_gather leave the gather to dense_reduce_lookup,
+    which takes the pooling too; with that one off they take the gather
+    themselves, and the Mean left says it is off (hunt 168)."""
+    import keras
+
+    keras.utils.set_random_seed(3)
+    if keys == "vocabulary":
+        ids, pattern = keras.layers.StringLookup(vocabulary=["a", "b", "c"]), "vocab_lookup"
+    else:
+        ids, pattern = keras.layers.Hashing(num_bins=4), "hash_gather"
+    embedding = keras.layers.Embedding(4, 3)
+    embedding.build((None,))
+    f = lambda x: tf.reduce_mean(embedding(ids(x)), axis=1)  # noqa: E731
+    cf = tf.function(f).get_concrete_function(tf.TensorSpec([None, 5], tf.string))
+    _, on = rewrite.optimize_concrete_function(cf, serving_device="cpu")
+    assert [m["pattern"] for m in on["match"]] == ["dense_reduce_lookup"], on["match"]
+
+    from test_rewrite import run_graph_def
+
+    graph, off = rewrite.optimize_concrete_function(cf, serving_device="cpu", disabled_patterns=["dense_reduce_lookup"])
+    assert [m["pattern"] for m in off["match"]] == [pattern], off["match"]
+    x = tf.constant(rng.choice(["a", "b", "c", "zz"], size=(6, 5)))
+    np.testing.assert_array_equal(run_graph_def(cf, graph, x)[0], f(x))
+    reasons = [s["reason"] for s in off["skip"] if s["op"] == "Mean"]
+    if keys == "vocabulary":  # the Mean reads the fused gather's rows (hashed keys': a reshaped lookup's)
+        assert len(reasons) == 1 and "dense_reduce_lookup, which fuses sums and means" in reasons[0], off["skip"]
+        assert "is disabled" in reasons[0]
+    assert not [s for s in off["skip"] if "no pattern takes" in s["reason"]], off["skip"]
 
 
 SPLIT_DEVICES_SCRIPT = r'''

@@ -69,8 +69,10 @@ def test_cc_server_serves_an_estimator_model_on_tf_examples_from_a_tfrecord_file
     with tf.io.TFRecordWriter(str(tmp_path / "batch.tfrecord")) as writer:
         for example in examples:
             writer.write(example)
-    for signature, output in (("predict", "logits"), ("serving_default", "scores")):
-        got = _rows(_serve(server, dst, f"{signature}:{output}", tmp_path / "batch.tfrecord"))
+    (tmp_path / "batch.tfrecords").write_bytes((tmp_path / "batch.tfrecord").read_bytes())  # either suffix
+    for signature, output, file in (("predict", "logits", "batch.tfrecord"), ("serving_default", "scores",
+                                                                               "batch.tfrecords")):
+        got = _rows(_serve(server, dst, f"{signature}:{output}", tmp_path / file))
         python = tf.saved_model.load(str(dst)).signatures[signature]
         want = python(tf.constant(examples))[output].numpy()
         np.testing.assert_array_equal(got, want.reshape(len(examples), -1))

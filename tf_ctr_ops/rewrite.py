@@ -76,7 +76,7 @@ def _check_disabled(disabled_patterns):
     """disabled_patterns as a tuple of names, each one of pattern_names()."""
     if isinstance(disabled_patterns, str):
         raise TypeError(f"disabled_patterns must be a list of pattern names, got the string {disabled_patterns!r}")
-    names = tuple(disabled_patterns or ())
+    names = tuple(dict.fromkeys(disabled_patterns or ()))  # each once, in the caller's order
     known = pattern_names()
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -553,7 +553,7 @@ def _unfused_feature_records(graph_def, serving_device=None, disabled_patterns=(
                 why = _UNFUSED_FEATURE_OPS[n.op] + forms.get(n.name, "")
                 records.append({"pattern": "-", "node": n.name, "op": n.op, "reason": f"{n.op} stays TF's ({why})",
                                 "graph": graph})
-        records.extend(dict(r, graph=graph) for r in _unfused_pooling_records(nodes))
+        records.extend(dict(r, graph=graph) for r in _unfused_pooling_records(nodes, disabled_patterns))
     return records
 
 
@@ -571,7 +571,7 @@ _GATHER_OPS = {"GatherV2", "ResourceGather", "Gather"}
 _ROW_TRANSFORMS = {"Identity", "Cast", "Mul", "RealDiv", "Maximum", "Minimum", "Select", "SelectV2"}
 
 
-def _unfused_pooling_records(nodes):
+def _unfused_pooling_records(nodes, disabled_patterns=()):
     """Records for the poolings of gathered rows left in a graph (its
     reductions of a Gather's rows, through a few elementwise ops): the forms
     no pattern takes (a max, a segment op by hand, rows of another rank,
@@ -597,11 +597,14 @@ def _unfused_pooling_records(nodes):
         gather = reads_gathered_rows(n) if n.op in _POOLING_OPS else None
         if gather is not None:
             records.append({"pattern": "-", "node": n.name, "op": n.op,
-                            "reason": f"{n.op} of the rows of {gather.name} stays TF's ({_pooling_left_why(gather)})"})
+                            "reason": f"{n.op} of the rows of {gather.name} stays TF's "
+                                      f"({_pooling_left_why(n, gather, disabled_patterns)})"})
     return records
 
 
-def _pooling_left_why(gather):
+def _pooling_left_why(pooling, gather, disabled_patterns):
+    if pooling.op in ("Sum", "Mean") and "dense_reduce_lookup" in disabled_patterns:
+        return "dense_reduce_lookup, which fuses sums and means over the ids of padded [B, L] ids, is disabled"
     if gather.op == "CtrVocabEmbedding":
         return ("vocab_lookup fused the vocabulary's find with the gather, and a pooling fuses with a find only "
                 "in dense_reduce_lookup's form: a Sum or Mean over axis 1 of padded [B, L] ids, L a known "
@@ -1118,6 +1121,17 @@ def _with_static_shape_of(original, rebuilt):
     if isinstance(original, (tf.Tensor, tf.TensorSpec)) and isinstance(rebuilt, tf.Tensor):
         rebuilt.set_shape(original.shape)
     return rebuilt
+
+
+def _latency_failure_note(failures, others):
+    """Why a signature verified once was not timed: which copies failed when
+    called again (the original too, or the rewritten model alone)."""
+    when = "called again after the other signatures' calls" if others else "called again"
+    which = " and ".join(failures)
+    if "the original" not in failures:
+        which += ", where the original did not"
+    first = next(iter(failures.values()))
+    return f"not timed: {when}, {which} failed ({_errors.summary(first)})"
 
 
 def _median_latency_ms(fn, inputs, runs):
@@ -1768,18 +1782,22 @@ def _optimize_saved_model(src, dst, signature_keys, sample_inputs, verify, runs,
         rewritten = tf.saved_model.load(dst)
         for key in selected:
             report = best.reports[key]
-            try:
-                report.latency_ms_before = _median_latency_ms(loaded.signatures[key],
-                                                              _feeds(loaded.signatures[key], inputs[key]), runs)
-                report.latency_ms_after = _median_latency_ms(rewritten.signatures[key],
-                                                             _feeds(rewritten.signatures[key], inputs[key]), runs)
-            except tf.errors.OpError as e:
-                # DST is verified and written; timing calls every signature
-                # again and again on one loaded copy of each model, so one
-                # that writes state (a table insert) can make another fail.
+            failures = {}
+            for which, model in (("the original", loaded), ("the rewritten model", rewritten)):
+                try:
+                    signature = model.signatures[key]
+                    latency = _median_latency_ms(signature, _feeds(signature, inputs[key]), runs)
+                except tf.errors.OpError as e:
+                    failures[which] = e
+                    continue
+                setattr(report, "latency_ms_before" if model is loaded else "latency_ms_after", latency)
+            if failures:
+                # DST is verified and written; timing calls each signature
+                # again and again on one loaded copy of each model, after the
+                # other signatures' calls, so one that writes state (a table
+                # insert, a counter) can fail where its first call did not.
                 report.latency_ms_before = report.latency_ms_after = None
-                report.latency_note = (f"not timed: called again after the other signatures' calls, it failed "
-                                       f"({_errors.summary(e)})")
+                report.latency_note = _latency_failure_note(failures, others=len(selected) > 1)
     return RewriteReport(src=src, dst=dst, signatures=best.reports, rewrite_seconds=best.rewrite_seconds,
                          total_seconds=time.perf_counter() - start, verified=bool(verify), tf1=tf1,
                          rejected_patterns=dropped, disabled_patterns=list(disabled_patterns))

@@ -161,6 +161,7 @@ class CtrFusionOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
     }
     ctx.SetFed(std::move(fed));
     ctx.SetServingDevice(serving_device_);
+    ctx.SetDisabledPatterns(disabled_);
     const std::set<std::string> in_loops = NodesInLoops(item.graph);
     // Patterns build on each other's output (a fused lookup can absorb its
     // string producers next), so passes repeat until nothing changes; the

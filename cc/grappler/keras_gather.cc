@@ -361,6 +361,7 @@ bool MatchExpandedWeights(const GraphIndex& g, const NodeDef* x, ExpandedWeights
 
 bool RowsArePooledBags(RewriteContext* ctx, const NodeDef& gather, const NodeDef& ids, int ids_port,
                        tensorflow::DataType T) {
+  if (!ctx->PatternEnabled("dense_reduce_lookup")) return false;
   if (T != tensorflow::DT_FLOAT || ctx->Rank(ids, ids_port) != 2 || ctx->Dim(ids, ids_port, 1) < 1) return false;
   const GraphIndex& g = ctx->index();
   const NodeDef* rows = &gather;

@@ -74,8 +74,9 @@ bool MatchExpandedWeights(const GraphIndex& g, const tensorflow::NodeDef* x, Exp
 // Whether `gather`'s rows are a padded pooling's bags as dense_reduce_lookup
 // fuses them whole: `ids` [B, L] of a known L into a table of T float32, the
 // rows read (through Identities) by one Sum or Mean, by the Select of
-// Keras' masked mean, or by a Mul (weights) one Sum reads. A pattern that would take the gather alone leaves it
-// to that one, which fuses the pooling too.
+// Keras' masked mean, or by a Mul (weights) one Sum reads, and
+// dense_reduce_lookup is not switched off. A pattern that would take the
+// gather alone leaves it to that one, which fuses the pooling too.
 bool RowsArePooledBags(RewriteContext* ctx, const tensorflow::NodeDef& gather, const tensorflow::NodeDef& ids,
                        int ids_port, tensorflow::DataType T);
 

@@ -64,6 +64,11 @@ class RewriteContext {
   // or empty: either, so rewrites keep what both need.
   void SetServingDevice(std::string type) { serving_device_ = std::move(type); }
   const std::string& serving_device() const { return serving_device_; }
+  // Patterns switched off by the caller: a pattern that leaves a form to
+  // another (a gather whose pooling dense_reduce_lookup takes whole) asks
+  // first, so that switching one off never keeps the other from fusing.
+  void SetDisabledPatterns(std::set<std::string> names) { disabled_patterns_ = std::move(names); }
+  bool PatternEnabled(const std::string& name) const { return !disabled_patterns_.count(name); }
   // Applies removals and brings the index up to date (with the nodes this
   // rewrite removed, added or changed); call after each rewrite.
   void Commit();
@@ -130,6 +135,7 @@ class RewriteContext {
   std::set<std::string> preserve_;
   std::set<std::string> fed_;
   std::string serving_device_;
+  std::set<std::string> disabled_patterns_;
   std::set<std::string> removed_;
   std::map<std::string, std::string> absorbed_by_;  // removed or kept as a NoOp -> the fused node, this rewrite
   size_t matches_committed_ = 0;                    // matches_ of the rewrites committed before this one

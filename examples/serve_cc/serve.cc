@@ -9,7 +9,7 @@
 // not. The signature must take one string input, [B] or [B, 1] (id lists, raw
 // keys, serialized tf.Examples); OUTPUT names the float output to print when
 // it has several. INPUTS_FILE is the batch: one string per line, or, for a
-// file named *.tfrecord, one string per record (serialized tf.Examples hold
+// file named *.tfrecord or *.tfrecords, one string per record (serialized tf.Examples hold
 // newlines, so an Estimator model's inputs come as TFRecords).
 //
 // It uses TensorFlow's C API (tensorflow/c/c_api.h), whose ABI is stable, and
@@ -206,14 +206,17 @@ TF_Output OutputOf(TF_Graph* graph, const std::string& tensor) {
   return TF_Output{op, std::atoi(port.c_str())};
 }
 
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 // The batch: one string per line (a trailing '\r' dropped, so that a file
 // written on Windows reads the same), or per TFRecord record.
 std::vector<std::string> ReadInputs(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) Fail("cannot read " + path);
   std::vector<std::string> strings;
-  const std::string suffix = ".tfrecord";
-  if (path.size() >= suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0) {
+  if (EndsWith(path, ".tfrecord") || EndsWith(path, ".tfrecords")) {
     // Record: length (uint64, little-endian), its CRC, the bytes, their CRC.
     // The CRCs are not checked: a cut-short file is still an error.
     const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
