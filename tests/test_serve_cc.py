@@ -91,6 +91,19 @@ def test_cc_server_names_what_the_model_has_when_asked_for_what_it_lacks(tmp_pat
         assert served.returncode == 1 and message in served.stderr, served.stderr
 
 
+def test_cc_server_refuses_a_batch_the_signature_does_not_admit_as_python_does(tmp_path, server):
+    m = tf.Module()
+    m.f = tf.function(lambda x: {"y": tf.strings.to_number(x)}, input_signature=[tf.TensorSpec([4], tf.string)])
+    tf.saved_model.save(m, str(tmp_path / "fixed"), signatures=m.f)
+    (tmp_path / "two.txt").write_text("1\n2\n")
+    served = _serve(server, tmp_path / "fixed", "serving_default", tmp_path / "two.txt")
+    assert served.returncode == 1, served.stdout + served.stderr
+    assert "signature serving_default takes a batch of 4 strings;" in served.stderr and "holds 2" in served.stderr
+    (tmp_path / "four.txt").write_text("1\n2\n3\n4.5\n")
+    np.testing.assert_array_equal(_rows(_serve(server, tmp_path / "fixed", "serving_default", tmp_path / "four.txt")),
+                                  [[1], [2], [3], [4.5]])
+
+
 def test_cc_server_without_the_op_library_fails_clearly(tmp_path, server):
     served = subprocess.run([str(server), str(tmp_path / "missing.so"), str(tmp_path), "serving_default",
                              str(tmp_path / "none.txt")], capture_output=True, text=True, timeout=120)

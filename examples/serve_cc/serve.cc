@@ -323,7 +323,13 @@ int main(int argc, char** argv) {
   const TensorInfo& input_info = StringInputOf(signature->second, key);
   const TF_Output input = OutputOf(graph, input_info.name);
   const TF_Output output = OutputOf(graph, FloatOutputOf(signature->second, key, output_key).name);
-  TF_Tensor* batch = StringBatch(ReadInputs(argv[4]), input_info.rank);
+  const std::vector<std::string> strings = ReadInputs(argv[4]);
+  // The C API runs whatever batch it is fed; a model server, like Python,
+  // refuses a batch the signature's fixed size does not admit.
+  if (input_info.rank >= 1 && input_info.dims[0] >= 0 && input_info.dims[0] != static_cast<int64_t>(strings.size()))
+    Fail("signature " + key + " takes a batch of " + std::to_string(input_info.dims[0]) + " strings; " + argv[4] +
+         " holds " + std::to_string(strings.size()));
+  TF_Tensor* batch = StringBatch(strings, input_info.rank);
 
   TF_Tensor* result = nullptr;
   std::vector<double> times_ms;
