@@ -418,6 +418,21 @@ def test_a_functional_model_of_dense_ids_of_another_rank_is_refused_at_construct
         for shape in [(), (3,)]:
             assert make()(keras.Input(shape=shape, dtype="int64")).shape == (None, 4)
         assert make()(keras.Input(shape=(3,), dtype="int64", sparse=True)).shape == (None, 4)
+        # Called eagerly, the layer names the same two forms.
+        with pytest.raises(ValueError, match=r"dense ids must be \[B\] or \[B, N\] padded with -1, got shape"):
+            make()(tf.zeros([2, 2, 2], tf.int64))
+
+
+def test_a_hash_table_layer_refuses_keys_of_the_other_kind_when_the_model_is_built():
+    # Keras built such a model, and its first call failed.
+    with pytest.raises(TypeError, match="HashTableEmbedding 'ints': string keys need a table with key_dtype=tf.string"):
+        tco_layers.HashTableEmbedding(4, capacity=16, name="ints")(keras.Input(shape=(3,), dtype="string"))
+    with pytest.raises(TypeError, match="'strings': a table with key_dtype=tf.string takes string keys, got int64"):
+        tco_layers.HashTableEmbedding(4, capacity=16, key_dtype="string", name="strings")(
+            keras.Input(shape=(3,), dtype="int64"))
+    for dtype, key_dtype in (("int32", "int64"), ("int64", "int64"), ("string", "string")):
+        assert tco_layers.HashTableEmbedding(4, capacity=16, key_dtype=key_dtype)(
+            keras.Input(shape=(3,), dtype=dtype)).shape == (None, 4)
     with pytest.raises(ValueError, match="takes dense ids"):  # slots: each one's rank
         tco_layers.HashTableEmbedding(4, capacity=16)([keras.Input(shape=(2,), dtype="int64"),
                                                        keras.Input(shape=(2, 2), dtype="int64")])

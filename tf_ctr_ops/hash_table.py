@@ -796,17 +796,23 @@ def dense_keys(keys, key_dtype):
     return tf.convert_to_tensor(keys)
 
 
-def _int_keys(keys, key_dtype, dense):
-    """Keys as int64 (strings as fingerprints, dense "" as the -1 padding)."""
-    if keys.dtype == tf.string:
+def check_key_kind(key_dtype, keys_dtype):
+    """Refuses keys of `keys_dtype` that a table of `key_dtype` does not take."""
+    if keys_dtype == tf.string:
         if key_dtype != tf.string:
             raise TypeError("string keys need a table with key_dtype=tf.string")
+    elif key_dtype == tf.string:
+        raise TypeError(f"a table with key_dtype=tf.string takes string keys, got {keys_dtype.name}")
+    elif keys_dtype not in (tf.int32, tf.int64):
+        raise TypeError(f"keys must be int32, int64 or string, got {keys_dtype.name}")
+
+
+def _int_keys(keys, key_dtype, dense):
+    """Keys as int64 (strings as fingerprints, dense "" as the -1 padding)."""
+    check_key_kind(key_dtype, keys.dtype)
+    if keys.dtype == tf.string:
         ids = tf.strings.to_hash_bucket_fast(keys, np.iinfo(np.int64).max)
         return tf.where(tf.equal(keys, ""), tf.constant(-1, tf.int64), ids) if dense else ids
-    if key_dtype == tf.string:
-        raise TypeError(f"a table with key_dtype=tf.string takes string keys, got {keys.dtype.name}")
-    if keys.dtype not in (tf.int32, tf.int64):
-        raise TypeError(f"keys must be int32, int64 or string, got {keys.dtype.name}")
     return keys
 
 

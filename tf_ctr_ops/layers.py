@@ -126,11 +126,14 @@ def _as_container(x):
     return tf.convert_to_tensor(x)
 
 
-def _id_bags(x):
+def _id_bags(x, what="ids"):
     """`_as_container(x)`, with a dense vector of ids `[B]` (a Keras
     `Input(shape=())` feature, as `Hashing` + `Embedding` take it) as `[B, 1]`:
     one id per row. Weights alike."""
     x = _as_container(x)
+    if isinstance(x, tf.Tensor) and x.shape.rank not in (None, 1, 2):
+        padded = "" if what != "ids" else " padded with ''" if x.dtype == tf.string else " padded with -1"
+        raise ValueError(f"dense {what} must be [B] or [B, N]{padded}, got shape {x.shape}")
     if isinstance(x, tf.Tensor) and x.shape.rank == 1:
         x = tf.expand_dims(x, 1)
     elif isinstance(x, tf.Tensor) and x.shape.rank is None:  # a function's TensorSpec(None): [B] known when it runs
@@ -302,8 +305,10 @@ class _PooledEmbeddingBase(_PooledOutput, _FusedOpLayer):
         raise NotImplementedError
 
     def call(self, inputs, weights=None):
-        as_bags = _id_bags if self._takes_ids else _as_container
-        inputs, weights = as_bags(inputs), as_bags(weights)
+        if self._takes_ids:
+            inputs, weights = _id_bags(inputs), _id_bags(weights, "weights")
+        else:
+            inputs, weights = _as_container(inputs), _as_container(weights)
         weights = _weights_aligned(inputs, weights)
         if self._takes_ids and _values_dtype(inputs).is_floating:
             if _in_keras_symbolic_pass():
@@ -927,15 +932,28 @@ class HashTableEmbedding(_PooledOutput, _FusedOpLayer):
             if weights is not None and not isinstance(weights, (list, tuple)):
                 raise ValueError(f"weights of a list of {len(inputs)} features must be a list of {len(inputs)} "
                                  "(one per feature, None where unweighted), got one value")
-            weights = [None] * len(inputs) if weights is None else [_id_bags(w) for w in weights]
+            weights = [None] * len(inputs) if weights is None else [_id_bags(w, "weights") for w in weights]
             outputs = _hash_table.multi_hash_table_embedding(
                 self, [_id_bags(x) for x in inputs], weights, combiners=self.combiner,
                 max_norms=self.max_norm, insert=insert)
             return [self._in_compute_dtype(out) for out in outputs]
         ids = _id_bags(inputs)
+        weights = _weights_aligned(ids, _id_bags(weights, "weights"))
         return self._in_compute_dtype(_hash_table.hash_table_embedding(
-            self, ids, _weights_aligned(ids, _id_bags(weights)), combiner=self.combiner, max_norm=self.max_norm,
-            insert=insert))
+            self, ids, weights, combiner=self.combiner, max_norm=self.max_norm, insert=insert))
+
+    def compute_output_spec(self, inputs, *args, **kwargs):
+        # A functional model is built without calling the layer: keys of the
+        # other kind would otherwise pass until its first call. Float keys
+        # have their own error at the call (_float_keys_error).
+        for spec in tf.nest.flatten(inputs):
+            dtype = tf.as_dtype(getattr(spec, "dtype", None) or "float32")
+            if dtype == tf.string or dtype.is_integer:
+                try:
+                    _hash_table.check_key_kind(self.key_dtype, dtype)
+                except TypeError as e:
+                    raise TypeError(f"{type(self).__name__} {self.name!r}: {e}") from None
+        return super().compute_output_spec(inputs, *args, **kwargs)
 
     def compute_output_shape(self, input_shape):
         if isinstance(input_shape, (list, tuple)) and input_shape and all(
