@@ -1099,6 +1099,8 @@ def test_restore_resized_reads_a_layers_table_and_names_a_missing_one(rng, tmp_p
     np.testing.assert_array_equal(resized.values.numpy()[rows], want)
     with pytest.raises(ValueError, match="no hash table named 'other'"):
         resized.restore_resized(path, "other")
+    with pytest.raises(ValueError, match="holds 'emb' with rows of width 3, this table's rows are 4 wide"):
+        HashTable(dim=4, capacity=20).restore_resized(path, "emb")
 
 
 def test_checkpoint_restore_of_another_dim_names_both(rng, tmp_path):

@@ -197,6 +197,10 @@ class HashTable(tf.Module):
         table = reader.get_tensor(saved["table"])
         values = reader.get_tensor(saved["values" if "values" in found else "embeddings"])
         check_saved_key_kind(table, self)
+        if values.ndim != 2 or values.shape[1] != self.dim:
+            width = values.shape[1] if values.ndim == 2 else f"? (values of shape {values.shape})"
+            raise ValueError(f"checkpoint {checkpoint_path} holds {name!r} with rows of width {width}, this "
+                             f"table's rows are {self.dim} wide: a table restores into one of its own width")
         return insert_rows(self, *rows_of_tensors(table, values))
 
 
