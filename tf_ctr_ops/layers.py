@@ -131,9 +131,8 @@ def _id_bags(x, what="ids"):
     `Input(shape=())` feature, as `Hashing` + `Embedding` take it) as `[B, 1]`:
     one id per row. Weights alike."""
     x = _as_container(x)
-    if isinstance(x, tf.Tensor) and x.shape.rank not in (None, 1, 2):
-        padded = "" if what != "ids" else " padded with ''" if x.dtype == tf.string else " padded with -1"
-        raise ValueError(f"dense {what} must be [B] or [B, N]{padded}, got shape {x.shape}")
+    if isinstance(x, tf.Tensor) and x.shape.rank is not None:
+        _check_dense_rank(what, x.shape)
     if isinstance(x, tf.Tensor) and x.shape.rank == 1:
         x = tf.expand_dims(x, 1)
     elif isinstance(x, tf.Tensor) and x.shape.rank is None:  # a function's TensorSpec(None): [B] known when it runs
@@ -254,14 +253,19 @@ def _dense_specs(specs):
             and not getattr(s, "ragged", False)]
 
 
+def _check_dense_rank(what, shape, owner=""):
+    """The layers' dense ids and weights are [B] or [B, N]."""
+    if len(shape) not in (1, 2):
+        raise ValueError(f"{owner}dense {what} must be [B] or [B, N] (ids padded with -1, or '' for strings), "
+                         f"got shape {tuple(shape)}")
+
+
 def _check_dense_id_specs(layer, specs):
-    """Dense ids are [B] or [B, N]. Keras infers a functional model's output
-    from compute_output_shape without calling the layer, so ids of another
-    rank would otherwise pass until the model's first call."""
+    """Keras infers a functional model's output from compute_output_shape
+    without calling the layer, so ids of another rank would otherwise pass
+    until the model's first call."""
     for spec in _dense_specs(specs):
-        if len(spec.shape) not in (1, 2):
-            raise ValueError(f"{type(layer).__name__} {layer.name!r} takes dense ids [B] or [B, N] (padded with "
-                             f"-1, or '' for strings), got shape {tuple(spec.shape)}")
+        _check_dense_rank("ids", spec.shape, owner=f"{type(layer).__name__} {layer.name!r}: ")
 
 
 class _PooledEmbeddingBase(_PooledOutput, _FusedOpLayer):

@@ -1783,14 +1783,13 @@ def _optimize_saved_model(src, dst, signature_keys, sample_inputs, verify, runs,
         for key in selected:
             report = best.reports[key]
             failures = {}
-            for which, model in (("the original", loaded), ("the rewritten model", rewritten)):
+            for which, model, field in (("the original", loaded, "latency_ms_before"),
+                                        ("the rewritten model", rewritten, "latency_ms_after")):
+                signature = model.signatures[key]
                 try:
-                    signature = model.signatures[key]
-                    latency = _median_latency_ms(signature, _feeds(signature, inputs[key]), runs)
+                    setattr(report, field, _median_latency_ms(signature, _feeds(signature, inputs[key]), runs))
                 except tf.errors.OpError as e:
                     failures[which] = e
-                    continue
-                setattr(report, "latency_ms_before" if model is loaded else "latency_ms_after", latency)
             if failures:
                 # DST is verified and written; timing calls each signature
                 # again and again on one loaded copy of each model, after the
