@@ -70,16 +70,16 @@ TESTS=(tests/test_lookup.py tests/test_strings.py
        tests/test_gpu_core.py tests/test_gpu_strings_core.py tests/test_string_tensors.py tests/test_vocab.py
        tests/test_vocab_sparse.py tests/test_columns.py tests/test_multi_hot_dense.py
        tests/test_hash_table.py tests/test_in_place_table.py tests/test_pool_paths.py)
-# The Grappler patterns (one test file per family) run their C++ too. The
-# real-model tests, and the tests marked saved_model in the others, run the
-# same patterns through SavedModel writing and fresh Python processes, which is
-# mostly TensorFlow's time; each pattern also has in-process tests here, so
-# the main suite runs those. So are the tests marked huge (tens of millions of
-# elements through TF's reference ops): the same kernels run here on small
-# inputs.
-for t in tests/test_rewrite*.py; do
-  [ -f "$t" ] && [ "$t" != tests/test_rewrite_real_models.py ] && TESTS+=("$t")
-done
+# The Grappler optimizer's core (test_rewrite.py) and its hostile and
+# malformed graphs (test_rewrite_safe.py) run their C++ here too. The pattern
+# families' own test files (test_rewrite_*.py) are left to the main suite,
+# which runs every pattern on the optimized build: on this build they cost
+# CI minutes it does not have. So are the tests marked saved_model in the
+# files here (SavedModel writing and fresh Python processes, mostly
+# TensorFlow's time; the same C++ runs in their in-process tests) and those
+# marked huge (tens of millions of elements through TF's reference ops: the
+# same kernels run here on small inputs).
+TESTS+=(tests/test_rewrite.py tests/test_rewrite_safe.py)
 MARKERS="${MARKERS:-not slow and not saved_model and not huge}"
 if [ "$#" -gt 0 ]; then TESTS=("$@"); fi
 

@@ -1101,6 +1101,9 @@ def test_restore_resized_reads_a_layers_table_and_names_a_missing_one(rng, tmp_p
         resized.restore_resized(path, "other")
     with pytest.raises(ValueError, match="holds 'emb' with rows of width 3, this table's rows are 4 wide"):
         HashTable(dim=4, capacity=20).restore_resized(path, "emb")
+    # A table of another dtype: both named, not a tensor conversion error that prints the rows.
+    with pytest.raises(ValueError, match="holds 'emb' with rows of float32, this table's rows are float64"):
+        HashTable(dim=3, capacity=20, dtype=tf.float64).restore_resized(path, "emb")
 
 
 def test_checkpoint_restore_of_another_dim_names_both(rng, tmp_path):

@@ -421,6 +421,22 @@ def test_a_functional_model_of_dense_ids_of_another_rank_is_refused_at_construct
         # Called eagerly, the layer names the same two forms.
         with pytest.raises(ValueError, match=r"dense ids must be \[B\] or \[B, N\] \(ids padded with -1, or '' for strings\), got shape \(2, 2, 2\)"):
             make()(tf.zeros([2, 2, 2], tf.int64))
+        # Weights alike, in their own words: the padding is the ids'.
+        with pytest.raises(ValueError, match=r"'.*': dense weights must be \[B\] or \[B, N\] \(one weight per id, "
+                                             r"in the ids' layout\), got shape \(None, 3, 2\)"):
+            make()(keras.Input(shape=(3,), dtype="int64"), weights=keras.Input(shape=(3, 2)))
+        assert make()(keras.Input(shape=(3,), dtype="int64"), weights=keras.Input(shape=(3,))).shape == (None, 4)
+        with pytest.raises(ValueError, match=r"dense weights must be \[B\] or \[B, N\] \(one weight per id"):
+            make()(tf.zeros([2, 3], tf.int64), weights=tf.ones([2, 3, 1]))
+
+
+@pytest.mark.parametrize("make", [lambda: SparseEmbedding(10, 4), lambda: HashEmbedding(10, 4),
+                                  lambda: tco_layers.StringEmbedding(10, 4)])
+def test_a_functional_model_of_a_list_of_features_into_a_one_feature_layer_says_so(make):
+    # Keras' "Cannot convert '4' to a shape" came instead.
+    dtype = "string" if isinstance(make(), tco_layers.StringEmbedding) else "int64"
+    with pytest.raises(TypeError, match="got a list of 2: call the layer once per feature"):
+        make()([keras.Input(shape=(), dtype=dtype), keras.Input(shape=(), dtype=dtype)])
 
 
 def test_a_hash_table_layer_refuses_keys_of_the_other_kind_when_the_model_is_built():

@@ -1596,7 +1596,7 @@ def test_the_fresh_process_check_and_the_optimizer_keep_their_temporary_folders_
         folders.append(folder)
         return subprocess.CompletedProcess(args, 1, "", "")
 
-    monkeypatch.setattr(rewrite._TERMINATION, "run", child)
+    monkeypatch.setattr(rewrite._TERMINATION, "check", child)
     assert "status 1" in rewrite._serve_in_fresh_process("unused", {"serving_default": {}})["load_error"]
     real_driver = rewrite._run_offline_driver
 

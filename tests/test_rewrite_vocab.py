@@ -721,7 +721,8 @@ def test_a_pooling_of_fused_vocabulary_rows_of_unknown_length_says_why_it_stays(
     assert [m["pattern"] for m in report["match"]] == ["vocab_lookup"], report["match"]
     assert counts.get("Mean") == 1, counts
     reasons = [s["reason"] for s in report["skip"] if s["op"] == "Mean"]
-    assert len(reasons) == 1 and "vocab_lookup fused the vocabulary's find" in reasons[0], report["skip"]
+    assert len(reasons) == 1 and "vocab_lookup fused the gather with what produced its ids, alone" in reasons[0], \
+        report["skip"]
 
 
 @pytest.mark.parametrize("keys", ["vocabulary", "hashed"])
@@ -750,11 +751,68 @@ def test_switching_dense_reduce_lookup_off_leaves_the_gather_to_the_gather_patte
     assert [m["pattern"] for m in off["match"]] == [pattern], off["match"]
     x = tf.constant(rng.choice(["a", "b", "c", "zz"], size=(6, 5)))
     np.testing.assert_array_equal(run_graph_def(cf, graph, x)[0], f(x))
+    # The Mean reads the fused gather's rows (hashed keys': reshaped to [B, L, D]),
+    # and says so (hunt 172: the hashed keys' said nothing).
     reasons = [s["reason"] for s in off["skip"] if s["op"] == "Mean"]
-    if keys == "vocabulary":  # the Mean reads the fused gather's rows (hashed keys': a reshaped lookup's)
-        assert len(reasons) == 1 and "dense_reduce_lookup, which fuses sums and means" in reasons[0], off["skip"]
-        assert "is disabled" in reasons[0]
+    assert reasons == ["Mean of the rows of " + reasons[0].split("Mean of the rows of ")[1]], off["skip"]
+    assert reasons[0].endswith("(dense_reduce_lookup, the pattern that fuses Mean poolings with the gather before "
+                               "them, is disabled)"), reasons
     assert not [s for s in off["skip"] if "no pattern takes" in s["reason"]], off["skip"]
+
+
+@pytest.mark.parametrize("keys", ["vocabulary", "hashed"])
+def test_a_sum_over_the_embedding_axis_leaves_the_gather_to_the_gather_patterns(rng, keys):
+    """reduce_sum(embedding(ids(x)), axis=2) pools no bags: dense_reduce_lookup
+    declines it, and vocab_lookup / hash_gather took it for one and left the
+    find and the gather native, fusing them only with dense_reduce_lookup
+    switched off (hunt 172)."""
+    import keras
+
+    from test_rewrite import run_graph_def
+
+    keras.utils.set_random_seed(4)
+    if keys == "vocabulary":
+        ids, pattern = keras.layers.StringLookup(vocabulary=["a", "b", "c"]), "vocab_lookup"
+    else:
+        ids, pattern = keras.layers.Hashing(num_bins=4), "hash_gather"
+    embedding = keras.layers.Embedding(4, 3)
+    embedding.build((None,))
+    for f in (lambda x: tf.reduce_sum(embedding(ids(x)), axis=2),
+              lambda x: tf.reduce_mean(embedding(ids(x)), axis=1, keepdims=True)):
+        cf = tf.function(f).get_concrete_function(tf.TensorSpec([None, 5], tf.string))
+        graph, report = rewrite.optimize_concrete_function(cf, serving_device="cpu")
+        assert [m["pattern"] for m in report["match"]] == [pattern], report["match"]
+        x = tf.constant(rng.choice(["a", "b", "c", "zz"], size=(6, 5)))
+        np.testing.assert_array_equal(run_graph_def(cf, graph, x)[0], f(x))
+
+
+def test_the_reason_a_pooling_of_fused_rows_stays_states_no_cause_it_cannot_see(rng):
+    """DeepFM's second-order term over StringLookup keys of a known length
+    sums the rows and their squares: dense_reduce_lookup declines (the rows
+    have another reader), and the Sums' reason claimed a form they have."""
+    import keras
+
+    from test_rewrite import run_graph_def
+
+    keras.utils.set_random_seed(5)
+    lookup, embedding = keras.layers.StringLookup(vocabulary=["a", "b", "c"]), keras.layers.Embedding(4, 3)
+    embedding.build((None,))
+
+    def fm(x):
+        rows = embedding(lookup(x))
+        return 0.5 * tf.reduce_sum(tf.square(tf.reduce_sum(rows, axis=1)) - tf.reduce_sum(tf.square(rows), axis=1),
+                                   axis=1)
+
+    cf = tf.function(fm).get_concrete_function(tf.TensorSpec([None, 6], tf.string))
+    graph, report = rewrite.optimize_concrete_function(cf, serving_device="cpu")
+    x = tf.constant(rng.choice(["a", "b", "c", "zz"], size=(5, 6)))
+    np.testing.assert_allclose(run_graph_def(cf, graph, x)[0], fm(x), rtol=1e-6)
+    reasons = [s["reason"] for s in report["skip"] if s["pattern"] == "-" and s["op"] == "Sum"]
+    assert reasons, report["skip"]
+    for reason in reasons:
+        assert "vocab_lookup fused the gather with what produced its ids, alone" in reason, reason
+        assert "with the rows read by nothing else" in reason, reason
+        assert "a pooling fuses with a find only in dense_reduce_lookup's form" not in reason, reason
 
 
 SPLIT_DEVICES_SCRIPT = r'''
@@ -886,3 +944,13 @@ def test_a_lookup_left_out_of_the_concatenation_names_its_other_reader(tmp_path,
     assert sig.outputs_match
     reasons = [s["reason"] for s in sig.skips if s["pattern"] == "concat_vocab"]
     assert any(re.search(r"or its rows \(a gradient\): \S*ones_like\S* \(Shape\)", r) for r in reasons), sig.skips
+
+
+@pytest.mark.parametrize("failed, says", [
+    (("the rewritten model",), "the rewritten model failed where the original ran"),
+    (("the original",), "the original failed where the rewritten model ran"),
+    (("the original", "the rewritten model"), "the original and the rewritten model failed")])
+def test_a_latency_note_says_which_copy_failed_and_which_ran(failed, says):
+    error = tf.errors.InvalidArgumentError(None, None, "assertion failed: again")
+    note = rewrite._latency_failure_note({which: error for which in failed}, others=False)
+    assert note.startswith(f"not timed: called again, {says} (") and "again" in note, note

@@ -201,6 +201,11 @@ class HashTable(tf.Module):
             width = values.shape[1] if values.ndim == 2 else f"? (values of shape {values.shape})"
             raise ValueError(f"checkpoint {checkpoint_path} holds {name!r} with rows of width {width}, this "
                              f"table's rows are {self.dim} wide: a table restores into one of its own width")
+        dtype = _variable(self.values).dtype
+        if values.dtype != dtype.as_numpy_dtype:
+            raise ValueError(f"checkpoint {checkpoint_path} holds {name!r} with rows of {tf.as_dtype(values.dtype).name}, "
+                             f"this table's rows are {dtype.name}: a table restores rows of its own dtype (cast them "
+                             f"and pass them to insert_rows)")
         return insert_rows(self, *rows_of_tensors(table, values))
 
 

@@ -115,14 +115,20 @@ def _is_feature(x):
     return (rank if rank is not None else len(getattr(x, "shape", ()))) >= 1
 
 
+def _check_one_feature(x):
+    """A list of features (tensors, arrays, keras.Inputs) is refused: stacked,
+    N features of B ids would be B bags of N ids (Keras' Embedding refuses
+    them too)."""
+    if isinstance(x, (list, tuple)) and any(_is_feature(e) for e in x):
+        raise TypeError(f"expected one feature (a Tensor, RaggedTensor or SparseTensor), got a list of {len(x)}: "
+                        "call the layer once per feature (HashTableEmbedding takes a list as slots)")
+
+
 def _as_container(x):
     """Ragged and sparse tensors as they are; anything else (lists, arrays) as a dense tensor."""
     if x is None or isinstance(x, (tf.RaggedTensor, tf.SparseTensor)):
         return x
-    if isinstance(x, (list, tuple)) and any(_is_feature(e) for e in x):
-        # Stacked, N features of B ids would be B bags of N ids (Keras' Embedding refuses them too).
-        raise TypeError(f"expected one feature (a Tensor, RaggedTensor or SparseTensor), got a list of {len(x)}: "
-                        "call the layer once per feature (HashTableEmbedding takes a list as slots)")
+    _check_one_feature(x)
     return tf.convert_to_tensor(x)
 
 
@@ -239,7 +245,7 @@ class _PooledOutput:
         return (batch, self.output_dim)
 
     def compute_output_spec(self, inputs, *args, **kwargs):
-        _check_dense_id_specs(self, inputs)
+        _check_dense_id_specs(self, inputs, kwargs.get("weights", args[0] if args else None))
         if getattr(self, "_takes_ids", False) and not getattr(self, "_takes_string_keys", True):
             if any(getattr(spec, "dtype", None) == "string" for spec in tf.nest.flatten(inputs)):
                 raise _string_ids_error(self)
@@ -256,20 +262,26 @@ def _dense_specs(specs):
 def _check_dense_rank(what, shape, owner=""):
     """The layers' dense ids and weights are [B] or [B, N]."""
     if len(shape) not in (1, 2):
-        raise ValueError(f"{owner}dense {what} must be [B] or [B, N] (ids padded with -1, or '' for strings), "
-                         f"got shape {tuple(shape)}")
+        form = "one weight per id, in the ids' layout" if what == "weights" else "ids padded with -1, or '' for strings"
+        raise ValueError(f"{owner}dense {what} must be [B] or [B, N] ({form}), got shape {tuple(shape)}")
 
 
-def _check_dense_id_specs(layer, specs):
+def _check_dense_id_specs(layer, specs, weights=None):
     """Keras infers a functional model's output from compute_output_shape
-    without calling the layer, so ids of another rank would otherwise pass
-    until the model's first call."""
-    for spec in _dense_specs(specs):
-        _check_dense_rank("ids", spec.shape, owner=f"{type(layer).__name__} {layer.name!r}: ")
+    without calling the layer, so ids or weights of another rank would
+    otherwise pass until the model's first call."""
+    owner = f"{type(layer).__name__} {layer.name!r}: "
+    for what, given in (("ids", specs), ("weights", weights)):
+        for spec in _dense_specs(given):
+            _check_dense_rank(what, spec.shape, owner)
 
 
 class _PooledEmbeddingBase(_PooledOutput, _FusedOpLayer):
     """Shared table, config and casting of the pooled embedding layers."""
+
+    def compute_output_spec(self, inputs, *args, **kwargs):
+        _check_one_feature(inputs)  # a functional model is built without calling the layer
+        return super().compute_output_spec(inputs, *args, **kwargs)
 
     _rows_arg = None  # name of the constructor argument giving the table rows
 

@@ -39,7 +39,7 @@ from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config
 from tensorflow.python.eager import context
 from tensorflow.python.grappler import tf_optimizer
 
-from tf_ctr_ops import _endpoints, _errors, _loader, _model_inputs, _partitioned
+from tf_ctr_ops import _endpoints, _errors, _fresh_process, _loader, _model_inputs, _partitioned
 from tf_ctr_ops import _saved_model_files as _files
 from tf_ctr_ops._compare import max_abs_diff
 from tf_ctr_ops._loader import load_op_library
@@ -586,6 +586,10 @@ def _unfused_pooling_records(nodes, disabled_patterns=()):
                 continue
             if source.op in _GATHER_OPS or source.op == "CtrVocabEmbedding":
                 return source
+            if source.op in ("Reshape", "ExpandDims"):  # hash_gather gives its rows their [B, L] axes back
+                fused = _producer(by_name, source.input[0])
+                if fused is not None and fused.op == "CtrStringEmbedding" and not fused.attr["delimiter"].s:
+                    return fused
             if depth > 1 and source.op in _ROW_TRANSFORMS:
                 found = reads_gathered_rows(source, depth - 1)
                 if found is not None:
@@ -602,13 +606,27 @@ def _unfused_pooling_records(nodes, disabled_patterns=()):
     return records
 
 
+# The fused ops a gather pattern leaves a pooling's rows in (a string per
+# row: no delimiter), and the pattern.
+_FUSED_GATHERS = {"CtrVocabEmbedding": "vocab_lookup", "CtrStringEmbedding": "hash_gather"}
+# The pattern that fuses each pooling op with the gather before it.
+_POOLING_PATTERNS = {"Sum": "dense_reduce_lookup", "Mean": "dense_reduce_lookup",
+                     "UnsortedSegmentSum": "ragged_reduce_lookup", "SegmentSum": "ragged_reduce_lookup"}
+
+
 def _pooling_left_why(pooling, gather, disabled_patterns):
-    if pooling.op in ("Sum", "Mean") and "dense_reduce_lookup" in disabled_patterns:
-        return "dense_reduce_lookup, which fuses sums and means over the ids of padded [B, L] ids, is disabled"
-    if gather.op == "CtrVocabEmbedding":
-        return ("vocab_lookup fused the vocabulary's find with the gather, and a pooling fuses with a find only "
-                "in dense_reduce_lookup's form: a Sum or Mean over axis 1 of padded [B, L] ids, L a known "
-                "constant, served on the CPU")
+    """Why the pooling stays, in facts the graph shows: which pattern took
+    its gather, or that the one pattern that pools it is off. Where that one
+    declined, its own record (which the caller keeps instead) says why."""
+    pattern = _POOLING_PATTERNS.get(pooling.op)
+    if pattern in disabled_patterns:
+        return f"{pattern}, the pattern that fuses {pooling.op} poolings with the gather before them, is disabled"
+    if gather.op in _FUSED_GATHERS:
+        return (f"{_FUSED_GATHERS[gather.op]} fused the gather with what produced its ids, alone: a pooling fuses "
+                "with them only where dense_reduce_lookup (a Sum or Mean over axis 1 of padded [B, L] ids, L a known "
+                "constant) or ragged_reduce_lookup takes ids, gather and pooling together, with the rows read by "
+                "nothing else (an FM term's squares read them too); a MutableHashTable's find does not show its "
+                "keys' shape")
     return ("a pooling of gathered rows of a form no pattern takes: they fuse sums and means over the ids of "
             "padded [B, L] ids, ragged rows and sparse ids, straight from the gather; a max, a segment op "
             "written by hand, rows of another rank or rows transformed before the pooling stay TF's")
@@ -1127,11 +1145,12 @@ def _latency_failure_note(failures, others):
     """Why a signature verified once was not timed: which copies failed when
     called again (the original too, or the rewritten model alone)."""
     when = "called again after the other signatures' calls" if others else "called again"
-    which = " and ".join(failures)
+    first = _errors.summary(next(iter(failures.values())))
     if "the original" not in failures:
-        which += ", where the original did not"
-    first = next(iter(failures.values()))
-    return f"not timed: {when}, {which} failed ({_errors.summary(first)})"
+        return f"not timed: {when}, the rewritten model failed where the original ran ({first})"
+    if len(failures) == 1:
+        return f"not timed: {when}, the original failed where the rewritten model ran ({first})"
+    return f"not timed: {when}, the original and the rewritten model failed ({first})"
 
 
 def _median_latency_ms(fn, inputs, runs):
@@ -1236,21 +1255,24 @@ def _chosen_inputs(loaded, selected, facts, sample_inputs, inputs_file, seed):
     return inputs, hows
 
 
+def _fresh_process_env():
+    """The environment of the fresh processes: this package's parent first on
+    PYTHONPATH, so that they import the package this process runs."""
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+                PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")])))
+
+
 def _serve_in_fresh_process(model_dir, inputs, endpoints=()):
     """tf_ctr_ops._serve_check's result for `model_dir` run on `inputs`, each
     of `endpoints` (_endpoints.Endpoint) checked against its signature."""
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-               PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")])))
     with _TERMINATION.temporary_folder() as tmp:
         request, result = os.path.join(tmp, "request.pkl"), os.path.join(tmp, "result.pkl")
         with open(request, "wb") as f:
             pickle.dump({"inputs": {k: {n: np.asarray(v) for n, v in feeds.items()} for k, feeds in inputs.items()},
                          "endpoints": {e.name: (e.key, e.feeds, e.outputs) for e in endpoints if e.key in inputs}},
                         f)
-        # cwd outside any checkout: its unbuilt source tree would shadow the package.
-        proc = _TERMINATION.run([sys.executable, "-m", "tf_ctr_ops._serve_check", os.path.abspath(model_dir),
-                                 request, result], tmp, env)
+        proc = _TERMINATION.check([os.path.abspath(model_dir), request, result], tmp, _fresh_process_env())
         if proc.returncode != 0 or not os.path.exists(result):
             tail = (proc.stderr or proc.stdout).strip().splitlines()
             return {"load_error": f"the process exited with status {proc.returncode}"
@@ -1311,6 +1333,7 @@ class _Termination:
         """A new rewrite: no temporary model yet, DST not yet replaced."""
         self.folders = set()
         self.children = set()
+        self.forked = None  # (server, its child's pid or None until forked) of a check the server runs
         self.replacing = False
         self.replaced = False
         self.pending = None
@@ -1319,6 +1342,9 @@ class _Termination:
         if self.replacing:
             self.pending = signum
             return
+        if self.forked is not None:
+            server, pid = self.forked
+            server.abandon(pid)
         for child in list(self.children):
             child.kill()
             try:
@@ -1359,6 +1385,23 @@ class _Termination:
                 self.children.discard(proc)
         return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
+    def check(self, argv, folder, env):
+        """`python -m tf_ctr_ops._serve_check ARGV` in `folder`, forked by the
+        check server (see _fresh_process); a new process when another
+        thread's check holds the server or it cannot start."""
+        with _CHECK_SERVER.claimed() as server:
+            if server is not None:
+                self.forked = (server, None)
+                try:
+                    code, out, err = server.run(argv, folder, env, _FRESH_PROCESS_TIMEOUT_S,
+                                                on_pid=lambda pid: setattr(self, "forked", (server, pid)))
+                    return subprocess.CompletedProcess(argv, code, out, err)
+                except _fresh_process.ServerGone:
+                    pass
+                finally:
+                    self.forked = None
+        return self.run([sys.executable, "-m", "tf_ctr_ops._serve_check", *argv], folder, env)
+
     @contextlib.contextmanager
     def replacing_dst(self):
         self.replacing = True
@@ -1372,6 +1415,15 @@ class _Termination:
 
 
 _TERMINATION = _Termination()
+_CHECK_SERVER = _fresh_process.Server()
+
+
+def _start_check_server():
+    """Starts the check server now, so that its imports overlap the rewrite
+    (unless another thread's check holds it)."""
+    with _CHECK_SERVER.claimed() as server:
+        if server is not None:
+            server.start(_fresh_process_env())
 
 
 def exit_on_signal(signum, frame=None):
@@ -1724,6 +1776,7 @@ def _optimize_saved_model(src, dst, signature_keys, sample_inputs, verify, runs,
         raise ValueError("dst must not be the current folder: it is replaced by a rename")
     _check_apart(src, dst)
     _TERMINATION.start()
+    _start_check_server()
     proto = _files.read(src)
     if len(proto.meta_graphs) > 1:  # only the serving graph could be verified
         tag_sets = [sorted(m.meta_info_def.tags) for m in proto.meta_graphs]

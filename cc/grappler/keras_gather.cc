@@ -359,6 +359,14 @@ bool MatchExpandedWeights(const GraphIndex& g, const NodeDef* x, ExpandedWeights
   return true;
 }
 
+bool IsAxisOne(const NodeDef* axes) {
+  std::vector<int64_t> values;
+  int64_t axis = 0;
+  if (ConstScalarInt(axes, &axis)) values = {axis};
+  else if (!ConstIntVector(axes, &values)) return false;
+  return values.size() == 1 && (values[0] == 1 || values[0] == -2);
+}
+
 bool RowsArePooledBags(RewriteContext* ctx, const NodeDef& gather, const NodeDef& ids, int ids_port,
                        tensorflow::DataType T) {
   if (!ctx->PatternEnabled("dense_reduce_lookup")) return false;
@@ -374,9 +382,13 @@ bool RowsArePooledBags(RewriteContext* ctx, const NodeDef& gather, const NodeDef
       ExpandedWeights w;
       const bool rows_first = ParseTensorName(r->input(0)).node == rows->name();
       return sums.size() == 1 && g.DataConsumers(r->name()) == 1 && IsOp(sums[0], "Sum") &&
+             IsAxisOne(g.Producer(*sums[0], 1)) && !BoolAttr(*sums[0], "keep_dims", false) &&
              MatchExpandedWeights(g, g.Producer(*r, rows_first ? 1 : 0), &w);
     }
-    if (!IsOp(r, "Identity")) return IsOp(r, "Sum") || IsOp(r, "Mean") || IsOp(r, "SelectV2") || IsOp(r, "Select");
+    // A reduction over another axis is no pooling of bags: dense_reduce_lookup
+    // declines it, and the gather is then for the gather patterns to take.
+    if (IsOp(r, "Sum") || IsOp(r, "Mean")) return IsAxisOne(g.Producer(*r, 1)) && !BoolAttr(*r, "keep_dims", false);
+    if (!IsOp(r, "Identity")) return IsOp(r, "SelectV2") || IsOp(r, "Select");
     rows = r;
   }
 }

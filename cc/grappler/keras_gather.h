@@ -71,11 +71,15 @@ struct ExpandedWeights {
 };
 bool MatchExpandedWeights(const GraphIndex& g, const tensorflow::NodeDef* x, ExpandedWeights* w);
 
+// Whether `axes` is the constant axis 1 of a rank-3 tensor (1 or -2, as a
+// scalar or a one-element vector): the id axis of gathered [B, L, D] rows.
+bool IsAxisOne(const tensorflow::NodeDef* axes);
+
 // Whether `gather`'s rows are a padded pooling's bags as dense_reduce_lookup
 // fuses them whole: `ids` [B, L] of a known L into a table of T float32, the
-// rows read (through Identities) by one Sum or Mean, by the Select of
-// Keras' masked mean, or by a Mul (weights) one Sum reads, and
-// dense_reduce_lookup is not switched off. A pattern that would take the
+// rows read (through Identities) by one Sum or Mean over the id axis, by the
+// Select of Keras' masked mean, or by a Mul (weights) one Sum over the id
+// axis reads, and dense_reduce_lookup is not switched off. A pattern that would take the
 // gather alone leaves it to that one, which fuses the pooling too.
 bool RowsArePooledBags(RewriteContext* ctx, const tensorflow::NodeDef& gather, const tensorflow::NodeDef& ids,
                        int ids_port, tensorflow::DataType T);

@@ -51,16 +51,6 @@ using tensorflow::NodeDef;
 constexpr char kName[] = "dense_reduce_lookup";
 constexpr char kVocabOp[] = "CtrVocabEmbeddingLookup";
 
-// Whether `axes` is the constant axis 1 of a rank-3 tensor (1 or -2, as a
-// scalar or a one-element vector).
-bool IsAxisOne(const NodeDef* axes) {
-  std::vector<int64_t> values;
-  int64_t axis = 0;
-  if (ConstScalarInt(axes, &axis)) values = {axis};
-  else if (!ConstIntVector(axes, &values)) return false;
-  return values.size() == 1 && (values[0] == 1 || values[0] == -2);
-}
-
 // Range(0, size(keys) + 1, length) as int64: the row splits of bags of
 // `length` consecutive keys.
 std::string FixedLengthSplits(RewriteContext* ctx, const std::string& base, const std::string& keys,
