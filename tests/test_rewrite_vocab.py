@@ -725,6 +725,20 @@ def test_a_pooling_of_fused_vocabulary_rows_of_unknown_length_says_why_it_stays(
         report["skip"]
 
 
+def _keys_and_embedding(keys):
+    """A StringLookup ("vocabulary") or Hashing ("hashed") layer of 4 ids, the
+    pattern that fuses its find or hash with a gather, and an Embedding of them."""
+    import keras
+
+    if keys == "vocabulary":
+        ids, pattern = keras.layers.StringLookup(vocabulary=["a", "b", "c"]), "vocab_lookup"
+    else:
+        ids, pattern = keras.layers.Hashing(num_bins=4), "hash_gather"
+    embedding = keras.layers.Embedding(4, 3)
+    embedding.build((None,))
+    return ids, pattern, embedding
+
+
 @pytest.mark.parametrize("keys", ["vocabulary", "hashed"])
 def test_switching_dense_reduce_lookup_off_leaves_the_gather_to_the_gather_patterns(rng, keys):
     """StringLookup (or Hashing) + Embedding + reduce_mean over [B, 5] keys:
@@ -734,12 +748,7 @@ def test_switching_dense_reduce_lookup_off_leaves_the_gather_to_the_gather_patte
     import keras
 
     keras.utils.set_random_seed(3)
-    if keys == "vocabulary":
-        ids, pattern = keras.layers.StringLookup(vocabulary=["a", "b", "c"]), "vocab_lookup"
-    else:
-        ids, pattern = keras.layers.Hashing(num_bins=4), "hash_gather"
-    embedding = keras.layers.Embedding(4, 3)
-    embedding.build((None,))
+    ids, pattern, embedding = _keys_and_embedding(keys)
     f = lambda x: tf.reduce_mean(embedding(ids(x)), axis=1)  # noqa: E731
     cf = tf.function(f).get_concrete_function(tf.TensorSpec([None, 5], tf.string))
     _, on = rewrite.optimize_concrete_function(cf, serving_device="cpu")
@@ -771,12 +780,7 @@ def test_a_sum_over_the_embedding_axis_leaves_the_gather_to_the_gather_patterns(
     from test_rewrite import run_graph_def
 
     keras.utils.set_random_seed(4)
-    if keys == "vocabulary":
-        ids, pattern = keras.layers.StringLookup(vocabulary=["a", "b", "c"]), "vocab_lookup"
-    else:
-        ids, pattern = keras.layers.Hashing(num_bins=4), "hash_gather"
-    embedding = keras.layers.Embedding(4, 3)
-    embedding.build((None,))
+    ids, pattern, embedding = _keys_and_embedding(keys)
     for f in (lambda x: tf.reduce_sum(embedding(ids(x)), axis=2),
               lambda x: tf.reduce_mean(embedding(ids(x)), axis=1, keepdims=True)):
         cf = tf.function(f).get_concrete_function(tf.TensorSpec([None, 5], tf.string))
